@@ -1,0 +1,1 @@
+"""The gputrain controller: CLI, lifecycle, fleet operations over SSH, verification, launch."""

@@ -1,0 +1,15 @@
+"""Errors the CLI turns into one line and an exit code: 2 for the user's input, 1 for the rest."""
+
+from __future__ import annotations
+
+
+class GputrainError(Exception):
+    """Something failed; the message is one readable line (or a short block) for the user."""
+
+    exit_code = 1
+
+
+class UserError(GputrainError):
+    """Bad input (config, flags, hosts file): nothing was created."""
+
+    exit_code = 2
