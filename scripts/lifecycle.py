@@ -1,0 +1,588 @@
+"""The whole lifecycle: plan -> preflight -> up (zone failover) -> host keys -> verify -> train ->
+collect -> destroy -> sweep. Every step after the first resource exists runs under a teardown that
+no failure, Ctrl-C or SIGTERM can skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from scripts import ui
+from scripts.errors import GputrainError, UserError
+from scripts.guard import SignalGuard, signal_guard
+from scripts.nodes import Fleet, GpuExpectation, Node
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+    from scripts.launch import JobResult
+    from scripts.stack import StackRunner
+    from scripts.transport import Transport
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ENTRY = ("-m", "trainer.train", "--preset", "tiny")
+
+
+@dataclass
+class Services:
+    """The I/O edges of the lifecycle, swappable in tests (fake Pulumi, fake Compute endpoint)."""
+
+    root: Path = ROOT
+    runs_dir: Path = field(default_factory=lambda: Path.cwd() / "runs")
+    runner_for: Callable[[str, Path], StackRunner] | None = None
+    compute_endpoint: str | None = field(
+        default_factory=lambda: os.environ.get("GPUTRAIN_COMPUTE_ENDPOINT") or None
+    )
+    connect_deadline_s: float = 900.0
+    verify_deadline_s: float = 900.0
+    hostkey_deadline_s: float = 600.0
+    destroy_attempts: int = 3
+    retry_pause_s: float = 10.0
+
+    def runner(self, stack: str) -> StackRunner:
+        if self.runner_for is not None:
+            return self.runner_for(stack, self.root)
+        from scripts.stack import PulumiStackRunner
+
+        return PulumiStackRunner(stack, self.root)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a job runs: a Pulumi stack on GCP, machines from a hosts file, or this machine."""
+
+    kind: str  # "stack" | "hosts" | "local"
+    value: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.kind == "local":
+            return "local"
+        name = Path(self.value).stem if self.kind == "hosts" else self.value
+        return f"{self.kind}-{name}"
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+# ---------------------------------------------------------------- stack: spec, plan, keys
+
+
+def load_spec(stack: str, services: Services) -> ClusterSpec:
+    from infra.spec import load_stack_config, parse_spec
+
+    return parse_spec(load_stack_config(services.root, stack), stack)
+
+
+def show_plan(spec: ClusterSpec) -> None:
+    from infra.plan import missing_rows, plan_rows
+
+    rows = plan_rows(spec)
+    ui.table(f"plan: stack {spec.stack}", ["setting", "value"], rows)
+    todo = missing_rows(spec)
+    if todo:
+        ui.table(
+            "still to set before `pulumi up` / `gputrain up`",
+            ["setting", "why", "command"],
+            todo,
+        )
+
+
+def keygen(stack: str, services: Services, *, force: bool) -> None:
+    """Create the stack's SSH key pair once and store it in the stack config (private: secret)."""
+    from scripts.keys import generate_ssh_keypair
+
+    spec = load_spec(stack, services)
+    if spec.ssh_public_key and not force:
+        raise UserError(
+            f"gputrain:sshPublicKey is already set for stack {stack}; "
+            "pass --force to replace it (running VMs keep the old key until the next up)"
+        )
+    private, public = generate_ssh_keypair(f"gputrain-{stack}")
+    runner = services.runner(stack)
+    runner.set_config("gputrain:sshPublicKey", public)
+    runner.set_config("gputrain:sshPrivateKey", private, secret=True)
+    ui.say(f"keygen: stored a new ed25519 key pair in stack {stack} (private key as a secret)")
+
+
+@contextmanager
+def private_key_file(runner: StackRunner, stack: str) -> Iterator[Path]:
+    """The stack's private key in a 0600 file of a 0700 temp dir, removed afterwards."""
+    pem = runner.get_config("gputrain:sshPrivateKey")
+    if not pem:
+        raise UserError(
+            f"gputrain:sshPrivateKey is not set for stack {stack}; run `gputrain keygen --stack {stack}`"
+        )
+    d = Path(tempfile.mkdtemp(prefix="gputrain-key-"))
+    path = d / "id_ed25519"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "w") as f:
+            f.write(pem if pem.endswith("\n") else pem + "\n")
+        yield path
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- stack: preflight, up, down
+
+
+def preflight(spec: ClusterSpec, services: Services) -> list[str]:
+    """Run the Compute API checks in every zone; print one table; return the zones that pass."""
+    from infra.compute import compute_clients
+    from infra.preflight import request_from_spec, run_preflight
+
+    assert spec.project is not None
+    clients = compute_clients(services.compute_endpoint)
+    rows: list[list[object]] = []
+    ok_zones: list[str] = []
+    for zone in spec.zones:
+        report = run_preflight(clients, request_from_spec(spec, zone))
+        rows += [[zone, r.check, r.status.upper(), r.detail, r.fix or ""] for r in report.rows]
+        if report.ok:
+            ok_zones.append(zone)
+    ui.table("preflight", ["zone", "check", "result", "detail", "fix"], rows)
+    if not ok_zones:
+        raise GputrainError(
+            "preflight failed in every zone (see the table above); nothing was created"
+        )
+    return ok_zones
+
+
+def confirm(spec: ClusterSpec, *, yes: bool) -> None:
+    """Ask before spending money, on a terminal only."""
+    if yes or not sys.stdin.isatty():
+        return
+    from infra.plan import hourly_total, worst_case
+
+    ui.say(
+        f"About to create {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x "
+        f"{spec.accelerator} each) in {spec.zone}: ~${hourly_total(spec):.2f}/h, "
+        f"at most ${worst_case(spec):.2f} before the VMs delete themselves."
+    )
+    answer = input("Proceed? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise UserError("cancelled; nothing was created")
+
+
+def provision(spec: ClusterSpec, runner: StackRunner, zones: Sequence[str]) -> dict[str, object]:
+    """`pulumi up` with zone failover; returns the stack outputs."""
+    from scripts.failover import provision_with_failover
+
+    zone, outputs = provision_with_failover(runner, list(zones), on_event=ui.say)
+    ui.say(f"up: cluster ready in {zone}")
+    return outputs
+
+
+def fleet_from_stack(
+    spec: ClusterSpec, outputs: dict[str, object], key_file: Path, services: Services
+) -> Fleet:
+    """Nodes from the stack outputs, each pinned to host keys read from its guest attributes."""
+    from infra.compute import compute_clients, fetch_host_keys
+    from scripts.stack import parse_stack_outputs
+
+    out = parse_stack_outputs(outputs)
+    clients = compute_clients(services.compute_endpoint)
+    nodes = []
+    for n in out.nodes:
+        keys = fetch_host_keys(
+            clients, out.project, n.zone, n.name, deadline_s=services.hostkey_deadline_s
+        )
+        if not keys:
+            raise GputrainError(f"{n.name}: no SSH host keys published; refusing to connect")
+        nodes.append(
+            Node(
+                name=n.name,
+                role="head" if n.role == "head" else "worker",
+                internal_address=n.internal_ip,
+                address=n.external_ip,
+                user=out.ssh_user,
+                host_keys=tuple(keys),
+            )
+        )
+    expect = GpuExpectation(
+        model=out.gpu_model,
+        count=out.gpus_per_node,
+        min_memory_mib=int(out.gpu_memory_gb * 1024 * 0.9),
+    )
+    return Fleet(
+        target=f"stack-{spec.stack}", nodes=tuple(nodes), expect=expect, identity_file=key_file
+    )
+
+
+def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None:
+    """refresh + destroy, retried; then the sweep must find nothing carrying the stack's labels."""
+    last: Exception | None = None
+    for attempt in range(1, services.destroy_attempts + 1):
+        try:
+            ui.say(f"down: destroying stack {spec.stack} (attempt {attempt})")
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=None)
+            last = None
+            break
+        except Exception as exc:
+            last = exc
+            ui.warn(f"destroy attempt {attempt} failed: {exc}")
+            if attempt < services.destroy_attempts:
+                time.sleep(services.retry_pause_s)
+    try:
+        runner.remove_config("gputrain:zone")
+    except Exception as exc:
+        ui.warn(f"could not clear gputrain:zone: {exc}")
+    leftovers = sweep(spec, services)
+    if last is not None or leftovers:
+        raise GputrainError(
+            f"teardown of stack {spec.stack} is incomplete: "
+            + (f"destroy failed ({last}); " if last else "")
+            + (f"{len(leftovers)} resource(s) still exist (listed above)" if leftovers else "")
+            + f". Run `gputrain down --stack {spec.stack}` again or delete them in the console."
+        )
+    ui.say(f"down: stack {spec.stack} destroyed; sweep found nothing left")
+
+
+def sweep(spec: ClusterSpec, services: Services) -> list[object]:
+    """List whatever still carries the stack's labels or name prefix; print it loudly."""
+    from infra.compute import compute_clients
+    from infra.compute import sweep as list_leftovers
+
+    if not spec.project:
+        raise UserError(f"gcp:project is not set for stack {spec.stack}")
+    leftovers = list_leftovers(compute_clients(services.compute_endpoint), spec.project, spec.stack)
+    if leftovers:
+        ui.table(
+            f"LEFT BEHIND by stack {spec.stack}",
+            ["kind", "name", "where"],
+            [[x.kind, x.name, x.location] for x in leftovers],
+        )
+    return list(leftovers)
+
+
+# ---------------------------------------------------------------- fleets for hosts and local
+
+
+def fleet_for_local() -> Fleet:
+    """This machine: GPUs if nvidia-smi finds some, else CPU."""
+    count = 0
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if r.returncode == 0:
+            count = len([x for x in r.stdout.splitlines() if x.strip()])
+    node = Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1")
+    return Fleet(
+        target="local",
+        nodes=(node,),
+        expect=GpuExpectation(count=count),
+        python=sys.executable,
+        local=True,
+    )
+
+
+def fleet_for_hosts(path: str, *, trust_new_hosts: bool) -> Fleet:
+    from scripts.hosts import load_hosts_file
+
+    return load_hosts_file(Path(path), trust_new_hosts=trust_new_hosts)
+
+
+# ---------------------------------------------------------------- fleet steps
+
+
+@dataclass
+class Session:
+    """A connected fleet: the transports stay open for verify, launch and collect."""
+
+    fleet: Fleet
+    transports: dict[str, Transport]
+
+    def close(self) -> None:
+        for t in self.transports.values():
+            try:
+                t.close()
+            except Exception:
+                pass
+
+
+@contextmanager
+def connected(fleet: Fleet, services: Services, *, trust_new_hosts: bool = False) -> Iterator[Session]:
+    from scripts.fleet import connect
+
+    known = None
+    if trust_new_hosts and fleet.known_hosts is not None:
+        known = fleet.known_hosts
+    transports = connect(fleet, deadline_s=services.connect_deadline_s, trust_new_hosts=known)
+    session = Session(fleet, transports)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def verify(session: Session, services: Services) -> None:
+    from scripts.verify import verify_gpus
+
+    verify_gpus(session.fleet, session.transports, deadline_s=services.verify_deadline_s)
+
+
+def train(
+    session: Session,
+    entry: Sequence[str],
+    services: Services,
+    *,
+    run_id: str,
+    env: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    guard: SignalGuard | None = None,
+) -> JobResult:
+    """Upload, launch torchrun everywhere, stream, collect; stop the job on any interruption."""
+    from scripts.launch import Job, launch_torchrun, stop_job
+
+    job = Job(
+        run_id=run_id,
+        entry=tuple(entry) or DEFAULT_ENTRY,
+        env=dict(env or {}),
+        max_restarts=max_restarts,
+        workdir=Path.cwd(),
+    )
+    results_dir = services.runs_dir / session.fleet.target / run_id
+    try:
+        return launch_torchrun(session.fleet, session.transports, job, results_dir)
+    except BaseException:
+        # Interrupted or failed: make sure nothing keeps running on machines that stay up.
+        if guard is not None:
+            with guard.teardown():
+                stop_job(session.fleet, session.transports, run_id)
+        else:
+            stop_job(session.fleet, session.transports, run_id)
+        raise
+
+
+def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> None:
+    """The closing lines of a run: loss vs floor, throughput, where results are, cost."""
+    elapsed = time.monotonic() - started
+    summary = _find_summary(result.results_dir)
+    rows: list[list[object]] = [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
+    if summary:
+        floor = summary.get("loss_floor")
+        loss = summary.get("final_loss")
+        rows.insert(0, ["final loss", f"{loss:.3f}" if isinstance(loss, float) else loss])
+        if floor is not None:
+            rows.insert(1, ["loss floor (synthetic data)", f"{floor:.3f}"])
+        tps = summary.get("tokens_per_s")
+        if tps:
+            rows.insert(2, ["tokens/s", f"{tps:,.0f}"])
+        if summary.get("mfu") is not None:
+            rows.insert(3, ["MFU", f"{100 * summary['mfu']:.1f}%"])
+    if hourly_usd is not None:
+        rows.append(["estimated cost", f"${hourly_usd * elapsed / 3600:.2f} at ${hourly_usd:.2f}/h"])
+    ui.table("run summary", ["", ""], rows)
+
+
+def _find_summary(results_dir: Path) -> dict[str, object] | None:
+    for p in sorted(results_dir.rglob("summary.json")):
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+# ---------------------------------------------------------------- whole commands
+
+
+@dataclass
+class RunOptions:
+    entry: tuple[str, ...] = ()
+    keep: bool = False
+    yes: bool = False
+    skip_preflight: bool = False
+    trust_new_hosts: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+
+
+def run_on_fleet(fleet: Fleet, opts: RunOptions, services: Services) -> JobResult:
+    """hosts/local: connect -> verify -> train -> collect; the machines stay as they were."""
+    started = time.monotonic()
+    with signal_guard() as guard, connected(
+        fleet, services, trust_new_hosts=opts.trust_new_hosts
+    ) as session:
+        verify(session, services)
+        result = train(
+            session,
+            opts.entry,
+            services,
+            run_id=new_run_id(),
+            env=opts.env,
+            max_restarts=opts.max_restarts,
+            guard=guard,
+        )
+    summarize(result, hourly_usd=None, started=started)
+    return result
+
+
+def up_stack(
+    stack: str, opts: RunOptions, services: Services, guard: SignalGuard
+) -> tuple[ClusterSpec, StackRunner, dict[str, object]]:
+    """Validate, preflight, confirm, then provision with failover (resources exist afterwards)."""
+    from infra.spec import require_deployable
+
+    spec = load_spec(stack, services)
+    require_deployable(spec)
+    zones = list(spec.zones) if opts.skip_preflight else preflight(spec, services)
+    confirm(spec, yes=opts.yes)
+    runner = services.runner(stack)
+    return spec, runner, provision(spec, runner, zones)
+
+
+def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult | None:
+    """The whole lifecycle on GCP; teardown in a `finally` unless --keep."""
+    from infra.plan import hourly_total
+    from infra.spec import require_deployable
+
+    started = time.monotonic()
+    spec = load_spec(stack, services)
+    require_deployable(spec)
+    with signal_guard() as guard:
+        zones = list(spec.zones) if opts.skip_preflight else preflight(spec, services)
+        confirm(spec, yes=opts.yes)
+        runner = services.runner(stack)
+        result: JobResult | None = None
+        try:
+            outputs = provision(spec, runner, zones)
+            with private_key_file(runner, stack) as key:
+                fleet = fleet_from_stack(spec, outputs, key, services)
+                with connected(fleet, services) as session:
+                    verify(session, services)
+                    result = train(
+                        session,
+                        opts.entry,
+                        services,
+                        run_id=new_run_id(),
+                        env=opts.env,
+                        max_restarts=opts.max_restarts,
+                        guard=guard,
+                    )
+        finally:
+            with guard.teardown():
+                if opts.keep:
+                    ui.say(
+                        f"--keep: stack {stack} stays up (VMs delete themselves after "
+                        f"{spec.max_run_duration_s // 60} min); `gputrain down --stack {stack}` ends it"
+                    )
+                else:
+                    teardown(spec, runner, services)
+    assert result is not None
+    summarize(result, hourly_usd=hourly_total(spec), started=started)
+    return result
+
+
+def down_stack(stack: str, services: Services) -> None:
+    spec = load_spec(stack, services)
+    with signal_guard() as guard, guard.teardown():
+        teardown(spec, services.runner(stack), services)
+
+
+def plan(target: Target, services: Services) -> None:
+    if target.kind == "stack":
+        show_plan(load_spec(target.value, services))
+        return
+    fleet = fleet_for_local() if target.kind == "local" else fleet_for_hosts(target.value, trust_new_hosts=False)
+    expect = "cpu" if fleet.expect.is_cpu else f"{fleet.expect.count} x {fleet.expect.model or 'any GPU'}"
+    ui.table(
+        f"plan: {fleet.target}",
+        ["node", "role", "address", "internal address", "expected GPUs"],
+        [[n.name, n.role, n.address or "(via head)", n.internal_address, expect] for n in fleet.nodes],
+    )
+    ui.say("cost: nothing is created; these machines are yours")
+
+
+def up(stack: str, opts: RunOptions, services: Services) -> None:
+    """Create the cluster and prove it; any failure before it is proven destroys it again."""
+    spec = load_spec(stack, services)
+    from infra.spec import require_deployable
+
+    require_deployable(spec)
+    with signal_guard() as guard:
+        zones = list(spec.zones) if opts.skip_preflight else preflight(spec, services)
+        confirm(spec, yes=opts.yes)
+        runner = services.runner(stack)
+        proven = False
+        try:
+            outputs = provision(spec, runner, zones)
+            with private_key_file(runner, stack) as key:
+                fleet = fleet_from_stack(spec, outputs, key, services)
+                with connected(fleet, services) as session:
+                    verify(session, services)
+            proven = True
+        finally:
+            if not proven:
+                with guard.teardown():
+                    ui.warn("up did not finish: destroying what was created")
+                    teardown(spec, runner, services)
+    ui.say(
+        f"up: stack {stack} is running; the VMs delete themselves after "
+        f"{spec.max_run_duration_s // 60} min; `gputrain down --stack {stack}` ends it sooner"
+    )
+
+
+@contextmanager
+def _existing_fleet(target: Target, opts: RunOptions, services: Services) -> Iterator[Fleet]:
+    """The fleet of a target that already exists (a stack that is up, hosts, this machine)."""
+    if target.kind == "local":
+        yield fleet_for_local()
+    elif target.kind == "hosts":
+        yield fleet_for_hosts(target.value, trust_new_hosts=opts.trust_new_hosts)
+    else:
+        spec = load_spec(target.value, services)
+        runner = services.runner(target.value)
+        outputs = runner.outputs()
+        if not outputs:
+            raise UserError(f"stack {target.value} has no cluster; run `gputrain up --stack {target.value}`")
+        with private_key_file(runner, target.value) as key:
+            yield fleet_from_stack(spec, outputs, key, services)
+
+
+def verify_target(target: Target, opts: RunOptions, services: Services) -> None:
+    with _existing_fleet(target, opts, services) as fleet, connected(
+        fleet, services, trust_new_hosts=opts.trust_new_hosts
+    ) as session:
+        verify(session, services)
+
+
+def train_on(target: Target, opts: RunOptions, services: Services) -> JobResult:
+    """train / healthcheck on a target that exists; the machines stay afterwards."""
+    with _existing_fleet(target, opts, services) as fleet:
+        return run_on_fleet(fleet, opts, services)
+
+
+def run(target: Target, opts: RunOptions, services: Services) -> JobResult | None:
+    if target.kind == "stack":
+        return run_on_stack(target.value, opts, services)
+    with _existing_fleet(target, opts, services) as fleet:
+        return run_on_fleet(fleet, opts, services)
+
+
+def sweep_stack(stack: str, services: Services) -> list[object]:
+    leftovers = sweep(load_spec(stack, services), services)
+    if not leftovers:
+        ui.say(f"sweep: nothing carries the labels of stack {stack}")
+    return leftovers
