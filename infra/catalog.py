@@ -341,8 +341,10 @@ N1_GPUS: dict[str, AttachableGpu] = {
 # Prices (indicative, us-central1, USD per hour, disks/network/Local SSD excluded)
 # --------------------------------------------------------------------------------------------
 
-_SKY = "SkyPilot catalog v8 via gcp-gpu-facts.md §10 (compiled 2026-04-15)"
-_MIRROR = "gcloud-compute.com billing mirror via gcp-gpu-facts.md §10"
+# Sources as cited in gcp-gpu-facts.md §10; the catalog figures carry the date the facts were
+# compiled (the catalog itself is dated only "2025-26").
+_SKY = "SkyPilot catalog v8"
+_MIRROR = "gcloud-compute.com billing mirror"
 PRICE_REGION = "us-central1"
 
 
@@ -354,7 +356,14 @@ class Price:
     spot: float
     as_of: str
     source: str
-    confirmed: bool = True  # False: derived or marked UNCONFIRMED in the facts sheet
+    basis: str = ""  # how it was derived from the source; empty = the source's own figure
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.basis
+
+    def describe(self) -> str:
+        return f"{self.source}, {self.as_of}" + (f"; {self.basis}" if self.basis else "")
 
     def hourly(self, spot: bool) -> float:
         return self.spot if spot else self.on_demand
@@ -386,7 +395,7 @@ _A_PRICES: dict[str, Price] = {
     "a3-megagpu-8g": Price(92.21, 28.17, "2026-04-15", _SKY),
     "a3-ultragpu-8g": Price(86.76, 40.99, "2026-04-15", _SKY),
     # GPUs only: a lower bound.
-    "a4-highgpu-8g": Price(90.22, 32.61, "2026-04-15", _SKY, confirmed=False),
+    "a4-highgpu-8g": Price(90.22, 32.61, "2026-04-15", _SKY, "GPUs only: a lower bound"),
 }
 # Per-GPU bases for shapes without a direct figure (derived: base x GPUs).
 _A_PER_GPU_BASE = {
@@ -397,14 +406,20 @@ _A_PER_GPU_BASE = {
 }
 # A100 80 GB: the facts sheet marks the catalog row anomalous (UNCONFIRMED); public list
 # price ~5.07/h per GPU on-demand, spot ~40 % of it. Kept as an unconfirmed estimate.
-_A2_ULTRA_PER_GPU = Price(5.07, 2.03, "2026-04-15", "estimate (UNCONFIRMED in facts sheet)", False)
+_A2_ULTRA_PER_GPU = Price(5.07, 2.03, "2026-04-15", "list-price estimate", "UNCONFIRMED")
 
 
 def price(mt: MachineType, gpu_type: str | None = None, gpu_count: int = 0) -> Price:
     """Indicative hourly price of one VM of this shape (us-central1)."""
     if mt.series == "n1":
         od_host = mt.vcpus * _N1_VCPU_RATE + mt.memory_gb * _N1_MEM_RATE
-        host = Price(od_host, od_host * _N1_SPOT_FACTOR, "2026-04-15", _SKY + " (fitted)", False)
+        host = Price(
+            round(od_host, 4),
+            round(od_host * _N1_SPOT_FACTOR, 4),
+            "2026-04-15",
+            _SKY,
+            "host rates fitted to n1-standard-8",
+        )
         if gpu_type is None or gpu_count == 0:
             return host
         g = N1_GPU_PRICES[gpu_type]
@@ -412,26 +427,28 @@ def price(mt: MachineType, gpu_type: str | None = None, gpu_count: int = 0) -> P
             round(host.on_demand + gpu_count * g.on_demand, 4),
             round(host.spot + gpu_count * g.spot, 4),
             g.as_of,
-            f"{g.source} (host rates fitted)",
-            mt.name == "n1-standard-8" and gpu_count == 1,
+            g.source,
+            ""
+            if mt.name == "n1-standard-8" and gpu_count == 1
+            else "host rates fitted to n1-standard-8",
         )
     if mt.series == "g2":
         od = mt.gpus * _G2_GPU[0] + mt.vcpus * _G2_VCPU[0]
         sp = mt.gpus * _G2_GPU[1] + mt.vcpus * _G2_VCPU[1]
         direct = mt.name in ("g2-standard-4", "g2-standard-8")
-        return Price(
-            round(od, 4), round(sp, 4), "2026-04-15", _SKY + ("" if direct else " (fitted)"), direct
-        )
+        basis = "" if direct else "rates fitted to g2-standard-4/8"
+        return Price(round(od, 4), round(sp, 4), "2026-04-15", _SKY, basis)
     if mt.name in _A_PRICES:
         return _A_PRICES[mt.name]
     if mt.name.startswith("a2-ultragpu"):
-        base = _A2_ULTRA_PER_GPU
+        base, unit = _A2_ULTRA_PER_GPU, "per-GPU estimate"
     else:
-        base = _A_PRICES[_A_PER_GPU_BASE[mt.name.rsplit("-", 1)[0]]]
+        unit = _A_PER_GPU_BASE[mt.name.rsplit("-", 1)[0]]
+        base = _A_PRICES[unit]
     return Price(
         round(base.on_demand * mt.gpus, 4),
         round(base.spot * mt.gpus, 4),
         base.as_of,
-        f"{base.source} (derived: per-GPU x {mt.gpus})",
-        False,
+        base.source,
+        "; ".join(b for b in (base.basis, f"{unit} x {mt.gpus}") if b),
     )

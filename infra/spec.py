@@ -651,6 +651,6 @@ def spec_warnings(spec: ClusterSpec) -> list[str]:
         )
     if not spec.price.confirmed:
         out.append(
-            f"the price of {mt.name} is derived, not a published figure (as of {spec.price.as_of})"
+            f"the price of {mt.name} is derived ({spec.price.basis}), not a published figure"
         )
     return out
