@@ -68,7 +68,7 @@ class GcpMocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         inputs = dict(args.inputs)
         with self._lock:
-            self.resources.append(Registered(args.typ, args.name, inputs, args.custom))
+            self.resources.append(Registered(args.typ, args.name, inputs, bool(args.custom)))
         state = dict(inputs)
         project = inputs.get("project", "unset-project")
         if args.typ == INSTANCE:

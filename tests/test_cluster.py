@@ -10,7 +10,7 @@ import pulumi
 import pytest
 
 from infra import catalog
-from infra.spec import ClusterSpec, SpecError, parse_spec
+from infra.spec import ClusterSpec, SpecError, load_stack_config, parse_spec
 from tests.pulumi_mocks import (
     ACCOUNT,
     FIREWALL,
@@ -57,8 +57,8 @@ FAMILIES: list[tuple[str, str, dict[str, str]]] = [
 
 @pytest.fixture
 def mocks() -> Iterator[GcpMocks]:
-    """Fresh loop + runtime + mocks; the test body sets config and builds the resources."""
-    with pulumi_mocks({}) as m:
+    """Fresh loop + runtime + mocks + the dev stack's config; the test body builds resources."""
+    with pulumi_mocks(load_stack_config(ROOT, "dev")) as m:
         yield m
 
 
@@ -205,7 +205,7 @@ def _run_main(config: dict[str, str], stack: str) -> dict[str, Any]:
 @pytest.fixture
 def stack_mocks(stack: str) -> Iterator[GcpMocks]:
     """Mocks whose Pulumi stack name is the parametrized `stack` (what pulumi.get_stack() says)."""
-    with pulumi_mocks({}, stack=stack) as m:
+    with pulumi_mocks(load_stack_config(ROOT, stack), stack=stack) as m:
         yield m
 
 
@@ -232,8 +232,8 @@ def test_whole_program_on_each_shipped_stack(stack_mocks: GcpMocks, stack: str) 
             "externalIp": "203.0.113.10",
             "role": "head",
         }
-        stack_outputs = pulumi.runtime.get_root_resource().outputs  # what pulumi.export set
-        assert set(stack_outputs) == set(out)
+        root: Any = pulumi.runtime.get_root_resource()  # the Stack: what pulumi.export set
+        assert set(root.outputs) == set(out)
 
     return pulumi.Output.all(**cluster.exports()).apply(check)
 
