@@ -338,6 +338,48 @@ N1_GPUS: dict[str, AttachableGpu] = {
 
 
 # --------------------------------------------------------------------------------------------
+# Zones known to offer each GPU (facts §9, SkyPilot catalog v8): a hint, not a guarantee
+# of capacity; the Compute API preflight is the authority. P100/P4 are not listed there.
+# --------------------------------------------------------------------------------------------
+
+
+def _zones(spec: str) -> frozenset[str]:
+    """Expand "us-central1-a/b/c, us-east1-b" into zone names."""
+    out = set()
+    for part in spec.split(","):
+        region, letters = part.strip().rsplit("-", 1)
+        out |= {f"{region}-{letter}" for letter in letters.split("/")}
+    return frozenset(out)
+
+
+KNOWN_ZONES: dict[str, frozenset[str]] = {
+    "nvidia-tesla-a100": _zones(
+        "us-central1-a/b/c/f, europe-west4-a/b, asia-southeast1-a/b/c, us-east1-b"
+    ),
+    "nvidia-a100-80gb": _zones("us-central1-a/c, us-east4-c, us-east5-a/b, europe-west4-a"),
+    "nvidia-h100-80gb": _zones(
+        "us-central1-a/b/c, us-east4-a/b/c, us-east5-a, us-west1-a/b, europe-west4-b/c"
+    ),
+    "nvidia-h100-mega-80gb": _zones(
+        "us-central1-a/b/c, us-east4-a/b/c, europe-west4-b/c, asia-southeast1-b/c"
+    ),
+    "nvidia-h200-141gb": _zones(
+        "us-central1-b, us-east4-b, us-east5-a, us-south1-b, europe-west4-a"
+    ),
+    "nvidia-b200": _zones("us-central1-b, us-east1-b, us-east4-b, us-south1-b, europe-west4-b"),
+    "nvidia-l4": _zones(
+        "us-central1-a/b/c, us-east1-b/c/d, us-west1-a/b/c, europe-west4-a/b/c, asia-east1-a/b/c"
+    ),
+    "nvidia-tesla-t4": _zones(
+        "us-central1-a/b/c/f, us-east1-b/c/d, us-west1-a/b, europe-west4-a/b/c"
+    ),
+    "nvidia-tesla-v100": _zones(
+        "us-central1-a/b/c/f, us-east1-b/c, us-west1-a/b, europe-west4-a/b/c"
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
 # Prices (indicative, us-central1, USD per hour, disks/network/Local SSD excluded)
 # --------------------------------------------------------------------------------------------
 

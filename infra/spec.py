@@ -644,6 +644,14 @@ def spec_warnings(spec: ClusterSpec) -> list[str]:
             "G2 on a Deep Learning VM image: the 2026 docs say unsupported, public scripts say it "
             "works; if boot fails, use imageProject ubuntu-os-accelerator-images"
         )
+    known = catalog.KNOWN_ZONES.get(spec.accelerator)
+    if known is not None:
+        unknown = [z for z in spec.zones if z not in known]
+        if unknown:
+            out.append(
+                f"{', '.join(unknown)} not among the zones known to offer {spec.accelerator} "
+                f"({', '.join(sorted(known))}); the preflight checks"
+            )
     if mt.nics != "1" and spec.nodes > 1:
         out.append(
             f"{mt.name} reaches full inter-node bandwidth with {mt.nics}; gputrain attaches one "

@@ -304,3 +304,21 @@ def test_public_key_type_must_match_its_data() -> None:
     blob = TEST_PUBLIC_KEY.split()[1]
     with pytest.raises(SpecError, match=r"does not encode a ssh-rsa key"):
         parse_spec(_cfg(sshPublicKey=f"ssh-rsa {blob}"), "dev")
+
+
+def test_warnings_for_zones_without_the_gpu_and_single_nic_multi_node() -> None:
+    from infra.spec import spec_warnings
+
+    warned = spec_warnings(parse_spec(_cfg(zones='["us-central1-f", "us-central1-a"]'), "dev"))
+    assert any(
+        w.startswith("us-central1-f not among the zones known to offer nvidia-l4") for w in warned
+    )
+    assert not any("not among" in w for w in spec_warnings(parse_spec(_cfg(), "dev")))
+    h100 = spec_warnings(parse_spec(deployable_config("h100"), "h100"))
+    assert any("1 + 4 gVNIC" in w for w in h100)
+    assert not any(
+        "gVNIC" in w
+        for w in spec_warnings(
+            parse_spec(deployable_config("h100", nodes="1", placement="none"), "h100")
+        )
+    )
