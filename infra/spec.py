@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 
@@ -527,7 +527,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     if not _USER_RE.match(ssh_user) or ssh_user == "root":
         raise _err("sshUser", ssh_user, "allowed: a Linux user name (a-z 0-9 _ -, not root)")
     anywhere = _bool(config, "allowSshFromAnywhere")
-    public_ip = _choice(config, "publicIp", ("head", "all", "none"))
+    public_ip = cast(
+        Literal["head", "all", "none"], _choice(config, "publicIp", ("head", "all", "none"))
+    )
     placement_raw = _choice(config, "placement", ("auto", "compact", "none"))
     if placement_raw == "compact" and not mt.compact_placement:
         raise _err(
@@ -573,7 +575,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         ssh_public_key=_ssh_public_key(config),
         ssh_source_ranges=_source_ranges(config, anywhere),
         allow_ssh_from_anywhere=anywhere,
-        public_ip=public_ip,  # type: ignore[arg-type]
+        public_ip=public_ip,
         placement=placement,
         network=network,
         labels=MappingProxyType(_labels(config)),

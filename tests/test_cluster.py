@@ -147,7 +147,7 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         assert all(v.inputs["resourcePolicies"].endswith(f"/{p.name}") for v in vms)
     else:
         assert policies == [] and all("resourcePolicies" not in v.inputs for v in vms)
-    # Every custom resource is a child of the component.
+    # One component; everything else is a real (custom) GCE resource.
     assert all(r.custom for r in m.resources if r.typ != "gputrain:infra:GpuCluster")
     assert len(m.of_type("gputrain:infra:GpuCluster")) == 1
     # The private key is nowhere.
