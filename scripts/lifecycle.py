@@ -32,6 +32,15 @@ if TYPE_CHECKING:
     from scripts.transport import Transport
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def find_project_root(start: Path | None = None) -> Path:
+    """The Pulumi project: the nearest directory upwards with Pulumi.yaml, else this checkout."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "Pulumi.yaml").is_file():
+            return d
+    return ROOT
 DEFAULT_ENTRY = ("-m", "trainer.train", "--preset", "tiny")
 
 
@@ -39,7 +48,7 @@ DEFAULT_ENTRY = ("-m", "trainer.train", "--preset", "tiny")
 class Services:
     """The I/O edges of the lifecycle, swappable in tests (fake Pulumi, fake Compute endpoint)."""
 
-    root: Path = ROOT
+    root: Path = field(default_factory=find_project_root)
     runs_dir: Path = field(default_factory=lambda: Path.cwd() / "runs")
     runner_for: Callable[[str, Path], StackRunner] | None = None
     compute_endpoint: str | None = field(
@@ -88,17 +97,12 @@ def load_spec(stack: str, services: Services) -> ClusterSpec:
 
 
 def show_plan(spec: ClusterSpec) -> None:
-    from infra.plan import missing_rows, plan_rows
+    from infra.plan import HEADERS, build_plan
 
-    rows = plan_rows(spec)
-    ui.table(f"plan: stack {spec.stack}", ["setting", "value"], rows)
-    todo = missing_rows(spec)
-    if todo:
-        ui.table(
-            "still to set before `pulumi up` / `gputrain up`",
-            ["setting", "why", "command"],
-            todo,
-        )
+    plan = build_plan(spec)
+    ui.table(plan.title, HEADERS, [plan.row])
+    for line in plan.footer_lines():
+        ui.say(line)
 
 
 def keygen(stack: str, services: Services, *, force: bool) -> None:
@@ -166,12 +170,13 @@ def confirm(spec: ClusterSpec, *, yes: bool) -> None:
     """Ask before spending money, on a terminal only."""
     if yes or not sys.stdin.isatty():
         return
-    from infra.plan import hourly_total, worst_case
+    from infra.plan import build_plan
 
+    plan = build_plan(spec)
     ui.say(
         f"About to create {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x "
-        f"{spec.accelerator} each) in {spec.zone}: ~${hourly_total(spec):.2f}/h, "
-        f"at most ${worst_case(spec):.2f} before the VMs delete themselves."
+        f"{spec.gpu_model} each): ~${plan.hourly_total:.2f}/h, "
+        f"at most ${plan.worst_case:.2f} before the VMs delete themselves."
     )
     answer = input("Proceed? [y/N] ").strip().lower()
     if answer not in ("y", "yes"):
@@ -455,7 +460,6 @@ def up_stack(
 
 def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult | None:
     """The whole lifecycle on GCP; teardown in a `finally` unless --keep."""
-    from infra.plan import hourly_total
     from infra.spec import require_deployable
 
     started = time.monotonic()
@@ -491,7 +495,7 @@ def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult 
                 else:
                     teardown(spec, runner, services)
     assert result is not None
-    summarize(result, hourly_usd=hourly_total(spec), started=started)
+    summarize(result, hourly_usd=spec.hourly_price_per_node * spec.nodes, started=started)
     return result
 
 

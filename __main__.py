@@ -1,0 +1,12 @@
+"""Pulumi program: stack config -> validated ClusterSpec -> GpuCluster -> stack outputs."""
+
+import pulumi
+
+from infra.cluster import GpuCluster, stack_config_from_pulumi
+from infra.spec import parse_spec, require_deployable
+
+spec = parse_spec(stack_config_from_pulumi(), pulumi.get_stack())
+require_deployable(spec)
+cluster = GpuCluster(spec.stack, spec)
+for key, value in cluster.exports().items():
+    pulumi.export(key, value)

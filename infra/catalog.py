@@ -1,0 +1,496 @@
+"""GCE GPU hardware catalog: pure data + lookups, no I/O.
+
+Figures come from /work/shared/reference/gcp-gpu-facts.md (docs machine-family page 2026-04-15,
+SkyPilot catalog v8, Cluster Toolkit). Values marked UNCONFIRMED there are kept but flagged here;
+the Compute API preflight confirms the rest at run time.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Literal
+
+Series = Literal["a2", "a3", "a4", "g2", "n1"]
+
+# --------------------------------------------------------------------------------------------
+# Accelerators
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One GPU model: its GCE accelerator type, what nvidia-smi calls it, and its quota metric."""
+
+    name: str  # GCE accelerator type, e.g. "nvidia-l4"
+    model: str  # as `nvidia-smi --query-gpu=name` prints it
+    memory_gb: int  # nominal per-GPU memory
+    quota_base: str  # regional on-demand quota metric; spot adds the PREEMPTIBLE_ prefix
+    aliases: tuple[str, ...] = ()  # other spellings the docs use for the same accelerator
+
+
+ACCELERATORS: dict[str, Accelerator] = {
+    a.name: a
+    for a in (
+        Accelerator("nvidia-tesla-t4", "Tesla T4", 16, "NVIDIA_T4_GPUS"),
+        Accelerator("nvidia-tesla-v100", "Tesla V100-SXM2-16GB", 16, "NVIDIA_V100_GPUS"),
+        Accelerator("nvidia-tesla-p100", "Tesla P100-PCIE-16GB", 16, "NVIDIA_P100_GPUS"),
+        Accelerator("nvidia-tesla-p4", "Tesla P4", 8, "NVIDIA_P4_GPUS"),
+        # The 2026 docs print "nvidia-a100-40gb"; whether it is an alias is UNCONFIRMED.
+        Accelerator(
+            "nvidia-tesla-a100",
+            "NVIDIA A100-SXM4-40GB",
+            40,
+            "NVIDIA_A100_GPUS",
+            aliases=("nvidia-a100-40gb",),
+        ),
+        Accelerator("nvidia-a100-80gb", "NVIDIA A100-SXM4-80GB", 80, "NVIDIA_A100_80GB_GPUS"),
+        Accelerator("nvidia-l4", "NVIDIA L4", 24, "NVIDIA_L4_GPUS"),
+        Accelerator("nvidia-h100-80gb", "NVIDIA H100 80GB HBM3", 80, "NVIDIA_H100_GPUS"),
+        Accelerator("nvidia-h100-mega-80gb", "NVIDIA H100 80GB HBM3", 80, "NVIDIA_H100_MEGA_GPUS"),
+        Accelerator("nvidia-h200-141gb", "NVIDIA H200", 141, "NVIDIA_H200_GPUS"),
+        Accelerator("nvidia-b200", "NVIDIA B200", 180, "NVIDIA_B200_GPUS"),
+    )
+}
+
+GLOBAL_GPU_QUOTA_METRIC = "GPUS_ALL_REGIONS"
+
+
+def canonical_accelerator(name: str) -> str | None:
+    """The catalog name for an accelerator type or one of its aliases; None if unknown."""
+    if name in ACCELERATORS:
+        return name
+    for acc in ACCELERATORS.values():
+        if name in acc.aliases:
+            return acc.name
+    return None
+
+
+def quota_metric(accelerator: str, spot: bool) -> str:
+    """Regional GPU quota metric, e.g. NVIDIA_L4_GPUS or PREEMPTIBLE_NVIDIA_L4_GPUS for Spot."""
+    canonical = canonical_accelerator(accelerator)
+    if canonical is None:
+        raise KeyError(f"unknown accelerator type {accelerator!r}")
+    base = ACCELERATORS[canonical].quota_base
+    return f"PREEMPTIBLE_{base}" if spot else base
+
+
+_CPU_QUOTA_BASE: dict[str, str] = {
+    "n1": "CPUS",
+    "a2": "A2_CPUS",
+    "a3": "A3_CPUS",
+    "a4": "A4_CPUS",
+    "g2": "G2_CPUS",
+}
+
+
+def cpu_quota_metric(series: str, spot: bool) -> str:
+    """Regional vCPU quota metric: <SERIES>_CPUS (N1 uses CPUS), PREEMPTIBLE_ prefix for Spot."""
+    base = _CPU_QUOTA_BASE[series]
+    return f"PREEMPTIBLE_{base}" if spot else base
+
+
+# --------------------------------------------------------------------------------------------
+# Machine types
+# --------------------------------------------------------------------------------------------
+
+DiskClass = Literal["pd", "a3", "hyperdisk"]
+
+#: Boot disk types each disk class accepts; the first one is the default.
+BOOT_DISK_TYPES: dict[DiskClass, tuple[str, ...]] = {
+    "pd": ("pd-balanced", "pd-ssd"),  # N1, A2, G2: no pd-standard (G2), no pd-extreme
+    "a3": ("pd-ssd", "hyperdisk-balanced"),  # A3 High/Mega/Edge (UNCONFIRMED; no pd-standard)
+    "hyperdisk": ("hyperdisk-balanced",),  # A3 Ultra, A4
+}
+
+
+@dataclass(frozen=True)
+class MachineType:
+    """A machine type gputrain can provision, with what it brings and what it needs."""
+
+    name: str
+    series: Series
+    vcpus: int
+    memory_gb: float
+    accelerator: str | None = None  # built-in GPUs (A2/A3/A4/G2); None for N1
+    gpus: int = 0  # built-in GPU count; 0 for N1 (GPUs are attached)
+    nics: str = "1"  # what the docs say the type uses for full bandwidth
+    gvnic: bool = False  # primary NIC must be gVNIC (required in practice on A3/A4)
+    max_gbps: int | None = None
+    local_ssd_gib: int | None = None  # bundled Local SSD; None if optional/unknown
+    disk_class: DiskClass = "pd"
+    spot_only: bool = False  # on-demand not offered (A3 High 1/2/4g: Spot or Flex-start)
+    orderable: bool = True  # False for serving-only products (A3 Edge)
+    compact_placement: bool = True  # supports a COLLOCATED group placement policy
+
+    @property
+    def has_builtin_gpus(self) -> bool:
+        return self.accelerator is not None
+
+
+def _a2() -> list[MachineType]:
+    out = []
+    for n, vcpu, mem, gbps in (
+        (1, 12, 85, 24),
+        (2, 24, 170, 32),
+        (4, 48, 340, 50),
+        (8, 96, 680, 100),
+    ):
+        out.append(
+            MachineType(f"a2-highgpu-{n}g", "a2", vcpu, mem, "nvidia-tesla-a100", n, max_gbps=gbps)
+        )
+    out.append(MachineType("a2-megagpu-16g", "a2", 96, 1360, "nvidia-tesla-a100", 16, max_gbps=100))
+    for n, vcpu, mem, ssd, gbps in (
+        (1, 12, 170, 375, 24),
+        (2, 24, 340, 750, 32),
+        (4, 48, 680, 1500, 50),
+        (8, 96, 1360, 3000, 100),
+    ):
+        out.append(
+            MachineType(
+                f"a2-ultragpu-{n}g",
+                "a2",
+                vcpu,
+                mem,
+                "nvidia-a100-80gb",
+                n,
+                max_gbps=gbps,
+                local_ssd_gib=ssd,
+            )
+        )
+    return out
+
+
+def _a3_a4() -> list[MachineType]:
+    out = []
+    for n, vcpu, mem, ssd, gbps in (
+        (1, 26, 234, 750, 25),
+        (2, 52, 468, 1500, 50),
+        (4, 104, 936, 3000, 100),
+    ):
+        out.append(
+            MachineType(
+                f"a3-highgpu-{n}g",
+                "a3",
+                vcpu,
+                mem,
+                "nvidia-h100-80gb",
+                n,
+                nics="1",
+                gvnic=True,
+                max_gbps=gbps,
+                local_ssd_gib=ssd,
+                disk_class="a3",
+                spot_only=True,
+            )
+        )
+    out += [
+        MachineType(
+            "a3-highgpu-8g",
+            "a3",
+            208,
+            1872,
+            "nvidia-h100-80gb",
+            8,
+            nics="1 + 4 gVNIC (GPUDirect-TCPX)",
+            gvnic=True,
+            max_gbps=1000,
+            local_ssd_gib=6000,
+            disk_class="a3",
+        ),
+        MachineType(
+            "a3-megagpu-8g",
+            "a3",
+            208,
+            1872,
+            "nvidia-h100-mega-80gb",
+            8,
+            nics="1 + 8 gVNIC (GPUDirect-TCPXO)",
+            gvnic=True,
+            max_gbps=1800,
+            local_ssd_gib=6000,
+            disk_class="a3",
+        ),
+        MachineType(
+            "a3-edgegpu-8g",
+            "a3",
+            208,
+            1872,
+            "nvidia-h100-80gb",
+            8,
+            nics="1 + 4 gVNIC (GPUDirect-TCPX)",
+            gvnic=True,
+            max_gbps=400,
+            local_ssd_gib=6000,
+            disk_class="a3",
+            orderable=False,
+        ),
+        MachineType(
+            "a3-ultragpu-8g",
+            "a3",
+            224,
+            2952,
+            "nvidia-h200-141gb",
+            8,
+            nics="2 gVNIC + 8 MRDMA (RoCE VPC)",
+            gvnic=True,
+            max_gbps=3600,
+            disk_class="hyperdisk",
+        ),
+        MachineType(
+            "a4-highgpu-8g",
+            "a4",
+            224,
+            3968,
+            "nvidia-b200",
+            8,
+            nics="2 gVNIC + 8 MRDMA (RoCE VPC)",
+            gvnic=True,
+            max_gbps=3600,
+            disk_class="hyperdisk",
+        ),
+    ]
+    return out
+
+
+#: G2: vCPUs -> (L4 count, default memory GB, max Gbps). g2-standard-32 has ONE GPU.
+_G2 = {
+    4: (1, 16, 10),
+    8: (1, 32, 16),
+    12: (1, 48, 16),
+    16: (1, 64, 32),
+    24: (2, 96, 32),
+    32: (1, 128, 32),
+    48: (4, 192, 50),
+    96: (8, 384, 100),
+}
+
+
+def _g2() -> list[MachineType]:
+    return [
+        MachineType(f"g2-standard-{v}", "g2", v, mem, "nvidia-l4", n, max_gbps=gbps)
+        for v, (n, mem, gbps) in _G2.items()
+    ]
+
+
+#: N1 memory per vCPU by class (GB).
+_N1_CLASSES = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+_N1_VCPUS = (1, 2, 4, 8, 16, 32, 64, 96)
+
+
+def _n1() -> list[MachineType]:
+    out = []
+    for cls, per_vcpu in _N1_CLASSES.items():
+        for v in _N1_VCPUS:
+            if v == 1 and cls != "standard":
+                continue  # n1-highmem-1 / n1-highcpu-1 do not exist
+            out.append(MachineType(f"n1-{cls}-{v}", "n1", v, v * per_vcpu, compact_placement=False))
+    return out
+
+
+MACHINE_TYPES: dict[str, MachineType] = {m.name: m for m in _a2() + _a3_a4() + _g2() + _n1()}
+
+
+def machine_type(name: str) -> MachineType | None:
+    return MACHINE_TYPES.get(name)
+
+
+def nearest_machine_types(name: str, limit: int = 3) -> list[str]:
+    """Known machine types that look like a misspelled one (difflib), best first."""
+    return difflib.get_close_matches(name, MACHINE_TYPES.keys(), n=limit, cutoff=0.6)
+
+
+def boot_disk_types(mt: MachineType) -> tuple[str, ...]:
+    return BOOT_DISK_TYPES[mt.disk_class]
+
+
+def default_boot_disk_type(mt: MachineType) -> str:
+    return BOOT_DISK_TYPES[mt.disk_class][0]
+
+
+# --------------------------------------------------------------------------------------------
+# N1 attachable GPUs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttachableGpu:
+    """An N1 attachable GPU: allowed counts, each with its (max vCPU, max memory GB) cap."""
+
+    accelerator: str
+    caps: dict[int, tuple[int, int]]
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(sorted(self.caps))
+
+
+N1_GPUS: dict[str, AttachableGpu] = {
+    g.accelerator: g
+    for g in (
+        AttachableGpu("nvidia-tesla-t4", {1: (48, 312), 2: (48, 312), 4: (96, 624)}),
+        AttachableGpu("nvidia-tesla-v100", {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)}),
+        # Lower caps in us-east1-c and europe-west1-b/d (64/208) are UNCONFIRMED; not modelled.
+        AttachableGpu("nvidia-tesla-p100", {1: (16, 104), 2: (32, 208), 4: (96, 624)}),
+        AttachableGpu("nvidia-tesla-p4", {1: (24, 156), 2: (48, 312), 4: (96, 624)}),
+    )
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Zones known to offer each GPU (facts §9, SkyPilot catalog v8): a hint, not a guarantee
+# of capacity; the Compute API preflight is the authority. P100/P4 are not listed there.
+# --------------------------------------------------------------------------------------------
+
+
+def _zones(spec: str) -> frozenset[str]:
+    """Expand "us-central1-a/b/c, us-east1-b" into zone names."""
+    out = set()
+    for part in spec.split(","):
+        region, letters = part.strip().rsplit("-", 1)
+        out |= {f"{region}-{letter}" for letter in letters.split("/")}
+    return frozenset(out)
+
+
+KNOWN_ZONES: dict[str, frozenset[str]] = {
+    "nvidia-tesla-a100": _zones(
+        "us-central1-a/b/c/f, europe-west4-a/b, asia-southeast1-a/b/c, us-east1-b"
+    ),
+    "nvidia-a100-80gb": _zones("us-central1-a/c, us-east4-c, us-east5-a/b, europe-west4-a"),
+    "nvidia-h100-80gb": _zones(
+        "us-central1-a/b/c, us-east4-a/b/c, us-east5-a, us-west1-a/b, europe-west4-b/c"
+    ),
+    "nvidia-h100-mega-80gb": _zones(
+        "us-central1-a/b/c, us-east4-a/b/c, europe-west4-b/c, asia-southeast1-b/c"
+    ),
+    "nvidia-h200-141gb": _zones(
+        "us-central1-b, us-east4-b, us-east5-a, us-south1-b, europe-west4-a"
+    ),
+    "nvidia-b200": _zones("us-central1-b, us-east1-b, us-east4-b, us-south1-b, europe-west4-b"),
+    "nvidia-l4": _zones(
+        "us-central1-a/b/c, us-east1-b/c/d, us-west1-a/b/c, europe-west4-a/b/c, asia-east1-a/b/c"
+    ),
+    "nvidia-tesla-t4": _zones(
+        "us-central1-a/b/c/f, us-east1-b/c/d, us-west1-a/b, europe-west4-a/b/c"
+    ),
+    "nvidia-tesla-v100": _zones(
+        "us-central1-a/b/c/f, us-east1-b/c, us-west1-a/b, europe-west4-a/b/c"
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Prices (indicative, us-central1, USD per hour, disks/network/Local SSD excluded)
+# --------------------------------------------------------------------------------------------
+
+# Sources as cited in gcp-gpu-facts.md §10; the catalog figures carry the date the facts were
+# compiled (the catalog itself is dated only "2025-26").
+_SKY = "SkyPilot catalog v8"
+_MIRROR = "gcloud-compute.com billing mirror"
+PRICE_REGION = "us-central1"
+
+
+@dataclass(frozen=True)
+class Price:
+    """An indicative hourly price; `as_of` is the ISO date the figure was taken."""
+
+    on_demand: float
+    spot: float
+    as_of: str
+    source: str
+    basis: str = ""  # how it was derived from the source; empty = the source's own figure
+
+    @property
+    def confirmed(self) -> bool:
+        return not self.basis
+
+    def describe(self) -> str:
+        return f"{self.source}, {self.as_of}" + (f"; {self.basis}" if self.basis else "")
+
+    def hourly(self, spot: bool) -> float:
+        return self.spot if spot else self.on_demand
+
+
+#: Per-GPU prices for N1 attachable GPUs (on top of the N1 host).
+N1_GPU_PRICES: dict[str, Price] = {
+    "nvidia-tesla-t4": Price(0.35, 0.175, "2026-04-15", _SKY),
+    "nvidia-tesla-p4": Price(0.60, 0.224, "2026-04-15", _SKY),
+    "nvidia-tesla-p100": Price(1.46, 0.703, "2026-04-15", _SKY),
+    "nvidia-tesla-v100": Price(2.48, 1.089, "2026-04-15", _SKY),
+}
+
+#: N1 host rates fitted to "n1-standard-8 + T4 = 0.730 / 0.280" (host 0.380 / 0.105).
+_N1_VCPU_RATE = 0.031611
+_N1_MEM_RATE = 0.004237
+_N1_SPOT_FACTOR = 0.105 / 0.380
+
+#: G2 rates fitted to g2-standard-4 / -8 (0.707 / 0.854 on-demand, 0.282 / 0.341 Spot):
+#: L4 0.560 / 0.223 per GPU plus 0.03675 / 0.01475 per vCPU (memory is 4 GB per vCPU).
+_G2_GPU = (0.560, 0.223)
+_G2_VCPU = (0.03675, 0.01475)
+
+#: Whole-machine prices from the facts sheet (scaled per GPU inside a shape where marked).
+_A_PRICES: dict[str, Price] = {
+    "a2-highgpu-1g": Price(3.673, 1.804, "2026-04-15", _SKY),
+    "a2-highgpu-8g": Price(29.387, 14.431, "2026-04-15", _SKY),
+    "a3-highgpu-1g": Price(11.06, 6.62, "2026-10-04", _MIRROR),
+    "a3-megagpu-8g": Price(92.21, 28.17, "2026-04-15", _SKY),
+    "a3-ultragpu-8g": Price(86.76, 40.99, "2026-04-15", _SKY),
+    # GPUs only: a lower bound.
+    "a4-highgpu-8g": Price(90.22, 32.61, "2026-04-15", _SKY, "GPUs only: a lower bound"),
+}
+# Per-GPU bases for shapes without a direct figure (derived: base x GPUs).
+_A_PER_GPU_BASE = {
+    "a2-highgpu": "a2-highgpu-1g",
+    "a2-megagpu": "a2-highgpu-1g",
+    "a3-highgpu": "a3-highgpu-1g",
+    "a3-edgegpu": "a3-highgpu-1g",
+}
+# A100 80 GB: the facts sheet marks the catalog row anomalous (UNCONFIRMED); public list
+# price ~5.07/h per GPU on-demand, spot ~40 % of it. Kept as an unconfirmed estimate.
+_A2_ULTRA_PER_GPU = Price(5.07, 2.03, "2026-04-15", "list-price estimate", "UNCONFIRMED")
+
+
+def price(mt: MachineType, gpu_type: str | None = None, gpu_count: int = 0) -> Price:
+    """Indicative hourly price of one VM of this shape (us-central1)."""
+    if mt.series == "n1":
+        od_host = mt.vcpus * _N1_VCPU_RATE + mt.memory_gb * _N1_MEM_RATE
+        host = Price(
+            round(od_host, 4),
+            round(od_host * _N1_SPOT_FACTOR, 4),
+            "2026-04-15",
+            _SKY,
+            "host rates fitted to n1-standard-8",
+        )
+        if gpu_type is None or gpu_count == 0:
+            return host
+        g = N1_GPU_PRICES[gpu_type]
+        return Price(
+            round(host.on_demand + gpu_count * g.on_demand, 4),
+            round(host.spot + gpu_count * g.spot, 4),
+            g.as_of,
+            g.source,
+            ""
+            if mt.name == "n1-standard-8" and gpu_count == 1
+            else "host rates fitted to n1-standard-8",
+        )
+    if mt.series == "g2":
+        od = mt.gpus * _G2_GPU[0] + mt.vcpus * _G2_VCPU[0]
+        sp = mt.gpus * _G2_GPU[1] + mt.vcpus * _G2_VCPU[1]
+        direct = mt.name in ("g2-standard-4", "g2-standard-8")
+        basis = "" if direct else "rates fitted to g2-standard-4/8"
+        return Price(round(od, 4), round(sp, 4), "2026-04-15", _SKY, basis)
+    if mt.name in _A_PRICES:
+        return _A_PRICES[mt.name]
+    if mt.name.startswith("a2-ultragpu"):
+        base, unit = _A2_ULTRA_PER_GPU, "per-GPU estimate"
+    else:
+        unit = _A_PER_GPU_BASE[mt.name.rsplit("-", 1)[0]]
+        base = _A_PRICES[unit]
+    return Price(
+        round(base.on_demand * mt.gpus, 4),
+        round(base.spot * mt.gpus, 4),
+        base.as_of,
+        base.source,
+        "; ".join(b for b in (base.basis, f"{unit} x {mt.gpus}") if b),
+    )

@@ -1,0 +1,102 @@
+"""`gputrain plan`: what a stack would cost and what is still missing, from the files alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra import catalog
+from infra.spec import (
+    ClusterSpec,
+    MissingSetting,
+    load_stack_config,
+    missing_settings,
+    parse_spec,
+    spec_warnings,
+)
+
+HEADERS = (
+    "nodes",
+    "machine type",
+    "GPUs per node",
+    "zone",
+    "spot",
+    "TTL",
+    "$/h per node",
+    "$/h total",
+    "worst case $",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan of one stack: a table row, the price basis, warnings and missing settings."""
+
+    spec: ClusterSpec
+    row: tuple[str, ...]
+    hourly_per_node: float
+    hourly_total: float
+    worst_case: float  # price x nodes x TTL: what the TTL caps the bill at
+    price_note: str
+    warnings: tuple[str, ...]
+    missing: tuple[MissingSetting, ...]
+
+    @property
+    def title(self) -> str:
+        return f"gputrain plan: stack {self.spec.stack}"
+
+    @property
+    def ready(self) -> bool:
+        return not self.missing
+
+    def footer_lines(self) -> list[str]:
+        """What to print under the table: price basis, warnings, then the next steps."""
+        lines = [self.price_note]
+        lines += [f"warning: {w}" for w in self.warnings]
+        if self.missing:
+            lines.append(f"Before `pulumi up --stack {self.spec.stack}`, set:")
+            lines += [f"  {m.key}: {m.why}\n    {m.command}" for m in self.missing]
+        else:
+            lines.append(f"Ready: pulumi up --stack {self.spec.stack}")
+        return lines
+
+
+def build_plan(spec: ClusterSpec) -> Plan:
+    """Pure: the plan of a validated spec."""
+    per_node = spec.hourly_price_per_node
+    total = per_node * spec.nodes
+    worst = total * spec.max_run_duration_s / 3600
+    price = spec.price
+    gpus = f"{spec.gpus_per_node} x {spec.gpu_model} ({spec.gpu_memory_gb} GB)"
+    row = (
+        str(spec.nodes),
+        spec.machine_type,
+        gpus,
+        spec.zone,
+        "yes" if spec.spot else "no",
+        spec.max_run_duration,
+        f"{per_node:.2f}",
+        f"{total:.2f}",
+        f"{worst:.2f}",
+    )
+    note = (
+        f"Prices: indicative {catalog.PRICE_REGION} USD, {'Spot' if spec.spot else 'on-demand'}, "
+        f"{price.describe()}; disks and network extra. "
+        f"Quota needed in {spec.region}: {spec.gpus_per_node * spec.nodes} x "
+        f"{spec.gpu_quota_metric}, {spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}."
+    )
+    return Plan(
+        spec=spec,
+        row=row,
+        hourly_per_node=per_node,
+        hourly_total=total,
+        worst_case=worst,
+        price_note=note,
+        warnings=tuple(spec_warnings(spec)),
+        missing=tuple(missing_settings(spec)),
+    )
+
+
+def plan_stack(root: Path, stack: str) -> Plan:
+    """Read Pulumi.yaml + Pulumi.<stack>.yaml (no Pulumi CLI), validate, plan. Raises SpecError."""
+    return build_plan(parse_spec(load_stack_config(root, stack), stack))

@@ -1,0 +1,627 @@
+"""GpuCluster and __main__.py under Pulumi SDK mocks: the resources and inputs GCE would get."""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Iterator
+from typing import Any
+
+import pulumi
+import pytest
+
+from infra import catalog
+from infra.spec import ClusterSpec, SpecError, load_stack_config, parse_spec
+from tests.pulumi_mocks import (
+    ACCOUNT,
+    FIREWALL,
+    GET_IMAGE,
+    IAM_MEMBER,
+    NETWORK,
+    POLICY,
+    ROOT,
+    SUBNET,
+    TEST_PRIVATE_KEY,
+    TEST_PROJECT,
+    TEST_PUBLIC_KEY,
+    TEST_SOURCE_RANGE,
+    GcpMocks,
+    deployable_config,
+    pulumi_mocks,
+    walk,
+)
+
+MAIN = str(ROOT / "__main__.py")
+
+# (id, base stack file, overrides): the nine families the issue names.
+FAMILIES: list[tuple[str, str, dict[str, str]]] = [
+    ("a2-high", "dev", {"machineType": "a2-highgpu-8g", "nodes": "2", "spot": "false"}),
+    ("a2-ultra", "a100", {}),
+    ("a3-high-8g", "h100", {}),
+    ("a3-mega", "dev", {"machineType": "a3-megagpu-8g", "nodes": "3", "bootDiskType": "pd-ssd"}),
+    ("a3-high-2g-spot", "dev", {"machineType": "a3-highgpu-2g", "spot": "true"}),
+    ("a4", "dev", {"machineType": "a4-highgpu-8g", "nodes": "2", "labels": '["team=ml"]'}),
+    ("g2", "dev", {}),
+    ("n1-t4", "t4", {"nodes": "2", "gpuCount": "4", "machineType": "n1-standard-16"}),
+    (
+        "n1-v100",
+        "dev",
+        {
+            "machineType": "n1-standard-8",
+            "gpuType": "nvidia-tesla-v100",
+            "gpuCount": "1",
+            "spot": "false",
+        },
+    ),
+]
+
+
+@pytest.fixture
+def mocks() -> Iterator[GcpMocks]:
+    """Fresh loop + runtime + mocks + the dev stack's config; the test body builds resources."""
+    with pulumi_mocks(load_stack_config(ROOT, "dev")) as m:
+        yield m
+
+
+def _spec(stack: str, **overrides: str) -> ClusterSpec:
+    return parse_spec(deployable_config(stack, **overrides), stack)
+
+
+def _contains_private_key(value: Any) -> bool:
+    body = "".join(TEST_PRIVATE_KEY.splitlines()[1:-1])[:40]
+    return any(
+        isinstance(v, str) and ("PRIVATE KEY" in v or body in v.replace("\n", ""))
+        for v in walk(value)
+    )
+
+
+def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> None:
+    """Everything the issue requires of the declared resources for one family."""
+    vms = m.instances()
+    assert [v.name for v in vms] == [f"{spec.stack}-node-{i}" for i in range(spec.nodes)]
+    mt = catalog.MACHINE_TYPES[spec.machine_type]
+    for i, vm in enumerate(vms):
+        x = vm.inputs
+        assert x["machineType"] == spec.machine_type and x["zone"] == spec.zone
+        assert x["project"] == TEST_PROJECT
+        s = x["scheduling"]
+        assert s["onHostMaintenance"] == "TERMINATE"
+        assert s["instanceTerminationAction"] == "DELETE"
+        assert float(s["maxRunDuration"]["seconds"]) == spec.max_run_duration_s
+        if spec.spot:
+            assert (s["provisioningModel"], s["preemptible"], s["automaticRestart"]) == (
+                "SPOT",
+                True,
+                False,
+            )
+        else:
+            assert s["provisioningModel"] == "STANDARD" and s["preemptible"] is False
+        if spec.placement == "compact":
+            assert s["automaticRestart"] is False
+        # GPUs: A/G series bring them (no guest_accelerators at all); N1 attaches count > 0.
+        if mt.has_builtin_gpus:
+            assert not x.get("guestAccelerators")
+            assert "guestAccelerators" not in x
+        else:
+            [acc] = x["guestAccelerators"]
+            assert acc["type"] == spec.accelerator and int(acc["count"]) == spec.gpus_per_node > 0
+        [nic] = x["networkInterfaces"]
+        assert nic.get("nicType") == ("GVNIC" if spec.series in ("a3", "a4") else None)
+        # publicIp: head -> only node 0 has an access config.
+        assert bool(nic.get("accessConfigs")) == (i == 0), vm.name
+        md = x["metadata"]
+        assert md["ssh-keys"] == f"{spec.ssh_user}:{TEST_PUBLIC_KEY}"
+        assert md["enable-guest-attributes"] == "TRUE"
+        assert md["install-nvidia-driver"] == "True"
+        assert md["enable-oslogin"] == "FALSE"
+        want = {"gputrain-stack": spec.stack, "gputrain-project": "gputrain", **spec.labels}
+        assert want.items() <= x["labels"].items()
+        disk = x["bootDisk"]["initializeParams"]
+        assert want.items() <= disk["labels"].items()
+        assert disk["type"] == spec.boot_disk_type and int(disk["size"]) == spec.boot_disk_gb
+        assert disk["image"].endswith(f"/images/{spec.image_family}-v20260416")
+        assert x["tags"] == [f"gputrain-{spec.stack}"]
+    # Firewall: internal by tag; SSH (22 only) only from the configured range, never the world.
+    fws = {f.name: f.inputs for f in m.of_type(FIREWALL)}
+    assert set(fws) == {f"{spec.stack}-internal", f"{spec.stack}-ssh"}
+    ssh = fws[f"{spec.stack}-ssh"]
+    assert ssh["sourceRanges"] == [TEST_SOURCE_RANGE]
+    assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
+    internal = fws[f"{spec.stack}-internal"]
+    assert "sourceRanges" not in internal
+    assert internal["sourceTags"] == internal["targetTags"] == [f"gputrain-{spec.stack}"]
+    assert "0.0.0.0/0" not in list(walk(fws))
+    # Service account: only log and metric writes.
+    [sa] = m.of_type(ACCOUNT)
+    roles = sorted(r.inputs["role"] for r in m.of_type(IAM_MEMBER))
+    assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
+    assert all(
+        r.inputs["member"].startswith(f"serviceAccount:{sa.inputs['accountId']}@")
+        for r in m.of_type(IAM_MEMBER)
+    )
+    # Placement.
+    policies = m.of_type(POLICY)
+    if spec.placement == "compact":
+        [p] = policies
+        gp = p.inputs["groupPlacementPolicy"]
+        assert gp["collocation"] == "COLLOCATED" and int(gp["vmCount"]) == spec.nodes
+        assert all(v.inputs["resourcePolicies"].endswith(f"/{p.name}") for v in vms)
+    else:
+        assert policies == [] and all("resourcePolicies" not in v.inputs for v in vms)
+    # One component; everything else is a real (custom) GCE resource.
+    assert all(r.custom for r in m.resources if r.typ != "gputrain:infra:GpuCluster")
+    assert len(m.of_type("gputrain:infra:GpuCluster")) == 1
+    # The private key is nowhere.
+    assert not any(_contains_private_key(r.inputs) for r in m.resources)
+    assert not _contains_private_key(outputs)
+    # Exports.
+    assert outputs["gpusPerNode"] == spec.gpus_per_node
+    assert outputs["gpuModel"] == catalog.ACCELERATORS[spec.accelerator].model
+    assert [n["role"] for n in outputs["nodes"]] == ["head"] + ["worker"] * (spec.nodes - 1)
+    assert outputs["nodes"][0]["externalIp"] == "203.0.113.10"
+    assert all(n["externalIp"] is None for n in outputs["nodes"][1:])
+    assert outputs["headAddress"] == "203.0.113.10"
+    assert outputs["hourlyPriceUsd"] == pytest.approx(
+        spec.hourly_price_per_node * spec.nodes, abs=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides"), [f[1:] for f in FAMILIES], ids=[f[0] for f in FAMILIES]
+)
+@pulumi.runtime.test
+def test_family_declares_correct_secure_resources(
+    mocks: GcpMocks, stack: str, overrides: dict[str, str]
+) -> Any:
+    from infra.cluster import GpuCluster
+
+    spec = _spec(stack, **overrides)
+    cluster = GpuCluster(spec.stack, spec)
+    return pulumi.Output.all(**cluster.exports()).apply(lambda out: _check_family(mocks, spec, out))
+
+
+def test_family_table_covers_each_series_as_the_issue_lists() -> None:
+    specs = {fid: _spec(stack, **ov) for fid, stack, ov in FAMILIES}
+    assert {s.machine_type for s in specs.values()} >= {
+        "a2-highgpu-8g",
+        "a2-ultragpu-2g",
+        "a3-highgpu-8g",
+        "a3-megagpu-8g",
+        "a3-highgpu-2g",
+        "a4-highgpu-8g",
+        "g2-standard-24",
+    }
+    assert (
+        specs["n1-t4"].accelerator == "nvidia-tesla-t4"
+        and specs["n1-v100"].accelerator == "nvidia-tesla-v100"
+    )
+    assert specs["a3-high-2g-spot"].spot and specs["a3-high-8g"].placement == "compact"
+
+
+def _run_main(config: dict[str, str], stack: str) -> dict[str, Any]:
+    pulumi.runtime.set_all_config(config, secret_keys=["gputrain:sshPrivateKey"])
+    return runpy.run_path(MAIN)
+
+
+@pytest.fixture
+def stack_mocks(stack: str) -> Iterator[GcpMocks]:
+    """Mocks whose Pulumi stack name is the parametrized `stack` (what pulumi.get_stack() says)."""
+    with pulumi_mocks(load_stack_config(ROOT, stack), stack=stack) as m:
+        yield m
+
+
+@pytest.mark.parametrize("stack", ["dev", "a100", "h100", "t4"])
+@pulumi.runtime.test
+def test_whole_program_on_each_shipped_stack(stack_mocks: GcpMocks, stack: str) -> Any:
+    cfg = deployable_config(stack)
+    namespace = _run_main(cfg, stack)
+    spec = parse_spec(cfg, stack)
+    cluster = namespace["cluster"]
+    assert cluster.spec == spec
+
+    def check(out: dict[str, Any]) -> None:
+        _check_family(stack_mocks, spec, out)
+        assert out["project"] == TEST_PROJECT and out["sshUser"] == "gputrain"
+        assert out["zone"] == "us-central1-a" and out["region"] == "us-central1"
+        assert out["maxRunDuration"] == spec.max_run_duration
+        assert out["image"].endswith("-v20260416")
+        node0 = out["nodes"][0]
+        assert node0 == {
+            "name": f"{stack}-node-0",
+            "zone": "us-central1-a",
+            "internalIp": "10.42.0.2",
+            "externalIp": "203.0.113.10",
+            "role": "head",
+        }
+        root: Any = pulumi.runtime.get_root_resource()  # the Stack: what pulumi.export set
+        assert set(root.outputs) == set(out)
+
+    return pulumi.Output.all(**cluster.exports()).apply(check)
+
+
+@pulumi.runtime.test
+def test_program_reads_config_but_never_the_private_key(mocks: GcpMocks) -> None:
+    from infra.cluster import stack_config_from_pulumi
+
+    cfg = deployable_config("dev", zone="us-central1-b")
+    pulumi.runtime.set_all_config(cfg, secret_keys=["gputrain:sshPrivateKey"])
+    read = stack_config_from_pulumi()
+    assert "gputrain:sshPrivateKey" not in read
+    assert read == {k: v for k, v in cfg.items() if k != "gputrain:sshPrivateKey"}
+    assert parse_spec(read, "dev").zone == "us-central1-b"
+
+
+@pulumi.runtime.test
+def test_existing_network_is_used_as_is(mocks: GcpMocks) -> Any:
+    from infra.cluster import GpuCluster
+
+    spec = _spec("dev", network="shared-vpc", nodes="2", publicIp="all")
+    cluster = GpuCluster(spec.stack, spec)
+
+    def check(out: dict[str, Any]) -> None:
+        assert mocks.of_type(NETWORK) == [] and mocks.of_type(SUBNET) == []
+        assert {f.inputs["network"] for f in mocks.of_type(FIREWALL)} == {"shared-vpc"}
+        for vm in mocks.instances():
+            [nic] = vm.inputs["networkInterfaces"]
+            assert nic["network"] == "shared-vpc" and "subnetwork" not in nic
+            assert nic["accessConfigs"]  # publicIp: all
+        assert [n["externalIp"] for n in out["nodes"]] == ["203.0.113.10", "203.0.113.11"]
+        # g2 supports compact placement, so auto picks it for 2 nodes
+        assert len(mocks.of_type(POLICY)) == 1
+
+    return pulumi.Output.all(**cluster.exports()).apply(check)
+
+
+@pulumi.runtime.test
+def test_created_network_has_one_subnet_in_the_region(mocks: GcpMocks) -> Any:
+    from infra.cluster import GpuCluster
+
+    spec = _spec(
+        "dev",
+        zones='["europe-west4-b", "europe-west4-a"]',
+        publicIp="none",
+        nodes="2",
+        placement="none",
+    )
+    cluster = GpuCluster(spec.stack, spec)
+
+    def check(out: dict[str, Any]) -> None:
+        [net] = mocks.of_type(NETWORK)
+        assert net.inputs["autoCreateSubnetworks"] is False
+        [sub] = mocks.of_type(SUBNET)
+        assert sub.inputs["region"] == "europe-west4"
+        assert all(vm.inputs["zone"] == "europe-west4-b" for vm in mocks.instances())
+        assert all(
+            not vm.inputs["networkInterfaces"][0].get("accessConfigs") for vm in mocks.instances()
+        )
+        assert out["headAddress"] == "10.42.0.2"  # no public IP: the internal one
+        assert all(n["externalIp"] is None for n in out["nodes"])
+
+    return pulumi.Output.all(**cluster.exports()).apply(check)
+
+
+@pulumi.runtime.test
+def test_on_demand_without_compact_placement_may_restart(mocks: GcpMocks) -> Any:
+    from infra.cluster import GpuCluster
+
+    spec = _spec("a100")
+    cluster = GpuCluster(spec.stack, spec)
+
+    def check(_: object) -> None:
+        [vm] = mocks.instances()
+        assert vm.inputs["scheduling"]["automaticRestart"] is True
+        assert vm.inputs["scheduling"]["provisioningModel"] == "STANDARD"
+
+    return pulumi.Output.all(*[vm.id for vm in cluster.instances]).apply(check)
+
+
+@pulumi.runtime.test
+def test_retired_default_image_family_falls_back(mocks: GcpMocks) -> Any:
+    from infra.cluster import GpuCluster
+
+    mocks.images = {"common-cu129-ubuntu-2204-nvidia-580": 50}
+    spec = _spec("dev")
+    cluster = GpuCluster(spec.stack, spec)
+    families = [a["family"] for tok, a in mocks.calls if tok == GET_IMAGE]
+    assert families == [
+        "pytorch-2-9-cu129-ubuntu-2204-nvidia-580",
+        "common-cu129-ubuntu-2204-nvidia-580",
+    ]
+    assert cluster.image_self_link.endswith("/images/common-cu129-ubuntu-2204-nvidia-580-v20260416")
+
+    def check(_: object) -> None:
+        for vm in mocks.instances():
+            assert vm.inputs["bootDisk"]["initializeParams"]["image"] == cluster.image_self_link
+
+    return pulumi.Output.all(*[vm.id for vm in cluster.instances]).apply(check)
+
+
+def _expect_declares_nothing(
+    config: dict[str, str], stack: str, mocks: GcpMocks | None = None
+) -> str:
+    """Run __main__.py under mocks, expect a SpecError; return its line. Nothing may be declared."""
+    with pulumi_mocks({}, stack=stack, mocks=mocks) as m:
+        message: list[str] = []
+
+        @pulumi.runtime.test
+        def run() -> None:
+            with pytest.raises(SpecError) as exc:
+                _run_main(config, stack)
+            message.append(str(exc.value))
+
+        run()  # awaits every outstanding RPC, so a declared resource would be recorded
+        assert m.resources == [], [r.name for r in m.resources]
+        assert len(message) == 1 and "\n" not in message[0]
+        return message[0]
+
+
+def test_unknown_image_family_fails_before_any_resource() -> None:
+    msg = _expect_declares_nothing(deployable_config("dev", imageFamily="pytorch-9-9-gone"), "dev")
+    assert msg.startswith(
+        "gputrain:imageFamily = 'pytorch-9-9-gone': not found in deeplearning-platform-release"
+    )
+
+
+def test_boot_disk_smaller_than_image_fails_before_any_resource() -> None:
+    mocks = GcpMocks(images={"pytorch-2-9-cu129-ubuntu-2204-nvidia-580": 120})
+    msg = _expect_declares_nothing(deployable_config("dev", bootDiskGb="100"), "dev", mocks)
+    assert (
+        msg
+        == "gputrain:bootDiskGb = '100': image pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416 needs at least 120 GB"
+    )
+
+
+def _missing(key: str) -> dict[str, str]:
+    cfg = deployable_config("dev")
+    del cfg[key]
+    return cfg
+
+
+def _base(**overrides: str) -> dict[str, str]:
+    return deployable_config("dev", **overrides)
+
+
+# (id, config, expected one-line message) — every case runs the whole program.
+BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
+    (
+        "unknown-machine",
+        _base(machineType="a2-higpu-1g"),
+        "gputrain:machineType = 'a2-higpu-1g': not a known machine type; nearest: a2-highgpu-1g",
+    ),
+    (
+        "n1-without-gpu",
+        _base(machineType="n1-standard-8"),
+        "gputrain:gpuType is empty: n1-standard-8 needs an attached GPU: nvidia-tesla-t4, nvidia-tesla-v100, nvidia-tesla-p100, nvidia-tesla-p4",
+    ),
+    (
+        "gpu-not-attachable",
+        _base(machineType="n1-standard-8", gpuType="nvidia-l4", gpuCount="1"),
+        "gputrain:gpuType = 'nvidia-l4': n1-standard-8 (N1) can attach: nvidia-tesla-t4, nvidia-tesla-v100, nvidia-tesla-p100, nvidia-tesla-p4",
+    ),
+    (
+        "unknown-gpu",
+        _base(machineType="n1-standard-8", gpuType="nvidia-rtx-9090", gpuCount="1"),
+        "gputrain:gpuType = 'nvidia-rtx-9090': allowed: ",
+    ),
+    (
+        "t4-x8",
+        _base(machineType="n1-standard-8", gpuType="nvidia-tesla-t4", gpuCount="8"),
+        "gputrain:gpuCount = '8': allowed for nvidia-tesla-t4: 1, 2, 4",
+    ),
+    (
+        "n1-gpu-count-0",
+        _base(machineType="n1-standard-8", gpuType="nvidia-tesla-t4"),
+        "gputrain:gpuCount = '0': allowed for nvidia-tesla-t4: 1, 2, 4",
+    ),
+    (
+        "v100-vcpu-cap",
+        _base(machineType="n1-standard-16", gpuType="nvidia-tesla-v100", gpuCount="1"),
+        "gputrain:machineType = 'n1-standard-16': 1 x nvidia-tesla-v100 allows at most 12 vCPUs and 78 GB",
+    ),
+    (
+        "t4-memory-cap",
+        _base(machineType="n1-highmem-64", gpuType="nvidia-tesla-t4", gpuCount="2"),
+        "gputrain:machineType = 'n1-highmem-64': 2 x nvidia-tesla-t4 allows at most 48 vCPUs and 312 GB",
+    ),
+    (
+        "g2-32-has-one-l4",
+        _base(machineType="g2-standard-32", gpuCount="4"),
+        "gputrain:gpuCount = '4': g2-standard-32 has 1 x nvidia-l4; use 0 (implied) or 1",
+    ),
+    (
+        "a2-wrong-gpu-type",
+        _base(machineType="a2-highgpu-1g", gpuType="nvidia-l4"),
+        "gputrain:gpuType = 'nvidia-l4': a2-highgpu-1g brings nvidia-tesla-a100",
+    ),
+    (
+        "gpucount-not-number",
+        _base(gpuCount="two"),
+        "gputrain:gpuCount = 'two': allowed: a whole number",
+    ),
+    (
+        "a3-2g-on-demand",
+        _base(machineType="a3-highgpu-2g", spot="false"),
+        "gputrain:spot = 'false': a3-highgpu-2g is offered only as Spot",
+    ),
+    (
+        "a3-1g-on-demand",
+        _base(machineType="a3-highgpu-1g", spot="false"),
+        "gputrain:spot = 'false': a3-highgpu-1g is offered only as Spot",
+    ),
+    (
+        "a3-edge",
+        _base(machineType="a3-edgegpu-8g"),
+        "gputrain:machineType = 'a3-edgegpu-8g': A3 Edge is a serving product",
+    ),
+    (
+        "duration-garbage",
+        _base(maxRunDuration="six hours"),
+        "gputrain:maxRunDuration = 'six hours': allowed: durations like 90m, 6h, 2d, 1h30m",
+    ),
+    (
+        "duration-wrong-order",
+        _base(maxRunDuration="30m1h"),
+        "gputrain:maxRunDuration = '30m1h': allowed: durations like",
+    ),
+    (
+        "duration-too-short",
+        _base(maxRunDuration="9m"),
+        "gputrain:maxRunDuration = '9m': allowed: 10m to 120d",
+    ),
+    (
+        "duration-too-long",
+        _base(maxRunDuration="121d"),
+        "gputrain:maxRunDuration = '121d': allowed: 10m to 120d",
+    ),
+    (
+        "zone-not-a-zone",
+        _base(zones='["us-central1"]'),
+        "gputrain:zones = 'us-central1': allowed: zone names like us-central1-a",
+    ),
+    (
+        "zones-span-regions",
+        _base(zones='["us-central1-a", "us-east1-b"]'),
+        "gputrain:zones = 'us-central1-a,us-east1-b': all zones must be in one region, got us-central1, us-east1",
+    ),
+    ("zones-empty", _base(zones="[]"), "gputrain:zones = '[]': allowed: one or more zones"),
+    (
+        "zone-not-in-zones",
+        _base(zone="us-central1-f"),
+        "gputrain:zone = 'us-central1-f': allowed: one of zones (us-central1-a, us-central1-b, us-central1-c) or empty",
+    ),
+    ("nodes-zero", _base(nodes="0"), "gputrain:nodes = '0': allowed: 1..64"),
+    (
+        "nodes-not-number",
+        _base(nodes="many"),
+        "gputrain:nodes = 'many': allowed: a whole number 1..64",
+    ),
+    ("disk-too-small", _base(bootDiskGb="40"), "gputrain:bootDiskGb = '40': allowed: 50..65536 GB"),
+    (
+        "disk-type-g2",
+        _base(bootDiskType="pd-standard"),
+        "gputrain:bootDiskType = 'pd-standard': allowed for g2-standard-24: pd-balanced, pd-ssd",
+    ),
+    (
+        "disk-type-a4",
+        _base(machineType="a4-highgpu-8g", bootDiskType="pd-ssd"),
+        "gputrain:bootDiskType = 'pd-ssd': allowed for a4-highgpu-8g: hyperdisk-balanced",
+    ),
+    (
+        "cidr-malformed",
+        _base(sshSourceRanges='["203.0.113.300/32"]'),
+        "gputrain:sshSourceRanges = '203.0.113.300/32': allowed: IPv4 CIDRs like 203.0.113.7/32",
+    ),
+    (
+        "cidr-host-bits",
+        _base(sshSourceRanges='["203.0.113.7/24"]'),
+        "gputrain:sshSourceRanges = '203.0.113.7/24': allowed: IPv4 CIDRs",
+    ),
+    (
+        "ssh-from-world",
+        _base(sshSourceRanges='["0.0.0.0/0"]'),
+        "gputrain:sshSourceRanges = '0.0.0.0/0': SSH open to the whole internet is refused",
+    ),
+    (
+        "cidr-ipv6",
+        _base(sshSourceRanges='["2001:db8::/32"]'),
+        "gputrain:sshSourceRanges = '2001:db8::/32': allowed: IPv4 CIDRs only",
+    ),
+    (
+        "no-source-ranges",
+        _base(sshSourceRanges="[]"),
+        "gputrain:sshSourceRanges is not set (where SSH may come from (your address/32)); run: pulumi config set --path 'gputrain:sshSourceRanges[0]' YOUR.IP.ADD.RESS/32 --stack dev",
+    ),
+    (
+        "no-project",
+        _missing("gcp:project"),
+        "gcp:project is not set (the GCP project to create the VMs in); run: pulumi config set gcp:project YOUR_PROJECT_ID --stack dev",
+    ),
+    (
+        "bad-project",
+        _base(**{"gcp:project": "My Project"}),
+        "gcp:project = 'My Project': allowed: a GCP project ID",
+    ),
+    (
+        "no-ssh-key",
+        _missing("gputrain:sshPublicKey"),
+        "gputrain:sshPublicKey is not set (the SSH key pair for the nodes (the private half is stored as a secret)); run: gputrain keygen --stack dev",
+    ),
+    (
+        "private-key-as-public",
+        _base(sshPublicKey=TEST_PRIVATE_KEY),
+        "gputrain:sshPublicKey holds a PRIVATE key",
+    ),
+    (
+        "public-key-garbage",
+        _base(sshPublicKey="ssh-ed25519 not!base64"),
+        "gputrain:sshPublicKey = 'ssh-ed25519 not!base64': the key data is not base64",
+    ),
+    ("spot-not-bool", _base(spot="yes"), "gputrain:spot = 'yes': allowed: true or false"),
+    (
+        "public-ip-choice",
+        _base(publicIp="workers"),
+        "gputrain:publicIp = 'workers': allowed: head, all, none",
+    ),
+    (
+        "placement-n1",
+        _base(
+            machineType="n1-standard-8",
+            gpuType="nvidia-tesla-t4",
+            gpuCount="1",
+            nodes="2",
+            placement="compact",
+        ),
+        "gputrain:placement = 'compact': N1 does not support compact placement",
+    ),
+    (
+        "placement-one-node",
+        _base(placement="compact"),
+        "gputrain:placement = 'compact': compact placement needs nodes >= 2",
+    ),
+    (
+        "ssh-user-root",
+        _base(sshUser="root"),
+        "gputrain:sshUser = 'root': allowed: a Linux user name",
+    ),
+    (
+        "label-reserved",
+        _base(labels='["gputrain-stack=x"]'),
+        "gputrain:labels = 'gputrain-stack': gputrain-stack, gputrain-project are set by gputrain",
+    ),
+    (
+        "label-uppercase",
+        _base(labels='["Team=ml"]'),
+        "gputrain:labels = 'Team': label keys: lowercase letter first",
+    ),
+    (
+        "label-no-equals",
+        _base(labels='["team"]'),
+        "gputrain:labels = 'team': allowed: key=value strings",
+    ),
+    (
+        "typo-key",
+        {**_base(), "gputrain:machinetype": "g2-standard-4"},
+        "gputrain:machinetype: not a gputrain setting; allowed: ",
+    ),
+    (
+        "network-name",
+        _base(network="My_VPC"),
+        "gputrain:network = 'My_VPC': allowed: an existing VPC name",
+    ),
+]
+
+
+def test_at_least_thirty_bad_config_cases() -> None:
+    assert len(BAD_CONFIGS) >= 30
+    assert len({c[0] for c in BAD_CONFIGS}) == len(BAD_CONFIGS)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
+)
+def test_bad_config_fails_with_one_line_and_declares_nothing(
+    config: dict[str, str], expected: str
+) -> None:
+    message = _expect_declares_nothing(config, "dev")
+    assert message.startswith(expected), message
+    key = message.split(" ", 1)[0].rstrip(":")
+    assert key.startswith(("gputrain:", "gcp:")), message  # every line starts with its key

@@ -1,0 +1,105 @@
+"""`gputrain plan`: the pure plan and the CLI command that prints it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra import catalog
+from infra.plan import HEADERS, build_plan, plan_stack
+from infra.spec import parse_spec
+from scripts.cli import main
+from tests.pulumi_mocks import ROOT, deployable_config
+
+SHIPPED = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+
+
+@pytest.mark.parametrize("stack", SHIPPED)
+def test_every_shipped_stack_plans(stack: str) -> None:
+    plan = plan_stack(ROOT, stack)
+    spec = plan.spec
+    mt = catalog.MACHINE_TYPES[spec.machine_type]
+    price = (
+        catalog.price(mt, spec.accelerator, spec.gpus_per_node)
+        if spec.attach_gpus
+        else catalog.price(mt)
+    )
+    per_node = price.spot if spec.spot else price.on_demand
+    assert plan.hourly_per_node == pytest.approx(per_node)
+    assert plan.hourly_total == pytest.approx(per_node * spec.nodes)
+    assert plan.worst_case == pytest.approx(per_node * spec.nodes * spec.max_run_duration_s / 3600)
+    row = dict(zip(HEADERS, plan.row, strict=True))
+    assert row["nodes"] == str(spec.nodes) and row["machine type"] == spec.machine_type
+    assert row["zone"] == spec.zone and row["TTL"] == spec.max_run_duration
+    assert row["worst case $"] == f"{plan.worst_case:.2f}"
+    assert not plan.ready and len(plan.missing) == 3
+    footer = "\n".join(plan.footer_lines())
+    assert f"gputrain keygen --stack {stack}" in footer and price.as_of in footer
+
+
+def test_dev_plan_figures() -> None:
+    plan = plan_stack(ROOT, "dev")
+    row = dict(zip(HEADERS, plan.row, strict=True))
+    assert row["GPUs per node"] == "2 x NVIDIA L4 (24 GB)"
+    assert row["spot"] == "yes" and row["TTL"] == "3h"
+    # 2 x L4 spot 0.223 + 24 vCPU x 0.01475 (fitted to g2-standard-4/8) = 0.80/h; 3 h -> 2.40
+    assert (row["$/h per node"], row["$/h total"], row["worst case $"]) == ("0.80", "0.80", "2.40")
+    assert "2 x PREEMPTIBLE_NVIDIA_L4_GPUS" in plan.price_note
+
+
+def test_multi_node_worst_case_scales_with_nodes_and_ttl() -> None:
+    one = build_plan(parse_spec(deployable_config("h100", nodes="1", placement="none"), "h100"))
+    two = build_plan(parse_spec(deployable_config("h100", nodes="2", maxRunDuration="16h"), "h100"))
+    assert two.worst_case == pytest.approx(one.worst_case * 4)
+
+
+def test_complete_stack_is_ready() -> None:
+    plan = build_plan(parse_spec(deployable_config("dev"), "dev"))
+    assert plan.ready and plan.footer_lines()[-1] == "Ready: pulumi up --stack dev"
+
+
+def test_cli_plan_prints_table_and_next_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--stack", "dev", "--dir", str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "gputrain plan: stack dev"
+    assert lines[1].split()[:2] == ["nodes", "machine"]
+    assert lines[2].split()[:2] == ["1", "g2-standard-24"]
+    assert "pulumi config set gcp:project YOUR_PROJECT_ID --stack dev" in out
+    assert "gputrain keygen --stack dev" in out
+
+
+def test_cli_plan_bad_config_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.bad.yaml").write_text(
+        "config:\n  gputrain:machineType: n1-standard-8\n  gputrain:gpuType: nvidia-tesla-t4\n  gputrain:gpuCount: 8\n"
+    )
+    assert main(["plan", "--stack", "bad", "--dir", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "error: gputrain:gpuCount = '8': allowed for nvidia-tesla-t4: 1, 2, 4\n"
+
+
+def test_cli_help_is_fast_and_plan_never_imports_pulumi() -> None:
+    code = (
+        "import sys, time; t = time.perf_counter(); import scripts.cli as c\n"
+        "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('HELP', time.perf_counter() - t, file=sys.stderr)\n"
+        f"c.main(['plan', '--stack', 'dev', '--dir', {str(ROOT)!r}])\n"
+        "print('HEAVY', sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'pulumi_gcp', 'google', 'paramiko', 'torch')), file=sys.stderr)\n"
+    )
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert time.perf_counter() - start < 5
+    help_s = float(proc.stderr.split("HELP ")[1].split()[0])
+    assert help_s < 0.5
+    assert "HEAVY []" in proc.stderr
+    assert "usage: gputrain" in proc.stdout and "g2-standard-24" in proc.stdout
