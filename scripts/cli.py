@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
         if name not in STACK_ONLY:
             t.add_argument("--hosts", metavar="FILE", help="existing machines over SSH (YAML)")
             t.add_argument("--local", action="store_true", help="this machine, no SSH")
+        c.add_argument(
+            "--dir",
+            metavar="DIR",
+            help="the Pulumi project directory (default: nearest with Pulumi.yaml upwards)",
+        )
         if name in {"up", "run"}:
             c.add_argument("--yes", action="store_true", help="do not ask before spending money")
             c.add_argument(
@@ -106,6 +112,8 @@ def dispatch(args: argparse.Namespace, services: Services | None = None) -> int:
     from scripts import lifecycle as lc
 
     services = services or lc.Services()
+    if getattr(args, "dir", None):
+        services.root = lc.find_project_root(Path(args.dir))
     cmd = args.command
     target = lc.Target("stack", args.stack) if args.stack else (
         lc.Target("hosts", args.hosts) if getattr(args, "hosts", None) else lc.Target("local")
