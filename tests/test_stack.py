@@ -216,3 +216,83 @@ def test_outputs_to_fleet_pins_keys_and_expects_the_gpus() -> None:
     assert 0 < fleet.expect.min_memory_mib < parsed.gpu_memory_gb * 1024
     with pytest.raises(GputrainError, match="no pinned SSH host keys for dev-node-1"):
         parsed.to_fleet("dev", {"dev-node-0": ("k",)}, identity_file=None)
+
+
+# ---- FakeStackRunner: the GCP side end to end (what the lifecycle tests build on) -------------------
+
+
+def test_fake_runner_up_host_keys_fleet_destroy_sweep() -> None:
+    from infra.compute import ComputeApi, fetch_host_keys, sweep
+    from tests.fake_compute import FakeCompute, ssh_host_keys
+    from tests.fake_stack import FakeStackRunner, sample_nodes
+
+    testbed_keys = {f"dev-node-{i}": ssh_host_keys() for i in range(2)}
+
+    def factory(zone: str) -> list[dict[str, Any]]:
+        nodes = sample_nodes("dev", zone, 2)
+        for n in nodes:  # known_hosts-style lines, as a test bed would hand them over
+            n["hostKeys"] = [f"{t} {b}" for t, b in testbed_keys[n["name"]].items()]
+        return nodes
+
+    with FakeCompute() as fake:
+        api = ComputeApi(fake.url)
+        runner = FakeStackRunner(
+            "dev",
+            node_factory=factory,
+            compute=fake,
+            project=fake.project,
+            zones=("us-east1-c",),
+            host_keys_publish_after=1,
+        )
+        runner.set_config("gputrain:sshPrivateKey", "-----BEGIN OPENSSH", secret=True)
+        assert runner.get_config("gputrain:sshPrivateKey") == "-----BEGIN OPENSSH"
+        outputs = parse_stack_outputs(runner.up())
+        assert outputs.zone == "us-east1-c" and "hostKeys" not in runner.outputs()["nodes"][0]
+        assert all(n.instance_id for n in outputs.nodes)
+        pins = {
+            n.name: fetch_host_keys(
+                fake.project, n.zone, n.name, deadline_s=5, poll_s=0.01, api=api
+            )
+            for n in outputs.nodes
+        }
+        assert set(pins["dev-node-1"]) == {
+            f"{t} {b}" for t, b in testbed_keys["dev-node-1"].items()
+        }
+        fleet = outputs.to_fleet("dev", pins, identity_file=None)
+        assert [n.host_keys for n in fleet.nodes] == [pins["dev-node-0"], pins["dev-node-1"]]
+        assert len(sweep(fake.project, "dev", api=api)) == 8  # 2 VMs, 2 disks, net, subnet, 2 fw
+
+        runner.leak_on_destroy = {"dev-node-1"}
+        runner.destroy()
+        left = sweep(fake.project, "dev", api=api)
+        assert {(x.kind, x.name) for x in left} == {
+            ("instance", "dev-node-1"),
+            ("disk", "dev-node-1"),
+        }
+        assert runner.outputs() == {} and runner.existing == []
+        assert ("set_config", "gputrain:sshPrivateKey", "[secret]") in runner.calls
+        assert runner.call_names() == [
+            "set_config",
+            "get_config",
+            "up",
+            "outputs",
+            "destroy",
+            "outputs",
+        ]
+
+
+def test_fake_runner_refresh_forgets_vms_the_ttl_deleted() -> None:
+    from tests.fake_compute import FakeCompute
+    from tests.fake_stack import FakeStackRunner
+
+    with FakeCompute() as fake:
+        runner = FakeStackRunner("dev", compute=fake, project=fake.project)
+        runner.up()
+        fake.remove_instance("dev-node-1", "us-central1-a")  # maxRunDuration fired
+        runner.refresh()
+        assert runner.existing == ["dev-node-0"]
+        runner.destroy_failures = 1
+        with pytest.raises(StackError, match="destroy failed"):
+            runner.destroy()
+        runner.destroy()
+        assert runner.existing == [] and not fake.instances
