@@ -1,0 +1,418 @@
+"""Preflight: prove a cluster request can be created before `pulumi up` spends money.
+
+Pure `check_*` functions judge what the Compute API returned (tested directly); `preflight()` makes
+the calls through infra.compute.ComputeApi, zone by zone, so failover can skip zones that fail.
+A quota metric the API does not report is unknown, not zero: it warns, it never fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from infra.compute import (
+    AcceleratorTypeInfo,
+    ComputeApi,
+    ComputeApiError,
+    ImageInfo,
+    MachineTypeInfo,
+    Quota,
+)
+
+Status = Literal["ok", "warn", "fail"]
+GLOBAL = "global"
+GPUS_ALL_REGIONS = "GPUS_ALL_REGIONS"
+CPUS_ALL_REGIONS = "CPUS_ALL_REGIONS"
+
+
+@dataclass(frozen=True)
+class PreflightRequest:
+    """Exactly what preflight needs; the CLI builds it from the ClusterSpec."""
+
+    project: str
+    zone: str
+    machine_type: str
+    accelerator: str  # e.g. "nvidia-l4"
+    gpus_per_node: int
+    nodes: int
+    spot: bool
+    vcpus_per_node: int
+    gpu_quota_metric: str  # already PREEMPTIBLE_-prefixed for spot (catalog.quota_metric)
+    cpu_quota_metric: str  # likewise (catalog.cpu_quota_metric)
+    image_project: str
+    image_family: str
+    boot_disk_gb: int
+    is_n1: bool  # N1 attaches its GPUs (acceleratorTypes check); A/G series bring them
+
+    @property
+    def region(self) -> str:
+        return region_of(self.zone)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One row of the preflight table. `scope` is a zone, a region or "global"."""
+
+    check: str
+    scope: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    rows: tuple[CheckResult, ...]
+
+    @property
+    def failures(self) -> tuple[CheckResult, ...]:
+        return tuple(r for r in self.rows if r.status == "fail")
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def zone_ok(self, zone: str) -> bool:
+        """No failing row applies to this zone (its own, its region's or a global one)."""
+        scopes = {zone, region_of(zone), GLOBAL}
+        return not any(r.status == "fail" and r.scope in scopes for r in self.rows)
+
+    def ok_zones(self, zones: Iterable[str]) -> list[str]:
+        return [z for z in zones if self.zone_ok(z)]
+
+    def table_rows(self) -> list[tuple[str, str, str, str, str]]:
+        """For scripts.ui.table(headers=TABLE_HEADERS)."""
+        return [(r.check, r.scope, r.status, r.detail, r.fix) for r in self.rows]
+
+
+TABLE_HEADERS = ("check", "zone", "status", "detail", "fix")
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def quota_console_url(project: str) -> str:
+    return f"https://console.cloud.google.com/iam-admin/quotas?project={project}"
+
+
+# ---- pure checks -------------------------------------------------------------------------------
+
+
+def check_machine_type(
+    req: PreflightRequest,
+    info: MachineTypeInfo | None,
+    offered: Sequence[AcceleratorTypeInfo] = (),
+) -> CheckResult:
+    """The machine type exists in the zone and brings (A/G) or takes (N1) the expected GPUs."""
+    name, zone = req.machine_type, req.zone
+    if info is None:
+        offered_names = ", ".join(a.name for a in offered) or "none"
+        return CheckResult(
+            "machine type",
+            zone,
+            "fail",
+            f"{name} is not offered in {zone} (GPUs offered there: {offered_names})",
+            f"pick another zone: gcloud compute machine-types list --filter=name={name} "
+            f"--format='value(zone)' --project {req.project}",
+        )
+    if req.is_n1:
+        if info.accelerators:
+            return CheckResult(
+                "machine type",
+                zone,
+                "fail",
+                f"{name} brings its own GPUs; it is not an N1 type with attachable GPUs",
+                "use an n1-* machine type for attached GPUs, or drop the attached accelerator",
+            )
+        return CheckResult("machine type", zone, "ok", f"{name}: {info.guest_cpus} vCPUs")
+    if not info.accelerators:
+        return CheckResult(
+            "machine type",
+            zone,
+            "fail",
+            f"{name} has no built-in GPUs",
+            "use an A2/A3/A4/G2 machine type, or an n1-* type with an attached accelerator",
+        )
+    brought, count = info.accelerators[0]
+    if count != req.gpus_per_node:
+        return CheckResult(
+            "machine type",
+            zone,
+            "fail",
+            f"{name} brings {count} × {brought}, the config expects {req.gpus_per_node} per node",
+            f"set GPUs per node to {count}, or pick the {brought} machine type with "
+            f"{req.gpus_per_node} GPUs",
+        )
+    if brought != req.accelerator:
+        # Google renames accelerators (nvidia-tesla-a100 vs nvidia-a100-40gb): the machine type
+        # still works, but the quota metric the catalog chose may be the wrong one.
+        return CheckResult(
+            "machine type",
+            zone,
+            "warn",
+            f"{name} brings {count} × {brought}; the catalog calls it {req.accelerator}",
+            f"check that quota metric {req.gpu_quota_metric} covers {brought}",
+        )
+    return CheckResult(
+        "machine type", zone, "ok", f"{name}: {count} × {brought}, {info.guest_cpus} vCPUs"
+    )
+
+
+def check_accelerator_type(
+    req: PreflightRequest, offered: Sequence[AcceleratorTypeInfo]
+) -> CheckResult:
+    """(N1) the zone offers the accelerator with enough cards per VM."""
+    zone, accel = req.zone, req.accelerator
+    found = next((a for a in offered if a.name == accel), None)
+    if found is None:
+        return CheckResult(
+            "accelerator type",
+            zone,
+            "fail",
+            f"{accel} is not offered in {zone} "
+            f"(offered: {', '.join(a.name for a in offered) or 'none'})",
+            f"pick a zone that offers it: gcloud compute accelerator-types list "
+            f"--filter=name={accel} --project {req.project}",
+        )
+    if found.deprecated_state in ("OBSOLETE", "DELETED"):
+        return CheckResult(
+            "accelerator type",
+            zone,
+            "fail",
+            f"{accel} is {found.deprecated_state} in {zone}",
+            "pick a current accelerator type",
+        )
+    if req.gpus_per_node > found.maximum_cards_per_instance:
+        return CheckResult(
+            "accelerator type",
+            zone,
+            "fail",
+            f"{zone} allows at most {found.maximum_cards_per_instance} × {accel} per VM, "
+            f"the config asks {req.gpus_per_node}",
+            f"set GPUs per node ≤ {found.maximum_cards_per_instance} and add nodes instead",
+        )
+    status: Status = "warn" if found.deprecated_state else "ok"
+    note = f" ({found.deprecated_state})" if found.deprecated_state else ""
+    return CheckResult(
+        "accelerator type",
+        zone,
+        status,
+        f"{accel}: up to {found.maximum_cards_per_instance} per VM{note}",
+    )
+
+
+def check_quota(
+    check: str,
+    scope: str,
+    metric: str,
+    need: float,
+    quotas: Mapping[str, Quota] | None,
+    *,
+    project: str,
+    per_node: float,
+    soft: bool = False,
+) -> CheckResult:
+    """`need` units of `metric` are free in `quotas` (matched case-insensitively).
+
+    A metric not reported is unknown (warn). `soft` turns a shortfall into a warning, for
+    quotas whose applicability is not confirmed (GPUS_ALL_REGIONS with Spot)."""
+    where = "globally" if scope == GLOBAL else f"in {scope}"
+    quota = (quotas or {}).get(metric.upper())
+    if quota is None:
+        return CheckResult(
+            check,
+            scope,
+            "warn",
+            f"{metric} is not reported {where}: unknown, not zero (need {need:g})",
+            f"if `up` fails on quota, request {metric} ≥ {need:g} {where}: "
+            f"{quota_console_url(project)}",
+        )
+    if quota.available >= need:
+        return CheckResult(
+            check,
+            scope,
+            "ok",
+            f"{metric}: need {need:g}, free {quota.available:g} of {quota.limit:g}",
+        )
+    max_nodes = int(quota.available // per_node) if per_node > 0 else 0
+    nearest = f", or use {max_nodes} node(s)" if max_nodes >= 1 else ""
+    return CheckResult(
+        check,
+        scope,
+        "warn" if soft else "fail",
+        f"{metric}: need {need:g}, free {quota.available:g} "
+        f"(limit {quota.limit:g}, in use {quota.usage:g}) {where}",
+        f"request {metric} ≥ {quota.usage + need:g} {where} at {quota_console_url(project)}"
+        f"{nearest}",
+    )
+
+
+def check_image(req: PreflightRequest, image: ImageInfo | None) -> list[CheckResult]:
+    """The image family resolves, is not deprecated, and fits in the boot disk."""
+    family = f"{req.image_project}/{req.image_family}"
+    listing = (
+        f"gcloud compute images list --project {req.image_project} --show-deprecated "
+        f"--filter='family~{req.image_family.split('-')[0]}'"
+    )
+    if image is None:
+        return [
+            CheckResult(
+                "image",
+                GLOBAL,
+                "fail",
+                f"image family {family} does not resolve (past its end of patch, or misspelt)",
+                f"set a current family; list them: {listing}",
+            )
+        ]
+    rows = []
+    if image.deprecated_state:
+        repl = image.replacement.rsplit("/", 1)[-1] if image.replacement else None
+        rows.append(
+            CheckResult(
+                "image",
+                GLOBAL,
+                "fail",
+                f"{family} resolves to {image.name}, which is {image.deprecated_state}",
+                f"use image {repl}" if repl else f"set a current family; list them: {listing}",
+            )
+        )
+    else:
+        rows.append(CheckResult("image", GLOBAL, "ok", f"{family} -> {image.name}"))
+    if req.boot_disk_gb < image.disk_size_gb:
+        rows.append(
+            CheckResult(
+                "boot disk",
+                GLOBAL,
+                "fail",
+                f"boot disk {req.boot_disk_gb} GB is smaller than the image ({image.disk_size_gb} GB)",
+                f"set the boot disk size to at least {image.disk_size_gb} GB",
+            )
+        )
+    else:
+        rows.append(
+            CheckResult(
+                "boot disk",
+                GLOBAL,
+                "ok",
+                f"{req.boot_disk_gb} GB ≥ image {image.disk_size_gb} GB",
+            )
+        )
+    return rows
+
+
+# ---- orchestration over the API ------------------------------------------------------------------
+
+
+def _api_failure(check: str, scope: str, error: ComputeApiError) -> CheckResult:
+    return CheckResult(
+        check,
+        scope,
+        "fail",
+        f"could not check: {error}",
+        "check the project id, that the Compute Engine API is enabled, and that your "
+        "credentials may read it (roles/compute.viewer)",
+    )
+
+
+def _zone_checks(api: ComputeApi, req: PreflightRequest) -> tuple[list[CheckResult], int]:
+    """Machine type (+ accelerator type on N1) rows, and the vCPUs per node for the CPU quota."""
+    try:
+        offered = api.accelerator_types(req.project, req.zone)
+        machine = api.machine_type(req.project, req.zone, req.machine_type)
+    except ComputeApiError as e:
+        return [_api_failure("machine type", req.zone, e)], req.vcpus_per_node
+    rows = [check_machine_type(req, machine, offered)]
+    if req.is_n1:
+        rows.append(check_accelerator_type(req, offered))
+    return rows, machine.guest_cpus if machine else req.vcpus_per_node
+
+
+def _region_checks(api: ComputeApi, req: PreflightRequest, cpus: int) -> list[CheckResult]:
+    try:
+        quotas = api.region_quotas(req.project, req.region)
+    except ComputeApiError as e:
+        return [_api_failure("quota", req.region, e)]
+    if quotas is None:
+        return [
+            CheckResult(
+                "region",
+                req.region,
+                "fail",
+                f"region {req.region} (of zone {req.zone}) does not exist",
+                "check the zone names",
+            )
+        ]
+    return [
+        check_quota(
+            "GPU quota",
+            req.region,
+            req.gpu_quota_metric,
+            req.total_gpus,
+            quotas,
+            project=req.project,
+            per_node=req.gpus_per_node,
+        ),
+        check_quota(
+            "CPU quota",
+            req.region,
+            req.cpu_quota_metric,
+            req.nodes * cpus,
+            quotas,
+            project=req.project,
+            per_node=cpus,
+        ),
+    ]
+
+
+def _global_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult]:
+    rows: list[CheckResult] = []
+    try:
+        project_quotas = api.project_quotas(req.project)
+        rows.append(
+            check_quota(
+                "GPU quota",
+                GLOBAL,
+                GPUS_ALL_REGIONS,
+                req.total_gpus,
+                project_quotas,
+                project=req.project,
+                per_node=req.gpus_per_node,
+                soft=req.spot,  # the facts sheet lists no GPUS_ALL_REGIONS pool for Spot
+            )
+        )
+    except ComputeApiError as e:
+        rows.append(_api_failure("GPU quota", GLOBAL, e))
+    try:
+        rows += check_image(req, api.image_from_family(req.image_project, req.image_family))
+    except ComputeApiError as e:
+        rows.append(_api_failure("image", GLOBAL, e))
+    return rows
+
+
+def preflight(
+    request: PreflightRequest,
+    zones: Sequence[str] | None = None,
+    *,
+    api: ComputeApi | None = None,
+) -> PreflightReport:
+    """All checks for `request.zone`, or for each of `zones` (project-wide and image checks run
+    once, regional quota once per region). Returns the report; never raises on a failed check."""
+    api = api or ComputeApi()
+    rows: list[CheckResult] = []
+    regions_done: set[str] = set()
+    for zone in list(zones) if zones else [request.zone]:
+        req = dataclasses.replace(request, zone=zone)
+        zone_rows, cpus = _zone_checks(api, req)
+        rows += zone_rows
+        if req.region not in regions_done:
+            regions_done.add(req.region)
+            rows += _region_checks(api, req, cpus)
+    rows += _global_checks(api, request)
+    return PreflightReport(tuple(rows))

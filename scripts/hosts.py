@@ -1,0 +1,317 @@
+"""`--hosts FILE`: existing machines over SSH, described in a small YAML file.
+
+```yaml
+user: ubuntu
+identity_file: ~/.ssh/id_ed25519        # relative paths: against this file's directory
+known_hosts: ~/.ssh/known_hosts          # optional (this default); keys are pinned from here
+port: 22                                 # optional
+python: /opt/conda/bin/python            # optional: the interpreter with torch on the hosts
+gpus: {model: NVIDIA A100-SXM4-40GB, count: 8, min_memory_gb: 38}   # or: cpu: true
+hosts:
+  - address: 203.0.113.5                 # the first host is the head
+    internal_address: 10.0.0.5           # optional: what the nodes use between them
+    name: gpu-a                          # optional
+    port: 2222                           # optional, per host
+  - 203.0.113.6                          # just an address
+```
+Every bad input is one UserError line naming the field, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scripts.errors import UserError
+from scripts.nodes import Fleet, GpuExpectation, Node
+
+TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
+HOST_KEYS = ("address", "internal_address", "name", "port")
+GPU_KEYS = ("model", "count", "min_memory_gb")
+MAX_GPUS_PER_HOST = 16
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class HostsTarget:
+    """The parsed file: the Fleet, where its host keys come from, and hosts not pinned yet."""
+
+    fleet: Fleet
+    known_hosts: Path
+    unpinned: tuple[str, ...]  # node names with no key yet; only with trust_new_hosts
+
+
+class _Where:
+    """Builds the one-line errors: '<file>: <field>: <value> ...; expected ...'."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, field: str, value: Any, allowed: str) -> UserError:
+        return UserError(f"{self.source}: {field}: {_short(value)} is not allowed; {allowed}")
+
+    def plain(self, field: str, text: str) -> UserError:
+        return UserError(f"{self.source}: {field}: {text}")
+
+
+def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsTarget:
+    """Reads and checks a hosts file; the target name is "hosts-<file stem>"."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: hosts file not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the hosts file ({type(e).__name__})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "syntax error"
+        raise UserError(f"{path}: not valid YAML{at}: {problem}") from None
+    return parse_hosts(
+        data,
+        base_dir=path.resolve().parent,
+        target=f"hosts-{path.stem}",
+        source=str(path),
+        trust_new_hosts=trust_new_hosts,
+    )
+
+
+def parse_hosts(
+    data: Any,
+    *,
+    base_dir: Path,
+    target: str,
+    source: str = "hosts file",
+    trust_new_hosts: bool = False,
+) -> HostsTarget:
+    """Checks the loaded YAML and builds the HostsTarget (reads identity_file and known_hosts)."""
+    w = _Where(source)
+    if not isinstance(data, Mapping):
+        raise w.error(
+            "top level",
+            data,
+            "expected a mapping with user, identity_file, hosts and gpus or cpu",
+        )
+    unknown = [k for k in data if k not in TOP_KEYS]
+    if unknown:
+        raise w.error(
+            f"key {unknown[0]!r}", data[unknown[0]], f"allowed keys: {', '.join(TOP_KEYS)}"
+        )
+
+    user = data.get("user")
+    if not isinstance(user, str) or not _USER.match(user):
+        raise w.error("user", user, "expected a login name like 'ubuntu' (lower case, ≤ 32 chars)")
+    port = _port(w, "port", data.get("port", 22))
+    python = data.get("python", "python3")
+    if not isinstance(python, str) or not python.strip() or "\n" in python:
+        raise w.error("python", python, "expected the path or name of the interpreter with torch")
+
+    identity = _identity_file(w, data.get("identity_file"), base_dir)
+    expect = _expectation(w, data)
+    nodes_spec = _hosts(w, data.get("hosts"), port)
+
+    known_hosts = _resolve(data.get("known_hosts", DEFAULT_KNOWN_HOSTS), base_dir, w, "known_hosts")
+    keys_for = _known_hosts_lookup(w, known_hosts, trust_new_hosts)
+    nodes: list[Node] = []
+    unpinned: list[str] = []
+    for i, (address, internal, name, host_port) in enumerate(nodes_spec):
+        keys = keys_for(address, host_port)
+        if not keys:
+            if not trust_new_hosts:
+                raise w.error(
+                    f"hosts[{i}].address",
+                    address,
+                    f"no host key for it in known_hosts {known_hosts}; add it (ssh-keyscan, then "
+                    "compare the fingerprint) or pass --trust-new-hosts to pin it on first connect",
+                )
+            unpinned.append(name)
+        nodes.append(
+            Node(
+                name=name,
+                role="head" if i == 0 else "worker",
+                internal_address=internal,
+                address=address,
+                port=host_port,
+                user=user,
+                host_keys=keys,
+            )
+        )
+    fleet = Fleet(
+        target=target,
+        nodes=tuple(nodes),
+        expect=expect,
+        identity_file=identity,
+        python=python.strip(),
+    )
+    return HostsTarget(fleet, known_hosts, tuple(unpinned))
+
+
+# ---- fields ------------------------------------------------------------------------------------
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    limit = 200 if isinstance(value, str) else 60  # paths in full, lists and maps shortened
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _port(w: _Where, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise w.error(field, value, "expected a port number 1-65535")
+    return value
+
+
+def _resolve(value: Any, base_dir: Path, w: _Where, field: str) -> Path:
+    if not isinstance(value, str) or not value.strip():
+        raise w.error(field, value, "expected a file path")
+    path = Path(os.path.expanduser(value.strip()))
+    return path if path.is_absolute() else base_dir / path
+
+
+def _identity_file(w: _Where, value: Any, base_dir: Path) -> Path:
+    if value is None:
+        raise w.error("identity_file", value, "expected the path of the SSH private key")
+    path = _resolve(value, base_dir, w, "identity_file")
+    if not path.is_file():
+        raise w.error("identity_file", str(path), "the private key file does not exist")
+    try:
+        head = path.read_bytes()[:64]
+    except OSError as e:
+        raise w.error("identity_file", str(path), f"cannot read it ({e.strerror})") from None
+    if head.startswith((b"ssh-", b"ecdsa-", b"sk-")):
+        raise w.error("identity_file", str(path), "it is a public key; give the private key file")
+    return path
+
+
+def _expectation(w: _Where, data: Mapping[str, Any]) -> GpuExpectation:
+    has_gpus, cpu = "gpus" in data, data.get("cpu")
+    if has_gpus and "cpu" in data:
+        raise w.plain("gpus/cpu", "both are given; give either gpus: {model, count} or cpu: true")
+    if not has_gpus:
+        if cpu is True:
+            return GpuExpectation()
+        if "cpu" in data:
+            raise w.error("cpu", cpu, "expected true (or give gpus: {model, count} instead)")
+        raise w.plain("gpus/cpu", "neither is given; give gpus: {model, count} or cpu: true")
+    gpus = data["gpus"]
+    if not isinstance(gpus, Mapping):
+        raise w.error("gpus", gpus, "expected a mapping {model, count, min_memory_gb}")
+    unknown = [k for k in gpus if k not in GPU_KEYS]
+    if unknown:
+        raise w.error(
+            f"gpus.{unknown[0]}", gpus[unknown[0]], f"allowed keys: {', '.join(GPU_KEYS)}"
+        )
+    model = gpus.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise w.error("gpus.model", model, "expected the name nvidia-smi prints, e.g. 'NVIDIA L4'")
+    count = gpus.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPUS_PER_HOST:
+        raise w.error("gpus.count", count, f"expected GPUs per host, 1-{MAX_GPUS_PER_HOST}")
+    mem = gpus.get("min_memory_gb", 0)
+    if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem < 0:
+        raise w.error("gpus.min_memory_gb", mem, "expected a number of GB ≥ 0")
+    return GpuExpectation(model=model.strip(), count=count, min_memory_mib=int(mem * 1024))
+
+
+def _address(w: _Where, field: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise w.error(field, value, "expected an IP address or host name")
+    text = value.strip()
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if re.fullmatch(r"[\d.]+", text) or not _HOSTNAME.match(text):
+        hint = ""
+        if "@" in text:
+            hint = " (put the login name in `user`)"
+        elif ":" in text:
+            hint = " (put the port in `port`)"
+        raise w.error(field, text, f"expected an IP address or host name{hint}")
+    return text
+
+
+def _hosts(w: _Where, hosts: Any, default_port: int) -> list[tuple[str, str, str, int]]:
+    """(address, internal address, name, port) per host, checked and de-duplicated."""
+    if not isinstance(hosts, list) or not hosts:
+        raise w.error("hosts", hosts, "expected a non-empty list of hosts (the first is the head)")
+    out: list[tuple[str, str, str, int]] = []
+    seen_addr: dict[tuple[str, int], int] = {}
+    seen_name: dict[str, int] = {}
+    for i, entry in enumerate(hosts):
+        field = f"hosts[{i}]"
+        if isinstance(entry, str):
+            entry = {"address": entry}
+        if not isinstance(entry, Mapping):
+            raise w.error(field, entry, "expected an address or a mapping with address")
+        unknown = [k for k in entry if k not in HOST_KEYS]
+        if unknown:
+            raise w.error(
+                f"{field}.{unknown[0]}", entry[unknown[0]], f"allowed keys: {', '.join(HOST_KEYS)}"
+            )
+        address = _address(w, f"{field}.address", entry.get("address"))
+        internal = (
+            _address(w, f"{field}.internal_address", entry["internal_address"])
+            if entry.get("internal_address") is not None
+            else address
+        )
+        port = _port(w, f"{field}.port", entry.get("port", default_port))
+        name = entry.get("name", address if _NAME.match(address) else f"host-{i}")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise w.error(f"{field}.name", name, "expected letters, digits, '.', '_' or '-' (≤ 63)")
+        if (address, port) in seen_addr:
+            raise w.error(
+                f"{field}.address", address, f"it duplicates hosts[{seen_addr[(address, port)]}]"
+            )
+        if name in seen_name:
+            raise w.error(f"{field}.name", name, f"it duplicates hosts[{seen_name[name]}]")
+        seen_addr[(address, port)] = i
+        seen_name[name] = i
+        out.append((address, internal, name, port))
+    return out
+
+
+def _known_hosts_lookup(w: _Where, path: Path, trust_new_hosts: bool) -> Any:
+    """A function (address, port) -> pinned "type base64" keys, from an OpenSSH known_hosts file
+    (hashed entries too). Absent file: allowed only with trust_new_hosts (it will be created)."""
+    if not path.exists():
+        if trust_new_hosts:
+            return lambda _address, _port: ()
+        raise w.error(
+            "known_hosts",
+            str(path),
+            "the file does not exist; create it with the hosts' keys (ssh-keyscan, then compare "
+            "the fingerprints) or pass --trust-new-hosts to pin them on first connect",
+        )
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise w.error("known_hosts", str(path), "expected a readable known_hosts file")
+    import paramiko
+
+    host_keys = paramiko.HostKeys()
+    try:
+        host_keys.load(str(path))
+    except (OSError, paramiko.SSHException, ValueError) as e:
+        raise w.error("known_hosts", str(path), f"cannot parse it ({e})") from None
+
+    def lookup(address: str, port: int) -> tuple[str, ...]:
+        entry = host_keys.lookup(address if port == 22 else f"[{address}]:{port}")
+        if not entry:
+            return ()
+        return tuple(f"{k.get_name()} {k.get_base64()}" for k in entry.values())
+
+    return lookup

@@ -1,0 +1,310 @@
+"""FakeStackRunner: the StackRunner protocol in memory, for lifecycle and failover tests.
+
+`up()` "creates" the cluster through a pluggable node factory (the lifecycle tests plug in the
+sshd test bed), registers every resource in the fake Compute server (so sweep sees it until
+`destroy`), and can be scripted to fail like GCE does through Pulumi: stockout (with and without
+a zonesAvailable hint), quota, partial multi-node, anything else. Error texts follow the shapes
+in gcp-gpu-facts.md §5 as the Pulumi CLI prints them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scripts.stack import ZONE_CONFIG_KEY, OnOutput, StackError
+from tests.fake_compute import FakeCompute, region_of, ssh_host_keys
+
+NodeFactory = Callable[[str], list[dict[str, Any]]]  # zone -> nodes in the NodeOutput shape
+LABEL = "gputrain-stack"
+
+
+# ---- error texts, as `pulumi up` prints a failed GCE create -------------------------------------
+
+
+def _diagnostics(node: str, detail: str) -> str:
+    return (
+        f" +  gcp:compute:Instance {node} creating (0s)\n"
+        f" +  gcp:compute:Instance {node} **creating failed** error: 1 error occurred:\n"
+        "Diagnostics:\n"
+        f"  gcp:compute:Instance ({node}):\n"
+        "    error: 1 error occurred:\n"
+        f"    \t* {detail}\n\n"
+        "  pulumi:pulumi:Stack (gputrain-dev):\n"
+        "    error: update failed\n"
+    )
+
+
+def stockout_text(project: str, zone: str, node: str, hint: tuple[str, ...] = ()) -> str:
+    """ZONE_RESOURCE_POOL_EXHAUSTED as the provider reports it; with `hint`, the 2024+ form with
+    state:STOCKOUT, the 'Consider trying…' sentence and the ErrorInfo zonesAvailable metadata."""
+    detail = (
+        "Error waiting to create Instance: Error waiting for Creating Instance: Error code 8, "
+        f"message: The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+        "available to fulfill the request.  '(resource type:compute)'."
+    )
+    if hint:
+        detail += (
+            " (state:STOCKOUT, attachment:nvidia-l4:1, vmType:g2-standard-8) A g2-standard-8 VM "
+            f"instance with 1 nvidia-l4 accelerator(s) is currently unavailable in the {zone} "
+            f"zone. Consider trying your request in the {', '.join(hint)} zone(s) which currently "
+            "has/have capacity to accommodate your request.\n    \tDetails:\n    \t"
+            '[{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "domain": '
+            '"compute.googleapis.com", "metadatas": {"attachment": "nvidia-l4:1", "vmType": '
+            f'"g2-standard-8", "zone": "{zone}", "zonesAvailable": "{",".join(hint)}"}}, '
+            '"reason": "resource_availability"}]'
+        )
+    return _diagnostics(node, detail)
+
+
+def quota_text(node: str, metric: str, region: str | None) -> str:
+    where = f"in region {region}" if region else "globally"
+    return _diagnostics(
+        node,
+        f"Error creating instance: googleapi: Error 403: Quota '{metric}' exceeded.  "
+        f"Limit: 0.0 {where}., quotaExceeded",
+    )
+
+
+def other_text(node: str, zone: str) -> str:
+    return _diagnostics(
+        node,
+        "Error creating instance: googleapi: Error 400: Invalid value for field "
+        f"'resource.machineType': 'zones/{zone}/machineTypes/g2-standard-99'. Machine type with "
+        f"name 'g2-standard-99' does not exist in zone '{zone}'., invalid",
+    )
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+
+
+def sample_outputs(
+    stack: str, zone: str, *, nodes: int = 2, project: str = "gputrain-test"
+) -> dict[str, Any]:
+    """Stack outputs in the StackOutputsDict shape for a g2-standard-8 cluster (facts §1.3, §10)."""
+    return {
+        "project": project,
+        "region": region_of(zone),
+        "zone": zone,
+        "nodes": sample_nodes(stack, zone, nodes),
+        "sshUser": "gputrain",
+        "accelerator": "nvidia-l4",
+        "gpusPerNode": 1,
+        "gpuModel": "NVIDIA L4",
+        "gpuMemoryGb": 24,
+        "maxRunDuration": 3600,
+        "hourlyPrice": round(0.854 * nodes, 3),
+        "imageSelfLink": "https://www.googleapis.com/compute/v1/projects/deeplearning-platform-"
+        "release/global/images/pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416",
+    }
+
+
+def sample_nodes(stack: str, zone: str, count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": f"{stack}-node-{i}",
+            "zone": zone,
+            "internalIp": f"10.128.0.{10 + i}",
+            "externalIp": "203.0.113.10" if i == 0 else None,
+            "role": "head" if i == 0 else "worker",
+        }
+        for i in range(count)
+    ]
+
+
+def default_node_factory(stack: str, count: int = 2) -> NodeFactory:
+    return lambda zone: sample_nodes(stack, zone, count)
+
+
+# ---- the fake runner -----------------------------------------------------------------------------
+
+
+@dataclass
+class Failure:
+    """A scripted `up` failure: after creating `created` nodes, raise `text`."""
+
+    text: str
+    created: int = 0
+    times: int = 1
+
+
+@dataclass
+class FakeStackRunner:
+    """StackRunner in memory. Every call is appended to `calls` as a tuple, e.g.
+    ("set_config", "gputrain:zone", "us-central1-b"), ("up", "us-central1-b"), ("destroy",)."""
+
+    stack_name: str = "dev"
+    node_factory: NodeFactory | None = None
+    compute: FakeCompute | None = None
+    project: str = "gputrain-test"
+    zones: tuple[str, ...] = ("us-central1-a",)  # the default zone is zones[0], as in the spec
+    host_keys_publish_after: int = 0  # getGuestAttributes 404s before the keys appear
+    config: dict[str, str] = field(default_factory=dict)
+    secrets: set[str] = field(default_factory=set)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    failures: dict[str, Failure] = field(default_factory=dict)  # zone -> scripted failure
+    destroy_failures: int = 0  # the next N destroys raise
+    leak_on_destroy: set[str] = field(default_factory=set)  # instance names destroy leaves behind
+    _outputs: dict[str, Any] = field(default_factory=dict, init=False)
+    _created: list[tuple[str, str, str]] = field(
+        default_factory=list, init=False
+    )  # kind, name, scope
+
+    # -- scripting
+
+    def fail_stockout(
+        self, zone: str, *, zones_available: tuple[str, ...] = (), times: int = 1
+    ) -> None:
+        node = f"{self.stack_name}-node-0"
+        self.failures[zone] = Failure(
+            stockout_text(self.project, zone, node, zones_available), times=times
+        )
+
+    def fail_quota(
+        self, zone: str, metric: str = "NVIDIA_L4_GPUS", *, region: str | None = ""
+    ) -> None:
+        """region "" = the zone's region; None = a global quota (GPUS_ALL_REGIONS)."""
+        reg = region_of(zone) if region == "" else region
+        self.failures[zone] = Failure(quota_text(f"{self.stack_name}-node-0", metric, reg))
+
+    def fail_partial(self, zone: str, *, created: int = 1, text: str | None = None) -> None:
+        """Creates `created` nodes, then the next one fails (a stockout unless `text` is given)."""
+        node = f"{self.stack_name}-node-{created}"
+        self.failures[zone] = Failure(text or stockout_text(self.project, zone, node), created)
+
+    def fail_other(self, zone: str) -> None:
+        self.failures[zone] = Failure(other_text(f"{self.stack_name}-node-0", zone))
+
+    # -- StackRunner
+
+    def set_config(self, key: str, value: str, *, secret: bool = False) -> None:
+        self.calls.append(("set_config", key, value if not secret else "[secret]"))
+        self.config[key] = value
+        if secret:
+            self.secrets.add(key)
+
+    def remove_config(self, key: str) -> None:
+        self.calls.append(("remove_config", key))
+        self.config.pop(key, None)
+        self.secrets.discard(key)
+
+    def get_config(self, key: str) -> str | None:
+        self.calls.append(("get_config", key))
+        return self.config.get(key)
+
+    def up(self, on_output: OnOutput | None = None) -> dict[str, Any]:
+        zone = self.config.get(ZONE_CONFIG_KEY, self.zones[0])
+        self.calls.append(("up", zone))
+        say = on_output or (lambda _line: None)
+        say(f"Updating ({self.stack_name}):")
+        self._create_network(say)
+        nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)
+        failure = self.failures.get(zone)
+        if failure and failure.times > 0:
+            failure.times -= 1
+            for node in nodes[: failure.created]:
+                self._create_node(node, say)
+            for line in failure.text.splitlines():
+                say(line)
+            raise StackError(
+                f"pulumi up failed for stack {self.stack_name}",
+                f"code: 255\n stderr: {failure.text}",
+            )
+        public_nodes = [self._create_node(node, say) for node in nodes]
+        self._outputs = sample_outputs(
+            self.stack_name, zone, nodes=len(nodes), project=self.project
+        )
+        self._outputs["nodes"] = public_nodes
+        say(f"Resources:\n    + {len(self._created)} created")
+        return dict(self._outputs)
+
+    def outputs(self) -> dict[str, Any]:
+        self.calls.append(("outputs",))
+        return dict(self._outputs)
+
+    def refresh(self, on_output: OnOutput | None = None) -> None:
+        self.calls.append(("refresh",))
+        if self.compute:  # drop what no longer exists (e.g. the TTL deleted a VM)
+            self._created = [
+                c
+                for c in self._created
+                if c[0] != "instance" or (c[2], c[1]) in self.compute.instances
+            ]
+
+    def destroy(self, on_output: OnOutput | None = None) -> None:
+        self.calls.append(("destroy",))
+        if self.destroy_failures > 0:
+            self.destroy_failures -= 1
+            raise StackError(
+                f"pulumi destroy failed for stack {self.stack_name}: error: deleting "
+                "urn:pulumi:dev::gputrain::gcp:compute/network:Network::dev-net: resource is in use",
+                "error: The network resource 'projects/p/global/networks/dev-net' is already "
+                "being used by 'projects/p/global/firewalls/dev-ssh', resourceInUseByAnotherResource",
+            )
+        say = on_output or (lambda _line: None)
+        for kind, name, scope in reversed(self._created):
+            say(f" -  gcp:compute:{kind} {name} deleted")
+            if self.compute and name not in self.leak_on_destroy:
+                if kind == "instance":
+                    self.compute.remove_instance(name, scope)
+                else:
+                    self.compute.remove_resource(kind, name)
+        self._created.clear()
+        self._outputs = {}
+
+    def cancel(self) -> None:
+        self.calls.append(("cancel",))
+
+    # -- helpers
+
+    def call_names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    @property
+    def existing(self) -> list[str]:
+        """Names of the instances this stack currently holds."""
+        return [name for kind, name, _ in self._created if kind == "instance"]
+
+    def _create_network(self, say: OnOutput) -> None:
+        region = region_of(self.config.get(ZONE_CONFIG_KEY, self.zones[0]))
+        s = self.stack_name
+        for kind, name, kwargs in (
+            ("networks", f"{s}-net", {}),
+            ("subnetworks", f"{s}-subnet", {"region": region, "network": f"{s}-net"}),
+            ("firewalls", f"{s}-internal", {"network": f"{s}-net"}),
+            ("firewalls", f"{s}-ssh", {"network": f"{s}-net"}),
+        ):
+            if any(c[1] == name for c in self._created):
+                continue
+            if self.compute:
+                self.compute.add_resource(kind, name, **kwargs)
+            self._created.append((kind, name, "global"))
+            say(f" +  gcp:compute:{kind} {name} created (2s)")
+
+    def _create_node(self, node: dict[str, Any], say: OnOutput) -> dict[str, Any]:
+        public = {k: v for k, v in node.items() if k != "hostKeys"}
+        keys = _host_key_map(node.get("hostKeys")) or ssh_host_keys()
+        if self.compute:
+            body = self.compute.add_instance(
+                node["name"],
+                node["zone"],
+                labels={LABEL: self.stack_name},
+                internal_ip=node["internalIp"],
+                external_ip=node.get("externalIp"),
+                host_keys=keys,
+                publish_after=self.host_keys_publish_after,
+            )
+            public.setdefault("id", body["id"])
+        self._created.append(("instance", node["name"], node["zone"]))
+        say(f" +  gcp:compute:Instance {node['name']} created (38s)")
+        return public
+
+
+def _host_key_map(keys: Any) -> dict[str, str]:
+    """A node's optional `hostKeys`: {type: base64} or ["type base64", ...] (known_hosts style)."""
+    if not keys:
+        return {}
+    if isinstance(keys, dict):
+        return dict(keys)
+    return dict(line.split()[:2] for line in keys)
