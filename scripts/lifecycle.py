@@ -26,6 +26,8 @@ from scripts.guard import SignalGuard, signal_guard
 from scripts.nodes import Fleet, GpuExpectation, Node
 
 if TYPE_CHECKING:
+    from infra.compute import ComputeApi
+    from infra.preflight import PreflightRequest
     from infra.spec import ClusterSpec
     from scripts.launch import JobResult
     from scripts.stack import StackRunner
@@ -59,6 +61,13 @@ class Services:
     hostkey_deadline_s: float = 600.0
     destroy_attempts: int = 3
     retry_pause_s: float = 10.0
+
+    node_python: str = "python3"  # interpreter with torch on GCP nodes (the DLVM's)
+
+    def compute(self) -> ComputeApi:
+        from infra.compute import ComputeApi
+
+        return ComputeApi(self.compute_endpoint)
 
     def runner(self, stack: str) -> StackRunner:
         if self.runner_for is not None:
@@ -144,25 +153,43 @@ def private_key_file(runner: StackRunner, stack: str) -> Iterator[Path]:
 # ---------------------------------------------------------------- stack: preflight, up, down
 
 
-def preflight(spec: ClusterSpec, services: Services) -> list[str]:
-    """Run the Compute API checks in every zone; print one table; return the zones that pass."""
-    from infra.compute import compute_clients
-    from infra.preflight import request_from_spec, run_preflight
+def preflight_request(spec: ClusterSpec) -> PreflightRequest:
+    from infra.preflight import PreflightRequest
 
     assert spec.project is not None
-    clients = compute_clients(services.compute_endpoint)
-    rows: list[list[object]] = []
-    ok_zones: list[str] = []
-    for zone in spec.zones:
-        report = run_preflight(clients, request_from_spec(spec, zone))
-        rows += [[zone, r.check, r.status.upper(), r.detail, r.fix or ""] for r in report.rows]
-        if report.ok:
-            ok_zones.append(zone)
-    ui.table("preflight", ["zone", "check", "result", "detail", "fix"], rows)
+    return PreflightRequest(
+        project=spec.project,
+        zone=spec.zone,
+        machine_type=spec.machine_type,
+        accelerator=spec.accelerator,
+        gpus_per_node=spec.gpus_per_node,
+        nodes=spec.nodes,
+        spot=spec.spot,
+        vcpus_per_node=spec.vcpus,
+        gpu_quota_metric=spec.gpu_quota_metric,
+        cpu_quota_metric=spec.cpu_quota_metric,
+        image_project=spec.image_project,
+        image_family=spec.image_family,
+        boot_disk_gb=spec.boot_disk_gb,
+        is_n1=spec.attach_gpus,
+    )
+
+
+def preflight(spec: ClusterSpec, services: Services) -> list[str]:
+    """Run the Compute API checks in every zone; print one table; return the zones that pass."""
+    from infra.preflight import TABLE_HEADERS
+    from infra.preflight import preflight as run_checks
+
+    report = run_checks(preflight_request(spec), spec.zones, api=services.compute())
+    ui.table("preflight", TABLE_HEADERS, report.table_rows())
+    ok_zones = report.ok_zones(spec.zones)
     if not ok_zones:
         raise GputrainError(
-            "preflight failed in every zone (see the table above); nothing was created"
+            "preflight failed in every zone (see the fixes in the table above); nothing was created"
         )
+    skipped = [z for z in spec.zones if z not in ok_zones]
+    if skipped:
+        ui.warn(f"preflight: skipping zone(s) {', '.join(skipped)}")
     return ok_zones
 
 
@@ -187,7 +214,9 @@ def provision(spec: ClusterSpec, runner: StackRunner, zones: Sequence[str]) -> d
     """`pulumi up` with zone failover; returns the stack outputs."""
     from scripts.failover import provision_with_failover
 
-    zone, outputs = provision_with_failover(runner, list(zones), on_event=ui.say)
+    zone, outputs = provision_with_failover(
+        runner, list(zones), on_event=ui.say, expected_nodes=spec.nodes, project=spec.project
+    )
     ui.say(f"up: cluster ready in {zone}")
     return outputs
 
@@ -195,37 +224,24 @@ def provision(spec: ClusterSpec, runner: StackRunner, zones: Sequence[str]) -> d
 def fleet_from_stack(
     spec: ClusterSpec, outputs: dict[str, object], key_file: Path, services: Services
 ) -> Fleet:
-    """Nodes from the stack outputs, each pinned to host keys read from its guest attributes."""
-    from infra.compute import compute_clients, fetch_host_keys
+    """Nodes from the stack outputs, each pinned to the host keys its guest agent published."""
+    from infra.compute import fetch_host_keys
     from scripts.stack import parse_stack_outputs
 
     out = parse_stack_outputs(outputs)
-    clients = compute_clients(services.compute_endpoint)
-    nodes = []
-    for n in out.nodes:
-        keys = fetch_host_keys(
-            clients, out.project, n.zone, n.name, deadline_s=services.hostkey_deadline_s
+    api = services.compute()
+    keys = {
+        n.name: fetch_host_keys(
+            out.project,
+            n.zone,
+            n.name,
+            deadline_s=services.hostkey_deadline_s,
+            api=api,
+            on_progress=ui.say,
         )
-        if not keys:
-            raise GputrainError(f"{n.name}: no SSH host keys published; refusing to connect")
-        nodes.append(
-            Node(
-                name=n.name,
-                role="head" if n.role == "head" else "worker",
-                internal_address=n.internal_ip,
-                address=n.external_ip,
-                user=out.ssh_user,
-                host_keys=tuple(keys),
-            )
-        )
-    expect = GpuExpectation(
-        model=out.gpu_model,
-        count=out.gpus_per_node,
-        min_memory_mib=int(out.gpu_memory_gb * 1024 * 0.9),
-    )
-    return Fleet(
-        target=f"stack-{spec.stack}", nodes=tuple(nodes), expect=expect, identity_file=key_file
-    )
+        for n in out.nodes
+    }
+    return out.to_fleet(spec.stack, keys, identity_file=key_file, python=services.node_python)
 
 
 def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None:
@@ -260,17 +276,16 @@ def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None
 
 def sweep(spec: ClusterSpec, services: Services) -> list[object]:
     """List whatever still carries the stack's labels or name prefix; print it loudly."""
-    from infra.compute import compute_clients
     from infra.compute import sweep as list_leftovers
 
     if not spec.project:
         raise UserError(f"gcp:project is not set for stack {spec.stack}")
-    leftovers = list_leftovers(compute_clients(services.compute_endpoint), spec.project, spec.stack)
+    leftovers = list_leftovers(spec.project, spec.stack, api=services.compute())
     if leftovers:
         ui.table(
             f"LEFT BEHIND by stack {spec.stack}",
-            ["kind", "name", "where"],
-            [[x.kind, x.name, x.location] for x in leftovers],
+            ["kind", "name", "where", "matched by"],
+            [[x.kind, x.name, x.location, x.matched_by] for x in leftovers],
         )
     return list(leftovers)
 
@@ -300,10 +315,12 @@ def fleet_for_local() -> Fleet:
     )
 
 
-def fleet_for_hosts(path: str, *, trust_new_hosts: bool) -> Fleet:
+def fleet_for_hosts(path: str, *, trust_new_hosts: bool) -> tuple[Fleet, Path | None]:
+    """The hosts file's fleet, and the known_hosts file to record new keys in (if trusted)."""
     from scripts.hosts import load_hosts_file
 
-    return load_hosts_file(Path(path), trust_new_hosts=trust_new_hosts)
+    hosts = load_hosts_file(Path(path), trust_new_hosts=trust_new_hosts)
+    return hosts.fleet, hosts.known_hosts if trust_new_hosts else None
 
 
 # ---------------------------------------------------------------- fleet steps

@@ -201,9 +201,9 @@ class StackOutputsDict(TypedDict):
     gpusPerNode: int
     gpuModel: str  # as nvidia-smi prints it, e.g. "NVIDIA L4"
     gpuMemoryGb: float
-    maxRunDuration: int  # seconds: the VM TTL
-    hourlyPrice: float  # USD per hour, the whole cluster
-    imageSelfLink: NotRequired[str]
+    maxRunDurationSeconds: int  # the VM TTL
+    hourlyPriceUsd: float  # the whole cluster
+    image: NotRequired[str]  # the pinned boot image self-link
 
 
 @dataclass(frozen=True)
@@ -338,7 +338,9 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
         gpus_per_node=_as_int(_need(outputs, "gpusPerNode", num), "gpusPerNode"),
         gpu_model=_need(outputs, "gpuModel", str),
         gpu_memory_gb=float(_need(outputs, "gpuMemoryGb", num)),
-        max_run_duration_s=_as_int(_need(outputs, "maxRunDuration", num), "maxRunDuration"),
-        hourly_price=float(_need(outputs, "hourlyPrice", num)),
-        image_self_link=outputs.get("imageSelfLink") or None,
+        max_run_duration_s=_as_int(
+            _need(outputs, "maxRunDurationSeconds", num), "maxRunDurationSeconds"
+        ),
+        hourly_price=float(_need(outputs, "hourlyPriceUsd", num)),
+        image_self_link=outputs.get("image") or None,
     )

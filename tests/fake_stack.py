@@ -93,9 +93,9 @@ def sample_outputs(
         "gpusPerNode": 1,
         "gpuModel": "NVIDIA L4",
         "gpuMemoryGb": 24,
-        "maxRunDuration": 3600,
-        "hourlyPrice": round(0.854 * nodes, 3),
-        "imageSelfLink": "https://www.googleapis.com/compute/v1/projects/deeplearning-platform-"
+        "maxRunDurationSeconds": 3600,
+        "hourlyPriceUsd": round(0.854 * nodes, 3),
+        "image": "https://www.googleapis.com/compute/v1/projects/deeplearning-platform-"
         "release/global/images/pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416",
     }
 
@@ -138,6 +138,7 @@ class FakeStackRunner:
     node_factory: NodeFactory | None = None
     compute: FakeCompute | None = None
     project: str = "gputrain-test"
+    ssh_user: str = "gputrain"
     zones: tuple[str, ...] = ("us-central1-a",)  # the default zone is zones[0], as in the spec
     host_keys_publish_after: int = 0  # getGuestAttributes 404s before the keys appear
     config: dict[str, str] = field(default_factory=dict)
@@ -216,6 +217,7 @@ class FakeStackRunner:
             self.stack_name, zone, nodes=len(nodes), project=self.project
         )
         self._outputs["nodes"] = public_nodes
+        self._outputs["sshUser"] = self.ssh_user
         say(f"Resources:\n    + {len(self._created)} created")
         return dict(self._outputs)
 

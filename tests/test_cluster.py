@@ -163,6 +163,13 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
     assert outputs["hourlyPriceUsd"] == pytest.approx(
         spec.hourly_price_per_node * spec.nodes, abs=1e-3
     )
+    # The controller reads exactly these exports (contract between program and lifecycle).
+    from scripts.stack import parse_stack_outputs
+
+    parsed = parse_stack_outputs(outputs)
+    assert [n.name for n in parsed.nodes] == list(spec.node_names)
+    assert parsed.max_run_duration_s == spec.max_run_duration_s
+    assert parsed.gpus_per_node == spec.gpus_per_node and parsed.ssh_user == spec.ssh_user
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,290 @@
+"""The whole lifecycle through `gputrain` (scripts.cli.main): preflight -> up with zone failover ->
+host keys from guest attributes -> verify over real SSH -> torchrun on the sshd test hosts ->
+results -> destroy -> sweep. Pulumi is the FakeStackRunner (its `up` brings test hosts up as the
+cluster's nodes) and the Compute API is the local fake server; everything else is production code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.cli import main
+from scripts.lifecycle import Services
+from tests.fake_compute import FakeCompute, ssh_host_keys
+from tests.fake_stack import FakeStackRunner
+from tests.testbed import GpuConfig, TestBed, TestHost
+
+ROOT = Path(__file__).resolve().parent.parent
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
+FAST_TRAIN = ("-m", "trainer.train", "--preset", "tiny", "--steps", "30", "--log-every", "10")
+
+JOB = '''"""A job for the lifecycle tests: writes a marker, then sleeps, fails or finishes."""
+import os, sys, time
+from pathlib import Path
+mode = sys.argv[1]
+marker = Path(sys.argv[2])
+out = Path(os.environ.get("GPUTRAIN_OUT", "out")); out.mkdir(parents=True, exist_ok=True)
+(out / "summary.json").write_text('{"final_loss": 1.0, "steps": 1}')
+marker.mkdir(parents=True, exist_ok=True)
+(marker / f"pid-{os.environ.get('RANK', '0')}").write_text(str(os.getpid()))
+print("job started", mode, flush=True)
+if mode == "sleep":
+    time.sleep(120)
+if mode == "crash" and os.environ.get("RANK") == "1":
+    print("boom: rank 1 crashed on purpose", file=sys.stderr, flush=True)
+    sys.exit(3)
+'''
+
+
+@dataclass
+class World:
+    """A project directory, the fake cloud and the services wired to them."""
+
+    dir: Path
+    compute: FakeCompute
+    runner: FakeStackRunner
+    services: Services
+    bed: TestBed
+    hosts: list[TestHost]
+    marker: Path
+
+    def run(self, *argv: str) -> int:
+        return main(list(argv), services=self.services)
+
+
+def _stack_file(bed: TestBed, nodes: int) -> str:
+    public = bed.identity_file.with_suffix(".pub").read_text().strip()
+    return (
+        "config:\n"
+        "  gcp:project: gputrain-test\n"
+        f"  gputrain:zones: [{', '.join(ZONES)}]\n"
+        "  gputrain:machineType: g2-standard-8\n"
+        f"  gputrain:nodes: {nodes}\n"
+        "  gputrain:spot: true\n"
+        "  gputrain:maxRunDuration: 1h\n"
+        f"  gputrain:sshUser: {bed.user}\n"
+        f"  gputrain:sshPublicKey: {public}\n"
+        "  gputrain:sshSourceRanges: [10.213.0.1/32]\n"
+    )
+
+
+@pytest.fixture
+def world(
+    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., World]]:
+    made: list[FakeCompute] = []
+    markers: list[Path] = []
+
+    def make(
+        nodes: int = 2, gpus: GpuConfig | None = None, wrong_host_keys: bool = False
+    ) -> World:
+        (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes))
+        (tmp_path / "job.py").write_text(JOB)
+        # Written by the job as the test hosts' login user: a world-writable dir outside tmp_path.
+        marker = Path(tempfile.mkdtemp(prefix="gputrain-e2e-")) / "marker"
+        marker.parent.chmod(0o777)
+        markers.append(marker.parent)
+        compute = FakeCompute()
+        compute.__enter__()
+        made.append(compute)
+        hosts: list[TestHost] = []
+
+        def node_factory(zone: str) -> list[dict[str, Any]]:
+            """`pulumi up` in `zone`: the cluster's VMs are fresh sshd test hosts."""
+            for _ in range(nodes):
+                hosts.append(tb.add_host(gpus=gpus or GpuConfig(model="NVIDIA L4", count=1)))
+            return [
+                {
+                    "name": f"e2e-node-{i}",
+                    "zone": zone,
+                    "internalIp": h.address,
+                    "externalIp": h.address if i == 0 else None,
+                    "role": "head" if i == 0 else "worker",
+                    "hostKeys": (
+                        [f"{k} {v}" for k, v in ssh_host_keys().items()]
+                        if wrong_host_keys
+                        else [h.host_key]
+                    ),
+                }
+                for i, h in enumerate(hosts[-nodes:])
+            ]
+
+        runner = FakeStackRunner(
+            stack_name="e2e",
+            node_factory=node_factory,
+            compute=compute,
+            project="gputrain-test",
+            ssh_user=tb.user,
+            zones=ZONES,
+        )
+        runner.config["gputrain:sshPrivateKey"] = tb.identity_file.read_text()
+        services = Services(
+            root=tmp_path,
+            runs_dir=tmp_path / "runs",
+            runner_for=lambda stack, root: runner,
+            compute_endpoint=compute.url,
+            connect_deadline_s=60,
+            verify_deadline_s=30,
+            hostkey_deadline_s=30,
+            retry_pause_s=0,
+            node_python=tb.python,
+        )
+        monkeypatch.chdir(tmp_path)
+        return World(tmp_path, compute, runner, services, tb, hosts, marker)
+
+    yield make
+    for c in made:
+        c.__exit__(None, None, None)
+    for m in markers:
+        shutil.rmtree(m, ignore_errors=True)
+
+
+def assert_torn_down(w: World) -> None:
+    """destroy ran and nothing of the stack is left in the (fake) project."""
+    assert "destroy" in w.runner.call_names()
+    assert w.runner.existing == []
+    from infra.compute import ComputeApi, sweep
+
+    assert sweep("gputrain-test", "e2e", api=ComputeApi(w.compute.url)) == []
+
+
+def test_run_stack_end_to_end(world: Callable[..., World], capsys: pytest.CaptureFixture[str]) -> None:
+    w = world()
+    rc = w.run("run", "--stack", "e2e", "--yes", "--", *FAST_TRAIN)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    names = w.runner.call_names()
+    assert names.index("up") < names.index("destroy")
+    # Host keys came from guest attributes, one query per node at least.
+    assert w.compute.guest_attribute_queries("e2e-node-0", ZONES[0])
+    assert w.compute.guest_attribute_queries("e2e-node-1", ZONES[0])
+    # Results of both nodes were downloaded; the trainer's summary says it learned.
+    [run_dir] = (w.dir / "runs" / "stack-e2e").iterdir()
+    summaries = list(run_dir.rglob("summary.json"))
+    assert summaries, sorted(str(p) for p in run_dir.rglob("*"))
+    summary = json.loads(summaries[0].read_text())
+    assert summary["world_size"] == 2 and summary["final_loss"] < summary["initial_loss"]
+    assert "preflight" in out and "run summary" in out
+    assert_torn_down(w)
+
+
+def test_preflight_failure_creates_nothing(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    w.compute.set_region_quota("us-central1", "PREEMPTIBLE_NVIDIA_L4_GPUS", limit=0, usage=0)
+    rc = w.run("run", "--stack", "e2e", "--yes", "--", *FAST_TRAIN)
+    err = capsys.readouterr().err
+    assert rc == 1 and "preflight failed" in err
+    assert "up" not in w.runner.call_names() and w.hosts == []
+
+
+@pytest.mark.parametrize("hint", [False, True], ids=["next-zone", "zonesAvailable"])
+def test_stockout_fails_over_to_another_zone(world: Callable[..., World], hint: bool) -> None:
+    w = world()
+    w.runner.fail_stockout(ZONES[0], zones_available=(ZONES[2],) if hint else ())
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "done", str(w.dir / "m"))
+    assert rc == 0
+    ups = [c[1] for c in w.runner.calls if c[0] == "up"]
+    assert ups == [ZONES[0], ZONES[2] if hint else ZONES[1]]
+    assert_torn_down(w)
+
+
+def test_quota_error_stops_and_tears_down(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    w.runner.fail_quota(ZONES[0], "PREEMPTIBLE_NVIDIA_L4_GPUS")
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight")
+    err = capsys.readouterr().err
+    assert rc == 1 and "PREEMPTIBLE_NVIDIA_L4_GPUS" in err
+    assert [c[1] for c in w.runner.calls if c[0] == "up"] == [ZONES[0]]
+    assert_torn_down(w)
+
+
+def test_partial_cluster_counts_as_stockout(world: Callable[..., World]) -> None:
+    w = world()
+    w.runner.fail_partial(ZONES[0], created=1)
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "done", str(w.dir / "m"))
+    assert rc == 0
+    assert [c[1] for c in w.runner.calls if c[0] == "up"] == [ZONES[0], ZONES[1]]
+    assert_torn_down(w)
+
+
+def test_host_key_mismatch_refuses_and_tears_down(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(wrong_host_keys=True)
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight")
+    err = capsys.readouterr().err
+    assert rc == 1 and "SHA256:" in err
+    assert_torn_down(w)
+
+
+def test_gpu_verification_failure_tears_down(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(gpus=GpuConfig(model="NVIDIA T4", count=1, memory_mib=15360))
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight")
+    err = capsys.readouterr().err
+    assert rc == 1 and "NVIDIA T4" in err
+    assert "job started" not in capsys.readouterr().out
+    assert_torn_down(w)
+
+
+def test_training_crash_names_the_node_and_tears_down(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "crash", str(w.marker))
+    err = capsys.readouterr().err
+    assert rc == 1 and "exit" in err.lower()
+    assert_torn_down(w)
+
+
+def _signal_when_started(w: World, sig: int) -> threading.Thread:
+    """Sends `sig` to this process once the job runs on both nodes."""
+
+    def fire() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if len(list(w.marker.glob("pid-*"))) >= 2:
+                time.sleep(0.5)
+                os.kill(os.getpid(), sig)
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=fire, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_during_training_stops_job_and_tears_down(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str], sig: int
+) -> None:
+    w = world()
+    t = _signal_when_started(w, sig)
+    started = time.monotonic()
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "sleep", str(w.marker))
+    t.join(timeout=5)
+    err = capsys.readouterr().err
+    assert rc == 130, err
+    assert signal.Signals(sig).name in err
+    assert time.monotonic() - started < 90  # not the job's 120 s sleep
+    for pid_file in w.marker.glob("pid-*"):  # the job itself is gone from the nodes
+        assert not Path(f"/proc/{pid_file.read_text()}").exists()
+    assert_torn_down(w)
