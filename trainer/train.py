@@ -7,7 +7,7 @@ checkpoints and exits with status 143; `--resume auto` then continues from the n
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import gc
 import json
 import math
 import os
@@ -30,7 +30,7 @@ from trainer.data import DataSource, open_data, uniform_loss
 from trainer.dist import DistEnv, all_gather, any_rank, setup, teardown
 from trainer.errors import InputError
 from trainer.mfu import flops_per_token, mfu, peak_tflops
-from trainer.model import GPT, GPTConfig, padded_vocab
+from trainer.model import GPT, GPTConfig, padded_vocab, param_checksum
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: stopped early on purpose, with a checkpoint to resume from
 _stop_requested = False
@@ -68,15 +68,6 @@ def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda"
     )
-
-
-def param_checksum(model: torch.nn.Module) -> str:
-    """A bitwise hash of every parameter: equal across ranks iff DDP kept them in sync."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def peak_mem_bytes(device: torch.device) -> int:
@@ -380,7 +371,10 @@ def run(cfg: TrainConfig) -> int:
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    status = Trainer(cfg, env, data).run()
+    trainer = Trainer(cfg, env, data)
+    status = trainer.run()
+    del trainer  # no DDP reducer may outlive the process group
+    gc.collect()
     teardown(env)
     return status
 
