@@ -361,21 +361,26 @@ def run(cfg: TrainConfig) -> int:
         successors=cfg.successors,
         seed=cfg.seed,
     )
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    env = setup(cfg.device, cfg.pg_timeout_s)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # The CPU path is for tests and demos with tiny models, where intra-op threads only add
-        # sync overhead: on a loaded 2-core machine 2 threads ran the tiny preset 20x slower.
-        torch.set_num_threads(1)
-    if env.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    trainer = Trainer(cfg, env, data)
-    status = trainer.run()
-    del trainer  # no DDP reducer may outlive the process group
-    gc.collect()
-    teardown(env)
+    global _stop_requested
+    _stop_requested = False
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        env = setup(cfg.device, cfg.pg_timeout_s)
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # The CPU path is for tests and demos with tiny models, where intra-op threads only add
+            # sync overhead: on a loaded 2-core machine 2 threads ran the tiny preset 20x slower.
+            torch.set_num_threads(1)
+        if env.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        trainer = Trainer(cfg, env, data)
+        status = trainer.run()
+        del trainer  # no DDP reducer may outlive the process group
+        gc.collect()
+        teardown(env)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return status
 
 
