@@ -1,0 +1,62 @@
+"""Running the trainer and health check the way the fleet does: real processes, torchrun on gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(out: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("GPUTRAIN_OUT", None)
+    if out is not None:
+        env["GPUTRAIN_OUT"] = str(out)
+    return env
+
+
+def torchrun_argv(
+    module: str, args: list[str], nproc: int = 2, port: int | None = None
+) -> list[str]:
+    """One node, `nproc` workers, c10d rendezvous on its own free port."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port or free_port()}",
+        f"--rdzv-id=t{os.getpid()}",
+        "-m",
+        module,
+        *args,
+    ]
+
+
+def run(
+    argv: list[str], out: Path | None = None, timeout: float = 150
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=ROOT, env=child_env(out), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def metrics(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(out: Path) -> dict[str, Any]:
+    return dict(json.loads((out / "summary.json").read_text()))

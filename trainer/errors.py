@@ -1,0 +1,13 @@
+"""The trainer's one error type for bad flags or data: printed as one line, exit status 2.
+
+The trainer runs on the GPU VMs with only torch and numpy, so it does not import the controller's
+scripts.errors; the exit status (2) matches scripts.errors.UserError.
+"""
+
+from __future__ import annotations
+
+
+class InputError(Exception):
+    """A bad flag value or a missing, corrupt or too short data file; the message names it."""
+
+    exit_code = 2

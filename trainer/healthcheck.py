@@ -1,0 +1,350 @@
+"""`python -m trainer.healthcheck` under torchrun: are these GPUs and links as fast as they should be?
+
+Per rank: matmul TFLOP/s and device-memory bandwidth. Across ranks: all-reduce bus bandwidth and
+whether a few DDP steps leave identical parameters everywhere. Results are compared with FLOORS,
+printed as a table and written to health.json (by local rank 0 of every node). Exit status 1 when a
+check FAILs. On CPU (gloo) everything runs but the floors are not applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from trainer.dist import DistEnv, all_gather, setup, teardown
+from trainer.errors import InputError
+from trainer.model import GPT, GPTConfig, param_checksum
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+
+
+@dataclass(frozen=True)
+class Floor:
+    """(warn below, fail below) per check; units TFLOP/s and GB/s."""
+
+    matmul: tuple[float, float]
+    mem_bw: tuple[float, float]
+    busbw_intra: tuple[float, float]  # all-reduce inside one node (NVLink/PCIe)
+
+
+# Derived from the dense peaks and public nccl-tests figures in shared/reference
+# torchrun-and-trainer.md (§6.3, §7.1), roughly 60-70 % of peak to warn and 40-50 % to fail.
+# Estimates, not measurements: calibrate on known-good runs. Most specific pattern first.
+FLOORS: tuple[tuple[str, Floor], ...] = (
+    ("H100 PCIe", Floor(matmul=(450, 300), mem_bw=(1500, 1000), busbw_intra=(20, 8))),
+    ("H100", Floor(matmul=(600, 400), mem_bw=(2400, 1600), busbw_intra=(300, 150))),
+    ("H200", Floor(matmul=(600, 400), mem_bw=(3400, 2300), busbw_intra=(300, 150))),
+    ("B200", Floor(matmul=(1300, 900), mem_bw=(5500, 3500), busbw_intra=(500, 250))),
+    ("A100", Floor(matmul=(220, 150), mem_bw=(1100, 700), busbw_intra=(150, 75))),
+    ("L4", Floor(matmul=(60, 35), mem_bw=(200, 120), busbw_intra=(10, 3))),
+    ("T4", Floor(matmul=(20, 10), mem_bw=(200, 120), busbw_intra=(5, 2))),  # fp16
+    ("V100", Floor(matmul=(80, 50), mem_bw=(650, 400), busbw_intra=(100, 40))),  # fp16
+)
+BUSBW_INTER_NODE = (5.0, 1.0)  # GB/s; plain NCCL sockets over gVNIC reach ~12 (100 Gbps)
+RELATIVE_MATMUL_FAIL = 0.8  # a GPU below 80 % of its node's median matmul rate fails
+
+
+def floor_for(device_name: str) -> Floor | None:
+    for pattern, floor in FLOORS:
+        if pattern in device_name:
+            return floor
+    return None
+
+
+@dataclass(frozen=True)
+class Check:
+    check: str
+    rank: int | None  # None for checks across all ranks
+    host: str
+    device: str
+    value: float | None
+    unit: str
+    warn_below: float | None
+    fail_below: float | None
+    status: str
+    note: str = ""
+
+
+def judge(value: float, limits: tuple[float, float] | None) -> str:
+    if limits is None:
+        return PASS
+    warn_below, fail_below = limits
+    return FAIL if value < fail_below else WARN if value < warn_below else PASS
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
+    """Seconds per call of fn, after one untimed call, with the device synced at both ends."""
+    fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / repeat
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_tflops(device: torch.device) -> float:
+    """bf16 (fp16 before Ampere) 8192² matmuls on GPU; fp32 512² on CPU."""
+    if device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        n, dtype, repeat = 8192, torch.bfloat16 if major >= 8 else torch.float16, 50
+    else:
+        n, dtype, repeat = 512, torch.float32, 10
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / timed(lambda: torch.mm(a, b), device, repeat) / 1e12
+
+
+def memory_gbps(device: torch.device) -> float:
+    """Copy bandwidth (bytes read + written) of a 1 GiB buffer on GPU, 64 MiB on CPU."""
+    nbytes = 2**30 if device.type == "cuda" else 2**26
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    return (
+        2 * nbytes / timed(lambda: dst.copy_(src), device, 20 if device.type == "cuda" else 5) / 1e9
+    )
+
+
+def allreduce_busbw(env: DistEnv, max_bytes: int) -> list[tuple[int, float]]:
+    """(bytes, bus GB/s) from 32 KiB up to max_bytes; busbw = algbw · 2(n−1)/n (nccl-tests)."""
+    n, size = env.world_size, 32 * 2**10
+    results: list[tuple[int, float]] = []
+    while size <= max_bytes:
+        buf = torch.zeros(size // 4, dtype=torch.float32, device=env.device)  # zeros never overflow
+        calls = max(1, min(50, 2**28 // size))  # back-to-back for small sizes: host overhead
+        trials = []
+        for _ in range(3):
+            dist.barrier(group=env.control)
+            trials.append(timed(partial(dist.all_reduce, buf), env.device, calls))
+        results.append((size, size / statistics.median(trials) * 2 * (n - 1) / n / 1e9))
+        size *= 8
+    return results
+
+
+def allreduce_is_correct(env: DistEnv) -> bool:
+    t = torch.full((1024,), float(env.rank + 1), device=env.device)
+    dist.all_reduce(t)
+    return bool((t == env.world_size * (env.world_size + 1) / 2).all())
+
+
+def ddp_checksum(env: DistEnv) -> str:
+    """A few DDP steps of a tiny GPT on rank-specific data: every rank must end bit-identical."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=64))
+    model = model.to(env.device)
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    ddp = (
+        torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if env.distributed
+        else model
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1000 + env.rank)
+    for _ in range(3):
+        x = torch.randint(0, 64, (8, 33), generator=gen).to(env.device)
+        ddp(x[:, :-1], x[:, 1:]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    del ddp  # no DDP reducer may outlive the process group (gloo aborted at exit once)
+    gc.collect()
+    return param_checksum(model)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One rank's own figures."""
+
+    host: str
+    device: str
+    matmul: float  # TFLOP/s
+    mem_bw: float  # GB/s
+
+
+def judge_ranks(ranks: list[Measured], on_gpu: bool) -> list[Check]:
+    """Per-rank checks against FLOORS, plus matmul against its node's median (GPU only)."""
+    checks = []
+    for rank, r in enumerate(ranks):
+        floor = floor_for(r.device) if on_gpu else None
+        median = statistics.median(x.matmul for x in ranks if x.host == r.host)
+        for name, unit, value, limits in (
+            ("matmul", "TFLOP/s", r.matmul, floor.matmul if floor else None),
+            ("mem_bw", "GB/s", r.mem_bw, floor.mem_bw if floor else None),
+        ):
+            status = judge(value, limits)
+            note = "no floor for this GPU" if on_gpu and floor is None else ""
+            note = note if on_gpu else "cpu: floors not applied"
+            if on_gpu and name == "matmul" and value < RELATIVE_MATMUL_FAIL * median:
+                status, note = FAIL, f"below 80 % of its node's median {median:.0f}"
+            warn, fail = limits if limits else (None, None)
+            checks.append(
+                Check(name, rank, r.host, r.device, value, unit, warn, fail, status, note)
+            )
+    return checks
+
+
+def judge_allreduce(
+    sweep: list[tuple[int, float]], correct: bool, device: str, hosts: list[str], on_gpu: bool
+) -> Check:
+    """The best bus bandwidth of the sweep against the intra- or inter-node floor."""
+    size, best = max(sweep, key=lambda s: s[1])
+    floor = floor_for(device) if on_gpu else None
+    limits = BUSBW_INTER_NODE if len(set(hosts)) > 1 else floor.busbw_intra if floor else None
+    limits = limits if on_gpu else None
+    status = judge(best, limits) if correct else FAIL
+    note = f"best at {size / 2**20:g} MiB; " + ", ".join(
+        f"{s / 2**20:g} MiB: {b:.2f}" for s, b in sweep
+    )
+    if not correct:
+        note = "all-reduce returned a wrong sum; " + note
+    warn, fail = limits if limits else (None, None)
+    return Check(
+        "allreduce_busbw",
+        None,
+        ",".join(sorted(set(hosts))),
+        device,
+        best,
+        "GB/s",
+        warn,
+        fail,
+        status,
+        note,
+    )
+
+
+def run_checks(env: DistEnv, max_bytes: int) -> list[Check]:
+    """Every rank measures; every rank returns the same list of all ranks' checks."""
+    host, on_gpu = socket.gethostname(), env.device.type == "cuda"
+    mine = Measured(host, env.device_name, matmul_tflops(env.device), memory_gbps(env.device))
+    ranks = all_gather(env, mine)
+    checks = judge_ranks(ranks, on_gpu)
+    if env.world_size > 1:
+        correct = allreduce_is_correct(env)
+        sweep = allreduce_busbw(env, max_bytes)
+        checks.append(
+            judge_allreduce(sweep, correct, ranks[0].device, [r.host for r in ranks], on_gpu)
+        )
+    sums = all_gather(env, ddp_checksum(env))
+    agree = len(set(sums)) == 1
+    checks.append(
+        Check(
+            "param_checksum",
+            None,
+            host if env.world_size == 1 else "all",
+            mine.device,
+            None,
+            "",
+            None,
+            None,
+            PASS if agree else FAIL,
+            "identical on all ranks" if agree else f"differ: {sums}",
+        )
+    )
+    return checks
+
+
+def report(checks: list[Check], env: DistEnv, out: Path) -> str:
+    overall = (
+        FAIL
+        if any(c.status == FAIL for c in checks)
+        else WARN
+        if any(c.status == WARN for c in checks)
+        else PASS
+    )
+    if env.writes_files:
+        out.mkdir(parents=True, exist_ok=True)
+        doc: dict[str, Any] = {
+            "overall": overall,
+            "world_size": env.world_size,
+            "device_type": env.device.type,
+            "checks": [asdict(c) for c in checks],
+        }
+        tmp = out / f"health.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, out / "health.json")
+    if env.is_main:
+        rows = [("check", "rank", "host", "device", "value", "warn<", "fail<", "status", "note")]
+        for c in checks:
+            rows.append(
+                (
+                    c.check,
+                    "all" if c.rank is None else str(c.rank),
+                    c.host,
+                    c.device,
+                    "" if c.value is None else f"{c.value:.2f} {c.unit}",
+                    fmt(c.warn_below),
+                    fmt(c.fail_below),
+                    c.status,
+                    c.note,
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)) + "  " + r[-1])
+        print(
+            f"health: {overall} ({len(checks)} checks, world {env.world_size}) -> {out / 'health.json'}",
+            flush=True,
+        )
+    return overall
+
+
+def fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:g}"
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m trainer.healthcheck", description=__doc__)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where health.json goes (default: $GPUTRAIN_OUT if set, else ./out)",
+    )
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=None,
+        help="largest all-reduce (default 1 GiB on GPU, 2 MiB on CPU)",
+    )
+    p.add_argument("--pg-timeout-s", type=float, default=180.0, help="process-group timeout")
+    args = p.parse_args(argv)
+    out = args.out or Path(os.environ.get("GPUTRAIN_OUT") or "out")
+    try:
+        if args.max_bytes is not None and args.max_bytes < 32 * 2**10:
+            raise InputError(f"--max-bytes {args.max_bytes}: must be at least 32768 (32 KiB)")
+        env = setup(args.device, args.pg_timeout_s)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+    if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    max_bytes = args.max_bytes or (2**30 if env.device.type == "cuda" else 2 * 2**20)
+    overall = report(run_checks(env, max_bytes), env, out)
+    teardown(env)
+    if overall == FAIL:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
