@@ -230,6 +230,8 @@ class ComputeApi:
                 "status": i.status,
                 "id": str(i.id),
                 "labels": dict(i.labels),
+                "last_start": i.last_start_timestamp or None,
+                "max_run_duration_s": int(i.scheduling.max_run_duration.seconds) or None,
             }
             for _, scoped in self._call("instances.aggregatedList", lambda: list(pager))
             for i in scoped.instances

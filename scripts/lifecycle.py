@@ -607,3 +607,101 @@ def sweep_stack(stack: str, services: Services) -> list[object]:
     if not leftovers:
         ui.say(f"sweep: nothing carries the labels of stack {stack}")
     return leftovers
+
+
+# ---------------------------------------------------------------- status, ssh
+
+
+def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: float) -> float | None:
+    """Seconds until GCE deletes the VM: the TTL counts from the latest start. Pure."""
+    if not last_start or not max_run_duration_s:
+        return None
+    import datetime
+
+    started = datetime.datetime.fromisoformat(last_start.replace("Z", "+00:00")).timestamp()
+    return max(0.0, started + max_run_duration_s - now)
+
+
+def status(stack: str, services: Services) -> None:
+    from infra.spec import format_duration
+
+    spec = load_spec(stack, services)
+    if not spec.project:
+        raise UserError(f"gcp:project is not set for stack {stack}")
+    instances = services.compute().list_stack_instances(spec.project, stack)
+    if not instances:
+        ui.say(f"status: stack {stack} has no instances (nothing is billing)")
+        return
+    now = time.time()
+    rows = []
+    for i in sorted(instances, key=lambda x: x["name"]):
+        left = ttl_left_s(i.get("last_start"), i.get("max_run_duration_s"), now)
+        rows.append(
+            [i["name"], i["zone"], i["status"], "?" if left is None else format_duration(int(left))]
+        )
+    ui.table(f"status: stack {stack}", ["node", "zone", "state", "deleted by GCE in"], rows)
+
+
+def ssh_argv(fleet: Fleet, node: Node, known_hosts: Path, command: Sequence[str]) -> list[str]:
+    """OpenSSH argv for one node: pinned keys only (our known_hosts file, strict checking),
+    through the head (ProxyCommand, pinned too) when the node has no address of its own. Pure."""
+    import shlex
+
+    def base(n: Node) -> list[str]:
+        opts = [
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "IdentitiesOnly=yes",
+            "-o", "ServerAliveInterval=15",
+            "-p", str(n.port),
+        ]
+        if fleet.identity_file:
+            opts = ["-i", str(fleet.identity_file), *opts]
+        return opts
+
+    argv = ["ssh", *base(node)]
+    if node.address is None:
+        head = fleet.head
+        proxy = ["ssh", *base(head), "-W", "%h:%p", f"{head.user}@{head.address}"]
+        argv += ["-o", "ProxyCommand=" + shlex.join(proxy)]
+    argv.append(f"{node.user}@{node.address or node.internal_address}")
+    if command:
+        argv += ["--", *command]
+    return argv
+
+
+def known_hosts_lines(fleet: Fleet) -> list[str]:
+    """known_hosts entries for every pinned key, under the names ssh will look them up by."""
+    lines = []
+    for n in fleet.nodes:
+        host = n.address or n.internal_address
+        name = host if n.port == 22 else f"[{host}]:{n.port}"
+        lines += [f"{name} {key}" for key in n.host_keys]
+    return lines
+
+
+def ssh(
+    target: Target, selector: str, command: Sequence[str], opts: RunOptions, services: Services
+) -> int:
+    """An interactive shell or one command on a node, with its host key pinned."""
+    if target.kind == "local":
+        raise UserError("ssh: the local target is this machine; no SSH needed")
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    with _existing_fleet(target, opts, services) as fleet:
+        names = [n.name for n in fleet.nodes]
+        if selector.isdigit() and int(selector) < len(names):
+            node = fleet.nodes[int(selector)]
+        elif selector in names:
+            node = fleet.nodes[names.index(selector)]
+        else:
+            raise UserError(
+                f"ssh: node {selector!r} is not in {fleet.target}; allowed: {', '.join(names)} "
+                f"or 0..{len(names) - 1}"
+            )
+        with tempfile.TemporaryDirectory(prefix="gputrain-ssh-") as d:
+            known = Path(d) / "known_hosts"
+            known.write_text("\n".join(known_hosts_lines(fleet)) + "\n")
+            return subprocess.run(ssh_argv(fleet, node, known, command)).returncode

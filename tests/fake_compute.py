@@ -8,6 +8,7 @@ google-cloud-compute clients. The default world is seeded from the facts sheet
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import re
@@ -371,6 +372,7 @@ class FakeCompute:
         host_keys: Mapping[str, str] | None = None,
         publish_after: int = 0,
         boot_disk: bool = True,
+        max_run_duration_s: int = 3600,
     ) -> dict[str, Any]:
         """An instance (and, by default, its labelled boot disk). `host_keys` (type -> base64) are
         answered by getGuestAttributes after `publish_after` 404s; None: never published."""
@@ -394,6 +396,13 @@ class FakeCompute:
             "networkInterfaces": [iface],
             "selfLink": f"{BASE}/projects/{self.project}/zones/{zone}/instances/{name}",
             "creationTimestamp": "2026-04-20T10:00:00.000-07:00",
+            "lastStartTimestamp": _rfc3339_now(),
+            "scheduling": {
+                "onHostMaintenance": "TERMINATE",
+                "provisioningModel": "SPOT",
+                "instanceTerminationAction": "DELETE",
+                "maxRunDuration": {"seconds": str(max_run_duration_s)},
+            },
         }
         with self._lock:
             self.instances[(zone, name)] = _Instance(body, dict(host_keys or {}), publish_after)
@@ -713,3 +722,8 @@ def _filtered(items: Iterable[dict[str, Any]], expr: str | None) -> list[dict[st
         return [i for i in items if i["name"] == value]
     key = field_name.split(".", 1)[1]
     return [i for i in items if i.get("labels", {}).get(key) == value]
+
+
+def _rfc3339_now() -> str:
+    """Now, as GCE writes timestamps (with a UTC offset)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
