@@ -508,6 +508,8 @@ class SshTransport:
                 if not got:
                     select.select([chan], [], [], 0.05)
             code = chan.recv_exit_status()
+            if code == -1 and not self.is_alive():  # paramiko's status when the link closed
+                raise ConnectionLostError(f"node {self.name}: connection lost during {cmd!r}")
         finally:
             chan.close()
         return CommandResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
@@ -560,8 +562,11 @@ class SshTransport:
                         )
                     last_data = time.monotonic()
                 select.select([chan], [], [], 0.25)
+            code = chan.recv_exit_status()
+            if code == -1 and not self.is_alive():
+                raise ConnectionLostError(f"node {self.name}: connection lost")
             splitter.flush()
-            return chan.recv_exit_status()
+            return code
         finally:
             chan.close()
 

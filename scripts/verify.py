@@ -158,7 +158,7 @@ def verify_node(
             last = (
                 "nvidia-smi not found"
                 if r.exit_code == 127
-                else f"nvidia-smi exit {r.exit_code}: {out[0] if out else ''}"
+                else f"nvidia-smi exit {r.exit_code}: {out[-1] if out else ''}"
             )
         if expect.is_cpu:
             break  # no GPU needed: nvidia-smi missing is fine

@@ -36,6 +36,8 @@ SSHD = "/usr/sbin/sshd"
 class TestBedUnavailable(RuntimeError):
     """The machine cannot host the test bed (not root, no sshd, ...)."""
 
+    __test__ = False
+
 
 @dataclass
 class GpuConfig:
@@ -52,6 +54,9 @@ class GpuConfig:
 
 @dataclass
 class TestHost:
+    """One test host: its namespace, address, pinned host key and state directory."""
+
+    __test__ = False
     name: str
     address: str
     namespace: str
@@ -134,6 +139,14 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie counts as gone: it holds nothing but its pid)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _kill_pids(pids: list[int], sig: int) -> None:
     for pid in pids:
         try:
@@ -157,6 +170,8 @@ def check_prerequisites() -> None:
 class TestBed:
     """The test hosts. ``start()`` takes the machine-wide lock and clears leftovers; hosts can
     be added and removed at any time; ``close()`` removes everything and releases the lock."""
+
+    __test__ = False
 
     def __init__(self, python: str | None = None, lock_timeout_s: float = 900) -> None:
         self.python = python or sys.executable  # the interpreter with torch, run on the hosts
@@ -278,7 +293,7 @@ class TestBed:
             else:
                 used = {int(h.address.rsplit(".", 1)[1]) for h in self.hosts.values()}
                 octet = next(i for i in range(130, 250) if i not in used)
-            name = name or f"h{octet - (10 if isolated_behind is None else 130)}"
+            name = name or (f"h{octet - 10}" if isolated_behind is None else f"x{octet - 130}")
             if name in self.hosts:
                 raise ValueError(f"test host {name} exists")
             address = f"{SUBNET}.{octet}"
@@ -332,7 +347,7 @@ class TestBed:
         with self._mutex:
             host = self.hosts.pop(name)
             self._stop_sshd(host)
-            _kill_namespace(host.namespace)
+            _kill_namespace(host.namespace, f"gtv{host.address.rsplit('.', 1)[1]}")
             if self._iso_gateway == name:
                 self._iso_gateway = None
             shutil.rmtree(host.dir, ignore_errors=True)
@@ -470,13 +485,15 @@ class TestBed:
         )
 
 
-def _kill_namespace(ns: str) -> None:
+def _kill_namespace(ns: str, root_veth: str | None = None) -> None:
+    """SIGKILL everything in the namespace, wait until it is gone, delete veth and namespace."""
     pids = _ns_pids(ns)
-    _kill_pids(pids, signal.SIGTERM)
-    end = time.monotonic() + 2
-    while time.monotonic() < end and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.05)
-    _kill_pids(_ns_pids(ns), signal.SIGKILL)
+    _kill_pids(pids, signal.SIGKILL)
+    end = time.monotonic() + 3
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.02)
+    if root_veth:
+        _run("ip", "link", "del", root_veth, check=False)
     _run("ip", "netns", "del", ns, check=False)
 
 
@@ -496,7 +513,7 @@ def cleanup_leftovers() -> None:
             pass
     _kill_pids(pids, signal.SIGTERM)
     end = time.monotonic() + 2
-    while time.monotonic() < end and any(Path(f"/proc/{p}").exists() for p in pids):
+    while time.monotonic() < end and any(_alive(p) for p in pids):
         time.sleep(0.05)
     _kill_pids(pids, signal.SIGKILL)
     for ns in namespaces:
