@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from scripts.transport import (
     classify_connect_error,
 )
 
-__all__ = ["ConnectError", "HostKeyError", "connect", "close_all", "parallel"]
+__all__ = ["ConnectError", "HostKeyError", "close_all", "connect", "parallel"]
 
 T = TypeVar("T")
 
@@ -72,7 +73,9 @@ def _connect_node(
         time.sleep(delay)
 
 
-def parallel(items: list[str], fn: Callable[[str], T]) -> tuple[dict[str, T], dict[str, BaseException]]:
+def parallel(
+    items: list[str], fn: Callable[[str], T]
+) -> tuple[dict[str, T], dict[str, BaseException]]:
     """Run fn for every item in threads; results and errors by item."""
     results: dict[str, T] = {}
     errors: dict[str, BaseException] = {}
@@ -145,7 +148,11 @@ def connect(
         for t in results.values():
             t.close()
         lines = [str(e) for e in errors.values()]
-        cls = HostKeyError if any(isinstance(e, HostKeyError) for e in errors.values()) else ConnectError
+        cls = (
+            HostKeyError
+            if any(isinstance(e, HostKeyError) for e in errors.values())
+            else ConnectError
+        )
         raise cls("\n".join(lines))
     ui.say(f"connected to {len(results)} node(s) in {time.monotonic() - start:.1f} s")
     return dict(results)
@@ -153,7 +160,5 @@ def connect(
 
 def close_all(transports: dict[str, Transport]) -> None:
     for t in transports.values():
-        try:
+        with contextlib.suppress(Exception):
             t.close()
-        except Exception:
-            pass

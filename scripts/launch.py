@@ -9,6 +9,7 @@ hard-link snapshot of the code the run started with).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import queue
 import re
@@ -37,10 +38,12 @@ TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"
 class TrainingError(GputrainError):
     """The job failed on a node; names the node, its exit code and the root-cause lines."""
 
-    def __init__(self, message: str, *, node: str, exit_code: int | None, result: JobResult):
+    def __init__(
+        self, message: str, *, node: str, node_exit_code: int | None, result: JobResult
+    ) -> None:
         super().__init__(message)
         self.node = node
-        self.exit_code = exit_code
+        self.node_exit_code = node_exit_code  # the node's torchrun exit code (None: killed)
         self.result = result
 
 
@@ -132,9 +135,14 @@ export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
 {env_lines}mkdir -p "$RUN/out" "$RUN/logs"
 echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
-cd "$RUN/code" || exit 111
-{argv}
-rc=$?
+cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
+{argv} &
+JOB=$!
+echo $JOB > "$RUN/jobpid"
+# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+trap : TERM INT HUP
+wait $JOB; rc=$?
+while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
 exit $rc
 """
@@ -148,18 +156,32 @@ def build_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
     return (
         f"mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
         f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
-        "rm -f exitcode pgid; "
+        "rm -f exitcode pgid jobpid; "
         "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "
-        "i=0; while [ ! -s pgid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; cat pgid"
+        "i=0; while [ ! -s jobpid ] && [ ! -s exitcode ] && [ $i -lt 200 ]; do "
+        "sleep 0.05; i=$((i+1)); done; cat pgid"
     )
 
 
 def build_tail_command(run_id: str, lines_seen: int) -> str:
-    """Follow torchrun.log from the line after ``lines_seen``; ends once the job's process ends."""
+    """Follow torchrun.log from the line after ``lines_seen``; ends once torchrun ends (its pid,
+    reaped at once by run.sh — an orphaned shell may stay a zombie until init reaps it)."""
     d = shlex.quote(run_dir(run_id))
     return (
-        f'cd {d} || exit 1; exec tail -n +{lines_seen + 1} -s 0.2 -F --pid="$(cat pgid)" '
-        "torchrun.log 2>/dev/null"
+        f"cd {d} || exit 1; P=$(cat jobpid 2>/dev/null || cat pgid); "
+        f'exec tail -n +{lines_seen + 1} -s 0.2 -F --pid="$P" torchrun.log 2>/dev/null'
+    )
+
+
+def build_exitcode_command(run_id: str) -> str:
+    """The recorded exit code, waiting briefly while run.sh writes it; nothing if the job's shell
+    is gone without one (killed)."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} || exit 1; P=$(cat pgid); i=0; "
+        'while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$P" 2>/dev/null); '
+        'case "$s" in ""|Z*) break;; esac; sleep 0.05; i=$((i+1)); done; '
+        "cat exitcode 2>/dev/null; true"
     )
 
 
@@ -341,10 +363,8 @@ def launch_torchrun(
     failed: str | None = None
     stop_started: float | None = None
     while not all(s.done for s in states.values()):
-        try:
+        with contextlib.suppress(queue.Empty):
             events.get(timeout=0.5)
-        except queue.Empty:
-            pass
         now = time.monotonic()
         if (
             failed is None
@@ -354,25 +374,31 @@ def launch_torchrun(
         ):
             ui.say(f"run {job.run_id}: max duration {job.max_duration_s:.0f} s reached; stopping")
             stop_started = now
-            _stop_async(fleet, transports, job.run_id, [n for n in names if not states[n].done],
-                        stop_grace_s)
+            _stop_async(
+                fleet,
+                transports,
+                job.run_id,
+                [n for n in names if not states[n].done],
+                stop_grace_s,
+            )
         if failed is None and any(_failed(s) for s in states.values()):
             # let near-simultaneous failures arrive (and reconnects resolve) before naming one
             settle_end = time.monotonic() + settle_s
-            while time.monotonic() < settle_end or any(
-                s.reconnecting for s in states.values()
-            ):
+            while time.monotonic() < settle_end or any(s.reconnecting for s in states.values()):
                 time.sleep(0.1)
                 if time.monotonic() > settle_end + reconnect_deadline_s:
                     break
             failed = _first_failure(states)
             s = states[failed]
-            ui.say(
-                f"node {failed} failed (exit code {_code_text(s)}); stopping the other node(s)"
-            )
+            ui.say(f"node {failed} failed (exit code {_code_text(s)}); stopping the other node(s)")
             stop_started = time.monotonic()
-            _stop_async(fleet, transports, job.run_id,
-                        [n for n in names if not states[n].done], stop_grace_s)
+            _stop_async(
+                fleet,
+                transports,
+                job.run_id,
+                [n for n in names if not states[n].done],
+                stop_grace_s,
+            )
         if stop_started is not None and time.monotonic() - stop_started > 30:
             for s in states.values():
                 if not s.done:
@@ -387,9 +413,7 @@ def launch_torchrun(
         root = _root_cause(transports[failed], job.run_id, states[failed])
     _download_all(fleet, transports, job.run_id, results_dir)
     ok = failed is None and all(c == 0 for c in exit_codes.values())
-    result = JobResult(
-        job.run_id, ok, exit_codes, duration, results_dir, failed, tuple(root)
-    )
+    result = JobResult(job.run_id, ok, exit_codes, duration, results_dir, failed, tuple(root))
     _write_summary(result)
     if failed is not None:
         s = states[failed]
@@ -399,7 +423,7 @@ def launch_torchrun(
             + "\n".join(f"  {ln}" for ln in root)
             + f"\nlogs and results: {results_dir}",
             node=failed,
-            exit_code=s.exit_code,
+            node_exit_code=s.exit_code,
             result=result,
         )
     if not ok:
@@ -407,7 +431,7 @@ def launch_torchrun(
         raise TrainingError(
             f"run {job.run_id} did not complete ({bad}); results: {results_dir}",
             node=next(n for n, c in exit_codes.items() if c != 0),
-            exit_code=None,
+            node_exit_code=None,
             result=result,
         )
     ui.say(
@@ -424,7 +448,7 @@ def _failed(s: _NodeState) -> bool:
 def _first_failure(states: Mapping[str, _NodeState]) -> str:
     """The failure that came first: node-side end time when known, else when we noticed."""
     failing = [s for s in states.values() if _failed(s)]
-    failing.sort(key=lambda s: (s.ended_at if s.ended_at is not None else float("inf")))
+    failing.sort(key=lambda s: s.ended_at if s.ended_at is not None else float("inf"))
     return failing[0].name
 
 
@@ -457,11 +481,13 @@ def _follow(
                 break
             except ConnectionLostError as e:
                 state.reconnecting = True
-                ui.say(f"{state.name}: {e}; reconnecting to resume the log at line {state.lines + 1}")
+                ui.say(
+                    f"{state.name}: {e}; reconnecting to resume the log at line {state.lines + 1}"
+                )
                 transport.reconnect(reconnect_deadline_s)
                 state.reconnecting = False
                 ui.say(f"{state.name}: reconnected")
-        r = transport.run(f"cat {shlex.quote(run_dir(run_id))}/exitcode 2>/dev/null", 30)
+        r = transport.run(build_exitcode_command(run_id), 30)
         state.exit_code, node_time = parse_exitcode(r.stdout)
         state.ended_at = node_time if node_time is not None else time.time()
     except Exception as e:
@@ -474,7 +500,10 @@ def _follow(
 
 
 def _stop_async(
-    fleet: Fleet, transports: Mapping[str, Transport], run_id: str, names: list[str],
+    fleet: Fleet,
+    transports: Mapping[str, Transport],
+    run_id: str,
+    names: list[str],
     grace_s: float,
 ) -> None:
     def go() -> None:
@@ -525,11 +554,24 @@ def _download_all(
     d = run_dir(run_id)
 
     def one(name: str) -> None:
+        """One tar per node (out/, torchrun.log, logs/), laid out as results_dir/<node>/:
+        the out dir's files, torchrun.log and torchrun-logs/."""
         dest = results_dir / name
-        t = transports[name]
-        t.download(f"{d}/out", dest)
-        t.download(f"{d}/torchrun.log", dest)
-        t.download(f"{d}/logs", dest / "torchrun-logs")
+        with tempfile.TemporaryDirectory(dir=results_dir, prefix=f".{name}-") as tmp:
+            if not transports[name].download(d, Path(tmp), exclude=("./code", "./run.sh")):
+                return
+            got = Path(tmp)
+            dest.mkdir(parents=True, exist_ok=True)
+            if (got / "out").is_dir():
+                for p in (got / "out").iterdir():
+                    p.rename(dest / p.name)
+            for src, to in (
+                ("torchrun.log", "torchrun.log"),
+                ("logs", "torchrun-logs"),
+                ("exitcode", "exitcode"),
+            ):
+                if (got / src).exists():
+                    (got / src).rename(dest / to)
 
     results_dir.mkdir(parents=True, exist_ok=True)
     _, errors = parallel([n.name for n in fleet.nodes], one)

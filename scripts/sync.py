@@ -15,8 +15,18 @@ from scripts.errors import UserError
 from scripts.transport import Transport, TransportError
 
 DEFAULT_MAX_UPLOAD_MIB = 200
-SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "runs", ".gputrain", ".mypy_cache",
-             ".ruff_cache", ".pytest_cache", "node_modules"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    "__pycache__",
+    "runs",
+    ".gputrain",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "node_modules",
+}
 MANIFEST = ".gputrain-manifest.json"
 DELETE_LIST = ".gputrain-delete"
 CODE_DIR = ".gputrain/code"
@@ -42,12 +52,16 @@ def list_workdir_files(workdir: Path) -> list[str]:
             timeout=60,
         ).stdout
         files = [f for f in out.decode().split("\0") if f]
-        return sorted(f for f in files if (workdir / f).is_file() and not (workdir / f).is_symlink())
+        return sorted(
+            f for f in files if (workdir / f).is_file() and not (workdir / f).is_symlink()
+        )
     except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired):
         pass
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(workdir):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
+        )
         for fn in sorted(filenames):
             p = Path(dirpath) / fn
             if p.is_file() and not p.is_symlink() and not fn.endswith(".pyc"):
@@ -130,7 +144,10 @@ def sync_code(
 
 
 def _send(
-    transport: Transport, files: Mapping[str, Path], send: tuple[str, ...], staging: Path,
+    transport: Transport,
+    files: Mapping[str, Path],
+    send: tuple[str, ...],
+    staging: Path,
     remote_dir: str,
 ) -> None:
     import io

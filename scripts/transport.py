@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from scripts import ui
 from scripts.errors import GputrainError
@@ -75,7 +75,9 @@ class Transport(Protocol):
 
     def upload_files(self, root: Path, files: Iterable[str], remote_dir: str) -> None: ...
 
-    def download(self, remote: str, local: Path, timeout: float = 300) -> bool: ...
+    def download(
+        self, remote: str, local: Path, timeout: float = 300, exclude: tuple[str, ...] = ()
+    ) -> bool: ...
 
     def reconnect(self, deadline_s: float) -> None: ...
 
@@ -114,7 +116,9 @@ def load_known_hosts(path: Path, address: str, port: int = 22) -> tuple[str, ...
     if not path.exists():
         return ()
     keys = paramiko.HostKeys(str(path))
-    found = keys.lookup(known_hosts_name(address, port)) or {}
+    found = keys.lookup(known_hosts_name(address, port))
+    if not found:
+        return ()
     return tuple(f"{kt} {k.get_base64()}" for kt, k in found.items())
 
 
@@ -134,7 +138,7 @@ def tar_bytes_of(root: Path, files: Iterable[str]) -> bytes:
     return buf.getvalue()
 
 
-def extract_tar(data: bytes | io.BufferedIOBase, dest: Path) -> None:
+def extract_tar(data: bytes | IO[bytes], dest: Path) -> None:
     """Unpack a tar from a node safely (no absolute paths, no links out of dest)."""
     dest.mkdir(parents=True, exist_ok=True)
     fileobj = io.BytesIO(data) if isinstance(data, bytes) else data
@@ -160,12 +164,14 @@ def upload_command(remote_dir: str) -> str:
     return f"mkdir -p {shlex.quote(remote_dir)} && tar -x -f - -C {shlex.quote(remote_dir)}"
 
 
-def download_command(remote: str) -> str:
-    """tar to stdout: a directory's contents, or one file; exit 3 (no output) if it is missing."""
+def download_command(remote: str, exclude: tuple[str, ...] = ()) -> str:
+    """tar to stdout: a directory's contents (minus ``exclude``, e.g. "./code"), or one file;
+    exit 3 (no output) if it is missing."""
     parent, name = os.path.split(remote.rstrip("/"))
     q, qp, qn = shlex.quote(remote), shlex.quote(parent or "."), shlex.quote(name)
+    ex = "".join(f" --exclude={shlex.quote(e)}" for e in exclude)
     return (
-        f"if [ -d {q} ]; then tar -c -f - -C {q} .; "
+        f"if [ -d {q} ]; then tar -c -f -{ex} -C {q} .; "
         f"elif [ -e {q} ]; then tar -c -f - -C {qp} {qn}; else exit 3; fi"
     )
 
@@ -262,17 +268,17 @@ class LocalTransport:
             if os.path.basename(remote) != local.name:
                 d = os.path.dirname(remote) or "."
                 self._check(
-                    self.run(
-                        f"mv -f {shlex.quote(d + '/' + local.name)} {shlex.quote(remote)}", 60
-                    )
+                    self.run(f"mv -f {shlex.quote(d + '/' + local.name)} {shlex.quote(remote)}", 60)
                 )
 
     def upload_files(self, root: Path, files: Iterable[str], remote_dir: str) -> None:
         self._check(self.run(upload_command(remote_dir), 300, stdin=tar_bytes_of(root, files)))
 
-    def download(self, remote: str, local: Path, timeout: float = 300) -> bool:
+    def download(
+        self, remote: str, local: Path, timeout: float = 300, exclude: tuple[str, ...] = ()
+    ) -> bool:
         proc = subprocess.run(
-            ["sh", "-c", download_command(remote)],
+            ["sh", "-c", download_command(remote, exclude)],
             capture_output=True,
             timeout=timeout,
             cwd=self.node_root,
@@ -299,6 +305,7 @@ class LocalTransport:
 # ---------------------------------------------------------------------------------------------
 # SSH: paramiko, pinned host keys, optional jump through the head
 # ---------------------------------------------------------------------------------------------
+
 
 def classify_connect_error(exc: BaseException) -> str:
     """A short reason for progress lines ("connection refused", "key not yet accepted", ...)."""
@@ -521,8 +528,8 @@ class SshTransport:
             if time.monotonic() > deadline:
                 raise TransportError(f"node {self.name}: upload did not finish in time")
             try:
-                n = chan.send(view[:65536])
-            except socket.timeout:
+                n = chan.send(bytes(view[:65536]))
+            except TimeoutError:
                 continue
             if n <= 0:
                 raise ConnectionLostError(f"node {self.name}: connection lost during upload")
@@ -548,18 +555,16 @@ class SshTransport:
                         break
                     time.sleep(0.01)
                     continue
-                if chan.closed or chan.eof_received and not chan.exit_status_ready():
-                    if chan.closed and not chan.exit_status_ready():
-                        raise ConnectionLostError(f"node {self.name}: connection lost")
+                if chan.closed and not chan.exit_status_ready():
+                    raise ConnectionLostError(f"node {self.name}: connection lost")
                 now = time.monotonic()
                 if deadline is not None and now > deadline:
                     raise TransportError(f"node {self.name}: stream timed out after {timeout} s")
                 if now - last_data > self.probe_after_s:
+                    # silence: a dead link without FIN looks alive to paramiko, so ask
                     if not self.probe(timeout=10):
                         self._drop()
-                        raise ConnectionLostError(
-                            f"node {self.name}: connection stopped answering"
-                        )
+                        raise ConnectionLostError(f"node {self.name}: connection stopped answering")
                     last_data = time.monotonic()
                 select.select([chan], [], [], 0.25)
             code = chan.recv_exit_status()
@@ -593,8 +598,10 @@ class SshTransport:
         if not r.ok:
             raise TransportError(f"node {self.name}: upload failed: {r.stderr.strip()}")
 
-    def download(self, remote: str, local: Path, timeout: float = 300) -> bool:
-        chan = self._open(download_command(remote), timeout)
+    def download(
+        self, remote: str, local: Path, timeout: float = 300, exclude: tuple[str, ...] = ()
+    ) -> bool:
+        chan = self._open(download_command(remote, exclude), timeout)
         deadline = time.monotonic() + timeout
         with tempfile.TemporaryFile() as tmp:
             try:
@@ -623,7 +630,7 @@ class SshTransport:
             if code != 0:
                 raise TransportError(f"node {self.name}: download of {remote} failed: {err!r}")
             tmp.seek(0)
-            extract_tar(tmp, local)  # type: ignore[arg-type]
+            extract_tar(tmp, local)
         return True
 
     def close(self) -> None:
@@ -641,7 +648,7 @@ class _PinnedPolicy:
         import paramiko
 
         class Policy(paramiko.RejectPolicy):
-            def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+            def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:  # type: ignore[override]
                 fp = fingerprint(key.get_base64())
                 if trust_new_hosts is None:
                     raise HostKeyError(

@@ -23,9 +23,7 @@ GPU_FIELDS = (
     "temperature.gpu",
     "utilization.gpu",
 )
-NVIDIA_SMI_QUERY = (
-    f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader,nounits"
-)
+NVIDIA_SMI_QUERY = f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader,nounits"
 # nvidia-smi from PATH, then the places images put it (appended: never shadows the node's own).
 NODE_QUERY = (
     'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/nvidia/bin:/var/lib/nvidia/bin" '
@@ -61,7 +59,14 @@ class NodeReport:
 
 
 def _unknown(value: str) -> bool:
-    return value.strip() in ("", "N/A", "[N/A]", "[Not Supported]", "Not Supported", "[Unknown Error]")
+    return value.strip() in (
+        "",
+        "N/A",
+        "[N/A]",
+        "[Not Supported]",
+        "Not Supported",
+        "[Unknown Error]",
+    )
 
 
 def _int_or_none(value: str) -> int | None:

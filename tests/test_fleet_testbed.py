@@ -47,7 +47,9 @@ def test_wrong_key_refused_with_both_fingerprints(tb: TestBed) -> None:
 def test_unknown_host_refused_and_trust_new_hosts_records(tb: TestBed, tmp_path: Path) -> None:
     h = tb.add_host()
     fleet = tb.fleet([h])
-    unpinned = dataclasses.replace(fleet, nodes=(dataclasses.replace(fleet.nodes[0], host_keys=()),))
+    unpinned = dataclasses.replace(
+        fleet, nodes=(dataclasses.replace(fleet.nodes[0], host_keys=()),)
+    )
     with pytest.raises(HostKeyError) as e:
         connect(unpinned, deadline_s=10)
     assert "unknown host key" in str(e.value) and _fp(h.host_key) in str(e.value)
@@ -58,7 +60,8 @@ def test_unknown_host_refused_and_trust_new_hosts_records(tb: TestBed, tmp_path:
     assert load_known_hosts(known, h.address) == (h.host_key,)
     # the recorded file is now the source of the pin
     pinned = dataclasses.replace(
-        fleet, nodes=(dataclasses.replace(fleet.nodes[0], host_keys=load_known_hosts(known, h.address)),)
+        fleet,
+        nodes=(dataclasses.replace(fleet.nodes[0], host_keys=load_known_hosts(known, h.address)),),
     )
     connect(pinned, deadline_s=10)[h.name].close()
 

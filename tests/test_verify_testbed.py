@@ -44,13 +44,18 @@ def test_every_failing_node_is_listed_with_why(tb: TestBed) -> None:
     close_all(ts)
 
 
-def test_waits_while_driver_installs_then_passes(tb: TestBed, capsys: pytest.CaptureFixture[str]) -> None:
+def test_waits_while_driver_installs_then_passes(
+    tb: TestBed, capsys: pytest.CaptureFixture[str]
+) -> None:
     h = tb.add_host(gpus=GpuConfig(count=2, installing_calls=3))
     fleet = tb.fleet([h], expect=L4)
     ts = connect(fleet, deadline_s=10)
     reports = verify_gpus(fleet, ts, deadline_s=20)
     assert reports[0].ok and len(reports[0].gpus) == 2
-    assert "waiting for the GPU driver (nvidia-smi exit 9: NVIDIA-SMI has failed" in capsys.readouterr().out
+    assert (
+        "waiting for the GPU driver (nvidia-smi exit 9: NVIDIA-SMI has failed"
+        in capsys.readouterr().out
+    )
     close_all(ts)
 
 
@@ -59,7 +64,9 @@ def test_missing_driver_fails_at_deadline(tb: TestBed) -> None:
     fleet = tb.fleet([h], expect=L4)
     ts = connect(fleet, deadline_s=10)
     start = time.monotonic()
-    with pytest.raises(VerificationError, match=r"driver not ready after 3 s \(nvidia-smi not found\)"):
+    with pytest.raises(
+        VerificationError, match=r"driver not ready after 3 s \(nvidia-smi not found\)"
+    ):
         verify_gpus(fleet, ts, deadline_s=3)
     assert time.monotonic() - start < 6
     # a CPU expectation does not need nvidia-smi

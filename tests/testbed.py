@@ -7,6 +7,7 @@ bed per machine at a time: a file lock serialises concurrent test runs (other wo
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -149,10 +150,8 @@ def _alive(pid: int) -> bool:
 
 def _kill_pids(pids: list[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def check_prerequisites() -> None:
@@ -193,8 +192,18 @@ class TestBed:
             STATE.mkdir(mode=0o755, parents=True)
             os.chmod(STATE, 0o755)
             Path("/run/sshd").mkdir(exist_ok=True)
-            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gputrain-testbed",
-                 "-f", str(self.identity_file))
+            _run(
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "gputrain-testbed",
+                "-f",
+                str(self.identity_file),
+            )
             pub = (STATE / "client_ed25519.pub").read_text()
             (STATE / "authorized_keys").write_text(pub)
             os.chmod(STATE / "authorized_keys", 0o644)
@@ -261,8 +270,17 @@ class TestBed:
         try:
             pwd.getpwnam(TEST_USER)
         except KeyError:
-            r = _run("useradd", "--system", "--shell", "/bin/bash", "--home-dir",
-                     f"/home/{TEST_USER}", "--no-create-home", TEST_USER, check=False)
+            r = _run(
+                "useradd",
+                "--system",
+                "--shell",
+                "/bin/bash",
+                "--home-dir",
+                f"/home/{TEST_USER}",
+                "--no-create-home",
+                TEST_USER,
+                check=False,
+            )
             if r.returncode != 0:
                 return "root"
         _run("usermod", "-p", "*", TEST_USER, check=False)  # not locked: sshd w/o PAM refuses
@@ -305,8 +323,18 @@ class TestBed:
             (d / "home").mkdir()
             if self.user != "root":
                 shutil.chown(d / "home", TEST_USER, TEST_USER)
-            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f",
-                 str(d / "ssh_host_ed25519_key"))
+            _run(
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                name,
+                "-f",
+                str(d / "ssh_host_ed25519_key"),
+            )
             host_key = " ".join((d / "ssh_host_ed25519_key.pub").read_text().split()[:2])
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
@@ -408,13 +436,12 @@ class TestBed:
             + mounts
             + [f"exec {SSHD} -D -e -f {host.dir}/sshd_config"]
         )
-        log = open(host.dir / "sshd.log", "ab")
-        host.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount",
-             "--propagation", "private", "sh", "-c", script],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )  # fmt: skip
-        log.close()
+        with open(host.dir / "sshd.log", "ab") as log:
+            host.sshd = subprocess.Popen(
+                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount",
+                 "--propagation", "private", "sh", "-c", script],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            )  # fmt: skip
         if not delay_s:
             self.wait_listening(host, 5)
 
