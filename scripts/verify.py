@@ -10,7 +10,7 @@ from scripts import ui
 from scripts.errors import GputrainError
 from scripts.fleet import parallel
 from scripts.nodes import Fleet, GpuExpectation
-from scripts.transport import Transport
+from scripts.transport import CommandResult, Transport
 
 GPU_FIELDS = (
     "index",
@@ -140,30 +140,39 @@ def verify_node(
     start = time.monotonic()
     end = start + deadline_s
     name = transport.name
-    r = transport.run(torch_check_command(python), timeout=30)
-    has_torch = r.ok and "torch True" in r.stdout
+    # first round: the torch check and the GPU query in one round trip
+    marker = "@@gputrain-nvidia-smi@@"
+    r = transport.run(
+        f'{torch_check_command(python)}; echo "{marker}"; {NODE_QUERY}; echo "{marker}$?"',
+        timeout=60,
+    )
+    head, _, rest = r.stdout.partition(marker + "\n")
+    smi_out, _, rc_text = rest.rpartition(marker)
+    has_torch = "torch True" in head
     problems: list[str] = []
     if not has_torch:
-        detail = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        detail = (r.stderr.strip() or head.strip()).splitlines()
         problems.append(
             f"{python} cannot import torch ({detail[-1] if detail else f'exit {r.exit_code}'})"
         )
+    smi = CommandResult(
+        int(rc_text.strip() or 1) if rc_text.strip().isdigit() else 1, smi_out, r.stderr
+    )
     gpus: list[GpuInfo] = []
     said = 0.0
     while True:
-        r = transport.run(NODE_QUERY, timeout=60)
-        if r.ok:
+        if smi.ok:
             try:
-                gpus = parse_gpu_csv(r.stdout)
+                gpus = parse_gpu_csv(smi.stdout)
                 break
             except ValueError as e:
                 last = str(e)
         else:
-            out = (r.stderr.strip() or r.stdout.strip()).splitlines()
+            out = (smi.stderr.strip() or smi.stdout.strip()).splitlines()
             last = (
                 "nvidia-smi not found"
-                if r.exit_code == 127
-                else f"nvidia-smi exit {r.exit_code}: {out[-1] if out else ''}"
+                if smi.exit_code == 127
+                else f"nvidia-smi exit {smi.exit_code}: {out[-1] if out else ''}"
             )
         if expect.is_cpu:
             break  # no GPU needed: nvidia-smi missing is fine
@@ -175,6 +184,7 @@ def verify_node(
             ui.say(f"{name}: waiting for the GPU driver ({last}), {end - now:.0f} s left")
             said = now
         time.sleep(min(2.0, max(0.2, (now - start) / 4)))
+        smi = transport.run(NODE_QUERY, timeout=60)
     problems += check_gpus(gpus, expect)
     return NodeReport(
         name,
