@@ -308,6 +308,7 @@ class _NodeState:
     exit_code: int | None = None
     ended_at: float | None = None  # wall clock, node side when known
     lost: str | None = None  # why the node could not be followed
+    error_files: list[str] = field(default_factory=list)  # torchrun error.json texts
 
 
 def launch_torchrun(
@@ -388,6 +389,9 @@ def launch_torchrun(
                 time.sleep(0.1)
                 if time.monotonic() > settle_end + reconnect_deadline_s:
                     break
+            for st in states.values():
+                if _failed(st):
+                    st.error_files = _error_files(transports[st.name], job.run_id, st.name)
             failed = _first_failure(states)
             s = states[failed]
             ui.say(f"node {failed} failed (exit code {_code_text(s)}); stopping the other node(s)")
@@ -410,7 +414,8 @@ def launch_torchrun(
     exit_codes = {n: states[n].exit_code for n in names}
     root: list[str] = []
     if failed is not None:
-        root = _root_cause(transports[failed], job.run_id, states[failed])
+        st = states[failed]
+        root = root_cause_lines(st.error_files, list(st.tail)) or [st.lost or "(no output)"]
     _download_all(fleet, transports, job.run_id, results_dir)
     ok = failed is None and all(c == 0 for c in exit_codes.values())
     result = JobResult(job.run_id, ok, exit_codes, duration, results_dir, failed, tuple(root))
@@ -445,11 +450,72 @@ def _failed(s: _NodeState) -> bool:
     return s.done and (s.exit_code != 0 or s.lost is not None)
 
 
+CONSEQUENCE_HINTS = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "distnetworkerror",
+    "diststoreerror",
+    "timed out",
+    "timeout",
+    "signalexception",
+    "sigterm",
+    "gloo",
+    "nccl communicator was aborted",
+)
+
+
+def error_summary(error_files: list[str]) -> tuple[float, bool]:
+    """(earliest error.json timestamp or inf, whether every error looks like a consequence of
+    another node's failure — a peer that went away, a timeout, a stop signal)."""
+    earliest, consequences, total = float("inf"), 0, 0
+    for text in error_files:
+        try:
+            msg = json.loads(text).get("message", {})
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        total += 1
+        body = str(msg.get("message", "") if isinstance(msg, dict) else msg).lower()
+        consequences += any(h in body for h in CONSEQUENCE_HINTS)
+        if isinstance(msg, dict):
+            with contextlib.suppress(TypeError, ValueError):
+                earliest = min(earliest, float(str((msg.get("extraInfo") or {}).get("timestamp"))))
+    return earliest, total > 0 and consequences == total
+
+
+@dataclass(frozen=True)
+class FailureFacts:
+    node: str
+    exit_code: int | None  # None: killed before it could record one
+    error_files: tuple[str, ...]
+    ended_at: float
+
+
+def first_failure(facts: list[FailureFacts]) -> str:
+    """Which node failed first. Pure. A node killed without an exit code comes first; then one
+    whose error is its own (not a lost peer / timeout / stop); then by error.json time (1 s
+    resolution), then by when it ended."""
+
+    def key(f: FailureFacts) -> tuple[bool, bool, float, float]:
+        ts, consequence = error_summary(list(f.error_files))
+        return (f.exit_code is not None, consequence, ts, f.ended_at)
+
+    return min(facts, key=key).node
+
+
 def _first_failure(states: Mapping[str, _NodeState]) -> str:
-    """The failure that came first: node-side end time when known, else when we noticed."""
-    failing = [s for s in states.values() if _failed(s)]
-    failing.sort(key=lambda s: s.ended_at if s.ended_at is not None else float("inf"))
-    return failing[0].name
+    return first_failure(
+        [
+            FailureFacts(
+                s.name,
+                None if s.lost is None and s.exit_code is None else (s.exit_code or -1),
+                tuple(s.error_files),
+                s.ended_at if s.ended_at is not None else float("inf"),
+            )
+            for s in states.values()
+            if _failed(s)
+        ]
+    )
 
 
 def _code_text(s: _NodeState) -> str:
@@ -537,15 +603,13 @@ def stop_job(
     return out
 
 
-def _root_cause(transport: Transport, run_id: str, state: _NodeState) -> list[str]:
-    files: list[str] = []
+def _error_files(transport: Transport, run_id: str, name: str) -> list[str]:
     try:
         r = transport.run(f"cd {shlex.quote(run_dir(run_id))} && {ERROR_FILES_CMD}", 30)
-        files = [chunk.strip() for chunk in r.stdout.split("\n\036\n") if chunk.strip()]
+        return [chunk.strip() for chunk in r.stdout.split("\n\036\n") if chunk.strip()]
     except Exception as e:
-        ui.warn(f"{state.name}: could not read torchrun error files: {e}")
-    lines = root_cause_lines(files, list(state.tail))
-    return lines or ([state.lost] if state.lost else ["(no output)"])
+        ui.warn(f"{name}: could not read torchrun error files: {e}")
+        return []
 
 
 def _download_all(

@@ -268,3 +268,29 @@ def test_local_transport_roundtrip(tmp_path: Path) -> None:
     assert got == ["a", "b"]
     assert t.run("echo $GPUTRAIN_NODE_ROOT", 5).stdout.strip() == str((tmp_path / "node").resolve())
     assert sys.executable
+
+
+def _err(message: str, ts: int) -> str:
+    return json.dumps(
+        {
+            "message": {
+                "message": message,
+                "extraInfo": {"py_callstack": message, "timestamp": str(ts)},
+            }
+        }
+    )
+
+
+def test_first_failure_prefers_the_cause_over_its_consequences() -> None:
+    from scripts.launch import FailureFacts, first_failure
+
+    cause = FailureFacts("w1", 1, (_err("RuntimeError: deliberate", 100),), ended_at=12.0)
+    peer = FailureFacts(
+        "h0", 1, (_err("RuntimeError: Connection closed by peer [10.0.0.2]", 100),), 11.0
+    )
+    assert first_failure([peer, cause]) == "w1"  # same second: the peer's error is a consequence
+    killed = FailureFacts("w2", None, (), ended_at=20.0)
+    assert first_failure([peer, cause, killed]) == "w2"  # killed without a word comes first
+    early = FailureFacts("a", 1, (_err("ValueError: x", 90),), 30.0)
+    assert first_failure([cause, early]) == "a"  # then by error time
+    assert first_failure([FailureFacts("p", 2, (), 5.0), FailureFacts("q", 3, (), 4.0)]) == "q"
