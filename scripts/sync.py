@@ -1,0 +1,172 @@
+"""Ship the code to a node: which files (respecting .gitignore), how big, and only what changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts.errors import UserError
+from scripts.transport import Transport, TransportError
+
+DEFAULT_MAX_UPLOAD_MIB = 200
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    "__pycache__",
+    "runs",
+    ".gputrain",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "node_modules",
+}
+MANIFEST = ".gputrain-manifest.json"
+DELETE_LIST = ".gputrain-delete"
+CODE_DIR = ".gputrain/code"
+
+
+@dataclass(frozen=True)
+class UploadPlan:
+    """What to send to one node: changed files, files to delete there, the new manifest."""
+
+    send: tuple[str, ...]
+    delete: tuple[str, ...]
+    manifest: Mapping[str, str]
+
+
+def list_workdir_files(workdir: Path) -> list[str]:
+    """Files to ship, relative to workdir: git's view (tracked + untracked, not ignored) in a git
+    repo, else a walk that skips VCS, virtualenv, cache and run directories."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(workdir), "ls-files", "-z", "-co", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        files = [f for f in out.decode().split("\0") if f]
+        return sorted(
+            f for f in files if (workdir / f).is_file() and not (workdir / f).is_symlink()
+        )
+    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired):
+        pass
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(workdir):
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
+        )
+        for fn in sorted(filenames):
+            p = Path(dirpath) / fn
+            if p.is_file() and not p.is_symlink() and not fn.endswith(".pyc"):
+                found.append(str(p.relative_to(workdir)))
+    return found
+
+
+def collect_sources(workdir: Path, packages: Mapping[str, Path] | None = None) -> dict[str, Path]:
+    """relative path on the node -> local file. ``packages`` (e.g. {"trainer": <dir>}) are added
+    under their name unless the workdir already has them."""
+    files = {rel: workdir / rel for rel in list_workdir_files(workdir)}
+    for name, pkg_dir in (packages or {}).items():
+        if any(rel.startswith(name + "/") for rel in files) or not pkg_dir.is_dir():
+            continue
+        for rel in list_workdir_files(pkg_dir):
+            files[f"{name}/{rel}"] = pkg_dir / rel
+    for rel in files:
+        if "\n" in rel or "\0" in rel:
+            raise UserError(f"cannot upload a file whose name holds a newline: {rel!r}")
+    return files
+
+
+def check_size(files: Mapping[str, Path], limit_mib: float, workdir: Path) -> int:
+    """Total bytes; UserError naming the limit and the biggest files when above it."""
+    sizes = {rel: p.stat().st_size for rel, p in files.items()}
+    total = sum(sizes.values())
+    if total > limit_mib * 1024 * 1024:
+        biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+        listing = ", ".join(f"{rel} ({b / 1048576:.1f} MiB)" for rel, b in biggest)
+        raise UserError(
+            f"upload size: the code in {workdir} is {total / 1048576:.1f} MiB, above the limit of "
+            f"{limit_mib:g} MiB; biggest files: {listing}. Add them to .gitignore or raise the "
+            "limit (max_upload_mib)."
+        )
+    return total
+
+
+def hash_files(files: Mapping[str, Path]) -> dict[str, str]:
+    out = {}
+    for rel, p in sorted(files.items()):
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        # the mode matters too (scripts must stay executable)
+        out[rel] = f"{h.hexdigest()[:32]}:{oct(p.stat().st_mode & 0o777)}"
+    return out
+
+
+def plan_upload(local: Mapping[str, str], remote: Mapping[str, str]) -> UploadPlan:
+    """Pure: send what is new or changed, delete what is gone."""
+    send = tuple(sorted(rel for rel, h in local.items() if remote.get(rel) != h))
+    delete = tuple(sorted(rel for rel in remote if rel not in local))
+    return UploadPlan(send, delete, dict(local))
+
+
+def sync_code(
+    transport: Transport,
+    files: Mapping[str, Path],
+    *,
+    remote_dir: str = CODE_DIR,
+    staging: Path,
+) -> UploadPlan:
+    """Bring remote_dir in line with files, sending only what changed since the last upload."""
+    r = transport.run(f"cat {shlex.quote(remote_dir + '/' + MANIFEST)} 2>/dev/null", timeout=60)
+    try:
+        remote = json.loads(r.stdout) if r.ok and r.stdout.strip() else {}
+        if not isinstance(remote, dict):
+            remote = {}
+    except json.JSONDecodeError:
+        remote = {}
+    local = hash_files(files)
+    plan = plan_upload(local, remote)
+    # the tar: changed files, plus the manifest and the delete list as two small files
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / MANIFEST).write_text(json.dumps(plan.manifest, sort_keys=True))
+    (staging / DELETE_LIST).write_bytes(b"".join(rel.encode() + b"\0" for rel in plan.delete))
+    _send(transport, files, plan.send, staging, remote_dir)
+    return plan
+
+
+def _send(
+    transport: Transport,
+    files: Mapping[str, Path],
+    send: tuple[str, ...],
+    staging: Path,
+    remote_dir: str,
+) -> None:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in (*send, MANIFEST, DELETE_LIST):
+            src = files[rel] if rel in files else staging / rel
+            info = tar.gettarinfo(str(src), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(src, "rb") as f:
+                tar.addfile(info, f)
+    d = shlex.quote(remote_dir)
+    cmd = (
+        f"mkdir -p {d} && tar -x -f - -C {d} && cd {d} && "
+        f"xargs -0 -r rm -f -- < {DELETE_LIST} && rm -f {DELETE_LIST}"
+    )
+    r = transport.run(cmd, timeout=600, stdin=buf.getvalue())
+    if not r.ok:
+        raise TransportError(f"node {transport.name}: upload failed: {r.stderr.strip()}")

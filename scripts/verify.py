@@ -1,0 +1,242 @@
+"""Prove every node has the GPUs that were asked for (nvidia-smi), before any training starts."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+
+from scripts import ui
+from scripts.errors import GputrainError
+from scripts.fleet import parallel
+from scripts.nodes import Fleet, GpuExpectation
+from scripts.transport import CommandResult, Transport
+
+GPU_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "memory.total",
+    "driver_version",
+    "ecc.errors.uncorrected.volatile.total",
+    "pci.bus_id",
+    "temperature.gpu",
+    "utilization.gpu",
+)
+NVIDIA_SMI_QUERY = f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader,nounits"
+# nvidia-smi from PATH, then the places images put it (appended: never shadows the node's own).
+NODE_QUERY = (
+    'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/nvidia/bin:/var/lib/nvidia/bin" '
+    f"{NVIDIA_SMI_QUERY}"
+)
+
+
+class VerificationError(GputrainError):
+    """One or more nodes do not have what was asked; the message lists every one and why."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    memory_mib: int | None
+    driver_version: str | None
+    ecc_uncorrected: int | None  # None: unknown (N/A, ECC off, or not reported)
+    pci_bus_id: str | None = None
+    temperature_c: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    ok: bool
+    gpus: tuple[GpuInfo, ...] = ()
+    problems: tuple[str, ...] = ()
+    waited_s: float = 0.0
+    torch: bool | None = None  # the interpreter on the node can import torch
+    notes: tuple[str, ...] = field(default=())
+
+
+def _unknown(value: str) -> bool:
+    return value.strip() in (
+        "",
+        "N/A",
+        "[N/A]",
+        "[Not Supported]",
+        "Not Supported",
+        "[Unknown Error]",
+    )
+
+
+def _int_or_none(value: str) -> int | None:
+    if _unknown(value):
+        return None
+    try:
+        return int(float(value.strip().split()[0]))
+    except ValueError:
+        return None
+
+
+def parse_gpu_csv(text: str) -> list[GpuInfo]:
+    """Rows of ``nvidia-smi --query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits``.
+    Raises ValueError when the output is not that CSV (e.g. an error message)."""
+    gpus = []
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        cells = [c.strip() for c in raw.split(",")]
+        if len(cells) != len(GPU_FIELDS) or not cells[0].isdigit():
+            raise ValueError(f"unexpected nvidia-smi line: {raw.strip()[:120]!r}")
+        gpus.append(
+            GpuInfo(
+                index=int(cells[0]),
+                name=cells[1],
+                uuid=cells[2],
+                memory_mib=_int_or_none(cells[3]),
+                driver_version=None if _unknown(cells[4]) else cells[4],
+                ecc_uncorrected=_int_or_none(cells[5]),
+                pci_bus_id=None if _unknown(cells[6]) else cells[6],
+                temperature_c=_int_or_none(cells[7]),
+            )
+        )
+    return gpus
+
+
+def check_gpus(gpus: list[GpuInfo], expect: GpuExpectation) -> list[str]:
+    """Every way these GPUs differ from what was asked (empty: fine)."""
+    problems: list[str] = []
+    if expect.is_cpu:
+        return problems
+    if len(gpus) < expect.count:
+        problems.append(f"found {len(gpus)} GPU(s), expected {expect.count}")
+    elif len(gpus) > expect.count:
+        problems.append(f"found {len(gpus)} GPU(s), expected {expect.count} (more than asked)")
+    for g in gpus:
+        if expect.model and g.name != expect.model:
+            problems.append(f"GPU {g.index} is {g.name!r}, expected {expect.model!r}")
+        if expect.min_memory_mib and (g.memory_mib or 0) < expect.min_memory_mib:
+            problems.append(
+                f"GPU {g.index} has {g.memory_mib if g.memory_mib is not None else 'unknown'} MiB, "
+                f"expected at least {expect.min_memory_mib} MiB"
+            )
+        if g.ecc_uncorrected:
+            problems.append(f"GPU {g.index} has {g.ecc_uncorrected} uncorrected ECC error(s)")
+        if g.driver_version is None:
+            problems.append(f"GPU {g.index}: driver version unknown")
+    return problems
+
+
+def torch_check_command(python: str) -> str:
+    """Cheap check that the node's interpreter can import torch (find_spec, no import cost)."""
+    code = "import importlib.util as u; print('torch', u.find_spec('torch') is not None)"
+    return f"{shlex.quote(python)} -c {shlex.quote(code)}"
+
+
+def verify_node(
+    transport: Transport, expect: GpuExpectation, python: str, deadline_s: float
+) -> NodeReport:
+    """Query nvidia-smi until it answers (the driver may still be installing) or the deadline."""
+    start = time.monotonic()
+    end = start + deadline_s
+    name = transport.name
+    # first round: the torch check and the GPU query in one round trip
+    marker = "@@gputrain-nvidia-smi@@"
+    r = transport.run(
+        f'{torch_check_command(python)}; echo "{marker}"; {NODE_QUERY}; echo "{marker}$?"',
+        timeout=60,
+    )
+    head, _, rest = r.stdout.partition(marker + "\n")
+    smi_out, _, rc_text = rest.rpartition(marker)
+    has_torch = "torch True" in head
+    problems: list[str] = []
+    if not has_torch:
+        detail = (r.stderr.strip() or head.strip()).splitlines()
+        problems.append(
+            f"{python} cannot import torch ({detail[-1] if detail else f'exit {r.exit_code}'})"
+        )
+    smi = CommandResult(
+        int(rc_text.strip() or 1) if rc_text.strip().isdigit() else 1, smi_out, r.stderr
+    )
+    gpus: list[GpuInfo] = []
+    said = 0.0
+    while True:
+        if smi.ok:
+            try:
+                gpus = parse_gpu_csv(smi.stdout)
+                break
+            except ValueError as e:
+                last = str(e)
+        else:
+            out = (smi.stderr.strip() or smi.stdout.strip()).splitlines()
+            last = (
+                "nvidia-smi not found"
+                if smi.exit_code == 127
+                else f"nvidia-smi exit {smi.exit_code}: {out[-1] if out else ''}"
+            )
+        if expect.is_cpu:
+            break  # no GPU needed: nvidia-smi missing is fine
+        now = time.monotonic()
+        if now + 2 > end:
+            problems.append(f"driver not ready after {deadline_s:.0f} s ({last})")
+            break
+        if now - said > 5:
+            ui.say(f"{name}: waiting for the GPU driver ({last}), {end - now:.0f} s left")
+            said = now
+        time.sleep(min(2.0, max(0.2, (now - start) / 4)))
+        smi = transport.run(NODE_QUERY, timeout=60)
+    problems += check_gpus(gpus, expect)
+    return NodeReport(
+        name,
+        ok=not problems,
+        gpus=tuple(gpus),
+        problems=tuple(problems),
+        waited_s=time.monotonic() - start,
+        torch=has_torch,
+    )
+
+
+def verify_gpus(
+    fleet: Fleet, transports: dict[str, Transport], *, deadline_s: float
+) -> list[NodeReport]:
+    """Check every node in parallel, print a per-node table, raise if any node is not right."""
+
+    def one(name: str) -> NodeReport:
+        return verify_node(transports[name], fleet.expect, fleet.python, deadline_s)
+
+    names = [n.name for n in fleet.nodes]
+    results, errors = parallel(names, one)
+    for name, e in errors.items():
+        results[name] = NodeReport(name, ok=False, problems=(f"could not check: {e}",))
+    reports = [results[n] for n in names]
+    expected = (
+        "cpu"
+        if fleet.expect.is_cpu
+        else f"{fleet.expect.count} x {fleet.expect.model or 'any GPU'}"
+    )
+    rows = []
+    for rep in reports:
+        models = sorted({g.name for g in rep.gpus})
+        mem = sorted({g.memory_mib for g in rep.gpus if g.memory_mib is not None})
+        rows.append(
+            [
+                rep.node,
+                "ok" if rep.ok else "PROBLEM",
+                f"{len(rep.gpus)} x {', '.join(models)}" if rep.gpus else "-",
+                f"{mem[0]} MiB" if mem else "-",
+                next((g.driver_version for g in rep.gpus if g.driver_version), "-"),
+                "; ".join(rep.problems) or "-",
+            ]
+        )
+    ui.table(
+        f"GPU verification (expected per node: {expected})",
+        ["node", "status", "gpus", "memory", "driver", "problems"],
+        rows,
+    )
+    failing = [r for r in reports if not r.ok]
+    if failing:
+        raise VerificationError(
+            f"{len(failing)} of {len(reports)} node(s) failed verification:\n"
+            + "\n".join(f"  {r.node}: {'; '.join(r.problems)}" for r in failing)
+        )
+    return reports

@@ -1,0 +1,35 @@
+"""Shared fixtures. `testbed`: the sshd test hosts (session-wide, machine-wide lock); `tb`: the
+same, removing the hosts a test added when it ends. In CI (CI=true) a test bed that cannot be
+set up fails the suite; elsewhere the tests skip with the reason."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.testbed import TestBed, TestBedUnavailable
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[TestBed]:
+    bed = TestBed()
+    try:
+        bed.start()
+    except (TestBedUnavailable, OSError) as e:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"SSH test bed could not be set up in CI: {e}")
+        pytest.skip(f"SSH test bed unavailable: {e}")
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
+@pytest.fixture
+def tb(testbed: TestBed) -> Iterator[TestBed]:
+    before = set(testbed.hosts)
+    yield testbed
+    for name in [n for n in list(testbed.hosts)[::-1] if n not in before]:
+        testbed.remove_host(name)
