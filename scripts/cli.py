@@ -9,7 +9,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from scripts.errors import GputrainError, UserError
@@ -115,8 +114,12 @@ def dispatch(args: argparse.Namespace, services: Services | None = None) -> int:
     if getattr(args, "dir", None):
         services.root = lc.find_project_root(Path(args.dir))
     cmd = args.command
-    target = lc.Target("stack", args.stack) if args.stack else (
-        lc.Target("hosts", args.hosts) if getattr(args, "hosts", None) else lc.Target("local")
+    target = (
+        lc.Target("stack", args.stack)
+        if args.stack
+        else (
+            lc.Target("hosts", args.hosts) if getattr(args, "hosts", None) else lc.Target("local")
+        )
     )
     opts = lc.RunOptions(
         entry=args.entry_argv,
@@ -139,10 +142,9 @@ def dispatch(args: argparse.Namespace, services: Services | None = None) -> int:
         return 1 if lc.sweep_stack(target.value, services) else 0
     elif cmd == "status":
         lc.status(target.value, services)
-    elif cmd == "run":
+    elif cmd in ("run", "train", "healthcheck"):
+        opts.create = cmd == "run"
         lc.run(target, opts, services)
-    elif cmd in ("train", "healthcheck"):
-        lc.train_on(target, opts, services)
     elif cmd == "verify":
         lc.verify_target(target, opts, services)
     elif cmd == "ssh":

@@ -244,7 +244,20 @@ def root_cause_lines(error_files: list[str], log_tail: list[str], max_lines: int
     if causes:
         causes.sort(key=lambda c: c[0] or "~")
         return causes[0][1][-max_lines:]
-    return [ln for ln in log_tail if ln.strip()][-max_lines:]
+    lines = [ln for ln in log_tail if ln.strip()]
+    # Without error.json, torchrun's own ChildFailedError report ends the log and says nothing
+    # of the cause: keep what the workers printed before it (their traceback).
+    agent = next((i for i, ln in enumerate(lines) if "ChildFailedError" in ln), None)
+    if agent is not None:
+        starts = [i for i in range(agent) if _is_agent_traceback(lines[i])]
+        worker = lines[: starts[-1]] if starts else []
+        lines = worker or lines
+    return lines[-max_lines:]
+
+
+def _is_agent_traceback(line: str) -> bool:
+    """torchrun's own traceback starts unprefixed; workers' lines carry a [rankN]: prefix."""
+    return line.startswith("Traceback (most recent call last)")
 
 
 ERROR_FILES_CMD = (

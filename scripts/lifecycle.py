@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scripts import ui
 from scripts.errors import GputrainError, UserError
@@ -43,7 +43,10 @@ def find_project_root(start: Path | None = None) -> Path:
         if (d / "Pulumi.yaml").is_file():
             return d
     return ROOT
+
+
 DEFAULT_ENTRY = ("-m", "trainer.train", "--preset", "tiny")
+LAST_RUN = "LAST_RUN"  # runs/<target>/LAST_RUN: the id `gputrain logs` follows by default
 
 
 @dataclass
@@ -326,97 +329,78 @@ def fleet_for_hosts(path: str, *, trust_new_hosts: bool) -> tuple[Fleet, Path | 
 # ---------------------------------------------------------------- fleet steps
 
 
-@dataclass
-class Session:
-    """A connected fleet: the transports stay open for verify, launch and collect."""
-
-    fleet: Fleet
-    transports: dict[str, Transport]
-
-    def close(self) -> None:
-        for t in self.transports.values():
-            try:
-                t.close()
-            except Exception:
-                pass
-
-
 @contextmanager
-def connected(fleet: Fleet, services: Services, *, trust_new_hosts: bool = False) -> Iterator[Session]:
-    from scripts.fleet import connect
+def connected(
+    fleet: Fleet, services: Services, *, record_new_keys: Path | None = None
+) -> Iterator[dict[str, Transport]]:
+    """Transports to every node (pinned host keys), open for verify, launch and collect."""
+    from scripts.fleet import close_all, connect
 
-    known = None
-    if trust_new_hosts and fleet.known_hosts is not None:
-        known = fleet.known_hosts
-    transports = connect(fleet, deadline_s=services.connect_deadline_s, trust_new_hosts=known)
-    session = Session(fleet, transports)
+    transports = connect(
+        fleet, deadline_s=services.connect_deadline_s, trust_new_hosts=record_new_keys
+    )
     try:
-        yield session
+        yield transports
     finally:
-        session.close()
+        close_all(transports)
 
 
-def verify(session: Session, services: Services) -> None:
+def verify(fleet: Fleet, transports: dict[str, Transport], services: Services) -> None:
     from scripts.verify import verify_gpus
 
-    verify_gpus(session.fleet, session.transports, deadline_s=services.verify_deadline_s)
+    verify_gpus(fleet, transports, deadline_s=services.verify_deadline_s)
 
 
 def train(
-    session: Session,
-    entry: Sequence[str],
+    fleet: Fleet,
+    transports: dict[str, Transport],
+    opts: RunOptions,
     services: Services,
-    *,
-    run_id: str,
-    env: dict[str, str] | None = None,
-    max_restarts: int = 0,
-    guard: SignalGuard | None = None,
+    guard: SignalGuard,
 ) -> JobResult:
     """Upload, launch torchrun everywhere, stream, collect; stop the job on any interruption."""
     from scripts.launch import Job, launch_torchrun, stop_job
 
     job = Job(
-        run_id=run_id,
-        entry=tuple(entry) or DEFAULT_ENTRY,
-        env=dict(env or {}),
-        max_restarts=max_restarts,
+        run_id=new_run_id(),
+        entry=opts.entry or DEFAULT_ENTRY,
+        env=opts.env,
+        max_restarts=opts.max_restarts,
         workdir=Path.cwd(),
     )
-    results_dir = services.runs_dir / session.fleet.target / run_id
+    target_dir = services.runs_dir / fleet.target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    (target_dir / LAST_RUN).write_text(job.run_id + "\n")
     try:
-        return launch_torchrun(session.fleet, session.transports, job, results_dir)
+        return launch_torchrun(fleet, transports, job, target_dir / job.run_id)
     except BaseException:
-        # Interrupted or failed: make sure nothing keeps running on machines that stay up.
-        if guard is not None:
-            with guard.teardown():
-                stop_job(session.fleet, session.transports, run_id)
-        else:
-            stop_job(session.fleet, session.transports, run_id)
+        # Failed or interrupted: nothing may keep running on machines that stay up.
+        with guard.teardown():
+            stop_job(fleet, transports, job.run_id)
         raise
 
 
 def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> None:
     """The closing lines of a run: loss vs floor, throughput, where results are, cost."""
     elapsed = time.monotonic() - started
-    summary = _find_summary(result.results_dir)
-    rows: list[list[object]] = [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
-    if summary:
-        floor = summary.get("loss_floor")
-        loss = summary.get("final_loss")
-        rows.insert(0, ["final loss", f"{loss:.3f}" if isinstance(loss, float) else loss])
-        if floor is not None:
-            rows.insert(1, ["loss floor (synthetic data)", f"{floor:.3f}"])
-        tps = summary.get("tokens_per_s")
-        if tps:
-            rows.insert(2, ["tokens/s", f"{tps:,.0f}"])
-        if summary.get("mfu") is not None:
-            rows.insert(3, ["MFU", f"{100 * summary['mfu']:.1f}%"])
+    summary: dict[str, Any] = _find_summary(result.results_dir) or {}
+    rows: list[list[object]] = []
+    for key, label, fmt in (
+        ("final_loss", "final loss", "{:.3f}"),
+        ("loss_floor", "loss floor (synthetic data)", "{:.3f}"),
+        ("tokens_per_s", "tokens/s", "{:,.0f}"),
+        ("mfu", "MFU", "{:.1%}"),
+    ):
+        if isinstance(summary.get(key), int | float):
+            rows.append([label, fmt.format(summary[key])])
+    rows += [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
     if hourly_usd is not None:
-        rows.append(["estimated cost", f"${hourly_usd * elapsed / 3600:.2f} at ${hourly_usd:.2f}/h"])
+        cost = hourly_usd * elapsed / 3600
+        rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h"])
     ui.table("run summary", ["", ""], rows)
 
 
-def _find_summary(results_dir: Path) -> dict[str, object] | None:
+def _find_summary(results_dir: Path) -> dict[str, Any] | None:
     for p in sorted(results_dir.rglob("summary.json")):
         try:
             data = json.loads(p.read_text())
@@ -439,40 +423,22 @@ class RunOptions:
     trust_new_hosts: bool = False
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0
+    create: bool = True  # `run` on a stack creates and destroys it; `train` uses what is up
 
 
-def run_on_fleet(fleet: Fleet, opts: RunOptions, services: Services) -> JobResult:
-    """hosts/local: connect -> verify -> train -> collect; the machines stay as they were."""
+def run_on_fleet(
+    fleet: Fleet, opts: RunOptions, services: Services, record_new_keys: Path | None = None
+) -> JobResult:
+    """hosts/local (or a stack that is up): connect -> verify -> train -> collect."""
     started = time.monotonic()
-    with signal_guard() as guard, connected(
-        fleet, services, trust_new_hosts=opts.trust_new_hosts
-    ) as session:
-        verify(session, services)
-        result = train(
-            session,
-            opts.entry,
-            services,
-            run_id=new_run_id(),
-            env=opts.env,
-            max_restarts=opts.max_restarts,
-            guard=guard,
-        )
+    with (
+        signal_guard() as guard,
+        connected(fleet, services, record_new_keys=record_new_keys) as transports,
+    ):
+        verify(fleet, transports, services)
+        result = train(fleet, transports, opts, services, guard)
     summarize(result, hourly_usd=None, started=started)
     return result
-
-
-def up_stack(
-    stack: str, opts: RunOptions, services: Services, guard: SignalGuard
-) -> tuple[ClusterSpec, StackRunner, dict[str, object]]:
-    """Validate, preflight, confirm, then provision with failover (resources exist afterwards)."""
-    from infra.spec import require_deployable
-
-    spec = load_spec(stack, services)
-    require_deployable(spec)
-    zones = list(spec.zones) if opts.skip_preflight else preflight(spec, services)
-    confirm(spec, yes=opts.yes)
-    runner = services.runner(stack)
-    return spec, runner, provision(spec, runner, zones)
 
 
 def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult | None:
@@ -491,17 +457,9 @@ def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult 
             outputs = provision(spec, runner, zones)
             with private_key_file(runner, stack) as key:
                 fleet = fleet_from_stack(spec, outputs, key, services)
-                with connected(fleet, services) as session:
-                    verify(session, services)
-                    result = train(
-                        session,
-                        opts.entry,
-                        services,
-                        run_id=new_run_id(),
-                        env=opts.env,
-                        max_restarts=opts.max_restarts,
-                        guard=guard,
-                    )
+                with connected(fleet, services) as transports:
+                    verify(fleet, transports, services)
+                    result = train(fleet, transports, opts, services, guard)
         finally:
             with guard.teardown():
                 if opts.keep:
@@ -526,12 +484,23 @@ def plan(target: Target, services: Services) -> None:
     if target.kind == "stack":
         show_plan(load_spec(target.value, services))
         return
-    fleet = fleet_for_local() if target.kind == "local" else fleet_for_hosts(target.value, trust_new_hosts=False)
-    expect = "cpu" if fleet.expect.is_cpu else f"{fleet.expect.count} x {fleet.expect.model or 'any GPU'}"
+    fleet = (
+        fleet_for_local()
+        if target.kind == "local"
+        else fleet_for_hosts(target.value, trust_new_hosts=False)[0]
+    )
+    expect = (
+        "cpu"
+        if fleet.expect.is_cpu
+        else f"{fleet.expect.count} x {fleet.expect.model or 'any GPU'}"
+    )
     ui.table(
         f"plan: {fleet.target}",
         ["node", "role", "address", "internal address", "expected GPUs"],
-        [[n.name, n.role, n.address or "(via head)", n.internal_address, expect] for n in fleet.nodes],
+        [
+            [n.name, n.role, n.address or "(via head)", n.internal_address, expect]
+            for n in fleet.nodes
+        ],
     )
     ui.say("cost: nothing is created; these machines are yours")
 
@@ -551,8 +520,8 @@ def up(stack: str, opts: RunOptions, services: Services) -> None:
             outputs = provision(spec, runner, zones)
             with private_key_file(runner, stack) as key:
                 fleet = fleet_from_stack(spec, outputs, key, services)
-                with connected(fleet, services) as session:
-                    verify(session, services)
+                with connected(fleet, services) as transports:
+                    verify(fleet, transports, services)
             proven = True
         finally:
             if not proven:
@@ -566,10 +535,13 @@ def up(stack: str, opts: RunOptions, services: Services) -> None:
 
 
 @contextmanager
-def _existing_fleet(target: Target, opts: RunOptions, services: Services) -> Iterator[Fleet]:
-    """The fleet of a target that already exists (a stack that is up, hosts, this machine)."""
+def existing_fleet(
+    target: Target, opts: RunOptions, services: Services
+) -> Iterator[tuple[Fleet, Path | None]]:
+    """The fleet of a target that exists already (a stack that is up, hosts, this machine), and
+    the known_hosts file to record first-seen keys in (hosts with --trust-new-hosts only)."""
     if target.kind == "local":
-        yield fleet_for_local()
+        yield fleet_for_local(), None
     elif target.kind == "hosts":
         yield fleet_for_hosts(target.value, trust_new_hosts=opts.trust_new_hosts)
     else:
@@ -577,29 +549,47 @@ def _existing_fleet(target: Target, opts: RunOptions, services: Services) -> Ite
         runner = services.runner(target.value)
         outputs = runner.outputs()
         if not outputs:
-            raise UserError(f"stack {target.value} has no cluster; run `gputrain up --stack {target.value}`")
+            raise UserError(
+                f"stack {target.value} has no cluster; run `gputrain up --stack {target.value}`"
+            )
         with private_key_file(runner, target.value) as key:
-            yield fleet_from_stack(spec, outputs, key, services)
+            yield fleet_from_stack(spec, outputs, key, services), None
 
 
 def verify_target(target: Target, opts: RunOptions, services: Services) -> None:
-    with _existing_fleet(target, opts, services) as fleet, connected(
-        fleet, services, trust_new_hosts=opts.trust_new_hosts
-    ) as session:
-        verify(session, services)
-
-
-def train_on(target: Target, opts: RunOptions, services: Services) -> JobResult:
-    """train / healthcheck on a target that exists; the machines stay afterwards."""
-    with _existing_fleet(target, opts, services) as fleet:
-        return run_on_fleet(fleet, opts, services)
+    with (
+        existing_fleet(target, opts, services) as (fleet, record),
+        connected(fleet, services, record_new_keys=record) as transports,
+    ):
+        verify(fleet, transports, services)
 
 
 def run(target: Target, opts: RunOptions, services: Services) -> JobResult | None:
-    if target.kind == "stack":
+    """`run` and `train`: on a stack, `run` is the whole lifecycle; elsewhere the same job path."""
+    if target.kind == "stack" and opts.create:
         return run_on_stack(target.value, opts, services)
-    with _existing_fleet(target, opts, services) as fleet:
-        return run_on_fleet(fleet, opts, services)
+    with existing_fleet(target, opts, services) as (fleet, record):
+        return run_on_fleet(fleet, opts, services, record)
+
+
+def logs(target: Target, run_id: str | None, opts: RunOptions, services: Services) -> None:
+    """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
+    from scripts.fleet import parallel
+    from scripts.launch import build_tail_command
+
+    with existing_fleet(target, opts, services) as (fleet, record):
+        if run_id is None:
+            last = services.runs_dir / fleet.target / LAST_RUN
+            if not last.is_file():
+                raise UserError(f"logs: no run recorded for {fleet.target}; pass --run RUN_ID")
+            run_id = last.read_text().strip()
+        tail = build_tail_command(run_id, 0)
+        with connected(fleet, services, record_new_keys=record) as transports:
+
+            def follow(name: str) -> int:
+                return transports[name].stream(tail, lambda line: ui.say(f"[{name}] {line}"), None)
+
+            parallel([n.name for n in fleet.nodes], follow)
 
 
 def sweep_stack(stack: str, services: Services) -> list[object]:
@@ -649,12 +639,18 @@ def ssh_argv(fleet: Fleet, node: Node, known_hosts: Path, command: Sequence[str]
 
     def base(n: Node) -> list[str]:
         opts = [
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={known_hosts}",
-            "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "IdentitiesOnly=yes",
-            "-o", "ServerAliveInterval=15",
-            "-p", str(n.port),
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ServerAliveInterval=15",
+            "-p",
+            str(n.port),
         ]
         if fleet.identity_file:
             opts = ["-i", str(fleet.identity_file), *opts]
@@ -690,7 +686,7 @@ def ssh(
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]
-    with _existing_fleet(target, opts, services) as fleet:
+    with existing_fleet(target, opts, services) as (fleet, _):
         names = [n.name for n in fleet.nodes]
         if selector.isdigit() and int(selector) < len(names):
             node = fleet.nodes[int(selector)]

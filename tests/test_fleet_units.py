@@ -294,3 +294,19 @@ def test_first_failure_prefers_the_cause_over_its_consequences() -> None:
     early = FailureFacts("a", 1, (_err("ValueError: x", 90),), 30.0)
     assert first_failure([cause, early]) == "a"  # then by error time
     assert first_failure([FailureFacts("p", 2, (), 5.0), FailureFacts("q", 3, (), 4.0)]) == "q"
+
+
+def test_root_cause_without_error_file_is_the_workers_traceback() -> None:
+    """torchrun's ChildFailedError report says nothing of the cause: show the worker's lines."""
+    log = [
+        "[rank1]:Traceback (most recent call last):",
+        '[rank1]:  File "job.py", line 7, in <module>',
+        "[rank1]:PermissionError: [Errno 13] Permission denied: '/data'",
+        "Traceback (most recent call last):",
+        '  File "torch/distributed/run.py", line 900, in main',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "  exitcode  : 1 (pid: 4651)",
+    ]
+    lines = root_cause_lines([], log)
+    assert lines[-1] == "[rank1]:PermissionError: [Errno 13] Permission denied: '/data'"
+    assert not any("ChildFailedError" in ln for ln in lines)

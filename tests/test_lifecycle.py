@@ -87,9 +87,7 @@ def world(
     made: list[FakeCompute] = []
     markers: list[Path] = []
 
-    def make(
-        nodes: int = 2, gpus: GpuConfig | None = None, wrong_host_keys: bool = False
-    ) -> World:
+    def make(nodes: int = 2, gpus: GpuConfig | None = None, wrong_host_keys: bool = False) -> World:
         (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
         (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes))
         (tmp_path / "job.py").write_text(JOB)
@@ -161,7 +159,9 @@ def assert_torn_down(w: World) -> None:
     assert sweep("gputrain-test", "e2e", api=ComputeApi(w.compute.url)) == []
 
 
-def test_run_stack_end_to_end(world: Callable[..., World], capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_stack_end_to_end(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
     w = world()
     rc = w.run("run", "--stack", "e2e", "--yes", "--", *FAST_TRAIN)
     out = capsys.readouterr().out
@@ -169,10 +169,12 @@ def test_run_stack_end_to_end(world: Callable[..., World], capsys: pytest.Captur
     names = w.runner.call_names()
     assert names.index("up") < names.index("destroy")
     # Host keys came from guest attributes, one query per node at least.
-    assert w.compute.guest_attribute_queries("e2e-node-0", ZONES[0])
-    assert w.compute.guest_attribute_queries("e2e-node-1", ZONES[0])
+    for node in ("e2e-node-0", "e2e-node-1"):
+        assert w.compute.requests_matching(f"/instances/{node}/getGuestAttributes")
     # Results of both nodes were downloaded; the trainer's summary says it learned.
-    [run_dir] = (w.dir / "runs" / "stack-e2e").iterdir()
+    target_dir = w.dir / "runs" / "stack-e2e"
+    run_dir = target_dir / (target_dir / "LAST_RUN").read_text().strip()
+    assert {p.name for p in run_dir.iterdir()} >= {"e2e-node-0", "e2e-node-1"}
     summaries = list(run_dir.rglob("summary.json"))
     assert summaries, sorted(str(p) for p in run_dir.rglob("*"))
     summary = json.loads(summaries[0].read_text())
@@ -196,7 +198,17 @@ def test_preflight_failure_creates_nothing(
 def test_stockout_fails_over_to_another_zone(world: Callable[..., World], hint: bool) -> None:
     w = world()
     w.runner.fail_stockout(ZONES[0], zones_available=(ZONES[2],) if hint else ())
-    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "done", str(w.dir / "m"))
+    rc = w.run(
+        "run",
+        "--stack",
+        "e2e",
+        "--yes",
+        "--skip-preflight",
+        "--",
+        "job.py",
+        "done",
+        str(w.marker),
+    )
     assert rc == 0
     ups = [c[1] for c in w.runner.calls if c[0] == "up"]
     assert ups == [ZONES[0], ZONES[2] if hint else ZONES[1]]
@@ -218,7 +230,17 @@ def test_quota_error_stops_and_tears_down(
 def test_partial_cluster_counts_as_stockout(world: Callable[..., World]) -> None:
     w = world()
     w.runner.fail_partial(ZONES[0], created=1)
-    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "done", str(w.dir / "m"))
+    rc = w.run(
+        "run",
+        "--stack",
+        "e2e",
+        "--yes",
+        "--skip-preflight",
+        "--",
+        "job.py",
+        "done",
+        str(w.marker),
+    )
     assert rc == 0
     assert [c[1] for c in w.runner.calls if c[0] == "up"] == [ZONES[0], ZONES[1]]
     assert_torn_down(w)
@@ -249,7 +271,9 @@ def test_training_crash_names_the_node_and_tears_down(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world()
-    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "crash", str(w.marker))
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "crash", str(w.marker)
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "exit" in err.lower()
     assert_torn_down(w)
@@ -279,7 +303,9 @@ def test_signal_during_training_stops_job_and_tears_down(
     w = world()
     t = _signal_when_started(w, sig)
     started = time.monotonic()
-    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "sleep", str(w.marker))
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "sleep", str(w.marker)
+    )
     t.join(timeout=5)
     err = capsys.readouterr().err
     assert rc == 130, err

@@ -83,7 +83,10 @@ def test_cli_plan_bad_config_is_one_line_exit_2(
     assert main(["plan", "--stack", "bad", "--dir", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "gputrain: error: gputrain:gpuCount = '8': allowed for nvidia-tesla-t4: 1, 2, 4\n"
+    assert (
+        captured.err
+        == "gputrain: error: gputrain:gpuCount = '8': allowed for nvidia-tesla-t4: 1, 2, 4\n"
+    )
 
 
 def test_cli_help_is_fast_and_plan_never_imports_pulumi() -> None:
