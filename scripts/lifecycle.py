@@ -663,7 +663,9 @@ def ssh_argv(fleet: Fleet, node: Node, known_hosts: Path, command: Sequence[str]
         argv += ["-o", "ProxyCommand=" + shlex.join(proxy)]
     argv.append(f"{node.user}@{node.address or node.internal_address}")
     if command:
-        argv += ["--", *command]
+        # One argument is a shell line (as with ssh); several are a command whose arguments
+        # must arrive verbatim, so each is quoted for the remote shell.
+        argv += ["--", command[0] if len(command) == 1 else shlex.join(command)]
     return argv
 
 
