@@ -249,6 +249,8 @@ def fleet_from_stack(
 
 def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None:
     """refresh + destroy, retried; then the sweep must find nothing carrying the stack's labels."""
+    from scripts.stack import PulumiMissingError
+
     last: Exception | None = None
     for attempt in range(1, services.destroy_attempts + 1):
         try:
@@ -257,6 +259,8 @@ def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None
             runner.destroy(on_output=None)
             last = None
             break
+        except PulumiMissingError:
+            raise
         except Exception as exc:
             last = exc
             ui.warn(f"destroy attempt {attempt} failed: {exc}")
@@ -476,6 +480,8 @@ def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult 
 
 def down_stack(stack: str, services: Services) -> None:
     spec = load_spec(stack, services)
+    if not spec.project:
+        raise UserError(f"gcp:project is not set for stack {stack}; nothing of it can exist")
     with signal_guard() as guard, guard.teardown():
         teardown(spec, services.runner(stack), services)
 

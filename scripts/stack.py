@@ -28,6 +28,10 @@ class StackError(GputrainError):
         self.raw = raw or message
 
 
+class PulumiMissingError(StackError):
+    """No Pulumi CLI on PATH: nothing to retry."""
+
+
 class StackLockedError(StackError):
     """Another update holds the stack's lock."""
 
@@ -108,7 +112,7 @@ class PulumiStackRunner:
         try:
             return fn()
         except FileNotFoundError as e:
-            raise StackError(
+            raise PulumiMissingError(
                 "the Pulumi CLI is not installed or not on PATH "
                 "(https://www.pulumi.com/docs/iac/download-install/)",
                 str(e),
