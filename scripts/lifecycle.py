@@ -447,6 +447,19 @@ def run_on_fleet(
 
 def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult | None:
     """The whole lifecycle on GCP; teardown in a `finally` unless --keep."""
+    return _new_cluster(stack, opts, services, run_job=True)
+
+
+def up(stack: str, opts: RunOptions, services: Services) -> None:
+    """Create the cluster and prove it; if that fails it is destroyed again."""
+    _new_cluster(stack, opts, services, run_job=False)
+
+
+def _new_cluster(
+    stack: str, opts: RunOptions, services: Services, *, run_job: bool
+) -> JobResult | None:
+    """preflight -> confirm -> up -> host keys -> verify [-> train], then teardown in a
+    `finally`: `run` keeps the cluster only with --keep, `up` only once it is proven."""
     from infra.spec import require_deployable
 
     started = time.monotonic()
@@ -457,24 +470,27 @@ def run_on_stack(stack: str, opts: RunOptions, services: Services) -> JobResult 
         confirm(spec, yes=opts.yes)
         runner = services.runner(stack)
         result: JobResult | None = None
+        keep = opts.keep and run_job
         try:
             outputs = provision(spec, runner, zones)
             with private_key_file(runner, stack) as key:
                 fleet = fleet_from_stack(spec, outputs, key, services)
                 with connected(fleet, services) as transports:
                     verify(fleet, transports, services)
-                    result = train(fleet, transports, opts, services, guard)
+                    if run_job:
+                        result = train(fleet, transports, opts, services, guard)
+            keep = keep or not run_job
         finally:
             with guard.teardown():
-                if opts.keep:
+                if keep:
                     ui.say(
-                        f"--keep: stack {stack} stays up (VMs delete themselves after "
-                        f"{spec.max_run_duration_s // 60} min); `gputrain down --stack {stack}` ends it"
+                        f"stack {stack} stays up; its VMs delete themselves after "
+                        f"{spec.max_run_duration}; `gputrain down --stack {stack}` ends it sooner"
                     )
                 else:
                     teardown(spec, runner, services)
-    assert result is not None
-    summarize(result, hourly_usd=spec.hourly_price_per_node * spec.nodes, started=started)
+    if result is not None:
+        summarize(result, hourly_usd=spec.hourly_price_per_node * spec.nodes, started=started)
     return result
 
 
@@ -509,35 +525,6 @@ def plan(target: Target, services: Services) -> None:
         ],
     )
     ui.say("cost: nothing is created; these machines are yours")
-
-
-def up(stack: str, opts: RunOptions, services: Services) -> None:
-    """Create the cluster and prove it; any failure before it is proven destroys it again."""
-    spec = load_spec(stack, services)
-    from infra.spec import require_deployable
-
-    require_deployable(spec)
-    with signal_guard() as guard:
-        zones = list(spec.zones) if opts.skip_preflight else preflight(spec, services)
-        confirm(spec, yes=opts.yes)
-        runner = services.runner(stack)
-        proven = False
-        try:
-            outputs = provision(spec, runner, zones)
-            with private_key_file(runner, stack) as key:
-                fleet = fleet_from_stack(spec, outputs, key, services)
-                with connected(fleet, services) as transports:
-                    verify(fleet, transports, services)
-            proven = True
-        finally:
-            if not proven:
-                with guard.teardown():
-                    ui.warn("up did not finish: destroying what was created")
-                    teardown(spec, runner, services)
-    ui.say(
-        f"up: stack {stack} is running; the VMs delete themselves after "
-        f"{spec.max_run_duration_s // 60} min; `gputrain down --stack {stack}` ends it sooner"
-    )
 
 
 @contextmanager

@@ -314,3 +314,36 @@ def test_signal_during_training_stops_job_and_tears_down(
     for pid_file in w.marker.glob("pid-*"):  # the job itself is gone from the nodes
         assert not Path(f"/proc/{pid_file.read_text()}").exists()
     assert_torn_down(w)
+
+
+def test_up_train_down_keeps_the_cluster_between_commands(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` leaves a proven cluster; `verify`/`train`/`logs` use it; `down` removes it."""
+    w = world()
+    assert w.run("up", "--stack", "e2e", "--yes", "--skip-preflight") == 0
+    assert "destroy" not in w.runner.call_names() and len(w.runner.existing) == 2
+    assert w.run("verify", "--stack", "e2e") == 0
+    job = ("job.py", "done", str(w.marker))
+    assert w.run("train", "--stack", "e2e", "--", *job) == 0
+    assert w.run("logs", "--stack", "e2e") == 0
+    out = capsys.readouterr().out
+    assert out.count("job started done") >= 4  # streamed by train, then again by logs
+    assert w.runner.call_names().count("up") == 1
+    assert w.run("down", "--stack", "e2e") == 0
+    assert_torn_down(w)
+
+
+def test_up_that_fails_verification_destroys_again(world: Callable[..., World]) -> None:
+    w = world(gpus=GpuConfig(model="NVIDIA L4", count=1, ecc_errors=3))
+    assert w.run("up", "--stack", "e2e", "--yes", "--skip-preflight") == 1
+    assert_torn_down(w)
+
+
+def test_run_keep_leaves_the_cluster(world: Callable[..., World]) -> None:
+    w = world()
+    job = ("job.py", "done", str(w.marker))
+    assert w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--keep", "--", *job) == 0
+    assert "destroy" not in w.runner.call_names() and len(w.runner.existing) == 2
+    assert w.run("down", "--stack", "e2e") == 0
+    assert_torn_down(w)
