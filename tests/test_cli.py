@@ -255,3 +255,36 @@ def test_ssh_argv_reaches_an_isolated_worker_through_the_head(tb: TestBed, tmp_p
     known.write_text(f"{head.address} {head.host_key}\n{worker.address} {tb.add_host().host_key}\n")
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "HOST IDENTIFICATION HAS CHANGED" in r.stderr.upper()
+
+
+def test_healthcheck_local_writes_health_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "node"))
+    services = Services(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main(["healthcheck", "--local"], services=services) == 0
+    run_id = (tmp_path / "runs" / "local" / "LAST_RUN").read_text().strip()
+    [health] = (tmp_path / "runs" / "local" / run_id).rglob("health.json")
+    report = json.loads(health.read_text())
+    assert report["overall"] == "PASS"
+    assert {c["status"] for c in report["checks"]} <= {"PASS", "WARN"} and report["checks"]
+
+
+def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import signal
+
+    from scripts.guard import Interrupted, signal_guard
+
+    with signal_guard() as guard:
+        with pytest.raises(Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        with guard.teardown():
+            os.kill(os.getpid(), signal.SIGINT)  # must not interrupt the teardown
+            time.sleep(0.2)
+            finished = True
+    assert finished and guard.received == [signal.SIGTERM, signal.SIGINT]
+    assert "teardown is in progress" in capsys.readouterr().err
