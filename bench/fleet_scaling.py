@@ -33,6 +33,9 @@ mkdir -p "$GPUTRAIN_OUT" && echo ok > "$GPUTRAIN_OUT/ok.txt"
 """
 
 
+REPEATS = 3
+
+
 def main() -> int:
     stub_dir = Path(tempfile.mkdtemp(prefix="gputrain-bench-"))
     os.chmod(stub_dir, 0o755)
@@ -40,9 +43,11 @@ def main() -> int:
     stub.write_text(STUB)
     stub.chmod(0o755)
     quiet = ui.say
-    figures: dict[int, tuple[float, float, float]] = {}
+    rounds: dict[int, list[tuple[float, float, float]]] = {}
     with TestBed(python=str(stub)) as tb:
-        for n in (1, 1, 2, 4, 8):  # the first 1-host round warms caches and is replaced
+        # A warm-up round, then 3 rounds per size; the round with the median total is reported
+        # (one sshd start or a backoff retry on 2 shared cores otherwise dominates a figure).
+        for n in (1, *[k for k in (1, 2, 4, 8) for _ in range(REPEATS)]):
             hosts = [tb.add_host(gpus=GpuConfig(count=2)) for _ in range(n)]
             fleet = dataclasses.replace(
                 tb.fleet(hosts), expect=GpuExpectation(model="NVIDIA L4", count=2)
@@ -68,10 +73,11 @@ def main() -> int:
             finally:
                 ui.say = quiet
             close_all(ts)
-            figures[n] = (t1 - t0, t2 - t1, t3 - t2)
+            rounds.setdefault(n, []).append((t1 - t0, t2 - t1, t3 - t2))
             for h in hosts:
                 tb.remove_host(h.name)
-    print("hosts  connect  verify  launch  total (s)")
+    figures = {n: sorted(r[-REPEATS:], key=sum)[REPEATS // 2] for n, r in rounds.items()}
+    print(f"hosts  connect  verify  launch  total (s)   [median of {REPEATS} rounds]")
     for n, (c, v, launch) in figures.items():
         print(f"{n:5d}  {c:7.2f}  {v:6.2f}  {launch:6.2f}  {c + v + launch:5.2f}")
     ratio = sum(figures[8]) / sum(figures[1])
