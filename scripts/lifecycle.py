@@ -26,7 +26,7 @@ from scripts.guard import SignalGuard, signal_guard
 from scripts.nodes import Fleet, GpuExpectation, Node
 
 if TYPE_CHECKING:
-    from infra.compute import ComputeApi
+    from infra.compute import ComputeApi, Leftover
     from infra.preflight import PreflightRequest
     from infra.spec import ClusterSpec
     from scripts.launch import JobResult
@@ -64,7 +64,6 @@ class Services:
     hostkey_deadline_s: float = 600.0
     destroy_attempts: int = 3
     retry_pause_s: float = 10.0
-
     node_python: str = "python3"  # interpreter with torch on GCP nodes (the DLVM's)
 
     def compute(self) -> ComputeApi:
@@ -86,13 +85,6 @@ class Target:
 
     kind: str  # "stack" | "hosts" | "local"
     value: str = ""
-
-    @property
-    def label(self) -> str:
-        if self.kind == "local":
-            return "local"
-        name = Path(self.value).stem if self.kind == "hosts" else self.value
-        return f"{self.kind}-{name}"
 
 
 def new_run_id() -> str:
@@ -218,10 +210,21 @@ def provision(spec: ClusterSpec, runner: StackRunner, zones: Sequence[str]) -> d
     from scripts.failover import provision_with_failover
 
     zone, outputs = provision_with_failover(
-        runner, list(zones), on_event=ui.say, expected_nodes=spec.nodes, project=spec.project
+        runner,
+        list(zones),
+        on_event=ui.say,
+        on_output=_pulumi_line,
+        expected_nodes=spec.nodes,
+        project=spec.project,
     )
     ui.say(f"up: cluster ready in {zone}")
     return outputs
+
+
+def _pulumi_line(line: str) -> None:
+    """Pulumi's own progress, indented under ours."""
+    if line.strip():
+        ui.say(f"  pulumi: {line.rstrip()}")
 
 
 def fleet_from_stack(
@@ -256,7 +259,7 @@ def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None
         try:
             ui.say(f"down: destroying stack {spec.stack} (attempt {attempt})")
             runner.refresh(on_output=None)
-            runner.destroy(on_output=None)
+            runner.destroy(on_output=_pulumi_line)
             last = None
             break
         except PulumiMissingError:
@@ -281,7 +284,7 @@ def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None
     ui.say(f"down: stack {spec.stack} destroyed; sweep found nothing left")
 
 
-def sweep(spec: ClusterSpec, services: Services) -> list[object]:
+def sweep(spec: ClusterSpec, services: Services) -> list[Leftover]:
     """List whatever still carries the stack's labels or name prefix; print it loudly."""
     from infra.compute import sweep as list_leftovers
 
@@ -294,7 +297,7 @@ def sweep(spec: ClusterSpec, services: Services) -> list[object]:
             ["kind", "name", "where", "matched by"],
             [[x.kind, x.name, x.location, x.matched_by] for x in leftovers],
         )
-    return list(leftovers)
+    return leftovers
 
 
 # ---------------------------------------------------------------- fleets for hosts and local
@@ -585,7 +588,7 @@ def logs(target: Target, run_id: str | None, opts: RunOptions, services: Service
             parallel([n.name for n in fleet.nodes], follow)
 
 
-def sweep_stack(stack: str, services: Services) -> list[object]:
+def sweep_stack(stack: str, services: Services) -> list[Leftover]:
     leftovers = sweep(load_spec(stack, services), services)
     if not leftovers:
         ui.say(f"sweep: nothing carries the labels of stack {stack}")
