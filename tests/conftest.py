@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from infra.compute import ComputeApi
+from tests.fake_compute import FakeCompute
 from tests.testbed import TestBed, TestBedUnavailable
 
 
@@ -33,3 +35,16 @@ def tb(testbed: TestBed) -> Iterator[TestBed]:
     yield testbed
     for name in [n for n in list(testbed.hosts)[::-1] if n not in before]:
         testbed.remove_host(name)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCompute]:
+    """The local fake of the Compute REST API, seeded from the facts sheet."""
+    with FakeCompute() as fc:
+        yield fc
+
+
+@pytest.fixture
+def api(fake: FakeCompute) -> ComputeApi:
+    """The production Compute API adapter, pointed at the fake."""
+    return ComputeApi(fake.url)

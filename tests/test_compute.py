@@ -4,7 +4,6 @@ clients against the local fake of the Compute REST API."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,17 +19,6 @@ from scripts.errors import GputrainError
 from tests.fake_compute import PAGE_SIZE, FakeCompute, ssh_host_keys
 
 ZONE = "us-central1-a"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeCompute]:
-    with FakeCompute() as fc:
-        yield fc
-
-
-@pytest.fixture
-def api(fake: FakeCompute) -> ComputeApi:
-    return ComputeApi(fake.url)
 
 
 class FakeClock:

@@ -3,8 +3,6 @@ against FakeStackRunner, whose resources the fake Compute server reports until d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from infra.compute import ComputeApi, sweep
@@ -114,17 +112,6 @@ def test_zone_order(tried: list[str], hint: tuple[str, ...], expected: str | Non
 
 
 # ---- the driver ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeCompute]:
-    with FakeCompute() as fc:
-        yield fc
-
-
-@pytest.fixture
-def api(fake: FakeCompute) -> ComputeApi:
-    return ComputeApi(fake.url)
 
 
 @pytest.fixture

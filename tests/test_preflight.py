@@ -3,8 +3,6 @@ API seeded from the facts sheet."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from infra.compute import AcceleratorTypeInfo, ComputeApi, ImageInfo, MachineTypeInfo, Quota
@@ -209,17 +207,6 @@ def test_report_zone_ok_applies_region_and_global_failures() -> None:
 
 
 # ---- against the fake server ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeCompute]:
-    with FakeCompute() as fc:
-        yield fc
-
-
-@pytest.fixture
-def api(fake: FakeCompute) -> ComputeApi:
-    return ComputeApi(fake.url)
 
 
 def test_happy_path_every_check_ok(api: ComputeApi) -> None:
