@@ -376,6 +376,12 @@ def launch_torchrun(
 
     failed: str | None = None
     stop_started: float | None = None
+
+    def stop_running() -> None:
+        _stop_async(
+            fleet, transports, job.run_id, [n for n in names if not states[n].done], stop_grace_s
+        )
+
     while not all(s.done for s in states.values()):
         with contextlib.suppress(queue.Empty):
             events.get(timeout=0.5)
@@ -388,13 +394,7 @@ def launch_torchrun(
         ):
             ui.say(f"run {job.run_id}: max duration {job.max_duration_s:.0f} s reached; stopping")
             stop_started = now
-            _stop_async(
-                fleet,
-                transports,
-                job.run_id,
-                [n for n in names if not states[n].done],
-                stop_grace_s,
-            )
+            stop_running()
         if failed is None and any(_failed(s) for s in states.values()):
             # let near-simultaneous failures arrive (and reconnects resolve) before naming one
             settle_end = time.monotonic() + settle_s
@@ -409,13 +409,7 @@ def launch_torchrun(
             s = states[failed]
             ui.say(f"node {failed} failed (exit code {_code_text(s)}); stopping the other node(s)")
             stop_started = time.monotonic()
-            _stop_async(
-                fleet,
-                transports,
-                job.run_id,
-                [n for n in names if not states[n].done],
-                stop_grace_s,
-            )
+            stop_running()
         if stop_started is not None and time.monotonic() - stop_started > 30:
             for s in states.values():
                 if not s.done:

@@ -45,7 +45,6 @@ def find_project_root(start: Path | None = None) -> Path:
     return ROOT
 
 
-DEFAULT_ENTRY = ("-m", "trainer.train", "--preset", "tiny")
 LAST_RUN = "LAST_RUN"  # runs/<target>/LAST_RUN: the id `gputrain logs` follows by default
 
 
@@ -366,7 +365,7 @@ def train(
     guard: SignalGuard,
 ) -> JobResult:
     """Upload, launch torchrun everywhere, stream, collect; stop the job on any interruption."""
-    from scripts.launch import Job, launch_torchrun, stop_job
+    from scripts.launch import DEFAULT_ENTRY, Job, launch_torchrun, stop_job
 
     job = Job(
         run_id=new_run_id(),

@@ -63,6 +63,21 @@ class World:
     def run(self, *argv: str) -> int:
         return main(list(argv), services=self.services)
 
+    def run_job(self, mode: str, *options: str) -> int:
+        """`gputrain run --stack e2e` with the test job (`done`, `crash` or `sleep`)."""
+        return self.run(
+            "run",
+            "--stack",
+            "e2e",
+            "--yes",
+            "--skip-preflight",
+            *options,
+            "--",
+            "job.py",
+            mode,
+            str(self.marker),
+        )
+
 
 def _stack_file(bed: TestBed, nodes: int) -> str:
     public = bed.identity_file.with_suffix(".pub").read_text().strip()
@@ -198,17 +213,7 @@ def test_preflight_failure_creates_nothing(
 def test_stockout_fails_over_to_another_zone(world: Callable[..., World], hint: bool) -> None:
     w = world()
     w.runner.fail_stockout(ZONES[0], zones_available=(ZONES[2],) if hint else ())
-    rc = w.run(
-        "run",
-        "--stack",
-        "e2e",
-        "--yes",
-        "--skip-preflight",
-        "--",
-        "job.py",
-        "done",
-        str(w.marker),
-    )
+    rc = w.run_job("done")
     assert rc == 0
     ups = [c[1] for c in w.runner.calls if c[0] == "up"]
     assert ups == [ZONES[0], ZONES[2] if hint else ZONES[1]]
@@ -230,17 +235,7 @@ def test_quota_error_stops_and_tears_down(
 def test_partial_cluster_counts_as_stockout(world: Callable[..., World]) -> None:
     w = world()
     w.runner.fail_partial(ZONES[0], created=1)
-    rc = w.run(
-        "run",
-        "--stack",
-        "e2e",
-        "--yes",
-        "--skip-preflight",
-        "--",
-        "job.py",
-        "done",
-        str(w.marker),
-    )
+    rc = w.run_job("done")
     assert rc == 0
     assert [c[1] for c in w.runner.calls if c[0] == "up"] == [ZONES[0], ZONES[1]]
     assert_torn_down(w)
@@ -271,9 +266,7 @@ def test_training_crash_names_the_node_and_tears_down(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world()
-    rc = w.run(
-        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "crash", str(w.marker)
-    )
+    rc = w.run_job("crash")
     err = capsys.readouterr().err
     assert rc == 1 and "exit" in err.lower()
     assert_torn_down(w)
@@ -303,9 +296,7 @@ def test_signal_during_training_stops_job_and_tears_down(
     w = world()
     t = _signal_when_started(w, sig)
     started = time.monotonic()
-    rc = w.run(
-        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "job.py", "sleep", str(w.marker)
-    )
+    rc = w.run_job("sleep")
     t.join(timeout=5)
     err = capsys.readouterr().err
     assert rc == 130, err
@@ -342,8 +333,7 @@ def test_up_that_fails_verification_destroys_again(world: Callable[..., World]) 
 
 def test_run_keep_leaves_the_cluster(world: Callable[..., World]) -> None:
     w = world()
-    job = ("job.py", "done", str(w.marker))
-    assert w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--keep", "--", *job) == 0
+    assert w.run_job("done", "--keep") == 0
     assert "destroy" not in w.runner.call_names() and len(w.runner.existing) == 2
     assert w.run("down", "--stack", "e2e") == 0
     assert_torn_down(w)

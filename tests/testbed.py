@@ -128,6 +128,11 @@ def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=30)
 
 
+def _keygen(path: str, comment: str) -> None:
+    """A new ed25519 key pair at `path` (no passphrase)."""
+    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path)
+
+
 def _ns_pids(ns: str) -> list[int]:
     r = _run("ip", "netns", "pids", ns, check=False)
     return [int(p) for p in r.stdout.split()]
@@ -192,18 +197,7 @@ class TestBed:
             STATE.mkdir(mode=0o755, parents=True)
             os.chmod(STATE, 0o755)
             Path("/run/sshd").mkdir(exist_ok=True)
-            _run(
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                "gputrain-testbed",
-                "-f",
-                str(self.identity_file),
-            )
+            _keygen(str(self.identity_file), "gputrain-testbed")
             pub = (STATE / "client_ed25519.pub").read_text()
             (STATE / "authorized_keys").write_text(pub)
             os.chmod(STATE / "authorized_keys", 0o644)
@@ -323,18 +317,7 @@ class TestBed:
             (d / "home").mkdir()
             if self.user != "root":
                 shutil.chown(d / "home", TEST_USER, TEST_USER)
-            _run(
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                name,
-                "-f",
-                str(d / "ssh_host_ed25519_key"),
-            )
+            _keygen(str(d / "ssh_host_ed25519_key"), name)
             host_key = " ".join((d / "ssh_host_ed25519_key.pub").read_text().split()[:2])
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
