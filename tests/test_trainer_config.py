@@ -42,6 +42,12 @@ TINY_DEFAULTS = {
     "resume": "auto",
     "eval_batches": 8,
     "pg_timeout_s": 600.0,
+    # speed settings (new): the conservative defaults
+    "tokens_per_step": None,
+    "prefetch": "auto",
+    "attention": "auto",
+    "logits": "full",
+    "compile_mode": "default",
 }
 
 
