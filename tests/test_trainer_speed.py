@@ -26,7 +26,12 @@ from trainer.model import GPT, GPTConfig
 from trainer.step import compile_kwargs
 from trainer.train import Trainer, main
 
-pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Unable to enable fault handler"),
+    pytest.mark.filterwarnings(
+        "ignore:`torch.jit.script_method` is deprecated"
+    ),  # torch.compile's import
+]
 CPU = torch.device("cpu")
 QUICK = ["--steps", "120", "--log-every", "20", "--checkpoint-every", "20", "--eval-batches", "2"]
 
@@ -267,6 +272,11 @@ def test_tokens_per_step_stay_what_was_asked(
         ),
         (["--logits", "fused"], "--logits fused: must be full or chunked"),
         (
+            ["--compile", "on", "--compile-mode", "max-autotune", "--grad-accum", "2"],
+            "--compile-mode max-autotune: needs grad-accum 1 (CUDA graphs overwrite accumulated "
+            "gradients), not 16 x 2; use --batch-size 32 --grad-accum 1",
+        ),
+        (
             ["--compile-mode", "fast"],
             "--compile-mode fast: must be default, max-autotune, max-autotune-no-cudagraphs or "
             "reduce-overhead",
@@ -365,7 +375,7 @@ def test_the_model_gives_the_same_loss_and_gradients_with_any_kernel_choice() ->
 
 def test_compile_settings() -> None:
     assert compile_kwargs(parse_config([]), CPU) is None  # auto: off on CPU
-    assert compile_kwargs(parse_config(["--compile", "on"]), CPU) == {}
+    assert compile_kwargs(parse_config(["--compile", "on"]), CPU) == {"dynamic": False}
     on = parse_config(["--compile", "on", "--compile-mode", "max-autotune"])
-    assert compile_kwargs(on, torch.device("cuda", 0)) == {"mode": "max-autotune"}
+    assert compile_kwargs(on, torch.device("cuda", 0)) == {"dynamic": False, "mode": "max-autotune"}
     assert compile_kwargs(parse_config(["--compile", "off"]), torch.device("cuda", 0)) is None

@@ -2,9 +2,10 @@
 
 Tokens per step stay what the user asked (`--tokens-per-step`, else batch x accum x block per rank);
 only the split changes. Auto tries the divisors of the step's sequences, largest first, with one
-forward and backward of the real model each (eager: a try costs no compilation; compiled code needs
-less memory, not more), holding the optimizer's moments in reserve; an OutOfMemoryError steps down.
-Ranks then take the smallest pick, so every rank runs the same split.
+forward and backward each of the model the run will call (compiled when compiling: its memory is
+the real step's, and the size that fits is then already compiled; a size that does not costs its
+compilation), holding the optimizer's moments in reserve; an OutOfMemoryError steps down. Ranks
+then take the smallest pick, so every rank runs the same split.
 """
 
 from __future__ import annotations

@@ -12,8 +12,14 @@ from typing import Any
 
 import torch
 
+from trainer.batches import StepShape
 from trainer.config import TrainConfig
 from trainer.errors import InputError
+
+# torch.compile modes that capture CUDA graphs. Their gradient outputs live in graph-owned memory
+# that the next replay overwrites, so accumulating gradients over micro-steps silently corrupts them
+# (pytorch/pytorch#169545, #96693): these modes need grad-accum 1.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -53,10 +59,12 @@ def make_optimizer(
 
 
 def compile_kwargs(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | None:
-    """torch.compile's arguments, or None when not compiling (--compile auto: on for CUDA)."""
+    """torch.compile's arguments, or None when not compiling (--compile auto: on for CUDA).
+    Static shapes: every step has the same shape, and a size auto tried is never generalised."""
     if cfg.compile == "off" or (cfg.compile == "auto" and device.type != "cuda"):
         return None
-    return {} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}
+    mode = {} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}
+    return {"dynamic": False, **mode}
 
 
 def check_speed_settings(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> None:
@@ -66,6 +74,16 @@ def check_speed_settings(cfg: TrainConfig, device: torch.device, dtype: torch.dt
     if cfg.attention in ("flash", "cudnn") and device.type == "cuda" and dtype == torch.float32:
         raise InputError(
             f"--attention {cfg.attention}: needs --dtype bf16 or fp16 on CUDA (or use auto or math)"
+        )
+
+
+def check_cuda_graphs(compile: dict[str, Any] | None, shape: StepShape) -> None:
+    mode = (compile or {}).get("mode")
+    if mode in CUDA_GRAPH_MODES and shape.grad_accum > 1:
+        raise InputError(
+            f"--compile-mode {mode}: needs grad-accum 1 (CUDA graphs overwrite accumulated "
+            f"gradients), not {shape.micro_batch} x {shape.grad_accum}; use --batch-size "
+            f"{shape.rows} --grad-accum 1, or --compile-mode default or max-autotune-no-cudagraphs"
         )
 
 

@@ -38,8 +38,10 @@ from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.microbatch import fixed_shape, plan_step
 from trainer.model import GPT, GPTConfig, padded_vocab, param_checksum
 from trainer.step import (
+    CUDA_GRAPH_MODES,
     amp_dtype,
     autocast,
+    check_cuda_graphs,
     check_speed_settings,
     compile_kwargs,
     lr_at,
@@ -88,9 +90,17 @@ class Trainer:
         state = checkpoint.resume_state(env, cfg.out, cfg.resume)
         if state is not None:
             self.restore(state)
-        self.shape = plan_step(cfg, env, self.raw, self.optimizer, self.autocast)
         self.compile = compile_kwargs(cfg, self.device)
         model: Any = self.raw if self.compile is None else torch.compile(self.raw, **self.compile)
+        # auto tries sizes on the code that will run (compiled code needs less memory than eager),
+        # except with CUDA graphs, whose recordings would outlive a failed try
+        self.cuda_graphs = (self.compile or {}).get("mode") in CUDA_GRAPH_MODES
+        self.shape = plan_step(
+            cfg, env, self.raw if self.cuda_graphs else model, self.optimizer, self.autocast
+        )
+        check_cuda_graphs(self.compile, self.shape)
+        if env.distributed and self.compile is not None and cfg.batch_size == "auto":
+            torch._dynamo.reset()  # compile again under DDP, which splits graphs at its buckets
         if env.distributed:  # compile first, then DDP (nanoGPT); static_graph stays off
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(
@@ -141,8 +151,8 @@ class Trainer:
         for micro, (x, y) in enumerate(micro_batches):
             if self.env.distributed:  # covers forward and backward (DDP reads it in forward)
                 self.model.require_backward_grad_sync = micro == len(micro_batches) - 1
-            if self.compile and self.compile.get("mode") == "reduce-overhead":
-                torch.compiler.cudagraph_mark_step_begin()  # each micro-step is a new replay
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are dead
             with self.autocast():
                 loss = self.model(x, y) / len(micro_batches)
             self.scaler.scale(loss).backward()
