@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.fake_oom_train import limit_forward
-from tests.trainer_helpers import metrics, run, summary, torchrun_argv
+from tests.trainer_helpers import ROOT, metrics, run, summary, torchrun_argv
 from trainer.batches import Batches, StepShape
 from trainer.config import parse_config
 from trainer.data import DataSource, open_data
@@ -379,3 +380,17 @@ def test_compile_settings() -> None:
     on = parse_config(["--compile", "on", "--compile-mode", "max-autotune"])
     assert compile_kwargs(on, torch.device("cuda", 0)) == {"dynamic": False, "mode": "max-autotune"}
     assert compile_kwargs(parse_config(["--compile", "off"]), torch.device("cuda", 0)) is None
+
+
+def test_the_bench_without_cuda_says_so_and_prints_a_cpu_table() -> None:
+    bench = str(ROOT / "bench" / "trainer_throughput.py")
+    done = run([sys.executable, bench, "--quick", "--only", "preset default,logits chunked"])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "GPU figures NOT measured" in done.stdout
+    rows = [ln.split() for ln in done.stdout.splitlines() if ln.startswith("  preset default ")]
+    rows += [ln.split() for ln in done.stdout.splitlines() if ln.startswith("  logits chunked ")]
+    assert len(rows) == 2
+    for row in rows:  # name (2 words), micro x accum, tokens/s, MFU, wall tok/s, mem, loss
+        assert row[2:5] == ["16", "x", "1"] and float(row[5].replace(",", "")) > 0
+        assert row[6] == "n/a" and float(row[7].replace(",", "")) > 0
+    assert rows[0][10] == rows[1][10]  # the same loss: same data, same maths

@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 from trainer import checkpoint
 from trainer.batches import Batch, Batches
 from trainer.config import TrainConfig, parse_config
-from trainer.data import EVAL, DataSource, open_data, uniform_loss
+from trainer.data import EVAL, TRAIN, DataSource, open_data, uniform_loss
 from trainer.dist import DistEnv, all_gather, any_rank, setup, teardown
 from trainer.errors import InputError
 from trainer.metrics import (
@@ -212,7 +212,7 @@ class Trainer:
             say(self.banner())
         warmup_until = self.start_step + min(10, (cfg.steps - self.start_step) // 5)
         clock = StepClock(self.start_step, warmup_until)
-        batches = self.batches(self.start_step, cfg.steps, prefetching(cfg, self.device), 0)
+        batches = self.batches(self.start_step, cfg.steps, prefetching(cfg, self.device), TRAIN)
         try:
             clock.resume()
             for step in range(self.start_step, cfg.steps):
