@@ -125,21 +125,27 @@ def test_a_training_step_reads_nothing_back_from_the_device(
 # ---------------------------------------------------------------- batches and prefetch
 
 
+def cpu_batches(
+    data: DataSource, shape: StepShape, start: int, stop: int, prefetch: bool
+) -> Batches:
+    return Batches(
+        data,
+        seed=7,
+        rank=1,
+        shape=shape,
+        block=8,
+        device=CPU,
+        start=start,
+        stop=stop,
+        prefetch=prefetch,
+    )
+
+
 def test_a_steps_rows_do_not_depend_on_the_split_or_on_prefetch() -> None:
-    data = open_data("synthetic", block_size=32, vocab_size=64, successors=4, seed=7)
+    data = open_data("synthetic", block_size=8, vocab_size=64, successors=4, seed=7)
 
     def rows(micro: int, prefetch: bool) -> list[torch.Tensor]:
-        b = Batches(
-            data,
-            seed=7,
-            rank=1,
-            shape=StepShape(16, micro),
-            block=32,
-            device=CPU,
-            start=3,
-            stop=8,
-            prefetch=prefetch,
-        )
+        b = cpu_batches(data, StepShape(16, micro), 3, 8, prefetch)
         steps = []
         for _ in range(5):
             micro_batches = b.next_step()
@@ -149,7 +155,7 @@ def test_a_steps_rows_do_not_depend_on_the_split_or_on_prefetch() -> None:
         return steps
 
     reference = rows(16, prefetch=False)
-    assert np.array_equal(reference[0].numpy(), data.batch(7, 3, 1, 16, 32))
+    assert np.array_equal(reference[0].numpy(), data.batch(7, 3, 1, 16, 8))
     for micro, prefetch in ((16, True), (4, True), (4, False), (1, True)):
         assert all(torch.equal(a, b) for a, b in zip(rows(micro, prefetch), reference, strict=True))
 
@@ -160,17 +166,7 @@ def test_a_failure_on_the_prefetch_thread_surfaces_in_the_training_loop() -> Non
             raise OSError("disk went away")
 
     data = DataSource("broken", Broken(), 64, None)  # type: ignore[arg-type]
-    b = Batches(
-        data,
-        seed=0,
-        rank=0,
-        shape=StepShape(4, 4),
-        block=8,
-        device=CPU,
-        start=0,
-        stop=9,
-        prefetch=True,
-    )
+    b = cpu_batches(data, StepShape(4, 4), 0, 9, prefetch=True)
     with pytest.raises(OSError, match="disk went away"):
         b.next_step()
     b.close()
@@ -178,17 +174,7 @@ def test_a_failure_on_the_prefetch_thread_surfaces_in_the_training_loop() -> Non
 
 def test_closing_early_stops_the_prefetch_thread() -> None:
     data = open_data("synthetic", block_size=8, vocab_size=64, successors=4, seed=0)
-    b = Batches(
-        data,
-        seed=0,
-        rank=0,
-        shape=StepShape(4, 2),
-        block=8,
-        device=CPU,
-        start=0,
-        stop=10**6,
-        prefetch=True,
-    )
+    b = cpu_batches(data, StepShape(4, 2), 0, 10**6, prefetch=True)
     b.next_step()
     b.close()
     assert b._thread is not None and not b._thread.is_alive()
@@ -244,54 +230,6 @@ def test_tokens_per_step_stay_what_was_asked(
         assert shape is None
     else:
         assert shape == StepShape(rows, micro) and shape.grad_accum == rows // micro
-
-
-@pytest.mark.parametrize(
-    ("argv", "line"),
-    [
-        (
-            ["--tokens-per-step", "1000"],
-            "--tokens-per-step 1000: must be a multiple of --block-size 32 x 1 ranks = 32",
-        ),
-        (
-            ["--tokens-per-step", "96"],
-            "--tokens-per-step 96: must be a multiple of --batch-size 16",
-        ),
-        (["--batch-size", "big"], "--batch-size big: must be a whole number >= 1 or auto"),
-        (["--batch-size", "0"], "--batch-size 0: must be a whole number >= 1 or auto"),
-        (
-            ["--batch-size", "auto", "--grad-accum", "2"],
-            "--grad-accum 2: --batch-size auto picks it (set the step's size with --tokens-per-step)",
-        ),
-        (
-            ["--tokens-per-step", "512", "--grad-accum", "2"],
-            "--grad-accum 2: give --grad-accum or --tokens-per-step, not both",
-        ),
-        (
-            ["--attention", "cudnn"],
-            "--attention cudnn: needs a CUDA device (use auto, flash or math)",
-        ),
-        (["--logits", "fused"], "--logits fused: must be full or chunked"),
-        (
-            ["--compile", "on", "--compile-mode", "max-autotune", "--grad-accum", "2"],
-            "--compile-mode max-autotune: needs grad-accum 1 (CUDA graphs overwrite accumulated "
-            "gradients), not 16 x 2; use --batch-size 32 --grad-accum 1",
-        ),
-        (
-            ["--compile-mode", "fast"],
-            "--compile-mode fast: must be default, max-autotune, max-autotune-no-cudagraphs or "
-            "reduce-overhead",
-        ),
-    ],
-)
-def test_bad_speed_settings_are_one_line_and_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], line: str
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main([*argv, "--device", "cpu", "--out", str(tmp_path)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: {line}")
 
 
 def test_auto_picks_the_largest_micro_batch_that_fits_and_keeps_the_step(
