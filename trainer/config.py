@@ -93,7 +93,7 @@ class TrainConfig:
     steps: int = setting("optimizer steps", rule=WHOLE_POSITIVE)
     batch_size: int | str = setting(
         "sequences per micro-step per rank, or auto: the largest that fits in device memory, "
-        "keeping the step's tokens (the preset's batch x --grad-accum, or --tokens-per-step)",
+        "keeping the step's tokens (the preset's batch x accum, or --tokens-per-step)",
         rule=Rule(lambda v: v == "auto" or v >= 1, "must be a whole number >= 1 or auto"),
         parse=lambda text: text if text == "auto" else int(text),
         metavar="N|auto",
@@ -139,7 +139,9 @@ class TrainConfig:
         "auto",
         metavar="auto|never|PATH",
     )
-    eval_batches: int = setting("held-out batches per rank at the end", 8, rule=NOT_NEGATIVE)
+    eval_batches: int = setting(
+        "held-out batches (a step's sequences each) per rank at the end", 8, rule=NOT_NEGATIVE
+    )
     pg_timeout_s: float = setting("process-group timeout in seconds", 600.0, rule=POSITIVE)
     # How fast, never what: these change neither the data nor the maths (to rounding).
     tokens_per_step: int | None = setting(
@@ -167,7 +169,8 @@ class TrainConfig:
         choices=("full", "chunked"),
     )
     compile_mode: str = setting(
-        "torch.compile mode when compiling; reduce-overhead uses CUDA graphs",
+        "torch.compile mode; reduce-overhead and max-autotune capture CUDA graphs and need "
+        "grad-accum 1",
         "default",
         choices=("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"),
     )
