@@ -18,11 +18,12 @@ import torch
 from tests.trainer_helpers import ROOT, child_env, free_port, metrics, run, summary, torchrun_argv
 from trainer import checkpoint
 from trainer.config import parse_config
-from trainer.data import LLMC_HEADER_BYTES, LLMC_MAGIC, MarkovChain, open_data, read_bin
+from trainer.data import EVAL, LLMC_HEADER_BYTES, LLMC_MAGIC, MarkovChain, open_data, read_bin
 from trainer.errors import InputError
 from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.model import GPT, GPTConfig, padded_vocab
-from trainer.train import lr_at, main
+from trainer.step import lr_at
+from trainer.train import main
 
 METRIC_FIELDS = {"step", "loss", "lr", "tokens_per_s", "mfu", "peak_mem_bytes", "elapsed_s"}
 SUMMARY_FIELDS = {
@@ -310,24 +311,6 @@ def test_bad_data_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize(
-    ("argv", "words"),
-    [
-        (["--steps", "0"], "--steps 0: must be a whole number >= 1"),
-        (["--n-embd", "65"], "--n-embd 65: must be a multiple of --n-head 2"),
-        (["--compile", "maybe"], "--compile maybe: must be auto, on or off"),
-        (["--device", "tpu"], "--device tpu: must be auto, cpu or cuda"),
-        (["--resume", "/nonexistent/ckpt.pt"], "--resume /nonexistent/ckpt.pt: no such checkpoint"),
-    ],
-)
-def test_bad_flags_name_the_flag_and_value(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main([*argv, "--out", str(tmp_path)])
-    assert exc.value.code == 2 and words in capsys.readouterr().err
-
-
 def test_out_defaults_to_gputrain_out_then_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUTRAIN_OUT", "/results/node")
     assert parse_config([]).out == Path("/results/node")
@@ -347,13 +330,13 @@ def test_markov_chain_floor_is_exact_and_batches_are_pure_functions() -> None:
     chain = MarkovChain.from_seed(64, 4, seed=3)
     assert chain.entropy_rate() == pytest.approx(math.log(4), abs=1e-12)
     data = open_data("synthetic", block_size=32, vocab_size=64, successors=4, seed=3)
-    b = data.batch(3, step=5, rank=1, micro_step=0, batch=8, block=32)
-    assert b.shape == (8, 33) and np.array_equal(b, data.batch(3, 5, 1, 0, 8, 32))
+    b = data.batch(3, step=5, rank=1, rows=8, block=32)
+    assert b.shape == (8, 33) and np.array_equal(b, data.batch(3, 5, 1, 8, 32))
     for other in (
-        data.batch(3, 6, 1, 0, 8, 32),
-        data.batch(3, 5, 0, 0, 8, 32),
-        data.batch(3, 5, 1, 1, 8, 32),
-        data.batch(4, 5, 1, 0, 8, 32),
+        data.batch(3, 6, 1, 8, 32),
+        data.batch(3, 5, 0, 8, 32),
+        data.batch(4, 5, 1, 8, 32),
+        data.batch(3, 5, 1, 8, 32, stream=EVAL),
     ):
         assert not np.array_equal(b, other)
     successors = chain.successors
@@ -409,7 +392,7 @@ def test_checkpoints_keep_the_last_k_and_ignore_temp_files(tmp_path: Path) -> No
 
 
 def test_metrics_lines_past_the_resume_point_are_dropped(tmp_path: Path) -> None:
-    from trainer.train import Metrics
+    from trainer.metrics import Metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 10, 20, 30)))

@@ -19,8 +19,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def child_env(out: Path | None = None) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def child_env(out: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(extra or {})}
     env.pop("GPUTRAIN_OUT", None)
     if out is not None:
         env["GPUTRAIN_OUT"] = str(out)
@@ -47,10 +47,13 @@ def torchrun_argv(
 
 
 def run(
-    argv: list[str], out: Path | None = None, timeout: float = 150
+    argv: list[str],
+    out: Path | None = None,
+    timeout: float = 150,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, cwd=ROOT, env=child_env(out), capture_output=True, text=True, timeout=timeout
+        argv, cwd=ROOT, env=child_env(out, env), capture_output=True, text=True, timeout=timeout
     )
 
 
