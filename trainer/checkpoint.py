@@ -1,15 +1,22 @@
-"""Checkpoints without a shared filesystem: local rank 0 of every node writes, resume agrees on one.
+"""Checkpoints without a shared filesystem: local rank 0 of every node writes, global rank 0 also
+uploads to Cloud Storage, and a resume agrees on the newest one that is intact somewhere.
 
 DDP state is replicated, so every node's local rank 0 writes the same file into its own out dir
-(atomically: temp file + rename) and keeps the last K. On resume all ranks agree on the newest step
-any node has; ranks whose node has that file load it, the others receive it by broadcast from the
-lowest rank that has it (a node replaced after a restart comes back with an empty out dir).
+(atomically: temp file + rename) and keeps the last K. With a `gs://` URI, global rank 0 uploads
+each one in the background (see trainer.storage). On resume all ranks agree on the newest step that
+any node or the bucket has; ranks whose node has that file load it, the others receive it by
+broadcast (a node replaced after a preemption comes back with an empty out dir). A copy that is
+truncated or foreign is skipped, with the reason, in favour of another copy or an older step.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import re
+import socket
+import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +24,11 @@ import torch
 import torch.distributed as dist
 
 from trainer.dist import DistEnv, all_gather
-from trainer.errors import InputError
+from trainer.errors import CorruptCheckpoint, InputError
+from trainer.storage import CheckpointStore, RemoteCheckpoint, Uploader, parse_gs_uri
 
 NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+REQUIRED = ("step", "model", "optimizer", "model_config")
 
 
 def checkpoint_path(out: Path, step: int) -> Path:
@@ -43,30 +52,152 @@ def save(out: Path, state: dict[str, Any], keep: int) -> Path:
 
 
 def load(path: Path) -> dict[str, Any]:
+    """A trainer checkpoint, loaded with weights_only=True; anything else is CorruptCheckpoint."""
     try:
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated or foreign file: name it instead of a pickle traceback
-        raise InputError(f"checkpoint {path} cannot be read: {type(e).__name__}: {e}") from None
-    if not {"step", "model", "optimizer"} <= state.keys():
-        raise InputError(f"checkpoint {path} is not a gputrain trainer checkpoint")
-    return state
+        if not zipfile.is_zipfile(path):  # torch.save writes zip archives; a cut one has no index
+            raise ValueError
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's message would suggest weights_only=False: never
+        raise CorruptCheckpoint(
+            f"checkpoint {path} is not a gputrain checkpoint: it holds Python objects other than "
+            "tensors and plain data, so it was not loaded"
+        ) from None
+    except Exception:
+        size = path.stat().st_size if path.exists() else 0
+        raise CorruptCheckpoint(
+            f"checkpoint {path} cannot be read: truncated or not a gputrain checkpoint "
+            f"({size} bytes, not a complete PyTorch archive)"
+        ) from None
+    missing = [k for k in REQUIRED if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CorruptCheckpoint(
+            f"checkpoint {path} is not a gputrain trainer checkpoint: it has no {', '.join(missing)}"
+        )
+    return dict(state)
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+class Checkpoints:
+    """This run's checkpoints: --out on every node, and the bucket from global rank 0."""
+
+    def __init__(self, env: DistEnv, out: Path, keep: int, uri: str | None) -> None:
+        self.env, self.out, self.keep = env, out, keep
+        self.store: CheckpointStore | None = None
+        self.uploader: Uploader | None = None
+        problem = None
+        if uri and env.is_main:
+            try:
+                self.store = CheckpointStore.open(
+                    parse_gs_uri(uri, "--checkpoint-uri"), "--checkpoint-uri"
+                )
+                self.uploader = Uploader(self.store, keep)
+            except InputError as e:
+                problem = str(e)
+        problems = [p for p in all_gather(env, problem) if p]
+        if problems:  # every rank stops alike, none waits in a collective for rank 0
+            raise InputError(problems[0])
+
+    def save(self, state: dict[str, Any]) -> Path | None:
+        """Local write on every node, upload queued on rank 0; returns when every node has written."""
+        path = None
+        if self.env.writes_files:
+            path = save(self.out, state, self.keep)
+            if self.uploader is not None:
+                self.uploader.submit(path, int(state["step"]))
+        self.barrier()
+        return path
+
+    def finish_uploads(self, timeout_s: float) -> None:
+        """Wait (rank 0, at most `timeout_s`) until the newest checkpoint is in the bucket; every
+        rank waits with it, since torchrun stops the others as soon as one rank exits."""
+        if self.uploader is not None:
+            started = time.perf_counter()
+            done = self.uploader.wait(timeout_s)
+            took = time.perf_counter() - started
+            if done:
+                say(f"checkpoint upload finished: waited {took:.1f} s at the end")
+            else:
+                say(f"checkpoint upload still running after {took:.1f} s: not waiting longer")
+        self.barrier()
+
+    def barrier(self) -> None:
+        if self.env.distributed:
+            dist.barrier(group=self.env.control)
+
+    def resume(self, resume: str) -> dict[str, Any] | None:
+        """The state to continue from: `never`, `auto` (newest intact anywhere) or a file path."""
+        if resume == "never":
+            return None
+        if resume != "auto":
+            return load(Path(resume))
+        local = dict(list_checkpoints(self.out))
+        remote: dict[int, RemoteCheckpoint] = {}
+        if self.store is not None:
+            found, problems = self.store.complete()
+            remote = {c.step: c for c in found}
+            for problem in problems:
+                say(f"resume: skipped {problem}")
+        known = all_gather(self.env, (sorted(local), sorted(remote)))
+        in_bucket = set(known[0][1])
+        steps = sorted({s for mine, theirs in known for s in (*mine, *theirs)}, reverse=True)
+        for step in steps:
+            state, ok = self.agree(self.try_local(local.get(step)))
+            if not any(ok) and step in in_bucket:
+                state, ok = self.agree(self.try_remote(remote.get(step)))
+            if any(ok):
+                return self.share(state, ok)
+        if steps:
+            raise InputError(
+                f"--resume auto: no usable checkpoint in {self.out}"
+                + (f" or {self.store.uri}" if self.store else "")
+                + " (each one found was skipped, see above); use --resume never to start over"
+            )
+        return None
+
+    def try_local(self, path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
+        if path is None:
+            return None, None
+        try:
+            return load(path), None
+        except CorruptCheckpoint as e:
+            return None, f"{e} (on {socket.gethostname()})"
+
+    def try_remote(self, ckpt: RemoteCheckpoint | None) -> tuple[dict[str, Any] | None, str | None]:
+        if self.store is None or ckpt is None:
+            return None, None
+        dest = self.out / ckpt.name.rsplit("/", 1)[-1]
+        try:
+            self.store.download(ckpt, dest)
+            state = load(dest)
+        except CorruptCheckpoint as e:
+            return None, str(e)
+        say(f"resume: step {ckpt.step} downloaded from {self.store.object_uri(ckpt.name)}")
+        return state, None
+
+    def agree(
+        self, attempt: tuple[dict[str, Any] | None, str | None]
+    ) -> tuple[dict[str, Any] | None, list[bool]]:
+        """Which ranks hold a usable copy; rank 0 says once per copy why one was skipped."""
+        state, why = attempt
+        results = all_gather(self.env, (state is not None, why))
+        if self.env.is_main:
+            for reason in dict.fromkeys(r for _, r in results if r):
+                say(f"resume: skipped {reason}")
+        return state, [ok for ok, _ in results]
+
+    def share(self, state: dict[str, Any] | None, ok: list[bool]) -> dict[str, Any]:
+        """Ranks without a copy receive it from the lowest rank that has one."""
+        if not all(ok):
+            box = [state if self.env.rank == ok.index(True) else None]
+            dist.broadcast_object_list(box, src=ok.index(True), group=self.env.control)
+            state = box[0]
+        assert state is not None
+        return state
 
 
 def resume_state(env: DistEnv, out: Path, resume: str) -> dict[str, Any] | None:
-    """The state to continue from: `never`, `auto` (the newest in `out` on any node) or a path."""
-    if resume == "never":
-        return None
-    if resume != "auto":
-        return load(Path(resume))
-    mine = list_checkpoints(out)
-    steps = all_gather(env, mine[-1][0] if mine else -1)
-    best = max(steps)
-    if best < 0:
-        return None
-    if min(steps) == best:  # the usual case: every node has it, no transfer
-        return load(checkpoint_path(out, best))
-    source = steps.index(best)
-    box = [load(checkpoint_path(out, best)) if env.rank == source else None]
-    dist.broadcast_object_list(box, src=source, group=env.control)
-    assert box[0] is not None
-    return box[0]
+    """Local-only resume, as the trainer calls it until it owns a Checkpoints object."""
+    return Checkpoints(env, out, keep=1, uri=None).resume(resume)
