@@ -66,6 +66,24 @@ def crc32c_of(path: Path) -> str:
     return base64.b64encode(checksum.digest()).decode()
 
 
+def new_client() -> Any:
+    """A google-cloud-storage client: the VM's service account on GCE, the emulator in tests."""
+    from google.cloud import storage
+
+    return storage.Client()
+
+
+def upload_files(paths: list[Path], uri: GsUri) -> list[str]:
+    """Plain copies of run outputs (summary, metrics) under `uri`; missing files are skipped."""
+    bucket = new_client().bucket(uri.bucket)
+    sent = []
+    for path in paths:
+        if path.is_file():
+            bucket.blob(uri.prefix + path.name).upload_from_filename(str(path), checksum="crc32c")
+            sent.append(path.name)
+    return sent
+
+
 @dataclass(frozen=True)
 class RemoteCheckpoint:
     step: int
@@ -78,12 +96,9 @@ class CheckpointStore:
     """The bucket side of checkpointing: upload with manifest, list complete ones, verified download."""
 
     def __init__(self, uri: GsUri, client: Any = None, chunk_bytes: int = CHUNK_BYTES) -> None:
-        if client is None:
-            from google.cloud import storage
-
-            client = storage.Client()
-        self.uri, self.client, self.chunk_bytes = uri, client, chunk_bytes
-        self.bucket = client.bucket(uri.bucket)
+        self.uri, self.client = uri, client or new_client()
+        self.chunk_bytes = chunk_bytes
+        self.bucket = self.client.bucket(uri.bucket)
 
     @classmethod
     def open(cls, uri: GsUri, setting: str) -> CheckpointStore:
@@ -204,19 +219,6 @@ class CheckpointStore:
                 listing[base].delete()
                 gone.append(base)
         return gone
-
-    def upload_files(self, paths: list[Path], uri: GsUri) -> list[str]:
-        """Plain copies of run outputs (summary, metrics) under `uri`; missing files are skipped."""
-        bucket = self.client.bucket(uri.bucket)
-        sent = []
-        for path in paths:
-            if path.is_file():
-                bucket.blob(uri.prefix + path.name).upload_from_filename(
-                    str(path), checksum="crc32c"
-                )
-                sent.append(path.name)
-        return sent
-
 
 class Uploader:
     """One background thread uploads the newest saved checkpoint; a newer save replaces one that
