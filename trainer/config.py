@@ -1,189 +1,223 @@
-"""The trainer's flags: presets fill in what the command line leaves out; bad values fail in one line."""
+"""The trainer's settings, each written once: a field of TrainConfig whose metadata makes its flag.
+
+Presets fill in what the command line leaves out. Every value is parsed and checked here, so a bad
+one fails in one line naming the flag, the value and what is allowed (exit 2), before any work.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, get_type_hints
 
 from trainer.errors import InputError
 
+PRESET = object()  # a setting's default comes from the --preset column below
+
+# One column per preset, one row per setting it fills in. gpt2-124m: 16 x 1024 x 4 = 65,536 tokens
+# per step per GPU. tiny: seconds on a CPU, learns the synthetic chain from ln 64 toward ln 4.
+PRESET_NAMES = ("tiny", "gpt2-124m")
+# fmt: off
+PRESET_TABLE: dict[str, tuple[int | float, ...]] = {
+    "n_layer":          (2,     12),
+    "n_head":           (2,     12),
+    "n_embd":           (64,    768),
+    "block_size":       (32,    1024),
+    "vocab_size":       (64,    50257),
+    "batch_size":       (16,    16),
+    "grad_accum":       (1,     4),
+    "steps":            (300,   2000),
+    "lr":               (1e-2,  6e-4),
+    "warmup_steps":     (20,    100),
+    "log_every":        (25,    10),
+    "checkpoint_every": (100,   500),
+}
+# fmt: on
 PRESETS: dict[str, dict[str, int | float]] = {
-    # Seconds on a CPU: learns the synthetic chain from ln 64 ≈ 4.16 toward its floor ln 4 ≈ 1.39.
-    "tiny": dict(
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
-        block_size=32,
-        vocab_size=64,
-        batch_size=16,
-        grad_accum=1,
-        steps=300,
-        lr=1e-2,
-        warmup_steps=20,
-        log_every=25,
-        checkpoint_every=100,
-    ),
-    # GPT-2 small; 16 x 1024 x 4 = 65,536 tokens per step per GPU.
-    "gpt2-124m": dict(
-        n_layer=12,
-        n_head=12,
-        n_embd=768,
-        block_size=1024,
-        vocab_size=50257,
-        batch_size=16,
-        grad_accum=4,
-        steps=2000,
-        lr=6e-4,
-        warmup_steps=100,
-        log_every=10,
-        checkpoint_every=500,
-    ),
+    name: {key: row[i] for key, row in PRESET_TABLE.items()} for i, name in enumerate(PRESET_NAMES)
 }
 
 
 @dataclass(frozen=True)
+class Rule:
+    """What a value must satisfy, and the words that say so in the error."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
+
+
+WHOLE_POSITIVE = Rule(lambda v: v >= 1, "must be a whole number >= 1")
+NOT_NEGATIVE = Rule(lambda v: v >= 0, "must be >= 0")
+POSITIVE = Rule(lambda v: v > 0, "must be > 0")
+
+
+def setting(
+    help: str,
+    default: Any = PRESET,
+    *,
+    choices: tuple[str, ...] = (),
+    rule: Rule | None = None,
+    parse: Callable[[str], Any] | None = None,
+    metavar: str = "",
+) -> Any:
+    """A TrainConfig field's flag: its help, default, allowed values and custom parser."""
+    if choices:
+        *head, last = choices
+        rule = Rule(lambda v: v in choices, f"must be {', '.join(head)} or {last}")
+    return field(
+        metadata={
+            "help": help,
+            "default": default,
+            "rule": rule,
+            "parse": parse,
+            "metavar": metavar or "|".join(choices),
+        }
+    )
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    preset: str
-    out: Path
-    data: str
-    device: str
-    steps: int
-    batch_size: int  # sequences per micro-step per rank
-    grad_accum: int
-    block_size: int
-    n_layer: int
-    n_head: int
-    n_embd: int
-    vocab_size: int  # synthetic chain and .bin files; text is always 256 (bytes)
-    successors: int
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    grad_clip: float
-    seed: int
-    compile: str
-    dtype: str
-    log_every: int
-    checkpoint_every: int
-    keep_checkpoints: int
-    resume: str
-    eval_batches: int
-    pg_timeout_s: float
+    preset: str = setting("size and schedule defaults", "tiny", choices=PRESET_NAMES)
+    out: Path = setting(  # noqa: RUF009 (setting returns a dataclasses.field)
+        "output directory (default: $GPUTRAIN_OUT if set, else ./out)", None, parse=Path
+    )
+    data: str = setting(
+        "a seeded Markov chain, a .bin uint16 token file, or a text file/directory",
+        "synthetic",
+        metavar="synthetic|FILE|DIR",
+    )
+    device: str = setting("where to train", "auto", choices=("auto", "cpu", "cuda"))
+    steps: int = setting("optimizer steps", rule=WHOLE_POSITIVE)
+    batch_size: int = setting("sequences per micro-step per rank", rule=WHOLE_POSITIVE)
+    grad_accum: int = setting("micro-steps per optimizer step", rule=WHOLE_POSITIVE)
+    block_size: int = setting("context length in tokens", rule=WHOLE_POSITIVE)
+    n_layer: int = setting("transformer blocks", rule=WHOLE_POSITIVE)
+    n_head: int = setting("attention heads", rule=WHOLE_POSITIVE)
+    n_embd: int = setting("model width", rule=WHOLE_POSITIVE)
+    vocab_size: int = setting(
+        "synthetic chain and .bin files; text is always 256 (bytes)", rule=WHOLE_POSITIVE
+    )
+    successors: int = setting(
+        "synthetic data: successors per token; the loss floor is ln of this", 4
+    )
+    lr: float = setting("peak learning rate", rule=POSITIVE)
+    min_lr_ratio: float = setting(
+        "cosine floor as a fraction of --lr",
+        0.1,
+        rule=Rule(lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    )
+    warmup_steps: int = setting("linear learning-rate warm-up steps", rule=NOT_NEGATIVE)
+    weight_decay: float = setting("AdamW weight decay on matrices", 0.1, rule=NOT_NEGATIVE)
+    grad_clip: float = setting(
+        "max gradient norm; 0 = off",
+        1.0,
+        rule=Rule(lambda v: v >= 0, "must be >= 0 (0 turns clipping off)"),
+    )
+    seed: int = setting("seeds the model and the data", 1337)
+    compile: str = setting(
+        "torch.compile: auto = on for CUDA", "auto", choices=("auto", "on", "off")
+    )
+    dtype: str = setting(
+        "autocast dtype: auto = bf16 on Ampere+, fp16 older, fp32 CPU",
+        "auto",
+        choices=("auto", "bf16", "fp16", "fp32"),
+    )
+    log_every: int = setting("steps between metrics lines", rule=WHOLE_POSITIVE)
+    checkpoint_every: int = setting("steps between checkpoints", rule=WHOLE_POSITIVE)
+    keep_checkpoints: int = setting("checkpoints kept in --out", 2, rule=WHOLE_POSITIVE)
+    resume: str = setting(
+        "auto: the newest checkpoint in --out; never; or a checkpoint file",
+        "auto",
+        metavar="auto|never|PATH",
+    )
+    eval_batches: int = setting("held-out batches per rank at the end", 8, rule=NOT_NEGATIVE)
+    pg_timeout_s: float = setting("process-group timeout in seconds", 600.0, rule=POSITIVE)
+
+
+METAVARS = {int: "N", float: "X", Path: "DIR"}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(
+        self, message: str
+    ) -> NoReturn:  # an unknown flag: one line and exit 2, like the rest
+        raise InputError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output directory (default: $GPUTRAIN_OUT if set, else ./out)",
+    """One flag per TrainConfig field; values stay strings here and are parsed by parse_config."""
+    p = _Parser(
+        prog="python -m trainer.train",
+        description="The reference DDP trainer, alone or under torchrun; outputs go to --out.",
     )
-    p.add_argument(
-        "--data",
-        default="synthetic",
-        help="'synthetic' (default), a .bin uint16 token file, or a text file/directory",
-    )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    for name in (
-        "steps",
-        "batch_size",
-        "grad_accum",
-        "block_size",
-        "n_layer",
-        "n_head",
-        "n_embd",
-        "vocab_size",
-        "warmup_steps",
-        "log_every",
-        "checkpoint_every",
-    ):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=None, help="preset default")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (preset default)")
-    p.add_argument(
-        "--min-lr-ratio", type=float, default=0.1, help="cosine floor as a fraction of --lr"
-    )
-    p.add_argument(
-        "--successors",
-        type=int,
-        default=4,
-        help="synthetic data: successors per token; the loss floor is ln of this",
-    )
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm; 0 = off")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--compile", default="auto", help="auto (on for CUDA) | on | off")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto (bf16 on Ampere+, fp16 older, fp32 CPU) | bf16 | fp16 | fp32",
-    )
-    p.add_argument("--keep-checkpoints", type=int, default=2)
-    p.add_argument("--resume", default="auto", help="auto (newest in --out) | never | PATH")
-    p.add_argument(
-        "--eval-batches", type=int, default=8, help="held-out batches per rank at the end"
-    )
-    p.add_argument("--pg-timeout-s", type=float, default=600.0, help="process-group timeout")
+    types = get_type_hints(TrainConfig)
+    for f in fields(TrainConfig):
+        meta = f.metadata
+        default = meta["default"]
+        if default is PRESET:
+            column = ", ".join(f"{n}: {PRESETS[n][f.name]}" for n in PRESET_NAMES)
+            shown = f" (default from --preset: {column})"
+        else:
+            shown = "" if default is None else f" (default: {default})"
+        p.add_argument(
+            flag(f.name),
+            default=None,
+            metavar=meta["metavar"] or METAVARS.get(types[f.name], "VALUE"),
+            help=meta["help"] + shown,
+        )
     return p
+
+
+def _convert(name: str, text: str, kind: Any, parse: Callable[[str], Any] | None) -> Any:
+    """A flag's string as its field's type; the error names the flag and what it accepts."""
+    if parse is not None:
+        return parse(text)
+    if kind not in (int, float):
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        words = "a whole number" if kind is int else "a number"
+        raise InputError(f"{flag(name)} {text}: must be {words}") from None
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     args = vars(build_parser().parse_args(argv))
-    preset = PRESETS[args["preset"]]
-    values: dict[str, Any] = {
-        k: (preset[k] if v is None and k in preset else v) for k, v in args.items()
-    }
+    preset_field = next(f for f in fields(TrainConfig) if f.name == "preset")
+    preset = args["preset"] or preset_field.metadata["default"]
+    if preset not in PRESETS:
+        raise InputError(f"--preset {preset}: {preset_field.metadata['rule'].allowed}")
+    types = get_type_hints(TrainConfig)
+    values: dict[str, Any] = {}
+    for f in fields(TrainConfig):
+        text, default = args[f.name], f.metadata["default"]
+        if text is not None:
+            values[f.name] = _convert(f.name, text, types[f.name], f.metadata["parse"])
+        else:
+            values[f.name] = PRESETS[preset][f.name] if default is PRESET else default
     values["out"] = values["out"] or Path(os.environ.get("GPUTRAIN_OUT") or "out")
-    cfg = TrainConfig(**{f.name: values[f.name] for f in fields(TrainConfig)})
+    cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
 
 
 def validate(cfg: TrainConfig) -> None:
-    def need(ok: bool, flag: str, value: object, allowed: str) -> None:
-        if not ok:
-            raise InputError(f"--{flag} {value}: {allowed}")
-
-    for name in (
-        "steps",
-        "batch_size",
-        "grad_accum",
-        "block_size",
-        "n_layer",
-        "n_head",
-        "n_embd",
-        "vocab_size",
-        "log_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-    ):
-        value = getattr(cfg, name)
-        need(value >= 1, name.replace("_", "-"), value, "must be a whole number >= 1")
-    need(cfg.warmup_steps >= 0, "warmup-steps", cfg.warmup_steps, "must be >= 0")
-    need(cfg.eval_batches >= 0, "eval-batches", cfg.eval_batches, "must be >= 0")
-    need(
-        cfg.n_embd % cfg.n_head == 0,
-        "n-embd",
-        cfg.n_embd,
-        f"must be a multiple of --n-head {cfg.n_head}",
-    )
-    need(cfg.vocab_size <= 65536, "vocab-size", cfg.vocab_size, "must be <= 65536 (uint16 tokens)")
-    need(cfg.lr > 0, "lr", cfg.lr, "must be > 0")
-    need(0 <= cfg.min_lr_ratio <= 1, "min-lr-ratio", cfg.min_lr_ratio, "must be between 0 and 1")
-    need(cfg.weight_decay >= 0, "weight-decay", cfg.weight_decay, "must be >= 0")
-    need(cfg.grad_clip >= 0, "grad-clip", cfg.grad_clip, "must be >= 0 (0 turns clipping off)")
-    need(cfg.compile in ("auto", "on", "off"), "compile", cfg.compile, "must be auto, on or off")
-    need(
-        cfg.dtype in ("auto", "bf16", "fp16", "fp32"),
-        "dtype",
-        cfg.dtype,
-        "must be auto, bf16, fp16 or fp32",
-    )
-    need(cfg.pg_timeout_s > 0, "pg-timeout-s", cfg.pg_timeout_s, "must be > 0")
+    for f in fields(cfg):
+        rule, value = f.metadata["rule"], getattr(cfg, f.name)
+        if rule is not None and not rule.ok(value):
+            raise InputError(f"{flag(f.name)} {value}: {rule.allowed}")
+    if cfg.n_embd % cfg.n_head:
+        raise InputError(f"--n-embd {cfg.n_embd}: must be a multiple of --n-head {cfg.n_head}")
+    if cfg.vocab_size > 65536:
+        raise InputError(f"--vocab-size {cfg.vocab_size}: must be <= 65536 (uint16 tokens)")
+    if cfg.out.exists() and not cfg.out.is_dir():
+        raise InputError(f"--out {cfg.out}: is a file; must be a directory (existing or new)")
     if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
         raise InputError(f"--resume {cfg.resume}: no such checkpoint file (or use auto or never)")

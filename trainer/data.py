@@ -38,9 +38,7 @@ class MarkovChain:
     @classmethod
     def from_seed(cls, vocab: int, k: int, seed: int) -> MarkovChain:
         if not 1 <= k <= vocab:
-            raise InputError(
-                f"--synthetic-successors {k}: must be between 1 and the vocab size {vocab}"
-            )
+            raise InputError(f"--successors {k}: must be between 1 and the vocab size {vocab}")
         rng = np.random.default_rng([seed, 0xC4A1])
         return cls(np.stack([rng.choice(vocab, size=k, replace=False) for _ in range(vocab)]))
 
