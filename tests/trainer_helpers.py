@@ -21,7 +21,8 @@ def free_port() -> int:
 
 def child_env(out: Path | None = None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("GPUTRAIN_OUT", None)
+    for name in ("GPUTRAIN_OUT", "GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
+        env.pop(name, None)
     if out is not None:
         env["GPUTRAIN_OUT"] = str(out)
     return env

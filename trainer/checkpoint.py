@@ -15,8 +15,8 @@ import os
 import pickle
 import re
 import socket
-import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,28 +100,28 @@ class Checkpoints:
         if problems:  # every rank stops alike, none waits in a collective for rank 0
             raise InputError(problems[0])
 
-    def save(self, state: dict[str, Any]) -> Path | None:
-        """Local write on every node, upload queued on rank 0; returns when every node has written."""
-        path = None
+    def save(self, step: int, state: Callable[[int], dict[str, Any]]) -> None:
+        """Local write on every node, upload queued on rank 0; returns when every node has
+        written, so nobody exits (and gets a writer killed) before it is done."""
         if self.env.writes_files:
-            path = save(self.out, state, self.keep)
+            path = save(self.out, state(step), self.keep)
             if self.uploader is not None:
-                self.uploader.submit(path, int(state["step"]))
+                self.uploader.submit(path, step)
+            if self.env.is_main:
+                say(f"checkpoint {path}")
         self.barrier()
-        return path
 
-    def finish_uploads(self, timeout_s: float) -> None:
+    def finish_uploads(self, timeout_s: float) -> bool | None:
         """Wait (rank 0, at most `timeout_s`) until the newest checkpoint is in the bucket; every
-        rank waits with it, since torchrun stops the others as soon as one rank exits."""
+        rank waits with it, since torchrun stops the others as soon as one rank exits.
+        None without a bucket, else whether the uploads finished in time."""
+        done = None
         if self.uploader is not None:
-            started = time.perf_counter()
             done = self.uploader.wait(timeout_s)
-            took = time.perf_counter() - started
-            if done:
-                say(f"checkpoint upload finished: waited {took:.1f} s at the end")
-            else:
-                say(f"checkpoint upload still running after {took:.1f} s: not waiting longer")
+            if not done:
+                say(f"checkpoint upload still running after {timeout_s:.0f} s: not waiting longer")
         self.barrier()
+        return done
 
     def barrier(self) -> None:
         if self.env.distributed:
@@ -196,8 +196,3 @@ class Checkpoints:
             state = box[0]
         assert state is not None
         return state
-
-
-def resume_state(env: DistEnv, out: Path, resume: str) -> dict[str, Any] | None:
-    """Local-only resume, as the trainer calls it until it owns a Checkpoints object."""
-    return Checkpoints(env, out, keep=1, uri=None).resume(resume)

@@ -39,16 +39,23 @@ class StopRequest:
             self.reason = reason
 
     @contextlib.contextmanager
-    def on_sigterm(self) -> Iterator[None]:
-        """SIGTERM sets the flag instead of killing the process, for as long as the block runs."""
+    def handling(self, local_rank: int) -> Iterator[None]:
+        """While the block runs, SIGTERM sets the flag instead of killing the process, and so does
+        the preemption notice on a node where the watcher was asked for (one per node)."""
 
         def handler(signum: int, frame: FrameType | None) -> None:
             self.request("SIGTERM")
 
         previous = signal.signal(signal.SIGTERM, handler)
+        watcher = None
+        if local_rank == 0 and watch_requested():
+            watcher = PreemptionWatcher(lambda: self.request("preemption notice (metadata server)"))
+            watcher.start()
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.stop()
             signal.signal(signal.SIGTERM, previous)
 
 
@@ -115,12 +122,3 @@ class PreemptionWatcher(threading.Thread):
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def start_watcher(stop: StopRequest, local_rank: int) -> PreemptionWatcher | None:
-    """One watcher per node (local rank 0), where the controller asked for it."""
-    if local_rank != 0 or not watch_requested():
-        return None
-    watcher = PreemptionWatcher(lambda: stop.request("preemption notice (metadata server)"))
-    watcher.start()
-    return watcher

@@ -220,6 +220,7 @@ class CheckpointStore:
                 gone.append(base)
         return gone
 
+
 class Uploader:
     """One background thread uploads the newest saved checkpoint; a newer save replaces one that
     has not started, since only the newest matters for a resume."""

@@ -1,7 +1,8 @@
 """The reference DDP trainer: `python -m trainer.train --preset tiny`, alone or under torchrun.
 
-Writes metrics.jsonl, summary.json and checkpoints to --out. SIGTERM (a spot preemption notice)
-checkpoints and exits with status 143; `--resume auto` then continues from the newest checkpoint.
+Writes metrics.jsonl, summary.json and checkpoints to --out (and checkpoints to --checkpoint-uri).
+SIGTERM or GCE's preemption notice checkpoints, finishes the upload and exits with status 143;
+`--resume auto` then continues from the newest intact checkpoint.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ import json
 import math
 import os
 import resource
-import signal
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -31,14 +30,10 @@ from trainer.dist import DistEnv, all_gather, any_rank, setup, teardown
 from trainer.errors import InputError
 from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.model import GPT, GPTConfig, padded_vocab, param_checksum
+from trainer.preemption import StopRequest
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: stopped early on purpose, with a checkpoint to resume from
-_stop_requested = False
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global _stop_requested
-    _stop_requested = True
+FINAL_UPLOAD_WAIT_S = 600.0  # at the normal end nothing kills us: wait for the last upload
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -88,8 +83,8 @@ def mean_over_ranks(env: DistEnv, value: torch.Tensor) -> float:
 class Trainer:
     """One training attempt: builds everything, resumes if it can, runs the loop, writes outputs."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, data: DataSource) -> None:
-        self.cfg, self.env, self.data = cfg, env, data
+    def __init__(self, cfg: TrainConfig, env: DistEnv, data: DataSource, stop: StopRequest) -> None:
+        self.cfg, self.env, self.data, self.stop = cfg, env, data, stop
         self.device = env.device
         torch.manual_seed(cfg.seed)
         self.model_cfg = GPTConfig(
@@ -104,7 +99,8 @@ class Trainer:
         self.start_step = 0
         self.initial_loss: float | None = None
         self.last_loss: float | None = None
-        state = checkpoint.resume_state(env, cfg.out, cfg.resume)
+        self.ckpt = checkpoint.Checkpoints(env, cfg.out, cfg.keep_checkpoints, cfg.checkpoint_uri)
+        state = self.ckpt.resume(cfg.resume)
         if state is not None:
             self.restore(state)
         compiled = cfg.compile == "on" or (cfg.compile == "auto" and self.device.type == "cuda")
@@ -187,24 +183,18 @@ class Trainer:
         self.raw.train()
         return mean_over_ranks(self.env, total / self.cfg.eval_batches)
 
-    def save(self, step: int) -> None:
-        if self.env.writes_files:
-            state = {
-                "step": step,
-                "model": self.raw.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "model_config": asdict(self.model_cfg),
-                "initial_loss": self.initial_loss,
-                "last_loss": self.last_loss,
-                "data": self.data.name,
-                "seed": self.cfg.seed,
-            }
-            path = checkpoint.save(self.cfg.out, state, self.cfg.keep_checkpoints)
-            if self.env.is_main:
-                say(f"checkpoint {path}")
-        if self.env.distributed:  # nobody exits (and gets the writer killed) before it is done
-            dist.barrier(group=self.env.control)
+    def state(self, step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "model": self.raw.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "model_config": asdict(self.model_cfg),
+            "initial_loss": self.initial_loss,
+            "last_loss": self.last_loss,
+            "data": self.data.name,
+            "seed": self.cfg.seed,
+        }
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -230,7 +220,7 @@ class Trainer:
         for step in range(self.start_step, cfg.steps):
             loss = self.train_step(step)
             done = step + 1
-            stopped = any_rank(env, _stop_requested)
+            stopped = any_rank(env, self.stop.requested)
             if done == self.start_step + warm:
                 self.sync()
                 warm_t = time.perf_counter()
@@ -242,14 +232,10 @@ class Trainer:
                 tps = (done - last_step) * self.tokens_per_step / (now - last_t)
                 last_step, last_t = done, now
                 metrics.log(self.record(done, tps, now - t0))
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps or stopped:
-                self.save(done)
             if stopped:
-                if env.is_main:
-                    say(
-                        f"SIGTERM: stopped at step {done} with a checkpoint; resume with --resume auto"
-                    )
-                return PREEMPTED_EXIT
+                return self.stop_here(done)
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                self.ckpt.save(done, self.state)
         self.sync()
         end = time.perf_counter()
         timed = cfg.steps - self.start_step - warm
@@ -260,7 +246,22 @@ class Trainer:
         else:
             tokens_per_s = None
         self.write_summary(tokens_per_s, end - t0)
+        self.ckpt.finish_uploads(FINAL_UPLOAD_WAIT_S)
         return 0
+
+    def stop_here(self, step: int) -> int:
+        """Every rank saw the stop after `step`: save, finish the upload (bounded), say why, 143."""
+        started = time.perf_counter()
+        self.ckpt.save(step, self.state)
+        uploaded = self.ckpt.finish_uploads(self.cfg.upload_timeout_s)
+        reasons = [r for r in all_gather(self.env, self.stop.reason) if r]
+        if self.env.is_main:
+            upload = {None: "", True: " and uploaded", False: ", upload unfinished,"}[uploaded]
+            say(
+                f"{reasons[0] if reasons else 'stop'}: stopped at step {step} with a checkpoint "
+                f"(saved{upload} in {time.perf_counter() - started:.1f} s); resume with --resume auto"
+            )
+        return PREEMPTED_EXIT
 
     def record(self, step: int, tokens_per_s: float, elapsed: float) -> dict[str, Any]:
         fraction = mfu(tokens_per_s, self.flops_per_token, self.peak, self.env.world_size)
@@ -361,10 +362,8 @@ def run(cfg: TrainConfig) -> int:
         successors=cfg.successors,
         seed=cfg.seed,
     )
-    global _stop_requested
-    _stop_requested = False
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+    stop = StopRequest()
+    with stop.handling(local_rank=int(os.environ.get("LOCAL_RANK", "0"))):
         env = setup(cfg.device, cfg.pg_timeout_s)
         cfg.out.mkdir(parents=True, exist_ok=True)
         if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -374,13 +373,11 @@ def run(cfg: TrainConfig) -> int:
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        trainer = Trainer(cfg, env, data)
+        trainer = Trainer(cfg, env, data, stop)
         status = trainer.run()
         del trainer  # no DDP reducer may outlive the process group
         gc.collect()
         teardown(env)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return status
 
 

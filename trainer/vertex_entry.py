@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from trainer.config import parse_config
+from trainer.config import CHECKPOINT_URI_ENV, parse_config
 from trainer.errors import InputError
 from trainer.storage import parse_gs_uri, upload_files
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         placement = placement_from_env(os.environ)
         if os.environ.get("AIP_CHECKPOINT_DIR"):
             parse_gs_uri(os.environ["AIP_CHECKPOINT_DIR"], "AIP_CHECKPOINT_DIR")
-            os.environ.setdefault("GPUTRAIN_CHECKPOINT_URI", os.environ["AIP_CHECKPOINT_DIR"])
+            os.environ.setdefault(CHECKPOINT_URI_ENV, os.environ["AIP_CHECKPOINT_DIR"])
         outputs = os.environ.get("AIP_MODEL_DIR")
         model_dir = parse_gs_uri(outputs, "AIP_MODEL_DIR") if outputs else None
         cfg = parse_config(trainer_args)  # bad trainer flags fail here, before torchrun starts
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"vertex: {placement.task} is node {placement.node_rank} of {placement.nnodes}, "
         f"{nproc} process(es), rendezvous {placement.master_addr}:{placement.master_port}, "
-        f"checkpoints {os.environ.get('GPUTRAIN_CHECKPOINT_URI') or 'local only'}, "
+        f"checkpoints {os.environ.get(CHECKPOINT_URI_ENV) or 'local only'}, "
         f"outputs {model_dir or 'local only'}",
         flush=True,
     )
