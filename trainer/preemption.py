@@ -86,7 +86,7 @@ class PreemptionWatcher(threading.Thread):
         self.url = f"http://{host or metadata_host()}{PREEMPTED_PATH}"
         self.poll_timeout_s, self.max_backoff_s = poll_timeout_s, max_backoff_s
         self.preempted = threading.Event()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.errors = 0
 
     def read(self, etag: str | None, wait: bool) -> tuple[str, str | None]:
@@ -102,14 +102,14 @@ class PreemptionWatcher(threading.Thread):
     def run(self) -> None:
         etag: str | None = None
         wait, backoff = False, 1.0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 value, etag = self.read(etag, wait)
             except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
                 self.errors += 1
                 if self.errors == 1:
                     print(f"preemption watch: {self.url} unreachable ({e}); retrying", flush=True)
-                self._stop.wait(backoff)
+                self._halt.wait(backoff)
                 backoff, wait = min(backoff * 2, self.max_backoff_s), False
                 continue
             if value.upper() == "TRUE":
@@ -117,8 +117,8 @@ class PreemptionWatcher(threading.Thread):
                 self.on_preempted()
                 return
             if wait and etag is None:  # a server without versions: poll gently, never spin
-                self._stop.wait(1.0)
+                self._halt.wait(1.0)
             wait, backoff = True, 1.0
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
