@@ -3,8 +3,6 @@ metadata server, and a notice seen by one node stopping both nodes at the same s
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import torch
 
-from tests.trainer_helpers import ROOT, child_env, free_port
+from tests.trainer_helpers import child_env, free_port, node_argv, start, wait_for_steps
 from trainer import checkpoint
 from trainer.preemption import PREEMPTED_PATH, PreemptionWatcher, StopRequest
 
@@ -129,46 +127,15 @@ def test_a_missing_metadata_server_never_crashes_and_is_reported_once(
     assert capsys.readouterr().out.count("preemption watch:") == 1
 
 
-def two_nodes(tmp: Path, metadata: MetadataServer, steps: int) -> list[subprocess.Popen[str]]:
-    """Two torchrun agents as two nodes, separate out dirs; only node 1 watches the server."""
-    port, procs = free_port(), []
-    for node in (0, 1):
-        env = child_env(tmp / f"node{node}")
-        if node == 1:
-            env.update(GPUTRAIN_WATCH_PREEMPTION="1", GCE_METADATA_HOST=metadata.host)
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=preempt",
-            "--local-addr=127.0.0.1",
-            "-m",
-            "trainer.train",
-            *("--steps", str(steps), "--log-every", "1", "--checkpoint-every", "1000"),
-        ]
-        procs.append(
-            subprocess.Popen(
-                argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-        )
-    return procs
-
-
 def test_a_notice_on_one_node_makes_both_save_at_the_same_step(
     metadata: MetadataServer, tmp_path: Path
 ) -> None:
-    procs = two_nodes(tmp_path, metadata, steps=300)
-    rows = tmp_path / "node0" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
-        if rows.exists() and len(rows.read_text().splitlines()) >= 20:
-            break
-        time.sleep(0.05)
-    metadata.set("TRUE")  # GCE's preemption notice, for node 1 only
+    port, args = free_port(), ["--log-every", "1", "--checkpoint-every", "1000"]
+    envs = [child_env(tmp_path / f"node{n}") for n in (0, 1)]
+    envs[1].update(GPUTRAIN_WATCH_PREEMPTION="1", GCE_METADATA_HOST=metadata.host)  # node 1 only
+    procs = [start(node_argv(port, "preempt", args), env) for env in envs]
+    wait_for_steps(tmp_path / "node0", 20, procs)
+    metadata.set("TRUE")  # GCE's preemption notice
     logs = [p.communicate(timeout=90)[0] for p in procs]
     assert all(p.returncode != 0 for p in procs), logs[0][-3000:]
     said = logs[0].split("preemption notice (metadata server): stopped at step ")
