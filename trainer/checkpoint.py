@@ -76,10 +76,6 @@ def load(path: Path) -> dict[str, Any]:
     return dict(state)
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
 class Checkpoints:
     """This run's checkpoints: --out on every node, and the bucket from global rank 0."""
 
@@ -108,7 +104,7 @@ class Checkpoints:
             if self.uploader is not None:
                 self.uploader.submit(path, step)
             if self.env.is_main:
-                say(f"checkpoint {path}")
+                print(f"checkpoint {path}", flush=True)
         self.barrier()
 
     def finish_uploads(self, timeout_s: float) -> bool | None:
@@ -119,7 +115,10 @@ class Checkpoints:
         if self.uploader is not None:
             done = self.uploader.wait(timeout_s)
             if not done:
-                say(f"checkpoint upload still running after {timeout_s:.0f} s: not waiting longer")
+                print(
+                    f"checkpoint upload still running after {timeout_s:.0f} s: not waiting longer",
+                    flush=True,
+                )
         self.barrier()
         return done
 
@@ -139,7 +138,7 @@ class Checkpoints:
             found, problems = self.store.complete()
             remote = {c.step: c for c in found}
             for problem in problems:
-                say(f"resume: skipped {problem}")
+                print(f"resume: skipped {problem}", flush=True)
         known = all_gather(self.env, (sorted(local), sorted(remote)))
         in_bucket = set(known[0][1])
         steps = sorted({s for mine, theirs in known for s in (*mine, *theirs)}, reverse=True)
@@ -174,7 +173,10 @@ class Checkpoints:
             state = load(dest)
         except CorruptCheckpoint as e:
             return None, str(e)
-        say(f"resume: step {ckpt.step} downloaded from {self.store.object_uri(ckpt.name)}")
+        print(
+            f"resume: step {ckpt.step} downloaded from {self.store.object_uri(ckpt.name)}",
+            flush=True,
+        )
         return state, None
 
     def agree(
@@ -185,7 +187,7 @@ class Checkpoints:
         results = all_gather(self.env, (state is not None, why))
         if self.env.is_main:
             for reason in dict.fromkeys(r for _, r in results if r):
-                say(f"resume: skipped {reason}")
+                print(f"resume: skipped {reason}", flush=True)
         return state, [ok for ok, _ in results]
 
     def share(self, state: dict[str, Any] | None, ok: list[bool]) -> dict[str, Any]:
