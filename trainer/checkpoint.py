@@ -134,14 +134,21 @@ class Checkpoints:
             return load(Path(resume))
         local = dict(list_checkpoints(self.out))
         remote: dict[int, RemoteCheckpoint] = {}
+        failed = None
         if self.store is not None:
-            found, problems = self.store.complete()
+            try:
+                found, problems = self.store.complete()
+            except Exception as e:  # rank 0 alone would fail; the others would wait for it
+                found, problems = [], []
+                failed = f"--checkpoint-uri {self.store.uri}: cannot list it ({e})"
             remote = {c.step: c for c in found}
             for problem in problems:
                 print(f"resume: skipped {problem}", flush=True)
-        known = all_gather(self.env, (sorted(local), sorted(remote)))
+        known = all_gather(self.env, (sorted(local), sorted(remote), failed))
+        if known[0][2]:
+            raise InputError(known[0][2])
         in_bucket = set(known[0][1])
-        steps = sorted({s for mine, theirs in known for s in (*mine, *theirs)}, reverse=True)
+        steps = sorted({s for mine, theirs, _ in known for s in (*mine, *theirs)}, reverse=True)
         for step in steps:
             state, ok = self.agree(self.try_local(local.get(step)))
             if not any(ok) and step in in_bucket:
@@ -173,6 +180,8 @@ class Checkpoints:
             state = load(dest)
         except CorruptCheckpoint as e:
             return None, str(e)
+        except Exception as e:  # the network, not the checkpoint: still an answer for the others
+            return None, f"{self.store.object_uri(ckpt.name)}: download failed ({e})"
         print(
             f"resume: step {ckpt.step} downloaded from {self.store.object_uri(ckpt.name)}",
             flush=True,

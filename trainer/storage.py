@@ -257,17 +257,8 @@ class Uploader:
                 assert self._pending is not None
                 (step, f, size), self._pending = self._pending, None
                 self._busy = True
-            started = time.perf_counter()
             try:
-                with f:
-                    manifest = self.store.upload(f, step, size)
-                self.store.prune(self.keep)
-                self.uploaded.append(step)
-                print(
-                    f"checkpoint step {step} uploaded to {self.store.uri}{manifest['object']} "
-                    f"({size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s)",
-                    flush=True,
-                )
+                self._send(step, f, size)
             except Exception as e:  # training goes on; the local copy is still there
                 self.failures.append(f"step {step}: {type(e).__name__}: {e}")
                 print(f"checkpoint step {step}: upload to {self.store.uri} failed: {e}", flush=True)
@@ -275,3 +266,18 @@ class Uploader:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _send(self, step: int, f: BinaryIO, size: int) -> None:
+        started = time.perf_counter()
+        with f:
+            manifest = self.store.upload(f, step, size)
+        self.uploaded.append(step)
+        print(
+            f"checkpoint step {step} uploaded to {self.store.uri}{manifest['object']} "
+            f"({size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s)",
+            flush=True,
+        )
+        try:
+            self.store.prune(self.keep)
+        except Exception as e:  # the new checkpoint is complete; older ones just linger
+            print(f"checkpoint step {step}: removing older ones failed: {e}", flush=True)
