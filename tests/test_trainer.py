@@ -29,12 +29,13 @@ from tests.trainer_helpers import (
 )
 from trainer import checkpoint
 from trainer.config import parse_config
-from trainer.data import LLMC_HEADER_BYTES, LLMC_MAGIC, MarkovChain, open_data, read_bin
+from trainer.data import EVAL, LLMC_HEADER_BYTES, LLMC_MAGIC, MarkovChain, open_data, read_bin
 from trainer.errors import InputError
 from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.model import GPT, GPTConfig, padded_vocab
+from trainer.step import lr_at
 from trainer.storage import CheckpointStore, GsUri
-from trainer.train import lr_at, main
+from trainer.train import main
 
 METRIC_FIELDS = {"step", "loss", "lr", "tokens_per_s", "mfu", "peak_mem_bytes", "elapsed_s"}
 SUMMARY_FIELDS = {
@@ -331,13 +332,13 @@ def test_markov_chain_floor_is_exact_and_batches_are_pure_functions() -> None:
     chain = MarkovChain.from_seed(64, 4, seed=3)
     assert chain.entropy_rate() == pytest.approx(math.log(4), abs=1e-12)
     data = open_data("synthetic", block_size=32, vocab_size=64, successors=4, seed=3)
-    b = data.batch(3, step=5, rank=1, micro_step=0, batch=8, block=32)
-    assert b.shape == (8, 33) and np.array_equal(b, data.batch(3, 5, 1, 0, 8, 32))
+    b = data.batch(3, step=5, rank=1, rows=8, block=32)
+    assert b.shape == (8, 33) and np.array_equal(b, data.batch(3, 5, 1, 8, 32))
     for other in (
-        data.batch(3, 6, 1, 0, 8, 32),
-        data.batch(3, 5, 0, 0, 8, 32),
-        data.batch(3, 5, 1, 1, 8, 32),
-        data.batch(4, 5, 1, 0, 8, 32),
+        data.batch(3, 6, 1, 8, 32),
+        data.batch(3, 5, 0, 8, 32),
+        data.batch(4, 5, 1, 8, 32),
+        data.batch(3, 5, 1, 8, 32, stream=EVAL),
     ):
         assert not np.array_equal(b, other)
     successors = chain.successors
@@ -393,7 +394,7 @@ def test_checkpoints_keep_the_last_k_and_ignore_temp_files(tmp_path: Path) -> No
 
 
 def test_metrics_lines_past_the_resume_point_are_dropped(tmp_path: Path) -> None:
-    from trainer.train import Metrics
+    from trainer.metrics import Metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 10, 20, 30)))

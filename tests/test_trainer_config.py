@@ -44,6 +44,12 @@ TINY_DEFAULTS = {
     "pg_timeout_s": 600.0,
     "checkpoint_uri": None,
     "upload_timeout_s": 20.0,
+    # speed settings (new): the conservative defaults
+    "tokens_per_step": None,
+    "prefetch": "auto",
+    "attention": "auto",
+    "logits": "full",
+    "compile_mode": "default",
 }
 
 

@@ -20,10 +20,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def child_env(out: Path | None = None) -> dict[str, str]:
+def child_env(out: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     for name in ("GPUTRAIN_OUT", "GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
         env.pop(name, None)
+    env.update(extra or {})
     if out is not None:
         env["GPUTRAIN_OUT"] = str(out)
     return env
@@ -83,10 +84,13 @@ def wait_for_steps(out: Path, steps: int, procs: list[subprocess.Popen[str]]) ->
 
 
 def run(
-    argv: list[str], out: Path | None = None, timeout: float = 150
+    argv: list[str],
+    out: Path | None = None,
+    timeout: float = 150,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, cwd=ROOT, env=child_env(out), capture_output=True, text=True, timeout=timeout
+        argv, cwd=ROOT, env=child_env(out, env), capture_output=True, text=True, timeout=timeout
     )
 
 

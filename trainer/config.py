@@ -93,7 +93,13 @@ class TrainConfig:
     )
     device: str = setting("where to train", "auto", choices=("auto", "cpu", "cuda"))
     steps: int = setting("optimizer steps", rule=WHOLE_POSITIVE)
-    batch_size: int = setting("sequences per micro-step per rank", rule=WHOLE_POSITIVE)
+    batch_size: int | str = setting(
+        "sequences per micro-step per rank, or auto: the largest that fits in device memory, "
+        "keeping the step's tokens (the preset's batch x --grad-accum, or --tokens-per-step)",
+        rule=Rule(lambda v: v == "auto" or v >= 1, "must be a whole number >= 1 or auto"),
+        parse=lambda text: text if text == "auto" else int(text),
+        metavar="N|auto",
+    )
     grad_accum: int = setting("micro-steps per optimizer step", rule=WHOLE_POSITIVE)
     block_size: int = setting("context length in tokens", rule=WHOLE_POSITIVE)
     n_layer: int = setting("transformer blocks", rule=WHOLE_POSITIVE)
@@ -149,6 +155,36 @@ class TrainConfig:
     )
     eval_batches: int = setting("held-out batches per rank at the end", 8, rule=NOT_NEGATIVE)
     pg_timeout_s: float = setting("process-group timeout in seconds", 600.0, rule=POSITIVE)
+    # How fast, never what: these change neither the data nor the maths (to rounding).
+    tokens_per_step: int | None = setting(
+        "tokens per optimizer step over all ranks; sets --grad-accum "
+        "(default: batch x grad-accum x block-size x ranks)",
+        None,
+        rule=Rule(lambda v: v is None or v >= 1, "must be a whole number >= 1"),
+        parse=int,
+        metavar="N",
+    )
+    prefetch: str = setting(
+        "build the next step's batches on a background thread: auto = on for CUDA",
+        "auto",
+        choices=("auto", "on", "off"),
+    )
+    attention: str = setting(
+        "scaled_dot_product_attention kernel: auto = PyTorch's choice; cudnn needs CUDA",
+        "auto",
+        choices=("auto", "flash", "cudnn", "math"),
+    )
+    logits: str = setting(
+        "full: materialise the (tokens x vocab) logits; chunked: linear + cross-entropy "
+        "in row chunks, never all logits at once",
+        "full",
+        choices=("full", "chunked"),
+    )
+    compile_mode: str = setting(
+        "torch.compile mode when compiling; reduce-overhead uses CUDA graphs",
+        "default",
+        choices=("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"),
+    )
 
 
 METAVARS = {int: "N", float: "X", Path: "DIR"}
@@ -189,17 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _convert(name: str, text: str, kind: Any, parse: Callable[[str], Any] | None) -> Any:
+def _convert(name: str, text: str, kind: Any, meta: Any) -> Any:
     """A flag's string as its field's type; the error names the flag and what it accepts."""
-    if parse is not None:
-        return parse(text)
-    if kind not in (int, float):
-        return text
+    parse = meta["parse"] or (kind if kind in (int, float) else str)
     try:
-        return kind(text)
+        return parse(text)
     except ValueError:
-        words = "a whole number" if kind is int else "a number"
-        raise InputError(f"{flag(name)} {text}: must be {words}") from None
+        words = {int: "must be a whole number", float: "must be a number"}.get(kind)
+        raise InputError(f"{flag(name)} {text}: {words or meta['rule'].allowed}") from None
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
@@ -213,7 +246,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     for f in fields(TrainConfig):
         text, default = args[f.name], f.metadata["default"]
         if text is not None:
-            values[f.name] = _convert(f.name, text, types[f.name], f.metadata["parse"])
+            values[f.name] = _convert(f.name, text, types[f.name], f.metadata)
         else:
             values[f.name] = PRESETS[preset][f.name] if default is PRESET else default
     values["out"] = values["out"] or Path(os.environ.get("GPUTRAIN_OUT") or "out")
@@ -222,6 +255,15 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     )
     cfg = TrainConfig(**values)
     validate(cfg)
+    if args["grad_accum"] is not None and cfg.tokens_per_step is not None:
+        raise InputError(
+            f"--grad-accum {cfg.grad_accum}: give --grad-accum or --tokens-per-step, not both"
+        )
+    if args["grad_accum"] is not None and cfg.batch_size == "auto":
+        raise InputError(
+            f"--grad-accum {cfg.grad_accum}: --batch-size auto picks it "
+            "(set the step's size with --tokens-per-step)"
+        )
     return cfg
 
 

@@ -1,7 +1,8 @@
 """Training data with no downloads: a synthetic Markov chain, byte-level text, or a nanoGPT .bin file.
 
-Every batch is a pure function of (seed, step, rank, micro_step), so a resumed run sees exactly the
-data an uninterrupted run would, without saving any data-loader state.
+Each optimizer step's rows on a rank are a pure function of (seed, step, rank), so a resumed run sees
+exactly the data an uninterrupted run would, without saving any data-loader state, and the split
+into micro-batches (chosen by hand or by `--batch-size auto`) does not change the data.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ TRAIN, EVAL = 0, 1  # independent random streams
 LLMC_MAGIC, LLMC_HEADER_BYTES = 20240520, 256 * 4  # llm.c .bin: int32[256] header, then uint16
 
 
-def batch_rng(
-    seed: int, step: int, rank: int, micro_step: int, stream: int = TRAIN
-) -> np.random.Generator:
-    return np.random.default_rng([seed, stream, step, rank, micro_step])
+def batch_rng(seed: int, step: int, rank: int, stream: int = TRAIN) -> np.random.Generator:
+    return np.random.default_rng([seed, stream, step, rank])
 
 
 @dataclass(frozen=True)
@@ -84,14 +83,12 @@ class DataSource:
         seed: int,
         step: int,
         rank: int,
-        micro_step: int,
-        batch: int,
+        rows: int,
         block: int,
         stream: int = TRAIN,
     ) -> np.ndarray:
-        """(batch, block + 1) int64 tokens: inputs are [:, :-1], targets [:, 1:]."""
-        rng = batch_rng(seed, step, rank, micro_step, stream)
-        return self.source.sample(rng, batch, block + 1)
+        """(rows, block + 1) int64 tokens: inputs are [:, :-1], targets [:, 1:]."""
+        return self.source.sample(batch_rng(seed, step, rank, stream), rows, block + 1)
 
 
 def open_data(

@@ -9,6 +9,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from trainer.loss import chunked_cross_entropy
+
+# --attention: which scaled_dot_product_attention kernel; auto lets PyTorch choose per call.
+ATTENTION_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,  # CUDA only
+    "math": SDPBackend.MATH,
+}
 
 
 @dataclass(frozen=True)
@@ -30,9 +40,10 @@ def padded_vocab(vocab: int, multiple: int = 64) -> int:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, attention: str = "auto") -> None:
         super().__init__()
         self.n_head = cfg.n_head
+        self.backend = ATTENTION_BACKENDS.get(attention)
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=False)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
 
@@ -40,7 +51,11 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.backend is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            with sdpa_kernel(self.backend):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
@@ -55,10 +70,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, attention: str = "auto") -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.n_embd, bias=False)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, attention)
         self.ln2 = nn.LayerNorm(cfg.n_embd, bias=False)
         self.mlp = MLP(cfg)
 
@@ -68,12 +83,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    """The model; `attention` and `chunked_loss` change how it computes, never what (same weights)."""
+
+    def __init__(self, cfg: GPTConfig, attention: str = "auto", chunked_loss: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
+        self.chunked_loss = chunked_loss
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=False)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
@@ -99,7 +117,12 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None and self.chunked_loss and torch.is_grad_enabled():
+            return chunked_cross_entropy(
+                x.view(-1, x.size(-1)), self.lm_head.weight, targets.reshape(-1)
+            )
+        logits = self.lm_head(x)
         if targets is None:
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))

@@ -68,9 +68,9 @@ def crc32c_of(path: Path) -> str:
 
 def new_client() -> Any:
     """A google-cloud-storage client: the VM's service account on GCE, the emulator in tests."""
-    from google.cloud import storage
+    from google.cloud.storage import Client
 
-    return storage.Client()
+    return Client()
 
 
 def upload_files(paths: list[Path], uri: GsUri) -> list[str]:
