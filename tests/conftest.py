@@ -11,6 +11,7 @@ import pytest
 
 from infra.compute import ComputeApi
 from tests.fake_compute import FakeCompute
+from tests.gcs_emulator import GcsEmulator
 from tests.testbed import TestBed, TestBedUnavailable
 
 
@@ -48,3 +49,11 @@ def fake() -> Iterator[FakeCompute]:
 def api(fake: FakeCompute) -> ComputeApi:
     """The production Compute API adapter, pointed at the fake."""
     return ComputeApi(fake.url)
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsEmulator]:
+    """A fresh Cloud Storage emulator with one bucket; this process and its children use it."""
+    with GcsEmulator() as emulator:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+        yield emulator

@@ -15,7 +15,18 @@ import numpy as np
 import pytest
 import torch
 
-from tests.trainer_helpers import ROOT, child_env, free_port, metrics, run, summary, torchrun_argv
+from tests.gcs_emulator import GcsEmulator
+from tests.trainer_helpers import (
+    child_env,
+    free_port,
+    metrics,
+    node_argv,
+    run,
+    start,
+    summary,
+    torchrun_argv,
+    wait_for_steps,
+)
 from trainer import checkpoint
 from trainer.config import parse_config
 from trainer.data import EVAL, LLMC_HEADER_BYTES, LLMC_MAGIC, MarkovChain, open_data, read_bin
@@ -23,6 +34,7 @@ from trainer.errors import InputError
 from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.model import GPT, GPTConfig, padded_vocab
 from trainer.step import lr_at
+from trainer.storage import CheckpointStore, GsUri
 from trainer.train import main
 
 METRIC_FIELDS = {"step", "loss", "lr", "tokens_per_s", "mfu", "peak_mem_bytes", "elapsed_s"}
@@ -90,40 +102,40 @@ def test_two_ranks_learn_and_end_with_identical_parameters(torchrun_run: Path) -
     assert [r["step"] for r in metrics(torchrun_run)] == list(range(1, TINY_STEPS + 1))
 
 
-def test_sigterm_checkpoints_and_resume_reproduces_every_later_loss(
-    torchrun_run: Path, tmp_path: Path
+def test_sigterm_checkpoints_uploads_and_resume_reproduces_every_later_loss(
+    torchrun_run: Path, tmp_path: Path, gcs: GcsEmulator
 ) -> None:
-    argv = torchrun_argv("trainer.train", ["--log-every", "1"])
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=child_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        path = tmp_path / "metrics.jsonl"
-        if path.exists() and len(path.read_text().splitlines()) >= 40:
-            break
-        time.sleep(0.05)
+    """Resumed twice: on a new node from the bucket, and on the same node from its disk."""
+    uri = f"gs://{gcs.bucket_name}/runs/sig/"
+    local_only = torchrun_argv("trainer.train", ["--log-every", "1"])
+    argv = [*local_only, "--checkpoint-uri", uri]
+    out = tmp_path / "node"
+    proc = start(argv, child_env(out))
+    wait_for_steps(out, 40, [proc])
     proc.send_signal(signal.SIGTERM)  # a spot preemption notice: torchrun forwards it
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0, log[-3000:]
     stopped = [int(c.split()[0]) for c in log.split("SIGTERM: stopped at step ")[1:]]
     assert stopped and 40 <= stopped[0] < TINY_STEPS, log[-3000:]
-    assert checkpoint.list_checkpoints(tmp_path)[-1][0] == stopped[0]
+    assert "with a checkpoint (saved and uploaded in" in log, log[-3000:]
+    assert checkpoint.list_checkpoints(out)[-1][0] == stopped[0]
+    complete, problems = CheckpointStore(GsUri(gcs.bucket_name, "runs/sig/")).complete()
+    assert complete[-1].step == stopped[0] and problems == []  # in the bucket, manifest and all
+    assert complete[-1].size == (out / f"ckpt-{stopped[0]:08d}.pt").stat().st_size
 
-    done = run(torchrun_argv("trainer.train", ["--log-every", "1"]), tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert summary(tmp_path)["resumed_from"] == stopped[0]
-    resumed = {r["step"]: r["loss"] for r in metrics(tmp_path)}
-    reference = {r["step"]: r["loss"] for r in metrics(torchrun_run)}
-    assert sorted(resumed) == list(range(1, TINY_STEPS + 1))
-    later = [s for s in reference if s > stopped[0]]
-    assert [resumed[s] for s in later] == [reference[s] for s in later]  # exactly, bit for bit
-    assert summary(tmp_path)["param_checksums"] == summary(torchrun_run)["param_checksums"]
+    new_node = tmp_path / "new-node"  # the preempted VM's disk is gone: only the bucket has it
+    for resumed_out, how in ((new_node, argv), (out, local_only)):
+        done = run(how, resumed_out)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert summary(resumed_out)["resumed_from"] == stopped[0]
+        resumed = {r["step"]: r["loss"] for r in metrics(resumed_out)}
+        reference = {r["step"]: r["loss"] for r in metrics(torchrun_run)}
+        later = [s for s in reference if s > stopped[0]]
+        assert [resumed[s] for s in later] == [reference[s] for s in later]  # bit for bit
+        assert summary(resumed_out)["param_checksums"] == summary(torchrun_run)["param_checksums"]
+        assert sorted(resumed) == list(
+            range(1 if resumed_out == out else stopped[0] + 1, TINY_STEPS + 1)
+        )
 
 
 def test_a_node_without_checkpoints_receives_the_newest_by_broadcast(tmp_path: Path) -> None:
@@ -131,37 +143,9 @@ def test_a_node_without_checkpoints_receives_the_newest_by_broadcast(tmp_path: P
     outs = [tmp_path / "node0", tmp_path / "node1"]
 
     def two_nodes(steps: int) -> list[subprocess.CompletedProcess[str]]:
-        port, procs = free_port(), []
-        for out in outs:
-            argv = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc-per-node=1",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--rdzv-id=nodes",
-                "--local-addr=127.0.0.1",
-                "-m",
-                "trainer.train",
-                "--steps",
-                str(steps),
-                "--checkpoint-every",
-                "20",
-                "--log-every",
-                "10",
-            ]
-            procs.append(
-                subprocess.Popen(
-                    argv,
-                    cwd=ROOT,
-                    env=child_env(out),
-                    text=True,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+        port = free_port()
+        args = ["--steps", str(steps), "--checkpoint-every", "20", "--log-every", "10"]
+        procs = [start(node_argv(port, "nodes", args), child_env(out)) for out in outs]
         return [
             subprocess.CompletedProcess(p.args, p.wait(120), p.communicate()[0], "") for p in procs
         ]

@@ -47,6 +47,8 @@ TINY_DEFAULTS = {
     "resume": "auto",
     "eval_batches": 8,
     "pg_timeout_s": 600.0,
+    "checkpoint_uri": None,
+    "upload_timeout_s": 20.0,
     # speed settings (new): the conservative defaults
     "tokens_per_step": None,
     "prefetch": "auto",
@@ -60,6 +62,7 @@ def test_every_field_has_exactly_one_flag_and_the_defaults_are_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("GPUTRAIN_OUT", raising=False)
+    monkeypatch.delenv("GPUTRAIN_CHECKPOINT_URI", raising=False)
     parser = build_parser()
     options = {a.dest: a.option_strings for a in parser._actions if a.dest != "help"}
     assert options == {f.name: ["--" + f.name.replace("_", "-")] for f in fields(TrainConfig)}

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ def free_port() -> int:
 
 
 def child_env(out: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(extra or {})}
-    env.pop("GPUTRAIN_OUT", None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for name in ("GPUTRAIN_OUT", "GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
+        env.pop(name, None)
+    env.update(extra or {})
     if out is not None:
         env["GPUTRAIN_OUT"] = str(out)
     return env
@@ -44,6 +47,40 @@ def torchrun_argv(
         module,
         *args,
     ]
+
+
+def node_argv(port: int, rdzv_id: str, args: list[str], nnodes: int = 2) -> list[str]:
+    """One of `nnodes` torchrun agents on this machine, one worker each: a "node" per agent."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={rdzv_id}",
+        "--local-addr=127.0.0.1",
+        "-m",
+        "trainer.train",
+        *args,
+    ]
+
+
+def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """A background run whose stdout and stderr come back together from communicate()."""
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_for_steps(out: Path, steps: int, procs: list[subprocess.Popen[str]]) -> None:
+    """Until `out` has logged `steps` metrics lines (or a run ended, or 120 s passed)."""
+    path, deadline = out / "metrics.jsonl", time.monotonic() + 120
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        if path.exists() and len(path.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.05)
 
 
 def run(

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, NoReturn, get_type_hints
 
 from trainer.errors import InputError
+from trainer.storage import parse_gs_uri
 
+CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"  # the controller sets gs://<bucket>/runs/<run-id>/
 PRESET = object()  # a setting's default comes from the --preset column below
 
 # One column per preset, one row per setting it fills in. gpt2-124m: 16 x 1024 x 4 = 65,536 tokens
@@ -135,9 +137,21 @@ class TrainConfig:
     checkpoint_every: int = setting("steps between checkpoints", rule=WHOLE_POSITIVE)
     keep_checkpoints: int = setting("checkpoints kept in --out", 2, rule=WHOLE_POSITIVE)
     resume: str = setting(
-        "auto: the newest checkpoint in --out; never; or a checkpoint file",
+        "auto: the newest intact checkpoint in --out or --checkpoint-uri; never; or a file",
         "auto",
         metavar="auto|never|PATH",
+    )
+    checkpoint_uri: str | None = setting(
+        "Cloud Storage for checkpoints too, written by rank 0 "
+        "(default: $GPUTRAIN_CHECKPOINT_URI; unset = --out only)",
+        None,
+        metavar="gs://BUCKET/PREFIX",
+    )
+    upload_timeout_s: float = setting(
+        "at a stop (SIGTERM, preemption), the most seconds to wait for the checkpoint upload; "
+        "GCE allows about 30 in all",
+        20.0,
+        rule=POSITIVE,
     )
     eval_batches: int = setting(
         "held-out batches (a step's sequences each) per rank at the end", 8, rule=NOT_NEGATIVE
@@ -239,6 +253,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         else:
             values[f.name] = PRESETS[preset][f.name] if default is PRESET else default
     values["out"] = values["out"] or Path(os.environ.get("GPUTRAIN_OUT") or "out")
+    values["checkpoint_uri"] = (
+        values["checkpoint_uri"] or os.environ.get(CHECKPOINT_URI_ENV) or None
+    )
     cfg = TrainConfig(**values)
     validate(cfg)
     if args["grad_accum"] is not None and cfg.tokens_per_step is not None:
@@ -264,5 +281,7 @@ def validate(cfg: TrainConfig) -> None:
         raise InputError(f"--vocab-size {cfg.vocab_size}: must be <= 65536 (uint16 tokens)")
     if cfg.out.exists() and not cfg.out.is_dir():
         raise InputError(f"--out {cfg.out}: is a file; must be a directory (existing or new)")
+    if cfg.checkpoint_uri is not None:
+        parse_gs_uri(cfg.checkpoint_uri, "--checkpoint-uri")
     if cfg.resume not in ("auto", "never") and not Path(cfg.resume).is_file():
         raise InputError(f"--resume {cfg.resume}: no such checkpoint file (or use auto or never)")

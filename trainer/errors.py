@@ -11,3 +11,8 @@ class InputError(Exception):
     """A bad flag value or a missing, corrupt or too short data file; the message names it."""
 
     exit_code = 2
+
+
+class CorruptCheckpoint(InputError):
+    """A checkpoint that exists but cannot be used (truncated, foreign, or unlike its manifest):
+    `--resume auto` falls back to an older one; a checkpoint named with `--resume PATH` exits 2."""

@@ -1,18 +1,17 @@
 """The reference DDP trainer: `python -m trainer.train --preset tiny`, alone or under torchrun.
 
-Writes metrics.jsonl, summary.json and checkpoints to --out. SIGTERM (a spot preemption notice)
-checkpoints and exits with status 143; `--resume auto` then continues from the newest checkpoint.
+Writes metrics.jsonl, summary.json and checkpoints to --out (and checkpoints to --checkpoint-uri).
+SIGTERM or GCE's preemption notice checkpoints, finishes the upload and exits with status 143;
+`--resume auto` then continues from the newest intact checkpoint.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict
-from types import FrameType
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from trainer.metrics import (
 from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.microbatch import fixed_shape, plan_step
 from trainer.model import GPT, GPTConfig, padded_vocab, param_checksum
+from trainer.preemption import StopRequest
 from trainer.step import (
     CUDA_GRAPH_MODES,
     amp_dtype,
@@ -50,12 +50,7 @@ from trainer.step import (
 )
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: stopped early on purpose, with a checkpoint to resume from
-_stop_requested = False
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global _stop_requested
-    _stop_requested = True
+FINAL_UPLOAD_WAIT_S = 600.0  # at the normal end nothing kills us: wait for the last upload
 
 
 def mean_over_ranks(env: DistEnv, value: torch.Tensor) -> float:
@@ -69,9 +64,12 @@ def mean_over_ranks(env: DistEnv, value: torch.Tensor) -> float:
 class Trainer:
     """One training attempt: builds everything, resumes if it can, runs the loop, writes outputs."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, data: DataSource) -> None:
+    def __init__(
+        self, cfg: TrainConfig, env: DistEnv, data: DataSource, stop: StopRequest | None = None
+    ) -> None:
         self.started = time.perf_counter()
         self.cfg, self.env, self.data = cfg, env, data
+        self.stop = stop or StopRequest()  # set by SIGTERM or the preemption watcher
         self.device = env.device
         self.dtype = amp_dtype(cfg, self.device)
         check_speed_settings(cfg, self.device, self.dtype)
@@ -87,7 +85,8 @@ class Trainer:
         self.start_step = 0
         self.initial_loss: float | None = None
         self.last_loss: float | None = None
-        state = checkpoint.resume_state(env, cfg.out, cfg.resume)
+        self.ckpt = checkpoint.Checkpoints(env, cfg.out, cfg.keep_checkpoints, cfg.checkpoint_uri)
+        state = self.ckpt.resume(cfg.resume)
         if state is not None:
             self.restore(state)
         self.compile = compile_kwargs(cfg, self.device)
@@ -181,24 +180,18 @@ class Trainer:
         self.raw.train()
         return mean_over_ranks(self.env, total / (n * self.shape.grad_accum))
 
-    def save(self, step: int) -> None:
-        if self.env.writes_files:
-            state = {
-                "step": step,
-                "model": self.raw.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "model_config": asdict(self.model_cfg),
-                "initial_loss": self.initial_loss,
-                "last_loss": self.last_loss,
-                "data": self.data.name,
-                "seed": self.cfg.seed,
-            }
-            path = checkpoint.save(self.cfg.out, state, self.cfg.keep_checkpoints)
-            if self.env.is_main:
-                say(f"checkpoint {path}")
-        if self.env.distributed:  # nobody exits (and gets the writer killed) before it is done
-            dist.barrier(group=self.env.control)
+    def state(self, step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "model": self.raw.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "model_config": asdict(self.model_cfg),
+            "initial_loss": self.initial_loss,
+            "last_loss": self.last_loss,
+            "data": self.data.name,
+            "seed": self.cfg.seed,
+        }
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -218,7 +211,7 @@ class Trainer:
             for step in range(self.start_step, cfg.steps):
                 loss = self.train_step(step, batches.next_step())
                 done = step + 1
-                stopped = any_rank(env, _stop_requested)
+                stopped = any_rank(env, self.stop.requested)
                 log = done % cfg.log_every == 0 or done in (self.start_step + 1, cfg.steps)
                 save = done % cfg.checkpoint_every == 0 or done == cfg.steps
                 if log or save or stopped or done == warmup_until:
@@ -226,20 +219,33 @@ class Trainer:
                     clock.pause(done)
                     if log or stopped:
                         self.log(metrics, done, loss, clock)
-                    if save or stopped:
-                        self.save(done)
                     if stopped:
-                        if env.is_main:
-                            say(
-                                f"SIGTERM: stopped at step {done} with a checkpoint; "
-                                "resume with --resume auto"
-                            )
-                        return PREEMPTED_EXIT
+                        return self.stop_here(done)
+                    if save:
+                        self.save(done)
                     clock.resume()
         finally:
             batches.close()
         self.write_summary(clock)
+        self.ckpt.finish_uploads(FINAL_UPLOAD_WAIT_S)
         return 0
+
+    def save(self, step: int) -> None:
+        self.ckpt.save(step, self.state)
+
+    def stop_here(self, step: int) -> int:
+        """Every rank saw the stop after `step`: save, finish the upload (bounded), say why, 143."""
+        started = time.perf_counter()
+        self.save(step)
+        uploaded = self.ckpt.finish_uploads(self.cfg.upload_timeout_s)
+        reasons = [r for r in all_gather(self.env, self.stop.reason) if r]
+        if self.env.is_main:
+            upload = {None: "", True: " and uploaded", False: ", upload unfinished,"}[uploaded]
+            say(
+                f"{reasons[0] if reasons else 'stop'}: stopped at step {step} with a checkpoint "
+                f"(saved{upload} in {time.perf_counter() - started:.1f} s); resume with --resume auto"
+            )
+        return PREEMPTED_EXIT
 
     def banner(self) -> str:
         cfg, restarts = self.cfg, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -341,10 +347,8 @@ def run(cfg: TrainConfig) -> int:
         seed=cfg.seed,
     )
     fixed_shape(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # a bad step size fails here too
-    global _stop_requested
-    _stop_requested = False
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+    stop = StopRequest()
+    with stop.handling(local_rank=int(os.environ.get("LOCAL_RANK", "0"))):
         env = setup(cfg.device, cfg.pg_timeout_s)
         cfg.out.mkdir(parents=True, exist_ok=True)
         if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -354,13 +358,11 @@ def run(cfg: TrainConfig) -> int:
         if env.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        trainer = Trainer(cfg, env, data)
+        trainer = Trainer(cfg, env, data, stop)
         status = trainer.run()
         del trainer  # no DDP reducer may outlive the process group
         gc.collect()
         teardown(env)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return status
 
 

@@ -1,0 +1,52 @@
+"""A real Cloud Storage emulator from PyPI (gcp-storage-emulator) on 127.0.0.1, in this process.
+
+The production code talks to it through the real google-cloud-storage client, which honours
+STORAGE_EMULATOR_HOST; child processes (torchrun, the Vertex entry point) inherit that variable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gcp_storage_emulator.server import create_server
+
+BUCKET = "gputrain-ckpt-test"
+
+
+class GcsEmulator:
+    """In-memory server with one bucket; `url` goes into STORAGE_EMULATOR_HOST."""
+
+    def __init__(self, bucket: str = BUCKET) -> None:
+        self.bucket_name = bucket
+        self._server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
+        self.url = ""
+
+    def __enter__(self) -> GcsEmulator:
+        self._server.start()
+        httpd = self._server._api._httpd  # bound to port 0: ask the socket which port it got
+        assert httpd is not None, "the emulator did not start"
+        self.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()
+
+    def client(self) -> Any:
+        """A google-cloud-storage client for the test's own reads and writes."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(
+            project="test",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.url},
+        )
+
+    def names(self, prefix: str = "") -> list[str]:
+        return sorted(b.name for b in self.client().list_blobs(self.bucket_name, prefix=prefix))
+
+    def read(self, name: str) -> bytes:
+        return bytes(self.client().bucket(self.bucket_name).blob(name).download_as_bytes())
+
+    def write(self, name: str, data: bytes) -> None:
+        self.client().bucket(self.bucket_name).blob(name).upload_from_string(data)

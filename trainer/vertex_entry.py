@@ -1,0 +1,181 @@
+"""Vertex AI's `pythonModule`: `python -m trainer.vertex_entry [trainer args...]` on every replica.
+
+Vertex starts one container per replica and describes the job in CLUSTER_SPEC: pools `workerpool0`
+(the chief, one replica) and `workerpool1` (the other workers), each a list of `host:port`, and this
+replica's `task {type, index}`. That gives the node count and this node's rank; the chief's address
+(or MASTER_ADDR/MASTER_PORT where Vertex sets them) is the rendezvous. Static rendezvous keeps the
+chief at global rank 0, the one rank that writes to the bucket. AIP_CHECKPOINT_DIR becomes the
+checkpoint URI; the chief copies summary.json and metrics.jsonl to AIP_MODEL_DIR at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from trainer.config import CHECKPOINT_URI_ENV, parse_config
+from trainer.errors import InputError
+from trainer.storage import parse_gs_uri, upload_files
+
+TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
+OUTPUTS = ("summary.json", "metrics.jsonl")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this replica sits in the job: what torchrun needs besides the process count."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    task: str = "workerpool0[0]"
+
+
+def _host_port(entry: object, where: str) -> tuple[str, int]:
+    host, _, port = str(entry).rpartition(":")
+    if not isinstance(entry, str) or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"CLUSTER_SPEC: {where} is {entry!r}, expected 'host:port'")
+    return host, int(port)
+
+
+def parse_cluster_spec(text: str) -> Placement:
+    """CLUSTER_SPEC JSON -> this replica's Placement; a malformed spec is one line naming the part."""
+    try:
+        spec = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"CLUSTER_SPEC: not JSON ({e})") from None
+    cluster = spec.get("cluster") if isinstance(spec, dict) else None
+    task = spec.get("task") if isinstance(spec, dict) else None
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise InputError("CLUSTER_SPEC: expected an object with 'cluster' and 'task'")
+    pools = {name: cluster.get(name, []) for name in TRAINER_POOLS}
+    if not all(isinstance(hosts, list) for hosts in pools.values()):
+        raise InputError("CLUSTER_SPEC: each cluster pool must be a list of 'host:port'")
+    if len(pools["workerpool0"]) != 1:
+        raise InputError(
+            f"CLUSTER_SPEC: workerpool0 has {len(pools['workerpool0'])} replicas, "
+            "expected exactly 1 (the chief)"
+        )
+    kind, index = task.get("type"), task.get("index")
+    if kind not in pools:
+        raise InputError(
+            f"CLUSTER_SPEC: task type {kind!r} does not run the trainer "
+            f"(allowed: {', '.join(TRAINER_POOLS)})"
+        )
+    if not isinstance(index, int) or not 0 <= index < len(pools[kind]):
+        raise InputError(
+            f"CLUSTER_SPEC: task index {index!r} is outside {kind}'s {len(pools[kind])} replicas"
+        )
+    for name, hosts in pools.items():
+        for i, entry in enumerate(hosts):
+            _host_port(entry, f"{name}[{i}]")
+    host, port = _host_port(pools["workerpool0"][0], "workerpool0[0]")
+    rank = index if kind == "workerpool0" else 1 + index
+    return Placement(1 + len(pools["workerpool1"]), rank, host, port, f"{kind}[{index}]")
+
+
+def placement_from_env(env: Mapping[str, str]) -> Placement:
+    """CLUSTER_SPEC first; MASTER_ADDR/MASTER_PORT override its rendezvous, and RANK/WORLD_SIZE
+    stand in for it where it is absent; with none of them, a single node."""
+    if env.get("CLUSTER_SPEC"):
+        placement = parse_cluster_spec(env["CLUSTER_SPEC"])
+    elif env.get("WORLD_SIZE") and env.get("RANK"):
+        nnodes, rank = _int(env, "WORLD_SIZE", 1), _int(env, "RANK", 0)
+        if rank >= nnodes:
+            raise InputError(f"RANK {rank}: must be below WORLD_SIZE {nnodes}")
+        placement = Placement(nnodes, rank, "", 0, f"rank {rank}")
+    else:
+        placement = Placement(1, 0, "127.0.0.1", 0, "single replica")
+    addr = env.get("MASTER_ADDR") or placement.master_addr
+    port = _int(env, "MASTER_PORT", 1) if env.get("MASTER_PORT") else placement.master_port
+    if placement.nnodes > 1 and not (addr and port):
+        raise InputError(
+            "MASTER_ADDR/MASTER_PORT: needed when RANK/WORLD_SIZE replace CLUSTER_SPEC"
+        )
+    return Placement(placement.nnodes, placement.node_rank, addr, port, placement.task)
+
+
+def _int(env: Mapping[str, str], name: str, least: int) -> int:
+    value = env[name]
+    if not value.isdigit() or int(value) < least:
+        raise InputError(f"{name} {value}: must be a whole number >= {least}")
+    return int(value)
+
+
+def torchrun_argv(placement: Placement, nproc: int, trainer_args: list[str]) -> list[str]:
+    """torchrun for this node: static rendezvous at the chief, so node ranks are Vertex's."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if placement.nnodes == 1:
+        argv += ["--standalone", "--nnodes=1"]
+    else:
+        argv += [
+            f"--nnodes={placement.nnodes}",
+            f"--node-rank={placement.node_rank}",
+            f"--master-addr={placement.master_addr}",
+            f"--master-port={placement.master_port}",
+        ]
+    return [*argv, "-m", "trainer.train", *trainer_args]
+
+
+def gpus_here() -> int:
+    import torch  # only now: parsing and errors stay fast
+
+    return torch.cuda.device_count()
+
+
+def run_forwarding_signals(argv: list[str]) -> int:
+    """Run torchrun; SIGTERM/SIGINT (a cancel or a spot stop) go on to it, and we wait for it."""
+    proc = subprocess.Popen(argv)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    return proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    trainer_args = sys.argv[1:] if argv is None else argv
+    try:
+        placement = placement_from_env(os.environ)
+        if os.environ.get("AIP_CHECKPOINT_DIR"):
+            parse_gs_uri(os.environ["AIP_CHECKPOINT_DIR"], "AIP_CHECKPOINT_DIR")
+            os.environ.setdefault(CHECKPOINT_URI_ENV, os.environ["AIP_CHECKPOINT_DIR"])
+        outputs = os.environ.get("AIP_MODEL_DIR")
+        model_dir = parse_gs_uri(outputs, "AIP_MODEL_DIR") if outputs else None
+        cfg = parse_config(trainer_args)  # bad trainer flags fail here, before torchrun starts
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+    nproc = 1 if cfg.device == "cpu" else max(1, gpus_here())
+    print(
+        f"vertex: {placement.task} is node {placement.node_rank} of {placement.nnodes}, "
+        f"{nproc} process(es), rendezvous {placement.master_addr}:{placement.master_port}, "
+        f"checkpoints {os.environ.get(CHECKPOINT_URI_ENV) or 'local only'}, "
+        f"outputs {model_dir or 'local only'}",
+        flush=True,
+    )
+    status = run_forwarding_signals(torchrun_argv(placement, nproc, trainer_args))
+    if placement.node_rank == 0 and model_dir is not None:  # on failure too: the metrics so far
+        try:
+            sent = upload_files([Path(cfg.out) / name for name in OUTPUTS], model_dir)
+            print(f"vertex: copied {', '.join(sent) or 'nothing'} to {model_dir}", flush=True)
+        except Exception as e:  # the training's own status still decides the exit code
+            print(
+                f"vertex: copying outputs to {model_dir} failed: {e}", file=sys.stderr, flush=True
+            )
+            status = status or 1
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
