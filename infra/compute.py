@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.errors import GputrainError
+from infra.base.errors import GputrainError
+from infra.base.retry import GaveUp, NotReady, every, poll_until
 
 STACK_LABEL = "gputrain-stack"  # the label every labelled resource of a stack carries
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
@@ -339,34 +340,44 @@ def fetch_host_keys(
     per VM. Raises GputrainError at the deadline: never connect without pinned keys."""
     api = api or ComputeApi()
     say = on_progress or (lambda _m: None)
-    start = clock()
-    previous: tuple[str, ...] = ()
-    last_rejected: list[str] = []
-    polls = 0
-    while True:
-        polls += 1
+    seen: list[tuple[str, ...]] = []  # the keys of each poll
+    rejected: list[str] = []
+
+    def published() -> tuple[str, ...]:
         items = api.guest_attributes(project, zone, instance, "hostkeys/")
-        if items is not None:
-            keys, last_rejected = parse_host_key_items(items)
-            for r in last_rejected:
-                say(f"{instance}: ignoring published host key {r}")
-            if keys and (any(k.startswith("ssh-ed25519 ") for k in keys) or keys == previous):
-                say(f"{instance}: pinned {len(keys)} host key(s) from guest attributes")
-                return keys
-            previous = keys
-        elapsed = clock() - start
-        if elapsed + poll_s > deadline_s:
-            why = (
-                f"only rejected keys were published ({'; '.join(last_rejected)})"
-                if last_rejected
-                else "the guest agent has not published them (was enable-guest-attributes=TRUE set at creation?)"
-            )
-            raise GputrainError(
-                f"no SSH host keys for {instance} in {zone} after {elapsed:.0f}s and {polls} "
-                f"queries: {why}; refusing to connect without pinned keys"
-            )
-        say(f"{instance}: waiting for SSH host keys in guest attributes ({elapsed:.0f}s)")
-        sleep(poll_s)
+        if items is None:
+            raise NotReady("not published yet")
+        keys, rejected[:] = parse_host_key_items(items)
+        for r in rejected:
+            say(f"{instance}: ignoring published host key {r}")
+        if keys and (any(k.startswith("ssh-ed25519 ") for k in keys) or seen[-1:] == [keys]):
+            return keys
+        seen.append(keys)
+        raise NotReady("only part of the keys so far")
+
+    try:
+        keys = poll_until(
+            published,
+            deadline_s=deadline_s,
+            delay=every(poll_s),
+            on_wait=lambda w: say(
+                f"{instance}: waiting for SSH host keys in guest attributes ({w.elapsed_s:.0f}s)"
+            ),
+            clock=clock,
+            sleep=sleep,
+        )
+    except GaveUp as e:
+        why = (
+            f"only rejected keys were published ({'; '.join(rejected)})"
+            if rejected
+            else "the guest agent has not published them (was enable-guest-attributes=TRUE set at creation?)"
+        )
+        raise GputrainError(
+            f"no SSH host keys for {instance} in {zone} after {e.elapsed_s:.0f}s and {e.attempts} "
+            f"queries: {why}; refusing to connect without pinned keys"
+        ) from e
+    say(f"{instance}: pinned {len(keys)} host key(s) from guest attributes")
+    return keys
 
 
 # ---- sweep ---------------------------------------------------------------------------------------

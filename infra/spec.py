@@ -21,8 +21,8 @@ from typing import Any, Literal, cast
 import yaml
 
 from infra import catalog
-from scripts.errors import UserError
-from scripts.nodes import GpuExpectation
+from infra.base.errors import UserError
+from infra.base.records import GpuExpectation
 
 PROJECT = "gputrain"
 NS = f"{PROJECT}:"

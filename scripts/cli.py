@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scripts.errors import GputrainError, UserError
+from infra.base.errors import GputrainError, UserError
 
 if TYPE_CHECKING:
     from scripts.lifecycle import Services

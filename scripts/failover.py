@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scripts.errors import GputrainError
+from infra.base.errors import GputrainError
 from scripts.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackRunner, summarise_pulumi_error
 
 FailureKind = Literal["stockout", "quota", "other"]

@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from infra.base.errors import GputrainError
+from infra.base.records import Fleet, Node
+from infra.base.retry import GaveUp, Waiting, poll_until
 from scripts import ui
-from scripts.errors import GputrainError
-from scripts.nodes import Fleet, Node
 from scripts.transport import (
     HostKeyError,
     LocalTransport,
@@ -30,47 +31,35 @@ class ConnectError(GputrainError):
     """Some nodes could not be reached before their deadline."""
 
 
-def backoff_delays(first: float = 0.3, factor: float = 1.6, cap: float = 5.0) -> list[float]:
-    """The waits between connection attempts: quick at first (sshd often comes up within a
-    second or two), then capped so a rebooting VM is noticed soon after it is back."""
-    delays, d = [], first
-    while d < cap:
-        delays.append(round(d, 3))
-        d *= factor
-    return [*delays, cap]
-
-
-def _connect_node(
-    transport: SshTransport, deadline_s: float, progress_every_s: float = 5.0
-) -> SshTransport:
+def _connect_node(transport: SshTransport, deadline_s: float) -> SshTransport:
+    """One node, retried with backoff through refused connections, resets and a login key not
+    yet installed; a host key that is not the pinned one is refused at once."""
     start = time.monotonic()
-    end = start + deadline_s
-    delays = backoff_delays()
-    attempt = 0
-    last_said = start
-    reason = ""
-    while True:
-        try:
-            transport.connect_once()
-            if attempt:
-                ui.say(f"{transport.name}: connected after {time.monotonic() - start:.1f} s")
-            return transport
-        except HostKeyError:
-            raise
-        except Exception as e:
-            reason = classify_connect_error(e)
-        now = time.monotonic()
-        delay = delays[min(attempt, len(delays) - 1)]
-        attempt += 1
-        if now + delay > end:
-            raise ConnectError(
-                f"node {transport.name} ({transport.target[0]}:{transport.target[1]}): "
-                f"not reachable within {deadline_s:.0f} s (last: {reason})"
-            )
-        if now - last_said >= progress_every_s or attempt == 1:
-            ui.say(f"{transport.name}: waiting for SSH ({reason}), {end - now:.0f} s left")
-            last_said = now
-        time.sleep(delay)
+    waited: list[Waiting] = []
+
+    def waiting(w: Waiting) -> None:
+        waited.append(w)
+        ui.say(f"{transport.name}: waiting for SSH ({w.reason}), {w.left_s:.0f} s left")
+
+    try:
+        poll_until(
+            transport.connect_once,
+            deadline_s=deadline_s,
+            retry_on=(Exception,),
+            fatal=(HostKeyError,),
+            reason=classify_connect_error,
+            on_wait=waiting,
+            progress_every_s=5.0,
+        )
+    except GaveUp as e:
+        host, port = transport.target
+        raise ConnectError(
+            f"node {transport.name} ({host}:{port}): "
+            f"not reachable within {deadline_s:.0f} s (last: {e.reason})"
+        ) from e
+    if waited:
+        ui.say(f"{transport.name}: connected after {time.monotonic() - start:.1f} s")
+    return transport
 
 
 def parallel(

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts.errors import UserError
-from scripts.nodes import Fleet, GpuExpectation, Node
+from infra.base.errors import UserError
+from infra.base.records import Fleet, GpuExpectation, Node
 
 TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
 HOST_KEYS = ("address", "internal_address", "name", "port")

@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.base.errors import GputrainError, UserError
+from infra.base.records import Fleet
 from scripts import ui
-from scripts.errors import GputrainError, UserError
 from scripts.fleet import parallel
-from scripts.nodes import Fleet
 from scripts.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB, check_size, collect_sources, sync_code
 from scripts.transport import ConnectionLostError, Transport, TransportError
 

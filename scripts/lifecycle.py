@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infra.base.errors import GputrainError, UserError
+from infra.base.records import Fleet, GpuExpectation, Node
 from scripts import ui
-from scripts.errors import GputrainError, UserError
 from scripts.guard import SignalGuard, signal_guard
-from scripts.nodes import Fleet, GpuExpectation, Node
 
 if TYPE_CHECKING:
     from infra.compute import ComputeApi, Leftover

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
-from scripts.errors import GputrainError
-from scripts.nodes import Fleet, GpuExpectation, Node
+from infra.base.errors import GputrainError
+from infra.base.records import Fleet, GpuExpectation, Node
 
 OnOutput = Callable[[str], None]
 ZONE_CONFIG_KEY = "gputrain:zone"

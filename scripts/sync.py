@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.errors import UserError
+from infra.base.errors import UserError
 from scripts.transport import Transport, TransportError
 
 DEFAULT_MAX_UPLOAD_MIB = 200

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from infra.base.errors import GputrainError
+from infra.base.retry import GaveUp, poll_until
 from scripts import ui
-from scripts.errors import GputrainError
 
 if TYPE_CHECKING:
     import paramiko
 
-    from scripts.nodes import Node
+    from infra.base.records import Node
 
 NODE_ROOT_SH = '"${GPUTRAIN_NODE_ROOT:-$HOME}"'
 """Shell expression for the directory every command starts in (relative paths are under it)."""
@@ -430,23 +431,24 @@ class SshTransport:
             if self.generation != gen and self.is_alive():
                 return  # another thread already reconnected
             end = time.monotonic() + deadline_s
-            delay = 0.5
-            while True:
-                try:
-                    if self.via is not None and not self.via.probe(timeout=5):
-                        self.via.reconnect(max(1.0, end - time.monotonic()))
-                    self.connect_once()
-                    return
-                except HostKeyError:
-                    raise
-                except Exception as e:
-                    if time.monotonic() + delay > end:
-                        raise ConnectionLostError(
-                            f"node {self.name}: could not reconnect within {deadline_s:.0f} s "
-                            f"({classify_connect_error(e)})"
-                        ) from e
-                    time.sleep(delay)
-                    delay = min(delay * 1.6, 5.0)
+
+            def attempt() -> None:
+                if self.via is not None and not self.via.probe(timeout=5):
+                    self.via.reconnect(max(1.0, end - time.monotonic()))
+                self.connect_once()
+
+            try:
+                poll_until(
+                    attempt,
+                    deadline_s=deadline_s,
+                    retry_on=(Exception,),
+                    fatal=(HostKeyError,),
+                    reason=classify_connect_error,
+                )
+            except GaveUp as e:
+                raise ConnectionLostError(
+                    f"node {self.name}: could not reconnect within {deadline_s:.0f} s ({e.reason})"
+                ) from e
 
     def probe(self, timeout: float) -> bool:
         """Does the connection still answer? (a dead link without FIN looks alive to paramiko)"""

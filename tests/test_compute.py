@@ -7,6 +7,7 @@ import base64
 
 import pytest
 
+from infra.base.errors import GputrainError
 from infra.compute import (
     ComputeApi,
     ComputeApiError,
@@ -15,7 +16,6 @@ from infra.compute import (
     parse_host_key_items,
     sweep,
 )
-from scripts.errors import GputrainError
 from tests.fake_compute import PAGE_SIZE, FakeCompute, ssh_host_keys
 
 ZONE = "us-central1-a"

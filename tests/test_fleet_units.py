@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.errors import UserError
+from infra.base.errors import UserError
+from infra.base.records import GpuExpectation
 from scripts.launch import (
     Job,
     build_node_command,
@@ -24,7 +25,6 @@ from scripts.launch import (
     root_cause_lines,
     validate_job,
 )
-from scripts.nodes import GpuExpectation
 from scripts.sync import check_size, collect_sources, plan_upload, sync_code
 from scripts.transport import LocalTransport, fingerprint, known_hosts_name, parse_public_key
 from scripts.verify import GPU_FIELDS, check_gpus, parse_gpu_csv

@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from scripts.errors import UserError
+from infra.base.errors import UserError
 from scripts.hosts import load_hosts_file
 from tests.fake_compute import ssh_host_keys
 

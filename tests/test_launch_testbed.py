@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.base.records import Fleet, Node
 from scripts.fleet import close_all, connect
 from scripts.launch import Job, TrainingError, launch_torchrun
-from scripts.nodes import Fleet, Node
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from infra import spec as specmod
+from infra.base.errors import UserError
 from infra.spec import (
     SpecError,
     format_duration,
@@ -21,7 +22,6 @@ from infra.spec import (
     parse_spec,
     require_deployable,
 )
-from scripts.errors import UserError
 from scripts.keys import generate_ssh_keypair
 from tests.pulumi_mocks import ROOT, TEST_PUBLIC_KEY, deployable_config
 

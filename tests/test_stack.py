@@ -12,7 +12,7 @@ import pytest
 from pulumi.automation import CommandResult, PulumiCommand
 from pulumi.automation._cmd import VersionInfo
 
-from scripts.errors import GputrainError
+from infra.base.errors import GputrainError
 from scripts.stack import (
     PulumiStackRunner,
     StackError,

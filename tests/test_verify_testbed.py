@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from infra.base.records import GpuExpectation
 from scripts.fleet import close_all, connect
-from scripts.nodes import GpuExpectation
 from scripts.verify import VerificationError, verify_gpus
 from tests.testbed import GpuConfig, TestBed
 
