@@ -11,7 +11,7 @@ import base64
 import binascii
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,19 +62,6 @@ class ImageInfo:
     disk_size_gb: int
     deprecated_state: str | None = None
     replacement: str | None = None
-
-
-@dataclass(frozen=True)
-class Leftover:
-    """A resource of the stack that still exists (and may bill)."""
-
-    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy
-    name: str
-    location: str  # zone, region or "global"
-    matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name} ({self.location}; {self.matched_by})"
 
 
 # ---- the client --------------------------------------------------------------------------------
@@ -378,29 +365,3 @@ def fetch_host_keys(
         ) from e
     say(f"{instance}: pinned {len(keys)} host key(s) from guest attributes")
     return keys
-
-
-# ---- sweep ---------------------------------------------------------------------------------------
-
-
-def owned_by_name(name: str, stack: str) -> bool:
-    """The name rule for resources GCE cannot label (firewalls, networks, subnetworks, resource
-    policies): the stack's resources are named `<stack>` or `<stack>-...` (`dev-net`, `dev-ssh`,
-    `dev-node-0`). Another stack whose name starts with `<stack>-` (dev / dev-2) also matches, so
-    sweep reports it: a loud false positive, never a silent miss."""
-    return name == stack or name.startswith(f"{stack}-")
-
-
-def sweep(project: str, stack: str, *, api: ComputeApi | None = None) -> list[Leftover]:
-    """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
-    (instances, disks, addresses) and anything named by the stack prefix rule (all kinds, since
-    boot disks only carry labels when the program copies them). Lists, never deletes."""
-    api = api or ComputeApi()
-    leftovers: list[Leftover] = []
-    for kind, item, location in api.stack_resource_candidates(project):
-        labels: Mapping[str, str] = dict(getattr(item, "labels", {}) or {})
-        if labels.get(STACK_LABEL) == stack:
-            leftovers.append(Leftover(kind, item.name, location, f"label {STACK_LABEL}={stack}"))
-        elif owned_by_name(item.name, stack):
-            leftovers.append(Leftover(kind, item.name, location, f"name prefix {stack}-"))
-    return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))

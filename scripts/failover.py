@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from infra.base.errors import GputrainError
+from infra.catalog import quota_console_url
 from scripts.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackRunner, summarise_pulumi_error
 
 FailureKind = Literal["stockout", "quota", "other"]
@@ -106,10 +107,7 @@ def quota_fix(
     """How to get past a quota stop: the metric to raise, where, and other regions in the list."""
     metric = failure.quota_metric or "the GPU quota"
     where = f"in region {failure.region}" if failure.region else "globally"
-    url = "https://console.cloud.google.com/iam-admin/quotas" + (
-        f"?project={project}" if project else ""
-    )
-    fix = f"request more {metric} {where} at {url}"
+    fix = f"request more {metric} {where} at {quota_console_url(project)}"
     if failure.region:
         done = set(tried)
         elsewhere = [z for z in zones if not z.startswith(failure.region + "-") and z not in done]

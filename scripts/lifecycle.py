@@ -26,9 +26,9 @@ from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 
 if TYPE_CHECKING:
-    from infra.compute import ComputeApi, Leftover
-    from infra.preflight import PreflightRequest
+    from infra.compute import ComputeApi
     from infra.spec import ClusterSpec
+    from infra.sweep import Leftover
     from scripts.launch import JobResult
     from scripts.stack import StackRunner
     from scripts.transport import Transport
@@ -94,7 +94,8 @@ def new_run_id() -> str:
 
 
 def load_spec(stack: str, services: Services) -> ClusterSpec:
-    from infra.spec import load_stack_config, parse_spec
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
 
     return parse_spec(load_stack_config(services.root, stack), stack)
 
@@ -145,46 +146,6 @@ def private_key_file(runner: StackRunner, stack: str) -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------- stack: preflight, up, down
-
-
-def preflight_request(spec: ClusterSpec) -> PreflightRequest:
-    from infra.preflight import PreflightRequest
-
-    assert spec.project is not None
-    return PreflightRequest(
-        project=spec.project,
-        zone=spec.zone,
-        machine_type=spec.machine_type,
-        accelerator=spec.accelerator,
-        gpus_per_node=spec.gpus_per_node,
-        nodes=spec.nodes,
-        spot=spec.spot,
-        vcpus_per_node=spec.vcpus,
-        gpu_quota_metric=spec.gpu_quota_metric,
-        cpu_quota_metric=spec.cpu_quota_metric,
-        image_project=spec.image_project,
-        image_family=spec.image_family,
-        boot_disk_gb=spec.boot_disk_gb,
-        is_n1=spec.attach_gpus,
-    )
-
-
-def preflight(spec: ClusterSpec, services: Services) -> list[str]:
-    """Run the Compute API checks in every zone; print one table; return the zones that pass."""
-    from infra.preflight import TABLE_HEADERS
-    from infra.preflight import preflight as run_checks
-
-    report = run_checks(preflight_request(spec), spec.zones, api=services.compute())
-    ui.table("preflight", TABLE_HEADERS, report.table_rows())
-    ok_zones = report.ok_zones(spec.zones)
-    if not ok_zones:
-        raise GputrainError(
-            "preflight failed in every zone (see the fixes in the table above); nothing was created"
-        )
-    skipped = [z for z in spec.zones if z not in ok_zones]
-    if skipped:
-        ui.warn(f"preflight: skipping zone(s) {', '.join(skipped)}")
-    return ok_zones
 
 
 def confirm(spec: ClusterSpec, *, yes: bool) -> None:
@@ -285,7 +246,7 @@ def teardown(spec: ClusterSpec, runner: StackRunner, services: Services) -> None
 
 def sweep(spec: ClusterSpec, services: Services) -> list[Leftover]:
     """List whatever still carries the stack's labels or name prefix; print it loudly."""
-    from infra.compute import sweep as list_leftovers
+    from infra.sweep import sweep as list_leftovers
 
     if not spec.project:
         raise UserError(f"gcp:project is not set for stack {spec.stack}")
@@ -463,12 +424,15 @@ def _new_cluster(
     """preflight -> confirm -> up -> host keys -> verify [-> train], then teardown in a
     `finally`: `run` keeps the cluster only with --keep, `up` only once it is proven."""
     from infra.spec import require_deployable
+    from scripts.targets.gce.preflight import preflight_zones
 
     started = time.monotonic()
     spec = load_spec(stack, services)
     require_deployable(spec)
     with signal_guard() as guard:
-        zones = list(spec.zones) if opts.skip_preflight else preflight(spec, services)
+        zones = (
+            list(spec.zones) if opts.skip_preflight else preflight_zones(spec, services.compute())
+        )
         confirm(spec, yes=opts.yes)
         runner = services.runner(stack)
         result: JobResult | None = None
@@ -608,7 +572,7 @@ def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: floa
 
 
 def status(stack: str, services: Services) -> None:
-    from infra.spec import format_duration
+    from infra.fields import format_duration
 
     spec = load_spec(stack, services)
     if not spec.project:

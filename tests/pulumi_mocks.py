@@ -17,7 +17,7 @@ from typing import Any
 
 import pulumi
 
-from infra.spec import PROJECT, load_stack_config
+from infra.stackfile import PROJECT, load_stack_config
 from scripts.keys import generate_ssh_keypair
 
 ROOT = Path(__file__).resolve().parent.parent

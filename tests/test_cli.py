@@ -16,7 +16,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from infra.spec import load_stack_config, parse_spec
+from infra.spec import parse_spec
+from infra.stackfile import load_stack_config
 from scripts.cli import main
 from scripts.lifecycle import Services, ttl_left_s
 from tests.fake_compute import FakeCompute

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.compute import ComputeApi, sweep
+from infra.compute import ComputeApi
+from infra.sweep import sweep
 from scripts.failover import (
     ProvisioningError,
     classify_provisioning_error,

@@ -169,7 +169,8 @@ def assert_torn_down(w: World) -> None:
     """destroy ran and nothing of the stack is left in the (fake) project."""
     assert "destroy" in w.runner.call_names()
     assert w.runner.existing == []
-    from infra.compute import ComputeApi, sweep
+    from infra.compute import ComputeApi
+    from infra.sweep import sweep
 
     assert sweep("gputrain-test", "e2e", api=ComputeApi(w.compute.url)) == []
 
