@@ -14,13 +14,10 @@ from infra.base.errors import GputrainError
 from infra.base.records import Fleet, Node
 from infra.base.retry import GaveUp, Waiting, poll_until
 from scripts import ui
-from scripts.transport import (
-    HostKeyError,
-    LocalTransport,
-    SshTransport,
-    Transport,
-    classify_connect_error,
-)
+from scripts.transport.base import Transport
+from scripts.transport.hostkeys import HostKeyError
+from scripts.transport.local import LocalTransport
+from scripts.transport.ssh import SshTransport, classify_connect_error
 
 __all__ = ["ConnectError", "HostKeyError", "close_all", "connect", "parallel"]
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
+from scripts.transport.hostkeys import KnownHosts
 
 TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
 HOST_KEYS = ("address", "internal_address", "name", "port")
@@ -302,16 +303,7 @@ def _known_hosts_lookup(w: _Where, path: Path, trust_new_hosts: bool) -> Any:
         raise w.error("known_hosts", str(path), "expected a readable known_hosts file")
     import paramiko
 
-    host_keys = paramiko.HostKeys()
     try:
-        host_keys.load(str(path))
+        return KnownHosts(path).keys_for
     except (OSError, paramiko.SSHException, ValueError) as e:
         raise w.error("known_hosts", str(path), f"cannot parse it ({e})") from None
-
-    def lookup(address: str, port: int) -> tuple[str, ...]:
-        entry = host_keys.lookup(address if port == 22 else f"[{address}]:{port}")
-        if not entry:
-            return ()
-        return tuple(f"{k.get_name()} {k.get_base64()}" for k in entry.values())
-
-    return lookup

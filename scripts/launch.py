@@ -26,7 +26,7 @@ from infra.base.records import Fleet
 from scripts import ui
 from scripts.fleet import parallel
 from scripts.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB, check_size, collect_sources, sync_code
-from scripts.transport import ConnectionLostError, Transport, TransportError
+from scripts.transport.base import ConnectionLostError, Transport, TransportError
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 RUNS_DIR = ".gputrain/runs"

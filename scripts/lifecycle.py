@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from infra.sweep import Leftover
     from scripts.launch import JobResult
     from scripts.stack import StackRunner
-    from scripts.transport import Transport
+    from scripts.transport.base import Transport
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -628,16 +628,6 @@ def ssh_argv(fleet: Fleet, node: Node, known_hosts: Path, command: Sequence[str]
     return argv
 
 
-def known_hosts_lines(fleet: Fleet) -> list[str]:
-    """known_hosts entries for every pinned key, under the names ssh will look them up by."""
-    lines = []
-    for n in fleet.nodes:
-        host = n.address or n.internal_address
-        name = host if n.port == 22 else f"[{host}]:{n.port}"
-        lines += [f"{name} {key}" for key in n.host_keys]
-    return lines
-
-
 def ssh(
     target: Target, selector: str, command: Sequence[str], opts: RunOptions, services: Services
 ) -> int:
@@ -660,5 +650,7 @@ def ssh(
             )
         with tempfile.TemporaryDirectory(prefix="gputrain-ssh-") as d:
             known = Path(d) / "known_hosts"
+            from scripts.transport.hostkeys import known_hosts_lines
+
             known.write_text("\n".join(known_hosts_lines(fleet)) + "\n")
             return subprocess.run(ssh_argv(fleet, node, known, command)).returncode

@@ -11,7 +11,7 @@ from infra.base.records import Fleet, GpuExpectation
 from infra.base.retry import GaveUp, NotReady, poll_until
 from scripts import ui
 from scripts.fleet import parallel
-from scripts.transport import CommandResult, Transport
+from scripts.transport.base import CommandResult, Transport
 
 GPU_FIELDS = (
     "index",

@@ -26,7 +26,8 @@ from scripts.launch import (
     validate_job,
 )
 from scripts.sync import check_size, collect_sources, plan_upload, sync_code
-from scripts.transport import LocalTransport, fingerprint, known_hosts_name, parse_public_key
+from scripts.transport.hostkeys import fingerprint, known_hosts_name, parse_public_key
+from scripts.transport.local import LocalTransport
 from scripts.verify import GPU_FIELDS, check_gpus, parse_gpu_csv
 
 HOSTILE = ("a b", "$HOME", "'q'", 'd"q', "x;touch pwned", "`id`", "$(id)", "*", "", "-m", "\\n")
@@ -258,7 +259,7 @@ def test_local_transport_roundtrip(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "f.txt").write_text("hello")
-    t.upload(src, "up")
+    sync_code(t, {"d/f.txt": src / "d" / "f.txt"}, remote_dir="up", staging=tmp_path / "s")
     assert t.run("cat up/d/f.txt", 5).stdout == "hello"
     assert t.download("up", tmp_path / "back") is True
     assert (tmp_path / "back" / "d" / "f.txt").read_text() == "hello"
