@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from infra.compute import ComputeApi
     from infra.spec import ClusterSpec
     from infra.sweep import Leftover
-    from scripts.launch import JobResult
+    from scripts.job.records import JobResult
     from scripts.stack import StackRunner
     from scripts.transport.base import Transport
 
@@ -301,7 +301,7 @@ def connected(
     fleet: Fleet, services: Services, *, record_new_keys: Path | None = None
 ) -> Iterator[dict[str, Transport]]:
     """Transports to every node (pinned host keys), open for verify, launch and collect."""
-    from scripts.fleet import close_all, connect
+    from scripts.connect import close_all, connect
 
     transports = connect(
         fleet, deadline_s=services.connect_deadline_s, trust_new_hosts=record_new_keys
@@ -326,7 +326,8 @@ def train(
     guard: SignalGuard,
 ) -> JobResult:
     """Upload, launch torchrun everywhere, stream, collect; stop the job on any interruption."""
-    from scripts.launch import DEFAULT_ENTRY, Job, launch_torchrun, stop_job
+    from scripts.job.launch import launch_torchrun, stop_job
+    from scripts.job.records import DEFAULT_ENTRY, Job
 
     job = Job(
         run_id=new_run_id(),
@@ -343,7 +344,7 @@ def train(
     except BaseException:
         # Failed or interrupted: nothing may keep running on machines that stay up.
         with guard.teardown():
-            stop_job(fleet, transports, job.run_id)
+            stop_job(transports, job.run_id)
         raise
 
 
@@ -533,8 +534,8 @@ def run(target: Target, opts: RunOptions, services: Services) -> JobResult | Non
 
 def logs(target: Target, run_id: str | None, opts: RunOptions, services: Services) -> None:
     """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
-    from scripts.fleet import parallel
-    from scripts.launch import build_tail_command
+    from scripts.job.node_scripts import build_tail_command
+    from scripts.parallel import parallel
 
     with existing_fleet(target, opts, services) as (fleet, record):
         if run_id is None:

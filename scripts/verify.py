@@ -10,7 +10,7 @@ from infra.base.errors import GputrainError
 from infra.base.records import Fleet, GpuExpectation
 from infra.base.retry import GaveUp, NotReady, poll_until
 from scripts import ui
-from scripts.fleet import parallel
+from scripts.parallel import parallel
 from scripts.transport.base import CommandResult, Transport
 
 GPU_FIELDS = (

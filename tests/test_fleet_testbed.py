@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.fleet import ConnectError, connect
+from scripts.connect import ConnectError, connect
 from scripts.transport.hostkeys import HostKeyError, KnownHosts, fingerprint
 from tests.testbed import TestBed
 

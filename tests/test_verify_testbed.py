@@ -7,7 +7,7 @@ import time
 import pytest
 
 from infra.base.records import GpuExpectation
-from scripts.fleet import close_all, connect
+from scripts.connect import close_all, connect
 from scripts.verify import VerificationError, verify_gpus
 from tests.testbed import GpuConfig, TestBed
 

@@ -1,27 +1,22 @@
-"""Reach every node of a fleet: connect in parallel with backoff until a deadline, with progress."""
+"""Reach every node of a fleet: connect in parallel with backoff until a deadline, with progress;
+workers without an address of their own go through the head."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet, Node
 from infra.base.retry import GaveUp, Waiting, poll_until
 from scripts import ui
+from scripts.parallel import parallel
 from scripts.transport.base import Transport
 from scripts.transport.hostkeys import HostKeyError
 from scripts.transport.local import LocalTransport
 from scripts.transport.ssh import SshTransport, classify_connect_error
-
-__all__ = ["ConnectError", "HostKeyError", "close_all", "connect", "parallel"]
-
-T = TypeVar("T")
 
 
 class ConnectError(GputrainError):
@@ -57,24 +52,6 @@ def _connect_node(transport: SshTransport, deadline_s: float) -> SshTransport:
     if waited:
         ui.say(f"{transport.name}: connected after {time.monotonic() - start:.1f} s")
     return transport
-
-
-def parallel(
-    items: list[str], fn: Callable[[str], T]
-) -> tuple[dict[str, T], dict[str, BaseException]]:
-    """Run fn for every item in threads; results and errors by item."""
-    results: dict[str, T] = {}
-    errors: dict[str, BaseException] = {}
-    if not items:
-        return results, errors
-    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
-        futures = {item: pool.submit(fn, item) for item in items}
-        for item, fut in futures.items():
-            try:
-                results[item] = fut.result()
-            except BaseException as e:
-                errors[item] = e
-    return results, errors
 
 
 def connect(
