@@ -170,7 +170,7 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         spec.hourly_price_per_node * spec.nodes, abs=1e-3
     )
     # The controller reads exactly these exports (contract between program and lifecycle).
-    from scripts.stack import parse_stack_outputs
+    from scripts.targets.gce.stack import parse_stack_outputs
 
     parsed = parse_stack_outputs(outputs)
     assert [n.name for n in parsed.nodes] == list(spec.node_names)

@@ -7,7 +7,7 @@ import pytest
 
 from infra.compute import ComputeApi
 from infra.sweep import sweep
-from scripts.failover import (
+from scripts.targets.gce.failover import (
     ProvisioningError,
     classify_provisioning_error,
     provision_with_failover,

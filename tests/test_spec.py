@@ -16,7 +16,7 @@ from infra.base.errors import UserError
 from infra.fields import format_duration, parse_duration
 from infra.spec import SpecError, missing_settings, parse_spec, require_deployable
 from infra.stackfile import load_stack_config
-from scripts.keys import generate_ssh_keypair
+from scripts.targets.gce.keys import generate_ssh_keypair
 from tests.pulumi_mocks import ROOT, TEST_PUBLIC_KEY, deployable_config
 
 SHIPPED = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))

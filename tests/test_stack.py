@@ -13,7 +13,7 @@ from pulumi.automation import CommandResult, PulumiCommand
 from pulumi.automation._cmd import VersionInfo
 
 from infra.base.errors import GputrainError
-from scripts.stack import (
+from scripts.targets.gce.stack import (
     PulumiStackRunner,
     StackError,
     StackLockedError,

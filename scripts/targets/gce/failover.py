@@ -14,7 +14,13 @@ from typing import Any, Literal
 
 from infra.base.errors import GputrainError
 from infra.catalog import quota_console_url
-from scripts.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackRunner, summarise_pulumi_error
+from scripts.targets.gce.stack import (
+    ZONE_CONFIG_KEY,
+    OnOutput,
+    StackError,
+    StackRunner,
+    summarise_pulumi_error,
+)
 
 FailureKind = Literal["stockout", "quota", "other"]
 
