@@ -17,8 +17,8 @@ from typing import Any
 
 from infra.base.errors import GputrainError
 from infra.base.retry import GaveUp, NotReady, every, poll_until
+from infra.stackfile import STACK_LABEL
 
-STACK_LABEL = "gputrain-stack"  # the label every labelled resource of a stack carries
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
 
 
@@ -190,6 +190,8 @@ class ComputeApi:
         try:
             ga = client.get_guest_attributes(request=request)
         except gexc.NotFound as e:
+            # Both 404s carry reason notFound; only the message tells "not published yet"
+            # (resource 'hostkeys/' of type 'Guest Attribute') from "no such instance".
             if "Guest Attribute" in _message(e):
                 return None
             raise ComputeApiError(

@@ -14,7 +14,7 @@ from typing import Any
 
 from infra import catalog
 from infra.base.validate import Checker
-from infra.stackfile import DEFAULTS, NS, SpecError, qualify
+from infra.stackfile import DEFAULTS, NS, PROJECT_LABEL, STACK_LABEL, SpecError, qualify
 
 
 def _shown(value: Any) -> str:
@@ -108,7 +108,7 @@ class ConfigReader:
 _ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
-RESERVED_LABELS = ("gputrain-stack", "gputrain-project")
+RESERVED_LABELS = (STACK_LABEL, PROJECT_LABEL)
 _KEY_TYPES = (
     "ssh-ed25519",
     "ecdsa-sha2-nistp256",

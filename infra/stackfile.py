@@ -16,6 +16,8 @@ from infra.base.errors import UserError
 PROJECT = "gputrain"
 NS = f"{PROJECT}:"
 GCP_PROJECT_KEY = "gcp:project"
+STACK_LABEL = "gputrain-stack"  # on every labelled resource of a stack: how sweeps find them
+PROJECT_LABEL = "gputrain-project"
 
 DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
 FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.compute import STACK_LABEL, ComputeApi
+from infra.compute import ComputeApi
+from infra.stackfile import STACK_LABEL
 
 
 @dataclass(frozen=True)

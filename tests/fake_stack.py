@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.stackfile import STACK_LABEL
 from scripts.targets.gce.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackLockedError
 from tests.fake_compute import FakeCompute, region_of, ssh_host_keys
 
 NodeFactory = Callable[[str], list[dict[str, Any]]]  # zone -> nodes in the NodeOutput shape
-LABEL = "gputrain-stack"
 
 
 # ---- error texts, as `pulumi up` prints a failed GCE create -------------------------------------
@@ -303,7 +303,7 @@ class FakeStackRunner:
             body = self.compute.add_instance(
                 node["name"],
                 node["zone"],
-                labels={LABEL: self.stack_name},
+                labels={STACK_LABEL: self.stack_name},
                 internal_ip=node["internalIp"],
                 external_ip=node.get("externalIp"),
                 host_keys=keys,

@@ -57,6 +57,16 @@ def test_loading_every_infra_module_loads_no_controller_module() -> None:
     assert r.stdout.strip() == "[]"
 
 
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for pkg in ("infra", "scripts", "trainer")
+        for p in _modules(pkg)
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, long
+
+
 def test_help_of_every_command_loads_no_heavy_module() -> None:
     code = (
         "import sys, scripts.cli as c\n"

@@ -17,13 +17,14 @@ from infra.components.identity import NodeIdentity, NodeIdentityArgs
 from infra.components.network import ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
 from infra.spec import ClusterSpec
+from infra.stackfile import PROJECT_LABEL, STACK_LABEL
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
 
 
 def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
     """Labels for every labelable resource: ours (for sweeps and billing) + the user's."""
-    return {"gputrain-stack": spec.stack, "gputrain-project": pulumi_project, **spec.labels}
+    return {STACK_LABEL: spec.stack, PROJECT_LABEL: pulumi_project, **spec.labels}
 
 
 class GpuCluster(pulumi.ComponentResource):

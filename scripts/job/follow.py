@@ -72,9 +72,9 @@ def follow_job(
     job: Job,
     stop: StopNodes,
     *,
-    on_line: LineSink = say_line,
-    reconnect_deadline_s: float = 120.0,
-    settle_s: float = 2.0,
+    on_line: LineSink,
+    reconnect_deadline_s: float,
+    settle_s: float,
     stop_timeout_s: float = 30.0,
 ) -> FollowOutcome:
     """Follow every node until all have ended. On the first failure (after `settle_s`, so

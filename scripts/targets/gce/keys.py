@@ -12,10 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from infra.base.errors import UserError
+from infra.stackfile import qualify
 from scripts.targets.gce.stack import StackRunner
 
-PUBLIC_KEY = "gputrain:sshPublicKey"
-PRIVATE_KEY = "gputrain:sshPrivateKey"
+PUBLIC_KEY = qualify("sshPublicKey")
+PRIVATE_KEY = qualify("sshPrivateKey")
 
 
 def generate_ssh_keypair(comment: str) -> tuple[str, str]:

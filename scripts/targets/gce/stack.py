@@ -17,9 +17,15 @@ from infra import catalog
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.base.validate import Checker
+from infra.stackfile import qualify
 
 OnOutput = Callable[[str], None]
-ZONE_CONFIG_KEY = "gputrain:zone"
+ZONE_CONFIG_KEY = qualify("zone")  # written by the zone failover, read by the program
+
+
+def target_name(stack: str) -> str:
+    """The target a stack is: results go to runs/stack-<name>/."""
+    return f"stack-{stack}"
 
 
 class StackError(GputrainError):
@@ -257,7 +263,7 @@ class StackOutputs:
                 f"no pinned SSH host keys for {', '.join(missing)}: refusing to connect"
             )
         return Fleet(
-            target=f"stack-{stack}",
+            target=target_name(stack),
             nodes=tuple(
                 Node(
                     name=n.name,

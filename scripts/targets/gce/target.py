@@ -20,6 +20,7 @@ from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
+from scripts.targets.gce.stack import target_name
 from scripts.targets.session import FleetSession
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 class GceTarget:
     def __init__(self, stack: str, settings: Settings, clients: GceClients) -> None:
         self.stack = stack
-        self.name = f"stack-{stack}"
+        self.name = target_name(stack)
         self.settings = settings
         self.clients = clients
         self._runner: StackRunner | None = None
