@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.base.errors import EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
+from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
+from scripts import lifecycle
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
 
@@ -88,42 +89,32 @@ def cmd_status(ctx: Context) -> int:
 
 
 def cmd_sweep(ctx: Context) -> int:
-    return 1 if ctx.target.sweep() else EXIT_OK
+    return EXIT_FAILED if ctx.target.sweep() else EXIT_OK
 
 
 def cmd_verify(ctx: Context) -> int:
-    from scripts import lifecycle
-
     lifecycle.verify(ctx.target, ctx.opts)
     return EXIT_OK
 
 
 def cmd_run(ctx: Context) -> int:
     """Create, run, collect, destroy: the target exists only for this job (unless --keep)."""
-    from scripts import lifecycle
-
     lifecycle.run(ctx.target, ctx.opts, ctx.settings, create=True)
     return EXIT_OK
 
 
 def cmd_train(ctx: Context) -> int:
     """A job on what exists (`healthcheck` is one with the health check as its entry)."""
-    from scripts import lifecycle
-
     lifecycle.run(ctx.target, ctx.opts, ctx.settings, create=False)
     return EXIT_OK
 
 
 def cmd_logs(ctx: Context) -> int:
-    from scripts import lifecycle
-
     lifecycle.logs(ctx.target, ctx.args.run, ctx.opts, ctx.settings)
     return EXIT_OK
 
 
 def cmd_ssh(ctx: Context) -> int:
-    from scripts import lifecycle
-
     command = list(ctx.args.remote_command or ())
     if command and command[0] == "--":
         command = command[1:]
