@@ -22,11 +22,9 @@ def _shown(value: Any) -> str:
 
 
 #: "gputrain:nodes = '0': allowed: 1..64" — the stack config's way of saying what is wrong.
-CHECK = Checker(lambda key, value, allowed: f"{key} = {_shown(value)!r}: {allowed}", SpecError)
-
-
-def fail(key: str, value: object, allowed: str) -> SpecError:
-    return SpecError(CHECK.describe(qualify(key), value, allowed))
+CHECK = Checker(
+    lambda key, value, allowed: f"{qualify(key)} = {_shown(value)!r}: {allowed}", SpecError
+)
 
 
 # ---- durations ------------------------------------------------------------------------------
@@ -69,22 +67,22 @@ class ConfigReader:
         raw = self.text(key)
         if raw.lower() in ("true", "false"):
             return raw.lower() == "true"
-        raise fail(key, raw, "allowed: true or false")
+        raise CHECK.fail(key, raw, "allowed: true or false")
 
     def integer(self, key: str, lo: int, hi: int, what: str = "") -> int:
         raw = self.text(key)
         try:
             value = int(raw)
         except ValueError:
-            raise fail(key, raw, f"allowed: a whole number {lo}..{hi}{what}") from None
+            raise CHECK.fail(key, raw, f"allowed: a whole number {lo}..{hi}{what}") from None
         if not lo <= value <= hi:
-            raise fail(key, raw, f"allowed: {lo}..{hi}{what}")
+            raise CHECK.fail(key, raw, f"allowed: {lo}..{hi}{what}")
         return value
 
     def choice(self, key: str, options: tuple[str, ...]) -> str:
         raw = self.text(key)
         if raw not in options:
-            raise fail(key, raw, f"allowed: {', '.join(options)}")
+            raise CHECK.fail(key, raw, f"allowed: {', '.join(options)}")
         return raw
 
     def strings(self, key: str) -> list[str]:
@@ -96,9 +94,9 @@ class ConfigReader:
             try:
                 value = json.loads(raw)
             except json.JSONDecodeError:
-                raise fail(key, raw, "allowed: a list of strings") from None
+                raise CHECK.fail(key, raw, "allowed: a list of strings") from None
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise fail(key, raw, "allowed: a list of strings")
+                raise CHECK.fail(key, raw, "allowed: a list of strings")
             return [v.strip() for v in value]
         return [v.strip() for v in raw.split(",") if v.strip()]
 
@@ -122,20 +120,22 @@ def zones(s: ConfigReader) -> tuple[tuple[str, ...], str]:
     """(the zones in preference order, the zone to use now)."""
     listed = s.strings("zones")
     if not listed:
-        raise fail("zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]")
+        raise CHECK.fail(
+            "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
+        )
     for z in listed:
         if not _ZONE_RE.match(z):
-            raise fail("zones", z, "allowed: zone names like us-central1-a")
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
     regions = sorted({catalog.region_of(z) for z in listed})
     if len(regions) > 1:
-        raise fail(
+        raise CHECK.fail(
             "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
         )
     if len(set(listed)) != len(listed):
-        raise fail("zones", ",".join(listed), "each zone may appear once")
+        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
     zone = s.text("zone") or listed[0]
     if zone not in listed:
-        raise fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
+        raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
     return tuple(listed), zone
 
 
@@ -151,7 +151,7 @@ def ssh_public_key(s: ConfigReader) -> str | None:
             "(run `gputrain keygen --stack NAME`)"
         )
     if "\n" in raw or len(parts) < 2 or parts[0] not in _KEY_TYPES:
-        raise fail(
+        raise CHECK.fail(
             "sshPublicKey",
             shown,
             f"allowed: an OpenSSH public key line ({', '.join(_KEY_TYPES)} AAAA...)",
@@ -159,9 +159,9 @@ def ssh_public_key(s: ConfigReader) -> str | None:
     try:
         blob = base64.b64decode(parts[1], validate=True)
     except binascii.Error:
-        raise fail("sshPublicKey", shown, "the key data is not base64") from None
+        raise CHECK.fail("sshPublicKey", shown, "the key data is not base64") from None
     if blob[4 : 4 + len(parts[0])] != parts[0].encode():
-        raise fail("sshPublicKey", shown, f"the key data does not encode a {parts[0]} key")
+        raise CHECK.fail("sshPublicKey", shown, f"the key data does not encode a {parts[0]} key")
     return raw
 
 
@@ -171,13 +171,15 @@ def source_ranges(s: ConfigReader, anywhere: bool) -> tuple[str, ...]:
         try:
             net = ipaddress.ip_network(r, strict=True)
         except ValueError:
-            raise fail("sshSourceRanges", r, "allowed: IPv4 CIDRs like 203.0.113.7/32") from None
+            raise CHECK.fail(
+                "sshSourceRanges", r, "allowed: IPv4 CIDRs like 203.0.113.7/32"
+            ) from None
         if net.version != 4:
-            raise fail(
+            raise CHECK.fail(
                 "sshSourceRanges", r, "allowed: IPv4 CIDRs only (the nodes have IPv4 addresses)"
             )
         if net.prefixlen == 0 and not anywhere:
-            raise fail(
+            raise CHECK.fail(
                 "sshSourceRanges",
                 r,
                 "SSH open to the whole internet is refused; use your address/32, "
@@ -194,25 +196,27 @@ def labels(s: ConfigReader) -> dict[str, str]:
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError:
-            raise fail("labels", raw, "allowed: a list of key=value strings") from None
+            raise CHECK.fail("labels", raw, "allowed: a list of key=value strings") from None
         pairs = [(str(k), "" if v is None else str(v)) for k, v in obj.items()]
     else:
         for item in s.strings("labels"):
             if "=" not in item:
-                raise fail("labels", item, "allowed: key=value strings")
+                raise CHECK.fail("labels", item, "allowed: key=value strings")
             k, v = item.split("=", 1)
             pairs.append((k.strip(), v.strip()))
     out: dict[str, str] = {}
     for k, v in pairs:
         if not _LABEL_KEY_RE.match(k):
-            raise fail("labels", k, "label keys: lowercase letter first, then a-z 0-9 _ - (max 63)")
+            raise CHECK.fail(
+                "labels", k, "label keys: lowercase letter first, then a-z 0-9 _ - (max 63)"
+            )
         if not _LABEL_VALUE_RE.match(v):
-            raise fail("labels", f"{k}={v}", "label values: a-z 0-9 _ - only (max 63)")
+            raise CHECK.fail("labels", f"{k}={v}", "label values: a-z 0-9 _ - only (max 63)")
         if k in RESERVED_LABELS:
-            raise fail("labels", k, f"{', '.join(RESERVED_LABELS)} are set by gputrain")
+            raise CHECK.fail("labels", k, f"{', '.join(RESERVED_LABELS)} are set by gputrain")
         out[k] = v
     if len(out) > 60:
-        raise fail("labels", f"{len(out)} labels", "allowed: at most 60")
+        raise CHECK.fail("labels", f"{len(out)} labels", "allowed: at most 60")
     return out
 
 
@@ -223,21 +227,21 @@ def gpus(s: ConfigReader, mt: catalog.MachineType) -> tuple[str, int, bool]:
     try:
         count = int(count_raw)
     except ValueError:
-        raise fail(
+        raise CHECK.fail(
             "gpuCount", count_raw, "allowed: a whole number (0 = implied by machineType)"
         ) from None
     gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
     if gpu_type_raw and gpu_type is None:
-        raise fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
+        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
     if mt.accelerator is not None:
         if gpu_type is not None and gpu_type != mt.accelerator:
-            raise fail(
+            raise CHECK.fail(
                 "gpuType",
                 gpu_type_raw,
                 f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
             )
         if count not in (0, mt.gpus):
-            raise fail(
+            raise CHECK.fail(
                 "gpuCount",
                 count_raw,
                 f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
@@ -250,16 +254,16 @@ def gpus(s: ConfigReader, mt: catalog.MachineType) -> tuple[str, int, bool]:
         )
     gpu = catalog.N1_GPUS.get(gpu_type)
     if gpu is None:
-        raise fail(
+        raise CHECK.fail(
             "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
         )
     if count not in gpu.caps:
-        raise fail(
+        raise CHECK.fail(
             "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
         )
     max_vcpu, max_mem = gpu.caps[count]
     if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
-        raise fail(
+        raise CHECK.fail(
             "machineType",
             mt.name,
             f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "

@@ -15,7 +15,7 @@ from typing import Literal, cast
 
 from infra import catalog, fields, pricing
 from infra.base.records import GpuExpectation
-from infra.fields import CHECK, ConfigReader, fail, format_duration, parse_duration
+from infra.fields import CHECK, ConfigReader, format_duration, parse_duration
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
@@ -23,7 +23,6 @@ from infra.stackfile import (
     GCP_PROJECT_KEY,
     NS,
     SpecError,
-    qualify,
 )
 
 MIN_RUN_S = 10 * 60
@@ -144,9 +143,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     if mt is None:
         near = catalog.nearest_machine_types(mt_name)
         hint = f"nearest: {', '.join(near)}" if near else "see infra/catalog.py for the list"
-        raise fail("machineType", mt_name, f"not a known machine type; {hint}")
+        raise CHECK.fail("machineType", mt_name, f"not a known machine type; {hint}")
     if not mt.orderable:
-        raise fail(
+        raise CHECK.fail(
             "machineType", mt_name, "A3 Edge is a serving product, not orderable for training"
         )
     accelerator, gpus, attach = fields.gpus(cfg, mt)
@@ -154,28 +153,30 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     nodes = cfg.integer("nodes", 1, 64)
     spot = cfg.boolean("spot")
     if mt.spot_only and not spot:
-        raise fail("spot", "false", f"{mt.name} is offered only as Spot (set gputrain:spot true)")
+        raise CHECK.fail(
+            "spot", "false", f"{mt.name} is offered only as Spot (set gputrain:spot true)"
+        )
 
     ttl_raw = cfg.text("maxRunDuration")
     try:
         ttl = parse_duration(ttl_raw)
     except ValueError:
-        raise fail(
+        raise CHECK.fail(
             "maxRunDuration", ttl_raw, "allowed: durations like 90m, 6h, 2d, 1h30m"
         ) from None
     if not MIN_RUN_S <= ttl <= MAX_RUN_S:
-        raise fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
+        raise CHECK.fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
 
     image_family = cfg.text("imageFamily")
     image_project = cfg.text("imageProject")
     CHECK.matches(
-        qualify("imageFamily"),
+        "imageFamily",
         image_family,
         _IMAGE_FAMILY_RE,
         "allowed: an image family name, e.g. " + DEFAULT_IMAGE_FAMILY,
     )
     CHECK.matches(
-        qualify("imageProject"),
+        "imageProject",
         image_project,
         _IMAGE_PROJECT_RE,
         "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
@@ -184,7 +185,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     disk_gb = cfg.integer("bootDiskGb", MIN_BOOT_DISK_GB, MAX_BOOT_DISK_GB, " GB")
     disk_type = cfg.text("bootDiskType") or catalog.default_boot_disk_type(mt)
     if disk_type not in catalog.boot_disk_types(mt):
-        raise fail(
+        raise CHECK.fail(
             "bootDiskType",
             disk_type,
             f"allowed for {mt.name}: {', '.join(catalog.boot_disk_types(mt))}",
@@ -193,7 +194,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     ssh_user = cfg.text("sshUser")
     CHECK.check(
         bool(_USER_RE.match(ssh_user)) and ssh_user != "root",
-        qualify("sshUser"),
+        "sshUser",
         ssh_user,
         "allowed: a Linux user name (a-z 0-9 _ -, not root)",
     )
@@ -203,13 +204,15 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     )
     placement_raw = cfg.choice("placement", ("auto", "compact", "none"))
     if placement_raw == "compact" and not mt.compact_placement:
-        raise fail(
+        raise CHECK.fail(
             "placement",
             "compact",
             f"{mt.series.upper()} does not support compact placement; use none",
         )
     if placement_raw == "compact" and nodes < 2:
-        raise fail("placement", "compact", "compact placement needs nodes >= 2; use none or auto")
+        raise CHECK.fail(
+            "placement", "compact", "compact placement needs nodes >= 2; use none or auto"
+        )
     placement: Literal["compact", "none"] = (
         "compact"
         if placement_raw == "compact"
@@ -219,7 +222,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     network = cfg.text("network") or None
     if network is not None:
         CHECK.matches(
-            qualify("network"),
+            "network",
             network,
             _NETWORK_RE,
             "allowed: an existing VPC name (a-z 0-9 -) or empty",
