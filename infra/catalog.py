@@ -8,6 +8,7 @@ the Compute API preflight confirms the rest at run time.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,6 +61,9 @@ ACCELERATORS: dict[str, Accelerator] = {
 }
 
 GLOBAL_GPU_QUOTA_METRIC = "GPUS_ALL_REGIONS"
+
+
+ZONE_NAME = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")  # us-central1-a
 
 
 def region_of(zone: str) -> str:

@@ -103,7 +103,6 @@ class ConfigReader:
 
 # ---- the settings with rules of their own ---------------------------------------------------
 
-_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 RESERVED_LABELS = (STACK_LABEL, PROJECT_LABEL)
@@ -124,7 +123,7 @@ def zones(s: ConfigReader) -> tuple[tuple[str, ...], str]:
             "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
         )
     for z in listed:
-        if not _ZONE_RE.match(z):
+        if not catalog.ZONE_NAME.match(z):
             raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
     regions = sorted({catalog.region_of(z) for z in listed})
     if len(regions) > 1:

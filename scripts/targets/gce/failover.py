@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from infra.base.errors import GputrainError
-from infra.catalog import quota_console_url
+from infra.catalog import ZONE_NAME, quota_console_url
 from scripts.targets.gce.stack import (
     ZONE_CONFIG_KEY,
     OnOutput,
@@ -24,7 +24,6 @@ from scripts.targets.gce.stack import (
 
 FailureKind = Literal["stockout", "quota", "other"]
 
-_ZONE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
 _QUOTA_NAMED = re.compile(r"Quota '([A-Za-z0-9_:\-]+)' exceeded")
 _QUOTA_REGION = re.compile(r"exceeded\.?\s+Limit: [\d.]+ in region ([a-z]+-[a-z]+\d+)")
 _QUOTA_CODE = re.compile(r"QUOTA_EXCEEDED|quotaExceeded", re.IGNORECASE)
@@ -74,7 +73,7 @@ def zones_available_hint(text: str) -> tuple[str, ...]:
     for pattern in (_HINT_METADATA, _HINT_SENTENCE):
         for m in pattern.finditer(text):
             for zone in (z.strip() for z in m.group(1).split(",")):
-                if _ZONE.match(zone) and zone not in found:
+                if ZONE_NAME.match(zone) and zone not in found:
                     found.append(zone)
     return tuple(found)
 
