@@ -2,8 +2,9 @@
 
 import pulumi
 
-from infra.cluster import GpuCluster, stack_config_from_pulumi
+from infra.components.cluster import GpuCluster
 from infra.spec import parse_spec, require_deployable
+from infra.stackfile import stack_config_from_pulumi
 
 spec = parse_spec(stack_config_from_pulumi(), pulumi.get_stack())
 require_deployable(spec)

@@ -18,10 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from infra.base.records import GpuExpectation
 from scripts import ui
-from scripts.fleet import close_all, connect
-from scripts.launch import Job, launch_torchrun
-from scripts.nodes import GpuExpectation
+from scripts.connect import close_all, connect
+from scripts.job.launch import launch_torchrun
+from scripts.job.records import Job
 from scripts.verify import verify_gpus
 from tests.testbed import GpuConfig, TestBed
 

@@ -11,13 +11,14 @@ import base64
 import binascii
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.errors import GputrainError
+from infra.base.errors import GputrainError
+from infra.base.retry import GaveUp, NotReady, every, poll_until
+from infra.stackfile import STACK_LABEL
 
-STACK_LABEL = "gputrain-stack"  # the label every labelled resource of a stack carries
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
 
 
@@ -61,19 +62,6 @@ class ImageInfo:
     disk_size_gb: int
     deprecated_state: str | None = None
     replacement: str | None = None
-
-
-@dataclass(frozen=True)
-class Leftover:
-    """A resource of the stack that still exists (and may bill)."""
-
-    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy
-    name: str
-    location: str  # zone, region or "global"
-    matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name} ({self.location}; {self.matched_by})"
 
 
 # ---- the client --------------------------------------------------------------------------------
@@ -202,6 +190,8 @@ class ComputeApi:
         try:
             ga = client.get_guest_attributes(request=request)
         except gexc.NotFound as e:
+            # Both 404s carry reason notFound; only the message tells "not published yet"
+            # (resource 'hostkeys/' of type 'Guest Attribute') from "no such instance".
             if "Guest Attribute" in _message(e):
                 return None
             raise ComputeApiError(
@@ -339,57 +329,41 @@ def fetch_host_keys(
     per VM. Raises GputrainError at the deadline: never connect without pinned keys."""
     api = api or ComputeApi()
     say = on_progress or (lambda _m: None)
-    start = clock()
-    previous: tuple[str, ...] = ()
-    last_rejected: list[str] = []
-    polls = 0
-    while True:
-        polls += 1
+    seen: list[tuple[str, ...]] = []  # the keys of each poll
+    rejected: list[str] = []
+
+    def published() -> tuple[str, ...]:
         items = api.guest_attributes(project, zone, instance, "hostkeys/")
-        if items is not None:
-            keys, last_rejected = parse_host_key_items(items)
-            for r in last_rejected:
-                say(f"{instance}: ignoring published host key {r}")
-            if keys and (any(k.startswith("ssh-ed25519 ") for k in keys) or keys == previous):
-                say(f"{instance}: pinned {len(keys)} host key(s) from guest attributes")
-                return keys
-            previous = keys
-        elapsed = clock() - start
-        if elapsed + poll_s > deadline_s:
-            why = (
-                f"only rejected keys were published ({'; '.join(last_rejected)})"
-                if last_rejected
-                else "the guest agent has not published them (was enable-guest-attributes=TRUE set at creation?)"
-            )
-            raise GputrainError(
-                f"no SSH host keys for {instance} in {zone} after {elapsed:.0f}s and {polls} "
-                f"queries: {why}; refusing to connect without pinned keys"
-            )
-        say(f"{instance}: waiting for SSH host keys in guest attributes ({elapsed:.0f}s)")
-        sleep(poll_s)
+        if items is None:
+            raise NotReady("not published yet")
+        keys, rejected[:] = parse_host_key_items(items)
+        for r in rejected:
+            say(f"{instance}: ignoring published host key {r}")
+        if keys and (any(k.startswith("ssh-ed25519 ") for k in keys) or seen[-1:] == [keys]):
+            return keys
+        seen.append(keys)
+        raise NotReady("only part of the keys so far")
 
-
-# ---- sweep ---------------------------------------------------------------------------------------
-
-
-def owned_by_name(name: str, stack: str) -> bool:
-    """The name rule for resources GCE cannot label (firewalls, networks, subnetworks, resource
-    policies): the stack's resources are named `<stack>` or `<stack>-...` (`dev-net`, `dev-ssh`,
-    `dev-node-0`). Another stack whose name starts with `<stack>-` (dev / dev-2) also matches, so
-    sweep reports it: a loud false positive, never a silent miss."""
-    return name == stack or name.startswith(f"{stack}-")
-
-
-def sweep(project: str, stack: str, *, api: ComputeApi | None = None) -> list[Leftover]:
-    """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
-    (instances, disks, addresses) and anything named by the stack prefix rule (all kinds, since
-    boot disks only carry labels when the program copies them). Lists, never deletes."""
-    api = api or ComputeApi()
-    leftovers: list[Leftover] = []
-    for kind, item, location in api.stack_resource_candidates(project):
-        labels: Mapping[str, str] = dict(getattr(item, "labels", {}) or {})
-        if labels.get(STACK_LABEL) == stack:
-            leftovers.append(Leftover(kind, item.name, location, f"label {STACK_LABEL}={stack}"))
-        elif owned_by_name(item.name, stack):
-            leftovers.append(Leftover(kind, item.name, location, f"name prefix {stack}-"))
-    return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))
+    try:
+        keys = poll_until(
+            published,
+            deadline_s=deadline_s,
+            delay=every(poll_s),
+            on_wait=lambda w: say(
+                f"{instance}: waiting for SSH host keys in guest attributes ({w.elapsed_s:.0f}s)"
+            ),
+            clock=clock,
+            sleep=sleep,
+        )
+    except GaveUp as e:
+        why = (
+            f"only rejected keys were published ({'; '.join(rejected)})"
+            if rejected
+            else "the guest agent has not published them (was enable-guest-attributes=TRUE set at creation?)"
+        )
+        raise GputrainError(
+            f"no SSH host keys for {instance} in {zone} after {e.elapsed_s:.0f}s and {e.attempts} "
+            f"queries: {why}; refusing to connect without pinned keys"
+        ) from e
+    say(f"{instance}: pinned {len(keys)} host key(s) from guest attributes")
+    return keys

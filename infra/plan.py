@@ -5,15 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import catalog
-from infra.spec import (
-    ClusterSpec,
-    MissingSetting,
-    load_stack_config,
-    missing_settings,
-    parse_spec,
-    spec_warnings,
-)
+from infra import pricing
+from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec, spec_warnings
+from infra.stackfile import load_stack_config
 
 HEADERS = (
     "nodes",
@@ -80,7 +74,7 @@ def build_plan(spec: ClusterSpec) -> Plan:
         f"{worst:.2f}",
     )
     note = (
-        f"Prices: indicative {catalog.PRICE_REGION} USD, {'Spot' if spec.spot else 'on-demand'}, "
+        f"Prices: indicative {pricing.PRICE_REGION} USD, {'Spot' if spec.spot else 'on-demand'}, "
         f"{price.describe()}; disks and network extra. "
         f"Quota needed in {spec.region}: {spec.gpus_per_node * spec.nodes} x "
         f"{spec.gpu_quota_metric}, {spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}."

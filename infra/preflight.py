@@ -1,35 +1,26 @@
 """Preflight: prove a cluster request can be created before `pulumi up` spends money.
 
-Pure `check_*` functions judge what the Compute API returned (tested directly); `preflight()` makes
-the calls through infra.compute.ComputeApi, zone by zone, so failover can skip zones that fail.
-A quota metric the API does not report is unknown, not zero: it warns, it never fails.
+Pure `check_*` functions judge what the Compute API returned, one table row each (the GCE target
+makes the calls zone by zone, so failover can skip zones that fail). A quota metric the API does
+not report is unknown, not zero: it warns, it never fails.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from infra.compute import (
-    AcceleratorTypeInfo,
-    ComputeApi,
-    ComputeApiError,
-    ImageInfo,
-    MachineTypeInfo,
-    Quota,
-)
+from infra.catalog import quota_console_url, region_of
+from infra.compute import AcceleratorTypeInfo, ImageInfo, MachineTypeInfo, Quota
 
 Status = Literal["ok", "warn", "fail"]
 GLOBAL = "global"
-GPUS_ALL_REGIONS = "GPUS_ALL_REGIONS"
-CPUS_ALL_REGIONS = "CPUS_ALL_REGIONS"
 
 
 @dataclass(frozen=True)
 class PreflightRequest:
-    """Exactly what preflight needs; the CLI builds it from the ClusterSpec."""
+    """Exactly what preflight needs (built from the ClusterSpec by the GCE target)."""
 
     project: str
     zone: str
@@ -92,14 +83,6 @@ class PreflightReport:
 
 
 TABLE_HEADERS = ("check", "zone", "status", "detail", "fix")
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
-
-
-def quota_console_url(project: str) -> str:
-    return f"https://console.cloud.google.com/iam-admin/quotas?project={project}"
 
 
 # ---- pure checks -------------------------------------------------------------------------------
@@ -305,114 +288,3 @@ def check_image(req: PreflightRequest, image: ImageInfo | None) -> list[CheckRes
             )
         )
     return rows
-
-
-# ---- orchestration over the API ------------------------------------------------------------------
-
-
-def _api_failure(check: str, scope: str, error: ComputeApiError) -> CheckResult:
-    return CheckResult(
-        check,
-        scope,
-        "fail",
-        f"could not check: {error}",
-        "check the project id, that the Compute Engine API is enabled, and that your "
-        "credentials may read it (roles/compute.viewer)",
-    )
-
-
-def _zone_checks(api: ComputeApi, req: PreflightRequest) -> tuple[list[CheckResult], int]:
-    """Machine type (+ accelerator type on N1) rows, and the vCPUs per node for the CPU quota."""
-    try:
-        offered = api.accelerator_types(req.project, req.zone)
-        machine = api.machine_type(req.project, req.zone, req.machine_type)
-    except ComputeApiError as e:
-        return [_api_failure("machine type", req.zone, e)], req.vcpus_per_node
-    rows = [check_machine_type(req, machine, offered)]
-    if req.is_n1:
-        rows.append(check_accelerator_type(req, offered))
-    return rows, machine.guest_cpus if machine else req.vcpus_per_node
-
-
-def _region_checks(api: ComputeApi, req: PreflightRequest, cpus: int) -> list[CheckResult]:
-    try:
-        quotas = api.region_quotas(req.project, req.region)
-    except ComputeApiError as e:
-        return [_api_failure("quota", req.region, e)]
-    if quotas is None:
-        return [
-            CheckResult(
-                "region",
-                req.region,
-                "fail",
-                f"region {req.region} (of zone {req.zone}) does not exist",
-                "check the zone names",
-            )
-        ]
-    return [
-        check_quota(
-            "GPU quota",
-            req.region,
-            req.gpu_quota_metric,
-            req.total_gpus,
-            quotas,
-            project=req.project,
-            per_node=req.gpus_per_node,
-        ),
-        check_quota(
-            "CPU quota",
-            req.region,
-            req.cpu_quota_metric,
-            req.nodes * cpus,
-            quotas,
-            project=req.project,
-            per_node=cpus,
-        ),
-    ]
-
-
-def _global_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult]:
-    rows: list[CheckResult] = []
-    try:
-        project_quotas = api.project_quotas(req.project)
-        rows.append(
-            check_quota(
-                "GPU quota",
-                GLOBAL,
-                GPUS_ALL_REGIONS,
-                req.total_gpus,
-                project_quotas,
-                project=req.project,
-                per_node=req.gpus_per_node,
-                soft=req.spot,  # the facts sheet lists no GPUS_ALL_REGIONS pool for Spot
-            )
-        )
-    except ComputeApiError as e:
-        rows.append(_api_failure("GPU quota", GLOBAL, e))
-    try:
-        rows += check_image(req, api.image_from_family(req.image_project, req.image_family))
-    except ComputeApiError as e:
-        rows.append(_api_failure("image", GLOBAL, e))
-    return rows
-
-
-def preflight(
-    request: PreflightRequest,
-    zones: Sequence[str] | None = None,
-    *,
-    api: ComputeApi | None = None,
-) -> PreflightReport:
-    """All checks for `request.zone`, or for each of `zones` (project-wide and image checks run
-    once, regional quota once per region). Returns the report; never raises on a failed check."""
-    api = api or ComputeApi()
-    rows: list[CheckResult] = []
-    regions_done: set[str] = set()
-    for zone in list(zones) if zones else [request.zone]:
-        req = dataclasses.replace(request, zone=zone)
-        zone_rows, cpus = _zone_checks(api, req)
-        rows += zone_rows
-        if req.region not in regions_done:
-            regions_done.add(req.region)
-            rows += _region_checks(api, req, cpus)
-    rows += _global_checks(api, request)
-    return PreflightReport(tuple(rows))

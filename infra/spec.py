@@ -1,4 +1,4 @@
-"""Stack config -> validated, frozen ClusterSpec. The single parser of gputrain's settings.
+"""Stack config -> validated, frozen ClusterSpec: the only view of gputrain's settings.
 
 Every bad value raises SpecError with one line: the key, the bad value and what is allowed.
 Nothing here imports pulumi, so `gputrain plan` and the tests use it without the SDK.
@@ -6,70 +6,36 @@ Nothing here imports pulumi, so `gputrain plan` and the tests use it without the
 
 from __future__ import annotations
 
-import base64
-import binascii
 import difflib
-import ipaddress
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
-import yaml
-
-from infra import catalog
-from scripts.errors import UserError
-from scripts.nodes import GpuExpectation
-
-PROJECT = "gputrain"
-NS = f"{PROJECT}:"
-GCP_PROJECT_KEY = "gcp:project"
-
-DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
-FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"
-DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
+from infra import catalog, fields, pricing
+from infra.base.records import GpuExpectation
+from infra.fields import CHECK, ConfigReader, format_duration, parse_duration
+from infra.stackfile import (
+    DEFAULT_IMAGE_FAMILY,
+    DEFAULT_IMAGE_PROJECT,
+    DEFAULTS,
+    GCP_PROJECT_KEY,
+    NS,
+    SpecError,
+)
 
 MIN_RUN_S = 10 * 60
 MAX_RUN_S = 120 * 24 * 3600
 MIN_BOOT_DISK_GB = 50
 MAX_BOOT_DISK_GB = 65536
-RESERVED_LABELS = ("gputrain-stack", "gputrain-project")
 
-#: Every gputrain key with its default as the CLI would pass it (a string). Pulumi.yaml must
-#: declare exactly these keys with the same defaults (a test holds the two together).
-DEFAULTS: dict[str, str] = {
-    "zones": '["us-central1-a", "us-central1-b", "us-central1-c"]',
-    "zone": "",
-    "machineType": "g2-standard-4",
-    "gpuType": "",
-    "gpuCount": "0",
-    "nodes": "1",
-    "spot": "true",
-    "maxRunDuration": "6h",
-    "imageFamily": DEFAULT_IMAGE_FAMILY,
-    "imageProject": DEFAULT_IMAGE_PROJECT,
-    "bootDiskGb": "200",
-    "bootDiskType": "",
-    "sshUser": "gputrain",
-    "sshPublicKey": "",
-    "sshPrivateKey": "",
-    "sshSourceRanges": "[]",
-    "allowSshFromAnywhere": "false",
-    "publicIp": "head",
-    "placement": "auto",
-    "network": "",
-    "labels": "[]",
-}
-
-#: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
-PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k != "sshPrivateKey")
-
-
-class SpecError(UserError):
-    """A stack setting is invalid or missing; nothing has been declared or created."""
+_STACK_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,19}[a-z0-9])?$")
+_PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_IMAGE_FAMILY_RE = re.compile(r"^[a-z][-a-z0-9]{0,62}$")
+_IMAGE_PROJECT_RE = re.compile(r"^[a-z][-a-z0-9.:]{4,62}$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_NETWORK_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -116,11 +82,11 @@ class ClusterSpec:
         return format_duration(self.max_run_duration_s)
 
     @property
-    def price(self) -> catalog.Price:
+    def price(self) -> pricing.Price:
         mt = catalog.MACHINE_TYPES[self.machine_type]
         if self.attach_gpus:
-            return catalog.price(mt, self.accelerator, self.gpus_per_node)
-        return catalog.price(mt)
+            return pricing.price(mt, self.accelerator, self.gpus_per_node)
+        return pricing.price(mt)
 
     @property
     def hourly_price_per_node(self) -> float:
@@ -135,317 +101,12 @@ class ClusterSpec:
         return catalog.cpu_quota_metric(self.series, self.spot)
 
     def gpu_expectation(self) -> GpuExpectation:
-        """What nvidia-smi must show on every node: model, count, >= 90 % of nominal memory."""
-        min_mib = int(self.gpu_memory_gb * 1e9 / 2**20 * 0.9)
+        """What nvidia-smi must show on every node: model, count, the catalog's memory floor."""
         return GpuExpectation(
-            model=self.gpu_model, count=self.gpus_per_node, min_memory_mib=min_mib
+            model=self.gpu_model,
+            count=self.gpus_per_node,
+            min_memory_mib=catalog.ACCELERATORS[self.accelerator].min_memory_mib,
         )
-
-
-# --------------------------------------------------------------------------------------------
-# Reading stack files (no Pulumi CLI)
-# --------------------------------------------------------------------------------------------
-
-
-def _as_config_string(value: Any) -> str:
-    """A YAML value the way the Pulumi CLI hands it to the program."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | dict):
-        return json.dumps(value)
-    return "" if value is None else str(value)
-
-
-def _qualify(key: str) -> str:
-    return key if ":" in key else NS + key
-
-
-def load_stack_config(root: Path, stack: str) -> dict[str, str]:
-    """Pulumi.yaml defaults merged with Pulumi.<stack>.yaml: fully qualified keys, string values.
-
-    Secure (encrypted) values are skipped: only the CLI can decrypt them, and the program never
-    needs the one we store (sshPrivateKey).
-    """
-    project_file = root / "Pulumi.yaml"
-    stack_file = root / f"Pulumi.{stack}.yaml"
-    if not stack_file.is_file():
-        known = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
-        raise SpecError(
-            f"stack = {stack!r}: there is no {stack_file.name} in {root} (stacks: {', '.join(known) or 'none'})"
-        )
-    try:
-        project = yaml.safe_load(project_file.read_text()) or {}
-        stack_doc = yaml.safe_load(stack_file.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        detail = " ".join(str(exc).split())
-        raise SpecError(
-            f"stack = {stack!r}: cannot read Pulumi.yaml or {stack_file.name}: {detail}"
-        ) from exc
-    merged: dict[str, str] = {}
-    for key, decl in (project.get("config") or {}).items():
-        if isinstance(decl, dict):
-            if "secure" in decl:
-                continue
-            if "value" in decl:
-                merged[_qualify(key)] = _as_config_string(decl["value"])
-            elif "default" in decl:
-                merged[_qualify(key)] = _as_config_string(decl["default"])
-        else:
-            merged[_qualify(key)] = _as_config_string(decl)
-    for key, value in (stack_doc.get("config") or {}).items():
-        if isinstance(value, dict) and "secure" in value:
-            continue
-        merged[_qualify(key)] = _as_config_string(value)
-    return merged
-
-
-# --------------------------------------------------------------------------------------------
-# Small parsers
-# --------------------------------------------------------------------------------------------
-
-_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-
-
-def parse_duration(text: str) -> int:
-    """Seconds in "90m", "6h", "2d", "1h30m" (units d/h/m/s, largest first); ValueError if not."""
-    m = _DURATION_RE.match(text.strip())
-    if not text.strip() or m is None or not any(m.groups()):
-        raise ValueError(text)
-    return sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS, strict=True) if g)
-
-
-def format_duration(seconds: int) -> str:
-    """The shortest d/h/m/s form of a duration, e.g. 5400 -> "1h30m"."""
-    parts = []
-    for unit, mult in _UNITS:
-        q, seconds = divmod(seconds, mult)
-        if q:
-            parts.append(f"{q}{unit}")
-    return "".join(parts) or "0s"
-
-
-def _err(key: str, value: object, allowed: str) -> SpecError:
-    shown = value if isinstance(value, str) else json.dumps(value)
-    return SpecError(f"{_qualify(key)} = {shown!r}: {allowed}")
-
-
-def _bool(cfg: Mapping[str, str], key: str) -> bool:
-    raw = cfg.get(NS + key, DEFAULTS[key]).strip()
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    raise _err(key, raw, "allowed: true or false")
-
-
-def _int(cfg: Mapping[str, str], key: str, lo: int, hi: int, what: str = "") -> int:
-    raw = cfg.get(NS + key, DEFAULTS[key]).strip()
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _err(key, raw, f"allowed: a whole number {lo}..{hi}{what}") from None
-    if not lo <= value <= hi:
-        raise _err(key, raw, f"allowed: {lo}..{hi}{what}")
-    return value
-
-
-def _str(cfg: Mapping[str, str], key: str) -> str:
-    return cfg.get(NS + key, DEFAULTS[key]).strip()
-
-
-def _choice(cfg: Mapping[str, str], key: str, options: tuple[str, ...]) -> str:
-    raw = _str(cfg, key)
-    if raw not in options:
-        raise _err(key, raw, f"allowed: {', '.join(options)}")
-    return raw
-
-
-def _list(cfg: Mapping[str, str], key: str) -> list[str]:
-    """A list of strings: JSON array (how the CLI passes arrays) or a comma-separated string."""
-    raw = cfg.get(NS + key, DEFAULTS[key]).strip()
-    if not raw:
-        return []
-    if raw.startswith("["):
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            raise _err(key, raw, "allowed: a list of strings") from None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise _err(key, raw, "allowed: a list of strings")
-        return [v.strip() for v in value]
-    return [v.strip() for v in raw.split(",") if v.strip()]
-
-
-_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-_STACK_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,19}[a-z0-9])?$")
-_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_NETWORK_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
-_KEY_TYPES = (
-    "ssh-ed25519",
-    "ecdsa-sha2-nistp256",
-    "ecdsa-sha2-nistp384",
-    "ecdsa-sha2-nistp521",
-    "ssh-rsa",
-)
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
-
-
-def _zones(cfg: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
-    zones = _list(cfg, "zones")
-    if not zones:
-        raise _err("zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]")
-    for z in zones:
-        if not _ZONE_RE.match(z):
-            raise _err("zones", z, "allowed: zone names like us-central1-a")
-    regions = sorted({region_of(z) for z in zones})
-    if len(regions) > 1:
-        raise _err(
-            "zones", ",".join(zones), f"all zones must be in one region, got {', '.join(regions)}"
-        )
-    if len(set(zones)) != len(zones):
-        raise _err("zones", ",".join(zones), "each zone may appear once")
-    zone = _str(cfg, "zone") or zones[0]
-    if zone not in zones:
-        raise _err("zone", zone, f"allowed: one of zones ({', '.join(zones)}) or empty")
-    return tuple(zones), zone
-
-
-def _ssh_public_key(cfg: Mapping[str, str]) -> str | None:
-    raw = _str(cfg, "sshPublicKey")
-    if not raw:
-        return None
-    shown = raw if len(raw) <= 40 else raw[:37] + "..."
-    parts = raw.split()
-    if "PRIVATE KEY" in raw:
-        raise SpecError(
-            "gputrain:sshPublicKey holds a PRIVATE key; allowed: an OpenSSH public key line "
-            "(run `gputrain keygen --stack NAME`)"
-        )
-    if "\n" in raw or len(parts) < 2 or parts[0] not in _KEY_TYPES:
-        raise _err(
-            "sshPublicKey",
-            shown,
-            f"allowed: an OpenSSH public key line ({', '.join(_KEY_TYPES)} AAAA...)",
-        )
-    try:
-        blob = base64.b64decode(parts[1], validate=True)
-    except binascii.Error:
-        raise _err("sshPublicKey", shown, "the key data is not base64") from None
-    if blob[4 : 4 + len(parts[0])] != parts[0].encode():
-        raise _err("sshPublicKey", shown, f"the key data does not encode a {parts[0]} key")
-    return raw
-
-
-def _source_ranges(cfg: Mapping[str, str], anywhere: bool) -> tuple[str, ...]:
-    out = []
-    for r in _list(cfg, "sshSourceRanges"):
-        try:
-            net = ipaddress.ip_network(r, strict=True)
-        except ValueError:
-            raise _err("sshSourceRanges", r, "allowed: IPv4 CIDRs like 203.0.113.7/32") from None
-        if net.version != 4:
-            raise _err(
-                "sshSourceRanges", r, "allowed: IPv4 CIDRs only (the nodes have IPv4 addresses)"
-            )
-        if net.prefixlen == 0 and not anywhere:
-            raise _err(
-                "sshSourceRanges",
-                r,
-                "SSH open to the whole internet is refused; use your address/32, "
-                "or set gputrain:allowSshFromAnywhere true",
-            )
-        out.append(str(net))
-    return tuple(out)
-
-
-def _labels(cfg: Mapping[str, str]) -> dict[str, str]:
-    raw = cfg.get(NS + "labels", DEFAULTS["labels"]).strip()
-    pairs: list[tuple[str, str]] = []
-    if raw.startswith("{"):
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            raise _err("labels", raw, "allowed: a list of key=value strings") from None
-        pairs = [(str(k), "" if v is None else str(v)) for k, v in obj.items()]
-    else:
-        for item in _list(cfg, "labels"):
-            if "=" not in item:
-                raise _err("labels", item, "allowed: key=value strings")
-            k, v = item.split("=", 1)
-            pairs.append((k.strip(), v.strip()))
-    labels: dict[str, str] = {}
-    for k, v in pairs:
-        if not _LABEL_KEY_RE.match(k):
-            raise _err("labels", k, "label keys: lowercase letter first, then a-z 0-9 _ - (max 63)")
-        if not _LABEL_VALUE_RE.match(v):
-            raise _err("labels", f"{k}={v}", "label values: a-z 0-9 _ - only (max 63)")
-        if k in RESERVED_LABELS:
-            raise _err("labels", k, f"{', '.join(RESERVED_LABELS)} are set by gputrain")
-        labels[k] = v
-    if len(labels) > 60:
-        raise _err("labels", f"{len(labels)} labels", "allowed: at most 60")
-    return labels
-
-
-# --------------------------------------------------------------------------------------------
-# The parser
-# --------------------------------------------------------------------------------------------
-
-
-def _gpus(cfg: Mapping[str, str], mt: catalog.MachineType) -> tuple[str, int, bool]:
-    """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
-    gpu_type_raw = _str(cfg, "gpuType")
-    count_raw = _str(cfg, "gpuCount") or "0"
-    try:
-        count = int(count_raw)
-    except ValueError:
-        raise _err(
-            "gpuCount", count_raw, "allowed: a whole number (0 = implied by machineType)"
-        ) from None
-    gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
-    if gpu_type_raw and gpu_type is None:
-        raise _err("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
-    if mt.accelerator is not None:
-        if gpu_type is not None and gpu_type != mt.accelerator:
-            raise _err(
-                "gpuType",
-                gpu_type_raw,
-                f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
-            )
-        if count not in (0, mt.gpus):
-            raise _err(
-                "gpuCount",
-                count_raw,
-                f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
-            )
-        return mt.accelerator, mt.gpus, False
-    # N1: the GPU is attached.
-    if gpu_type is None:
-        raise SpecError(
-            f"gputrain:gpuType is empty: {mt.name} needs an attached GPU: {', '.join(catalog.N1_GPUS)}"
-        )
-    gpu = catalog.N1_GPUS.get(gpu_type)
-    if gpu is None:
-        raise _err(
-            "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
-        )
-    if count not in gpu.caps:
-        raise _err(
-            "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
-        )
-    max_vcpu, max_mem = gpu.caps[count]
-    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
-        raise _err(
-            "machineType",
-            mt.name,
-            f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "
-            f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
-        )
-    return gpu_type, count, True
 
 
 def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
@@ -469,85 +130,103 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             f"{unknown[0]}: not a gputrain setting; allowed: {', '.join(DEFAULTS)}{hint}"
         )
 
+    cfg = ConfigReader(config)
     project = config.get(GCP_PROJECT_KEY, "").strip() or None
-    if project is not None and not re.match(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$", project):
-        raise _err(GCP_PROJECT_KEY, project, "allowed: a GCP project ID (6-30 of a-z 0-9 -)")
-    zones, zone = _zones(config)
+    if project is not None:
+        CHECK.matches(
+            GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
+        )
+    zones, zone = fields.zones(cfg)
 
-    mt_name = _str(config, "machineType")
+    mt_name = cfg.text("machineType")
     mt = catalog.machine_type(mt_name)
     if mt is None:
         near = catalog.nearest_machine_types(mt_name)
         hint = f"nearest: {', '.join(near)}" if near else "see infra/catalog.py for the list"
-        raise _err("machineType", mt_name, f"not a known machine type; {hint}")
+        raise CHECK.fail("machineType", mt_name, f"not a known machine type; {hint}")
     if not mt.orderable:
-        raise _err(
+        raise CHECK.fail(
             "machineType", mt_name, "A3 Edge is a serving product, not orderable for training"
         )
-    accelerator, gpus, attach = _gpus(config, mt)
+    accelerator, gpus, attach = fields.gpus(cfg, mt)
 
-    nodes = _int(config, "nodes", 1, 64)
-    spot = _bool(config, "spot")
+    nodes = cfg.integer("nodes", 1, 64)
+    spot = cfg.boolean("spot")
     if mt.spot_only and not spot:
-        raise _err("spot", "false", f"{mt.name} is offered only as Spot (set gputrain:spot true)")
+        raise CHECK.fail(
+            "spot", "false", f"{mt.name} is offered only as Spot (set gputrain:spot true)"
+        )
 
-    ttl_raw = _str(config, "maxRunDuration")
+    ttl_raw = cfg.text("maxRunDuration")
     try:
         ttl = parse_duration(ttl_raw)
     except ValueError:
-        raise _err(
+        raise CHECK.fail(
             "maxRunDuration", ttl_raw, "allowed: durations like 90m, 6h, 2d, 1h30m"
         ) from None
     if not MIN_RUN_S <= ttl <= MAX_RUN_S:
-        raise _err("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
+        raise CHECK.fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
 
-    image_family = _str(config, "imageFamily")
-    image_project = _str(config, "imageProject")
-    if not re.match(r"^[a-z][-a-z0-9]{0,62}$", image_family):
-        raise _err(
-            "imageFamily",
-            image_family,
-            "allowed: an image family name, e.g. " + DEFAULT_IMAGE_FAMILY,
-        )
-    if not re.match(r"^[a-z][-a-z0-9.:]{4,62}$", image_project):
-        raise _err(
-            "imageProject", image_project, "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT
-        )
+    image_family = cfg.text("imageFamily")
+    image_project = cfg.text("imageProject")
+    CHECK.matches(
+        "imageFamily",
+        image_family,
+        _IMAGE_FAMILY_RE,
+        "allowed: an image family name, e.g. " + DEFAULT_IMAGE_FAMILY,
+    )
+    CHECK.matches(
+        "imageProject",
+        image_project,
+        _IMAGE_PROJECT_RE,
+        "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
+    )
 
-    disk_gb = _int(config, "bootDiskGb", MIN_BOOT_DISK_GB, MAX_BOOT_DISK_GB, " GB")
-    disk_type = _str(config, "bootDiskType") or catalog.default_boot_disk_type(mt)
+    disk_gb = cfg.integer("bootDiskGb", MIN_BOOT_DISK_GB, MAX_BOOT_DISK_GB, " GB")
+    disk_type = cfg.text("bootDiskType") or catalog.default_boot_disk_type(mt)
     if disk_type not in catalog.boot_disk_types(mt):
-        raise _err(
+        raise CHECK.fail(
             "bootDiskType",
             disk_type,
             f"allowed for {mt.name}: {', '.join(catalog.boot_disk_types(mt))}",
         )
 
-    ssh_user = _str(config, "sshUser")
-    if not _USER_RE.match(ssh_user) or ssh_user == "root":
-        raise _err("sshUser", ssh_user, "allowed: a Linux user name (a-z 0-9 _ -, not root)")
-    anywhere = _bool(config, "allowSshFromAnywhere")
-    public_ip = cast(
-        Literal["head", "all", "none"], _choice(config, "publicIp", ("head", "all", "none"))
+    ssh_user = cfg.text("sshUser")
+    CHECK.check(
+        bool(_USER_RE.match(ssh_user)) and ssh_user != "root",
+        "sshUser",
+        ssh_user,
+        "allowed: a Linux user name (a-z 0-9 _ -, not root)",
     )
-    placement_raw = _choice(config, "placement", ("auto", "compact", "none"))
+    anywhere = cfg.boolean("allowSshFromAnywhere")
+    public_ip = cast(
+        Literal["head", "all", "none"], cfg.choice("publicIp", ("head", "all", "none"))
+    )
+    placement_raw = cfg.choice("placement", ("auto", "compact", "none"))
     if placement_raw == "compact" and not mt.compact_placement:
-        raise _err(
+        raise CHECK.fail(
             "placement",
             "compact",
             f"{mt.series.upper()} does not support compact placement; use none",
         )
     if placement_raw == "compact" and nodes < 2:
-        raise _err("placement", "compact", "compact placement needs nodes >= 2; use none or auto")
+        raise CHECK.fail(
+            "placement", "compact", "compact placement needs nodes >= 2; use none or auto"
+        )
     placement: Literal["compact", "none"] = (
         "compact"
         if placement_raw == "compact"
         or (placement_raw == "auto" and nodes > 1 and mt.compact_placement)
         else "none"
     )
-    network = _str(config, "network") or None
-    if network is not None and not _NETWORK_RE.match(network):
-        raise _err("network", network, "allowed: an existing VPC name (a-z 0-9 -) or empty")
+    network = cfg.text("network") or None
+    if network is not None:
+        CHECK.matches(
+            "network",
+            network,
+            _NETWORK_RE,
+            "allowed: an existing VPC name (a-z 0-9 -) or empty",
+        )
 
     acc = catalog.ACCELERATORS[accelerator]
     return ClusterSpec(
@@ -555,7 +234,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         project=project,
         zones=zones,
         zone=zone,
-        region=region_of(zone),
+        region=catalog.region_of(zone),
         machine_type=mt.name,
         series=mt.series,
         accelerator=accelerator,
@@ -572,21 +251,16 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         boot_disk_gb=disk_gb,
         boot_disk_type=disk_type,
         ssh_user=ssh_user,
-        ssh_public_key=_ssh_public_key(config),
-        ssh_source_ranges=_source_ranges(config, anywhere),
+        ssh_public_key=fields.ssh_public_key(cfg),
+        ssh_source_ranges=fields.source_ranges(cfg, anywhere),
         allow_ssh_from_anywhere=anywhere,
         public_ip=public_ip,
         placement=placement,
         network=network,
-        labels=MappingProxyType(_labels(config)),
+        labels=MappingProxyType(fields.labels(cfg)),
         gvnic=mt.gvnic,
         attach_gpus=attach,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Before `pulumi up`
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,37 +1,161 @@
 """`gputrain`: plan, create, verify, train on and destroy a GPU cluster — or existing machines, or
-this one. Heavy modules (pulumi, google clients, paramiko, torch) load only in the commands that
-use them, so `gputrain --help` answers at once.
+this one. One handler per command; heavy modules (pulumi, google clients, paramiko, torch) load only
+in the commands that use them, so `gputrain --help` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scripts.errors import GputrainError, UserError
+from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
+from scripts import lifecycle
+from scripts.settings import Settings, find_project_root
+from scripts.targets.base import RunOptions
 
 if TYPE_CHECKING:
-    from scripts.lifecycle import Services
+    from scripts.targets.base import Target
+    from scripts.targets.gce.clients import GceClients
 
-COMMANDS = {
-    "plan": "validate the target and show nodes, GPUs, $/h and the TTL-bounded worst case",
-    "keygen": "create the stack's SSH key pair and store it in the stack config (private as secret)",
-    "up": "preflight, then create the cluster (zone failover) and verify its GPUs; it stays up",
-    "verify": "connect (pinned host keys) and prove the GPUs on every node",
-    "healthcheck": "run the GPU health check (matmul, memory bandwidth, all-reduce) on every node",
-    "train": "launch `torchrun ENTRY` on a running cluster, stream logs, collect results",
-    "run": "all of it: up -> verify -> train -> collect -> destroy (--keep keeps the cluster)",
-    "down": "destroy the stack, then sweep for anything left carrying its labels",
-    "status": "show the stack's nodes and the time left before the VMs delete themselves",
-    "ssh": "open a shell (or run a command) on a node, with its host key pinned",
-    "logs": "follow the logs of the last run on the target",
-    "sweep": "list every resource still carrying the stack's labels; fails if any",
-}
 STACK_ONLY = {"keygen", "up", "down", "status", "sweep"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
+HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
+
+
+@dataclass
+class Context:
+    """What a handler gets: its arguments, the options parsed from them, where the project and
+    results are, and the GCE clients (tests pass fakes)."""
+
+    args: argparse.Namespace
+    opts: RunOptions
+    settings: Settings
+    gce: GceClients | None
+
+    @property
+    def target(self) -> Target:
+        from scripts.targets import open_target
+
+        return open_target(
+            stack=self.args.stack,
+            hosts=getattr(self.args, "hosts", None),
+            settings=self.settings,
+            gce=self.gce,
+        )
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    return RunOptions(
+        entry=_entry(args),
+        keep=getattr(args, "keep", False),
+        yes=getattr(args, "yes", False),
+        skip_preflight=getattr(args, "skip_preflight", False),
+        trust_new_hosts=getattr(args, "trust_new_hosts", False),
+        env=_env_pairs(getattr(args, "env", []) or []),
+        max_restarts=getattr(args, "max_restarts", 0),
+    )
+
+
+Handler = Callable[[Context], int]
+
+
+def cmd_plan(ctx: Context) -> int:
+    ctx.target.plan()
+    return EXIT_OK
+
+
+def cmd_keygen(ctx: Context) -> int:
+    ctx.target.keygen(force=ctx.args.force)
+    return EXIT_OK
+
+
+def cmd_up(ctx: Context) -> int:
+    ctx.target.up(ctx.opts)
+    return EXIT_OK
+
+
+def cmd_down(ctx: Context) -> int:
+    ctx.target.down()
+    return EXIT_OK
+
+
+def cmd_status(ctx: Context) -> int:
+    ctx.target.status()
+    return EXIT_OK
+
+
+def cmd_sweep(ctx: Context) -> int:
+    return EXIT_FAILED if ctx.target.sweep() else EXIT_OK
+
+
+def cmd_verify(ctx: Context) -> int:
+    lifecycle.verify(ctx.target, ctx.opts)
+    return EXIT_OK
+
+
+def cmd_run(ctx: Context) -> int:
+    """Create, run, collect, destroy: the target exists only for this job (unless --keep)."""
+    lifecycle.run(ctx.target, ctx.opts, ctx.settings, create=True)
+    return EXIT_OK
+
+
+def cmd_train(ctx: Context) -> int:
+    """A job on what exists (`healthcheck` is one with the health check as its entry)."""
+    lifecycle.run(ctx.target, ctx.opts, ctx.settings, create=False)
+    return EXIT_OK
+
+
+def cmd_logs(ctx: Context) -> int:
+    lifecycle.logs(ctx.target, ctx.args.run, ctx.opts, ctx.settings)
+    return EXIT_OK
+
+
+def cmd_ssh(ctx: Context) -> int:
+    command = list(ctx.args.remote_command or ())
+    if command and command[0] == "--":
+        command = command[1:]
+    return lifecycle.ssh(ctx.target, ctx.args.node, command, ctx.opts)
+
+
+COMMANDS: dict[str, tuple[Handler, str]] = {
+    "plan": (
+        cmd_plan,
+        "validate the target and show nodes, GPUs, $/h and the TTL-bounded worst case",
+    ),
+    "keygen": (
+        cmd_keygen,
+        "create the stack's SSH key pair and store it in the stack config (private as secret)",
+    ),
+    "up": (
+        cmd_up,
+        "preflight, then create the cluster (zone failover) and verify its GPUs; it stays up",
+    ),
+    "verify": (cmd_verify, "connect (pinned host keys) and prove the GPUs on every node"),
+    "healthcheck": (
+        cmd_train,
+        "run the GPU health check (matmul, memory bandwidth, all-reduce) on every node",
+    ),
+    "train": (
+        cmd_train,
+        "launch `torchrun ENTRY` on a running cluster, stream logs, collect results",
+    ),
+    "run": (
+        cmd_run,
+        "all of it: up -> verify -> train -> collect -> destroy (--keep keeps the cluster)",
+    ),
+    "down": (cmd_down, "destroy the stack, then sweep for anything left carrying its labels"),
+    "status": (
+        cmd_status,
+        "show the stack's nodes and the time left before the VMs delete themselves",
+    ),
+    "ssh": (cmd_ssh, "open a shell (or run a command) on a node, with its host key pinned"),
+    "logs": (cmd_logs, "follow the logs of the last run on the target"),
+    "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,8 +167,9 @@ def _parser() -> argparse.ArgumentParser:
         "Example: gputrain run --local   |   gputrain run --stack dev -- -m trainer.train",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, help_text in COMMANDS.items():
+    for name, (handler, help_text) in COMMANDS.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
+        c.set_defaults(handler=handler)
         t = c.add_mutually_exclusive_group()
         t.add_argument("--stack", metavar="NAME", help="a Pulumi stack (Pulumi.NAME.yaml) on GCP")
         if name not in STACK_ONLY:
@@ -103,78 +228,36 @@ def _entry(args: argparse.Namespace) -> tuple[str, ...]:
     entry = list(getattr(args, "entry", None) or [])
     if entry and entry[0] == "--":
         entry = entry[1:]
+    if not entry and args.command == "healthcheck":
+        return HEALTHCHECK_ENTRY
     return tuple(entry)
 
 
-def dispatch(args: argparse.Namespace, services: Services | None = None) -> int:
-    """Run one command; the lifecycle module holds the logic."""
-    from scripts import lifecycle as lc
-
-    services = services or lc.Services()
-    if getattr(args, "dir", None):
-        services.root = lc.find_project_root(Path(args.dir))
-    cmd = args.command
-    target = (
-        lc.Target("stack", args.stack)
-        if args.stack
-        else (
-            lc.Target("hosts", args.hosts) if getattr(args, "hosts", None) else lc.Target("local")
-        )
-    )
-    opts = lc.RunOptions(
-        entry=args.entry_argv,
-        keep=getattr(args, "keep", False),
-        yes=getattr(args, "yes", False),
-        skip_preflight=getattr(args, "skip_preflight", False),
-        trust_new_hosts=getattr(args, "trust_new_hosts", False),
-        env=args.env_vars,
-        max_restarts=getattr(args, "max_restarts", 0),
-    )
-    if cmd == "plan":
-        lc.plan(target, services)
-    elif cmd == "keygen":
-        lc.keygen(target.value, services, force=args.force)
-    elif cmd == "up":
-        lc.up(target.value, opts, services)
-    elif cmd == "down":
-        lc.down_stack(target.value, services)
-    elif cmd == "sweep":
-        return 1 if lc.sweep_stack(target.value, services) else 0
-    elif cmd == "status":
-        lc.status(target.value, services)
-    elif cmd in ("run", "train", "healthcheck"):
-        opts.create = cmd == "run"
-        lc.run(target, opts, services)
-    elif cmd == "verify":
-        lc.verify_target(target, opts, services)
-    elif cmd == "ssh":
-        return lc.ssh(target, args.node, tuple(args.remote_command or ()), opts, services)
-    elif cmd == "logs":
-        lc.logs(target, args.run, opts, services)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None, services: Services | None = None) -> int:
-    """Parse, run, and turn every known failure into one line and an exit code."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    args.entry_argv = _entry(args)
+def main(
+    argv: Sequence[str] | None = None,
+    settings: Settings | None = None,
+    gce: GceClients | None = None,
+) -> int:
+    """Parse, run one handler, and turn every known failure into one line and an exit code.
+    `settings` and `gce` are the seams tests use (a project directory, fake clouds)."""
+    args = _parser().parse_args(argv)
     try:
-        args.env_vars = _env_pairs(getattr(args, "env", []) or [])
-        if args.command == "healthcheck" and not args.entry_argv:
-            args.entry_argv = ("-m", "trainer.healthcheck")
+        opts = _options(args)
         if not (args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)):
             raise UserError(
                 f"{args.command}: choose a target: --stack NAME"
                 + ("" if args.command in STACK_ONLY else ", --hosts FILE or --local")
             )
-        return dispatch(args, services)
+        settings = settings or Settings()
+        if args.dir:
+            settings.root = find_project_root(Path(args.dir))
+        return int(args.handler(Context(args, opts, settings, gce)))
     except GputrainError as exc:
         print(f"gputrain: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("gputrain: interrupted", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

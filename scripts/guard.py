@@ -11,14 +11,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from infra.base.errors import EXIT_INTERRUPTED, GputrainError
 from scripts import ui
-from scripts.errors import GputrainError
 
 
 class Interrupted(GputrainError):
     """The user pressed Ctrl-C or the controller got SIGTERM."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
     def __init__(self, signum: int) -> None:
         name = signal.Signals(signum).name

@@ -6,11 +6,12 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
+from infra.base.errors import GputrainError
+from infra.base.records import Fleet, GpuExpectation
+from infra.base.retry import GaveUp, NotReady, poll_until
 from scripts import ui
-from scripts.errors import GputrainError
-from scripts.fleet import parallel
-from scripts.nodes import Fleet, GpuExpectation
-from scripts.transport import CommandResult, Transport
+from scripts.parallel import parallel
+from scripts.transport.base import CommandResult, Transport
 
 GPU_FIELDS = (
     "index",
@@ -138,7 +139,6 @@ def verify_node(
 ) -> NodeReport:
     """Query nvidia-smi until it answers (the driver may still be installing) or the deadline."""
     start = time.monotonic()
-    end = start + deadline_s
     name = transport.name
     # first round: the torch check and the GPU query in one round trip
     marker = "@@gputrain-nvidia-smi@@"
@@ -155,36 +155,43 @@ def verify_node(
         problems.append(
             f"{python} cannot import torch ({detail[-1] if detail else f'exit {r.exit_code}'})"
         )
-    smi = CommandResult(
-        int(rc_text.strip() or 1) if rc_text.strip().isdigit() else 1, smi_out, r.stderr
-    )
-    gpus: list[GpuInfo] = []
-    said = 0.0
-    while True:
-        if smi.ok:
-            try:
-                gpus = parse_gpu_csv(smi.stdout)
-                break
-            except ValueError as e:
-                last = str(e)
-        else:
+    first: list[CommandResult] = [
+        CommandResult(
+            int(rc_text.strip() or 1) if rc_text.strip().isdigit() else 1, smi_out, r.stderr
+        )
+    ]
+
+    def query() -> list[GpuInfo]:
+        """The GPUs, or NotReady(why) while nvidia-smi cannot list them yet."""
+        smi = first.pop() if first else transport.run(NODE_QUERY, timeout=60)
+        if not smi.ok:
             out = (smi.stderr.strip() or smi.stdout.strip()).splitlines()
-            last = (
+            raise NotReady(
                 "nvidia-smi not found"
                 if smi.exit_code == 127
                 else f"nvidia-smi exit {smi.exit_code}: {out[-1] if out else ''}"
             )
-        if expect.is_cpu:
-            break  # no GPU needed: nvidia-smi missing is fine
-        now = time.monotonic()
-        if now + 2 > end:
-            problems.append(f"driver not ready after {deadline_s:.0f} s ({last})")
-            break
-        if now - said > 5:
-            ui.say(f"{name}: waiting for the GPU driver ({last}), {end - now:.0f} s left")
-            said = now
-        time.sleep(min(2.0, max(0.2, (now - start) / 4)))
-        smi = transport.run(NODE_QUERY, timeout=60)
+        try:
+            return parse_gpu_csv(smi.stdout)
+        except ValueError as e:
+            raise NotReady(str(e)) from e
+
+    gpus: list[GpuInfo] = []
+    try:
+        gpus = poll_until(
+            query,
+            deadline_s=0
+            if expect.is_cpu
+            else deadline_s,  # no GPU needed: nvidia-smi may be absent
+            delay=lambda _n, elapsed: min(2.0, max(0.2, elapsed / 4)),
+            on_wait=lambda w: ui.say(
+                f"{name}: waiting for the GPU driver ({w.reason}), {w.left_s:.0f} s left"
+            ),
+            progress_every_s=5.0,
+        )
+    except GaveUp as e:
+        if not expect.is_cpu:
+            problems.append(f"driver not ready after {deadline_s:.0f} s ({e.reason})")
     problems += check_gpus(gpus, expect)
     return NodeReport(
         name,

@@ -22,6 +22,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from infra.catalog import region_of
+
 PROJECT = "gputrain-test"
 BASE = "https://www.googleapis.com/compute/v1"
 PAGE_SIZE = 3  # small on purpose: every list a test makes crosses at least one page boundary
@@ -125,10 +127,6 @@ def expand_zones(spec: str) -> list[str]:
         region, _, letters = word.rpartition("-")
         out += [f"{region}-{letter}" for letter in letters.split("/")]
     return out
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
 
 
 def ssh_host_keys() -> dict[str, str]:

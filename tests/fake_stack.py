@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scripts.stack import ZONE_CONFIG_KEY, OnOutput, StackError
+from infra.stackfile import STACK_LABEL
+from scripts.targets.gce.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackLockedError
 from tests.fake_compute import FakeCompute, region_of, ssh_host_keys
 
 NodeFactory = Callable[[str], list[dict[str, Any]]]  # zone -> nodes in the NodeOutput shape
-LABEL = "gputrain-stack"
 
 
 # ---- error texts, as `pulumi up` prints a failed GCE create -------------------------------------
@@ -147,6 +147,7 @@ class FakeStackRunner:
     failures: dict[str, Failure] = field(default_factory=dict)  # zone -> scripted failure
     destroy_failures: int = 0  # the next N destroys raise
     leak_on_destroy: set[str] = field(default_factory=set)  # instance names destroy leaves behind
+    locked: bool = False  # an update whose process died holds the lock until `cancel`
     _outputs: dict[str, Any] = field(default_factory=dict, init=False)
     _created: list[tuple[str, str, str]] = field(
         default_factory=list, init=False
@@ -227,6 +228,7 @@ class FakeStackRunner:
 
     def refresh(self, on_output: OnOutput | None = None) -> None:
         self.calls.append(("refresh",))
+        self._check_lock()
         if self.compute:  # drop what no longer exists (e.g. the TTL deleted a VM)
             self._created = [
                 c
@@ -236,6 +238,7 @@ class FakeStackRunner:
 
     def destroy(self, on_output: OnOutput | None = None) -> None:
         self.calls.append(("destroy",))
+        self._check_lock()
         if self.destroy_failures > 0:
             self.destroy_failures -= 1
             raise StackError(
@@ -257,6 +260,15 @@ class FakeStackRunner:
 
     def cancel(self) -> None:
         self.calls.append(("cancel",))
+        self.locked = False
+
+    def _check_lock(self) -> None:
+        """As PulumiStackRunner maps the CLI's ConcurrentUpdateError."""
+        if self.locked:
+            raise StackLockedError(
+                f"stack {self.stack_name} is locked by another update",
+                "error: [409] Conflict: Another update is currently in progress.",
+            )
 
     # -- helpers
 
@@ -291,7 +303,7 @@ class FakeStackRunner:
             body = self.compute.add_instance(
                 node["name"],
                 node["zone"],
-                labels={LABEL: self.stack_name},
+                labels={STACK_LABEL: self.stack_name},
                 internal_ip=node["internalIp"],
                 external_ip=node.get("externalIp"),
                 host_keys=keys,

@@ -17,8 +17,8 @@ from typing import Any
 
 import pulumi
 
-from infra.spec import PROJECT, load_stack_config
-from scripts.keys import generate_ssh_keypair
+from infra.stackfile import PROJECT, load_stack_config
+from scripts.targets.gce.keys import generate_ssh_keypair
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE = "gcp:compute/instance:Instance"

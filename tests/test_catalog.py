@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from infra import catalog
+from infra import catalog, pricing
 
 # machine type -> (accelerator, GPUs, vCPUs, memory GB), from gcp-gpu-facts.md §1.
 FACTS: dict[str, tuple[str, int, int, float]] = {
@@ -159,9 +159,9 @@ def test_spot_only_and_orderable_flags() -> None:
 def test_every_machine_type_has_a_dated_price(name: str) -> None:
     mt = catalog.MACHINE_TYPES[name]
     if mt.series == "n1":
-        prices = [catalog.price(mt, g, c) for g, gpu in catalog.N1_GPUS.items() for c in gpu.counts]
+        prices = [pricing.price(mt, g, c) for g, gpu in catalog.N1_GPUS.items() for c in gpu.counts]
     else:
-        prices = [catalog.price(mt)]
+        prices = [pricing.price(mt)]
     for p in prices:
         datetime.date.fromisoformat(p.as_of)
         assert p.source
@@ -171,22 +171,22 @@ def test_every_machine_type_has_a_dated_price(name: str) -> None:
 def test_prices_quoted_in_the_facts_sheet() -> None:
     mt = catalog.MACHINE_TYPES
     assert (
-        catalog.price(mt["g2-standard-4"]).on_demand,
-        catalog.price(mt["g2-standard-4"]).spot,
+        pricing.price(mt["g2-standard-4"]).on_demand,
+        pricing.price(mt["g2-standard-4"]).spot,
     ) == pytest.approx((0.707, 0.282), abs=0.002)
     assert (
-        catalog.price(mt["g2-standard-8"]).on_demand,
-        catalog.price(mt["g2-standard-8"]).spot,
+        pricing.price(mt["g2-standard-8"]).on_demand,
+        pricing.price(mt["g2-standard-8"]).spot,
     ) == pytest.approx((0.854, 0.341), abs=0.002)
-    t4 = catalog.price(mt["n1-standard-8"], "nvidia-tesla-t4", 1)
+    t4 = pricing.price(mt["n1-standard-8"], "nvidia-tesla-t4", 1)
     assert (t4.on_demand, t4.spot) == pytest.approx((0.730, 0.280), abs=0.002) and t4.confirmed
-    v100 = catalog.price(mt["n1-standard-8"], "nvidia-tesla-v100", 1)
+    v100 = pricing.price(mt["n1-standard-8"], "nvidia-tesla-v100", 1)
     assert (v100.on_demand, v100.spot) == pytest.approx((2.860, 1.193), abs=0.002)
-    assert catalog.price(mt["a2-highgpu-8g"]).on_demand == 29.387
-    assert catalog.price(mt["a3-megagpu-8g"]).spot == 28.17
-    assert catalog.price(mt["a3-highgpu-1g"]).as_of == "2026-10-04"
+    assert pricing.price(mt["a2-highgpu-8g"]).on_demand == 29.387
+    assert pricing.price(mt["a3-megagpu-8g"]).spot == 28.17
+    assert pricing.price(mt["a3-highgpu-1g"]).as_of == "2026-10-04"
     # derived prices say how they were derived
-    derived = catalog.price(mt["a3-highgpu-8g"])
+    derived = pricing.price(mt["a3-highgpu-8g"])
     assert not derived.confirmed and "x 8" in derived.basis
     assert derived.on_demand == pytest.approx(8 * 11.06)
 

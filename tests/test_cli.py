@@ -11,14 +11,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 import pytest
 
-from infra.spec import load_stack_config, parse_spec
+from infra.base.errors import GputrainError
+from infra.spec import parse_spec
+from infra.stackfile import load_stack_config
 from scripts.cli import main
-from scripts.lifecycle import Services, ttl_left_s
+from scripts.settings import Settings
+from scripts.targets.gce.clients import GceClients
+from scripts.targets.gce.target import ttl_left_s
 from tests.fake_compute import FakeCompute
 from tests.fake_stack import FakeStackRunner
 from tests.testbed import TestBed
@@ -52,7 +57,7 @@ def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-    rc = main(argv, services=Services(root=tmp_path, runs_dir=tmp_path / "runs"))
+    rc = main(argv, settings=Settings(root=tmp_path, runs_dir=tmp_path / "runs"))
     assert rc == 2
     assert needle in _one_line_error(capsys.readouterr().err)
 
@@ -62,8 +67,8 @@ def test_deploy_needs_the_missing_settings_before_anything(
 ) -> None:
     """The shipped dev stack has no project/key yet: `up` refuses before any cloud call."""
     runner = FakeStackRunner(stack_name="dev")
-    services = Services(root=ROOT, runs_dir=tmp_path, runner_for=lambda s, r: runner)
-    assert main(["up", "--stack", "dev", "--yes"], services=services) == 2
+    gce = GceClients(runner_for=lambda s, r: runner)
+    assert main(["up", "--stack", "dev", "--yes"], Settings(ROOT, tmp_path), gce) == 2
     assert "gcp:project" in _one_line_error(capsys.readouterr().err)
     assert runner.calls == []
 
@@ -71,8 +76,19 @@ def test_deploy_needs_the_missing_settings_before_anything(
 # ---------------------------------------------------------------- stack commands on the fake cloud
 
 
+@dataclass
+class Cli:
+    """`gputrain` wired to a project directory and the fake cloud."""
+
+    settings: Settings
+    gce: GceClients
+
+    def main(self, argv: list[str]) -> int:
+        return main(argv, self.settings, self.gce)
+
+
 @pytest.fixture
-def cloud(tmp_path: Path) -> Iterator[tuple[FakeCompute, FakeStackRunner, Services]]:
+def cloud(tmp_path: Path) -> Iterator[tuple[FakeCompute, FakeStackRunner, Cli]]:
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     (tmp_path / "Pulumi.lab.yaml").write_text(
         "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
@@ -81,22 +97,16 @@ def cloud(tmp_path: Path) -> Iterator[tuple[FakeCompute, FakeStackRunner, Servic
     compute = FakeCompute()
     compute.__enter__()
     runner = FakeStackRunner(stack_name="lab", compute=compute, zones=("us-central1-a",))
-    services = Services(
-        root=tmp_path,
-        runs_dir=tmp_path / "runs",
-        runner_for=lambda s, r: runner,
-        compute_endpoint=compute.url,
-        retry_pause_s=0,
-    )
-    yield compute, runner, services
+    gce = GceClients(runner_for=lambda s, r: runner, compute_endpoint=compute.url, retry_pause_s=0)
+    yield compute, runner, Cli(Settings(root=tmp_path, runs_dir=tmp_path / "runs"), gce)
     compute.__exit__(None, None, None)
 
 
 def test_keygen_stores_the_pair_once(
-    cloud: tuple[FakeCompute, FakeStackRunner, Services], capsys: pytest.CaptureFixture[str]
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, runner, services = cloud
-    assert main(["keygen", "--stack", "lab"], services=services) == 0
+    _, runner, cli = cloud
+    assert cli.main(["keygen", "--stack", "lab"]) == 0
     public = runner.config["gputrain:sshPublicKey"]
     assert runner.secrets == {"gputrain:sshPrivateKey"}
     assert ("set_config", "gputrain:sshPrivateKey", "[secret]") in runner.calls
@@ -106,45 +116,75 @@ def test_keygen_stores_the_pair_once(
     assert public.split()[1] == private.get_base64()
     assert "BEGIN OPENSSH PRIVATE KEY" not in capsys.readouterr().out
     # The spec accepts the stored key; a second keygen refuses to replace it silently.
-    stack_file = services.root / "Pulumi.lab.yaml"
+    stack_file = cli.settings.root / "Pulumi.lab.yaml"
     stack_file.write_text(stack_file.read_text() + f"  gputrain:sshPublicKey: {public}\n")
-    spec = parse_spec(load_stack_config(services.root, "lab"), "lab")
+    spec = parse_spec(load_stack_config(cli.settings.root, "lab"), "lab")
     assert spec.ssh_public_key == public
-    assert main(["keygen", "--stack", "lab"], services=services) == 2
+    assert cli.main(["keygen", "--stack", "lab"]) == 2
     assert "--force" in _one_line_error(capsys.readouterr().err)
 
 
 def test_down_status_and_sweep(
-    cloud: tuple[FakeCompute, FakeStackRunner, Services], capsys: pytest.CaptureFixture[str]
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    compute, runner, services = cloud
+    compute, runner, cli = cloud
     runner.up()
-    assert main(["status", "--stack", "lab"], services=services) == 0
+    assert cli.main(["status", "--stack", "lab"]) == 0
     out = capsys.readouterr().out
     assert "lab-node-0" in out and "RUNNING" in out and ("59m" in out or "1h" in out)
     # A leak: destroy "succeeds" but an instance survives -> down and sweep fail loudly.
     runner.leak_on_destroy = {"lab-node-1"}
-    assert main(["down", "--stack", "lab"], services=services) == 1
+    assert cli.main(["down", "--stack", "lab"]) == 1
     captured = capsys.readouterr()
     assert "LEFT BEHIND" in captured.out and "lab-node-1" in captured.out
     assert "teardown of stack lab is incomplete" in captured.err
-    assert main(["sweep", "--stack", "lab"], services=services) == 1
+    assert cli.main(["sweep", "--stack", "lab"]) == 1
     compute.remove_instance("lab-node-1", "us-central1-a")
     compute.remove_resource("disks", "lab-node-1")
-    assert main(["sweep", "--stack", "lab"], services=services) == 0
+    assert cli.main(["sweep", "--stack", "lab"]) == 0
     assert "nothing carries the labels" in capsys.readouterr().out
 
 
 def test_destroy_is_retried(
-    cloud: tuple[FakeCompute, FakeStackRunner, Services], capsys: pytest.CaptureFixture[str]
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, runner, services = cloud
+    _, runner, cli = cloud
     runner.up()
     runner.destroy_failures = 1
-    assert main(["down", "--stack", "lab"], services=services) == 0
+    assert cli.main(["down", "--stack", "lab"]) == 0
     assert runner.call_names().count("destroy") == 2
     assert runner.call_names().count("refresh") == 2
     assert runner.existing == []
+
+
+def test_down_clears_a_stale_lock_with_pulumi_cancel_and_says_so(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Our process died mid-update: its lock stays. `down` (the user's word that no update is
+    running) cancels it once, says so, and destroys."""
+    _, runner, cli = cloud
+    runner.up()
+    runner.locked = True
+    assert cli.main(["down", "--stack", "lab"]) == 0
+    assert "clearing the lock (pulumi cancel)" in capsys.readouterr().out
+    names = runner.call_names()
+    assert names.count("cancel") == 1 and "destroy" in names[names.index("cancel") :]
+    assert runner.existing == [] and not runner.locked
+
+
+def test_teardown_after_a_run_never_cancels_someone_elses_update(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scripts.targets.gce.teardown import teardown
+
+    _, runner, cli = cloud
+    runner.up()
+    runner.locked = True  # maybe a live update of another user: not ours to cancel
+    spec = parse_spec(load_stack_config(cli.settings.root, "lab"), "lab")
+    with pytest.raises(GputrainError, match="teardown of stack lab is incomplete: destroy failed"):
+        teardown(spec, runner, cli.gce)
+    assert "cancel" not in runner.call_names() and runner.call_names().count("refresh") == 3
+    assert "destroy attempt 3 failed" in capsys.readouterr().err
 
 
 def test_ttl_left_counts_from_the_latest_start() -> None:
@@ -198,25 +238,25 @@ def test_run_hosts_end_to_end_and_ssh(
     a, b = tb.add_host(), tb.add_host()
     path = _hosts_file(tb, tmp_path, [a, b], "".join(f"{h.address} {h.host_key}\n" for h in (a, b)))
     monkeypatch.chdir(tmp_path)
-    services = Services(root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=30)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=30)
     (tmp_path / "job.py").write_text(
         "import os, socket\nprint('hello from', socket.gethostname(), os.environ['RANK'])\n"
     )
-    assert main(["run", "--hosts", str(path), "--", "job.py"], services=services) == 0
+    assert main(["run", "--hosts", str(path), "--", "job.py"], settings) == 0
     out = capsys.readouterr().out
     assert "hello from" in out and "run summary" in out
     assert (tmp_path / "runs" / "hosts-lab" / "LAST_RUN").is_file()
     # ssh: OpenSSH with only the pinned keys; the user's command arrives verbatim.
-    assert ssh_echo(path, services) == "a b;c"
+    assert ssh_echo(path, settings) == "a b;c"
 
 
-def ssh_echo(path: Path, services: Services) -> str:
+def ssh_echo(path: Path, settings: Settings) -> str:
     """`gputrain ssh ... -- echo 'a b;c'` in a child, so OpenSSH's stdout can be read."""
     code = (
         "import sys; from pathlib import Path; from scripts.cli import main; "
-        "from scripts.lifecycle import Services; "
+        "from scripts.settings import Settings; "
         f"sys.exit(main(['ssh', '--hosts', {str(path)!r}, '1', '--', 'echo', 'a b;c'], "
-        f"services=Services(root=Path({str(services.root)!r}))))"
+        f"Settings(root=Path({str(settings.root)!r}))))"
     )
     r = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -232,15 +272,16 @@ def test_hosts_with_a_changed_key_are_refused(
     wrong = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDr7tSOmfPVhXDiG0H2GpvjXXo8hKzpQ1wV3l1Zq9ZkT"
     path = _hosts_file(tb, tmp_path, [a], f"{a.address} {wrong}\n")
     monkeypatch.chdir(tmp_path)
-    services = Services(root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=10)
-    assert main(["verify", "--hosts", str(path)], services=services) == 1
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=10)
+    assert main(["verify", "--hosts", str(path)], settings) == 1
     err = capsys.readouterr().err
     assert "SHA256:" in err and a.address in err
 
 
 def test_ssh_argv_reaches_an_isolated_worker_through_the_head(tb: TestBed, tmp_path: Path) -> None:
     """The worker has no route from here: OpenSSH goes through the head, both keys pinned."""
-    from scripts.lifecycle import known_hosts_lines, ssh_argv
+    from scripts.targets.session import ssh_argv
+    from scripts.transport.hostkeys import known_hosts_lines
 
     head = tb.add_host()
     worker = tb.add_host(isolated_behind=head.name)
@@ -262,8 +303,7 @@ def test_healthcheck_local_writes_health_json(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "node"))
-    services = Services(root=tmp_path, runs_dir=tmp_path / "runs")
-    assert main(["healthcheck", "--local"], services=services) == 0
+    assert main(["healthcheck", "--local"], Settings(tmp_path, tmp_path / "runs")) == 0
     run_id = (tmp_path / "runs" / "local" / "LAST_RUN").read_text().strip()
     [health] = (tmp_path / "runs" / "local" / run_id).rglob("health.json")
     report = json.loads(health.read_text())

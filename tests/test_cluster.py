@@ -10,7 +10,8 @@ import pulumi
 import pytest
 
 from infra import catalog
-from infra.spec import ClusterSpec, SpecError, load_stack_config, parse_spec
+from infra.spec import ClusterSpec, SpecError, parse_spec
+from infra.stackfile import load_stack_config
 from tests.pulumi_mocks import (
     ACCOUNT,
     FIREWALL,
@@ -31,6 +32,12 @@ from tests.pulumi_mocks import (
 )
 
 MAIN = str(ROOT / "__main__.py")
+COMPONENTS = (
+    "gputrain:infra:GpuCluster",
+    "gputrain:infra:ClusterNetwork",
+    "gputrain:infra:NodeIdentity",
+    "gputrain:infra:GpuNodes",
+)
 
 # (id, base stack file, overrides): the nine families the issue names.
 FAMILIES: list[tuple[str, str, dict[str, str]]] = [
@@ -147,9 +154,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         assert all(v.inputs["resourcePolicies"].endswith(f"/{p.name}") for v in vms)
     else:
         assert policies == [] and all("resourcePolicies" not in v.inputs for v in vms)
-    # One component; everything else is a real (custom) GCE resource.
-    assert all(r.custom for r in m.resources if r.typ != "gputrain:infra:GpuCluster")
-    assert len(m.of_type("gputrain:infra:GpuCluster")) == 1
+    # One GpuCluster of three child components; everything else is a real (custom) GCE resource.
+    assert sorted(r.typ for r in m.resources if not r.custom) == sorted(COMPONENTS)
     # The private key is nowhere.
     assert not any(_contains_private_key(r.inputs) for r in m.resources)
     assert not _contains_private_key(outputs)
@@ -164,7 +170,7 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         spec.hourly_price_per_node * spec.nodes, abs=1e-3
     )
     # The controller reads exactly these exports (contract between program and lifecycle).
-    from scripts.stack import parse_stack_outputs
+    from scripts.targets.gce.stack import parse_stack_outputs
 
     parsed = parse_stack_outputs(outputs)
     assert [n.name for n in parsed.nodes] == list(spec.node_names)
@@ -179,7 +185,7 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
 def test_family_declares_correct_secure_resources(
     mocks: GcpMocks, stack: str, overrides: dict[str, str]
 ) -> Any:
-    from infra.cluster import GpuCluster
+    from infra.components.cluster import GpuCluster
 
     spec = _spec(stack, **overrides)
     cluster = GpuCluster(spec.stack, spec)
@@ -247,7 +253,7 @@ def test_whole_program_on_each_shipped_stack(stack_mocks: GcpMocks, stack: str) 
 
 @pulumi.runtime.test
 def test_program_reads_config_but_never_the_private_key(mocks: GcpMocks) -> None:
-    from infra.cluster import stack_config_from_pulumi
+    from infra.stackfile import stack_config_from_pulumi
 
     cfg = deployable_config("dev", zone="us-central1-b")
     pulumi.runtime.set_all_config(cfg, secret_keys=["gputrain:sshPrivateKey"])
@@ -259,7 +265,7 @@ def test_program_reads_config_but_never_the_private_key(mocks: GcpMocks) -> None
 
 @pulumi.runtime.test
 def test_existing_network_is_used_as_is(mocks: GcpMocks) -> Any:
-    from infra.cluster import GpuCluster
+    from infra.components.cluster import GpuCluster
 
     spec = _spec("dev", network="shared-vpc", nodes="2", publicIp="all")
     cluster = GpuCluster(spec.stack, spec)
@@ -280,7 +286,7 @@ def test_existing_network_is_used_as_is(mocks: GcpMocks) -> Any:
 
 @pulumi.runtime.test
 def test_created_network_has_one_subnet_in_the_region(mocks: GcpMocks) -> Any:
-    from infra.cluster import GpuCluster
+    from infra.components.cluster import GpuCluster
 
     spec = _spec(
         "dev",
@@ -308,7 +314,7 @@ def test_created_network_has_one_subnet_in_the_region(mocks: GcpMocks) -> Any:
 
 @pulumi.runtime.test
 def test_on_demand_without_compact_placement_may_restart(mocks: GcpMocks) -> Any:
-    from infra.cluster import GpuCluster
+    from infra.components.cluster import GpuCluster
 
     spec = _spec("a100")
     cluster = GpuCluster(spec.stack, spec)
@@ -323,7 +329,7 @@ def test_on_demand_without_compact_placement_may_restart(mocks: GcpMocks) -> Any
 
 @pulumi.runtime.test
 def test_retired_default_image_family_falls_back(mocks: GcpMocks) -> Any:
-    from infra.cluster import GpuCluster
+    from infra.components.cluster import GpuCluster
 
     mocks.images = {"common-cu129-ubuntu-2204-nvidia-580": 50}
     spec = _spec("dev")
@@ -632,3 +638,43 @@ def test_bad_config_fails_with_one_line_and_declares_nothing(
     assert message.startswith(expected), message
     key = message.split(" ", 1)[0].rstrip(":")
     assert key.startswith(("gputrain:", "gcp:")), message  # every line starts with its key
+
+
+@pulumi.runtime.test
+def test_components_own_their_resources_and_alias_the_old_urns(mocks: GcpMocks) -> Any:
+    """Each child component parents its resources; an alias names the URN each resource had when
+    it was a direct child of GpuCluster, so existing stacks update in place."""
+    from infra.components.cluster import GpuCluster
+
+    spec = _spec("h100")  # 2 nodes: compact placement, a created network
+    cluster = GpuCluster(spec.stack, spec)
+    owned = {
+        cluster.network: (
+            "ClusterNetwork",
+            {"h100-net", "h100-subnet", "h100-internal", "h100-ssh"},
+        ),
+        cluster.identity: (
+            "NodeIdentity",
+            {"gputrain-h100", "gputrain-h100-logwriter", "gputrain-h100-metricwriter"},
+        ),
+        cluster.nodes: ("GpuNodes", {"h100-compact", "h100-node-0", "h100-node-1"}),
+    }
+    assert set(cluster._childResources) == set(owned)
+    for component, (_, names) in owned.items():
+        assert {r._name for r in component._childResources} == names
+    resources = [
+        (r, f"gputrain:infra:{t}") for c, (t, _) in owned.items() for r in c._childResources
+    ]
+
+    def check(values: list[Any]) -> None:
+        cluster_urn, values = values[0], values[1:]
+        urns, aliases = values[: len(resources)], values[len(resources) :]
+        for (r, component), urn, alias in zip(resources, urns, aliases, strict=True):
+            assert f"{component}$" in urn and urn.endswith(f"::{r._name}")
+            typ = urn.split("::")[2].split("$")[-1]
+            # the URN it had as a direct child of GpuCluster
+            assert alias == f"{cluster_urn.rsplit('::', 1)[0]}${typ}::{r._name}"
+
+    return pulumi.Output.all(
+        cluster.urn, *[r.urn for r, _ in resources], *[r._aliases[0] for r, _ in resources]
+    ).apply(check)

@@ -7,15 +7,9 @@ import base64
 
 import pytest
 
-from infra.compute import (
-    ComputeApi,
-    ComputeApiError,
-    fetch_host_keys,
-    owned_by_name,
-    parse_host_key_items,
-    sweep,
-)
-from scripts.errors import GputrainError
+from infra.base.errors import GputrainError
+from infra.compute import ComputeApi, ComputeApiError, fetch_host_keys, parse_host_key_items
+from infra.sweep import owned_by_name, sweep
 from tests.fake_compute import PAGE_SIZE, FakeCompute, ssh_host_keys
 
 ZONE = "us-central1-a"

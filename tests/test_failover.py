@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.compute import ComputeApi, sweep
-from scripts.failover import (
+from infra.compute import ComputeApi
+from infra.sweep import sweep
+from scripts.targets.gce.failover import (
     ProvisioningError,
     classify_provisioning_error,
     provision_with_failover,

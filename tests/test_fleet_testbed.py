@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.fleet import ConnectError, connect
-from scripts.transport import HostKeyError, fingerprint, load_known_hosts
+from scripts.connect import ConnectError, connect
+from scripts.transport.hostkeys import HostKeyError, KnownHosts, fingerprint
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -57,11 +57,11 @@ def test_unknown_host_refused_and_trust_new_hosts_records(tb: TestBed, tmp_path:
     known = tmp_path / "known_hosts"
     ts = connect(unpinned, deadline_s=10, trust_new_hosts=known)
     ts[h.name].close()
-    assert load_known_hosts(known, h.address) == (h.host_key,)
+    recorded = KnownHosts(known).keys_for(h.address)
+    assert recorded == (h.host_key,)
     # the recorded file is now the source of the pin
     pinned = dataclasses.replace(
-        fleet,
-        nodes=(dataclasses.replace(fleet.nodes[0], host_keys=load_known_hosts(known, h.address)),),
+        fleet, nodes=(dataclasses.replace(fleet.nodes[0], host_keys=recorded),)
     )
     connect(pinned, deadline_s=10)[h.name].close()
 

@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from scripts.errors import UserError
-from scripts.launch import (
-    Job,
+from infra.base.errors import UserError
+from infra.base.records import GpuExpectation
+from scripts.job.diagnosis import root_cause_lines
+from scripts.job.node_scripts import (
     build_node_command,
     build_start_command,
     build_stop_command,
     build_tail_command,
     parse_exitcode,
-    root_cause_lines,
-    validate_job,
 )
-from scripts.nodes import GpuExpectation
-from scripts.sync import check_size, collect_sources, plan_upload, sync_code
-from scripts.transport import LocalTransport, fingerprint, known_hosts_name, parse_public_key
+from scripts.job.records import Job, validate_job
+from scripts.job.sync import check_size, collect_sources, plan_upload, sync_code
+from scripts.transport.hostkeys import fingerprint, known_hosts_name, parse_public_key
+from scripts.transport.local import LocalTransport
 from scripts.verify import GPU_FIELDS, check_gpus, parse_gpu_csv
 
 HOSTILE = ("a b", "$HOME", "'q'", 'd"q', "x;touch pwned", "`id`", "$(id)", "*", "", "-m", "\\n")
@@ -258,7 +258,7 @@ def test_local_transport_roundtrip(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "f.txt").write_text("hello")
-    t.upload(src, "up")
+    sync_code(t, {"d/f.txt": src / "d" / "f.txt"}, remote_dir="up", staging=tmp_path / "s")
     assert t.run("cat up/d/f.txt", 5).stdout == "hello"
     assert t.download("up", tmp_path / "back") is True
     assert (tmp_path / "back" / "d" / "f.txt").read_text() == "hello"
@@ -282,7 +282,7 @@ def _err(message: str, ts: int) -> str:
 
 
 def test_first_failure_prefers_the_cause_over_its_consequences() -> None:
-    from scripts.launch import FailureFacts, first_failure
+    from scripts.job.diagnosis import FailureFacts, first_failure
 
     cause = FailureFacts("w1", 1, (_err("RuntimeError: deliberate", 100),), ended_at=12.0)
     peer = FailureFacts(
@@ -310,3 +310,16 @@ def test_root_cause_without_error_file_is_the_workers_traceback() -> None:
     lines = root_cause_lines([], log)
     assert lines[-1] == "[rank1]:PermissionError: [Errno 13] Permission denied: '/data'"
     assert not any("ChildFailedError" in ln for ln in lines)
+
+
+def test_error_json_is_parsed_once_for_cause_and_timing() -> None:
+    from scripts.job.diagnosis import error_summary, parse_error_file, split_error_files
+
+    text = _err("RuntimeError: Connection closed by peer [10.0.0.2]", 100)
+    err = parse_error_file(text)
+    assert err is not None and err.timestamp == 100.0 and err.message.startswith("RuntimeError")
+    assert parse_error_file("not json") is None and parse_error_file("[1, 2]") is None
+    assert split_error_files(f"{text}\n\036\n{_err('x', 5)}\n\036\n") == [text, _err("x", 5)]
+    assert error_summary([text]) == (100.0, True)  # a lost peer: a consequence
+    assert error_summary([_err("ValueError: mine", 7), text]) == (7.0, False)
+    assert error_summary([]) == (float("inf"), False)

@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from scripts.errors import UserError
-from scripts.hosts import load_hosts_file
+from infra.base.errors import UserError
+from scripts.targets.hosts_file import load_hosts_file
 from tests.fake_compute import ssh_host_keys
 
 HEAD, WORKER = "203.0.113.5", "203.0.113.6"

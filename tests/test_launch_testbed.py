@@ -1,4 +1,4 @@
-"""Real torchrun (gloo, CPU) across test hosts, launched, streamed and collected by scripts/launch.py."""
+"""Real torchrun (gloo, CPU) across test hosts, launched, streamed and collected by scripts/job/."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.fleet import close_all, connect
-from scripts.launch import Job, TrainingError, launch_torchrun
-from scripts.nodes import Fleet, Node
+from infra.base.records import Fleet, Node
+from scripts.connect import close_all, connect
+from scripts.job.launch import launch_torchrun
+from scripts.job.records import Job, TrainingError
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -91,6 +92,7 @@ def test_killed_node_is_named_and_the_other_stopped(tb: TestBed, tmp_path: Path)
         launch_torchrun(fleet, ts, _job("ddp-kill", 200, 0.2), tmp_path / "run", on_line=lines)
     took = time.monotonic() - killed_at[0]
     assert e.value.node == hosts[1].name
+    assert e.value.failure.kind == "killed"  # a typed failure: a recovery checks the cloud
     assert f"failed on node {hosts[1].name}" in str(e.value)
     assert took < 30
     codes = e.value.result.exit_codes
@@ -110,6 +112,7 @@ def test_failing_rank_root_cause_from_error_json(tb: TestBed, tmp_path: Path) ->
     msg = str(e.value)
     assert "RuntimeError: deliberate failure on rank 1 at step 2" in msg
     assert e.value.node_exit_code == 1 and e.value.exit_code == 1  # CLI exit code stays 1
+    assert e.value.failure.kind == "exited" and e.value.failure.root_cause[-1] in msg
     close_all(ts)
 
 

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from scripts.cli import main
-from scripts.lifecycle import Services
+from scripts.settings import Settings
+from scripts.targets.gce.clients import GceClients
 from tests.fake_compute import FakeCompute, ssh_host_keys
 from tests.fake_stack import FakeStackRunner
 from tests.testbed import GpuConfig, TestBed, TestHost
@@ -50,18 +51,19 @@ if mode == "crash" and os.environ.get("RANK") == "1":
 
 @dataclass
 class World:
-    """A project directory, the fake cloud and the services wired to them."""
+    """A project directory, the fake cloud and the settings and GCE clients wired to them."""
 
     dir: Path
     compute: FakeCompute
     runner: FakeStackRunner
-    services: Services
+    settings: Settings
+    gce: GceClients
     bed: TestBed
     hosts: list[TestHost]
     marker: Path
 
     def run(self, *argv: str) -> int:
-        return main(list(argv), services=self.services)
+        return main(list(argv), self.settings, self.gce)
 
     def run_job(self, mode: str, *options: str) -> int:
         """`gputrain run --stack e2e` with the test job (`done`, `crash` or `sleep`)."""
@@ -144,19 +146,18 @@ def world(
             zones=ZONES,
         )
         runner.config["gputrain:sshPrivateKey"] = tb.identity_file.read_text()
-        services = Services(
-            root=tmp_path,
-            runs_dir=tmp_path / "runs",
+        settings = Settings(
+            root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=60, verify_deadline_s=30
+        )
+        gce = GceClients(
             runner_for=lambda stack, root: runner,
             compute_endpoint=compute.url,
-            connect_deadline_s=60,
-            verify_deadline_s=30,
             hostkey_deadline_s=30,
             retry_pause_s=0,
             node_python=tb.python,
         )
         monkeypatch.chdir(tmp_path)
-        return World(tmp_path, compute, runner, services, tb, hosts, marker)
+        return World(tmp_path, compute, runner, settings, gce, tb, hosts, marker)
 
     yield make
     for c in made:
@@ -169,7 +170,8 @@ def assert_torn_down(w: World) -> None:
     """destroy ran and nothing of the stack is left in the (fake) project."""
     assert "destroy" in w.runner.call_names()
     assert w.runner.existing == []
-    from infra.compute import ComputeApi, sweep
+    from infra.compute import ComputeApi
+    from infra.sweep import sweep
 
     assert sweep("gputrain-test", "e2e", api=ComputeApi(w.compute.url)) == []
 

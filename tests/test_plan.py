@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import catalog
+from infra import catalog, pricing
 from infra.plan import HEADERS, build_plan, plan_stack
 from infra.spec import parse_spec
 from scripts.cli import main
@@ -24,9 +24,9 @@ def test_every_shipped_stack_plans(stack: str) -> None:
     spec = plan.spec
     mt = catalog.MACHINE_TYPES[spec.machine_type]
     price = (
-        catalog.price(mt, spec.accelerator, spec.gpus_per_node)
+        pricing.price(mt, spec.accelerator, spec.gpus_per_node)
         if spec.attach_gpus
-        else catalog.price(mt)
+        else pricing.price(mt)
     )
     per_node = price.spot if spec.spot else price.on_demand
     assert plan.hourly_per_node == pytest.approx(per_node)

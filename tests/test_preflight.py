@@ -1,5 +1,5 @@
-"""infra/preflight.py: the pure checks directly, then the whole preflight against the fake Compute
-API seeded from the facts sheet."""
+"""infra/preflight.py: the pure checks directly, then the whole preflight (the GCE target's wiring)
+against the fake Compute API seeded from the facts sheet."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from infra.preflight import (
     check_image,
     check_machine_type,
     check_quota,
-    preflight,
 )
+from scripts.targets.gce.preflight import preflight
 from tests.fake_compute import (
     DLVM_FAMILIES,
     DLVM_PROJECT,

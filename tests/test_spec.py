@@ -11,18 +11,12 @@ import paramiko
 import pytest
 import yaml
 
-from infra import spec as specmod
-from infra.spec import (
-    SpecError,
-    format_duration,
-    load_stack_config,
-    missing_settings,
-    parse_duration,
-    parse_spec,
-    require_deployable,
-)
-from scripts.errors import UserError
-from scripts.keys import generate_ssh_keypair
+from infra import catalog, stackfile
+from infra.base.errors import UserError
+from infra.fields import format_duration, parse_duration
+from infra.spec import SpecError, missing_settings, parse_spec, require_deployable
+from infra.stackfile import load_stack_config
+from scripts.targets.gce.keys import generate_ssh_keypair
 from tests.pulumi_mocks import ROOT, TEST_PUBLIC_KEY, deployable_config
 
 SHIPPED = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
@@ -43,7 +37,7 @@ def test_project_file_declares_every_key_with_type_description_default() -> None
         "options": {"toolchain": "pip", "virtualenv": ".venv"},
     }
     config = doc["config"]
-    assert set(config) == set(specmod.DEFAULTS)  # gcp:project is a provider key: comment only
+    assert set(config) == set(stackfile.DEFAULTS)  # gcp:project is a provider key: comment only
     for key, decl in config.items():
         assert decl["type"] in ("string", "boolean", "integer", "array"), key
         assert len(decl["description"]) > 20, key
@@ -57,7 +51,7 @@ def test_project_defaults_equal_the_parser_defaults(tmp_path: Path) -> None:
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     (tmp_path / "Pulumi.empty.yaml").write_text("config: {}\n")
     loaded = load_stack_config(tmp_path, "empty")
-    for key, default in specmod.DEFAULTS.items():
+    for key, default in stackfile.DEFAULTS.items():
         value = loaded[f"gputrain:{key}"]
         if default.startswith("["):
             assert json.loads(value) == json.loads(default), key
@@ -272,7 +266,9 @@ def test_stack_name_must_fit_gce_names() -> None:
 def test_gpu_expectation_for_the_fleet() -> None:
     exp = parse_spec(_cfg(), "dev").gpu_expectation()
     assert (exp.model, exp.count) == ("NVIDIA L4", 2)
-    assert 20_000 < exp.min_memory_mib < 23_034  # nvidia-smi shows 23034 MiB on an L4
+    # one floor per GPU, the catalog's; an L4 passes it (nvidia-smi shows 23034 MiB there)
+    assert exp.min_memory_mib == catalog.ACCELERATORS["nvidia-l4"].min_memory_mib == 22_118
+    assert exp.min_memory_mib < 23_034
 
 
 def test_quota_metrics_of_a_spec() -> None:

@@ -12,8 +12,8 @@ import pytest
 from pulumi.automation import CommandResult, PulumiCommand
 from pulumi.automation._cmd import VersionInfo
 
-from scripts.errors import GputrainError
-from scripts.stack import (
+from infra.base.errors import GputrainError
+from scripts.targets.gce.stack import (
     PulumiStackRunner,
     StackError,
     StackLockedError,
@@ -222,7 +222,8 @@ def test_outputs_to_fleet_pins_keys_and_expects_the_gpus() -> None:
 
 
 def test_fake_runner_up_host_keys_fleet_destroy_sweep() -> None:
-    from infra.compute import ComputeApi, fetch_host_keys, sweep
+    from infra.compute import ComputeApi, fetch_host_keys
+    from infra.sweep import sweep
     from tests.fake_compute import FakeCompute, ssh_host_keys
     from tests.fake_stack import FakeStackRunner, sample_nodes
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from scripts.fleet import close_all, connect
-from scripts.nodes import GpuExpectation
+from infra.base.records import GpuExpectation
+from scripts.connect import close_all, connect
 from scripts.verify import VerificationError, verify_gpus
 from tests.testbed import GpuConfig, TestBed
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scripts.nodes import Fleet, GpuExpectation, Node
+from infra.base.records import Fleet, GpuExpectation, Node
 
 PREFIX = "gtb-"  # namespaces
 BRIDGE = "gtb0"  # 10.213.0.1/24, hosts at .10+i

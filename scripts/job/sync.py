@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.errors import UserError
-from scripts.transport import Transport, TransportError
+from infra.base.errors import UserError
+from scripts.transport.base import Transport, TransportError
+from scripts.transport.tar import tar_files, unpack_command
 
 DEFAULT_MAX_UPLOAD_MIB = 200
 SKIP_DIRS = {
@@ -135,38 +136,15 @@ def sync_code(
         remote = {}
     local = hash_files(files)
     plan = plan_upload(local, remote)
-    # the tar: changed files, plus the manifest and the delete list as two small files
     staging.mkdir(parents=True, exist_ok=True)
     (staging / MANIFEST).write_text(json.dumps(plan.manifest, sort_keys=True))
     (staging / DELETE_LIST).write_bytes(b"".join(rel.encode() + b"\0" for rel in plan.delete))
-    _send(transport, files, plan.send, staging, remote_dir)
-    return plan
-
-
-def _send(
-    transport: Transport,
-    files: Mapping[str, Path],
-    send: tuple[str, ...],
-    staging: Path,
-    remote_dir: str,
-) -> None:
-    import io
-    import tarfile
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel in (*send, MANIFEST, DELETE_LIST):
-            src = files[rel] if rel in files else staging / rel
-            info = tar.gettarinfo(str(src), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            with open(src, "rb") as f:
-                tar.addfile(info, f)
+    # one tar: the changed files, then the manifest and the delete list as two small files
+    payload = {rel: files[rel] for rel in plan.send}
+    payload |= {MANIFEST: staging / MANIFEST, DELETE_LIST: staging / DELETE_LIST}
     d = shlex.quote(remote_dir)
-    cmd = (
-        f"mkdir -p {d} && tar -x -f - -C {d} && cd {d} && "
-        f"xargs -0 -r rm -f -- < {DELETE_LIST} && rm -f {DELETE_LIST}"
-    )
-    r = transport.run(cmd, timeout=600, stdin=buf.getvalue())
+    cmd = f"{unpack_command(remote_dir)} && cd {d} && xargs -0 -r rm -f -- < {DELETE_LIST} && rm -f {DELETE_LIST}"
+    r = transport.run(cmd, timeout=600, stdin=tar_files(payload))
     if not r.ok:
         raise TransportError(f"node {transport.name}: upload failed: {r.stderr.strip()}")
+    return plan

@@ -1,4 +1,5 @@
-"""The nodes a job runs on, wherever they came from (GCP stack, hosts file, this machine)."""
+"""The records every layer shares: the nodes a job runs on, wherever they came from (a GCP stack,
+a hosts file, this machine), and what their GPUs must be."""
 
 from __future__ import annotations
 

@@ -12,12 +12,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scripts.errors import GputrainError
-from scripts.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackRunner, summarise_pulumi_error
+from infra.base.errors import GputrainError
+from infra.catalog import ZONE_NAME, quota_console_url
+from scripts.targets.gce.stack import (
+    ZONE_CONFIG_KEY,
+    OnOutput,
+    StackError,
+    StackRunner,
+    summarise_pulumi_error,
+)
 
 FailureKind = Literal["stockout", "quota", "other"]
 
-_ZONE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
 _QUOTA_NAMED = re.compile(r"Quota '([A-Za-z0-9_:\-]+)' exceeded")
 _QUOTA_REGION = re.compile(r"exceeded\.?\s+Limit: [\d.]+ in region ([a-z]+-[a-z]+\d+)")
 _QUOTA_CODE = re.compile(r"QUOTA_EXCEEDED|quotaExceeded", re.IGNORECASE)
@@ -67,7 +73,7 @@ def zones_available_hint(text: str) -> tuple[str, ...]:
     for pattern in (_HINT_METADATA, _HINT_SENTENCE):
         for m in pattern.finditer(text):
             for zone in (z.strip() for z in m.group(1).split(",")):
-                if _ZONE.match(zone) and zone not in found:
+                if ZONE_NAME.match(zone) and zone not in found:
                     found.append(zone)
     return tuple(found)
 
@@ -106,10 +112,7 @@ def quota_fix(
     """How to get past a quota stop: the metric to raise, where, and other regions in the list."""
     metric = failure.quota_metric or "the GPU quota"
     where = f"in region {failure.region}" if failure.region else "globally"
-    url = "https://console.cloud.google.com/iam-admin/quotas" + (
-        f"?project={project}" if project else ""
-    )
-    fix = f"request more {metric} {where} at {url}"
+    fix = f"request more {metric} {where} at {quota_console_url(project)}"
     if failure.region:
         done = set(tried)
         elsewhere = [z for z in zones if not z.startswith(failure.region + "-") and z not in done]

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts.errors import UserError
-from scripts.nodes import Fleet, GpuExpectation, Node
+from infra.base.errors import UserError
+from infra.base.records import Fleet, GpuExpectation, Node
+from infra.base.validate import Checker
+from scripts.transport.hostkeys import KnownHosts
 
 TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
 HOST_KEYS = ("address", "internal_address", "name", "port")
@@ -44,7 +46,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 @dataclass(frozen=True)
-class HostsTarget:
+class HostsFile:
     """The parsed file: the Fleet, where its host keys come from, and hosts not pinned yet."""
 
     fleet: Fleet
@@ -52,21 +54,33 @@ class HostsTarget:
     unpinned: tuple[str, ...]  # node names with no key yet; only with trust_new_hosts
 
 
-class _Where:
-    """Builds the one-line errors: '<file>: <field>: <value> ...; expected ...'."""
+@dataclass(frozen=True)
+class _Checker(Checker):
+    """The hosts file's one-line errors: '<file>: <field>: <value> is not allowed; <allowed>'."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def error(self, field: str, value: Any, allowed: str) -> UserError:
-        return UserError(f"{self.source}: {field}: {_short(value)} is not allowed; {allowed}")
+    source: str = "hosts file"
 
     def plain(self, field: str, text: str) -> UserError:
         return UserError(f"{self.source}: {field}: {text}")
 
 
-def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsTarget:
-    """Reads and checks a hosts file; the target name is "hosts-<file stem>"."""
+def _checker(source: str) -> _Checker:
+    return _Checker(
+        lambda field, value, allowed: (
+            f"{source}: {field}: {_short(value)} is not allowed; {allowed}"
+        ),
+        UserError,
+        source,
+    )
+
+
+def target_name(path: Path) -> str:
+    """The target a hosts file names: results go to runs/hosts-<file stem>/."""
+    return f"hosts-{path.stem}"
+
+
+def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsFile:
+    """Reads and checks a hosts file."""
     import yaml
 
     try:
@@ -85,7 +99,7 @@ def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsTarget
     return parse_hosts(
         data,
         base_dir=path.resolve().parent,
-        target=f"hosts-{path.stem}",
+        target=target_name(path),
         source=str(path),
         trust_new_hosts=trust_new_hosts,
     )
@@ -98,28 +112,24 @@ def parse_hosts(
     target: str,
     source: str = "hosts file",
     trust_new_hosts: bool = False,
-) -> HostsTarget:
-    """Checks the loaded YAML and builds the HostsTarget (reads identity_file and known_hosts)."""
-    w = _Where(source)
-    if not isinstance(data, Mapping):
-        raise w.error(
-            "top level",
-            data,
-            "expected a mapping with user, identity_file, hosts and gpus or cpu",
-        )
-    unknown = [k for k in data if k not in TOP_KEYS]
-    if unknown:
-        raise w.error(
-            f"key {unknown[0]!r}", data[unknown[0]], f"allowed keys: {', '.join(TOP_KEYS)}"
-        )
+) -> HostsFile:
+    """Checks the loaded YAML and builds the HostsFile (reads identity_file and known_hosts)."""
+    w = _checker(source)
+    w.check(
+        isinstance(data, Mapping),
+        "top level",
+        data,
+        "expected a mapping with user, identity_file, hosts and gpus or cpu",
+    )
+    w.known_keys(data, TOP_KEYS, lambda k: f"key {k!r}")
 
     user = data.get("user")
     if not isinstance(user, str) or not _USER.match(user):
-        raise w.error("user", user, "expected a login name like 'ubuntu' (lower case, ≤ 32 chars)")
+        raise w.fail("user", user, "expected a login name like 'ubuntu' (lower case, ≤ 32 chars)")
     port = _port(w, "port", data.get("port", 22))
     python = data.get("python", "python3")
     if not isinstance(python, str) or not python.strip() or "\n" in python:
-        raise w.error("python", python, "expected the path or name of the interpreter with torch")
+        raise w.fail("python", python, "expected the path or name of the interpreter with torch")
 
     identity = _identity_file(w, data.get("identity_file"), base_dir)
     expect = _expectation(w, data)
@@ -133,7 +143,7 @@ def parse_hosts(
         keys = keys_for(address, host_port)
         if not keys:
             if not trust_new_hosts:
-                raise w.error(
+                raise w.fail(
                     f"hosts[{i}].address",
                     address,
                     f"no host key for it in known_hosts {known_hosts}; add it (ssh-keyscan, then "
@@ -158,7 +168,7 @@ def parse_hosts(
         identity_file=identity,
         python=python.strip(),
     )
-    return HostsTarget(fleet, known_hosts, tuple(unpinned))
+    return HostsFile(fleet, known_hosts, tuple(unpinned))
 
 
 # ---- fields ------------------------------------------------------------------------------------
@@ -170,35 +180,33 @@ def _short(value: Any) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _port(w: _Where, field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise w.error(field, value, "expected a port number 1-65535")
-    return value
+def _port(w: _Checker, field: str, value: Any) -> int:
+    return w.integer(field, value, 1, 65535, "expected a port number 1-65535")
 
 
-def _resolve(value: Any, base_dir: Path, w: _Where, field: str) -> Path:
+def _resolve(value: Any, base_dir: Path, w: _Checker, field: str) -> Path:
     if not isinstance(value, str) or not value.strip():
-        raise w.error(field, value, "expected a file path")
+        raise w.fail(field, value, "expected a file path")
     path = Path(os.path.expanduser(value.strip()))
     return path if path.is_absolute() else base_dir / path
 
 
-def _identity_file(w: _Where, value: Any, base_dir: Path) -> Path:
+def _identity_file(w: _Checker, value: Any, base_dir: Path) -> Path:
     if value is None:
-        raise w.error("identity_file", value, "expected the path of the SSH private key")
+        raise w.fail("identity_file", value, "expected the path of the SSH private key")
     path = _resolve(value, base_dir, w, "identity_file")
     if not path.is_file():
-        raise w.error("identity_file", str(path), "the private key file does not exist")
+        raise w.fail("identity_file", str(path), "the private key file does not exist")
     try:
         head = path.read_bytes()[:64]
     except OSError as e:
-        raise w.error("identity_file", str(path), f"cannot read it ({e.strerror})") from None
+        raise w.fail("identity_file", str(path), f"cannot read it ({e.strerror})") from None
     if head.startswith((b"ssh-", b"ecdsa-", b"sk-")):
-        raise w.error("identity_file", str(path), "it is a public key; give the private key file")
+        raise w.fail("identity_file", str(path), "it is a public key; give the private key file")
     return path
 
 
-def _expectation(w: _Where, data: Mapping[str, Any]) -> GpuExpectation:
+def _expectation(w: _Checker, data: Mapping[str, Any]) -> GpuExpectation:
     has_gpus, cpu = "gpus" in data, data.get("cpu")
     if has_gpus and "cpu" in data:
         raise w.plain("gpus/cpu", "both are given; give either gpus: {model, count} or cpu: true")
@@ -206,31 +214,31 @@ def _expectation(w: _Where, data: Mapping[str, Any]) -> GpuExpectation:
         if cpu is True:
             return GpuExpectation()
         if "cpu" in data:
-            raise w.error("cpu", cpu, "expected true (or give gpus: {model, count} instead)")
+            raise w.fail("cpu", cpu, "expected true (or give gpus: {model, count} instead)")
         raise w.plain("gpus/cpu", "neither is given; give gpus: {model, count} or cpu: true")
     gpus = data["gpus"]
     if not isinstance(gpus, Mapping):
-        raise w.error("gpus", gpus, "expected a mapping {model, count, min_memory_gb}")
-    unknown = [k for k in gpus if k not in GPU_KEYS]
-    if unknown:
-        raise w.error(
-            f"gpus.{unknown[0]}", gpus[unknown[0]], f"allowed keys: {', '.join(GPU_KEYS)}"
-        )
+        raise w.fail("gpus", gpus, "expected a mapping {model, count, min_memory_gb}")
+    w.known_keys(gpus, GPU_KEYS, lambda k: f"gpus.{k}")
     model = gpus.get("model")
     if not isinstance(model, str) or not model.strip():
-        raise w.error("gpus.model", model, "expected the name nvidia-smi prints, e.g. 'NVIDIA L4'")
-    count = gpus.get("count")
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPUS_PER_HOST:
-        raise w.error("gpus.count", count, f"expected GPUs per host, 1-{MAX_GPUS_PER_HOST}")
+        raise w.fail("gpus.model", model, "expected the name nvidia-smi prints, e.g. 'NVIDIA L4'")
+    count = w.integer(
+        "gpus.count",
+        gpus.get("count"),
+        1,
+        MAX_GPUS_PER_HOST,
+        f"expected GPUs per host, 1-{MAX_GPUS_PER_HOST}",
+    )
     mem = gpus.get("min_memory_gb", 0)
     if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem < 0:
-        raise w.error("gpus.min_memory_gb", mem, "expected a number of GB ≥ 0")
+        raise w.fail("gpus.min_memory_gb", mem, "expected a number of GB ≥ 0")
     return GpuExpectation(model=model.strip(), count=count, min_memory_mib=int(mem * 1024))
 
 
-def _address(w: _Where, field: str, value: Any) -> str:
+def _address(w: _Checker, field: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise w.error(field, value, "expected an IP address or host name")
+        raise w.fail(field, value, "expected an IP address or host name")
     text = value.strip()
     try:
         return str(ipaddress.ip_address(text))
@@ -242,14 +250,14 @@ def _address(w: _Where, field: str, value: Any) -> str:
             hint = " (put the login name in `user`)"
         elif ":" in text:
             hint = " (put the port in `port`)"
-        raise w.error(field, text, f"expected an IP address or host name{hint}")
+        raise w.fail(field, text, f"expected an IP address or host name{hint}")
     return text
 
 
-def _hosts(w: _Where, hosts: Any, default_port: int) -> list[tuple[str, str, str, int]]:
+def _hosts(w: _Checker, hosts: Any, default_port: int) -> list[tuple[str, str, str, int]]:
     """(address, internal address, name, port) per host, checked and de-duplicated."""
     if not isinstance(hosts, list) or not hosts:
-        raise w.error("hosts", hosts, "expected a non-empty list of hosts (the first is the head)")
+        raise w.fail("hosts", hosts, "expected a non-empty list of hosts (the first is the head)")
     out: list[tuple[str, str, str, int]] = []
     seen_addr: dict[tuple[str, int], int] = {}
     seen_name: dict[str, int] = {}
@@ -258,12 +266,8 @@ def _hosts(w: _Where, hosts: Any, default_port: int) -> list[tuple[str, str, str
         if isinstance(entry, str):
             entry = {"address": entry}
         if not isinstance(entry, Mapping):
-            raise w.error(field, entry, "expected an address or a mapping with address")
-        unknown = [k for k in entry if k not in HOST_KEYS]
-        if unknown:
-            raise w.error(
-                f"{field}.{unknown[0]}", entry[unknown[0]], f"allowed keys: {', '.join(HOST_KEYS)}"
-            )
+            raise w.fail(field, entry, "expected an address or a mapping with address")
+        w.known_keys(entry, HOST_KEYS, lambda k: f"{field}.{k}")  # noqa: B023 (used at once)
         address = _address(w, f"{field}.address", entry.get("address"))
         internal = (
             _address(w, f"{field}.internal_address", entry["internal_address"])
@@ -273,45 +277,36 @@ def _hosts(w: _Where, hosts: Any, default_port: int) -> list[tuple[str, str, str
         port = _port(w, f"{field}.port", entry.get("port", default_port))
         name = entry.get("name", address if _NAME.match(address) else f"host-{i}")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise w.error(f"{field}.name", name, "expected letters, digits, '.', '_' or '-' (≤ 63)")
+            raise w.fail(f"{field}.name", name, "expected letters, digits, '.', '_' or '-' (≤ 63)")
         if (address, port) in seen_addr:
-            raise w.error(
+            raise w.fail(
                 f"{field}.address", address, f"it duplicates hosts[{seen_addr[(address, port)]}]"
             )
         if name in seen_name:
-            raise w.error(f"{field}.name", name, f"it duplicates hosts[{seen_name[name]}]")
+            raise w.fail(f"{field}.name", name, f"it duplicates hosts[{seen_name[name]}]")
         seen_addr[(address, port)] = i
         seen_name[name] = i
         out.append((address, internal, name, port))
     return out
 
 
-def _known_hosts_lookup(w: _Where, path: Path, trust_new_hosts: bool) -> Any:
+def _known_hosts_lookup(w: _Checker, path: Path, trust_new_hosts: bool) -> Any:
     """A function (address, port) -> pinned "type base64" keys, from an OpenSSH known_hosts file
     (hashed entries too). Absent file: allowed only with trust_new_hosts (it will be created)."""
     if not path.exists():
         if trust_new_hosts:
             return lambda _address, _port: ()
-        raise w.error(
+        raise w.fail(
             "known_hosts",
             str(path),
             "the file does not exist; create it with the hosts' keys (ssh-keyscan, then compare "
             "the fingerprints) or pass --trust-new-hosts to pin them on first connect",
         )
     if not path.is_file() or not os.access(path, os.R_OK):
-        raise w.error("known_hosts", str(path), "expected a readable known_hosts file")
+        raise w.fail("known_hosts", str(path), "expected a readable known_hosts file")
     import paramiko
 
-    host_keys = paramiko.HostKeys()
     try:
-        host_keys.load(str(path))
+        return KnownHosts(path).keys_for
     except (OSError, paramiko.SSHException, ValueError) as e:
-        raise w.error("known_hosts", str(path), f"cannot parse it ({e})") from None
-
-    def lookup(address: str, port: int) -> tuple[str, ...]:
-        entry = host_keys.lookup(address if port == 22 else f"[{address}]:{port}")
-        if not entry:
-            return ()
-        return tuple(f"{k.get_name()} {k.get_base64()}" for k in entry.values())
-
-    return lookup
+        raise w.fail("known_hosts", str(path), f"cannot parse it ({e})") from None

@@ -13,11 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
-from scripts.errors import GputrainError
-from scripts.nodes import Fleet, GpuExpectation, Node
+from infra import catalog
+from infra.base.errors import GputrainError
+from infra.base.records import Fleet, GpuExpectation, Node
+from infra.base.validate import Checker
+from infra.stackfile import qualify
 
 OnOutput = Callable[[str], None]
-ZONE_CONFIG_KEY = "gputrain:zone"
+ZONE_CONFIG_KEY = qualify("zone")  # written by the zone failover, read by the program
+
+
+def target_name(stack: str) -> str:
+    """The target a stack is: results go to runs/stack-<name>/."""
+    return f"stack-{stack}"
 
 
 class StackError(GputrainError):
@@ -247,15 +255,15 @@ class StackOutputs:
         identity_file: Path | None,
         python: str = "python3",
     ) -> Fleet:
-        """The Fleet to verify and train on; every node must come with pinned host keys.
-        min_memory is 90 % of the nominal GB: nvidia-smi reports a little less (L4: 23034 MiB)."""
+        """The Fleet to verify and train on; every node must come with pinned host keys, and
+        every GPU must have the catalog's memory floor for its accelerator."""
         missing = [n.name for n in self.nodes if not host_keys.get(n.name)]
         if missing:
             raise GputrainError(
                 f"no pinned SSH host keys for {', '.join(missing)}: refusing to connect"
             )
         return Fleet(
-            target=f"stack-{stack}",
+            target=target_name(stack),
             nodes=tuple(
                 Node(
                     name=n.name,
@@ -270,55 +278,53 @@ class StackOutputs:
             expect=GpuExpectation(
                 model=self.gpu_model,
                 count=self.gpus_per_node,
-                min_memory_mib=int(self.gpu_memory_gb * 1024 * 0.9),
+                min_memory_mib=catalog.ACCELERATORS[
+                    str(catalog.canonical_accelerator(self.accelerator))
+                ].min_memory_mib,
             ),
             identity_file=identity_file,
             python=python,
         )
 
 
+#: "stack output nodes[1].role is 'boss'; expected head or worker".
+OUT = Checker(lambda key, value, allowed: f"stack output {key} is {value!r}; {allowed}", StackError)
+_IN_SYNC = "(is the stack program in sync with this gputrain?)"
+
+
 def _need(
     outputs: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str = ""
 ) -> Any:
-    value = outputs.get(key)
-    ok = isinstance(value, kind) and not isinstance(value, bool) and value != ""
-    if not ok:
-        raise StackError(
-            f"stack output {where}{key} is {value!r}; expected {_kind_name(kind)} "
-            "(is the stack program in sync with this gputrain?)"
-        )
-    return value
+    names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+    return OUT.typed(where + key, outputs.get(key), kind, f"expected {names} {_IN_SYNC}")
 
 
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(k.__name__ for k in kinds)
-
-
-def _as_int(value: float, key: str) -> int:
-    if float(value) != int(value):
-        raise StackError(f"stack output {key} is {value!r}; expected a whole number")
+def _whole(outputs: Mapping[str, Any], key: str) -> int:
+    value = _need(outputs, key, (int, float))
+    OUT.check(float(value) == int(value), key, value, "expected a whole number")
     return int(value)
 
 
 def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
     """Checked StackOutputs from the raw outputs dict (StackOutputsDict); StackError if malformed."""
-    raw_nodes = outputs.get("nodes")
-    if not isinstance(raw_nodes, list) or not raw_nodes:
-        raise StackError(f"stack output nodes is {raw_nodes!r}; expected a non-empty list")
+    raw_nodes = OUT.typed("nodes", outputs.get("nodes"), list, "expected a non-empty list")
     nodes = []
     for i, raw in enumerate(raw_nodes):
         where = f"nodes[{i}]."
-        if not isinstance(raw, Mapping):
-            raise StackError(f"stack output nodes[{i}] is {raw!r}; expected an object")
+        OUT.typed(f"nodes[{i}]", raw, Mapping, "expected an object")
         ext = raw.get("externalIp")
-        if ext is not None and (not isinstance(ext, str) or not ext):
-            raise StackError(
-                f"stack output {where}externalIp is {ext!r}; expected a string or null"
-            )
-        role = _need(raw, "role", str, where)
-        if role not in ("head", "worker"):
-            raise StackError(f"stack output {where}role is {role!r}; expected head or worker")
+        OUT.check(
+            ext is None or (isinstance(ext, str) and ext != ""),
+            where + "externalIp",
+            ext,
+            "expected a string or null",
+        )
+        role = OUT.one_of(
+            where + "role",
+            _need(raw, "role", str, where),
+            ("head", "worker"),
+            "expected head or worker",
+        )
         nodes.append(
             StackNode(
                 name=_need(raw, "name", str, where),
@@ -331,20 +337,24 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
         )
     if [n.role for n in nodes].count("head") != 1 or nodes[0].role != "head":
         raise StackError("stack output nodes must list exactly one head, first")
-    num = (int, float)
+    accelerator = _need(outputs, "accelerator", str)
+    OUT.check(
+        catalog.canonical_accelerator(accelerator) is not None,
+        "accelerator",
+        accelerator,
+        f"expected one of {', '.join(catalog.ACCELERATORS)} {_IN_SYNC}",
+    )
     return StackOutputs(
         project=_need(outputs, "project", str),
         region=_need(outputs, "region", str),
         zone=_need(outputs, "zone", str),
         nodes=tuple(nodes),
         ssh_user=_need(outputs, "sshUser", str),
-        accelerator=_need(outputs, "accelerator", str),
-        gpus_per_node=_as_int(_need(outputs, "gpusPerNode", num), "gpusPerNode"),
+        accelerator=accelerator,
+        gpus_per_node=_whole(outputs, "gpusPerNode"),
         gpu_model=_need(outputs, "gpuModel", str),
-        gpu_memory_gb=float(_need(outputs, "gpuMemoryGb", num)),
-        max_run_duration_s=_as_int(
-            _need(outputs, "maxRunDurationSeconds", num), "maxRunDurationSeconds"
-        ),
-        hourly_price=float(_need(outputs, "hourlyPriceUsd", num)),
+        gpu_memory_gb=float(_need(outputs, "gpuMemoryGb", (int, float))),
+        max_run_duration_s=_whole(outputs, "maxRunDurationSeconds"),
+        hourly_price=float(_need(outputs, "hourlyPriceUsd", (int, float))),
         image_self_link=outputs.get("image") or None,
     )

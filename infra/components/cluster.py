@@ -1,0 +1,158 @@
+"""GpuCluster: a validated ClusterSpec as GCE resources — network, identity and nodes — and the
+stack outputs the controller reads.
+
+Everything comes from the ClusterSpec (infra/spec.py is the only reader of stack config); nothing
+here reads files or generates keys, so `pulumi up` is repeatable.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import pulumi
+
+from infra.components.identity import NodeIdentity, NodeIdentityArgs
+from infra.components.network import ClusterNetwork, ClusterNetworkArgs
+from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
+from infra.spec import ClusterSpec
+from infra.stackfile import PROJECT_LABEL, STACK_LABEL
+
+COMPONENT_TYPE = "gputrain:infra:GpuCluster"
+
+
+def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
+    """Labels for every labelable resource: ours (for sweeps and billing) + the user's."""
+    return {STACK_LABEL: spec.stack, PROJECT_LABEL: pulumi_project, **spec.labels}
+
+
+class GpuCluster(pulumi.ComponentResource):
+    """Network and firewalls, a service account, optional compact placement, one VM per node."""
+
+    def __init__(
+        self, name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        # The image is an invoke that can fail on the user's input: before any resource exists.
+        image_self_link = resolve_image(spec)
+        super().__init__(COMPONENT_TYPE, name, None, opts)
+        self.spec = spec
+        self.image_self_link = image_self_link
+        child = pulumi.ResourceOptions(parent=self)
+        tag = f"gputrain-{spec.stack}"
+        self.network = ClusterNetwork(
+            f"{spec.stack}-network",
+            ClusterNetworkArgs(
+                stack=spec.stack,
+                project=spec.project,
+                region=spec.region,
+                tag=tag,
+                ssh_source_ranges=spec.ssh_source_ranges,
+                existing_network=spec.network,
+            ),
+            child,
+        )
+        self.identity = NodeIdentity(
+            f"{spec.stack}-identity",
+            NodeIdentityArgs(
+                account_id=f"gputrain-{spec.stack}",
+                project=spec.project,
+                display_name=f"gputrain nodes of stack {spec.stack}",
+            ),
+            child,
+        )
+        self.nodes = GpuNodes(
+            f"{spec.stack}-nodes",
+            GpuNodesArgs(
+                names=spec.node_names,
+                project=spec.project,
+                region=spec.region,
+                zone=spec.zone,
+                machine_type=spec.machine_type,
+                accelerator=spec.accelerator,
+                gpus_per_node=spec.gpus_per_node,
+                attach_gpus=spec.attach_gpus,
+                gvnic=spec.gvnic,
+                spot=spec.spot,
+                max_run_duration_s=spec.max_run_duration_s,
+                image=image_self_link,
+                boot_disk_gb=spec.boot_disk_gb,
+                boot_disk_type=spec.boot_disk_type,
+                ssh_user=spec.ssh_user,
+                ssh_public_key=spec.ssh_public_key,
+                public_ip=spec.public_ip,
+                compact_placement=spec.placement == "compact",
+                placement_name=f"{spec.stack}-compact",
+                labels=cluster_labels(spec, pulumi.get_project()),
+                tag=tag,
+                network=self.network.network_ref,
+                subnetwork=self.network.subnetwork_ref,
+                service_account_email=self.identity.email,
+                after=(
+                    self.network.internal_firewall,
+                    self.network.ssh_firewall,
+                    *self.identity.role_bindings,
+                ),
+            ),
+            child,
+        )
+        self.instances = self.nodes.instances
+        self._exports = self._build_exports()
+        self.register_outputs(self._exports)
+
+    def exports(self) -> dict[str, Any]:
+        """The stack outputs the controller reads (never the private key)."""
+        return dict(self._exports)
+
+    def _build_exports(self) -> dict[str, Any]:
+        spec = self.spec
+        nodes = [
+            pulumi.Output.all(vm.name, vm.zone, vm.network_interfaces).apply(
+                functools.partial(_node_export, index=i)
+            )
+            for i, vm in enumerate(self.instances)
+        ]
+        head = nodes[0].apply(lambda n: n["externalIp"] or n["internalIp"])
+        return {
+            "stack": spec.stack,
+            "project": spec.project,
+            "region": spec.region,
+            "zone": spec.zone,
+            "machineType": spec.machine_type,
+            "accelerator": spec.accelerator,
+            "gpusPerNode": spec.gpus_per_node,
+            "gpuModel": spec.gpu_model,
+            "gpuMemoryGb": spec.gpu_memory_gb,
+            "spot": spec.spot,
+            "maxRunDuration": spec.max_run_duration,
+            "maxRunDurationSeconds": spec.max_run_duration_s,
+            "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
+            "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
+            "priceAsOf": spec.price.as_of,
+            "sshUser": spec.ssh_user,
+            "image": self.image_self_link,
+            "headAddress": head,
+            "nodes": pulumi.Output.all(*nodes),
+        }
+
+
+def _node_export(values: list[Any], index: int) -> dict[str, Any]:
+    """One node as the controller sees it; interfaces arrive as dicts or typed classes."""
+    name, zone, interfaces = values
+    nic = interfaces[0] if interfaces else {}
+    internal = _field(nic, "network_ip")
+    configs = _field(nic, "access_configs") or []
+    external = _field(configs[0], "nat_ip") if configs else None
+    return {
+        "name": name,
+        "zone": zone,
+        "internalIp": internal,
+        "externalIp": external or None,
+        "role": "head" if index == 0 else "worker",
+    }
+
+
+def _field(obj: Any, snake: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(snake)
+    return getattr(obj, snake, None)

@@ -1,0 +1,51 @@
+"""NodeIdentity: the service account the nodes run as, with the project roles it needs and no more
+(log and metric writes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.components import child_options
+
+NODE_ROLES = ("logging.logWriter", "monitoring.metricWriter")  # the service account's only roles
+
+
+@dataclass(frozen=True)
+class NodeIdentityArgs:
+    account_id: str  # e.g. gputrain-dev; also names the role bindings
+    project: str | None
+    display_name: str
+    roles: tuple[str, ...] = NODE_ROLES
+
+
+class NodeIdentity(pulumi.ComponentResource):
+    """`email` is what the instances run as."""
+
+    def __init__(
+        self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gputrain:infra:NodeIdentity", name, None, opts)
+        child = child_options(self, opts)
+        self.account = gcp.serviceaccount.Account(
+            args.account_id,
+            account_id=args.account_id,
+            display_name=args.display_name,
+            project=args.project,
+            opts=child,
+        )
+        self.email: pulumi.Output[str] = self.account.email
+        member = self.email.apply(lambda email: f"serviceAccount:{email}")
+        self.role_bindings = [
+            gcp.projects.IAMMember(
+                f"{args.account_id}-{role.split('.')[1].lower()}",
+                project=str(args.project),
+                role=f"roles/{role}",
+                member=member,
+                opts=child,
+            )
+            for role in args.roles
+        ]
+        self.register_outputs({"email": self.email})

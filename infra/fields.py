@@ -1,0 +1,271 @@
+"""One reader per kind of stack setting: each turns the string the CLI passes into a checked value
+or a one-line SpecError naming the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from infra import catalog
+from infra.base.validate import Checker
+from infra.stackfile import DEFAULTS, NS, PROJECT_LABEL, STACK_LABEL, SpecError, qualify
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+#: "gputrain:nodes = '0': allowed: 1..64" — the stack config's way of saying what is wrong.
+CHECK = Checker(
+    lambda key, value, allowed: f"{qualify(key)} = {_shown(value)!r}: {allowed}", SpecError
+)
+
+
+# ---- durations ------------------------------------------------------------------------------
+
+_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in "90m", "6h", "2d", "1h30m" (units d/h/m/s, largest first); ValueError if not."""
+    m = _DURATION_RE.match(text.strip())
+    if not text.strip() or m is None or not any(m.groups()):
+        raise ValueError(text)
+    return sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS, strict=True) if g)
+
+
+def format_duration(seconds: int) -> str:
+    """The shortest d/h/m/s form of a duration, e.g. 5400 -> "1h30m"."""
+    parts = []
+    for unit, mult in _UNITS:
+        q, seconds = divmod(seconds, mult)
+        if q:
+            parts.append(f"{q}{unit}")
+    return "".join(parts) or "0s"
+
+
+# ---- generic readers --------------------------------------------------------------------------
+
+
+class ConfigReader:
+    """The gputrain settings of one stack config (fully qualified keys, string values)."""
+
+    def __init__(self, config: Mapping[str, str]) -> None:
+        self.config = config
+
+    def text(self, key: str) -> str:
+        return self.config.get(NS + key, DEFAULTS[key]).strip()
+
+    def boolean(self, key: str) -> bool:
+        raw = self.text(key)
+        if raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        raise CHECK.fail(key, raw, "allowed: true or false")
+
+    def integer(self, key: str, lo: int, hi: int, what: str = "") -> int:
+        raw = self.text(key)
+        try:
+            value = int(raw)
+        except ValueError:
+            raise CHECK.fail(key, raw, f"allowed: a whole number {lo}..{hi}{what}") from None
+        if not lo <= value <= hi:
+            raise CHECK.fail(key, raw, f"allowed: {lo}..{hi}{what}")
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...]) -> str:
+        raw = self.text(key)
+        if raw not in options:
+            raise CHECK.fail(key, raw, f"allowed: {', '.join(options)}")
+        return raw
+
+    def strings(self, key: str) -> list[str]:
+        """A JSON array of strings (how the CLI passes arrays) or a comma-separated string."""
+        raw = self.text(key)
+        if not raw:
+            return []
+        if raw.startswith("["):
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                raise CHECK.fail(key, raw, "allowed: a list of strings") from None
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise CHECK.fail(key, raw, "allowed: a list of strings")
+            return [v.strip() for v in value]
+        return [v.strip() for v in raw.split(",") if v.strip()]
+
+
+# ---- the settings with rules of their own ---------------------------------------------------
+
+_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+RESERVED_LABELS = (STACK_LABEL, PROJECT_LABEL)
+_KEY_TYPES = (
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "ssh-rsa",
+)
+
+
+def zones(s: ConfigReader) -> tuple[tuple[str, ...], str]:
+    """(the zones in preference order, the zone to use now)."""
+    listed = s.strings("zones")
+    if not listed:
+        raise CHECK.fail(
+            "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
+        )
+    for z in listed:
+        if not catalog.ZONE_NAME.match(z):
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
+    regions = sorted({catalog.region_of(z) for z in listed})
+    if len(regions) > 1:
+        raise CHECK.fail(
+            "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
+        )
+    if len(set(listed)) != len(listed):
+        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
+    zone = s.text("zone") or listed[0]
+    if zone not in listed:
+        raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
+    return tuple(listed), zone
+
+
+def ssh_public_key(s: ConfigReader) -> str | None:
+    raw = s.text("sshPublicKey")
+    if not raw:
+        return None
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
+    parts = raw.split()
+    if "PRIVATE KEY" in raw:
+        raise SpecError(
+            "gputrain:sshPublicKey holds a PRIVATE key; allowed: an OpenSSH public key line "
+            "(run `gputrain keygen --stack NAME`)"
+        )
+    if "\n" in raw or len(parts) < 2 or parts[0] not in _KEY_TYPES:
+        raise CHECK.fail(
+            "sshPublicKey",
+            shown,
+            f"allowed: an OpenSSH public key line ({', '.join(_KEY_TYPES)} AAAA...)",
+        )
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except binascii.Error:
+        raise CHECK.fail("sshPublicKey", shown, "the key data is not base64") from None
+    if blob[4 : 4 + len(parts[0])] != parts[0].encode():
+        raise CHECK.fail("sshPublicKey", shown, f"the key data does not encode a {parts[0]} key")
+    return raw
+
+
+def source_ranges(s: ConfigReader, anywhere: bool) -> tuple[str, ...]:
+    out = []
+    for r in s.strings("sshSourceRanges"):
+        try:
+            net = ipaddress.ip_network(r, strict=True)
+        except ValueError:
+            raise CHECK.fail(
+                "sshSourceRanges", r, "allowed: IPv4 CIDRs like 203.0.113.7/32"
+            ) from None
+        if net.version != 4:
+            raise CHECK.fail(
+                "sshSourceRanges", r, "allowed: IPv4 CIDRs only (the nodes have IPv4 addresses)"
+            )
+        if net.prefixlen == 0 and not anywhere:
+            raise CHECK.fail(
+                "sshSourceRanges",
+                r,
+                "SSH open to the whole internet is refused; use your address/32, "
+                "or set gputrain:allowSshFromAnywhere true",
+            )
+        out.append(str(net))
+    return tuple(out)
+
+
+def labels(s: ConfigReader) -> dict[str, str]:
+    raw = s.text("labels")
+    pairs: list[tuple[str, str]] = []
+    if raw.startswith("{"):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            raise CHECK.fail("labels", raw, "allowed: a list of key=value strings") from None
+        pairs = [(str(k), "" if v is None else str(v)) for k, v in obj.items()]
+    else:
+        for item in s.strings("labels"):
+            if "=" not in item:
+                raise CHECK.fail("labels", item, "allowed: key=value strings")
+            k, v = item.split("=", 1)
+            pairs.append((k.strip(), v.strip()))
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        if not _LABEL_KEY_RE.match(k):
+            raise CHECK.fail(
+                "labels", k, "label keys: lowercase letter first, then a-z 0-9 _ - (max 63)"
+            )
+        if not _LABEL_VALUE_RE.match(v):
+            raise CHECK.fail("labels", f"{k}={v}", "label values: a-z 0-9 _ - only (max 63)")
+        if k in RESERVED_LABELS:
+            raise CHECK.fail("labels", k, f"{', '.join(RESERVED_LABELS)} are set by gputrain")
+        out[k] = v
+    if len(out) > 60:
+        raise CHECK.fail("labels", f"{len(out)} labels", "allowed: at most 60")
+    return out
+
+
+def gpus(s: ConfigReader, mt: catalog.MachineType) -> tuple[str, int, bool]:
+    """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
+    gpu_type_raw = s.text("gpuType")
+    count_raw = s.text("gpuCount") or "0"
+    try:
+        count = int(count_raw)
+    except ValueError:
+        raise CHECK.fail(
+            "gpuCount", count_raw, "allowed: a whole number (0 = implied by machineType)"
+        ) from None
+    gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
+    if gpu_type_raw and gpu_type is None:
+        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
+    if mt.accelerator is not None:
+        if gpu_type is not None and gpu_type != mt.accelerator:
+            raise CHECK.fail(
+                "gpuType",
+                gpu_type_raw,
+                f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
+            )
+        if count not in (0, mt.gpus):
+            raise CHECK.fail(
+                "gpuCount",
+                count_raw,
+                f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
+            )
+        return mt.accelerator, mt.gpus, False
+    # N1: the GPU is attached.
+    if gpu_type is None:
+        raise SpecError(
+            f"gputrain:gpuType is empty: {mt.name} needs an attached GPU: {', '.join(catalog.N1_GPUS)}"
+        )
+    gpu = catalog.N1_GPUS.get(gpu_type)
+    if gpu is None:
+        raise CHECK.fail(
+            "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
+        )
+    if count not in gpu.caps:
+        raise CHECK.fail(
+            "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
+        )
+    max_vcpu, max_mem = gpu.caps[count]
+    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
+        raise CHECK.fail(
+            "machineType",
+            mt.name,
+            f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "
+            f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
+        )
+    return gpu_type, count, True

@@ -1,0 +1,137 @@
+"""The stack's settings as the Pulumi CLI would hand them to the program: every gputrain key with
+its default, read from `Pulumi.yaml` + `Pulumi.<stack>.yaml` (no Pulumi CLI needed) or, inside
+the program, from the engine. Loading only: infra/spec.py validates.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.base.errors import UserError
+
+PROJECT = "gputrain"
+NS = f"{PROJECT}:"
+GCP_PROJECT_KEY = "gcp:project"
+STACK_LABEL = "gputrain-stack"  # on every labelled resource of a stack: how sweeps find them
+PROJECT_LABEL = "gputrain-project"
+
+DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
+FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"
+DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
+
+#: Every gputrain key with its default as the CLI would pass it (a string). Pulumi.yaml must
+#: declare exactly these keys with the same defaults (a test holds the two together).
+DEFAULTS: dict[str, str] = {
+    "zones": '["us-central1-a", "us-central1-b", "us-central1-c"]',
+    "zone": "",
+    "machineType": "g2-standard-4",
+    "gpuType": "",
+    "gpuCount": "0",
+    "nodes": "1",
+    "spot": "true",
+    "maxRunDuration": "6h",
+    "imageFamily": DEFAULT_IMAGE_FAMILY,
+    "imageProject": DEFAULT_IMAGE_PROJECT,
+    "bootDiskGb": "200",
+    "bootDiskType": "",
+    "sshUser": "gputrain",
+    "sshPublicKey": "",
+    "sshPrivateKey": "",
+    "sshSourceRanges": "[]",
+    "allowSshFromAnywhere": "false",
+    "publicIp": "head",
+    "placement": "auto",
+    "network": "",
+    "labels": "[]",
+}
+
+#: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
+PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k != "sshPrivateKey")
+
+
+class SpecError(UserError):
+    """A stack setting is invalid or missing; nothing has been declared or created."""
+
+
+def qualify(key: str) -> str:
+    """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
+    return key if ":" in key else NS + key
+
+
+def _as_config_string(value: Any) -> str:
+    """A YAML value the way the Pulumi CLI hands it to the program."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return "" if value is None else str(value)
+
+
+def load_stack_config(root: Path, stack: str) -> dict[str, str]:
+    """Pulumi.yaml defaults merged with Pulumi.<stack>.yaml: fully qualified keys, string values.
+
+    Secure (encrypted) values are skipped: only the CLI can decrypt them, and the program never
+    needs the one we store (sshPrivateKey).
+    """
+    project_file = root / "Pulumi.yaml"
+    stack_file = root / f"Pulumi.{stack}.yaml"
+    if not stack_file.is_file():
+        known = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
+        raise SpecError(
+            f"stack = {stack!r}: there is no {stack_file.name} in {root} (stacks: {', '.join(known) or 'none'})"
+        )
+    try:
+        project = yaml.safe_load(project_file.read_text()) or {}
+        stack_doc = yaml.safe_load(stack_file.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        detail = " ".join(str(exc).split())
+        raise SpecError(
+            f"stack = {stack!r}: cannot read Pulumi.yaml or {stack_file.name}: {detail}"
+        ) from exc
+    merged: dict[str, str] = {}
+    for key, decl in (project.get("config") or {}).items():
+        if isinstance(decl, dict):
+            if "secure" in decl:
+                continue
+            if "value" in decl:
+                merged[qualify(key)] = _as_config_string(decl["value"])
+            elif "default" in decl:
+                merged[qualify(key)] = _as_config_string(decl["default"])
+        else:
+            merged[qualify(key)] = _as_config_string(decl)
+    for key, value in (stack_doc.get("config") or {}).items():
+        if isinstance(value, dict) and "secure" in value:
+            continue
+        merged[qualify(key)] = _as_config_string(value)
+    return merged
+
+
+def stack_config_from_pulumi() -> dict[str, str]:
+    """Inside the Pulumi program: the same string mapping load_stack_config builds.
+
+    Reads only the keys the program needs; sshPrivateKey is never read.
+    """
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    cfg = pulumi.Config(PROJECT)
+    out: dict[str, str] = {}
+    for key in PROGRAM_KEYS:
+        value = cfg.get(key)
+        if value is not None:
+            out[NS + key] = value
+    project = pulumi.Config("gcp").get("project")
+    if project:
+        out[GCP_PROJECT_KEY] = project
+    # Keys in our namespace that are not settings (typos) must fail parse_spec, not be ignored.
+    # Their values are not needed (and not read: a mistyped private-key key stays unread). The
+    # listing is internal SDK state: the public API has none.
+    passed = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+    for key in passed:
+        if key.startswith(NS) and key[len(NS) :] not in DEFAULTS:
+            out[key] = ""
+    return out

@@ -1,0 +1,47 @@
+"""Sweep: every resource of a stack that still exists (and may bill), found by label or by name.
+It lists, never deletes; `down` and `sweep` print what it finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from infra.compute import ComputeApi
+from infra.stackfile import STACK_LABEL
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A resource of the stack that still exists (and may bill)."""
+
+    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy
+    name: str
+    location: str  # zone, region or "global"
+    matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} ({self.location}; {self.matched_by})"
+
+
+def owned_by_name(name: str, stack: str) -> bool:
+    """The name rule for resources GCE cannot label (firewalls, networks, subnetworks, resource
+    policies): the stack's resources are named `<stack>` or `<stack>-...` (`dev-net`, `dev-ssh`,
+    `dev-node-0`). Another stack whose name starts with `<stack>-` (dev / dev-2) also matches, so
+    sweep reports it: a loud false positive, never a silent miss."""
+    return name == stack or name.startswith(f"{stack}-")
+
+
+def sweep(project: str, stack: str, *, api: ComputeApi | None = None) -> list[Leftover]:
+    """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
+    (instances, disks, addresses) and anything named by the stack prefix rule (all kinds, since
+    boot disks only carry labels when the program copies them). Lists, never deletes."""
+    api = api or ComputeApi()
+    leftovers: list[Leftover] = []
+    for kind, item, location in api.stack_resource_candidates(project):
+        labels: Mapping[str, str] = dict(getattr(item, "labels", {}) or {})
+        if labels.get(STACK_LABEL) == stack:
+            leftovers.append(Leftover(kind, item.name, location, f"label {STACK_LABEL}={stack}"))
+        elif owned_by_name(item.name, stack):
+            leftovers.append(Leftover(kind, item.name, location, f"name prefix {stack}-"))
+    return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))

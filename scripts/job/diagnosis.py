@@ -1,0 +1,111 @@
+"""Why a job failed: torchrun's error.json files (parsed here, once), the worker's traceback when
+there is none, and which node's failure came first (the others' errors are often consequences).
+Pure."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scripts.job.node_scripts import ERROR_FILE_SEPARATOR
+
+
+@dataclass(frozen=True)
+class TorchError:
+    """One torchrun error.json: the exception message, its traceback, when it happened."""
+
+    message: str
+    traceback: str = ""
+    timestamp: float | None = None
+
+
+def parse_error_file(text: str) -> TorchError | None:
+    """An error.json's content; None when it is not one."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    msg = data.get("message", data)
+    if not isinstance(msg, dict):
+        return TorchError(str(msg))
+    extra = msg.get("extraInfo") or {}
+    timestamp = None
+    with contextlib.suppress(TypeError, ValueError):
+        timestamp = float(str(extra.get("timestamp")))
+    return TorchError(str(msg.get("message", "")), str(extra.get("py_callstack", "")), timestamp)
+
+
+def split_error_files(output: str) -> list[str]:
+    """The error.json texts in the output of node_scripts.build_error_files_command."""
+    return [chunk.strip() for chunk in output.split(ERROR_FILE_SEPARATOR) if chunk.strip()]
+
+
+def root_cause_lines(
+    error_files: Sequence[str], log_tail: Sequence[str], max_lines: int = 12
+) -> list[str]:
+    """The first failure's message and traceback tail from torchrun error.json files, else the
+    last lines of the node's log."""
+    errors = [e for e in map(parse_error_file, error_files) if e is not None]
+    if errors:
+        first = min(errors, key=lambda e: (e.timestamp is None, e.timestamp or 0.0))
+        tb = [ln for ln in first.traceback.splitlines() if ln.strip()][-(max_lines - 1) :]
+        lines = tb if first.message in first.traceback else [first.message, *tb]
+        return lines[-max_lines:]
+    lines = [ln for ln in log_tail if ln.strip()]
+    # Without error.json, torchrun's own ChildFailedError report ends the log and says nothing
+    # of the cause: keep what the workers printed before it (their traceback).
+    agent = next((i for i, ln in enumerate(lines) if "ChildFailedError" in ln), None)
+    if agent is not None:
+        # torchrun's own traceback starts unprefixed; workers' lines carry a [rankN]: prefix
+        starts = [i for i in range(agent) if lines[i].startswith("Traceback (most recent call")]
+        worker = lines[: starts[-1]] if starts else []
+        lines = worker or lines
+    return lines[-max_lines:]
+
+
+CONSEQUENCE_HINTS = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "distnetworkerror",
+    "diststoreerror",
+    "timed out",
+    "timeout",
+    "signalexception",
+    "sigterm",
+    "gloo",
+    "nccl communicator was aborted",
+)
+
+
+def error_summary(error_files: Sequence[str]) -> tuple[float, bool]:
+    """(earliest error.json timestamp or inf, whether every error looks like a consequence of
+    another node's failure — a peer that went away, a timeout, a stop signal)."""
+    errors = [e for e in map(parse_error_file, error_files) if e is not None]
+    times = [e.timestamp for e in errors if e.timestamp is not None]
+    consequences = sum(any(h in e.message.lower() for h in CONSEQUENCE_HINTS) for e in errors)
+    return min(times, default=float("inf")), bool(errors) and consequences == len(errors)
+
+
+@dataclass(frozen=True)
+class FailureFacts:
+    node: str
+    exit_code: int | None  # None: killed before it could record one
+    error_files: tuple[str, ...]
+    ended_at: float
+
+
+def first_failure(facts: Sequence[FailureFacts]) -> str:
+    """Which node failed first. A node killed without an exit code comes first; then one whose
+    error is its own (not a lost peer / timeout / stop); then by error.json time (1 s
+    resolution), then by when it ended."""
+
+    def key(f: FailureFacts) -> tuple[bool, bool, float, float]:
+        ts, consequence = error_summary(f.error_files)
+        return (f.exit_code is not None, consequence, ts, f.ended_at)
+
+    return min(facts, key=key).node

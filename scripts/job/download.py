@@ -1,0 +1,56 @@
+"""Bring a run's results home: one tar per node into results_dir/<node>/, and job.json beside them."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from scripts import ui
+from scripts.job.node_scripts import run_dir
+from scripts.job.records import JobResult
+from scripts.parallel import parallel
+from scripts.transport.base import Transport
+
+
+def download_results(transports: Mapping[str, Transport], run_id: str, results_dir: Path) -> None:
+    """Every node's out dir's files, torchrun.log, torchrun-logs/ and exitcode under
+    results_dir/<node>/; a node that cannot be reached is reported, not fatal."""
+    d = run_dir(run_id)
+
+    def one(name: str) -> None:
+        dest = results_dir / name
+        with tempfile.TemporaryDirectory(dir=results_dir, prefix=f".{name}-") as tmp:
+            if not transports[name].download(d, Path(tmp), exclude=("./code", "./run.sh")):
+                return
+            got = Path(tmp)
+            dest.mkdir(parents=True, exist_ok=True)
+            if (got / "out").is_dir():
+                for p in (got / "out").iterdir():
+                    p.rename(dest / p.name)
+            for src, to in (
+                ("torchrun.log", "torchrun.log"),
+                ("logs", "torchrun-logs"),
+                ("exitcode", "exitcode"),
+            ):
+                if (got / src).exists():
+                    (got / src).rename(dest / to)
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    _, errors = parallel(list(transports), one)
+    for name, e in errors.items():
+        ui.warn(f"{name}: could not download results: {e}")
+
+
+def write_job_record(result: JobResult) -> None:
+    """results_dir/job.json: how the run ended, for people and scripts."""
+    data = {
+        "run_id": result.run_id,
+        "ok": result.ok,
+        "exit_codes": dict(result.exit_codes),
+        "duration_s": round(result.duration_s, 2),
+        "failed_node": result.failed_node,
+        "root_cause": list(result.root_cause),
+    }
+    (result.results_dir / "job.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,155 @@
+"""The shell that runs on the nodes: the run script every node starts (detached, its own session),
+and the commands that start, follow, read the exit code of and stop it. Pure: strings only.
+
+Node layout (relative to the node root, see transport/base.NODE_ROOT_SH):
+``.gputrain/code/`` synced code; ``.gputrain/runs/<run-id>/`` holds run.sh, pgid, torchrun.log,
+exitcode ("<rc> <unix time>"), out/ (GPUTRAIN_OUT), logs/ (torchrun --log-dir) and code/ (a
+hard-link snapshot of the code the run started with).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from scripts.job.records import Job
+from scripts.job.sync import CODE_DIR
+
+RUNS_DIR = ".gputrain/runs"
+
+
+def run_dir(run_id: str) -> str:
+    return f"{RUNS_DIR}/{run_id}"
+
+
+def build_node_command(
+    job: Job, *, nnodes: int, nproc_per_node: int, head_address: str, python: str
+) -> str:
+    """The run.sh every node runs (the same on all: c10d assigns ranks). Pure; every value is
+    shell-quoted so arguments arrive verbatim. The network interface toward the head is found on
+    the node (never assumed): the one holding the head's address, else ``ip route get``."""
+    q = shlex.quote
+    head = q(head_address)
+    env_lines = "".join(f"export {k}={q(v)}\n" for k, v in job.env.items())
+    torchrun = [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes),
+        "--nproc-per-node", str(nproc_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{head_address}:{job.rdzv_port}",
+        "--rdzv-id", job.run_id,
+        "--max-restarts", str(job.max_restarts),
+        "--tee", "3",
+    ]  # fmt: skip
+    argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
+    argv += " ".join(q(a) for a in job.entry)
+    return f"""#!/bin/sh
+# gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
+echo $$ > pgid
+RUN=$(pwd)
+PATH="$PATH:/usr/sbin:/sbin"
+HEAD={head}
+IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}')
+[ -n "$IFACE" ] || IFACE=$(ip -o route get "$HEAD" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')
+if [ -n "$IFACE" ]; then export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"; fi
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
+export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
+{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
+echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
+cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
+{argv} &
+JOB=$!
+echo $JOB > "$RUN/jobpid"
+# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+trap : TERM INT HUP
+wait $JOB; rc=$?
+while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
+cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
+exit $rc
+"""
+
+
+def build_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
+    """Reads run.sh on stdin, snapshots the code, starts it in a new session (so a dropped SSH
+    connection cannot kill it) and prints its process-group id."""
+    d = shlex.quote(run_dir(run_id))
+    c = shlex.quote(code_dir)
+    return (
+        f"mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
+        f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
+        "rm -f exitcode pgid jobpid; "
+        "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "
+        "i=0; while [ ! -s jobpid ] && [ ! -s exitcode ] && [ $i -lt 200 ]; do "
+        "sleep 0.05; i=$((i+1)); done; cat pgid"
+    )
+
+
+def build_tail_command(run_id: str, lines_seen: int) -> str:
+    """Follow torchrun.log from the line after ``lines_seen``; ends once torchrun ends (its pid,
+    reaped at once by run.sh — an orphaned shell may stay a zombie until init reaps it)."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} || exit 1; P=$(cat jobpid 2>/dev/null || cat pgid); "
+        f'exec tail -n +{lines_seen + 1} -s 0.2 -F --pid="$P" torchrun.log 2>/dev/null'
+    )
+
+
+def build_exitcode_command(run_id: str) -> str:
+    """The recorded exit code, waiting briefly while run.sh writes it; nothing if the job's shell
+    is gone without one (killed)."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} || exit 1; P=$(cat pgid); i=0; "
+        'while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$P" 2>/dev/null); '
+        'case "$s" in ""|Z*) break;; esac; sleep 0.05; i=$((i+1)); done; '
+        "cat exitcode 2>/dev/null; true"
+    )
+
+
+def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
+    """TERM the job's process group (torchrun forwards it to its workers), SIGKILL what is left
+    of the whole process tree after the grace period (workers live in their own sessions)."""
+    d = shlex.quote(run_dir(run_id))
+    ticks = max(1, int(grace_s * 5))
+    return f"""cd {d} 2>/dev/null || exit 0
+[ -s pgid ] || exit 0
+P=$(cat pgid)
+tree() {{ ps -e -o pid= -o ppid= | awk -v r="$P" '{{par[$1] = $2}} END {{keep[r] = 1; ch = 1; while (ch) {{ch = 0; for (x in par) if (!(x in keep) && (par[x] in keep)) {{keep[x] = 1; ch = 1}}}} for (x in keep) print x}}'; }}
+alive() {{ for p in $1; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }}
+T0=$(tree)
+alive "$T0" || {{ echo stopped-already; exit 0; }}
+kill -TERM -"$P" 2>/dev/null
+i=0; while alive "$T0 $(tree)" && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done
+ALL="$T0 $(tree)"
+if alive "$ALL"; then
+  for p in $ALL; do kill -KILL -"$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+  echo killed
+else
+  echo terminated
+fi
+"""
+
+
+def parse_exitcode(text: str) -> tuple[int | None, float | None]:
+    """``"<rc> <unix time>"`` -> (rc, time); (None, None) when there is none."""
+    parts = text.split()
+    try:
+        rc = int(parts[0])
+    except (IndexError, ValueError):
+        return None, None
+    try:
+        return rc, float(parts[1])
+    except (IndexError, ValueError):
+        return rc, None
+
+
+ERROR_FILE_SEPARATOR = "\n\036\n"
+
+
+def build_error_files_command(run_id: str) -> str:
+    """Every torchrun error.json of the run, each followed by ERROR_FILE_SEPARATOR."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} && for f in $(find logs -name error.json 2>/dev/null); "
+        "do cat \"$f\"; printf '\\n\\036\\n'; done"
+    )

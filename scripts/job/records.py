@@ -1,0 +1,108 @@
+"""What a job is and how it ended: the torchrun job the caller describes (its run id included), the
+result, and the typed failure of the node that failed first."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from infra.base.errors import GputrainError, UserError
+from scripts.job.sync import DEFAULT_MAX_UPLOAD_MIB
+
+DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One torchrun job. ``entry`` is what follows torchrun's options (``-m mod`` or a script).
+    The caller picks the run id, so a relaunch after a recovery can reuse it."""
+
+    run_id: str
+    entry: tuple[str, ...] = DEFAULT_ENTRY
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    rdzv_port: int = 29400
+    workdir: Path | None = None  # the user's code to upload (None: only the trainer package)
+    include_trainer: bool = True
+    nproc_per_node: int | None = None  # default: GPU count, or 1 on CPU
+    max_upload_mib: float = DEFAULT_MAX_UPLOAD_MIB
+    max_duration_s: float | None = None  # stop the job after this long (None: no limit)
+
+
+FailureKind = Literal["exited", "killed", "lost"]
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """The node that failed first and how: `exited` with a nonzero code, `killed` (its processes
+    vanished without recording a code), or `lost` (it could not be followed: `error` says why).
+    A recovery asks the cloud about `killed` and `lost` nodes before calling them crashes."""
+
+    node: str
+    kind: FailureKind
+    exit_code: int | None
+    root_cause: tuple[str, ...]
+    error: BaseException | None = None
+
+    @property
+    def code_text(self) -> str:
+        if self.kind == "lost":
+            return f"unknown: {self.error}"
+        return "none: its processes were killed" if self.exit_code is None else str(self.exit_code)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    run_id: str
+    ok: bool
+    exit_codes: Mapping[str, int | None]
+    duration_s: float
+    results_dir: Path
+    failed_node: str | None = None
+    root_cause: tuple[str, ...] = ()
+
+
+class TrainingError(GputrainError):
+    """The job failed; `failure` names the node, how it failed and the root-cause lines; the
+    results of every node were still downloaded (`result`)."""
+
+    def __init__(self, message: str, *, failure: NodeFailure, result: JobResult) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.result = result
+
+    @property
+    def node(self) -> str:
+        return self.failure.node
+
+    @property
+    def node_exit_code(self) -> int | None:
+        """The node's torchrun exit code (None: killed or lost)."""
+        return self.failure.exit_code
+
+
+def validate_job(job: Job) -> None:
+    """One clear line for each kind of bad job setting (UserError)."""
+    if not _RUN_ID.match(job.run_id):
+        raise UserError(
+            f"run id: {job.run_id!r} is not allowed; use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    if not job.entry:
+        raise UserError("entry: empty; give a script or '-m module' (default: -m trainer.train)")
+    for name in job.env:
+        if not _ENV_NAME.match(name):
+            raise UserError(
+                f"env: variable name {name!r} is not allowed; use letters, digits and '_'"
+            )
+    if not 0 <= job.max_restarts <= 100:
+        raise UserError(f"max restarts: {job.max_restarts} is not allowed; use 0..100")
+    if not 1024 <= job.rdzv_port <= 65535:
+        raise UserError(f"rendezvous port: {job.rdzv_port} is not allowed; use 1024..65535")
+    if job.nproc_per_node is not None and job.nproc_per_node < 1:
+        raise UserError(f"nproc per node: {job.nproc_per_node} is not allowed; use >= 1")

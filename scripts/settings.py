@@ -1,0 +1,48 @@
+"""What every target shares: where the Pulumi project and the results are, how long to wait for
+machines, and the run ids results are filed under."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.base.errors import UserError
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+LAST_RUN = "LAST_RUN"  # runs/<target>/LAST_RUN: the id `gputrain logs` follows by default
+
+
+def find_project_root(start: Path | None = None) -> Path:
+    """The Pulumi project: the nearest directory upwards with Pulumi.yaml, else this checkout."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "Pulumi.yaml").is_file():
+            return d
+    return CHECKOUT
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass
+class Settings:
+    root: Path = field(default_factory=find_project_root)  # the Pulumi project
+    runs_dir: Path = field(default_factory=lambda: Path.cwd() / "runs")
+    connect_deadline_s: float = 900.0  # SSH to every node (boot, sshd, login key)
+    verify_deadline_s: float = 900.0  # the GPU driver answering nvidia-smi
+
+    def results_dir(self, target: str, run_id: str) -> Path:
+        """runs/<target>/<run-id>/, recorded as the target's last run."""
+        target_dir = self.runs_dir / target
+        target_dir.mkdir(parents=True, exist_ok=True)
+        (target_dir / LAST_RUN).write_text(run_id + "\n")
+        return target_dir / run_id
+
+    def last_run(self, target: str) -> str:
+        last = self.runs_dir / target / LAST_RUN
+        if not last.is_file():
+            raise UserError(f"logs: no run recorded for {target}; pass --run RUN_ID")
+        return last.read_text().strip()

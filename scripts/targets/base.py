@@ -1,0 +1,91 @@
+"""The one seam between the lifecycle and where jobs run.
+
+A `Target` is a GCP stack, a hosts file, this machine — and next a Vertex AI job, which has no
+fleet and no SSH. So the top level assumes neither: it plans, creates and destroys what the target
+owns, and hands out a `Session` for work on something that exists. A session proves the machines,
+runs a job (the caller picks the run id, so a recovery can relaunch it), follows logs and opens a
+shell — raising UserError for whatever does not apply to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from scripts.guard import SignalGuard
+from scripts.job.records import Job, JobResult
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The command-line choices a target may need."""
+
+    entry: tuple[str, ...] = ()
+    keep: bool = False  # `run`: keep what was created
+    yes: bool = False  # do not ask before spending money
+    skip_preflight: bool = False
+    trust_new_hosts: bool = False  # hosts: record first-seen host keys
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+
+
+class Session(Protocol):
+    """Work on a target that exists."""
+
+    name: str  # the target's name: results go to runs/<name>/<run-id>/
+    hourly_usd: float | None  # what it costs while it exists; None: nothing billed by us
+    keep: bool  # a created target outlives the command (set by `up` once it is proven)
+
+    def verify(self) -> None:
+        """Prove the hardware is what was asked for (GPUs, driver, torch)."""
+        ...
+
+    def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
+        """Launch, follow, collect into results_dir; stop the job on any failure or signal."""
+        ...
+
+    def logs(self, run_id: str) -> None:
+        """Follow a run's logs (it may still be running)."""
+        ...
+
+    def ssh(self, node: str, command: Sequence[str]) -> int:
+        """A shell or one command on a node (name or index); its exit status."""
+        ...
+
+
+class Target(Protocol):
+    """Where jobs run; one implementation per module in scripts/targets/."""
+
+    name: str
+
+    def plan(self) -> None:
+        """Show what would be used and what it costs; creates nothing."""
+        ...
+
+    def keygen(self, *, force: bool) -> None: ...
+
+    def up(self, opts: RunOptions) -> None:
+        """Create and prove; it stays up (destroyed again if anything fails)."""
+        ...
+
+    def down(self) -> None:
+        """Destroy everything the target created, then sweep."""
+        ...
+
+    def status(self) -> None: ...
+
+    def sweep(self) -> bool:
+        """List whatever the target left behind; True if anything is."""
+        ...
+
+    def provisioned(self, opts: RunOptions, guard: SignalGuard) -> AbstractContextManager[Session]:
+        """Create the target for one command and yield its session; afterwards destroy it —
+        after any failure, Ctrl-C or SIGTERM too — unless opts.keep or session.keep."""
+        ...
+
+    def attached(self, opts: RunOptions) -> AbstractContextManager[Session]:
+        """A session on what exists already (nothing is created or destroyed)."""
+        ...

@@ -1,0 +1,1 @@
+"""The GCE target: a Pulumi stack of GPU VMs, reached over SSH."""

@@ -1,0 +1,42 @@
+"""How the GCE target reaches Pulumi and the Compute API, and how long it waits for them. The one
+place their clients are built; tests point them at the fake stack runner and the fake Compute
+server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infra.compute import ComputeApi
+    from scripts.targets.gce.stack import StackRunner
+
+
+@dataclass
+class GceClients:
+    runner_for: Callable[[str, Path], StackRunner] | None = None  # (stack, project dir)
+    compute_endpoint: str | None = field(
+        default_factory=lambda: os.environ.get("GPUTRAIN_COMPUTE_ENDPOINT") or None
+    )
+    hostkey_deadline_s: float = 600.0  # until the guest agent publishes the VM's host keys
+    destroy_attempts: int = 3
+    retry_pause_s: float = 10.0  # between destroy attempts
+    node_python: str = "python3"  # the interpreter with torch on the nodes (the DLVM's)
+    _compute: ComputeApi | None = field(default=None, init=False, repr=False)
+
+    def compute(self) -> ComputeApi:
+        if self._compute is None:
+            from infra.compute import ComputeApi
+
+            self._compute = ComputeApi(self.compute_endpoint)
+        return self._compute
+
+    def runner(self, stack: str, root: Path) -> StackRunner:
+        if self.runner_for is not None:
+            return self.runner_for(stack, root)
+        from scripts.targets.gce.stack import PulumiStackRunner
+
+        return PulumiStackRunner(stack, root)

@@ -1,0 +1,166 @@
+"""Preflight wiring for the GCE target: the Compute API calls zone by zone, judged by the pure
+checks of infra/preflight.py, and the one table the user reads before anything is created."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from infra.base.errors import GputrainError
+from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
+from infra.compute import ComputeApi, ComputeApiError
+from infra.preflight import (
+    GLOBAL,
+    TABLE_HEADERS,
+    CheckResult,
+    PreflightReport,
+    PreflightRequest,
+    check_accelerator_type,
+    check_image,
+    check_machine_type,
+    check_quota,
+)
+from infra.spec import ClusterSpec
+from scripts import ui
+
+
+def request_for(spec: ClusterSpec) -> PreflightRequest:
+    assert spec.project is not None  # require_deployable ran first
+    return PreflightRequest(
+        project=spec.project,
+        zone=spec.zone,
+        machine_type=spec.machine_type,
+        accelerator=spec.accelerator,
+        gpus_per_node=spec.gpus_per_node,
+        nodes=spec.nodes,
+        spot=spec.spot,
+        vcpus_per_node=spec.vcpus,
+        gpu_quota_metric=spec.gpu_quota_metric,
+        cpu_quota_metric=spec.cpu_quota_metric,
+        image_project=spec.image_project,
+        image_family=spec.image_family,
+        boot_disk_gb=spec.boot_disk_gb,
+        is_n1=spec.attach_gpus,
+    )
+
+
+def preflight_zones(spec: ClusterSpec, api: ComputeApi) -> list[str]:
+    """Run the checks in every zone; print one table; return the zones that pass."""
+    report = preflight(request_for(spec), spec.zones, api=api)
+    ui.table("preflight", TABLE_HEADERS, report.table_rows())
+    ok_zones = report.ok_zones(spec.zones)
+    if not ok_zones:
+        raise GputrainError(
+            "preflight failed in every zone (see the fixes in the table above); nothing was created"
+        )
+    skipped = [z for z in spec.zones if z not in ok_zones]
+    if skipped:
+        ui.warn(f"preflight: skipping zone(s) {', '.join(skipped)}")
+    return ok_zones
+
+
+def _api_failure(check: str, scope: str, error: ComputeApiError) -> CheckResult:
+    return CheckResult(
+        check,
+        scope,
+        "fail",
+        f"could not check: {error}",
+        "check the project id, that the Compute Engine API is enabled, and that your "
+        "credentials may read it (roles/compute.viewer)",
+    )
+
+
+def _zone_checks(api: ComputeApi, req: PreflightRequest) -> tuple[list[CheckResult], int]:
+    """Machine type (+ accelerator type on N1) rows, and the vCPUs per node for the CPU quota."""
+    try:
+        offered = api.accelerator_types(req.project, req.zone)
+        machine = api.machine_type(req.project, req.zone, req.machine_type)
+    except ComputeApiError as e:
+        return [_api_failure("machine type", req.zone, e)], req.vcpus_per_node
+    rows = [check_machine_type(req, machine, offered)]
+    if req.is_n1:
+        rows.append(check_accelerator_type(req, offered))
+    return rows, machine.guest_cpus if machine else req.vcpus_per_node
+
+
+def _region_checks(api: ComputeApi, req: PreflightRequest, cpus: int) -> list[CheckResult]:
+    try:
+        quotas = api.region_quotas(req.project, req.region)
+    except ComputeApiError as e:
+        return [_api_failure("quota", req.region, e)]
+    if quotas is None:
+        return [
+            CheckResult(
+                "region",
+                req.region,
+                "fail",
+                f"region {req.region} (of zone {req.zone}) does not exist",
+                "check the zone names",
+            )
+        ]
+    return [
+        check_quota(
+            "GPU quota",
+            req.region,
+            req.gpu_quota_metric,
+            req.total_gpus,
+            quotas,
+            project=req.project,
+            per_node=req.gpus_per_node,
+        ),
+        check_quota(
+            "CPU quota",
+            req.region,
+            req.cpu_quota_metric,
+            req.nodes * cpus,
+            quotas,
+            project=req.project,
+            per_node=cpus,
+        ),
+    ]
+
+
+def _global_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult]:
+    rows: list[CheckResult] = []
+    try:
+        project_quotas = api.project_quotas(req.project)
+        rows.append(
+            check_quota(
+                "GPU quota",
+                GLOBAL,
+                GLOBAL_GPU_QUOTA_METRIC,
+                req.total_gpus,
+                project_quotas,
+                project=req.project,
+                per_node=req.gpus_per_node,
+                soft=req.spot,  # the facts sheet lists no GPUS_ALL_REGIONS pool for Spot
+            )
+        )
+    except ComputeApiError as e:
+        rows.append(_api_failure("GPU quota", GLOBAL, e))
+    try:
+        rows += check_image(req, api.image_from_family(req.image_project, req.image_family))
+    except ComputeApiError as e:
+        rows.append(_api_failure("image", GLOBAL, e))
+    return rows
+
+
+def preflight(
+    request: PreflightRequest,
+    zones: Sequence[str] | None = None,
+    *,
+    api: ComputeApi,
+) -> PreflightReport:
+    """All checks for `request.zone`, or for each of `zones` (project-wide and image checks run
+    once, regional quota once per region). Returns the report; never raises on a failed check."""
+    rows: list[CheckResult] = []
+    regions_done: set[str] = set()
+    for zone in list(zones) if zones else [request.zone]:
+        req = dataclasses.replace(request, zone=zone)
+        zone_rows, cpus = _zone_checks(api, req)
+        rows += zone_rows
+        if req.region not in regions_done:
+            regions_done.add(req.region)
+            rows += _region_checks(api, req, cpus)
+    rows += _global_checks(api, request)
+    return PreflightReport(tuple(rows))

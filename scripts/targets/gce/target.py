@@ -1,0 +1,243 @@
+"""`--stack NAME`: a Pulumi stack of GPU VMs on Compute Engine. Its session is the SSH fleet of the
+stack's nodes, each pinned to the host keys its guest agent published.
+
+run/up: spec -> preflight -> confirm -> `pulumi up` with zone failover -> host keys -> session,
+then teardown in a `finally` that no failure, Ctrl-C or SIGTERM can skip (unless kept).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infra.base.errors import UserError
+from scripts import ui
+from scripts.guard import SignalGuard, signal_guard
+from scripts.settings import Settings
+from scripts.targets.base import RunOptions
+from scripts.targets.gce.clients import GceClients
+from scripts.targets.gce.stack import target_name
+from scripts.targets.session import FleetSession
+
+if TYPE_CHECKING:
+    from infra.base.records import Fleet
+    from infra.spec import ClusterSpec
+    from scripts.targets.gce.stack import StackRunner
+
+
+class GceTarget:
+    def __init__(self, stack: str, settings: Settings, clients: GceClients) -> None:
+        self.stack = stack
+        self.name = target_name(stack)
+        self.settings = settings
+        self.clients = clients
+        self._runner: StackRunner | None = None
+
+    @property
+    def runner(self) -> StackRunner:
+        if self._runner is None:
+            self._runner = self.clients.runner(self.stack, self.settings.root)
+        return self._runner
+
+    def spec(self) -> ClusterSpec:
+        from infra.spec import parse_spec
+        from infra.stackfile import load_stack_config
+
+        return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
+
+    def _spec_with_project(self) -> ClusterSpec:
+        """The spec of a stack that can have resources: gcp:project must be set."""
+        spec = self.spec()
+        if not spec.project:
+            raise UserError(f"gcp:project is not set for stack {self.stack}")
+        return spec
+
+    # ---- commands that need no cluster
+
+    def plan(self) -> None:
+        from infra.plan import HEADERS, build_plan
+
+        plan = build_plan(self.spec())
+        ui.table(plan.title, HEADERS, [plan.row])
+        for line in plan.footer_lines():
+            ui.say(line)
+
+    def keygen(self, *, force: bool) -> None:
+        from scripts.targets.gce.keys import store_new_keypair
+
+        if self.spec().ssh_public_key and not force:
+            raise UserError(
+                f"gputrain:sshPublicKey is already set for stack {self.stack}; "
+                "pass --force to replace it (running VMs keep the old key until the next up)"
+            )
+        store_new_keypair(self.runner, self.stack)
+        ui.say(
+            f"keygen: stored a new ed25519 key pair in stack {self.stack} (private key as a secret)"
+        )
+
+    def status(self) -> None:
+        from infra.fields import format_duration
+
+        spec = self._spec_with_project()
+        instances = self.clients.compute().list_stack_instances(spec.project or "", self.stack)
+        if not instances:
+            ui.say(f"status: stack {self.stack} has no instances (nothing is billing)")
+            return
+        now = time.time()
+        rows = []
+        for i in sorted(instances, key=lambda x: x["name"]):
+            left = ttl_left_s(i.get("last_start"), i.get("max_run_duration_s"), now)
+            when = "?" if left is None else format_duration(int(left))
+            rows.append([i["name"], i["zone"], i["status"], when])
+        ui.table(
+            f"status: stack {self.stack}", ["node", "zone", "state", "deleted by GCE in"], rows
+        )
+
+    def sweep(self) -> bool:
+        from scripts.targets.gce.teardown import show_leftovers
+
+        leftovers = show_leftovers(self.spec(), self.clients.compute())
+        if not leftovers:
+            ui.say(f"sweep: nothing carries the labels of stack {self.stack}")
+        return bool(leftovers)
+
+    # ---- creating and destroying
+
+    def up(self, opts: RunOptions) -> None:
+        """Create the cluster and prove it; if that fails it is destroyed again."""
+        with signal_guard() as guard, self.provisioned(opts, guard) as cluster:
+            cluster.verify()
+            cluster.keep = True
+
+    def down(self) -> None:
+        from scripts.targets.gce.teardown import teardown
+
+        spec = self.spec()
+        if not spec.project:
+            raise UserError(
+                f"gcp:project is not set for stack {self.stack}; nothing of it can exist"
+            )
+        with signal_guard() as guard, guard.teardown():
+            teardown(spec, self.runner, self.clients, clear_stale_lock=True)
+
+    @contextmanager
+    def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[FleetSession]:
+        from infra.spec import require_deployable
+        from scripts.targets.gce.keys import private_key_file
+        from scripts.targets.gce.preflight import preflight_zones
+        from scripts.targets.gce.teardown import teardown
+
+        spec = self.spec()
+        require_deployable(spec)
+        zones = (
+            list(spec.zones)
+            if opts.skip_preflight
+            else preflight_zones(spec, self.clients.compute())
+        )
+        confirm(spec, yes=opts.yes)
+        cluster: FleetSession | None = None
+        try:
+            outputs = self._provision(spec, zones)
+            with private_key_file(self.runner, self.stack) as key:
+                cluster = FleetSession(
+                    self._fleet(outputs, key),
+                    self.settings,
+                    hourly_usd=spec.hourly_price_per_node * spec.nodes,
+                    keep=opts.keep,
+                )
+                with cluster:
+                    yield cluster
+        finally:
+            keep = cluster.keep if cluster is not None else opts.keep
+            with guard.teardown():
+                if keep:
+                    ui.say(
+                        f"stack {self.stack} stays up; its VMs delete themselves after "
+                        f"{spec.max_run_duration}; `gputrain down --stack {self.stack}` ends it sooner"
+                    )
+                else:
+                    teardown(spec, self.runner, self.clients)
+
+    @contextmanager
+    def attached(self, opts: RunOptions) -> Iterator[FleetSession]:
+        from scripts.targets.gce.keys import private_key_file
+
+        self.spec()  # a broken stack file is still a one-line error
+        outputs = self.runner.outputs()
+        if not outputs:
+            raise UserError(
+                f"stack {self.stack} has no cluster; run `gputrain up --stack {self.stack}`"
+            )
+        with (
+            private_key_file(self.runner, self.stack) as key,
+            FleetSession(self._fleet(outputs, key), self.settings) as session,
+        ):
+            yield session
+
+    def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:
+        """`pulumi up` with zone failover; the stack outputs."""
+        from scripts.targets.gce.failover import provision_with_failover
+        from scripts.targets.gce.teardown import pulumi_line
+
+        zone, outputs = provision_with_failover(
+            self.runner,
+            zones,
+            on_event=ui.say,
+            on_output=pulumi_line,
+            expected_nodes=spec.nodes,
+            project=spec.project,
+        )
+        ui.say(f"up: cluster ready in {zone}")
+        return outputs
+
+    def _fleet(self, outputs: dict[str, Any], key_file: Path) -> Fleet:
+        """Nodes from the stack outputs, each pinned to the host keys its guest agent published."""
+        from infra.compute import fetch_host_keys
+        from scripts.targets.gce.stack import parse_stack_outputs
+
+        out = parse_stack_outputs(outputs)
+        keys = {
+            n.name: fetch_host_keys(
+                out.project,
+                n.zone,
+                n.name,
+                deadline_s=self.clients.hostkey_deadline_s,
+                api=self.clients.compute(),
+                on_progress=ui.say,
+            )
+            for n in out.nodes
+        }
+        return out.to_fleet(
+            self.stack, keys, identity_file=key_file, python=self.clients.node_python
+        )
+
+
+def confirm(spec: ClusterSpec, *, yes: bool) -> None:
+    """Ask before spending money, on a terminal only."""
+    if yes or not sys.stdin.isatty():
+        return
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    ui.say(
+        f"About to create {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x "
+        f"{spec.gpu_model} each): ~${plan.hourly_total:.2f}/h, "
+        f"at most ${plan.worst_case:.2f} before the VMs delete themselves."
+    )
+    answer = input("Proceed? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise UserError("cancelled; nothing was created")
+
+
+def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: float) -> float | None:
+    """Seconds until GCE deletes the VM: the TTL counts from the latest start. Pure."""
+    if not last_start or not max_run_duration_s:
+        return None
+    import datetime
+
+    started = datetime.datetime.fromisoformat(last_start.replace("Z", "+00:00")).timestamp()
+    return max(0.0, started + max_run_duration_s - now)

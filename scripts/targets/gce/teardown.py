@@ -1,0 +1,96 @@
+"""Teardown of a stack: refresh + destroy (retried, a stale lock cleared when the user said so),
+then a sweep that must find nothing carrying the stack's labels or name."""
+
+from __future__ import annotations
+
+from infra.base.errors import GputrainError, UserError
+from infra.base.retry import GaveUp, Waiting, every, poll_until
+from infra.compute import ComputeApi
+from infra.spec import ClusterSpec
+from infra.sweep import Leftover, sweep
+from scripts import ui
+from scripts.targets.gce.clients import GceClients
+from scripts.targets.gce.stack import (
+    ZONE_CONFIG_KEY,
+    PulumiMissingError,
+    StackLockedError,
+    StackRunner,
+)
+
+
+def pulumi_line(line: str) -> None:
+    """Pulumi's own progress, indented under ours."""
+    if line.strip():
+        ui.say(f"  pulumi: {line.rstrip()}")
+
+
+def teardown(
+    spec: ClusterSpec, runner: StackRunner, clients: GceClients, *, clear_stale_lock: bool = False
+) -> None:
+    """Destroy the stack, retried with `refresh` first (the TTL may have deleted VMs already);
+    then the sweep must find nothing. `clear_stale_lock` (the user's `down`): a lock left by an
+    update whose process died is cleared with `pulumi cancel`, said out loud, and destroy goes on."""
+    attempts = 0
+
+    def destroy() -> None:
+        nonlocal attempts, clear_stale_lock
+        attempts += 1
+        ui.say(f"down: destroying stack {spec.stack} (attempt {attempts})")
+        try:
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=pulumi_line)
+        except StackLockedError:
+            if not clear_stale_lock:
+                raise
+            clear_stale_lock = False  # once: a lock that comes back is someone's live update
+            ui.say(
+                f"down: stack {spec.stack} is locked by an update that is no longer running; "
+                "clearing the lock (pulumi cancel) and destroying again"
+            )
+            runner.cancel()
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=pulumi_line)
+
+    def failed(w: Waiting) -> None:
+        ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")
+
+    failure: GaveUp | None = None
+    try:
+        poll_until(
+            destroy,
+            max_attempts=clients.destroy_attempts,
+            delay=every(clients.retry_pause_s),
+            retry_on=(Exception,),
+            fatal=(PulumiMissingError,),
+            on_wait=failed,
+        )
+    except GaveUp as e:
+        ui.warn(f"destroy attempt {e.attempts} failed: {e.reason}")
+        failure = e
+    try:
+        runner.remove_config(ZONE_CONFIG_KEY)
+    except Exception as exc:
+        ui.warn(f"could not clear {ZONE_CONFIG_KEY}: {exc}")
+    leftovers = show_leftovers(spec, clients.compute())
+    if failure is not None or leftovers:
+        raise GputrainError(
+            f"teardown of stack {spec.stack} is incomplete: "
+            + (f"destroy failed ({failure.reason}); " if failure else "")
+            + (f"{len(leftovers)} resource(s) still exist (listed above)" if leftovers else "")
+            + f". Run `gputrain down --stack {spec.stack}` again or delete them in the console."
+        )
+    ui.say(f"down: stack {spec.stack} destroyed; sweep found nothing left")
+
+
+def show_leftovers(spec: ClusterSpec, api: ComputeApi) -> list[Leftover]:
+    """Whatever still carries the stack's labels or name prefix, printed loudly."""
+    if not spec.project:
+        raise UserError(f"gcp:project is not set for stack {spec.stack}")
+    leftovers = sweep(spec.project, spec.stack, api=api)
+    if leftovers:
+        ui.table(
+            f"LEFT BEHIND by stack {spec.stack}",
+            ["kind", "name", "where", "matched by"],
+            [[x.kind, x.name, x.location, x.matched_by] for x in leftovers],
+        )
+    return leftovers

@@ -1,0 +1,25 @@
+"""`--hosts FILE`: existing machines over SSH, pinned to the host keys of a known_hosts file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.base.records import Fleet
+from scripts.settings import Settings
+from scripts.targets.base import RunOptions
+from scripts.targets.machines import MachinesTarget
+
+
+class HostsTarget(MachinesTarget):
+    def __init__(self, path: str, settings: Settings) -> None:
+        super().__init__(settings)
+        from scripts.targets.hosts_file import target_name
+
+        self.path = Path(path)
+        self.name = target_name(self.path)
+
+    def fleet(self, opts: RunOptions) -> tuple[Fleet, Path | None]:
+        from scripts.targets.hosts_file import load_hosts_file
+
+        hosts = load_hosts_file(self.path, trust_new_hosts=opts.trust_new_hosts)
+        return hosts.fleet, hosts.known_hosts if opts.trust_new_hosts else None

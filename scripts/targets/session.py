@@ -1,0 +1,158 @@
+"""The session of every target made of machines (gce, hosts, local): connect with pinned host keys
+on first use, verify GPUs, run torchrun jobs, follow logs, open OpenSSH shells."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from infra.base.errors import UserError
+from infra.base.records import Fleet, Node
+from scripts import ui
+from scripts.guard import SignalGuard
+from scripts.job.records import Job, JobResult
+from scripts.settings import Settings
+from scripts.transport.base import Transport
+
+
+class FleetSession:
+    """`transports` connect lazily, so `ssh` (OpenSSH) never opens a paramiko connection and a
+    subclass can swap the fleet (new VMs, new host keys) and connect again."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        settings: Settings,
+        *,
+        record_new_keys: Path | None = None,  # hosts --trust-new-hosts: the known_hosts file
+        hourly_usd: float | None = None,
+        keep: bool = False,
+    ) -> None:
+        self.fleet = fleet
+        self.name = fleet.target
+        self.settings = settings
+        self.record_new_keys = record_new_keys
+        self.hourly_usd = hourly_usd
+        self.keep = keep
+        self._transports: dict[str, Transport] | None = None
+
+    @property
+    def transports(self) -> dict[str, Transport]:
+        if self._transports is None:
+            from scripts.connect import connect
+
+            self._transports = connect(
+                self.fleet,
+                deadline_s=self.settings.connect_deadline_s,
+                trust_new_hosts=self.record_new_keys,
+            )
+        return self._transports
+
+    def close(self) -> None:
+        from scripts.connect import close_all
+
+        if self._transports is not None:
+            close_all(self._transports)
+            self._transports = None
+
+    def __enter__(self) -> FleetSession:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def verify(self) -> None:
+        from scripts.verify import verify_gpus
+
+        verify_gpus(self.fleet, self.transports, deadline_s=self.settings.verify_deadline_s)
+
+    def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
+        from scripts.job.launch import launch_torchrun, stop_job
+
+        transports = self.transports
+        try:
+            return launch_torchrun(self.fleet, transports, job, results_dir)
+        except BaseException:
+            # Failed or interrupted: nothing may keep running on machines that stay up.
+            with guard.teardown():
+                stop_job(transports, job.run_id)
+            raise
+
+    def logs(self, run_id: str) -> None:
+        """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
+        from scripts.job.node_scripts import build_tail_command
+        from scripts.parallel import parallel
+
+        tail = build_tail_command(run_id, 0)
+        transports = self.transports
+
+        def follow(name: str) -> int:
+            return transports[name].stream(tail, lambda line: ui.say(f"[{name}] {line}"), None)
+
+        parallel(list(transports), follow)
+
+    def ssh(self, node: str, command: Sequence[str]) -> int:
+        """An interactive shell or one command on a node, with its host key pinned."""
+        from scripts.transport.hostkeys import known_hosts_lines
+
+        if self.fleet.local:
+            raise UserError("ssh: the local target is this machine; no SSH needed")
+        chosen = self.node(node)
+        with tempfile.TemporaryDirectory(prefix="gputrain-ssh-") as d:
+            known = Path(d) / "known_hosts"
+            known.write_text("\n".join(known_hosts_lines(self.fleet)) + "\n")
+            return subprocess.run(ssh_argv(self.fleet, chosen, known, command)).returncode
+
+    def node(self, selector: str) -> Node:
+        """A node by name or index."""
+        names = [n.name for n in self.fleet.nodes]
+        if selector.isdigit() and int(selector) < len(names):
+            return self.fleet.nodes[int(selector)]
+        if selector in names:
+            return self.fleet.nodes[names.index(selector)]
+        raise UserError(
+            f"ssh: node {selector!r} is not in {self.name}; allowed: {', '.join(names)} "
+            f"or 0..{len(names) - 1}"
+        )
+
+
+def ssh_argv(fleet: Fleet, node: Node, known_hosts: Path, command: Sequence[str]) -> list[str]:
+    """OpenSSH argv for one node: pinned keys only (our known_hosts file, strict checking),
+    through the head (ProxyCommand, pinned too) when the node has no address of its own. Pure."""
+
+    def base(n: Node) -> list[str]:
+        opts = [
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ServerAliveInterval=15",
+            "-p",
+            str(n.port),
+        ]
+        if fleet.identity_file:
+            opts = ["-i", str(fleet.identity_file), *opts]
+        return opts
+
+    argv = ["ssh", *base(node)]
+    if node.address is None:
+        head = fleet.head
+        proxy = ["ssh", *base(head), "-W", "%h:%p", f"{head.user}@{head.address}"]
+        argv += ["-o", "ProxyCommand=" + shlex.join(proxy)]
+    argv.append(f"{node.user}@{node.address or node.internal_address}")
+    if command:
+        # One argument is a shell line (as with ssh); several are a command whose arguments
+        # must arrive verbatim, so each is quoted for the remote shell.
+        argv += ["--", command[0] if len(command) == 1 else shlex.join(command)]
+    return argv

@@ -1,0 +1,355 @@
+"""One node over SSH (paramiko): pinned host keys, an optional jump through the head, keepalives
+and our own deadlines, and a connection that can be rebuilt while a job keeps running.
+paramiko is imported only inside these functions, so the CLI stays fast."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import select
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infra.base.records import Node
+from infra.base.retry import GaveUp, poll_until
+from scripts.transport.base import (
+    NODE_ROOT_SH,
+    CommandResult,
+    ConnectionLostError,
+    LineCallback,
+    LineSplitter,
+    TransportError,
+)
+from scripts.transport.hostkeys import (
+    HostKeyError,
+    fingerprint,
+    known_hosts_name,
+    parse_public_key,
+    pinned_policy,
+)
+from scripts.transport.tar import extract_tar, pack_command
+
+if TYPE_CHECKING:
+    import paramiko
+
+
+def classify_connect_error(exc: BaseException) -> str:
+    """A short reason for progress lines ("connection refused", "login key not accepted yet", ...),
+    by the exception's type."""
+    import paramiko
+
+    if isinstance(exc, paramiko.AuthenticationException):
+        return "login key not accepted yet"
+    if isinstance(exc, ConnectionRefusedError | paramiko.ssh_exception.NoValidConnectionsError):
+        return "connection refused"  # NoValidConnections: every address refused the socket
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, paramiko.ChannelException):
+        return "not reachable through the head yet"
+    if isinstance(exc, EOFError | paramiko.SSHException):
+        return "ssh not ready"  # no banner yet, or the server closed during the handshake
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "host unreachable"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class SshTransport:
+    """One node over paramiko. Host keys are pinned; the connection can be rebuilt (reconnect)."""
+
+    def __init__(
+        self,
+        node: Node,
+        identity_file: Path | None,
+        *,
+        via: SshTransport | None = None,
+        trust_new_hosts: Path | None = None,
+        connect_timeout: float = 10.0,
+        keepalive_s: int = 5,
+        probe_after_s: float = 15.0,
+    ) -> None:
+        self.name = node.name
+        self.node = node
+        self.identity_file = identity_file
+        self.via = via
+        self.trust_new_hosts = trust_new_hosts
+        self.connect_timeout = connect_timeout
+        self.keepalive_s = keepalive_s
+        self.probe_after_s = probe_after_s
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self.generation = 0
+
+    # -- connection --------------------------------------------------------------------------
+
+    @property
+    def target(self) -> tuple[str, int]:
+        if self.via is not None:
+            return self.node.internal_address, self.node.port
+        assert self.node.address is not None
+        return self.node.address, self.node.port
+
+    def connect_once(self) -> None:
+        """One attempt; raises what paramiko/the socket raised, HostKeyError when keys differ."""
+        import paramiko
+
+        host, port = self.target
+        client = paramiko.SSHClient()
+        hk_name = known_hosts_name(host, port)
+        for line in self.node.host_keys:
+            try:
+                ktype, blob = parse_public_key(line)
+            except ValueError as e:
+                raise HostKeyError(f"node {self.name}: pinned host key is invalid: {e}") from e
+            key = paramiko.PKey.from_type_string(ktype, base64.b64decode(blob))
+            client.get_host_keys().add(hk_name, ktype, key)
+        client.set_missing_host_key_policy(pinned_policy(self.name, self.trust_new_hosts))
+        sock: Any = None
+        if self.via is not None:
+            sock = self.via.open_direct_tcpip(host, port, self.connect_timeout)
+        try:
+            client.connect(
+                host,
+                port=port,
+                username=self.node.user,
+                key_filename=str(self.identity_file) if self.identity_file else None,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.connect_timeout,
+                allow_agent=False,
+                look_for_keys=self.identity_file is None,
+                sock=sock,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise HostKeyError(
+                f"node {self.name} ({hk_name}): host key mismatch — offered "
+                f"{e.key.get_name()} {fingerprint(e.key.get_base64())}, pinned "
+                f"{e.expected_key.get_name()} {fingerprint(e.expected_key.get_base64())}; refused"
+            ) from e
+        except BaseException:
+            client.close()
+            raise
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(self.keepalive_s)
+        old, self._client = self._client, client
+        self.generation += 1
+        if old is not None:
+            old.close()
+
+    def open_direct_tcpip(self, host: str, port: int, timeout: float) -> Any:
+        """A tunnel from this node to host:port (how workers without public addresses are reached)."""
+        transport = self._transport()
+        return transport.open_channel(
+            "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout
+        )
+
+    def is_alive(self) -> bool:
+        c = self._client
+        t = c.get_transport() if c is not None else None
+        return t is not None and t.is_active()
+
+    def reconnect(self, deadline_s: float) -> None:
+        """Rebuild the connection (through the head again if needed), retrying until the deadline."""
+        gen = self.generation
+        with self._lock:
+            if self.generation != gen and self.is_alive():
+                return  # another thread already reconnected
+            end = time.monotonic() + deadline_s
+
+            def attempt() -> None:
+                if self.via is not None and not self.via.probe(timeout=5):
+                    self.via.reconnect(max(1.0, end - time.monotonic()))
+                self.connect_once()
+
+            try:
+                poll_until(
+                    attempt,
+                    deadline_s=deadline_s,
+                    retry_on=(Exception,),
+                    fatal=(HostKeyError,),
+                    reason=classify_connect_error,
+                )
+            except GaveUp as e:
+                raise ConnectionLostError(
+                    f"node {self.name}: could not reconnect within {deadline_s:.0f} s ({e.reason})"
+                ) from e
+
+    def probe(self, timeout: float) -> bool:
+        """Does the connection still answer? (a dead link without FIN looks alive to paramiko)"""
+        if not self.is_alive():
+            return False
+        try:
+            return self.run("true", timeout=timeout).ok
+        except TransportError:
+            return False
+
+    def _transport(self) -> paramiko.Transport:
+        c = self._client
+        t = c.get_transport() if c is not None else None
+        if t is None or not t.is_active():
+            raise ConnectionLostError(f"node {self.name}: not connected")
+        return t
+
+    def _open(self, cmd: str, timeout: float) -> paramiko.Channel:
+        try:
+            chan = self._transport().open_session(timeout=min(timeout, self.connect_timeout))
+            chan.exec_command(f"cd {NODE_ROOT_SH} || exit 111; {cmd}")
+        except ConnectionLostError:
+            raise
+        except Exception as e:
+            raise ConnectionLostError(f"node {self.name}: could not open a channel: {e}") from e
+        return chan
+
+    # -- operations --------------------------------------------------------------------------
+
+    def run(self, cmd: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
+        chan = self._open(cmd, timeout)
+        deadline = time.monotonic() + timeout
+        out, err = bytearray(), bytearray()
+        try:
+            if stdin:
+                self._send_all(chan, stdin, deadline)
+            chan.shutdown_write()
+            while True:
+                got = False
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                    got = True
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    got = True
+                if chan.exit_status_ready() and not chan.recv_ready():
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536)
+                    # drain what arrived with the status
+                    while not chan.eof_received and time.monotonic() < deadline:
+                        if chan.recv_ready():
+                            out += chan.recv(65536)
+                        elif chan.closed:
+                            break
+                        else:
+                            time.sleep(0.005)
+                    while chan.recv_ready():
+                        out += chan.recv(65536)
+                    break
+                if chan.closed and not chan.exit_status_ready():
+                    raise ConnectionLostError(f"node {self.name}: connection lost during {cmd!r}")
+                if time.monotonic() > deadline:
+                    raise TransportError(
+                        f"node {self.name}: command did not finish within {timeout:.0f} s"
+                    )
+                if not got:
+                    select.select([chan], [], [], 0.05)
+            code = chan.recv_exit_status()
+            if code == -1 and not self.is_alive():  # paramiko's status when the link closed
+                raise ConnectionLostError(f"node {self.name}: connection lost during {cmd!r}")
+        finally:
+            chan.close()
+        return CommandResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def _send_all(self, chan: paramiko.Channel, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        chan.settimeout(5.0)
+        while view:
+            if time.monotonic() > deadline:
+                raise TransportError(f"node {self.name}: upload did not finish in time")
+            try:
+                n = chan.send(bytes(view[:65536]))
+            except TimeoutError:
+                continue
+            if n <= 0:
+                raise ConnectionLostError(f"node {self.name}: connection lost during upload")
+            view = view[n:]
+
+    def stream(self, cmd: str, on_line: LineCallback, timeout: float | None) -> int:
+        """Run cmd, calling on_line per output line; a silent link is probed, a dead one raises."""
+        chan = self._open(cmd, 30)
+        chan.set_combine_stderr(True)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        splitter = LineSplitter(on_line)
+        last_data = time.monotonic()
+        try:
+            while True:
+                if chan.recv_ready():
+                    data = chan.recv(65536)
+                    if data:
+                        splitter.feed(data)
+                        last_data = time.monotonic()
+                        continue
+                if chan.exit_status_ready() and not chan.recv_ready():
+                    if chan.eof_received or chan.closed:
+                        break
+                    time.sleep(0.01)
+                    continue
+                if chan.closed and not chan.exit_status_ready():
+                    raise ConnectionLostError(f"node {self.name}: connection lost")
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    raise TransportError(f"node {self.name}: stream timed out after {timeout} s")
+                if now - last_data > self.probe_after_s:
+                    # silence: a dead link without FIN looks alive to paramiko, so ask
+                    if not self.probe(timeout=10):
+                        self._drop()
+                        raise ConnectionLostError(f"node {self.name}: connection stopped answering")
+                    last_data = time.monotonic()
+                select.select([chan], [], [], 0.25)
+            code = chan.recv_exit_status()
+            if code == -1 and not self.is_alive():
+                raise ConnectionLostError(f"node {self.name}: connection lost")
+            splitter.flush()
+            return code
+        finally:
+            chan.close()
+
+    def _drop(self) -> None:
+        c = self._client
+        if c is not None:
+            # closing a transport whose link is dead must not hang: do it off-thread
+            threading.Thread(target=c.close, daemon=True).start()
+
+    def download(
+        self, remote: str, local: Path, timeout: float = 300, exclude: tuple[str, ...] = ()
+    ) -> bool:
+        chan = self._open(pack_command(remote, exclude), timeout)
+        deadline = time.monotonic() + timeout
+        with tempfile.TemporaryFile() as tmp:
+            try:
+                chan.shutdown_write()
+                while True:
+                    if chan.recv_ready():
+                        tmp.write(chan.recv(1 << 20))
+                        continue
+                    if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                        while chan.recv_ready():
+                            tmp.write(chan.recv(1 << 20))
+                        break
+                    if chan.closed:
+                        raise ConnectionLostError(f"node {self.name}: connection lost")
+                    if time.monotonic() > deadline:
+                        raise TransportError(f"node {self.name}: download of {remote} timed out")
+                    select.select([chan], [], [], 0.1)
+                code = chan.recv_exit_status()
+                err = b""
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+            finally:
+                chan.close()
+            if code == 3:
+                return False
+            if code != 0:
+                raise TransportError(f"node {self.name}: download of {remote} failed: {err!r}")
+            tmp.seek(0)
+            extract_tar(tmp, local)
+        return True
+
+    def close(self) -> None:
+        c, self._client = self._client, None
+        if c is not None:
+            c.close()

@@ -1,0 +1,68 @@
+"""The tar streams between the controller and a node: one way to pack files for a node, one way to
+unpack what a node sends back (safely), and the shell commands at the node's end."""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import shutil
+import tarfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+from scripts.transport.base import TransportError
+
+
+def tar_files(files: Mapping[str, Path]) -> bytes:
+    """An uncompressed tar of {name in the archive: local file}, modes kept, owner neutral."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, path in files.items():
+            info = tar.gettarinfo(str(path), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+    return buf.getvalue()
+
+
+def unpack_command(remote_dir: str) -> str:
+    """At the node: unpack the tar on stdin into remote_dir (created if missing)."""
+    d = shlex.quote(remote_dir)
+    return f"mkdir -p {d} && tar -x -f - -C {d}"
+
+
+def pack_command(remote: str, exclude: tuple[str, ...] = ()) -> str:
+    """At the node: tar to stdout a directory's contents (minus ``exclude``, e.g. "./code"), or
+    one file; exit 3 (no output) if it is missing."""
+    parent, name = os.path.split(remote.rstrip("/"))
+    q, qp, qn = shlex.quote(remote), shlex.quote(parent or "."), shlex.quote(name)
+    ex = "".join(f" --exclude={shlex.quote(e)}" for e in exclude)
+    return (
+        f"if [ -d {q} ]; then tar -c -f -{ex} -C {q} .; "
+        f"elif [ -e {q} ]; then tar -c -f - -C {qp} {qn}; else exit 3; fi"
+    )
+
+
+def extract_tar(data: bytes | IO[bytes], dest: Path) -> None:
+    """Unpack a tar from a node safely (no absolute paths, no links out of dest)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    fileobj = io.BytesIO(data) if isinstance(data, bytes) else data
+    root = dest.resolve()
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        for member in tar:
+            target = (root / member.name).resolve()
+            if member.name.startswith("/") or not target.is_relative_to(root):
+                raise TransportError(f"refusing a path outside {dest}: {member.name!r}")
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif member.isfile():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(member)
+                assert src is not None
+                with open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                os.chmod(target, member.mode & 0o755 | 0o600)
+            # links, devices and fifos from a node are skipped
