@@ -325,6 +325,20 @@ def test_unreachable_endpoint_is_one_line() -> None:
     assert "\n" not in str(e.value)
 
 
+def test_missing_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a credentials file that does not exist fails before any network lookup
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/gputrain-creds.json")
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    real = VertexApi(PROJECT, REGION)
+    assert real.api_endpoint == "us-central1-aiplatform.googleapis.com"
+    assert real.logging_endpoint == "https://logging.googleapis.com"
+    for call in (lambda: real.get_job("x"), lambda: real.log_lines("42", vj.LogCursor())):
+        with pytest.raises(VertexApiError) as e:
+            call()
+        assert "gputrain-creds.json was not found" in str(e.value)
+        assert "gcloud auth application-default login" in str(e.value) and "\n" not in str(e.value)
+
+
 # ---- import cost --------------------------------------------------------------------------------
 
 

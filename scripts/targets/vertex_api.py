@@ -45,6 +45,10 @@ class VertexNotFound(VertexApiError):
     """404: the job (or project/region) does not exist."""
 
 
+LOGGING_ENDPOINT = "https://logging.googleapis.com"
+_ROLES = {"aiplatform": "roles/aiplatform.user", "logging": "roles/logging.viewer"}
+
+
 @dataclass(frozen=True)
 class Followed:
     """How a followed job ended, with its last log lines for the failure message."""
@@ -72,7 +76,8 @@ class VertexApi:
     ) -> None:
         self.project, self.region = project, region
         self.api_endpoint = api_endpoint or f"{region}-aiplatform.googleapis.com"
-        self.logging_endpoint = logging_endpoint or api_endpoint
+        local = api_endpoint if api_endpoint and api_endpoint.startswith("http://") else None
+        self.logging_endpoint = logging_endpoint or local or LOGGING_ENDPOINT
         self._clients: dict[str, Any] = {}
 
     # -- clients
@@ -99,13 +104,10 @@ class VertexApi:
                 else:
                     from google.cloud import logging_v2
 
-                    options = (
-                        {"api_endpoint": self.logging_endpoint} if self.logging_endpoint else {}
-                    )
                     self._clients[kind] = logging_v2.Client(
                         project=self.project,
-                        _use_grpc=False,
-                        client_options=options,
+                        _use_grpc=False,  # the JSON API: one transport, no grpc channel
+                        client_options={"api_endpoint": self.logging_endpoint},
                         **self._credentials(self.logging_endpoint),
                     )
             except Exception as e:  # DefaultCredentialsError and friends
@@ -115,7 +117,7 @@ class VertexApi:
                 ) from e
         return self._clients[kind]
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], api: str = "aiplatform") -> Any:
         """Runs one API call; Google's errors become typed one-line VertexApiErrors."""
         from google.api_core import exceptions as gexc
 
@@ -123,13 +125,10 @@ class VertexApi:
             return fn()
         except gexc.Forbidden as e:  # HTTP 403; PERMISSION_DENIED over gRPC is a subclass
             msg = _message(e)
-            disabled = re.search(r"SERVICE_DISABLED|has not been used|is disabled", msg)
-            api = "logging" if "log" in what else "aiplatform"
             hint = (
                 f"enable it: gcloud services enable {api}.googleapis.com --project {self.project}"
-                if disabled
-                else f"the caller needs roles/{'logging.viewer' if api == 'logging' else 'aiplatform.user'}"
-                f" on project {self.project}"
+                if re.search(r"SERVICE_DISABLED|has not been used|is disabled", msg)
+                else f"the caller needs {_ROLES[api]} on project {self.project}"
             )
             raise VertexPermissionError(f"{what}: permission denied: {msg}; {hint}") from e
         except gexc.TooManyRequests as e:  # HTTP 429 / RESOURCE_EXHAUSTED
@@ -147,7 +146,8 @@ class VertexApi:
         except gexc.GoogleAPICallError as e:
             raise VertexApiError(f"{what}: {_code(e)} {_message(e)}") from e
         except OSError as e:  # requests' ConnectionError and timeouts derive from it
-            raise VertexApiError(f"{what}: cannot reach {self.api_endpoint}: {_one_line(e)}") from e
+            where = self.logging_endpoint if api == "logging" else self.api_endpoint
+            raise VertexApiError(f"{what}: cannot reach {where}: {_one_line(e)}") from e
 
     # -- jobs
 
@@ -231,7 +231,9 @@ class VertexApi:
             )
             return [_log_line(e) for e in entries]
 
-        return cursor.take(self._call(f"Cloud Logging read logs of Vertex job {job_id}", fetch))
+        return cursor.take(
+            self._call(f"Cloud Logging read logs of Vertex job {job_id}", fetch, api="logging")
+        )
 
     # -- following a job
 
