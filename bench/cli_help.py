@@ -23,9 +23,10 @@ def main(runs: int = 10) -> int:
         subprocess.run([str(exe), "--help"], check=True, capture_output=True)
         times.append(time.perf_counter() - t)
     probe = (
-        "import sys, scripts.cli as c\n"
+        "import sys\nbefore = set(sys.modules)  # e.g. the empty `google` namespace from a .pth\n"
+        "import scripts.cli as c\n"
         "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
-        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
+        f"print(sorted({{m.split('.')[0] for m in set(sys.modules) - before}} & set({HEAVY!r})))"
     )
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     loaded = r.stdout.strip().splitlines()[-1]

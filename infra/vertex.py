@@ -1,0 +1,195 @@
+"""Vertex AI custom training facts: which catalog shapes it runs, its accelerator enum names, its
+price premium, its default PyTorch container, and the rule that rejects what it cannot run.
+
+Pure data + lookups, no I/O. Each fact says how sure we are:
+  documented  a Google page or API reference read while building this says so;
+  listed      issue 9 / shared/reference/vertex-gcs-and-corrections.md list it (compiled from
+              Google's docs), but the Vertex page was not re-read here;
+  unverified  only secondary sources (public job configs, the Vertex *training clusters* page,
+              which is a different product) - `plan` prints a caveat.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from infra import catalog
+
+Status = Literal["documented", "listed", "unverified"]
+
+# --------------------------------------------------------------------------------------------
+# Accelerators: catalog name -> MachineSpec.acceleratorType
+# documented: Vertex REST reference `MachineSpec` / `AcceleratorType` and google-cloud-aiplatform
+# 2.7.0 `aiplatform_v1/types/accelerator_type.py` (NVIDIA_TESLA_K80 is deprecated there).
+# --------------------------------------------------------------------------------------------
+
+ACCELERATOR_ENUMS: dict[str, str] = {
+    "nvidia-tesla-t4": "NVIDIA_TESLA_T4",
+    "nvidia-tesla-v100": "NVIDIA_TESLA_V100",
+    "nvidia-tesla-p100": "NVIDIA_TESLA_P100",
+    "nvidia-tesla-p4": "NVIDIA_TESLA_P4",
+    "nvidia-tesla-a100": "NVIDIA_TESLA_A100",
+    "nvidia-a100-80gb": "NVIDIA_A100_80GB",
+    "nvidia-l4": "NVIDIA_L4",
+    "nvidia-h100-80gb": "NVIDIA_H100_80GB",
+    "nvidia-h100-mega-80gb": "NVIDIA_H100_MEGA_80GB",
+    "nvidia-h200-141gb": "NVIDIA_H200_141GB",
+    "nvidia-b200": "NVIDIA_B200",
+}
+
+
+def accelerator_enum(gpu_type: str) -> str:
+    """Vertex's acceleratorType for a catalog accelerator (or one of its aliases)."""
+    canonical = catalog.canonical_accelerator(gpu_type)
+    if canonical is None or canonical not in ACCELERATOR_ENUMS:
+        raise KeyError(f"no Vertex accelerator type for {gpu_type!r}")
+    return ACCELERATOR_ENUMS[canonical]
+
+
+# --------------------------------------------------------------------------------------------
+# Machine types Vertex custom training (CustomJob) runs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VertexOffer:
+    """A family of catalog machine types that Vertex custom training runs, and how sure we are."""
+
+    pattern: str  # full-match regex over catalog machine type names
+    family: str  # how errors and `plan` name it
+    status: Status
+    source: str
+
+
+_ISSUE = "issue 9 list (Vertex 'Configure compute resources for custom training')"
+_CLUSTERS = (
+    "listed for Vertex AI training clusters (docs.cloud.google.com/vertex-ai/docs/training/"
+    "training-clusters/compute-resources), not on a CustomJob page read here"
+)
+
+OFFERS: tuple[VertexOffer, ...] = (
+    VertexOffer(r"a2-highgpu-(1|2|4|8)g", "a2-highgpu-1g/2g/4g/8g", "listed", _ISSUE),
+    VertexOffer(r"a2-ultragpu-(1|2|4|8)g", "a2-ultragpu-1g/2g/4g/8g", "listed", _ISSUE),
+    VertexOffer(r"a3-highgpu-8g", "a3-highgpu-8g", "listed", _ISSUE),
+    VertexOffer(r"a3-megagpu-8g", "a3-megagpu-8g", "listed", _ISSUE + "; " + _CLUSTERS),
+    VertexOffer(r"g2-standard-\d+", "g2-standard-*", "listed", _ISSUE),
+    # N1 with an attached T4/V100/P100/P4. Vertex's list starts at 4 vCPUs for n1-standard and
+    # 16 for n1-highcpu (recalled from the configure-compute page; not re-read offline).
+    VertexOffer(
+        r"n1-standard-(4|8|16|32|64|96)|n1-highmem-\d+|n1-highcpu-(16|32|64|96)",
+        "n1-standard-4..96, n1-highmem-*, n1-highcpu-16..96",
+        "listed",
+        _ISSUE + "; vCPU floor unverified",
+    ),
+    VertexOffer(r"a2-megagpu-16g", "a2-megagpu-16g", "unverified", "public CustomJob configs"),
+    VertexOffer(
+        r"a3-highgpu-(1|2|4)g",
+        "a3-highgpu-1g/2g/4g (Spot)",
+        "unverified",
+        "Spot/Flex-start only on Compute Engine; assumed the same on Vertex",
+    ),
+    VertexOffer(r"a3-ultragpu-8g", "a3-ultragpu-8g", "unverified", _CLUSTERS),
+    VertexOffer(r"a4-highgpu-8g", "a4-highgpu-8g", "unverified", _CLUSTERS),
+)
+
+
+def vertex_offer(machine_type: str) -> VertexOffer | None:
+    return next((o for o in OFFERS if re.fullmatch(o.pattern, machine_type)), None)
+
+
+def _offered_families() -> str:
+    return ", ".join(o.family for o in OFFERS)
+
+
+def vertex_problem(
+    machine_type: str, gpu_type: str | None, gpu_count: int, *, spot: bool = False
+) -> str | None:
+    """Why Vertex custom training cannot run this shape, in one line naming the setting, the value
+    and what is allowed; None when it can. gpu_type None / gpu_count 0 mean "implied"."""
+    mt = catalog.machine_type(machine_type)
+    if mt is None:
+        near = catalog.nearest_machine_types(machine_type)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        return f"machineType {machine_type!r}: unknown{hint}; Vertex offers {_offered_families()}"
+    offer = vertex_offer(mt.name)
+    if offer is None:
+        why = "A3 Edge is a serving product" if not mt.orderable else "not in Vertex's list"
+        return (
+            f"machineType {mt.name!r}: Vertex AI custom training does not run it ({why}); "
+            f"allowed: {_offered_families()}"
+        )
+    if mt.spot_only and not spot:
+        return f"machineType {mt.name!r}: offered only as Spot; set spot: true or use a3-highgpu-8g"
+    canonical = catalog.canonical_accelerator(gpu_type) if gpu_type else None
+    if gpu_type and canonical is None:
+        return f"gpuType {gpu_type!r}: unknown; allowed: {', '.join(ACCELERATOR_ENUMS)}"
+    if mt.accelerator is not None:
+        if canonical not in (None, mt.accelerator):
+            return f"gpuType {gpu_type!r}: {mt.name} brings {mt.accelerator}; leave it empty"
+        if gpu_count not in (0, mt.gpus):
+            return (
+                f"gpuCount {gpu_count}: {mt.name} has {mt.gpus} x {mt.accelerator}; "
+                f"use 0 (implied) or {mt.gpus}"
+            )
+        return None
+    n1_gpus = ", ".join(catalog.N1_GPUS)
+    if canonical is None:
+        return f"gpuType is empty: {mt.name} on Vertex needs an attached GPU: {n1_gpus}"
+    gpu = catalog.N1_GPUS.get(canonical)
+    if gpu is None:
+        return f"gpuType {gpu_type!r}: {mt.name} (N1) can attach {n1_gpus}"
+    if gpu_count not in gpu.caps:
+        allowed = ", ".join(map(str, gpu.counts))
+        return f"gpuCount {gpu_count}: allowed for {canonical} on N1: {allowed}"
+    max_vcpu, max_mem = gpu.caps[gpu_count]
+    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
+        return (
+            f"machineType {mt.name!r}: {gpu_count} x {canonical} allows at most {max_vcpu} vCPUs "
+            f"and {max_mem} GB ({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)"
+        )
+    return None
+
+
+def vertex_caveat(machine_type: str) -> str | None:
+    """What `plan` should say when Vertex support for this machine type is not confirmed."""
+    offer = vertex_offer(machine_type)
+    if offer is None or offer.status != "unverified":
+        return None
+    return f"Vertex AI custom training support for {machine_type} is unverified ({offer.source})"
+
+
+# --------------------------------------------------------------------------------------------
+# Price: Compute Engine list price plus Vertex's training premium
+# --------------------------------------------------------------------------------------------
+
+#: Vertex custom training list prices sit ~15 % above the same Compute Engine shapes
+#: (e.g. us-central1 a2-highgpu-1g 4.2245 vs 3.6734 USD/h, n1-standard-4 0.2185 vs 0.1900,
+#: T4 0.4025 vs 0.35). Derived from the Vertex AI pricing page as recalled, not re-read offline;
+#: applied to Spot as well (unverified).
+TRAINING_SURCHARGE = 0.15
+SURCHARGE_BASIS = "Vertex training premium +15 % over Compute Engine (derived, unverified)"
+
+
+def vertex_price(mt: catalog.MachineType, gpu_type: str | None, gpu_count: int) -> catalog.Price:
+    """Indicative hourly price of one Vertex training replica of this shape (us-central1)."""
+    base = catalog.price(mt, gpu_type, gpu_count)
+    factor = 1 + TRAINING_SURCHARGE
+    return catalog.Price(
+        round(base.on_demand * factor, 4),
+        round(base.spot * factor, 4),
+        base.as_of,
+        base.source,
+        "; ".join(b for b in (base.basis, SURCHARGE_BASIS) if b),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The training container (pythonPackageSpec.executorImageUri)
+# --------------------------------------------------------------------------------------------
+
+#: Prebuilt PyTorch GPU training container. The tag is the newest one the facts sheet and public
+#: 2025 job configs show (PyTorch 2.4, Python 3.10, CUDA 12); newer tags and this one's end of
+#: availability are unverified, so stacks can override it (a setting, see part 2 of issue 9).
+DEFAULT_EXECUTOR_IMAGE = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
