@@ -7,6 +7,15 @@ import re
 import pytest
 
 from infra import catalog
+from infra.offer_tables import (
+    CHOSEN,
+    Check,
+    candidate_table,
+    compact_names,
+    gpu_offerings,
+    listing_rows,
+    money,
+)
 from infra.offers import (
     GPU_MODELS,
     Candidate,
@@ -17,7 +26,7 @@ from infra.offers import (
     resolve,
     shapes,
 )
-from infra.prices import parse_prices, price_table
+from infra.prices import UNKNOWN, parse_prices, price_table
 from scripts.errors import UserError
 
 TABLE = price_table()
@@ -352,3 +361,95 @@ def test_t4_4_is_one_n1_host_with_four_attached_gpus() -> None:
     assert host and gpu and host.spot and gpu.spot
     assert best.hourly == pytest.approx(host.spot + 4 * gpu.spot)
     assert best.worst_case(6 * 3600) == pytest.approx(best.hourly * 6)
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def test_candidate_table_shows_ten_rows_then_how_many_more_and_marks_the_first() -> None:
+    cands = resolve(parse_request("H100:16"), spot=False)
+    table = candidate_table(cands, max_run_s=6 * 3600)
+    assert len(table.rows) == 10 and table.hidden == len(cands) - 10 > 0
+    assert table.footer == f"… {len(cands) - 10} more"
+    rank, machine, zone, gpus, hourly, worst, preflight, chosen = table.rows[0]
+    assert (rank, machine, zone, gpus) == (
+        "1",
+        "a3-highgpu-8g x 2",
+        cands[0].zone,
+        "16 x H100 (80 GB)",
+    )
+    assert hourly == money(cands[0].hourly) and worst == money(cands[0].hourly * 6)  # type: ignore[operator]
+    assert (preflight, chosen) == ("", CHOSEN)
+    assert table.chosen == cands[0] and [r[-1] for r in table.rows].count(CHOSEN) == 1
+
+
+def test_candidate_table_chooses_the_cheapest_that_passes_preflight() -> None:
+    cands = resolve(parse_request("L4:1"), spot=False)
+    checks = {c: Check(False, f"quota: 0 NVIDIA_L4_GPUS in {c.region}") for c in cands[:12]}
+    checks[cands[12]] = Check(True)
+    table = candidate_table(cands, 3600, checks)
+    assert table.chosen == cands[12]
+    assert [r[0] for r in table.rows] == [*map(str, range(1, 10)), "13"]
+    assert table.rows[0][6] == f"quota: 0 NVIDIA_L4_GPUS in {cands[0].region}"
+    assert table.rows[-1][6:] == ("ok", CHOSEN) and table.hidden == len(cands) - 10
+    nothing = candidate_table(cands[:3], 3600, {c: Check(False, "stockout") for c in cands[:3]})
+    assert nothing.chosen is None and all(r[6:] == ("stockout", "") for r in nothing.rows)
+
+
+def test_unknown_is_shown_never_zero() -> None:
+    assert money(None) == UNKNOWN and money(0.5) == "$0.50" and money(1234.5) == "$1,234.50"
+    table = candidate_table(resolve(parse_request("B200:8"), spot=True), 3600)
+    assert {r[4] for r in table.rows} == {UNKNOWN} and {r[5] for r in table.rows} == {UNKNOWN}
+    for spot in (False, True):
+        cells = [cell for row in listing_rows(gpu_offerings(spot=spot), spot) for cell in row]
+        assert not any(re.fullmatch(r"\$0\.00", c) for c in cells)
+
+
+def test_listing_has_every_model_and_says_spot_only_on_demand() -> None:
+    offerings = gpu_offerings()
+    assert [o.model for o in offerings][:3] == ["P4", "P100", "T4"]  # smallest memory first
+    assert {o.model for o in offerings} == set(GPU_MODELS)
+    rows = {r[0]: r for r in listing_rows(offerings, spot=False)}
+    assert rows["H200"][4:] == ("-", "Spot only") and rows["B200"][4:] == ("-", "Spot only")
+    assert rows["H100"][2:4] == ("8", "a3-highgpu-8g")
+    assert rows["L4"][1:3] == ("24 GB", "1, 2, 4, 8")
+    spot_rows = {r[0]: r for r in listing_rows(gpu_offerings(spot=True), spot=True)}
+    assert spot_rows["H100"][2:4] == ("1, 2, 4, 8", "a3-highgpu-{1g,2g,4g,8g}")
+
+
+def test_listing_cheapest_zone_is_the_lowest_price_per_gpu() -> None:
+    (h100,) = gpu_offerings("H100", spot=True)
+    per_gpu = {
+        (p.spot / s.gpus, z)
+        for s in shapes()
+        if s.model == "H100"
+        for z, p in ((z, s.price(TABLE, z)) for z in s.zones(TABLE))
+        if p and p.spot
+    }
+    assert (h100.hourly_per_gpu, h100.zone) == min(per_gpu)
+
+
+def test_listing_filters_by_model_memory_and_region() -> None:
+    assert [o.model for o in gpu_offerings("h100-mega")] == ["H100-MEGA"]
+    assert [o.model for o in gpu_offerings("80GB+")] == [
+        "A100-80GB",
+        "H100",
+        "H100-MEGA",
+        "H200",
+        "B200",
+    ]
+    in_region = gpu_offerings(spot=True, region="us-east5")
+    assert {o.model for o in in_region} == {"A100-80GB", "H100", "H100-MEGA", "H200"}
+    assert all(o.zone is None or o.zone.startswith("us-east5-") for o in in_region)
+    with pytest.raises(GpuRequestError, match=r"^--region = 'us-centrl1': no GPU offered there"):
+        gpu_offerings(region="us-centrl1")
+    with pytest.raises(GpuRequestError, match=r"^gpus = 'X100': unknown GPU model"):
+        gpu_offerings("X100")
+
+
+def test_compact_names() -> None:
+    assert compact_names(["a3-highgpu-1g", "a3-highgpu-8g", "a2-megagpu-16g"]) == (
+        "a3-highgpu-{1g,8g}, a2-megagpu-16g"
+    )
