@@ -92,13 +92,12 @@ def candidate_table(
     for rank, c in shown:
         check = checks.get(c)
         verdict = "" if check is None else ("ok" if check.ok else check.reason or "failed")
-        acc = catalog.ACCELERATORS[c.shape.accelerator]
         rows.append(
             (
                 str(rank),
                 f"{c.machine_type} x {c.nodes}",
                 c.zone,
-                f"{c.total_gpus} x {c.shape.model} ({acc.memory_gb} GB)",
+                f"{c.total_gpus} x {c.shape.model} ({c.shape.memory_gb} GB)",
                 money(c.hourly),
                 money(c.worst_case(max_run_s)),
                 verdict,
@@ -171,13 +170,14 @@ def gpu_offerings(
         }
         if not zones:
             continue
-        priced = []
-        for shape, zone in zones:
-            price = shape.price(table, zone)
-            hourly = price.hourly(spot) if price and shape in sold else None
-            if hourly is not None:
-                priced.append((hourly / shape.gpus, zone))
-        best = min(priced) if priced else None
+        per_gpu = [
+            (hourly / shape.gpus, zone)
+            for shape, zone in zones
+            if shape in sold
+            and (price := shape.price(table, zone)) is not None
+            and (hourly := price.hourly(spot)) is not None
+        ]
+        best = min(per_gpu) if per_gpu else None
         out.append(
             GpuOffering(
                 model=MODEL_OF[acc],

@@ -130,12 +130,32 @@ def shapes() -> tuple[Shape, ...]:
     return tuple(out)
 
 
+def vm_price(
+    machine_type: str,
+    zone: str,
+    accelerator: str | None = None,
+    gpus: int = 0,
+    table: PriceTable | None = None,
+) -> ZonePrice | None:
+    """One VM as a spec names it (N1: with `gpus` x `accelerator` attached) in `zone`; None if
+    the price data does not list it there. For `plan` when the user sets the machine type."""
+    mt = catalog.MACHINE_TYPES[machine_type]
+    if mt.accelerator is not None:
+        shape = Shape(machine_type, mt.accelerator, mt.gpus)
+    elif accelerator is not None and gpus > 0:
+        shape = Shape(machine_type, accelerator, gpus, attached=True)
+    else:
+        raise ValueError(f"{machine_type} carries no GPU; name the attached accelerator and count")
+    return shape.price(table or price_table(), zone)
+
+
 # --------------------------------------------------------------------------------------------
 # The request: MODEL:COUNT | MEMORY+:COUNT, or a list of them ("any of these")
 # --------------------------------------------------------------------------------------------
 
 _MEMORY_RE = re.compile(r"^(\d+)\s*GB(\+?)$", re.IGNORECASE)
 _FORMS = "MODEL:COUNT or MEMORY+:COUNT (e.g. H100:16, 40GB+:8), or a list of them"
+_FILTER_FORMS = "MODEL or MEMORY+ (e.g. H100, 40GB+)"
 
 
 @dataclass(frozen=True)
@@ -172,46 +192,35 @@ class GpuRequest:
         return ", ".join(a.text for a in self.alternatives)
 
 
-def _bad(key: str, value: str, why: str) -> GpuRequestError:
-    return GpuRequestError(
-        f"{key} = {value!r}: {why}; allowed: {_FORMS}, MODEL one of {', '.join(GPU_MODELS)}"
-    )
-
-
-def _count(key: str, text: str, what: str, sep: str, count_text: str, need: bool) -> int:
-    if not sep and not need:
-        return 1
-    if not sep:
-        raise _bad(key, text, f"missing the GPU count, e.g. {what}:8")
-    try:
-        count = int(count_text.strip())
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise _bad(key, text, "COUNT must be a whole number >= 1 (the GPUs in total)")
-    return count
+def _bad(key: str, value: str, why: str, forms: str = _FORMS) -> GpuRequestError:
+    models = ", ".join(GPU_MODELS)
+    return GpuRequestError(f"{key} = {value!r}: {why}; allowed: {forms}, MODEL one of {models}")
 
 
 def parse_alternative(
     text: str, key: str = "gputrain:gpus", need_count: bool = True
 ) -> Alternative:
-    """One `MODEL[:COUNT]` or `MEMORY+[:COUNT]`; COUNT is optional (1) unless `need_count`."""
+    """One `MODEL:COUNT` or `MEMORY+:COUNT`; without `need_count` COUNT may be left out (1)."""
+    forms = _FORMS if need_count else _FILTER_FORMS
     what, sep, count_text = (part.strip() for part in text.strip().partition(":"))
     memory = _MEMORY_RE.match(what)
-    if memory:
-        if not memory.group(2):
-            raise _bad(key, text, f"memory requests end in '+': {memory.group(1)}GB+")
-        count = _count(key, text, what, sep, count_text, need_count)
-        return Alternative(text.strip(), count, min_memory_gb=int(memory.group(1)))
     model = what.upper()
     acc = catalog.canonical_accelerator(what.lower())
     if model not in GPU_MODELS and acc in MODEL_OF:
         model = MODEL_OF[acc]
-    if model not in GPU_MODELS:
+    if memory and not memory.group(2):
+        raise _bad(key, text, f"memory requests end in '+': {memory.group(1)}GB+", forms)
+    if not memory and model not in GPU_MODELS:
         near = difflib.get_close_matches(model, GPU_MODELS, n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise _bad(key, text, f"unknown GPU model {what!r}{hint}")
-    count = _count(key, text, what, sep, count_text, need_count)
+        raise _bad(key, text, f"unknown GPU model {what!r}{hint}", forms)
+    if need_count and not sep:
+        raise _bad(key, text, f"missing the GPU count, e.g. {what}:8", forms)
+    count = int(count_text) if re.fullmatch(r"\d+", count_text) else 0 if sep else 1
+    if count < 1:
+        raise _bad(key, text, "COUNT must be a whole number >= 1 (the GPUs in total)", forms)
+    if memory:
+        return Alternative(text.strip(), count, min_memory_gb=int(memory.group(1)))
     return Alternative(text.strip(), count, model=model)
 
 
@@ -283,10 +292,15 @@ def _nearest(works: Sequence[int], count: int) -> str:
     return f"at most {below[-1]}" if below else f"at least {above[0]}"
 
 
+def _allowed(zone: str, zones: frozenset[str], regions: frozenset[str]) -> bool:
+    """`zones` and `regions` both empty allow every zone."""
+    return (not zones or zone in zones) and (not regions or region_of(zone) in regions)
+
+
 def _serve(
     alt: Alternative,
     spot: bool,
-    allowed: Iterable[str] | None,
+    where: tuple[frozenset[str], frozenset[str]],
     max_nodes: int,
     table: PriceTable,
 ) -> tuple[list[Candidate], str]:
@@ -300,8 +314,7 @@ def _serve(
             f"{alt.describe()} is not sold {mode} ({types}: Spot, Flex-start or reservations "
             "only); set gputrain:spot true"
         )
-    keep = set(allowed) if allowed is not None else None
-    placed = [(s, sorted(z for z in s.zones(table) if keep is None or z in keep)) for s in sold]
+    placed = [(s, sorted(z for z in s.zones(table) if _allowed(z, *where))) for s in sold]
     placed = [(s, zones) for s, zones in placed if zones]
     if not placed:
         regions = sorted({region_of(z) for s in sold for z in s.zones(table)})
@@ -327,21 +340,6 @@ def _serve(
     return out, ""
 
 
-def allowed_zones(
-    zones: Iterable[str] = (), regions: Iterable[str] = (), table: PriceTable | None = None
-) -> frozenset[str] | None:
-    """The zones `zones` and `regions` allow among those priced; None = every zone."""
-    zone_set, region_set = frozenset(zones), frozenset(regions)
-    if not zone_set and not region_set:
-        return None
-    every = {z for item in (table or price_table()).items.values() for z in item}
-    return frozenset(
-        z
-        for z in every | zone_set
-        if (not zone_set or z in zone_set) and (not region_set or region_of(z) in region_set)
-    )
-
-
 def resolve(
     request: GpuRequest,
     *,
@@ -358,17 +356,14 @@ def resolve(
     with one line (what, why, the nearest counts that work) when nothing does.
     """
     table = table or price_table()
-    allowed = allowed_zones(zones, regions, table)
-    found: dict[tuple[str, str, int, int, str], Candidate] = {}
+    where = (frozenset(zones), frozenset(regions))
+    found: set[Candidate] = set()  # one alternative may repeat another's (80GB+:8 and H100:8)
     reasons = []
     for alt in request.alternatives:
-        candidates, reason = _serve(alt, spot, allowed, max_nodes, table)
+        candidates, reason = _serve(alt, spot, where, max_nodes, table)
         if reason:
             reasons.append(reason if len(request.alternatives) == 1 else f"{alt.text}: {reason}")
-        for c in candidates:
-            found.setdefault(
-                (c.machine_type, c.shape.accelerator, c.shape.gpus, c.nodes, c.zone), c
-            )
+        found.update(candidates)
     if not found:
         raise GpuRequestError(f"{key} = {request.text!r}: {'; '.join(reasons)}")
-    return sorted(found.values(), key=rank_key)
+    return sorted(found, key=rank_key)

@@ -42,7 +42,7 @@ class PriceTable:
 
 
 def expand_zones(spec: str) -> list[str]:
-    """ "us-central1-a/b/c" -> [us-central1-a, us-central1-b, us-central1-c]."""
+    """Expand us-central1-a/b/c into us-central1-a, us-central1-b, us-central1-c."""
     region, letters = spec.strip().rsplit("-", 1)
     return [f"{region}-{letter}" for letter in letters.split("/")]
 

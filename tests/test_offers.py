@@ -25,6 +25,7 @@ from infra.offers import (
     parse_request,
     resolve,
     shapes,
+    vm_price,
 )
 from infra.prices import UNKNOWN, parse_prices, price_table
 from scripts.errors import UserError
@@ -120,6 +121,17 @@ def test_n1_offer_is_host_plus_gpus_in_the_same_zone() -> None:
             mt = catalog.MACHINE_TYPES[shape.machine_type]
             max_vcpu, max_mem = catalog.N1_GPUS[shape.accelerator].caps[shape.gpus]
             assert mt.vcpus <= max_vcpu and mt.memory_gb <= max_mem, shape
+
+
+def test_vm_price_is_what_plan_shows_for_a_named_machine_type() -> None:
+    host, t4 = TABLE.get("n1-highmem-8", "us-west1-a"), TABLE.get("nvidia-tesla-t4", "us-west1-a")
+    assert host and t4 and host.on_demand and t4.on_demand
+    price = vm_price("n1-highmem-8", "us-west1-a", "nvidia-tesla-t4", 2)
+    assert price is not None and price.on_demand == pytest.approx(host.on_demand + 2 * t4.on_demand)
+    assert vm_price("a3-megagpu-8g", "us-central1-a") == TABLE.get("a3-megagpu-8g", "us-central1-a")
+    assert vm_price("g2-standard-4", "us-central1-f") is None  # not offered there
+    with pytest.raises(ValueError, match="carries no GPU"):
+        vm_price("n1-standard-8", "us-central1-a")
 
 
 #: KNOWN_ZONES (facts §9) came from another snapshot of the same catalog; these zones have no row
@@ -445,7 +457,9 @@ def test_listing_filters_by_model_memory_and_region() -> None:
     assert all(o.zone is None or o.zone.startswith("us-east5-") for o in in_region)
     with pytest.raises(GpuRequestError, match=r"^--region = 'us-centrl1': no GPU offered there"):
         gpu_offerings(region="us-centrl1")
-    with pytest.raises(GpuRequestError, match=r"^gpus = 'X100': unknown GPU model"):
+    with pytest.raises(
+        GpuRequestError, match=r"^gpus = .X100.: unknown GPU model.*allowed: MODEL or MEMORY\+ "
+    ):
         gpu_offerings("X100")
 
 
