@@ -90,24 +90,27 @@ def test_spot_is_never_above_on_demand() -> None:
 
 
 @pytest.mark.parametrize(
-    ("item", "zone", "on_demand"),
+    ("item", "zone", "spot", "figure"),
     [
-        # gcp-gpu-facts.md §10 (SkyPilot catalog v8, independently transcribed there)
-        ("g2-standard-4", "us-central1-a", 0.707),
-        ("g2-standard-8", "us-central1-b", 0.854),
-        ("a2-highgpu-1g", "us-central1-a", 3.673),
-        ("a2-highgpu-8g", "us-central1-f", 29.387),
+        # gcp-gpu-facts.md §10 (SkyPilot catalog v8, transcribed there independently)
+        ("g2-standard-4", "us-central1-a", False, 0.707),
+        ("g2-standard-4", "us-central1-a", True, 0.282),
+        ("g2-standard-8", "us-central1-b", False, 0.854),
+        ("a2-highgpu-1g", "us-central1-a", False, 3.673),
+        ("a2-highgpu-1g", "us-central1-a", True, 1.804),
+        ("a2-highgpu-8g", "us-central1-f", False, 29.387),
+        ("a2-highgpu-8g", "us-central1-f", True, 14.431),
         # Cloud Billing catalog 2026-09-26 (silybench-data gpu_prices.csv): a3-highgpu-1g
-        ("a3-highgpu-1g", "us-central1-c", 10.9791),
+        ("a3-highgpu-1g", "us-central1-c", False, 10.9791),
         # Cyclenerd pricing.yml 2024-11-07: a2-ultragpu-1g 5.0688 less 375 GiB Local SSD
-        ("a2-ultragpu-1g", "us-central1-a", 5.0688 - 0.0411),
+        ("a2-ultragpu-1g", "us-central1-a", False, 5.0688 - 0.0411),
     ],
 )
-def test_on_demand_figures_agree_with_independent_sources(
-    item: str, zone: str, on_demand: float
+def test_figures_agree_with_independent_sources(
+    item: str, zone: str, spot: bool, figure: float
 ) -> None:
     price = TABLE.get(item, zone)
-    assert price is not None and price.on_demand == pytest.approx(on_demand, rel=0.005)
+    assert price is not None and price.hourly(spot) == pytest.approx(figure, rel=0.005)
 
 
 def test_n1_offer_is_host_plus_gpus_in_the_same_zone() -> None:
