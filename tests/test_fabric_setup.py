@@ -245,7 +245,8 @@ def test_an_unexpected_failure_still_reports_one_line(tmp_path: Path) -> None:
             Node(tmp_path, A4_NICS).run(setup_script("rdma"), FAIL_APT_MARK="1"), "n"
         )
     assert re.fullmatch(
-        r"n: fabric setup failed: apt-mark hold nccl-gib > /dev/null exited 1 \(line \d+\)", str(err.value)
+        r"n: fabric setup failed: apt-mark hold nccl-gib > /dev/null exited 1 \(line \d+\)",
+        str(err.value),
     )
 
 
