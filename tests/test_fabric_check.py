@@ -29,6 +29,7 @@ from scripts.fabric_check import (
     parse_nccl_log,
     parse_probe,
 )
+from tests.fabric_samples import A4_GVNICS, A4_RDMA_NICS, MEGA_GPU_NICS, MEGA_PRIMARY, a4_pci
 
 RDMA = plan_fabric("a4-highgpu-8g", 2, zone="us-central1-b").expectation()
 MEGA = plan_fabric("a3-megagpu-8g", 2, zone="us-central1-b").expectation()
@@ -80,27 +81,15 @@ LO = {
 def a4_links(mtu: int = 8896, rdma: int = 8) -> str:
     entries = [
         LO,
-        link(2, "enp0s19", mtu, "0000:00:13.0"),
-        link(3, "enp192s20", mtu, "0000:c0:14.0"),
+        link(2, A4_GVNICS[0], mtu, "0000:00:13.0"),
+        link(3, A4_GVNICS[1], mtu, "0000:c0:14.0"),
     ]
-    entries += [
-        link(4 + i, f"gpu{i}rdma0", mtu, f"0000:{0x81 + 12 * i:02x}:00.0") for i in range(rdma)
-    ]
+    entries += [link(4 + i, A4_RDMA_NICS[i], mtu, a4_pci(i)) for i in range(rdma)]
     entries.append(link(20, "docker0", 1500, kind="bridge", state="DOWN"))
     return json.dumps(entries)
 
 
-MEGA_NAMES = [
-    "enp0s12",
-    "enp6s0",
-    "enp7s0",
-    "enp13s0",
-    "enp14s0",
-    "enp134s0",
-    "enp135s0",
-    "enp141s0",
-    "enp142s0",
-]
+MEGA_NAMES = [MEGA_PRIMARY, *MEGA_GPU_NICS]
 
 
 def mega_links(gpu_mtu: int = 8244, down: str = "") -> str:
@@ -124,9 +113,7 @@ IBV = "    device          \t   node GUID\n    ------          \t---------------
 
 def test_links_from_ip_json_count_only_physical_nics() -> None:
     links = parse_links(a4_links())
-    assert [x.name for x in links if x.physical] == ["enp0s19", "enp192s20"] + [
-        f"gpu{i}rdma0" for i in range(8)
-    ]
+    assert tuple(x.name for x in links if x.physical) == A4_GVNICS + A4_RDMA_NICS
     assert check_nics(links, RDMA) == []
     assert check_nics(parse_links(mega_links()), MEGA) == []
 

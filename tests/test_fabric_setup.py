@@ -27,21 +27,12 @@ from scripts.fabric_setup import (
     parse_setup_report,
     setup_script,
 )
+from tests.fabric_samples import A4_GVNICS, A4_RDMA_NICS, MEGA_GPU_NICS, MEGA_PRIMARY, a4_pci
 
-A4_NICS = [("0000:00:13.0", "enp0s19", "gve"), ("0000:c0:14.0", "enp192s20", "gve")] + [
-    (f"0000:{0x81 + 0x0C * i:02x}:00.0", f"gpu{i}rdma0", "mlx5_core") for i in range(8)
+A4_NICS = [("0000:00:13.0", A4_GVNICS[0], "gve"), ("0000:c0:14.0", A4_GVNICS[1], "gve")] + [
+    (a4_pci(i), name, "mlx5_core") for i, name in enumerate(A4_RDMA_NICS)
 ]
-MEGA_GPU_NICS = [
-    "enp6s0",
-    "enp7s0",
-    "enp13s0",
-    "enp14s0",
-    "enp134s0",
-    "enp135s0",
-    "enp141s0",
-    "enp142s0",
-]
-MEGA_NICS = [("0000:00:0c.0", "enp0s12", "gve")] + [
+MEGA_NICS = [("0000:00:0c.0", MEGA_PRIMARY, "gve")] + [
     (f"0000:{int(n[3:].split('s')[0]):02x}:00.0", n, "gve") for n in MEGA_GPU_NICS
 ]
 GIB_ENV = """export NCCL_NET=gIB
@@ -185,7 +176,7 @@ def test_rdma_setup_installs_gib_reports_nics_and_is_idempotent(tmp_path: Path) 
     ).read_text() == fs.GIB_APT_LINE + "\n"
     assert report.primary == "enp0s19"
     assert report.gvnics == ("enp192s20",)
-    assert report.rdma_nics == tuple(f"gpu{i}rdma0" for i in range(8))
+    assert report.rdma_nics == A4_RDMA_NICS
     assert report.versions == {"nccl-gib": "1.1.0"}
     assert report.plugin_env["NCCL_NET"] == "gIB" and report.plugin_env["NCCL_IB_TC"] == "52"
 
@@ -211,7 +202,7 @@ def test_tcpxo_setup_dmabuf_udev_plugin_rxdm_and_is_idempotent(tmp_path: Path) -
     rxdm = next(c for c in first if c.startswith("docker run --detach"))
     assert fs.TCPXO_RXDM_IMAGE in rxdm and rxdm.endswith("--num_hops=2 --num_nics=8")
     assert (tmp_path / "overlay/etc/u/udev/rules.d/00-a3-megagpu.rules").read_text() == fs.UDEV_RULE
-    assert report.primary == "enp0s12" and report.gvnics == tuple(MEGA_GPU_NICS)  # PCI order
+    assert report.primary == "enp0s12" and report.gvnics == MEGA_GPU_NICS  # PCI order
     assert report.rdma_nics == ()
     assert (
         report.plugin_env["NCCL_TUNER_CONFIG_PATH"]
@@ -315,7 +306,7 @@ def test_tcpxo_env_names_this_nodes_gpu_nics(tmp_path: Path) -> None:
         "NCCL_FASTRAK_CTRL_DEV": "eth0",
         "NCCL_PROTO": "Simple,LL128",
     }
-    report = SetupReport("enp0s12", tuple(MEGA_GPU_NICS), (), {}, plugin)
+    report = SetupReport("enp0s12", MEGA_GPU_NICS, (), {}, plugin)
     got = source_env(
         nccl_env("tcpxo", report),
         tmp_path,
