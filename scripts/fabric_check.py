@@ -268,7 +268,7 @@ def parse_health_busbw(health_json: str) -> Busbw | None:
         float(check["value"]),
         tuple(str(check.get("host", "")).split(",")),
         doc.get("device_type") == "cuda",
-        "wrong sum" not in str(check.get("note", "")),
+        "wrong sum" not in str(check.get("note", "")),  # healthcheck's note on a bad sum
     )
 
 
@@ -286,4 +286,16 @@ def check_busbw(result: Busbw | None, expect: FabricExpectation, machine_type: s
             f"{len(result.hosts)} node(s), below the {floor:g} GB/s floor for {machine_type} "
             "(half the published 2-node figure)"
         )
+    return problems
+
+
+def check_allreduce(
+    log_text: str, health_json: str | None, expect: FabricExpectation, machine_type: str
+) -> list[str]:
+    """The 2-node probe: bus bandwidth from health.json, and on GPUs the NCCL log checks (a
+    CPU/gloo run, as in the test bed, writes no NCCL log and has no floor)."""
+    result = parse_health_busbw(health_json) if health_json else None
+    problems = check_busbw(result, expect, machine_type)
+    if result is not None and result.on_gpu:
+        problems += check_nccl_log(parse_nccl_log(log_text), expect)
     return problems

@@ -19,6 +19,7 @@ from infra.fabric import plan_fabric
 from scripts.fabric_check import (
     PROBE_COMMAND,
     Link,
+    check_allreduce,
     check_busbw,
     check_nccl_log,
     check_nics,
@@ -321,6 +322,17 @@ def test_busbw_floor_not_applied_off_gpu_but_a_wrong_sum_fails() -> None:
         "busbw: the all-reduce probe reported no result"
     ]
     assert parse_health_busbw(json.dumps({"overall": "PASS", "checks": []})) is None
+
+
+def test_the_whole_probe_result() -> None:
+    assert check_allreduce(GIB_OK, health_json(410.0), RDMA, "a4-highgpu-8g") == []
+    slow = check_allreduce(SOCKET_FALLBACK, health_json(21.3), RDMA, "a4-highgpu-8g")
+    assert [p.split(":")[0] for p in slow] == ["busbw", "nccl-network", "nccl-socket"]
+    # gloo on CPU (the test bed): no NCCL log, no floor; only a result is needed.
+    assert check_allreduce("", health_json(0.02, on_gpu=False), MEGA, "a3-megagpu-8g") == []
+    assert check_allreduce("", None, MEGA, "a3-megagpu-8g") == [
+        "busbw: the all-reduce probe reported no result"
+    ]
 
 
 @pytest.mark.parametrize("problems", [check_nics(parse_links(a4_links(rdma=3, mtu=1460)), RDMA)])
