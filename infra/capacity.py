@@ -1,0 +1,274 @@
+"""Capacity modes: how a stack's VMs get their GPUs (on demand, Spot, Flex-start, a reservation).
+
+Pure: which modes each machine type is offered in, what each mode sets on an instance, and one
+validator whose errors are single lines naming the setting. No I/O, no Pulumi.
+
+Sources (checked against Google's docs, 2026): "Choose a consumption option" (AI Hypercomputer:
+A3 Ultra/A4 via reservations, Flex-start or Spot, no on-demand; Flex-start and reservations are
+dense, Spot is standard allocation with an optional compact policy), "About Flex-start VMs"
+(accelerator-optimized types only, up to 7 days, preemptible quota), "About reservation-bound VMs"
+(VM must target the reservation specifically), gcp-gpu-facts.md §3.2 (A3 High 1/2/4g: Spot or
+Flex-start only), pulumi-gcp 10.2 `InstanceSchedulingArgs` docstring (FLEX_START: no automatic
+restart, DELETE, max_run_duration) and Cluster Toolkit's slurm-gcp `resume.py` (Flex-start VMs
+set NO_RESERVATION; RESERVATION_BOUND for dense or calendar-mode reservations).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from infra import catalog
+
+Capacity = Literal["on-demand", "spot", "flex-start", "reservation"]
+CAPACITIES: tuple[Capacity, ...] = ("on-demand", "spot", "flex-start", "reservation")
+#: Used when neither `capacity` nor its alias `spot` is set (what `spot: true` meant before).
+DEFAULT_CAPACITY: Capacity = "spot"
+
+FLEX_START_MAX_RUN_S = 7 * 24 * 3600  # "requests over 7 days are rejected"
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
+
+#: Sold only through future reservations (reservation-bound), Flex-start or Spot; their
+#: reservations are dense future reservations, so VMs must be RESERVATION_BOUND.
+_RESERVATION_BOUND_TYPES = frozenset({"a3-ultragpu-8g", "a4-highgpu-8g"})
+
+_NAME = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+#: A reservation in this project, or a shared one: projects/OTHER/reservations/NAME.
+_RESERVATION_RE = re.compile(
+    rf"^(?:{_NAME}|projects/[a-z][-a-z0-9]{{4,28}}[a-z0-9]/reservations/{_NAME})$"
+)
+
+
+class CapacityError(ValueError):
+    """One line naming the setting, the bad value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class CapacityMode:
+    """What a capacity mode means for the user: shown by `plan` and the README."""
+
+    name: Capacity
+    provisioning_model: str
+    quota: str  # which quota it consumes
+    placement: str  # how the VMs are placed relative to each other
+    billing: str
+
+
+MODES: dict[Capacity, CapacityMode] = {
+    m.name: m
+    for m in (
+        CapacityMode(
+            "on-demand",
+            "STANDARD",
+            "standard GPU quota",
+            "compact placement policy for multi-node stacks (placement: auto)",
+            "on-demand price while running",
+        ),
+        CapacityMode(
+            "spot",
+            "SPOT",
+            "preemptible GPU quota",
+            "standard allocation; compact placement policy for multi-node stacks",
+            "Spot price (60-91 % off, changes daily); may be preempted at any time",
+        ),
+        CapacityMode(
+            "flex-start",
+            "FLEX_START",
+            "preemptible GPU quota",
+            "dense allocation by the Dynamic Workload Scheduler; no placement policy added",
+            "discounted Flex-start price; the request waits for capacity, then runs up to 7 days",
+        ),
+        CapacityMode(
+            "reservation",
+            "STANDARD or RESERVATION_BOUND",
+            "none beyond the reservation's",
+            "decided by the reservation (dense for A3 Ultra/A4); no placement policy added",
+            "billed by the reservation, used or not; the VMs add nothing for reserved resources",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ReservationAffinity:
+    """pulumi-gcp `InstanceReservationAffinityArgs` (+ `...SpecificReservationArgs`)."""
+
+    type: str  # SPECIFIC_RESERVATION | NO_RESERVATION
+    key: str | None = None
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InstanceCapacity:
+    """What the chosen capacity sets on every instance (pulumi-gcp 10.x argument names)."""
+
+    capacity: Capacity
+    provisioning_model: str  # STANDARD | SPOT | FLEX_START | RESERVATION_BOUND
+    preemptible: bool
+    automatic_restart: bool  # the component still turns it off under compact placement
+    instance_termination_action: str
+    max_run_duration_s: int
+    reservation_affinity: ReservationAffinity | None
+    placement_policy: bool  # whether gputrain may add its own compact placement policy
+    preemptible_quota: bool | None  # None: no GPU quota check (the reservation holds it)
+    on_host_maintenance: str = "TERMINATE"  # GPUs cannot live-migrate
+
+    def scheduling_args(self) -> dict[str, object]:
+        """Keyword arguments for `gcp.compute.InstanceSchedulingArgs` (max_run_duration as
+        seconds: the component wraps it in `InstanceSchedulingMaxRunDurationArgs`)."""
+        return {
+            "provisioning_model": self.provisioning_model,
+            "preemptible": self.preemptible,
+            "automatic_restart": self.automatic_restart,
+            "on_host_maintenance": self.on_host_maintenance,
+            "instance_termination_action": self.instance_termination_action,
+            "max_run_duration": self.max_run_duration_s,
+        }
+
+
+def offered(mt: catalog.MachineType) -> tuple[Capacity, ...]:
+    """The capacity modes Google offers this machine type in, in CAPACITIES order."""
+    if mt.spot_only:  # A3 High 1/2/4g: "you must create instances by using Spot or Flex-start"
+        return ("spot", "flex-start")
+    if mt.name in _RESERVATION_BOUND_TYPES:  # no on-demand column for A3 Ultra / A4
+        return ("spot", "flex-start", "reservation")
+    if mt.series == "n1":  # Flex-start: accelerator-optimized machine types only
+        return ("on-demand", "spot", "reservation")
+    return CAPACITIES
+
+
+def reservation_bound(mt: catalog.MachineType, *, dense_reservation: bool = False) -> bool:
+    """Whether VMs consuming a reservation must be RESERVATION_BOUND: always for A3 Ultra/A4,
+    otherwise when the reservation is a dense or calendar-mode one (the preflight knows)."""
+    return mt.name in _RESERVATION_BOUND_TYPES or dense_reservation
+
+
+def _err(key: str, value: str, why: str) -> str:
+    return f"gputrain:{key} = {value!r}: {why}"
+
+
+def _days(seconds: int) -> str:
+    return f"{seconds / 86400:g}d"
+
+
+def capacity_errors(
+    machine_type: str,
+    *,
+    capacity: str = "",
+    spot: str = "",
+    reservation: str = "",
+    max_run_duration_s: int,
+    max_run_duration_text: str | None = None,
+) -> list[str]:
+    """Every problem with these settings, each one line (empty: fine). Empty strings mean
+    "not set": Pulumi shows Pulumi.yaml defaults as if set, so neither key has a default."""
+    mt = catalog.machine_type(machine_type)
+    if mt is None:
+        return [_err("machineType", machine_type, "not a known machine type")]
+    errors: list[str] = []
+    cap, spot_raw, res = capacity.strip(), spot.strip().lower(), reservation.strip()
+    if cap and cap not in CAPACITIES:
+        near = difflib.get_close_matches(cap, CAPACITIES, n=1)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        return [_err("capacity", cap, f"allowed: {', '.join(CAPACITIES)}{hint}")]
+    if spot_raw and spot_raw not in ("true", "false"):
+        return [_err("spot", spot, "allowed: true or false (or leave it unset and set capacity)")]
+    if cap and spot_raw and (spot_raw == "true") != (cap == "spot"):
+        why = f"contradicts gputrain:capacity = {cap!r}; remove spot (capacity replaces it)"
+        errors.append(_err("spot", spot_raw, why))
+    chosen = resolved_capacity(cap, spot_raw)
+    allowed = offered(mt)
+    if chosen not in allowed:
+        key, value = ("capacity", chosen) if cap or not spot_raw else ("spot", spot_raw)
+        why = f"{mt.name} is not offered as {chosen}; allowed capacity: {', '.join(allowed)}"
+        errors.append(_err(key, value, why))
+    if chosen == "reservation":
+        if not res:
+            why = (
+                "capacity reservation needs the name of a specific reservation in the stack's "
+                "zone (gcloud compute reservations list)"
+            )
+            errors.append(_err("reservation", "", why))
+        elif not _RESERVATION_RE.match(res):
+            why = (
+                "allowed: a reservation name (a-z 0-9 -) or projects/PROJECT/reservations/NAME "
+                "for a shared one"
+            )
+            errors.append(_err("reservation", res, why))
+    elif res:
+        errors.append(
+            _err("reservation", res, f"only used with capacity reservation (capacity is {chosen})")
+        )
+    if chosen == "flex-start" and max_run_duration_s > FLEX_START_MAX_RUN_S:
+        shown = max_run_duration_text or _days(max_run_duration_s)
+        errors.append(
+            _err("maxRunDuration", shown, "Flex-start VMs run at most 7 days; allowed: up to 7d")
+        )
+    return errors
+
+
+def resolved_capacity(capacity: str, spot: str) -> Capacity:
+    """The mode meant by `capacity` and its alias `spot` (validated by capacity_errors)."""
+    if capacity in CAPACITIES:
+        return cast(Capacity, capacity)
+    if spot.strip().lower() in ("true", "false"):
+        return "spot" if spot.strip().lower() == "true" else "on-demand"
+    return DEFAULT_CAPACITY
+
+
+def instance_capacity(
+    capacity: Capacity,
+    machine_type: str,
+    *,
+    max_run_duration_s: int,
+    reservation: str | None = None,
+    dense_reservation: bool = False,
+) -> InstanceCapacity:
+    """The scheduling and reservation settings for every VM of a validated stack."""
+    mt = catalog.MACHINE_TYPES[machine_type]
+    if capacity == "reservation":
+        if not reservation:
+            raise CapacityError(_err("reservation", "", "capacity reservation needs a name"))
+        bound = reservation_bound(mt, dense_reservation=dense_reservation)
+        return InstanceCapacity(
+            capacity,
+            "RESERVATION_BOUND" if bound else "STANDARD",
+            preemptible=False,
+            automatic_restart=True,
+            instance_termination_action="DELETE",
+            max_run_duration_s=max_run_duration_s,
+            reservation_affinity=ReservationAffinity(
+                "SPECIFIC_RESERVATION", RESERVATION_NAME_KEY, (reservation,)
+            ),
+            placement_policy=False,  # the reservation places the VMs
+            preemptible_quota=None,
+        )
+    if capacity == "flex-start":
+        if max_run_duration_s > FLEX_START_MAX_RUN_S:
+            why = "Flex-start VMs run at most 7 days; allowed: up to 7d"
+            raise CapacityError(_err("maxRunDuration", _days(max_run_duration_s), why))
+        return InstanceCapacity(
+            capacity,
+            "FLEX_START",
+            preemptible=False,
+            automatic_restart=False,
+            instance_termination_action="DELETE",
+            max_run_duration_s=max_run_duration_s,
+            reservation_affinity=ReservationAffinity("NO_RESERVATION"),
+            placement_policy=False,  # dense by DWS; queued requests refuse resource policies
+            preemptible_quota=True,
+        )
+    spot = capacity == "spot"
+    return InstanceCapacity(
+        capacity,
+        "SPOT" if spot else "STANDARD",
+        preemptible=spot,
+        automatic_restart=not spot,
+        instance_termination_action="DELETE",
+        max_run_duration_s=max_run_duration_s,
+        reservation_affinity=None,
+        placement_policy=True,
+        preemptible_quota=spot,
+    )
