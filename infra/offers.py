@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infra import catalog
+from infra.base.errors import UserError
+from infra.catalog import region_of
 from infra.prices import PriceTable, ZonePrice, price_table
-from scripts.errors import UserError
 
 Mode = Literal["on-demand", "spot"]
 MAX_NODES = 64  # the bound ClusterSpec puts on `nodes`
@@ -236,10 +237,6 @@ def parse_request(value: str | Sequence[str], key: str = "gputrain:gpus") -> Gpu
 # --------------------------------------------------------------------------------------------
 # Resolution: every (shape, nodes, zone) with GPUs per VM x nodes == COUNT, ranked
 # --------------------------------------------------------------------------------------------
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
 
 
 @dataclass(frozen=True)

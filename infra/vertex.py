@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from infra import catalog
+from infra import catalog, pricing
 
 Status = Literal["documented", "listed", "unverified"]
 
@@ -172,11 +172,11 @@ TRAINING_SURCHARGE = 0.15
 SURCHARGE_BASIS = "Vertex training premium +15 % over Compute Engine (derived, unverified)"
 
 
-def vertex_price(mt: catalog.MachineType, gpu_type: str | None, gpu_count: int) -> catalog.Price:
+def vertex_price(mt: catalog.MachineType, gpu_type: str | None, gpu_count: int) -> pricing.Price:
     """Indicative hourly price of one Vertex training replica of this shape (us-central1)."""
-    base = catalog.price(mt, gpu_type, gpu_count)
+    base = pricing.price(mt, gpu_type, gpu_count)
     factor = 1 + TRAINING_SURCHARGE
-    return catalog.Price(
+    return pricing.Price(
         round(base.on_demand * factor, 4),
         round(base.spot * factor, 4),
         base.as_of,

@@ -21,8 +21,8 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from infra.base.errors import GputrainError
 from infra.fabric import TCPXO_GPU_NICS, FabricKind
-from scripts.errors import GputrainError
 
 SETUP_COMMAND = "sudo -n bash -s"  # the script arrives on stdin
 NCCL_ENV_FILE = ".gputrain/nccl.env"  # relative to the node root, like launch.RUNS_DIR

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from infra import catalog
+from infra.base.errors import UserError
 from infra.offer_tables import (
     CHOSEN,
     Check,
@@ -28,7 +29,6 @@ from infra.offers import (
     vm_price,
 )
 from infra.prices import UNKNOWN, parse_prices, price_table
-from scripts.errors import UserError
 
 TABLE = price_table()
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra import catalog, vertex
-from scripts.errors import UserError
+from infra.base.errors import UserError
 from scripts.targets import vertex_job as vj
 
 ROOT = Path(__file__).resolve().parent.parent

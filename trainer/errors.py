@@ -1,7 +1,7 @@
 """The trainer's one error type for bad flags or data: printed as one line, exit status 2.
 
 The trainer runs on the GPU VMs with only torch and numpy, so it does not import the controller's
-scripts.errors; the exit status (2) matches scripts.errors.UserError.
+infra.base.errors; the exit status (2) matches infra.base.errors.UserError.
 """
 
 from __future__ import annotations

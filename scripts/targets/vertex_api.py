@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.errors import GputrainError
+from infra.base.errors import GputrainError
 from scripts.targets.vertex_job import (
     JobStatus,
     LogCursor,

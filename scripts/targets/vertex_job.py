@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from infra import catalog, vertex
-from scripts.errors import UserError
-from scripts.sync import check_size, collect_sources
+from infra.base.errors import UserError
+from scripts.job.sync import check_size, collect_sources
 
 DEFAULT_PYTHON_MODULE = "trainer.vertex_entry"
 CODE_PACKAGE = "gputrain_code"  # the working directory travels as this package's data, under files/
