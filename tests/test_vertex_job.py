@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import catalog, vertex
+from infra import catalog, pricing, vertex
 from infra.base.errors import UserError
 from scripts.targets import vertex_job as vj
 
@@ -96,7 +96,7 @@ def test_vertex_price_adds_the_derived_training_premium() -> None:
     assert not p.confirmed and "derived" in p.describe()
     n1 = vertex.vertex_price(catalog.MACHINE_TYPES["n1-standard-8"], "nvidia-tesla-t4", 1)
     assert n1.on_demand == round(
-        catalog.price(catalog.MACHINE_TYPES["n1-standard-8"], "nvidia-tesla-t4", 1).on_demand
+        pricing.price(catalog.MACHINE_TYPES["n1-standard-8"], "nvidia-tesla-t4", 1).on_demand
         * 1.15,
         4,
     )
