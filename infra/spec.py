@@ -202,6 +202,14 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     public_ip = cast(
         Literal["head", "all", "none"], cfg.choice("publicIp", ("head", "all", "none"))
     )
+    if public_ip == "none":
+        # No node would be reachable from outside the VPC: refuse before anything is billed.
+        raise CHECK.fail(
+            "publicIp",
+            public_ip,
+            "no node would be reachable (the controller runs outside the VPC and no jump host "
+            "is supported); allowed: head (workers via the head) or all",
+        )
     placement_raw = cfg.choice("placement", ("auto", "compact", "none"))
     if placement_raw == "compact" and not mt.compact_placement:
         raise CHECK.fail(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import runpy
 from collections.abc import Iterator
 from typing import Any
@@ -120,6 +121,7 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         assert md["enable-guest-attributes"] == "TRUE"
         assert md["install-nvidia-driver"] == "True"
         assert md["enable-oslogin"] == "FALSE"
+        assert md["block-project-ssh-keys"] == "TRUE"  # project-wide keys do not log in
         want = {"gputrain-stack": spec.stack, "gputrain-project": "gputrain", **spec.labels}
         assert want.items() <= x["labels"].items()
         disk = x["bootDisk"]["initializeParams"]
@@ -288,12 +290,10 @@ def test_existing_network_is_used_as_is(mocks: GcpMocks) -> Any:
 def test_created_network_has_one_subnet_in_the_region(mocks: GcpMocks) -> Any:
     from infra.components.cluster import GpuCluster
 
-    spec = _spec(
-        "dev",
-        zones='["europe-west4-b", "europe-west4-a"]',
-        publicIp="none",
-        nodes="2",
-        placement="none",
+    # publicIp none is refused by the spec; the component still supports internal-only nodes
+    spec = dataclasses.replace(
+        _spec("dev", zones='["europe-west4-b", "europe-west4-a"]', nodes="2", placement="none"),
+        public_ip="none",
     )
     cluster = GpuCluster(spec.stack, spec)
 
@@ -573,6 +573,16 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
         "public-ip-choice",
         _base(publicIp="workers"),
         "gputrain:publicIp = 'workers': allowed: head, all, none",
+    ),
+    (
+        "public-ip-none-unreachable",
+        _base(publicIp="none"),
+        "gputrain:publicIp = 'none': no node would be reachable",
+    ),
+    (
+        "ssh-from-world-in-two-halves",
+        _base(sshSourceRanges='["0.0.0.0/1", "128.0.0.0/1"]'),
+        "gputrain:sshSourceRanges = '0.0.0.0/1, 128.0.0.0/1': together these cover 4,294,967,296 addresses",
     ),
     (
         "placement-n1",

@@ -241,10 +241,47 @@ def test_placement_auto() -> None:
 
 
 def test_source_ranges_are_normalised_and_world_needs_the_opt_in() -> None:
-    spec = parse_spec(_cfg(sshSourceRanges='["198.51.100.4", "10.0.0.0/8"]'), "dev")
-    assert spec.ssh_source_ranges == ("198.51.100.4/32", "10.0.0.0/8")
+    spec = parse_spec(_cfg(sshSourceRanges='["198.51.100.4", "10.0.0.0/9"]'), "dev")
+    assert spec.ssh_source_ranges == ("198.51.100.4/32", "10.0.0.0/9")
     world = parse_spec(_cfg(sshSourceRanges='["0.0.0.0/0"]', allowSshFromAnywhere="true"), "dev")
     assert world.ssh_source_ranges == ("0.0.0.0/0",) and world.allow_ssh_from_anywhere
+
+
+@pytest.mark.parametrize(
+    "ranges",
+    [
+        '["0.0.0.0/1", "128.0.0.0/1"]',  # the whole internet in two halves
+        '["10.0.0.0/7"]',
+        '["10.0.0.0/8", "198.51.100.4/32"]',  # one address more than a /8
+        '["11.0.0.0/8", "12.0.0.0/8"]',
+    ],
+)
+def test_source_ranges_wider_than_a_slash_8_need_the_opt_in(ranges: str) -> None:
+    with pytest.raises(SpecError, match=r"^gputrain:sshSourceRanges = '.*': together these cover"):
+        parse_spec(_cfg(sshSourceRanges=ranges), "dev")
+    opted = parse_spec(_cfg(sshSourceRanges=ranges, allowSshFromAnywhere="true"), "dev")
+    assert opted.allow_ssh_from_anywhere
+    # exactly a /8, or overlapping ranges that add up to no more than one, are fine
+    for fine in ('["10.0.0.0/8"]', '["10.0.0.0/8", "10.1.0.0/16", "10.2.3.4/32"]'):
+        parse_spec(_cfg(sshSourceRanges=fine), "dev")
+
+
+def test_public_ip_none_is_refused_before_anything_exists() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(publicIp="none"), "dev")
+    msg = str(e.value)
+    assert msg.startswith("gputrain:publicIp = 'none': no node would be reachable")
+    assert "allowed: head (workers via the head) or all" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("machine", ["a3-highgpu-8g", "a3-megagpu-8g", "a3-highgpu-2g"])
+def test_a3_high_and_mega_accept_pd_balanced_boot_disks(machine: str) -> None:
+    spec = parse_spec(_cfg(machineType=machine, bootDiskType="pd-balanced"), "dev")
+    assert spec.boot_disk_type == "pd-balanced"
+    assert catalog.default_boot_disk_type(catalog.MACHINE_TYPES[machine]) == "pd-ssd"
+    for ultra in ("a3-ultragpu-8g", "a4-highgpu-8g"):  # Hyperdisk only
+        with pytest.raises(SpecError, match="allowed for .*: hyperdisk-balanced$"):
+            parse_spec(_cfg(machineType=ultra, bootDiskType="pd-balanced"), "dev")
 
 
 def test_labels_as_list_or_object_and_immutable() -> None:
