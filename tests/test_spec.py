@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 
 import paramiko
@@ -146,6 +147,31 @@ def test_unreadable_yaml_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as exc:
         load_stack_config(tmp_path, "x")
     assert "\n" not in str(exc.value) and "Pulumi.x.yaml" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"- a\n- b\n", "Pulumi.x.yaml is a YAML list; allowed: a mapping with a config: section"),
+        (b"config:\n  - gputrain:nodes\n", "config: in Pulumi.x.yaml is a YAML list"),
+        (b"config:\n  1: 2\n", "config: in Pulumi.x.yaml has the key 1; allowed: setting names"),
+        (b"config:\n  ~: 2\n", "config: in Pulumi.x.yaml has the key None"),
+        (b"config:\n  gputrain:nodes: \xff\xfe\n", "Pulumi.x.yaml is not UTF-8 text (byte 26)"),
+        (b"7\n", "Pulumi.x.yaml is a YAML int"),
+    ],
+)
+def test_malformed_stack_files_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
+) -> None:
+    from scripts.cli import main
+
+    (tmp_path / "Pulumi.yaml").write_text("name: gputrain\nruntime: python\n")
+    (tmp_path / "Pulumi.x.yaml").write_bytes(content)
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_stack_config(tmp_path, "x")
+    assert main(["plan", "--stack", "x", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
 
 
 # ---- durations -----------------------------------------------------------------------------
