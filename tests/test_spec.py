@@ -306,7 +306,7 @@ def test_a3_high_and_mega_accept_pd_balanced_boot_disks(machine: str) -> None:
     assert spec.boot_disk_type == "pd-balanced"
     assert catalog.default_boot_disk_type(catalog.MACHINE_TYPES[machine]) == "pd-ssd"
     for ultra in ("a3-ultragpu-8g", "a4-highgpu-8g"):  # Hyperdisk only
-        with pytest.raises(SpecError, match="allowed for .*: hyperdisk-balanced$"):
+        with pytest.raises(SpecError, match=r"allowed for .*: hyperdisk-balanced$"):
             parse_spec(_cfg(machineType=ultra, bootDiskType="pd-balanced"), "dev")
 
 
