@@ -47,6 +47,7 @@ def test_node_command_passes_arguments_verbatim_and_sets_env(tmp_path: Path) -> 
         entry=("-m", "trainer.train", *HOSTILE),
         env={"WANDB_MODE": "off it's", "X": "$(touch pwned2)"},
         max_restarts=2,
+        rdzv_port=29400,
     )
     script = build_node_command(
         job, nnodes=3, nproc_per_node=4, head_address="127.0.0.1", python=str(fake)

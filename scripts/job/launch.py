@@ -5,6 +5,8 @@ that failed first and how (job/records.py), so a caller (a spot recovery) can de
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 import tempfile
 import threading
 import time
@@ -112,7 +114,7 @@ def upload_code(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> 
 
     def one(name: str) -> str:
         with tempfile.TemporaryDirectory(prefix="gputrain-upload-") as tmp:
-            plan = sync_code(transports[name], files, staging=Path(tmp))
+            plan = sync_code(transports[name], files, remote_dir=job.code_dir, staging=Path(tmp))
         return f"{len(plan.send)} changed, {len(plan.delete)} removed"
 
     names = [n.name for n in fleet.nodes]
@@ -134,6 +136,10 @@ def start_job(
     """The same run.sh on every node (c10d assigns ranks), started detached; if any node fails
     to start, the others are stopped again."""
     names = [n.name for n in fleet.nodes]
+    if job.rdzv_port is None:  # every run its own c10d store, also beside another run
+        job = dataclasses.replace(
+            job, rdzv_port=free_port(transports[fleet.head.name], fleet.python)
+        )
     nproc = job.nproc_per_node or (1 if fleet.expect.is_cpu else fleet.expect.count)
     script = build_node_command(
         job,
@@ -144,7 +150,8 @@ def start_job(
     )
 
     def start_one(name: str) -> str:
-        r = transports[name].run(build_start_command(job.run_id), 60, stdin=script.encode())
+        start = build_start_command(job.run_id, job.code_dir)
+        r = transports[name].run(start, 60, stdin=script.encode())
         if not r.ok or not r.stdout.strip().isdigit():
             raise TransportError(f"node {name}: could not start: {r.stderr.strip() or r.stdout}")
         return r.stdout.strip()
@@ -154,9 +161,19 @@ def start_job(
         stop_job(transports, job.run_id, grace_s=stop_grace_s)
         raise TransportError("\n".join(str(e) for e in errors.values()))
     ui.say(
-        f"run {job.run_id} started on {len(names)} node(s) "
+        f"run {job.run_id} started on {len(names)} node(s), rendezvous on port {job.rdzv_port} "
         f"({', '.join(f'{n}: pgid {pgids[n]}' for n in names)})"
     )
+
+
+def free_port(head: Transport, python: str) -> int:
+    """A TCP port nothing listens on now, asked of the head (where the c10d store will listen)."""
+    code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    r = head.run(f"{shlex.quote(python)} -c {shlex.quote(code)}", timeout=30)
+    port = r.stdout.strip()
+    if not r.ok or not port.isdigit():
+        raise TransportError(f"node {head.name}: could not pick a free port: {r.stderr.strip()}")
+    return int(port)
 
 
 def stop_job(
