@@ -57,6 +57,11 @@ class SpecError(UserError):
     """A stack setting is invalid or missing; nothing has been declared or created."""
 
 
+def service_account_id(stack: str) -> str:
+    """The account id of the stack's node service account (6-30 chars: stack names are <= 21)."""
+    return f"gputrain-{stack}"
+
+
 def qualify(key: str) -> str:
     """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
     return key if ":" in key else NS + key

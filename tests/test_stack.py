@@ -322,7 +322,8 @@ def test_fake_runner_up_host_keys_fleet_destroy_sweep() -> None:
         }
         fleet = outputs.to_fleet("dev", pins, identity_file=None)
         assert [n.host_keys for n in fleet.nodes] == [pins["dev-node-0"], pins["dev-node-1"]]
-        assert len(sweep(fake.project, "dev", api=api)) == 8  # 2 VMs, 2 disks, net, subnet, 2 fw
+        # 2 VMs, 2 disks, net, subnet, 2 firewalls, the service account and its 2 role bindings
+        assert len(sweep(fake.project, "dev", api=api)) == 11
 
         runner.leak_on_destroy = {"dev-node-1"}
         runner.destroy()
