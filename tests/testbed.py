@@ -472,6 +472,13 @@ class TestBed:
         _kill_pids(pids, signal.SIGKILL)
         return len(pids)
 
+    def set_link(self, name: str, up: bool) -> None:
+        """Take the host's interface down (or up again) inside its namespace: packets vanish
+        without a FIN or RST, as when a VM's network dies; the controller's sockets then see
+        "No route to host" once the neighbour entry expires."""
+        host = self.hosts[name]
+        _run("ip", "-n", host.namespace, "link", "set", "eth0", "up" if up else "down")
+
     # -- what the code under test needs ------------------------------------------------------
 
     def fleet(

@@ -44,10 +44,17 @@ def launch_torchrun(
     upload_code(fleet, transports, job)
     start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
 
+    stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
+    stoppers: list[threading.Thread] = []
+
     def stop(names: list[str]) -> None:
-        threading.Thread(
-            target=_stop_quietly, args=(transports, job.run_id, names, stop_grace_s), daemon=True
-        ).start()
+        t = threading.Thread(
+            target=_stop_quietly,
+            args=(transports, job.run_id, names, stop_grace_s, stopped),
+            daemon=True,
+        )
+        t.start()
+        stoppers.append(t)
 
     outcome = follow_job(
         transports,
@@ -57,6 +64,8 @@ def launch_torchrun(
         reconnect_deadline_s=reconnect_deadline_s,
         settle_s=settle_s,
     )
+    for t in stoppers:  # a stop of an unreachable node ends with its own timeout
+        t.join(timeout=stop_grace_s + 30)
     duration = time.monotonic() - start
     names = [n.name for n in fleet.nodes]
     exit_codes = {n: outcome.states[n].exit_code for n in names}
@@ -76,7 +85,7 @@ def launch_torchrun(
     if failure is not None:
         raise TrainingError(
             f"run {job.run_id} failed on node {failure.node} (exit code {failure.code_text}); "
-            f"other nodes stopped. Root cause:\n"
+            f"{_stop_summary(stopped, failure.node)}. Root cause:\n"
             + "\n".join(f"  {ln}" for ln in failure.root_cause)
             + f"\nlogs and results: {results_dir}",
             failure=failure,
@@ -198,9 +207,26 @@ def stop_job(
 
 
 def _stop_quietly(
-    transports: Mapping[str, Transport], run_id: str, names: list[str], grace_s: float
+    transports: Mapping[str, Transport],
+    run_id: str,
+    names: list[str],
+    grace_s: float,
+    outcomes: dict[str, str],
 ) -> None:
     try:
-        stop_job(transports, run_id, grace_s=grace_s, only=names)
+        outcomes.update(stop_job(transports, run_id, grace_s=grace_s, only=names))
     except Exception as e:
+        outcomes.update({n: f"error: {e}" for n in names})
         ui.warn(f"stopping run {run_id}: {e}")
+
+
+def _stop_summary(outcomes: Mapping[str, str], failed: str) -> str:
+    """What the stop did, never more: which nodes stopped and which could not be stopped."""
+    bad = {n: o.removeprefix("error: ") for n, o in outcomes.items() if o.startswith("error:")}
+    done = [n for n, o in outcomes.items() if not o.startswith("error:") and n != failed]
+    parts = [f"stopped {', '.join(done)}"] if done else []
+    parts += [
+        f"could NOT stop the job on {n} ({why}): it may still be running there"
+        for n, why in bad.items()
+    ]
+    return "; ".join(parts) or "no other node to stop"
