@@ -312,6 +312,38 @@ def test_created_network_has_one_subnet_in_the_region(mocks: GcpMocks) -> Any:
     return pulumi.Output.all(**cluster.exports()).apply(check)
 
 
+def test_g2_keeps_dlvm_with_a_warning_and_the_accelerator_image_fallback_deploys() -> None:
+    """Issue 10 item 13: G2 + DLVM is what the defaults give (warned); the documented fallback
+    (Ubuntu accelerator image) validates, resolves and boots the VMs from that image."""
+    from infra.components.cluster import GpuCluster
+    from infra.spec import ACCELERATOR_IMAGE_FAMILY, ACCELERATOR_IMAGE_PROJECT, spec_warnings
+
+    default = _spec("dev")
+    assert default.series == "g2" and default.image_project == "deeplearning-platform-release"
+    [warning] = [w for w in spec_warnings(default) if w.startswith("G2 on a Deep Learning VM")]
+    assert ACCELERATOR_IMAGE_PROJECT in warning and ACCELERATOR_IMAGE_FAMILY in warning
+    fallback = _spec(
+        "dev", imageProject=ACCELERATOR_IMAGE_PROJECT, imageFamily=ACCELERATOR_IMAGE_FAMILY
+    )
+    assert not any(w.startswith("G2 on") for w in spec_warnings(fallback))
+    images = {"pytorch-2-9-cu129-ubuntu-2204-nvidia-580": 50, ACCELERATOR_IMAGE_FAMILY: 30}
+    with pulumi_mocks(load_stack_config(ROOT, "dev"), mocks=GcpMocks(images)) as m:
+
+        @pulumi.runtime.test
+        def build() -> Any:
+            cluster = GpuCluster(fallback.stack, fallback)
+
+            def check(_: Any) -> None:
+                for vm in m.instances():
+                    image = vm.inputs["bootDisk"]["initializeParams"]["image"]
+                    assert f"/projects/{ACCELERATOR_IMAGE_PROJECT}/" in image
+                    assert image.endswith(f"/images/{ACCELERATOR_IMAGE_FAMILY}-v20260416")
+
+            return pulumi.Output.all(**cluster.exports()).apply(check)
+
+        build()
+
+
 @pulumi.runtime.test
 def test_on_demand_without_compact_placement_may_restart(mocks: GcpMocks) -> Any:
     from infra.components.cluster import GpuCluster
