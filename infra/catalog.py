@@ -120,7 +120,7 @@ DiskClass = Literal["pd", "a3", "hyperdisk"]
 #: Boot disk types each disk class accepts; the first one is the default.
 BOOT_DISK_TYPES: dict[DiskClass, tuple[str, ...]] = {
     "pd": ("pd-balanced", "pd-ssd"),  # N1, A2, G2: no pd-standard (G2), no pd-extreme
-    "a3": ("pd-ssd", "hyperdisk-balanced"),  # A3 High/Mega/Edge (UNCONFIRMED; no pd-standard)
+    "a3": ("pd-ssd", "pd-balanced", "hyperdisk-balanced"),  # A3 High/Mega/Edge: no pd-standard
     "hyperdisk": ("hyperdisk-balanced",),  # A3 Ultra, A4
 }
 

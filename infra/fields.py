@@ -185,7 +185,26 @@ def source_ranges(s: ConfigReader, anywhere: bool) -> tuple[str, ...]:
                 "or set gputrain:allowSshFromAnywhere true",
             )
         out.append(str(net))
+    covered = covered_addresses(out)
+    if covered > MAX_SSH_ADDRESSES and not anywhere:
+        raise CHECK.fail(
+            "sshSourceRanges",
+            ", ".join(out),
+            f"together these cover {covered:,} addresses, more than a /8 "
+            f"({MAX_SSH_ADDRESSES:,}); narrow them to your address/32, or set "
+            "gputrain:allowSshFromAnywhere true",
+        )
     return tuple(out)
+
+
+MAX_SSH_ADDRESSES = 2**24  # a /8: a wider union of SSH sources needs allowSshFromAnywhere
+
+
+def covered_addresses(ranges: list[str] | tuple[str, ...]) -> int:
+    """How many IPv4 addresses the union of these CIDRs covers (overlaps counted once):
+    0.0.0.0/1 + 128.0.0.0/1 is the whole internet, like 0.0.0.0/0."""
+    nets = [ipaddress.IPv4Network(r) for r in ranges]
+    return sum(n.num_addresses for n in ipaddress.collapse_addresses(nets))
 
 
 def labels(s: ConfigReader) -> dict[str, str]:

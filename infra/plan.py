@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra import pricing
+from infra.fields import covered_addresses
 from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec, spec_warnings
 from infra.stackfile import load_stack_config
 
@@ -45,7 +46,7 @@ class Plan:
 
     def footer_lines(self) -> list[str]:
         """What to print under the table: price basis, warnings, then the next steps."""
-        lines = [self.price_note]
+        lines = [self.price_note, ssh_exposure(self.spec)]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:
             lines.append(f"Before `pulumi up --stack {self.spec.stack}`, set:")
@@ -53,6 +54,19 @@ class Plan:
         else:
             lines.append(f"Ready: pulumi up --stack {self.spec.stack}")
         return lines
+
+
+def ssh_exposure(spec: ClusterSpec) -> str:
+    """Who can reach SSH on which nodes: always shown, so a wide range is never a surprise."""
+    reached = {"head": "the head node", "all": "every node", "none": "no node"}[spec.public_ip]
+    if not spec.ssh_source_ranges:
+        return f"SSH exposure: port 22 on {reached}, from nowhere yet (sshSourceRanges is not set)"
+    n = covered_addresses(spec.ssh_source_ranges)
+    whole = ", the whole IPv4 internet" if n == 2**32 else ""
+    return (
+        f"SSH exposure: port 22 on {reached} (public IP), from {', '.join(spec.ssh_source_ranges)} "
+        f"({n:,} address{'es' if n != 1 else ''}{whole}); nodes reach each other by network tag"
+    )
 
 
 def build_plan(spec: ClusterSpec) -> Plan:

@@ -36,6 +36,7 @@ class PreflightRequest:
     image_family: str
     boot_disk_gb: int
     is_n1: bool  # N1 attaches its GPUs (acceleratorTypes check); A/G series bring them
+    max_run_duration_s: int | None = None  # the VMs' TTL (always with DELETE)
 
     @property
     def region(self) -> str:
@@ -234,6 +235,50 @@ def check_quota(
         f"(limit {quota.limit:g}, in use {quota.usage:g}) {where}",
         f"request {metric} ≥ {quota.usage + need:g} {where} at {quota_console_url(project)}"
         f"{nearest}",
+    )
+
+
+#: On-demand GPU VMs with maxRunDuration ≤ 7 days and termination action DELETE "can consume
+#: either preemptible or standard allocation quotas" (limit-VM-runtime docs, 2024-06-18 note).
+EITHER_POOL_MAX_TTL_S = 7 * 86400
+
+
+def check_gpu_quota(req: PreflightRequest, quotas: Mapping[str, Quota] | None) -> CheckResult:
+    """The regional GPU quota; an on-demand request with a TTL ≤ 7 days passes on either pool,
+    and the row says which one covers it."""
+    scope, need = req.region, req.total_gpus
+
+    def pool(metric: str) -> CheckResult:
+        return check_quota(
+            "GPU quota",
+            scope,
+            metric,
+            need,
+            quotas,
+            project=req.project,
+            per_node=req.gpus_per_node,
+        )
+
+    standard = pool(req.gpu_quota_metric)
+    either = (
+        not req.spot
+        and req.max_run_duration_s is not None
+        and req.max_run_duration_s <= EITHER_POOL_MAX_TTL_S
+    )
+    if not either or standard.status == "ok":
+        return standard
+    preemptible = pool(f"PREEMPTIBLE_{req.gpu_quota_metric}")
+    why = "on-demand with a TTL ≤ 7 days and DELETE may use either pool"
+    if preemptible.status == "ok":
+        return CheckResult(
+            "GPU quota", scope, "ok", f"{preemptible.detail} ({why}; {standard.detail})"
+        )
+    return CheckResult(
+        "GPU quota",
+        scope,
+        "fail" if "fail" == standard.status == preemptible.status else "warn",
+        f"neither pool covers it ({why}): {standard.detail}; {preemptible.detail}",
+        f"{standard.fix}; or {preemptible.fix}",
     )
 
 

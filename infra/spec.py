@@ -202,6 +202,14 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     public_ip = cast(
         Literal["head", "all", "none"], cfg.choice("publicIp", ("head", "all", "none"))
     )
+    if public_ip == "none":
+        # No node would be reachable from outside the VPC: refuse before anything is billed.
+        raise CHECK.fail(
+            "publicIp",
+            public_ip,
+            "no node would be reachable (the controller runs outside the VPC and no jump host "
+            "is supported); allowed: head (workers via the head) or all",
+        )
     placement_raw = cfg.choice("placement", ("auto", "compact", "none"))
     if placement_raw == "compact" and not mt.compact_placement:
         raise CHECK.fail(
@@ -311,14 +319,21 @@ def require_deployable(spec: ClusterSpec) -> None:
         raise SpecError(f"{m.key} is not set ({m.why}); run: {m.command}")
 
 
+# The docs-supported alternative for G2 (driver preinstalled; Cluster Toolkit uses it on A3/A4).
+ACCELERATOR_IMAGE_PROJECT = "ubuntu-os-accelerator-images"
+ACCELERATOR_IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-580"
+
+
 def spec_warnings(spec: ClusterSpec) -> list[str]:
     """Things that are allowed but worth knowing before money is spent."""
     out = []
     mt = catalog.MACHINE_TYPES[spec.machine_type]
     if spec.series == "g2" and spec.image_project == DEFAULT_IMAGE_PROJECT:
         out.append(
-            "G2 on a Deep Learning VM image: the 2026 docs say unsupported, public scripts say it "
-            "works; if boot fails, use imageProject ubuntu-os-accelerator-images"
+            "G2 on a Deep Learning VM image: Google's docs call it unsupported, public scripts "
+            "run it; verify proves the GPU before training. If boot or verify fails, set "
+            f"imageProject {ACCELERATOR_IMAGE_PROJECT} and imageFamily {ACCELERATOR_IMAGE_FAMILY} "
+            "(driver only: PyTorch must be installed for python3)"
         )
     known = catalog.KNOWN_ZONES.get(spec.accelerator)
     if known is not None:

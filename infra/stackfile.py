@@ -57,6 +57,11 @@ class SpecError(UserError):
     """A stack setting is invalid or missing; nothing has been declared or created."""
 
 
+def service_account_id(stack: str) -> str:
+    """The account id of the stack's node service account (6-30 chars: stack names are <= 21)."""
+    return f"gputrain-{stack}"
+
+
 def qualify(key: str) -> str:
     """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
     return key if ":" in key else NS + key
@@ -84,16 +89,10 @@ def load_stack_config(root: Path, stack: str) -> dict[str, str]:
         raise SpecError(
             f"stack = {stack!r}: there is no {stack_file.name} in {root} (stacks: {', '.join(known) or 'none'})"
         )
-    try:
-        project = yaml.safe_load(project_file.read_text()) or {}
-        stack_doc = yaml.safe_load(stack_file.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        detail = " ".join(str(exc).split())
-        raise SpecError(
-            f"stack = {stack!r}: cannot read Pulumi.yaml or {stack_file.name}: {detail}"
-        ) from exc
+    project = _config_section(project_file, stack)
+    stack_section = _config_section(stack_file, stack)
     merged: dict[str, str] = {}
-    for key, decl in (project.get("config") or {}).items():
+    for key, decl in project.items():
         if isinstance(decl, dict):
             if "secure" in decl:
                 continue
@@ -103,11 +102,48 @@ def load_stack_config(root: Path, stack: str) -> dict[str, str]:
                 merged[qualify(key)] = _as_config_string(decl["default"])
         else:
             merged[qualify(key)] = _as_config_string(decl)
-    for key, value in (stack_doc.get("config") or {}).items():
+    for key, value in stack_section.items():
         if isinstance(value, dict) and "secure" in value:
             continue
         merged[qualify(key)] = _as_config_string(value)
     return merged
+
+
+def _config_section(path: Path, stack: str) -> dict[str, Any]:
+    """The `config:` mapping of a Pulumi YAML file, or a one-line SpecError naming the file and
+    what is wrong (unreadable, not UTF-8, not YAML, not a mapping, keys that are not strings)."""
+    try:
+        doc = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"stack = {stack!r}: {path.name} is not UTF-8 text (byte {exc.start}); "
+            "allowed: a UTF-8 YAML file"
+        ) from exc
+    except (OSError, yaml.YAMLError) as exc:
+        detail = " ".join(str(exc).split())
+        raise SpecError(f"stack = {stack!r}: cannot read {path.name}: {detail}") from exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise SpecError(
+            f"stack = {stack!r}: {path.name} is a YAML {type(doc).__name__}; "
+            "allowed: a mapping with a config: section"
+        )
+    section = doc.get("config")
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise SpecError(
+            f"stack = {stack!r}: config: in {path.name} is a YAML {type(section).__name__}; "
+            "allowed: a mapping of setting: value"
+        )
+    for key in section:
+        if not isinstance(key, str) or not key.strip():
+            raise SpecError(
+                f"stack = {stack!r}: config: in {path.name} has the key {key!r}; "
+                "allowed: setting names like gputrain:nodes"
+            )
+    return section
 
 
 def stack_config_from_pulumi() -> dict[str, str]:

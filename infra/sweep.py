@@ -8,14 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from infra.compute import ComputeApi
-from infra.stackfile import STACK_LABEL
+from infra.iam import IamApi
+from infra.stackfile import STACK_LABEL, service_account_id
 
 
 @dataclass(frozen=True)
 class Leftover:
     """A resource of the stack that still exists (and may bill)."""
 
-    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy
+    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy,
+    # service-account, iam-binding
     name: str
     location: str  # zone, region or "global"
     matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
@@ -32,11 +34,28 @@ def owned_by_name(name: str, stack: str) -> bool:
     return name == stack or name.startswith(f"{stack}-")
 
 
-def sweep(project: str, stack: str, *, api: ComputeApi | None = None) -> list[Leftover]:
+#: Every resource type the Pulumi program declares -> the sweep kind that finds it when it is left
+#: behind (one table; tests/test_sweep_coverage.py runs the program and holds the two in step).
+SWEPT_TYPES: dict[str, str] = {
+    "gcp:compute/instance:Instance": "instance",  # + its boot "disk"; external IPs are ephemeral
+    "gcp:compute/network:Network": "network",
+    "gcp:compute/subnetwork:Subnetwork": "subnetwork",
+    "gcp:compute/firewall:Firewall": "firewall",
+    "gcp:compute/resourcePolicy:ResourcePolicy": "resource-policy",
+    "gcp:serviceaccount/account:Account": "service-account",
+    "gcp:projects/iAMMember:IAMMember": "iam-binding",
+}
+
+
+def sweep(
+    project: str, stack: str, *, api: ComputeApi | None = None, iam: IamApi | None = None
+) -> list[Leftover]:
     """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
-    (instances, disks, addresses) and anything named by the stack prefix rule (all kinds, since
-    boot disks only carry labels when the program copies them). Lists, never deletes."""
+    (instances, disks, addresses), anything named by the stack prefix rule (all kinds, since
+    boot disks only carry labels when the program copies them), the stack's service account and
+    the project role bindings that name it. Lists, never deletes."""
     api = api or ComputeApi()
+    iam = iam or IamApi(api.api_endpoint)
     leftovers: list[Leftover] = []
     for kind, item, location in api.stack_resource_candidates(project):
         labels: Mapping[str, str] = dict(getattr(item, "labels", {}) or {})
@@ -44,4 +63,23 @@ def sweep(project: str, stack: str, *, api: ComputeApi | None = None) -> list[Le
             leftovers.append(Leftover(kind, item.name, location, f"label {STACK_LABEL}={stack}"))
         elif owned_by_name(item.name, stack):
             leftovers.append(Leftover(kind, item.name, location, f"name prefix {stack}-"))
+    leftovers += identity_leftovers(iam, project, stack)
     return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))
+
+
+def identity_leftovers(iam: IamApi, project: str, stack: str) -> list[Leftover]:
+    """The stack's service account (exact account id) and every project role binding of it,
+    also the `deleted:serviceAccount:` members IAM keeps when the account went first."""
+    account_id = service_account_id(stack)
+    email = f"{account_id}@{project}.iam.gserviceaccount.com"
+    matched = f"account id {account_id}"
+    out = [
+        Leftover("service-account", sa.email, "project", matched)
+        for sa in iam.service_accounts(project)
+        if sa.account_id == account_id
+    ]
+    member = f"serviceAccount:{email}"
+    for role, who in iam.role_bindings(project):
+        if who == member or who.startswith(f"deleted:{member}?uid="):
+            out.append(Leftover("iam-binding", f"{role} {who}", "project", matched))
+    return out

@@ -61,6 +61,7 @@ def connect(
     trust_new_hosts: Path | None = None,
     local_root: Path | None = None,
     connect_timeout: float = 10.0,
+    probe_after_s: float = 15.0,
 ) -> dict[str, Transport]:
     """A transport per node name. All nodes in parallel; workers without an address go through
     the head (its connection first). Raises HostKeyError / ConnectError naming every bad node."""
@@ -76,6 +77,7 @@ def connect(
             via=via,
             trust_new_hosts=trust_new_hosts,
             connect_timeout=connect_timeout,
+            probe_after_s=probe_after_s,
         )
 
     if head.address is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,13 @@ NODE_QUERY = (
     'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/nvidia/bin:/var/lib/nvidia/bin" '
     f"{NVIDIA_SMI_QUERY}"
 )
+
+
+_INVALID_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+
+
+class DriverTooOld(Exception):
+    """nvidia-smi answered, but cannot report a field we query: fails the node at once."""
 
 
 class VerificationError(GputrainError):
@@ -165,6 +173,12 @@ def verify_node(
         """The GPUs, or NotReady(why) while nvidia-smi cannot list them yet."""
         smi = first.pop() if first else transport.run(NODE_QUERY, timeout=60)
         if not smi.ok:
+            bad_field = _INVALID_FIELD.search(smi.stderr + smi.stdout)
+            if bad_field:  # an answer, not a driver still starting: waiting cannot change it
+                raise DriverTooOld(
+                    f'nvidia-smi does not know the field "{bad_field.group(1)}" (its driver is '
+                    "older than this query needs); use a newer driver or image"
+                )
             out = (smi.stderr.strip() or smi.stdout.strip()).splitlines()
             raise NotReady(
                 "nvidia-smi not found"
@@ -192,6 +206,8 @@ def verify_node(
     except GaveUp as e:
         if not expect.is_cpu:
             problems.append(f"driver not ready after {deadline_s:.0f} s ({e.reason})")
+    except DriverTooOld as e:
+        problems.append(str(e))
     problems += check_gpus(gpus, expect)
     return NodeReport(
         name,

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from infra.catalog import region_of
+from tests.fake_iam import FakeIamMixin
 
 PROJECT = "gputrain-test"
 BASE = "https://www.googleapis.com/compute/v1"
@@ -163,8 +164,9 @@ class _Injected:
     times: int
 
 
-class FakeCompute:
-    """The fake server plus the Python API tests use to shape its world (thread-safe)."""
+class FakeCompute(FakeIamMixin):
+    """The fake server plus the Python API tests use to shape its world (thread-safe); it also
+    answers the IAM and Cloud Resource Manager reads the sweep makes (tests/fake_iam.py)."""
 
     def __init__(self, project: str = PROJECT, *, seed: bool = True) -> None:
         self.project = project
@@ -190,6 +192,7 @@ class FakeCompute:
             )
         }
         self._injected: list[_Injected] = []
+        self._init_iam()
         if seed:
             self.seed_from_facts()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -497,10 +500,17 @@ class FakeCompute:
                 pass
 
             def do_GET(self) -> None:
+                self._answer("GET")
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._answer("POST")
+
+            def _answer(self, method: str) -> None:
                 parts = urlsplit(self.path)
                 query = parse_qs(parts.query)
                 path = unquote(parts.path)
-                status, body = fake._dispatch("GET", path, query)
+                status, body = fake._dispatch(method, path, query)
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -518,7 +528,8 @@ class FakeCompute:
                     inj.times -= 1
                     return _error(inj.status, inj.message, inj.reason)
             try:
-                return 200, self._route(path, query)
+                iam = self._route_iam(method, path, {k: v[0] for k, v in query.items()})
+                return 200, iam if iam is not None else self._route(path, query)
             except _HttpError as e:
                 return _error(e.status, e.message, e.reason)
 

@@ -253,6 +253,10 @@ class FakeStackRunner:
             if self.compute and name not in self.leak_on_destroy:
                 if kind == "instance":
                     self.compute.remove_instance(name, scope)
+                elif kind == "serviceAccount":
+                    self.compute.remove_service_account(name)
+                elif kind == "iamBinding":
+                    self.compute.remove_role_binding(*name.split(" ", 1))
                 else:
                     self.compute.remove_resource(kind, name)
         self._created.clear()
@@ -295,6 +299,26 @@ class FakeStackRunner:
                 self.compute.add_resource(kind, name, **kwargs)
             self._created.append((kind, name, "global"))
             say(f" +  gcp:compute:{kind} {name} created (2s)")
+        self._create_identity(say)
+
+    def _create_identity(self, say: OnOutput) -> None:
+        """The nodes' service account and its two project roles, as NodeIdentity declares them."""
+        from infra.components.identity import NODE_ROLES
+        from infra.stackfile import service_account_id
+
+        account_id = service_account_id(self.stack_name)
+        email = f"{account_id}@{self.project}.iam.gserviceaccount.com"
+        if any(c[1] == email for c in self._created):
+            return
+        if self.compute:
+            self.compute.add_service_account(account_id)
+        self._created.append(("serviceAccount", email, "project"))
+        for role in NODE_ROLES:
+            binding = f"roles/{role} serviceAccount:{email}"
+            if self.compute:
+                self.compute.add_role_binding(*binding.split(" ", 1))
+            self._created.append(("iamBinding", binding, "project"))
+        say(f" +  gcp:serviceaccount:Account {account_id} created (1s)")
 
     def _create_node(self, node: dict[str, Any], say: OnOutput) -> dict[str, Any]:
         public = {k: v for k, v in node.items() if k != "hostKeys"}

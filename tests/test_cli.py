@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -219,6 +220,48 @@ def test_run_local_end_to_end(tmp_path: Path) -> None:
     data = json.loads(summary.read_text())
     assert data["final_loss"] < data["initial_loss"] - 1.0
     assert data["mfu"] is None
+
+
+def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
+    """Each run its own rendezvous port and its own code dir on the shared node root."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "ddp_sum.py").write_text((ROOT / "tests" / "jobs" / "ddp_sum.py").read_text())
+    env = {**os.environ, "HOME": str(tmp_path / "home")}  # one node root for both runs
+    argv = [str(VENV_BIN / "gputrain"), "run", "--local", "--yes", "--env", "DDP_STEPS=12"]
+
+    def start(steps_s: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*argv, "--env", f"DDP_STEP_S={steps_s}", "--", "ddp_sum.py", steps_s],
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    first = start("0.2")
+    assert first.stdout is not None
+    seen = []
+    for line in first.stdout:  # the second starts while the first trains
+        seen.append(line)
+        if "[rank0]:step 1 " in line:
+            break
+    second = start("0.5")
+    out_second, _ = second.communicate(timeout=240)
+    out_first = "".join(seen) + first.communicate(timeout=240)[0]
+    assert first.returncode == 0, out_first[-3000:]
+    assert second.returncode == 0, out_second[-3000:]
+    ports = {re.search(r"rendezvous on port (\d+)", o).group(1) for o in (out_first, out_second)}  # type: ignore[union-attr]
+    assert len(ports) == 2
+    results = sorted((work / "runs" / "local").rglob("result-rank0.json"))
+    assert [json.loads(p.read_text())["argv"] for p in results] in (
+        [["0.2"], ["0.5"]],
+        [["0.5"], ["0.2"]],
+    )
+    assert all(json.loads(p.read_text())["world"] == 1 for p in results)
+    node_dot = tmp_path / "home" / ".cache" / "gputrain" / "local" / ".gputrain"
+    assert not [p.name for p in node_dot.iterdir() if p.name.startswith("code")]  # removed
 
 
 def _hosts_file(tb: TestBed, tmp_path: Path, hosts: list[object], known: str) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import runpy
 from collections.abc import Iterator
 from typing import Any
@@ -120,6 +121,7 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         assert md["enable-guest-attributes"] == "TRUE"
         assert md["install-nvidia-driver"] == "True"
         assert md["enable-oslogin"] == "FALSE"
+        assert md["block-project-ssh-keys"] == "TRUE"  # project-wide keys do not log in
         want = {"gputrain-stack": spec.stack, "gputrain-project": "gputrain", **spec.labels}
         assert want.items() <= x["labels"].items()
         disk = x["bootDisk"]["initializeParams"]
@@ -288,12 +290,10 @@ def test_existing_network_is_used_as_is(mocks: GcpMocks) -> Any:
 def test_created_network_has_one_subnet_in_the_region(mocks: GcpMocks) -> Any:
     from infra.components.cluster import GpuCluster
 
-    spec = _spec(
-        "dev",
-        zones='["europe-west4-b", "europe-west4-a"]',
-        publicIp="none",
-        nodes="2",
-        placement="none",
+    # publicIp none is refused by the spec; the component still supports internal-only nodes
+    spec = dataclasses.replace(
+        _spec("dev", zones='["europe-west4-b", "europe-west4-a"]', nodes="2", placement="none"),
+        public_ip="none",
     )
     cluster = GpuCluster(spec.stack, spec)
 
@@ -310,6 +310,38 @@ def test_created_network_has_one_subnet_in_the_region(mocks: GcpMocks) -> Any:
         assert all(n["externalIp"] is None for n in out["nodes"])
 
     return pulumi.Output.all(**cluster.exports()).apply(check)
+
+
+def test_g2_keeps_dlvm_with_a_warning_and_the_accelerator_image_fallback_deploys() -> None:
+    """Issue 10 item 13: G2 + DLVM is what the defaults give (warned); the documented fallback
+    (Ubuntu accelerator image) validates, resolves and boots the VMs from that image."""
+    from infra.components.cluster import GpuCluster
+    from infra.spec import ACCELERATOR_IMAGE_FAMILY, ACCELERATOR_IMAGE_PROJECT, spec_warnings
+
+    default = _spec("dev")
+    assert default.series == "g2" and default.image_project == "deeplearning-platform-release"
+    [warning] = [w for w in spec_warnings(default) if w.startswith("G2 on a Deep Learning VM")]
+    assert ACCELERATOR_IMAGE_PROJECT in warning and ACCELERATOR_IMAGE_FAMILY in warning
+    fallback = _spec(
+        "dev", imageProject=ACCELERATOR_IMAGE_PROJECT, imageFamily=ACCELERATOR_IMAGE_FAMILY
+    )
+    assert not any(w.startswith("G2 on") for w in spec_warnings(fallback))
+    images = {"pytorch-2-9-cu129-ubuntu-2204-nvidia-580": 50, ACCELERATOR_IMAGE_FAMILY: 30}
+    with pulumi_mocks(load_stack_config(ROOT, "dev"), mocks=GcpMocks(images)) as m:
+
+        @pulumi.runtime.test
+        def build() -> Any:
+            cluster = GpuCluster(fallback.stack, fallback)
+
+            def check(_: Any) -> None:
+                for vm in m.instances():
+                    image = vm.inputs["bootDisk"]["initializeParams"]["image"]
+                    assert f"/projects/{ACCELERATOR_IMAGE_PROJECT}/" in image
+                    assert image.endswith(f"/images/{ACCELERATOR_IMAGE_FAMILY}-v20260416")
+
+            return pulumi.Output.all(**cluster.exports()).apply(check)
+
+        build()
 
 
 @pulumi.runtime.test
@@ -573,6 +605,16 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
         "public-ip-choice",
         _base(publicIp="workers"),
         "gputrain:publicIp = 'workers': allowed: head, all, none",
+    ),
+    (
+        "public-ip-none-unreachable",
+        _base(publicIp="none"),
+        "gputrain:publicIp = 'none': no node would be reachable",
+    ),
+    (
+        "ssh-from-world-in-two-halves",
+        _base(sshSourceRanges='["0.0.0.0/1", "128.0.0.0/1"]'),
+        "gputrain:sshSourceRanges = '0.0.0.0/1, 128.0.0.0/1': together these cover 4,294,967,296 addresses",
     ),
     (
         "placement-n1",

@@ -47,6 +47,7 @@ def test_node_command_passes_arguments_verbatim_and_sets_env(tmp_path: Path) -> 
         entry=("-m", "trainer.train", *HOSTILE),
         env={"WANDB_MODE": "off it's", "X": "$(touch pwned2)"},
         max_restarts=2,
+        rdzv_port=29400,
     )
     script = build_node_command(
         job, nnodes=3, nproc_per_node=4, head_address="127.0.0.1", python=str(fake)
@@ -323,3 +324,22 @@ def test_error_json_is_parsed_once_for_cause_and_timing() -> None:
     assert error_summary([text]) == (100.0, True)  # a lost peer: a consequence
     assert error_summary([_err("ValueError: mine", 7), text]) == (7.0, False)
     assert error_summary([]) == (float("inf"), False)
+
+
+def test_connect_errors_say_what_the_socket_said() -> None:
+    """A silent link ends in EHOSTUNREACH, which paramiko wraps like a refusal: name it right."""
+    import errno
+
+    from paramiko.ssh_exception import NoValidConnectionsError
+
+    from scripts.transport.ssh import classify_connect_error
+
+    def wrapped(code: int) -> NoValidConnectionsError:
+        return NoValidConnectionsError({("10.0.0.2", 22): OSError(code, os.strerror(code))})
+
+    assert classify_connect_error(wrapped(errno.EHOSTUNREACH)) == "no route to host"
+    assert classify_connect_error(wrapped(errno.ECONNREFUSED)) == "connection refused"
+    assert classify_connect_error(OSError(errno.ENETUNREACH, "Network is unreachable")) == (
+        "network is unreachable"
+    )
+    assert classify_connect_error(TimeoutError("timed out")) == "timed out"

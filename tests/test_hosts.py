@@ -242,6 +242,17 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
         "gpus.min_memory_gb: -1",
     ),
     (
+        "infinite memory",
+        _variant("min_memory_gb: 38", "min_memory_gb: .inf"),
+        "gpus.min_memory_gb: inf",
+    ),
+    ("nan memory", _variant("min_memory_gb: 38", "min_memory_gb: .nan"), "gpus.min_memory_gb: nan"),
+    (
+        "absurd memory",
+        _variant("min_memory_gb: 38", "min_memory_gb: 5000"),
+        "gpus.min_memory_gb: 5000|0-1024",
+    ),
+    (
         "gpus not a mapping",
         _variant(GPUS_LINE, "gpus: 8\n"),
         "gpus: 8 is not allowed|mapping",

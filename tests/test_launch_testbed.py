@@ -138,6 +138,81 @@ def test_dropped_connections_resume_logs_and_run_completes(tb: TestBed, tmp_path
     close_all(ts)
 
 
+def test_silent_link_that_returns_resumes_the_log_without_gaps(tb: TestBed, tmp_path: Path) -> None:
+    hosts = [tb.add_host(), tb.add_host()]
+    fleet = tb.fleet(hosts)
+    ts = connect(fleet, deadline_s=10, connect_timeout=2, probe_after_s=1.5)
+    lines = Lines()
+    events: list[str] = []
+
+    def flap() -> None:
+        lines.wait_for(r"step 2 sum", 2)
+        tb.set_link(hosts[1].name, up=False)  # no FIN: the stream just goes quiet
+        time.sleep(6)
+        tb.set_link(hosts[1].name, up=True)
+        events.append("up")
+
+    threading.Thread(target=flap, daemon=True).start()
+    steps = 30
+    res = launch_torchrun(
+        fleet, ts, _job("ddp-flap", steps, 0.3), tmp_path / "run", on_line=lines,
+        reconnect_deadline_s=60,
+    )  # fmt: skip
+    assert res.ok and events == ["up"]
+    for h in hosts:
+        got = [ln.split(":", 1)[1] for n, ln in lines.lines if n == h.name and "step " in ln]
+        assert got == [f"step {i} sum 3" for i in range(steps)]  # no line lost or repeated
+    close_all(ts)
+
+
+def test_silent_link_lost_for_good_names_the_cause_and_the_failed_stop(
+    tb: TestBed, tmp_path: Path
+) -> None:
+    hosts = [tb.add_host(), tb.add_host()]
+    fleet = tb.fleet(hosts)
+    ts = connect(fleet, deadline_s=10, connect_timeout=2, probe_after_s=1.5)
+    lines = Lines()
+    worker = hosts[1].name
+
+    def cut() -> None:
+        lines.wait_for(r"step 2 sum", 2)
+        tb.set_link(worker, up=False)
+
+    threading.Thread(target=cut, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(TrainingError) as e:
+        launch_torchrun(
+            fleet, ts, _job("ddp-cut", 400, 0.2), tmp_path / "run", on_line=lines,
+            reconnect_deadline_s=6, stop_grace_s=2,
+        )  # fmt: skip
+    took = time.monotonic() - start
+    msg = str(e.value)
+    assert e.value.failure.kind == "lost" and e.value.node == worker
+    # the real cause: what the socket said (no ARP answer: timed out, then no route to host),
+    # never "connection refused" (tests/test_fleet_units.py pins the mapping per errno)
+    assert re.search(r"could not reconnect within 6 s \((timed out|no route to host)\)", msg), msg
+    assert "connection refused" not in msg
+    # the root cause is the lost contact, never the job's normal output
+    assert e.value.failure.root_cause == (
+        f"lost contact with node {worker}: {e.value.failure.error}",
+    )
+    assert "sum 3" not in msg.split("Root cause:", 1)[1]
+    # never claims a stop that failed: the head stopped, the worker could not be
+    assert f"stopped {hosts[0].name}" in msg
+    assert f"could NOT stop the job on {worker}" in msg and "other nodes stopped" not in msg
+    assert took < 60
+    close_all(ts)
+    # the job still runs on the worker (as on a VM whose network died); the test bed's
+    # teardown (like a stack's) ends it: prove it is there, then stop it
+    tb.set_link(worker, up=True)
+    ts2 = connect(tb.fleet([hosts[1]]), deadline_s=15)
+    assert "sum" in ts2[worker].run("tail -n 1 .gputrain/runs/ddp-cut/torchrun.log", 10).stdout
+    from scripts.job.launch import stop_job
+
+    assert stop_job(ts2, "ddp-cut", grace_s=2)[worker] in ("terminated", "killed")
+    close_all(ts2)
+
+
 def test_local_target_runs_the_same_path(tmp_path: Path) -> None:
     fleet = Fleet(
         target="local",

@@ -57,6 +57,25 @@ def test_multi_node_worst_case_scales_with_nodes_and_ttl() -> None:
     assert two.worst_case == pytest.approx(one.worst_case * 4)
 
 
+def test_plan_always_shows_the_ssh_exposure() -> None:
+    unset = plan_stack(ROOT, "dev").footer_lines()
+    assert "SSH exposure: port 22 on the head node, from nowhere yet" in unset[1]
+    one = build_plan(parse_spec(deployable_config("dev"), "dev")).footer_lines()[1]
+    assert one == (
+        "SSH exposure: port 22 on the head node (public IP), from 203.0.113.7/32 (1 address); "
+        "nodes reach each other by network tag"
+    )
+    world = deployable_config(
+        "dev",
+        sshSourceRanges='["0.0.0.0/1", "128.0.0.0/1"]',
+        allowSshFromAnywhere="true",
+        publicIp="all",
+    )
+    line = build_plan(parse_spec(world, "dev")).footer_lines()[1]
+    assert "port 22 on every node" in line
+    assert "(4,294,967,296 addresses, the whole IPv4 internet)" in line
+
+
 def test_complete_stack_is_ready() -> None:
     plan = build_plan(parse_spec(deployable_config("dev"), "dev"))
     assert plan.ready and plan.footer_lines()[-1] == "Ready: pulumi up --stack dev"

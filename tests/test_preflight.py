@@ -39,6 +39,7 @@ def request_for(
     gpus: int | None = None,
     family: str = CURRENT_FAMILY,
     boot_disk_gb: int = 100,
+    ttl_s: int | None = None,
 ) -> PreflightRequest:
     """A request as the CLI builds it, with GPUs, vCPUs and quota metrics from the facts tables."""
     cpus, _, builtin, count = MACHINE_TYPES[machine_type]
@@ -61,6 +62,7 @@ def request_for(
         image_family=family,
         boot_disk_gb=boot_disk_gb,
         is_n1=series == "N1",
+        max_run_duration_s=ttl_s,
     )
 
 
@@ -245,6 +247,49 @@ def test_spot_checks_the_preemptible_pool(fake: FakeCompute, api: ComputeApi) ->
     assert not spot.zone_ok("us-central1-a")
     on_demand = preflight(request_for("g2-standard-24", nodes=2), api=api)
     assert on_demand.ok
+
+
+def test_on_demand_with_a_ttl_of_7_days_or_less_may_use_either_pool(
+    fake: FakeCompute, api: ComputeApi
+) -> None:
+    fake.set_region_quota("us-central1", "NVIDIA_L4_GPUS", 0)
+    fake.set_region_quota("us-central1", "PREEMPTIBLE_NVIDIA_L4_GPUS", 8, usage=2)
+    week = 7 * 86400
+    ok = preflight(request_for("g2-standard-24", nodes=2, ttl_s=week), api=api)
+    row = next(r for r in ok.rows if r.check == "GPU quota" and r.scope == "us-central1")
+    assert ok.ok and row.status == "ok"
+    # the table says which pool covers it
+    assert row.detail.startswith("PREEMPTIBLE_NVIDIA_L4_GPUS: need 4, free 6 of 8")
+    assert "may use either pool" in row.detail and "NVIDIA_L4_GPUS: need 4, free 0" in row.detail
+    # longer than 7 days (or no TTL): only the standard pool counts
+    for ttl in (week + 1, None):
+        report = preflight(request_for("g2-standard-24", nodes=2, ttl_s=ttl), api=api)
+        [fail] = report.failures
+        assert fail.detail.startswith("NVIDIA_L4_GPUS: need 4, free 0")
+    # neither pool: one failing row naming both, with both fixes
+    fake.set_region_quota("us-central1", "PREEMPTIBLE_NVIDIA_L4_GPUS", 2)
+    [both] = preflight(request_for("g2-standard-24", nodes=2, ttl_s=3600), api=api).failures
+    assert "neither pool covers it" in both.detail and "PREEMPTIBLE_NVIDIA_L4_GPUS" in both.fix
+    # a pool the API does not report is unknown: a warning, never a failure
+    fake.remove_region_quota("us-central1", "PREEMPTIBLE_NVIDIA_L4_GPUS")
+    unknown = preflight(request_for("g2-standard-24", nodes=2, ttl_s=3600), api=api)
+    assert unknown.ok and statuses(unknown)[("GPU quota", "us-central1")] == "warn"
+
+
+def test_the_gce_target_passes_the_stacks_ttl_to_preflight(
+    fake: FakeCompute, api: ComputeApi
+) -> None:
+    from infra.spec import parse_spec
+    from scripts.targets.gce.preflight import request_for as gce_request
+    from tests.pulumi_mocks import deployable_config
+
+    fake.set_region_quota("us-central1", "NVIDIA_L4_GPUS", 0)
+    cfg = deployable_config("dev", spot="false", zones='["us-central1-a"]')
+    spec = parse_spec({**cfg, "gcp:project": fake.project}, "dev")
+    assert spec.max_run_duration_s == 3 * 3600
+    assert preflight(gce_request(spec), api=api).ok  # the preemptible pool covers it
+    long = parse_spec({**cfg, "gcp:project": fake.project, "gputrain:maxRunDuration": "8d"}, "dev")
+    assert not preflight(gce_request(long), api=api).ok
 
 
 def test_global_gpu_quota_missing_is_unknown_and_short_is_fatal(

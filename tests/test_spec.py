@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 
 import paramiko
@@ -148,6 +149,31 @@ def test_unreadable_yaml_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(exc.value) and "Pulumi.x.yaml" in str(exc.value)
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"- a\n- b\n", "Pulumi.x.yaml is a YAML list; allowed: a mapping with a config: section"),
+        (b"config:\n  - gputrain:nodes\n", "config: in Pulumi.x.yaml is a YAML list"),
+        (b"config:\n  1: 2\n", "config: in Pulumi.x.yaml has the key 1; allowed: setting names"),
+        (b"config:\n  ~: 2\n", "config: in Pulumi.x.yaml has the key None"),
+        (b"config:\n  gputrain:nodes: \xff\xfe\n", "Pulumi.x.yaml is not UTF-8 text (byte 26)"),
+        (b"7\n", "Pulumi.x.yaml is a YAML int"),
+    ],
+)
+def test_malformed_stack_files_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
+) -> None:
+    from scripts.cli import main
+
+    (tmp_path / "Pulumi.yaml").write_text("name: gputrain\nruntime: python\n")
+    (tmp_path / "Pulumi.x.yaml").write_bytes(content)
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_stack_config(tmp_path, "x")
+    assert main(["plan", "--stack", "x", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
 # ---- durations -----------------------------------------------------------------------------
 
 
@@ -241,10 +267,47 @@ def test_placement_auto() -> None:
 
 
 def test_source_ranges_are_normalised_and_world_needs_the_opt_in() -> None:
-    spec = parse_spec(_cfg(sshSourceRanges='["198.51.100.4", "10.0.0.0/8"]'), "dev")
-    assert spec.ssh_source_ranges == ("198.51.100.4/32", "10.0.0.0/8")
+    spec = parse_spec(_cfg(sshSourceRanges='["198.51.100.4", "10.0.0.0/9"]'), "dev")
+    assert spec.ssh_source_ranges == ("198.51.100.4/32", "10.0.0.0/9")
     world = parse_spec(_cfg(sshSourceRanges='["0.0.0.0/0"]', allowSshFromAnywhere="true"), "dev")
     assert world.ssh_source_ranges == ("0.0.0.0/0",) and world.allow_ssh_from_anywhere
+
+
+@pytest.mark.parametrize(
+    "ranges",
+    [
+        '["0.0.0.0/1", "128.0.0.0/1"]',  # the whole internet in two halves
+        '["10.0.0.0/7"]',
+        '["10.0.0.0/8", "198.51.100.4/32"]',  # one address more than a /8
+        '["11.0.0.0/8", "12.0.0.0/8"]',
+    ],
+)
+def test_source_ranges_wider_than_a_slash_8_need_the_opt_in(ranges: str) -> None:
+    with pytest.raises(SpecError, match=r"^gputrain:sshSourceRanges = '.*': together these cover"):
+        parse_spec(_cfg(sshSourceRanges=ranges), "dev")
+    opted = parse_spec(_cfg(sshSourceRanges=ranges, allowSshFromAnywhere="true"), "dev")
+    assert opted.allow_ssh_from_anywhere
+    # exactly a /8, or overlapping ranges that add up to no more than one, are fine
+    for fine in ('["10.0.0.0/8"]', '["10.0.0.0/8", "10.1.0.0/16", "10.2.3.4/32"]'):
+        parse_spec(_cfg(sshSourceRanges=fine), "dev")
+
+
+def test_public_ip_none_is_refused_before_anything_exists() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(publicIp="none"), "dev")
+    msg = str(e.value)
+    assert msg.startswith("gputrain:publicIp = 'none': no node would be reachable")
+    assert "allowed: head (workers via the head) or all" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("machine", ["a3-highgpu-8g", "a3-megagpu-8g", "a3-highgpu-2g"])
+def test_a3_high_and_mega_accept_pd_balanced_boot_disks(machine: str) -> None:
+    spec = parse_spec(_cfg(machineType=machine, bootDiskType="pd-balanced"), "dev")
+    assert spec.boot_disk_type == "pd-balanced"
+    assert catalog.default_boot_disk_type(catalog.MACHINE_TYPES[machine]) == "pd-ssd"
+    for ultra in ("a3-ultragpu-8g", "a4-highgpu-8g"):  # Hyperdisk only
+        with pytest.raises(SpecError, match=r"allowed for .*: hyperdisk-balanced$"):
+            parse_spec(_cfg(machineType=ultra, bootDiskType="pd-balanced"), "dev")
 
 
 def test_labels_as_list_or_object_and_immutable() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,25 +109,85 @@ def test_up_sends_the_expected_argv_and_parses_outputs(work_dir: Path) -> None:
     assert parsed.zone == "us-central1-b" and parsed.head.external_ip is not None
 
 
-def test_secret_config_and_destroy_argv(work_dir: Path) -> None:
+FAKE_PULUMI_CLI = """#!/bin/sh
+# A stand-in for the Pulumi CLI: records argv and stdin of every call, answers like the CLI.
+stdin=$(if [ -t 0 ]; then :; else cat; fi)
+"__PY__" -c 'import json, sys; print(json.dumps({"argv": sys.argv[2:], "stdin": sys.argv[1]}))' "$stdin" "$@" >> "__LOG__"
+case "$1" in version) echo "v3.272.0";; esac
+exit 0
+"""
+
+
+@pytest.fixture
+def pulumi_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake `pulumi` first on PATH; returns the JSON-lines log of its calls."""
+    import sys
+
+    bin_dir, log = tmp_path / "fake-bin", tmp_path / "pulumi-calls.jsonl"
+    bin_dir.mkdir()
+    script = bin_dir / "pulumi"
+    script.write_text(
+        FAKE_PULUMI_CLI.replace("__PY__", sys.executable).replace("__LOG__", str(log))
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return log
+
+
+def _calls(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_secret_config_goes_through_stdin_never_argv(work_dir: Path, pulumi_cli: Path) -> None:
     cli = FakePulumi({})
+    cli.command = str(pulumi_cli.parent / "fake-bin" / "pulumi")
     runner = PulumiStackRunner("dev", work_dir, pulumi_command=cli)
-    runner.set_config("gputrain:sshPrivateKey", "-----BEGIN", secret=True)
+    runner.set_config("gputrain:sshPrivateKey", "-----BEGIN\nsecret body\n", secret=True)
     runner.destroy()
     runner.refresh()
-    assert [
-        "config",
-        "set",
-        "gputrain:sshPrivateKey",
-        "--secret",
-        "--stack",
-        "dev",
-        "--",
-        "-----BEGIN",
-    ] in cli.calls
+    assert not any("secret body" in " ".join(c) for c in cli.calls)
+    [call] = _calls(pulumi_cli)
+    assert call == {
+        "argv": [
+            "config",
+            "set",
+            "gputrain:sshPrivateKey",
+            "--secret",
+            "--stack",
+            "dev",
+            "--non-interactive",
+        ],
+        "stdin": "-----BEGIN\nsecret body",  # $(cat) drops the final newline, as the CLI does
+    }
     verbs = [c[0] for c in cli.calls]
     assert "destroy" in verbs and "refresh" in verbs
     assert cli.calls.count(["stack", "select", "--stack", "dev"]) == 1  # selected once
+
+
+def test_keygen_never_puts_the_private_key_on_a_command_line(
+    work_dir: Path, pulumi_cli: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real adapter and the real Automation API against a fake CLI: every process keygen
+    starts is recorded with its argv and stdin."""
+    from scripts.cli import main
+    from scripts.settings import Settings
+    from tests.pulumi_mocks import ROOT
+
+    (work_dir / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (work_dir / "Pulumi.dev.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
+    settings = Settings(root=work_dir, runs_dir=work_dir / "runs")
+    assert main(["keygen", "--stack", "dev"], settings) == 0
+    calls = _calls(pulumi_cli)
+    [secret] = [c for c in calls if "gputrain:sshPrivateKey" in c["argv"]]
+    private = secret["stdin"]
+    assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    body = [ln for ln in private.splitlines() if ln and not ln.startswith("-----")]
+    for c in calls:
+        argv = " ".join(c["argv"])
+        assert "PRIVATE KEY" not in argv and not any(ln in argv for ln in body), c["argv"]
+    [public] = [c for c in calls if "gputrain:sshPublicKey" in c["argv"]]
+    assert public["argv"][-1].startswith("ssh-ed25519 ") and "--plaintext" in public["argv"]
+    assert "PRIVATE KEY" not in capsys.readouterr().out
 
 
 def test_failed_up_keeps_the_raw_text_and_summarises_the_gce_message(work_dir: Path) -> None:
@@ -261,7 +322,8 @@ def test_fake_runner_up_host_keys_fleet_destroy_sweep() -> None:
         }
         fleet = outputs.to_fleet("dev", pins, identity_file=None)
         assert [n.host_keys for n in fleet.nodes] == [pins["dev-node-0"], pins["dev-node-1"]]
-        assert len(sweep(fake.project, "dev", api=api)) == 8  # 2 VMs, 2 disks, net, subnet, 2 fw
+        # 2 VMs, 2 disks, net, subnet, 2 firewalls, the service account and its 2 role bindings
+        assert len(sweep(fake.project, "dev", api=api)) == 11
 
         runner.leak_on_destroy = {"dev-node-1"}
         runner.destroy()

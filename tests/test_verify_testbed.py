@@ -59,6 +59,26 @@ def test_waits_while_driver_installs_then_passes(
     close_all(ts)
 
 
+def test_old_driver_without_a_queried_field_fails_at_once(tb: TestBed) -> None:
+    old = tb.add_host(
+        gpus=GpuConfig(count=2, invalid_fields=("ecc.errors.uncorrected.volatile.total",))
+    )
+    good = tb.add_host(gpus=GpuConfig(count=2))
+    fleet = tb.fleet([old, good], expect=L4)
+    ts = connect(fleet, deadline_s=10)
+    start = time.monotonic()
+    with pytest.raises(VerificationError) as e:
+        verify_gpus(fleet, ts, deadline_s=60)
+    assert time.monotonic() - start < 5  # not the 60 s a driver still installing may take
+    msg = str(e.value)
+    assert "1 of 2 node(s)" in msg and f"{good.name}:" not in msg
+    assert (
+        f'{old.name}: nvidia-smi does not know the field "ecc.errors.uncorrected.volatile.total"'
+        in msg
+    )
+    close_all(ts)
+
+
 def test_missing_driver_fails_at_deadline(tb: TestBed) -> None:
     h = tb.add_host(gpus=GpuConfig(missing=True))
     fleet = tb.fleet([h], expect=L4)

@@ -51,6 +51,7 @@ class GpuConfig:
     ecc_errors: int | None = 0  # uncorrected volatile total per GPU; None prints [N/A]
     installing_calls: int = 0  # the first K calls fail as if the driver were still installing
     missing: bool = False  # no nvidia-smi at all (exit 127)
+    invalid_fields: tuple[str, ...] = ()  # an old driver: these fields cannot be queried
 
 
 @dataclass
@@ -116,7 +117,7 @@ for i in range(cfg["count"]):
     }
     row = []
     for f in query.split(","):
-        if f not in values:
+        if f not in values or f in cfg["invalid_fields"]:
             print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
             sys.exit(2)
         row.append(values[f])
@@ -470,6 +471,13 @@ class TestBed:
         pids = [p for p in _ns_pids(host.namespace) if _comm(p) != "sshd"]
         _kill_pids(pids, signal.SIGKILL)
         return len(pids)
+
+    def set_link(self, name: str, up: bool) -> None:
+        """Take the host's interface down (or up again) inside its namespace: packets vanish
+        without a FIN or RST, as when a VM's network dies; the controller's sockets then see
+        "No route to host" once the neighbour entry expires."""
+        host = self.hosts[name]
+        _run("ip", "-n", host.namespace, "link", "set", "eth0", "up" if up else "down")
 
     # -- what the code under test needs ------------------------------------------------------
 

@@ -17,7 +17,7 @@ from infra.components.identity import NodeIdentity, NodeIdentityArgs
 from infra.components.network import ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
 from infra.spec import ClusterSpec
-from infra.stackfile import PROJECT_LABEL, STACK_LABEL
+from infra.stackfile import PROJECT_LABEL, STACK_LABEL, service_account_id
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
 
@@ -55,7 +55,7 @@ class GpuCluster(pulumi.ComponentResource):
         self.identity = NodeIdentity(
             f"{spec.stack}-identity",
             NodeIdentityArgs(
-                account_id=f"gputrain-{spec.stack}",
+                account_id=service_account_id(spec.stack),
                 project=spec.project,
                 display_name=f"gputrain nodes of stack {spec.stack}",
             ),

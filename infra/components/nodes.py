@@ -149,6 +149,7 @@ class GpuNodes(pulumi.ComponentResource):
                 "enable-guest-attributes": "TRUE",  # the guest agent publishes host keys there
                 "install-nvidia-driver": "True",
                 "enable-oslogin": "FALSE",  # OS Login would ignore ssh-keys
+                "block-project-ssh-keys": "TRUE",  # only this stack's key, not the project's
             },
             tags=[a.tag],
             labels={**a.labels, "gputrain-role": "head" if index == 0 else "worker"},

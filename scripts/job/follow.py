@@ -48,17 +48,13 @@ class NodeState:
         return self.done and (self.exit_code != 0 or self.lost is not None)
 
     def failure(self) -> NodeFailure:
-        kind: FailureKind = (
-            "lost" if self.lost is not None else "killed" if self.exit_code is None else "exited"
-        )
+        if self.lost is not None:
+            # What the node printed before contact was lost is its normal output, not a cause.
+            why = f"lost contact with node {self.name}: {self.lost}"
+            return NodeFailure(self.name, "lost", self.exit_code, (why,), self.lost)
+        kind: FailureKind = "killed" if self.exit_code is None else "exited"
         root = root_cause_lines(self.error_files, list(self.tail))
-        return NodeFailure(
-            self.name,
-            kind,
-            self.exit_code,
-            tuple(root or [str(self.lost) if self.lost else "(no output)"]),
-            self.lost,
-        )
+        return NodeFailure(self.name, kind, self.exit_code, tuple(root or ["(no output)"]))
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,8 @@ def follow_job(
     stop_started: float | None = None
 
     def stop_running() -> None:
-        stop([n for n, s in states.items() if not s.done])
+        # a lost node may still be running the job: try it too (the stop says if it failed)
+        stop([n for n, s in states.items() if not s.done or s.lost is not None])
 
     while not all(s.done for s in states.values()):
         with contextlib.suppress(queue.Empty):

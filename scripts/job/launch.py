@@ -5,6 +5,8 @@ that failed first and how (job/records.py), so a caller (a spot recovery) can de
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 import tempfile
 import threading
 import time
@@ -42,10 +44,17 @@ def launch_torchrun(
     upload_code(fleet, transports, job)
     start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
 
+    stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
+    stoppers: list[threading.Thread] = []
+
     def stop(names: list[str]) -> None:
-        threading.Thread(
-            target=_stop_quietly, args=(transports, job.run_id, names, stop_grace_s), daemon=True
-        ).start()
+        t = threading.Thread(
+            target=_stop_quietly,
+            args=(transports, job.run_id, names, stop_grace_s, stopped),
+            daemon=True,
+        )
+        t.start()
+        stoppers.append(t)
 
     outcome = follow_job(
         transports,
@@ -55,6 +64,8 @@ def launch_torchrun(
         reconnect_deadline_s=reconnect_deadline_s,
         settle_s=settle_s,
     )
+    for t in stoppers:  # a stop of an unreachable node ends with its own timeout
+        t.join(timeout=stop_grace_s + 30)
     duration = time.monotonic() - start
     names = [n.name for n in fleet.nodes]
     exit_codes = {n: outcome.states[n].exit_code for n in names}
@@ -74,7 +85,7 @@ def launch_torchrun(
     if failure is not None:
         raise TrainingError(
             f"run {job.run_id} failed on node {failure.node} (exit code {failure.code_text}); "
-            f"other nodes stopped. Root cause:\n"
+            f"{_stop_summary(stopped, failure.node)}. Root cause:\n"
             + "\n".join(f"  {ln}" for ln in failure.root_cause)
             + f"\nlogs and results: {results_dir}",
             failure=failure,
@@ -112,7 +123,7 @@ def upload_code(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> 
 
     def one(name: str) -> str:
         with tempfile.TemporaryDirectory(prefix="gputrain-upload-") as tmp:
-            plan = sync_code(transports[name], files, staging=Path(tmp))
+            plan = sync_code(transports[name], files, remote_dir=job.code_dir, staging=Path(tmp))
         return f"{len(plan.send)} changed, {len(plan.delete)} removed"
 
     names = [n.name for n in fleet.nodes]
@@ -134,6 +145,10 @@ def start_job(
     """The same run.sh on every node (c10d assigns ranks), started detached; if any node fails
     to start, the others are stopped again."""
     names = [n.name for n in fleet.nodes]
+    if job.rdzv_port is None:  # every run its own c10d store, also beside another run
+        job = dataclasses.replace(
+            job, rdzv_port=free_port(transports[fleet.head.name], fleet.python)
+        )
     nproc = job.nproc_per_node or (1 if fleet.expect.is_cpu else fleet.expect.count)
     script = build_node_command(
         job,
@@ -144,7 +159,8 @@ def start_job(
     )
 
     def start_one(name: str) -> str:
-        r = transports[name].run(build_start_command(job.run_id), 60, stdin=script.encode())
+        start = build_start_command(job.run_id, job.code_dir)
+        r = transports[name].run(start, 60, stdin=script.encode())
         if not r.ok or not r.stdout.strip().isdigit():
             raise TransportError(f"node {name}: could not start: {r.stderr.strip() or r.stdout}")
         return r.stdout.strip()
@@ -154,9 +170,19 @@ def start_job(
         stop_job(transports, job.run_id, grace_s=stop_grace_s)
         raise TransportError("\n".join(str(e) for e in errors.values()))
     ui.say(
-        f"run {job.run_id} started on {len(names)} node(s) "
+        f"run {job.run_id} started on {len(names)} node(s), rendezvous on port {job.rdzv_port} "
         f"({', '.join(f'{n}: pgid {pgids[n]}' for n in names)})"
     )
+
+
+def free_port(head: Transport, python: str) -> int:
+    """A TCP port nothing listens on now, asked of the head (where the c10d store will listen)."""
+    code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    r = head.run(f"{shlex.quote(python)} -c {shlex.quote(code)}", timeout=30)
+    port = r.stdout.strip()
+    if not r.ok or not port.isdigit():
+        raise TransportError(f"node {head.name}: could not pick a free port: {r.stderr.strip()}")
+    return int(port)
 
 
 def stop_job(
@@ -181,9 +207,26 @@ def stop_job(
 
 
 def _stop_quietly(
-    transports: Mapping[str, Transport], run_id: str, names: list[str], grace_s: float
+    transports: Mapping[str, Transport],
+    run_id: str,
+    names: list[str],
+    grace_s: float,
+    outcomes: dict[str, str],
 ) -> None:
     try:
-        stop_job(transports, run_id, grace_s=grace_s, only=names)
+        outcomes.update(stop_job(transports, run_id, grace_s=grace_s, only=names))
     except Exception as e:
+        outcomes.update({n: f"error: {e}" for n in names})
         ui.warn(f"stopping run {run_id}: {e}")
+
+
+def _stop_summary(outcomes: Mapping[str, str], failed: str) -> str:
+    """What the stop did, never more: which nodes stopped and which could not be stopped."""
+    bad = {n: o.removeprefix("error: ") for n, o in outcomes.items() if o.startswith("error:")}
+    done = [n for n, o in outcomes.items() if not o.startswith("error:") and n != failed]
+    parts = [f"stopped {', '.join(done)}"] if done else []
+    parts += [
+        f"could NOT stop the job on {n} ({why}): it may still be running there"
+        for n, why in bad.items()
+    ]
+    return "; ".join(parts) or "no other node to stop"

@@ -27,6 +27,8 @@ def build_node_command(
     """The run.sh every node runs (the same on all: c10d assigns ranks). Pure; every value is
     shell-quoted so arguments arrive verbatim. The network interface toward the head is found on
     the node (never assumed): the one holding the head's address, else ``ip route get``."""
+    if job.rdzv_port is None:
+        raise ValueError("build_node_command needs the run's rendezvous port (start_job picks it)")
     q = shlex.quote
     head = q(head_address)
     env_lines = "".join(f"export {k}={q(v)}\n" for k, v in job.env.items())

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from infra.base.errors import GputrainError, UserError
-from scripts.job.sync import DEFAULT_MAX_UPLOAD_MIB
+from scripts.job.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -26,12 +26,13 @@ class Job:
     entry: tuple[str, ...] = DEFAULT_ENTRY
     env: Mapping[str, str] = field(default_factory=dict)
     max_restarts: int = 0
-    rdzv_port: int = 29400
+    rdzv_port: int | None = None  # None: a free port picked on the head at start (per run)
     workdir: Path | None = None  # the user's code to upload (None: only the trainer package)
     include_trainer: bool = True
     nproc_per_node: int | None = None  # default: GPU count, or 1 on CPU
     max_upload_mib: float = DEFAULT_MAX_UPLOAD_MIB
     max_duration_s: float | None = None  # stop the job after this long (None: no limit)
+    code_dir: str = CODE_DIR  # where the code is synced on the nodes (per run for local runs)
 
 
 FailureKind = Literal["exited", "killed", "lost"]
@@ -102,7 +103,7 @@ def validate_job(job: Job) -> None:
             )
     if not 0 <= job.max_restarts <= 100:
         raise UserError(f"max restarts: {job.max_restarts} is not allowed; use 0..100")
-    if not 1024 <= job.rdzv_port <= 65535:
+    if job.rdzv_port is not None and not 1024 <= job.rdzv_port <= 65535:
         raise UserError(f"rendezvous port: {job.rdzv_port} is not allowed; use 1024..65535")
     if job.nproc_per_node is not None and job.nproc_per_node < 1:
         raise UserError(f"nproc per node: {job.nproc_per_node} is not allowed; use >= 1")

@@ -5,15 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.base.errors import UserError
+from scripts import ui
 from scripts.transport.base import Transport, TransportError
 from scripts.transport.tar import tar_files, unpack_command
+
+if TYPE_CHECKING:
+    import pathspec
 
 DEFAULT_MAX_UPLOAD_MIB = 200
 SKIP_DIRS = {
@@ -72,7 +78,8 @@ def list_workdir_files(workdir: Path) -> list[str]:
 
 def collect_sources(workdir: Path, packages: Mapping[str, Path] | None = None) -> dict[str, Path]:
     """relative path on the node -> local file. ``packages`` (e.g. {"trainer": <dir>}) are added
-    under their name unless the workdir already has them."""
+    under their name unless the workdir already has them. Secrets and what `.gputrainignore`
+    matches are left out, and named in one line."""
     files = {rel: workdir / rel for rel in list_workdir_files(workdir)}
     for name, pkg_dir in (packages or {}).items():
         if any(rel.startswith(name + "/") for rel in files) or not pkg_dir.is_dir():
@@ -82,7 +89,71 @@ def collect_sources(workdir: Path, packages: Mapping[str, Path] | None = None) -
     for rel in files:
         if "\n" in rel or "\0" in rel:
             raise UserError(f"cannot upload a file whose name holds a newline: {rel!r}")
-    return files
+    skipped = never_upload(files, workdir)
+    if skipped:
+        shown = ", ".join(f"{rel} ({why})" for rel, why in sorted(skipped.items())[:10])
+        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        ui.say(f"upload: not sending {len(skipped)} file(s): {shown}{more}")
+    return {rel: p for rel, p in files.items() if rel not in skipped}
+
+
+IGNORE_FILE = ".gputrainignore"
+_PRIVATE_KEY_BLOCK = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+_CREDENTIAL_TYPES = {"service_account", "authorized_user", "external_account"}
+_SCAN_LIMIT = 1 << 20  # contents are checked in files up to 1 MiB (keys and credentials are tiny)
+
+
+def never_upload(files: Mapping[str, Path], workdir: Path) -> dict[str, str]:
+    """relative path -> why it must not leave this machine: private keys (`id_*` without `.pub`,
+    `*.pem`, `*.key`, a PRIVATE KEY block), `.env*`, Google credential JSON, `.gputrainignore`."""
+    spec = _ignore_spec(workdir / IGNORE_FILE)
+    out = {}
+    for rel, path in files.items():
+        why = _secret_reason(rel, path)
+        if why is None and spec is not None and spec.match_file(rel):
+            why = IGNORE_FILE
+        if why is not None:
+            out[rel] = why
+    return out
+
+
+def _secret_reason(rel: str, path: Path) -> str | None:
+    name = rel.rsplit("/", 1)[-1]
+    if name.startswith("id_") and "." not in name:
+        return "SSH private key"
+    if name.endswith((".pem", ".key")):
+        return "key file"
+    if name.startswith(".env"):
+        return "environment file"
+    try:
+        if path.stat().st_size > _SCAN_LIMIT:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if _PRIVATE_KEY_BLOCK.search(data):
+        return "holds a private key"
+    if name.endswith(".json") and b"type" in data:
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return None
+        if isinstance(doc, dict) and doc.get("type") in _CREDENTIAL_TYPES:
+            return "Google credentials"
+    return None
+
+
+def _ignore_spec(path: Path) -> pathspec.GitIgnoreSpec | None:
+    import pathspec
+
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(path.read_text().splitlines())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"{path}: cannot read it ({e}); allowed: a gitignore-style text file"
+        ) from e
 
 
 def check_size(files: Mapping[str, Path], limit_mib: float, workdir: Path) -> int:

@@ -20,6 +20,7 @@ Every bad input is one UserError line naming the field, the bad value and what i
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from scripts.transport.hostkeys import KnownHosts
 TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
 HOST_KEYS = ("address", "internal_address", "name", "port")
 GPU_KEYS = ("model", "count", "min_memory_gb")
+MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
 MAX_GPUS_PER_HOST = 16
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
@@ -231,8 +233,13 @@ def _expectation(w: _Checker, data: Mapping[str, Any]) -> GpuExpectation:
         f"expected GPUs per host, 1-{MAX_GPUS_PER_HOST}",
     )
     mem = gpus.get("min_memory_gb", 0)
-    if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem < 0:
-        raise w.fail("gpus.min_memory_gb", mem, "expected a number of GB ≥ 0")
+    if (
+        isinstance(mem, bool)
+        or not isinstance(mem, (int, float))
+        or not math.isfinite(mem)  # .inf / .nan: no GPU has them, and int() would raise
+        or not 0 <= mem <= MAX_GPU_MEMORY_GB
+    ):
+        raise w.fail("gpus.min_memory_gb", mem, f"expected a number of GB, 0-{MAX_GPU_MEMORY_GB}")
     return GpuExpectation(model=model.strip(), count=count, min_memory_mib=int(mem * 1024))
 
 

@@ -3,6 +3,7 @@ on first use, verify GPUs, run torchrun jobs, follow logs, open OpenSSH shells."
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 import tempfile
@@ -76,6 +77,10 @@ class FleetSession:
         from scripts.job.launch import launch_torchrun, stop_job
 
         transports = self.transports
+        if self.fleet.local:
+            # Runs on this machine share its node root: each syncs into its own code dir (the
+            # run keeps a hard-linked snapshot of it), so two runs at once never mix files.
+            job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
         try:
             return launch_torchrun(self.fleet, transports, job, results_dir)
         except BaseException:
@@ -83,6 +88,10 @@ class FleetSession:
             with guard.teardown():
                 stop_job(transports, job.run_id)
             raise
+        finally:
+            if self.fleet.local:
+                for t in transports.values():
+                    t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
 
     def logs(self, run_id: str) -> None:
         """Follow a run's torchrun logs on every node (reattaches to a detached job)."""

@@ -43,8 +43,12 @@ def classify_connect_error(exc: BaseException) -> str:
 
     if isinstance(exc, paramiko.AuthenticationException):
         return "login key not accepted yet"
-    if isinstance(exc, ConnectionRefusedError | paramiko.ssh_exception.NoValidConnectionsError):
-        return "connection refused"  # NoValidConnections: every address refused the socket
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        # every address failed to connect: say what the sockets said (refused, no route, ...)
+        causes = sorted({_socket_reason(e) for e in exc.errors.values()})
+        return "; ".join(causes) or "connection refused"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
     if isinstance(exc, ConnectionResetError):
         return "connection reset"
     if isinstance(exc, TimeoutError):
@@ -54,8 +58,15 @@ def classify_connect_error(exc: BaseException) -> str:
     if isinstance(exc, EOFError | paramiko.SSHException):
         return "ssh not ready"  # no banner yet, or the server closed during the handshake
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return "host unreachable"
+        return _socket_reason(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def _socket_reason(exc: BaseException) -> str:
+    """The socket's own words ("No route to host", "Connection refused"), lower-cased."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return (exc.strerror or errno.errorcode.get(exc.errno, str(exc.errno))).lower()
+    return str(exc) or type(exc).__name__
 
 
 class SshTransport:
@@ -295,7 +306,7 @@ class SshTransport:
                     raise TransportError(f"node {self.name}: stream timed out after {timeout} s")
                 if now - last_data > self.probe_after_s:
                     # silence: a dead link without FIN looks alive to paramiko, so ask
-                    if not self.probe(timeout=10):
+                    if not self.probe(timeout=self.connect_timeout):
                         self._drop()
                         raise ConnectionLostError(f"node {self.name}: connection stopped answering")
                     last_data = time.monotonic()

@@ -16,6 +16,7 @@ from infra.preflight import (
     PreflightReport,
     PreflightRequest,
     check_accelerator_type,
+    check_gpu_quota,
     check_image,
     check_machine_type,
     check_quota,
@@ -41,6 +42,7 @@ def request_for(spec: ClusterSpec) -> PreflightRequest:
         image_family=spec.image_family,
         boot_disk_gb=spec.boot_disk_gb,
         is_n1=spec.attach_gpus,
+        max_run_duration_s=spec.max_run_duration_s,
     )
 
 
@@ -99,15 +101,7 @@ def _region_checks(api: ComputeApi, req: PreflightRequest, cpus: int) -> list[Ch
             )
         ]
     return [
-        check_quota(
-            "GPU quota",
-            req.region,
-            req.gpu_quota_metric,
-            req.total_gpus,
-            quotas,
-            project=req.project,
-            per_node=req.gpus_per_node,
-        ),
+        check_gpu_quota(req, quotas),
         check_quota(
             "CPU quota",
             req.region,

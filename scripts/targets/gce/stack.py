@@ -7,7 +7,9 @@ only inside PulumiStackRunner, so `gputrain --help` never pays for it.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,9 +146,38 @@ class PulumiStackRunner:
         from pulumi import automation as auto
 
         stack = self._stack()
+        if secret:
+            self._set_secret(key, value)
+            return
         self._run(
-            f"config set {key}", lambda: stack.set_config(key, auto.ConfigValue(value, secret))
+            f"config set {key}", lambda: stack.set_config(key, auto.ConfigValue(value, False))
         )
+
+    def _set_secret(self, key: str, value: str) -> None:
+        """A secret never goes on a command line (any local user sees argv in `ps`): the CLI reads
+        a value missing from its arguments from stdin when it is not interactive."""
+        command = getattr(self._pulumi_command, "command", None) or "pulumi"
+        argv = [command, "config", "set", key, "--secret", "--stack", self.stack_name]
+        try:
+            done = subprocess.run(
+                [*argv, "--non-interactive"],
+                input=value.encode(),
+                capture_output=True,
+                cwd=self.work_dir,
+                env={**os.environ, **self._env},
+                timeout=120,
+            )
+        except FileNotFoundError as e:
+            raise PulumiMissingError(
+                "the Pulumi CLI is not installed or not on PATH", str(e)
+            ) from e
+        if done.returncode != 0:
+            raw = done.stderr.decode("utf-8", "replace") + done.stdout.decode("utf-8", "replace")
+            raise StackError(
+                f"pulumi config set {key} failed for stack {self.stack_name}: "
+                f"{summarise_pulumi_error(raw)}",
+                raw,
+            )
 
     def remove_config(self, key: str) -> None:
         stack = self._stack()
