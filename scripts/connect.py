@@ -65,6 +65,8 @@ def connect(
     """A transport per node name. All nodes in parallel; workers without an address go through
     the head (its connection first). Raises HostKeyError / ConnectError naming every bad node."""
     if fleet.local:
+        if local_root is None:
+            raise ConnectError(f"{fleet.target}: a local fleet needs its node root")
         return {n.name: LocalTransport(n.name, local_root) for n in fleet.nodes}
     head = fleet.head
     by_name: dict[str, SshTransport] = {}

@@ -199,8 +199,10 @@ def test_ttl_left_counts_from_the_latest_start() -> None:
 
 
 def test_run_local_end_to_end(tmp_path: Path) -> None:
-    """The README's main job, as a user runs it: the console script, a fresh directory."""
-    env = {**os.environ, "GPUTRAIN_NODE_ROOT": str(tmp_path / "node")}
+    """The README's main job, as a user runs it: the console script, a fresh directory. The node
+    state stays in the project's runs/ (nothing under ~/.cache), where the printed paths point."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
+    env["HOME"] = str(tmp_path / "home")
     t = time.monotonic()
     r = subprocess.run(
         [str(VENV_BIN / "gputrain"), "run", "--local", "--yes"],
@@ -219,6 +221,21 @@ def test_run_local_end_to_end(tmp_path: Path) -> None:
     data = json.loads(summary.read_text())
     assert data["final_loss"] < data["initial_loss"] - 1.0
     assert data["mfu"] is None
+    node_out = tmp_path / "runs" / "local" / "node" / ".gputrain" / "runs" / run_id / "out"
+    assert f"out {node_out}," in r.stdout  # the trainer's banner names where its checkpoints are
+    assert list(node_out.glob("ckpt-*.pt"))
+    assert not (tmp_path / "home" / ".cache" / "gputrain").exists()
+    assert "floor 1.3863)" in r.stdout
+
+
+def test_local_node_root_is_the_projects_runs_or_gputrain_node_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert settings.local_node_root == tmp_path / "runs" / "local" / "node"
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "elsewhere"))
+    assert settings.local_node_root == tmp_path / "elsewhere"
 
 
 def _hosts_file(tb: TestBed, tmp_path: Path, hosts: list[object], known: str) -> Path:

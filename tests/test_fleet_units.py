@@ -216,6 +216,11 @@ def test_collect_respects_gitignore_and_size_limit(tmp_path: Path) -> None:
     _git_repo(repo)
     files = collect_sources(repo)
     assert sorted(files) == [".gitignore", "lib/util.py", "train.py"]
+    # `--local` node state under a runs/ that git does not ignore is never shipped back
+    node_code = repo / "runs" / "local" / "node" / ".gputrain" / "code"
+    node_code.mkdir(parents=True)
+    (node_code / "train.py").write_text("print('hi')\n")
+    assert sorted(collect_sources(repo)) == [".gitignore", "lib/util.py", "train.py"]
     (repo / "weights.bin").write_bytes(b"w" * 2 * 1024 * 1024)
     with pytest.raises(
         UserError, match=r"above the limit of 1 MiB; biggest files: weights.bin \(2.0 MiB\)"

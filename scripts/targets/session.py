@@ -49,6 +49,7 @@ class FleetSession:
                 self.fleet,
                 deadline_s=self.settings.connect_deadline_s,
                 trust_new_hosts=self.record_new_keys,
+                local_root=self.settings.local_node_root if self.fleet.local else None,
             )
         return self._transports
 
