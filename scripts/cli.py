@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from scripts import lifecycle
+from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
 
@@ -166,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 success, 2 bad input, 1 anything else. "
         "Example: gputrain run --local   |   gputrain run --stack dev -- -m trainer.train",
     )
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (handler, help_text) in COMMANDS.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
@@ -199,12 +201,18 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument(
                 "--env", action="append", default=[], metavar="K=V", help="extra environment"
             )
-            c.add_argument("--max-restarts", type=int, default=0, metavar="K")
+            c.add_argument(
+                "--max-restarts",
+                type=int,
+                default=0,
+                metavar="K",
+                help="torchrun restarts every worker up to K times after a failure (default: 0)",
+            )
+            default_entry = " ".join(HEALTHCHECK_ENTRY if name == "healthcheck" else DEFAULT_ENTRY)
             c.add_argument(
                 "entry",
                 nargs=argparse.REMAINDER,
-                help="after `--`: what follows torchrun's options "
-                "(default: -m trainer.train --preset tiny)",
+                help=f"after `--`: what follows torchrun's options (default: {default_entry})",
             )
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
@@ -212,6 +220,23 @@ def _parser() -> argparse.ArgumentParser:
         if name == "logs":
             c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
     return p
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(kwargs.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("gputrain")
+        except PackageNotFoundError:
+            text = "unknown (not installed; run `make venv`)"
+        print(f"gputrain {text}")
+        parser.exit()
 
 
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:

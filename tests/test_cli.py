@@ -62,6 +62,24 @@ def test_bad_input_is_one_line_and_exit_2(
     assert needle in _one_line_error(capsys.readouterr().err)
 
 
+def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"gputrain {version('gputrain')}\n"
+    for command, default in (
+        ("healthcheck", "-m trainer.healthcheck"),
+        ("run", "-m trainer.train --preset tiny"),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+        assert f"(default: {default})" in text
+        assert "--max-restarts K torchrun restarts every worker up to K times" in text
+
+
 def test_deploy_needs_the_missing_settings_before_anything(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -100,6 +118,22 @@ def cloud(tmp_path: Path) -> Iterator[tuple[FakeCompute, FakeStackRunner, Cli]]:
     gce = GceClients(runner_for=lambda s, r: runner, compute_endpoint=compute.url, retry_pause_s=0)
     yield compute, runner, Cli(Settings(root=tmp_path, runs_dir=tmp_path / "runs"), gce)
     compute.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("command", ["up", "run"])
+def test_without_a_terminal_spending_needs_yes(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli],
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """A nohup/CI run without --yes is refused before any check or cloud call (exit 2)."""
+    compute, runner, cli = cloud
+    assert not sys.stdin.isatty()  # pytest's stdin, as under nohup or CI
+    assert cli.main([command, "--stack", "lab"]) == 2
+    err = _one_line_error(capsys.readouterr().err)
+    assert "stdin is not a terminal" in err and "pass --yes to proceed" in err
+    assert "$" in err and "nothing was created" in err
+    assert runner.calls == [] and compute.requests == []
 
 
 def test_keygen_stores_the_pair_once(

@@ -214,7 +214,8 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
     (
         "host not pinned",
         _variant("203.0.113.6", "203.0.113.7"),
-        "hosts[1].address: '203.0.113.7'|no host key for it|--trust-new-hosts",
+        "hosts[1].address: no pinned host key for [203.0.113.7]:|"
+        "(add it to known_hosts: ssh-keyscan|or pass --trust-new-hosts)",
     ),
     ("gpus and cpu", GOOD + "cpu: true\n", "gpus/cpu: both are given"),
     (

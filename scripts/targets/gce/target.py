@@ -132,6 +132,8 @@ class GceTarget:
         from scripts.targets.gce.teardown import teardown
 
         spec = self.spec()
+        if not opts.yes:
+            require_terminal(spec)
         require_deployable(spec)
         zones = (
             list(spec.zones)
@@ -216,9 +218,23 @@ class GceTarget:
         )
 
 
+def require_terminal(spec: ClusterSpec) -> None:
+    """Without a terminal nobody can answer the money prompt: a nohup or CI run must say --yes."""
+    if sys.stdin.isatty():
+        return
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    raise UserError(
+        f"stdin is not a terminal, so nobody can confirm spending ~${plan.hourly_total:.2f}/h "
+        f"(at most ${plan.worst_case:.2f}) on stack {spec.stack}: pass --yes to proceed; "
+        "nothing was created"
+    )
+
+
 def confirm(spec: ClusterSpec, *, yes: bool) -> None:
-    """Ask before spending money, on a terminal only."""
-    if yes or not sys.stdin.isatty():
+    """Ask before spending money (require_terminal made sure someone can answer)."""
+    if yes:
         return
     from infra.plan import build_plan
 
