@@ -58,6 +58,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         trust_new_hosts=getattr(args, "trust_new_hosts", False),
         env=_env_pairs(getattr(args, "env", []) or []),
         max_restarts=getattr(args, "max_restarts", 0),
+        wait_s=getattr(args, "wait", None),
     )
 
 
@@ -197,6 +198,14 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="(--hosts) record first-seen host keys into the hosts file's known_hosts",
             )
+        if name in TAKES_ENTRY | {"verify", "logs"}:
+            c.add_argument(
+                "--wait",
+                type=_seconds,
+                metavar="SECONDS",
+                help="how long to wait for SSH on each node before it counts as unreachable "
+                "(default: 30 for machines that exist, 900 for new cloud VMs)",
+            )
         if name in TAKES_ENTRY:
             c.add_argument(
                 "--env", action="append", default=[], metavar="K=V", help="extra environment"
@@ -237,6 +246,16 @@ class _Version(argparse.Action):
             text = "unknown (not installed; run `make venv`)"
         print(f"gputrain {text}")
         parser.exit()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use seconds > 0, at most 86400")
+    return value
 
 
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:

@@ -33,7 +33,8 @@ def new_run_id() -> str:
 class Settings:
     root: Path = field(default_factory=find_project_root)  # the Pulumi project
     runs_dir: Path = field(default_factory=lambda: Path.cwd() / "runs")
-    connect_deadline_s: float = 900.0  # SSH to every node (boot, sshd, login key)
+    connect_deadline_s: float = 900.0  # SSH to new cloud VMs (boot, sshd, login key)
+    existing_wait_s: float = 30.0  # SSH to machines that exist: a refusal after this is final
     verify_deadline_s: float = 900.0  # the GPU driver answering nvidia-smi
 
     @property

@@ -150,6 +150,7 @@ class GceTarget:
                     self.settings,
                     hourly_usd=spec.hourly_price_per_node * spec.nodes,
                     keep=opts.keep,
+                    connect_deadline_s=opts.wait_s or self.settings.connect_deadline_s,
                 )
                 with cluster:
                     yield cluster
@@ -176,7 +177,9 @@ class GceTarget:
             )
         with (
             private_key_file(self.runner, self.stack) as key,
-            FleetSession(self._fleet(outputs, key), self.settings) as session,
+            FleetSession(
+                self._fleet(outputs, key), self.settings, connect_deadline_s=opts.wait_s
+            ) as session,
         ):
             yield session
 
