@@ -23,7 +23,13 @@ HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gclou
 
 
 class ComputeApiError(GputrainError):
-    """A Compute API call failed for a reason other than 'not found' (permissions, API off...)."""
+    """A Compute API call failed (permissions, API off...): `code` the HTTP status, `reason`
+    Google's (accessNotConfigured, forbidden...), `credentials` when no credentials would do."""
+
+    def __init__(self, message: str, *, code: int | None = None, reason: str | None = None,
+                 credentials: bool = False) -> None:  # fmt: skip
+        super().__init__(message)
+        self.code, self.reason, self.credentials = code, reason, credentials
 
 
 # ---- plain results -------------------------------------------------------------------------------
@@ -74,8 +80,11 @@ class ComputeApi:
     def __init__(self, api_endpoint: str | None = None) -> None:
         self.api_endpoint = api_endpoint
         self._clients: dict[str, Any] = {}
+        self._no_credentials: ComputeApiError | None = None  # asked once, not per call
 
     def _client(self, name: str) -> Any:
+        if self._no_credentials is not None:
+            raise self._no_credentials
         if name not in self._clients:
             from google.cloud import compute_v1
 
@@ -91,24 +100,39 @@ class ComputeApi:
             try:
                 self._clients[name] = getattr(compute_v1, name)(**kwargs)
             except Exception as e:  # DefaultCredentialsError and friends
-                raise ComputeApiError(
+                self._no_credentials = ComputeApiError(
                     f"cannot build a Compute Engine client ({type(e).__name__}: {e}); "
-                    "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
-                ) from e
+                    "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS",
+                    credentials=True,
+                )
+                raise self._no_credentials from e
         return self._clients[name]
 
     def _call(self, what: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
         """Runs one API call; NotFound returns `not_found` when given, other errors become one line."""
         from google.api_core import exceptions as gexc
+        from google.auth import exceptions as auth_exc
 
         try:
             return fn()
         except gexc.NotFound as e:
             if not_found is not ...:
                 return not_found
-            raise ComputeApiError(f"Compute API {what}: not found: {_message(e)}") from e
+            raise ComputeApiError(
+                f"Compute API {what}: not found: {_message(e)}", code=404, reason=_reason(e)
+            ) from e
         except gexc.GoogleAPICallError as e:
-            raise ComputeApiError(f"Compute API {what}: {e.code} {_message(e)}") from e
+            raise ComputeApiError(
+                f"Compute API {what}: {e.code} {_message(e)}",
+                code=int(e.code) if e.code else None,
+                reason=_reason(e),
+            ) from e
+        except (auth_exc.RefreshError, auth_exc.DefaultCredentialsError) as e:  # refused, expired
+            raise ComputeApiError(
+                f"Compute API {what}: the credentials were refused ({e})", credentials=True
+            ) from e
+        except (auth_exc.GoogleAuthError, OSError) as e:  # the network (requests' errors too)
+            raise ComputeApiError(f"Compute API {what}: cannot reach it ({e})") from e
 
     # -- reads for preflight
 
@@ -264,6 +288,13 @@ class ComputeApi:
 
 def _message(e: Any) -> str:
     return str(getattr(e, "message", "") or e)
+
+
+def _reason(e: Any) -> str | None:
+    """The ErrorInfo's reason (SERVICE_DISABLED...), else the first `errors[].reason`."""
+    first = (getattr(e, "errors", None) or [None])[0]
+    legacy = first.get("reason") if isinstance(first, dict) else None
+    return str(getattr(e, "reason", None) or legacy or "") or None
 
 
 def _quota_map(quotas: Iterable[Any]) -> dict[str, Quota]:
