@@ -17,19 +17,14 @@ from typing import Any
 
 from infra.base.errors import GputrainError
 from infra.base.retry import GaveUp, NotReady, every, poll_until
+from infra.gcp_api import GoogleApiError, build_client, call
+from infra.gcp_api import message as _message
 from infra.stackfile import STACK_LABEL
 
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
 
 
-class ComputeApiError(GputrainError):
-    """A Compute API call failed (permissions, API off...): `code` the HTTP status, `reason`
-    Google's (accessNotConfigured, forbidden...), `credentials` when no credentials would do."""
-
-    def __init__(self, message: str, *, code: int | None = None, reason: str | None = None,
-                 credentials: bool = False) -> None:  # fmt: skip
-        super().__init__(message)
-        self.code, self.reason, self.credentials = code, reason, credentials
+ComputeApiError = GoogleApiError  # a Compute API call failed (see infra/gcp_api.py)
 
 
 # ---- plain results -------------------------------------------------------------------------------
@@ -88,51 +83,19 @@ class ComputeApi:
         if name not in self._clients:
             from google.cloud import compute_v1
 
-            kwargs: dict[str, Any] = {}
-            if self.api_endpoint:
-                from google.auth.credentials import AnonymousCredentials
-
-                # Never send real credentials to a test endpoint (plain http, no TLS).
-                kwargs = {
-                    "credentials": AnonymousCredentials(),
-                    "client_options": {"api_endpoint": self.api_endpoint},
-                }
             try:
-                self._clients[name] = getattr(compute_v1, name)(**kwargs)
-            except Exception as e:  # DefaultCredentialsError and friends
-                self._no_credentials = ComputeApiError(
-                    f"cannot build a Compute Engine client ({type(e).__name__}: {e}); "
-                    "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS",
-                    credentials=True,
+                client = build_client(
+                    getattr(compute_v1, name), "Compute Engine", self.api_endpoint
                 )
-                raise self._no_credentials from e
+            except ComputeApiError as e:
+                self._no_credentials = e
+                raise
+            self._clients[name] = client
         return self._clients[name]
 
     def _call(self, what: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
         """Runs one API call; NotFound returns `not_found` when given, other errors become one line."""
-        from google.api_core import exceptions as gexc
-        from google.auth import exceptions as auth_exc
-
-        try:
-            return fn()
-        except gexc.NotFound as e:
-            if not_found is not ...:
-                return not_found
-            raise ComputeApiError(
-                f"Compute API {what}: not found: {_message(e)}", code=404, reason=_reason(e)
-            ) from e
-        except gexc.GoogleAPICallError as e:
-            raise ComputeApiError(
-                f"Compute API {what}: {e.code} {_message(e)}",
-                code=int(e.code) if e.code else None,
-                reason=_reason(e),
-            ) from e
-        except (auth_exc.RefreshError, auth_exc.DefaultCredentialsError) as e:  # refused, expired
-            raise ComputeApiError(
-                f"Compute API {what}: the credentials were refused ({e})", credentials=True
-            ) from e
-        except (auth_exc.GoogleAuthError, OSError) as e:  # the network (requests' errors too)
-            raise ComputeApiError(f"Compute API {what}: cannot reach it ({e})") from e
+        return call(f"Compute API {what}", fn, not_found=not_found)
 
     # -- reads for preflight
 
@@ -284,17 +247,6 @@ class ComputeApi:
         ):
             for item, location in self._global(client, project):
                 yield kind, item, location
-
-
-def _message(e: Any) -> str:
-    return str(getattr(e, "message", "") or e)
-
-
-def _reason(e: Any) -> str | None:
-    """The ErrorInfo's reason (SERVICE_DISABLED...), else the first `errors[].reason`."""
-    first = (getattr(e, "errors", None) or [None])[0]
-    legacy = first.get("reason") if isinstance(first, dict) else None
-    return str(getattr(e, "reason", None) or legacy or "") or None
 
 
 def _quota_map(quotas: Iterable[Any]) -> dict[str, Quota]:

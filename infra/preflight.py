@@ -99,7 +99,7 @@ def api_error_row(check: str, scope: str, error: ComputeApiError, project: str) 
             "set up Application Default Credentials: gcloud auth application-default login "
             "(or GOOGLE_APPLICATION_CREDENTIALS=key.json); `gputrain doctor` checks them"
         )
-    elif error.reason in ("accessNotConfigured", "SERVICE_DISABLED"):
+    elif error.api_disabled:
         fix = f"enable the API: gcloud services enable compute.googleapis.com --project {project}"
     elif error.code == 403:
         fix = (
