@@ -6,6 +6,7 @@ credentials". The google libraries are imported inside the functions: they are s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +80,8 @@ def call(label: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
 
 
 def message(e: Any) -> str:
-    return str(getattr(e, "message", "") or e)
+    """The API's own words, without the "GET https://...: " the REST transport puts first."""
+    return re.sub(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ", "", str(getattr(e, "message", "") or e))
 
 
 def _reason(e: Any) -> str | None:

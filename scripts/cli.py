@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from scripts.targets.base import Target
     from scripts.targets.gce.clients import GceClients
 
-STACK_ONLY = {"keygen", "up", "down", "status", "sweep"}
+STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
+NO_TARGET_NEEDED = {"doctor"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 
@@ -63,6 +64,16 @@ def _options(args: argparse.Namespace) -> RunOptions:
 
 
 Handler = Callable[[Context], int]
+
+
+def cmd_doctor(ctx: Context) -> int:
+    """Everything a first `up` needs, at once; exit 1 when a row fails."""
+    from scripts.doctor.run import run_doctor
+    from scripts.targets.gce.clients import GceClients
+
+    report = run_doctor(ctx.args.stack, ctx.settings.root, ctx.gce or GceClients())
+    report.show()
+    return EXIT_FAILED if report.failures else EXIT_OK
 
 
 def cmd_plan(ctx: Context) -> int:
@@ -124,6 +135,11 @@ def cmd_ssh(ctx: Context) -> int:
 
 
 COMMANDS: dict[str, tuple[Handler, str]] = {
+    "doctor": (
+        cmd_doctor,
+        "check everything a first `up` on GCP needs (Pulumi, credentials, project, APIs, IAM "
+        "permissions, quota, SSH key and source ranges) and show a fix for each problem",
+    ),
     "plan": (
         cmd_plan,
         "validate the target and show nodes, GPUs, $/h and the TTL-bounded worst case",
@@ -165,8 +181,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="gputrain",
         description="A GPU training cluster on Google Compute Engine for exactly as long as "
         "the training needs it.",
-        epilog="Exit codes: 0 success, 2 bad input, 1 anything else. "
-        "Example: gputrain run --local   |   gputrain run --stack dev -- -m trainer.train",
+        epilog="Exit codes: 0 success, 2 bad input, 1 anything else. Examples: gputrain run "
+        "--local  |  gputrain doctor --stack dev  |  gputrain run --stack dev -- -m trainer.train",
     )
     p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -186,7 +202,10 @@ def _parser() -> argparse.ArgumentParser:
         if name in {"up", "run"}:
             c.add_argument("--yes", action="store_true", help="do not ask before spending money")
             c.add_argument(
-                "--skip-preflight", action="store_true", help="skip the Compute API checks"
+                "--skip-preflight",
+                action="store_true",
+                help="skip the checks before spending money: `gputrain doctor`'s and the Compute "
+                "API preflight's",
             )
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
@@ -287,7 +306,8 @@ def main(
     args = _parser().parse_args(argv)
     try:
         opts = _options(args)
-        if not (args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)):
+        chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)
+        if not chosen and args.command not in NO_TARGET_NEEDED:
             raise UserError(
                 f"{args.command}: choose a target: --stack NAME"
                 + ("" if args.command in STACK_ONLY else ", --hosts FILE or --local")

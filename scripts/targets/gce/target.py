@@ -1,7 +1,8 @@
 """`--stack NAME`: a Pulumi stack of GPU VMs on Compute Engine. Its session is the SSH fleet of the
 stack's nodes, each pinned to the host keys its guest agent published.
 
-run/up: spec -> preflight -> confirm -> `pulumi up` with zone failover -> host keys -> session,
+run/up: spec -> doctor -> preflight -> confirm -> `pulumi up` with zone failover -> host keys ->
+session,
 then teardown in a `finally` that no failure, Ctrl-C or SIGTERM can skip (unless kept).
 """
 
@@ -134,6 +135,12 @@ class GceTarget:
         spec = self.spec()
         if not opts.yes:
             require_terminal(spec)
+        if not opts.skip_preflight:
+            from scripts.doctor.run import run_doctor
+
+            report = run_doctor(self.stack, self.settings.root, self.clients)
+            report.show()
+            report.require_ok("doctor")
         require_deployable(spec)
         zones = (
             list(spec.zones)
