@@ -173,14 +173,13 @@ def probe_adc(timeout_s: float = 15.0) -> AdcProbe:
         creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
     except exceptions.DefaultCredentialsError as e:
         return AdcProbe("missing", str(e).split(". ")[0])
-    email = getattr(creds, "service_account_email", None)
-    who = (
-        f"service account {email}"
-        if email and "@" in str(email)
-        else f"{type(creds).__module__.split('.')[-1]} credentials"
-    )
+    email = str(getattr(creds, "service_account_email", ""))
     if type(creds).__module__ == "google.oauth2.credentials":
         who = "user credentials (gcloud auth application-default login)"
+    elif "@" in email:
+        who = f"service account {email}"
+    else:  # the VM's own (compute_engine), workload identity federation (external_account)...
+        who = f"{type(creds).__module__.split('.')[-2]} credentials"
     try:
         creds.refresh(functools.partial(Request(), timeout=timeout_s))
     except exceptions.RefreshError as e:

@@ -68,7 +68,8 @@ def project_rows(check: ProjectCheck, projects: ProjectApi, compute: ComputeApi)
     except GoogleApiError as e:
         rm = "cloudresourcemanager.googleapis.com"
         row = Row("gcp:project", "unknown", f"could not look it up: {e}", _fix_for(e, project, rm))
-        return [row, *_api_rows(check, project, projects, compute), _unknown_permissions(check)]
+        unknown = Row("IAM permissions", "unknown", "the project could not be looked up")
+        return [row, *_api_rows(check, project, projects, compute), unknown]
     if info is None:
         row = Row(
             "gcp:project",
@@ -92,10 +93,6 @@ def project_rows(check: ProjectCheck, projects: ProjectApi, compute: ComputeApi)
 def _unknown_rest(check: ProjectCheck, why: str) -> list[Row]:
     rows = [Row(title, "unknown", why) for _, title in check.apis]
     return [*rows, Row("IAM permissions", "unknown", why)]
-
-
-def _unknown_permissions(check: ProjectCheck) -> Row:
-    return Row("IAM permissions", "unknown", "the project could not be looked up")
 
 
 def _api_rows(
