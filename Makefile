@@ -18,14 +18,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Missing packages only; nothing is started, and ssh.service is not left enabled at boot.
 apt:
-	@missing=""; \
-	for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing apt packages:$$missing"; \
-	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
+	@.ci/apt-install $(APT_PKGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -17,13 +17,14 @@ from typing import Any
 
 from infra.base.errors import GputrainError
 from infra.base.retry import GaveUp, NotReady, every, poll_until
+from infra.gcp_api import GoogleApiError, build_client, call
+from infra.gcp_api import message as _message
 from infra.stackfile import STACK_LABEL
 
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
 
 
-class ComputeApiError(GputrainError):
-    """A Compute API call failed for a reason other than 'not found' (permissions, API off...)."""
+ComputeApiError = GoogleApiError  # a Compute API call failed (see infra/gcp_api.py)
 
 
 # ---- plain results -------------------------------------------------------------------------------
@@ -74,41 +75,27 @@ class ComputeApi:
     def __init__(self, api_endpoint: str | None = None) -> None:
         self.api_endpoint = api_endpoint
         self._clients: dict[str, Any] = {}
+        self._no_credentials: ComputeApiError | None = None  # asked once, not per call
 
     def _client(self, name: str) -> Any:
+        if self._no_credentials is not None:
+            raise self._no_credentials
         if name not in self._clients:
             from google.cloud import compute_v1
 
-            kwargs: dict[str, Any] = {}
-            if self.api_endpoint:
-                from google.auth.credentials import AnonymousCredentials
-
-                # Never send real credentials to a test endpoint (plain http, no TLS).
-                kwargs = {
-                    "credentials": AnonymousCredentials(),
-                    "client_options": {"api_endpoint": self.api_endpoint},
-                }
             try:
-                self._clients[name] = getattr(compute_v1, name)(**kwargs)
-            except Exception as e:  # DefaultCredentialsError and friends
-                raise ComputeApiError(
-                    f"cannot build a Compute Engine client ({type(e).__name__}: {e}); "
-                    "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
-                ) from e
+                client = build_client(
+                    getattr(compute_v1, name), "Compute Engine", self.api_endpoint
+                )
+            except ComputeApiError as e:
+                self._no_credentials = e
+                raise
+            self._clients[name] = client
         return self._clients[name]
 
     def _call(self, what: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
         """Runs one API call; NotFound returns `not_found` when given, other errors become one line."""
-        from google.api_core import exceptions as gexc
-
-        try:
-            return fn()
-        except gexc.NotFound as e:
-            if not_found is not ...:
-                return not_found
-            raise ComputeApiError(f"Compute API {what}: not found: {_message(e)}") from e
-        except gexc.GoogleAPICallError as e:
-            raise ComputeApiError(f"Compute API {what}: {e.code} {_message(e)}") from e
+        return call(f"Compute API {what}", fn, not_found=not_found)
 
     # -- reads for preflight
 
@@ -260,10 +247,6 @@ class ComputeApi:
         ):
             for item, location in self._global(client, project):
                 yield kind, item, location
-
-
-def _message(e: Any) -> str:
-    return str(getattr(e, "message", "") or e)
 
 
 def _quota_map(quotas: Iterable[Any]) -> dict[str, Quota]:

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infra.catalog import quota_console_url, region_of
-from infra.compute import AcceleratorTypeInfo, ImageInfo, MachineTypeInfo, Quota
+from infra.compute import AcceleratorTypeInfo, ComputeApiError, ImageInfo, MachineTypeInfo, Quota
 
 Status = Literal["ok", "warn", "fail"]
 GLOBAL = "global"
+PROJECT = "project"  # a row about the caller or the project (credentials, the API off): every zone
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ class PreflightReport:
         return not self.failures
 
     def zone_ok(self, zone: str) -> bool:
-        """No failing row applies to this zone (its own, its region's or a global one)."""
-        scopes = {zone, region_of(zone), GLOBAL}
+        """No failing row applies to this zone (its own, its region's, a global or project one)."""
+        scopes = {zone, region_of(zone), GLOBAL, PROJECT}
         return not any(r.status == "fail" and r.scope in scopes for r in self.rows)
 
     def ok_zones(self, zones: Iterable[str]) -> list[str]:
@@ -87,6 +88,32 @@ TABLE_HEADERS = ("check", "zone", "status", "detail", "fix")
 
 
 # ---- pure checks -------------------------------------------------------------------------------
+
+
+def api_error_row(check: str, scope: str, error: ComputeApiError, project: str) -> CheckResult:
+    """The row for a Compute API call that failed. A 400/404 is about what was asked for (a zone,
+    a region) and stays in its scope; anything else is about the caller, the project or the service
+    — the same in every zone — so it is a "Compute API" row for the project, fixed by its cause."""
+    detail = f"could not check: {error}"
+    if error.credentials or error.code == 401:
+        fix = (
+            "set up Application Default Credentials: gcloud auth application-default login "
+            "(or GOOGLE_APPLICATION_CREDENTIALS=key.json); `gputrain doctor` checks them"
+        )
+    elif error.api_disabled:
+        fix = f"enable the API: gcloud services enable compute.googleapis.com --project {project}"
+    elif error.code == 403:
+        fix = (
+            f"grant your account roles/compute.viewer on {project} (README, 'First run on GCP', "
+            "lists every role gputrain needs)"
+        )
+    elif error.code == 404 and scope == GLOBAL:
+        fix = f"check gcp:project: {project} does not exist or you cannot see it (gcloud projects list)"
+    elif error.code in (400, 404):
+        return CheckResult(check, scope, "fail", detail, f"check the zone names ({scope})")
+    else:
+        fix = "the Compute API failed, not the config: retry in a minute"
+    return CheckResult("Compute API", PROJECT, "fail", detail, fix)
 
 
 def check_machine_type(

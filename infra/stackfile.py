@@ -6,6 +6,7 @@ the program, from the engine. Loading only: infra/spec.py validates.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,35 @@ def _config_section(path: Path, stack: str) -> dict[str, Any]:
                 "allowed: setting names like gputrain:nodes"
             )
     return section
+
+
+@dataclass(frozen=True)
+class StackSecrets:
+    """What a stack file says about its secrets (nothing is decrypted)."""
+
+    secure_keys: tuple[str, ...]  # keys stored as `secure:` values, e.g. gputrain:sshPrivateKey
+    encrypted: bool  # an `encryptionsalt`: the passphrase provider holds (or held) a secret
+    provider: str | None  # `secretsprovider`, e.g. gcpkms://...; None: the backend's default
+
+    @property
+    def any(self) -> bool:
+        return bool(self.secure_keys) or self.encrypted
+
+
+def stack_secrets(root: Path, stack: str) -> StackSecrets:
+    """The secrets of Pulumi.<stack>.yaml (an unreadable file has none: load_stack_config says why)."""
+    try:
+        doc = yaml.safe_load((root / f"Pulumi.{stack}.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    config = doc.get("config")
+    config = config if isinstance(config, dict) else {}
+    secure = tuple(qualify(k) for k, v in config.items() if isinstance(v, dict) and "secure" in v)
+    provider = doc.get("secretsprovider")
+    return StackSecrets(
+        secure, bool(doc.get("encryptionsalt")), str(provider) if provider else None
+    )
 
 
 def stack_config_from_pulumi() -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from scripts import lifecycle
+from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
 
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     from scripts.targets.base import Target
     from scripts.targets.gce.clients import GceClients
 
-STACK_ONLY = {"keygen", "up", "down", "status", "sweep"}
+STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
+NO_TARGET_NEEDED = {"doctor"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 
@@ -57,10 +59,21 @@ def _options(args: argparse.Namespace) -> RunOptions:
         trust_new_hosts=getattr(args, "trust_new_hosts", False),
         env=_env_pairs(getattr(args, "env", []) or []),
         max_restarts=getattr(args, "max_restarts", 0),
+        wait_s=getattr(args, "wait", None),
     )
 
 
 Handler = Callable[[Context], int]
+
+
+def cmd_doctor(ctx: Context) -> int:
+    """Everything a first `up` needs, at once; exit 1 when a row fails."""
+    from scripts.doctor.run import run_doctor
+    from scripts.targets.gce.clients import GceClients
+
+    report = run_doctor(ctx.args.stack, ctx.settings.root, ctx.gce or GceClients())
+    report.show()
+    return EXIT_FAILED if report.failures else EXIT_OK
 
 
 def cmd_plan(ctx: Context) -> int:
@@ -122,6 +135,11 @@ def cmd_ssh(ctx: Context) -> int:
 
 
 COMMANDS: dict[str, tuple[Handler, str]] = {
+    "doctor": (
+        cmd_doctor,
+        "check everything a first `up` on GCP needs (Pulumi, credentials, project, APIs, IAM "
+        "permissions, quota, SSH key and source ranges) and show a fix for each problem",
+    ),
     "plan": (
         cmd_plan,
         "validate the target and show nodes, GPUs, $/h and the TTL-bounded worst case",
@@ -163,9 +181,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="gputrain",
         description="A GPU training cluster on Google Compute Engine for exactly as long as "
         "the training needs it.",
-        epilog="Exit codes: 0 success, 2 bad input, 1 anything else. "
-        "Example: gputrain run --local   |   gputrain run --stack dev -- -m trainer.train",
+        epilog="Exit codes: 0 success, 2 bad input, 1 anything else. Examples: gputrain run "
+        "--local  |  gputrain doctor --stack dev  |  gputrain run --stack dev -- -m trainer.train",
     )
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (handler, help_text) in COMMANDS.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
@@ -183,7 +202,10 @@ def _parser() -> argparse.ArgumentParser:
         if name in {"up", "run"}:
             c.add_argument("--yes", action="store_true", help="do not ask before spending money")
             c.add_argument(
-                "--skip-preflight", action="store_true", help="skip the Compute API checks"
+                "--skip-preflight",
+                action="store_true",
+                help="skip the checks before spending money: `gputrain doctor`'s and the Compute "
+                "API preflight's",
             )
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
@@ -195,16 +217,30 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="(--hosts) record first-seen host keys into the hosts file's known_hosts",
             )
+        if name in TAKES_ENTRY | {"verify", "logs"}:
+            c.add_argument(
+                "--wait",
+                type=_seconds,
+                metavar="SECONDS",
+                help="how long to wait for SSH on each node before it counts as unreachable "
+                "(default: 30 for machines that exist, 900 for new cloud VMs)",
+            )
         if name in TAKES_ENTRY:
             c.add_argument(
                 "--env", action="append", default=[], metavar="K=V", help="extra environment"
             )
-            c.add_argument("--max-restarts", type=int, default=0, metavar="K")
+            c.add_argument(
+                "--max-restarts",
+                type=int,
+                default=0,
+                metavar="K",
+                help="torchrun restarts every worker up to K times after a failure (default: 0)",
+            )
+            default_entry = " ".join(HEALTHCHECK_ENTRY if name == "healthcheck" else DEFAULT_ENTRY)
             c.add_argument(
                 "entry",
                 nargs=argparse.REMAINDER,
-                help="after `--`: what follows torchrun's options "
-                "(default: -m trainer.train --preset tiny)",
+                help=f"after `--`: what follows torchrun's options (default: {default_entry})",
             )
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
@@ -212,6 +248,33 @@ def _parser() -> argparse.ArgumentParser:
         if name == "logs":
             c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
     return p
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(kwargs.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("gputrain")
+        except PackageNotFoundError:
+            text = "unknown (not installed; run `make venv`)"
+        print(f"gputrain {text}")
+        parser.exit()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use seconds > 0, at most 86400")
+    return value
 
 
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:
@@ -243,7 +306,8 @@ def main(
     args = _parser().parse_args(argv)
     try:
         opts = _options(args)
-        if not (args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)):
+        chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)
+        if not chosen and args.command not in NO_TARGET_NEEDED:
             raise UserError(
                 f"{args.command}: choose a target: --stack NAME"
                 + ("" if args.command in STACK_ONLY else ", --hosts FILE or --local")

@@ -23,15 +23,18 @@ class ConnectError(GputrainError):
     """Some nodes could not be reached before their deadline."""
 
 
-def _connect_node(transport: SshTransport, deadline_s: float) -> SshTransport:
+def _connect_node(
+    transport: SshTransport, deadline_s: float, status: ui.StatusLines
+) -> SshTransport:
     """One node, retried with backoff through refused connections, resets and a login key not
-    yet installed; a host key that is not the pinned one is refused at once."""
+    yet installed, until the deadline; a host key that is not the pinned one is refused at once.
+    While it waits, the node's status line says why and how long is left."""
     start = time.monotonic()
     waited: list[Waiting] = []
 
     def waiting(w: Waiting) -> None:
         waited.append(w)
-        ui.say(f"{transport.name}: waiting for SSH ({w.reason}), {w.left_s:.0f} s left")
+        status.update(transport.name, f"waiting for SSH ({w.reason}), {w.left_s:.0f} s left")
 
     try:
         poll_until(
@@ -41,16 +44,18 @@ def _connect_node(transport: SshTransport, deadline_s: float) -> SshTransport:
             fatal=(HostKeyError,),
             reason=classify_connect_error,
             on_wait=waiting,
-            progress_every_s=5.0,
         )
     except GaveUp as e:
         host, port = transport.target
+        status.update(transport.name, f"not reachable ({e.reason})", final=True)
         raise ConnectError(
-            f"node {transport.name} ({host}:{port}): "
-            f"not reachable within {deadline_s:.0f} s (last: {e.reason})"
+            f"node {transport.name} ({host}:{port}): not reachable within {deadline_s:.0f} s "
+            f"(last: {e.reason}); --wait SECONDS waits longer"
         ) from e
     if waited:
-        ui.say(f"{transport.name}: connected after {time.monotonic() - start:.1f} s")
+        status.update(
+            transport.name, f"connected after {time.monotonic() - start:.1f} s", final=True
+        )
     return transport
 
 
@@ -66,6 +71,8 @@ def connect(
     """A transport per node name. All nodes in parallel; workers without an address go through
     the head (its connection first). Raises HostKeyError / ConnectError naming every bad node."""
     if fleet.local:
+        if local_root is None:
+            raise ConnectError(f"{fleet.target}: a local fleet needs its node root")
         return {n.name: LocalTransport(n.name, local_root) for n in fleet.nodes}
     head = fleet.head
     by_name: dict[str, SshTransport] = {}
@@ -98,7 +105,7 @@ def connect(
             if head_failed:
                 raise ConnectError(f"node {name}: not reachable because the head is not")
         try:
-            return _connect_node(t, deadline_s)
+            return _connect_node(t, deadline_s, status)
         except BaseException as e:
             if t is head_t:
                 head_failed.append(e)
@@ -108,7 +115,8 @@ def connect(
                 head_ready.set()
 
     start = time.monotonic()
-    results, errors = parallel(list(by_name), run)
+    with ui.status_lines() as status:
+        results, errors = parallel(list(by_name), run)
     if errors:
         for t in results.values():
             t.close()

@@ -3,6 +3,7 @@ machines, and the run ids results are filed under."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from infra.base.errors import UserError
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 LAST_RUN = "LAST_RUN"  # runs/<target>/LAST_RUN: the id `gputrain logs` follows by default
+NODE_ROOT_ENV = "GPUTRAIN_NODE_ROOT"  # where a node keeps its code and runs (see transport/base.py)
 
 
 def find_project_root(start: Path | None = None) -> Path:
@@ -31,8 +33,17 @@ def new_run_id() -> str:
 class Settings:
     root: Path = field(default_factory=find_project_root)  # the Pulumi project
     runs_dir: Path = field(default_factory=lambda: Path.cwd() / "runs")
-    connect_deadline_s: float = 900.0  # SSH to every node (boot, sshd, login key)
+    connect_deadline_s: float = 900.0  # SSH to new cloud VMs (boot, sshd, login key)
+    existing_wait_s: float = 30.0  # SSH to machines that exist: a refusal after this is final
     verify_deadline_s: float = 900.0  # the GPU driver answering nvidia-smi
+
+    @property
+    def local_node_root(self) -> Path:
+        """Where `--local` keeps the node's code and runs (checkpoints included): $GPUTRAIN_NODE_ROOT,
+        else runs/local/node/ beside the results, so every checkout keeps its own and the paths the
+        trainer prints are where the user looks."""
+        override = os.environ.get(NODE_ROOT_ENV)
+        return Path(override) if override else self.runs_dir / "local" / "node"
 
     def results_dir(self, target: str, run_id: str) -> Path:
         """runs/<target>/<run-id>/, recorded as the target's last run."""

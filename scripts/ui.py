@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 _lock = threading.Lock()
 
@@ -44,3 +47,74 @@ def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) 
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     with _lock:
         print("\n".join(lines), flush=True)
+
+
+class StatusLines:
+    """One status line per key (a node) while something is awaited. On a terminal the lines update
+    in place (rich Live, started at the first update); otherwise a key's line is printed at its
+    first update and then at most every `every_s`, so a log gets a heartbeat, not a flood."""
+
+    def __init__(
+        self,
+        *,
+        tty: bool,
+        every_s: float = 5.0,
+        console: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tty = tty
+        self.every_s = every_s
+        self.lines: dict[str, str] = {}
+        self._console = console
+        self._clock = clock
+        self._printed_at: dict[str, float] = {}
+        self._live: Any = None
+        self._mutex = threading.Lock()
+
+    def update(self, key: str, text: str, *, final: bool = False) -> None:
+        """Set the key's line; `final` lines are always printed off a terminal."""
+        with self._mutex:
+            self.lines[key] = text
+            if self.tty:
+                self._show()
+                return
+            now = self._clock()
+            last = self._printed_at.get(key)
+            if not final and last is not None and now - last < self.every_s:
+                return
+            self._printed_at[key] = now
+        say(f"{key}: {text}")
+
+    def render(self) -> Any:
+        from rich.text import Text
+
+        return Text("\n".join(f"{k}: {v}" for k, v in self.lines.items()))
+
+    def _show(self) -> None:
+        if self._live is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(
+                self.render(), console=self._console or Console(), refresh_per_second=4
+            )
+            self._live.start()
+        else:
+            self._live.update(self.render())
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._live is not None:
+                self._live.update(self.render(), refresh=True)
+                self._live.stop()
+                self._live = None
+
+
+@contextmanager
+def status_lines(every_s: float = 5.0) -> Iterator[StatusLines]:
+    """StatusLines for this output (a terminal or not), closed afterwards."""
+    lines = StatusLines(tty=is_tty(), every_s=every_s)
+    try:
+        yield lines
+    finally:
+        lines.close()

@@ -143,9 +143,15 @@ def torch_check_command(python: str) -> str:
 
 
 def verify_node(
-    transport: Transport, expect: GpuExpectation, python: str, deadline_s: float
+    transport: Transport,
+    expect: GpuExpectation,
+    python: str,
+    deadline_s: float,
+    status: ui.StatusLines | None = None,
 ) -> NodeReport:
-    """Query nvidia-smi until it answers (the driver may still be installing) or the deadline."""
+    """Query nvidia-smi until it answers (the driver may still be installing) or the deadline;
+    meanwhile the node's status line says why it waits."""
+    status = status or ui.StatusLines(tty=False)
     start = time.monotonic()
     name = transport.name
     # first round: the torch check and the GPU query in one round trip
@@ -198,10 +204,9 @@ def verify_node(
             if expect.is_cpu
             else deadline_s,  # no GPU needed: nvidia-smi may be absent
             delay=lambda _n, elapsed: min(2.0, max(0.2, elapsed / 4)),
-            on_wait=lambda w: ui.say(
-                f"{name}: waiting for the GPU driver ({w.reason}), {w.left_s:.0f} s left"
+            on_wait=lambda w: status.update(
+                name, f"waiting for the GPU driver ({w.reason}), {w.left_s:.0f} s left"
             ),
-            progress_every_s=5.0,
         )
     except GaveUp as e:
         if not expect.is_cpu:
@@ -225,10 +230,11 @@ def verify_gpus(
     """Check every node in parallel, print a per-node table, raise if any node is not right."""
 
     def one(name: str) -> NodeReport:
-        return verify_node(transports[name], fleet.expect, fleet.python, deadline_s)
+        return verify_node(transports[name], fleet.expect, fleet.python, deadline_s, status)
 
     names = [n.name for n in fleet.nodes]
-    results, errors = parallel(names, one)
+    with ui.status_lines() as status:
+        results, errors = parallel(names, one)
     for name, e in errors.items():
         results[name] = NodeReport(name, ok=False, problems=(f"could not check: {e}",))
     reports = [results[n] for n in names]

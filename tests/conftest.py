@@ -1,11 +1,19 @@
 """Shared fixtures. `testbed`: the sshd test hosts (session-wide, machine-wide lock); `tb`: the
 same, removing the hosts a test added when it ends. In CI (CI=true) a test bed that cannot be
-set up fails the suite; elsewhere the tests skip with the reason."""
+set up fails the suite; elsewhere the tests skip with the reason.
+
+The suite leaves the machine as it found it: child processes (torchrun, the trainer, gputrain)
+get a TMPDIR the session removes at its end, and the session's end checks that nothing new is in
+/tmp/torchelastic_* or ~/.cache/gputrain (a failure under CI=true; elsewhere other sessions may
+share /tmp, so a note)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +21,54 @@ from infra.compute import ComputeApi
 from tests.fake_compute import FakeCompute
 from tests.gcs_emulator import GcsEmulator
 from tests.testbed import TestBed, TestBedUnavailable
+
+_SESSION = pytest.StashKey[
+    tuple[str, str | None, set[str]]
+]()  # (children's TMPDIR, the old one, traces)
+
+
+def _traces() -> set[str]:
+    """What a test run must not leave behind on the machine."""
+    cache = Path.home() / ".cache" / "gputrain"
+    return {str(p) for p in Path("/tmp").glob("torchelastic_*")} | (
+        {str(cache)} if cache.exists() else set()
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tempfile.tempdir = tempfile.gettempdir()  # this process keeps its own temp dir
+    session_tmp = tempfile.mkdtemp(prefix="gputrain-tests-")
+    os.chmod(session_tmp, 0o1777)  # like /tmp: the test hosts' login users write there too
+    config.stash[_SESSION] = (session_tmp, os.environ.get("TMPDIR"), _traces())
+    os.environ["TMPDIR"] = session_tmp
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session_tmp, before, _ = config.stash[_SESSION]
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    shutil.rmtree(session_tmp, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _, _, before = session.config.stash[_SESSION]
+    left = sorted(_traces() - before)
+    if not left:
+        return
+    listing = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if os.environ.get("CI", "").lower() == "true":
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter:
+            reporter.write_line(f"FAILED: the tests left {listing} on this machine", red=True)
+    elif reporter:
+        reporter.write_line(
+            f"note: new on this machine since the tests started (ours, or another session's): "
+            f"{listing}",
+            yellow=True,
+        )
 
 
 @pytest.fixture(scope="session")

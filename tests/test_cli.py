@@ -63,6 +63,24 @@ def test_bad_input_is_one_line_and_exit_2(
     assert needle in _one_line_error(capsys.readouterr().err)
 
 
+def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"gputrain {version('gputrain')}\n"
+    for command, default in (
+        ("healthcheck", "-m trainer.healthcheck"),
+        ("run", "-m trainer.train --preset tiny"),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+        assert f"(default: {default})" in text
+        assert "--max-restarts K torchrun restarts every worker up to K times" in text
+
+
 def test_deploy_needs_the_missing_settings_before_anything(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -101,6 +119,22 @@ def cloud(tmp_path: Path) -> Iterator[tuple[FakeCompute, FakeStackRunner, Cli]]:
     gce = GceClients(runner_for=lambda s, r: runner, compute_endpoint=compute.url, retry_pause_s=0)
     yield compute, runner, Cli(Settings(root=tmp_path, runs_dir=tmp_path / "runs"), gce)
     compute.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("command", ["up", "run"])
+def test_without_a_terminal_spending_needs_yes(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli],
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """A nohup/CI run without --yes is refused before any check or cloud call (exit 2)."""
+    compute, runner, cli = cloud
+    assert not sys.stdin.isatty()  # pytest's stdin, as under nohup or CI
+    assert cli.main([command, "--stack", "lab"]) == 2
+    err = _one_line_error(capsys.readouterr().err)
+    assert "stdin is not a terminal" in err and "pass --yes to proceed" in err
+    assert "$" in err and "nothing was created" in err
+    assert runner.calls == [] and compute.requests == []
 
 
 def test_keygen_stores_the_pair_once(
@@ -200,8 +234,10 @@ def test_ttl_left_counts_from_the_latest_start() -> None:
 
 
 def test_run_local_end_to_end(tmp_path: Path) -> None:
-    """The README's main job, as a user runs it: the console script, a fresh directory."""
-    env = {**os.environ, "GPUTRAIN_NODE_ROOT": str(tmp_path / "node")}
+    """The README's main job, as a user runs it: the console script, a fresh directory. The node
+    state stays in the project's runs/ (nothing under ~/.cache), where the printed paths point."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
+    env["HOME"] = str(tmp_path / "home")
     t = time.monotonic()
     r = subprocess.run(
         [str(VENV_BIN / "gputrain"), "run", "--local", "--yes"],
@@ -220,6 +256,21 @@ def test_run_local_end_to_end(tmp_path: Path) -> None:
     data = json.loads(summary.read_text())
     assert data["final_loss"] < data["initial_loss"] - 1.0
     assert data["mfu"] is None
+    node_out = tmp_path / "runs" / "local" / "node" / ".gputrain" / "runs" / run_id / "out"
+    assert f"out {node_out}," in r.stdout  # the trainer's banner names where its checkpoints are
+    assert list(node_out.glob("ckpt-*.pt"))
+    assert not (tmp_path / "home" / ".cache" / "gputrain").exists()
+    assert "floor 1.3863)" in r.stdout
+
+
+def test_local_node_root_is_the_projects_runs_or_gputrain_node_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert settings.local_node_root == tmp_path / "runs" / "local" / "node"
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "elsewhere"))
+    assert settings.local_node_root == tmp_path / "elsewhere"
 
 
 def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:

@@ -720,3 +720,36 @@ def test_components_own_their_resources_and_alias_the_old_urns(mocks: GcpMocks) 
     return pulumi.Output.all(
         cluster.urn, *[r.urn for r, _ in resources], *[r._aliases[0] for r, _ in resources]
     ).apply(check)
+
+
+PERMISSION_CASES = [f[1:] for f in FAMILIES] + [("dev", {"network": "shared-vpc", "nodes": "2"})]
+
+
+@pytest.mark.parametrize(
+    ("stack", "overrides"),
+    PERMISSION_CASES,
+    ids=[f[0] for f in FAMILIES] + ["existing-network"],
+)
+@pulumi.runtime.test
+def test_the_permission_table_covers_every_type_the_program_declares(
+    mocks: GcpMocks, stack: str, overrides: dict[str, str]
+) -> Any:
+    """`gputrain doctor` asks for the permissions of infra/permissions.py; they are derived from
+    the types the program declares, which must be exactly what `resource_types` says."""
+    from infra.components.cluster import GpuCluster
+    from infra.permissions import RESOURCE_PERMISSIONS, required_permissions, resource_types
+
+    spec = _spec(stack, **overrides)
+    cluster = GpuCluster(spec.stack, spec)
+
+    def check(_: object) -> None:
+        declared = {r.typ for r in mocks.resources if r.custom}
+        expected = resource_types(
+            own_network=spec.network is None, placement=spec.placement == "compact"
+        )
+        assert declared == set(expected) and declared <= set(RESOURCE_PERMISSIONS)
+        needed = required_permissions(declared)
+        assert "compute.instances.create" in needed and "iam.serviceAccounts.actAs" in needed
+        assert ("compute.networks.create" in needed) == (spec.network is None)
+
+    return pulumi.Output.all(**cluster.exports()).apply(check)

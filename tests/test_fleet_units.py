@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -217,6 +218,11 @@ def test_collect_respects_gitignore_and_size_limit(tmp_path: Path) -> None:
     _git_repo(repo)
     files = collect_sources(repo)
     assert sorted(files) == [".gitignore", "lib/util.py", "train.py"]
+    # `--local` node state under a runs/ that git does not ignore is never shipped back
+    node_code = repo / "runs" / "local" / "node" / ".gputrain" / "code"
+    node_code.mkdir(parents=True)
+    (node_code / "train.py").write_text("print('hi')\n")
+    assert sorted(collect_sources(repo)) == [".gitignore", "lib/util.py", "train.py"]
     (repo / "weights.bin").write_bytes(b"w" * 2 * 1024 * 1024)
     with pytest.raises(
         UserError, match=r"above the limit of 1 MiB; biggest files: weights.bin \(2.0 MiB\)"
@@ -343,3 +349,44 @@ def test_connect_errors_say_what_the_socket_said() -> None:
         "network is unreachable"
     )
     assert classify_connect_error(TimeoutError("timed out")) == "timed out"
+
+
+def test_status_lines_update_in_place_on_a_terminal_and_throttle_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    from scripts.ui import StatusLines
+
+    now = [0.0]
+    plain = StatusLines(tty=False, every_s=5.0, clock=lambda: now[0])
+    for second in range(13):  # a wait polled every second for 12 s, on two nodes
+        now[0] = float(second)
+        for node in ("a", "b"):
+            plain.update(node, f"waiting ({12 - second} s left)")
+    plain.update("a", "connected", final=True)
+    assert capsys.readouterr().out.splitlines() == [
+        "a: waiting (12 s left)",
+        "b: waiting (12 s left)",
+        "a: waiting (7 s left)",
+        "b: waiting (7 s left)",
+        "a: waiting (2 s left)",
+        "b: waiting (2 s left)",
+        "a: connected",
+    ]
+    screen = io.StringIO()
+    live = StatusLines(tty=True, console=Console(file=screen, force_terminal=True, width=80))
+    for second in range(13):
+        for node in ("a", "b"):
+            live.update(node, f"waiting ({12 - second} s left)")
+    live.update("a", "connected", final=True)
+    live.close()
+    assert capsys.readouterr().out == ""  # nothing scrolled by: the lines were redrawn in place
+    assert live.render().plain.splitlines() == ["a: connected", "b: waiting (0 s left)"]
+    # the last frame: what follows the last "cursor up, erase line" of the redraw
+    up, erase = "\x1b[1A", "\x1b[2K"
+    assert up + erase in screen.getvalue()
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue().rsplit(up + erase, 1)[1])
+    assert frame.splitlines() == ["a: connected", "b: waiting (0 s left)"]

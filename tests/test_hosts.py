@@ -214,7 +214,8 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
     (
         "host not pinned",
         _variant("203.0.113.6", "203.0.113.7"),
-        "hosts[1].address: '203.0.113.7'|no host key for it|--trust-new-hosts",
+        "hosts[1].address: no pinned host key for [203.0.113.7]:|"
+        "(add it to known_hosts: ssh-keyscan|or pass --trust-new-hosts)",
     ),
     ("gpus and cpu", GOOD + "cpu: true\n", "gpus/cpu: both are given"),
     (
@@ -275,3 +276,49 @@ def test_bad_hosts_files_are_one_line_errors(
     for fragment in expected.split("|"):
         assert fragment in message, (fragment, message)
     assert err.value.exit_code == 2
+
+
+# ---------------------------------------------------------------- waiting for existing machines
+
+
+def _refusing_host(site: dict[str, object]) -> Path:
+    """A hosts file whose only host refuses connections: a closed port on this machine."""
+    from tests.trainer_helpers import free_port
+
+    port = free_port()
+    base = Path(str(site["dir"]))
+    keys = site["head_keys"]
+    assert isinstance(keys, dict)
+    (base / "known_hosts").write_text(f"[127.0.0.1]:{port} ssh-ed25519 {keys['ssh-ed25519']}\n")
+    return write(
+        site,
+        f"{GOOD.split('gpus:')[0]}cpu: true\nhosts:\n  - address: 127.0.0.1\n    port: {port}\n",
+    )
+
+
+@pytest.mark.parametrize("wait", [None, "2"], ids=["default", "--wait 2"])
+def test_a_refusing_host_fails_after_a_short_grace(
+    site: dict[str, object], capsys: pytest.CaptureFixture[str], wait: str | None
+) -> None:
+    """Existing machines get the short grace (the default, settings.existing_wait_s, or --wait),
+    never the 15 minutes new cloud VMs get; off a terminal the wait prints one line per node and
+    5 s, not one per attempt."""
+    import time
+
+    from scripts.cli import main
+    from scripts.settings import Settings
+
+    path = _refusing_host(site)
+    base = Path(str(site["dir"]))
+    settings = Settings(root=base, runs_dir=base / "runs", existing_wait_s=3)
+    argv = ["verify", "--hosts", str(path)] + (["--wait", wait] if wait else [])
+    started = time.monotonic()
+    assert main(argv, settings) == 1
+    assert time.monotonic() - started < 8
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert f"not reachable within {wait or 3} s (last: connection refused)" in err
+    assert "--wait SECONDS waits longer" in err
+    waiting = [ln for ln in captured.out.splitlines() if "waiting for SSH" in ln]
+    assert len(waiting) == 1, captured.out
+    assert "127.0.0.1: not reachable (connection refused)" in captured.out

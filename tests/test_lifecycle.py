@@ -24,6 +24,7 @@ from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
 from tests.fake_compute import FakeCompute, ssh_host_keys
+from tests.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
 from tests.fake_stack import FakeStackRunner
 from tests.testbed import GpuConfig, TestBed, TestHost
 
@@ -93,6 +94,7 @@ def _stack_file(bed: TestBed, nodes: int) -> str:
         "  gputrain:maxRunDuration: 1h\n"
         f"  gputrain:sshUser: {bed.user}\n"
         f"  gputrain:sshPublicKey: {public}\n"
+        "  gputrain:sshPrivateKey: {secure: v1:bm9uY2U=:ZW5jcnlwdGVkIGtleQ==}\n"  # as keygen left it
         "  gputrain:sshSourceRanges: [10.213.0.1/32]\n"
     )
 
@@ -103,6 +105,8 @@ def world(
 ) -> Iterator[Callable[..., World]]:
     made: list[FakeCompute] = []
     markers: list[Path] = []
+    admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
+    ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # the README's checklist, done
 
     def make(nodes: int = 2, gpus: GpuConfig | None = None, wrong_host_keys: bool = False) -> World:
         (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
@@ -155,11 +159,14 @@ def world(
             hostkey_deadline_s=30,
             retry_pause_s=0,
             node_python=tb.python,
+            admin_endpoint=admin.url,
+            public_address=lambda: "10.213.0.1",  # the test bed's bridge: where SSH comes from
         )
         monkeypatch.chdir(tmp_path)
         return World(tmp_path, compute, runner, settings, gce, tb, hosts, marker)
 
     yield make
+    admin.__exit__(None, None, None)
     for c in made:
         c.__exit__(None, None, None)
     for m in markers:
@@ -197,6 +204,7 @@ def test_run_stack_end_to_end(
     summary = json.loads(summaries[0].read_text())
     assert summary["world_size"] == 2 and summary["final_loss"] < summary["initial_loss"]
     assert "preflight" in out and "run summary" in out
+    assert "doctor: stack e2e" in out and " fail " not in out  # the checks ran first, all passed
     assert_torn_down(w)
 
 
@@ -204,10 +212,11 @@ def test_preflight_failure_creates_nothing(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world()
-    w.compute.set_region_quota("us-central1", "PREEMPTIBLE_NVIDIA_L4_GPUS", limit=0, usage=0)
+    for zone in ZONES:  # what only the preflight checks (the doctor's quota row passes)
+        w.compute.remove_machine_type(zone, "g2-standard-8")
     rc = w.run("run", "--stack", "e2e", "--yes", "--", *FAST_TRAIN)
     err = capsys.readouterr().err
-    assert rc == 1 and "preflight failed" in err
+    assert rc == 1 and "preflight failed in every zone" in err
     assert "up" not in w.runner.call_names() and w.hosts == []
 
 

@@ -3,11 +3,14 @@ against the fake Compute API seeded from the facts sheet."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from infra.compute import AcceleratorTypeInfo, ComputeApi, ImageInfo, MachineTypeInfo, Quota
 from infra.preflight import (
     GLOBAL,
+    PROJECT,
     CheckResult,
     PreflightReport,
     PreflightRequest,
@@ -340,15 +343,55 @@ def test_n1_attached_gpus(fake: FakeCompute, api: ComputeApi) -> None:
     assert statuses(report)[("accelerator type", "us-central1-f")] == "fail"
 
 
-def test_api_error_is_a_failed_row_not_a_crash(fake: FakeCompute, api: ComputeApi) -> None:
-    fake.inject_error(
-        r"machineTypes",
-        403,
-        "Compute Engine API has not been used in project",
-        "accessNotConfigured",
+ZONES3 = ["us-central1-a", "us-central1-b", "us-central1-c"]
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "detail", "fix"),
+    [
+        (403, "accessNotConfigured", "403", "gcloud services enable compute.googleapis.com"),
+        (403, "forbidden", "403", "grant your account roles/compute.viewer on gputrain-test"),
+        (401, "authError", "the credentials were refused", "application-default login"),
+        (500, "backendError", "500", "retry in a minute"),  # 503s are retried by the client
+    ],
+)
+def test_an_error_not_about_a_zone_is_one_row_with_its_own_fix(
+    fake: FakeCompute, api: ComputeApi, status: int, reason: str, detail: str, fix: str
+) -> None:
+    """Every call fails the same way: one row (scope "project"), not one per zone and call."""
+    fake.inject_error(r"/compute/v1/", status, f"{reason} says the API", reason, times=100)
+    report = preflight(request_for("g2-standard-8"), ZONES3, api=api)
+    (row,) = report.rows
+    assert (row.check, row.scope, row.status) == ("Compute API", PROJECT, "fail")
+    assert f"could not check: Compute API acceleratorTypes.list us-central1-a: {detail}" in (
+        row.detail
     )
-    report = preflight(request_for("g2-standard-8"), api=api)
-    row = report.failures[0]
-    assert row.check == "machine type" and "could not check" in row.detail and "403" in row.detail
-    assert "Compute Engine API is enabled" in row.fix
-    assert not report.zone_ok("us-central1-a")
+    assert fix in row.fix
+    assert report.ok_zones(ZONES3) == []
+
+
+def test_missing_credentials_are_one_row_and_asked_for_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import google.auth
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    asked: list[object] = []
+    real_default = google.auth.default
+    monkeypatch.setattr(
+        google.auth, "default", lambda *a, **k: asked.append(1) or real_default(*a, **k)
+    )
+    report = preflight(request_for("g2-standard-8"), ZONES3, api=ComputeApi())
+    (row,) = report.rows
+    assert row.scope == PROJECT and "DefaultCredentialsError" in row.detail
+    assert row.fix.startswith("set up Application Default Credentials")
+    assert len(asked) == 1
+
+
+def test_an_error_about_one_zone_stays_in_its_row(api: ComputeApi) -> None:
+    zones = ["us-central1-a", "us-central1-q"]  # no such zone: the API answers 400 for it
+    report = preflight(request_for("g2-standard-8"), zones, api=api)
+    (row,) = report.failures
+    assert (row.check, row.scope) == ("machine type", "us-central1-q")
+    assert "400" in row.detail and "check the zone names" in row.fix
+    assert report.ok_zones(zones) == ["us-central1-a"]

@@ -90,6 +90,7 @@ def test_single_process_default_run_learns_and_writes_documented_outputs(tmp_pat
         "ckpt-00000300.pt",
     ]
     assert "step    300/300 | loss" in done.stdout  # one readable line per interval
+    assert "floor 1.3863)" in done.stdout  # the done: line rounds ln 4 like the losses
     assert wall < 60, f"the tiny preset took {wall:.0f} s"
 
 

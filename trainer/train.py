@@ -326,7 +326,7 @@ class Trainer:
             say(
                 f"done: loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f} "
                 f"(eval {eval_loss if eval_loss is None else round(eval_loss, 4)}, floor "
-                f"{self.data.loss_floor}), {figures['tokens_per_s'] or 0:.0f} tok/s over "
+                f"{'unknown' if self.data.loss_floor is None else f'{self.data.loss_floor:.4f}'}), {figures['tokens_per_s'] or 0:.0f} tok/s over "
                 f"{clock.steady_steps} timed steps, {figures['wall_tokens_per_s'] or 0:.0f} tok/s "
                 f"wall-clock, {elapsed:.1f} s"
             )

@@ -22,13 +22,14 @@ if TYPE_CHECKING:
     import pathspec
 
 DEFAULT_MAX_UPLOAD_MIB = 200
+NODE_STATE = ".gputrain"  # a node's code and runs live under <node root>/.gputrain/
 SKIP_DIRS = {
     ".git",
     ".venv",
     "venv",
     "__pycache__",
     "runs",
-    ".gputrain",
+    NODE_STATE,
     ".mypy_cache",
     ".ruff_cache",
     ".pytest_cache",
@@ -36,7 +37,7 @@ SKIP_DIRS = {
 }
 MANIFEST = ".gputrain-manifest.json"
 DELETE_LIST = ".gputrain-delete"
-CODE_DIR = ".gputrain/code"
+CODE_DIR = f"{NODE_STATE}/code"
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def list_workdir_files(workdir: Path) -> list[str]:
             check=True,
             timeout=60,
         ).stdout
-        files = [f for f in out.decode().split("\0") if f]
+        # A node's own state (`--local` keeps it under runs/) is never code, ignored by git or not.
+        files = [f for f in out.decode().split("\0") if f and NODE_STATE not in f.split("/")]
         return sorted(
             f for f in files if (workdir / f).is_file() and not (workdir / f).is_symlink()
         )

@@ -30,6 +30,7 @@ class RunOptions:
     trust_new_hosts: bool = False  # hosts: record first-seen host keys
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0
+    wait_s: float | None = None  # --wait: how long to wait for SSH (None: the target's default)
 
 
 class Session(Protocol):

@@ -145,11 +145,11 @@ def parse_hosts(
         keys = keys_for(address, host_port)
         if not keys:
             if not trust_new_hosts:
-                raise w.fail(
+                where = address if host_port == 22 else f"[{address}]:{host_port}"
+                raise w.plain(
                     f"hosts[{i}].address",
-                    address,
-                    f"no host key for it in known_hosts {known_hosts}; add it (ssh-keyscan, then "
-                    "compare the fingerprint) or pass --trust-new-hosts to pin it on first connect",
+                    f"no pinned host key for {where} in {known_hosts} (add it to known_hosts: "
+                    "ssh-keyscan, then compare the fingerprint; or pass --trust-new-hosts)",
                 )
             unpinned.append(name)
         nodes.append(

@@ -45,7 +45,9 @@ class MachinesTarget:
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[FleetSession]:
         fleet, record = self.fleet(opts)
-        with FleetSession(fleet, self.settings, record_new_keys=record) as session:
+        with FleetSession(
+            fleet, self.settings, record_new_keys=record, connect_deadline_s=opts.wait_s
+        ) as session:
             yield session
 
     def provisioned(

@@ -32,6 +32,7 @@ class FleetSession:
         record_new_keys: Path | None = None,  # hosts --trust-new-hosts: the known_hosts file
         hourly_usd: float | None = None,
         keep: bool = False,
+        connect_deadline_s: float | None = None,  # default: settings.existing_wait_s
     ) -> None:
         self.fleet = fleet
         self.name = fleet.target
@@ -39,6 +40,9 @@ class FleetSession:
         self.record_new_keys = record_new_keys
         self.hourly_usd = hourly_usd
         self.keep = keep
+        self.connect_deadline_s = (
+            settings.existing_wait_s if connect_deadline_s is None else connect_deadline_s
+        )
         self._transports: dict[str, Transport] | None = None
 
     @property
@@ -48,8 +52,9 @@ class FleetSession:
 
             self._transports = connect(
                 self.fleet,
-                deadline_s=self.settings.connect_deadline_s,
+                deadline_s=self.connect_deadline_s,
                 trust_new_hosts=self.record_new_keys,
+                local_root=self.settings.local_node_root if self.fleet.local else None,
             )
         return self._transports
 

@@ -15,9 +15,9 @@ from scripts.transport.tar import extract_tar, pack_command
 class LocalTransport:
     """This machine through ``sh -c``: the same commands as over SSH, no network."""
 
-    def __init__(self, name: str = "local", node_root: Path | None = None) -> None:
+    def __init__(self, name: str, node_root: Path) -> None:
         self.name = name
-        self.node_root = (node_root or Path.home() / ".cache" / "gputrain" / "local").resolve()
+        self.node_root = node_root.resolve()
         self.node_root.mkdir(parents=True, exist_ok=True)
         self._env = {**os.environ, "GPUTRAIN_NODE_ROOT": str(self.node_root)}
 

@@ -1,6 +1,6 @@
-"""How the GCE target reaches Pulumi and the Compute API, and how long it waits for them. The one
-place their clients are built; tests point them at the fake stack runner and the fake Compute
-server."""
+"""How the GCE target reaches Pulumi, the Compute API and (for `doctor`) Resource Manager and
+Service Usage, and how long it waits for them. The one place their clients are built; tests point
+them at the fake stack runner and the fake Google API servers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from infra.compute import ComputeApi
+    from infra.project_api import ProjectApi
     from scripts.targets.gce.stack import StackRunner
 
 
@@ -25,6 +26,10 @@ class GceClients:
     destroy_attempts: int = 3
     retry_pause_s: float = 10.0  # between destroy attempts
     node_python: str = "python3"  # the interpreter with torch on the nodes (the DLVM's)
+    admin_endpoint: str | None = field(  # Resource Manager + Service Usage
+        default_factory=lambda: os.environ.get("GPUTRAIN_ADMIN_ENDPOINT") or None
+    )
+    public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
 
     def compute(self) -> ComputeApi:
@@ -33,6 +38,11 @@ class GceClients:
 
             self._compute = ComputeApi(self.compute_endpoint)
         return self._compute
+
+    def projects(self) -> ProjectApi:
+        from infra.project_api import ProjectApi
+
+        return ProjectApi(self.admin_endpoint)
 
     def runner(self, stack: str, root: Path) -> StackRunner:
         if self.runner_for is not None:

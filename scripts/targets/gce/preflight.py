@@ -11,10 +11,12 @@ from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
 from infra.compute import ComputeApi, ComputeApiError
 from infra.preflight import (
     GLOBAL,
+    PROJECT,
     TABLE_HEADERS,
     CheckResult,
     PreflightReport,
     PreflightRequest,
+    api_error_row,
     check_accelerator_type,
     check_gpu_quota,
     check_image,
@@ -52,24 +54,18 @@ def preflight_zones(spec: ClusterSpec, api: ComputeApi) -> list[str]:
     ui.table("preflight", TABLE_HEADERS, report.table_rows())
     ok_zones = report.ok_zones(spec.zones)
     if not ok_zones:
+        where = (
+            "for the project"
+            if any(r.scope in (PROJECT, GLOBAL) for r in report.failures)
+            else "in every zone"
+        )
         raise GputrainError(
-            "preflight failed in every zone (see the fixes in the table above); nothing was created"
+            f"preflight failed {where} (see the fixes in the table above); nothing was created"
         )
     skipped = [z for z in spec.zones if z not in ok_zones]
     if skipped:
         ui.warn(f"preflight: skipping zone(s) {', '.join(skipped)}")
     return ok_zones
-
-
-def _api_failure(check: str, scope: str, error: ComputeApiError) -> CheckResult:
-    return CheckResult(
-        check,
-        scope,
-        "fail",
-        f"could not check: {error}",
-        "check the project id, that the Compute Engine API is enabled, and that your "
-        "credentials may read it (roles/compute.viewer)",
-    )
 
 
 def _zone_checks(api: ComputeApi, req: PreflightRequest) -> tuple[list[CheckResult], int]:
@@ -78,7 +74,7 @@ def _zone_checks(api: ComputeApi, req: PreflightRequest) -> tuple[list[CheckResu
         offered = api.accelerator_types(req.project, req.zone)
         machine = api.machine_type(req.project, req.zone, req.machine_type)
     except ComputeApiError as e:
-        return [_api_failure("machine type", req.zone, e)], req.vcpus_per_node
+        return [api_error_row("machine type", req.zone, e, req.project)], req.vcpus_per_node
     rows = [check_machine_type(req, machine, offered)]
     if req.is_n1:
         rows.append(check_accelerator_type(req, offered))
@@ -89,7 +85,7 @@ def _region_checks(api: ComputeApi, req: PreflightRequest, cpus: int) -> list[Ch
     try:
         quotas = api.region_quotas(req.project, req.region)
     except ComputeApiError as e:
-        return [_api_failure("quota", req.region, e)]
+        return [api_error_row("quota", req.region, e, req.project)]
     if quotas is None:
         return [
             CheckResult(
@@ -131,11 +127,11 @@ def _global_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult]:
             )
         )
     except ComputeApiError as e:
-        rows.append(_api_failure("GPU quota", GLOBAL, e))
+        rows.append(api_error_row("GPU quota", GLOBAL, e, req.project))
     try:
         rows += check_image(req, api.image_from_family(req.image_project, req.image_family))
     except ComputeApiError as e:
-        rows.append(_api_failure("image", GLOBAL, e))
+        rows.append(api_error_row("image", GLOBAL, e, req.project))
     return rows
 
 
@@ -157,4 +153,18 @@ def preflight(
             regions_done.add(req.region)
             rows += _region_checks(api, req, cpus)
     rows += _global_checks(api, request)
-    return PreflightReport(tuple(rows))
+    return PreflightReport(tuple(_once(rows)))
+
+
+def _once(rows: list[CheckResult]) -> list[CheckResult]:
+    """A failure about the project (credentials, the API off, a permission) is the same in every
+    zone and every call: one row per fix, not one per zone."""
+    seen: set[str] = set()
+    out = []
+    for r in rows:
+        if r.scope == PROJECT:
+            if r.fix in seen:
+                continue
+            seen.add(r.fix)
+        out.append(r)
+    return out

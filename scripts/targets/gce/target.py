@@ -1,7 +1,8 @@
 """`--stack NAME`: a Pulumi stack of GPU VMs on Compute Engine. Its session is the SSH fleet of the
 stack's nodes, each pinned to the host keys its guest agent published.
 
-run/up: spec -> preflight -> confirm -> `pulumi up` with zone failover -> host keys -> session,
+run/up: spec -> doctor -> preflight -> confirm -> `pulumi up` with zone failover -> host keys ->
+session,
 then teardown in a `finally` that no failure, Ctrl-C or SIGTERM can skip (unless kept).
 """
 
@@ -132,6 +133,14 @@ class GceTarget:
         from scripts.targets.gce.teardown import teardown
 
         spec = self.spec()
+        if not opts.yes:
+            require_terminal(spec)
+        if not opts.skip_preflight:
+            from scripts.doctor.run import run_doctor
+
+            report = run_doctor(self.stack, self.settings.root, self.clients)
+            report.show()
+            report.require_ok("doctor")
         require_deployable(spec)
         zones = (
             list(spec.zones)
@@ -148,6 +157,7 @@ class GceTarget:
                     self.settings,
                     hourly_usd=spec.hourly_price_per_node * spec.nodes,
                     keep=opts.keep,
+                    connect_deadline_s=opts.wait_s or self.settings.connect_deadline_s,
                 )
                 with cluster:
                     yield cluster
@@ -174,7 +184,9 @@ class GceTarget:
             )
         with (
             private_key_file(self.runner, self.stack) as key,
-            FleetSession(self._fleet(outputs, key), self.settings) as session,
+            FleetSession(
+                self._fleet(outputs, key), self.settings, connect_deadline_s=opts.wait_s
+            ) as session,
         ):
             yield session
 
@@ -216,9 +228,23 @@ class GceTarget:
         )
 
 
+def require_terminal(spec: ClusterSpec) -> None:
+    """Without a terminal nobody can answer the money prompt: a nohup or CI run must say --yes."""
+    if sys.stdin.isatty():
+        return
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    raise UserError(
+        f"stdin is not a terminal, so nobody can confirm spending ~${plan.hourly_total:.2f}/h "
+        f"(at most ${plan.worst_case:.2f}) on stack {spec.stack}: pass --yes to proceed; "
+        "nothing was created"
+    )
+
+
 def confirm(spec: ClusterSpec, *, yes: bool) -> None:
-    """Ask before spending money, on a terminal only."""
-    if yes or not sys.stdin.isatty():
+    """Ask before spending money (require_terminal made sure someone can answer)."""
+    if yes:
         return
     from infra.plan import build_plan
 

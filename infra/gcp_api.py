@@ -1,0 +1,91 @@
+"""What every Google API adapter here shares (Compute, Resource Manager, Service Usage): building a
+client (anonymous and pointed at a local server in tests), and one-line errors that keep Google's
+HTTP status and reason, so callers can tell "the API is off" from "no permission" from "no
+credentials". The google libraries are imported inside the functions: they are slow to import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from infra.base.errors import GputrainError
+
+ADC_FIX = "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+
+
+class GoogleApiError(GputrainError):
+    """A Google API call failed (permissions, API off...): `code` the HTTP status, `reason`
+    Google's (accessNotConfigured, forbidden...), `credentials` when no credentials would do."""
+
+    def __init__(self, message: str, *, code: int | None = None, reason: str | None = None,
+                 credentials: bool = False) -> None:  # fmt: skip
+        super().__init__(message)
+        self.code, self.reason, self.credentials = code, reason, credentials
+
+    @property
+    def api_disabled(self) -> bool:
+        return self.reason in ("accessNotConfigured", "SERVICE_DISABLED")
+
+
+def build_client(
+    factory: Callable[..., Any], label: str, api_endpoint: str | None, **options: Any
+) -> Any:
+    """A client from `factory`; with `api_endpoint` ("http://127.0.0.1:PORT") it talks to that test
+    server with anonymous credentials, never real ones. Raises GoogleApiError(credentials=True)
+    when Application Default Credentials cannot be found."""
+    if api_endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        options |= {
+            "credentials": AnonymousCredentials(),
+            "client_options": {"api_endpoint": api_endpoint},
+        }
+    try:
+        return factory(**options)
+    except Exception as e:  # DefaultCredentialsError and friends
+        raise GoogleApiError(
+            f"cannot build a {label} client ({type(e).__name__}: {e}); {ADC_FIX}",
+            credentials=True,
+        ) from e
+
+
+def call(label: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
+    """Runs one API call; NotFound returns `not_found` when given; every failure (the API's, the
+    credentials', the network's) becomes one GoogleApiError line starting with `label`."""
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+
+    try:
+        return fn()
+    except gexc.NotFound as e:
+        if not_found is not ...:
+            return not_found
+        raise GoogleApiError(
+            f"{label}: not found: {message(e)}", code=404, reason=_reason(e)
+        ) from e
+    except gexc.GoogleAPICallError as e:
+        raise GoogleApiError(
+            f"{label}: {e.code} {message(e)}",
+            code=int(e.code) if e.code else None,
+            reason=_reason(e),
+        ) from e
+    except (auth_exc.RefreshError, auth_exc.DefaultCredentialsError) as e:  # refused, expired
+        raise GoogleApiError(
+            f"{label}: the credentials were refused ({e})", credentials=True
+        ) from e
+    except (auth_exc.GoogleAuthError, OSError) as e:  # the network (requests' errors too)
+        raise GoogleApiError(f"{label}: cannot reach it ({e})") from e
+
+
+def message(e: Any) -> str:
+    """The API's own words, without the "GET https://...: " the REST transport puts first."""
+    return re.sub(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ", "", str(getattr(e, "message", "") or e))
+
+
+def _reason(e: Any) -> str | None:
+    """The ErrorInfo's reason (SERVICE_DISABLED...), else the first `errors[].reason`."""
+    first = (getattr(e, "errors", None) or [None])[0]
+    legacy = first.get("reason") if isinstance(first, dict) else None
+    return str(getattr(e, "reason", None) or legacy or "") or None

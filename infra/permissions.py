@@ -1,0 +1,156 @@
+"""The IAM permissions gputrain needs on the project, and the predefined roles that grant them.
+
+Derived from what it does, not guessed: for every resource type the Pulumi program declares, what
+Pulumi's gcp provider calls to create, read, update and delete it (Compute Engine, IAM and Resource
+Manager reference pages, "IAM permissions" of each method); then what `up` waits on (operations)
+and the controller's own reads (preflight, host keys from guest attributes, status, sweep). A test
+runs the program under the SDK's mocks for every shipped stack and layout and fails if it declares
+a type this table does not cover. `gputrain doctor` asks `projects.testIamPermissions` for all of
+them; the README's "First run on GCP" lists the roles.
+
+Not checked here: the image projects' `compute.images.useReadOnly` (public Deep Learning VM
+images grant it to every authenticated user) — they are other projects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+#: Pulumi type token -> what the gcp provider needs to create, read, update and delete it.
+RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "gcp:compute/network:Network": (
+        "compute.networks.create",
+        "compute.networks.get",
+        "compute.networks.delete",
+    ),
+    "gcp:compute/subnetwork:Subnetwork": (
+        "compute.subnetworks.create",
+        "compute.subnetworks.get",
+        "compute.subnetworks.delete",
+    ),
+    "gcp:compute/firewall:Firewall": (
+        "compute.firewalls.create",
+        "compute.firewalls.get",
+        "compute.firewalls.update",
+        "compute.firewalls.delete",
+        "compute.networks.updatePolicy",  # a firewall changes its network's policy
+    ),
+    "gcp:compute/resourcePolicy:ResourcePolicy": (
+        "compute.resourcePolicies.create",
+        "compute.resourcePolicies.get",
+        "compute.resourcePolicies.delete",
+        "compute.resourcePolicies.use",  # instances attach the compact placement
+    ),
+    "gcp:compute/instance:Instance": (
+        "compute.instances.create",
+        "compute.instances.get",
+        "compute.instances.delete",
+        "compute.instances.setMetadata",  # ssh-keys, enable-guest-attributes
+        "compute.instances.setLabels",
+        "compute.instances.setTags",
+        "compute.instances.setServiceAccount",
+        "compute.disks.create",  # the boot disk
+        "compute.disks.setLabels",
+        "compute.subnetworks.use",
+        "compute.subnetworks.useExternalIp",  # the head's public address
+        "iam.serviceAccounts.actAs",  # the VMs run as the stack's service account
+    ),
+    "gcp:serviceaccount/account:Account": (
+        "iam.serviceAccounts.create",
+        "iam.serviceAccounts.get",
+        "iam.serviceAccounts.update",
+        "iam.serviceAccounts.delete",
+    ),
+    "gcp:projects/iAMMember:IAMMember": (
+        "resourcemanager.projects.getIamPolicy",  # the binding is a read-modify-write of the
+        "resourcemanager.projects.setIamPolicy",  # project's policy
+    ),
+}
+
+#: `pulumi up` waits on the operations it started.
+OPERATIONS = (
+    "compute.zoneOperations.get",
+    "compute.regionOperations.get",
+    "compute.globalOperations.get",
+)
+
+#: The controller's reads: preflight, host keys, status, sweep (infra/compute.py).
+CONTROLLER_READS = (
+    "compute.projects.get",
+    "compute.regions.get",
+    "compute.machineTypes.get",
+    "compute.acceleratorTypes.list",
+    "compute.instances.getGuestAttributes",
+    "compute.instances.list",
+    "compute.disks.list",
+    "compute.addresses.list",
+    "compute.globalAddresses.list",
+    "compute.subnetworks.list",
+    "compute.resourcePolicies.list",
+    "compute.firewalls.list",
+    "compute.networks.list",
+)
+
+#: A Vertex AI job (backend: vertex): create, follow and cancel it, its logs, its code in a bucket.
+VERTEX = (
+    "aiplatform.customJobs.create",
+    "aiplatform.customJobs.get",
+    "aiplatform.customJobs.cancel",
+    "logging.logEntries.list",
+    "storage.objects.create",
+    "storage.objects.get",
+    "storage.objects.list",
+    "storage.objects.delete",
+)
+
+#: The predefined role that grants a permission: the most specific prefix wins.
+ROLES: tuple[tuple[str, str], ...] = (
+    ("compute.firewalls.", "roles/compute.securityAdmin"),
+    ("compute.networks.updatePolicy", "roles/compute.securityAdmin"),
+    ("compute.networks.", "roles/compute.networkAdmin"),
+    ("compute.subnetworks.create", "roles/compute.networkAdmin"),
+    ("compute.subnetworks.delete", "roles/compute.networkAdmin"),
+    ("compute.", "roles/compute.instanceAdmin.v1"),
+    ("iam.serviceAccounts.actAs", "roles/iam.serviceAccountUser"),
+    ("iam.serviceAccounts.", "roles/iam.serviceAccountAdmin"),
+    ("resourcemanager.projects.", "roles/resourcemanager.projectIamAdmin"),
+    ("aiplatform.", "roles/aiplatform.user"),
+    ("logging.", "roles/logging.viewer"),
+    ("storage.", "roles/storage.objectAdmin"),
+)
+
+
+def resource_types(*, own_network: bool, placement: bool) -> list[str]:
+    """The types the program declares for a stack: its own VPC unless `network` names one, a
+    placement policy when compact (a test holds this to the program under mocks)."""
+    optional = {
+        "gcp:compute/network:Network": own_network,
+        "gcp:compute/subnetwork:Subnetwork": own_network,
+        "gcp:compute/resourcePolicy:ResourcePolicy": placement,
+    }
+    return [t for t in RESOURCE_PERMISSIONS if optional.get(t, True)]
+
+
+def required_permissions(resource_types: Iterable[str], *, vertex: bool = False) -> list[str]:
+    """Every permission for these Pulumi resource types, `up`'s waits and the controller's reads
+    (and a Vertex job's), sorted and once each. Raises KeyError for a type not in the table."""
+    needed = {p for t in resource_types for p in RESOURCE_PERMISSIONS[t]}
+    needed |= {*OPERATIONS, *CONTROLLER_READS}
+    if vertex:
+        needed |= set(VERTEX)
+    return sorted(needed)
+
+
+def all_permissions(*, vertex: bool = False) -> list[str]:
+    """What any stack may need: every resource type the program can declare."""
+    return required_permissions(RESOURCE_PERMISSIONS, vertex=vertex)
+
+
+def role_for(permission: str) -> str:
+    best = max((p for p, _ in ROLES if permission.startswith(p)), key=len, default=None)
+    return dict(ROLES)[best] if best else "roles/owner"
+
+
+def roles_for(permissions: Iterable[str]) -> list[str]:
+    """The predefined roles that grant these permissions, sorted, once each."""
+    return sorted({role_for(p) for p in permissions})

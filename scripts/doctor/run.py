@@ -1,0 +1,112 @@
+"""`gputrain doctor [--stack NAME]`: everything a first `up` on GCP needs, checked at once and
+shown in one table with a fix per row, in the order of the README's "First run on GCP" checklist.
+`up` and `run` on a stack run it first and stop with the whole table when a row fails.
+
+The probes are independent, so they run in parallel: the Pulumi CLI, the credentials, the
+project's APIs and permissions, the GPU quota and the public-address lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from scripts.doctor.report import DoctorReport, Row
+
+if TYPE_CHECKING:
+    from scripts.targets.gce.clients import GceClients
+
+
+def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorReport:
+    """All rows for `stack` (None: the rows that need no stack; the rest say "no stack given").
+    A stack file that does not parse is a UserError, as for every command."""
+    from infra.permissions import all_permissions, required_permissions, resource_types
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config, stack_secrets
+    from scripts.doctor import machine, project, settings
+
+    spec = parse_spec(load_stack_config(root, stack), stack) if stack else None
+    secrets = stack_secrets(root, stack) if stack else None
+    vertex = getattr(spec, "backend", "gce") == "vertex"  # the Vertex AI backend, where known
+    if spec is None:
+        permissions, source = all_permissions(), "what any stack may need"
+    else:
+        types = resource_types(
+            own_network=spec.network is None, placement=spec.placement == "compact"
+        )
+        permissions = required_permissions(types, vertex=vertex)
+        source = f"{len(types)} resource types of the stack, `up`'s waits, the controller's reads"
+    check = project.ProjectCheck(
+        spec.project if spec else None,
+        stack,
+        project.CORE_APIS + (project.VERTEX_APIS if vertex else ()),
+        tuple(permissions),
+        source,
+    )
+
+    def address() -> str | None:
+        if spec is None or not spec.ssh_source_ranges or "0.0.0.0/0" in spec.ssh_source_ranges:
+            return None  # not needed
+        return (clients.public_address or settings.lookup_public_address)()
+
+    def quota() -> Row | None:
+        if spec is None or vertex:
+            return None  # Vertex AI jobs draw on Vertex quotas, not Compute Engine's
+        if not spec.project:
+            return Row("GPU quota", "unknown", "needs gcp:project (set gcp:project first)")
+        return project.gpu_quota_row(
+            clients.compute(),
+            spec.project,
+            [spec.region],
+            spec.gpu_quota_metric,
+            spec.nodes * spec.gpus_per_node,
+            spec.gpus_per_node,
+            spec.spot,
+        )
+
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        pulumi = pool.submit(machine.probe_pulumi)
+        adc = pool.submit(machine.probe_adc)
+        project_rows = pool.submit(
+            project.project_rows, check, clients.projects(), clients.compute()
+        )
+        quota_row = pool.submit(quota)
+        public = pool.submit(address)
+
+    rows: list[Row] = []
+    found = _result(pulumi, lambda e: _unknown("Pulumi CLI", e))
+    if isinstance(found, Row):
+        rows.append(found)
+    else:
+        cli, backend, url = machine.pulumi_rows(found)
+        rows += [cli, backend, machine.passphrase_row(url, secrets, os.environ)]
+    probe = _result(adc, lambda e: _unknown("credentials (ADC)", e))
+    rows.append(probe if isinstance(probe, Row) else machine.adc_row(probe))
+    about_project: list[Row] = _result(project_rows, lambda e: [_unknown("gcp:project", e)])
+    rows += about_project
+    q = _result(quota_row, lambda e: _unknown("GPU quota", e))
+    rows += [q] if q is not None else []
+    if spec is not None and secrets is not None and not vertex:
+        rows.append(settings.ssh_key_row(spec, secrets))
+        rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
+    title = f"doctor: stack {stack}" if stack else "doctor (no --stack: this machine only)"
+    return DoctorReport(title, tuple(rows))
+
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def _result(future: Future[T], instead: Callable[[BaseException], U]) -> T | U:
+    """A probe's result; a probe that crashed (a bug, a missing module) becomes `instead`."""
+    try:
+        return future.result()
+    except Exception as e:
+        return instead(e)
+
+
+def _unknown(check: str, e: BaseException) -> Row:
+    return Row(check, "unknown", f"could not check: {type(e).__name__}: {e}")
