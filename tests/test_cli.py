@@ -278,7 +278,7 @@ def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "ddp_sum.py").write_text((ROOT / "tests" / "jobs" / "ddp_sum.py").read_text())
-    env = {**os.environ, "HOME": str(tmp_path / "home")}  # one node root for both runs
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
     argv = [str(VENV_BIN / "gputrain"), "run", "--local", "--yes", "--env", "DDP_STEPS=12"]
 
     def start(steps_s: str) -> subprocess.Popen[str]:
@@ -305,7 +305,10 @@ def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
     assert second.returncode == 0, out_second[-3000:]
     ports = {re.search(r"rendezvous on port (\d+)", o).group(1) for o in (out_first, out_second)}  # type: ignore[union-attr]
     assert len(ports) == 2
-    results = sorted((work / "runs" / "local").rglob("result-rank0.json"))
+    local = work / "runs" / "local"  # one node root for both runs: runs/local/node/
+    results = sorted(
+        p for p in local.rglob("result-rank0.json") if not p.is_relative_to(local / "node")
+    )
     assert [json.loads(p.read_text())["argv"] for p in results] in (
         [["0.2"], ["0.5"]],
         [["0.5"], ["0.2"]],
