@@ -278,7 +278,7 @@ def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "ddp_sum.py").write_text((ROOT / "tests" / "jobs" / "ddp_sum.py").read_text())
-    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
     argv = [str(VENV_BIN / "gputrain"), "run", "--local", "--yes", "--env", "DDP_STEPS=12"]
 
     def start(steps_s: str) -> subprocess.Popen[str]:
@@ -314,7 +314,7 @@ def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
         [["0.5"], ["0.2"]],
     )
     assert all(json.loads(p.read_text())["world"] == 1 for p in results)
-    node_dot = tmp_path / "home" / ".cache" / "gputrain" / "local" / ".gputrain"
+    node_dot = local / "node" / ".gputrain"
     assert not [p.name for p in node_dot.iterdir() if p.name.startswith("code")]  # removed
 
 
