@@ -138,6 +138,24 @@ def zones(s: ConfigReader) -> tuple[tuple[str, ...], str]:
     return tuple(listed), zone
 
 
+# registry host[:port]/path[:tag | @sha256:digest], as Artifact Registry and gcr.io name images
+_IMAGE_URI_RE = re.compile(
+    r"^[a-z0-9.-]+(?::\d+)?/[a-z0-9._-]+(?:/[a-z0-9._-]+)*(?::\w[\w.-]{0,127}|@sha256:[0-9a-f]{64})?$"
+)
+
+
+def executor_image(s: ConfigReader) -> str:
+    """Vertex's training container: an image reference, never a shell word or a gs:// path."""
+    image = s.text("executorImage")
+    CHECK.matches(
+        "executorImage",
+        image,
+        _IMAGE_URI_RE,
+        "allowed: a container image like " + DEFAULTS["executorImage"],
+    )
+    return image
+
+
 def ssh_public_key(s: ConfigReader) -> str | None:
     raw = s.text("sshPublicKey")
     if not raw:

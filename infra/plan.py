@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import pricing
+from infra import pricing, vertex
 from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec, spec_warnings
 from infra.stackfile import load_stack_config
 
@@ -66,18 +66,25 @@ def build_plan(spec: ClusterSpec) -> Plan:
         str(spec.nodes),
         spec.machine_type,
         gpus,
-        spec.zone,
+        f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone,
         "yes" if spec.spot else "no",
         spec.max_run_duration,
         f"{per_node:.2f}",
         f"{total:.2f}",
         f"{worst:.2f}",
     )
+    gpus_total = spec.gpus_per_node * spec.nodes
+    quota = (
+        f"Vertex AI custom training quota needed in {spec.region}: {gpus_total} x "
+        f"{vertex.accelerator_enum(spec.accelerator)} GPUs"
+        + (" (Spot jobs: the preemptible quota)" if spec.spot else "")
+        if spec.on_vertex
+        else f"Quota needed in {spec.region}: {gpus_total} x {spec.gpu_quota_metric}, "
+        f"{spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}"
+    )
     note = (
         f"Prices: indicative {pricing.PRICE_REGION} USD, {'Spot' if spec.spot else 'on-demand'}, "
-        f"{price.describe()}; disks and network extra. "
-        f"Quota needed in {spec.region}: {spec.gpus_per_node * spec.nodes} x "
-        f"{spec.gpu_quota_metric}, {spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}."
+        f"{price.describe()}; disks and network extra. {quota}."
     )
     return Plan(
         spec=spec,
