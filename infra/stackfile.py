@@ -47,6 +47,8 @@ DEFAULTS: dict[str, str] = {
     "placement": "auto",
     "network": "",
     "labels": "[]",
+    "bucket": "",
+    "bucketRetentionDays": "30",
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
