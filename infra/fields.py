@@ -287,3 +287,53 @@ def gpus(s: ConfigReader, mt: catalog.MachineType) -> tuple[str, int, bool]:
             f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
         )
     return gpu_type, count, True
+
+
+# ---- Cloud Storage ------------------------------------------------------------------------------
+
+# GCS bucket names: 3-63 of a-z 0-9 - _ ., a letter or digit at both ends (the dotted form longer
+# than 63 needs domain verification and is not accepted). The trainer checks its --checkpoint-uri
+# with the same rule (trainer/storage.py): it runs on the nodes without infra/.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
+_BUCKET_RULE = (
+    "allowed: gs://NAME[/PREFIX] with NAME 3-63 of a-z 0-9 - _ . starting and ending with a "
+    "letter or digit, not starting with 'goog', without 'google'; or empty for the stack's own"
+)
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why `name` is not a valid GCS bucket name, or None. Pure."""
+    if not _BUCKET_RE.match(name):
+        return "not 3-63 of a-z 0-9 - _ . starting and ending with a letter or digit"
+    if name.startswith("goog") or "google" in name:
+        return "'goog' as prefix and 'google' anywhere are reserved by Google"
+    if ".." in name or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
+        return "no '..' and not an IP address"
+    return None
+
+
+def bucket(s: ConfigReader) -> tuple[str | None, str]:
+    """(an existing bucket's name or None for the stack's own, the prefix: "" or "a/b/")."""
+    raw = s.text("bucket")
+    if not raw:
+        return None, ""
+    name, _, prefix = raw.removeprefix("gs://").partition("/")
+    parts = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+    if (
+        not raw.startswith("gs://")
+        or bucket_name_problem(name)
+        or any(p in ("", ".", "..") or not p.isprintable() for p in parts)
+    ):
+        raise CHECK.fail("bucket", raw, _BUCKET_RULE)
+    return name, "".join(p + "/" for p in parts)
+
+
+def stack_bucket_name(stack: str, project: str) -> str:
+    """The name of a stack's own bucket: `gputrain-<stack>-<project>` (unique: project IDs are),
+    or with a hash of the project where that breaks a naming rule (length, 'google'). Pure."""
+    import hashlib
+
+    name = f"gputrain-{stack}-{project}"
+    if bucket_name_problem(name):
+        name = f"gputrain-{stack}-{hashlib.sha256(project.encode()).hexdigest()[:12]}"
+    return name

@@ -32,6 +32,7 @@ class Plan:
     hourly_total: float
     worst_case: float  # price x nodes x TTL: what the TTL caps the bill at
     price_note: str
+    bucket_note: str
     warnings: tuple[str, ...]
     missing: tuple[MissingSetting, ...]
 
@@ -45,7 +46,7 @@ class Plan:
 
     def footer_lines(self) -> list[str]:
         """What to print under the table: price basis, warnings, then the next steps."""
-        lines = [self.price_note]
+        lines = [self.price_note, self.bucket_note]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:
             lines.append(f"Before `pulumi up --stack {self.spec.stack}`, set:")
@@ -88,6 +89,7 @@ def build_plan(spec: ClusterSpec) -> Plan:
     )
     return Plan(
         spec=spec,
+        bucket_note=bucket_note(spec),
         row=row,
         hourly_per_node=per_node,
         hourly_total=total,
@@ -95,6 +97,21 @@ def build_plan(spec: ClusterSpec) -> Plan:
         price_note=note,
         warnings=tuple(spec_warnings(spec)),
         missing=tuple(missing_settings(spec)),
+    )
+
+
+def bucket_note(spec: ClusterSpec) -> str:
+    """Where checkpoints and results go, and who owns that bucket. Pure."""
+    name = spec.bucket_name or f"gputrain-{spec.stack}-<gcp:project>"
+    where = f"gs://{name}/{spec.bucket_prefix}"
+    if spec.existing_bucket:
+        return (
+            f"Bucket: {where}runs/<run-id>/ (yours: nothing is created there but the nodes' "
+            "objectUser grant; `down` never touches it)."
+        )
+    return (
+        f"Bucket: {where}runs/<run-id>/ (the stack's own, in {spec.region}; objects expire after "
+        f"{spec.bucket_retention_days} days; `down` downloads the results, then deletes it)."
     )
 
 

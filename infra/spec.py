@@ -74,9 +74,19 @@ class ClusterSpec:
     labels: Mapping[str, str]
     gvnic: bool
     attach_gpus: bool  # N1: GPUs go in guest_accelerators; A/G series bring their own
+    existing_bucket: str | None = None  # `bucket`: the user's bucket; None = the stack's own
+    bucket_prefix: str = ""  # "" or "a/b/": where runs/<run-id>/ go in the bucket
+    bucket_retention_days: int = 30  # the stack's own bucket deletes objects this old
     backend: Literal["gce", "vertex"] = "gce"
     executor_image: str = vertex.DEFAULT_EXECUTOR_IMAGE  # backend vertex: the training container
     ignored: tuple[str, ...] = ()  # keys set in the stack that this backend does not read
+
+    @property
+    def bucket_name(self) -> str | None:
+        """The bucket checkpoints and results go to; None while gcp:project is unset."""
+        if self.existing_bucket:
+            return self.existing_bucket
+        return fields.stack_bucket_name(self.stack, self.project) if self.project else None
 
     @property
     def on_vertex(self) -> bool:
@@ -251,6 +261,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             "allowed: an existing VPC name (a-z 0-9 -) or empty",
         )
 
+    existing_bucket, bucket_prefix = fields.bucket(cfg)
     acc = catalog.ACCELERATORS[accelerator]
     return ClusterSpec(
         stack=stack,
@@ -283,6 +294,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         labels=MappingProxyType(fields.labels(cfg)),
         gvnic=mt.gvnic,
         attach_gpus=attach,
+        existing_bucket=existing_bucket,
+        bucket_prefix=bucket_prefix,
+        bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,

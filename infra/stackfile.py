@@ -53,6 +53,8 @@ DEFAULTS: dict[str, str] = {
     "placement": "auto",
     "network": "",
     "labels": "[]",
+    "bucket": "",
+    "bucketRetentionDays": "30",
     "backend": "gce",
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
 }

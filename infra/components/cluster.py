@@ -13,11 +13,12 @@ from typing import Any
 
 import pulumi
 
+from infra.components.bucket import StackBucket, StackBucketArgs
 from infra.components.identity import NodeIdentity, NodeIdentityArgs
 from infra.components.network import ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
 from infra.spec import ClusterSpec
-from infra.stackfile import PROJECT_LABEL, STACK_LABEL
+from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
 
@@ -28,13 +29,16 @@ def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
 
 
 class GpuCluster(pulumi.ComponentResource):
-    """Network and firewalls, a service account, optional compact placement, one VM per node."""
+    """Network and firewalls, a service account, the run bucket, optional compact placement, one
+    VM per node."""
 
     def __init__(
         self, name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         # The image is an invoke that can fail on the user's input: before any resource exists.
         image_self_link = resolve_image(spec)
+        if spec.bucket_name is None:
+            raise SpecError("gcp:project is not set: it names the stack's bucket")
         super().__init__(COMPONENT_TYPE, name, None, opts)
         self.spec = spec
         self.image_self_link = image_self_link
@@ -61,6 +65,20 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             child,
         )
+        labels = cluster_labels(spec, pulumi.get_project())
+        self.bucket = StackBucket(
+            f"{spec.stack}-bucket",
+            StackBucketArgs(
+                name=spec.bucket_name,
+                project=spec.project,
+                location=spec.region,
+                member=self.identity.email.apply(lambda email: f"serviceAccount:{email}"),
+                existing=spec.existing_bucket is not None,
+                retention_days=spec.bucket_retention_days,
+                labels=labels,
+            ),
+            child,
+        )
         self.nodes = GpuNodes(
             f"{spec.stack}-nodes",
             GpuNodesArgs(
@@ -83,7 +101,7 @@ class GpuCluster(pulumi.ComponentResource):
                 public_ip=spec.public_ip,
                 compact_placement=spec.placement == "compact",
                 placement_name=f"{spec.stack}-compact",
-                labels=cluster_labels(spec, pulumi.get_project()),
+                labels=labels,
                 tag=tag,
                 network=self.network.network_ref,
                 subnetwork=self.network.subnetwork_ref,
@@ -92,6 +110,7 @@ class GpuCluster(pulumi.ComponentResource):
                     self.network.internal_firewall,
                     self.network.ssh_firewall,
                     *self.identity.role_bindings,
+                    self.bucket.node_access,
                 ),
             ),
             child,
@@ -132,6 +151,9 @@ class GpuCluster(pulumi.ComponentResource):
             "sshUser": spec.ssh_user,
             "image": self.image_self_link,
             "headAddress": head,
+            "bucket": self.bucket.name,
+            "bucketPrefix": spec.bucket_prefix,
+            "bucketOwned": spec.existing_bucket is None,
             "nodes": pulumi.Output.all(*nodes),
         }
 

@@ -216,6 +216,9 @@ class StackOutputsDict(TypedDict):
     maxRunDurationSeconds: int  # the VM TTL
     hourlyPriceUsd: float  # the whole cluster
     image: NotRequired[str]  # the pinned boot image self-link
+    bucket: NotRequired[str]  # the run bucket's name (stacks from before the bucket lack it)
+    bucketPrefix: NotRequired[str]  # "" or "a/b/"
+    bucketOwned: NotRequired[bool]  # the stack created it (False: the user's `bucket`)
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,9 @@ class StackOutputs:
     max_run_duration_s: int
     hourly_price: float
     image_self_link: str | None = None
+    bucket: str | None = None
+    bucket_prefix: str = ""
+    bucket_owned: bool = False
 
     @property
     def head(self) -> StackNode:
@@ -357,4 +363,7 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
         max_run_duration_s=_whole(outputs, "maxRunDurationSeconds"),
         hourly_price=float(_need(outputs, "hourlyPriceUsd", (int, float))),
         image_self_link=outputs.get("image") or None,
+        bucket=outputs.get("bucket") or None,
+        bucket_prefix=str(outputs.get("bucketPrefix") or ""),
+        bucket_owned=bool(outputs.get("bucketOwned")),
     )
