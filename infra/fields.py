@@ -10,11 +10,20 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
 from infra import catalog
 from infra.base.validate import Checker
-from infra.stackfile import DEFAULTS, NS, PROJECT_LABEL, STACK_LABEL, SpecError, qualify
+from infra.stackfile import (
+    BACKEND_ONLY_KEYS,
+    BACKENDS,
+    DEFAULTS,
+    NS,
+    PROJECT_LABEL,
+    STACK_LABEL,
+    SpecError,
+    qualify,
+)
 
 
 def _shown(value: Any) -> str:
@@ -102,6 +111,20 @@ class ConfigReader:
 
 
 # ---- the settings with rules of their own ---------------------------------------------------
+
+Backend = Literal["gce", "vertex"]
+
+
+def backend(config: Mapping[str, str]) -> tuple[Backend, tuple[str, ...], ConfigReader]:
+    """(the backend, the other backend's keys the stack sets, a reader of this backend's keys).
+    The other backend's keys are not read: their defaults stand in, and `plan` names them."""
+    chosen = cast(Backend, ConfigReader(config).choice("backend", BACKENDS))
+    other = {NS + k for b, keys in BACKEND_ONLY_KEYS.items() if b != chosen for k in keys}
+    ignored = tuple(
+        k[len(NS) :] for k in config if k in other and config[k].strip() != DEFAULTS[k[len(NS) :]]
+    )
+    return chosen, ignored, ConfigReader({k: v for k, v in config.items() if k not in other})
+
 
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")

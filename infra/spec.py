@@ -15,10 +15,8 @@ from typing import Literal, cast
 
 from infra import catalog, fields, pricing, vertex
 from infra.base.records import GpuExpectation
-from infra.fields import CHECK, ConfigReader, format_duration, parse_duration
+from infra.fields import CHECK, format_duration, parse_duration
 from infra.stackfile import (
-    BACKEND_ONLY_KEYS,
-    BACKENDS,
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
     DEFAULTS,
@@ -152,13 +150,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             f"{unknown[0]}: not a gputrain setting; allowed: {', '.join(DEFAULTS)}{hint}"
         )
 
-    backend = cast(Literal["gce", "vertex"], ConfigReader(config).choice("backend", BACKENDS))
-    # The other backend's keys are not read: their defaults stand in, `plan` lists them.
-    other = {NS + k for b, keys in BACKEND_ONLY_KEYS.items() if b != backend for k in keys}
-    ignored = tuple(
-        k[len(NS) :] for k in config if k in other and config[k].strip() != DEFAULTS[k[len(NS) :]]
-    )
-    cfg = ConfigReader({k: v for k, v in config.items() if k not in other})
+    backend, ignored, cfg = fields.backend(config)
     project = config.get(GCP_PROJECT_KEY, "").strip() or None
     if project is not None:
         CHECK.matches(

@@ -1,0 +1,103 @@
+"""VertexStack: what Vertex AI custom jobs of one stack need and nothing else — no VMs, no network.
+
+Vertex starts the replicas itself; the stack holds the API enablement, the service account the
+jobs run as (log writes in the project, objectUser on the stack's bucket only) and the bucket that
+takes the code package, the checkpoints and the outputs (the same `StackBucket` as on GCE).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.components.bucket import StackBucket, StackBucketArgs
+from infra.components.cluster import cluster_labels
+from infra.components.identity import NodeIdentity, NodeIdentityArgs
+from infra.spec import ClusterSpec
+from infra.stackfile import SpecError
+
+COMPONENT_TYPE = "gputrain:infra:VertexStack"
+VERTEX_API = "aiplatform.googleapis.com"
+JOB_ROLES = ("logging.logWriter",)  # the only project role; the bucket grant is per bucket
+
+
+class VertexStack(pulumi.ComponentResource):
+    """The API, the jobs' identity and their bucket; `exports()` is what the controller reads."""
+
+    def __init__(
+        self, name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        if spec.bucket_name is None:
+            raise SpecError("gcp:project is not set: it names the stack's bucket")
+        super().__init__(COMPONENT_TYPE, name, None, opts)
+        self.spec = spec
+        child = pulumi.ResourceOptions(parent=self)
+        # Left enabled on destroy: other stacks and the user's own jobs may rely on it.
+        self.api = gcp.projects.Service(
+            f"{spec.stack}-aiplatform",
+            project=spec.project,
+            service=VERTEX_API,
+            disable_on_destroy=False,
+            disable_dependent_services=False,
+            opts=child,
+        )
+        self.identity = NodeIdentity(
+            f"{spec.stack}-identity",
+            NodeIdentityArgs(
+                account_id=f"gputrain-{spec.stack}",
+                project=spec.project,
+                display_name=f"gputrain Vertex AI jobs of stack {spec.stack}",
+                roles=JOB_ROLES,
+            ),
+            child,
+        )
+        self.bucket = StackBucket(
+            f"{spec.stack}-bucket",
+            StackBucketArgs(
+                name=spec.bucket_name,
+                project=spec.project,
+                location=spec.region,
+                member=self.identity.email.apply(lambda email: f"serviceAccount:{email}"),
+                existing=spec.existing_bucket is not None,
+                retention_days=spec.bucket_retention_days,
+                labels=cluster_labels(spec, pulumi.get_project()),
+            ),
+            child,
+        )
+        self._exports = self._build_exports()
+        self.register_outputs(self._exports)
+
+    def exports(self) -> dict[str, Any]:
+        return dict(self._exports)
+
+    def _build_exports(self) -> dict[str, Any]:
+        spec = self.spec
+        # Jobs can be submitted once the API is on and the account may use the bucket.
+        ready = pulumi.Output.all(
+            self.api.service,
+            self.bucket.node_access.id,
+            *[b.id for b in self.identity.role_bindings],
+        )
+        return {
+            "backend": "vertex",
+            "stack": spec.stack,
+            "project": spec.project,
+            "region": spec.region,
+            "serviceAccount": pulumi.Output.all(self.identity.email, ready).apply(lambda v: v[0]),
+            "bucket": self.bucket.name,
+            "bucketPrefix": spec.bucket_prefix,
+            "bucketOwned": spec.existing_bucket is None,
+            "machineType": spec.machine_type,
+            "accelerator": spec.accelerator,
+            "gpusPerNode": spec.gpus_per_node,
+            "nodes": spec.nodes,
+            "spot": spec.spot,
+            "executorImage": spec.executor_image,
+            "maxRunDuration": spec.max_run_duration,
+            "maxRunDurationSeconds": spec.max_run_duration_s,
+            "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
+            "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
+            "priceAsOf": spec.price.as_of,
+        }
