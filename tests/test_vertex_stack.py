@@ -57,7 +57,7 @@ def _program(config: dict[str, str]) -> tuple[list[Any], dict[str, Any]]:
 
 
 def test_the_vertex_program_declares_no_vm_and_no_network() -> None:
-    resources, out = _program(_vertex())
+    resources, _ = _program(_vertex())
     kinds = {r.typ for r in resources if r.custom}
     assert kinds == {SERVICE, ACCOUNT, IAM_MEMBER, BUCKET, BUCKET_IAM}
     assert not kinds & {INSTANCE, NETWORK, SUBNET, FIREWALL, POLICY}
@@ -74,7 +74,7 @@ def test_the_vertex_program_declares_no_vm_and_no_network() -> None:
 
 
 def test_the_jobs_account_writes_logs_and_uses_the_stack_bucket_only() -> None:
-    resources, out = _program(_vertex(labels='["team=ml"]'))
+    resources, _ = _program(_vertex(labels='["team=ml"]'))
     [sa] = [r for r in resources if r.typ == ACCOUNT]
     assert sa.inputs["accountId"] == "gputrain-vertex" and sa.inputs["project"] == TEST_PROJECT
     member = f"serviceAccount:{EMAIL}"
