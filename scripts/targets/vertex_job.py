@@ -174,6 +174,8 @@ class JobStatus:
     end_time: dt.datetime | None = None
     error_code: int = 0
     error_message: str = ""
+    display_name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def job_id(self) -> str:
@@ -203,6 +205,8 @@ def parse_job(body: Mapping[str, Any]) -> JobStatus:
         end_time=parse_time(body.get("endTime")),
         error_code=int(error.get("code", 0)),
         error_message=error.get("message", ""),
+        display_name=body.get("displayName", ""),
+        labels=dict(body.get("labels") or {}),
     )
 
 
