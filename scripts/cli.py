@@ -20,6 +20,7 @@ from scripts.targets.base import RunOptions
 if TYPE_CHECKING:
     from scripts.targets.base import Target
     from scripts.targets.gce.clients import GceClients
+    from scripts.targets.vertex_clients import VertexClients
 
 STACK_ONLY = {"keygen", "up", "down", "status", "sweep"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
@@ -29,12 +30,13 @@ HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 @dataclass
 class Context:
     """What a handler gets: its arguments, the options parsed from them, where the project and
-    results are, and the GCE clients (tests pass fakes)."""
+    results are, and the GCE and Vertex AI clients (tests pass fakes)."""
 
     args: argparse.Namespace
     opts: RunOptions
     settings: Settings
     gce: GceClients | None
+    vertex: VertexClients | None = None
 
     @property
     def target(self) -> Target:
@@ -45,6 +47,7 @@ class Context:
             hosts=getattr(self.args, "hosts", None),
             settings=self.settings,
             gce=self.gce,
+            vertex=self.vertex,
         )
 
 
@@ -161,8 +164,8 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputrain",
-        description="A GPU training cluster on Google Compute Engine for exactly as long as "
-        "the training needs it.",
+        description="A GPU training cluster on Google Compute Engine (or Vertex AI jobs: "
+        "backend: vertex) for exactly as long as the training needs it.",
         epilog="Exit codes: 0 success, 2 bad input, 1 anything else. "
         "Example: gputrain run --local   |   gputrain run --stack dev -- -m trainer.train",
     )
@@ -237,9 +240,10 @@ def main(
     argv: Sequence[str] | None = None,
     settings: Settings | None = None,
     gce: GceClients | None = None,
+    vertex: VertexClients | None = None,
 ) -> int:
     """Parse, run one handler, and turn every known failure into one line and an exit code.
-    `settings` and `gce` are the seams tests use (a project directory, fake clouds)."""
+    `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
     args = _parser().parse_args(argv)
     try:
         opts = _options(args)
@@ -251,7 +255,7 @@ def main(
         settings = settings or Settings()
         if args.dir:
             settings.root = find_project_root(Path(args.dir))
-        return int(args.handler(Context(args, opts, settings, gce)))
+        return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
         print(f"gputrain: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

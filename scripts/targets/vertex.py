@@ -1,0 +1,300 @@
+"""`--stack NAME` with `backend: vertex`: Vertex AI custom jobs instead of VMs. The stack is small
+(the API, the jobs' service account, the bucket) and needs no zone failover; a session submits and
+follows jobs (vertex_session.py). Teardown cancels the stack's jobs and waits for them, brings the
+bucket's results home, empties the stack's own bucket, destroys, and sweeps for anything left.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from infra.base.errors import GputrainError, UserError
+from infra.base.retry import GaveUp, every, poll_until
+from infra.stackfile import STACK_LABEL
+from scripts import ui
+from scripts.guard import SignalGuard, signal_guard
+from scripts.settings import Settings
+from scripts.targets.base import RunOptions
+from scripts.targets.gce.stack import PulumiMissingError, StackLockedError, target_name
+from scripts.targets.vertex_clients import VertexClients
+from scripts.targets.vertex_session import (
+    RUN_LABEL,
+    VertexOutputs,
+    VertexSession,
+    bring_home,
+    parse_vertex_outputs,
+)
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+    from scripts.targets.gce.stack import StackRunner
+
+
+class VertexTarget:
+    def __init__(self, stack: str, settings: Settings, clients: VertexClients) -> None:
+        self.stack = stack
+        self.name = target_name(stack)
+        self.settings = settings
+        self.clients = clients
+        self._runner: StackRunner | None = None
+
+    @property
+    def runner(self) -> StackRunner:
+        if self._runner is None:
+            self._runner = self.clients.runner(self.stack, self.settings.root)
+        return self._runner
+
+    def spec(self) -> ClusterSpec:
+        from infra.spec import parse_spec
+        from infra.stackfile import load_stack_config
+
+        return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
+
+    def _project(self) -> tuple[ClusterSpec, str]:
+        spec = self.spec()
+        if not spec.project:
+            raise UserError(f"gcp:project is not set for stack {self.stack}; nothing of it exists")
+        return spec, spec.project
+
+    def _outputs(self) -> VertexOutputs | None:
+        raw = self.runner.outputs()
+        return parse_vertex_outputs(raw) if raw else None
+
+    # ---- commands that need no stack
+
+    def plan(self) -> None:
+        from infra.plan import HEADERS, build_plan
+
+        plan = build_plan(self.spec())
+        ui.table(plan.title, HEADERS, [plan.row])
+        for line in plan.footer_lines():
+            ui.say(line)
+
+    def keygen(self, *, force: bool) -> None:
+        raise UserError(
+            f"keygen: stack {self.stack} has backend vertex: Vertex AI runs the job, "
+            "there are no VMs to log in to"
+        )
+
+    def status(self) -> None:
+        spec, project = self._project()
+        out = self._outputs()
+        where = f"bucket gs://{out.bucket}, jobs run as {out.service_account}" if out else "not up"
+        ui.say(f"status: stack {self.stack} (Vertex AI, {spec.region}): {where}")
+        jobs = self.clients.api(project, spec.region).list_jobs({STACK_LABEL: self.stack})
+        if not jobs:
+            ui.say(f"status: stack {self.stack} has no Vertex jobs")
+            return
+        now = dt.datetime.now(dt.timezone.utc)
+        rows = []
+        for j in jobs:
+            began = j.start_time or j.create_time
+            left = (
+                "-"
+                if j.done or began is None
+                else f"{max(0.0, (began - now).total_seconds() + spec.max_run_duration_s):.0f} s"
+            )
+            rows.append([j.job_id, j.labels.get(RUN_LABEL, "?"), j.short_state, left])
+        ui.table(
+            f"status: Vertex jobs of stack {self.stack}",
+            ["job", "run", "state", "cut off by Vertex in"],
+            rows,
+        )
+
+    def sweep(self) -> bool:
+        leftovers = self._leftovers(self.spec())
+        if not leftovers:
+            ui.say(f"sweep: nothing of stack {self.stack} is left (no running job, no bucket)")
+        return bool(leftovers)
+
+    # ---- creating and destroying
+
+    def up(self, opts: RunOptions) -> None:
+        """Create the stack and prove it; if that fails it is destroyed again."""
+        with signal_guard() as guard, self.provisioned(opts, guard) as session:
+            session.verify()
+            session.keep = True
+
+    def down(self) -> None:
+        spec, _ = self._project()
+        with signal_guard() as guard, guard.teardown():
+            self.teardown(spec, clear_stale_lock=True)
+
+    @contextmanager
+    def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[VertexSession]:
+        from infra.spec import require_deployable
+        from scripts.targets.gce.teardown import pulumi_line
+        from scripts.targets.vertex_preflight import preflight_region
+
+        spec = self.spec()
+        require_deployable(spec)
+        if not opts.skip_preflight:
+            preflight_region(spec, self.clients.compute())
+        confirm(spec, yes=opts.yes)
+        session: VertexSession | None = None
+        try:
+            ui.say(f"up: stack {self.stack}: the Vertex AI API, a service account, the bucket")
+            outputs = parse_vertex_outputs(self.runner.up(on_output=pulumi_line))
+            session = VertexSession(spec, outputs, self.clients, self.settings, keep=opts.keep)
+            yield session
+        finally:
+            keep = session.keep if session is not None else opts.keep
+            with guard.teardown():
+                if keep:
+                    ui.say(
+                        f"stack {self.stack} stays up (its bucket and service account cost "
+                        f"nothing while no job runs); `gputrain down --stack {self.stack}` ends it"
+                    )
+                else:
+                    self.teardown(spec)
+
+    @contextmanager
+    def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
+        spec = self.spec()
+        outputs = self._outputs()
+        if outputs is None:
+            raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
+        yield VertexSession(spec, outputs, self.clients, self.settings)
+
+    def teardown(self, spec: ClusterSpec, *, clear_stale_lock: bool = False) -> None:
+        """Cancel the stack's jobs, results home, the own bucket emptied, destroy, sweep."""
+        from scripts.targets.gce.teardown import pulumi_line
+
+        try:
+            outputs = self._outputs()
+        except Exception as e:
+            ui.warn(f"down: could not read the outputs of stack {self.stack}: {e}")
+            outputs = None
+        problem = None
+        if spec.project:
+            VertexSession(spec, outputs or _bare(spec), self.clients, self.settings).cancel(None)
+        if outputs is not None and outputs.bucket_owned:
+            problem = self._empty_bucket(outputs)
+        failure: GaveUp | None = None
+        if problem is None:
+            failure = destroy_stack(
+                self.runner,
+                self.stack,
+                attempts=self.clients.destroy_attempts,
+                pause_s=self.clients.retry_pause_s,
+                clear_stale_lock=clear_stale_lock,
+                on_output=pulumi_line,
+            )
+        leftovers = self._leftovers(spec)
+        if failure or leftovers or problem:
+            raise GputrainError(
+                f"teardown of stack {self.stack} is incomplete: "
+                + (f"{problem}; " if problem else "")
+                + (f"destroy failed ({failure.reason}); " if failure else "")
+                + (f"{len(leftovers)} thing(s) still exist (listed above); " if leftovers else "")
+                + f"run `gputrain down --stack {self.stack}` again or delete them in the console."
+            )
+        ui.say(f"down: stack {self.stack} destroyed; sweep found nothing left")
+
+    def _empty_bucket(self, out: VertexOutputs) -> str | None:
+        """Every run's results home first; only then the bucket is emptied (destroy deletes it).
+        Returns why it was kept, or None."""
+        storage = self.clients.storage()
+        try:
+            if not storage.bucket_exists(out.bucket):
+                return None
+            runs = {
+                o.name[len(out.bucket_prefix) :].split("/")[1]
+                for o in storage.list_objects(out.bucket, f"{out.bucket_prefix}runs/")
+            }
+            for run_id in sorted(runs):
+                bring_home(storage, out, run_id, self.settings.runs_dir / self.name / run_id)
+            gone = storage.delete_objects(
+                out.bucket, [o.name for o in storage.list_objects(out.bucket)]
+            )
+            ui.say(f"down: emptied gs://{out.bucket} ({gone} object(s)); destroy deletes it")
+            return None
+        except Exception as e:  # nothing may be lost: the stack stays until results are home
+            return f"bucket gs://{out.bucket} kept: its results could not be brought home ({e})"
+
+    def _leftovers(self, spec: ClusterSpec) -> list[list[str]]:
+        """Jobs of the stack still running and the stack's own bucket, printed loudly."""
+        if not spec.project:
+            raise UserError(f"gcp:project is not set for stack {self.stack}")
+        api = self.clients.api(spec.project, spec.region)
+        rows = [
+            ["Vertex job", j.job_id, spec.region, j.short_state]
+            for j in api.list_jobs({STACK_LABEL: self.stack})
+            if not j.done
+        ]
+        own = spec.bucket_name if spec.existing_bucket is None else None
+        if own and self.clients.storage().bucket_exists(own):
+            rows.append(["bucket", own, spec.region, "exists"])
+        if rows:
+            ui.table(f"LEFT BEHIND by stack {self.stack}", ["kind", "name", "where", "state"], rows)
+        return rows
+
+
+def _bare(spec: ClusterSpec) -> VertexOutputs:
+    """Enough of the outputs to cancel jobs of a stack whose outputs are gone."""
+    assert spec.project is not None
+    return VertexOutputs(spec.project, spec.region, "", "", False, "")
+
+
+def destroy_stack(
+    runner: StackRunner,
+    stack: str,
+    *,
+    attempts: int,
+    pause_s: float,
+    clear_stale_lock: bool,
+    on_output: Any,
+) -> GaveUp | None:
+    """refresh + destroy, retried; a stale lock is cleared once when the user's `down` said so.
+    Returns the failure after the last attempt, or None."""
+    tries = 0
+
+    def destroy() -> None:
+        nonlocal tries, clear_stale_lock
+        tries += 1
+        ui.say(f"down: destroying stack {stack} (attempt {tries})")
+        try:
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=on_output)
+        except StackLockedError:
+            if not clear_stale_lock:
+                raise
+            clear_stale_lock = False
+            ui.say(f"down: stack {stack} is locked by a dead update; clearing it (pulumi cancel)")
+            runner.cancel()
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=on_output)
+
+    try:
+        poll_until(
+            destroy,
+            max_attempts=attempts,
+            delay=every(pause_s),
+            retry_on=(Exception,),
+            fatal=(PulumiMissingError,),
+            on_wait=lambda w: ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}"),
+        )
+    except GaveUp as e:
+        ui.warn(f"destroy attempt {e.attempts} failed: {e.reason}")
+        return e
+    return None
+
+
+def confirm(spec: ClusterSpec, *, yes: bool) -> None:
+    """Ask before spending money, on a terminal only."""
+    if yes or not sys.stdin.isatty():
+        return
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    ui.say(
+        f"About to run Vertex AI jobs of {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} "
+        f"x {spec.gpu_model} each): ~${plan.hourly_total:.2f}/h, at most ${plan.worst_case:.2f} "
+        "per job before Vertex cuts it off."
+    )
+    if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise UserError("cancelled; nothing was created")
