@@ -60,6 +60,8 @@ def _options(args: argparse.Namespace) -> RunOptions:
         trust_new_hosts=getattr(args, "trust_new_hosts", False),
         env=_env_pairs(getattr(args, "env", []) or []),
         max_restarts=getattr(args, "max_restarts", 0),
+        keep_bucket=getattr(args, "keep_bucket", False),
+        max_recoveries=getattr(args, "max_recoveries", None),
     )
 
 
@@ -82,7 +84,7 @@ def cmd_up(ctx: Context) -> int:
 
 
 def cmd_down(ctx: Context) -> int:
-    ctx.target.down()
+    ctx.target.down(ctx.opts)
     return EXIT_OK
 
 
@@ -190,6 +192,19 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
+        if name in {"run", "down"}:
+            c.add_argument(
+                "--keep-bucket",
+                action="store_true",
+                help="(--stack) keep the stack's bucket and its checkpoints when destroying",
+            )
+        if name in {"run", "train"}:
+            c.add_argument(
+                "--max-recoveries",
+                type=int,
+                metavar="N",
+                help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
+            )
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
         if name in TAKES_ENTRY | {"verify", "ssh", "logs"}:

@@ -15,6 +15,21 @@ from tests.gcs_emulator import GcsEmulator
 from tests.testbed import TestBed, TestBedUnavailable
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_real_cloud_storage() -> Iterator[None]:
+    """No test reaches real Cloud Storage: the controller's bucket calls (teardown, sweep) go to a
+    session-wide emulator unless a test points STORAGE_EMULATOR_HOST at its own."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        yield
+        return
+    with GcsEmulator() as emulator:
+        os.environ["STORAGE_EMULATOR_HOST"] = emulator.url
+        try:
+            yield
+        finally:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[TestBed]:
     bed = TestBed()

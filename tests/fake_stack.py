@@ -9,11 +9,12 @@ in gcp-gpu-facts.md §5 as the Pulumi CLI prints them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infra.stackfile import STACK_LABEL
+from scripts.targets.gce.bucket import BUCKET_TYPE
 from scripts.targets.gce.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackLockedError
 from tests.fake_compute import FakeCompute, region_of, ssh_host_keys
 
@@ -148,6 +149,10 @@ class FakeStackRunner:
     destroy_failures: int = 0  # the next N destroys raise
     leak_on_destroy: set[str] = field(default_factory=set)  # instance names destroy leaves behind
     locked: bool = False  # an update whose process died holds the lock until `cancel`
+    # With a storage emulator (STORAGE_EMULATOR_HOST): `up` creates this bucket, labelled, and
+    # `destroy` deletes it — refusing while it holds objects, as the provider does without
+    # force_destroy. None: the stack has no bucket (as stacks made before there was one).
+    bucket: str | None = None
     _outputs: dict[str, Any] = field(default_factory=dict, init=False)
     _created: list[tuple[str, str, str]] = field(
         default_factory=list, init=False
@@ -201,6 +206,7 @@ class FakeStackRunner:
         say = on_output or (lambda _line: None)
         say(f"Updating ({self.stack_name}):")
         self._create_network(say)
+        self._create_bucket(say)
         nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)
         failure = self.failures.get(zone)
         if failure and failure.times > 0:
@@ -219,6 +225,8 @@ class FakeStackRunner:
         )
         self._outputs["nodes"] = public_nodes
         self._outputs["sshUser"] = self.ssh_user
+        if self.bucket:
+            self._outputs |= {"bucket": self.bucket, "bucketPrefix": "", "bucketOwned": True}
         say(f"Resources:\n    + {len(self._created)} created")
         return dict(self._outputs)
 
@@ -236,8 +244,8 @@ class FakeStackRunner:
                 if c[0] != "instance" or (c[2], c[1]) in self.compute.instances
             ]
 
-    def destroy(self, on_output: OnOutput | None = None) -> None:
-        self.calls.append(("destroy",))
+    def destroy(self, on_output: OnOutput | None = None, *, keep_types: Sequence[str] = ()) -> None:
+        self.calls.append(("destroy", *keep_types))
         self._check_lock()
         if self.destroy_failures > 0:
             self.destroy_failures -= 1
@@ -248,15 +256,26 @@ class FakeStackRunner:
                 "being used by 'projects/p/global/firewalls/dev-ssh', resourceInUseByAnotherResource",
             )
         say = on_output or (lambda _line: None)
+        kept = []
         for kind, name, scope in reversed(self._created):
+            if kind == "bucket" and (BUCKET_TYPE in keep_types or not self._delete_bucket(name)):
+                kept.append((kind, name, scope))
+                continue
             say(f" -  gcp:compute:{kind} {name} deleted")
             if self.compute and name not in self.leak_on_destroy:
                 if kind == "instance":
                     self.compute.remove_instance(name, scope)
-                else:
+                elif kind != "bucket":
                     self.compute.remove_resource(kind, name)
-        self._created.clear()
-        self._outputs = {}
+        self._created = kept
+        self._outputs = {k: v for k, v in self._outputs.items() if kept and k.startswith("bucket")}
+        if kept and BUCKET_TYPE not in keep_types:
+            raise StackError(
+                f"pulumi destroy failed for stack {self.stack_name}: error: deleting "
+                f"urn:pulumi:{self.stack_name}::gputrain::gcp:storage/bucket:Bucket::{kept[0][1]}",
+                f"error: Error trying to delete bucket {kept[0][1]} containing objects without "
+                "`force_destroy` set to true",
+            )
 
     def cancel(self) -> None:
         self.calls.append(("cancel",))
@@ -295,6 +314,30 @@ class FakeStackRunner:
                 self.compute.add_resource(kind, name, **kwargs)
             self._created.append((kind, name, "global"))
             say(f" +  gcp:compute:{kind} {name} created (2s)")
+
+    def _create_bucket(self, say: OnOutput) -> None:
+        if not self.bucket or any(c[0] == "bucket" for c in self._created):
+            return
+        from google.cloud import storage
+
+        client = storage.Client(project=self.project)
+        b = client.bucket(self.bucket)
+        if not b.exists():
+            b = client.create_bucket(self.bucket)
+        b.labels = {STACK_LABEL: self.stack_name}  # the emulator drops labels on insert
+        b.patch()
+        self._created.append(("bucket", self.bucket, "global"))
+        say(f" +  gcp:storage:Bucket {self.bucket} created (1s)")
+
+    def _delete_bucket(self, name: str) -> bool:
+        """False (and still there) while it holds objects."""
+        from google.cloud import storage
+
+        b = storage.Client(project=self.project).bucket(name)
+        if any(True for _ in b.list_blobs(max_results=1)):
+            return False
+        b.delete()
+        return True
 
     def _create_node(self, node: dict[str, Any], say: OnOutput) -> dict[str, Any]:
         public = {k: v for k, v in node.items() if k != "hostKeys"}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from infra.compute import ComputeApi
+    from infra.gcs import StorageApi
     from scripts.targets.gce.stack import StackRunner
 
 
@@ -26,6 +27,7 @@ class GceClients:
     retry_pause_s: float = 10.0  # between destroy attempts
     node_python: str = "python3"  # the interpreter with torch on the nodes (the DLVM's)
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
+    _storage: dict[str | None, StorageApi] = field(default_factory=dict, init=False, repr=False)
 
     def compute(self) -> ComputeApi:
         if self._compute is None:
@@ -33,6 +35,14 @@ class GceClients:
 
             self._compute = ComputeApi(self.compute_endpoint)
         return self._compute
+
+    def storage(self, project: str | None) -> StorageApi:
+        """Cloud Storage for the stack's bucket (STORAGE_EMULATOR_HOST redirects it)."""
+        if project not in self._storage:
+            from infra.gcs import StorageApi
+
+            self._storage[project] = StorageApi(project)
+        return self._storage[project]
 
     def runner(self, stack: str, root: Path) -> StackRunner:
         if self.runner_for is not None:

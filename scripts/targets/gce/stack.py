@@ -8,7 +8,7 @@ only inside PulumiStackRunner, so `gputrain --help` never pays for it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
@@ -55,7 +55,10 @@ class StackRunner(Protocol):
     def up(self, on_output: OnOutput | None = None) -> dict[str, Any]: ...
     def outputs(self) -> dict[str, Any]: ...
     def refresh(self, on_output: OnOutput | None = None) -> None: ...
-    def destroy(self, on_output: OnOutput | None = None) -> None: ...
+    def destroy(self, on_output: OnOutput | None = None, *, keep_types: Sequence[str] = ()) -> None:
+        """Destroy every resource but those of `keep_types` (e.g. a kept bucket)."""
+        ...
+
     def cancel(self) -> None: ...
 
 
@@ -178,13 +181,41 @@ class PulumiStackRunner:
         stack = self._stack()
         self._run("refresh", lambda: stack.refresh(on_output=on_output, color="never"))
 
-    def destroy(self, on_output: OnOutput | None = None) -> None:
+    def destroy(self, on_output: OnOutput | None = None, *, keep_types: Sequence[str] = ()) -> None:
         stack = self._stack()
-        self._run("destroy", lambda: stack.destroy(on_output=on_output, color="never"))
+        targets = None
+        if keep_types:
+            state = self._run("stack export", stack.export_stack)
+            targets = destroy_targets(state.deployment.get("resources") or [], keep_types)
+            if not targets:
+                return
+        self._run(
+            "destroy", lambda: stack.destroy(on_output=on_output, color="never", target=targets)
+        )
 
     def cancel(self) -> None:
         stack = self._stack()
         self._run("cancel", stack.cancel)
+
+
+def destroy_targets(resources: Sequence[Mapping[str, Any]], keep_types: Sequence[str]) -> list[str]:
+    """The URNs a targeted destroy names to remove everything but the resources of `keep_types`
+    and the components above them (the stack itself and providers stay too). Pure."""
+    parent = {r["urn"]: r.get("parent") for r in resources}
+    keep: set[str] = set()
+    for r in resources:
+        if r.get("type") in keep_types:
+            urn: str | None = r["urn"]
+            while urn and urn not in keep:
+                keep.add(urn)
+                urn = parent.get(urn)
+    return [
+        r["urn"]
+        for r in resources
+        if r["urn"] not in keep
+        and r.get("type") != "pulumi:pulumi:Stack"
+        and not str(r.get("type", "")).startswith("pulumi:providers:")
+    ]
 
 
 # ---- stack outputs -------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ class GceTarget:
     def sweep(self) -> bool:
         from scripts.targets.gce.teardown import show_leftovers
 
-        leftovers = show_leftovers(self.spec(), self.clients.compute())
+        leftovers = show_leftovers(self.spec(), self.clients)
         if not leftovers:
             ui.say(f"sweep: nothing carries the labels of stack {self.stack}")
         return bool(leftovers)
@@ -113,7 +113,7 @@ class GceTarget:
             cluster.verify()
             cluster.keep = True
 
-    def down(self) -> None:
+    def down(self, opts: RunOptions) -> None:
         from scripts.targets.gce.teardown import teardown
 
         spec = self.spec()
@@ -122,7 +122,14 @@ class GceTarget:
                 f"gcp:project is not set for stack {self.stack}; nothing of it can exist"
             )
         with signal_guard() as guard, guard.teardown():
-            teardown(spec, self.runner, self.clients, clear_stale_lock=True)
+            teardown(
+                spec,
+                self.runner,
+                self.clients,
+                runs_dir=self.settings.runs_dir,
+                clear_stale_lock=True,
+                keep_bucket=opts.keep_bucket,
+            )
 
     @contextmanager
     def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[FleetSession]:
@@ -160,7 +167,13 @@ class GceTarget:
                         f"{spec.max_run_duration}; `gputrain down --stack {self.stack}` ends it sooner"
                     )
                 else:
-                    teardown(spec, self.runner, self.clients)
+                    teardown(
+                        spec,
+                        self.runner,
+                        self.clients,
+                        runs_dir=self.settings.runs_dir,
+                        keep_bucket=opts.keep_bucket,
+                    )
 
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[FleetSession]:

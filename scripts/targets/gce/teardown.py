@@ -1,14 +1,17 @@
-"""Teardown of a stack: refresh + destroy (retried, a stale lock cleared when the user said so),
-then a sweep that must find nothing carrying the stack's labels or name."""
+"""Teardown of a stack: the bucket's results home and the bucket emptied (or kept), refresh +
+destroy (retried, a stale lock cleared when the user said so), then a sweep that must find nothing
+carrying the stack's labels or name — but a bucket kept on purpose."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from infra.base.errors import GputrainError, UserError
 from infra.base.retry import GaveUp, Waiting, every, poll_until
-from infra.compute import ComputeApi
 from infra.spec import ClusterSpec
 from infra.sweep import Leftover, sweep
 from scripts import ui
+from scripts.targets.gce.bucket import BUCKET_TYPE, KeptBucket, settle_bucket
 from scripts.targets.gce.clients import GceClients
 from scripts.targets.gce.stack import (
     ZONE_CONFIG_KEY,
@@ -25,11 +28,21 @@ def pulumi_line(line: str) -> None:
 
 
 def teardown(
-    spec: ClusterSpec, runner: StackRunner, clients: GceClients, *, clear_stale_lock: bool = False
+    spec: ClusterSpec,
+    runner: StackRunner,
+    clients: GceClients,
+    *,
+    runs_dir: Path,
+    clear_stale_lock: bool = False,
+    keep_bucket: bool = False,
 ) -> None:
     """Destroy the stack, retried with `refresh` first (the TTL may have deleted VMs already);
-    then the sweep must find nothing. `clear_stale_lock` (the user's `down`): a lock left by an
-    update whose process died is cleared with `pulumi cancel`, said out loud, and destroy goes on."""
+    then the sweep must find nothing. The stack's own bucket is emptied only once the results in
+    it are under `runs_dir`; it survives the destroy with `keep_bucket` or when they could not be
+    downloaded. `clear_stale_lock` (the user's `down`): a lock left by an update whose process
+    died is cleared with `pulumi cancel`, said out loud, and destroy goes on."""
+    kept = _settle_bucket(spec, runner, clients, runs_dir, keep_bucket)
+    keep_types = (BUCKET_TYPE,) if kept else ()
     attempts = 0
 
     def destroy() -> None:
@@ -38,7 +51,7 @@ def teardown(
         ui.say(f"down: destroying stack {spec.stack} (attempt {attempts})")
         try:
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line)
+            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
         except StackLockedError:
             if not clear_stale_lock:
                 raise
@@ -49,7 +62,7 @@ def teardown(
             )
             runner.cancel()
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line)
+            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
 
     def failed(w: Waiting) -> None:
         ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")
@@ -71,22 +84,47 @@ def teardown(
         runner.remove_config(ZONE_CONFIG_KEY)
     except Exception as exc:
         ui.warn(f"could not clear {ZONE_CONFIG_KEY}: {exc}")
-    leftovers = show_leftovers(spec, clients.compute())
-    if failure is not None or leftovers:
+    leftovers = show_leftovers(spec, clients, kept=kept.name if kept else None)
+    problem = kept.problem if kept else None
+    if failure is not None or leftovers or problem:
         raise GputrainError(
             f"teardown of stack {spec.stack} is incomplete: "
             + (f"destroy failed ({failure.reason}); " if failure else "")
-            + (f"{len(leftovers)} resource(s) still exist (listed above)" if leftovers else "")
-            + f". Run `gputrain down --stack {spec.stack}` again or delete them in the console."
+            + (f"{len(leftovers)} resource(s) still exist (listed above); " if leftovers else "")
+            + (f"bucket gs://{kept.name} kept: {problem}; " if kept and problem else "")
+            + f"run `gputrain down --stack {spec.stack}` again or delete them in the console."
         )
-    ui.say(f"down: stack {spec.stack} destroyed; sweep found nothing left")
+    if kept:
+        ui.say(f"down: stack {spec.stack} destroyed, all but its bucket gs://{kept.name}")
+    else:
+        ui.say(f"down: stack {spec.stack} destroyed; sweep found nothing left")
 
 
-def show_leftovers(spec: ClusterSpec, api: ComputeApi) -> list[Leftover]:
-    """Whatever still carries the stack's labels or name prefix, printed loudly."""
+def _settle_bucket(
+    spec: ClusterSpec, runner: StackRunner, clients: GceClients, runs_dir: Path, keep: bool
+) -> KeptBucket | None:
+    """The bucket the destroy must leave alone, if any (see scripts/targets/gce/bucket.py)."""
+    try:
+        outputs = runner.outputs()
+    except Exception as e:  # no outputs, no bucket known to us: destroy decides
+        ui.warn(f"down: could not read the outputs of stack {spec.stack}: {e}")
+        return None
+    return settle_bucket(
+        outputs, clients.storage(spec.project), stack=spec.stack, runs_dir=runs_dir, keep=keep
+    )
+
+
+def show_leftovers(
+    spec: ClusterSpec, clients: GceClients, *, kept: str | None = None
+) -> list[Leftover]:
+    """Whatever still carries the stack's labels or name prefix, printed loudly; a bucket kept
+    on purpose is not a leftover."""
     if not spec.project:
         raise UserError(f"gcp:project is not set for stack {spec.stack}")
-    leftovers = sweep(spec.project, spec.stack, api=api)
+    found = sweep(
+        spec.project, spec.stack, api=clients.compute(), storage=clients.storage(spec.project)
+    )
+    leftovers = [x for x in found if not (x.kind == "bucket" and x.name == kept)]
     if leftovers:
         ui.table(
             f"LEFT BEHIND by stack {spec.stack}",
