@@ -87,6 +87,18 @@ class StorageApi:
             )
         )
 
+    def upload(self, bucket: str, name: str, source: Path) -> None:
+        """One file (a Vertex job's code package), its CRC32C checked by the server."""
+        self._call(
+            f"objects.insert gs://{bucket}/{name}",
+            lambda: (
+                self.client()
+                .bucket(bucket)
+                .blob(name)
+                .upload_from_filename(str(source), checksum="crc32c")
+            ),
+        )
+
     def list_objects(self, bucket: str, prefix: str = "") -> list[ObjectInfo]:
         def fetch() -> list[ObjectInfo]:
             blobs = self.client().list_blobs(bucket, prefix=prefix)

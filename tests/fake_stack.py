@@ -101,6 +101,33 @@ def sample_outputs(
     }
 
 
+def sample_vertex_outputs(
+    stack: str, region: str, *, project: str = "gputrain-test", bucket: str = ""
+) -> dict[str, Any]:
+    """What infra/components/vertex.py exports, for a 2-replica g2-standard-8 stack."""
+    return {
+        "backend": "vertex",
+        "stack": stack,
+        "project": project,
+        "region": region,
+        "serviceAccount": f"gputrain-{stack}@{project}.iam.gserviceaccount.com",
+        "bucket": bucket or f"gputrain-{stack}-{project}",
+        "bucketPrefix": "",
+        "bucketOwned": True,
+        "machineType": "g2-standard-8",
+        "accelerator": "nvidia-l4",
+        "gpusPerNode": 1,
+        "nodes": 2,
+        "spot": True,
+        "executorImage": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+        "maxRunDuration": "1h",
+        "maxRunDurationSeconds": 3600,
+        "hourlyPricePerNodeUsd": 0.982,
+        "hourlyPriceUsd": 1.964,
+        "priceAsOf": "2026-04-15",
+    }
+
+
 def sample_nodes(stack: str, zone: str, count: int) -> list[dict[str, Any]]:
     return [
         {
@@ -153,6 +180,9 @@ class FakeStackRunner:
     # `destroy` deletes it — refusing while it holds objects, as the provider does without
     # force_destroy. None: the stack has no bucket (as stacks made before there was one).
     bucket: str | None = None
+    # "vertex": the program of a `backend: vertex` stack: `up` makes the bucket (and, in the
+    # real program, the API and the service account) and returns the Vertex outputs; no VMs.
+    backend: str = "gce"
     _outputs: dict[str, Any] = field(default_factory=dict, init=False)
     _created: list[tuple[str, str, str]] = field(
         default_factory=list, init=False
@@ -205,6 +235,12 @@ class FakeStackRunner:
         self.calls.append(("up", zone))
         say = on_output or (lambda _line: None)
         say(f"Updating ({self.stack_name}):")
+        if self.backend == "vertex":
+            self._create_bucket(say)
+            self._outputs = sample_vertex_outputs(
+                self.stack_name, region_of(zone), project=self.project, bucket=self.bucket or ""
+            )
+            return dict(self._outputs)
         self._create_network(say)
         self._create_bucket(say)
         nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)

@@ -12,6 +12,8 @@ import pytest
 from infra.plan import build_plan
 from infra.spec import parse_spec, require_deployable
 from infra.stackfile import load_stack_config
+from scripts.targets.vertex_session import parse_vertex_outputs
+from tests.fake_stack import sample_vertex_outputs
 from tests.pulumi_mocks import (
     ACCOUNT,
     FIREWALL,
@@ -123,6 +125,10 @@ def test_the_exports_are_what_the_controller_reads() -> None:
     }
     spec = parse_spec(_vertex(), "vertex")
     assert out["hourlyPricePerNodeUsd"] == round(spec.hourly_price_per_node, 4)
+    # the fake stack runner answers the controller with the same shape
+    assert set(sample_vertex_outputs("vertex", "us-central1")) == set(out)
+    parsed = parse_vertex_outputs(out)
+    assert (parsed.bucket, parsed.service_account) == (out["bucket"], EMAIL)
 
 
 def test_an_existing_bucket_is_only_granted() -> None:

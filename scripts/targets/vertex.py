@@ -10,22 +10,20 @@ import datetime as dt
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from infra.base.errors import GputrainError, UserError
-from infra.base.retry import GaveUp, every, poll_until
 from infra.stackfile import STACK_LABEL
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
 from scripts.targets.base import RunOptions
-from scripts.targets.gce.stack import PulumiMissingError, StackLockedError, target_name
+from scripts.targets.gce.stack import target_name
 from scripts.targets.vertex_clients import VertexClients
 from scripts.targets.vertex_session import (
     RUN_LABEL,
     VertexOutputs,
     VertexSession,
-    bring_home,
     parse_vertex_outputs,
 )
 
@@ -108,7 +106,7 @@ class VertexTarget:
     def sweep(self) -> bool:
         leftovers = self._leftovers(self.spec())
         if not leftovers:
-            ui.say(f"sweep: nothing of stack {self.stack} is left (no running job, no bucket)")
+            ui.say(f"sweep: nothing of stack {self.stack} is left (no job running, no bucket)")
         return bool(leftovers)
 
     # ---- creating and destroying
@@ -119,10 +117,10 @@ class VertexTarget:
             session.verify()
             session.keep = True
 
-    def down(self) -> None:
+    def down(self, opts: RunOptions) -> None:
         spec, _ = self._project()
         with signal_guard() as guard, guard.teardown():
-            self.teardown(spec, clear_stale_lock=True)
+            self.teardown(spec, keep_bucket=opts.keep_bucket, clear_stale_lock=True)
 
     @contextmanager
     def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[VertexSession]:
@@ -150,7 +148,7 @@ class VertexTarget:
                         f"nothing while no job runs); `gputrain down --stack {self.stack}` ends it"
                     )
                 else:
-                    self.teardown(spec)
+                    self.teardown(spec, keep_bucket=opts.keep_bucket)
 
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
@@ -160,64 +158,53 @@ class VertexTarget:
             raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
         yield VertexSession(spec, outputs, self.clients, self.settings)
 
-    def teardown(self, spec: ClusterSpec, *, clear_stale_lock: bool = False) -> None:
-        """Cancel the stack's jobs, results home, the own bucket emptied, destroy, sweep."""
-        from scripts.targets.gce.teardown import pulumi_line
+    def teardown(
+        self, spec: ClusterSpec, *, keep_bucket: bool = False, clear_stale_lock: bool = False
+    ) -> None:
+        """The stack's jobs cancelled (waited for), the bucket's results home and the own bucket
+        emptied (or kept), destroy (retried), then a sweep that must find nothing."""
+        from scripts.targets.gce.bucket import BUCKET_TYPE, settle_bucket
+        from scripts.targets.gce.teardown import destroy_stack
 
+        spec, project = self._project()
         try:
-            outputs = self._outputs()
-        except Exception as e:
+            raw = self.runner.outputs()
+        except Exception as e:  # no outputs, no bucket known to us: destroy decides
             ui.warn(f"down: could not read the outputs of stack {self.stack}: {e}")
-            outputs = None
-        problem = None
-        if spec.project:
-            VertexSession(spec, outputs or _bare(spec), self.clients, self.settings).cancel(None)
-        if outputs is not None and outputs.bucket_owned:
-            problem = self._empty_bucket(outputs)
-        failure: GaveUp | None = None
-        if problem is None:
-            failure = destroy_stack(
-                self.runner,
-                self.stack,
-                attempts=self.clients.destroy_attempts,
-                pause_s=self.clients.retry_pause_s,
-                clear_stale_lock=clear_stale_lock,
-                on_output=pulumi_line,
-            )
-        leftovers = self._leftovers(spec)
+            raw = {}
+        bare = VertexOutputs(project, spec.region, "", "", False, "")
+        VertexSession(spec, bare, self.clients, self.settings).cancel(None)
+        kept = settle_bucket(
+            raw,
+            self.clients.storage(project),
+            stack=self.stack,
+            runs_dir=self.settings.runs_dir,
+            keep=keep_bucket,
+        )
+        failure = destroy_stack(
+            self.runner,
+            self.stack,
+            attempts=self.clients.destroy_attempts,
+            pause_s=self.clients.retry_pause_s,
+            clear_stale_lock=clear_stale_lock,
+            keep_types=(BUCKET_TYPE,) if kept else (),
+        )
+        leftovers = self._leftovers(spec, kept=kept.name if kept else None)
+        problem = kept.problem if kept else None
         if failure or leftovers or problem:
             raise GputrainError(
                 f"teardown of stack {self.stack} is incomplete: "
-                + (f"{problem}; " if problem else "")
                 + (f"destroy failed ({failure.reason}); " if failure else "")
                 + (f"{len(leftovers)} thing(s) still exist (listed above); " if leftovers else "")
+                + (f"bucket gs://{kept.name} kept: {problem}; " if kept and problem else "")
                 + f"run `gputrain down --stack {self.stack}` again or delete them in the console."
             )
-        ui.say(f"down: stack {self.stack} destroyed; sweep found nothing left")
+        left = f", all but its bucket gs://{kept.name}" if kept else "; sweep found nothing left"
+        ui.say(f"down: stack {self.stack} destroyed{left}")
 
-    def _empty_bucket(self, out: VertexOutputs) -> str | None:
-        """Every run's results home first; only then the bucket is emptied (destroy deletes it).
-        Returns why it was kept, or None."""
-        storage = self.clients.storage()
-        try:
-            if not storage.bucket_exists(out.bucket):
-                return None
-            runs = {
-                o.name[len(out.bucket_prefix) :].split("/")[1]
-                for o in storage.list_objects(out.bucket, f"{out.bucket_prefix}runs/")
-            }
-            for run_id in sorted(runs):
-                bring_home(storage, out, run_id, self.settings.runs_dir / self.name / run_id)
-            gone = storage.delete_objects(
-                out.bucket, [o.name for o in storage.list_objects(out.bucket)]
-            )
-            ui.say(f"down: emptied gs://{out.bucket} ({gone} object(s)); destroy deletes it")
-            return None
-        except Exception as e:  # nothing may be lost: the stack stays until results are home
-            return f"bucket gs://{out.bucket} kept: its results could not be brought home ({e})"
-
-    def _leftovers(self, spec: ClusterSpec) -> list[list[str]]:
-        """Jobs of the stack still running and the stack's own bucket, printed loudly."""
+    def _leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
+        """Jobs of the stack not ended, and buckets carrying its label (but one kept on purpose),
+        printed loudly."""
         if not spec.project:
             raise UserError(f"gcp:project is not set for stack {self.stack}")
         api = self.clients.api(spec.project, spec.region)
@@ -226,62 +213,14 @@ class VertexTarget:
             for j in api.list_jobs({STACK_LABEL: self.stack})
             if not j.done
         ]
-        own = spec.bucket_name if spec.existing_bucket is None else None
-        if own and self.clients.storage().bucket_exists(own):
-            rows.append(["bucket", own, spec.region, "exists"])
+        rows += [
+            ["bucket", b.name, b.location, f"label {STACK_LABEL}={self.stack}"]
+            for b in self.clients.storage(spec.project).list_buckets(spec.project)
+            if b.labels.get(STACK_LABEL) == self.stack and b.name != kept
+        ]
         if rows:
             ui.table(f"LEFT BEHIND by stack {self.stack}", ["kind", "name", "where", "state"], rows)
         return rows
-
-
-def _bare(spec: ClusterSpec) -> VertexOutputs:
-    """Enough of the outputs to cancel jobs of a stack whose outputs are gone."""
-    assert spec.project is not None
-    return VertexOutputs(spec.project, spec.region, "", "", False, "")
-
-
-def destroy_stack(
-    runner: StackRunner,
-    stack: str,
-    *,
-    attempts: int,
-    pause_s: float,
-    clear_stale_lock: bool,
-    on_output: Any,
-) -> GaveUp | None:
-    """refresh + destroy, retried; a stale lock is cleared once when the user's `down` said so.
-    Returns the failure after the last attempt, or None."""
-    tries = 0
-
-    def destroy() -> None:
-        nonlocal tries, clear_stale_lock
-        tries += 1
-        ui.say(f"down: destroying stack {stack} (attempt {tries})")
-        try:
-            runner.refresh(on_output=None)
-            runner.destroy(on_output=on_output)
-        except StackLockedError:
-            if not clear_stale_lock:
-                raise
-            clear_stale_lock = False
-            ui.say(f"down: stack {stack} is locked by a dead update; clearing it (pulumi cancel)")
-            runner.cancel()
-            runner.refresh(on_output=None)
-            runner.destroy(on_output=on_output)
-
-    try:
-        poll_until(
-            destroy,
-            max_attempts=attempts,
-            delay=every(pause_s),
-            retry_on=(Exception,),
-            fatal=(PulumiMissingError,),
-            on_wait=lambda w: ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}"),
-        )
-    except GaveUp as e:
-        ui.warn(f"destroy attempt {e.attempts} failed: {e.reason}")
-        return e
-    return None
 
 
 def confirm(spec: ClusterSpec, *, yes: bool) -> None:

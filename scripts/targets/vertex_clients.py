@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from infra.compute import ComputeApi
+    from infra.gcs import StorageApi
     from scripts.targets.gce.stack import StackRunner
     from scripts.targets.vertex_api import VertexApi
-    from scripts.targets.vertex_storage import StorageApi
 
 
 def _env(name: str) -> Callable[[], str | None]:
@@ -29,11 +29,11 @@ class VertexClients:
     compute_endpoint: str | None = field(default_factory=_env("GPUTRAIN_COMPUTE_ENDPOINT"))
     poll_s: float = 15.0  # between GETs of a running job (and its new log lines)
     settle_s: float = 5.0  # Cloud Logging delivers a job's last lines a few seconds late
-    cancel_timeout_s: float = 600.0  # from CancelCustomJob until the job is CANCELLED
+    cancel_timeout_s: float = 600.0  # from CancelCustomJob until the job has ended
     destroy_attempts: int = 3
     retry_pause_s: float = 10.0  # between destroy attempts
     _apis: dict[tuple[str, str], VertexApi] = field(default_factory=dict, init=False, repr=False)
-    _storage: StorageApi | None = field(default=None, init=False, repr=False)
+    _storage: dict[str, StorageApi] = field(default_factory=dict, init=False, repr=False)
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
 
     def api(self, project: str, region: str) -> VertexApi:
@@ -48,13 +48,13 @@ class VertexClients:
             )
         return self._apis[project, region]
 
-    def storage(self) -> StorageApi:
-        """Cloud Storage (STORAGE_EMULATOR_HOST redirects it)."""
-        if self._storage is None:
-            from scripts.targets.vertex_storage import StorageApi
+    def storage(self, project: str) -> StorageApi:
+        """Cloud Storage for the stack's bucket (STORAGE_EMULATOR_HOST redirects it)."""
+        if project not in self._storage:
+            from infra.gcs import StorageApi
 
-            self._storage = StorageApi()
-        return self._storage
+            self._storage[project] = StorageApi(project)
+        return self._storage[project]
 
     def compute(self) -> ComputeApi:
         if self._compute is None:

@@ -19,6 +19,7 @@ from typing import IO, Any
 from infra import vertex
 from infra.base.errors import GputrainError, UserError
 from infra.base.validate import Checker
+from infra.gcs import StorageApi
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
 from scripts import ui
@@ -27,6 +28,7 @@ from scripts.job.download import write_job_record
 from scripts.job.launch import TRAINER_DIR
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
 from scripts.settings import Settings
+from scripts.targets.gce.bucket import to_fetch
 from scripts.targets.gce.stack import StackError, target_name
 from scripts.targets.vertex_clients import VertexClients
 from scripts.targets.vertex_job import (
@@ -39,13 +41,10 @@ from scripts.targets.vertex_job import (
     staging_dir,
     state_line,
 )
-from scripts.targets.vertex_storage import StorageApi
 
 RUN_LABEL = "gputrain-run"  # on every job: how a run's job is found again (logs, a lost create)
 JOB_RECORD = "vertex-job.json"  # runs/<target>/<run-id>/: which job a run was
 LOG_FILE = "vertex.log"  # runs/<target>/<run-id>/: every log line the controller saw
-CHECKPOINT = re.compile(r"(?:^|/)ckpt-(\d{8})\.pt$")
-MANIFEST_SUFFIX = ".manifest.json"  # written last by the trainer (trainer/storage.py)
 
 #: "stack output bucket is ''; expected a bucket name (...)".
 OUT = Checker(lambda key, value, allowed: f"stack output {key} is {value!r}; {allowed}", StackError)
@@ -89,30 +88,14 @@ def stack_labels(spec: ClusterSpec) -> dict[str, str]:
     return {STACK_LABEL: spec.stack, PROJECT_LABEL: PROJECT, **spec.labels}
 
 
-def bring_home(
-    storage: StorageApi, out: VertexOutputs, run_id: str, results_dir: Path
-) -> list[Path]:
-    """runs/<run-id>/ of the bucket into results_dir: every file not home yet, but of the
-    checkpoints only the newest complete one (with its manifest)."""
-    base = f"{out.bucket_prefix}runs/{run_id}/"
-    objects = {o.name[len(base) :]: o for o in storage.list_objects(out.bucket, base)}
-    complete = sorted(
-        (int(m[1]), rel)
-        for rel in objects
-        if (m := CHECKPOINT.search(rel)) and rel + MANIFEST_SUFFIX in objects
-    )
-    newest = {complete[-1][1], complete[-1][1] + MANIFEST_SUFFIX} if complete else set()
-    written = []
-    for rel, obj in sorted(objects.items()):
-        dest = results_dir / rel
-        old_checkpoint = CHECKPOINT.search(rel.removesuffix(MANIFEST_SUFFIX)) and rel not in newest
-        if old_checkpoint or (dest.is_file() and dest.stat().st_size == obj.size):
-            continue
-        storage.download(out.bucket, obj.name, dest)
-        written.append(dest)
-    if written:
-        ui.say(f"vertex: brought {len(written)} file(s) of run {run_id} home into {results_dir}")
-    return written
+def bring_home(storage: StorageApi, out: VertexOutputs, run_id: str, results_dir: Path) -> None:
+    """The run's files in the bucket (runs/<run-id>/: model/, checkpoints/...) into results_dir:
+    every small file and the newest complete checkpoint, as `down` brings runs home."""
+    fetch = to_fetch(storage, out.bucket, out.bucket_prefix, {run_id: results_dir})
+    for f in fetch:
+        storage.download(out.bucket, f.obj.name, results_dir / f.relative)
+    if fetch:
+        ui.say(f"vertex: brought {len(fetch)} file(s) of run {run_id} home into {results_dir}")
 
 
 class VertexSession:
@@ -136,7 +119,7 @@ class VertexSession:
     def verify(self) -> None:
         """What can be proven before a job: the stack's bucket answers, Vertex offers the shape
         in the region. The GPUs are Vertex's to provide: there is no SSH to look at them."""
-        if not self.clients.storage().bucket_exists(self.out.bucket):
+        if not self.clients.storage(self.out.project).bucket_exists(self.out.bucket):
             raise GputrainError(
                 f"verify: bucket gs://{self.out.bucket} of stack {self.spec.stack} does not exist; "
                 f"run `gputrain up --stack {self.spec.stack}`"
@@ -186,7 +169,7 @@ class VertexSession:
             with guard.teardown():  # nothing may keep running: cancel, wait, then re-raise
                 self.cancel(created.name if created else None, job.run_id)
             raise
-        bring_home(self.clients.storage(), self.out, job.run_id, results_dir)
+        bring_home(self.clients.storage(self.out.project), self.out, job.run_id, results_dir)
         status = followed.status
         result = JobResult(
             job.run_id,
@@ -217,7 +200,8 @@ class VertexSession:
                 limit_mib=job.max_upload_mib,
             )
             uri = staging_dir(self.out.bucket, job.run_id, self.out.bucket_prefix) + archive.name
-            self.clients.storage().upload(self.out.bucket, uri.split("/", 3)[3], archive)
+            storage = self.clients.storage(self.out.project)
+            storage.upload(self.out.bucket, uri.split("/", 3)[3], archive)
         ui.say(f"vertex: staged {size / 2**20:.1f} MiB of code as {uri}")
         return uri
 

@@ -85,13 +85,15 @@ def local_copy(run_dir: Path, relative: str, size: int) -> Path | None:
 def to_fetch(
     storage: StorageApi, bucket: str, prefix: str, run_dir_of: dict[str, Path]
 ) -> list[Fetch]:
-    """What of each run is not home yet: its small files and its newest complete checkpoint (the
-    manifest's size and CRC32C must match the object, else the next older one)."""
+    """What of each run in `run_dir_of` is not home yet: its small files and its newest complete
+    checkpoint (the manifest's size and CRC32C must match the object, else the next older one)."""
     fetch: list[Fetch] = []
     for run_id, files in run_objects(
         storage.list_objects(bucket, f"{prefix}runs/"), prefix
     ).items():
-        run_dir = run_dir_of[run_id]
+        run_dir = run_dir_of.get(run_id)
+        if run_dir is None:
+            continue
         for relative, obj in sorted(files.items()):
             if not is_checkpoint_file(relative) and not local_copy(run_dir, relative, obj.size):
                 fetch.append(Fetch(run_id, obj, relative))

@@ -4,6 +4,7 @@ carrying the stack's labels or name — but a bucket kept on purpose."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from infra.base.errors import GputrainError, UserError
@@ -42,44 +43,14 @@ def teardown(
     downloaded. `clear_stale_lock` (the user's `down`): a lock left by an update whose process
     died is cleared with `pulumi cancel`, said out loud, and destroy goes on."""
     kept = _settle_bucket(spec, runner, clients, runs_dir, keep_bucket)
-    keep_types = (BUCKET_TYPE,) if kept else ()
-    attempts = 0
-
-    def destroy() -> None:
-        nonlocal attempts, clear_stale_lock
-        attempts += 1
-        ui.say(f"down: destroying stack {spec.stack} (attempt {attempts})")
-        try:
-            runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
-        except StackLockedError:
-            if not clear_stale_lock:
-                raise
-            clear_stale_lock = False  # once: a lock that comes back is someone's live update
-            ui.say(
-                f"down: stack {spec.stack} is locked by an update that is no longer running; "
-                "clearing the lock (pulumi cancel) and destroying again"
-            )
-            runner.cancel()
-            runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
-
-    def failed(w: Waiting) -> None:
-        ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")
-
-    failure: GaveUp | None = None
-    try:
-        poll_until(
-            destroy,
-            max_attempts=clients.destroy_attempts,
-            delay=every(clients.retry_pause_s),
-            retry_on=(Exception,),
-            fatal=(PulumiMissingError,),
-            on_wait=failed,
-        )
-    except GaveUp as e:
-        ui.warn(f"destroy attempt {e.attempts} failed: {e.reason}")
-        failure = e
+    failure = destroy_stack(
+        runner,
+        spec.stack,
+        attempts=clients.destroy_attempts,
+        pause_s=clients.retry_pause_s,
+        clear_stale_lock=clear_stale_lock,
+        keep_types=(BUCKET_TYPE,) if kept else (),
+    )
     try:
         runner.remove_config(ZONE_CONFIG_KEY)
     except Exception as exc:
@@ -98,6 +69,56 @@ def teardown(
         ui.say(f"down: stack {spec.stack} destroyed, all but its bucket gs://{kept.name}")
     else:
         ui.say(f"down: stack {spec.stack} destroyed; sweep found nothing left")
+
+
+def destroy_stack(
+    runner: StackRunner,
+    stack: str,
+    *,
+    attempts: int,
+    pause_s: float,
+    clear_stale_lock: bool = False,
+    keep_types: Sequence[str] = (),
+) -> GaveUp | None:
+    """refresh + destroy (all but `keep_types`), retried; the last failure, or None. Any target
+    made of a Pulumi stack (GCE, Vertex AI) ends this way."""
+    attempts_made = 0
+
+    def destroy() -> None:
+        nonlocal attempts_made, clear_stale_lock
+        attempts_made += 1
+        ui.say(f"down: destroying stack {stack} (attempt {attempts_made})")
+        try:
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
+        except StackLockedError:
+            if not clear_stale_lock:
+                raise
+            clear_stale_lock = False  # once: a lock that comes back is someone's live update
+            ui.say(
+                f"down: stack {stack} is locked by an update that is no longer running; "
+                "clearing the lock (pulumi cancel) and destroying again"
+            )
+            runner.cancel()
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
+
+    def failed(w: Waiting) -> None:
+        ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")
+
+    try:
+        poll_until(
+            destroy,
+            max_attempts=attempts,
+            delay=every(pause_s),
+            retry_on=(Exception,),
+            fatal=(PulumiMissingError,),
+            on_wait=failed,
+        )
+    except GaveUp as e:
+        ui.warn(f"destroy attempt {e.attempts} failed: {e.reason}")
+        return e
+    return None
 
 
 def _settle_bucket(
