@@ -60,6 +60,11 @@ class VertexTarget:
 
     def _outputs(self) -> VertexOutputs | None:
         raw = self.runner.outputs()
+        if raw.get("nodes"):  # made while the stack file said backend gce
+            raise UserError(
+                f"stack {self.stack} is up with backend gce (it has VMs); "
+                f"`gputrain down --stack {self.stack}` first, then use it with backend vertex"
+            )
         return parse_vertex_outputs(raw) if raw else None
 
     # ---- commands that need no stack

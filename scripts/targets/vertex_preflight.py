@@ -72,7 +72,7 @@ def _zones_row(spec: ClusterSpec, api: ComputeApi) -> CheckResult:
         try:
             info = api.machine_type(z.project, zone, z.machine_type)
             accels = api.accelerator_types(z.project, zone) if z.is_n1 else []
-        except ComputeApiError as e:
+        except (ComputeApiError, OSError) as e:  # OSError: requests' connection errors
             return CheckResult(
                 "machine type",
                 spec.region,
