@@ -14,7 +14,7 @@ from typing import Any
 import pulumi
 
 from infra.components.bucket import StackBucket, StackBucketArgs
-from infra.components.identity import NodeIdentity, NodeIdentityArgs
+from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
 from infra.spec import ClusterSpec
@@ -26,6 +26,45 @@ COMPONENT_TYPE = "gputrain:infra:GpuCluster"
 def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
     """Labels for every labelable resource: ours (for sweeps and billing) + the user's."""
     return {STACK_LABEL: spec.stack, PROJECT_LABEL: pulumi_project, **spec.labels}
+
+
+def stack_identity(
+    spec: ClusterSpec,
+    display_name: str,
+    opts: pulumi.ResourceOptions,
+    roles: tuple[str, ...] = NODE_ROLES,
+) -> NodeIdentity:
+    """The stack's service account (`gputrain-<stack>`) with its project roles."""
+    return NodeIdentity(
+        f"{spec.stack}-identity",
+        NodeIdentityArgs(
+            account_id=f"gputrain-{spec.stack}",
+            project=spec.project,
+            display_name=display_name,
+            roles=roles,
+        ),
+        opts,
+    )
+
+
+def stack_bucket(
+    spec: ClusterSpec, identity: NodeIdentity, opts: pulumi.ResourceOptions
+) -> StackBucket:
+    """The stack's run bucket (its own, or the user's), usable by `identity` and no one else."""
+    assert spec.bucket_name is not None  # gcp:project is set: require_deployable ran
+    return StackBucket(
+        f"{spec.stack}-bucket",
+        StackBucketArgs(
+            name=spec.bucket_name,
+            project=spec.project,
+            location=spec.region,
+            member=identity.email.apply(lambda email: f"serviceAccount:{email}"),
+            existing=spec.existing_bucket is not None,
+            retention_days=spec.bucket_retention_days,
+            labels=cluster_labels(spec, pulumi.get_project()),
+        ),
+        opts,
+    )
 
 
 class GpuCluster(pulumi.ComponentResource):
@@ -56,29 +95,9 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             child,
         )
-        self.identity = NodeIdentity(
-            f"{spec.stack}-identity",
-            NodeIdentityArgs(
-                account_id=f"gputrain-{spec.stack}",
-                project=spec.project,
-                display_name=f"gputrain nodes of stack {spec.stack}",
-            ),
-            child,
-        )
+        self.identity = stack_identity(spec, f"gputrain nodes of stack {spec.stack}", child)
         labels = cluster_labels(spec, pulumi.get_project())
-        self.bucket = StackBucket(
-            f"{spec.stack}-bucket",
-            StackBucketArgs(
-                name=spec.bucket_name,
-                project=spec.project,
-                location=spec.region,
-                member=self.identity.email.apply(lambda email: f"serviceAccount:{email}"),
-                existing=spec.existing_bucket is not None,
-                retention_days=spec.bucket_retention_days,
-                labels=labels,
-            ),
-            child,
-        )
+        self.bucket = stack_bucket(spec, self.identity, child)
         self.nodes = GpuNodes(
             f"{spec.stack}-nodes",
             GpuNodesArgs(

@@ -12,9 +12,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.components.bucket import StackBucket, StackBucketArgs
-from infra.components.cluster import cluster_labels
-from infra.components.identity import NodeIdentity, NodeIdentityArgs
+from infra.components.cluster import stack_bucket, stack_identity
 from infra.spec import ClusterSpec
 from infra.stackfile import SpecError
 
@@ -43,29 +41,10 @@ class VertexStack(pulumi.ComponentResource):
             disable_dependent_services=False,
             opts=child,
         )
-        self.identity = NodeIdentity(
-            f"{spec.stack}-identity",
-            NodeIdentityArgs(
-                account_id=f"gputrain-{spec.stack}",
-                project=spec.project,
-                display_name=f"gputrain Vertex AI jobs of stack {spec.stack}",
-                roles=JOB_ROLES,
-            ),
-            child,
+        self.identity = stack_identity(
+            spec, f"gputrain Vertex AI jobs of stack {spec.stack}", child, JOB_ROLES
         )
-        self.bucket = StackBucket(
-            f"{spec.stack}-bucket",
-            StackBucketArgs(
-                name=spec.bucket_name,
-                project=spec.project,
-                location=spec.region,
-                member=self.identity.email.apply(lambda email: f"serviceAccount:{email}"),
-                existing=spec.existing_bucket is not None,
-                retention_days=spec.bucket_retention_days,
-                labels=cluster_labels(spec, pulumi.get_project()),
-            ),
-            child,
-        )
+        self.bucket = stack_bucket(spec, self.identity, child)
         self._exports = self._build_exports()
         self.register_outputs(self._exports)
 

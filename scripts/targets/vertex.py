@@ -16,9 +16,8 @@ from infra.base.errors import GputrainError, UserError
 from infra.stackfile import STACK_LABEL
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
-from scripts.settings import Settings
 from scripts.targets.base import RunOptions
-from scripts.targets.gce.stack import target_name
+from scripts.targets.stack_target import StackTarget
 from scripts.targets.vertex_clients import VertexClients
 from scripts.targets.vertex_session import (
     RUN_LABEL,
@@ -29,38 +28,18 @@ from scripts.targets.vertex_session import (
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
-    from scripts.targets.gce.stack import StackRunner
 
 
-class VertexTarget:
-    def __init__(self, stack: str, settings: Settings, clients: VertexClients) -> None:
-        self.stack = stack
-        self.name = target_name(stack)
-        self.settings = settings
-        self.clients = clients
-        self._runner: StackRunner | None = None
-
-    @property
-    def runner(self) -> StackRunner:
-        if self._runner is None:
-            self._runner = self.clients.runner(self.stack, self.settings.root)
-        return self._runner
-
-    def spec(self) -> ClusterSpec:
-        from infra.spec import parse_spec
-        from infra.stackfile import load_stack_config
-
-        return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
+class VertexTarget(StackTarget[VertexClients]):
+    """A stack of what Vertex AI jobs need; its sessions submit and follow the jobs."""
 
     def _project(self) -> tuple[ClusterSpec, str]:
-        spec = self.spec()
-        if not spec.project:
-            raise UserError(f"gcp:project is not set for stack {self.stack}; nothing of it exists")
-        return spec, spec.project
+        spec = self._spec_with_project()
+        return spec, str(spec.project)
 
     def _outputs(self) -> VertexOutputs | None:
         raw = self.runner.outputs()
-        if raw.get("nodes"):  # made while the stack file said backend gce
+        if isinstance(raw.get("nodes"), list):  # VMs: made while the file said backend gce
             raise UserError(
                 f"stack {self.stack} is up with backend gce (it has VMs); "
                 f"`gputrain down --stack {self.stack}` first, then use it with backend vertex"
@@ -68,14 +47,6 @@ class VertexTarget:
         return parse_vertex_outputs(raw) if raw else None
 
     # ---- commands that need no stack
-
-    def plan(self) -> None:
-        from infra.plan import HEADERS, build_plan
-
-        plan = build_plan(self.spec())
-        ui.table(plan.title, HEADERS, [plan.row])
-        for line in plan.footer_lines():
-            ui.say(line)
 
     def keygen(self, *, force: bool) -> None:
         raise UserError(

@@ -17,54 +17,18 @@ from typing import TYPE_CHECKING, Any
 from infra.base.errors import UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
-from scripts.settings import Settings
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.gce.stack import target_name
 from scripts.targets.session import FleetSession
+from scripts.targets.stack_target import StackTarget
 
 if TYPE_CHECKING:
     from infra.base.records import Fleet
     from infra.spec import ClusterSpec
-    from scripts.targets.gce.stack import StackRunner
 
 
-class GceTarget:
-    def __init__(self, stack: str, settings: Settings, clients: GceClients) -> None:
-        self.stack = stack
-        self.name = target_name(stack)
-        self.settings = settings
-        self.clients = clients
-        self._runner: StackRunner | None = None
-
-    @property
-    def runner(self) -> StackRunner:
-        if self._runner is None:
-            self._runner = self.clients.runner(self.stack, self.settings.root)
-        return self._runner
-
-    def spec(self) -> ClusterSpec:
-        from infra.spec import parse_spec
-        from infra.stackfile import load_stack_config
-
-        return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
-
-    def _spec_with_project(self) -> ClusterSpec:
-        """The spec of a stack that can have resources: gcp:project must be set."""
-        spec = self.spec()
-        if not spec.project:
-            raise UserError(f"gcp:project is not set for stack {self.stack}")
-        return spec
-
+class GceTarget(StackTarget[GceClients]):
     # ---- commands that need no cluster
-
-    def plan(self) -> None:
-        from infra.plan import HEADERS, build_plan
-
-        plan = build_plan(self.spec())
-        ui.table(plan.title, HEADERS, [plan.row])
-        for line in plan.footer_lines():
-            ui.say(line)
 
     def keygen(self, *, force: bool) -> None:
         from scripts.targets.gce.keys import store_new_keypair

@@ -1,0 +1,59 @@
+"""What every target made of a Pulumi stack shares — GCE VMs (gce/) or Vertex AI jobs (vertex.py):
+the stack file it validates, the one StackRunner it drives, its results dir name and `plan`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+from infra.base.errors import UserError
+from scripts import ui
+from scripts.settings import Settings
+from scripts.targets.gce.stack import target_name
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+    from scripts.targets.gce.stack import StackRunner
+
+
+class StackClients(Protocol):
+    def runner(self, stack: str, root: Path) -> StackRunner: ...
+
+
+C = TypeVar("C", bound=StackClients)
+
+
+class StackTarget(Generic[C]):
+    def __init__(self, stack: str, settings: Settings, clients: C) -> None:
+        self.stack = stack
+        self.name = target_name(stack)
+        self.settings = settings
+        self.clients = clients
+        self._runner: StackRunner | None = None
+
+    @property
+    def runner(self) -> StackRunner:
+        if self._runner is None:
+            self._runner = self.clients.runner(self.stack, self.settings.root)
+        return self._runner
+
+    def spec(self) -> ClusterSpec:
+        from infra.spec import parse_spec
+        from infra.stackfile import load_stack_config
+
+        return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
+
+    def _spec_with_project(self) -> ClusterSpec:
+        """The spec of a stack that can have resources: gcp:project must be set."""
+        spec = self.spec()
+        if not spec.project:
+            raise UserError(f"gcp:project is not set for stack {self.stack}")
+        return spec
+
+    def plan(self) -> None:
+        from infra.plan import HEADERS, build_plan
+
+        plan = build_plan(self.spec())
+        ui.table(plan.title, HEADERS, [plan.row])
+        for line in plan.footer_lines():
+            ui.say(line)
