@@ -117,7 +117,7 @@ def sample_vertex_outputs(
         "machineType": "g2-standard-8",
         "accelerator": "nvidia-l4",
         "gpusPerNode": 1,
-        "nodes": 2,
+        "replicas": 2,
         "spot": True,
         "executorImage": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
         "maxRunDuration": "1h",

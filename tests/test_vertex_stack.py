@@ -114,7 +114,7 @@ def test_the_exports_are_what_the_controller_reads() -> None:
         "machineType": "g2-standard-24",
         "accelerator": "nvidia-l4",
         "gpusPerNode": 2,
-        "nodes": 2,
+        "replicas": 2,
         "spot": True,
         "executorImage": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
         "maxRunDuration": "3h",

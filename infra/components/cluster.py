@@ -152,29 +152,36 @@ class GpuCluster(pulumi.ComponentResource):
         ]
         head = nodes[0].apply(lambda n: n["externalIp"] or n["internalIp"])
         return {
-            "stack": spec.stack,
-            "project": spec.project,
-            "region": spec.region,
+            **shape_exports(spec, self.bucket),
             "zone": spec.zone,
-            "machineType": spec.machine_type,
-            "accelerator": spec.accelerator,
-            "gpusPerNode": spec.gpus_per_node,
             "gpuModel": spec.gpu_model,
             "gpuMemoryGb": spec.gpu_memory_gb,
-            "spot": spec.spot,
-            "maxRunDuration": spec.max_run_duration,
-            "maxRunDurationSeconds": spec.max_run_duration_s,
-            "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
-            "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
-            "priceAsOf": spec.price.as_of,
             "sshUser": spec.ssh_user,
             "image": self.image_self_link,
             "headAddress": head,
-            "bucket": self.bucket.name,
-            "bucketPrefix": spec.bucket_prefix,
-            "bucketOwned": spec.existing_bucket is None,
             "nodes": pulumi.Output.all(*nodes),
         }
+
+
+def shape_exports(spec: ClusterSpec, bucket: StackBucket) -> dict[str, Any]:
+    """The outputs every backend exports: where, what shape, its price and TTL, the bucket."""
+    return {
+        "stack": spec.stack,
+        "project": spec.project,
+        "region": spec.region,
+        "machineType": spec.machine_type,
+        "accelerator": spec.accelerator,
+        "gpusPerNode": spec.gpus_per_node,
+        "spot": spec.spot,
+        "maxRunDuration": spec.max_run_duration,
+        "maxRunDurationSeconds": spec.max_run_duration_s,
+        "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
+        "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
+        "priceAsOf": spec.price.as_of,
+        "bucket": bucket.name,
+        "bucketPrefix": spec.bucket_prefix,
+        "bucketOwned": spec.existing_bucket is None,
+    }
 
 
 def _node_export(values: list[Any], index: int) -> dict[str, Any]:

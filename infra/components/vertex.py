@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.components.cluster import stack_bucket, stack_identity
+from infra.components.cluster import shape_exports, stack_bucket, stack_identity
 from infra.spec import ClusterSpec
 from infra.stackfile import SpecError
 
@@ -60,23 +60,9 @@ class VertexStack(pulumi.ComponentResource):
             *[b.id for b in self.identity.role_bindings],
         )
         return {
+            **shape_exports(spec, self.bucket),
             "backend": "vertex",
-            "stack": spec.stack,
-            "project": spec.project,
-            "region": spec.region,
             "serviceAccount": pulumi.Output.all(self.identity.email, ready).apply(lambda v: v[0]),
-            "bucket": self.bucket.name,
-            "bucketPrefix": spec.bucket_prefix,
-            "bucketOwned": spec.existing_bucket is None,
-            "machineType": spec.machine_type,
-            "accelerator": spec.accelerator,
-            "gpusPerNode": spec.gpus_per_node,
-            "nodes": spec.nodes,
-            "spot": spec.spot,
+            "replicas": spec.nodes,  # chief + workers (GCE's `nodes` lists VMs)
             "executorImage": spec.executor_image,
-            "maxRunDuration": spec.max_run_duration,
-            "maxRunDurationSeconds": spec.max_run_duration_s,
-            "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
-            "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
-            "priceAsOf": spec.price.as_of,
         }

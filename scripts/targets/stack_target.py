@@ -3,12 +3,15 @@ the stack file it validates, the one StackRunner it drives, its results dir name
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from infra.base.errors import UserError
 from scripts import ui
+from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
+from scripts.targets.base import RunOptions, Session
 from scripts.targets.gce.stack import target_name
 
 if TYPE_CHECKING:
@@ -49,6 +52,15 @@ class StackTarget(Generic[C]):
         if not spec.project:
             raise UserError(f"gcp:project is not set for stack {self.stack}")
         return spec
+
+    def provisioned(self, opts: RunOptions, guard: SignalGuard) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def up(self, opts: RunOptions) -> None:
+        """Create and prove; it stays up. If that fails it is destroyed again."""
+        with signal_guard() as guard, self.provisioned(opts, guard) as session:
+            session.verify()
+            session.keep = True
 
     def plan(self) -> None:
         from infra.plan import HEADERS, build_plan

@@ -87,12 +87,6 @@ class VertexTarget(StackTarget[VertexClients]):
 
     # ---- creating and destroying
 
-    def up(self, opts: RunOptions) -> None:
-        """Create the stack and prove it; if that fails it is destroyed again."""
-        with signal_guard() as guard, self.provisioned(opts, guard) as session:
-            session.verify()
-            session.keep = True
-
     def down(self, opts: RunOptions) -> None:
         spec, _ = self._project()
         with signal_guard() as guard, guard.teardown():

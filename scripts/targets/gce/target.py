@@ -71,12 +71,6 @@ class GceTarget(StackTarget[GceClients]):
 
     # ---- creating and destroying
 
-    def up(self, opts: RunOptions) -> None:
-        """Create the cluster and prove it; if that fails it is destroyed again."""
-        with signal_guard() as guard, self.provisioned(opts, guard) as cluster:
-            cluster.verify()
-            cluster.keep = True
-
     def down(self, opts: RunOptions) -> None:
         from scripts.targets.gce.teardown import teardown
 
