@@ -136,7 +136,8 @@ class VertexTarget(StackTarget[VertexClients]):
         from scripts.targets.gce.bucket import BUCKET_TYPE, settle_bucket
         from scripts.targets.gce.teardown import destroy_stack
 
-        spec, project = self._project()
+        assert spec.project is not None  # down and provisioned checked it
+        project = spec.project
         try:
             raw = self.runner.outputs()
         except Exception as e:  # no outputs, no bucket known to us: destroy decides

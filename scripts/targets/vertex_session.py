@@ -14,11 +14,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from infra import vertex
 from infra.base.errors import GputrainError, UserError
-from infra.base.validate import Checker
 from infra.gcs import StorageApi
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
@@ -29,7 +28,7 @@ from scripts.job.launch import TRAINER_DIR
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
 from scripts.settings import Settings
 from scripts.targets.gce.bucket import to_fetch
-from scripts.targets.gce.stack import StackError, target_name
+from scripts.targets.gce.stack import OUT, target_name
 from scripts.targets.vertex_clients import VertexClients
 from scripts.targets.vertex_job import (
     JobRequest,
@@ -42,12 +41,12 @@ from scripts.targets.vertex_job import (
     state_line,
 )
 
+if TYPE_CHECKING:
+    from scripts.targets.vertex_api import Followed
+
 RUN_LABEL = "gputrain-run"  # on every job: how a run's job is found again (logs, a lost create)
 JOB_RECORD = "vertex-job.json"  # runs/<target>/<run-id>/: which job a run was
 LOG_FILE = "vertex.log"  # runs/<target>/<run-id>/: every log line the controller saw
-
-#: "stack output bucket is ''; expected a bucket name (...)".
-OUT = Checker(lambda key, value, allowed: f"stack output {key} is {value!r}; {allowed}", StackError)
 
 
 @dataclass(frozen=True)
@@ -124,14 +123,7 @@ class VertexSession:
                 f"verify: bucket gs://{self.out.bucket} of stack {self.spec.stack} does not exist; "
                 f"run `gputrain up --stack {self.spec.stack}`"
             )
-        problem = vertex.vertex_problem(
-            self.spec.machine_type,
-            self.spec.accelerator if self.spec.attach_gpus else None,
-            self.spec.gpus_per_node if self.spec.attach_gpus else 0,
-            spot=self.spec.spot,
-        )
-        if problem:
-            raise UserError(problem)
+        # that Vertex runs the shape at all, parse_spec checked (vertex_problem)
         regions = vertex.vertex_regions(self.spec.accelerator)
         known = regions is None or self.out.region in regions
         ui.say(
@@ -226,10 +218,11 @@ class VertexSession:
             executor_image=spec.executor_image,
         )
 
-    def _follow(self, name: str, log: IO[str]) -> Any:
+    def _follow(self, name: str, log: IO[str] | None = None) -> Followed:
         def lines(batch: list[str]) -> None:
-            log.write("".join(f"{line}\n" for line in batch))
-            log.flush()
+            if log is not None:
+                log.write("".join(f"{line}\n" for line in batch))
+                log.flush()
             for line in batch:
                 ui.say(line)
 
@@ -270,11 +263,7 @@ class VertexSession:
 
     def logs(self, run_id: str) -> None:
         """Follow a run's job: its states and every log line so far, then on until it ends."""
-        name = self._job_of(run_id)
-        record = self.settings.runs_dir / self.name / run_id
-        record.mkdir(parents=True, exist_ok=True)
-        with (record / LOG_FILE).open("a") as log:
-            self._follow(name, log)
+        self._follow(self._job_of(run_id))
 
     def _job_of(self, run_id: str) -> str:
         path = self.settings.runs_dir / self.name / run_id / JOB_RECORD
