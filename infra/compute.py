@@ -56,6 +56,15 @@ class Quota:
 
 
 @dataclass(frozen=True)
+class Preemption:
+    """A `compute.instances.preempted` operation: GCE took a spot VM back."""
+
+    instance: str
+    zone: str
+    at: str  # the operation's insertTime (RFC 3339)
+
+
+@dataclass(frozen=True)
 class ImageInfo:
     name: str
     self_link: str
@@ -202,6 +211,34 @@ class ComputeApi:
                 f"Compute API getGuestAttributes {zone}/{instance}: {e.code} {_message(e)}"
             ) from e
         return [(i.namespace, i.key, i.value) for i in ga.query_value.items]
+
+    # -- spot preemptions
+
+    def instance_status(self, project: str, zone: str, instance: str) -> str | None:
+        """PROVISIONING, RUNNING, STOPPING, TERMINATED...; None when the instance is gone."""
+        inst = self._call(
+            f"instances.get {zone}/{instance}",
+            lambda: self._client("InstancesClient").get(
+                project=project, zone=zone, instance=instance
+            ),
+            not_found=None,
+        )
+        return None if inst is None else str(inst.status)
+
+    def preemptions(self, project: str, zone: str) -> list[Preemption]:
+        """The zone's `compute.instances.preempted` operations (GCE keeps them for a while)."""
+
+        kind = "compute.instances.preempted"
+
+        def fetch() -> list[Preemption]:
+            request = {"project": project, "zone": zone, "filter": f'operationType = "{kind}"'}
+            return [
+                Preemption(op.target_link.rsplit("/", 1)[-1], zone, op.insert_time)
+                for op in self._client("ZoneOperationsClient").list(request=request)
+                if op.operation_type == kind
+            ]
+
+        return list(self._call(f"zoneOperations.list {zone}", fetch))
 
     # -- listings for sweep and status
 

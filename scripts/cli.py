@@ -267,6 +267,12 @@ def main(
                 f"{args.command}: choose a target: --stack NAME"
                 + ("" if args.command in STACK_ONLY else ", --hosts FILE or --local")
             )
+        for flag, given in (
+            ("--max-recoveries", opts.max_recoveries is not None),
+            ("--keep-bucket", opts.keep_bucket),
+        ):
+            if given and not args.stack:
+                raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")
         settings = settings or Settings()
         if args.dir:
             settings.root = find_project_root(Path(args.dir))

@@ -5,13 +5,15 @@ set up fails the suite; elsewhere the tests skip with the reason."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from infra.compute import ComputeApi
 from tests.fake_compute import FakeCompute
 from tests.gcs_emulator import GcsEmulator
+from tests.stack_world import World, world_factory
 from tests.testbed import TestBed, TestBedUnavailable
 
 
@@ -72,3 +74,11 @@ def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsEmulator]:
     with GcsEmulator() as emulator:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
         yield emulator
+
+
+@pytest.fixture
+def world(
+    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., World]]:
+    """make(nodes=2, ...) -> a `--stack e2e` world on the test bed (tests/stack_world.py)."""
+    yield from world_factory(tb, tmp_path, monkeypatch)

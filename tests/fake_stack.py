@@ -164,6 +164,8 @@ class FakeStackRunner:
 
     stack_name: str = "dev"
     node_factory: NodeFactory | None = None
+    # (zone, the node's last output) -> the VM that replaces it when `up` finds it gone
+    node_replacer: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
     compute: FakeCompute | None = None
     project: str = "gputrain-test"
     ssh_user: str = "gputrain"
@@ -243,11 +245,19 @@ class FakeStackRunner:
             return dict(self._outputs)
         self._create_network(say)
         self._create_bucket(say)
-        nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)
+        previous = self._outputs.get("nodes") if self._outputs.get("zone") == zone else None
+        standing = set(self.existing) if previous else set()
+        if standing:  # an update: VMs that still exist stay as they are, missing ones come anew
+            nodes = [
+                n if n["name"] in standing else self._replacement(zone, n) for n in previous or []
+            ]
+        else:
+            nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)
+        to_create = [n for n in nodes if n["name"] not in standing]
         failure = self.failures.get(zone)
         if failure and failure.times > 0:
             failure.times -= 1
-            for node in nodes[: failure.created]:
+            for node in to_create[: failure.created]:
                 self._create_node(node, say)
             for line in failure.text.splitlines():
                 say(line)
@@ -255,7 +265,9 @@ class FakeStackRunner:
                 f"pulumi up failed for stack {self.stack_name}",
                 f"code: 255\n stderr: {failure.text}",
             )
-        public_nodes = [self._create_node(node, say) for node in nodes]
+        created = {n["name"]: self._create_node(n, say) for n in to_create}
+        public_nodes = [created.get(n["name"], n) for n in nodes]
+        self._drop_instances_outside(zone)  # a zone change replaced them
         self._outputs = sample_outputs(
             self.stack_name, zone, nodes=len(nodes), project=self.project
         )
@@ -263,7 +275,7 @@ class FakeStackRunner:
         self._outputs["sshUser"] = self.ssh_user
         if self.bucket:
             self._outputs |= {"bucket": self.bucket, "bucketPrefix": "", "bucketOwned": True}
-        say(f"Resources:\n    + {len(self._created)} created")
+        say(f"Resources:\n    + {len(to_create)} VM(s) created")
         return dict(self._outputs)
 
     def outputs(self) -> dict[str, Any]:
@@ -350,6 +362,18 @@ class FakeStackRunner:
                 self.compute.add_resource(kind, name, **kwargs)
             self._created.append((kind, name, "global"))
             say(f" +  gcp:compute:{kind} {name} created (2s)")
+
+    def _replacement(self, zone: str, node: dict[str, Any]) -> dict[str, Any]:
+        """A VM `up` re-creates (after a preemption): a new instance, new host keys."""
+        if self.node_replacer is not None:
+            return self.node_replacer(zone, node)
+        return {k: v for k, v in node.items() if k not in ("id", "hostKeys")}
+
+    def _drop_instances_outside(self, zone: str) -> None:
+        for c in [c for c in self._created if c[0] == "instance" and c[2] != zone]:
+            self._created.remove(c)
+            if self.compute:
+                self.compute.remove_instance(c[1], c[2])
 
     def _create_bucket(self, say: OnOutput) -> None:
         if not self.bucket or any(c[0] == "bucket" for c in self._created):

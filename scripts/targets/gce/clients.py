@@ -26,6 +26,7 @@ class GceClients:
     destroy_attempts: int = 3
     retry_pause_s: float = 10.0  # between destroy attempts
     node_python: str = "python3"  # the interpreter with torch on the nodes (the DLVM's)
+    preemption_confirm_s: float = 60.0  # a node killed or lost: how long to ask "preempted?"
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
     _storage: dict[str | None, StorageApi] = field(default_factory=dict, init=False, repr=False)
 

@@ -25,6 +25,8 @@ from scripts.targets.stack_target import StackTarget
 if TYPE_CHECKING:
     from infra.base.records import Fleet
     from infra.spec import ClusterSpec
+    from scripts.targets.gce.recovery import RecoveringSession
+    from scripts.targets.gce.stack import StackOutputs
 
 
 class GceTarget(StackTarget[GceClients]):
@@ -98,6 +100,7 @@ class GceTarget(StackTarget[GceClients]):
 
         spec = self.spec()
         require_deployable(spec)
+        max_recoveries = recoveries_allowed(opts, spec)
         zones = (
             list(spec.zones)
             if opts.skip_preflight
@@ -108,12 +111,7 @@ class GceTarget(StackTarget[GceClients]):
         try:
             outputs = self._provision(spec, zones)
             with private_key_file(self.runner, self.stack) as key:
-                cluster = FleetSession(
-                    self._fleet(outputs, key),
-                    self.settings,
-                    hourly_usd=spec.hourly_price_per_node * spec.nodes,
-                    keep=opts.keep,
-                )
+                cluster = self._session(spec, outputs, key, max_recoveries, keep=opts.keep)
                 with cluster:
                     yield cluster
         finally:
@@ -137,17 +135,53 @@ class GceTarget(StackTarget[GceClients]):
     def attached(self, opts: RunOptions) -> Iterator[FleetSession]:
         from scripts.targets.gce.keys import private_key_file
 
-        self.spec()  # a broken stack file is still a one-line error
+        spec = self.spec()  # a broken stack file is still a one-line error
+        max_recoveries = recoveries_allowed(opts, spec)
         outputs = self.runner.outputs()
-        if not outputs:
+        if not outputs.get("nodes"):
             raise UserError(
                 f"stack {self.stack} has no cluster; run `gputrain up --stack {self.stack}`"
             )
         with (
             private_key_file(self.runner, self.stack) as key,
-            FleetSession(self._fleet(outputs, key), self.settings) as session,
+            self._session(spec, outputs, key, max_recoveries, keep=True) as session,
         ):
             yield session
+
+    def _session(
+        self,
+        spec: ClusterSpec,
+        outputs: dict[str, Any],
+        key: Path,
+        max_recoveries: int,
+        *,
+        keep: bool,
+    ) -> RecoveringSession:
+        """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
+        from scripts.targets.gce.recovery import RecoveringSession, StackNodes
+        from scripts.targets.gce.stack import parse_stack_outputs
+
+        def recreate(zone: str) -> tuple[Fleet, StackOutputs]:
+            out = parse_stack_outputs(self._recreate(spec, zone))
+            return self._fleet(out, key), out
+
+        out = parse_stack_outputs(outputs)
+        nodes = StackNodes(
+            self.clients.compute(),
+            out,
+            spot=spec.spot,
+            ttl_s=spec.max_run_duration_s,
+            recreate=recreate,
+        )
+        return RecoveringSession(
+            self._fleet(out, key),
+            self.settings,
+            nodes,
+            max_recoveries=max_recoveries,
+            hourly_usd=spec.hourly_price_per_node * spec.nodes,
+            keep=keep,
+            confirm_s=self.clients.preemption_confirm_s,
+        )
 
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:
         """`pulumi up` with zone failover; the stack outputs."""
@@ -165,12 +199,28 @@ class GceTarget(StackTarget[GceClients]):
         ui.say(f"up: cluster ready in {zone}")
         return outputs
 
-    def _fleet(self, outputs: dict[str, Any], key_file: Path) -> Fleet:
+    def _recreate(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
+        """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
+        zone first, then the rest of the failover order, never destroying what survived."""
+        from scripts.targets.gce.failover import provision_with_failover
+        from scripts.targets.gce.teardown import pulumi_line
+
+        self.runner.refresh(on_output=None)
+        _, outputs = provision_with_failover(
+            self.runner,
+            [zone, *(z for z in spec.zones if z != zone)],
+            on_event=ui.say,
+            on_output=pulumi_line,
+            expected_nodes=spec.nodes,
+            project=spec.project,
+            destroy_failed=False,
+        )
+        return outputs
+
+    def _fleet(self, out: StackOutputs, key_file: Path) -> Fleet:
         """Nodes from the stack outputs, each pinned to the host keys its guest agent published."""
         from infra.compute import fetch_host_keys
-        from scripts.targets.gce.stack import parse_stack_outputs
 
-        out = parse_stack_outputs(outputs)
         keys = {
             n.name: fetch_host_keys(
                 out.project,
@@ -185,6 +235,16 @@ class GceTarget(StackTarget[GceClients]):
         return out.to_fleet(
             self.stack, keys, identity_file=key_file, python=self.clients.node_python
         )
+
+
+def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
+    """--max-recoveries, by default 3 on spot (preemptions happen) and 0 on demand."""
+    n = opts.max_recoveries
+    if n is None:
+        return 3 if spec.spot else 0
+    if not 0 <= n <= 100:
+        raise UserError(f"--max-recoveries {n}: allowed 0..100")
+    return n
 
 
 def confirm(spec: ClusterSpec, *, yes: bool) -> None:
