@@ -75,6 +75,8 @@ def test_cli_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.strip() == (
         "gputrain: error: stack vx is not up; run `gputrain up --stack vx`"
     )
+    assert main(["run", "--stack", "vx", "--max-recoveries", "2"], settings, vertex=clients) == 2
+    assert "re-creates no VMs; allowed only for backend gce stacks" in capsys.readouterr().err
 
 
 def test_plan_of_a_vertex_stack_through_the_cli(

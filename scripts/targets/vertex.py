@@ -46,6 +46,15 @@ class VertexTarget(StackTarget[VertexClients]):
             )
         return parse_vertex_outputs(raw) if raw else None
 
+    def _spec_for(self, opts: RunOptions) -> ClusterSpec:
+        """The spec, refusing the options that only mean something for VMs."""
+        if opts.max_recoveries is not None:
+            raise UserError(
+                f"--max-recoveries {opts.max_recoveries}: stack {self.stack} runs on Vertex AI, "
+                "where gputrain re-creates no VMs; allowed only for backend gce stacks"
+            )
+        return self.spec()
+
     # ---- commands that need no stack
 
     def keygen(self, *, force: bool) -> None:
@@ -98,7 +107,7 @@ class VertexTarget(StackTarget[VertexClients]):
         from scripts.targets.gce.teardown import pulumi_line
         from scripts.targets.vertex_preflight import preflight_region
 
-        spec = self.spec()
+        spec = self._spec_for(opts)
         require_deployable(spec)
         if not opts.skip_preflight:
             preflight_region(spec, self.clients.compute())
@@ -122,7 +131,7 @@ class VertexTarget(StackTarget[VertexClients]):
 
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
-        spec = self.spec()
+        spec = self._spec_for(opts)
         outputs = self._outputs()
         if outputs is None:
             raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
