@@ -226,9 +226,10 @@ def recovery_line(r: Recovery, number: int, limit: int) -> str:
 
 
 def keep_attempt_logs(results_dir: Path, attempt: int) -> None:
-    """The next attempt's download would overwrite these: torchrun.log -> torchrun.attempt1.log."""
+    """The next attempt's download would overwrite (or trip over) these: torchrun.log ->
+    torchrun.attempt1.log, exitcode -> exitcode.attempt1, torchrun-logs -> torchrun-logs.attempt1."""
     for node_dir in [p for p in results_dir.glob("*") if p.is_dir()]:
-        for name in ("torchrun.log", "exitcode"):
+        for name in ("torchrun.log", "exitcode", "torchrun-logs"):
             if (node_dir / name).exists():
                 stem, dot, ext = name.partition(".")
                 shutil.move(node_dir / name, node_dir / f"{stem}.attempt{attempt}{dot}{ext}")
