@@ -22,7 +22,7 @@ from tests.stack_world import ZONES, World, assert_torn_down
 from tests.trainer_helpers import child_env, free_port, node_argv, start
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
-TRAIN = ["--preset", "tiny", "--steps", "200", "--checkpoint-every", "10", "--log-every", "1"]
+TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--log-every", "1"]
 TRAIN += ["--eval-batches", "0"]
 
 
@@ -108,13 +108,13 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--max-recoveries 1: the first preemption is survived, the second (after the resume got
-    past step 60) ends the run, destroyed, with the reason."""
+    past step 50) ends the run, destroyed, with the reason."""
     w = world(bucket=True)
     second: list[threading.Thread] = []
 
     def first() -> None:
         w.preempt("e2e-node-1")
-        second.append(w.at_checkpoint(60, lambda: w.preempt("e2e-node-1"), after_up=2))
+        second.append(w.at_checkpoint(50, lambda: w.preempt("e2e-node-1"), after_up=2))
 
     t = w.at_checkpoint(20, first)
     rc = run_spot(w, "--max-recoveries", "1")
