@@ -125,6 +125,7 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
     assert "GCE preempted e2e-node-1 (compute.instances.preempted at" in captured.err
     assert "--max-recoveries 1 allows no more recoveries (1 done)" in captured.err
     assert w.runner.call_names().count("up") == 2
+    assert len(json.loads((last_run(w) / "job.json").read_text())["recoveries"]) == 1
     # Nothing lost: the newest checkpoint is home, then everything is gone.
     assert list(last_run(w).rglob("ckpt-*.pt"))
     assert_torn_down(w)

@@ -13,12 +13,13 @@ crash is still a crash: it fails at once with its root cause.
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infra.base.errors import GputrainError
@@ -173,29 +174,19 @@ class StackNodes:
         return fleet
 
 
+@dataclass
 class _Pending:
     """A recovery whose relaunch has not trained a step yet; finished (and its one line said)
     at the relaunch's first step, or when that attempt ends."""
 
-    def __init__(
-        self, number: int, limit: int, nodes: tuple[str, ...], at: float, reached: int | None
-    ) -> None:
-        self.number, self.limit, self.nodes, self.at, self.reached = (
-            number,
-            limit,
-            nodes,
-            at,
-            reached,
-        )
-        self.zone = ""
-        self.record: Recovery | None = None
-        self._lock = threading.Lock()
-
-    def finisher(self, watch: StepWatch) -> Callable[[], None]:
-        def fire() -> None:
-            self.finish(watch)
-
-        return fire
+    number: int
+    limit: int
+    nodes: tuple[str, ...]
+    at: float  # when GCE preempted (its operation), else when it was noticed
+    reached: int | None  # the last step seen before
+    zone: str = ""
+    record: Recovery | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def finish(self, watch: StepWatch) -> Recovery:
         with self._lock:
@@ -282,6 +273,7 @@ class RecoveringSession(FleetSession):
                     if pending is not None:
                         done.append(pending.finish(watch))
                         pending = None
+                        write_job_record(replace(e.result, recoveries=tuple(done)))
                     preempted = self._preempted(e, started)
                     if not preempted:
                         raise
@@ -292,7 +284,7 @@ class RecoveringSession(FleetSession):
                     pending = _Pending(
                         len(done) + 1, self.max_recoveries, tuple(preempted), at, watch.reached
                     )
-                    watch.new_attempt(pending.finisher(watch))
+                    watch.new_attempt(functools.partial(pending.finish, watch))
                     pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
         except BaseException:
             self._stop(guard, job.run_id)
