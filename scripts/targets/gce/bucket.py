@@ -162,7 +162,8 @@ def settle_bucket(
             )
             return KeptBucket(bucket)
         gone = storage.delete_objects(bucket, [o.name for o in storage.list_objects(bucket)])
-        ui.say(f"down: emptied gs://{bucket} ({gone} object(s)); destroy deletes it")
+        if gone:
+            ui.say(f"down: emptied gs://{bucket} ({gone} object(s)); destroy deletes it")
         return None
     except Exception as e:  # nothing may be lost: the bucket outlives a failed download
         problem = f"its results could not be brought home ({e})"
