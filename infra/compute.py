@@ -279,15 +279,24 @@ class ComputeApi:
         for item in items:
             yield item, "global"
 
-    def list_resources(
-        self, project: str, client: str, field: str | None
-    ) -> Iterator[tuple[Any, str]]:
-        """(resource, location) of one kind, unfiltered: an aggregated list over zones and regions
-        (`field` names the list in each scope) or, when `field` is None, a global list."""
-        if field is None:
-            yield from self._global(client, project)
-        else:
-            yield from self._aggregated(client, field, project)
+    def stack_resource_candidates(self, project: str) -> Iterator[tuple[str, Any, str]]:
+        """(kind, resource, location) for every resource kind a stack creates, unfiltered."""
+        for kind, client, field in (
+            ("instance", "InstancesClient", "instances"),
+            ("disk", "DisksClient", "disks"),
+            ("address", "AddressesClient", "addresses"),
+            ("subnetwork", "SubnetworksClient", "subnetworks"),
+            ("resource-policy", "ResourcePoliciesClient", "resource_policies"),
+        ):
+            for item, location in self._aggregated(client, field, project):
+                yield kind, item, location
+        for kind, client in (
+            ("address", "GlobalAddressesClient"),
+            ("firewall", "FirewallsClient"),
+            ("network", "NetworksClient"),
+        ):
+            for item, location in self._global(client, project):
+                yield kind, item, location
 
 
 def _message(e: Any) -> str:
