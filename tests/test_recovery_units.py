@@ -20,6 +20,7 @@ from scripts.job.records import JobResult, NodeFailure, Recovery, TrainingError
 from scripts.lifecycle import recovery_rows, summarize
 from scripts.settings import Settings
 from scripts.targets.base import RunOptions
+from scripts.targets.gce.bucket import run_bucket
 from scripts.targets.gce.recovery import (
     NodeCloudState,
     StackNodes,
@@ -97,9 +98,11 @@ def test_stack_nodes_read_the_compute_api() -> None:
 
 
 def test_checkpoints_go_under_the_runs_prefix_of_the_bucket() -> None:
-    raw = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "team/", "bucketOwned": 0}
-    assert checkpoint_uri(parse_stack_outputs(raw), "r1") == "gs://b/team/runs/r1/checkpoints/"
-    assert checkpoint_uri(parse_stack_outputs(sample_outputs("dev", ZONE)), "r1") is None
+    theirs = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "t/", "bucketOwned": 0}
+    assert checkpoint_uri(run_bucket(theirs), "r1") == "gs://b/t/runs/r1/checkpoints/"
+    own = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "", "bucketOwned": 1}
+    assert checkpoint_uri(run_bucket(own), "r1") == "gs://b/runs/r1/checkpoints/"
+    assert checkpoint_uri(run_bucket(sample_outputs("dev", ZONE)), "r1") is None
 
 
 def test_step_watch_reads_the_trainer_lines() -> None:

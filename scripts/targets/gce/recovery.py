@@ -97,12 +97,10 @@ def unix_time(rfc3339: str | None, default: float) -> float:
         return default
 
 
-def checkpoint_uri(out: StackOutputs, run_id: str) -> str | None:
-    """Where a run's checkpoints go in the stack's bucket (the layout Vertex's AIP_CHECKPOINT_DIR
-    has too). Pure."""
-    if not out.bucket:
-        return None
-    return f"gs://{out.bucket}/{out.bucket_prefix}runs/{run_id}/checkpoints/"
+def checkpoint_uri(bucket: str | None, run_id: str) -> str | None:
+    """Where a run's checkpoints go under the stack's `gs://<bucket>/<prefix>` (the layout Vertex's
+    AIP_CHECKPOINT_DIR has too). Pure."""
+    return f"{bucket}runs/{run_id}/checkpoints/" if bucket else None
 
 
 class StackNodes:
@@ -116,16 +114,18 @@ class StackNodes:
         spot: bool,
         ttl_s: int,
         recreate: Recreate,
+        bucket: str | None = None,  # gs://<bucket>/<prefix>, where runs/<run-id>/ go
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.api, self.outputs, self.spot, self.ttl_s = api, outputs, spot, ttl_s
+        self.bucket = bucket
         self._recreate, self.clock, self.sleep = recreate, clock, sleep
         self.created_at = clock()  # the TTL runs from here (the survivors' start, conservatively)
 
     def job_env(self, run_id: str) -> dict[str, str]:
         env = {}
-        uri = checkpoint_uri(self.outputs, run_id)
+        uri = checkpoint_uri(self.bucket, run_id)
         if uri:
             env[CHECKPOINT_URI_ENV] = uri
         if self.spot:

@@ -51,7 +51,7 @@ def teardown(
         ui.say(f"down: destroying stack {spec.stack} (attempt {attempts})")
         try:
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
+            runner.destroy(on_output=pulumi_line, keep=keep_types)
         except StackLockedError:
             if not clear_stale_lock:
                 raise
@@ -62,7 +62,7 @@ def teardown(
             )
             runner.cancel()
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
+            runner.destroy(on_output=pulumi_line, keep=keep_types)
 
     def failed(w: Waiting) -> None:
         ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")
