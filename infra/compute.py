@@ -20,6 +20,7 @@ from infra.base.retry import GaveUp, NotReady, every, poll_until
 from infra.stackfile import STACK_LABEL
 
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
+PREEMPTED = "compute.instances.preempted"  # the zone operation GCE records when it takes a VM back
 
 
 class ComputeApiError(GputrainError):
@@ -60,7 +61,6 @@ class Preemption:
     """A `compute.instances.preempted` operation: GCE took a spot VM back."""
 
     instance: str
-    zone: str
     at: str  # the operation's insertTime (RFC 3339)
 
 
@@ -212,30 +212,24 @@ class ComputeApi:
             ) from e
         return [(i.namespace, i.key, i.value) for i in ga.query_value.items]
 
-    # -- spot preemptions
-
     def instance_status(self, project: str, zone: str, instance: str) -> str | None:
         """PROVISIONING, RUNNING, STOPPING, TERMINATED...; None when the instance is gone."""
+        request = {"project": project, "zone": zone, "instance": instance}
+        get = self._client("InstancesClient").get
         inst = self._call(
-            f"instances.get {zone}/{instance}",
-            lambda: self._client("InstancesClient").get(
-                project=project, zone=zone, instance=instance
-            ),
-            not_found=None,
+            f"instances.get {zone}/{instance}", lambda: get(request=request), not_found=None
         )
         return None if inst is None else str(inst.status)
 
     def preemptions(self, project: str, zone: str) -> list[Preemption]:
-        """The zone's `compute.instances.preempted` operations (GCE keeps them for a while)."""
-
-        kind = "compute.instances.preempted"
+        """The zone's PREEMPTED operations (GCE keeps them for a while)."""
 
         def fetch() -> list[Preemption]:
-            request = {"project": project, "zone": zone, "filter": f'operationType = "{kind}"'}
+            request = {"project": project, "zone": zone, "filter": f'operationType = "{PREEMPTED}"'}
             return [
-                Preemption(op.target_link.rsplit("/", 1)[-1], zone, op.insert_time)
+                Preemption(op.target_link.rsplit("/", 1)[-1], op.insert_time)
                 for op in self._client("ZoneOperationsClient").list(request=request)
-                if op.operation_type == kind
+                if op.operation_type == PREEMPTED
             ]
 
         return list(self._call(f"zoneOperations.list {zone}", fetch))
@@ -279,15 +273,24 @@ class ComputeApi:
         for item in items:
             yield item, "global"
 
-    def list_resources(
-        self, project: str, client: str, field: str | None
-    ) -> Iterator[tuple[Any, str]]:
-        """(resource, location) of one kind, unfiltered: an aggregated list over zones and regions
-        (`field` names the list in each scope) or, when `field` is None, a global list."""
-        if field is None:
-            yield from self._global(client, project)
-        else:
-            yield from self._aggregated(client, field, project)
+    def stack_resource_candidates(self, project: str) -> Iterator[tuple[str, Any, str]]:
+        """(kind, resource, location) for every resource kind a stack creates, unfiltered."""
+        for kind, client, field in (
+            ("instance", "InstancesClient", "instances"),
+            ("disk", "DisksClient", "disks"),
+            ("address", "AddressesClient", "addresses"),
+            ("subnetwork", "SubnetworksClient", "subnetworks"),
+            ("resource-policy", "ResourcePoliciesClient", "resource_policies"),
+        ):
+            for item, location in self._aggregated(client, field, project):
+                yield kind, item, location
+        for kind, client in (
+            ("address", "GlobalAddressesClient"),
+            ("firewall", "FirewallsClient"),
+            ("network", "NetworksClient"),
+        ):
+            for item, location in self._global(client, project):
+                yield kind, item, location
 
 
 def _message(e: Any) -> str:

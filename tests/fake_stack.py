@@ -292,8 +292,8 @@ class FakeStackRunner:
                 if c[0] != "instance" or (c[2], c[1]) in self.compute.instances
             ]
 
-    def destroy(self, on_output: OnOutput | None = None, *, keep_types: Sequence[str] = ()) -> None:
-        self.calls.append(("destroy", *keep_types))
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None:
+        self.calls.append(("destroy", *keep))
         self._check_lock()
         if self.destroy_failures > 0:
             self.destroy_failures -= 1
@@ -306,7 +306,7 @@ class FakeStackRunner:
         say = on_output or (lambda _line: None)
         kept = []
         for kind, name, scope in reversed(self._created):
-            if kind == "bucket" and (BUCKET_TYPE in keep_types or not self._delete_bucket(name)):
+            if kind == "bucket" and (BUCKET_TYPE in keep or not self._delete_bucket(name)):
                 kept.append((kind, name, scope))
                 continue
             say(f" -  gcp:compute:{kind} {name} deleted")
@@ -317,7 +317,7 @@ class FakeStackRunner:
                     self.compute.remove_resource(kind, name)
         self._created = kept
         self._outputs = {k: v for k, v in self._outputs.items() if kept and k.startswith("bucket")}
-        if kept and BUCKET_TYPE not in keep_types:
+        if kept and BUCKET_TYPE not in keep:
             raise StackError(
                 f"pulumi destroy failed for stack {self.stack_name}: error: deleting "
                 f"urn:pulumi:{self.stack_name}::gputrain::gcp:storage/bucket:Bucket::{kept[0][1]}",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +80,36 @@ class World:
             mode,
             str(self.marker),
         )
+
+    def checkpoints_in_bucket(self) -> list[int]:
+        """Steps whose manifest is in the stack's bucket (their upload is complete)."""
+        assert self.gcs is not None
+        client = self.gcs.client()
+        if not client.bucket(BUCKET).exists():
+            return []
+        names = [b.name for b in client.list_blobs(BUCKET, prefix="runs/")]
+        return sorted(
+            int(n.rsplit("ckpt-", 1)[1][:8]) for n in names if n.endswith(".manifest.json")
+        )
+
+    def at_checkpoint(
+        self, step: int, action: Callable[[], None], *, after_up: int = 1
+    ) -> threading.Thread:
+        """Runs `action` in a thread once the bucket holds a complete checkpoint at `step` or
+        later (and the stack's `up` ran `after_up` times: 2 = after a recovery)."""
+
+        def watch() -> None:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                ups = self.runner.call_names().count("up")
+                if ups >= after_up and any(s >= step for s in self.checkpoints_in_bucket()):
+                    action()
+                    return
+                time.sleep(0.02)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        return t
 
     def preempt(self, node: str) -> None:
         """GCE takes a spot VM back: the Compute API says so (STOPPING, a preemption operation,

@@ -15,9 +15,8 @@ import pytest
 from infra.gcs import ObjectInfo, StorageApi, StorageApiError
 from scripts.cli import main
 from scripts.settings import Settings
-from scripts.targets.gce.bucket import checkpoint_candidates, run_objects
+from scripts.targets.gce.bucket import checkpoint_candidates, destroy_targets, run_objects
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.gce.stack import destroy_targets
 from tests.fake_compute import FakeCompute
 from tests.fake_stack import FakeStackRunner
 from tests.gcs_emulator import GcsEmulator

@@ -20,6 +20,7 @@ from scripts.job.records import JobResult, NodeFailure, Recovery, TrainingError
 from scripts.lifecycle import recovery_rows, summarize
 from scripts.settings import Settings
 from scripts.targets.base import RunOptions
+from scripts.targets.gce.bucket import run_bucket
 from scripts.targets.gce.recovery import (
     NodeCloudState,
     StackNodes,
@@ -97,9 +98,11 @@ def test_stack_nodes_read_the_compute_api() -> None:
 
 
 def test_checkpoints_go_under_the_runs_prefix_of_the_bucket() -> None:
-    raw = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "team/", "bucketOwned": 0}
-    assert checkpoint_uri(parse_stack_outputs(raw), "r1") == "gs://b/team/runs/r1/checkpoints/"
-    assert checkpoint_uri(parse_stack_outputs(sample_outputs("dev", ZONE)), "r1") is None
+    theirs = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "t/", "bucketOwned": 0}
+    assert checkpoint_uri(run_bucket(theirs), "r1") == "gs://b/t/runs/r1/checkpoints/"
+    own = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "", "bucketOwned": 1}
+    assert checkpoint_uri(run_bucket(own), "r1") == "gs://b/runs/r1/checkpoints/"
+    assert checkpoint_uri(run_bucket(sample_outputs("dev", ZONE)), "r1") is None
 
 
 def test_step_watch_reads_the_trainer_lines() -> None:
@@ -177,7 +180,9 @@ def test_attempt_logs_are_kept_apart(tmp_path: Path) -> None:
     (tmp_path / "n0").mkdir()
     (tmp_path / "n0" / "torchrun.log").write_text("attempt one\n")
     (tmp_path / "n0" / "exitcode").write_text("1 0\n")
+    (tmp_path / "n0" / "torchrun-logs" / "attempt_0").mkdir(parents=True)
     keep_attempt_logs(tmp_path, 1)
+    assert (tmp_path / "n0" / "torchrun-logs.attempt1" / "attempt_0").is_dir()
     assert (tmp_path / "n0" / "torchrun.attempt1.log").read_text() == "attempt one\n"
     assert (tmp_path / "n0" / "exitcode.attempt1").is_file()
     assert not (tmp_path / "n0" / "torchrun.log").exists()

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from tests.stack_world import BUCKET, ZONES, World, assert_torn_down
+from tests.stack_world import ZONES, World, assert_torn_down
 from tests.trainer_helpers import child_env, free_port, node_argv, start
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
-TRAIN = ["--preset", "tiny", "--steps", "200", "--checkpoint-every", "10", "--log-every", "1"]
+TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--log-every", "1"]
 TRAIN += ["--eval-batches", "0"]
 
 
@@ -42,36 +42,6 @@ def run_spot(w: World, *options: str) -> int:
         "trainer.train",
         *TRAIN,
     )
-
-
-def checkpoints_in_bucket(w: World) -> list[int]:
-    """Steps whose manifest is in the bucket (the upload is complete)."""
-    assert w.gcs is not None
-    client = w.gcs.client()
-    if not client.bucket(BUCKET).exists():
-        return []
-    names = [b.name for b in client.list_blobs(BUCKET, prefix="runs/")]
-    return sorted(int(n.rsplit("ckpt-", 1)[1][:8]) for n in names if n.endswith(".manifest.json"))
-
-
-def at_checkpoint(
-    w: World, step: int, action: Callable[[], None], *, after_up: int = 1
-) -> threading.Thread:
-    """Runs `action` once the bucket holds a complete checkpoint at `step` or later (and the
-    stack's `up` ran `after_up` times: 2 = after a recovery)."""
-
-    def watch() -> None:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            ups = w.runner.call_names().count("up")
-            if ups >= after_up and any(s >= step for s in checkpoints_in_bucket(w)):
-                action()
-                return
-            time.sleep(0.05)
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
 
 
 def uninterrupted(tmp_path: Path) -> dict[str, Any]:
@@ -102,11 +72,12 @@ def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
         w.preempt("e2e-node-1")
         killed.append(hash(old_key))
 
-    t = at_checkpoint(w, 20, preempt)
+    t = w.at_checkpoint(20, preempt)
     rc = run_spot(w)
     t.join(timeout=5)
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert rc == 0, out[-4000:]
+    assert "could not download" not in err, err
     assert killed, "the run ended before a checkpoint reached the bucket"
     # One recovery, in one line; the same zone; the run's own checkpoints resumed it.
     [line] = [ln for ln in out.splitlines() if ln.startswith("recovery 1/3: ")]
@@ -137,15 +108,15 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--max-recoveries 1: the first preemption is survived, the second (after the resume got
-    past step 60) ends the run, destroyed, with the reason."""
+    past step 50) ends the run, destroyed, with the reason."""
     w = world(bucket=True)
     second: list[threading.Thread] = []
 
     def first() -> None:
         w.preempt("e2e-node-1")
-        second.append(at_checkpoint(w, 60, lambda: w.preempt("e2e-node-1"), after_up=2))
+        second.append(w.at_checkpoint(50, lambda: w.preempt("e2e-node-1"), after_up=2))
 
-    t = at_checkpoint(w, 20, first)
+    t = w.at_checkpoint(20, first)
     rc = run_spot(w, "--max-recoveries", "1")
     t.join(timeout=5)
     captured = capsys.readouterr()
@@ -154,6 +125,7 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
     assert "GCE preempted e2e-node-1 (compute.instances.preempted at" in captured.err
     assert "--max-recoveries 1 allows no more recoveries (1 done)" in captured.err
     assert w.runner.call_names().count("up") == 2
+    assert len(json.loads((last_run(w) / "job.json").read_text())["recoveries"]) == 1
     # Nothing lost: the newest checkpoint is home, then everything is gone.
     assert list(last_run(w).rglob("ckpt-*.pt"))
     assert_torn_down(w)
@@ -163,7 +135,7 @@ def test_a_killed_node_that_was_not_preempted_is_a_crash(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world(bucket=True)
-    t = at_checkpoint(w, 20, lambda: w.bed.kill_processes(w.node_hosts["e2e-node-1"].name))
+    t = w.at_checkpoint(20, lambda: w.bed.kill_processes(w.node_hosts["e2e-node-1"].name))
     rc = run_spot(w)
     t.join(timeout=5)
     captured = capsys.readouterr()
@@ -188,7 +160,7 @@ def test_ctrl_c_while_the_cluster_is_recreated_still_destroys_everything(
         return real_up(*args, **kwargs)
 
     w.runner.up = interrupted_up  # type: ignore[method-assign]
-    t = at_checkpoint(w, 20, lambda: w.preempt("e2e-node-1"))
+    t = w.at_checkpoint(20, lambda: w.preempt("e2e-node-1"))
     rc = run_spot(w)
     t.join(timeout=5)
     err = capsys.readouterr().err
@@ -206,7 +178,7 @@ def test_a_failed_recreation_ends_destroyed_with_the_reason(
         w.runner.fail_quota(ZONES[0], "PREEMPTIBLE_NVIDIA_L4_GPUS")
         w.preempt("e2e-node-1")
 
-    t = at_checkpoint(w, 20, preempt_then_quota_runs_out)
+    t = w.at_checkpoint(20, preempt_then_quota_runs_out)
     rc = run_spot(w)
     t.join(timeout=5)
     err = capsys.readouterr().err

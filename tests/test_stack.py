@@ -325,7 +325,8 @@ def test_destroy_keeping_a_type_names_every_other_resource(work_dir: Path) -> No
 
     cli = Exporting({})
     PulumiStackRunner("dev", work_dir, pulumi_command=cli).destroy(
-        keep_types=["gcp:storage/bucket:Bucket"]
+        lambda line: None, keep=["gcp:storage/bucket:Bucket"]
     )
     [destroy] = [c for c in cli.calls if c[0] == "destroy"]
     assert [destroy[i + 1] for i, a in enumerate(destroy) if a == "--target"] == [vm]
+    assert not [a for a in destroy if a.startswith("--parallel")]  # on_output is no parallelism

@@ -25,9 +25,9 @@ class StepWatch:
         self.reached: int | None = None  # the highest step any line of this attempt showed
         self.start_step: int | None = None  # this attempt's `start step N`
         self.first_step_at: float | None = None  # when this attempt's first step line came
-        self._on_first_step: Callable[[], None] | None = None
+        self._on_first_step: Callable[[], object] | None = None
 
-    def new_attempt(self, on_first_step: Callable[[], None] | None = None) -> None:
+    def new_attempt(self, on_first_step: Callable[[], object] | None = None) -> None:
         """A relaunch: forget the attempt before; call `on_first_step` once, at its first step."""
         with self._lock:
             self.reached = self.start_step = self.first_step_at = None

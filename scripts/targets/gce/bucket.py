@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,14 @@ def bring_home(
     return written
 
 
+def run_bucket(outputs: Mapping[str, Any]) -> str | None:
+    """`gs://<bucket>/<prefix>` of the stack (its own or the user's), from its raw outputs; None
+    for a stack from before there was one. Pure."""
+    if not outputs.get("bucket"):
+        return None
+    return f"gs://{outputs['bucket']}/{outputs.get('bucketPrefix') or ''}"
+
+
 def owned_bucket(outputs: Mapping[str, Any]) -> tuple[str, str] | None:
     """(name, prefix) of the bucket the stack created, from its raw outputs; None for the user's
     bucket or a stack without one. Pure."""
@@ -164,9 +172,30 @@ def settle_bucket(
             )
             return KeptBucket(bucket)
         gone = storage.delete_objects(bucket, [o.name for o in storage.list_objects(bucket)])
-        ui.say(f"down: emptied gs://{bucket} ({gone} object(s)); destroy deletes it")
+        if gone:
+            ui.say(f"down: emptied gs://{bucket} ({gone} object(s)); destroy deletes it")
         return None
     except Exception as e:  # nothing may be lost: the bucket outlives a failed download
         problem = f"its results could not be brought home ({e})"
         ui.warn(f"down: gs://{bucket}: {problem}; it is kept with everything in it")
         return KeptBucket(bucket, problem)
+
+
+def destroy_targets(resources: Sequence[Mapping[str, Any]], keep_types: Sequence[str]) -> list[str]:
+    """The URNs a targeted destroy names to remove everything but the resources of `keep_types`
+    and the components above them (the stack itself and providers stay too). Pure."""
+    parent = {r["urn"]: r.get("parent") for r in resources}
+    keep: set[str] = set()
+    for r in resources:
+        if r.get("type") in keep_types:
+            urn: str | None = r["urn"]
+            while urn and urn not in keep:
+                keep.add(urn)
+                urn = parent.get(urn)
+    return [
+        r["urn"]
+        for r in resources
+        if r["urn"] not in keep
+        and r.get("type") != "pulumi:pulumi:Stack"
+        and not str(r.get("type", "")).startswith("pulumi:providers:")
+    ]

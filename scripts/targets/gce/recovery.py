@@ -13,12 +13,13 @@ crash is still a crash: it fails at once with its root cause.
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infra.base.errors import GputrainError
@@ -96,12 +97,10 @@ def unix_time(rfc3339: str | None, default: float) -> float:
         return default
 
 
-def checkpoint_uri(out: StackOutputs, run_id: str) -> str | None:
-    """Where a run's checkpoints go in the stack's bucket (the layout Vertex's AIP_CHECKPOINT_DIR
-    has too). Pure."""
-    if not out.bucket:
-        return None
-    return f"gs://{out.bucket}/{out.bucket_prefix}runs/{run_id}/checkpoints/"
+def checkpoint_uri(bucket: str | None, run_id: str) -> str | None:
+    """Where a run's checkpoints go under the stack's `gs://<bucket>/<prefix>` (the layout Vertex's
+    AIP_CHECKPOINT_DIR has too). Pure."""
+    return f"{bucket}runs/{run_id}/checkpoints/" if bucket else None
 
 
 class StackNodes:
@@ -115,16 +114,18 @@ class StackNodes:
         spot: bool,
         ttl_s: int,
         recreate: Recreate,
+        bucket: str | None = None,  # gs://<bucket>/<prefix>, where runs/<run-id>/ go
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.api, self.outputs, self.spot, self.ttl_s = api, outputs, spot, ttl_s
+        self.bucket = bucket
         self._recreate, self.clock, self.sleep = recreate, clock, sleep
         self.created_at = clock()  # the TTL runs from here (the survivors' start, conservatively)
 
     def job_env(self, run_id: str) -> dict[str, str]:
         env = {}
-        uri = checkpoint_uri(self.outputs, run_id)
+        uri = checkpoint_uri(self.bucket, run_id)
         if uri:
             env[CHECKPOINT_URI_ENV] = uri
         if self.spot:
@@ -173,29 +174,19 @@ class StackNodes:
         return fleet
 
 
+@dataclass
 class _Pending:
     """A recovery whose relaunch has not trained a step yet; finished (and its one line said)
     at the relaunch's first step, or when that attempt ends."""
 
-    def __init__(
-        self, number: int, limit: int, nodes: tuple[str, ...], at: float, reached: int | None
-    ) -> None:
-        self.number, self.limit, self.nodes, self.at, self.reached = (
-            number,
-            limit,
-            nodes,
-            at,
-            reached,
-        )
-        self.zone = ""
-        self.record: Recovery | None = None
-        self._lock = threading.Lock()
-
-    def finisher(self, watch: StepWatch) -> Callable[[], None]:
-        def fire() -> None:
-            self.finish(watch)
-
-        return fire
+    number: int
+    limit: int
+    nodes: tuple[str, ...]
+    at: float  # when GCE preempted (its operation), else when it was noticed
+    reached: int | None  # the last step seen before
+    zone: str = ""
+    record: Recovery | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def finish(self, watch: StepWatch) -> Recovery:
         with self._lock:
@@ -226,9 +217,10 @@ def recovery_line(r: Recovery, number: int, limit: int) -> str:
 
 
 def keep_attempt_logs(results_dir: Path, attempt: int) -> None:
-    """The next attempt's download would overwrite these: torchrun.log -> torchrun.attempt1.log."""
+    """The next attempt's download would overwrite (or trip over) these: torchrun.log ->
+    torchrun.attempt1.log, exitcode -> exitcode.attempt1, torchrun-logs -> torchrun-logs.attempt1."""
     for node_dir in [p for p in results_dir.glob("*") if p.is_dir()]:
-        for name in ("torchrun.log", "exitcode"):
+        for name in ("torchrun.log", "exitcode", "torchrun-logs"):
             if (node_dir / name).exists():
                 stem, dot, ext = name.partition(".")
                 shutil.move(node_dir / name, node_dir / f"{stem}.attempt{attempt}{dot}{ext}")
@@ -281,6 +273,7 @@ class RecoveringSession(FleetSession):
                     if pending is not None:
                         done.append(pending.finish(watch))
                         pending = None
+                        write_job_record(replace(e.result, recoveries=tuple(done)))
                     preempted = self._preempted(e, started)
                     if not preempted:
                         raise
@@ -291,7 +284,7 @@ class RecoveringSession(FleetSession):
                     pending = _Pending(
                         len(done) + 1, self.max_recoveries, tuple(preempted), at, watch.reached
                     )
-                    watch.new_attempt(pending.finisher(watch))
+                    watch.new_attempt(functools.partial(pending.finish, watch))
                     pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
         except BaseException:
             self._stop(guard, job.run_id)

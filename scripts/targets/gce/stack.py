@@ -55,10 +55,7 @@ class StackRunner(Protocol):
     def up(self, on_output: OnOutput | None = None) -> dict[str, Any]: ...
     def outputs(self) -> dict[str, Any]: ...
     def refresh(self, on_output: OnOutput | None = None) -> None: ...
-    def destroy(self, on_output: OnOutput | None = None, *, keep_types: Sequence[str] = ()) -> None:
-        """Destroy every resource but those of `keep_types` (e.g. a kept bucket)."""
-        ...
-
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None: ...
     def cancel(self) -> None: ...
 
 
@@ -181,41 +178,22 @@ class PulumiStackRunner:
         stack = self._stack()
         self._run("refresh", lambda: stack.refresh(on_output=on_output, color="never"))
 
-    def destroy(self, on_output: OnOutput | None = None, *, keep_types: Sequence[str] = ()) -> None:
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None:
+        """`keep`: resource types to leave (a kept bucket): a targeted destroy of all the rest."""
+        from scripts.targets.gce.bucket import destroy_targets
+
         stack = self._stack()
-        targets = None
-        if keep_types:
-            state = self._run("stack export", stack.export_stack)
-            targets = destroy_targets(state.deployment.get("resources") or [], keep_types)
-            if not targets:
-                return
-        self._run(
-            "destroy", lambda: stack.destroy(on_output=on_output, color="never", target=targets)
-        )
+        state = self._run("stack export", stack.export_stack) if keep else None
+        targets = destroy_targets(state.deployment.get("resources") or [], keep) if state else None
+        if targets is None or targets:
+            destroy = stack.destroy
+            self._run(
+                "destroy", lambda: destroy(on_output=on_output, color="never", target=targets)
+            )
 
     def cancel(self) -> None:
         stack = self._stack()
         self._run("cancel", stack.cancel)
-
-
-def destroy_targets(resources: Sequence[Mapping[str, Any]], keep_types: Sequence[str]) -> list[str]:
-    """The URNs a targeted destroy names to remove everything but the resources of `keep_types`
-    and the components above them (the stack itself and providers stay too). Pure."""
-    parent = {r["urn"]: r.get("parent") for r in resources}
-    keep: set[str] = set()
-    for r in resources:
-        if r.get("type") in keep_types:
-            urn: str | None = r["urn"]
-            while urn and urn not in keep:
-                keep.add(urn)
-                urn = parent.get(urn)
-    return [
-        r["urn"]
-        for r in resources
-        if r["urn"] not in keep
-        and r.get("type") != "pulumi:pulumi:Stack"
-        and not str(r.get("type", "")).startswith("pulumi:providers:")
-    ]
 
 
 # ---- stack outputs -------------------------------------------------------------------------------
@@ -247,9 +225,6 @@ class StackOutputsDict(TypedDict):
     maxRunDurationSeconds: int  # the VM TTL
     hourlyPriceUsd: float  # the whole cluster
     image: NotRequired[str]  # the pinned boot image self-link
-    bucket: NotRequired[str]  # the run bucket's name (stacks from before the bucket lack it)
-    bucketPrefix: NotRequired[str]  # "" or "a/b/"
-    bucketOwned: NotRequired[bool]  # the stack created it (False: the user's `bucket`)
 
 
 @dataclass(frozen=True)
@@ -276,9 +251,6 @@ class StackOutputs:
     max_run_duration_s: int
     hourly_price: float
     image_self_link: str | None = None
-    bucket: str | None = None
-    bucket_prefix: str = ""
-    bucket_owned: bool = False
 
     @property
     def head(self) -> StackNode:
@@ -394,7 +366,4 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
         max_run_duration_s=_whole(outputs, "maxRunDurationSeconds"),
         hourly_price=float(_need(outputs, "hourlyPriceUsd", (int, float))),
         image_self_link=outputs.get("image") or None,
-        bucket=outputs.get("bucket") or None,
-        bucket_prefix=str(outputs.get("bucketPrefix") or ""),
-        bucket_owned=bool(outputs.get("bucketOwned")),
     )

@@ -158,6 +158,7 @@ class GceTarget(StackTarget[GceClients]):
         keep: bool,
     ) -> RecoveringSession:
         """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
+        from scripts.targets.gce.bucket import run_bucket
         from scripts.targets.gce.recovery import RecoveringSession, StackNodes
         from scripts.targets.gce.stack import parse_stack_outputs
 
@@ -172,6 +173,7 @@ class GceTarget(StackTarget[GceClients]):
             spot=spec.spot,
             ttl_s=spec.max_run_duration_s,
             recreate=recreate,
+            bucket=run_bucket(outputs),
         )
         return RecoveringSession(
             self._fleet(out, key),

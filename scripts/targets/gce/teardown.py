@@ -90,7 +90,7 @@ def destroy_stack(
         ui.say(f"down: destroying stack {stack} (attempt {attempts_made})")
         try:
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
+            runner.destroy(on_output=pulumi_line, keep=keep_types)
         except StackLockedError:
             if not clear_stale_lock:
                 raise
@@ -101,7 +101,7 @@ def destroy_stack(
             )
             runner.cancel()
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep_types=keep_types)
+            runner.destroy(on_output=pulumi_line, keep=keep_types)
 
     def failed(w: Waiting) -> None:
         ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")
