@@ -22,6 +22,7 @@ from infra.gcp_api import message as _message
 from infra.stackfile import STACK_LABEL
 
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
+PREEMPTED = "compute.instances.preempted"  # the zone operation GCE records when it takes a VM back
 
 
 ComputeApiError = GoogleApiError  # a Compute API call failed (see infra/gcp_api.py)
@@ -54,6 +55,14 @@ class Quota:
     @property
     def available(self) -> float:
         return self.limit - self.usage
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A `compute.instances.preempted` operation: GCE took a spot VM back."""
+
+    instance: str
+    at: str  # the operation's insertTime (RFC 3339)
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,28 @@ class ComputeApi:
                 f"Compute API getGuestAttributes {zone}/{instance}: {e.code} {_message(e)}"
             ) from e
         return [(i.namespace, i.key, i.value) for i in ga.query_value.items]
+
+    def instance_status(self, project: str, zone: str, instance: str) -> str | None:
+        """PROVISIONING, RUNNING, STOPPING, TERMINATED...; None when the instance is gone."""
+        request = {"project": project, "zone": zone, "instance": instance}
+        get = self._client("InstancesClient").get
+        inst = self._call(
+            f"instances.get {zone}/{instance}", lambda: get(request=request), not_found=None
+        )
+        return None if inst is None else str(inst.status)
+
+    def preemptions(self, project: str, zone: str) -> list[Preemption]:
+        """The zone's PREEMPTED operations (GCE keeps them for a while)."""
+
+        def fetch() -> list[Preemption]:
+            request = {"project": project, "zone": zone, "filter": f'operationType = "{PREEMPTED}"'}
+            return [
+                Preemption(op.target_link.rsplit("/", 1)[-1], op.insert_time)
+                for op in self._client("ZoneOperationsClient").list(request=request)
+                if op.operation_type == PREEMPTED
+            ]
+
+        return list(self._call(f"zoneOperations.list {zone}", fetch))
 
     # -- listings for sweep and status
 

@@ -10,11 +10,20 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
 from infra import catalog
 from infra.base.validate import Checker
-from infra.stackfile import DEFAULTS, NS, PROJECT_LABEL, STACK_LABEL, SpecError, qualify
+from infra.stackfile import (
+    BACKEND_ONLY_KEYS,
+    BACKENDS,
+    DEFAULTS,
+    NS,
+    PROJECT_LABEL,
+    STACK_LABEL,
+    SpecError,
+    qualify,
+)
 
 
 def _shown(value: Any) -> str:
@@ -103,6 +112,20 @@ class ConfigReader:
 
 # ---- the settings with rules of their own ---------------------------------------------------
 
+Backend = Literal["gce", "vertex"]
+
+
+def backend(config: Mapping[str, str]) -> tuple[Backend, tuple[str, ...], ConfigReader]:
+    """(the backend, the other backend's keys the stack sets, a reader of this backend's keys).
+    The other backend's keys are not read: their defaults stand in, and `plan` names them."""
+    chosen = cast(Backend, ConfigReader(config).choice("backend", BACKENDS))
+    other = {NS + k for b, keys in BACKEND_ONLY_KEYS.items() if b != chosen for k in keys}
+    ignored = tuple(
+        k[len(NS) :] for k in config if k in other and config[k].strip() != DEFAULTS[k[len(NS) :]]
+    )
+    return chosen, ignored, ConfigReader({k: v for k, v in config.items() if k not in other})
+
+
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 RESERVED_LABELS = (STACK_LABEL, PROJECT_LABEL)
@@ -136,6 +159,24 @@ def zones(s: ConfigReader) -> tuple[tuple[str, ...], str]:
     if zone not in listed:
         raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
     return tuple(listed), zone
+
+
+# registry host[:port]/path[:tag | @sha256:digest], as Artifact Registry and gcr.io name images
+_IMAGE_URI_RE = re.compile(
+    r"^[a-z0-9.-]+(?::\d+)?/[a-z0-9._-]+(?:/[a-z0-9._-]+)*(?::\w[\w.-]{0,127}|@sha256:[0-9a-f]{64})?$"
+)
+
+
+def executor_image(s: ConfigReader) -> str:
+    """Vertex's training container: an image reference, never a shell word or a gs:// path."""
+    image = s.text("executorImage")
+    CHECK.matches(
+        "executorImage",
+        image,
+        _IMAGE_URI_RE,
+        "allowed: a container image like " + DEFAULTS["executorImage"],
+    )
+    return image
 
 
 def ssh_public_key(s: ConfigReader) -> str | None:
@@ -288,3 +329,53 @@ def gpus(s: ConfigReader, mt: catalog.MachineType) -> tuple[str, int, bool]:
             f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
         )
     return gpu_type, count, True
+
+
+# ---- Cloud Storage ------------------------------------------------------------------------------
+
+# GCS bucket names: 3-63 of a-z 0-9 - _ ., a letter or digit at both ends (the dotted form longer
+# than 63 needs domain verification and is not accepted). The trainer checks its --checkpoint-uri
+# with the same rule (trainer/storage.py): it runs on the nodes without infra/.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
+_BUCKET_RULE = (
+    "allowed: gs://NAME[/PREFIX] with NAME 3-63 of a-z 0-9 - _ . starting and ending with a "
+    "letter or digit, not starting with 'goog', without 'google'; or empty for the stack's own"
+)
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why `name` is not a valid GCS bucket name, or None. Pure."""
+    if not _BUCKET_RE.match(name):
+        return "not 3-63 of a-z 0-9 - _ . starting and ending with a letter or digit"
+    if name.startswith("goog") or "google" in name:
+        return "'goog' as prefix and 'google' anywhere are reserved by Google"
+    if ".." in name or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
+        return "no '..' and not an IP address"
+    return None
+
+
+def bucket(s: ConfigReader) -> tuple[str | None, str]:
+    """(an existing bucket's name or None for the stack's own, the prefix: "" or "a/b/")."""
+    raw = s.text("bucket")
+    if not raw:
+        return None, ""
+    name, _, prefix = raw.removeprefix("gs://").partition("/")
+    parts = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+    if (
+        not raw.startswith("gs://")
+        or bucket_name_problem(name)
+        or any(p in ("", ".", "..") or not p.isprintable() for p in parts)
+    ):
+        raise CHECK.fail("bucket", raw, _BUCKET_RULE)
+    return name, "".join(p + "/" for p in parts)
+
+
+def stack_bucket_name(stack: str, project: str) -> str:
+    """The name of a stack's own bucket: `gputrain-<stack>-<project>` (unique: project IDs are),
+    or with a hash of the project where that breaks a naming rule (length, 'google'). Pure."""
+    import hashlib
+
+    name = f"gputrain-{stack}-{project}"
+    if bucket_name_problem(name):
+        name = f"gputrain-{stack}-{hashlib.sha256(project.encode()).hexdigest()[:12]}"
+    return name

@@ -15,6 +15,10 @@ images grant it to every authenticated user) — they are other projects.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
 
 #: Pulumi type token -> what the gcp provider needs to create, read, update and delete it.
 RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
@@ -65,7 +69,24 @@ RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "resourcemanager.projects.getIamPolicy",  # the binding is a read-modify-write of the
         "resourcemanager.projects.setIamPolicy",  # project's policy
     ),
+    "gcp:storage/bucket:Bucket": (
+        "storage.buckets.create",
+        "storage.buckets.get",
+        "storage.buckets.update",
+        "storage.buckets.delete",
+    ),
+    "gcp:storage/bucketIAMMember:BucketIAMMember": (
+        "storage.buckets.getIamPolicy",  # a read-modify-write of the bucket's policy
+        "storage.buckets.setIamPolicy",
+    ),
+    "gcp:projects/service:Service": (  # backend vertex: the Vertex AI API
+        "serviceusage.services.enable",
+        "serviceusage.services.get",
+    ),
 }
+
+#: Only on GCE stacks: Vertex stacks have no VMs, network or placement.
+COMPUTE_TYPES = frozenset(t for t in RESOURCE_PERMISSIONS if t.startswith("gcp:compute/"))
 
 #: `pulumi up` waits on the operations it started.
 OPERATIONS = (
@@ -89,6 +110,10 @@ CONTROLLER_READS = (
     "compute.resourcePolicies.list",
     "compute.firewalls.list",
     "compute.networks.list",
+    "storage.buckets.list",  # the sweep finds a leftover bucket by its label
+    "storage.objects.list",  # `down`: the runs' results come home, then the bucket is emptied
+    "storage.objects.get",
+    "storage.objects.delete",
 )
 
 #: A Vertex AI job (backend: vertex): create, follow and cancel it, its logs, its code in a bucket.
@@ -97,10 +122,8 @@ VERTEX = (
     "aiplatform.customJobs.get",
     "aiplatform.customJobs.cancel",
     "logging.logEntries.list",
-    "storage.objects.create",
-    "storage.objects.get",
-    "storage.objects.list",
-    "storage.objects.delete",
+    "storage.objects.create",  # the job's package is staged in the bucket
+    "iam.serviceAccounts.actAs",  # jobs run as the stack's service account
 )
 
 #: The predefined role that grants a permission: the most specific prefix wins.
@@ -116,19 +139,40 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("resourcemanager.projects.", "roles/resourcemanager.projectIamAdmin"),
     ("aiplatform.", "roles/aiplatform.user"),
     ("logging.", "roles/logging.viewer"),
+    ("storage.buckets.", "roles/storage.admin"),
     ("storage.", "roles/storage.objectAdmin"),
+    ("serviceusage.", "roles/serviceusage.serviceUsageAdmin"),
 )
 
 
-def resource_types(*, own_network: bool, placement: bool) -> list[str]:
+def resource_types(
+    *, own_network: bool, placement: bool, own_bucket: bool = True, vertex: bool = False
+) -> list[str]:
     """The types the program declares for a stack: its own VPC unless `network` names one, a
-    placement policy when compact (a test holds this to the program under mocks)."""
+    placement policy when compact, its own bucket unless `bucket` names one; on Vertex AI the API
+    and no Compute resources (a test holds this to the program under mocks)."""
     optional = {
         "gcp:compute/network:Network": own_network,
         "gcp:compute/subnetwork:Subnetwork": own_network,
         "gcp:compute/resourcePolicy:ResourcePolicy": placement,
+        "gcp:storage/bucket:Bucket": own_bucket,
+        "gcp:projects/service:Service": vertex,
     }
-    return [t for t in RESOURCE_PERMISSIONS if optional.get(t, True)]
+    return [
+        t
+        for t in RESOURCE_PERMISSIONS
+        if optional.get(t, True) and not (vertex and t in COMPUTE_TYPES)
+    ]
+
+
+def spec_resource_types(spec: ClusterSpec) -> list[str]:
+    """`resource_types` of a validated spec."""
+    return resource_types(
+        own_network=spec.network is None,
+        placement=spec.placement == "compact",
+        own_bucket=spec.existing_bucket is None,
+        vertex=spec.on_vertex,
+    )
 
 
 def required_permissions(resource_types: Iterable[str], *, vertex: bool = False) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import pricing
+from infra import pricing, vertex
 from infra.fields import covered_addresses
 from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec, spec_warnings
 from infra.stackfile import load_stack_config
@@ -33,6 +33,7 @@ class Plan:
     hourly_total: float
     worst_case: float  # price x nodes x TTL: what the TTL caps the bill at
     price_note: str
+    bucket_note: str
     warnings: tuple[str, ...]
     missing: tuple[MissingSetting, ...]
 
@@ -46,7 +47,9 @@ class Plan:
 
     def footer_lines(self) -> list[str]:
         """What to print under the table: price basis, warnings, then the next steps."""
-        lines = [self.price_note, ssh_exposure(self.spec)]
+        lines = [self.price_note, self.bucket_note]
+        if not self.spec.on_vertex:
+            lines.append(ssh_exposure(self.spec))
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:
             lines.append(f"Before `pulumi up --stack {self.spec.stack}`, set:")
@@ -80,21 +83,29 @@ def build_plan(spec: ClusterSpec) -> Plan:
         str(spec.nodes),
         spec.machine_type,
         gpus,
-        spec.zone,
+        f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone,
         "yes" if spec.spot else "no",
         spec.max_run_duration,
         f"{per_node:.2f}",
         f"{total:.2f}",
         f"{worst:.2f}",
     )
+    gpus_total = spec.gpus_per_node * spec.nodes
+    quota = (
+        f"Vertex AI custom training quota needed in {spec.region}: {gpus_total} x "
+        f"{vertex.accelerator_enum(spec.accelerator)} GPUs"
+        + (" (Spot jobs: the preemptible quota)" if spec.spot else "")
+        if spec.on_vertex
+        else f"Quota needed in {spec.region}: {gpus_total} x {spec.gpu_quota_metric}, "
+        f"{spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}"
+    )
     note = (
         f"Prices: indicative {pricing.PRICE_REGION} USD, {'Spot' if spec.spot else 'on-demand'}, "
-        f"{price.describe()}; disks and network extra. "
-        f"Quota needed in {spec.region}: {spec.gpus_per_node * spec.nodes} x "
-        f"{spec.gpu_quota_metric}, {spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}."
+        f"{price.describe()}; disks and network extra. {quota}."
     )
     return Plan(
         spec=spec,
+        bucket_note=bucket_note(spec),
         row=row,
         hourly_per_node=per_node,
         hourly_total=total,
@@ -102,6 +113,21 @@ def build_plan(spec: ClusterSpec) -> Plan:
         price_note=note,
         warnings=tuple(spec_warnings(spec)),
         missing=tuple(missing_settings(spec)),
+    )
+
+
+def bucket_note(spec: ClusterSpec) -> str:
+    """Where checkpoints and results go, and who owns that bucket. Pure."""
+    name = spec.bucket_name or f"gputrain-{spec.stack}-<gcp:project>"
+    where = f"gs://{name}/{spec.bucket_prefix}"
+    if spec.existing_bucket:
+        return (
+            f"Bucket: {where}runs/<run-id>/ (yours: nothing is created there but the nodes' "
+            "objectUser grant; `down` never touches it)."
+        )
+    return (
+        f"Bucket: {where}runs/<run-id>/ (the stack's own, in {spec.region}; objects expire after "
+        f"{spec.bucket_retention_days} days; `down` downloads the results, then deletes it)."
     )
 
 

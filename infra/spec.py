@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, cast
 
-from infra import catalog, fields, pricing
+from infra import catalog, fields, pricing, vertex
 from infra.base.records import GpuExpectation
-from infra.fields import CHECK, ConfigReader, format_duration, parse_duration
+from infra.fields import CHECK, format_duration, parse_duration
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
@@ -72,6 +72,23 @@ class ClusterSpec:
     labels: Mapping[str, str]
     gvnic: bool
     attach_gpus: bool  # N1: GPUs go in guest_accelerators; A/G series bring their own
+    existing_bucket: str | None = None  # `bucket`: the user's bucket; None = the stack's own
+    bucket_prefix: str = ""  # "" or "a/b/": where runs/<run-id>/ go in the bucket
+    bucket_retention_days: int = 30  # the stack's own bucket deletes objects this old
+    backend: Literal["gce", "vertex"] = "gce"
+    executor_image: str = vertex.DEFAULT_EXECUTOR_IMAGE  # backend vertex: the training container
+    ignored: tuple[str, ...] = ()  # keys set in the stack that this backend does not read
+
+    @property
+    def bucket_name(self) -> str | None:
+        """The bucket checkpoints and results go to; None while gcp:project is unset."""
+        if self.existing_bucket:
+            return self.existing_bucket
+        return fields.stack_bucket_name(self.stack, self.project) if self.project else None
+
+    @property
+    def on_vertex(self) -> bool:
+        return self.backend == "vertex"
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -84,6 +101,9 @@ class ClusterSpec:
     @property
     def price(self) -> pricing.Price:
         mt = catalog.MACHINE_TYPES[self.machine_type]
+        if self.on_vertex:  # per replica: Compute Engine's price plus Vertex's training premium
+            gpu = self.accelerator if self.attach_gpus else None
+            return vertex.vertex_price(mt, gpu, self.gpus_per_node if gpu else 0)
         if self.attach_gpus:
             return pricing.price(mt, self.accelerator, self.gpus_per_node)
         return pricing.price(mt)
@@ -130,7 +150,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             f"{unknown[0]}: not a gputrain setting; allowed: {', '.join(DEFAULTS)}{hint}"
         )
 
-    cfg = ConfigReader(config)
+    backend, ignored, cfg = fields.backend(config)
     project = config.get(GCP_PROJECT_KEY, "").strip() or None
     if project is not None:
         CHECK.matches(
@@ -166,6 +186,11 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         ) from None
     if not MIN_RUN_S <= ttl <= MAX_RUN_S:
         raise CHECK.fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
+    if backend == "vertex":
+        gpu = accelerator if attach else None
+        problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
+        if problem:
+            raise SpecError(f"{NS}{problem} (backend vertex)")
 
     image_family = cfg.text("imageFamily")
     image_project = cfg.text("imageProject")
@@ -236,6 +261,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             "allowed: an existing VPC name (a-z 0-9 -) or empty",
         )
 
+    existing_bucket, bucket_prefix = fields.bucket(cfg)
     acc = catalog.ACCELERATORS[accelerator]
     return ClusterSpec(
         stack=stack,
@@ -268,6 +294,12 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         labels=MappingProxyType(fields.labels(cfg)),
         gvnic=mt.gvnic,
         attach_gpus=attach,
+        existing_bucket=existing_bucket,
+        bucket_prefix=bucket_prefix,
+        bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
+        backend=backend,
+        executor_image=fields.executor_image(cfg),
+        ignored=ignored,
     )
 
 
@@ -288,10 +320,14 @@ def missing_settings(spec: ClusterSpec) -> list[MissingSetting]:
         out.append(
             MissingSetting(
                 GCP_PROJECT_KEY,
-                "the GCP project to create the VMs in",
+                "the GCP project the Vertex AI jobs run in"
+                if spec.on_vertex
+                else "the GCP project to create the VMs in",
                 f"pulumi config set gcp:project YOUR_PROJECT_ID --stack {s}",
             )
         )
+    if spec.on_vertex:  # no machines of ours to log in to
+        return out
     if spec.ssh_public_key is None:
         out.append(
             MissingSetting(
@@ -326,8 +362,23 @@ ACCELERATOR_IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-580"
 
 def spec_warnings(spec: ClusterSpec) -> list[str]:
     """Things that are allowed but worth knowing before money is spent."""
-    out = []
+    out = (
+        [f"ignored with backend {spec.backend}: {', '.join(spec.ignored)}"] if spec.ignored else []
+    )
     mt = catalog.MACHINE_TYPES[spec.machine_type]
+    if spec.on_vertex:
+        out += vertex.vertex_warnings(spec.machine_type, spec.accelerator, spec.region)
+    else:
+        out += _gce_warnings(spec, mt)
+    if not spec.price.confirmed:
+        out.append(
+            f"the price of {mt.name} is derived ({spec.price.basis}), not a published figure"
+        )
+    return out
+
+
+def _gce_warnings(spec: ClusterSpec, mt: catalog.MachineType) -> list[str]:
+    out = []
     if spec.series == "g2" and spec.image_project == DEFAULT_IMAGE_PROJECT:
         out.append(
             "G2 on a Deep Learning VM image: Google's docs call it unsupported, public scripts "
@@ -347,9 +398,5 @@ def spec_warnings(spec: ClusterSpec) -> list[str]:
         out.append(
             f"{mt.name} reaches full inter-node bandwidth with {mt.nics}; gputrain attaches one "
             "gVNIC, so multi-node traffic runs over TCP on that NIC"
-        )
-    if not spec.price.confirmed:
-        out.append(
-            f"the price of {mt.name} is derived ({spec.price.basis}), not a published figure"
         )
     return out

@@ -23,6 +23,12 @@ PROJECT_LABEL = "gputrain-project"
 DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
 FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"
 DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
+#: Prebuilt PyTorch GPU training container for Vertex AI (pythonPackageSpec.executorImageUri).
+#: The tag is the newest one the facts sheet and public 2025 job configs show (PyTorch 2.4,
+#: Python 3.10, CUDA 12); newer tags and this one's end of availability are unverified, hence
+#: the `executorImage` setting.
+DEFAULT_EXECUTOR_IMAGE = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+BACKENDS = ("gce", "vertex")
 
 #: Every gputrain key with its default as the CLI would pass it (a string). Pulumi.yaml must
 #: declare exactly these keys with the same defaults (a test holds the two together).
@@ -48,6 +54,30 @@ DEFAULTS: dict[str, str] = {
     "placement": "auto",
     "network": "",
     "labels": "[]",
+    "bucket": "",
+    "bucketRetentionDays": "30",
+    "backend": "gce",
+    "executorImage": DEFAULT_EXECUTOR_IMAGE,
+}
+
+#: Keys only one backend reads. On the other they are ignored: not validated, not required, and
+#: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
+BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
+    "gce": (
+        "sshUser",
+        "sshPublicKey",
+        "sshPrivateKey",
+        "sshSourceRanges",
+        "allowSshFromAnywhere",
+        "publicIp",
+        "placement",
+        "network",
+        "imageFamily",
+        "imageProject",
+        "bootDiskGb",
+        "bootDiskType",
+    ),
+    "vertex": ("executorImage",),
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.

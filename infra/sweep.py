@@ -8,18 +8,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from infra.compute import ComputeApi
+from infra.gcs import StorageApi
 from infra.iam import IamApi
 from infra.stackfile import STACK_LABEL, service_account_id
+
+#: The kinds the sweep lists: Compute kinds from ComputeApi.stack_resource_candidates, and the
+#: stack's own bucket (Cloud Storage, by label) for gcp:storage/bucket:Bucket; the bucket's
+#: objectUser grant (gcp:storage/bucketIAMMember:BucketIAMMember) lives and dies with it.
+BUCKET_KIND = "bucket"
 
 
 @dataclass(frozen=True)
 class Leftover:
     """A resource of the stack that still exists (and may bill)."""
 
-    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy,
+    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy, bucket,
     # service-account, iam-binding
     name: str
-    location: str  # zone, region or "global"
+    location: str  # zone, region, "global", or a bucket's location
     matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
 
     def __str__(self) -> str:
@@ -44,16 +50,24 @@ SWEPT_TYPES: dict[str, str] = {
     "gcp:compute/resourcePolicy:ResourcePolicy": "resource-policy",
     "gcp:serviceaccount/account:Account": "service-account",
     "gcp:projects/iAMMember:IAMMember": "iam-binding",
+    "gcp:storage/bucket:Bucket": "bucket",  # found by its label
+    "gcp:storage/bucketIAMMember:BucketIAMMember": "bucket",  # goes with its bucket
 }
 
 
 def sweep(
-    project: str, stack: str, *, api: ComputeApi | None = None, iam: IamApi | None = None
+    project: str,
+    stack: str,
+    *,
+    api: ComputeApi | None = None,
+    iam: IamApi | None = None,
+    storage: StorageApi | None = None,
 ) -> list[Leftover]:
     """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
     (instances, disks, addresses), anything named by the stack prefix rule (all kinds, since
     boot disks only carry labels when the program copies them), the stack's service account and
-    the project role bindings that name it. Lists, never deletes."""
+    the project role bindings that name it, and (given a `storage` adapter, as the controller always
+    does) the stack's bucket by its label. Lists, never deletes."""
     api = api or ComputeApi()
     iam = iam or IamApi(api.api_endpoint)
     leftovers: list[Leftover] = []
@@ -64,6 +78,8 @@ def sweep(
         elif owned_by_name(item.name, stack):
             leftovers.append(Leftover(kind, item.name, location, f"name prefix {stack}-"))
     leftovers += identity_leftovers(iam, project, stack)
+    if storage is not None:
+        leftovers += bucket_leftovers(storage, project, stack)
     return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))
 
 
@@ -83,3 +99,12 @@ def identity_leftovers(iam: IamApi, project: str, stack: str) -> list[Leftover]:
         if who == member or who.startswith(f"deleted:{member}?uid="):
             out.append(Leftover("iam-binding", f"{role} {who}", "project", matched))
     return out
+
+
+def bucket_leftovers(storage: StorageApi, project: str, stack: str) -> list[Leftover]:
+    """The stack's own bucket, by its label (the JSON API lists every bucket of the project)."""
+    return [
+        Leftover(BUCKET_KIND, b.name, b.location, f"label {STACK_LABEL}={stack}")
+        for b in storage.list_buckets(project)
+        if b.labels.get(STACK_LABEL) == stack
+    ]

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from infra import catalog, pricing
+from infra import catalog, pricing, stackfile
 
 Status = Literal["documented", "listed", "unverified"]
 
@@ -160,6 +160,29 @@ def vertex_caveat(machine_type: str) -> str | None:
     return f"Vertex AI custom training support for {machine_type} is unverified ({offer.source})"
 
 
+def vertex_regions(accelerator: str) -> tuple[str, ...] | None:
+    """Regions known to offer the accelerator (catalog.KNOWN_ZONES: Compute Engine's zones, where
+    Vertex's replicas run too); None when the catalog does not know. Vertex's own per-region
+    training list was not re-read offline, so a region outside this is a warning, not an error."""
+    known = catalog.KNOWN_ZONES.get(accelerator)
+    return None if known is None else tuple(sorted({catalog.region_of(z) for z in known}))
+
+
+def vertex_warnings(machine_type: str, accelerator: str, region: str) -> list[str]:
+    """What `plan` says about a Vertex job of this shape before money is spent."""
+    out = []
+    caveat = vertex_caveat(machine_type)
+    if caveat:
+        out.append(caveat)
+    regions = vertex_regions(accelerator)
+    if regions is not None and region not in regions:
+        out.append(
+            f"{region} is not among the regions known to offer {accelerator} "
+            f"({', '.join(regions)}); the preflight checks"
+        )
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Price: Compute Engine list price plus Vertex's training premium
 # --------------------------------------------------------------------------------------------
@@ -185,11 +208,5 @@ def vertex_price(mt: catalog.MachineType, gpu_type: str | None, gpu_count: int) 
     )
 
 
-# --------------------------------------------------------------------------------------------
-# The training container (pythonPackageSpec.executorImageUri)
-# --------------------------------------------------------------------------------------------
-
-#: Prebuilt PyTorch GPU training container. The tag is the newest one the facts sheet and public
-#: 2025 job configs show (PyTorch 2.4, Python 3.10, CUDA 12); newer tags and this one's end of
-#: availability are unverified, so stacks can override it (a setting, see part 2 of issue 9).
-DEFAULT_EXECUTOR_IMAGE = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+# The training container (pythonPackageSpec.executorImageUri): the `executorImage` setting.
+DEFAULT_EXECUTOR_IMAGE = stackfile.DEFAULT_EXECUTOR_IMAGE

@@ -21,6 +21,7 @@ from scripts.targets.base import RunOptions
 if TYPE_CHECKING:
     from scripts.targets.base import Target
     from scripts.targets.gce.clients import GceClients
+    from scripts.targets.vertex_clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
 NO_TARGET_NEEDED = {"doctor"}
@@ -31,12 +32,13 @@ HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 @dataclass
 class Context:
     """What a handler gets: its arguments, the options parsed from them, where the project and
-    results are, and the GCE clients (tests pass fakes)."""
+    results are, and the GCE and Vertex AI clients (tests pass fakes)."""
 
     args: argparse.Namespace
     opts: RunOptions
     settings: Settings
     gce: GceClients | None
+    vertex: VertexClients | None = None
 
     @property
     def target(self) -> Target:
@@ -47,6 +49,7 @@ class Context:
             hosts=getattr(self.args, "hosts", None),
             settings=self.settings,
             gce=self.gce,
+            vertex=self.vertex,
         )
 
 
@@ -60,6 +63,8 @@ def _options(args: argparse.Namespace) -> RunOptions:
         env=_env_pairs(getattr(args, "env", []) or []),
         max_restarts=getattr(args, "max_restarts", 0),
         wait_s=getattr(args, "wait", None),
+        keep_bucket=getattr(args, "keep_bucket", False),
+        max_recoveries=getattr(args, "max_recoveries", None),
     )
 
 
@@ -92,7 +97,7 @@ def cmd_up(ctx: Context) -> int:
 
 
 def cmd_down(ctx: Context) -> int:
-    ctx.target.down()
+    ctx.target.down(ctx.opts)
     return EXIT_OK
 
 
@@ -179,8 +184,8 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputrain",
-        description="A GPU training cluster on Google Compute Engine for exactly as long as "
-        "the training needs it.",
+        description="A GPU training cluster on Google Compute Engine (or Vertex AI jobs: "
+        "backend: vertex) for exactly as long as the training needs it.",
         epilog="Exit codes: 0 success, 2 bad input, 1 anything else. Examples: gputrain run "
         "--local  |  gputrain doctor --stack dev  |  gputrain run --stack dev -- -m trainer.train",
     )
@@ -209,6 +214,19 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
+        if name in {"run", "down"}:
+            c.add_argument(
+                "--keep-bucket",
+                action="store_true",
+                help="(--stack) keep the stack's bucket and its checkpoints when destroying",
+            )
+        if name in {"run", "train"}:
+            c.add_argument(
+                "--max-recoveries",
+                type=int,
+                metavar="N",
+                help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
+            )
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
         if name in TAKES_ENTRY | {"verify", "ssh", "logs"}:
@@ -300,9 +318,10 @@ def main(
     argv: Sequence[str] | None = None,
     settings: Settings | None = None,
     gce: GceClients | None = None,
+    vertex: VertexClients | None = None,
 ) -> int:
     """Parse, run one handler, and turn every known failure into one line and an exit code.
-    `settings` and `gce` are the seams tests use (a project directory, fake clouds)."""
+    `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
     args = _parser().parse_args(argv)
     try:
         opts = _options(args)
@@ -312,10 +331,16 @@ def main(
                 f"{args.command}: choose a target: --stack NAME"
                 + ("" if args.command in STACK_ONLY else ", --hosts FILE or --local")
             )
+        for flag, given in (
+            ("--max-recoveries", opts.max_recoveries is not None),
+            ("--keep-bucket", opts.keep_bucket),
+        ):
+            if given and not args.stack:
+                raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")
         settings = settings or Settings()
         if args.dir:
             settings.root = find_project_root(Path(args.dir))
-        return int(args.handler(Context(args, opts, settings, gce)))
+        return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
         print(f"gputrain: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

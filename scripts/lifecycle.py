@@ -13,7 +13,7 @@ from typing import Any
 
 from scripts import ui
 from scripts.guard import signal_guard
-from scripts.job.records import DEFAULT_ENTRY, Job, JobResult
+from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
 
@@ -55,23 +55,44 @@ def ssh(target: Target, node: str, command: Sequence[str], opts: RunOptions) -> 
 
 
 def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> None:
-    """The closing lines of a run: loss vs floor, throughput, where results are, cost."""
+    """The closing lines of a run: loss vs floor, throughput, recoveries, where results are, and
+    the cost of the whole run (recoveries' lost time included)."""
     elapsed = time.monotonic() - started
     summary: dict[str, Any] = _find_summary(result.results_dir) or {}
     rows: list[list[object]] = []
     for key, label, fmt in (
-        ("final_loss", "final loss", "{:.3f}"),
-        ("loss_floor", "loss floor (synthetic data)", "{:.3f}"),
-        ("tokens_per_s", "tokens/s", "{:,.0f}"),
-        ("mfu", "MFU", "{:.1%}"),
+        ("final_loss", "final loss", "{:.4f}"),
+        ("loss_floor", "loss floor (synthetic data)", "{:.4f}"),
+        ("tokens_per_s", "tokens/s (steady)", "{:,.0f}"),
+        ("mfu", "MFU (steady)", "{:.1%}"),
+        ("wall_tokens_per_s", "tokens/s (wall clock)", "{:,.0f}"),
+        ("wall_mfu", "MFU (wall clock)", "{:.1%}"),
     ):
         if isinstance(summary.get(key), int | float):
             rows.append([label, fmt.format(summary[key])])
+    rows += recovery_rows(result.recoveries)
     rows += [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
     if hourly_usd is not None:
         cost = hourly_usd * elapsed / 3600
-        rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h"])
+        lost = sum(r.downtime_s for r in result.recoveries)
+        note = f", {lost:.0f} s of it recovering" if result.recoveries else ""
+        rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h{note}"])
     ui.table("run summary", ["", ""], rows)
+
+
+def recovery_rows(recoveries: Sequence[Recovery]) -> list[list[object]]:
+    """Recoveries, downtime and steps trained twice (nothing when there were none). Pure."""
+    if not recoveries:
+        return []
+    repeated = [r.steps_repeated for r in recoveries]
+    return [
+        ["recoveries", f"{len(recoveries)} ({', '.join(n for r in recoveries for n in r.nodes)})"],
+        ["downtime", f"{sum(r.downtime_s for r in recoveries):.0f} s"],
+        [
+            "steps repeated",
+            "unknown" if None in repeated else str(sum(n or 0 for n in repeated)),
+        ],
+    ]
 
 
 def _find_summary(results_dir: Path) -> dict[str, Any] | None:

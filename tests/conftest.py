@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from infra.compute import ComputeApi
 from tests.fake_compute import FakeCompute
 from tests.gcs_emulator import GcsEmulator
+from tests.stack_world import World, world_factory
 from tests.testbed import TestBed, TestBedUnavailable
 
 _SESSION = pytest.StashKey[
@@ -71,6 +72,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_real_cloud_storage() -> Iterator[None]:
+    """No test reaches real Cloud Storage: the controller's bucket calls (teardown, sweep) go to a
+    session-wide emulator unless a test points STORAGE_EMULATOR_HOST at its own."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        yield
+        return
+    with GcsEmulator() as emulator:
+        os.environ["STORAGE_EMULATOR_HOST"] = emulator.url
+        try:
+            yield
+        finally:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+
+
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[TestBed]:
     bed = TestBed()
@@ -113,3 +129,11 @@ def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsEmulator]:
     with GcsEmulator() as emulator:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
         yield emulator
+
+
+@pytest.fixture
+def world(
+    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., World]]:
+    """make(nodes=2, ...) -> a `--stack e2e` world on the test bed (tests/stack_world.py)."""
+    yield from world_factory(tb, tmp_path, monkeypatch)

@@ -191,6 +191,7 @@ class FakeCompute(FakeIamMixin):
                 "resourcePolicies",
             )
         }
+        self.operations: dict[str, list[dict[str, Any]]] = {}  # zone -> operations, oldest first
         self._injected: list[_Injected] = []
         self._init_iam()
         if seed:
@@ -425,6 +426,38 @@ class FakeCompute(FakeIamMixin):
             if with_boot_disk:
                 self.resources["disks"].pop((f"zones/{zone}", name), None)
 
+    def preempt_instance(self, name: str, zone: str, *, delete_after_s: float = 0.5) -> None:
+        """What GCE does to a spot VM it takes back: the instance goes STOPPING, the zone records
+        a `compute.instances.preempted` operation, and (termination action DELETE) the instance
+        and its boot disk are deleted after `delete_after_s`."""
+        with self._lock:
+            inst = self.instances[(zone, name)]
+            inst.body["status"] = "STOPPING"
+            now = _rfc3339_now()
+            op_id = str(next(self._ids))
+            self.operations.setdefault(zone, []).append(
+                {
+                    "kind": "compute#operation",
+                    "id": op_id,
+                    "name": f"systemevent-{op_id}",
+                    "zone": f"{BASE}/projects/{self.project}/zones/{zone}",
+                    "operationType": "compute.instances.preempted",
+                    "targetLink": inst.body["selfLink"],
+                    "targetId": inst.body["id"],
+                    "status": "DONE",
+                    "statusMessage": "Instance was preempted.",
+                    "user": "system",
+                    "progress": 100,
+                    "insertTime": now,
+                    "startTime": now,
+                    "endTime": now,
+                    "selfLink": f"{BASE}/projects/{self.project}/zones/{zone}/operations/systemevent-{op_id}",
+                }
+            )
+        timer = threading.Timer(delete_after_s, self.remove_instance, args=(name, zone))
+        timer.daemon = True
+        timer.start()
+
     def guest_attribute_queries(self, name: str, zone: str) -> int:
         with self._lock:
             return self.instances[(zone, name)].queries
@@ -596,6 +629,9 @@ class FakeCompute(FakeIamMixin):
                 if inst is None:
                     raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
                 return inst.body
+            case ["zones", zone, "operations"]:
+                ops = _filtered(self.operations.get(zone, []), q.get("filter"))
+                return self._page("compute#operationList", ops, q, f"zones/{zone}/operations")
             case ["zones", zone, "instances"]:
                 items = [i.body for (z, _), i in sorted(self.instances.items()) if z == zone]
                 items = _filtered(items, q.get("filter"))
@@ -710,12 +746,13 @@ def _error(status: int, message: str, reason: str) -> tuple[int, Any]:
     }
 
 
-_FILTER = re.compile(r'^\s*(labels\.[a-z0-9_-]+|name)\s*(=|eq)\s*"?([^"]*)"?\s*$')
+_FILTER = re.compile(r'^\s*(labels\.[a-z0-9_-]+|name|operationType)\s*(=|eq)\s*"?([^"]*)"?\s*$')
 
 
 def _filtered(items: Iterable[dict[str, Any]], expr: str | None) -> list[dict[str, Any]]:
-    """The subset of GCE's filter language we use: `labels.KEY = "VALUE"` or `name = "VALUE"`;
-    anything else answers 400 as the real API does for a malformed filter."""
+    """The subset of GCE's filter language we use: `labels.KEY = "VALUE"`, `name = "VALUE"` or
+    `operationType = "VALUE"`; anything else answers 400 as the real API does for a malformed
+    filter."""
     items = list(items)
     if not expr:
         return items
@@ -727,8 +764,8 @@ def _filtered(items: Iterable[dict[str, Any]], expr: str | None) -> list[dict[st
             "invalid",
         )
     field_name, _, value = m.groups()
-    if field_name == "name":
-        return [i for i in items if i["name"] == value]
+    if field_name in ("name", "operationType"):
+        return [i for i in items if i.get(field_name) == value]
     key = field_name.split(".", 1)[1]
     return [i for i in items if i.get("labels", {}).get(key) == value]
 

@@ -59,6 +59,7 @@ class AdminWorld:
             "iam.googleapis.com",
             "cloudresourcemanager.googleapis.com",
             "serviceusage.googleapis.com",
+            "storage.googleapis.com",  # on by default in a new project
         }
     )
     granted: set[str] | None = None  # None: every permission asked for (an Owner)

@@ -9,11 +9,12 @@ in gcp-gpu-facts.md §5 as the Pulumi CLI prints them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infra.stackfile import STACK_LABEL
+from scripts.targets.gce.bucket import BUCKET_TYPE
 from scripts.targets.gce.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackLockedError
 from tests.fake_compute import FakeCompute, region_of, ssh_host_keys
 
@@ -100,6 +101,33 @@ def sample_outputs(
     }
 
 
+def sample_vertex_outputs(
+    stack: str, region: str, *, project: str = "gputrain-test", bucket: str = ""
+) -> dict[str, Any]:
+    """What infra/components/vertex.py exports, for a 2-replica g2-standard-8 stack."""
+    return {
+        "backend": "vertex",
+        "stack": stack,
+        "project": project,
+        "region": region,
+        "serviceAccount": f"gputrain-{stack}@{project}.iam.gserviceaccount.com",
+        "bucket": bucket or f"gputrain-{stack}-{project}",
+        "bucketPrefix": "",
+        "bucketOwned": True,
+        "machineType": "g2-standard-8",
+        "accelerator": "nvidia-l4",
+        "gpusPerNode": 1,
+        "replicas": 2,
+        "spot": True,
+        "executorImage": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+        "maxRunDuration": "1h",
+        "maxRunDurationSeconds": 3600,
+        "hourlyPricePerNodeUsd": 0.982,
+        "hourlyPriceUsd": 1.964,
+        "priceAsOf": "2026-04-15",
+    }
+
+
 def sample_nodes(stack: str, zone: str, count: int) -> list[dict[str, Any]]:
     return [
         {
@@ -136,6 +164,8 @@ class FakeStackRunner:
 
     stack_name: str = "dev"
     node_factory: NodeFactory | None = None
+    # (zone, the node's last output) -> the VM that replaces it when `up` finds it gone
+    node_replacer: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
     compute: FakeCompute | None = None
     project: str = "gputrain-test"
     ssh_user: str = "gputrain"
@@ -148,6 +178,13 @@ class FakeStackRunner:
     destroy_failures: int = 0  # the next N destroys raise
     leak_on_destroy: set[str] = field(default_factory=set)  # instance names destroy leaves behind
     locked: bool = False  # an update whose process died holds the lock until `cancel`
+    # With a storage emulator (STORAGE_EMULATOR_HOST): `up` creates this bucket, labelled, and
+    # `destroy` deletes it — refusing while it holds objects, as the provider does without
+    # force_destroy. None: the stack has no bucket (as stacks made before there was one).
+    bucket: str | None = None
+    # "vertex": the program of a `backend: vertex` stack: `up` makes the bucket (and, in the
+    # real program, the API and the service account) and returns the Vertex outputs; no VMs.
+    backend: str = "gce"
     _outputs: dict[str, Any] = field(default_factory=dict, init=False)
     _created: list[tuple[str, str, str]] = field(
         default_factory=list, init=False
@@ -200,12 +237,27 @@ class FakeStackRunner:
         self.calls.append(("up", zone))
         say = on_output or (lambda _line: None)
         say(f"Updating ({self.stack_name}):")
+        if self.backend == "vertex":
+            self._create_bucket(say)
+            self._outputs = sample_vertex_outputs(
+                self.stack_name, region_of(zone), project=self.project, bucket=self.bucket or ""
+            )
+            return dict(self._outputs)
         self._create_network(say)
-        nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)
+        self._create_bucket(say)
+        previous = self._outputs.get("nodes") if self._outputs.get("zone") == zone else None
+        standing = set(self.existing) if previous else set()
+        if standing:  # an update: VMs that still exist stay as they are, missing ones come anew
+            nodes = [
+                n if n["name"] in standing else self._replacement(zone, n) for n in previous or []
+            ]
+        else:
+            nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)
+        to_create = [n for n in nodes if n["name"] not in standing]
         failure = self.failures.get(zone)
         if failure and failure.times > 0:
             failure.times -= 1
-            for node in nodes[: failure.created]:
+            for node in to_create[: failure.created]:
                 self._create_node(node, say)
             for line in failure.text.splitlines():
                 say(line)
@@ -213,13 +265,17 @@ class FakeStackRunner:
                 f"pulumi up failed for stack {self.stack_name}",
                 f"code: 255\n stderr: {failure.text}",
             )
-        public_nodes = [self._create_node(node, say) for node in nodes]
+        created = {n["name"]: self._create_node(n, say) for n in to_create}
+        public_nodes = [created.get(n["name"], n) for n in nodes]
+        self._drop_instances_outside(zone)  # a zone change replaced them
         self._outputs = sample_outputs(
             self.stack_name, zone, nodes=len(nodes), project=self.project
         )
         self._outputs["nodes"] = public_nodes
         self._outputs["sshUser"] = self.ssh_user
-        say(f"Resources:\n    + {len(self._created)} created")
+        if self.bucket:
+            self._outputs |= {"bucket": self.bucket, "bucketPrefix": "", "bucketOwned": True}
+        say(f"Resources:\n    + {len(to_create)} VM(s) created")
         return dict(self._outputs)
 
     def outputs(self) -> dict[str, Any]:
@@ -236,8 +292,8 @@ class FakeStackRunner:
                 if c[0] != "instance" or (c[2], c[1]) in self.compute.instances
             ]
 
-    def destroy(self, on_output: OnOutput | None = None) -> None:
-        self.calls.append(("destroy",))
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None:
+        self.calls.append(("destroy", *keep))
         self._check_lock()
         if self.destroy_failures > 0:
             self.destroy_failures -= 1
@@ -248,7 +304,11 @@ class FakeStackRunner:
                 "being used by 'projects/p/global/firewalls/dev-ssh', resourceInUseByAnotherResource",
             )
         say = on_output or (lambda _line: None)
+        kept = []
         for kind, name, scope in reversed(self._created):
+            if kind == "bucket" and (BUCKET_TYPE in keep or not self._delete_bucket(name)):
+                kept.append((kind, name, scope))
+                continue
             say(f" -  gcp:compute:{kind} {name} deleted")
             if self.compute and name not in self.leak_on_destroy:
                 if kind == "instance":
@@ -257,10 +317,17 @@ class FakeStackRunner:
                     self.compute.remove_service_account(name)
                 elif kind == "iamBinding":
                     self.compute.remove_role_binding(*name.split(" ", 1))
-                else:
+                elif kind != "bucket":
                     self.compute.remove_resource(kind, name)
-        self._created.clear()
-        self._outputs = {}
+        self._created = kept
+        self._outputs = {k: v for k, v in self._outputs.items() if kept and k.startswith("bucket")}
+        if kept and BUCKET_TYPE not in keep:
+            raise StackError(
+                f"pulumi destroy failed for stack {self.stack_name}: error: deleting "
+                f"urn:pulumi:{self.stack_name}::gputrain::gcp:storage/bucket:Bucket::{kept[0][1]}",
+                f"error: Error trying to delete bucket {kept[0][1]} containing objects without "
+                "`force_destroy` set to true",
+            )
 
     def cancel(self) -> None:
         self.calls.append(("cancel",))
@@ -319,6 +386,42 @@ class FakeStackRunner:
                 self.compute.add_role_binding(*binding.split(" ", 1))
             self._created.append(("iamBinding", binding, "project"))
         say(f" +  gcp:serviceaccount:Account {account_id} created (1s)")
+
+    def _replacement(self, zone: str, node: dict[str, Any]) -> dict[str, Any]:
+        """A VM `up` re-creates (after a preemption): a new instance, new host keys."""
+        if self.node_replacer is not None:
+            return self.node_replacer(zone, node)
+        return {k: v for k, v in node.items() if k not in ("id", "hostKeys")}
+
+    def _drop_instances_outside(self, zone: str) -> None:
+        for c in [c for c in self._created if c[0] == "instance" and c[2] != zone]:
+            self._created.remove(c)
+            if self.compute:
+                self.compute.remove_instance(c[1], c[2])
+
+    def _create_bucket(self, say: OnOutput) -> None:
+        if not self.bucket or any(c[0] == "bucket" for c in self._created):
+            return
+        from google.cloud import storage
+
+        client = storage.Client(project=self.project)
+        b = client.bucket(self.bucket)
+        if not b.exists():
+            b = client.create_bucket(self.bucket)
+        b.labels = {STACK_LABEL: self.stack_name}  # the emulator drops labels on insert
+        b.patch()
+        self._created.append(("bucket", self.bucket, "global"))
+        say(f" +  gcp:storage:Bucket {self.bucket} created (1s)")
+
+    def _delete_bucket(self, name: str) -> bool:
+        """False (and still there) while it holds objects."""
+        from google.cloud import storage
+
+        b = storage.Client(project=self.project).bucket(name)
+        if any(True for _ in b.list_blobs(max_results=1)):
+            return False
+        b.delete()
+        return True
 
     def _create_node(self, node: dict[str, Any], say: OnOutput) -> dict[str, Any]:
         public = {k: v for k, v in node.items() if k != "hostKeys"}

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 PROJECT, PROJECT_NUMBER = "gputrain-test", "123456789012"
 LOG_PAGE_SIZE = 3  # small on purpose: every test that reads logs crosses a page boundary
+JOB_PAGE_SIZE = 2  # likewise for customJobs.list
 
 # Enum numbers as the v1 API reference lists them (AcceleratorType, Scheduling.Strategy, JobState).
 ACCELERATOR_TYPES = {
@@ -259,7 +260,8 @@ class FakeVertex:
                 parts = urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                status, body = fake._dispatch(method, parts.path, parse_qs(parts.query), raw)
+                query = parse_qs(parts.query, keep_blank_values=True)
+                status, body = fake._dispatch(method, parts.path, query, raw)
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -290,12 +292,12 @@ class FakeVertex:
                     return _error(status, code, message)
             numeric = any("enum-encoding=int" in v for v in query.get("$alt", []))
             try:
-                result = self._route(method, path, body)
+                result = self._route(method, path, body, query)
             except _HttpError as e:
                 return _error(e.status, e.code, e.message)
             return 200, _encode_enums(result) if numeric else result
 
-    def _route(self, method: str, path: str, body: Any) -> Any:
+    def _route(self, method: str, path: str, body: Any, query: dict[str, list[str]]) -> Any:
         if (method, path) == ("POST", "/v2/entries:list"):
             return self._list_entries(body or {})
         m = re.fullmatch(
@@ -315,6 +317,8 @@ class FakeVertex:
             )
         if verb == "create" and method == "POST":
             return self._create(region, body)
+        if verb == "create" and method == "GET":
+            return self._list(region, query)
         job = self.jobs.get(job_id or "")
         if job is None or f"/locations/{region}/" not in job.body["name"]:
             raise _HttpError(404, "NOT_FOUND", f'The CustomJob "{job_id}" does not exist.')
@@ -356,6 +360,19 @@ class FakeVertex:
         job |= {"name": name, "createTime": now, "updateTime": now, "state": self.progression[0]}
         self.jobs[job_id] = _Job(job, list(self.progression[1:]))
         return job
+
+    def _list(self, region: str, query: dict[str, list[str]]) -> Any:
+        """customJobs.list: newest first, paged; filtering is the caller's (no `filter` sent)."""
+        if any(v != [""] for k, v in query.items() if k == "filter"):
+            raise _HttpError(400, "INVALID_ARGUMENT", "this fake implements no list filter")
+        jobs = [j.body for j in self.jobs.values() if f"/locations/{region}/" in j.body["name"]]
+        jobs.sort(key=lambda b: b["createTime"], reverse=True)
+        start = int((query.get("pageToken") or ["0"])[0] or 0)
+        size = min(int((query.get("pageSize") or ["0"])[0] or JOB_PAGE_SIZE), JOB_PAGE_SIZE)
+        out: dict[str, Any] = {"customJobs": jobs[start : start + size]}
+        if start + size < len(jobs):
+            out["nextPageToken"] = str(start + size)
+        return out
 
     def _list_entries(self, body: dict[str, Any]) -> Any:
         if body.get("resourceNames") not in ([f"projects/{self.project}"], None):

@@ -1,4 +1,5 @@
-"""A real Cloud Storage emulator from PyPI (gcp-storage-emulator) on 127.0.0.1, in this process.
+"""A real Cloud Storage emulator from PyPI (gcp-storage-emulator) in this process, on 127.0.0.1 or
+(for jobs on the SSH test hosts) the test bed's bridge address.
 
 The production code talks to it through the real google-cloud-storage client, which honours
 STORAGE_EMULATOR_HOST; child processes (torchrun, the Vertex entry point) inherit that variable.
@@ -16,16 +17,16 @@ BUCKET = "gputrain-ckpt-test"
 class GcsEmulator:
     """In-memory server with one bucket; `url` goes into STORAGE_EMULATOR_HOST."""
 
-    def __init__(self, bucket: str = BUCKET) -> None:
-        self.bucket_name = bucket
-        self._server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
+    def __init__(self, bucket: str = BUCKET, host: str = "127.0.0.1") -> None:
+        self.bucket_name, self.host = bucket, host
+        self._server = create_server(host, 0, in_memory=True, default_bucket=bucket)
         self.url = ""
 
     def __enter__(self) -> GcsEmulator:
         self._server.start()
         httpd = self._server._api._httpd  # bound to port 0: ask the socket which port it got
         assert httpd is not None, "the emulator did not start"
-        self.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        self.url = f"http://{self.host}:{httpd.server_address[1]}"
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -217,7 +217,7 @@ def test_teardown_after_a_run_never_cancels_someone_elses_update(
     runner.locked = True  # maybe a live update of another user: not ours to cancel
     spec = parse_spec(load_stack_config(cli.settings.root, "lab"), "lab")
     with pytest.raises(GputrainError, match="teardown of stack lab is incomplete: destroy failed"):
-        teardown(spec, runner, cli.gce)
+        teardown(spec, runner, cli.gce, runs_dir=cli.settings.runs_dir)
     assert "cancel" not in runner.call_names() and runner.call_names().count("refresh") == 3
     assert "destroy attempt 3 failed" in capsys.readouterr().err
 

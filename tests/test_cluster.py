@@ -38,6 +38,7 @@ COMPONENTS = (
     "gputrain:infra:ClusterNetwork",
     "gputrain:infra:NodeIdentity",
     "gputrain:infra:GpuNodes",
+    "gputrain:infra:StackBucket",
 )
 
 # (id, base stack file, overrides): the nine families the issue names.
@@ -662,6 +663,47 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
         _base(network="My_VPC"),
         "gputrain:network = 'My_VPC': allowed: an existing VPC name",
     ),
+    (
+        "bucket-no-scheme",
+        _base(bucket="my-bucket"),
+        "gputrain:bucket = 'my-bucket': allowed: gs://NAME[/PREFIX] with NAME 3-63 of",
+    ),
+    (
+        "bucket-uppercase",
+        _base(bucket="gs://My-Bucket/ckpt"),
+        "gputrain:bucket = 'gs://My-Bucket/ckpt': allowed: gs://NAME[/PREFIX]",
+    ),
+    ("bucket-too-short", _base(bucket="gs://ab"), "gputrain:bucket = 'gs://ab': allowed: "),
+    (
+        "bucket-google",
+        _base(bucket="gs://my-google-bucket"),
+        "gputrain:bucket = 'gs://my-google-bucket': allowed: ",
+    ),
+    (
+        "bucket-goog-prefix",
+        _base(bucket="gs://goog-ckpt"),
+        "gputrain:bucket = 'gs://goog-ckpt': allowed: ",
+    ),
+    (
+        "bucket-ends-with-dash",
+        _base(bucket="gs://ckpt-"),
+        "gputrain:bucket = 'gs://ckpt-': allowed: ",
+    ),
+    (
+        "bucket-empty-prefix-part",
+        _base(bucket="gs://ckpt//runs"),
+        "gputrain:bucket = 'gs://ckpt//runs': allowed: ",
+    ),
+    (
+        "bucket-retention-zero",
+        _base(bucketRetentionDays="0"),
+        "gputrain:bucketRetentionDays = '0': allowed: 1..3650 days",
+    ),
+    (
+        "bucket-retention-words",
+        _base(bucketRetentionDays="a month"),
+        "gputrain:bucketRetentionDays = 'a month': allowed: a whole number 1..3650 days",
+    ),
 ]
 
 
@@ -701,7 +743,11 @@ def test_components_own_their_resources_and_alias_the_old_urns(mocks: GcpMocks) 
         ),
         cluster.nodes: ("GpuNodes", {"h100-compact", "h100-node-0", "h100-node-1"}),
     }
-    assert set(cluster._childResources) == set(owned)
+    # The bucket is new: its resources have no old URN to alias.
+    bucket_names = {"gputrain-h100-gputrain-test-1", "gputrain-h100-gputrain-test-1-nodes"}
+    assert {r._name for r in cluster.bucket._childResources} == bucket_names
+    assert all(not r._aliases for r in cluster.bucket._childResources)
+    assert set(cluster._childResources) == {*owned, cluster.bucket}
     for component, (_, names) in owned.items():
         assert {r._name for r in component._childResources} == names
     resources = [
@@ -722,13 +768,16 @@ def test_components_own_their_resources_and_alias_the_old_urns(mocks: GcpMocks) 
     ).apply(check)
 
 
-PERMISSION_CASES = [f[1:] for f in FAMILIES] + [("dev", {"network": "shared-vpc", "nodes": "2"})]
+PERMISSION_CASES = [f[1:] for f in FAMILIES] + [
+    ("dev", {"network": "shared-vpc", "nodes": "2"}),
+    ("dev", {"bucket": "gs://team-runs/gputrain"}),
+]
 
 
 @pytest.mark.parametrize(
     ("stack", "overrides"),
     PERMISSION_CASES,
-    ids=[f[0] for f in FAMILIES] + ["existing-network"],
+    ids=[f[0] for f in FAMILIES] + ["existing-network", "existing-bucket"],
 )
 @pulumi.runtime.test
 def test_the_permission_table_covers_every_type_the_program_declares(
@@ -737,17 +786,16 @@ def test_the_permission_table_covers_every_type_the_program_declares(
     """`gputrain doctor` asks for the permissions of infra/permissions.py; they are derived from
     the types the program declares, which must be exactly what `resource_types` says."""
     from infra.components.cluster import GpuCluster
-    from infra.permissions import RESOURCE_PERMISSIONS, required_permissions, resource_types
+    from infra.permissions import RESOURCE_PERMISSIONS, required_permissions, spec_resource_types
 
     spec = _spec(stack, **overrides)
     cluster = GpuCluster(spec.stack, spec)
 
     def check(_: object) -> None:
         declared = {r.typ for r in mocks.resources if r.custom}
-        expected = resource_types(
-            own_network=spec.network is None, placement=spec.placement == "compact"
-        )
+        expected = spec_resource_types(spec)
         assert declared == set(expected) and declared <= set(RESOURCE_PERMISSIONS)
+        assert ("gcp:storage/bucket:Bucket" in declared) == (spec.existing_bucket is None)
         needed = required_permissions(declared)
         assert "compute.instances.create" in needed and "iam.serviceAccounts.actAs" in needed
         assert ("compute.networks.create" in needed) == (spec.network is None)

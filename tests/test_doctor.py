@@ -20,7 +20,7 @@ from infra.permissions import (
 )
 from scripts.cli import main
 from scripts.doctor.project import CORE_APIS, VERTEX_APIS, ProjectCheck, project_rows
-from scripts.doctor.report import DoctorReport
+from scripts.doctor.report import DoctorReport, Row
 from scripts.doctor.run import run_doctor
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
@@ -230,15 +230,23 @@ def test_each_row_fails_or_is_unknown_on_its_own_cause(
     assert (row.status, detail in row.detail, fix in row.fix) == (status, True, True), row
 
 
-def test_vertex_backend_also_needs_vertex_ai_and_storage(world: World) -> None:
-    world.admin.world.enabled |= {"storage.googleapis.com"}
+def test_every_stack_needs_storage_and_vertex_stacks_enable_vertex_ai_themselves(
+    world: World,
+) -> None:
     check = ProjectCheck(
         "gputrain-test", "lab", CORE_APIS + VERTEX_APIS, ("aiplatform.customJobs.create",), "x"
     )
-    rows = {r.check: r for r in project_rows(check, world.gce.projects(), world.gce.compute())}
-    assert rows["Cloud Storage API"].status == "ok"
-    assert rows["Vertex AI API"].status == "fail"
-    assert "gcloud services enable aiplatform.googleapis.com" in rows["Vertex AI API"].fix
+
+    def rows() -> dict[str, Row]:
+        return {r.check: r for r in project_rows(check, world.gce.projects(), world.gce.compute())}
+
+    # the stack's program declares the Vertex AI API: disabled is fine, `up` turns it on
+    assert rows()["Vertex AI API"].status == "ok"
+    assert "disabled; `up` enables it" in rows()["Vertex AI API"].detail
+    assert rows()["Cloud Storage API"].status == "ok"
+    world.admin.world.enabled.discard("storage.googleapis.com")  # the bucket needs it: a fail
+    row = rows()["Cloud Storage API"]
+    assert row.status == "fail" and "gcloud services enable storage.googleapis.com" in row.fix
 
 
 def test_without_a_stack_only_this_machine_is_checked(

@@ -207,7 +207,9 @@ def test_silent_link_lost_for_good_names_the_cause_and_the_failed_stop(
     tb.set_link(worker, up=True)
     ts2 = connect(tb.fleet([hosts[1]]), deadline_s=15)
     # its log shows it trained (torchrun may have logged a rendezvous warning after the last step)
-    assert ts2[worker].run("grep -c sum .gputrain/runs/ddp-cut/torchrun.log", 10).stdout.strip() != "0"
+    assert (
+        ts2[worker].run("grep -c sum .gputrain/runs/ddp-cut/torchrun.log", 10).stdout.strip() != "0"
+    )
     from scripts.job.launch import stop_job
 
     assert stop_job(ts2, "ddp-cut", grace_s=2)[worker] in ("terminated", "killed")

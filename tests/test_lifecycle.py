@@ -8,179 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from scripts.cli import main
-from scripts.settings import Settings
-from scripts.targets.gce.clients import GceClients
-from tests.fake_compute import FakeCompute, ssh_host_keys
-from tests.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
-from tests.fake_stack import FakeStackRunner
-from tests.testbed import GpuConfig, TestBed, TestHost
+from tests.stack_world import ZONES, World, assert_torn_down
+from tests.testbed import GpuConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 FAST_TRAIN = ("-m", "trainer.train", "--preset", "tiny", "--steps", "30", "--log-every", "10")
-
-JOB = '''"""A job for the lifecycle tests: writes a marker, then sleeps, fails or finishes."""
-import os, sys, time
-from pathlib import Path
-mode = sys.argv[1]
-marker = Path(sys.argv[2])
-out = Path(os.environ.get("GPUTRAIN_OUT", "out")); out.mkdir(parents=True, exist_ok=True)
-(out / "summary.json").write_text('{"final_loss": 1.0, "steps": 1}')
-marker.mkdir(parents=True, exist_ok=True)
-(marker / f"pid-{os.environ.get('RANK', '0')}").write_text(str(os.getpid()))
-print("job started", mode, flush=True)
-if mode == "sleep":
-    time.sleep(120)
-if mode == "crash" and os.environ.get("RANK") == "1":
-    print("boom: rank 1 crashed on purpose", file=sys.stderr, flush=True)
-    sys.exit(3)
-'''
-
-
-@dataclass
-class World:
-    """A project directory, the fake cloud and the settings and GCE clients wired to them."""
-
-    dir: Path
-    compute: FakeCompute
-    runner: FakeStackRunner
-    settings: Settings
-    gce: GceClients
-    bed: TestBed
-    hosts: list[TestHost]
-    marker: Path
-
-    def run(self, *argv: str) -> int:
-        return main(list(argv), self.settings, self.gce)
-
-    def run_job(self, mode: str, *options: str) -> int:
-        """`gputrain run --stack e2e` with the test job (`done`, `crash` or `sleep`)."""
-        return self.run(
-            "run",
-            "--stack",
-            "e2e",
-            "--yes",
-            "--skip-preflight",
-            *options,
-            "--",
-            "job.py",
-            mode,
-            str(self.marker),
-        )
-
-
-def _stack_file(bed: TestBed, nodes: int) -> str:
-    public = bed.identity_file.with_suffix(".pub").read_text().strip()
-    return (
-        "config:\n"
-        "  gcp:project: gputrain-test\n"
-        f"  gputrain:zones: [{', '.join(ZONES)}]\n"
-        "  gputrain:machineType: g2-standard-8\n"
-        f"  gputrain:nodes: {nodes}\n"
-        "  gputrain:spot: true\n"
-        "  gputrain:maxRunDuration: 1h\n"
-        f"  gputrain:sshUser: {bed.user}\n"
-        f"  gputrain:sshPublicKey: {public}\n"
-        "  gputrain:sshPrivateKey: {secure: v1:bm9uY2U=:ZW5jcnlwdGVkIGtleQ==}\n"  # as keygen left it
-        "  gputrain:sshSourceRanges: [10.213.0.1/32]\n"
-    )
-
-
-@pytest.fixture
-def world(
-    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., World]]:
-    made: list[FakeCompute] = []
-    markers: list[Path] = []
-    admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
-    ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # the README's checklist, done
-
-    def make(nodes: int = 2, gpus: GpuConfig | None = None, wrong_host_keys: bool = False) -> World:
-        (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes))
-        (tmp_path / "job.py").write_text(JOB)
-        # Written by the job as the test hosts' login user: a world-writable dir outside tmp_path.
-        marker = Path(tempfile.mkdtemp(prefix="gputrain-e2e-")) / "marker"
-        marker.parent.chmod(0o777)
-        markers.append(marker.parent)
-        compute = FakeCompute()
-        compute.__enter__()
-        made.append(compute)
-        hosts: list[TestHost] = []
-
-        def node_factory(zone: str) -> list[dict[str, Any]]:
-            """`pulumi up` in `zone`: the cluster's VMs are fresh sshd test hosts."""
-            for _ in range(nodes):
-                hosts.append(tb.add_host(gpus=gpus or GpuConfig(model="NVIDIA L4", count=1)))
-            return [
-                {
-                    "name": f"e2e-node-{i}",
-                    "zone": zone,
-                    "internalIp": h.address,
-                    "externalIp": h.address if i == 0 else None,
-                    "role": "head" if i == 0 else "worker",
-                    "hostKeys": (
-                        [f"{k} {v}" for k, v in ssh_host_keys().items()]
-                        if wrong_host_keys
-                        else [h.host_key]
-                    ),
-                }
-                for i, h in enumerate(hosts[-nodes:])
-            ]
-
-        runner = FakeStackRunner(
-            stack_name="e2e",
-            node_factory=node_factory,
-            compute=compute,
-            project="gputrain-test",
-            ssh_user=tb.user,
-            zones=ZONES,
-        )
-        runner.config["gputrain:sshPrivateKey"] = tb.identity_file.read_text()
-        settings = Settings(
-            root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=60, verify_deadline_s=30
-        )
-        gce = GceClients(
-            runner_for=lambda stack, root: runner,
-            compute_endpoint=compute.url,
-            hostkey_deadline_s=30,
-            retry_pause_s=0,
-            node_python=tb.python,
-            admin_endpoint=admin.url,
-            public_address=lambda: "10.213.0.1",  # the test bed's bridge: where SSH comes from
-        )
-        monkeypatch.chdir(tmp_path)
-        return World(tmp_path, compute, runner, settings, gce, tb, hosts, marker)
-
-    yield make
-    admin.__exit__(None, None, None)
-    for c in made:
-        c.__exit__(None, None, None)
-    for m in markers:
-        shutil.rmtree(m, ignore_errors=True)
-
-
-def assert_torn_down(w: World) -> None:
-    """destroy ran and nothing of the stack is left in the (fake) project."""
-    assert "destroy" in w.runner.call_names()
-    assert w.runner.existing == []
-    from infra.compute import ComputeApi
-    from infra.sweep import sweep
-
-    assert sweep("gputrain-test", "e2e", api=ComputeApi(w.compute.url)) == []
 
 
 def test_run_stack_end_to_end(
@@ -280,6 +119,7 @@ def test_training_crash_names_the_node_and_tears_down(
     rc = w.run_job("crash")
     err = capsys.readouterr().err
     assert rc == 1 and "exit" in err.lower()
+    assert w.runner.call_names().count("up") == 1  # a crash on spot is not retried
     assert_torn_down(w)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import catalog, pricing
+from infra import catalog, pricing, vertex
 from infra.plan import HEADERS, build_plan, plan_stack
 from infra.spec import parse_spec
 from scripts.cli import main
@@ -28,17 +28,23 @@ def test_every_shipped_stack_plans(stack: str) -> None:
         if spec.attach_gpus
         else pricing.price(mt)
     )
+    if spec.on_vertex:  # a replica's price: Compute Engine's plus the training premium
+        gpu = spec.accelerator if spec.attach_gpus else None
+        price = vertex.vertex_price(mt, gpu, spec.gpus_per_node if gpu else 0)
+        assert price.basis.endswith(vertex.SURCHARGE_BASIS)
     per_node = price.spot if spec.spot else price.on_demand
     assert plan.hourly_per_node == pytest.approx(per_node)
     assert plan.hourly_total == pytest.approx(per_node * spec.nodes)
     assert plan.worst_case == pytest.approx(per_node * spec.nodes * spec.max_run_duration_s / 3600)
     row = dict(zip(HEADERS, plan.row, strict=True))
     assert row["nodes"] == str(spec.nodes) and row["machine type"] == spec.machine_type
-    assert row["zone"] == spec.zone and row["TTL"] == spec.max_run_duration
+    where = f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone
+    assert row["zone"] == where and row["TTL"] == spec.max_run_duration
     assert row["worst case $"] == f"{plan.worst_case:.2f}"
-    assert not plan.ready and len(plan.missing) == 3
+    assert not plan.ready and len(plan.missing) == (1 if spec.on_vertex else 3)
     footer = "\n".join(plan.footer_lines())
-    assert f"gputrain keygen --stack {stack}" in footer and price.as_of in footer
+    assert price.as_of in footer
+    assert (f"gputrain keygen --stack {stack}" in footer) != spec.on_vertex
 
 
 def test_dev_plan_figures() -> None:

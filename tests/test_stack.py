@@ -359,3 +359,36 @@ def test_fake_runner_refresh_forgets_vms_the_ttl_deleted() -> None:
             runner.destroy()
         runner.destroy()
         assert runner.existing == [] and not fake.instances
+
+
+def test_destroy_keeping_a_type_names_every_other_resource(work_dir: Path) -> None:
+    """`down --keep-bucket` through the real adapter: the state is exported, and destroy targets
+    every resource but the bucket and the components above it."""
+    stack_urn = "urn:pulumi:dev::gputrain::pulumi:pulumi:Stack::gputrain-dev"
+    bucket = f"{stack_urn.rsplit('::', 2)[0]}::gcp:storage/bucket:Bucket::b"
+    vm = f"{stack_urn.rsplit('::', 2)[0]}::gcp:compute/instance:Instance::dev-node-0"
+    state = {
+        "version": 3,
+        "deployment": {
+            "resources": [
+                {"urn": stack_urn, "type": "pulumi:pulumi:Stack"},
+                {"urn": bucket, "type": "gcp:storage/bucket:Bucket", "parent": stack_urn},
+                {"urn": vm, "type": "gcp:compute/instance:Instance", "parent": stack_urn},
+            ]
+        },
+    }
+
+    class Exporting(FakePulumi):
+        def run(self, args: list[str], *rest: Any, **kw: Any) -> CommandResult:
+            if args[:2] == ["stack", "export"]:
+                self.calls.append(args)
+                return CommandResult(json.dumps(state), "", 0)
+            return super().run(args, *rest, **kw)
+
+    cli = Exporting({})
+    PulumiStackRunner("dev", work_dir, pulumi_command=cli).destroy(
+        lambda line: None, keep=["gcp:storage/bucket:Bucket"]
+    )
+    [destroy] = [c for c in cli.calls if c[0] == "destroy"]
+    assert [destroy[i + 1] for i, a in enumerate(destroy) if a == "--target"] == [vm]
+    assert not [a for a in destroy if a.startswith("--parallel")]  # on_output is no parallelism

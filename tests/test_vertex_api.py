@@ -354,3 +354,20 @@ def test_google_clients_are_imported_only_when_called() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_list_finds_the_stacks_jobs_by_label_across_pages(fv: FakeVertex, api: VertexApi) -> None:
+    mine = [
+        api.create_job(vj.custom_job_body(_request(display_name=f"mine-{i}"))) for i in range(3)
+    ]
+    other = _request(display_name="other", labels={"gputrain-stack": "prod"})
+    api.create_job(vj.custom_job_body(other))
+    elsewhere = VertexApi(PROJECT, "europe-west4", api_endpoint=fv.url)
+    elsewhere.create_job(vj.custom_job_body(_request(region="europe-west4", display_name="eu")))
+    found = api.list_jobs({"gputrain-stack": "dev"})
+    assert sorted(j.name for j in found) == sorted(j.name for j in mine)
+    assert {j.display_name for j in found} == {"mine-0", "mine-1", "mine-2"}
+    assert all(j.labels == {"gputrain-stack": "dev", "team": "ml"} for j in found)
+    listed = [q for m, p, q, _ in fv.requests if m == "GET" and p.endswith("/customJobs")]
+    assert len(listed) >= 2 and any("pageToken" in q for q in listed)  # crossed a page
+    assert api.list_jobs({"gputrain-stack": "nope"}) == []

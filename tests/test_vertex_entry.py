@@ -14,7 +14,15 @@ from tests.gcs_emulator import GcsEmulator
 from tests.trainer_helpers import ROOT, child_env, free_port
 from trainer.errors import InputError
 from trainer.storage import MANIFEST_SUFFIX
-from trainer.vertex_entry import Placement, parse_cluster_spec, placement_from_env, torchrun_argv
+from trainer.vertex_entry import (
+    TRAINER,
+    Placement,
+    output_files,
+    parse_cluster_spec,
+    placement_from_env,
+    split_entry,
+    torchrun_argv,
+)
 
 
 def spec(task: str, index: object, workers: int = 0, **extra: Any) -> str:
@@ -208,3 +216,96 @@ def test_bad_trainer_flags_fail_before_torchrun_in_one_line(tmp_path: Path) -> N
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: --steps 0: must be a whole number >= 1"]
     assert "torch.distributed" not in done.stdout
+
+
+# ---- entries other than the reference trainer ---------------------------------------------------
+
+
+def test_entry_is_trainer_flags_a_module_or_a_script_of_the_code(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "fit.py").write_text("print(1)\n")
+    assert split_entry([], tmp_path) == (TRAINER, [])
+    assert split_entry(["--preset", "tiny"], tmp_path) == (TRAINER, ["--preset", "tiny"])
+    assert split_entry(["-m", "trainer.train", "--steps", "5"], tmp_path) == (
+        TRAINER,
+        ["--steps", "5"],
+    )
+    assert split_entry(["-m", "my.pkg", "a b", "$x"], tmp_path) == (("-m", "my.pkg"), ["a b", "$x"])
+    assert split_entry(["jobs/fit.py", "--lr", "3"], tmp_path) == (
+        (str(tmp_path / "jobs" / "fit.py"),),
+        ["--lr", "3"],
+    )
+    placement = Placement(2, 1, "chief", 2222)
+    argv = torchrun_argv(placement, 4, ["--lr", "3"], (str(tmp_path / "jobs" / "fit.py"),))
+    assert argv[-3:] == [str(tmp_path / "jobs" / "fit.py"), "--lr", "3"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        (["-m"], "entry: -m needs a module name"),
+        (["-m", "--steps"], "entry: -m needs a module name"),
+        (["missing.py"], "entry script missing.py: not in the job's code"),
+    ],
+)
+def test_bad_entries_are_one_line(entry: list[str], words: str, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=words) as e:
+        split_entry(entry, tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_outputs_are_summary_and_metrics_first_then_the_rest_but_checkpoints(
+    tmp_path: Path,
+) -> None:
+    for name in ("metrics.jsonl", "health.json", "ckpt-00000010.pt", "a.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "sub").mkdir()
+    assert output_files(tmp_path) == [
+        tmp_path / "summary.json",  # missing files are skipped by the upload
+        tmp_path / "metrics.jsonl",
+        tmp_path / "a.txt",
+        tmp_path / "health.json",
+    ]
+
+
+def test_a_script_entry_runs_in_the_code_dir_and_its_outputs_reach_the_bucket(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """As Vertex runs a package: gputrain_code.ROOT is the working directory, the script is one of
+    its files, relative paths resolve there and the chief copies the out dir to AIP_MODEL_DIR."""
+    site = tmp_path / "site"
+    root = site / "gputrain_code" / "files"
+    (root / "jobs").mkdir(parents=True)
+    (site / "gputrain_code" / "__init__.py").write_text(
+        "from pathlib import Path\nROOT = Path(__file__).resolve().parent / 'files'\n"
+    )
+    (root / "data.txt").write_text("41\n")
+    (root / "jobs" / "count.py").write_text(
+        "import os, sys\nfrom pathlib import Path\n"
+        "n = int(Path('data.txt').read_text()) + 1\n"  # relative: the code dir
+        "out = Path(os.environ['GPUTRAIN_OUT']); out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'answer.txt').write_text(f'{n} {sys.argv[1]} rank {os.environ[\"RANK\"]}')\n"
+    )
+    env = child_env()
+    env["PYTHONPATH"] = f"{site}:{ROOT}"
+    env.update(
+        CLUSTER_SPEC=spec("workerpool0", 0).replace(
+            "cmle-training-workerpool0-ab12-0", "127.0.0.1"
+        ),
+        AIP_MODEL_DIR=f"gs://{gcs.bucket_name}/runs/s1/model/",
+    )
+    cwd = tmp_path / "replica"
+    cwd.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.vertex_entry", "jobs/count.py", "two words"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"runs {root / 'jobs' / 'count.py'} in {root}" in done.stdout
+    assert gcs.names("runs/s1/model/") == ["runs/s1/model/answer.txt"]
+    assert gcs.read("runs/s1/model/answer.txt") == b"42 two words rank 0"
+    assert (cwd / "out" / "answer.txt").is_file()  # GPUTRAIN_OUT: the replica's own dir

@@ -304,6 +304,11 @@ def test_sdist_installs_offline_and_brings_the_trainer_and_the_workdir(tmp_path:
         check=True,
     )  # fmt: skip
     code = target / "gputrain_code" / "files"
+    [meta] = target.glob("gputrain_job-0*-info/METADATA")
+    requires = [
+        ln.split(": ", 1)[1] for ln in meta.read_text().splitlines() if "Requires-Dist" in ln
+    ]
+    assert requires == ["numpy>=1.26", "google-cloud-storage<4,>=2.14"]  # torch: the container's
     assert (code / "train.py").read_text() == "print('hi')\n"
     assert (code / "data.csv").exists() and (code / "odd[1]" / "f.txt").exists()
     assert (code / "trainer" / "train.py").exists()  # the trainer travels with the code
@@ -334,3 +339,9 @@ def test_sdist_is_reproducible_and_keeps_the_upload_size_limit(tmp_path: Path) -
     (work / "weights.pt").write_bytes(b"\0" * 300_000)
     with pytest.raises(UserError, match=r"above the limit of 0.2 MiB; biggest files: weights.pt"):
         vj.build_sdist(work, tmp_path / "c", trainer_dir=ROOT / "trainer", limit_mib=0.2)
+
+
+def test_the_package_requires_the_trainer_extra_without_torch() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    train = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert tuple(r for r in train["train"] if not r.startswith("torch")) == vj.TRAINER_REQUIREMENTS

@@ -187,6 +187,9 @@ class TestBed:
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
         self._iso_gateway: str | None = None
+        # Addresses of removed hosts are not handed out again while others are free: a new host
+        # (a re-created VM) behind an old address would meet stale ARP entries for ~30 s.
+        self._retired: set[int] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -300,12 +303,10 @@ class TestBed:
         """A new host with a running sshd (after sshd_delay_s). ``isolated_behind=<host>``: on
         the second bridge, reachable only from that host's namespace (for jump tests)."""
         with self._mutex:
-            if isolated_behind is None:
-                used = {int(h.address.rsplit(".", 1)[1]) for h in self.hosts.values()}
-                octet = next(i for i in range(10, 128) if i not in used)
-            else:
-                used = {int(h.address.rsplit(".", 1)[1]) for h in self.hosts.values()}
-                octet = next(i for i in range(130, 250) if i not in used)
+            used = {int(h.address.rsplit(".", 1)[1]) for h in self.hosts.values()}
+            span = range(10, 128) if isolated_behind is None else range(130, 250)
+            free = [i for i in span if i not in used]
+            octet = next((i for i in free if i not in self._retired), free[0])
             name = name or (f"h{octet - 10}" if isolated_behind is None else f"x{octet - 130}")
             if name in self.hosts:
                 raise ValueError(f"test host {name} exists")
@@ -358,6 +359,7 @@ class TestBed:
         """Stop the host's processes and delete its namespace (its veths go with it)."""
         with self._mutex:
             host = self.hosts.pop(name)
+            self._retired.add(int(host.address.rsplit(".", 1)[1]))
             self._stop_sshd(host)
             _kill_namespace(host.namespace, f"gtv{host.address.rsplit('.', 1)[1]}")
             if self._iso_gateway == name:

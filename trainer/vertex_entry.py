@@ -1,4 +1,9 @@
-"""Vertex AI's `pythonModule`: `python -m trainer.vertex_entry [trainer args...]` on every replica.
+"""Vertex AI's `pythonModule`: `python -m trainer.vertex_entry [ENTRY]` on every replica.
+
+ENTRY is what `gputrain run -- ENTRY` names, as torchrun takes it: `-m MODULE [args]` (any module
+in the job's package: the trainer, the health check, the user's own), `SCRIPT.py [args]` (a file
+of the working directory the package carries), or just trainer flags (`--preset tiny`: the
+reference trainer). The processes start in that working directory, as they do on GCE.
 
 Vertex starts one container per replica and describes the job in CLUSTER_SPEC: pools `workerpool0`
 (the chief, one replica) and `workerpool1` (the other workers), each a list of `host:port`, and this
@@ -25,7 +30,9 @@ from trainer.errors import InputError
 from trainer.storage import parse_gs_uri, upload_files
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
-OUTPUTS = ("summary.json", "metrics.jsonl")
+OUTPUTS = ("summary.json", "metrics.jsonl")  # first; then every other file of the out dir
+TRAINER = ("-m", "trainer.train")
+CHECKPOINT_FILE = "ckpt-"  # local checkpoint copies: the bucket has them under AIP_CHECKPOINT_DIR
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,47 @@ def _int(env: Mapping[str, str], name: str, least: int) -> int:
     return int(value)
 
 
-def torchrun_argv(placement: Placement, nproc: int, trainer_args: list[str]) -> list[str]:
+def split_entry(argv: list[str], code_root: Path) -> tuple[tuple[str, ...], list[str]]:
+    """(torchrun's program: `-m MODULE` or a script path, its arguments). Arguments alone are the
+    reference trainer's; a script must be a file of the job's code (one line otherwise)."""
+    if not argv or (argv[0].startswith("-") and argv[0] != "-m"):
+        return TRAINER, argv
+    if argv[0] == "-m":
+        if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
+            raise InputError("entry: -m needs a module name, e.g. -m trainer.train")
+        return ("-m", argv[1]), argv[2:]
+    script = code_root / argv[0]
+    if not script.is_file():
+        raise InputError(
+            f"entry script {argv[0]}: not in the job's code ({code_root}); "
+            "give a path relative to the working directory, or -m MODULE"
+        )
+    return (str(script),), argv[1:]
+
+
+def code_root() -> Path:
+    """The working directory the job's package carries (gputrain_code/files), else this one."""
+    try:
+        import gputrain_code  # only in the job's package (scripts/targets/vertex_job.py)
+    except ImportError:
+        return Path.cwd()
+    return Path(gputrain_code.ROOT)
+
+
+def output_files(out: Path) -> list[Path]:
+    """What the chief copies to AIP_MODEL_DIR: the summary and metrics first, then the out dir's
+    other files — not checkpoints, which are in the bucket already."""
+    others = sorted(
+        p
+        for p in (out.iterdir() if out.is_dir() else ())
+        if p.is_file() and p.name not in OUTPUTS and not p.name.startswith(CHECKPOINT_FILE)
+    )
+    return [out / name for name in OUTPUTS] + others
+
+
+def torchrun_argv(
+    placement: Placement, nproc: int, trainer_args: list[str], program: tuple[str, ...] = TRAINER
+) -> list[str]:
     """torchrun for this node: static rendezvous at the chief, so node ranks are Vertex's."""
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if placement.nnodes == 1:
@@ -122,7 +169,7 @@ def torchrun_argv(placement: Placement, nproc: int, trainer_args: list[str]) -> 
             f"--master-addr={placement.master_addr}",
             f"--master-port={placement.master_port}",
         ]
-    return [*argv, "-m", "trainer.train", *trainer_args]
+    return [*argv, *program, *trainer_args]
 
 
 def gpus_here() -> int:
@@ -131,9 +178,9 @@ def gpus_here() -> int:
     return torch.cuda.device_count()
 
 
-def run_forwarding_signals(argv: list[str]) -> int:
+def run_forwarding_signals(argv: list[str], cwd: Path | None = None) -> int:
     """Run torchrun; SIGTERM/SIGINT (a cancel or a spot stop) go on to it, and we wait for it."""
-    proc = subprocess.Popen(argv)
+    proc = subprocess.Popen(argv, cwd=cwd)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         proc.send_signal(signum)
@@ -144,7 +191,10 @@ def run_forwarding_signals(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    trainer_args = sys.argv[1:] if argv is None else argv
+    entry = sys.argv[1:] if argv is None else argv
+    workdir = code_root()
+    # Every process of the job writes its results here: absolute, as it starts in `workdir`.
+    os.environ["GPUTRAIN_OUT"] = str(Path(os.environ.get("GPUTRAIN_OUT") or "out").absolute())
     try:
         placement = placement_from_env(os.environ)
         if os.environ.get("AIP_CHECKPOINT_DIR"):
@@ -152,22 +202,27 @@ def main(argv: list[str] | None = None) -> None:
             os.environ.setdefault(CHECKPOINT_URI_ENV, os.environ["AIP_CHECKPOINT_DIR"])
         outputs = os.environ.get("AIP_MODEL_DIR")
         model_dir = parse_gs_uri(outputs, "AIP_MODEL_DIR") if outputs else None
-        cfg = parse_config(trainer_args)  # bad trainer flags fail here, before torchrun starts
+        program, args = split_entry(entry, workdir)
+        out, cpu = Path(os.environ["GPUTRAIN_OUT"]), False
+        if program == TRAINER:
+            cfg = parse_config(args)  # bad trainer flags fail here, before torchrun starts
+            out, cpu = workdir / cfg.out, cfg.device == "cpu"
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
-    nproc = 1 if cfg.device == "cpu" else max(1, gpus_here())
+    nproc = 1 if cpu else max(1, gpus_here())
     print(
         f"vertex: {placement.task} is node {placement.node_rank} of {placement.nnodes}, "
         f"{nproc} process(es), rendezvous {placement.master_addr}:{placement.master_port}, "
+        f"runs {' '.join(program)} in {workdir}, "
         f"checkpoints {os.environ.get(CHECKPOINT_URI_ENV) or 'local only'}, "
         f"outputs {model_dir or 'local only'}",
         flush=True,
     )
-    status = run_forwarding_signals(torchrun_argv(placement, nproc, trainer_args))
-    if placement.node_rank == 0 and model_dir is not None:  # on failure too: the metrics so far
+    status = run_forwarding_signals(torchrun_argv(placement, nproc, args, program), cwd=workdir)
+    if placement.node_rank == 0 and model_dir is not None:  # on failure too: the results so far
         try:
-            sent = upload_files([Path(cfg.out) / name for name in OUTPUTS], model_dir)
+            sent = upload_files(output_files(out), model_dir)
             print(f"vertex: copied {', '.join(sent) or 'nothing'} to {model_dir}", flush=True)
         except Exception as e:  # the training's own status still decides the exit code
             print(

@@ -1,5 +1,6 @@
-"""The Pulumi components of a cluster: `ClusterNetwork`, `NodeIdentity` and `GpuNodes`, composed by
-`GpuCluster`. Each takes a narrow frozen args dataclass and parents its resources to itself.
+"""The Pulumi components of a cluster: `ClusterNetwork`, `NodeIdentity`, `StackBucket` and
+`GpuNodes`, composed by `GpuCluster`. Each takes a narrow frozen args dataclass and parents its
+resources to itself.
 """
 
 from __future__ import annotations

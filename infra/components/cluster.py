@@ -13,11 +13,12 @@ from typing import Any
 
 import pulumi
 
-from infra.components.identity import NodeIdentity, NodeIdentityArgs
+from infra.components.bucket import StackBucket, StackBucketArgs
+from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
 from infra.spec import ClusterSpec
-from infra.stackfile import PROJECT_LABEL, STACK_LABEL, service_account_id
+from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
 
@@ -27,14 +28,56 @@ def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
     return {STACK_LABEL: spec.stack, PROJECT_LABEL: pulumi_project, **spec.labels}
 
 
+def stack_identity(
+    spec: ClusterSpec,
+    display_name: str,
+    opts: pulumi.ResourceOptions,
+    roles: tuple[str, ...] = NODE_ROLES,
+) -> NodeIdentity:
+    """The stack's service account (`gputrain-<stack>`) with its project roles."""
+    return NodeIdentity(
+        f"{spec.stack}-identity",
+        NodeIdentityArgs(
+            account_id=service_account_id(spec.stack),
+            project=spec.project,
+            display_name=display_name,
+            roles=roles,
+        ),
+        opts,
+    )
+
+
+def stack_bucket(
+    spec: ClusterSpec, identity: NodeIdentity, opts: pulumi.ResourceOptions
+) -> StackBucket:
+    """The stack's run bucket (its own, or the user's), usable by `identity` and no one else."""
+    assert spec.bucket_name is not None  # gcp:project is set: require_deployable ran
+    return StackBucket(
+        f"{spec.stack}-bucket",
+        StackBucketArgs(
+            name=spec.bucket_name,
+            project=spec.project,
+            location=spec.region,
+            member=identity.email.apply(lambda email: f"serviceAccount:{email}"),
+            existing=spec.existing_bucket is not None,
+            retention_days=spec.bucket_retention_days,
+            labels=cluster_labels(spec, pulumi.get_project()),
+        ),
+        opts,
+    )
+
+
 class GpuCluster(pulumi.ComponentResource):
-    """Network and firewalls, a service account, optional compact placement, one VM per node."""
+    """Network and firewalls, a service account, the run bucket, optional compact placement, one
+    VM per node."""
 
     def __init__(
         self, name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         # The image is an invoke that can fail on the user's input: before any resource exists.
         image_self_link = resolve_image(spec)
+        if spec.bucket_name is None:
+            raise SpecError("gcp:project is not set: it names the stack's bucket")
         super().__init__(COMPONENT_TYPE, name, None, opts)
         self.spec = spec
         self.image_self_link = image_self_link
@@ -52,15 +95,9 @@ class GpuCluster(pulumi.ComponentResource):
             ),
             child,
         )
-        self.identity = NodeIdentity(
-            f"{spec.stack}-identity",
-            NodeIdentityArgs(
-                account_id=service_account_id(spec.stack),
-                project=spec.project,
-                display_name=f"gputrain nodes of stack {spec.stack}",
-            ),
-            child,
-        )
+        self.identity = stack_identity(spec, f"gputrain nodes of stack {spec.stack}", child)
+        labels = cluster_labels(spec, pulumi.get_project())
+        self.bucket = stack_bucket(spec, self.identity, child)
         self.nodes = GpuNodes(
             f"{spec.stack}-nodes",
             GpuNodesArgs(
@@ -83,7 +120,7 @@ class GpuCluster(pulumi.ComponentResource):
                 public_ip=spec.public_ip,
                 compact_placement=spec.placement == "compact",
                 placement_name=f"{spec.stack}-compact",
-                labels=cluster_labels(spec, pulumi.get_project()),
+                labels=labels,
                 tag=tag,
                 network=self.network.network_ref,
                 subnetwork=self.network.subnetwork_ref,
@@ -92,6 +129,7 @@ class GpuCluster(pulumi.ComponentResource):
                     self.network.internal_firewall,
                     self.network.ssh_firewall,
                     *self.identity.role_bindings,
+                    self.bucket.node_access,
                 ),
             ),
             child,
@@ -114,26 +152,36 @@ class GpuCluster(pulumi.ComponentResource):
         ]
         head = nodes[0].apply(lambda n: n["externalIp"] or n["internalIp"])
         return {
-            "stack": spec.stack,
-            "project": spec.project,
-            "region": spec.region,
+            **shape_exports(spec, self.bucket),
             "zone": spec.zone,
-            "machineType": spec.machine_type,
-            "accelerator": spec.accelerator,
-            "gpusPerNode": spec.gpus_per_node,
             "gpuModel": spec.gpu_model,
             "gpuMemoryGb": spec.gpu_memory_gb,
-            "spot": spec.spot,
-            "maxRunDuration": spec.max_run_duration,
-            "maxRunDurationSeconds": spec.max_run_duration_s,
-            "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
-            "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
-            "priceAsOf": spec.price.as_of,
             "sshUser": spec.ssh_user,
             "image": self.image_self_link,
             "headAddress": head,
             "nodes": pulumi.Output.all(*nodes),
         }
+
+
+def shape_exports(spec: ClusterSpec, bucket: StackBucket) -> dict[str, Any]:
+    """The outputs every backend exports: where, what shape, its price and TTL, the bucket."""
+    return {
+        "stack": spec.stack,
+        "project": spec.project,
+        "region": spec.region,
+        "machineType": spec.machine_type,
+        "accelerator": spec.accelerator,
+        "gpusPerNode": spec.gpus_per_node,
+        "spot": spec.spot,
+        "maxRunDuration": spec.max_run_duration,
+        "maxRunDurationSeconds": spec.max_run_duration_s,
+        "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
+        "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
+        "priceAsOf": spec.price.as_of,
+        "bucket": bucket.name,
+        "bucketPrefix": spec.bucket_prefix,
+        "bucketOwned": spec.existing_bucket is None,
+    }
 
 
 def _node_export(values: list[Any], index: int) -> dict[str, Any]:

@@ -18,11 +18,11 @@ CORE_APIS = (
     ("compute.googleapis.com", "Compute Engine API"),
     ("iam.googleapis.com", "IAM API"),
     ("cloudresourcemanager.googleapis.com", "Cloud Resource Manager API"),
+    ("storage.googleapis.com", "Cloud Storage API"),  # every stack has a bucket
 )
-VERTEX_APIS = (
-    ("aiplatform.googleapis.com", "Vertex AI API"),
-    ("storage.googleapis.com", "Cloud Storage API"),
-)
+VERTEX_APIS = (("aiplatform.googleapis.com", "Vertex AI API"),)
+#: APIs the stack's own program enables on `up` (backend vertex declares the Vertex AI API).
+ENABLED_BY_THE_STACK = frozenset({"aiplatform.googleapis.com"})
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ def _api_rows(
         state = states.get(name, "STATE_UNSPECIFIED")
         if state == "ENABLED":
             rows.append(Row(title, "ok", f"{name} is enabled"))
+        elif name in ENABLED_BY_THE_STACK:
+            rows.append(Row(title, "ok", f"{name} is {state.lower()}; `up` enables it"))
         else:
             rows.append(
                 Row(

@@ -23,20 +23,18 @@ if TYPE_CHECKING:
 def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorReport:
     """All rows for `stack` (None: the rows that need no stack; the rest say "no stack given").
     A stack file that does not parse is a UserError, as for every command."""
-    from infra.permissions import all_permissions, required_permissions, resource_types
+    from infra.permissions import all_permissions, required_permissions, spec_resource_types
     from infra.spec import parse_spec
     from infra.stackfile import load_stack_config, stack_secrets
     from scripts.doctor import machine, project, settings
 
     spec = parse_spec(load_stack_config(root, stack), stack) if stack else None
     secrets = stack_secrets(root, stack) if stack else None
-    vertex = getattr(spec, "backend", "gce") == "vertex"  # the Vertex AI backend, where known
+    vertex = spec is not None and spec.on_vertex
     if spec is None:
         permissions, source = all_permissions(), "what any stack may need"
     else:
-        types = resource_types(
-            own_network=spec.network is None, placement=spec.placement == "compact"
-        )
+        types = spec_resource_types(spec)
         permissions = required_permissions(types, vertex=vertex)
         source = f"{len(types)} resource types of the stack, `up`'s waits, the controller's reads"
     check = project.ProjectCheck(

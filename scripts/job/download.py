@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 
 from scripts import ui
@@ -52,5 +53,6 @@ def write_job_record(result: JobResult) -> None:
         "duration_s": round(result.duration_s, 2),
         "failed_node": result.failed_node,
         "root_cause": list(result.root_cause),
+        "recoveries": [asdict(r) for r in result.recoveries],
     }
     (result.results_dir / "job.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -17,8 +17,14 @@ from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.download import download_results, write_job_record
 from scripts.job.follow import LineSink, follow_job, say_line
-from scripts.job.node_scripts import build_node_command, build_start_command, build_stop_command
-from scripts.job.records import Job, JobResult, TrainingError, validate_job
+from scripts.job.node_scripts import (
+    STORAGE_REQUIREMENT,
+    build_node_command,
+    build_start_command,
+    build_stop_command,
+    build_storage_client_command,
+)
+from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
 from scripts.job.sync import check_size, collect_sources, sync_code
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
@@ -42,6 +48,8 @@ def launch_torchrun(
     validate_job(job)
     start = time.monotonic()
     upload_code(fleet, transports, job)
+    if job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://"):
+        ensure_storage_client(fleet, transports)
     start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
@@ -139,6 +147,32 @@ def upload_code(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> 
     )
 
 
+def ensure_storage_client(fleet: Fleet, transports: Mapping[str, Transport]) -> None:
+    """The trainer needs google-cloud-storage for gs:// checkpoints: install it where missing."""
+    cmd = build_storage_client_command(fleet.python)
+
+    def one(name: str) -> str:
+        r = transports[name].run(cmd, 600)
+        if not r.ok:
+            raise TransportError(
+                f"node {name}: {STORAGE_REQUIREMENT} is missing for {fleet.python} and pip could "
+                f"not install it (needed for {CHECKPOINT_URI_ENV}): "
+                + " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+            )
+        return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "present"
+
+    names = [n.name for n in fleet.nodes]
+    results, errors = parallel(names, one)
+    if errors:
+        raise TransportError("\n".join(str(e) for e in errors.values()))
+    installed = [n for n in names if results[n] == "installed"]
+    if installed:
+        ui.say(
+            f"installed {STORAGE_REQUIREMENT} for {fleet.python} on {', '.join(installed)} "
+            "(the trainer's bucket checkpoints need it)"
+        )
+
+
 def start_job(
     fleet: Fleet, transports: Mapping[str, Transport], job: Job, *, stop_grace_s: float = 10.0
 ) -> None:
@@ -194,6 +228,8 @@ def stop_job(
 ) -> dict[str, str]:
     """Stop the run on every node (or `only` these): TERM, then SIGKILL after grace_s."""
     names = only if only is not None else list(transports)
+    if not names:
+        return {}
     cmd = build_stop_command(run_id, grace_s)
 
     def one(name: str) -> str:

@@ -145,6 +145,24 @@ def parse_exitcode(text: str) -> tuple[int | None, float | None]:
         return rc, None
 
 
+STORAGE_REQUIREMENT = "google-cloud-storage>=2.14,<4"  # what the trainer needs for gs:// URIs
+
+
+def build_storage_client_command(python: str) -> str:
+    """Prints `present` when `python` imports google.cloud.storage; else pip-installs it (into
+    the interpreter's environment, else --user), prints `installed`, or fails with pip's last
+    lines."""
+    py, req = shlex.quote(python), shlex.quote(STORAGE_REQUIREMENT)
+    probe = f"{py} -c 'import google.cloud.storage' >/dev/null 2>&1"
+    pip = f"{py} -m pip install --quiet --disable-pip-version-check"
+    return (
+        f"if {probe}; then echo present; exit 0; fi; "
+        f"out=$({pip} {req} 2>&1 || {pip} --user {req} 2>&1); "
+        f"if {probe}; then echo installed; exit 0; fi; "
+        'printf "%s\n" "$out" | tail -n 5; exit 1'
+    )
+
+
 ERROR_FILE_SEPARATOR = "\n\036\n"
 
 

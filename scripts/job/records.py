@@ -13,6 +13,9 @@ from infra.base.errors import GputrainError, UserError
 from scripts.job.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
+# What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
+CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"
+WATCH_PREEMPTION_ENV = "GPUTRAIN_WATCH_PREEMPTION"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -58,6 +61,19 @@ class NodeFailure:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """One spot preemption the run survived: which node(s), when, how long until training ran
+    again, and the work done twice."""
+
+    nodes: tuple[str, ...]
+    preempted_at: float  # unix time: the preemption operation, else when it was noticed
+    downtime_s: float  # until the first step after the relaunch (or the relaunch's end)
+    zone: str
+    resumed_from: int | None  # the step training resumed from (None: the entry prints no steps)
+    steps_repeated: int | None  # steps trained before the preemption that were trained again
+
+
+@dataclass(frozen=True)
 class JobResult:
     run_id: str
     ok: bool
@@ -66,6 +82,7 @@ class JobResult:
     results_dir: Path
     failed_node: str | None = None
     root_cause: tuple[str, ...] = ()
+    recoveries: tuple[Recovery, ...] = ()
 
 
 class TrainingError(GputrainError):

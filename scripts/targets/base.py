@@ -31,6 +31,8 @@ class RunOptions:
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0
     wait_s: float | None = None  # --wait: how long to wait for SSH (None: the target's default)
+    keep_bucket: bool = False  # `run`/`down`: keep the stack's bucket (and what is in it)
+    max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
 
 
 class Session(Protocol):
@@ -72,8 +74,8 @@ class Target(Protocol):
         """Create and prove; it stays up (destroyed again if anything fails)."""
         ...
 
-    def down(self) -> None:
-        """Destroy everything the target created, then sweep."""
+    def down(self, opts: RunOptions) -> None:
+        """Destroy everything the target created (its results brought home first), then sweep."""
         ...
 
     def status(self) -> None: ...

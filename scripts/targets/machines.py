@@ -65,7 +65,7 @@ class MachinesTarget:
     def up(self, opts: RunOptions) -> None:
         raise self._stack_only("up")
 
-    def down(self) -> None:
+    def down(self, opts: RunOptions) -> None:
         raise self._stack_only("down")
 
     def status(self) -> None:

@@ -164,6 +164,22 @@ class VertexApi:
         )
         return parse_job(_as_json(created))
 
+    def list_jobs(self, labels: Mapping[str, str]) -> list[JobStatus]:
+        """The region's jobs carrying all these labels, newest first. Filtered here: the API's
+        filter syntax for label keys with '-' (gputrain-stack) is not documented."""
+
+        def fetch() -> list[JobStatus]:
+            from google.cloud import aiplatform_v1
+
+            request = aiplatform_v1.ListCustomJobsRequest(
+                parent=parent(self.project, self.region), page_size=100
+            )
+            pages = self._client("jobs").list_custom_jobs(request=request, timeout=60)
+            jobs = [parse_job(_as_json(job)) for job in pages]
+            return [j for j in jobs if all(j.labels.get(k) == v for k, v in labels.items())]
+
+        return list(self._call(f"Vertex AI list jobs in {self.region}", fetch))
+
     def get_job(self, name: str) -> JobStatus:
         job = self._call(
             f"Vertex AI get job {name}",

@@ -25,6 +25,10 @@ from scripts.job.sync import check_size, collect_sources
 DEFAULT_PYTHON_MODULE = "trainer.vertex_entry"
 CODE_PACKAGE = "gputrain_code"  # the working directory travels as this package's data, under files/
 SDIST_NAME, SDIST_VERSION = "gputrain-job", "0"
+#: What pip installs with the package: the trainer's needs but torch, which the container brings
+#: (a second torch would be a multi-GB download that may not match the container's CUDA).
+#: pyproject's `train` extra without torch; a test holds them together.
+TRAINER_REQUIREMENTS = ("numpy>=1.26", "google-cloud-storage>=2.14,<4")
 LOG_RESOURCE_TYPE = "ml_job"  # gcloud's `ai custom-jobs stream-logs` filters on it and job_id
 
 # --------------------------------------------------------------------------------------------
@@ -36,13 +40,14 @@ def parent(project: str, region: str) -> str:
     return f"projects/{project}/locations/{region}"
 
 
-def run_output_dir(bucket: str, run_id: str) -> str:
-    """baseOutputDirectory: Vertex derives AIP_MODEL_DIR / AIP_CHECKPOINT_DIR from it."""
-    return f"gs://{bucket}/runs/{run_id}/"
+def run_output_dir(bucket: str, run_id: str, prefix: str = "") -> str:
+    """baseOutputDirectory: Vertex derives AIP_MODEL_DIR / AIP_CHECKPOINT_DIR from it. `prefix`
+    ("" or "a/b/") is the stack's place in a shared bucket."""
+    return f"gs://{bucket}/{prefix}runs/{run_id}/"
 
 
-def staging_dir(bucket: str, run_id: str) -> str:
-    return f"gs://{bucket}/staging/{run_id}/"
+def staging_dir(bucket: str, run_id: str, prefix: str = "") -> str:
+    return f"gs://{bucket}/{prefix}staging/{run_id}/"
 
 
 def executor_image_for(region: str, image: str = vertex.DEFAULT_EXECUTOR_IMAGE) -> str:
@@ -169,6 +174,8 @@ class JobStatus:
     end_time: dt.datetime | None = None
     error_code: int = 0
     error_message: str = ""
+    display_name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def job_id(self) -> str:
@@ -198,6 +205,8 @@ def parse_job(body: Mapping[str, Any]) -> JobStatus:
         end_time=parse_time(body.get("endTime")),
         error_code=int(error.get("code", 0)),
         error_message=error.get("message", ""),
+        display_name=body.get("displayName", ""),
+        labels=dict(body.get("labels") or {}),
     )
 
 
@@ -299,6 +308,7 @@ setup(
     package_dir={package_dir!r},
     package_data={{{code!r}: {data!r}}},
     include_package_data=False,
+    install_requires={requires!r},
 )
 """
 
@@ -325,6 +335,7 @@ def build_sdist(
         packages=[CODE_PACKAGE, *trainer_pkgs],
         package_dir={p: f"{CODE_PACKAGE}/files/{p.replace('.', '/')}" for p in trainer_pkgs},
         data=[f"files/{glob.escape(rel)}" for rel in sorted(files)],
+        requires=list(TRAINER_REQUIREMENTS),
     )
     pkg_info = f"Metadata-Version: 2.1\nName: {SDIST_NAME}\nVersion: {SDIST_VERSION}\n"
     init = '"""gputrain job code; the working directory is ROOT."""\nfrom pathlib import Path\n\n'

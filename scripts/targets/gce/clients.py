@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from infra.compute import ComputeApi
+    from infra.gcs import StorageApi
     from infra.project_api import ProjectApi
     from scripts.targets.gce.stack import StackRunner
 
@@ -30,7 +31,9 @@ class GceClients:
         default_factory=lambda: os.environ.get("GPUTRAIN_ADMIN_ENDPOINT") or None
     )
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
+    preemption_confirm_s: float = 60.0  # a node killed or lost: how long to ask "preempted?"
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
+    _storage: dict[str | None, StorageApi] = field(default_factory=dict, init=False, repr=False)
 
     def compute(self) -> ComputeApi:
         if self._compute is None:
@@ -43,6 +46,14 @@ class GceClients:
         from infra.project_api import ProjectApi
 
         return ProjectApi(self.admin_endpoint)
+
+    def storage(self, project: str | None) -> StorageApi:
+        """Cloud Storage for the stack's bucket (STORAGE_EMULATOR_HOST redirects it)."""
+        if project not in self._storage:
+            from infra.gcs import StorageApi
+
+            self._storage[project] = StorageApi(project)
+        return self._storage[project]
 
     def runner(self, stack: str, root: Path) -> StackRunner:
         if self.runner_for is not None:

@@ -133,12 +133,15 @@ def provision_with_failover(
     on_output: OnOutput | None = None,
     expected_nodes: int | None = None,
     project: str | None = None,
+    destroy_failed: bool = True,
 ) -> tuple[str, dict[str, Any]]:
     """Sets `gputrain:zone` and runs `up`, zone after zone, until a cluster exists.
 
     Returns (zone, outputs). On stockout (or a cluster with fewer than `expected_nodes` nodes):
     destroy, next zone. On quota or any other error: destroy, raise ProvisioningError with every
-    attempt and the fix. Zones for which `preflight_ok` is False are skipped."""
+    attempt and the fix. Zones for which `preflight_ok` is False are skipped. A recovery passes
+    `destroy_failed=False`: the stack holds the run's bucket and the surviving VMs, and the next
+    zone's `up` replaces the VMs anyway (a failed recovery is destroyed by the run's teardown)."""
     say = on_event or (lambda _m: None)
     attempts: list[Attempt] = []
     tried: list[str] = []
@@ -172,7 +175,8 @@ def provision_with_failover(
             outcome = "partial"
         attempts.append(Attempt(zone, outcome, failure.summary))
         say(f"{zone}: {outcome}: {failure.summary}")
-        _destroy_attempt(runner, zone, attempts, failure, say, on_output)
+        if destroy_failed:
+            _destroy_attempt(runner, zone, attempts, failure, say, on_output)
         if failure.kind != "stockout":
             break
         hint = failure.zones_available

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
@@ -57,7 +57,7 @@ class StackRunner(Protocol):
     def up(self, on_output: OnOutput | None = None) -> dict[str, Any]: ...
     def outputs(self) -> dict[str, Any]: ...
     def refresh(self, on_output: OnOutput | None = None) -> None: ...
-    def destroy(self, on_output: OnOutput | None = None) -> None: ...
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None: ...
     def cancel(self) -> None: ...
 
 
@@ -209,9 +209,18 @@ class PulumiStackRunner:
         stack = self._stack()
         self._run("refresh", lambda: stack.refresh(on_output=on_output, color="never"))
 
-    def destroy(self, on_output: OnOutput | None = None) -> None:
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None:
+        """`keep`: resource types to leave (a kept bucket): a targeted destroy of all the rest."""
+        from scripts.targets.gce.bucket import destroy_targets
+
         stack = self._stack()
-        self._run("destroy", lambda: stack.destroy(on_output=on_output, color="never"))
+        state = self._run("stack export", stack.export_stack) if keep else None
+        targets = destroy_targets(state.deployment.get("resources") or [], keep) if state else None
+        if targets is None or targets:
+            destroy = stack.destroy
+            self._run(
+                "destroy", lambda: destroy(on_output=on_output, color="never", target=targets)
+            )
 
     def cancel(self) -> None:
         stack = self._stack()

@@ -8,7 +8,6 @@ then teardown in a `finally` that no failure, Ctrl-C or SIGTERM can skip (unless
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,54 +17,20 @@ from typing import TYPE_CHECKING, Any
 from infra.base.errors import UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
-from scripts.settings import Settings
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.gce.stack import target_name
 from scripts.targets.session import FleetSession
+from scripts.targets.stack_target import StackTarget
 
 if TYPE_CHECKING:
     from infra.base.records import Fleet
     from infra.spec import ClusterSpec
-    from scripts.targets.gce.stack import StackRunner
+    from scripts.targets.gce.recovery import RecoveringSession
+    from scripts.targets.gce.stack import StackOutputs
 
 
-class GceTarget:
-    def __init__(self, stack: str, settings: Settings, clients: GceClients) -> None:
-        self.stack = stack
-        self.name = target_name(stack)
-        self.settings = settings
-        self.clients = clients
-        self._runner: StackRunner | None = None
-
-    @property
-    def runner(self) -> StackRunner:
-        if self._runner is None:
-            self._runner = self.clients.runner(self.stack, self.settings.root)
-        return self._runner
-
-    def spec(self) -> ClusterSpec:
-        from infra.spec import parse_spec
-        from infra.stackfile import load_stack_config
-
-        return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
-
-    def _spec_with_project(self) -> ClusterSpec:
-        """The spec of a stack that can have resources: gcp:project must be set."""
-        spec = self.spec()
-        if not spec.project:
-            raise UserError(f"gcp:project is not set for stack {self.stack}")
-        return spec
-
+class GceTarget(StackTarget[GceClients]):
     # ---- commands that need no cluster
-
-    def plan(self) -> None:
-        from infra.plan import HEADERS, build_plan
-
-        plan = build_plan(self.spec())
-        ui.table(plan.title, HEADERS, [plan.row])
-        for line in plan.footer_lines():
-            ui.say(line)
 
     def keygen(self, *, force: bool) -> None:
         from scripts.targets.gce.keys import store_new_keypair
@@ -101,20 +66,14 @@ class GceTarget:
     def sweep(self) -> bool:
         from scripts.targets.gce.teardown import show_leftovers
 
-        leftovers = show_leftovers(self.spec(), self.clients.compute())
+        leftovers = show_leftovers(self.spec(), self.clients)
         if not leftovers:
             ui.say(f"sweep: nothing carries the labels of stack {self.stack}")
         return bool(leftovers)
 
     # ---- creating and destroying
 
-    def up(self, opts: RunOptions) -> None:
-        """Create the cluster and prove it; if that fails it is destroyed again."""
-        with signal_guard() as guard, self.provisioned(opts, guard) as cluster:
-            cluster.verify()
-            cluster.keep = True
-
-    def down(self) -> None:
+    def down(self, opts: RunOptions) -> None:
         from scripts.targets.gce.teardown import teardown
 
         spec = self.spec()
@@ -123,7 +82,14 @@ class GceTarget:
                 f"gcp:project is not set for stack {self.stack}; nothing of it can exist"
             )
         with signal_guard() as guard, guard.teardown():
-            teardown(spec, self.runner, self.clients, clear_stale_lock=True)
+            teardown(
+                spec,
+                self.runner,
+                self.clients,
+                runs_dir=self.settings.runs_dir,
+                clear_stale_lock=True,
+                keep_bucket=opts.keep_bucket,
+            )
 
     @contextmanager
     def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[FleetSession]:
@@ -133,15 +99,9 @@ class GceTarget:
         from scripts.targets.gce.teardown import teardown
 
         spec = self.spec()
-        if not opts.yes:
-            require_terminal(spec)
-        if not opts.skip_preflight:
-            from scripts.doctor.run import run_doctor
-
-            report = run_doctor(self.stack, self.settings.root, self.clients)
-            report.show()
-            report.require_ok("doctor")
+        self.check_before_spending(spec, opts, self.clients)
         require_deployable(spec)
+        max_recoveries = recoveries_allowed(opts, spec)
         zones = (
             list(spec.zones)
             if opts.skip_preflight
@@ -152,10 +112,11 @@ class GceTarget:
         try:
             outputs = self._provision(spec, zones)
             with private_key_file(self.runner, self.stack) as key:
-                cluster = FleetSession(
-                    self._fleet(outputs, key),
-                    self.settings,
-                    hourly_usd=spec.hourly_price_per_node * spec.nodes,
+                cluster = self._session(
+                    spec,
+                    outputs,
+                    key,
+                    max_recoveries,
                     keep=opts.keep,
                     connect_deadline_s=opts.wait_s or self.settings.connect_deadline_s,
                 )
@@ -170,25 +131,71 @@ class GceTarget:
                         f"{spec.max_run_duration}; `gputrain down --stack {self.stack}` ends it sooner"
                     )
                 else:
-                    teardown(spec, self.runner, self.clients)
+                    teardown(
+                        spec,
+                        self.runner,
+                        self.clients,
+                        runs_dir=self.settings.runs_dir,
+                        keep_bucket=opts.keep_bucket,
+                    )
 
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[FleetSession]:
         from scripts.targets.gce.keys import private_key_file
 
-        self.spec()  # a broken stack file is still a one-line error
+        spec = self.spec()  # a broken stack file is still a one-line error
+        max_recoveries = recoveries_allowed(opts, spec)
         outputs = self.runner.outputs()
-        if not outputs:
+        if not outputs.get("nodes"):
             raise UserError(
                 f"stack {self.stack} has no cluster; run `gputrain up --stack {self.stack}`"
             )
         with (
             private_key_file(self.runner, self.stack) as key,
-            FleetSession(
-                self._fleet(outputs, key), self.settings, connect_deadline_s=opts.wait_s
+            self._session(
+                spec, outputs, key, max_recoveries, keep=True, connect_deadline_s=opts.wait_s
             ) as session,
         ):
             yield session
+
+    def _session(
+        self,
+        spec: ClusterSpec,
+        outputs: dict[str, Any],
+        key: Path,
+        max_recoveries: int,
+        *,
+        keep: bool,
+        connect_deadline_s: float | None,
+    ) -> RecoveringSession:
+        """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
+        from scripts.targets.gce.bucket import run_bucket
+        from scripts.targets.gce.recovery import RecoveringSession, StackNodes
+        from scripts.targets.gce.stack import parse_stack_outputs
+
+        def recreate(zone: str) -> tuple[Fleet, StackOutputs]:
+            out = parse_stack_outputs(self._recreate(spec, zone))
+            return self._fleet(out, key), out
+
+        out = parse_stack_outputs(outputs)
+        nodes = StackNodes(
+            self.clients.compute(),
+            out,
+            spot=spec.spot,
+            ttl_s=spec.max_run_duration_s,
+            recreate=recreate,
+            bucket=run_bucket(outputs),
+        )
+        return RecoveringSession(
+            self._fleet(out, key),
+            self.settings,
+            nodes,
+            max_recoveries=max_recoveries,
+            hourly_usd=spec.hourly_price_per_node * spec.nodes,
+            keep=keep,
+            confirm_s=self.clients.preemption_confirm_s,
+            connect_deadline_s=connect_deadline_s,
+        )
 
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:
         """`pulumi up` with zone failover; the stack outputs."""
@@ -206,12 +213,28 @@ class GceTarget:
         ui.say(f"up: cluster ready in {zone}")
         return outputs
 
-    def _fleet(self, outputs: dict[str, Any], key_file: Path) -> Fleet:
+    def _recreate(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
+        """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
+        zone first, then the rest of the failover order, never destroying what survived."""
+        from scripts.targets.gce.failover import provision_with_failover
+        from scripts.targets.gce.teardown import pulumi_line
+
+        self.runner.refresh(on_output=None)
+        _, outputs = provision_with_failover(
+            self.runner,
+            [zone, *(z for z in spec.zones if z != zone)],
+            on_event=ui.say,
+            on_output=pulumi_line,
+            expected_nodes=spec.nodes,
+            project=spec.project,
+            destroy_failed=False,
+        )
+        return outputs
+
+    def _fleet(self, out: StackOutputs, key_file: Path) -> Fleet:
         """Nodes from the stack outputs, each pinned to the host keys its guest agent published."""
         from infra.compute import fetch_host_keys
-        from scripts.targets.gce.stack import parse_stack_outputs
 
-        out = parse_stack_outputs(outputs)
         keys = {
             n.name: fetch_host_keys(
                 out.project,
@@ -228,18 +251,14 @@ class GceTarget:
         )
 
 
-def require_terminal(spec: ClusterSpec) -> None:
-    """Without a terminal nobody can answer the money prompt: a nohup or CI run must say --yes."""
-    if sys.stdin.isatty():
-        return
-    from infra.plan import build_plan
-
-    plan = build_plan(spec)
-    raise UserError(
-        f"stdin is not a terminal, so nobody can confirm spending ~${plan.hourly_total:.2f}/h "
-        f"(at most ${plan.worst_case:.2f}) on stack {spec.stack}: pass --yes to proceed; "
-        "nothing was created"
-    )
+def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
+    """--max-recoveries, by default 3 on spot (preemptions happen) and 0 on demand."""
+    n = opts.max_recoveries
+    if n is None:
+        return 3 if spec.spot else 0
+    if not 0 <= n <= 100:
+        raise UserError(f"--max-recoveries {n}: allowed 0..100")
+    return n
 
 
 def confirm(spec: ClusterSpec, *, yes: bool) -> None:

@@ -1,0 +1,49 @@
+"""What the controller reads from a job's log lines: the step being trained, the step a (resumed)
+run starts from, and when the first step of an attempt shows up. The trainer prints them
+(`start step 20/300` in its banner, `step 30/300 | loss ...` per interval, `checkpoint
+.../ckpt-00000030.pt` per save); another entry point that prints none simply leaves them unknown.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+
+_STEP = re.compile(r"\bstep\s+(\d+)/(\d+) \|")
+_START = re.compile(r"\bstart step (\d+)/(\d+)")
+_SAVED = re.compile(r"\bcheckpoint \S*ckpt-(\d{8})\.pt\b")
+
+
+class StepWatch:
+    """Fed every node's lines (from the follower threads); one attempt at a time."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.reached: int | None = None  # the highest step any line of this attempt showed
+        self.start_step: int | None = None  # this attempt's `start step N`
+        self.first_step_at: float | None = None  # when this attempt's first step line came
+        self._on_first_step: Callable[[], object] | None = None
+
+    def new_attempt(self, on_first_step: Callable[[], object] | None = None) -> None:
+        """A relaunch: forget the attempt before; call `on_first_step` once, at its first step."""
+        with self._lock:
+            self.reached = self.start_step = self.first_step_at = None
+            self._on_first_step = on_first_step
+
+    def line(self, node: str, text: str) -> None:
+        fire = None
+        with self._lock:
+            if m := _START.search(text):
+                self.start_step = int(m.group(1))
+            step = _STEP.search(text) or _SAVED.search(text)
+            if step:
+                n = int(step.group(1))
+                self.reached = n if self.reached is None else max(self.reached, n)
+                if self.first_step_at is None and _STEP.search(text):
+                    self.first_step_at = self.clock()
+                    fire, self._on_first_step = self._on_first_step, None
+        if fire is not None:
+            fire()

@@ -1,0 +1,101 @@
+"""What every target made of a Pulumi stack shares — GCE VMs (gce/) or Vertex AI jobs (vertex.py):
+the stack file it validates, the one StackRunner it drives, its results dir name and `plan`."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+from infra.base.errors import UserError
+from scripts import ui
+from scripts.guard import SignalGuard, signal_guard
+from scripts.settings import Settings
+from scripts.targets.base import RunOptions, Session
+from scripts.targets.gce.stack import target_name
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+    from scripts.targets.gce.clients import GceClients
+    from scripts.targets.gce.stack import StackRunner
+
+
+class StackClients(Protocol):
+    def runner(self, stack: str, root: Path) -> StackRunner: ...
+
+
+C = TypeVar("C", bound=StackClients)
+
+
+class StackTarget(Generic[C]):
+    def __init__(self, stack: str, settings: Settings, clients: C) -> None:
+        self.stack = stack
+        self.name = target_name(stack)
+        self.settings = settings
+        self.clients = clients
+        self._runner: StackRunner | None = None
+
+    @property
+    def runner(self) -> StackRunner:
+        if self._runner is None:
+            self._runner = self.clients.runner(self.stack, self.settings.root)
+        return self._runner
+
+    def spec(self) -> ClusterSpec:
+        from infra.spec import parse_spec
+        from infra.stackfile import load_stack_config
+
+        return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
+
+    def _spec_with_project(self) -> ClusterSpec:
+        """The spec of a stack that can have resources: gcp:project must be set."""
+        spec = self.spec()
+        if not spec.project:
+            raise UserError(f"gcp:project is not set for stack {self.stack}")
+        return spec
+
+    def provisioned(self, opts: RunOptions, guard: SignalGuard) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def check_before_spending(
+        self, spec: ClusterSpec, opts: RunOptions, doctor: GceClients
+    ) -> None:
+        """Before anything is created: a money prompt someone can answer (or --yes), then
+        `gputrain doctor`'s table, stopping on a failed row (unless --skip-preflight)."""
+        if not opts.yes:
+            require_terminal(spec)
+        if not opts.skip_preflight:
+            from scripts.doctor.run import run_doctor
+
+            report = run_doctor(self.stack, self.settings.root, doctor)
+            report.show()
+            report.require_ok("doctor")
+
+    def up(self, opts: RunOptions) -> None:
+        """Create and prove; it stays up. If that fails it is destroyed again."""
+        with signal_guard() as guard, self.provisioned(opts, guard) as session:
+            session.verify()
+            session.keep = True
+
+    def plan(self) -> None:
+        from infra.plan import HEADERS, build_plan
+
+        plan = build_plan(self.spec())
+        ui.table(plan.title, HEADERS, [plan.row])
+        for line in plan.footer_lines():
+            ui.say(line)
+
+
+def require_terminal(spec: ClusterSpec) -> None:
+    """Without a terminal nobody can answer the money prompt: a nohup or CI run must say --yes."""
+    if sys.stdin.isatty():
+        return
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    raise UserError(
+        f"stdin is not a terminal, so nobody can confirm spending ~${plan.hourly_total:.2f}/h "
+        f"(at most ${plan.worst_case:.2f}) on stack {spec.stack}: pass --yes to proceed; "
+        "nothing was created"
+    )
