@@ -173,9 +173,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     nodes = cfg.integer("nodes", 1, 64)
     spot = cfg.boolean("spot")
     if mt.spot_only and not spot:
-        raise CHECK.fail(
-            "spot", "false", f"{mt.name} is offered only as Spot (set gputrain:spot true)"
-        )
+        raise CHECK.fail("spot", "false", f"{mt.name} is offered only as Spot (set spot true)")
 
     ttl_raw = cfg.text("maxRunDuration")
     try:
@@ -362,9 +360,8 @@ ACCELERATOR_IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-580"
 
 def spec_warnings(spec: ClusterSpec) -> list[str]:
     """Things that are allowed but worth knowing before money is spent."""
-    out = (
-        [f"ignored with backend {spec.backend}: {', '.join(spec.ignored)}"] if spec.ignored else []
-    )
+    ignored = ", ".join(spec.ignored)
+    out = [f"ignored with backend {spec.backend}: {ignored}"] if ignored else []
     mt = catalog.MACHINE_TYPES[spec.machine_type]
     if spec.on_vertex:
         out += vertex.vertex_warnings(spec.machine_type, spec.accelerator, spec.region)
@@ -378,7 +375,7 @@ def spec_warnings(spec: ClusterSpec) -> list[str]:
 
 
 def _gce_warnings(spec: ClusterSpec, mt: catalog.MachineType) -> list[str]:
-    out = []
+    out: list[str] = []
     if spec.series == "g2" and spec.image_project == DEFAULT_IMAGE_PROJECT:
         out.append(
             "G2 on a Deep Learning VM image: Google's docs call it unsupported, public scripts "

@@ -54,6 +54,10 @@ SWEPT_TYPES: dict[str, str] = {
     "gcp:storage/bucketIAMMember:BucketIAMMember": "bucket",  # goes with its bucket
 }
 
+#: Declared but never a leftover: the Vertex AI API stays enabled on destroy (disable_on_destroy
+#: is off, as other stacks and the user's own jobs may use it) and costs nothing.
+NOT_SWEPT: dict[str, str] = {"gcp:projects/service:Service": "left enabled on purpose"}
+
 
 def sweep(
     project: str,

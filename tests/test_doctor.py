@@ -105,6 +105,7 @@ def test_a_ready_machine_passes_every_row_quickly(
         "Compute Engine API",
         "IAM API",
         "Cloud Resource Manager API",
+        "Cloud Storage API",
         "IAM permissions",
         "GPU quota",
         "SSH key",
@@ -115,7 +116,7 @@ def test_a_ready_machine_passes_every_row_quickly(
     assert report.row("Pulumi backend").detail == "file://~ as gputrain"
     assert report.row("credentials (ADC)").detail == f"service account {SERVICE_ACCOUNT}"
     assert report.row("gcp:project").detail == "gputrain-test (number 123456789012, ACTIVE)"
-    assert f"all {NEEDED} granted (6 resource types of the stack" in (
+    assert f"all {NEEDED} granted (8 resource types of the stack" in (
         report.row("IAM permissions").detail
     )
     assert "PREEMPTIBLE_NVIDIA_L4_GPUS: need 1, free 16" in report.row("GPU quota").detail
@@ -274,6 +275,9 @@ def test_roles_grant_what_is_missing() -> None:
         "roles/iam.serviceAccountAdmin",
         "roles/iam.serviceAccountUser",
         "roles/resourcemanager.projectIamAdmin",
+        "roles/serviceusage.serviceUsageAdmin",  # backend vertex enables the Vertex AI API
+        "roles/storage.admin",  # the stack's bucket
+        "roles/storage.objectAdmin",  # `down` empties it
     ]
 
 
