@@ -381,7 +381,7 @@ def _gce_warnings(spec: ClusterSpec, mt: catalog.MachineType) -> list[str]:
             "G2 on a Deep Learning VM image: Google's docs call it unsupported, public scripts "
             "run it; verify proves the GPU before training. If boot or verify fails, set "
             f"imageProject {ACCELERATOR_IMAGE_PROJECT} and imageFamily {ACCELERATOR_IMAGE_FAMILY} "
-            "(driver only: PyTorch must be installed for python3)"
+            "(driver only: gputrain pip-installs PyTorch on each VM before verify)"
         )
     known = catalog.KNOWN_ZONES.get(spec.accelerator)
     if known is not None:

@@ -227,7 +227,13 @@ def verify_node(
 def verify_gpus(
     fleet: Fleet, transports: dict[str, Transport], *, deadline_s: float
 ) -> list[NodeReport]:
-    """Check every node in parallel, print a per-node table, raise if any node is not right."""
+    """Check every node in parallel, print a per-node table, raise if any node is not right.
+    On the stack's own VMs an image without PyTorch gets it first (a probe where it is there)."""
+    if fleet.install_trainer:
+        from scripts.job.launch import ensure_packages
+        from scripts.job.node_scripts import TRAINER_PACKAGES
+
+        ensure_packages(fleet, transports, TRAINER_PACKAGES, "the image has no PyTorch")
 
     def one(name: str) -> NodeReport:
         return verify_node(transports[name], fleet.expect, fleet.python, deadline_s, status)

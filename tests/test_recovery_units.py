@@ -5,6 +5,7 @@ prints, the summary rows, the --max-recoveries rule, and installing google-cloud
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from infra.base.errors import UserError
 from infra.compute import ComputeApi
 from infra.spec import parse_spec
 from scripts.cli import main
-from scripts.job.node_scripts import build_storage_client_command
+from scripts.job.node_scripts import STORAGE_PACKAGES, TRAINER_PACKAGES, build_install_command
 from scripts.job.progress import StepWatch
 from scripts.job.records import JobResult, NodeFailure, Recovery, TrainingError
 from scripts.lifecycle import recovery_rows, summarize
@@ -189,38 +190,71 @@ def test_attempt_logs_are_kept_apart(tmp_path: Path) -> None:
 
 
 STUB_PYTHON = """#!/bin/sh
-# A node's interpreter without google-cloud-storage until pip installs it.
+# A node's interpreter: it imports module M when $dir/has-M exists; pip exists when $dir/pip
+# does, and installs (creating has-M for each requirement) when $dir/pip-works does.
 dir=$(dirname "$0")
 case "$*" in
-  "-c import google.cloud.storage") [ -f "$dir/installed" ] ;;
+  "-m pip --version") [ -f "$dir/pip" ] ;;
   "-m pip install"*)
+    [ -f "$dir/pip" ] || { echo "No module named pip"; exit 1; }
     echo "$*" >> "$dir/pip.log"
     [ -f "$dir/pip-works" ] || { echo "ERROR: No matching distribution found"; exit 1; }
-    touch "$dir/installed" ;;
+    for req in $*; do case "$req" in
+      torch) touch "$dir/has-torch" ;; numpy) touch "$dir/has-numpy" ;;
+      google-cloud-storage*) touch "$dir/has-google.cloud.storage" ;;
+    esac; done ;;
+  "-c import "*)
+    for mod in $(echo "$2" | tr ';' '\\n' | sed 's/import//'); do
+      [ -f "$dir/has-$mod" ] || exit 1
+    done ;;
   *) exit 2 ;;
 esac
 """
+# Ubuntu's images have no pip: apt installs it (sudo without a password, as on GCE VMs).
+STUB_SUDO = """#!/bin/sh
+dir=$(dirname "$0")
+echo "$*" >> "$dir/sudo.log"
+case "$*" in *"install -y -qq python3-pip"*) touch "$dir/pip" ;; esac
+"""
 
 
-@pytest.mark.parametrize("case", ["present", "installed", "pip-fails"])
-def test_storage_client_probe_and_install_on_a_node(tmp_path: Path, case: str) -> None:
-    python = tmp_path / "python3"
-    python.write_text(STUB_PYTHON)
-    python.chmod(0o755)
-    if case == "present":
-        (tmp_path / "installed").touch()
-    if case == "installed":
-        (tmp_path / "pip-works").touch()
-    r = LocalTransport("local", tmp_path / "node").run(
-        build_storage_client_command(str(python)), 30
-    )
-    if case == "pip-fails":
+@pytest.mark.parametrize(
+    ("case", "needs", "setup", "result", "pip_calls"),
+    [
+        ("present", STORAGE_PACKAGES, ["pip", "has-google.cloud.storage"], "present", []),
+        ("installed", STORAGE_PACKAGES, ["pip", "pip-works"], "installed google-cloud-storage>=2.14,<4",
+         ["google-cloud-storage>=2.14,<4"]),
+        ("pip-fails", STORAGE_PACKAGES, ["pip"], None, ["google-cloud-storage>=2.14,<4"] * 2),
+        ("torch-missing", TRAINER_PACKAGES, ["pip", "pip-works", "has-numpy"], "installed torch",
+         ["torch"]),
+        ("no-pip-ubuntu", TRAINER_PACKAGES, ["pip-works"], "installed torch numpy", ["torch numpy"]),
+    ],
+)  # fmt: skip
+def test_node_packages_probe_and_install(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    needs: tuple[tuple[str, str], ...],
+    setup: list[str],
+    result: str | None,
+    pip_calls: list[str],
+) -> None:
+    for name, text in (("python3", STUB_PYTHON), ("sudo", STUB_SUDO)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    for name in setup:
+        (tmp_path / name).touch()
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    cmd = build_install_command(str(tmp_path / "python3"), needs)
+    r = LocalTransport("local", tmp_path / "node").run(cmd, 30)
+    pip = tmp_path / "pip.log"
+    calls = pip.read_text().splitlines() if pip.exists() else []
+    # pip's arguments after the flags: the requirements it was asked for
+    assert [c.split("--disable-pip-version-check")[-1].replace("--user", "").strip()
+            for c in calls] == pip_calls  # fmt: skip
+    if result is None:
         assert r.exit_code == 1 and "No matching distribution" in r.stdout
-        assert len((tmp_path / "pip.log").read_text().splitlines()) == 2  # env, then --user
     else:
-        assert r.ok and r.stdout.strip() == case
-        pip = tmp_path / "pip.log"
-        calls = pip.read_text().splitlines() if pip.exists() else []
-        assert [c.split()[-1] for c in calls] == (
-            ["google-cloud-storage>=2.14,<4"] if case == "installed" else []
-        )
+        assert r.ok and r.stdout.strip() == result, r.stdout + r.stderr
+    sudo = tmp_path / "sudo.log"
+    assert sudo.exists() == (case == "no-pip-ubuntu")  # apt only where pip is missing

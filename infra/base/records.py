@@ -46,6 +46,7 @@ class Fleet:
     identity_file: Path | None = None  # the SSH private key (never logged, never in state)
     python: str = "python3"  # interpreter on the nodes that has torch
     local: bool = False  # this machine, no SSH
+    install_trainer: bool = False  # our own VMs: pip-install torch/numpy where the image lacks them
 
     @property
     def head(self) -> Node:

@@ -10,7 +10,7 @@ import shlex
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from infra.base.records import Fleet
@@ -18,11 +18,12 @@ from scripts import ui
 from scripts.job.download import download_results, write_job_record
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
-    STORAGE_REQUIREMENT,
+    STORAGE_PACKAGES,
+    Requirement,
+    build_install_command,
     build_node_command,
     build_start_command,
     build_stop_command,
-    build_storage_client_command,
 )
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
 from scripts.job.sync import check_size, collect_sources, sync_code
@@ -49,7 +50,7 @@ def launch_torchrun(
     start = time.monotonic()
     upload_code(fleet, transports, job)
     if job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://"):
-        ensure_storage_client(fleet, transports)
+        ensure_packages(fleet, transports, STORAGE_PACKAGES, "the trainer's gs:// checkpoints")
     start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
@@ -147,17 +148,20 @@ def upload_code(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> 
     )
 
 
-def ensure_storage_client(fleet: Fleet, transports: Mapping[str, Transport]) -> None:
-    """The trainer needs google-cloud-storage for gs:// checkpoints: install it where missing."""
-    cmd = build_storage_client_command(fleet.python)
+def ensure_packages(
+    fleet: Fleet, transports: Mapping[str, Transport], needs: Sequence[Requirement], why: str
+) -> None:
+    """Install on every node what `fleet.python` cannot import yet (a no-op probe where all is
+    there); a node where that fails is named with pip's last lines."""
+    cmd = build_install_command(fleet.python, needs)
+    wanted = ", ".join(req for _, req in needs)
 
     def one(name: str) -> str:
-        r = transports[name].run(cmd, 600)
+        r = transports[name].run(cmd, 1800)  # torch's CUDA wheels are large
         if not r.ok:
             raise TransportError(
-                f"node {name}: {STORAGE_REQUIREMENT} is missing for {fleet.python} and pip could "
-                f"not install it (needed for {CHECKPOINT_URI_ENV}): "
-                + " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+                f"node {name}: {fleet.python} cannot import {wanted} and pip could not install "
+                f"it ({why}): " + " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
             )
         return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "present"
 
@@ -165,12 +169,11 @@ def ensure_storage_client(fleet: Fleet, transports: Mapping[str, Transport]) -> 
     results, errors = parallel(names, one)
     if errors:
         raise TransportError("\n".join(str(e) for e in errors.values()))
-    installed = [n for n in names if results[n] == "installed"]
-    if installed:
-        ui.say(
-            f"installed {STORAGE_REQUIREMENT} for {fleet.python} on {', '.join(installed)} "
-            "(the trainer's bucket checkpoints need it)"
-        )
+    for name in names:
+        if results[name].startswith("installed"):
+            ui.say(
+                f"{name}: installed{results[name][len('installed') :]} for {fleet.python} ({why})"
+            )
 
 
 def start_job(

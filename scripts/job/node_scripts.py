@@ -10,6 +10,7 @@ hard-link snapshot of the code the run started with).
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
 from scripts.job.records import Job
 from scripts.job.sync import CODE_DIR
@@ -145,20 +146,32 @@ def parse_exitcode(text: str) -> tuple[int | None, float | None]:
         return rc, None
 
 
-STORAGE_REQUIREMENT = "google-cloud-storage>=2.14,<4"  # what the trainer needs for gs:// URIs
+#: (module the node's python must import, the pip requirement that provides it)
+Requirement = tuple[str, str]
+STORAGE_PACKAGES: tuple[Requirement, ...] = (
+    ("google.cloud.storage", "google-cloud-storage>=2.14,<4"),  # the trainer's gs:// checkpoints
+)
+TRAINER_PACKAGES: tuple[Requirement, ...] = (("torch", "torch"), ("numpy", "numpy"))
 
 
-def build_storage_client_command(python: str) -> str:
-    """Prints `present` when `python` imports google.cloud.storage; else pip-installs it (into
-    the interpreter's environment, else --user), prints `installed`, or fails with pip's last
-    lines."""
-    py, req = shlex.quote(python), shlex.quote(STORAGE_REQUIREMENT)
-    probe = f"{py} -c 'import google.cloud.storage' >/dev/null 2>&1"
+def build_install_command(python: str, needs: Sequence[Requirement]) -> str:
+    """Prints `present` when `python` imports every module of `needs`; else pip-installs the
+    missing requirements (into the interpreter's environment, else --user; pip itself from apt
+    where the image lacks it, as Ubuntu's do), prints `installed <reqs>`, or fails with the last
+    lines of the attempt."""
+    py = shlex.quote(python)
+    pairs = " ".join(shlex.quote(f"{mod}={req}") for mod, req in needs)
+    imports = "; ".join(f"import {mod}" for mod, _ in needs)
     pip = f"{py} -m pip install --quiet --disable-pip-version-check"
     return (
-        f"if {probe}; then echo present; exit 0; fi; "
-        f"out=$({pip} {req} 2>&1 || {pip} --user {req} 2>&1); "
-        f"if {probe}; then echo installed; exit 0; fi; "
+        f"missing=''; for pair in {pairs}; do "
+        f'{py} -c "import ${{pair%%=*}}" >/dev/null 2>&1 || missing="$missing ${{pair#*=}}"; done; '
+        'if [ -z "$missing" ]; then echo present; exit 0; fi; '
+        f"if ! {py} -m pip --version >/dev/null 2>&1; then "
+        "apt=$( (sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive "
+        "apt-get install -y -qq python3-pip) 2>&1); fi; "
+        f"out=$({pip} $missing 2>&1 || {pip} --user $missing 2>&1); "
+        f"if {py} -c {shlex.quote(imports)} >/dev/null 2>&1; then echo installed$missing; exit 0; fi; "
         'printf "%s\n" "$out" | tail -n 5; exit 1'
     )
 

@@ -8,6 +8,7 @@ then teardown in a `finally` that no failure, Ctrl-C or SIGTERM can skip (unless
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -246,9 +247,10 @@ class GceTarget(StackTarget[GceClients]):
             )
             for n in out.nodes
         }
-        return out.to_fleet(
+        fleet = out.to_fleet(
             self.stack, keys, identity_file=key_file, python=self.clients.node_python
         )
+        return dataclasses.replace(fleet, install_trainer=True)  # our VMs: the image may lack torch
 
 
 def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
