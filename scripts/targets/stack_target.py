@@ -91,11 +91,12 @@ def require_terminal(spec: ClusterSpec) -> None:
     """Without a terminal nobody can answer the money prompt: a nohup or CI run must say --yes."""
     if sys.stdin.isatty():
         return
+    from infra.offer_tables import money
     from infra.plan import build_plan
 
     plan = build_plan(spec)
     raise UserError(
-        f"stdin is not a terminal, so nobody can confirm spending ~${plan.hourly_total:.2f}/h "
-        f"(at most ${plan.worst_case:.2f}) on stack {spec.stack}: pass --yes to proceed; "
+        f"stdin is not a terminal, so nobody can confirm spending ~{money(plan.hourly_total)}/h "
+        f"(at most {money(plan.worst_case)}) on stack {spec.stack}: pass --yes to proceed; "
         "nothing was created"
     )

@@ -191,7 +191,7 @@ class GceTarget(StackTarget[GceClients]):
             self.settings,
             nodes,
             max_recoveries=max_recoveries,
-            hourly_usd=spec.hourly_price_per_node * spec.nodes,
+            hourly_usd=spec.hourly_price,
             keep=keep,
             confirm_s=self.clients.preemption_confirm_s,
             connect_deadline_s=connect_deadline_s,
@@ -270,8 +270,7 @@ def confirm(spec: ClusterSpec, *, yes: bool) -> None:
     plan = build_plan(spec)
     ui.say(
         f"About to create {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x "
-        f"{spec.gpu_model} each): ~${plan.hourly_total:.2f}/h, "
-        f"at most ${plan.worst_case:.2f} before the VMs delete themselves."
+        f"{spec.gpu_model} each): {plan.cost} before the VMs delete themselves."
     )
     answer = input("Proceed? [y/N] ").strip().lower()
     if answer not in ("y", "yes"):
