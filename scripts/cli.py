@@ -65,7 +65,14 @@ def _options(args: argparse.Namespace) -> RunOptions:
         wait_s=getattr(args, "wait", None),
         keep_bucket=getattr(args, "keep_bucket", False),
         max_recoveries=getattr(args, "max_recoveries", None),
+        max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
     )
+
+
+def _max_candidates(n: int) -> int:
+    if not 1 <= n <= 50:
+        raise UserError(f"--max-candidates {n}: allowed 1..50")
+    return n
 
 
 Handler = Callable[[Context], int]
@@ -211,6 +218,14 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="skip the checks before spending money: `gputrain doctor`'s and the Compute "
                 "API preflight's",
+            )
+            c.add_argument(
+                "--max-candidates",
+                type=int,
+                default=5,
+                metavar="N",
+                help="(--stack with gpus) candidates `up` tries down the ranked list on stockouts "
+                "and quota errors (default: 5)",
             )
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")

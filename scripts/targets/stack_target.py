@@ -16,6 +16,10 @@ from scripts.targets.base import RunOptions, Session
 from scripts.targets.gce.stack import target_name
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from infra.offer_tables import Check
+    from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.gce.stack import StackRunner
@@ -78,11 +82,28 @@ class StackTarget(Generic[C]):
             session.verify()
             session.keep = True
 
+    def candidate_checks(self, spec: ClusterSpec) -> Mapping[Candidate, Check] | None:
+        """Preflight verdicts on a `gpus` stack's candidates; None where none can be had."""
+        return None
+
     def plan(self) -> None:
         from infra.plan import HEADERS, build_plan
 
-        plan = build_plan(self.spec())
+        spec = self.spec()
+        plan = build_plan(spec, self.candidate_checks(spec))
         ui.table(plan.title, HEADERS, [plan.row])
+        if plan.candidates is not None:
+            shown = plan.candidates
+            ui.table(
+                f"candidates for gpus = {spec.gpus_request} "
+                f"({'Spot' if spec.spot else 'on-demand'}; ranked: fewest nodes, then $/h)",
+                list(shown.headers),
+                [list(r) for r in shown.rows],
+            )
+            if shown.footer:
+                ui.say(shown.footer)
+            if shown.chosen is None:
+                ui.warn("no candidate passed preflight: see the reasons above")
         for line in plan.footer_lines():
             ui.say(line)
 
