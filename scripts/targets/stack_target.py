@@ -90,7 +90,8 @@ class StackTarget(Generic[C]):
         from infra.plan import HEADERS, build_plan
 
         spec = self.spec()
-        plan = build_plan(spec, self.candidate_checks(spec))
+        checks = self.candidate_checks(spec)
+        plan = build_plan(spec, checks)
         ui.table(plan.title, HEADERS, [plan.row])
         if plan.candidates is not None:
             shown = plan.candidates
@@ -102,6 +103,11 @@ class StackTarget(Generic[C]):
             )
             if shown.footer:
                 ui.say(shown.footer)
+            if checks is None:
+                ui.say(
+                    "preflight: not checked here (needs gcp:project and Google credentials; "
+                    f"`gputrain doctor --stack {spec.stack}`); `up` checks before creating"
+                )
             if shown.chosen is None:
                 ui.warn("no candidate passed preflight: see the reasons above")
         for line in plan.footer_lines():

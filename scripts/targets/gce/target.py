@@ -77,11 +77,6 @@ class GceTarget(StackTarget[GceClients]):
         """`plan` on a `gpus` stack checks its candidates against the Compute API when there is
         a project and somewhere to ask (credentials, or GPUTRAIN_COMPUTE_ENDPOINT)."""
         if not spec.candidates or not spec.project or not self.clients.compute_reachable():
-            if spec.candidates:
-                ui.say(
-                    "preflight column: empty until gcp:project and Google credentials are set "
-                    "(`gputrain doctor --stack " + self.stack + "` checks them)"
-                )
             return None
         from scripts.targets.gce.preflight import check_candidates
 
