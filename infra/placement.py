@@ -36,6 +36,11 @@ class Placement:
     request: str = ""  # the `gpus` request as written; "" on a machineType stack
     candidates: tuple[Candidate, ...] = ()  # gpus: every candidate, best first
 
+    @property
+    def shape(self) -> tuple[catalog.MachineType, str, int, bool, int]:
+        """(machine type, accelerator, GPUs per node, attached, nodes)."""
+        return self.machine_type, self.accelerator, self.gpus_per_node, self.attach, self.nodes
+
 
 def candidate_label(c: Candidate) -> str:
     """How `candidate` names a candidate: "a3-highgpu-8g x 2" (the zone goes in `zone`)."""

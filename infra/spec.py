@@ -169,13 +169,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         )
     spot = cfg.boolean("spot")
     where = place(cfg, spot=spot, backend=backend)
-    mt, accelerator, gpus, attach, nodes = (
-        where.machine_type,
-        where.accelerator,
-        where.gpus_per_node,
-        where.attach,
-        where.nodes,
-    )
+    mt, accelerator, gpus, attach, nodes = where.shape
 
     ttl_raw = cfg.text("maxRunDuration")
     try:
@@ -372,10 +366,9 @@ def spec_warnings(spec: ClusterSpec) -> list[str]:
         out += vertex.vertex_warnings(spec.machine_type, spec.accelerator, spec.region)
     else:
         out += _gce_warnings(spec, mt)
-    if spec.price is not None and spec.price.note:
-        out.append(f"the price of {mt.name} is not the source's own figure: {spec.price.note}")
-    elif spec.price is None:
-        out.append(f"no price for {mt.name} in {spec.zone} in the price data: shown as unknown")
+    if spec.price is None or spec.price.note:
+        why = spec.price.note if spec.price else f"none in {spec.zone}: shown as unknown"
+        out.append(f"the price of {mt.name} is not the source's own figure: {why}")
     return out
 
 

@@ -173,6 +173,8 @@ def test_plan_checks_candidates_and_chooses_the_cheapest_that_passes(
     assert third.machine_type == "a3-highgpu-8g" and " ok " in rows["3"] and "✔" in rows["3"]
     assert sum("✔" in r for r in rows.values()) == 1
     assert len(rows) == 10 and f"… {len(ranked) - 10} more" in out
+    plan_row = out.splitlines()[2].split()  # the plan's own row is the chosen candidate
+    assert plan_row[:2] == ["1", "a3-highgpu-8g"] and third.zone in plan_row
 
 
 def test_up_walks_the_candidates_and_says_so_and_all_stocked_out_leaves_nothing(

@@ -52,6 +52,16 @@ class StackTarget(Generic[C]):
 
         return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
 
+    def spec_at(self, chosen: Candidate) -> ClusterSpec:
+        """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it."""
+        from infra.placement import candidate_label
+        from infra.spec import parse_spec
+        from infra.stackfile import NS, load_stack_config
+
+        config = load_stack_config(self.settings.root, self.stack)
+        config |= {NS + "candidate": candidate_label(chosen), NS + "zone": chosen.zone}
+        return parse_spec(config, self.stack)
+
     def _spec_with_project(self) -> ClusterSpec:
         """The spec of a stack that can have resources: gcp:project must be set."""
         spec = self.spec()
@@ -92,6 +102,12 @@ class StackTarget(Generic[C]):
         spec = self.spec()
         checks = self.candidate_checks(spec)
         plan = build_plan(spec, checks)
+        chosen = plan.candidates.chosen if plan.candidates else None
+        if chosen is not None and (chosen.machine_type, chosen.zone) != (
+            spec.machine_type,
+            spec.zone,
+        ):
+            plan = build_plan(self.spec_at(chosen), checks)  # the cheapest that passes preflight
         ui.table(plan.title, HEADERS, [plan.row])
         if plan.candidates is not None:
             shown = plan.candidates

@@ -395,8 +395,6 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
         gpu_model=_need(outputs, "gpuModel", str),
         gpu_memory_gb=float(_need(outputs, "gpuMemoryGb", (int, float))),
         max_run_duration_s=_whole(outputs, "maxRunDurationSeconds"),
-        hourly_price=None
-        if outputs.get("hourlyPriceUsd", 0) is None
-        else float(_need(outputs, "hourlyPriceUsd", (int, float))),
+        hourly_price=_need(outputs, "hourlyPriceUsd", (int, float, type(None))),  # null: unknown
         image_self_link=outputs.get("image") or None,
     )

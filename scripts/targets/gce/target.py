@@ -275,17 +275,7 @@ class GceTarget(StackTarget[GceClients]):
         if len(attempts) > 1:
             ui.table("up: attempts", ATTEMPT_HEADERS, attempt_rows(attempts))
         ui.say(f"up: cluster ready: {chosen.nodes} x {chosen.machine_type} in {chosen.zone}")
-        return self._spec_of(chosen), outputs
-
-    def _spec_of(self, chosen: Candidate) -> ClusterSpec:
-        """The stack's spec with `up`'s failover choice applied, as the program saw it."""
-        from infra.placement import candidate_label
-        from infra.spec import parse_spec
-        from infra.stackfile import NS, load_stack_config
-
-        config = load_stack_config(self.settings.root, self.stack)
-        config |= {NS + "candidate": candidate_label(chosen), NS + "zone": chosen.zone}
-        return parse_spec(config, self.stack)
+        return self.spec_at(chosen), outputs
 
     def _recreate(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
         """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
