@@ -199,3 +199,24 @@ def test_up_walks_the_candidates_and_says_so_and_all_stocked_out_leaves_nothing(
     names = runner.call_names()
     after_last_up = names[len(names) - names[::-1].index("up") :]
     assert runner.existing == [] and "destroy" in after_last_up
+
+
+def test_spot_recovery_reups_the_same_shape_its_zone_first(
+    tmp_path: Path, fake: FakeCompute
+) -> None:
+    """After a preemption the run keeps its GPUs per node and nodes: the same machine type x
+    nodes, in its zone first, then the other zones in rank order; nothing is destroyed."""
+    from scripts.targets.gce.target import GceTarget
+
+    root = _project(tmp_path, "  gputrain:gpus: H100:16\n  gputrain:regions: [us-central1]\n")
+    runner = FakeStackRunner("g", compute=fake, project="gputrain-test")
+    target = GceTarget("g", Settings(root=root), _gce(fake, runner))
+    ranked = _ranked("H100:16", regions=["us-central1"])
+    running = ranked[1]
+    spec = target.spec_at(running)
+    assert (spec.machine_type, spec.zone) == (running.machine_type, running.zone)
+    runner.fail_stockout(running.zone)
+    target._recreate(spec, running.zone)
+    label = candidate_label(running)
+    assert _ups(runner) == [(label, running.zone), (label, ranked[0].zone)]
+    assert "destroy" not in runner.call_names()

@@ -19,6 +19,7 @@ from scripts.targets.gce.failover import (
     ProvisioningError,
     ProvisioningFailure,
     classify_provisioning_error,
+    destroy_attempt,
 )
 from scripts.targets.gce.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackRunner
 
@@ -84,13 +85,13 @@ def provision_candidates(
     on_event: Callable[[str], None] | None = None,
     on_output: OnOutput | None = None,
     destroy_failed: bool = True,
-) -> tuple[Candidate, dict[str, Any], list[CandidateAttempt]]:
+) -> tuple[Candidate, dict[str, Any], list[Attempt]]:
     """Sets `gputrain:candidate` + `gputrain:zone` and runs `up`, down the ranked list, at most
     `max_candidates` attempts. Returns (the candidate created, outputs, every attempt). Raises
     ProvisioningError (its `attempts` are CandidateAttempts) when none could be created. A
     recovery passes `destroy_failed=False` (what survived stays; its teardown destroys the rest)."""
     say = on_event or (lambda _m: None)
-    attempts: list[CandidateAttempt] = []
+    attempts: list[Attempt] = []
     done: set[Candidate] = set()
     blocked: set[tuple[str, str]] = set()
     blocked_regions: set[str] = set()
@@ -120,7 +121,7 @@ def provision_candidates(
             outcome = "partial"
         attempts.append(CandidateAttempt.of(c, outcome, failure.summary))
         if destroy_failed:
-            _destroy_attempt(runner, c, attempts, failure, say, on_output)
+            destroy_attempt(runner, c.zone, attempts, failure, say, on_output)
         if _ends_search(failure):
             say(f"{candidate_label(c)} in {c.zone}: {outcome}: {failure.summary}; stopping")
             break
@@ -140,28 +141,6 @@ def provision_candidates(
     raise ProvisioningError(report, attempts, failure)
 
 
-def _destroy_attempt(
-    runner: StackRunner,
-    c: Candidate,
-    attempts: list[CandidateAttempt],
-    failure: ProvisioningFailure,
-    say: Callable[[str], None],
-    on_output: OnOutput | None,
-) -> None:
-    say(f"{candidate_label(c)} in {c.zone}: destroying what was created")
-    try:
-        runner.destroy(on_output)
-    except StackError as e:
-        attempts.append(CandidateAttempt.of(c, "destroy failed", str(e)))
-        raise ProvisioningError(
-            _report(attempts, failure, 0, 0, destroyed=False)
-            + f"\nresources of the failed attempt in {c.zone} may still exist: run "
-            f"`gputrain down --stack {runner.stack_name}`",
-            attempts,
-            failure,
-        ) from e
-
-
 def attempt_rows(attempts: Sequence[Attempt]) -> list[tuple[str, ...]]:
     """Rows under ATTEMPT_HEADERS (an attempt of the zone failover has no candidate)."""
     return [
@@ -171,14 +150,14 @@ def attempt_rows(attempts: Sequence[Attempt]) -> list[tuple[str, ...]]:
 
 
 def _report(
-    attempts: Sequence[CandidateAttempt],
+    attempts: Sequence[Attempt],
     failure: ProvisioningFailure | None,
     total: int,
     max_candidates: int,
     *,
     destroyed: bool,
 ) -> str:
-    tried = len({a.candidate for a in attempts})
+    tried = len({a.candidate for a in attempts if isinstance(a, CandidateAttempt)})
     if failure is not None and failure.kind == "quota" and _ends_search(failure):
         head = f"quota exceeded for the whole project: {failure.quota_metric or 'unknown metric'}"
         fix = "request more GPUS_ALL_REGIONS quota (IAM & Admin > Quotas), or ask for fewer GPUs"
