@@ -31,7 +31,7 @@ class Placement:
     gpus_per_node: int
     attach: bool  # N1: the GPUs are attached
     nodes: int
-    zones: tuple[str, ...]  # machineType: the user's list; gpus: the candidates' zones, ranked
+    zones: tuple[str, ...]  # machineType: the user's list; gpus: the chosen shape's in its region
     zone: str
     request: str = ""  # the `gpus` request as written; "" on a machineType stack
     candidates: tuple[Candidate, ...] = ()  # gpus: every candidate, best first
@@ -129,7 +129,7 @@ def _by_request(cfg: ConfigReader, *, spot: bool, backend: str) -> Placement:
         gpus_per_node=chosen.gpus_per_node,
         attach=chosen.shape.attached,
         nodes=chosen.nodes,
-        zones=tuple(dict.fromkeys(c.zone for c in ranked)),
+        zones=tuple(c.zone for c in ranked if _same_shape(c, chosen) and c.region == chosen.region),
         zone=chosen.zone,
         request=raw,
         candidates=tuple(ranked),
@@ -153,6 +153,10 @@ def _pinned(cfg: ConfigReader, ranked: list[Candidate]) -> list[Candidate]:
             raise CHECK.fail("zone", zone, f"allowed: empty or a candidate's zone ({allowed})")
         out = in_zone
     return out
+
+
+def _same_shape(a: Candidate, b: Candidate) -> bool:
+    return (a.machine_type, a.nodes, a.shape) == (b.machine_type, b.nodes, b.shape)
 
 
 def _vertex_ok(c: Candidate, spot: bool) -> bool:
