@@ -57,9 +57,10 @@ class Plan:
 
     def footer_lines(self) -> list[str]:
         """What to print under the table: price basis, warnings, then the next steps."""
-        lines = [self.price_note, self.bucket_note]
+        lines = [self.price_note]
         if not self.spec.on_vertex:
             lines.append(ssh_exposure(self.spec))
+        lines.append(self.bucket_note)
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:
             lines.append(f"Before `pulumi up --stack {self.spec.stack}`, set:")
