@@ -138,9 +138,9 @@ _KEY_TYPES = (
 )
 
 
-def zones(s: ConfigReader) -> tuple[tuple[str, ...], str]:
-    """(the zones in preference order, the zone to use now)."""
-    listed = s.strings("zones")
+def zones(s: ConfigReader, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(the zones in preference order, the zone to use now); `default` when none are listed."""
+    listed = s.strings("zones") or list(default)
     if not listed:
         raise CHECK.fail(
             "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from infra import catalog
+from infra import capacity, catalog
 from infra.base.errors import UserError
 from infra.catalog import region_of
 from infra.prices import PriceTable, ZonePrice, price_table
@@ -38,18 +38,14 @@ GPU_MODELS: dict[str, str] = {
 }
 MODEL_OF: dict[str, str] = {acc: model for model, acc in GPU_MODELS.items()}
 
-#: Sold only as Spot, Flex-start or reservations (gpudirect-and-capacity.md §capacity; gpuhunt and
-#: dstack drop their on-demand offers too). A3 High 1g/2g/4g are catalog.MachineType.spot_only.
-_NOT_ON_DEMAND = frozenset({"a3-ultragpu-8g", "a4-highgpu-8g"})
-
 
 def capacity_modes(mt: catalog.MachineType) -> frozenset[Mode]:
-    """The capacity modes Google sells a machine type in; empty if gputrain cannot order it."""
+    """On demand and/or Spot, as Google sells the machine type (one source: infra/capacity.py's
+    table; A3 Ultra, A4 and A3 High 1/2/4g are not sold on demand); empty if not orderable."""
     if not mt.orderable:
         return frozenset()
-    if mt.spot_only or mt.name in _NOT_ON_DEMAND:
-        return frozenset({"spot"})
-    return frozenset({"on-demand", "spot"})
+    modes: tuple[Mode, ...] = ("on-demand", "spot")
+    return frozenset(m for m in modes if m in capacity.offered(mt))
 
 
 def mode_name(spot: bool) -> Mode:
@@ -148,6 +144,15 @@ def vm_price(
     else:
         raise ValueError(f"{machine_type} carries no GPU; name the attached accelerator and count")
     return shape.price(table or price_table(), zone)
+
+
+def vm_zones(
+    machine_type: str, accelerator: str, table: PriceTable | None = None
+) -> frozenset[str]:
+    """The zones the price data lists for a VM as a spec names it (N1: with `accelerator`)."""
+    mt = catalog.MACHINE_TYPES[machine_type]
+    shape = Shape(machine_type, accelerator, mt.gpus or 1, attached=mt.accelerator is None)
+    return shape.zones(table or price_table())
 
 
 # --------------------------------------------------------------------------------------------

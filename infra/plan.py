@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import pricing, vertex
+from infra import vertex
 from infra.fields import covered_addresses
+from infra.offer_tables import CandidateTable, Check, candidate_table, money
+from infra.offers import Candidate
+from infra.prices import price_table
 from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec, spec_warnings
 from infra.stackfile import load_stack_config
 
@@ -29,13 +33,19 @@ class Plan:
 
     spec: ClusterSpec
     row: tuple[str, ...]
-    hourly_per_node: float
-    hourly_total: float
-    worst_case: float  # price x nodes x TTL: what the TTL caps the bill at
+    hourly_per_node: float | None  # None: the price data has no figure (shown as "unknown")
+    hourly_total: float | None
+    worst_case: float | None  # price x nodes x TTL: what the TTL caps the bill at
     price_note: str
     bucket_note: str
     warnings: tuple[str, ...]
     missing: tuple[MissingSetting, ...]
+    candidates: CandidateTable | None = None  # gpus stacks: the ranked candidates
+
+    @property
+    def cost(self) -> str:
+        """ "~$1.60/h, at most $4.80 before the VMs delete themselves" (or "unknown")."""
+        return f"~{money(self.hourly_total)}/h, at most {money(self.worst_case)}"
 
     @property
     def title(self) -> str:
@@ -73,12 +83,11 @@ def ssh_exposure(spec: ClusterSpec) -> str:
     )
 
 
-def build_plan(spec: ClusterSpec) -> Plan:
-    """Pure: the plan of a validated spec."""
+def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = None) -> Plan:
+    """Pure: the plan of a validated spec; `checks` are the candidates' preflight verdicts."""
     per_node = spec.hourly_price_per_node
-    total = per_node * spec.nodes
-    worst = total * spec.max_run_duration_s / 3600
-    price = spec.price
+    total = spec.hourly_price
+    worst = None if total is None else total * spec.max_run_duration_s / 3600
     gpus = f"{spec.gpus_per_node} x {spec.gpu_model} ({spec.gpu_memory_gb} GB)"
     row = (
         str(spec.nodes),
@@ -87,9 +96,9 @@ def build_plan(spec: ClusterSpec) -> Plan:
         f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone,
         "yes" if spec.spot else "no",
         spec.max_run_duration,
-        f"{per_node:.2f}",
-        f"{total:.2f}",
-        f"{worst:.2f}",
+        money(per_node),
+        money(total),
+        money(worst),
     )
     gpus_total = spec.gpus_per_node * spec.nodes
     quota = (
@@ -100,9 +109,13 @@ def build_plan(spec: ClusterSpec) -> Plan:
         else f"Quota needed in {spec.region}: {gpus_total} x {spec.gpu_quota_metric}, "
         f"{spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}"
     )
+    table = price_table()
+    where = f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone
     note = (
-        f"Prices: indicative {pricing.PRICE_REGION} USD, {'Spot' if spec.spot else 'on-demand'}, "
-        f"{price.describe()}; disks and network extra. {quota}."
+        f"Prices: USD, {'Spot' if spec.spot else 'on-demand'} in {where}, from {table.source}, "
+        f"as of {table.as_of}"
+        + (f" ({spec.price.note})" if spec.price and spec.price.note else "")
+        + f"; disks and network extra. {quota}."
     )
     return Plan(
         spec=spec,
@@ -114,6 +127,9 @@ def build_plan(spec: ClusterSpec) -> Plan:
         price_note=note,
         warnings=tuple(spec_warnings(spec)),
         missing=tuple(missing_settings(spec)),
+        candidates=candidate_table(spec.candidates, spec.max_run_duration_s, checks)
+        if spec.candidates
+        else None,
     )
 
 

@@ -34,6 +34,11 @@ class PriceTable:
     as_of: str
     items: Mapping[str, Mapping[str, ZonePrice]]
 
+    @property
+    def date(self) -> str:
+        """The ISO date of `as_of` (the rest of that line says what the date means)."""
+        return self.as_of.split()[0]
+
     def get(self, item: str, zone: str) -> ZonePrice | None:
         return self.items.get(item, {}).get(zone)
 

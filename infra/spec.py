@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, cast
 
-from infra import catalog, fields, pricing, vertex
+from infra import catalog, fields, offers, vertex
 from infra.base.records import GpuExpectation
 from infra.fields import CHECK, format_duration, parse_duration
+from infra.offers import Candidate
+from infra.placement import place
+from infra.prices import ZonePrice, price_table
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
@@ -78,6 +81,8 @@ class ClusterSpec:
     backend: Literal["gce", "vertex"] = "gce"
     executor_image: str = vertex.DEFAULT_EXECUTOR_IMAGE  # backend vertex: the training container
     ignored: tuple[str, ...] = ()  # keys set in the stack that this backend does not read
+    gpus_request: str = ""  # `gpus` as written; "" when the stack names its machineType
+    candidates: tuple[Candidate, ...] = ()  # gpus: every candidate, best first (plan, failover)
 
     @property
     def bucket_name(self) -> str | None:
@@ -99,18 +104,24 @@ class ClusterSpec:
         return format_duration(self.max_run_duration_s)
 
     @property
-    def price(self) -> pricing.Price:
-        mt = catalog.MACHINE_TYPES[self.machine_type]
-        if self.on_vertex:  # per replica: Compute Engine's price plus Vertex's training premium
-            gpu = self.accelerator if self.attach_gpus else None
-            return vertex.vertex_price(mt, gpu, self.gpus_per_node if gpu else 0)
-        if self.attach_gpus:
-            return pricing.price(mt, self.accelerator, self.gpus_per_node)
-        return pricing.price(mt)
+    def price(self) -> ZonePrice | None:
+        """One node in the chosen zone (Vertex: a replica in the region); None = unknown."""
+        gpu = self.accelerator if self.attach_gpus else None
+        count = self.gpus_per_node if gpu else 0
+        if self.on_vertex:  # Compute Engine's price plus Vertex's training premium
+            return vertex.vertex_price(self.machine_type, gpu, count, self.region)
+        return offers.vm_price(self.machine_type, self.zone, gpu, count)
 
     @property
-    def hourly_price_per_node(self) -> float:
-        return self.price.hourly(self.spot)
+    def hourly_price_per_node(self) -> float | None:
+        """USD per hour of one node in the stack's capacity mode; None = unknown, never 0."""
+        return None if self.price is None else self.price.hourly(self.spot)
+
+    @property
+    def hourly_price(self) -> float | None:
+        """USD per hour of every node together; None = unknown."""
+        per_node = self.hourly_price_per_node
+        return None if per_node is None else per_node * self.nodes
 
     @property
     def gpu_quota_metric(self) -> str:
@@ -156,24 +167,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         CHECK.matches(
             GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
         )
-    zones, zone = fields.zones(cfg)
-
-    mt_name = cfg.text("machineType")
-    mt = catalog.machine_type(mt_name)
-    if mt is None:
-        near = catalog.nearest_machine_types(mt_name)
-        hint = f"nearest: {', '.join(near)}" if near else "see infra/catalog.py for the list"
-        raise CHECK.fail("machineType", mt_name, f"not a known machine type; {hint}")
-    if not mt.orderable:
-        raise CHECK.fail(
-            "machineType", mt_name, "A3 Edge is a serving product, not orderable for training"
-        )
-    accelerator, gpus, attach = fields.gpus(cfg, mt)
-
-    nodes = cfg.integer("nodes", 1, 64)
     spot = cfg.boolean("spot")
-    if mt.spot_only and not spot:
-        raise CHECK.fail("spot", "false", f"{mt.name} is offered only as Spot (set spot true)")
+    where = place(cfg, spot=spot, backend=backend)
+    mt, accelerator, gpus, attach, nodes = where.shape
 
     ttl_raw = cfg.text("maxRunDuration")
     try:
@@ -264,9 +260,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     return ClusterSpec(
         stack=stack,
         project=project,
-        zones=zones,
-        zone=zone,
-        region=catalog.region_of(zone),
+        zones=where.zones,
+        zone=where.zone,
+        region=catalog.region_of(where.zone),
         machine_type=mt.name,
         series=mt.series,
         accelerator=accelerator,
@@ -298,6 +294,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,
+        gpus_request=where.request,
+        candidates=where.candidates,
     )
 
 
@@ -367,10 +365,9 @@ def spec_warnings(spec: ClusterSpec) -> list[str]:
         out += vertex.vertex_warnings(spec.machine_type, spec.accelerator, spec.region)
     else:
         out += _gce_warnings(spec, mt)
-    if not spec.price.confirmed:
-        out.append(
-            f"the price of {mt.name} is derived ({spec.price.basis}), not a published figure"
-        )
+    if spec.price is None or spec.price.note:
+        why = spec.price.note if spec.price else f"none in {spec.zone}: shown as unknown"
+        out.append(f"the price of {mt.name} is not the source's own figure: {why}")
     return out
 
 
@@ -383,14 +380,15 @@ def _gce_warnings(spec: ClusterSpec, mt: catalog.MachineType) -> list[str]:
             f"imageProject {ACCELERATOR_IMAGE_PROJECT} and imageFamily {ACCELERATOR_IMAGE_FAMILY} "
             "(driver only: gputrain pip-installs PyTorch on each VM before verify)"
         )
-    known = catalog.KNOWN_ZONES.get(spec.accelerator)
-    if known is not None:
-        unknown = [z for z in spec.zones if z not in known]
-        if unknown:
-            out.append(
-                f"{', '.join(unknown)} not among the zones known to offer {spec.accelerator} "
-                f"({', '.join(sorted(known))}); the preflight checks"
-            )
+    known = offers.vm_zones(spec.machine_type, spec.accelerator)
+    unknown = [z for z in spec.zones if z not in known]
+    if unknown and not spec.gpus_request:  # gpus: zones are a filter, candidates lie within
+        near = sorted(z for z in known if catalog.region_of(z) == spec.region)
+        out.append(
+            f"{', '.join(unknown)} not among the zones known to offer {spec.accelerator} on "
+            f"{spec.machine_type} ({', '.join(near) or 'none in ' + spec.region}, price data "
+            f"{price_table().as_of}); the preflight checks"
+        )
     if mt.nics != "1" and spec.nodes > 1:
         out.append(
             f"{mt.name} reaches full inter-node bandwidth with {mt.nics}; gputrain attaches one "

@@ -33,12 +33,15 @@ BACKENDS = ("gce", "vertex")
 #: Every gputrain key with its default as the CLI would pass it (a string). Pulumi.yaml must
 #: declare exactly these keys with the same defaults (a test holds the two together).
 DEFAULTS: dict[str, str] = {
-    "zones": '["us-central1-a", "us-central1-b", "us-central1-c"]',
+    "gpus": "L4:1",
+    "zones": "[]",
+    "regions": "[]",
     "zone": "",
-    "machineType": "g2-standard-4",
+    "candidate": "",
+    "machineType": "",
     "gpuType": "",
     "gpuCount": "0",
-    "nodes": "1",
+    "nodes": "0",
     "spot": "true",
     "maxRunDuration": "6h",
     "imageFamily": DEFAULT_IMAGE_FAMILY,

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from infra import catalog, pricing, stackfile
+from infra import catalog, offers, stackfile
+from infra.prices import ZonePrice, price_table
 
 Status = Literal["documented", "listed", "unverified"]
 
@@ -195,16 +196,25 @@ TRAINING_SURCHARGE = 0.15
 SURCHARGE_BASIS = "Vertex training premium +15 % over Compute Engine (derived, unverified)"
 
 
-def vertex_price(mt: catalog.MachineType, gpu_type: str | None, gpu_count: int) -> pricing.Price:
-    """Indicative hourly price of one Vertex training replica of this shape (us-central1)."""
-    base = pricing.price(mt, gpu_type, gpu_count)
+def vertex_price(
+    machine_type: str, gpu_type: str | None, gpu_count: int, region: str
+) -> ZonePrice | None:
+    """One Vertex training replica of this shape in `region`: the cheapest zone's Compute Engine
+    price there plus the training premium; None when the price data has none in the region."""
+    table = price_table()
+    zones = sorted(z for z in table.zones(machine_type) if catalog.region_of(z) == region)
+    base = [p for z in zones if (p := offers.vm_price(machine_type, z, gpu_type, gpu_count))]
+    if not base:
+        return None
     factor = 1 + TRAINING_SURCHARGE
-    return pricing.Price(
-        round(base.on_demand * factor, 4),
-        round(base.spot * factor, 4),
-        base.as_of,
-        base.source,
-        "; ".join(b for b in (base.basis, SURCHARGE_BASIS) if b),
+
+    def up(value: float | None) -> float | None:
+        return None if value is None else round(value * factor, 4)
+
+    cheapest = min(base, key=lambda p: (p.on_demand is None, p.on_demand or 0.0))
+    note = "; ".join(n for n in (cheapest.note, SURCHARGE_BASIS) if n)
+    return ZonePrice(
+        up(cheapest.on_demand), up(min((p.spot for p in base if p.spot), default=None)), note
     )
 
 

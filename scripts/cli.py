@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from scripts.targets.vertex_clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
-NO_TARGET_NEEDED = {"doctor"}
+NO_TARGET_NEEDED = {"doctor", "gpus"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 
@@ -65,7 +65,14 @@ def _options(args: argparse.Namespace) -> RunOptions:
         wait_s=getattr(args, "wait", None),
         keep_bucket=getattr(args, "keep_bucket", False),
         max_recoveries=getattr(args, "max_recoveries", None),
+        max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
     )
+
+
+def _max_candidates(n: int) -> int:
+    if not 1 <= n <= 50:
+        raise UserError(f"--max-candidates {n}: allowed 1..50")
+    return n
 
 
 Handler = Callable[[Context], int]
@@ -83,6 +90,25 @@ def cmd_doctor(ctx: Context) -> int:
 
 def cmd_plan(ctx: Context) -> int:
     ctx.target.plan()
+    return EXIT_OK
+
+
+def cmd_gpus(ctx: Context) -> int:
+    """What the catalog offers, like `sky show-gpus`: pure, no cloud call, no heavy import."""
+    from infra.offer_tables import LISTING_HEADERS, gpu_offerings, listing_rows
+    from infra.prices import price_table
+    from scripts import ui
+
+    a = ctx.args
+    offerings = gpu_offerings(a.what, spot=a.spot, region=a.region)
+    if not offerings:
+        raise UserError(f"gpus: nothing offers {a.what or 'a GPU'} in {a.region}")
+    mode = "Spot" if a.spot else "on-demand"
+    where = f" in {a.region}" if a.region else ""
+    ui.table(f"GPUs, {mode}{where}", LISTING_HEADERS, listing_rows(offerings, a.spot))
+    table = price_table()
+    ui.say(f"Prices: USD per GPU-hour, {mode}, from {table.source}, as of {table.as_of}.")
+    ui.say("Ask for them in a stack: gputrain:gpus: MODEL:COUNT (e.g. H100:16) or 40GB+:8.")
     return EXIT_OK
 
 
@@ -149,6 +175,11 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
         cmd_plan,
         "validate the target and show nodes, GPUs, $/h and the TTL-bounded worst case",
     ),
+    "gpus": (
+        cmd_gpus,
+        "list the GPUs the catalog offers (memory, GPUs per VM, machine types, the cheapest "
+        "zone and $/h per GPU), e.g. `gputrain gpus H100 --spot`, `gputrain gpus 40GB+`",
+    ),
     "keygen": (
         cmd_keygen,
         "create the stack's SSH key pair and store it in the stack config (private as secret)",
@@ -194,6 +225,12 @@ def _parser() -> argparse.ArgumentParser:
     for name, (handler, help_text) in COMMANDS.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
         c.set_defaults(handler=handler)
+        if name == "gpus":
+            c.add_argument("what", nargs="?", help="a MODEL (H100, A100-80GB) or MEMORY+ (40GB+)")
+            c.add_argument("--spot", action="store_true", help="Spot prices (default: on demand)")
+            c.add_argument("--region", metavar="R", help="only zones of this region")
+            c.set_defaults(stack=None, dir=None)
+            continue
         t = c.add_mutually_exclusive_group()
         t.add_argument("--stack", metavar="NAME", help="a Pulumi stack (Pulumi.NAME.yaml) on GCP")
         if name not in STACK_ONLY:
@@ -211,6 +248,14 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="skip the checks before spending money: `gputrain doctor`'s and the Compute "
                 "API preflight's",
+            )
+            c.add_argument(
+                "--max-candidates",
+                type=int,
+                default=5,
+                metavar="N",
+                help="(--stack with gpus) candidates `up` tries down the ranked list on stockouts "
+                "and quota errors (default: 5)",
             )
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")

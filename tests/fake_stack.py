@@ -122,9 +122,12 @@ def sample_vertex_outputs(
         "executorImage": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
         "maxRunDuration": "1h",
         "maxRunDurationSeconds": 3600,
+        "nodeCount": 2,
+        "gpusTotal": 2,
+        "gpusRequest": "",
         "hourlyPricePerNodeUsd": 0.982,
         "hourlyPriceUsd": 1.964,
-        "priceAsOf": "2026-04-15",
+        "priceAsOf": "2026-11-23",
     }
 
 

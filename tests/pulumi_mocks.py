@@ -17,7 +17,8 @@ from typing import Any
 
 import pulumi
 
-from infra.stackfile import PROJECT, load_stack_config
+from infra.spec import parse_spec
+from infra.stackfile import DEFAULTS, PROJECT, load_stack_config
 from scripts.targets.gce.keys import generate_ssh_keypair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,9 +151,14 @@ def pulumi_mocks(
 def deployable_config(stack: str, **overrides: str) -> dict[str, str]:
     """A shipped stack file's config plus what a user sets before `pulumi up`, plus overrides.
 
-    Overrides use short keys (`nodes="2"`) for gputrain keys, full keys for others.
+    Overrides use short keys (`nodes="2"`) for gputrain keys, full keys for others. Overriding
+    the machine shape of a `gpus` stack rewrites it with `machineType`, as a user would.
     """
     cfg = load_stack_config(ROOT, stack)
+    shaped = {"machineType", "nodes", "gpuType", "gpuCount"} & set(overrides)
+    if shaped and "gpus" not in overrides and cfg.get("gputrain:gpus") != DEFAULTS["gpus"]:
+        cfg["gputrain:machineType"] = parse_spec(cfg, stack).machine_type
+        cfg["gputrain:gpus"] = DEFAULTS["gpus"]
     cfg["gcp:project"] = TEST_PROJECT
     cfg["gputrain:sshPublicKey"] = TEST_PUBLIC_KEY
     cfg["gputrain:sshSourceRanges"] = f'["{TEST_SOURCE_RANGE}"]'

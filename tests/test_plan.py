@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import catalog, pricing, vertex
+from infra import vertex
+from infra.offers import vm_price
 from infra.plan import HEADERS, build_plan, plan_stack
+from infra.prices import price_table
 from infra.spec import parse_spec
 from scripts.cli import main
 from tests.pulumi_mocks import ROOT, deployable_config
@@ -20,19 +22,19 @@ SHIPPED = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulu
 
 @pytest.mark.parametrize("stack", SHIPPED)
 def test_every_shipped_stack_plans(stack: str) -> None:
+    """plan's figures come from infra/prices.csv: the zone's price (Vertex: the region's + 15 %)."""
     plan = plan_stack(ROOT, stack)
     spec = plan.spec
-    mt = catalog.MACHINE_TYPES[spec.machine_type]
-    price = (
-        pricing.price(mt, spec.accelerator, spec.gpus_per_node)
-        if spec.attach_gpus
-        else pricing.price(mt)
-    )
+    gpu = spec.accelerator if spec.attach_gpus else None
+    count = spec.gpus_per_node if gpu else 0
     if spec.on_vertex:  # a replica's price: Compute Engine's plus the training premium
-        gpu = spec.accelerator if spec.attach_gpus else None
-        price = vertex.vertex_price(mt, gpu, spec.gpus_per_node if gpu else 0)
-        assert price.basis.endswith(vertex.SURCHARGE_BASIS)
-    per_node = price.spot if spec.spot else price.on_demand
+        price = vertex.vertex_price(spec.machine_type, gpu, count, spec.region)
+        assert price is not None and price.note.endswith(vertex.SURCHARGE_BASIS)
+    else:
+        price = vm_price(spec.machine_type, spec.zone, gpu, count)
+    assert price is not None
+    per_node = price.hourly(spec.spot)
+    assert per_node is not None
     assert plan.hourly_per_node == pytest.approx(per_node)
     assert plan.hourly_total == pytest.approx(per_node * spec.nodes)
     assert plan.worst_case == pytest.approx(per_node * spec.nodes * spec.max_run_duration_s / 3600)
@@ -40,11 +42,12 @@ def test_every_shipped_stack_plans(stack: str) -> None:
     assert row["nodes"] == str(spec.nodes) and row["machine type"] == spec.machine_type
     where = f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone
     assert row["zone"] == where and row["TTL"] == spec.max_run_duration
-    assert row["worst case $"] == f"{plan.worst_case:.2f}"
+    assert row["worst case $"] == f"${plan.worst_case:,.2f}"
     assert not plan.ready and len(plan.missing) == (1 if spec.on_vertex else 3)
     footer = "\n".join(plan.footer_lines())
-    assert price.as_of in footer
+    assert price_table().as_of in footer and price_table().source in footer
     assert (f"gputrain keygen --stack {stack}" in footer) != spec.on_vertex
+    assert (plan.candidates is not None) == bool(spec.gpus_request)
 
 
 def test_dev_plan_figures() -> None:
@@ -52,8 +55,12 @@ def test_dev_plan_figures() -> None:
     row = dict(zip(HEADERS, plan.row, strict=True))
     assert row["GPUs per node"] == "2 x NVIDIA L4 (24 GB)"
     assert row["spot"] == "yes" and row["TTL"] == "3h"
-    # 2 x L4 spot 0.223 + 24 vCPU x 0.01475 (fitted to g2-standard-4/8) = 0.80/h; 3 h -> 2.40
-    assert (row["$/h per node"], row["$/h total"], row["worst case $"]) == ("0.80", "0.80", "2.40")
+    # prices.csv: g2-standard-24 in us-central1-a, Spot 0.79862/h; 3 h -> 2.40
+    assert (row["$/h per node"], row["$/h total"], row["worst case $"]) == (
+        "$0.80",
+        "$0.80",
+        "$2.40",
+    )
     assert "2 x PREEMPTIBLE_NVIDIA_L4_GPUS" in plan.price_note
 
 

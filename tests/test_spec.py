@@ -24,7 +24,8 @@ SHIPPED = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in ROOT.glob("Pulu
 
 
 def _cfg(**overrides: str) -> dict[str, str]:
-    return deployable_config("dev", **overrides)
+    """The dev stack written with its machine type (most cases here are about machineType)."""
+    return deployable_config("dev", **{"machineType": "g2-standard-24", **overrides})
 
 
 # ---- Pulumi.yaml ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import catalog, pricing, vertex
+from infra import catalog, vertex
 from infra.base.errors import UserError
 from scripts.targets import vertex_job as vj
 
@@ -90,16 +90,18 @@ def test_every_offer_matches_catalog_machine_types_and_only_unverified_ones_get_
 
 
 def test_vertex_price_adds_the_derived_training_premium() -> None:
-    mt = catalog.MACHINE_TYPES["a2-highgpu-1g"]
-    p = vertex.vertex_price(mt, None, 0)
-    assert (p.on_demand, p.spot) == (round(3.673 * 1.15, 4), round(1.804 * 1.15, 4))
-    assert not p.confirmed and "derived" in p.describe()
-    n1 = vertex.vertex_price(catalog.MACHINE_TYPES["n1-standard-8"], "nvidia-tesla-t4", 1)
-    assert n1.on_demand == round(
-        pricing.price(catalog.MACHINE_TYPES["n1-standard-8"], "nvidia-tesla-t4", 1).on_demand
-        * 1.15,
-        4,
-    )
+    from infra.offers import vm_price
+
+    p = vertex.vertex_price("a2-highgpu-1g", None, 0, "us-central1")
+    base = vm_price("a2-highgpu-1g", "us-central1-a")
+    assert p is not None and base is not None and base.on_demand and base.spot
+    assert (p.on_demand, p.spot) == (round(base.on_demand * 1.15, 4), round(base.spot * 1.15, 4))
+    assert "derived" in p.note and vertex.SURCHARGE_BASIS in p.note
+    n1 = vertex.vertex_price("n1-standard-8", "nvidia-tesla-t4", 1, "us-central1")
+    t4 = vm_price("n1-standard-8", "us-central1-a", "nvidia-tesla-t4", 1)
+    assert n1 is not None and t4 is not None and t4.on_demand
+    assert n1.on_demand == round(t4.on_demand * 1.15, 4)
+    assert vertex.vertex_price("a2-highgpu-1g", None, 0, "mars-north1") is None  # unknown, not 0
 
 
 # ---- the request body ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pulumi
 import pytest
 
 from infra.plan import build_plan
+from infra.prices import price_table
 from infra.spec import parse_spec, require_deployable
 from infra.stackfile import load_stack_config
 from scripts.targets.vertex_session import parse_vertex_outputs
@@ -129,7 +130,10 @@ def test_the_exports_are_what_the_controller_reads() -> None:
         "maxRunDurationSeconds": 3 * 3600,
         "hourlyPricePerNodeUsd": out["hourlyPricePerNodeUsd"],
         "hourlyPriceUsd": round(out["hourlyPricePerNodeUsd"] * 2, 4),
-        "priceAsOf": "2026-04-15",
+        "priceAsOf": price_table().date,
+        "nodeCount": 2,
+        "gpusTotal": 4,
+        "gpusRequest": "",
     }
     spec = parse_spec(_vertex(), "vertex")
     assert out["hourlyPricePerNodeUsd"] == round(spec.hourly_price_per_node, 4)
@@ -269,7 +273,7 @@ BAD_VERTEX: list[tuple[str, dict[str, str], str]] = [
         _vertex(maxRunDuration="5m"),
         "gputrain:maxRunDuration = '5m': allowed: 10m to 120d",
     ),
-    ("no-nodes", _vertex(nodes="0"), "gputrain:nodes = '0': allowed: 1..64"),
+    ("too-many-nodes", _vertex(nodes="65"), "gputrain:nodes = '65': allowed: 1..64"),
     (
         "zones-two-regions",
         _vertex(zones='["us-central1-a", "europe-west4-a"]'),

@@ -17,6 +17,7 @@ from infra.components.bucket import StackBucket, StackBucketArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
+from infra.prices import price_table
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
 
@@ -175,9 +176,12 @@ def shape_exports(spec: ClusterSpec, bucket: StackBucket) -> dict[str, Any]:
         "spot": spec.spot,
         "maxRunDuration": spec.max_run_duration,
         "maxRunDurationSeconds": spec.max_run_duration_s,
-        "hourlyPricePerNodeUsd": round(spec.hourly_price_per_node, 4),
-        "hourlyPriceUsd": round(spec.hourly_price_per_node * spec.nodes, 4),
-        "priceAsOf": spec.price.as_of,
+        "nodeCount": spec.nodes,
+        "gpusTotal": spec.gpus_per_node * spec.nodes,
+        "gpusRequest": spec.gpus_request,  # "" when the stack names its machineType
+        "hourlyPricePerNodeUsd": _rounded(spec.hourly_price_per_node),
+        "hourlyPriceUsd": _rounded(spec.hourly_price_per_node, spec.nodes),
+        "priceAsOf": price_table().date,
         "bucket": bucket.name,
         "bucketPrefix": spec.bucket_prefix,
         "bucketOwned": spec.existing_bucket is None,
@@ -204,3 +208,8 @@ def _field(obj: Any, snake: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(snake)
     return getattr(obj, snake, None)
+
+
+def _rounded(per_node: float | None, nodes: int = 1) -> float | None:
+    """USD per hour to 4 places; None (exported as null) when the price is unknown, never 0."""
+    return None if per_node is None else round(per_node * nodes, 4)

@@ -33,6 +33,7 @@ class RunOptions:
     wait_s: float | None = None  # --wait: how long to wait for SSH (None: the target's default)
     keep_bucket: bool = False  # `run`/`down`: keep the stack's bucket (and what is in it)
     max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
+    max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
 
 
 class Session(Protocol):

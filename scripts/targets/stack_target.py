@@ -16,6 +16,10 @@ from scripts.targets.base import RunOptions, Session
 from scripts.targets.gce.stack import target_name
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from infra.offer_tables import Check
+    from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.gce.stack import StackRunner
@@ -48,6 +52,16 @@ class StackTarget(Generic[C]):
 
         return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
 
+    def spec_at(self, chosen: Candidate) -> ClusterSpec:
+        """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it."""
+        from infra.placement import candidate_label
+        from infra.spec import parse_spec
+        from infra.stackfile import NS, load_stack_config
+
+        config = load_stack_config(self.settings.root, self.stack)
+        config |= {NS + "candidate": candidate_label(chosen), NS + "zone": chosen.zone}
+        return parse_spec(config, self.stack)
+
     def _spec_with_project(self) -> ClusterSpec:
         """The spec of a stack that can have resources: gcp:project must be set."""
         spec = self.spec()
@@ -78,11 +92,40 @@ class StackTarget(Generic[C]):
             session.verify()
             session.keep = True
 
+    def candidate_checks(self, spec: ClusterSpec) -> Mapping[Candidate, Check] | None:
+        """Preflight verdicts on a `gpus` stack's candidates; None where none can be had."""
+        return None
+
     def plan(self) -> None:
         from infra.plan import HEADERS, build_plan
 
-        plan = build_plan(self.spec())
+        spec = self.spec()
+        checks = self.candidate_checks(spec)
+        plan = build_plan(spec, checks)
+        chosen = plan.candidates.chosen if plan.candidates else None
+        if chosen is not None and (chosen.machine_type, chosen.zone) != (
+            spec.machine_type,
+            spec.zone,
+        ):
+            plan = build_plan(self.spec_at(chosen), checks)  # the cheapest that passes preflight
         ui.table(plan.title, HEADERS, [plan.row])
+        if plan.candidates is not None:
+            shown = plan.candidates
+            ui.table(
+                f"candidates for gpus = {spec.gpus_request} "
+                f"({'Spot' if spec.spot else 'on-demand'}; ranked: fewest nodes, then $/h)",
+                list(shown.headers),
+                [list(r) for r in shown.rows],
+            )
+            if shown.footer:
+                ui.say(shown.footer)
+            if checks is None:
+                ui.say(
+                    "preflight: not checked here (needs gcp:project and Google credentials; "
+                    f"`gputrain doctor --stack {spec.stack}`); `up` checks before creating"
+                )
+            if shown.chosen is None:
+                ui.warn("no candidate passed preflight: see the reasons above")
         for line in plan.footer_lines():
             ui.say(line)
 
@@ -91,11 +134,12 @@ def require_terminal(spec: ClusterSpec) -> None:
     """Without a terminal nobody can answer the money prompt: a nohup or CI run must say --yes."""
     if sys.stdin.isatty():
         return
+    from infra.offer_tables import money
     from infra.plan import build_plan
 
     plan = build_plan(spec)
     raise UserError(
-        f"stdin is not a terminal, so nobody can confirm spending ~${plan.hourly_total:.2f}/h "
-        f"(at most ${plan.worst_case:.2f}) on stack {spec.stack}: pass --yes to proceed; "
+        f"stdin is not a terminal, so nobody can confirm spending ~{money(plan.hourly_total)}/h "
+        f"(at most {money(plan.worst_case)}) on stack {spec.stack}: pass --yes to proceed; "
         "nothing was created"
     )

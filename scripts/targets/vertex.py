@@ -220,8 +220,7 @@ def confirm(spec: ClusterSpec, *, yes: bool) -> None:
     plan = build_plan(spec)
     ui.say(
         f"About to run Vertex AI jobs of {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} "
-        f"x {spec.gpu_model} each): ~${plan.hourly_total:.2f}/h, at most ${plan.worst_case:.2f} "
-        "per job before Vertex cuts it off."
+        f"x {spec.gpu_model} each): {plan.cost} per job before Vertex cuts it off."
     )
     if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
         raise UserError("cancelled; nothing was created")

@@ -111,7 +111,7 @@ class VertexSession:
     ) -> None:
         self.spec, self.out, self.clients, self.settings = spec, outputs, clients, settings
         self.name = target_name(spec.stack)
-        self.hourly_usd: float | None = spec.hourly_price_per_node * spec.nodes
+        self.hourly_usd: float | None = spec.hourly_price
         self.keep = keep
         self.api = clients.api(outputs.project, outputs.region)
 

@@ -42,6 +42,16 @@ class GceClients:
             self._compute = ComputeApi(self.compute_endpoint)
         return self._compute
 
+    def compute_reachable(self) -> bool:
+        """An endpoint (the fake in tests) or Application Default Credentials on disk: worth
+        asking the Compute API. Checked without importing google.auth (`plan` stays fast)."""
+        adc = Path.home() / ".config" / "gcloud" / "application_default_credentials.json"
+        return bool(
+            self.compute_endpoint
+            or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+            or adc.is_file()
+        )
+
     def projects(self) -> ProjectApi:
         from infra.project_api import ProjectApi
 

@@ -176,7 +176,7 @@ def provision_with_failover(
         attempts.append(Attempt(zone, outcome, failure.summary))
         say(f"{zone}: {outcome}: {failure.summary}")
         if destroy_failed:
-            _destroy_attempt(runner, zone, attempts, failure, say, on_output)
+            destroy_attempt(runner, zone, attempts, failure, say, on_output)
         if failure.kind != "stockout":
             break
         hint = failure.zones_available
@@ -185,7 +185,7 @@ def provision_with_failover(
     raise ProvisioningError(_report(attempts, failure, zones, tried, project), attempts, failure)
 
 
-def _destroy_attempt(
+def destroy_attempt(
     runner: StackRunner,
     zone: str,
     attempts: list[Attempt],

@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from infra import catalog
 from infra.base.errors import GputrainError
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
 from infra.compute import ComputeApi, ComputeApiError
+from infra.offer_tables import MAX_ROWS, Check
+from infra.offers import Candidate
 from infra.preflight import (
     GLOBAL,
     PROJECT,
@@ -46,6 +49,49 @@ def request_for(spec: ClusterSpec) -> PreflightRequest:
         is_n1=spec.attach_gpus,
         max_run_duration_s=spec.max_run_duration_s,
     )
+
+
+def candidate_request(spec: ClusterSpec, c: Candidate) -> PreflightRequest:
+    """The preflight request of a `gpus` candidate: the spec's settings with its shape and zone."""
+    mt = catalog.MACHINE_TYPES[c.machine_type]
+    acc = c.shape.accelerator
+    return dataclasses.replace(
+        request_for(spec),
+        zone=c.zone,
+        machine_type=c.machine_type,
+        accelerator=acc,
+        gpus_per_node=c.gpus_per_node,
+        nodes=c.nodes,
+        vcpus_per_node=mt.vcpus,
+        gpu_quota_metric=catalog.quota_metric(acc, spec.spot),
+        cpu_quota_metric=catalog.cpu_quota_metric(mt.series, spec.spot),
+        is_n1=c.shape.attached,
+    )
+
+
+def check_candidates(
+    spec: ClusterSpec, api: ComputeApi, *, at_least: int = MAX_ROWS, at_most: int = 50
+) -> dict[Candidate, Check]:
+    """Preflight verdicts for the best-ranked candidates: the first `at_least`, then on until one
+    passes (at most `at_most`). Each failure names its reason (the zone lacks the GPU, quota is
+    short, ...). Candidates of one shape share their regional and project calls."""
+    ranked = spec.candidates[:at_most]
+    checks: dict[Candidate, Check] = {}
+    start = 0
+    while start < len(ranked) and (start < at_least or not any(v.ok for v in checks.values())):
+        batch = ranked[start : start + at_least]
+        start += len(batch)
+        shapes: dict[tuple[str, int, str], list[Candidate]] = {}
+        for c in batch:
+            shapes.setdefault((c.machine_type, c.nodes, c.shape.accelerator), []).append(c)
+        for group in shapes.values():
+            req = candidate_request(spec, group[0])
+            report = preflight(req, [c.zone for c in group], api=api)
+            for c in group:
+                scopes = {c.zone, c.region, GLOBAL, PROJECT}
+                failed = [r for r in report.failures if r.scope in scopes]
+                checks[c] = Check(not failed, failed[0].detail if failed else "")
+    return checks
 
 
 def preflight_zones(spec: ClusterSpec, api: ComputeApi) -> list[str]:

@@ -254,7 +254,7 @@ class StackOutputsDict(TypedDict):
     gpuModel: str  # as nvidia-smi prints it, e.g. "NVIDIA L4"
     gpuMemoryGb: float
     maxRunDurationSeconds: int  # the VM TTL
-    hourlyPriceUsd: float  # the whole cluster
+    hourlyPriceUsd: float | None  # the whole cluster; null: the price data has no figure
     image: NotRequired[str]  # the pinned boot image self-link
 
 
@@ -280,7 +280,7 @@ class StackOutputs:
     gpu_model: str
     gpu_memory_gb: float
     max_run_duration_s: int
-    hourly_price: float
+    hourly_price: float | None
     image_self_link: str | None = None
 
     @property
@@ -395,6 +395,6 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
         gpu_model=_need(outputs, "gpuModel", str),
         gpu_memory_gb=float(_need(outputs, "gpuMemoryGb", (int, float))),
         max_run_duration_s=_whole(outputs, "maxRunDurationSeconds"),
-        hourly_price=float(_need(outputs, "hourlyPriceUsd", (int, float))),
+        hourly_price=_need(outputs, "hourlyPriceUsd", (int, float, type(None))),  # null: unknown
         image_self_link=outputs.get("image") or None,
     )

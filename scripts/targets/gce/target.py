@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.base.errors import UserError
+from infra.base.errors import GputrainError, UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.targets.base import RunOptions
@@ -25,6 +25,8 @@ from scripts.targets.stack_target import StackTarget
 
 if TYPE_CHECKING:
     from infra.base.records import Fleet
+    from infra.offer_tables import Check
+    from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from scripts.targets.gce.recovery import RecoveringSession
     from scripts.targets.gce.stack import StackOutputs
@@ -72,6 +74,15 @@ class GceTarget(StackTarget[GceClients]):
             ui.say(f"sweep: nothing carries the labels of stack {self.stack}")
         return bool(leftovers)
 
+    def candidate_checks(self, spec: ClusterSpec) -> dict[Candidate, Check] | None:
+        """`plan` on a `gpus` stack checks its candidates against the Compute API when there is
+        a project and somewhere to ask (credentials, or GPUTRAIN_COMPUTE_ENDPOINT)."""
+        if not spec.candidates or not spec.project or not self.clients.compute_reachable():
+            return None
+        from scripts.targets.gce.preflight import check_candidates
+
+        return check_candidates(spec, self.clients.compute())
+
     # ---- creating and destroying
 
     def down(self, opts: RunOptions) -> None:
@@ -103,15 +114,21 @@ class GceTarget(StackTarget[GceClients]):
         self.check_before_spending(spec, opts, self.clients)
         require_deployable(spec)
         max_recoveries = recoveries_allowed(opts, spec)
-        zones = (
-            list(spec.zones)
-            if opts.skip_preflight
-            else preflight_zones(spec, self.clients.compute())
-        )
+        if spec.candidates:
+            ranked = self._passing_candidates(spec, skip=opts.skip_preflight)
+        else:
+            zones = (
+                list(spec.zones)
+                if opts.skip_preflight
+                else preflight_zones(spec, self.clients.compute())
+            )
         confirm(spec, yes=opts.yes)
         cluster: FleetSession | None = None
         try:
-            outputs = self._provision(spec, zones)
+            if spec.candidates:
+                spec, outputs = self._provision_candidates(spec, ranked, opts.max_candidates)
+            else:
+                outputs = self._provision(spec, zones)
             with private_key_file(self.runner, self.stack) as key:
                 cluster = self._session(
                     spec,
@@ -192,7 +209,7 @@ class GceTarget(StackTarget[GceClients]):
             self.settings,
             nodes,
             max_recoveries=max_recoveries,
-            hourly_usd=spec.hourly_price_per_node * spec.nodes,
+            hourly_usd=spec.hourly_price,
             keep=keep,
             confirm_s=self.clients.preemption_confirm_s,
             connect_deadline_s=connect_deadline_s,
@@ -214,6 +231,53 @@ class GceTarget(StackTarget[GceClients]):
         ui.say(f"up: cluster ready in {zone}")
         return outputs
 
+    def _passing_candidates(self, spec: ClusterSpec, *, skip: bool) -> list[Candidate]:
+        """The ranked candidates that pass preflight (all of them with --skip-preflight), after
+        printing the candidate table; a one-line error when none passes."""
+        if skip:
+            return list(spec.candidates)
+        from infra.offer_tables import candidate_table
+        from scripts.targets.gce.preflight import check_candidates
+
+        checks = check_candidates(spec, self.clients.compute())
+        shown = candidate_table(spec.candidates, spec.max_run_duration_s, checks)
+        ui.table(f"candidates for gpus = {spec.gpus_request}", shown.headers, shown.rows)
+        passing = [c for c in spec.candidates if c in checks and checks[c].ok]
+        if not passing:
+            raise GputrainError(
+                f"preflight failed for every candidate checked ({len(checks)}; see the reasons "
+                "above); nothing was created"
+            )
+        return passing
+
+    def _provision_candidates(
+        self, spec: ClusterSpec, ranked: list[Candidate], max_candidates: int
+    ) -> tuple[ClusterSpec, dict[str, Any]]:
+        """`pulumi up` down the ranked candidates; the spec of the one created, its outputs."""
+        from scripts.targets.gce.failover import ProvisioningError
+        from scripts.targets.gce.offer_failover import (
+            ATTEMPT_HEADERS,
+            attempt_rows,
+            provision_candidates,
+        )
+        from scripts.targets.gce.teardown import pulumi_line
+
+        try:
+            chosen, outputs, attempts = provision_candidates(
+                self.runner,
+                ranked,
+                max_candidates=max_candidates,
+                on_event=ui.say,
+                on_output=pulumi_line,
+            )
+        except ProvisioningError as e:
+            ui.table("up: attempts", ATTEMPT_HEADERS, attempt_rows(e.attempts))
+            raise
+        if len(attempts) > 1:
+            ui.table("up: attempts", ATTEMPT_HEADERS, attempt_rows(attempts))
+        ui.say(f"up: cluster ready: {chosen.nodes} x {chosen.machine_type} in {chosen.zone}")
+        return self.spec_at(chosen), outputs
+
     def _recreate(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
         """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
         zone first, then the rest of the failover order, never destroying what survived."""
@@ -221,6 +285,24 @@ class GceTarget(StackTarget[GceClients]):
         from scripts.targets.gce.teardown import pulumi_line
 
         self.runner.refresh(on_output=None)
+        if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
+            from scripts.targets.gce.offer_failover import provision_candidates
+
+            same = [
+                c
+                for c in spec.candidates
+                if (c.machine_type, c.nodes) == (spec.machine_type, spec.nodes)
+            ]
+            order = sorted(same, key=lambda c: c.zone != zone)  # stable: then the ranked order
+            _, outputs, _ = provision_candidates(
+                self.runner,
+                order,
+                max_candidates=len(order),
+                on_event=ui.say,
+                on_output=pulumi_line,
+                destroy_failed=False,
+            )
+            return outputs
         _, outputs = provision_with_failover(
             self.runner,
             [zone, *(z for z in spec.zones if z != zone)],
@@ -272,8 +354,7 @@ def confirm(spec: ClusterSpec, *, yes: bool) -> None:
     plan = build_plan(spec)
     ui.say(
         f"About to create {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x "
-        f"{spec.gpu_model} each): ~${plan.hourly_total:.2f}/h, "
-        f"at most ${plan.worst_case:.2f} before the VMs delete themselves."
+        f"{spec.gpu_model} each): {plan.cost} before the VMs delete themselves."
     )
     answer = input("Proceed? [y/N] ").strip().lower()
     if answer not in ("y", "yes"):

@@ -14,6 +14,7 @@ from infra.sweep import Leftover, sweep
 from scripts import ui
 from scripts.targets.gce.bucket import BUCKET_TYPE, KeptBucket, settle_bucket
 from scripts.targets.gce.clients import GceClients
+from scripts.targets.gce.offer_failover import CANDIDATE_CONFIG_KEY
 from scripts.targets.gce.stack import (
     ZONE_CONFIG_KEY,
     PulumiMissingError,
@@ -51,10 +52,11 @@ def teardown(
         clear_stale_lock=clear_stale_lock,
         keep_types=(BUCKET_TYPE,) if kept else (),
     )
-    try:
-        runner.remove_config(ZONE_CONFIG_KEY)
-    except Exception as exc:
-        ui.warn(f"could not clear {ZONE_CONFIG_KEY}: {exc}")
+    for key in (ZONE_CONFIG_KEY, CANDIDATE_CONFIG_KEY):  # failover's picks: the next up ranks anew
+        try:
+            runner.remove_config(key)
+        except Exception as exc:
+            ui.warn(f"could not clear {key}: {exc}")
     leftovers = show_leftovers(spec, clients, kept=kept.name if kept else None)
     problem = kept.problem if kept else None
     if failure is not None or leftovers or problem:

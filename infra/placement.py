@@ -1,0 +1,171 @@
+"""Where and on what a stack runs: `gpus` resolved to ranked candidates, or `machineType` + `nodes`
+as the user wrote them. Pure (the catalog and infra/prices.csv); infra/spec.py builds on it.
+
+With `gpus`, `machineType` and `nodes` are outputs: the chosen candidate is the cheapest one
+(infra/offers.py ranks), unless `up`'s failover pinned another one with `candidate` and `zone`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from infra import catalog, fields, offers, vertex
+from infra.fields import CHECK, ConfigReader
+from infra.offers import Candidate, GpuRequestError
+from infra.stackfile import DEFAULTS, SpecError
+
+#: `zones` left empty on a `machineType` stack: what its default was before `gpus` existed.
+MACHINE_TYPE_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
+UNSET = ("", "0")  # nodes / gpuCount left at their defaults
+_CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x (\d+)$")
+_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The machine shape, node count and zones of a stack, however they were asked for."""
+
+    machine_type: catalog.MachineType
+    accelerator: str
+    gpus_per_node: int
+    attach: bool  # N1: the GPUs are attached
+    nodes: int
+    zones: tuple[str, ...]  # machineType: the user's list; gpus: the chosen shape's in its region
+    zone: str
+    request: str = ""  # the `gpus` request as written; "" on a machineType stack
+    candidates: tuple[Candidate, ...] = ()  # gpus: every candidate, best first
+
+    @property
+    def shape(self) -> tuple[catalog.MachineType, str, int, bool, int]:
+        """(machine type, accelerator, GPUs per node, attached, nodes)."""
+        return self.machine_type, self.accelerator, self.gpus_per_node, self.attach, self.nodes
+
+
+def candidate_label(c: Candidate) -> str:
+    """How `candidate` names a candidate: "a3-highgpu-8g x 2" (the zone goes in `zone`)."""
+    return f"{c.machine_type} x {c.nodes}"
+
+
+def place(cfg: ConfigReader, *, spot: bool, backend: str) -> Placement:
+    """The placement the stack asks for; one-line SpecError naming the key when it cannot be."""
+    machine = cfg.text("machineType")
+    request = cfg.text("gpus")
+    if machine:
+        if request and request != DEFAULTS["gpus"]:
+            raise CHECK.fail(
+                "gpus",
+                request,
+                f"set either gpus or machineType (+ nodes), not both (machineType = {machine!r})",
+            )
+        return _by_machine_type(cfg, machine, spot)
+    return _by_request(cfg, spot=spot, backend=backend)
+
+
+def _by_machine_type(cfg: ConfigReader, name: str, spot: bool) -> Placement:
+    for key in ("regions", "candidate"):
+        if cfg.text(key) not in ("", "[]"):
+            raise CHECK.fail(
+                key, cfg.text(key), "allowed only with gpus; with machineType use zones"
+            )
+    zones, zone = fields.zones(cfg, MACHINE_TYPE_ZONES)
+    mt = catalog.machine_type(name)
+    if mt is None:
+        near = catalog.nearest_machine_types(name)
+        hint = f"nearest: {', '.join(near)}" if near else "see infra/catalog.py for the list"
+        raise CHECK.fail("machineType", name, f"not a known machine type; {hint}")
+    if not mt.orderable:
+        raise CHECK.fail(
+            "machineType", name, "A3 Edge is a serving product, not orderable for training"
+        )
+    if offers.mode_name(spot) not in offers.capacity_modes(mt):
+        raise CHECK.fail("spot", "false", f"{mt.name} is offered only as Spot (set spot true)")
+    accelerator, gpus, attach = fields.gpus(cfg, mt)
+    nodes = cfg.integer("nodes", 1, offers.MAX_NODES) if cfg.text("nodes") not in UNSET else 1
+    return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
+
+
+def _by_request(cfg: ConfigReader, *, spot: bool, backend: str) -> Placement:
+    raw = cfg.text("gpus")
+    if not raw:
+        raise CHECK.fail(
+            "gpus", "", "set gpus (e.g. L4:1, H100:16, 40GB+:8) or machineType (+ nodes)"
+        )
+    for key in ("nodes", "gpuType", "gpuCount"):
+        if cfg.text(key) not in UNSET:
+            raise CHECK.fail(
+                "gpus",
+                raw,
+                f"gpus decides the machine type and node count: remove gputrain:{key} "
+                f"(= {cfg.text(key)!r}), or use machineType instead of gpus",
+            )
+    zones = cfg.strings("zones")
+    for z in zones:
+        if not catalog.ZONE_NAME.match(z):
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
+    regions = cfg.strings("regions")
+    for r in regions:
+        if not _REGION_RE.match(r):
+            raise CHECK.fail("regions", r, "allowed: region names like us-central1")
+    try:
+        ranked = offers.resolve(
+            offers.parse_request(cfg.strings("gpus") or raw),
+            spot=spot,
+            zones=zones,
+            regions=regions,
+        )
+    except GpuRequestError as e:
+        raise SpecError(str(e)) from None
+    if backend == "vertex":  # Vertex AI runs what its own machine list allows, per region
+        ranked = [c for c in ranked if _vertex_ok(c, spot)] or _no_vertex(raw, ranked)
+    pinned = _pinned(cfg, ranked)
+    chosen = pinned[0]
+    mt = catalog.MACHINE_TYPES[chosen.machine_type]
+    return Placement(
+        machine_type=mt,
+        accelerator=chosen.shape.accelerator,
+        gpus_per_node=chosen.gpus_per_node,
+        attach=chosen.shape.attached,
+        nodes=chosen.nodes,
+        zones=tuple(c.zone for c in ranked if _same_shape(c, chosen) and c.region == chosen.region),
+        zone=chosen.zone,
+        request=raw,
+        candidates=tuple(ranked),
+    )
+
+
+def _pinned(cfg: ConfigReader, ranked: list[Candidate]) -> list[Candidate]:
+    """The candidates left once `candidate` and `zone` (written by `up`'s failover) apply."""
+    out = ranked
+    label = cfg.text("candidate")
+    if label:
+        out = [c for c in out if candidate_label(c) == label]
+        if not _CANDIDATE_RE.match(label) or not out:
+            allowed = ", ".join(dict.fromkeys(candidate_label(c) for c in ranked))
+            raise CHECK.fail("candidate", label, f"allowed: empty or one of {allowed}")
+    zone = cfg.text("zone")
+    if zone:
+        in_zone = [c for c in out if c.zone == zone]
+        if not in_zone:
+            allowed = ", ".join(dict.fromkeys(c.zone for c in out))
+            raise CHECK.fail("zone", zone, f"allowed: empty or a candidate's zone ({allowed})")
+        out = in_zone
+    return out
+
+
+def _same_shape(a: Candidate, b: Candidate) -> bool:
+    return (a.machine_type, a.nodes, a.shape) == (b.machine_type, b.nodes, b.shape)
+
+
+def _vertex_ok(c: Candidate, spot: bool) -> bool:
+    gpu = c.shape.accelerator if c.shape.attached else None
+    return (
+        vertex.vertex_problem(c.machine_type, gpu, c.gpus_per_node if gpu else 0, spot=spot) is None
+    )
+
+
+def _no_vertex(raw: str, ranked: list[Candidate]) -> list[Candidate]:
+    types = ", ".join(dict.fromkeys(c.machine_type for c in ranked))
+    raise CHECK.fail(
+        "gpus", raw, f"Vertex AI runs none of its machine types ({types}); use backend gce"
+    )
