@@ -153,6 +153,36 @@ def test_spot_only_and_orderable_flags() -> None:
     assert [n for n, m in catalog.MACHINE_TYPES.items() if not m.orderable] == ["a3-edgegpu-8g"]
 
 
+#: Machine types the price data has no figure for (plan says "unknown", never 0).
+UNPRICED = {"a4-highgpu-8g"}
+
+
+@pytest.mark.parametrize("name", sorted(catalog.MACHINE_TYPES))
+def test_every_machine_type_has_a_dated_price_or_is_known_unpriced(name: str) -> None:
+    from infra.offers import price_table, vm_price, vm_zones
+
+    table = price_table()
+    assert table.source and table.as_of[:4].isdigit()
+    mt = catalog.MACHINE_TYPES[name]
+    shapes = (
+        [(g, c) for g, gpu in catalog.N1_GPUS.items() for c in gpu.counts]
+        if mt.series == "n1"
+        else [(mt.accelerator, mt.gpus)]
+    )
+    for accelerator, count in shapes:
+        assert accelerator is not None
+        zones = vm_zones(name, accelerator, table)
+        prices = [vm_price(name, z, accelerator, count, table) for z in sorted(zones)]
+        known = [p for p in prices if p is not None and p.on_demand is not None]
+        if name in UNPRICED:
+            assert not known, f"{name} has a price now: take it out of UNPRICED"
+            continue
+        assert known, f"no price for {name} with {count} x {accelerator}"
+        for p in known:
+            assert p.on_demand is not None and p.on_demand > 0
+            assert p.spot is None or 0 < p.spot < p.on_demand
+
+
 def test_prices_quoted_in_the_facts_sheet() -> None:
     """The per-zone price data (infra/prices.csv) agrees with the facts sheet's us-central1 figures."""
     from infra.offers import vm_price
