@@ -30,7 +30,7 @@ from scripts.targets.vertex_session import (
 from tests.fake_compute import FakeCompute
 from tests.fake_stack import FakeStackRunner, sample_outputs, sample_vertex_outputs
 from tests.fake_vertex import FakeVertex
-from tests.pulumi_mocks import ROOT
+from tests.pulumi_mocks import ROOT, deployable_config
 
 PROJECT = "gputrain-test"
 
@@ -207,3 +207,25 @@ def test_preflight_fails_when_no_zone_has_the_n1_gpu(tmp_path: Path) -> None:
         pytest.skip("the fake Compute API offers P4 in us-central1-a")
     assert row.status == "fail" and "nvidia-tesla-p4 is not offered in us-central1-a" in row.detail
     assert not report.ok
+
+
+@pytest.mark.parametrize("stack", ["dev", "vertex"])
+def test_the_money_prompt_names_the_backend_and_no_means_nothing_is_created(
+    stack: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infra.base.errors import UserError
+    from scripts.targets.stack_target import confirm
+
+    spec = parse_spec(deployable_config(stack), stack)
+    answers = iter(["n", "yes"])
+    monkeypatch.setattr("builtins.input", lambda _prompt: next(answers))
+    with pytest.raises(UserError, match="cancelled; nothing was created"):
+        confirm(spec, yes=False)
+    said = capsys.readouterr().out
+    if stack == "vertex":
+        assert "About to run Vertex AI jobs of 2 x g2-standard-24" in said
+        assert "per job before Vertex cuts it off" in said
+    else:
+        assert "About to create 1 x g2-standard-24" in said and "VMs delete themselves" in said
+    confirm(spec, yes=False)  # "yes" goes on
+    confirm(spec, yes=True)  # --yes asks nothing: the iterator would be exhausted

@@ -143,3 +143,20 @@ def require_terminal(spec: ClusterSpec) -> None:
         f"(at most {money(plan.worst_case)}) on stack {spec.stack}: pass --yes to proceed; "
         "nothing was created"
     )
+
+
+def confirm(spec: ClusterSpec, *, yes: bool) -> None:
+    """Ask before spending money (require_terminal made sure someone can answer)."""
+    if yes:
+        return
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    shape = f"{spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x {spec.gpu_model} each)"
+    if spec.on_vertex:
+        what = f"run Vertex AI jobs of {shape}: {plan.cost} per job before Vertex cuts it off"
+    else:
+        what = f"create {shape}: {plan.cost} before the VMs delete themselves"
+    ui.say(f"About to {what}.")
+    if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise UserError("cancelled; nothing was created")

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from infra.base.errors import GputrainError, UserError
+from infra.base.errors import UserError
 from infra.stackfile import STACK_LABEL
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.targets.base import RunOptions
-from scripts.targets.stack_target import StackTarget
+from scripts.targets.stack_target import StackTarget, confirm
 from scripts.targets.vertex_clients import VertexClients
 from scripts.targets.vertex_session import (
     RUN_LABEL,
@@ -151,7 +151,7 @@ class VertexTarget(StackTarget[VertexClients]):
         """The stack's jobs cancelled (waited for), the bucket's results home and the own bucket
         emptied (or kept), destroy (retried), then a sweep that must find nothing."""
         from scripts.targets.gce.bucket import BUCKET_TYPE, settle_bucket
-        from scripts.targets.gce.teardown import destroy_stack
+        from scripts.targets.gce.teardown import destroy_stack, end_teardown
 
         assert spec.project is not None  # down and provisioned checked it
         project = spec.project
@@ -178,17 +178,7 @@ class VertexTarget(StackTarget[VertexClients]):
             keep_types=(BUCKET_TYPE,) if kept else (),
         )
         leftovers = self._leftovers(spec, kept=kept.name if kept else None)
-        problem = kept.problem if kept else None
-        if failure or leftovers or problem:
-            raise GputrainError(
-                f"teardown of stack {self.stack} is incomplete: "
-                + (f"destroy failed ({failure.reason}); " if failure else "")
-                + (f"{len(leftovers)} thing(s) still exist (listed above); " if leftovers else "")
-                + (f"bucket gs://{kept.name} kept: {problem}; " if kept and problem else "")
-                + f"run `gputrain down --stack {self.stack}` again or delete them in the console."
-            )
-        left = f", all but its bucket gs://{kept.name}" if kept else "; sweep found nothing left"
-        ui.say(f"down: stack {self.stack} destroyed{left}")
+        end_teardown(self.stack, failure, len(leftovers), kept)
 
     def _leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
         """Jobs of the stack not ended, and buckets carrying its label (but one kept on purpose),
@@ -209,18 +199,3 @@ class VertexTarget(StackTarget[VertexClients]):
         if rows:
             ui.table(f"LEFT BEHIND by stack {self.stack}", ["kind", "name", "where", "state"], rows)
         return rows
-
-
-def confirm(spec: ClusterSpec, *, yes: bool) -> None:
-    """Ask before spending money (require_terminal made sure someone can answer)."""
-    if yes:
-        return
-    from infra.plan import build_plan
-
-    plan = build_plan(spec)
-    ui.say(
-        f"About to run Vertex AI jobs of {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} "
-        f"x {spec.gpu_model} each): {plan.cost} per job before Vertex cuts it off."
-    )
-    if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
-        raise UserError("cancelled; nothing was created")

@@ -21,7 +21,7 @@ from scripts.guard import SignalGuard, signal_guard
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
 from scripts.targets.session import FleetSession
-from scripts.targets.stack_target import StackTarget
+from scripts.targets.stack_target import StackTarget, confirm
 
 if TYPE_CHECKING:
     from infra.base.records import Fleet
@@ -343,22 +343,6 @@ def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
     if not 0 <= n <= 100:
         raise UserError(f"--max-recoveries {n}: allowed 0..100")
     return n
-
-
-def confirm(spec: ClusterSpec, *, yes: bool) -> None:
-    """Ask before spending money (require_terminal made sure someone can answer)."""
-    if yes:
-        return
-    from infra.plan import build_plan
-
-    plan = build_plan(spec)
-    ui.say(
-        f"About to create {spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x "
-        f"{spec.gpu_model} each): {plan.cost} before the VMs delete themselves."
-    )
-    answer = input("Proceed? [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
-        raise UserError("cancelled; nothing was created")
 
 
 def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: float) -> float | None:

@@ -58,19 +58,24 @@ def teardown(
         except Exception as exc:
             ui.warn(f"could not clear {key}: {exc}")
     leftovers = show_leftovers(spec, clients, kept=kept.name if kept else None)
+    end_teardown(spec.stack, failure, len(leftovers), kept)
+
+
+def end_teardown(
+    stack: str, failure: GaveUp | None, leftovers: int, kept: KeptBucket | None
+) -> None:
+    """Say the stack is gone (all but a kept bucket), or raise naming everything that is not."""
     problem = kept.problem if kept else None
     if failure is not None or leftovers or problem:
         raise GputrainError(
-            f"teardown of stack {spec.stack} is incomplete: "
+            f"teardown of stack {stack} is incomplete: "
             + (f"destroy failed ({failure.reason}); " if failure else "")
-            + (f"{len(leftovers)} resource(s) still exist (listed above); " if leftovers else "")
+            + (f"{leftovers} resource(s) still exist (listed above); " if leftovers else "")
             + (f"bucket gs://{kept.name} kept: {problem}; " if kept and problem else "")
-            + f"run `gputrain down --stack {spec.stack}` again or delete them in the console."
+            + f"run `gputrain down --stack {stack}` again or delete them in the console."
         )
-    if kept:
-        ui.say(f"down: stack {spec.stack} destroyed, all but its bucket gs://{kept.name}")
-    else:
-        ui.say(f"down: stack {spec.stack} destroyed; sweep found nothing left")
+    left = f", all but its bucket gs://{kept.name}" if kept else "; sweep found nothing left"
+    ui.say(f"down: stack {stack} destroyed{left}")
 
 
 def destroy_stack(
