@@ -7,7 +7,8 @@ from pathlib import Path
 
 from infra import pricing, vertex
 from infra.fields import covered_addresses
-from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec, spec_warnings
+from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec
+from infra.spec_warnings import spec_warnings
 from infra.stackfile import load_stack_config
 
 HEADERS = (

@@ -43,7 +43,7 @@ COMPONENTS = (
 
 # (id, base stack file, overrides): the nine families the issue names.
 FAMILIES: list[tuple[str, str, dict[str, str]]] = [
-    ("a2-high", "dev", {"machineType": "a2-highgpu-8g", "nodes": "2", "spot": "false"}),
+    ("a2-high", "dev", {"machineType": "a2-highgpu-8g", "nodes": "2", "capacity": "on-demand"}),
     ("a2-ultra", "a100", {}),
     ("a3-high-8g", "h100", {}),
     ("a3-mega", "dev", {"machineType": "a3-megagpu-8g", "nodes": "3", "bootDiskType": "pd-ssd"}),
@@ -58,7 +58,7 @@ FAMILIES: list[tuple[str, str, dict[str, str]]] = [
             "machineType": "n1-standard-8",
             "gpuType": "nvidia-tesla-v100",
             "gpuCount": "1",
-            "spot": "false",
+            "capacity": "on-demand",
         },
     ),
 ]
@@ -317,7 +317,11 @@ def test_g2_keeps_dlvm_with_a_warning_and_the_accelerator_image_fallback_deploys
     """Issue 10 item 13: G2 + DLVM is what the defaults give (warned); the documented fallback
     (Ubuntu accelerator image) validates, resolves and boots the VMs from that image."""
     from infra.components.cluster import GpuCluster
-    from infra.spec import ACCELERATOR_IMAGE_FAMILY, ACCELERATOR_IMAGE_PROJECT, spec_warnings
+    from infra.spec_warnings import (
+        ACCELERATOR_IMAGE_FAMILY,
+        ACCELERATOR_IMAGE_PROJECT,
+        spec_warnings,
+    )
 
     default = _spec("dev")
     assert default.series == "g2" and default.image_project == "deeplearning-platform-release"
@@ -485,13 +489,15 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
     ),
     (
         "a3-2g-on-demand",
-        _base(machineType="a3-highgpu-2g", spot="false"),
-        "gputrain:spot = 'false': a3-highgpu-2g is offered only as Spot",
+        _base(machineType="a3-highgpu-2g", capacity="", spot="false"),
+        "gputrain:spot = 'false': a3-highgpu-2g is not offered as on-demand; allowed capacity: "
+        "spot, flex-start",
     ),
     (
         "a3-1g-on-demand",
-        _base(machineType="a3-highgpu-1g", spot="false"),
-        "gputrain:spot = 'false': a3-highgpu-1g is offered only as Spot",
+        _base(machineType="a3-highgpu-1g", capacity="", spot="false"),
+        "gputrain:spot = 'false': a3-highgpu-1g is not offered as on-demand; allowed capacity: "
+        "spot, flex-start",
     ),
     (
         "a3-edge",
@@ -602,6 +608,85 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
         "gputrain:sshPublicKey = 'ssh-ed25519 not!base64': the key data is not base64",
     ),
     ("spot-not-bool", _base(spot="yes"), "gputrain:spot = 'yes': allowed: true or false"),
+    # issue 16: capacity, reservation, gpuDirect, subnetRange
+    (
+        "capacity-unknown",
+        _base(capacity="ondemand"),
+        "gputrain:capacity = 'ondemand': allowed: on-demand, spot, flex-start, reservation; "
+        "did you mean on-demand?",
+    ),
+    (
+        "reservation-without-name",
+        _base(machineType="a4-highgpu-8g", capacity="reservation"),
+        "gputrain:reservation = '': capacity reservation needs the name of a specific reservation",
+    ),
+    (
+        "reservation-bad-name",
+        _base(capacity="reservation", reservation="My_Reservation"),
+        "gputrain:reservation = 'My_Reservation': allowed: a reservation name",
+    ),
+    (
+        "reservation-without-capacity",
+        _base(reservation="team-res"),
+        "gputrain:reservation = 'team-res': only used with capacity reservation (capacity is spot)",
+    ),
+    (
+        "flex-start-over-7-days",
+        _base(machineType="a3-megagpu-8g", capacity="flex-start", maxRunDuration="8d"),
+        "gputrain:maxRunDuration = '8d': Flex-start VMs run at most 7 days; allowed: up to 7d",
+    ),
+    (
+        "a4-on-demand",
+        _base(machineType="a4-highgpu-8g", capacity="on-demand"),
+        "gputrain:capacity = 'on-demand': a4-highgpu-8g is not offered as on-demand; allowed "
+        "capacity: spot, flex-start, reservation",
+    ),
+    (
+        "n1-flex-start",
+        _base(
+            machineType="n1-standard-8",
+            gpuType="nvidia-tesla-t4",
+            gpuCount="1",
+            capacity="flex-start",
+        ),
+        "gputrain:capacity = 'flex-start': n1-standard-8 is not offered as flex-start",
+    ),
+    (
+        "spot-contradicts-capacity",
+        _base(capacity="on-demand", spot="true"),
+        "gputrain:spot = 'true': contradicts gputrain:capacity = 'on-demand'; remove spot",
+    ),
+    (
+        "compact-with-reservation",
+        _base(
+            machineType="a4-highgpu-8g",
+            nodes="2",
+            capacity="reservation",
+            reservation="a4-res",
+            placement="compact",
+        ),
+        "gputrain:placement = 'compact': capacity reservation places the VMs densely itself",
+    ),
+    (
+        "gpu-direct-choice",
+        _base(gpuDirect="on"),
+        "gputrain:gpuDirect = 'on': allowed: auto, off",
+    ),
+    (
+        "subnet-range-not-cidr",
+        _base(subnetRange="10.42.0.1/16"),
+        "gputrain:subnetRange = '10.42.0.1/16': allowed: an IPv4 CIDR like 10.42.0.0/16",
+    ),
+    (
+        "subnet-range-too-small-for-a4",
+        _base(machineType="a4-highgpu-8g", nodes="2", subnetRange="10.42.0.0/26"),
+        "gputrain:subnetRange = '10.42.0.0/26': too small for the 10 subnet(s)",
+    ),
+    (
+        "subnet-range-loopback",
+        _base(subnetRange="127.0.0.0/16"),
+        "gputrain:subnetRange = '127.0.0.0/16': overlaps 127.0.0.0/8",
+    ),
     (
         "public-ip-choice",
         _base(publicIp="workers"),

@@ -65,8 +65,8 @@ def test_multi_node_worst_case_scales_with_nodes_and_ttl() -> None:
 
 def test_plan_always_shows_the_ssh_exposure() -> None:
     unset = plan_stack(ROOT, "dev").footer_lines()
-    assert "SSH exposure: port 22 on the head node, from nowhere yet" in unset[1]
-    one = build_plan(parse_spec(deployable_config("dev"), "dev")).footer_lines()[1]
+    assert "SSH exposure: port 22 on the head node, from nowhere yet" in unset[2]
+    one = build_plan(parse_spec(deployable_config("dev"), "dev")).footer_lines()[2]
     assert one == (
         "SSH exposure: port 22 on the head node (public IP), from 203.0.113.7/32 (1 address); "
         "nodes reach each other by network tag"
@@ -77,7 +77,7 @@ def test_plan_always_shows_the_ssh_exposure() -> None:
         allowSshFromAnywhere="true",
         publicIp="all",
     )
-    line = build_plan(parse_spec(world, "dev")).footer_lines()[1]
+    line = build_plan(parse_spec(world, "dev")).footer_lines()[2]
     assert "port 22 on every node" in line
     assert "(4,294,967,296 addresses, the whole IPv4 internet)" in line
 

@@ -161,7 +161,7 @@ def test_max_recoveries_defaults_and_bounds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spot = parse_spec(deployable_config("dev"), "dev")
-    on_demand = parse_spec(deployable_config("dev", spot="false"), "dev")
+    on_demand = parse_spec(deployable_config("dev", capacity="on-demand"), "dev")
     assert recoveries_allowed(RunOptions(), spot) == 3
     assert recoveries_allowed(RunOptions(), on_demand) == 0
     assert recoveries_allowed(RunOptions(max_recoveries=5), on_demand) == 5
