@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, cast
 
-from infra import capacity, catalog, fields, pricing, vertex
+from infra import capacity as modes
+from infra import catalog, fields, pricing, vertex
 from infra.base.records import GpuExpectation
 from infra.fabric import FabricPlan
 from infra.fabric_fields import read_capacity, read_fabric
@@ -80,14 +81,14 @@ class ClusterSpec:
     backend: Literal["gce", "vertex"] = "gce"
     executor_image: str = vertex.DEFAULT_EXECUTOR_IMAGE  # backend vertex: the training container
     ignored: tuple[str, ...] = ()  # keys set in the stack that this backend does not read
-    capacity: capacity.Capacity = "spot"  # `spot` above is capacity == "spot"
+    capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
 
     @property
-    def instance_capacity(self) -> capacity.InstanceCapacity:
+    def instance_capacity(self) -> modes.InstanceCapacity:
         """What the capacity mode sets on every VM (scheduling, reservation affinity)."""
-        return capacity.instance_capacity(
+        return modes.instance_capacity(
             self.capacity,
             self.machine_type,
             max_run_duration_s=self.max_run_duration_s,
@@ -252,7 +253,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             "is supported); allowed: head (workers via the head) or all",
         )
     placement_raw = cfg.choice("placement", ("auto", "compact", "none"))
-    own_policy = capacity.instance_capacity(
+    own_policy = modes.instance_capacity(
         cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
     ).placement_policy
     if placement_raw == "compact" and not own_policy:
