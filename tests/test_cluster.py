@@ -103,7 +103,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
                 False,
             )
         else:
-            assert s["provisioningModel"] == "STANDARD" and s["preemptible"] is False
+            want_model = spec.instance_capacity.provisioning_model
+            assert s["provisioningModel"] == want_model and s["preemptible"] is False
         if spec.placement == "compact":
             assert s["automaticRestart"] is False
         # GPUs: A/G series bring them (no guest_accelerators at all); N1 attaches count > 0.
@@ -113,10 +114,12 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         else:
             [acc] = x["guestAccelerators"]
             assert acc["type"] == spec.accelerator and int(acc["count"]) == spec.gpus_per_node > 0
-        [nic] = x["networkInterfaces"]
+        nic, *extra = x["networkInterfaces"]
         assert nic.get("nicType") == ("GVNIC" if spec.series in ("a3", "a4") else None)
-        # publicIp: head -> only node 0 has an access config.
+        # publicIp: head -> only node 0 has an access config; GPU NICs never have one.
         assert bool(nic.get("accessConfigs")) == (i == 0), vm.name
+        assert spec.fabric is not None and len(extra) == len(spec.fabric.nics) - 1
+        assert not any(n.get("accessConfigs") for n in extra)
         md = x["metadata"]
         assert md["ssh-keys"] == f"{spec.ssh_user}:{TEST_PUBLIC_KEY}"
         assert md["enable-guest-attributes"] == "TRUE"
@@ -132,7 +135,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         assert x["tags"] == [f"gputrain-{spec.stack}"]
     # Firewall: internal by tag; SSH (22 only) only from the configured range, never the world.
     fws = {f.name: f.inputs for f in m.of_type(FIREWALL)}
-    assert set(fws) == {f"{spec.stack}-internal", f"{spec.stack}-ssh"}
+    fabric_fws = {f"{spec.stack}-{n.suffix}-internal" for n in spec.fabric.networks if n.firewall}
+    assert set(fws) == {f"{spec.stack}-internal", f"{spec.stack}-ssh", *fabric_fws}
     ssh = fws[f"{spec.stack}-ssh"]
     assert ssh["sourceRanges"] == [TEST_SOURCE_RANGE]
     assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
@@ -158,7 +162,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
     else:
         assert policies == [] and all("resourcePolicies" not in v.inputs for v in vms)
     # One GpuCluster of three child components; everything else is a real (custom) GCE resource.
-    assert sorted(r.typ for r in m.resources if not r.custom) == sorted(COMPONENTS)
+    fabric = ("gputrain:infra:GpuFabric",) if spec.fabric.enabled else ()
+    assert sorted(r.typ for r in m.resources if not r.custom) == sorted(COMPONENTS + fabric)
     # The private key is nowhere.
     assert not any(_contains_private_key(r.inputs) for r in m.resources)
     assert not _contains_private_key(outputs)
@@ -225,7 +230,7 @@ def stack_mocks(stack: str) -> Iterator[GcpMocks]:
         yield m
 
 
-@pytest.mark.parametrize("stack", ["dev", "a100", "h100", "t4"])
+@pytest.mark.parametrize("stack", ["dev", "a100", "h100", "t4", "a4", "a3mega"])
 @pulumi.runtime.test
 def test_whole_program_on_each_shipped_stack(stack_mocks: GcpMocks, stack: str) -> Any:
     cfg = deployable_config(stack)
@@ -237,13 +242,13 @@ def test_whole_program_on_each_shipped_stack(stack_mocks: GcpMocks, stack: str) 
     def check(out: dict[str, Any]) -> None:
         _check_family(stack_mocks, spec, out)
         assert out["project"] == TEST_PROJECT and out["sshUser"] == "gputrain"
-        assert out["zone"] == "us-central1-a" and out["region"] == "us-central1"
+        assert out["zone"] == spec.zones[0] and out["region"] == "us-central1"
         assert out["maxRunDuration"] == spec.max_run_duration
         assert out["image"].endswith("-v20260416")
         node0 = out["nodes"][0]
         assert node0 == {
             "name": f"{stack}-node-0",
-            "zone": "us-central1-a",
+            "zone": spec.zones[0],
             "internalIp": "10.42.0.2",
             "externalIp": "203.0.113.10",
             "role": "head",
