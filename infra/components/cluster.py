@@ -22,6 +22,8 @@ from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
+#: GPUDirect nodes install Google's NCCL plugin packages and images from Artifact Registry.
+FABRIC_ROLES = ("artifactregistry.reader",)
 
 
 def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
@@ -106,7 +108,8 @@ class GpuCluster(pulumi.ComponentResource):
                 GpuFabricArgs(spec.stack, spec.project, spec.region, tag, fabric),
                 child,
             )
-        self.identity = stack_identity(spec, f"gputrain nodes of stack {spec.stack}", child)
+        roles = NODE_ROLES + (FABRIC_ROLES if fabric is not None and fabric.enabled else ())
+        self.identity = stack_identity(spec, f"gputrain nodes of stack {spec.stack}", child, roles)
         labels = cluster_labels(spec, pulumi.get_project())
         self.bucket = stack_bucket(spec, self.identity, child)
         self.nodes = GpuNodes(
