@@ -51,7 +51,7 @@ def test_dev_plan_figures() -> None:
     plan = plan_stack(ROOT, "dev")
     row = dict(zip(HEADERS, plan.row, strict=True))
     assert row["GPUs per node"] == "2 x NVIDIA L4 (24 GB)"
-    assert row["spot"] == "yes" and row["TTL"] == "3h"
+    assert row["capacity"] == "spot" and row["TTL"] == "3h"
     # 2 x L4 spot 0.223 + 24 vCPU x 0.01475 (fitted to g2-standard-4/8) = 0.80/h; 3 h -> 2.40
     assert (row["$/h per node"], row["$/h total"], row["worst case $"]) == ("0.80", "0.80", "2.40")
     assert "2 x PREEMPTIBLE_NVIDIA_L4_GPUS" in plan.price_note
@@ -134,3 +134,27 @@ def test_cli_help_is_fast_and_plan_never_imports_pulumi() -> None:
     assert help_s < 0.5
     assert "HEAVY []" in proc.stderr
     assert "usage: gputrain" in proc.stdout and "g2-standard-24" in proc.stdout
+
+
+def test_fabric_stacks_plan_their_capacity_network_and_cost_per_mode() -> None:
+    a4 = plan_stack(ROOT, "a4")
+    row = dict(zip(HEADERS, a4.row, strict=True))
+    assert row["capacity"] == "reservation" and row["nodes"] == "2"
+    assert "derived: a reservation bills at on-demand" in a4.price_note
+    assert "Quota: none used; the reservation my-a4-reservation must have 2 free VMs" in a4.price_note
+    assert a4.capacity_note.startswith(
+        "Capacity: reservation my-a4-reservation (provisioningModel RESERVATION_BOUND"
+    )
+    assert "no placement policy (the capacity places the VMs densely itself)" in a4.capacity_note
+    assert "offered in: spot $32.61, flex-start <= $90.22, reservation $90.22." in a4.capacity_note
+    assert "3 VPCs and 10 subnets from 10.42.0.0/16" in a4.fabric_note
+    assert ">= 341.5 GB/s" in a4.fabric_note
+    mega = plan_stack(ROOT, "a3mega")
+    assert "GPUDirect-TCPXO" in mega.fabric_note and "9 VPCs and 9 subnets" in mega.fabric_note
+    assert "compact placement policy" in mega.capacity_note
+    footer = mega.footer_lines()
+    assert footer.index(mega.capacity_note) < footer.index(mega.fabric_note)
+    flex = build_plan(parse_spec(deployable_config("a3mega", capacity="flex-start"), "a3mega"))
+    assert "upper bound of Flex-start (derived" in flex.price_note
+    assert "PREEMPTIBLE_NVIDIA_H100_MEGA_GPUS" in flex.price_note
+    assert plan_stack(ROOT, "h100").fabric_note == ""  # one NIC: a warning says what it costs
