@@ -169,6 +169,7 @@ class GceTarget(StackTarget[GceClients]):
         connect_deadline_s: float | None,
     ) -> RecoveringSession:
         """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
+        from scripts.fabric_verify import FabricCheck
         from scripts.targets.gce.bucket import run_bucket
         from scripts.targets.gce.recovery import RecoveringSession, StackNodes
         from scripts.targets.gce.stack import parse_stack_outputs
@@ -195,6 +196,7 @@ class GceTarget(StackTarget[GceClients]):
             keep=keep,
             confirm_s=self.clients.preemption_confirm_s,
             connect_deadline_s=connect_deadline_s,
+            fabric=FabricCheck.of(spec.fabric),
         )
 
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:
