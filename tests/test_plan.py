@@ -141,7 +141,9 @@ def test_fabric_stacks_plan_their_capacity_network_and_cost_per_mode() -> None:
     row = dict(zip(HEADERS, a4.row, strict=True))
     assert row["capacity"] == "reservation" and row["nodes"] == "2"
     assert "derived: a reservation bills at on-demand" in a4.price_note
-    assert "Quota: none used; the reservation my-a4-reservation must have 2 free VMs" in a4.price_note
+    assert (
+        "Quota: none used; the reservation my-a4-reservation must have 2 free VMs" in a4.price_note
+    )
     assert a4.capacity_note.startswith(
         "Capacity: reservation my-a4-reservation (provisioningModel RESERVATION_BOUND"
     )

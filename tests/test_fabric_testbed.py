@@ -1,0 +1,122 @@
+"""`verify --fabric` on the sshd test bed: fake `ip` / `ibv_devices` / `sudo` outputs on real SSH
+hosts, the production probe and checks, and the 2-node all-reduce probe under torchrun with gloo
+(the bandwidth floor applies on GPUs only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.base.records import GpuExpectation
+from infra.fabric import plan_fabric
+from scripts.connect import close_all, connect
+from scripts.fabric_setup import MARK, NCCL_ENV_FILE
+from scripts.fabric_verify import FabricCheck, verify_fabric
+from scripts.settings import Settings
+from scripts.targets.session import FleetSession
+from scripts.verify import VerificationError
+from tests.fabric_samples import A4_GVNICS, A4_RDMA_NICS
+from tests.testbed import FabricFakes, TestBed, TestHost
+
+pytestmark = pytest.mark.testbed
+
+A4 = FabricCheck.of(plan_fabric("a4-highgpu-8g", 2, zone="us-central1-b"))
+assert A4 is not None
+MLX = tuple(f"mlx5_{i}" for i in range(8))
+# What the gIB setup reports on a node whose primary NIC is the test host's eth0 (so the NCCL
+# env's GLOO_SOCKET_IFNAME is an interface gloo can use); the shape parse_setup_report reads.
+SETUP_REPORT = "\n".join(
+    [
+        f"{MARK} nics primary=eth0 gvnic={A4_GVNICS[1]} rdma={','.join(A4_RDMA_NICS)}",
+        f"{MARK} version nccl-gib=1.1.0",
+        f"{MARK} env-begin",
+        "NCCL_NET=gIB",
+        "NCCL_IB_TC=52",
+        f"{MARK} env-end",
+        f"{MARK} ok",
+    ]
+)
+
+
+def a4_fakes(**changes: object) -> FabricFakes:
+    nics = tuple((n, 8896) for n in (*A4_GVNICS, *A4_RDMA_NICS))
+    base: dict[str, object] = {"nics": nics, "rdma_devices": MLX, "setup_report": SETUP_REPORT}
+    return FabricFakes(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_verify_fabric_passes_with_a_gloo_all_reduce_between_two_hosts(
+    tb: TestBed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hosts = [tb.add_host(fabric=a4_fakes()) for _ in range(2)]
+    fleet = tb.fleet(hosts)
+    ts = connect(fleet, deadline_s=10)
+    try:
+        verify_fabric(fleet, ts, A4, tmp_path / "probe", "fabric-ok")  # type: ignore[arg-type]
+    finally:
+        close_all(ts)
+    out = capsys.readouterr().out
+    assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
+    [health] = (tmp_path / "probe").rglob("health.json")
+    doc = json.loads(health.read_text())
+    [busbw] = [c for c in doc["checks"] if c["check"] == "allreduce_busbw"]
+    assert busbw["value"] > 0 and set(busbw["host"].split(",")) == {h.name for h in hosts}
+    assert doc["device_type"] == "cpu"  # gloo: the 341.5 GB/s floor is not applied
+
+
+def test_a_failing_node_is_named_with_its_checks_and_nothing_runs(
+    tb: TestBed, tmp_path: Path
+) -> None:
+    good = tb.add_host(fabric=a4_fakes())
+    nics = tuple((n, 1460 if n == "gpu3rdma0" else 8896) for n in (*A4_GVNICS, *A4_RDMA_NICS))
+    bad = tb.add_host(fabric=a4_fakes(nics=nics, rdma_devices=MLX[:7], down=("gpu5rdma0",)))
+    fleet = tb.fleet([good, bad])
+    ts = connect(fleet, deadline_s=10)
+    try:
+        with pytest.raises(VerificationError) as e:
+            verify_fabric(fleet, ts, A4, tmp_path / "probe", "fabric-bad")  # type: ignore[arg-type]
+    finally:
+        close_all(ts)
+    msg = str(e.value)
+    assert "GPU network verification failed on 1 of 2 node(s)" in msg
+    assert f"{good.name}:" not in msg
+    assert f"{bad.name}: nics: gpu5rdma0 down" in msg
+    assert "mtu: gpu3rdma0 1460; expected 8896" in msg
+    assert "rdma: ibv_devices lists 7 device(s)" in msg
+    assert not (tmp_path / "probe").exists()  # the all-reduce never started
+
+
+def test_missing_ibv_devices_is_a_finding_not_a_crash(tb: TestBed, tmp_path: Path) -> None:
+    hosts = [tb.add_host(fabric=a4_fakes(rdma_devices=())) for _ in range(2)]
+    fleet = tb.fleet(hosts)
+    ts = connect(fleet, deadline_s=10)
+    try:
+        with pytest.raises(VerificationError) as e:
+            verify_fabric(fleet, ts, A4, tmp_path / "probe", "fabric-noibv")  # type: ignore[arg-type]
+    finally:
+        close_all(ts)
+    assert "rdma: ibv_devices not found (ibverbs-utils missing" in str(e.value)
+
+
+def _node_root(tb: TestBed, host: TestHost) -> Path:
+    return host.dir / "home"
+
+
+def test_session_verify_sets_up_each_node_then_proves_the_network(
+    tb: TestBed, tmp_path: Path
+) -> None:
+    """FleetSession.verify(fabric=True), as up/run/train call it: GPUs, the setup on every node
+    (its script on stdin, the NCCL env file written in the node root), then verify --fabric."""
+    hosts = [tb.add_host(fabric=a4_fakes()) for _ in range(2)]
+    fleet = tb.fleet(hosts, expect=GpuExpectation(model="NVIDIA L4", count=1))
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    with FleetSession(fleet, settings, connect_deadline_s=10, fabric=A4) as session:
+        session.verify(fabric=True)
+    for h in hosts:
+        script = (h.dir / "gpu" / "setup_script").read_text()
+        assert "nccl-gib" in script  # the RDMA setup arrived on stdin
+        env = (_node_root(tb, h) / NCCL_ENV_FILE).read_text()
+        assert "export NCCL_NET=gIB" in env and "export NCCL_IB_TC=52" in env
+        assert "export GLOO_SOCKET_IFNAME=eth0" in env
+    assert list((tmp_path / "runs" / fleet.target).glob("verify-fabric-*/**/health.json"))
