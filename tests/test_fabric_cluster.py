@@ -173,3 +173,29 @@ def test_subnet_range_moves_every_subnet(mocks: GcpMocks) -> Any:
         _disjoint(mocks)
 
     return _declare(spec, check)
+
+
+@pytest.mark.parametrize(("capacity", "timeout"), [("flex-start", "2h"), ("spot", "20m")])
+@pulumi.runtime.test
+def test_flex_start_vms_may_wait_for_capacity_in_their_create_call(
+    mocks: GcpMocks, capacity: str, timeout: str
+) -> Any:
+    """pulumi-gcp has no requestValidForDuration: the VMs' create timeout bounds the queue."""
+    seen: dict[str, Any] = {}
+
+    def record(args: pulumi.ResourceTransformationArgs) -> None:
+        if args.type_ == "gcp:compute/instance:Instance":
+            seen[args.name] = args.opts.custom_timeouts
+
+    pulumi.runtime.register_stack_transformation(record)
+    spec = _spec(machineType="a3-megagpu-8g", nodes="2", bootDiskType="", capacity=capacity)
+
+    def check(_: Any) -> None:
+        assert set(seen) == {"dev-node-0", "dev-node-1"}
+        assert all(t.create == timeout and t.delete == "20m" for t in seen.values())
+        placement = [
+            r for r in mocks.resources if r.typ == "gcp:compute/resourcePolicy:ResourcePolicy"
+        ]
+        assert bool(placement) == (capacity == "spot")  # DWS places Flex-start VMs itself
+
+    return _declare(spec, check)

@@ -10,13 +10,14 @@ from typing import Literal
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.capacity import InstanceCapacity
+from infra.capacity import FLEX_START_CREATE_TIMEOUT, InstanceCapacity
 from infra.components import child_options
 from infra.components.fabric import FabricNic
 from infra.spec import ClusterSpec
 from infra.stackfile import DEFAULT_IMAGE_FAMILY, FALLBACK_IMAGE_FAMILY, SpecError
 
 NODE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)  # access is limited by roles
+CREATE_TIMEOUT = "20m"
 
 
 def resolve_image(spec: ClusterSpec) -> str:
@@ -98,7 +99,12 @@ class GpuNodes(pulumi.ComponentResource):
             self,
             opts,
             depends_on=list(args.after),
-            custom_timeouts=pulumi.CustomTimeouts(create="20m", delete="20m"),
+            custom_timeouts=pulumi.CustomTimeouts(
+                create=FLEX_START_CREATE_TIMEOUT
+                if args.capacity.provisioning_model == "FLEX_START"
+                else CREATE_TIMEOUT,
+                delete="20m",
+            ),
         )
         self.instances = [self._instance(i, n, vm_opts) for i, n in enumerate(args.names)]
         self.register_outputs({"instances": [vm.self_link for vm in self.instances]})

@@ -204,6 +204,14 @@ class GceTarget(StackTarget[GceClients]):
         from scripts.targets.gce.failover import provision_with_failover
         from scripts.targets.gce.teardown import pulumi_line
 
+        if spec.capacity == "flex-start":
+            from infra.capacity import FLEX_START_CREATE_TIMEOUT
+
+            ui.say(
+                f"up: Flex-start queues for capacity: each VM waits up to "
+                f"{FLEX_START_CREATE_TIMEOUT} for the Dynamic Workload Scheduler (Ctrl-C stops "
+                "the wait and destroys everything created so far)"
+            )
         zone, outputs = provision_with_failover(
             self.runner,
             zones,
