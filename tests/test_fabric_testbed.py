@@ -22,8 +22,9 @@ from tests.testbed import FabricFakes, TestBed, TestHost
 
 pytestmark = pytest.mark.testbed
 
-A4 = FabricCheck.of(plan_fabric("a4-highgpu-8g", 2, zone="us-central1-b"))
-assert A4 is not None
+_A4 = FabricCheck.of(plan_fabric("a4-highgpu-8g", 2, zone="us-central1-b"))
+assert _A4 is not None
+A4: FabricCheck = _A4
 MLX = tuple(f"mlx5_{i}" for i in range(8))
 # What the gIB setup reports on a node whose primary NIC is the test host's eth0 (so the NCCL
 # env's GLOO_SOCKET_IFNAME is an interface gloo can use); the shape parse_setup_report reads.
@@ -46,16 +47,24 @@ def a4_fakes(**changes: object) -> FabricFakes:
     return FabricFakes(**{**base, **changes})  # type: ignore[arg-type]
 
 
+def _verify(tb: TestBed, hosts: list[TestHost], probe_dir: Path) -> str:
+    """verify_fabric over real SSH to these hosts; the VerificationError's text, "" if none."""
+    fleet = tb.fleet(hosts)
+    ts = connect(fleet, deadline_s=10)
+    try:
+        verify_fabric(fleet, ts, A4, probe_dir, probe_dir.name)
+    except VerificationError as e:
+        return str(e)
+    finally:
+        close_all(ts)
+    return ""
+
+
 def test_verify_fabric_passes_with_a_gloo_all_reduce_between_two_hosts(
     tb: TestBed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     hosts = [tb.add_host(fabric=a4_fakes()) for _ in range(2)]
-    fleet = tb.fleet(hosts)
-    ts = connect(fleet, deadline_s=10)
-    try:
-        verify_fabric(fleet, ts, A4, tmp_path / "probe", "fabric-ok")  # type: ignore[arg-type]
-    finally:
-        close_all(ts)
+    assert _verify(tb, hosts, tmp_path / "probe") == ""
     out = capsys.readouterr().out
     assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
     healths = sorted((tmp_path / "probe").rglob("health.json"))  # one per node, the same checks
@@ -72,14 +81,7 @@ def test_a_failing_node_is_named_with_its_checks_and_nothing_runs(
     good = tb.add_host(fabric=a4_fakes())
     nics = tuple((n, 1460 if n == "gpu3rdma0" else 8896) for n in (*A4_GVNICS, *A4_RDMA_NICS))
     bad = tb.add_host(fabric=a4_fakes(nics=nics, rdma_devices=MLX[:7], down=("gpu5rdma0",)))
-    fleet = tb.fleet([good, bad])
-    ts = connect(fleet, deadline_s=10)
-    try:
-        with pytest.raises(VerificationError) as e:
-            verify_fabric(fleet, ts, A4, tmp_path / "probe", "fabric-bad")  # type: ignore[arg-type]
-    finally:
-        close_all(ts)
-    msg = str(e.value)
+    msg = _verify(tb, [good, bad], tmp_path / "probe")
     assert "GPU network verification failed on 1 of 2 node(s)" in msg
     assert f"{good.name}:" not in msg
     assert f"{bad.name}: nics: gpu5rdma0 down" in msg
@@ -90,18 +92,8 @@ def test_a_failing_node_is_named_with_its_checks_and_nothing_runs(
 
 def test_missing_ibv_devices_is_a_finding_not_a_crash(tb: TestBed, tmp_path: Path) -> None:
     hosts = [tb.add_host(fabric=a4_fakes(rdma_devices=())) for _ in range(2)]
-    fleet = tb.fleet(hosts)
-    ts = connect(fleet, deadline_s=10)
-    try:
-        with pytest.raises(VerificationError) as e:
-            verify_fabric(fleet, ts, A4, tmp_path / "probe", "fabric-noibv")  # type: ignore[arg-type]
-    finally:
-        close_all(ts)
-    assert "rdma: ibv_devices not found (ibverbs-utils missing" in str(e.value)
-
-
-def _node_root(tb: TestBed, host: TestHost) -> Path:
-    return host.dir / "home"
+    msg = _verify(tb, hosts, tmp_path / "probe")
+    assert "rdma: ibv_devices not found (ibverbs-utils missing" in msg
 
 
 def test_session_verify_sets_up_each_node_then_proves_the_network(
@@ -117,7 +109,7 @@ def test_session_verify_sets_up_each_node_then_proves_the_network(
     for h in hosts:
         script = (h.dir / "gpu" / "setup_script").read_text()
         assert "nccl-gib" in script  # the RDMA setup arrived on stdin
-        env = (_node_root(tb, h) / NCCL_ENV_FILE).read_text()
+        env = (h.dir / "home" / NCCL_ENV_FILE).read_text()  # the node root (home or override)
         assert "export NCCL_NET=gIB" in env and "export NCCL_IB_TC=52" in env
         assert "export GLOO_SOCKET_IFNAME=eth0" in env
     assert list((tmp_path / "runs" / fleet.target).glob("verify-fabric-*/**/health.json"))
