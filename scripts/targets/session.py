@@ -85,10 +85,10 @@ class FleetSession:
         from scripts.verify import verify_gpus
 
         verify_gpus(self.fleet, self.transports, deadline_s=self.settings.verify_deadline_s)
-        if not fabric:
+        if not fabric or len(self.fleet.nodes) < 2:
             return
-        if self.fabric is None or len(self.fleet.nodes) < 2:
-            ui.say(f"{self.name}: no GPU network to verify (one NIC per node)")
+        if self.fabric is None:
+            ui.say(f"{self.name}: no GPU network to set up or verify (one NIC per node)")
             return
         from scripts.fabric_verify import setup_fabric, verify_fabric
         from scripts.settings import new_run_id
