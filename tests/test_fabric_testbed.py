@@ -5,6 +5,7 @@ hosts, the production probe and checks, and the 2-node all-reduce probe under to
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from scripts.settings import Settings
 from scripts.targets.session import FleetSession
 from scripts.verify import VerificationError
 from tests.fabric_samples import A4_GVNICS, A4_RDMA_NICS
+from tests.stack_world import World, assert_torn_down
+from tests.test_lifecycle import FAST_TRAIN
 from tests.testbed import FabricFakes, TestBed, TestHost
 
 pytestmark = pytest.mark.testbed
@@ -113,3 +116,33 @@ def test_session_verify_sets_up_each_node_then_proves_the_network(
         assert "export NCCL_NET=gIB" in env and "export NCCL_IB_TC=52" in env
         assert "export GLOO_SOCKET_IFNAME=eth0" in env
     assert list((tmp_path / "runs" / fleet.target).glob("verify-fabric-*/**/health.json"))
+
+
+def test_run_on_an_a4_reservation_stack_proves_its_network_before_training(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gputrain run --stack` end to end: the reservation in the preflight, `up`, the GPUs, the
+    fabric setup on both VMs, verify --fabric with the gloo all-reduce, training with the NCCL
+    env file sourced, teardown."""
+    w = world(
+        settings={
+            "machineType": "a4-highgpu-8g",
+            "spot": None,
+            "capacity": "reservation",
+            "reservation": "e2e-res",
+        },
+        fabric=a4_fakes(),
+    )
+    w.compute.add_reservation("us-central1-b", "e2e-res", "a4-highgpu-8g", 2)
+    rc = w.run("run", "--stack", "e2e", "--yes", "--", *FAST_TRAIN)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "e2e-res: 2 of 2 × a4-highgpu-8g free, need 2" in out
+    assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
+    for host in w.node_hosts.values():
+        assert "export NCCL_NET=gIB" in (host.dir / "home" / NCCL_ENV_FILE).read_text()
+    target_dir = w.dir / "runs" / "stack-e2e"
+    run_dir = target_dir / (target_dir / "LAST_RUN").read_text().strip()
+    summary = json.loads(next(run_dir.rglob("summary.json")).read_text())
+    assert summary["world_size"] == 2 and summary["final_loss"] < summary["initial_loss"]
+    assert_torn_down(w)
