@@ -11,10 +11,12 @@ import pytest
 
 from infra.components.identity import NODE_ROLES
 from infra.compute import ComputeApi
+from infra.gcs import StorageApi
 from infra.iam import IamApi
 from infra.stackfile import load_stack_config, service_account_id
 from infra.sweep import SWEPT_TYPES, sweep
 from tests.fake_compute import FakeCompute
+from tests.gcs_emulator import GcsEmulator
 from tests.pulumi_mocks import ROOT, deployable_config, pulumi_mocks
 from tests.test_cluster import FAMILIES
 
@@ -56,7 +58,9 @@ def _declared(stack: str, overrides: dict[str, str]) -> list[Any]:
         return [r for r in mocks.resources if r.custom]
 
 
-def test_every_resource_type_the_program_declares_is_swept(fake: FakeCompute) -> None:
+def test_every_resource_type_the_program_declares_is_swept(
+    fake: FakeCompute, gcs: GcsEmulator
+) -> None:
     declared: set[str] = set()
     for _, stack, overrides in STACKS:
         declared |= _declared_types(stack, overrides)
@@ -76,7 +80,12 @@ def test_every_resource_type_the_program_declares_is_swept(fake: FakeCompute) ->
         fake.add_resource(kind, name, **where)
     email = fake.add_service_account(service_account_id(dev))
     fake.add_role_binding("roles/logging.logWriter", f"serviceAccount:{email}")
-    found = {x.kind for x in sweep(fake.project, dev, api=ComputeApi(fake.url))}
+    bucket = gcs.client().create_bucket(f"gputrain-{dev}-{fake.project}")
+    bucket.labels = {"gputrain-stack": dev}  # the emulator drops labels on insert
+    bucket.patch()
+    found = {
+        x.kind for x in sweep(fake.project, dev, api=ComputeApi(fake.url), storage=StorageApi())
+    }
     assert set(SWEPT_TYPES.values()) <= found
 
 
