@@ -211,7 +211,7 @@ def test_storage_client_probe_and_install_on_a_node(tmp_path: Path, case: str) -
         (tmp_path / "installed").touch()
     if case == "installed":
         (tmp_path / "pip-works").touch()
-    r = LocalTransport(node_root=tmp_path / "node").run(
+    r = LocalTransport("n", node_root=tmp_path / "node").run(
         build_storage_client_command(str(python)), 30
     )
     if case == "pip-fails":
