@@ -18,7 +18,7 @@ from scripts.fabric_verify import FabricCheck, verify_fabric
 from scripts.settings import Settings
 from scripts.targets.session import FleetSession
 from scripts.verify import VerificationError
-from tests.fabric_samples import A4_GVNICS, A4_RDMA_NICS
+from tests.fabric_samples import A4_GVNICS, A4_RDMA_NICS, MEGA_GPU_NICS, MEGA_PRIMARY
 from tests.stack_world import World, assert_torn_down
 from tests.test_lifecycle import FAST_TRAIN
 from tests.testbed import FabricFakes, TestBed, TestHost
@@ -50,12 +50,12 @@ def a4_fakes(**changes: object) -> FabricFakes:
     return FabricFakes(**{**base, **changes})  # type: ignore[arg-type]
 
 
-def _verify(tb: TestBed, hosts: list[TestHost], probe_dir: Path) -> str:
+def _verify(tb: TestBed, hosts: list[TestHost], probe_dir: Path, check: FabricCheck = A4) -> str:
     """verify_fabric over real SSH to these hosts; the VerificationError's text, "" if none."""
     fleet = tb.fleet(hosts)
     ts = connect(fleet, deadline_s=10)
     try:
-        verify_fabric(fleet, ts, A4, probe_dir, probe_dir.name)
+        verify_fabric(fleet, ts, check, probe_dir, probe_dir.name)
     except VerificationError as e:
         return str(e)
     finally:
@@ -97,6 +97,18 @@ def test_missing_ibv_devices_is_a_finding_not_a_crash(tb: TestBed, tmp_path: Pat
     hosts = [tb.add_host(fabric=a4_fakes(rdma_devices=())) for _ in range(2)]
     msg = _verify(tb, hosts, tmp_path / "probe")
     assert "rdma: ibv_devices not found (ibverbs-utils missing" in msg
+
+
+def test_tcpxo_nodes_need_nine_nics_at_8244_and_a_ready_daemon(tb: TestBed, tmp_path: Path) -> None:
+    mega = FabricCheck.of(plan_fabric("a3-megagpu-8g", 2, zone="us-central1-a"))
+    assert mega is not None
+    nics = tuple((n, 8244) for n in (MEGA_PRIMARY, *MEGA_GPU_NICS))
+    ready = "I1123 tcpgpudmarxd ... Buffer manager initialization complete\n"
+    up = tb.add_host(fabric=FabricFakes(nics=nics, rxdm_log=ready))
+    starting = tb.add_host(fabric=FabricFakes(nics=nics, rxdm_log="I1123 Creating buffers\n"))
+    msg = _verify(tb, [up, starting], tmp_path / "probe", mega)
+    assert f"{up.name}:" not in msg
+    assert f"{starting.name}: rxdm: receive-datapath-manager is not ready (I1123 Creating" in msg
 
 
 def test_session_verify_sets_up_each_node_then_proves_the_network(

@@ -63,6 +63,7 @@ class FabricFakes:
     rdma_devices: tuple[str, ...] = ()
     down: tuple[str, ...] = ()
     setup_report: str = ""  # what `sudo -n bash -s` (the fabric setup) prints; "" = exit 1
+    rxdm_log: str = ""  # what `sudo -n docker logs ...` prints (TCPXO's daemon); "" = exit 1
 
 
 # `ip -j -d link show`: the JSON iproute2 prints (physical NICs carry parentbus/parentdev).
@@ -88,7 +89,9 @@ i=0
 for d in $(cat __DIR__/ibv); do printf '    %-16s\t0c42a1030065%04x\n' "$d" $i; i=$((i+1)); done
 """
 FAKE_SUDO = """#!/bin/sh
-# Fake sudo: the fabric setup (`sudo -n bash -s`, script on stdin) prints the recorded report.
+# Fake sudo: the fabric setup (`sudo -n bash -s`, script on stdin) prints the recorded report;
+# `sudo -n docker logs ...` prints the recorded daemon log.
+if [ "$1 $2" = "-n docker" ] && [ -s __DIR__/rxdm_log ]; then cat __DIR__/rxdm_log; exit 0; fi
 [ "$*" = "-n bash -s" ] && [ -s __DIR__/setup_report ] || exit 1
 cat > __DIR__/setup_script && cat __DIR__/setup_report
 """
@@ -433,6 +436,7 @@ class TestBed:
         )
         (gpu_dir / "ibv").write_text(" ".join(fakes.rdma_devices))
         (gpu_dir / "setup_report").write_text(fakes.setup_report)
+        (gpu_dir / "rxdm_log").write_text(fakes.rxdm_log)
         real_ip = shutil.which("ip") or "/usr/sbin/ip"
         for tool, body in (
             ("ip", FAKE_IP.replace("__REAL_IP__", real_ip)),
