@@ -28,6 +28,9 @@ CAPACITIES: tuple[Capacity, ...] = ("on-demand", "spot", "flex-start", "reservat
 DEFAULT_CAPACITY: Capacity = "spot"
 
 FLEX_START_MAX_RUN_S = 7 * 24 * 3600  # "requests over 7 days are rejected"
+#: Flex-start VMs wait in the create call until the Dynamic Workload Scheduler has capacity;
+#: pulumi-gcp has no `requestValidForDuration`, so the VMs' create timeout is the bound (ours).
+FLEX_START_CREATE_TIMEOUT = "2h"
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
 
 #: Sold only through future reservations (reservation-bound), Flex-start or Spot; their

@@ -43,7 +43,7 @@ class StorageApi:
     def client(self) -> Any:
         if self._client is None:
             try:
-                from google.cloud import storage
+                import google.cloud.storage as storage
 
                 self._client = storage.Client(project=self.project)
             except Exception as e:  # DefaultCredentialsError and friends

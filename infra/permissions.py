@@ -168,7 +168,7 @@ def resource_types(
 def spec_resource_types(spec: ClusterSpec) -> list[str]:
     """`resource_types` of a validated spec."""
     return resource_types(
-        own_network=spec.network is None,
+        own_network=spec.network is None or (spec.fabric is not None and spec.fabric.enabled),
         placement=spec.placement == "compact",
         own_bucket=spec.existing_bucket is None,
         vertex=spec.on_vertex,

@@ -78,8 +78,6 @@ def _by_machine_type(cfg: ConfigReader, name: str, spot: bool) -> Placement:
         raise CHECK.fail(
             "machineType", name, "A3 Edge is a serving product, not orderable for training"
         )
-    if offers.mode_name(spot) not in offers.capacity_modes(mt):
-        raise CHECK.fail("spot", "false", f"{mt.name} is offered only as Spot (set spot true)")
     accelerator, gpus, attach = fields.gpus(cfg, mt)
     nodes = cfg.integer("nodes", 1, offers.MAX_NODES) if cfg.text("nodes") not in UNSET else 1
     return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)

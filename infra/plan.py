@@ -6,12 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import vertex
+from infra import capacity, catalog, vertex
+from infra.fabric import FABRICS
 from infra.fields import covered_addresses
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
 from infra.offers import Candidate
 from infra.prices import price_table
-from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec, spec_warnings
+from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec
+from infra.spec_warnings import spec_warnings
 from infra.stackfile import load_stack_config
 
 HEADERS = (
@@ -19,7 +21,7 @@ HEADERS = (
     "machine type",
     "GPUs per node",
     "zone",
-    "spot",
+    "capacity",
     "TTL",
     "$/h per node",
     "$/h total",
@@ -38,6 +40,8 @@ class Plan:
     worst_case: float | None  # price x nodes x TTL: what the TTL caps the bill at
     price_note: str
     bucket_note: str
+    capacity_note: str
+    fabric_note: str
     warnings: tuple[str, ...]
     missing: tuple[MissingSetting, ...]
     candidates: CandidateTable | None = None  # gpus stacks: the ranked candidates
@@ -61,6 +65,7 @@ class Plan:
         if not self.spec.on_vertex:
             lines.append(ssh_exposure(self.spec))
         lines.append(self.bucket_note)
+        lines += [n for n in (self.capacity_note, self.fabric_note) if n]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:
             lines.append(f"Before `pulumi up --stack {self.spec.stack}`, set:")
@@ -94,25 +99,30 @@ def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = Non
         spec.machine_type,
         gpus,
         f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone,
-        "yes" if spec.spot else "no",
+        spec.capacity,
         spec.max_run_duration,
         money(per_node),
         money(total),
         money(worst),
     )
     gpus_total = spec.gpus_per_node * spec.nodes
-    quota = (
-        f"Vertex AI custom training quota needed in {spec.region}: {gpus_total} x "
-        f"{vertex.accelerator_enum(spec.accelerator)} GPUs"
-        + (" (Spot jobs: the preemptible quota)" if spec.spot else "")
-        if spec.on_vertex
-        else f"Quota needed in {spec.region}: {gpus_total} x {spec.gpu_quota_metric}, "
-        f"{spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}"
-    )
+    if spec.capacity == "reservation":
+        quota = (
+            f"Quota: none used; the reservation {spec.reservation} must have {spec.nodes} free VMs"
+        )
+    else:
+        quota = (
+            f"Vertex AI custom training quota needed in {spec.region}: {gpus_total} x "
+            f"{vertex.accelerator_enum(spec.accelerator)} GPUs"
+            + (" (Spot jobs: the preemptible quota)" if spec.spot else "")
+            if spec.on_vertex
+            else f"Quota needed in {spec.region}: {gpus_total} x {spec.gpu_quota_metric}, "
+            f"{spec.vcpus * spec.nodes} x {spec.cpu_quota_metric}"
+        )
     table = price_table()
     where = f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone
     note = (
-        f"Prices: USD, {'Spot' if spec.spot else 'on-demand'} in {where}, from {table.source}, "
+        f"Prices: USD, {PRICE_BASIS[spec.capacity]} in {where}, from {table.source}, "
         f"as of {table.as_of}"
         + (f" ({spec.price.note})" if spec.price and spec.price.note else "")
         + f"; disks and network extra. {quota}."
@@ -125,6 +135,8 @@ def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = Non
         hourly_total=total,
         worst_case=worst,
         price_note=note,
+        capacity_note=capacity_note(spec),
+        fabric_note=fabric_note(spec),
         warnings=tuple(spec_warnings(spec)),
         missing=tuple(missing_settings(spec)),
         candidates=candidate_table(spec.candidates, spec.max_run_duration_s, checks)
@@ -151,3 +163,58 @@ def bucket_note(spec: ClusterSpec) -> str:
 def plan_stack(root: Path, stack: str) -> Plan:
     """Read Pulumi.yaml + Pulumi.<stack>.yaml (no Pulumi CLI), validate, plan. Raises SpecError."""
     return build_plan(parse_spec(load_stack_config(root, stack), stack))
+
+
+#: Which price the table shows per capacity mode, and how it relates to the bill.
+PRICE_BASIS = {
+    "spot": "Spot",
+    "on-demand": "on-demand",
+    "flex-start": (
+        "on-demand shown as the upper bound of Flex-start (derived: Flex-start is discounted, by "
+        "an amount per machine type our catalog does not have)"
+    ),
+    "reservation": (
+        "on-demand shown as the reservation's rate (derived: a reservation bills at on-demand or "
+        "its commitment's rate for as long as it exists, used or not; the VMs add nothing)"
+    ),
+}
+
+
+def capacity_note(spec: ClusterSpec) -> str:
+    """How the VMs get their GPUs: the provisioning model, placement and what it bills."""
+    if spec.on_vertex:
+        return ""
+    mode, ic = capacity.MODES[spec.capacity], spec.instance_capacity
+    where = f" {spec.reservation}" if spec.reservation else ""
+    placement = (
+        "compact placement policy"
+        if spec.placement == "compact"
+        else "no placement policy"
+        if ic.placement_policy
+        else "no placement policy (the capacity places the VMs densely itself)"
+    )
+    mt = catalog.MACHINE_TYPES[spec.machine_type]
+    per_mode = ", ".join(
+        f"{m} {'<= ' if m == 'flex-start' else ''}"
+        + money(spec.price.hourly(m == "spot") if spec.price else None)
+        for m in capacity.offered(mt)
+    )
+    return (
+        f"Capacity: {spec.capacity}{where} (provisioningModel {ic.provisioning_model}, "
+        f"{mode.quota}); {placement}; {mode.billing}. $/h per node by the capacity "
+        f"{spec.machine_type} is offered in: {per_mode}."
+    )
+
+
+def fabric_note(spec: ClusterSpec) -> str:
+    """What gputrain declares and sets up for multi-node bandwidth (warnings say what is missing)."""
+    fabric = spec.fabric
+    if spec.on_vertex or fabric is None or not fabric.enabled:
+        return ""
+    published = FABRICS[spec.machine_type]
+    return (
+        f"GPU network: {fabric.note}. The stack creates {fabric.networks_needed} VPCs and "
+        f"{fabric.subnetworks_needed} subnets from {fabric.subnet_range} (NETWORKS/SUBNETWORKS "
+        f"quota); `verify --fabric` requires >= {published.busbw_floor_gbs:g} GB/s bus bandwidth "
+        f"(half of the published {published.published_busbw_gbs:g}: {published.published_source})."
+    )

@@ -29,7 +29,7 @@ class PreflightRequest:
     accelerator: str  # e.g. "nvidia-l4"
     gpus_per_node: int
     nodes: int
-    spot: bool
+    spot: bool  # draws on the preemptible quotas (Spot and Flex-start)
     vcpus_per_node: int
     gpu_quota_metric: str  # already PREEMPTIBLE_-prefixed for spot (catalog.quota_metric)
     cpu_quota_metric: str  # likewise (catalog.cpu_quota_metric)
@@ -38,6 +38,10 @@ class PreflightRequest:
     boot_disk_gb: int
     is_n1: bool  # N1 attaches its GPUs (acceleratorTypes check); A/G series bring them
     max_run_duration_s: int | None = None  # the VMs' TTL (always with DELETE)
+    reservation: str | None = None  # capacity reservation: no GPU quota, the reservation instead
+    networks: int = 0  # VPCs / subnets a GPU fabric stack creates (NETWORKS / SUBNETWORKS quota)
+    subnetworks: int = 0
+    roce: bool = False  # the fabric needs the zone's <zone>-vpc-roce network profile
 
     @property
     def region(self) -> str:

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal, cast
 
+from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
 from infra.base.records import GpuExpectation
+from infra.fabric import FabricPlan
+from infra.fabric_fields import read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
 from infra.offers import Candidate
 from infra.placement import place
@@ -83,6 +86,24 @@ class ClusterSpec:
     ignored: tuple[str, ...] = ()  # keys set in the stack that this backend does not read
     gpus_request: str = ""  # `gpus` as written; "" when the stack names its machineType
     candidates: tuple[Candidate, ...] = ()  # gpus: every candidate, best first (plan, failover)
+    capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
+    reservation: str | None = None  # capacity reservation: the specific reservation's name
+    fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
+
+    @property
+    def instance_capacity(self) -> modes.InstanceCapacity:
+        """What the capacity mode sets on every VM (scheduling, reservation affinity)."""
+        return modes.instance_capacity(
+            self.capacity,
+            self.machine_type,
+            max_run_duration_s=self.max_run_duration_s,
+            reservation=self.reservation,
+        )
+
+    @property
+    def preemptible_quota(self) -> bool:
+        """Spot and Flex-start draw on the PREEMPTIBLE_ quotas."""
+        return bool(self.instance_capacity.preemptible_quota)
 
     @property
     def bucket_name(self) -> str | None:
@@ -125,11 +146,11 @@ class ClusterSpec:
 
     @property
     def gpu_quota_metric(self) -> str:
-        return catalog.quota_metric(self.accelerator, self.spot)
+        return catalog.quota_metric(self.accelerator, self.preemptible_quota)
 
     @property
     def cpu_quota_metric(self) -> str:
-        return catalog.cpu_quota_metric(self.series, self.spot)
+        return catalog.cpu_quota_metric(self.series, self.preemptible_quota)
 
     def gpu_expectation(self) -> GpuExpectation:
         """What nvidia-smi must show on every node: model, count, the catalog's memory floor."""
@@ -167,8 +188,10 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         CHECK.matches(
             GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
         )
-    spot = cfg.boolean("spot")
-    where = place(cfg, spot=spot, backend=backend)
+    # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
+    # validates it against the machine below
+    mode = modes.resolved_capacity(cfg.text("capacity"), cfg.text("spot"))
+    where = place(cfg, spot=mode == "spot", backend=backend)
     mt, accelerator, gpus, attach, nodes = where.shape
 
     ttl_raw = cfg.text("maxRunDuration")
@@ -180,6 +203,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         ) from None
     if not MIN_RUN_S <= ttl <= MAX_RUN_S:
         raise CHECK.fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
+    cap = read_capacity(cfg, mt, ttl, ttl_raw, backend)
+    spot = cap.capacity == "spot"
     if backend == "vertex":
         gpu = accelerator if attach else None
         problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
@@ -230,6 +255,16 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             "is supported); allowed: head (workers via the head) or all",
         )
     placement_raw = cfg.choice("placement", ("auto", "compact", "none"))
+    own_policy = modes.instance_capacity(
+        cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
+    ).placement_policy
+    if placement_raw == "compact" and not own_policy:
+        raise CHECK.fail(
+            "placement",
+            "compact",
+            f"capacity {cap.capacity} places the VMs densely itself (no placement policy is "
+            "allowed); use auto or none",
+        )
     if placement_raw == "compact" and not mt.compact_placement:
         raise CHECK.fail(
             "placement",
@@ -243,7 +278,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     placement: Literal["compact", "none"] = (
         "compact"
         if placement_raw == "compact"
-        or (placement_raw == "auto" and nodes > 1 and mt.compact_placement)
+        or (placement_raw == "auto" and nodes > 1 and mt.compact_placement and own_policy)
         else "none"
     )
     network = cfg.text("network") or None
@@ -296,6 +331,11 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         ignored=ignored,
         gpus_request=where.request,
         candidates=where.candidates,
+        capacity=cap.capacity,
+        reservation=cap.reservation,
+        fabric=read_fabric(
+            cfg, mt, nodes, zone=where.zone, project=project, existing_network=network
+        ),
     )
 
 
@@ -349,49 +389,3 @@ def require_deployable(spec: ClusterSpec) -> None:
     if missing:
         m = missing[0]
         raise SpecError(f"{m.key} is not set ({m.why}); run: {m.command}")
-
-
-# The docs-supported alternative for G2 (driver preinstalled; Cluster Toolkit uses it on A3/A4).
-ACCELERATOR_IMAGE_PROJECT = "ubuntu-os-accelerator-images"
-ACCELERATOR_IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-580"
-
-
-def spec_warnings(spec: ClusterSpec) -> list[str]:
-    """Things that are allowed but worth knowing before money is spent."""
-    ignored = ", ".join(spec.ignored)
-    out = [f"ignored with backend {spec.backend}: {ignored}"] if ignored else []
-    mt = catalog.MACHINE_TYPES[spec.machine_type]
-    if spec.on_vertex:
-        out += vertex.vertex_warnings(spec.machine_type, spec.accelerator, spec.region)
-    else:
-        out += _gce_warnings(spec, mt)
-    if spec.price is None or spec.price.note:
-        why = spec.price.note if spec.price else f"none in {spec.zone}: shown as unknown"
-        out.append(f"the price of {mt.name} is not the source's own figure: {why}")
-    return out
-
-
-def _gce_warnings(spec: ClusterSpec, mt: catalog.MachineType) -> list[str]:
-    out: list[str] = []
-    if spec.series == "g2" and spec.image_project == DEFAULT_IMAGE_PROJECT:
-        out.append(
-            "G2 on a Deep Learning VM image: Google's docs call it unsupported, public scripts "
-            "run it; verify proves the GPU before training. If boot or verify fails, set "
-            f"imageProject {ACCELERATOR_IMAGE_PROJECT} and imageFamily {ACCELERATOR_IMAGE_FAMILY} "
-            "(driver only: gputrain pip-installs PyTorch on each VM before verify)"
-        )
-    known = offers.vm_zones(spec.machine_type, spec.accelerator)
-    unknown = [z for z in spec.zones if z not in known]
-    if unknown and not spec.gpus_request:  # gpus: zones are a filter, candidates lie within
-        near = sorted(z for z in known if catalog.region_of(z) == spec.region)
-        out.append(
-            f"{', '.join(unknown)} not among the zones known to offer {spec.accelerator} on "
-            f"{spec.machine_type} ({', '.join(near) or 'none in ' + spec.region}, price data "
-            f"{price_table().as_of}); the preflight checks"
-        )
-    if mt.nics != "1" and spec.nodes > 1:
-        out.append(
-            f"{mt.name} reaches full inter-node bandwidth with {mt.nics}; gputrain attaches one "
-            "gVNIC, so multi-node traffic runs over TCP on that NIC"
-        )
-    return out

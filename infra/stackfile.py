@@ -42,7 +42,9 @@ DEFAULTS: dict[str, str] = {
     "gpuType": "",
     "gpuCount": "0",
     "nodes": "0",
-    "spot": "true",
+    "spot": "",
+    "capacity": "",
+    "reservation": "",
     "maxRunDuration": "6h",
     "imageFamily": DEFAULT_IMAGE_FAMILY,
     "imageProject": DEFAULT_IMAGE_PROJECT,
@@ -61,6 +63,8 @@ DEFAULTS: dict[str, str] = {
     "bucketRetentionDays": "30",
     "backend": "gce",
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
+    "gpuDirect": "auto",
+    "subnetRange": "10.42.0.0/16",
 }
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
@@ -79,6 +83,8 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "imageProject",
         "bootDiskGb",
         "bootDiskType",
+        "gpuDirect",
+        "subnetRange",
     ),
     "vertex": ("executorImage",),
 }

@@ -66,6 +66,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         keep_bucket=getattr(args, "keep_bucket", False),
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
+        fabric=getattr(args, "fabric", False),
     )
 
 
@@ -271,6 +272,14 @@ def _parser() -> argparse.ArgumentParser:
                 type=int,
                 metavar="N",
                 help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
+            )
+        if name == "verify":
+            c.add_argument(
+                "--fabric",
+                action="store_true",
+                help="(--stack) also set up and prove the GPU network of a multi-node A3 Mega/"
+                "Ultra or A4 stack: NICs, MTU, RDMA devices or the TCPXO daemon, a 2-node "
+                "all-reduce (run/train/up do this by themselves)",
             )
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")

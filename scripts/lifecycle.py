@@ -25,7 +25,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:
-            session.verify()
+            session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network first
             job = Job(
                 run_id=new_run_id(),
                 entry=opts.entry or DEFAULT_ENTRY,
@@ -40,7 +40,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
 
 def verify(target: Target, opts: RunOptions) -> None:
     with target.attached(opts) as session:
-        session.verify()
+        session.verify(fabric=opts.fabric)
 
 
 def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:

@@ -60,6 +60,8 @@ MACHINE_TYPES: dict[str, tuple[int, float, str | None, int]] = {
         for g, cpus, mem in [(1, 26, 234), (2, 52, 468), (4, 104, 936), (8, 208, 1872)]
     },
     "a3-megagpu-8g": (208, 1872, "nvidia-h100-mega-80gb", 8),
+    "a3-ultragpu-8g": (224, 2952, "nvidia-h200-141gb", 8),
+    "a4-highgpu-8g": (224, 3968, "nvidia-b200", 8),
     **{f"n1-standard-{c}": (c, c * 3.75, None, 0) for c in (1, 2, 4, 8, 16, 32, 64, 96)},
 }
 
@@ -74,6 +76,8 @@ MAX_CARDS = {
     "nvidia-a100-80gb": 8,
     "nvidia-h100-80gb": 8,
     "nvidia-h100-mega-80gb": 8,
+    "nvidia-h200-141gb": 8,
+    "nvidia-b200": 8,
 }
 
 # accelerator -> zones that offer it (§9)
@@ -82,6 +86,8 @@ ZONES_BY_ACCELERATOR = {
     "nvidia-a100-80gb": "us-central1-a/c us-east4-c us-east5-a/b europe-west4-a",
     "nvidia-h100-80gb": "us-central1-a/b/c us-east4-a/b/c us-east5-a us-west1-a/b europe-west4-b/c",
     "nvidia-h100-mega-80gb": "us-central1-a/b/c us-east4-a/b/c europe-west4-b/c asia-southeast1-b/c",
+    "nvidia-h200-141gb": "us-central1-b us-east4-b us-east5-a us-south1-b europe-west4-a",
+    "nvidia-b200": "us-central1-b us-east1-b us-east4-b us-south1-b europe-west4-b",
     "nvidia-l4": "us-central1-a/b/c us-east1-b/c/d us-west1-a/b/c europe-west4-a/b/c asia-east1-a/b/c",
     "nvidia-tesla-t4": "us-central1-a/b/c/f us-east1-b/c/d us-west1-a/b europe-west4-a/b/c",
     "nvidia-tesla-v100": "us-central1-a/b/c/f us-east1-b/c us-west1-a/b europe-west4-a/b/c",
@@ -97,6 +103,8 @@ GPU_QUOTA_METRICS = {
     "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
     "nvidia-l4": "NVIDIA_L4_GPUS",
     "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
+    "nvidia-h200-141gb": "NVIDIA_H200_GPUS",
+    "nvidia-b200": "NVIDIA_B200_GPUS",
 }
 CPU_QUOTA_METRICS = ("CPUS", "N1_CPUS", "G2_CPUS", "A2_CPUS", "A3_CPUS")
 
@@ -192,6 +200,8 @@ class FakeCompute(FakeIamMixin):
             )
         }
         self.operations: dict[str, list[dict[str, Any]]] = {}  # zone -> operations, oldest first
+        self.reservations: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> body
+        self.network_profiles: dict[str, dict[str, Any]] = {}  # name -> body (global)
         self._injected: list[_Injected] = []
         self._init_iam()
         if seed:
@@ -247,6 +257,11 @@ class FakeCompute(FakeIamMixin):
                     self.set_region_quota(region, metric, 2400)
                     self.set_region_quota(region, f"PREEMPTIBLE_{metric}", 2400)
         self.set_project_quota("GPUS_ALL_REGIONS", 32)
+        self.set_project_quota("NETWORKS", 15)  # VPC docs: 15 networks per project by default
+        self.set_project_quota("SUBNETWORKS", 175)
+        for accel in ("nvidia-h200-141gb", "nvidia-b200"):  # RDMA GPUs' zones have the profile
+            for zone in expand_zones(ZONES_BY_ACCELERATOR.get(accel, "")):
+                self.add_network_profile(f"{zone}-vpc-roce", zone)
         self.set_project_quota("CPUS_ALL_REGIONS", 4800)
         for family, (name, size, state) in DLVM_FAMILIES.items():
             self.add_image(DLVM_PROJECT, family, name, size, deprecated=state)
@@ -324,6 +339,51 @@ class FakeCompute(FakeIamMixin):
                 "limit": float(limit),
                 "usage": float(usage),
             }
+
+    def add_reservation(
+        self,
+        zone: str,
+        name: str,
+        machine_type: str,
+        count: int,
+        *,
+        in_use: int = 0,
+        status: str = "READY",
+        specific_required: bool = True,
+    ) -> None:
+        """A specific (SKU) reservation as reservations.get returns it (int64 as strings)."""
+        with self._lock:
+            self.reservations[(zone, name)] = {
+                "kind": "compute#reservation",
+                "id": str(next(self._ids)),
+                "name": name,
+                "zone": f"{BASE}/projects/{self.project}/zones/{zone}",
+                "selfLink": f"{BASE}/projects/{self.project}/zones/{zone}/reservations/{name}",
+                "specificReservation": {
+                    "count": str(count),
+                    "inUseCount": str(in_use),
+                    "instanceProperties": {"machineType": machine_type},
+                },
+                "specificReservationRequired": specific_required,
+                "status": status,
+            }
+
+    def add_network_profile(self, name: str, zone: str) -> None:
+        """A network profile as networkProfiles.get returns it (RDMA over RoCE, zonal)."""
+        with self._lock:
+            self.network_profiles[name] = {
+                "kind": "compute#networkProfile",
+                "id": str(next(self._ids)),
+                "name": name,
+                "location": {"name": zone, "scope": "ZONE"},
+                "features": {"allowedNetworkInterfaceTypes": ["MRDMA"]},
+                "profileType": {"networkType": "RDMA", "rdmaSubtype": "ROCE"},
+                "selfLink": f"{BASE}/projects/{self.project}/global/networkProfiles/{name}",
+            }
+
+    def remove_network_profile(self, name: str) -> None:
+        with self._lock:
+            self.network_profiles.pop(name, None)
 
     def remove_project_quota(self, metric: str) -> None:
         with self._lock:
@@ -629,6 +689,16 @@ class FakeCompute(FakeIamMixin):
                 if inst is None:
                     raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
                 return inst.body
+            case ["zones", zone, "reservations", name]:
+                body = self.reservations.get((zone, name))
+                if body is None:
+                    raise _not_found(f"projects/{project}/zones/{zone}/reservations/{name}")
+                return body
+            case ["global", "networkProfiles", name]:
+                body = self.network_profiles.get(name)
+                if body is None:
+                    raise _not_found(f"projects/{project}/global/networkProfiles/{name}")
+                return body
             case ["zones", zone, "operations"]:
                 ops = _filtered(self.operations.get(zone, []), q.get("filter"))
                 return self._page("compute#operationList", ops, q, f"zones/{zone}/operations")

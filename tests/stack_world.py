@@ -25,7 +25,7 @@ from tests.fake_compute import FakeCompute, ssh_host_keys
 from tests.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
 from tests.fake_stack import FakeStackRunner
 from tests.gcs_emulator import GcsEmulator
-from tests.testbed import SUBNET, GpuConfig, TestBed, TestHost
+from tests.testbed import SUBNET, FabricFakes, GpuConfig, TestBed, TestHost
 
 ROOT = Path(__file__).resolve().parent.parent
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
@@ -119,16 +119,21 @@ class World:
         self.bed.kill_processes(self.node_hosts[node].name)
 
 
-def _stack_file(bed: TestBed, nodes: int) -> str:
+def _stack_file(bed: TestBed, nodes: int, settings: dict[str, str | None] | None = None) -> str:
+    """The e2e stack file; `settings` replace (or, with None, drop) its gputrain keys."""
     public = bed.identity_file.with_suffix(".pub").read_text().strip()
+    keys: dict[str, str | None] = {
+        "machineType": "g2-standard-8",
+        "spot": "true",
+        **(settings or {}),
+    }
     return (
         "config:\n"
         "  gcp:project: gputrain-test\n"
         f"  gputrain:zones: [{', '.join(ZONES)}]\n"
-        "  gputrain:machineType: g2-standard-8\n"
         f"  gputrain:nodes: {nodes}\n"
-        "  gputrain:spot: true\n"
-        "  gputrain:maxRunDuration: 1h\n"
+        + "".join(f"  gputrain:{k}: {v}\n" for k, v in keys.items() if v is not None)
+        + "  gputrain:maxRunDuration: 1h\n"
         f"  gputrain:sshUser: {bed.user}\n"
         f"  gputrain:sshPublicKey: {public}\n"
         "  gputrain:sshPrivateKey: {secure: v1:bm9uY2U=:ZW5jcnlwdGVkIGtleQ==}\n"  # as keygen left it
@@ -139,7 +144,8 @@ def _stack_file(bed: TestBed, nodes: int) -> str:
 def world_factory(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., World]]:
-    """Yields make(nodes=2, gpus=None, wrong_host_keys=False, bucket=False) -> World; cleans up."""
+    """Yields make(nodes=2, gpus=None, wrong_host_keys=False, bucket=False, settings=None,
+    fabric=None) -> World; cleans up."""
     made: list[Any] = []
     markers: list[Path] = []
     admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
@@ -151,9 +157,11 @@ def world_factory(
         gpus: GpuConfig | None = None,
         wrong_host_keys: bool = False,
         bucket: bool = False,
+        settings: dict[str, str | None] | None = None,
+        fabric: FabricFakes | None = None,
     ) -> World:
         (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes))
+        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes, settings))
         (tmp_path / "job.py").write_text(JOB)
         # Written by the job as the test hosts' login user: a world-writable dir outside tmp_path.
         marker = Path(tempfile.mkdtemp(prefix="gputrain-e2e-")) / "marker"
@@ -188,7 +196,8 @@ def world_factory(
         def node_factory(zone: str) -> list[dict[str, Any]]:
             """`pulumi up` in `zone`: the cluster's VMs are fresh sshd test hosts."""
             for _ in range(nodes):
-                hosts.append(tb.add_host(gpus=gpus or GpuConfig(model="NVIDIA L4", count=1)))
+                gpu = gpus or GpuConfig(model="NVIDIA L4", count=1)
+                hosts.append(tb.add_host(gpus=gpu, fabric=fabric))
             return [
                 vm(f"e2e-node-{i}", zone, h, "head" if i == 0 else "worker")
                 for i, h in enumerate(hosts[-nodes:])
@@ -200,7 +209,7 @@ def world_factory(
             gone = node_hosts.pop(old["name"])
             if gone.name in tb.hosts:
                 tb.remove_host(gone.name)
-            host = tb.add_host(gpus=gpus or GpuConfig(model="NVIDIA L4", count=1))
+            host = tb.add_host(gpus=gpus or GpuConfig(model="NVIDIA L4", count=1), fabric=fabric)
             hosts.append(host)
             return vm(old["name"], zone, host, old["role"])
 
@@ -215,7 +224,7 @@ def world_factory(
             bucket=BUCKET if bucket else None,
         )
         runner.config["gputrain:sshPrivateKey"] = tb.identity_file.read_text()
-        settings = Settings(
+        run_settings = Settings(
             root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=60, verify_deadline_s=30
         )
         gce = GceClients(
@@ -229,7 +238,9 @@ def world_factory(
             public_address=lambda: "10.213.0.1",  # the test bed's bridge: where SSH comes from
         )
         monkeypatch.chdir(tmp_path)
-        return World(tmp_path, compute, runner, settings, gce, tb, hosts, marker, gcs, node_hosts)
+        return World(
+            tmp_path, compute, runner, run_settings, gce, tb, hosts, marker, gcs, node_hosts
+        )
 
     yield make
     for server in made:

@@ -43,7 +43,7 @@ COMPONENTS = (
 
 # (id, base stack file, overrides): the nine families the issue names.
 FAMILIES: list[tuple[str, str, dict[str, str]]] = [
-    ("a2-high", "dev", {"machineType": "a2-highgpu-8g", "nodes": "2", "spot": "false"}),
+    ("a2-high", "dev", {"machineType": "a2-highgpu-8g", "nodes": "2", "capacity": "on-demand"}),
     ("a2-ultra", "a100", {}),
     ("a3-high-8g", "h100", {}),
     ("a3-mega", "dev", {"machineType": "a3-megagpu-8g", "nodes": "3", "bootDiskType": "pd-ssd"}),
@@ -58,7 +58,7 @@ FAMILIES: list[tuple[str, str, dict[str, str]]] = [
             "machineType": "n1-standard-8",
             "gpuType": "nvidia-tesla-v100",
             "gpuCount": "1",
-            "spot": "false",
+            "capacity": "on-demand",
         },
     ),
 ]
@@ -103,7 +103,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
                 False,
             )
         else:
-            assert s["provisioningModel"] == "STANDARD" and s["preemptible"] is False
+            want_model = spec.instance_capacity.provisioning_model
+            assert s["provisioningModel"] == want_model and s["preemptible"] is False
         if spec.placement == "compact":
             assert s["automaticRestart"] is False
         # GPUs: A/G series bring them (no guest_accelerators at all); N1 attaches count > 0.
@@ -113,10 +114,12 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         else:
             [acc] = x["guestAccelerators"]
             assert acc["type"] == spec.accelerator and int(acc["count"]) == spec.gpus_per_node > 0
-        [nic] = x["networkInterfaces"]
+        nic, *extra = x["networkInterfaces"]
         assert nic.get("nicType") == ("GVNIC" if spec.series in ("a3", "a4") else None)
-        # publicIp: head -> only node 0 has an access config.
+        # publicIp: head -> only node 0 has an access config; GPU NICs never have one.
         assert bool(nic.get("accessConfigs")) == (i == 0), vm.name
+        assert spec.fabric is not None and len(extra) == len(spec.fabric.nics) - 1
+        assert not any(n.get("accessConfigs") for n in extra)
         md = x["metadata"]
         assert md["ssh-keys"] == f"{spec.ssh_user}:{TEST_PUBLIC_KEY}"
         assert md["enable-guest-attributes"] == "TRUE"
@@ -132,7 +135,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
         assert x["tags"] == [f"gputrain-{spec.stack}"]
     # Firewall: internal by tag; SSH (22 only) only from the configured range, never the world.
     fws = {f.name: f.inputs for f in m.of_type(FIREWALL)}
-    assert set(fws) == {f"{spec.stack}-internal", f"{spec.stack}-ssh"}
+    fabric_fws = {f"{spec.stack}-{n.suffix}-internal" for n in spec.fabric.networks if n.firewall}
+    assert set(fws) == {f"{spec.stack}-internal", f"{spec.stack}-ssh", *fabric_fws}
     ssh = fws[f"{spec.stack}-ssh"]
     assert ssh["sourceRanges"] == [TEST_SOURCE_RANGE]
     assert ssh["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
@@ -143,7 +147,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
     # Service account: only log and metric writes.
     [sa] = m.of_type(ACCOUNT)
     roles = sorted(r.inputs["role"] for r in m.of_type(IAM_MEMBER))
-    assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
+    reader = ["roles/artifactregistry.reader"] if spec.fabric.enabled else []
+    assert roles == [*reader, "roles/logging.logWriter", "roles/monitoring.metricWriter"]
     assert all(
         r.inputs["member"].startswith(f"serviceAccount:{sa.inputs['accountId']}@")
         for r in m.of_type(IAM_MEMBER)
@@ -158,7 +163,8 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
     else:
         assert policies == [] and all("resourcePolicies" not in v.inputs for v in vms)
     # One GpuCluster of three child components; everything else is a real (custom) GCE resource.
-    assert sorted(r.typ for r in m.resources if not r.custom) == sorted(COMPONENTS)
+    fabric = ("gputrain:infra:GpuFabric",) if spec.fabric.enabled else ()
+    assert sorted(r.typ for r in m.resources if not r.custom) == sorted(COMPONENTS + fabric)
     # The private key is nowhere.
     assert not any(_contains_private_key(r.inputs) for r in m.resources)
     assert not _contains_private_key(outputs)
@@ -224,7 +230,7 @@ def stack_mocks(stack: str) -> Iterator[GcpMocks]:
         yield m
 
 
-@pytest.mark.parametrize("stack", ["dev", "a100", "h100", "t4"])
+@pytest.mark.parametrize("stack", ["dev", "a100", "h100", "t4", "a4", "a3mega"])
 @pulumi.runtime.test
 def test_whole_program_on_each_shipped_stack(stack_mocks: GcpMocks, stack: str) -> Any:
     cfg = deployable_config(stack)
@@ -236,13 +242,13 @@ def test_whole_program_on_each_shipped_stack(stack_mocks: GcpMocks, stack: str) 
     def check(out: dict[str, Any]) -> None:
         _check_family(stack_mocks, spec, out)
         assert out["project"] == TEST_PROJECT and out["sshUser"] == "gputrain"
-        assert out["zone"] == "us-central1-a" and out["region"] == "us-central1"
+        assert out["zone"] == spec.zones[0] and out["region"] == "us-central1"
         assert out["maxRunDuration"] == spec.max_run_duration
         assert out["image"].endswith("-v20260416")
         node0 = out["nodes"][0]
         assert node0 == {
             "name": f"{stack}-node-0",
-            "zone": "us-central1-a",
+            "zone": spec.zones[0],
             "internalIp": "10.42.0.2",
             "externalIp": "203.0.113.10",
             "role": "head",
@@ -316,7 +322,11 @@ def test_g2_keeps_dlvm_with_a_warning_and_the_accelerator_image_fallback_deploys
     """Issue 10 item 13: G2 + DLVM is what the defaults give (warned); the documented fallback
     (Ubuntu accelerator image) validates, resolves and boots the VMs from that image."""
     from infra.components.cluster import GpuCluster
-    from infra.spec import ACCELERATOR_IMAGE_FAMILY, ACCELERATOR_IMAGE_PROJECT, spec_warnings
+    from infra.spec_warnings import (
+        ACCELERATOR_IMAGE_FAMILY,
+        ACCELERATOR_IMAGE_PROJECT,
+        spec_warnings,
+    )
 
     default = _spec("dev")
     assert default.series == "g2" and default.image_project == "deeplearning-platform-release"
@@ -485,13 +495,15 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
     ),
     (
         "a3-2g-on-demand",
-        _base(machineType="a3-highgpu-2g", spot="false"),
-        "gputrain:spot = 'false': a3-highgpu-2g is offered only as Spot",
+        _base(machineType="a3-highgpu-2g", capacity="", spot="false"),
+        "gputrain:spot = 'false': a3-highgpu-2g is not offered as on-demand; allowed capacity: "
+        "spot, flex-start",
     ),
     (
         "a3-1g-on-demand",
-        _base(machineType="a3-highgpu-1g", spot="false"),
-        "gputrain:spot = 'false': a3-highgpu-1g is offered only as Spot",
+        _base(machineType="a3-highgpu-1g", capacity="", spot="false"),
+        "gputrain:spot = 'false': a3-highgpu-1g is not offered as on-demand; allowed capacity: "
+        "spot, flex-start",
     ),
     (
         "a3-edge",
@@ -606,6 +618,85 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
         "gputrain:sshPublicKey = 'ssh-ed25519 not!base64': the key data is not base64",
     ),
     ("spot-not-bool", _base(spot="yes"), "gputrain:spot = 'yes': allowed: true or false"),
+    # issue 16: capacity, reservation, gpuDirect, subnetRange
+    (
+        "capacity-unknown",
+        _base(capacity="ondemand"),
+        "gputrain:capacity = 'ondemand': allowed: on-demand, spot, flex-start, reservation; "
+        "did you mean on-demand?",
+    ),
+    (
+        "reservation-without-name",
+        _base(machineType="a4-highgpu-8g", capacity="reservation"),
+        "gputrain:reservation = '': capacity reservation needs the name of a specific reservation",
+    ),
+    (
+        "reservation-bad-name",
+        _base(capacity="reservation", reservation="My_Reservation"),
+        "gputrain:reservation = 'My_Reservation': allowed: a reservation name",
+    ),
+    (
+        "reservation-without-capacity",
+        _base(reservation="team-res"),
+        "gputrain:reservation = 'team-res': only used with capacity reservation (capacity is spot)",
+    ),
+    (
+        "flex-start-over-7-days",
+        _base(machineType="a3-megagpu-8g", capacity="flex-start", maxRunDuration="8d"),
+        "gputrain:maxRunDuration = '8d': Flex-start VMs run at most 7 days; allowed: up to 7d",
+    ),
+    (
+        "a4-on-demand",
+        _base(machineType="a4-highgpu-8g", capacity="on-demand"),
+        "gputrain:capacity = 'on-demand': a4-highgpu-8g is not offered as on-demand; allowed "
+        "capacity: spot, flex-start, reservation",
+    ),
+    (
+        "n1-flex-start",
+        _base(
+            machineType="n1-standard-8",
+            gpuType="nvidia-tesla-t4",
+            gpuCount="1",
+            capacity="flex-start",
+        ),
+        "gputrain:capacity = 'flex-start': n1-standard-8 is not offered as flex-start",
+    ),
+    (
+        "spot-contradicts-capacity",
+        _base(capacity="on-demand", spot="true"),
+        "gputrain:spot = 'true': contradicts gputrain:capacity = 'on-demand'; remove spot",
+    ),
+    (
+        "compact-with-reservation",
+        _base(
+            machineType="a4-highgpu-8g",
+            nodes="2",
+            capacity="reservation",
+            reservation="a4-res",
+            placement="compact",
+        ),
+        "gputrain:placement = 'compact': capacity reservation places the VMs densely itself",
+    ),
+    (
+        "gpu-direct-choice",
+        _base(gpuDirect="on"),
+        "gputrain:gpuDirect = 'on': allowed: auto, off",
+    ),
+    (
+        "subnet-range-not-cidr",
+        _base(subnetRange="10.42.0.1/16"),
+        "gputrain:subnetRange = '10.42.0.1/16': allowed: an IPv4 CIDR like 10.42.0.0/16",
+    ),
+    (
+        "subnet-range-too-small-for-a4",
+        _base(machineType="a4-highgpu-8g", nodes="2", subnetRange="10.42.0.0/26"),
+        "gputrain:subnetRange = '10.42.0.0/26': too small for the 10 subnet(s)",
+    ),
+    (
+        "subnet-range-loopback",
+        _base(subnetRange="127.0.0.0/16"),
+        "gputrain:subnetRange = '127.0.0.0/16': overlaps 127.0.0.0/8",
+    ),
     (
         "public-ip-choice",
         _base(publicIp="workers"),

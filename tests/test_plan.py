@@ -54,7 +54,7 @@ def test_dev_plan_figures() -> None:
     plan = plan_stack(ROOT, "dev")
     row = dict(zip(HEADERS, plan.row, strict=True))
     assert row["GPUs per node"] == "2 x NVIDIA L4 (24 GB)"
-    assert row["spot"] == "yes" and row["TTL"] == "3h"
+    assert row["capacity"] == "spot" and row["TTL"] == "3h"
     # prices.csv: g2-standard-24 in us-central1-a, Spot 0.79862/h; 3 h -> 2.40
     assert (row["$/h per node"], row["$/h total"], row["worst case $"]) == (
         "$0.80",
@@ -72,8 +72,8 @@ def test_multi_node_worst_case_scales_with_nodes_and_ttl() -> None:
 
 def test_plan_always_shows_the_ssh_exposure() -> None:
     unset = plan_stack(ROOT, "dev").footer_lines()
-    assert "SSH exposure: port 22 on the head node, from nowhere yet" in unset[1]
-    one = build_plan(parse_spec(deployable_config("dev"), "dev")).footer_lines()[1]
+    assert "SSH exposure: port 22 on the head node, from nowhere yet" in unset[2]
+    one = build_plan(parse_spec(deployable_config("dev"), "dev")).footer_lines()[2]
     assert one == (
         "SSH exposure: port 22 on the head node (public IP), from 203.0.113.7/32 (1 address); "
         "nodes reach each other by network tag"
@@ -84,7 +84,7 @@ def test_plan_always_shows_the_ssh_exposure() -> None:
         allowSshFromAnywhere="true",
         publicIp="all",
     )
-    line = build_plan(parse_spec(world, "dev")).footer_lines()[1]
+    line = build_plan(parse_spec(world, "dev")).footer_lines()[2]
     assert "port 22 on every node" in line
     assert "(4,294,967,296 addresses, the whole IPv4 internet)" in line
 
@@ -141,3 +141,29 @@ def test_cli_help_is_fast_and_plan_never_imports_pulumi() -> None:
     assert help_s < 0.5
     assert "HEAVY []" in proc.stderr
     assert "usage: gputrain" in proc.stdout and "g2-standard-24" in proc.stdout
+
+
+def test_fabric_stacks_plan_their_capacity_network_and_cost_per_mode() -> None:
+    a4 = plan_stack(ROOT, "a4")
+    row = dict(zip(HEADERS, a4.row, strict=True))
+    assert row["capacity"] == "reservation" and row["nodes"] == "2"
+    assert "derived: a reservation bills at on-demand" in a4.price_note
+    assert (
+        "Quota: none used; the reservation my-a4-reservation must have 2 free VMs" in a4.price_note
+    )
+    assert a4.capacity_note.startswith(
+        "Capacity: reservation my-a4-reservation (provisioningModel RESERVATION_BOUND"
+    )
+    assert "no placement policy (the capacity places the VMs densely itself)" in a4.capacity_note
+    assert "offered in: spot $32.61, flex-start <= $90.22, reservation $90.22." in a4.capacity_note
+    assert "3 VPCs and 10 subnets from 10.42.0.0/16" in a4.fabric_note
+    assert ">= 341.5 GB/s" in a4.fabric_note
+    mega = plan_stack(ROOT, "a3mega")
+    assert "GPUDirect-TCPXO" in mega.fabric_note and "9 VPCs and 9 subnets" in mega.fabric_note
+    assert "compact placement policy" in mega.capacity_note
+    footer = mega.footer_lines()
+    assert footer.index(mega.capacity_note) < footer.index(mega.fabric_note)
+    flex = build_plan(parse_spec(deployable_config("a3mega", capacity="flex-start"), "a3mega"))
+    assert "upper bound of Flex-start (derived" in flex.price_note
+    assert "PREEMPTIBLE_NVIDIA_H100_MEGA_GPUS" in flex.price_note
+    assert plan_stack(ROOT, "h100").fabric_note == ""  # one NIC: a warning says what it costs

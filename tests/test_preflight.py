@@ -287,7 +287,7 @@ def test_the_gce_target_passes_the_stacks_ttl_to_preflight(
     from tests.pulumi_mocks import deployable_config
 
     fake.set_region_quota("us-central1", "NVIDIA_L4_GPUS", 0)
-    cfg = deployable_config("dev", spot="false", zones='["us-central1-a"]')
+    cfg = deployable_config("dev", capacity="on-demand", zones='["us-central1-a"]')
     spec = parse_spec({**cfg, "gcp:project": fake.project}, "dev")
     assert spec.max_run_duration_s == 3 * 3600
     assert preflight(gce_request(spec), api=api).ok  # the preemptible pool covers it

@@ -162,7 +162,7 @@ def test_max_recoveries_defaults_and_bounds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spot = parse_spec(deployable_config("dev"), "dev")
-    on_demand = parse_spec(deployable_config("dev", spot="false"), "dev")
+    on_demand = parse_spec(deployable_config("dev", capacity="on-demand"), "dev")
     assert recoveries_allowed(RunOptions(), spot) == 3
     assert recoveries_allowed(RunOptions(), on_demand) == 0
     assert recoveries_allowed(RunOptions(max_recoveries=5), on_demand) == 5
@@ -253,6 +253,19 @@ def test_node_packages_probe_and_install(
     assert [c.split("--disable-pip-version-check")[-1].replace("--user", "").strip()
             for c in calls] == pip_calls  # fmt: skip
     if result is None:
+@pytest.mark.parametrize("case", ["present", "installed", "pip-fails"])
+def test_storage_client_probe_and_install_on_a_node(tmp_path: Path, case: str) -> None:
+    python = tmp_path / "python3"
+    python.write_text(STUB_PYTHON)
+    python.chmod(0o755)
+    if case == "present":
+        (tmp_path / "installed").touch()
+    if case == "installed":
+        (tmp_path / "pip-works").touch()
+    r = LocalTransport("n", node_root=tmp_path / "node").run(
+        build_storage_client_command(str(python)), 30
+    )
+    if case == "pip-fails":
         assert r.exit_code == 1 and "No matching distribution" in r.stdout
     else:
         assert r.ok and r.stdout.strip() == result, r.stdout + r.stderr

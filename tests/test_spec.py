@@ -43,7 +43,8 @@ def test_project_file_declares_every_key_with_type_description_default() -> None
     for key, decl in config.items():
         assert decl["type"] in ("string", "boolean", "integer", "array"), key
         assert len(decl["description"]) > 20, key
-        assert "default" in decl, key
+        # spot is capacity's alias: a default would reach the program as if set (issue 16)
+        assert ("default" in decl) == (key != "spot"), key
         if decl["type"] == "array":
             assert decl["items"] == {"type": "string"}
         assert "secret" not in decl  # pulumi/pulumi#21865: a defaulted secret key breaks `up`
@@ -54,7 +55,7 @@ def test_project_defaults_equal_the_parser_defaults(tmp_path: Path) -> None:
     (tmp_path / "Pulumi.empty.yaml").write_text("config: {}\n")
     loaded = load_stack_config(tmp_path, "empty")
     for key, default in stackfile.DEFAULTS.items():
-        value = loaded[f"gputrain:{key}"]
+        value = loaded.get(f"gputrain:{key}", "")  # spot has no default: absent
         if default.startswith("["):
             assert json.loads(value) == json.loads(default), key
         else:
@@ -67,6 +68,7 @@ def test_project_defaults_equal_the_parser_defaults(tmp_path: Path) -> None:
         True,
         6 * 3600,
     )
+    assert "gputrain:spot" not in loaded and spec.capacity == "spot"
 
 
 # ---- shipped stack files -------------------------------------------------------------------
@@ -340,7 +342,7 @@ def test_quota_metrics_of_a_spec() -> None:
         "PREEMPTIBLE_NVIDIA_L4_GPUS",
         "PREEMPTIBLE_G2_CPUS",
     )
-    od = parse_spec(_cfg(spot="false"), "dev")
+    od = parse_spec(_cfg(capacity="on-demand"), "dev")
     assert (od.gpu_quota_metric, od.cpu_quota_metric) == ("NVIDIA_L4_GPUS", "G2_CPUS")
 
 
@@ -366,7 +368,7 @@ def test_public_key_type_must_match_its_data() -> None:
 
 
 def test_warnings_for_zones_without_the_gpu_and_single_nic_multi_node() -> None:
-    from infra.spec import spec_warnings
+    from infra.spec_warnings import spec_warnings
 
     warned = spec_warnings(parse_spec(_cfg(zones='["us-central1-f", "us-central1-a"]'), "dev"))
     assert any(
@@ -374,10 +376,47 @@ def test_warnings_for_zones_without_the_gpu_and_single_nic_multi_node() -> None:
     )
     assert not any("not among" in w for w in spec_warnings(parse_spec(_cfg(), "dev")))
     h100 = spec_warnings(parse_spec(deployable_config("h100"), "h100"))
-    assert any("1 + 4 gVNIC" in w for w in h100)
+    assert any(
+        "GPUDirect-TCPX needs Container-Optimized OS" in w and "a3-megagpu-8g" in w for w in h100
+    )
     assert not any(
         "gVNIC" in w
         for w in spec_warnings(
             parse_spec(deployable_config("h100", nodes="1", placement="none"), "h100")
         )
     )
+
+
+# ---- capacity and the GPU fabric (issue 16) -------------------------------------------------
+
+
+def test_capacity_reservation_on_a4_binds_to_it_without_a_placement_policy() -> None:
+    spec = parse_spec(
+        _cfg(machineType="a4-highgpu-8g", nodes="2", capacity="reservation", reservation="a4-res"),
+        "dev",
+    )
+    assert (spec.capacity, spec.reservation, spec.spot) == ("reservation", "a4-res", False)
+    ic = spec.instance_capacity
+    assert ic.provisioning_model == "RESERVATION_BOUND" and ic.preemptible_quota is None
+    assert ic.reservation_affinity is not None and ic.reservation_affinity.values == ("a4-res",)
+    assert spec.placement == "none"  # auto: the reservation places the VMs densely
+    assert spec.fabric is not None and spec.fabric.kind == "rdma"
+    assert spec.fabric.networks_needed == 3 and len(spec.fabric.nics) == 10
+
+
+def test_flex_start_uses_the_preemptible_quota_and_spot_alias_still_works() -> None:
+    flex = parse_spec(_cfg(machineType="a3-megagpu-8g", capacity="flex-start"), "dev")
+    assert flex.gpu_quota_metric.startswith("PREEMPTIBLE_") and not flex.spot
+    assert flex.instance_capacity.provisioning_model == "FLEX_START"
+    alias = parse_spec(_cfg(capacity="", spot="false"), "dev")
+    assert (alias.capacity, alias.spot) == ("on-demand", False)
+    assert not alias.gpu_quota_metric.startswith("PREEMPTIBLE_")
+
+
+def test_gpu_direct_off_and_single_node_keep_one_nic_and_the_old_subnet() -> None:
+    for overrides in ({"nodes": "2", "gpuDirect": "off"}, {"nodes": "1"}):
+        spec = parse_spec(_cfg(machineType="a3-megagpu-8g", **overrides), "dev")
+        assert spec.fabric is not None and not spec.fabric.enabled
+        assert len(spec.fabric.nics) == 1 and spec.fabric.primary_cidr == "10.42.0.0/20"
+    mega = parse_spec(_cfg(machineType="a3-megagpu-8g", nodes="2"), "dev")
+    assert mega.fabric is not None and mega.fabric.networks_needed == 9

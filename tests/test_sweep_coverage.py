@@ -23,7 +23,13 @@ from tests.test_cluster import FAMILIES
 # A representative set of stacks: every shipped stack file, every machine family, and the
 # options that add or remove resources (an existing network, compact placement, many nodes).
 STACKS: list[tuple[str, str, dict[str, str]]] = [
-    *[(f"shipped-{s}", s, {}) for s in ("dev", "a100", "h100", "t4")],
+    *[(f"shipped-{s}", s, {}) for s in ("dev", "a100", "h100", "t4", "a4", "a3mega")],
+    (
+        "a3-ultra-spot",
+        "a4",
+        {"machineType": "a3-ultragpu-8g", "capacity": "spot", "reservation": ""},
+    ),
+    ("fabric-existing-network", "a3mega", {"network": "shared-vpc"}),
     *FAMILIES,
     ("existing-network", "dev", {"network": "shared-vpc", "publicIp": "all"}),
     ("compact-4", "h100", {"nodes": "4", "placement": "compact"}),
@@ -34,6 +40,11 @@ STACKS: list[tuple[str, str, dict[str, str]]] = [
 
 def _declared_types(stack: str, overrides: dict[str, str]) -> set[str]:
     """Run the Pulumi program (__main__.py) under mocks; the custom resource types it declared."""
+    return {r.typ for r in _declared(stack, overrides)}
+
+
+def _declared(stack: str, overrides: dict[str, str]) -> list[Any]:
+    """Run the Pulumi program (__main__.py) under mocks; the custom resources it declared."""
     import runpy
 
     cfg = deployable_config(stack, **overrides)
@@ -46,7 +57,7 @@ def _declared_types(stack: str, overrides: dict[str, str]) -> set[str]:
             return pulumi.Output.all(**ns["cluster"].exports())
 
         program()
-        return {r.typ for r in mocks.resources if r.custom}
+        return [r for r in mocks.resources if r.custom]
 
 
 def test_every_resource_type_the_program_declares_is_swept(
@@ -77,6 +88,25 @@ def test_every_resource_type_the_program_declares_is_swept(
     storage = StorageApi(fake.project)
     found = {x.kind for x in sweep(fake.project, dev, api=ComputeApi(fake.url), storage=storage)}
     assert set(SWEPT_TYPES.values()) <= found
+
+
+@pytest.mark.parametrize("stack", ["a4", "a3mega"])
+def test_every_network_subnet_and_firewall_of_a_fabric_is_swept(
+    fake: FakeCompute, stack: str
+) -> None:
+    """The GPU fabric's 3 or 9 VPCs, their subnets and firewalls: each one found by the sweep."""
+    kinds = {
+        "gcp:compute/network:Network": ("networks", "network"),
+        "gcp:compute/subnetwork:Subnetwork": ("subnetworks", "subnetwork"),
+        "gcp:compute/firewall:Firewall": ("firewalls", "firewall"),
+    }
+    declared = [r for r in _declared(stack, {}) if r.typ in kinds]
+    assert len([r for r in declared if r.typ.endswith("Network")]) == (3 if stack == "a4" else 9)
+    for r in declared:
+        where = {"region": r.inputs["region"]} if "region" in r.inputs else {}
+        fake.add_resource(kinds[r.typ][0], r.inputs["name"], **where)
+    found = {(x.kind, x.name) for x in sweep(fake.project, stack, api=ComputeApi(fake.url))}
+    assert found == {(kinds[r.typ][1], r.inputs["name"]) for r in declared}
 
 
 def test_service_account_and_its_role_bindings_are_found_until_deleted(

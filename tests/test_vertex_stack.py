@@ -245,8 +245,13 @@ BAD_VERTEX: list[tuple[str, dict[str, str], str]] = [
     ),
     (
         "spot-only",
-        _vertex(machineType="a3-highgpu-2g", spot="false"),
-        "gputrain:spot = 'false': a3-highgpu-2g is offered only as Spot",
+        _vertex(machineType="a3-highgpu-2g", capacity="on-demand"),
+        "gputrain:capacity = 'on-demand': a3-highgpu-2g is not offered as on-demand",
+    ),
+    (
+        "flex-start-on-vertex",
+        _vertex(machineType="a3-highgpu-8g", capacity="flex-start"),
+        "gputrain:capacity = 'flex-start': not supported with backend vertex; allowed: on-demand",
     ),
     (
         "gpu-on-g2",

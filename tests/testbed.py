@@ -54,6 +54,49 @@ class GpuConfig:
     invalid_fields: tuple[str, ...] = ()  # an old driver: these fields cannot be queried
 
 
+@dataclass(frozen=True)
+class FabricFakes:
+    """What this host's fake `ip` (its link listing), `ibv_devices` and `sudo` (the fabric
+    setup's report) print, for `verify --fabric`. Every other `ip` call reaches the real one."""
+
+    nics: tuple[tuple[str, int], ...]  # physical NICs (name, MTU), nic0 first
+    rdma_devices: tuple[str, ...] = ()
+    down: tuple[str, ...] = ()
+    setup_report: str = ""  # what `sudo -n bash -s` (the fabric setup) prints; "" = exit 1
+    rxdm_log: str = ""  # what `sudo -n docker logs ...` prints (TCPXO's daemon); "" = exit 1
+
+
+# `ip -j -d link show`: the JSON iproute2 prints (physical NICs carry parentbus/parentdev).
+FAKE_IP = r'''#!/usr/bin/python3
+"""Fake ip for the gputrain test bed: lists this host's fabric.json NICs, else runs the real ip."""
+import json, os, sys
+args = sys.argv[1:]
+if "-j" in args and "link" in args:
+    fab = json.load(open("__DIR__/fabric.json"))
+    links = [{"ifindex": 1, "ifname": "lo", "flags": ["LOOPBACK", "UP"], "mtu": 65536,
+              "operstate": "UNKNOWN", "link_type": "loopback"}]
+    for i, (name, mtu) in enumerate(fab["nics"]):
+        links.append({"ifindex": i + 2, "ifname": name, "mtu": mtu, "link_type": "ether",
+                      "operstate": "DOWN" if name in fab["down"] else "UP",
+                      "parentbus": "pci", "parentdev": f"0000:{0x81 + 12 * i:02x}:00.0"})
+    print(json.dumps(links))
+    sys.exit(0)
+os.execv("__REAL_IP__", ["ip", *args])
+'''
+FAKE_IBV_DEVICES = """#!/bin/sh
+printf '    device          \t   node GUID\n    ------          \t----------------\n'
+i=0
+for d in $(cat __DIR__/ibv); do printf '    %-16s\t0c42a1030065%04x\n' "$d" $i; i=$((i+1)); done
+"""
+FAKE_SUDO = """#!/bin/sh
+# Fake sudo: the fabric setup (`sudo -n bash -s`, script on stdin) prints the recorded report;
+# `sudo -n docker logs ...` prints the recorded daemon log.
+if [ "$1 $2" = "-n docker" ] && [ -s __DIR__/rxdm_log ]; then cat __DIR__/rxdm_log; exit 0; fi
+[ "$*" = "-n bash -s" ] && [ -s __DIR__/setup_report ] || exit 1
+cat > __DIR__/setup_script && cat __DIR__/setup_report
+"""
+
+
 @dataclass
 class TestHost:
     """One test host: its namespace, address, pinned host key and state directory."""
@@ -299,6 +342,7 @@ class TestBed:
         gpus: GpuConfig | None = None,
         isolated_behind: str | None = None,
         sshd_delay_s: float = 0.0,
+        fabric: FabricFakes | None = None,
     ) -> TestHost:
         """A new host with a running sshd (after sshd_delay_s). ``isolated_behind=<host>``: on
         the second bridge, reachable only from that host's namespace (for jump tests)."""
@@ -335,8 +379,10 @@ class TestBed:
                     raise TestBedUnavailable(f"route to {address} is not via {BRIDGE}: {route}")
             self.hosts[name] = host
             self.set_gpus(name, gpus or GpuConfig())
+            if fabric is not None:
+                self.set_fabric(name, fabric)
             self._write_hosts_file()
-            self._write_sshd_config(host)
+            self._write_sshd_config(host, fake_tools_first=fabric is not None)
             self._start_sshd(host, sshd_delay_s)
             return host
 
@@ -380,13 +426,36 @@ class TestBed:
             script.write_text(FAKE_NVIDIA_SMI.replace("__GPU_DIR__", str(gpu_dir)))
             script.chmod(0o755)
 
+    def set_fabric(self, name: str, fakes: FabricFakes) -> None:
+        """Fake `ip`, `ibv_devices` and `sudo` in the host's bin dir (first on its PATH when the
+        host was added with `fabric=`)."""
+        host = self.hosts[name]
+        gpu_dir, bin_dir = host.dir / "gpu", host.dir / "bin"
+        (gpu_dir / "fabric.json").write_text(
+            json.dumps({"nics": [list(n) for n in fakes.nics], "down": list(fakes.down)})
+        )
+        (gpu_dir / "ibv").write_text(" ".join(fakes.rdma_devices))
+        (gpu_dir / "setup_report").write_text(fakes.setup_report)
+        (gpu_dir / "rxdm_log").write_text(fakes.rxdm_log)
+        real_ip = shutil.which("ip") or "/usr/sbin/ip"
+        for tool, body in (
+            ("ip", FAKE_IP.replace("__REAL_IP__", real_ip)),
+            ("ibv_devices", FAKE_IBV_DEVICES),
+            ("sudo", FAKE_SUDO),
+        ):
+            if tool == "ibv_devices" and not fakes.rdma_devices:
+                (bin_dir / tool).unlink(missing_ok=True)  # not installed
+                continue
+            (bin_dir / tool).write_text(body.replace("__DIR__", str(gpu_dir)))
+            (bin_dir / tool).chmod(0o755)
+
     def _write_hosts_file(self) -> None:
         lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in self.hosts.values()]
         with open(STATE / "hosts", "r+") as f:  # in place: the per-host bind mounts see it
             f.truncate(0)
             f.write("\n".join(lines) + "\n")
 
-    def _write_sshd_config(self, host: TestHost) -> None:
+    def _write_sshd_config(self, host: TestHost, *, fake_tools_first: bool = False) -> None:
         lines = [
             f"ListenAddress {host.address}:22",
             f"HostKey {host.dir}/ssh_host_ed25519_key",
@@ -405,8 +474,13 @@ class TestBed:
             "LogLevel ERROR",
             "Subsystem sftp internal-sftp",
         ]
+        env = []
         if self.user == "root":  # no clean per-host home: give each host its own node root
-            lines.append(f"SetEnv GPUTRAIN_NODE_ROOT={host.dir}/home")
+            env.append(f"GPUTRAIN_NODE_ROOT={host.dir}/home")
+        if fake_tools_first:  # the fake ip / ibv_devices / sudo (/usr/local/sbin) shadow the real
+            env.append("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        if env:  # sshd uses the first SetEnv line only
+            lines.append("SetEnv " + " ".join(env))
         (host.dir / "sshd_config").write_text("\n".join(lines) + "\n")
 
     def _start_sshd(self, host: TestHost, delay_s: float = 0.0) -> None:

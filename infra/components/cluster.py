@@ -14,14 +14,17 @@ from typing import Any
 import pulumi
 
 from infra.components.bucket import StackBucket, StackBucketArgs
+from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
-from infra.components.network import ClusterNetwork, ClusterNetworkArgs
+from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
 from infra.prices import price_table
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
+#: GPUDirect nodes install Google's NCCL plugin packages and images from Artifact Registry.
+FABRIC_ROLES = ("artifactregistry.reader",)
 
 
 def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
@@ -84,6 +87,7 @@ class GpuCluster(pulumi.ComponentResource):
         self.image_self_link = image_self_link
         child = pulumi.ResourceOptions(parent=self)
         tag = f"gputrain-{spec.stack}"
+        fabric = spec.fabric
         self.network = ClusterNetwork(
             f"{spec.stack}-network",
             ClusterNetworkArgs(
@@ -93,10 +97,20 @@ class GpuCluster(pulumi.ComponentResource):
                 tag=tag,
                 ssh_source_ranges=spec.ssh_source_ranges,
                 existing_network=spec.network,
+                subnet_cidr=fabric.primary_cidr if fabric else SUBNET_CIDR,
+                mtu=fabric.primary_mtu if fabric else None,
             ),
             child,
         )
-        self.identity = stack_identity(spec, f"gputrain nodes of stack {spec.stack}", child)
+        self.fabric: GpuFabric | None = None
+        if fabric is not None and fabric.enabled:
+            self.fabric = GpuFabric(
+                f"{spec.stack}-fabric",
+                GpuFabricArgs(spec.stack, spec.project, spec.region, tag, fabric),
+                child,
+            )
+        roles = NODE_ROLES + (FABRIC_ROLES if fabric is not None and fabric.enabled else ())
+        self.identity = stack_identity(spec, f"gputrain nodes of stack {spec.stack}", child, roles)
         labels = cluster_labels(spec, pulumi.get_project())
         self.bucket = stack_bucket(spec, self.identity, child)
         self.nodes = GpuNodes(
@@ -111,8 +125,7 @@ class GpuCluster(pulumi.ComponentResource):
                 gpus_per_node=spec.gpus_per_node,
                 attach_gpus=spec.attach_gpus,
                 gvnic=spec.gvnic,
-                spot=spec.spot,
-                max_run_duration_s=spec.max_run_duration_s,
+                capacity=spec.instance_capacity,
                 image=image_self_link,
                 boot_disk_gb=spec.boot_disk_gb,
                 boot_disk_type=spec.boot_disk_type,
@@ -126,7 +139,9 @@ class GpuCluster(pulumi.ComponentResource):
                 network=self.network.network_ref,
                 subnetwork=self.network.subnetwork_ref,
                 service_account_email=self.identity.email,
+                fabric_nics=self.fabric.nics if self.fabric else (),
                 after=(
+                    *(self.fabric.resources if self.fabric else ()),
                     self.network.internal_firewall,
                     self.network.ssh_firewall,
                     *self.identity.role_bindings,

@@ -21,7 +21,8 @@ class ClusterNetworkArgs:
     tag: str  # the network tag every node carries
     ssh_source_ranges: tuple[str, ...]
     existing_network: str | None = None  # an existing VPC to use as is (no VPC, no subnet made)
-    subnet_cidr: str = SUBNET_CIDR
+    subnet_cidr: str = SUBNET_CIDR  # the first /20 of subnetRange
+    mtu: int | None = None  # GPUDirect stacks: the fabric's MTU on the primary VPC too
 
 
 class ClusterNetwork(pulumi.ComponentResource):
@@ -46,6 +47,7 @@ class ClusterNetwork(pulumi.ComponentResource):
                 name=f"{s}-net",
                 project=args.project,
                 auto_create_subnetworks=False,
+                mtu=args.mtu,
                 description=f"gputrain stack {s}",
                 opts=child,
             )

@@ -10,11 +10,14 @@ from typing import Literal
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.capacity import FLEX_START_CREATE_TIMEOUT, InstanceCapacity
 from infra.components import child_options
+from infra.components.fabric import FabricNic
 from infra.spec import ClusterSpec
 from infra.stackfile import DEFAULT_IMAGE_FAMILY, FALLBACK_IMAGE_FAMILY, SpecError
 
 NODE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)  # access is limited by roles
+CREATE_TIMEOUT = "20m"
 
 
 def resolve_image(spec: ClusterSpec) -> str:
@@ -54,8 +57,7 @@ class GpuNodesArgs:
     gpus_per_node: int
     attach_gpus: bool  # N1: GPUs go in guest_accelerators; A/G series bring their own
     gvnic: bool
-    spot: bool
-    max_run_duration_s: int
+    capacity: InstanceCapacity  # scheduling and reservation affinity of every VM
     image: str  # a pinned self link (resolve_image)
     boot_disk_gb: int
     boot_disk_type: str
@@ -69,6 +71,7 @@ class GpuNodesArgs:
     network: pulumi.Input[str]
     subnetwork: pulumi.Input[str] | None
     service_account_email: pulumi.Input[str]
+    fabric_nics: Sequence[FabricNic] = ()  # nic1.. of every VM (GPUDirect), never external
     after: Sequence[pulumi.Resource] = field(default=())  # firewalls and role bindings first
 
 
@@ -96,7 +99,12 @@ class GpuNodes(pulumi.ComponentResource):
             self,
             opts,
             depends_on=list(args.after),
-            custom_timeouts=pulumi.CustomTimeouts(create="20m", delete="20m"),
+            custom_timeouts=pulumi.CustomTimeouts(
+                create=FLEX_START_CREATE_TIMEOUT
+                if args.capacity.provisioning_model == "FLEX_START"
+                else CREATE_TIMEOUT,
+                delete="20m",
+            ),
         )
         self.instances = [self._instance(i, n, vm_opts) for i, n in enumerate(args.names)]
         self.register_outputs({"instances": [vm.self_link for vm in self.instances]})
@@ -114,16 +122,32 @@ class GpuNodes(pulumi.ComponentResource):
             if public
             else [],
         )
-        scheduling = gcp.compute.InstanceSchedulingArgs(
-            on_host_maintenance="TERMINATE",  # GPUs cannot live-migrate
-            automatic_restart=not (a.spot or a.compact_placement),
-            preemptible=a.spot,
-            provisioning_model="SPOT" if a.spot else "STANDARD",
-            instance_termination_action="DELETE",
-            max_run_duration=gcp.compute.InstanceSchedulingMaxRunDurationArgs(
-                seconds=a.max_run_duration_s
-            ),
+        cap = a.capacity
+        sched = cap.scheduling_args()
+        sched["automatic_restart"] = cap.automatic_restart and not a.compact_placement
+        sched["max_run_duration"] = gcp.compute.InstanceSchedulingMaxRunDurationArgs(
+            seconds=cap.max_run_duration_s
         )
+        scheduling = gcp.compute.InstanceSchedulingArgs(**sched)  # type: ignore[arg-type]
+        affinity = cap.reservation_affinity
+        reservation = (
+            gcp.compute.InstanceReservationAffinityArgs(
+                type=affinity.type,
+                specific_reservation=gcp.compute.InstanceReservationAffinitySpecificReservationArgs(
+                    key=affinity.key, values=list(affinity.values)
+                )
+                if affinity.key
+                else None,
+            )
+            if affinity is not None
+            else None
+        )
+        interfaces = [interface] + [
+            gcp.compute.InstanceNetworkInterfaceArgs(
+                network=nic.network, subnetwork=nic.subnetwork, nic_type=nic.nic_type
+            )
+            for nic in a.fabric_nics
+        ]
         accelerators = (
             [gcp.compute.InstanceGuestAcceleratorArgs(type=a.accelerator, count=a.gpus_per_node)]
             if a.attach_gpus and a.gpus_per_node > 0
@@ -141,8 +165,9 @@ class GpuNodes(pulumi.ComponentResource):
                     image=a.image, size=a.boot_disk_gb, type=a.boot_disk_type, labels=a.labels
                 ),
             ),
-            network_interfaces=[interface],
+            network_interfaces=interfaces,
             scheduling=scheduling,
+            reservation_affinity=reservation,
             guest_accelerators=accelerators,
             metadata={
                 "ssh-keys": f"{a.ssh_user}:{a.ssh_public_key}",

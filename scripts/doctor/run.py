@@ -55,6 +55,10 @@ def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorRepo
             return None  # Vertex AI jobs draw on Vertex quotas, not Compute Engine's
         if not spec.project:
             return Row("GPU quota", "unknown", "needs gcp:project (set gcp:project first)")
+        if spec.reservation:  # reserved VMs use the reservation's GPUs (the preflight checks it)
+            return Row(
+                "GPU quota", "ok", f"not used: reservation {spec.reservation} holds the GPUs"
+            )
         return project.gpu_quota_row(
             clients.compute(),
             spec.project,
@@ -62,7 +66,7 @@ def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorRepo
             spec.gpu_quota_metric,
             spec.nodes * spec.gpus_per_node,
             spec.gpus_per_node,
-            spec.spot,
+            spec.preemptible_quota,
         )
 
     with ThreadPoolExecutor(max_workers=5) as pool:

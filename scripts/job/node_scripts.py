@@ -2,7 +2,7 @@
 and the commands that start, follow, read the exit code of and stop it. Pure: strings only.
 
 Node layout (relative to the node root, see transport/base.NODE_ROOT_SH):
-``.gputrain/code/`` synced code; ``.gputrain/runs/<run-id>/`` holds run.sh, pgid, torchrun.log,
+``.gputrain/code/`` synced code; ``.gputrain/nccl.env`` the GPU network's NCCL env (if set up); ``.gputrain/runs/<run-id>/`` holds run.sh, pgid, torchrun.log,
 exitcode ("<rc> <unix time>"), out/ (GPUTRAIN_OUT), logs/ (torchrun --log-dir) and code/ (a
 hard-link snapshot of the code the run started with).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from scripts.fabric_setup import NCCL_ENV_FILE
 from scripts.job.records import Job
 from scripts.job.sync import CODE_DIR
 
@@ -54,6 +55,9 @@ HEAD={head}
 IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}')
 [ -n "$IFACE" ] || IFACE=$(ip -o route get "$HEAD" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')
 if [ -n "$IFACE" ]; then export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"; fi
+# the GPU network's NCCL plugin and NICs (written by the fabric setup) replace the one interface
+NCCL_ENV_FILE="${{GPUTRAIN_NODE_ROOT:-$HOME}}/{NCCL_ENV_FILE}"
+if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; fi
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'

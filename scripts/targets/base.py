@@ -34,6 +34,7 @@ class RunOptions:
     keep_bucket: bool = False  # `run`/`down`: keep the stack's bucket (and what is in it)
     max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
+    fabric: bool = False  # `verify --fabric`: the GPU network too
 
 
 class Session(Protocol):
@@ -43,8 +44,9 @@ class Session(Protocol):
     hourly_usd: float | None  # what it costs while it exists; None: nothing billed by us
     keep: bool  # a created target outlives the command (set by `up` once it is proven)
 
-    def verify(self) -> None:
-        """Prove the hardware is what was asked for (GPUs, driver, torch)."""
+    def verify(self, fabric: bool = False) -> None:
+        """Prove the hardware is what was asked for (GPUs, driver, torch); with `fabric`, also
+        the GPU network of a multi-node stack (set up first)."""
         ...
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet, Node
@@ -18,6 +19,9 @@ from scripts.guard import SignalGuard
 from scripts.job.records import Job, JobResult
 from scripts.settings import Settings
 from scripts.transport.base import Transport
+
+if TYPE_CHECKING:
+    from scripts.fabric_verify import FabricCheck
 
 
 class FleetSession:
@@ -33,6 +37,7 @@ class FleetSession:
         hourly_usd: float | None = None,
         keep: bool = False,
         connect_deadline_s: float | None = None,  # default: settings.existing_wait_s
+        fabric: FabricCheck | None = None,  # the GPU network a multi-node stack must prove
     ) -> None:
         self.fleet = fleet
         self.name = fleet.target
@@ -43,6 +48,7 @@ class FleetSession:
         self.connect_deadline_s = (
             settings.existing_wait_s if connect_deadline_s is None else connect_deadline_s
         )
+        self.fabric = fabric
         self._transports: dict[str, Transport] | None = None
 
     @property
@@ -73,10 +79,29 @@ class FleetSession:
     ) -> None:
         self.close()
 
-    def verify(self) -> None:
+    def verify(self, fabric: bool = False) -> None:
+        """The GPUs; with `fabric`, then the GPU network of a multi-node stack: node setup
+        (idempotent) and `verify --fabric`, before any training."""
         from scripts.verify import verify_gpus
 
         verify_gpus(self.fleet, self.transports, deadline_s=self.settings.verify_deadline_s)
+        if not fabric or len(self.fleet.nodes) < 2:
+            return
+        if self.fabric is None:
+            ui.say(f"{self.name}: no GPU network to set up or verify (one NIC per node)")
+            return
+        from scripts.fabric_verify import setup_fabric, verify_fabric
+        from scripts.settings import new_run_id
+
+        setup_fabric(self.fleet, self.transports, self.fabric.kind)
+        run_id = f"verify-fabric-{new_run_id()}"
+        verify_fabric(
+            self.fleet,
+            self.transports,
+            self.fabric,
+            self.settings.runs_dir / self.name / run_id,
+            run_id,
+        )
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.job.launch import launch_torchrun, stop_job

@@ -89,7 +89,7 @@ class StackTarget(Generic[C]):
     def up(self, opts: RunOptions) -> None:
         """Create and prove; it stays up. If that fails it is destroyed again."""
         with signal_guard() as guard, self.provisioned(opts, guard) as session:
-            session.verify()
+            session.verify(fabric=True)
             session.keep = True
 
     def candidate_checks(self, spec: ClusterSpec) -> Mapping[Candidate, Check] | None:

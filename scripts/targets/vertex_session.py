@@ -115,7 +115,7 @@ class VertexSession:
         self.keep = keep
         self.api = clients.api(outputs.project, outputs.region)
 
-    def verify(self) -> None:
+    def verify(self, fabric: bool = False) -> None:
         """What can be proven before a job: the stack's bucket answers, Vertex offers the shape
         in the region. The GPUs are Vertex's to provide: there is no SSH to look at them."""
         if not self.clients.storage(self.out.project).bucket_exists(self.out.bucket):

@@ -12,6 +12,7 @@ from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
 from infra.compute import ComputeApi, ComputeApiError
 from infra.offer_tables import MAX_ROWS, Check
 from infra.offers import Candidate
+from infra.compute_capacity import get_reservation, network_profile_exists
 from infra.preflight import (
     GLOBAL,
     PROJECT,
@@ -26,12 +27,19 @@ from infra.preflight import (
     check_machine_type,
     check_quota,
 )
+from infra.preflight_fabric import (
+    check_network_profile,
+    check_network_quota,
+    check_reservation,
+    reservation_quota_row,
+)
 from infra.spec import ClusterSpec
 from scripts import ui
 
 
 def request_for(spec: ClusterSpec) -> PreflightRequest:
     assert spec.project is not None  # require_deployable ran first
+    fabric = spec.fabric if spec.fabric is not None and spec.fabric.enabled else None
     return PreflightRequest(
         project=spec.project,
         zone=spec.zone,
@@ -39,7 +47,7 @@ def request_for(spec: ClusterSpec) -> PreflightRequest:
         accelerator=spec.accelerator,
         gpus_per_node=spec.gpus_per_node,
         nodes=spec.nodes,
-        spot=spec.spot,
+        spot=spec.preemptible_quota,
         vcpus_per_node=spec.vcpus,
         gpu_quota_metric=spec.gpu_quota_metric,
         cpu_quota_metric=spec.cpu_quota_metric,
@@ -48,6 +56,10 @@ def request_for(spec: ClusterSpec) -> PreflightRequest:
         boot_disk_gb=spec.boot_disk_gb,
         is_n1=spec.attach_gpus,
         max_run_duration_s=spec.max_run_duration_s,
+        reservation=spec.reservation,
+        networks=fabric.networks_needed if fabric else 0,
+        subnetworks=fabric.subnetworks_needed if fabric else 0,
+        roce=fabric is not None and fabric.kind == "rdma",
     )
 
 
@@ -124,7 +136,22 @@ def _zone_checks(api: ComputeApi, req: PreflightRequest) -> tuple[list[CheckResu
     rows = [check_machine_type(req, machine, offered)]
     if req.is_n1:
         rows.append(check_accelerator_type(req, offered))
-    return rows, machine.guest_cpus if machine else req.vcpus_per_node
+    return rows + _capacity_checks(api, req), machine.guest_cpus if machine else req.vcpus_per_node
+
+
+def _capacity_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult]:
+    """The reservation (capacity reservation) and the RoCE profile (RDMA fabric) in this zone."""
+    rows = []
+    try:
+        if req.reservation:
+            info = get_reservation(api, req.project, req.zone, req.reservation)
+            rows.append(check_reservation(req, info))
+        if req.roce:
+            name = f"{req.zone}-vpc-roce"
+            rows.append(check_network_profile(req, network_profile_exists(api, req.project, name)))
+    except ComputeApiError as e:
+        rows.append(api_error_row("reservation", req.zone, e, req.project))
+    return rows
 
 
 def _region_checks(api: ComputeApi, req: PreflightRequest, cpus: int) -> list[CheckResult]:
@@ -142,6 +169,8 @@ def _region_checks(api: ComputeApi, req: PreflightRequest, cpus: int) -> list[Ch
                 "check the zone names",
             )
         ]
+    if req.reservation:  # reserved VMs use the reservation's resources, not quota
+        return [reservation_quota_row(req)]
     return [
         check_gpu_quota(req, quotas),
         check_quota(
@@ -160,6 +189,11 @@ def _global_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult]:
     rows: list[CheckResult] = []
     try:
         project_quotas = api.project_quotas(req.project)
+        rows += check_network_quota(req, project_quotas)
+    except ComputeApiError as e:
+        rows.append(api_error_row("GPU quota", GLOBAL, e, req.project))
+        project_quotas = None
+    if req.reservation is None and project_quotas is not None:
         rows.append(
             check_quota(
                 "GPU quota",
@@ -172,8 +206,6 @@ def _global_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult]:
                 soft=req.spot,  # the facts sheet lists no GPUS_ALL_REGIONS pool for Spot
             )
         )
-    except ComputeApiError as e:
-        rows.append(api_error_row("GPU quota", GLOBAL, e, req.project))
     try:
         rows += check_image(req, api.image_from_family(req.image_project, req.image_family))
     except ComputeApiError as e:

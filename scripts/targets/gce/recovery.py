@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet
@@ -39,6 +40,9 @@ from scripts.job.records import (
     TrainingError,
 )
 from scripts.settings import Settings
+
+if TYPE_CHECKING:
+    from scripts.fabric_verify import FabricCheck
 from scripts.targets.gce.stack import StackOutputs
 from scripts.targets.session import FleetSession
 
@@ -241,9 +245,15 @@ class RecoveringSession(FleetSession):
         keep: bool = False,
         confirm_s: float = 60.0,
         connect_deadline_s: float | None = None,
+        fabric: FabricCheck | None = None,
     ) -> None:
         super().__init__(
-            fleet, settings, hourly_usd=hourly_usd, keep=keep, connect_deadline_s=connect_deadline_s
+            fleet,
+            settings,
+            hourly_usd=hourly_usd,
+            keep=keep,
+            connect_deadline_s=connect_deadline_s,
+            fabric=fabric,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
 
@@ -334,7 +344,7 @@ class RecoveringSession(FleetSession):
             self.fleet = self.nodes.recreate(names)
             # fresh VMs boot: the long wait, also when this session attached to running ones
             self.connect_deadline_s = max(self.connect_deadline_s, self.settings.connect_deadline_s)
-            self.verify()
+            self.verify(fabric=True)  # fresh VMs: their GPU network is set up again
         except Interrupted:
             raise
         except GputrainError as e:

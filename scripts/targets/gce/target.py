@@ -187,6 +187,7 @@ class GceTarget(StackTarget[GceClients]):
         connect_deadline_s: float | None,
     ) -> RecoveringSession:
         """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
+        from scripts.fabric_verify import FabricCheck
         from scripts.targets.gce.bucket import run_bucket
         from scripts.targets.gce.recovery import RecoveringSession, StackNodes
         from scripts.targets.gce.stack import parse_stack_outputs
@@ -213,6 +214,7 @@ class GceTarget(StackTarget[GceClients]):
             keep=keep,
             confirm_s=self.clients.preemption_confirm_s,
             connect_deadline_s=connect_deadline_s,
+            fabric=FabricCheck.of(spec.fabric),
         )
 
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:
@@ -220,6 +222,14 @@ class GceTarget(StackTarget[GceClients]):
         from scripts.targets.gce.failover import provision_with_failover
         from scripts.targets.gce.teardown import pulumi_line
 
+        if spec.capacity == "flex-start":
+            from infra.capacity import FLEX_START_CREATE_TIMEOUT
+
+            ui.say(
+                f"up: Flex-start queues for capacity: each VM waits up to "
+                f"{FLEX_START_CREATE_TIMEOUT} for the Dynamic Workload Scheduler (Ctrl-C stops "
+                "the wait and destroys everything created so far)"
+            )
         zone, outputs = provision_with_failover(
             self.runner,
             zones,
