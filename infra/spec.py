@@ -21,7 +21,7 @@ from infra.fabric_fields import read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
 from infra.offers import Candidate
 from infra.placement import place
-from infra.prices import ZonePrice, price_table
+from infra.prices import ZonePrice
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,

@@ -95,21 +95,9 @@ def cmd_plan(ctx: Context) -> int:
 
 
 def cmd_gpus(ctx: Context) -> int:
-    """What the catalog offers, like `sky show-gpus`: pure, no cloud call, no heavy import."""
-    from infra.offer_tables import LISTING_HEADERS, gpu_offerings, listing_rows
-    from infra.prices import price_table
-    from scripts import ui
+    from scripts.gpus import show_gpus
 
-    a = ctx.args
-    offerings = gpu_offerings(a.what, spot=a.spot, region=a.region)
-    if not offerings:
-        raise UserError(f"gpus: nothing offers {a.what or 'a GPU'} in {a.region}")
-    mode = "Spot" if a.spot else "on-demand"
-    where = f" in {a.region}" if a.region else ""
-    ui.table(f"GPUs, {mode}{where}", LISTING_HEADERS, listing_rows(offerings, a.spot))
-    table = price_table()
-    ui.say(f"Prices: USD per GPU-hour, {mode}, from {table.source}, as of {table.as_of}.")
-    ui.say("Ask for them in a stack: gputrain:gpus: MODEL:COUNT (e.g. H100:16) or 40GB+:8.")
+    show_gpus(ctx.args.what, spot=ctx.args.spot, region=ctx.args.region)
     return EXIT_OK
 
 

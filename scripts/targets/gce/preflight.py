@@ -10,9 +10,9 @@ from infra import catalog
 from infra.base.errors import GputrainError
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
 from infra.compute import ComputeApi, ComputeApiError
+from infra.compute_capacity import get_reservation, network_profile_exists
 from infra.offer_tables import MAX_ROWS, Check
 from infra.offers import Candidate
-from infra.compute_capacity import get_reservation, network_profile_exists
 from infra.preflight import (
     GLOBAL,
     PROJECT,
