@@ -312,7 +312,7 @@ def fmt(x: float | None) -> str:
 
 
 @record
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.healthcheck", description=__doc__)
     p.add_argument(
         "--out",
@@ -342,9 +342,13 @@ def main(argv: list[str] | None = None) -> None:
     max_bytes = args.max_bytes or (2**30 if env.device.type == "cuda" else 2 * 2**20)
     overall = report(run_checks(env, max_bytes), env, out)
     teardown(env)
-    if overall == FAIL:
-        sys.exit(1)
+    return 1 if overall == FAIL else 0
 
 
 if __name__ == "__main__":
-    main()
+    status = main()
+    # health.json is written: leave without C++ static destructors, where gloo's threads were
+    # seen to abort a rank that had passed ("terminate called without an active exception")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if status is None else status)  # @record types main as returning int | None
