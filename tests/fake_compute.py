@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
 import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -23,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from infra.catalog import region_of
+from tests.fake_http import FakeHttpServer, send_json
 from tests.fake_iam import FakeIamMixin
 
 PROJECT = "gputrain-test"
@@ -172,7 +172,7 @@ class _Injected:
     times: int
 
 
-class FakeCompute(FakeIamMixin):
+class FakeCompute(FakeIamMixin, FakeHttpServer):
     """The fake server plus the Python API tests use to shape its world (thread-safe); it also
     answers the IAM and Cloud Resource Manager reads the sweep makes (tests/fake_iam.py)."""
 
@@ -206,32 +206,7 @@ class FakeCompute(FakeIamMixin):
         self._init_iam()
         if seed:
             self.seed_from_facts()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    # -- lifecycle
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FakeCompute:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeCompute:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._serve()
 
     # -- seeding from facts
 
@@ -604,12 +579,7 @@ class FakeCompute(FakeIamMixin):
                 query = parse_qs(parts.query)
                 path = unquote(parts.path)
                 status, body = fake._dispatch(method, path, query)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
         return Handler
 

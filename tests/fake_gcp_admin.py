@@ -15,7 +15,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -23,6 +23,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.padding import PKCS1v15
 from cryptography.hazmat.primitives.hashes import SHA256
+
+from tests.fake_http import FakeHttpServer, send_json
 
 PROJECT = "gputrain-test"
 NUMBER = "123456789012"
@@ -66,31 +68,14 @@ class AdminWorld:
     tokens_issued: int = 0
 
 
-class FakeGcpAdmin:
+class FakeGcpAdmin(FakeHttpServer):
     def __init__(self) -> None:
         self.world = AdminWorld()
         self.requests: list[tuple[str, str, Any]] = []
         self._injected: list[_Injected] = []
         self._keys: dict[str, Any] = {}  # private_key_id -> RSA public key of a service account
         self._lock = threading.RLock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakeGcpAdmin:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._serve()
 
     def inject_error(
         self, path_regex: str, status: int, message: str, reason: str, *, times: int = 1
@@ -148,12 +133,7 @@ class FakeGcpAdmin:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length).decode() if length else ""
                 status, body = fake._dispatch(method, unquote(parts.path), parts.query, raw)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
             def do_GET(self) -> None:
                 self._answer("GET")

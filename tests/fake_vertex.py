@@ -22,9 +22,11 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fake_http import FakeHttpServer, send_json
 
 PROJECT, PROJECT_NUMBER = "gputrain-test", "123456789012"
 LOG_PAGE_SIZE = 3  # small on purpose: every test that reads logs crosses a page boundary
@@ -93,7 +95,7 @@ class _HttpError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-class FakeVertex:
+class FakeVertex(FakeHttpServer):
     """The fake server plus the Python API tests use to drive its world (thread-safe)."""
 
     def __init__(
@@ -114,36 +116,16 @@ class FakeVertex:
         self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
         self._injected: list[tuple[str, re.Pattern[str], int, str, str, list[int]]] = []
         self._threads: list[threading.Thread] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._serve()
 
     # -- lifecycle
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FakeVertex:
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
         for job in self.jobs.values():
             job.cancelled.set()
         for t in self._threads:
             t.join(timeout=10)
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeVertex:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().stop()
 
     # -- the API tests use
 
@@ -262,12 +244,7 @@ class FakeVertex:
                 raw = self.rfile.read(length) if length else b""
                 query = parse_qs(parts.query, keep_blank_values=True)
                 status, body = fake._dispatch(method, parts.path, query, raw)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
             def do_GET(self) -> None:
                 self._serve("GET")
