@@ -241,11 +241,18 @@ def source_ranges(s: ConfigReader, anywhere: bool) -> tuple[str, ...]:
 MAX_SSH_ADDRESSES = 2**24  # a /8: a wider union of SSH sources needs allowSshFromAnywhere
 
 
+IPV4_ADDRESSES = 2**32
+
+
 def covered_addresses(ranges: list[str] | tuple[str, ...]) -> int:
-    """How many IPv4 addresses the union of these CIDRs covers (overlaps counted once):
-    0.0.0.0/1 + 128.0.0.0/1 is the whole internet, like 0.0.0.0/0."""
+    """How many IPv4 addresses the union of these CIDRs covers (overlaps counted once)."""
     nets = [ipaddress.IPv4Network(r) for r in ranges]
     return sum(n.num_addresses for n in ipaddress.collapse_addresses(nets))
+
+
+def whole_internet(ranges: list[str] | tuple[str, ...]) -> bool:
+    """The ranges together cover every IPv4 address (one /0, or halves such as two /1s)."""
+    return bool(ranges) and covered_addresses(ranges) == IPV4_ADDRESSES
 
 
 def labels(s: ConfigReader) -> dict[str, str]:

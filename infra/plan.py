@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infra import capacity, catalog, vertex
 from infra.fabric import FABRICS
-from infra.fields import covered_addresses
+from infra.fields import IPV4_ADDRESSES, covered_addresses
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
 from infra.offers import Candidate
 from infra.prices import price_table
@@ -81,7 +81,7 @@ def ssh_exposure(spec: ClusterSpec) -> str:
     if not spec.ssh_source_ranges:
         return f"SSH exposure: port 22 on {reached}, from nowhere yet (sshSourceRanges is not set)"
     n = covered_addresses(spec.ssh_source_ranges)
-    whole = ", the whole IPv4 internet" if n == 2**32 else ""
+    whole = ", the whole IPv4 internet" if n == IPV4_ADDRESSES else ""
     return (
         f"SSH exposure: port 22 on {reached} (public IP), from {', '.join(spec.ssh_source_ranges)} "
         f"({n:,} address{'es' if n != 1 else ''}{whole}); nodes reach each other by network tag"

@@ -210,6 +210,7 @@ CASES: list[tuple[str, Callable[[World], object], str, str, str, str]] = [
     ("not in ranges", _stack(gputrain__sshSourceRanges="[198.51.100.0/24]"), "sshSourceRanges", "fail", "(203.0.113.7) is not in 198.51.100.0/24", "'gputrain:sshSourceRanges[1]' 203.0.113.7/32 --stack lab"),
     ("address unknown", lambda w: setattr(w.gce, "public_address", lambda: None), "sshSourceRanges", "unknown", "could not be looked up", "GPUTRAIN_PUBLIC_IP"),
     ("open to anyone", _stack(gputrain__sshSourceRanges="[0.0.0.0/0]", gputrain__allowSshFromAnywhere="true"), "sshSourceRanges", "warn", "open to anyone", ""),
+    ("open in two halves", _stack(gputrain__sshSourceRanges="[0.0.0.0/1, 128.0.0.0/1]", gputrain__allowSshFromAnywhere="true"), "sshSourceRanges", "warn", "0.0.0.0/1, 128.0.0.0/1: SSH is open to anyone", ""),
 ]  # fmt: skip
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorReport:
     """All rows for `stack` (None: the rows that need no stack; the rest say "no stack given").
     A stack file that does not parse is a UserError, as for every command."""
+    from infra.fields import whole_internet
     from infra.permissions import all_permissions, required_permissions, spec_resource_types
     from infra.spec import parse_spec
     from infra.stackfile import load_stack_config, stack_secrets
@@ -46,7 +47,7 @@ def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorRepo
     )
 
     def address() -> str | None:
-        if spec is None or not spec.ssh_source_ranges or "0.0.0.0/0" in spec.ssh_source_ranges:
+        if spec is None or not spec.ssh_source_ranges or whole_internet(spec.ssh_source_ranges):
             return None  # not needed
         return (clients.public_address or settings.lookup_public_address)()
 

@@ -9,6 +9,7 @@ import ipaddress
 import os
 import urllib.request
 
+from infra.fields import whole_internet
 from infra.spec import ClusterSpec
 from infra.stackfile import StackSecrets
 from scripts.doctor.report import Row
@@ -60,8 +61,8 @@ def source_ranges_row(spec: ClusterSpec, address: str | None) -> Row:
     if not ranges:
         return Row(name, "fail", "empty: nobody could reach the head over SSH", add)
     listed = ", ".join(ranges)
-    if "0.0.0.0/0" in ranges:
-        return Row(name, "warn", "0.0.0.0/0: SSH is open to anyone (allowSshFromAnywhere)")
+    if whole_internet(ranges):
+        return Row(name, "warn", f"{listed}: SSH is open to anyone (allowSshFromAnywhere)")
     if address is None:
         return Row(
             name,
