@@ -160,7 +160,7 @@ class VertexTarget(StackTarget[VertexClients]):
         except Exception as e:  # no outputs, no bucket known to us: destroy decides
             ui.warn(f"down: could not read the outputs of stack {self.stack}: {e}")
             raw = {}
-        bare = VertexOutputs(project, spec.region, "", "", False, "")
+        bare = VertexOutputs(project, spec.region, "", "", "")
         VertexSession(spec, bare, self.clients, self.settings).cancel(None)
         kept = settle_bucket(
             raw,

@@ -57,7 +57,6 @@ class VertexOutputs:
     region: str
     bucket: str
     bucket_prefix: str
-    bucket_owned: bool
     service_account: str
 
 
@@ -72,7 +71,6 @@ def parse_vertex_outputs(outputs: Mapping[str, Any]) -> VertexOutputs:
         region=need["region"],
         bucket=need["bucket"],
         bucket_prefix=str(outputs.get("bucketPrefix") or ""),
-        bucket_owned=bool(outputs.get("bucketOwned")),
         service_account=need["serviceAccount"],
     )
 
