@@ -317,9 +317,10 @@ def _one_line(e: object) -> str:
 
 
 def _message(e: Any) -> str:
-    """The server's message, without the "POST http://...: " that api_core puts in front."""
-    text = _one_line(getattr(e, "message", "") or e)
-    return re.sub(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ", "", text)
+    """The server's message on one line, without the "POST http://...: " api_core puts first."""
+    from infra.gcp_api import message
+
+    return _one_line(message(e))
 
 
 def _code(e: Any) -> str:
