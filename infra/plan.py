@@ -122,7 +122,7 @@ def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = Non
     table = price_table()
     where = f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone
     note = (
-        f"Prices: USD, {PRICE_BASIS[spec.capacity]} in {where}, from {table.source}, "
+        f"Prices: USD, {price_basis(spec)} in {where}, from {table.source}, "
         f"as of {table.as_of}"
         + (f" ({spec.price.note})" if spec.price and spec.price.note else "")
         + f"; disks and network extra. {quota}."
@@ -180,6 +180,15 @@ PRICE_BASIS = {
 }
 
 
+def price_basis(spec: ClusterSpec) -> str:
+    """PRICE_BASIS, except that Flex-start on G2 is not discounted: it bills on-demand."""
+    if spec.capacity == "flex-start" and not capacity.flex_start_discounted(
+        catalog.MACHINE_TYPES[spec.machine_type]
+    ):
+        return "on-demand (Flex-start is not discounted on G2)"
+    return PRICE_BASIS[spec.capacity]
+
+
 def capacity_note(spec: ClusterSpec) -> str:
     """How the VMs get their GPUs: the provisioning model, placement and what it bills."""
     if spec.on_vertex:
@@ -194,8 +203,9 @@ def capacity_note(spec: ClusterSpec) -> str:
         else "no placement policy (the capacity places the VMs densely itself)"
     )
     mt = catalog.MACHINE_TYPES[spec.machine_type]
+    below = "<= " if capacity.flex_start_discounted(mt) else ""  # G2: no Flex-start discount
     per_mode = ", ".join(
-        f"{m} {'<= ' if m == 'flex-start' else ''}"
+        f"{m} {below if m == 'flex-start' else ''}"
         + money(spec.price.hourly(m == "spot") if spec.price else None)
         for m in capacity.offered(mt)
     )

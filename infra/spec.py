@@ -17,7 +17,7 @@ from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
 from infra.base.records import GpuExpectation
 from infra.fabric import FabricPlan
-from infra.fabric_fields import read_capacity, read_fabric
+from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
 from infra.offers import Candidate
 from infra.placement import place
@@ -89,6 +89,9 @@ class ClusterSpec:
     capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
+    capacity_ladder: tuple[modes.Capacity, ...] = ()  # `capacity` as a list: tried in order
+    reservation_bound: bool | None = None  # reservationBound; None: `up` reads the reservation
+    wait_for_capacity_s: int = 0  # waitForCapacity: how long `up` retries stock-outs
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -98,6 +101,7 @@ class ClusterSpec:
             self.machine_type,
             max_run_duration_s=self.max_run_duration_s,
             reservation=self.reservation,
+            dense_reservation=bool(self.reservation_bound),
         )
 
     @property
@@ -190,7 +194,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         )
     # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
     # validates it against the machine below
-    mode = modes.resolved_capacity(cfg.text("capacity"), cfg.text("spot"))
+    mode = modes.resolved_capacity(capacity_in_use(cfg), cfg.text("spot"))
     where = place(cfg, spot=mode == "spot", backend=backend)
     mt, accelerator, gpus, attach, nodes = where.shape
 
@@ -258,12 +262,12 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     own_policy = modes.instance_capacity(
         cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
     ).placement_policy
-    if placement_raw == "compact" and not own_policy:
+    if placement_raw == "compact" and cap.capacity == "reservation":
         raise CHECK.fail(
             "placement",
             "compact",
-            f"capacity {cap.capacity} places the VMs densely itself (no placement policy is "
-            "allowed); use auto or none",
+            "capacity reservation: the reservation decides where its VMs run (a VM consuming it "
+            "takes no placement policy of ours); use auto or none",
         )
     if placement_raw == "compact" and not mt.compact_placement:
         raise CHECK.fail(
@@ -333,6 +337,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         candidates=where.candidates,
         capacity=cap.capacity,
         reservation=cap.reservation,
+        capacity_ladder=cap.ladder,
+        reservation_bound=cap.reservation_bound,
+        wait_for_capacity_s=cap.wait_for_capacity_s,
         fabric=read_fabric(
             cfg, mt, nodes, zone=where.zone, project=project, existing_network=network
         ),

@@ -201,6 +201,8 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         }
         self.operations: dict[str, list[dict[str, Any]]] = {}  # zone -> operations, oldest first
         self.reservations: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> body
+        self.reservation_owners: dict[tuple[str, str], str] = {}  # (zone, name) -> its project
+        self.readable_projects: set[str] = set()  # other projects whose reservations we may get
         self.network_profiles: dict[str, dict[str, Any]] = {}  # name -> body (global)
         self._injected: list[_Injected] = []
         self._init_iam()
@@ -325,10 +327,24 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         in_use: int = 0,
         status: str = "READY",
         specific_required: bool = True,
+        deployment_type: str | None = None,
+        reservation_mode: str | None = None,
+        owner: str | None = None,
     ) -> None:
-        """A specific (SKU) reservation as reservations.get returns it (int64 as strings)."""
+        """A specific (SKU) reservation as reservations.get returns it (int64 as strings).
+        `deployment_type` DENSE and `reservation_mode` CALENDAR are the shapes of A3/A4 future
+        reservations and calendar-mode ones; `owner`: a shared reservation of another project,
+        readable at projects/OWNER/... (other projects' reads are refused with a 403)."""
+        extra: dict[str, Any] = {}
+        if deployment_type:
+            extra["deploymentType"] = deployment_type
+        if reservation_mode:
+            extra["reservationMode"] = reservation_mode
+        if owner:
+            extra["shareSettings"] = {"shareType": "SPECIFIC_PROJECTS"}
         with self._lock:
-            self.reservations[(zone, name)] = {
+            self.reservation_owners[(zone, name)] = owner or self.project
+            self.reservations[(zone, name)] = extra | {
                 "kind": "compute#reservation",
                 "id": str(next(self._ids)),
                 "name": name,
@@ -558,6 +574,19 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
 
     # -- request handling
 
+    def _reservation(self, project: str, zone: str, name: str) -> dict[str, Any]:
+        """reservations.get: a shared reservation is read in its owner's project, which
+        refuses a caller it has not granted compute.reservations.get."""
+        path = f"projects/{project}/zones/{zone}/reservations/{name}"
+        if project != self.project and project not in self.readable_projects:
+            raise _HttpError(
+                403, f"Required 'compute.reservations.get' permission for '{path}'", "forbidden"
+            )
+        body = self.reservations.get((zone, name))
+        if body is None or self.reservation_owners.get((zone, name)) != project:
+            raise _not_found(path)
+        return body
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -603,6 +632,8 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         rest = path[len(prefix) :].strip("/").split("/")
         project, rest = rest[0], rest[1:]
         q = {k: v[0] for k, v in query.items()}
+        if len(rest) == 4 and rest[0] == "zones" and rest[2] == "reservations":
+            return self._reservation(project, rest[1], rest[3])
         if project != self.project and not (len(rest) >= 3 and rest[:2] == ["global", "images"]):
             raise _HttpError(
                 403,
@@ -659,11 +690,6 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                 if inst is None:
                     raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
                 return inst.body
-            case ["zones", zone, "reservations", name]:
-                body = self.reservations.get((zone, name))
-                if body is None:
-                    raise _not_found(f"projects/{project}/zones/{zone}/reservations/{name}")
-                return body
             case ["global", "networkProfiles", name]:
                 body = self.network_profiles.get(name)
                 if body is None:

@@ -181,3 +181,18 @@ def test_fabric_stacks_plan_their_capacity_network_and_cost_per_mode() -> None:
     assert "upper bound of Flex-start (derived" in flex.price_note
     assert "PREEMPTIBLE_NVIDIA_H100_MEGA_GPUS" in flex.price_note
     assert plan_stack(ROOT, "h100").fabric_note == ""  # one NIC: a warning says what it costs
+
+
+def test_flex_start_on_g2_is_priced_on_demand_not_as_an_upper_bound() -> None:
+    """Flex-start is discounted on A2/A3/A4, not on G2 (Compute's Flex-start pricing)."""
+    from infra.plan import build_plan
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    config = load_stack_config(ROOT, "dev") | {
+        "gputrain:capacity": "flex-start",
+        "gputrain:spot": "",
+    }
+    g2 = build_plan(parse_spec(config, "dev"))
+    assert "on-demand (Flex-start is not discounted on G2)" in g2.price_note
+    assert "flex-start <= " not in g2.capacity_note and "flex-start $" in g2.capacity_note

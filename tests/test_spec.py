@@ -420,3 +420,11 @@ def test_gpu_direct_off_and_single_node_keep_one_nic_and_the_old_subnet() -> Non
         assert len(spec.fabric.nics) == 1 and spec.fabric.primary_cidr == "10.42.0.0/20"
     mega = parse_spec(_cfg(machineType="a3-megagpu-8g", nodes="2"), "dev")
     assert mega.fabric is not None and mega.fabric.networks_needed == 9
+
+
+def test_flex_start_takes_compact_placement_when_asked_auto_adds_none() -> None:
+    """Google's Flex-start create samples allow an optional compact policy on standalone VMs;
+    DWS allocates densely, so auto adds none."""
+    base = {"machineType": "a3-megagpu-8g", "nodes": "2", "capacity": "flex-start"}
+    assert parse_spec(_cfg(**base), "dev").placement == "none"
+    assert parse_spec(_cfg(**base, placement="compact"), "dev").placement == "compact"

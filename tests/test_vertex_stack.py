@@ -249,9 +249,9 @@ BAD_VERTEX: list[tuple[str, dict[str, str], str]] = [
         "gputrain:capacity = 'on-demand': a3-highgpu-2g is not offered as on-demand",
     ),
     (
-        "flex-start-on-vertex",
-        _vertex(machineType="a3-highgpu-8g", capacity="flex-start"),
-        "gputrain:capacity = 'flex-start': not supported with backend vertex; allowed: on-demand",
+        "reservation-on-vertex",
+        _vertex(machineType="a3-highgpu-8g", capacity="reservation", reservation="r"),
+        "gputrain:capacity = 'reservation': not supported with backend vertex; allowed: on-demand",
     ),
     (
         "gpu-on-g2",

@@ -31,6 +31,7 @@ from scripts.targets.gce.bucket import to_fetch
 from scripts.targets.gce.stack import OUT, target_name
 from scripts.targets.vertex_clients import VertexClients
 from scripts.targets.vertex_job import (
+    DEFAULT_FLEX_START_WAIT_S,
     JobRequest,
     JobStatus,
     build_sdist,
@@ -214,6 +215,9 @@ class VertexSession:
             labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
             service_account=self.out.service_account,
             executor_image=spec.executor_image,
+            flex_start_wait_s=(spec.wait_for_capacity_s or DEFAULT_FLEX_START_WAIT_S)
+            if spec.capacity == "flex-start"
+            else 0,
         )
 
     def _follow(self, name: str, log: IO[str] | None = None) -> Followed:

@@ -32,6 +32,7 @@ class GceClients:
     )
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     preemption_confirm_s: float = 60.0  # a node killed or lost: how long to ask "preempted?"
+    capacity_pause_s: tuple[float, float] = (30.0, 600.0)  # stock-outs: first and longest pause
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
     _storage: dict[str | None, StorageApi] = field(default_factory=dict, init=False, repr=False)
 

@@ -10,7 +10,7 @@ from infra import catalog
 from infra.base.errors import GputrainError
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
 from infra.compute import ComputeApi, ComputeApiError
-from infra.compute_capacity import get_reservation, network_profile_exists
+from infra.compute_capacity import get_reservation, network_profile_exists, split_reservation
 from infra.offer_tables import MAX_ROWS, Check
 from infra.offers import Candidate
 from infra.preflight import (
@@ -32,6 +32,7 @@ from infra.preflight_fabric import (
     check_network_quota,
     check_reservation,
     reservation_quota_row,
+    shared_reservation_denied,
 )
 from infra.spec import ClusterSpec
 from scripts import ui
@@ -106,6 +107,20 @@ def check_candidates(
     return checks
 
 
+def reservation_binds(spec: ClusterSpec, api: ComputeApi, zone: str) -> bool:
+    """Whether the stack's reservation (in `zone`) needs RESERVATION_BOUND VMs: a dense or
+    calendar-mode one (reservations.get). False when it cannot be read (preflight says why)."""
+    assert spec.project is not None and spec.reservation is not None
+    try:
+        info = get_reservation(api, spec.project, zone, spec.reservation)
+    except ComputeApiError as e:
+        ui.warn(
+            f"reservation {spec.reservation}: {e}; its VMs stay {spec.instance_capacity.provisioning_model}"
+        )
+        return False
+    return info is not None and info.requires_bound
+
+
 def preflight_zones(spec: ClusterSpec, api: ComputeApi) -> list[str]:
     """Run the checks in every zone; print one table; return the zones that pass."""
     report = preflight(request_for(spec), spec.zones, api=api)
@@ -144,8 +159,15 @@ def _capacity_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult
     rows = []
     try:
         if req.reservation:
-            info = get_reservation(api, req.project, req.zone, req.reservation)
-            rows.append(check_reservation(req, info))
+            owner = split_reservation(req.project, req.reservation)[0]
+            try:
+                info = get_reservation(api, req.project, req.zone, req.reservation)
+            except ComputeApiError as e:
+                if e.code != 403 or owner == req.project:
+                    raise
+                rows.append(shared_reservation_denied(req, owner, str(e)))
+            else:
+                rows.append(check_reservation(req, info))
         if req.roce:
             name = f"{req.zone}-vpc-roce"
             rows.append(check_network_profile(req, network_profile_exists(api, req.project, name)))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from infra.offer_tables import Check
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
+    from scripts.targets.gce.capacity_wait import CapacityWait
     from scripts.targets.gce.recovery import RecoveringSession
     from scripts.targets.gce.stack import StackOutputs
 
@@ -107,28 +108,28 @@ class GceTarget(StackTarget[GceClients]):
     def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[FleetSession]:
         from infra.spec import require_deployable
         from scripts.targets.gce.keys import private_key_file
-        from scripts.targets.gce.preflight import preflight_zones
         from scripts.targets.gce.teardown import teardown
 
         spec = self.spec()
+        if spec.capacity_ladder:  # every `up` starts at the top of the capacity list
+            spec = self._use_capacity(spec.capacity_ladder[0])
         self.check_before_spending(spec, opts, self.clients)
         require_deployable(spec)
         max_recoveries = recoveries_allowed(opts, spec)
-        if spec.candidates:
-            ranked = self._passing_candidates(spec, skip=opts.skip_preflight)
-        else:
-            zones = (
-                list(spec.zones)
-                if opts.skip_preflight
-                else preflight_zones(spec, self.clients.compute())
-            )
+        where = self._where(spec, skip=opts.skip_preflight)
+        if spec.capacity == "reservation" and spec.reservation_bound is None:
+            spec = self._pin_reservation_bound(spec, spec.zones[0] if spec.candidates else where[0])
         confirm(spec, yes=opts.yes)
+        self._wait_s = (
+            opts.wait_for_capacity_s
+            if opts.wait_for_capacity_s is not None
+            else spec.wait_for_capacity_s
+        )
         cluster: FleetSession | None = None
         try:
-            if spec.candidates:
-                spec, outputs = self._provision_candidates(spec, ranked, opts.max_candidates)
-            else:
-                outputs = self._provision(spec, zones)
+            spec, outputs = self._capacity_wait("nothing is billing").run(
+                lambda: self._create(spec, where, opts), ui.say
+            )
             with private_key_file(self.runner, self.stack) as key:
                 cluster = self._session(
                     spec,
@@ -163,6 +164,11 @@ class GceTarget(StackTarget[GceClients]):
 
         spec = self.spec()  # a broken stack file is still a one-line error
         max_recoveries = recoveries_allowed(opts, spec)
+        self._wait_s = (
+            opts.wait_for_capacity_s
+            if opts.wait_for_capacity_s is not None
+            else spec.wait_for_capacity_s
+        )
         outputs = self.runner.outputs()
         if not outputs.get("nodes"):
             raise UserError(
@@ -217,19 +223,88 @@ class GceTarget(StackTarget[GceClients]):
             fabric=FabricCheck.of(spec.fabric),
         )
 
+    _wait_s = 0  # --wait-for-capacity / waitForCapacity of this command
+
+    def _capacity_wait(self, billing: str) -> CapacityWait:
+        from scripts.targets.gce.capacity_wait import CapacityWait
+
+        first, longest = self.clients.capacity_pause_s
+        return CapacityWait(self._wait_s, first, longest, billing_note=billing)
+
+    def _where(self, spec: ClusterSpec, *, skip: bool) -> list[Any]:
+        """The ranked candidates (a `gpus` stack) or zones that pass preflight, in order."""
+        if spec.candidates:
+            return list(self._passing_candidates(spec, skip=skip))
+        from scripts.targets.gce.preflight import preflight_zones
+
+        return list(spec.zones) if skip else preflight_zones(spec, self.clients.compute())
+
+    def _spec_for(self, capacity: str) -> ClusterSpec:
+        """The spec with `capacityInUse` set (a rung of the capacity list)."""
+        from infra.spec import parse_spec
+        from infra.stackfile import NS, load_stack_config
+
+        config = load_stack_config(self.settings.root, self.stack)
+        return parse_spec(config | {NS + "capacityInUse": capacity}, self.stack)
+
+    def _use_capacity(self, capacity: str) -> ClusterSpec:
+        from infra.stackfile import NS
+
+        self.runner.set_config(NS + "capacityInUse", capacity)
+        return self._spec_for(capacity)
+
+    def _create(
+        self, spec: ClusterSpec, where: list[Any], opts: RunOptions
+    ) -> tuple[ClusterSpec, dict[str, Any]]:
+        """One round of `pulumi up` with failover; with a capacity list, mode after mode."""
+        if not spec.capacity_ladder:
+            return self._create_in(spec, where, opts)
+        from scripts.targets.gce.capacity_wait import down_the_ladder
+
+        places: dict[str, list[Any]] = {spec.capacity: where}
+
+        def rung(mode: str) -> tuple[ClusterSpec, dict[str, Any]]:
+            s = self._use_capacity(mode)
+            if mode not in places:
+                places[mode] = self._where(s, skip=opts.skip_preflight)
+            return self._create_in(s, places[mode], opts)
+
+        return down_the_ladder(
+            spec.capacity_ladder, rung, ui.say, lambda m: self._spec_for(m).hourly_price
+        )
+
+    def _create_in(
+        self, spec: ClusterSpec, where: list[Any], opts: RunOptions
+    ) -> tuple[ClusterSpec, dict[str, Any]]:
+        if spec.candidates:
+            return self._provision_candidates(spec, where, opts.max_candidates)
+        return spec, self._provision(spec, where)
+
+    def _pin_reservation_bound(self, spec: ClusterSpec, zone: str) -> ClusterSpec:
+        """A dense or calendar-mode reservation takes only RESERVATION_BOUND VMs: read it and
+        write `reservationBound` for the program (as the zone is written)."""
+        from infra.stackfile import NS
+        from scripts.targets.gce.preflight import reservation_binds
+
+        binds = reservation_binds(spec, self.clients.compute(), zone)
+        self.runner.set_config(NS + "reservationBound", "true" if binds else "false")
+        spec = dataclasses.replace(spec, reservation_bound=binds)
+        if binds:
+            ui.say(
+                f"up: reservation {spec.reservation} is dense or calendar-mode: its VMs are "
+                "RESERVATION_BOUND (reservationBound: true)"
+            )
+        return spec
+
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:
         """`pulumi up` with zone failover; the stack outputs."""
         from scripts.targets.gce.failover import provision_with_failover
         from scripts.targets.gce.teardown import pulumi_line
 
         if spec.capacity == "flex-start":
-            from infra.capacity import FLEX_START_CREATE_TIMEOUT
+            from infra.capacity import FLEX_START_NO_QUEUE
 
-            ui.say(
-                f"up: Flex-start queues for capacity: each VM waits up to "
-                f"{FLEX_START_CREATE_TIMEOUT} for the Dynamic Workload Scheduler (Ctrl-C stops "
-                "the wait and destroys everything created so far)"
-            )
+            ui.say(f"up: {FLEX_START_NO_QUEUE} (--wait-for-capacity retries it)")
         zone, outputs = provision_with_failover(
             self.runner,
             zones,
@@ -290,11 +365,17 @@ class GceTarget(StackTarget[GceClients]):
 
     def _recreate(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
         """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
-        zone first, then the rest of the failover order, never destroying what survived."""
+        zone first, then the rest of the failover order, never destroying what survived; all
+        stocked out: wait for capacity as `up` does."""
+        self.runner.refresh(on_output=None)
+        return self._capacity_wait("the surviving VM(s) stay up and bill").run(
+            lambda: self._recreate_once(spec, zone), ui.say
+        )
+
+    def _recreate_once(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
         from scripts.targets.gce.failover import provision_with_failover
         from scripts.targets.gce.teardown import pulumi_line
 
-        self.runner.refresh(on_output=None)
         if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
             from scripts.targets.gce.offer_failover import provision_candidates
 
