@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infra import capacity, catalog, vertex
 from infra.fabric import FABRICS
-from infra.fields import IPV4_ADDRESSES, covered_addresses
+from infra.fields import IPV4_ADDRESSES, covered_addresses, format_duration
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
 from infra.offers import Candidate
 from infra.prices import price_table
@@ -213,6 +213,41 @@ def capacity_note(spec: ClusterSpec) -> str:
         f"Capacity: {spec.capacity}{where} (provisioningModel {ic.provisioning_model}, "
         f"{mode.quota}); {placement}; {mode.billing}. $/h per node by the capacity "
         f"{spec.machine_type} is offered in: {per_mode}."
+        + ladder_note(spec)
+        + wait_note(spec)
+    )
+
+
+def ladder_note(spec: ClusterSpec) -> str:
+    """A capacity list: the modes in order with their $/h per node, and the worst case at the
+    dearest of them (price x nodes x TTL). Pure."""
+    if not spec.capacity_ladder:
+        return ""
+
+    def hourly(mode: str) -> float | None:  # flex-start and reservation at most on-demand
+        return spec.price.hourly(mode == "spot") if spec.price else None
+
+    rungs = [hourly(m) for m in spec.capacity_ladder]
+    known = [p for p in rungs if p is not None]
+    worst = (
+        max(known) * spec.nodes * spec.max_run_duration_s / 3600
+        if len(known) == len(rungs)
+        else None
+    )
+    steps = " -> ".join(f"{m} {money(p)}" for m, p in zip(spec.capacity_ladder, rungs, strict=True))
+    return (
+        f" Capacity list: {steps} per node/h, the next tried only after the previous one's "
+        f"stock-outs in every zone; worst case at the dearest: {money(worst)}."
+    )
+
+
+def wait_note(spec: ClusterSpec) -> str:
+    """waitForCapacity: how long `up` and a spot recovery retry stock-outs. Pure."""
+    if not spec.wait_for_capacity_s:
+        return ""
+    return (
+        f" Stock-outs everywhere are retried for up to {format_duration(spec.wait_for_capacity_s)}"
+        " (waitForCapacity), with backoff; nothing bills while `up` waits."
     )
 
 

@@ -196,3 +196,22 @@ def test_flex_start_on_g2_is_priced_on_demand_not_as_an_upper_bound() -> None:
     g2 = build_plan(parse_spec(config, "dev"))
     assert "on-demand (Flex-start is not discounted on G2)" in g2.price_note
     assert "flex-start <= " not in g2.capacity_note and "flex-start $" in g2.capacity_note
+
+
+def test_plan_shows_the_capacity_list_its_worst_case_and_the_wait() -> None:
+    from infra.plan import build_plan
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    config = load_stack_config(ROOT, "dev") | {
+        "gputrain:capacity": '["spot", "on-demand"]',
+        "gputrain:spot": "",
+        "gputrain:waitForCapacity": "45m",
+    }
+    spec = parse_spec(config, "dev")
+    note = build_plan(spec).capacity_note
+    spot, demand = (spec.price.hourly(s) for s in (True, False)) if spec.price else (0, 0)
+    worst = demand * spec.nodes * spec.max_run_duration_s / 3600
+    assert f"Capacity list: spot ${spot:,.2f} -> on-demand ${demand:,.2f} per node/h" in note
+    assert f"worst case at the dearest: ${worst:,.2f}." in note
+    assert "retried for up to 45m (waitForCapacity)" in note
