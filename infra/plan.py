@@ -212,9 +212,7 @@ def capacity_note(spec: ClusterSpec) -> str:
     return (
         f"Capacity: {spec.capacity}{where} (provisioningModel {ic.provisioning_model}, "
         f"{mode.quota}); {placement}; {mode.billing}. $/h per node by the capacity "
-        f"{spec.machine_type} is offered in: {per_mode}."
-        + ladder_note(spec)
-        + wait_note(spec)
+        f"{spec.machine_type} is offered in: {per_mode}." + ladder_note(spec) + wait_note(spec)
     )
 
 

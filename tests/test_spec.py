@@ -435,7 +435,7 @@ def test_flex_start_takes_compact_placement_when_asked_auto_adds_none() -> None:
     [
         (
             {"capacity": '["spot", "on-demand", "spot"]'},
-            "gputrain:capacity = '[\"spot\", \"on-demand\", \"spot\"]': spot is listed twice",
+            'gputrain:capacity = \'["spot", "on-demand", "spot"]\': spot is listed twice',
         ),
         (
             {"machineType": "a4-highgpu-8g", "capacity": '["spot", "on-demand"]'},
@@ -450,9 +450,7 @@ def test_flex_start_takes_compact_placement_when_asked_auto_adds_none() -> None:
         ({"reservationBound": "maybe"}, "gputrain:reservationBound = 'maybe': allowed: true"),
     ],
 )
-def test_bad_capacity_lists_and_waits_are_one_line(
-    overrides: dict[str, str], message: str
-) -> None:
+def test_bad_capacity_lists_and_waits_are_one_line(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(SpecError) as err:
         parse_spec(_cfg(**{"spot": "", **overrides}), "dev")
     assert str(err.value).startswith(message) and "\n" not in str(err.value)

@@ -74,7 +74,9 @@ def test_the_wait_ends_with_the_last_stockout_and_how_long_it_waited(
         wait(200, clock).run(lambda: provision_with_failover(runner, [A, B]), lambda _l: None)
     msg = str(err.value)
     assert msg.startswith("could not create the cluster: no capacity in any of your zones")
-    assert msg.endswith("waited 3m20s for capacity (--wait-for-capacity) over 4 round(s); still none")
+    assert msg.endswith(
+        "waited 3m20s for capacity (--wait-for-capacity) over 4 round(s); still none"
+    )
     assert sum(clock.slept) <= 200 and clock.slept[-1] < 240  # the last pause fits the limit
     assert sweep(fake.project, "dev", api=api) == []
 
