@@ -276,7 +276,8 @@ def _parser() -> argparse.ArgumentParser:
                 "--max-recoveries",
                 type=int,
                 metavar="N",
-                help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
+                help="(--stack) nodes GCE takes away to recover from: spot preemptions, host errors, "
+                "host maintenance (default: 3)",
             )
         if name == "verify":
             c.add_argument(

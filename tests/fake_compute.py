@@ -477,10 +477,20 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
             if with_boot_disk:
                 self.resources["disks"].pop((f"zones/{zone}", name), None)
 
-    def preempt_instance(self, name: str, zone: str, *, delete_after_s: float = 0.5) -> None:
+    def preempt_instance(
+        self,
+        name: str,
+        zone: str,
+        *,
+        delete_after_s: float = 0.5,
+        kind: str = "compute.instances.preempted",
+        message: str = "Instance was preempted.",
+    ) -> None:
         """What GCE does to a spot VM it takes back: the instance goes STOPPING, the zone records
         a `compute.instances.preempted` operation, and (termination action DELETE) the instance
-        and its boot disk are deleted after `delete_after_s`."""
+        and its boot disk are deleted after `delete_after_s`. `kind`
+        `compute.instances.hostError` (or `...terminateOnHostMaintenance`): a host failure
+        ended the VM instead (any provisioning model)."""
         with self._lock:
             inst = self.instances[(zone, name)]
             inst.body["status"] = "STOPPING"
@@ -492,11 +502,11 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                     "id": op_id,
                     "name": f"systemevent-{op_id}",
                     "zone": f"{BASE}/projects/{self.project}/zones/{zone}",
-                    "operationType": "compute.instances.preempted",
+                    "operationType": kind,
                     "targetLink": inst.body["selfLink"],
                     "targetId": inst.body["id"],
                     "status": "DONE",
-                    "statusMessage": "Instance was preempted.",
+                    "statusMessage": message,
                     "user": "system",
                     "progress": 100,
                     "insertTime": now,

@@ -427,10 +427,11 @@ class GceTarget(StackTarget[GceClients]):
 
 
 def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
-    """--max-recoveries, by default 3 on spot (preemptions happen) and 0 on demand."""
+    """--max-recoveries, by default 3 on any capacity: spot VMs are preempted, and host errors and
+    maintenance terminate on-demand and reserved VMs too (recovered the same way)."""
     n = opts.max_recoveries
     if n is None:
-        return 3 if spec.spot else 0
+        return 3
     if not 0 <= n <= 100:
         raise UserError(f"--max-recoveries {n}: allowed 0..100")
     return n
