@@ -12,7 +12,14 @@ from infra.fields import IPV4_ADDRESSES, covered_addresses, format_duration
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
 from infra.offers import Candidate
 from infra.prices import price_table
-from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec
+from infra.spec import (
+    RDMA_IMAGE,
+    RDMA_IMAGE_WHY,
+    ClusterSpec,
+    MissingSetting,
+    missing_settings,
+    parse_spec,
+)
 from infra.spec_warnings import spec_warnings
 from infra.stackfile import load_stack_config
 
@@ -255,9 +262,17 @@ def fabric_note(spec: ClusterSpec) -> str:
     if spec.on_vertex or fabric is None or not fabric.enabled:
         return ""
     published = FABRICS[spec.machine_type]
+    image = (
+        f" Node image: {spec.image_project}/{spec.image_family} ({RDMA_IMAGE_WHY})."
+        if (spec.image_project, spec.image_family) == RDMA_IMAGE
+        else ""
+    )
     return (
         f"GPU network: {fabric.note}. The stack creates {fabric.networks_needed} VPCs and "
         f"{fabric.subnetworks_needed} subnets from {fabric.subnet_range} (NETWORKS/SUBNETWORKS "
-        f"quota); `verify --fabric` requires >= {published.busbw_floor_gbs:g} GB/s bus bandwidth "
+        f"quota); `verify --fabric` measures {published.collective} up to "
+        f"{published.published_bytes // 2**30} GiB and requires >= {published.busbw_floor_gbs:g} "
+        "GB/s bus bandwidth "
         f"(half of the published {published.published_busbw_gbs:g}: {published.published_source})."
+        + image
     )

@@ -31,6 +31,17 @@ from infra.stackfile import (
     SpecError,
 )
 
+#: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
+#: defaults. Google's "Run NCCL on Compute Engine instances": "If you are using standard OS
+#: images, you must also install the latest NVIDIA DOCA-OFED driver" for gIB; its accelerator
+#: images (Ubuntu accelerator, as Cluster Toolkit's A3 Ultra/A4 blueprints use) carry it. Deep
+#: Learning VM images are standard OS images, so RDMA stacks default to the accelerator image
+#: (driver only: PyTorch is pip-installed on each VM before verify).
+RDMA_IMAGE = ("ubuntu-os-accelerator-images", "ubuntu-accelerator-2204-amd64-with-nvidia-580")
+RDMA_IMAGE_WHY = (
+    "gIB needs NVIDIA's DOCA-OFED driver on standard OS images such as Deep Learning VM "
+    "images (Google's NCCL page); the Ubuntu accelerator image has it"
+)
 MIN_RUN_S = 10 * 60
 MAX_RUN_S = 120 * 24 * 3600
 MIN_BOOT_DISK_GB = 50
@@ -296,6 +307,10 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
 
     existing_bucket, bucket_prefix = fields.bucket(cfg)
     acc = catalog.ACCELERATORS[accelerator]
+    fabric = read_fabric(cfg, mt, nodes, zone=where.zone, project=project, existing_network=network)
+    rdma = fabric.enabled and fabric.kind == "rdma"
+    if rdma and (image_project, image_family) == (DEFAULT_IMAGE_PROJECT, DEFAULT_IMAGE_FAMILY):
+        image_project, image_family = RDMA_IMAGE  # left at the defaults: see RDMA_IMAGE_WHY
     return ClusterSpec(
         stack=stack,
         project=project,
@@ -340,9 +355,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         capacity_ladder=cap.ladder,
         reservation_bound=cap.reservation_bound,
         wait_for_capacity_s=cap.wait_for_capacity_s,
-        fabric=read_fabric(
-            cfg, mt, nodes, zone=where.zone, project=project, existing_network=network
-        ),
+        fabric=fabric,
     )
 
 

@@ -215,3 +215,35 @@ def test_plan_shows_the_capacity_list_its_worst_case_and_the_wait() -> None:
     assert f"Capacity list: spot ${spot:,.2f} -> on-demand ${demand:,.2f} per node/h" in note
     assert f"worst case at the dearest: ${worst:,.2f}." in note
     assert "retried for up to 45m (waitForCapacity)" in note
+
+
+def test_rdma_stacks_default_to_the_accelerator_image_and_plan_says_why_and_what_verify_measures() -> (
+    None
+):
+    """Google's NCCL page: gIB needs DOCA-OFED on standard OS images (DLVM); its accelerator
+    images carry it. The published A3 Ultra figure is all_gather at 8 GB: verify measures that."""
+    a4 = plan_stack(ROOT, "a4")
+    assert (a4.spec.image_project, a4.spec.image_family) == (
+        "ubuntu-os-accelerator-images",
+        "ubuntu-accelerator-2204-amd64-with-nvidia-580",
+    )
+    assert "Node image: ubuntu-os-accelerator-images/" in a4.fabric_note
+    assert "DOCA-OFED" in a4.fabric_note
+    assert "measures all_reduce up to 8 GiB" in a4.fabric_note
+    mega = plan_stack(ROOT, "a3mega")  # TCPXO: the DLVM default stays
+    assert mega.spec.image_project == "deeplearning-platform-release"
+    assert "measures all_gather up to 8 GiB" in mega.fabric_note
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    dlvm = load_stack_config(ROOT, "a4") | {
+        "gputrain:imageFamily": "common-cu129-ubuntu-2204-nvidia-580"
+    }
+    warned = build_plan(parse_spec(dlvm, "a4")).warnings
+    assert any("DOCA-OFED driver there, which gputrain does not install" in w for w in warned)
+    ultra = parse_spec(
+        load_stack_config(ROOT, "a4") | {"gputrain:machineType": "a3-ultragpu-8g"}, "a4"
+    )
+    assert ultra.fabric is not None
+    expect = ultra.fabric.expectation()
+    assert (expect.collective, expect.probe_bytes) == ("all_gather", 8 * 2**30)
