@@ -78,11 +78,19 @@ class StackTarget(Generic[C, P]):
         return self._spec
 
     def spec_at(self, chosen: Candidate) -> ClusterSpec:
-        """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it."""
+        """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it. The
+        stack's own choice is the spec already parsed (pinning it changes nothing)."""
         from infra.placement import candidate_label
         from infra.spec import parse_spec
         from infra.stackfile import NS
 
+        spec = self.spec()
+        if (chosen.machine_type, chosen.nodes, chosen.zone) == (
+            spec.machine_type,
+            spec.nodes,
+            spec.zone,
+        ):
+            return spec
         pinned = {NS + "candidate": candidate_label(chosen), NS + "zone": chosen.zone}
         return parse_spec(self.stack_file.config | pinned, self.stack)
 

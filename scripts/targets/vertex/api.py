@@ -152,7 +152,7 @@ class VertexApi:
     # -- jobs
 
     def create_job(self, body: Mapping[str, Any]) -> JobStatus:
-        """Submit a CustomJob (REST JSON body, see vertex_job.custom_job_body)."""
+        """Submit a CustomJob (REST JSON body, see vertex/job.py: custom_job_body)."""
         from google.cloud import aiplatform_v1
 
         job = aiplatform_v1.CustomJob.from_json(json.dumps(body))
