@@ -242,6 +242,8 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         self.set_project_quota("CPUS_ALL_REGIONS", 4800)
         for family, (name, size, state) in DLVM_FAMILIES.items():
             self.add_image(DLVM_PROJECT, family, name, size, deprecated=state)
+        family = "ubuntu-accelerator-2204-amd64-with-nvidia-580"  # the RDMA stacks' default
+        self.add_image("ubuntu-os-accelerator-images", family, f"{family}-v20260522", 50)
 
     # -- seeding API
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.compute import ComputeApi
-from infra.sweep import sweep
+from infra.gcp.compute import ComputeApi
+from infra.gcp.sweep import sweep
 from scripts.targets.gce.capacity_wait import CapacityWait, down_the_ladder, step_line
 from scripts.targets.gce.failover import ProvisioningError, provision_with_failover
 from tests.fake_compute import FakeCompute

@@ -1,5 +1,5 @@
 """The Compute API reads the capacity and fabric preflight needs: a specific reservation
-(`reservations.get`) and a network profile (`networkProfiles.get`). Thin, like infra/compute.py,
+(`reservations.get`) and a network profile (`networkProfiles.get`). Thin, like infra/gcp/compute.py,
 whose clients and error mapping it shares; the rules that judge them live in
 infra/preflight_fabric.py."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.compute import ComputeApi
+from infra.gcp.compute import ComputeApi
 
 COMPUTE_API = "https://compute.googleapis.com"
 
