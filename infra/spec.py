@@ -225,6 +225,14 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
         if problem:
             raise SpecError(f"{NS}{problem} (backend vertex)")
+        if mt.accelerator == "nvidia-b200" and fields.executor_image(cfg) == (
+            vertex.DEFAULT_EXECUTOR_IMAGE
+        ):  # no newer prebuilt tag is confirmed, so no default to switch to: ask for one
+            raise SpecError(
+                f"{NS}executorImage = {vertex.DEFAULT_EXECUTOR_IMAGE!r}: PyTorch 2.4 / CUDA 12.1 "
+                f"has no Blackwell kernels, so it cannot train on {mt.name} (B200 needs PyTorch "
+                ">= 2.7 / CUDA 12.8); set executorImage to such a container (backend vertex)"
+            )
 
     image_family = cfg.text("imageFamily")
     image_project = cfg.text("imageProject")
