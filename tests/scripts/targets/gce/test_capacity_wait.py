@@ -4,6 +4,8 @@ fake Compute server reports until destroyed: nothing may be left billing while i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from infra.gcp.compute import ComputeApi
@@ -127,3 +129,40 @@ def test_a_ladder_whose_every_mode_stocks_out_reports_every_attempt(
     with pytest.raises(ProvisioningError) as err:
         down_the_ladder(["spot", "on-demand"], attempt, lambda _l: None, lambda _m: None)
     assert [a.zone for a in err.value.attempts] == [A, A]
+
+
+def test_a_flex_start_up_says_it_cannot_queue_and_a_stockout_fails_at_once(
+    fake: FakeCompute, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pulumi-gcp's Instance cannot send requestValidForDuration, so GCE allocates Flex-start
+    capacity only if it is free now: `up` says so, and a stock-out fails the round at once
+    (waiting is --wait-for-capacity's, tested above)."""
+    from scripts.cli import main
+    from scripts.settings import Settings
+    from scripts.targets.gce.clients import GceClients
+    from tests.pulumi_mocks import ROOT, TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.flex.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: a3-megagpu-8g\n"
+        "  gputrain:capacity: flex-start\n  gputrain:maxRunDuration: 1d\n"
+        f"  gputrain:zones: [{A}, {B}]\n  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
+        f"  gputrain:sshSourceRanges: [{TEST_SOURCE_RANGE}]\n"
+    )
+    runner = FakeStackRunner("flex", compute=fake, project=fake.project, zones=(A, B))
+    for zone in (A, B):
+        runner.fail_stockout(zone, times=100)
+    gce = GceClients(
+        runner_for=lambda s, r: runner,
+        compute_endpoint=fake.url,
+        retry_pause_s=0,
+    )
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    argv = ["up", "--stack", "flex", "--yes", "--skip-preflight"]
+    assert main(argv, settings, gce) == 1
+    out, err = capsys.readouterr()
+    assert (
+        "up: Flex-start does not queue here: pulumi-gcp cannot send requestValidForDuration" in out
+    )
+    assert "no capacity in any of your zones" in err
+    assert [c[1] for c in runner.calls if c[0] == "up"] == [A, B]  # one round, at once
