@@ -3,6 +3,8 @@ shapes: reservations.get, networkProfiles.get and the project's NETWORKS / SUBNE
 
 from __future__ import annotations
 
+import pytest
+
 from infra.gcp.compute import ComputeApi
 from infra.gcp.compute_capacity import get_reservation, split_reservation
 from infra.preflight import GLOBAL, PreflightReport, request_for
@@ -169,3 +171,25 @@ def test_a_403_on_a_shared_reservation_names_its_owner_project(
     assert (
         info is not None and info.owner == "owner-proj" and info.share_type == "SPECIFIC_PROJECTS"
     )
+
+
+def test_up_pins_reservation_bound_for_the_program(
+    fake: FakeCompute, api: ComputeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `up` writes before `pulumi up`: reservationBound true for a dense reservation (the
+    program then declares RESERVATION_BOUND VMs), false for a plain one."""
+    from scripts.targets.gce.preflight import pin_reservation_bound
+    from tests.fake_stack import FakeStackRunner
+
+    zone = "us-central1-a"
+    fake.add_reservation(zone, "dense", "a3-megagpu-8g", 2, deployment_type="DENSE")
+    fake.add_reservation(zone, "plain", "a3-megagpu-8g", 2)
+    runner = FakeStackRunner("dev", compute=fake, project=fake.project)
+    for name, bound in (("dense", True), ("plain", False)):
+        spec = _spec(fake, "dev", machineType="a3-megagpu-8g", capacity="reservation",
+                     reservation=name, zones=zone, spot="")  # fmt: skip
+        pinned = pin_reservation_bound(spec, runner, api, zone)
+        assert runner.config["gputrain:reservationBound"] == str(bound).lower()
+        expected = "RESERVATION_BOUND" if bound else "STANDARD"
+        assert pinned.instance_capacity.provisioning_model == expected
+    assert capsys.readouterr().out.count("is dense or calendar-mode") == 1

@@ -37,6 +37,7 @@ from infra.preflight_fabric import (
 )
 from infra.spec import ClusterSpec
 from scripts import ui
+from scripts.targets.stack.runner import StackRunner
 
 
 def candidate_request(spec: ClusterSpec, c: Candidate) -> PreflightRequest:
@@ -80,6 +81,23 @@ def check_candidates(
                 failed = [r for r in report.failures if r.scope in scopes]
                 checks[c] = Check(not failed, failed[0].detail if failed else "")
     return checks
+
+
+def pin_reservation_bound(
+    spec: ClusterSpec, runner: StackRunner, api: ComputeApi, zone: str
+) -> ClusterSpec:
+    """A dense or calendar-mode reservation takes only RESERVATION_BOUND VMs: read it and write
+    `reservationBound` for the program (as `up` writes the zone); the spec with it."""
+    from infra.stackfile import NS
+
+    binds = reservation_binds(spec, api, zone)
+    runner.set_config(NS + "reservationBound", "true" if binds else "false")
+    if binds:
+        ui.say(
+            f"up: reservation {spec.reservation} is dense or calendar-mode: its VMs are "
+            "RESERVATION_BOUND (reservationBound: true)"
+        )
+    return dataclasses.replace(spec, reservation_bound=binds)
 
 
 def reservation_binds(spec: ClusterSpec, api: ComputeApi, zone: str) -> bool:

@@ -122,7 +122,10 @@ class GceTarget(StackTarget[GceClients, Provision]):
         mode; `create` walks them, waiting out stock-outs and stepping down a capacity list."""
         where = self._where(spec, skip=opts.skip_preflight)
         if spec.capacity == "reservation" and spec.reservation_bound is None:
-            spec = self._pin_reservation_bound(spec, spec.zones[0] if spec.candidates else where[0])
+            from scripts.targets.gce.preflight import pin_reservation_bound
+
+            zone = spec.zones[0] if spec.candidates else where[0]
+            spec = pin_reservation_bound(spec, self.runner, self.clients.compute(), zone)
         return lambda: self._capacity_wait("nothing is billing").run(
             lambda: self._create(spec, where, opts), ui.say
         )
@@ -195,22 +198,6 @@ class GceTarget(StackTarget[GceClients, Provision]):
         if spec.candidates:
             return self._provision_candidates(spec, where, opts.max_candidates)
         return spec, self._provision(spec, where)
-
-    def _pin_reservation_bound(self, spec: ClusterSpec, zone: str) -> ClusterSpec:
-        """A dense or calendar-mode reservation takes only RESERVATION_BOUND VMs: read it and
-        write `reservationBound` for the program (as the zone is written)."""
-        from infra.stackfile import NS
-        from scripts.targets.gce.preflight import reservation_binds
-
-        binds = reservation_binds(spec, self.clients.compute(), zone)
-        self.runner.set_config(NS + "reservationBound", "true" if binds else "false")
-        spec = dataclasses.replace(spec, reservation_bound=binds)
-        if binds:
-            ui.say(
-                f"up: reservation {spec.reservation} is dense or calendar-mode: its VMs are "
-                "RESERVATION_BOUND (reservationBound: true)"
-            )
-        return spec
 
     @contextmanager
     def create(
