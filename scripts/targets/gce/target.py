@@ -121,7 +121,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
         """Preflight the zones (or rank the `gpus` candidates that pass), read a reservation's
         mode; `create` walks them, waiting out stock-outs and stepping down a capacity list."""
         where = self._where(spec, skip=opts.skip_preflight)
-        if spec.capacity == "reservation" and spec.reservation_bound is None:
+        if spec.capacity == "reservation":  # read anew on every `up`: the reservation may differ
             from scripts.targets.gce.preflight import pin_reservation_bound
 
             zone = spec.zones[0] if spec.candidates else where[0]
