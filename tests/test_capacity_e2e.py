@@ -40,18 +40,6 @@ def test_up_waits_out_three_rounds_of_stockouts_and_gets_the_cluster(
     assert_torn_down(w)
 
 
-def test_without_a_wait_a_stockout_everywhere_ends_at_once(
-    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
-) -> None:
-    w = world()
-    for zone in ZONES:
-        w.runner.fail_stockout(zone, times=3)
-    rc = w.run("up", "--stack", "e2e", "--yes", "--skip-preflight")
-    assert rc == 1 and "no capacity in any of your zones" in capsys.readouterr().err
-    assert ups(w) == [*ZONES]
-    assert_torn_down(w)
-
-
 def test_a_capacity_list_steps_from_spot_to_on_demand_with_its_line(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
