@@ -24,7 +24,7 @@ from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
 from scripts.targets.gce.target import ttl_left_s
-from tests.support import ROOT
+from tests.support import JOBS, ROOT
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import FakeStackRunner
 
@@ -275,7 +275,7 @@ def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
     """Each run its own rendezvous port and its own code dir on the shared node root."""
     work = tmp_path / "work"
     work.mkdir()
-    (work / "ddp_sum.py").write_text((ROOT / "tests" / "jobs" / "ddp_sum.py").read_text())
+    (work / "ddp_sum.py").write_text((JOBS / "ddp_sum.py").read_text())
     env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
     argv = [str(VENV_BIN / "gputrain"), "run", "--local", "--yes", "--env", "DDP_STEPS=12"]
 

@@ -4,3 +4,4 @@ helpers. Nothing here is a test module; test modules import from here, never fro
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
+JOBS = Path(__file__).resolve().parent / "jobs"  # small training jobs the tests launch

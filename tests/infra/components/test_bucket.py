@@ -3,7 +3,6 @@ that bucket only, an existing `bucket` used as is, and the names GCS would refus
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pulumi
@@ -12,26 +11,17 @@ import pytest
 from infra import fields
 from infra.plan import build_plan
 from infra.spec import ClusterSpec, SpecError, parse_spec
-from infra.stackfile import load_stack_config
 from tests.support.pulumi_mocks import (
     ACCOUNT,
     IAM_MEMBER,
-    ROOT,
     TEST_PROJECT,
     GcpMocks,
     deployable_config,
-    pulumi_mocks,
     walk,
 )
 
 BUCKET = "gcp:storage/bucket:Bucket"
 BUCKET_IAM = "gcp:storage/bucketIAMMember:BucketIAMMember"
-
-
-@pytest.fixture
-def mocks() -> Iterator[GcpMocks]:
-    with pulumi_mocks(load_stack_config(ROOT, "dev")) as m:
-        yield m
 
 
 def _spec(**overrides: str) -> ClusterSpec:

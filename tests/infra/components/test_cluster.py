@@ -32,13 +32,6 @@ from tests.support.pulumi_mocks import (
 )
 
 
-@pytest.fixture
-def mocks() -> Iterator[GcpMocks]:
-    """Fresh loop + runtime + mocks + the dev stack's config; the test body builds resources."""
-    with pulumi_mocks(load_stack_config(ROOT, "dev")) as m:
-        yield m
-
-
 def _spec(stack: str, **overrides: str) -> ClusterSpec:
     return parse_spec(deployable_config(stack, **overrides), stack)
 

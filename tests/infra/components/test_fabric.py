@@ -5,14 +5,12 @@ other stack keeps its one NIC."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
 from typing import Any
 
 import pulumi
 import pytest
 
 from infra.spec import ClusterSpec, parse_spec
-from infra.stackfile import load_stack_config
 from tests.support.pulumi_mocks import (
     FIREWALL,
     NETWORK,
@@ -20,15 +18,7 @@ from tests.support.pulumi_mocks import (
     TEST_PROJECT,
     GcpMocks,
     deployable_config,
-    pulumi_mocks,
 )
-from tests.support.pulumi_mocks import ROOT as REPO
-
-
-@pytest.fixture
-def mocks() -> Iterator[GcpMocks]:
-    with pulumi_mocks(load_stack_config(REPO, "dev")) as m:
-        yield m
 
 
 def _spec(**overrides: str) -> ClusterSpec:
