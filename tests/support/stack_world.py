@@ -2,7 +2,7 @@
 FakeStackRunner whose `up` brings sshd test hosts up as the cluster's VMs (and, after a
 preemption, a NEW test host with a new host key for each VM it re-creates), optionally a Cloud
 Storage emulator on the test bed's bridge for the stack's bucket, and `gputrain` wired to them.
-The `world` fixture (tests/conftest.py) makes them.
+The `world` fixture (tests/testbed/conftest.py) makes them.
 """
 
 from __future__ import annotations
