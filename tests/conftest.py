@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.compute import ComputeApi
+from infra.gcp.compute import ComputeApi
 from tests.support.fake_compute import FakeCompute
 from tests.support.gcs_emulator import GcsEmulator
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from infra.base.records import GpuExpectation
-from scripts.verify import GPU_FIELDS, check_gpus, parse_gpu_csv
+from scripts.verify.gpus import GPU_FIELDS, check_gpus, parse_gpu_csv
 
 
 def test_parse_gpu_csv_and_unknowns() -> None:
