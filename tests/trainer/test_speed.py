@@ -62,7 +62,7 @@ def test_a_slow_checkpoint_writer_lowers_the_wall_figure_not_the_training_throug
     real_save = Trainer.save
 
     def slow_save(self: Trainer, step: int) -> None:
-        time.sleep(1.0)  # a slow disk or bucket
+        time.sleep(1.5)  # a slow disk or bucket
         real_save(self, step)
 
     monkeypatch.setattr(Trainer, "save", slow_save)
@@ -70,17 +70,19 @@ def test_a_slow_checkpoint_writer_lowers_the_wall_figure_not_the_training_throug
     base, slow = summary(tmp_path / "base"), summary(tmp_path / "slow")
     assert slow["final_loss"] == base["final_loss"]  # the same run, only slower to save
     saves = 120 // 20
-    assert slow["timed_s"] + saves * 1.0 <= slow["elapsed_s"]  # no sleep inside the timed spans
+    assert slow["timed_s"] + saves * 1.5 <= slow["elapsed_s"]  # no sleep inside the timed spans
     assert slow["timed_steps"] == 120 - 10  # every step after the 10 warm-up steps
     assert slow["tokens_per_s"] == pytest.approx(
         slow["timed_steps"] * slow["tokens_per_step"] / slow["timed_s"]
     )
-    assert slow["tokens_per_s"] > 0.5 * base["tokens_per_s"]  # did not drop (beyond CPU noise)
+    # Did not drop beyond CPU noise (two runs on a shared 2-core machine can differ by 2x; a sleep
+    # inside the timed spans would cut it to about a quarter).
+    assert slow["tokens_per_s"] > 0.35 * base["tokens_per_s"]
     assert slow["wall_tokens_per_s"] < 0.5 * base["wall_tokens_per_s"]  # the wall figure did
     assert slow["wall_tokens_per_s"] < 0.5 * slow["tokens_per_s"]
     slow_rows = [r["tokens_per_s"] for r in metrics(tmp_path / "slow")[2:]]
     base_rows = [r["tokens_per_s"] for r in metrics(tmp_path / "base")[2:]]
-    assert statistics.median(slow_rows) > 0.5 * statistics.median(base_rows)  # intervals too
+    assert statistics.median(slow_rows) > 0.35 * statistics.median(base_rows)  # intervals too
 
 
 def test_the_device_is_synced_only_where_the_clock_pauses(
