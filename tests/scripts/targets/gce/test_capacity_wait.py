@@ -12,8 +12,8 @@ from infra.gcp.compute import ComputeApi
 from infra.gcp.sweep import sweep
 from scripts.targets.gce.capacity_wait import CapacityWait, down_the_ladder, step_line
 from scripts.targets.gce.failover import ProvisioningError, provision_with_failover
-from tests.fake_compute import FakeCompute
-from tests.fake_stack import FakeStackRunner
+from tests.support.fake_compute import FakeCompute
+from tests.support.fake_stack import FakeStackRunner
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 
@@ -140,7 +140,7 @@ def test_a_flex_start_up_says_it_cannot_queue_and_a_stockout_fails_at_once(
     from scripts.cli import main
     from scripts.settings import Settings
     from scripts.targets.gce.clients import GceClients
-    from tests.pulumi_mocks import ROOT, TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
+    from tests.support.pulumi_mocks import ROOT, TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
 
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     (tmp_path / "Pulumi.flex.yaml").write_text(
