@@ -85,6 +85,13 @@ class NodeCloudState:
             return f"{self.event} at {self.preempted_at}"
         return "instance deleted" if self.status is None else f"instance {self.status}"
 
+    def ended(self, node: str) -> str:
+        """`GCE preempted NODE`, `a host error ended NODE`, `host maintenance ended NODE`."""
+        return {
+            "lost to a host error": f"a host error ended {node}",
+            "terminated for host maintenance": f"host maintenance ended {node}",
+        }.get(self.cause, f"GCE preempted {node}")
+
     @property
     def cause(self) -> str:
         """preempted / lost to a host error / terminated for host maintenance."""
@@ -353,9 +360,9 @@ class RecoveringSession(FleetSession):
     def _exhausted(
         self, job: Job, preempted: Mapping[str, NodeCloudState], done: int
     ) -> RecoveryError:
-        what = ", ".join(f"{n} {s.cause} ({s.evidence})" for n, s in preempted.items())
+        what = ", ".join(f"{s.ended(n)} ({s.evidence})" for n, s in preempted.items())
         return RecoveryError(
-            f"run {job.run_id}: GCE took away {what} and --max-recoveries "
+            f"run {job.run_id}: {what} and --max-recoveries "
             f"{self.max_recoveries} allows no more recoveries ({done} done). Its newest checkpoint is in "
             f"{job.env.get(CHECKPOINT_URI_ENV) or 'the nodes out dirs'} and comes home "
             "with the results"

@@ -310,3 +310,12 @@ def test_an_on_demand_node_lost_to_a_host_error_is_found_and_waited_for() -> Non
         assert list(found) == ["dev-node-1"] and found["dev-node-1"].cause == "lost to a host error"
         fake.instances[(ZONE, "dev-node-1")].body["status"] = "RUNNING"  # automatic restart
         assert nodes.recreate(found) == "fleet"
+
+
+def test_the_end_of_recoveries_names_what_gce_did_to_each_node() -> None:
+    at = "2026-11-23T10:00:00Z"
+    assert NodeCloudState("n1", None, at).ended("n1") == "GCE preempted n1"
+    err = NodeCloudState("n2", "TERMINATED", at, "compute.instances.hostError")
+    assert err.ended("n2") == "a host error ended n2"
+    mnt = NodeCloudState("n3", None, at, "compute.instances.terminateOnHostMaintenance")
+    assert mnt.ended("n3") == "host maintenance ended n3"
