@@ -18,14 +18,19 @@ from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
 from scripts.job.diagnosis import root_cause_lines
 from scripts.job.node_scripts import (
+    EXIT_CODE_LINE,
+    UNPACK_FAILED,
+    build_follow_command,
     build_node_command,
-    build_start_command,
+    build_sections_command,
     build_stop_command,
     build_tail_command,
+    build_upload_and_start_command,
     parse_exitcode,
+    parse_sections,
 )
 from scripts.job.records import Job, validate_job
-from scripts.job.sync import check_size, collect_sources, plan_upload, sync_code
+from scripts.job.sync import CodeBundle, check_size, collect_sources, plan_upload, sync_code
 from scripts.transport.hostkeys import fingerprint, known_hosts_name, parse_public_key
 from scripts.transport.local import LocalTransport
 from scripts.verify import GPU_FIELDS, check_gpus, parse_gpu_csv
@@ -106,10 +111,15 @@ def _running(pid: int) -> bool:
 
 def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> None:
     t = LocalTransport("n", tmp_path)
+    (tmp_path / "src.py").write_text("x = 1\n")
     # a job whose child sits in its own session, like torchrun's workers
     script = "echo $$ > pgid\nsetsid sleep 300 &\necho $! > child\necho $! > jobpid\nwait\n"
-    r = t.run(f"mkdir -p .gputrain/code && {build_start_command('j1')}", 10, stdin=script.encode())
+    bundle = CodeBundle({"src.py": tmp_path / "src.py"}, run_script=script)
+    payload = bundle.payload(bundle.plan(""))
+    r = t.run(build_upload_and_start_command("j1"), 10, stdin=payload)
     assert r.ok and r.stdout.strip().isdigit()
+    assert (tmp_path / ".gputrain" / "runs" / "j1" / "code" / "src.py").read_text() == "x = 1\n"
+    assert not (tmp_path / ".gputrain" / "code" / ".gputrain-run.sh").exists()
     pgid = int(r.stdout)
     run = tmp_path / ".gputrain" / "runs" / "j1"
     for _ in range(50):
@@ -130,6 +140,49 @@ def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> Non
     (run / "torchrun.log").write_text("one\ntwo\nthree\n")
     assert t.stream(build_tail_command("j1", 1), lines.append, timeout=10) == 0
     assert lines == ["two", "three"]  # resumes after the lines already seen; ends with the job
+    # the follow: the same lines, a last one without a newline, then the exit code on its own line
+    (run / "torchrun.log").write_text("one\ntwo\nthree")
+    (run / "exitcode").write_text("3 1700000000.5")
+    lines.clear()
+    t.stream(build_follow_command("j1", 1), lines.append, timeout=10)
+    assert lines == ["two", "three", f"{EXIT_CODE_LINE} 3 1700000000.5"]
+    assert parse_exitcode(lines[-1].removeprefix(EXIT_CODE_LINE)) == (3, 1700000000.5)
+    # a payload that cannot be unpacked starts nothing and says so by its exit status
+    r = t.run(build_upload_and_start_command("j2"), 10, stdin=b"not a tar")
+    assert (
+        r.exit_code == UNPACK_FAILED
+        and not (tmp_path / ".gputrain" / "runs" / "j2" / "pgid").exists()
+    )
+
+
+def test_sections_answer_several_questions_in_one_round_trip(tmp_path: Path) -> None:
+    t = LocalTransport("n", tmp_path)
+    cmd = build_sections_command(
+        {"first": "echo one; echo two", "failing": "echo oops >&2; exit 3", "quiet": "true",
+         "last": "printf 'no newline'"}
+    )  # fmt: skip
+    got = parse_sections(t.run(cmd, 10).stdout)
+    assert list(got) == ["first", "failing", "quiet", "last"]
+    assert got["first"].ok and got["first"].output == "one\ntwo"
+    assert got["failing"].exit_code == 3 and got["failing"].output == "oops"
+    assert got["quiet"].ok and got["quiet"].output == ""
+    assert got["last"].output == "no newline"
+    assert parse_sections(t.run("exit 111", 10).stdout) == {}  # the node never got that far
+    with pytest.raises(ValueError, match="section name"):
+        build_sections_command({"no spaces": "true"})
+
+
+def test_code_bundle_is_built_once_per_distinct_plan(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a\n")
+    (tmp_path / "b.py").write_text("b\n")
+    bundle = CodeBundle({"a.py": tmp_path / "a.py", "b.py": tmp_path / "b.py"}, run_script="x")
+    fresh = [bundle.payload(bundle.plan("")) for _ in range(8)]  # eight fresh nodes
+    assert all(p is fresh[0] for p in fresh)  # the same bytes, built once
+    old = json.dumps({"a.py": bundle.manifest["a.py"], "gone.py": "1:0o644"})
+    plan = bundle.plan(old)
+    assert plan.send == ("b.py",) and plan.delete == ("gone.py",)
+    assert bundle.payload(plan) is not fresh[0]
+    assert bundle.plan("not json").send == ("a.py", "b.py")
 
 
 def test_parse_gpu_csv_and_unknowns() -> None:
@@ -247,13 +300,13 @@ def test_sync_skips_unchanged_files_and_removes_deleted(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     _git_repo(repo)
     t = LocalTransport("n", tmp_path / "node")
-    first = sync_code(t, collect_sources(repo), staging=tmp_path / "s1")
+    first = sync_code(t, collect_sources(repo))
     assert first.send == (".gitignore", "lib/util.py", "train.py")
-    again = sync_code(t, collect_sources(repo), staging=tmp_path / "s2")
+    again = sync_code(t, collect_sources(repo))
     assert again.send == () and again.delete == ()
     (repo / "train.py").write_text("print('changed')\n")
     (repo / "lib" / "util.py").unlink()
-    third = sync_code(t, collect_sources(repo), staging=tmp_path / "s3")
+    third = sync_code(t, collect_sources(repo))
     assert third.send == ("train.py",) and third.delete == ("lib/util.py",)
     code = tmp_path / "node" / ".gputrain" / "code"
     assert (code / "train.py").read_text() == "print('changed')\n"
@@ -265,7 +318,7 @@ def test_local_transport_roundtrip(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "f.txt").write_text("hello")
-    sync_code(t, {"d/f.txt": src / "d" / "f.txt"}, remote_dir="up", staging=tmp_path / "s")
+    sync_code(t, {"d/f.txt": src / "d" / "f.txt"}, remote_dir="up")
     assert t.run("cat up/d/f.txt", 5).stdout == "hello"
     assert t.download("up", tmp_path / "back") is True
     assert (tmp_path / "back" / "d" / "f.txt").read_text() == "hello"
