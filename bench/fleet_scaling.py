@@ -70,7 +70,9 @@ def one_round(tb: TestBed, n: int) -> Round:
     for h in hosts:
         tb.reset_node_state(h.name)
     fleet = dataclasses.replace(
-        tb.fleet(hosts), expect=GpuExpectation(model="NVIDIA L4", count=2), python=tb.trivial_python()
+        tb.fleet(hosts),
+        expect=GpuExpectation(model="NVIDIA L4", count=2),
+        python=tb.trivial_python(),
     )
     hosts_cpu0, cpu0, t0 = tb.hosts_cpu_s(), cpu_s(), time.monotonic()
     ts = connect(fleet, deadline_s=30)

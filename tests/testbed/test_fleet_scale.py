@@ -64,7 +64,9 @@ def test_sixteen_hosts_connect_verify_launch_and_bring_every_result_home(
             assert f"--nnodes {HOSTS} " in job_line and job_line.endswith("train.py --steps 1")
         record = json.loads((tmp_path / "results-1" / "job.json").read_text())
         assert record["ok"] and len(record["exit_codes"]) == HOSTS
-        assert re.search(rf"to {HOSTS} node\(s\) in [\d.]+ s \({HOSTS} node\(s\): \d+ changed", said)
+        assert re.search(
+            rf"to {HOSTS} node\(s\) in [\d.]+ s \({HOSTS} node\(s\): \d+ changed", said
+        )
 
         # the same code again: every node has it, nothing is sent, the run still completes
         launch_torchrun(
