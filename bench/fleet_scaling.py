@@ -95,42 +95,35 @@ def one_round(tb: TestBed, n: int) -> Round:
     return Round(t1 - t0, t2 - t1, t3 - t2, cpu3 - cpu0, tb.hosts_cpu_s() - hosts_cpu0)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="1,2,4,8,16,32")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--profile", type=Path, help="one round per size under yappi; stats here")
-    args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    repeats = 1 if args.profile else args.repeats
-    ui.say = lambda _msg: None  # type: ignore[assignment]
-    ui.table = lambda *a, **k: None  # type: ignore[assignment]
+def measure(
+    tb: TestBed, sizes: list[int], repeats: int, profile: Path | None = None
+) -> dict[int, Round]:
+    """Per size, the round with the median total (one slow sshd start or a retry on 2 shared
+    cores would otherwise dominate a figure); the test bed must hold max(sizes) hosts."""
     rounds: dict[int, list[Round]] = {}
-    with TestBed(count_cpu=True) as tb:
-        tb.add_hosts(max(sizes), gpus=GpuConfig(count=2))
-        load0 = os.getloadavg()
-        one_round(tb, 1)  # warm-up: imports, first connections, caches
-        if args.profile:
-            import yappi
+    one_round(tb, 1)  # warm-up: imports, first connections, caches
+    if profile:
+        import yappi
 
-            yappi.set_clock_type("cpu")
-            yappi.start()
-        # interleaved (1, 2, 4, ... then again), so load from other users hits every size alike
-        for _ in range(repeats):
-            for n in sizes:
-                rounds.setdefault(n, []).append(one_round(tb, n))
-        if args.profile:
-            yappi.stop()
-            with open(args.profile, "w") as f:
-                yappi.get_func_stats().sort("ttot").print_all(
-                    out=f,
-                    columns={0: ("name", 90), 1: ("ncall", 9), 2: ("tsub", 8), 3: ("ttot", 8)},
-                )
-                yappi.get_thread_stats().print_all(out=f)
-        load1 = os.getloadavg()
-    # the round with the median total per size (one slow sshd start or a retry on 2 shared
-    # cores would otherwise dominate a figure)
-    figures = {n: sorted(r, key=lambda x: x.total_s)[len(r) // 2] for n, r in rounds.items()}
+        yappi.set_clock_type("cpu")
+        yappi.start()
+    # interleaved (1, 2, 4, ... then again), so load from other users hits every size alike
+    for _ in range(repeats):
+        for n in sizes:
+            rounds.setdefault(n, []).append(one_round(tb, n))
+    if profile:
+        yappi.stop()
+        with open(profile, "w") as f:
+            yappi.get_func_stats().sort("ttot").print_all(
+                out=f,
+                columns={0: ("name", 90), 1: ("ncall", 9), 2: ("tsub", 8), 3: ("ttot", 8)},
+            )
+            yappi.get_thread_stats().print_all(out=f)
+    return {n: sorted(r, key=lambda x: x.total_s)[len(r) // 2] for n, r in rounds.items()}
+
+
+def report(figures: dict[int, Round], repeats: int) -> None:
+    sizes = sorted(figures)
     one = figures[sizes[0]].total_s
     print(
         f"hosts  connect  verify  launch  total (s)  x{sizes[0]}-host  controller CPU (s)  "
@@ -142,13 +135,31 @@ def main() -> int:
             f"  {f.total_s / one:7.2f}  {f.controller_cpu_s:18.2f}  {f.controller_cpu_s / n:8.3f}"
             f"  {f.hosts_cpu_s:14.2f}"
         )
-    big = max(sizes)
+    big = sizes[-1]
     print(f"{big} hosts / {sizes[0]} host: {figures[big].total_s / one:.2f}x")
     print(
         "hosts' CPU / (wall x 2 cores) at the largest size: "
         f"{figures[big].hosts_cpu_s / (figures[big].total_s * 2):.0%} "
         "(the share of the machine the test hosts' sshd, shells and job took)"
     )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1,2,4,8,16,32")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", type=Path, help="one round per size under yappi; stats here")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    repeats = 1 if args.profile else args.repeats
+    ui.say = lambda _msg: None  # type: ignore[assignment]
+    ui.table = lambda *a, **k: None  # type: ignore[assignment]
+    with TestBed(count_cpu=True) as tb:
+        tb.add_hosts(max(sizes), gpus=GpuConfig(count=2))
+        load0 = os.getloadavg()
+        figures = measure(tb, sizes, repeats, args.profile)
+        load1 = os.getloadavg()
+    report(figures, repeats)
     print(f"load average (1 min) before / after: {load0[0]:.2f} / {load1[0]:.2f} on 2 cores")
     return 0
 

@@ -237,24 +237,6 @@ def upload_and_start(
     )
 
 
-def ensure_packages(
-    fleet: Fleet, transports: Mapping[str, Transport], needs: Sequence[Requirement], why: str
-) -> None:
-    """Install on every node what `fleet.python` cannot import yet (a no-op probe where all is
-    there); a node where that fails is named with pip's last lines."""
-    cmd = build_install_command(fleet.python, needs)
-
-    def one(name: str) -> None:
-        r = transports[name].run(cmd, 1800)  # torch's CUDA wheels are large
-        report_install(
-            fleet.python, needs, why, name, SectionResult(r.exit_code, r.stdout + r.stderr)
-        )
-
-    _, errors = parallel([n.name for n in fleet.nodes], one)
-    if errors:
-        raise TransportError("\n".join(str(e) for e in errors.values()))
-
-
 def report_install(
     python: str, needs: Sequence[Requirement], why: str, node: str, r: SectionResult
 ) -> None:

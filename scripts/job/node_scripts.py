@@ -89,7 +89,9 @@ def build_upload_and_start_command(run_id: str, code_dir: str = CODE_DIR) -> str
     )
 
 
-def _tail(run_id: str, lines_seen: int) -> str:
+def build_tail_command(run_id: str, lines_seen: int) -> str:
+    """Follow torchrun.log from the line after ``lines_seen``; ends once torchrun ends (its pid,
+    reaped at once by run.sh — an orphaned shell may stay a zombie until init reaps it)."""
     d = shlex.quote(run_dir(run_id))
     return (
         f"cd {d} || exit 1; P=$(cat jobpid 2>/dev/null || cat pgid); "
@@ -97,37 +99,20 @@ def _tail(run_id: str, lines_seen: int) -> str:
     )
 
 
-def build_tail_command(run_id: str, lines_seen: int) -> str:
-    """Follow torchrun.log from the line after ``lines_seen``; ends once torchrun ends (its pid,
-    reaped at once by run.sh — an orphaned shell may stay a zombie until init reaps it)."""
-    return _tail(run_id, lines_seen)
-
-
-_WAIT_FOR_EXITCODE = (
-    "i=0; "
-    'while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$(cat pgid)" 2>/dev/null); '
-    'case "$s" in ""|Z*) break;; esac; sleep 0.05; i=$((i+1)); done'
-)
-
-
-def build_exitcode_command(run_id: str) -> str:
-    """The recorded exit code, waiting briefly while run.sh writes it; nothing if the job's shell
-    is gone without one (killed)."""
-    d = shlex.quote(run_dir(run_id))
-    return f"cd {d} || exit 1; {_WAIT_FOR_EXITCODE}; cat exitcode 2>/dev/null; true"
-
-
 EXIT_CODE_LINE = "\036gputrain-exitcode"
 """Starts the last line of build_follow_command: the recorded exit code follows it."""
 
 
 def build_follow_command(run_id: str, lines_seen: int) -> str:
-    """build_tail_command, then (in the same round trip) one EXIT_CODE_LINE line with what
-    build_exitcode_command prints; a last log line without a newline gets one first."""
+    """build_tail_command, then on the same channel one EXIT_CODE_LINE line with the recorded
+    exit code ("<rc> <unix time>"; waiting briefly while run.sh writes it; empty if the job's
+    shell is gone without one: killed). A last log line without a newline gets one first."""
     return (
-        f"{_tail(run_id, lines_seen)}; "
+        f"{build_tail_command(run_id, lines_seen)}; "
         '[ -z "$(tail -c 1 torchrun.log 2>/dev/null)" ] || echo; '
-        f"{_WAIT_FOR_EXITCODE}; printf '\\036gputrain-exitcode %s\\n' \"$(cat exitcode 2>/dev/null)\""
+        'i=0; while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$(cat pgid)" 2>/dev/null); '
+        'case "$s" in ""|Z*) break;; esac; sleep 0.05; i=$((i+1)); done; '
+        f"printf '\\036gputrain-exitcode %s\\n' \"$(cat exitcode 2>/dev/null)\""
     )
 
 
