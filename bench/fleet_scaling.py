@@ -127,14 +127,15 @@ def report(figures: dict[int, Round], repeats: int) -> None:
     one = figures[sizes[0]].total_s
     print(
         f"hosts  connect  verify  launch  total (s)  x{sizes[0]}-host  controller CPU (s)  "
-        f"per host  hosts' CPU (s)   [median of {repeats} round(s)]"
+        f"per host  hosts' CPU (s)  CPU floor (s)   [median of {repeats} round(s)]"
     )
     for n, f in figures.items():
         print(
             f"{n:5d}  {f.connect_s:7.2f}  {f.verify_s:6.2f}  {f.launch_s:6.2f}  {f.total_s:9.2f}"
             f"  {f.total_s / one:7.2f}  {f.controller_cpu_s:18.2f}  {f.controller_cpu_s / n:8.3f}"
-            f"  {f.hosts_cpu_s:14.2f}"
+            f"  {f.hosts_cpu_s:14.2f}  {(f.controller_cpu_s + f.hosts_cpu_s) / 2:13.2f}"
         )
+    print("CPU floor: (controller + hosts' CPU) / 2 cores, the wall the work needs on idle cores")
     big = sizes[-1]
     print(f"{big} hosts / {sizes[0]} host: {figures[big].total_s / one:.2f}x")
     print(
