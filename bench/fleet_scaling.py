@@ -38,7 +38,7 @@ from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
 from scripts.verify.gpus import verify_gpus
-from tests.testbed import GpuConfig, TestBed
+from tests.support.testbed import GpuConfig, TestBed
 
 REPO = Path(__file__).resolve().parent.parent
 

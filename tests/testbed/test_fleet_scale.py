@@ -17,7 +17,7 @@ from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
 from scripts.transport.ssh import SshTransport
 from scripts.verify.gpus import verify_gpus
-from tests.testbed import GpuConfig, TestBed
+from tests.support.testbed import GpuConfig, TestBed
 
 HOSTS = 16
 
