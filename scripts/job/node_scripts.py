@@ -21,7 +21,9 @@ def build_node_command(
     shell-quoted so arguments arrive verbatim. The network interface toward the head is found on
     the node (never assumed): the one holding the head's address, else ``ip route get``."""
     if job.rdzv_port is None:
-        raise ValueError("build_node_command needs the run's rendezvous port (prepare_nodes picks it)")
+        raise ValueError(
+            "build_node_command needs the run's rendezvous port (prepare_nodes picks it)"
+        )
     q = shlex.quote
     head = q(head_address)
     env_lines = "".join(f"export {k}={q(v)}\n" for k, v in job.env.items())

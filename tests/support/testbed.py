@@ -274,6 +274,10 @@ class TestBed:
             _run("ip", "link", "add", ISO_BRIDGE, "type", "bridge")
             _run("ip", "link", "set", ISO_BRIDGE, "up")
             if self.count_cpu:
+                if not CPU_GROUP.parent.is_dir():
+                    raise TestBedUnavailable(
+                        f"count_cpu needs cgroup v1's cpuacct ({CPU_GROUP.parent})"
+                    )
                 CPU_GROUP.mkdir(exist_ok=True)
                 self._cpu_group = CPU_GROUP
         except BaseException:
@@ -373,8 +377,8 @@ class TestBed:
         return host
 
     def add_hosts(self, count: int, *, gpus: GpuConfig | None = None) -> list[TestHost]:
-        """`count` new hosts, their sshd started side by side and waited for together (a fleet
-        of 32 comes up in about a second on 2 cores instead of one sshd start after another)."""
+        """`count` new hosts, their sshd started side by side and waited for together (the
+        starts overlap instead of one waiting for the next: a fleet of 32 on 2 cores)."""
         hosts = [self._create_host(None, gpus, None, 0.0, None) for _ in range(count)]
         for host in hosts:
             self.wait_listening(host, 10)
