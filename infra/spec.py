@@ -16,6 +16,7 @@ from typing import Literal, cast
 from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
 from infra.base.records import GpuExpectation
+from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
@@ -89,6 +90,7 @@ class ClusterSpec:
     capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
+    datasets: tuple[Dataset, ...] = ()  # `data`: what every job reads (the nodes may read these)
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -336,6 +338,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         fabric=read_fabric(
             cfg, mt, nodes, zone=where.zone, project=project, existing_network=network
         ),
+        datasets=datasets_from_config(cfg.text("data")),
     )
 
 

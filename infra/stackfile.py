@@ -65,7 +65,12 @@ DEFAULTS: dict[str, str] = {
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
     "gpuDirect": "auto",
     "subnetRange": "10.42.0.0/16",
+    "data": "",
 }
+
+#: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
+#: cannot declare one, so Pulumi.yaml names them in a comment only.
+MAP_KEYS: tuple[str, ...] = ("data",)
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).

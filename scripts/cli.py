@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
+from infra.datasets import parse_data_flags
 from scripts import lifecycle
+from scripts.job.options import add_data_options
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
@@ -67,6 +69,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
+        data=parse_data_flags(getattr(args, "data", []) or []),
     )
 
 
@@ -261,6 +264,7 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
             )
+            add_data_options(c)
         if name == "verify":
             c.add_argument(
                 "--fabric",

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from infra.datasets import merge_datasets
 from scripts import ui
 from scripts.guard import signal_guard
+from scripts.job.data import check_prefixes
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
@@ -22,6 +24,8 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
     `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
     started = time.monotonic()
+    datasets = merge_datasets(target.datasets(), opts.data)
+    check_prefixes(datasets)  # before anything is created: a typo costs nothing
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:
@@ -32,6 +36,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 env=opts.env,
                 max_restarts=opts.max_restarts,
                 workdir=Path.cwd(),
+                datasets=datasets,
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)

@@ -18,6 +18,7 @@ from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
+from infra.datasets import data_buckets
 from infra.prices import price_table
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
@@ -66,6 +67,7 @@ def stack_bucket(
             existing=spec.existing_bucket is not None,
             retention_days=spec.bucket_retention_days,
             labels=cluster_labels(spec, pulumi.get_project()),
+            data_buckets=tuple(b for b in data_buckets(spec.datasets) if b != spec.bucket_name),
         ),
         opts,
     )

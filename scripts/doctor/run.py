@@ -95,6 +95,10 @@ def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorRepo
     if spec is not None and secrets is not None and not vertex:
         rows.append(settings.ssh_key_row(spec, secrets))
         rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
+    if spec is not None and spec.datasets:
+        from scripts.doctor.data import data_rows
+
+        rows += data_rows(spec.datasets)
     title = f"doctor: stack {stack}" if stack else "doctor (no --stack: this machine only)"
     return DoctorReport(title, tuple(rows))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from infra.base.records import Fleet
 from scripts import ui
+from scripts.job.data import stage_data
 from scripts.job.download import download_results, write_job_record
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
@@ -51,6 +52,16 @@ def launch_torchrun(
     upload_code(fleet, transports, job)
     if job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://"):
         ensure_packages(fleet, transports, STORAGE_PACKAGES, "the trainer's gs:// checkpoints")
+    if any(d.mode == "copy" for d in job.datasets):
+        ensure_packages(fleet, transports, STORAGE_PACKAGES, "copying the datasets")
+    stage_data(
+        fleet,
+        transports,
+        job.datasets,
+        code_dir=job.code_dir,
+        env=job.env,
+        install_gcsfuse=fleet.install_trainer,  # our own VMs; yours are yours
+    )
     start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)

@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Sequence
 
 from scripts.fabric_setup import NCCL_ENV_FILE
+from scripts.job.data import data_env_lines
 from scripts.job.records import Job
 from scripts.job.sync import CODE_DIR
 
@@ -61,7 +62,7 @@ if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; fi
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
+{data_env_lines(job.datasets)}{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
 echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from infra.base.errors import GputrainError, UserError
+from infra.datasets import Dataset
 from scripts.job.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
@@ -36,6 +37,7 @@ class Job:
     max_upload_mib: float = DEFAULT_MAX_UPLOAD_MIB
     max_duration_s: float | None = None  # stop the job after this long (None: no limit)
     code_dir: str = CODE_DIR  # where the code is synced on the nodes (per run for local runs)
+    datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data.py)
 
 
 FailureKind = Literal["exited", "killed", "lost"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from infra.datasets import Dataset
 from scripts.guard import SignalGuard
 from scripts.job.records import Job, JobResult
 
@@ -35,6 +36,7 @@ class RunOptions:
     max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
+    data: dict[str, str] = field(default_factory=dict)  # `--data NAME=gs://...` (over the target's)
 
 
 class Session(Protocol):
@@ -82,6 +84,10 @@ class Target(Protocol):
         ...
 
     def status(self) -> None: ...
+
+    def datasets(self) -> tuple[Dataset, ...]:
+        """The datasets the target's own file names (stack `data`, hosts file `data`)."""
+        ...
 
     def sweep(self) -> bool:
         """List whatever the target left behind; True if anything is."""

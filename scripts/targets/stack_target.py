@@ -18,6 +18,7 @@ from scripts.targets.gce.stack import target_name
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from infra.datasets import Dataset
     from infra.offer_tables import Check
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
@@ -51,6 +52,9 @@ class StackTarget(Generic[C]):
         from infra.stackfile import load_stack_config
 
         return parse_spec(load_stack_config(self.settings.root, self.stack), self.stack)
+
+    def datasets(self) -> tuple[Dataset, ...]:
+        return self.spec().datasets
 
     def spec_at(self, chosen: Candidate) -> ClusterSpec:
         """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it."""
