@@ -23,6 +23,7 @@ from infra.fields import CHECK, format_duration, parse_duration
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
+from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
@@ -91,6 +92,7 @@ class ClusterSpec:
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
     datasets: tuple[Dataset, ...] = ()  # `data`: what every job reads (the nodes may read these)
+    scratch: Scratch = NO_SCRATCH  # local SSD (bundled, or localSsdCount)
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -339,6 +341,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             cfg, mt, nodes, zone=where.zone, project=project, existing_network=network
         ),
         datasets=datasets_from_config(cfg.text("data")),
+        scratch=scratch_for(mt, cfg.integer("localSsdCount", 0, 24)),
     )
 
 

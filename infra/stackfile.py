@@ -65,6 +65,7 @@ DEFAULTS: dict[str, str] = {
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
     "gpuDirect": "auto",
     "subnetRange": "10.42.0.0/16",
+    "localSsdCount": "0",
     "data": "",
 }
 
@@ -90,6 +91,7 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "bootDiskType",
         "gpuDirect",
         "subnetRange",
+        "localSsdCount",
     ),
     "vertex": ("executorImage",),
 }

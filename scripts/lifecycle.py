@@ -37,6 +37,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 max_restarts=opts.max_restarts,
                 workdir=Path.cwd(),
                 datasets=datasets,
+                resume_args=opts.resume_args,
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)

@@ -20,6 +20,7 @@ from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetwork
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
 from infra.datasets import data_buckets
 from infra.prices import price_table
+from infra.scratch import startup_script
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
 
@@ -142,6 +143,8 @@ class GpuCluster(pulumi.ComponentResource):
                 subnetwork=self.network.subnetwork_ref,
                 service_account_email=self.identity.email,
                 fabric_nics=self.fabric.nics if self.fabric else (),
+                local_ssd_disks=spec.scratch.declared_disks,
+                startup_script=startup_script() if spec.scratch.present else None,
                 after=(
                     *(self.fabric.resources if self.fabric else ()),
                     self.network.internal_firewall,

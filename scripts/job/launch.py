@@ -26,6 +26,7 @@ from scripts.job.node_scripts import (
     build_start_command,
     build_stop_command,
 )
+from scripts.job.outputs import OUT_URI_ENV, prepare_nodes
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
 from scripts.job.sync import check_size, collect_sources, sync_code
 from scripts.parallel import parallel
@@ -50,8 +51,8 @@ def launch_torchrun(
     validate_job(job)
     start = time.monotonic()
     upload_code(fleet, transports, job)
-    if job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://"):
-        ensure_packages(fleet, transports, STORAGE_PACKAGES, "the trainer's gs:// checkpoints")
+    if any(job.env.get(k, "").startswith("gs://") for k in (CHECKPOINT_URI_ENV, OUT_URI_ENV)):
+        ensure_packages(fleet, transports, STORAGE_PACKAGES, "gs:// checkpoints and outputs")
     if any(d.mode == "copy" for d in job.datasets):
         ensure_packages(fleet, transports, STORAGE_PACKAGES, "copying the datasets")
     stage_data(
@@ -62,6 +63,7 @@ def launch_torchrun(
         env=job.env,
         install_gcsfuse=fleet.install_trainer,  # our own VMs; yours are yours
     )
+    prepare_nodes(fleet, transports, job)
     start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)

@@ -37,6 +37,7 @@ class RunOptions:
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
     data: dict[str, str] = field(default_factory=dict)  # `--data NAME=gs://...` (over the target's)
+    resume_args: tuple[str, ...] = ()  # `--resume-args "ARGS"`: appended on relaunches
 
 
 class Session(Protocol):

@@ -1,0 +1,101 @@
+"""Outputs that survive a preemption, for any trainer: each node's out dir (GPUTRAIN_OUT) is
+mirrored to the stack's bucket while training runs (trainer/mirror_out.py, started by run.sh) and
+restored onto a re-created node before the relaunch; relaunches after the first attempt get
+`--resume-args` appended to ENTRY and every attempt is told its number (GPUTRAIN_ATTEMPT).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+from infra.base.records import Fleet
+from scripts import ui
+from scripts.job.records import Job
+from scripts.parallel import parallel
+from scripts.transport.base import Transport, TransportError
+
+OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # gs://BUCKET/PREFIX/: each node's files under <node>/
+ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"
+MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"  # seconds between passes (default 10)
+#: entries that upload their own checkpoints (GPUTRAIN_CHECKPOINT_URI): no mirror beside them
+SELF_UPLOADING = (("-m", "trainer.train"),)
+
+
+def out_uri(bucket: str | None, run_id: str) -> str | None:
+    """Where a run's out dirs go under the stack's gs://<bucket>/<prefix>. Pure."""
+    return f"{bucket}runs/{run_id}/out/" if bucket else None
+
+
+def output_env(bucket: str | None, job: Job) -> dict[str, str]:
+    """The mirror's destination for a job on a stack, unless the entry uploads its own
+    checkpoints (the reference trainer). Pure."""
+    uri = out_uri(bucket, job.run_id)
+    if uri is None or any(tuple(job.entry[: len(e)]) == e for e in SELF_UPLOADING):
+        return {}
+    return {OUT_URI_ENV: uri}
+
+
+def attempt_entry(job: Job) -> tuple[str, ...]:
+    """ENTRY, plus --resume-args on every attempt after the first. Pure."""
+    return (*job.entry, *job.resume_args) if job.attempt > 1 else tuple(job.entry)
+
+
+def mirror_start_lines(job: Job, python: str) -> str:
+    """run.sh, before torchrun: the attempt number, the node's name (written by prepare_nodes)
+    and, with GPUTRAIN_OUT_URI, the mirror in the background. Pure."""
+    py = shlex.quote(python)
+    return (
+        f"export {ATTEMPT_ENV}={job.attempt}\n"
+        'NODE_NAME=$(cat "$RUN/node" 2>/dev/null || hostname)\n'
+        f'if [ -n "${{{OUT_URI_ENV}:-}}" ]; then\n'
+        f'  (cd "$RUN/code" && exec {py} -m trainer.mirror_out --dir "$RUN/out" '
+        f'--uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" --interval "${{{MIRROR_INTERVAL_ENV}:-10}}") &\n'
+        "  MIRROR=$!\n"
+        "fi\n"
+    )
+
+
+#: run.sh, after torchrun: the mirror's last pass, before the exit code tells the controller
+MIRROR_STOP_LINES = (
+    'if [ -n "${MIRROR:-}" ]; then kill -TERM "$MIRROR" 2>/dev/null; wait "$MIRROR"; fi\n'
+)
+
+
+def build_prepare_command(job: Job, node: str, python: str) -> str:
+    """On a node before the start: its name for run.sh, and on a relaunch the out dir's files
+    that the bucket holds and the node lacks (a re-created VM lacks them all). Pure."""
+    from scripts.job.node_scripts import run_dir
+
+    q = shlex.quote
+    d = q(run_dir(job.run_id))
+    cmd = f"ROOT=$(pwd) && mkdir -p {d}/out && printf '%s\\n' {q(node)} > {d}/node"
+    uri = job.env.get(OUT_URI_ENV)
+    if job.attempt > 1 and uri:
+        exports = "".join(f"export {k}={q(v)}; " for k, v in job.env.items())
+        cmd += (
+            f" && {exports}cd {q(job.code_dir)} && {q(python)} -m trainer.mirror_out --restore "
+            f'--dir "$ROOT/{run_dir(job.run_id)}/out" --uri {q(uri.rstrip("/") + "/" + node + "/")}'
+        )
+    return cmd
+
+
+def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
+    """Every node knows its name; on a relaunch, the out dirs are back (said per node)."""
+
+    def one(name: str) -> str:
+        r = transports[name].run(build_prepare_command(job, name, fleet.python), 1800)
+        if not r.ok:
+            raise TransportError(
+                f"node {name}: could not prepare the run's out dir: "
+                + " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+            )
+        return r.stdout.strip()
+
+    names = [n.name for n in fleet.nodes]
+    results, errors = parallel(names, one)
+    if errors:
+        raise TransportError("\n".join(str(e) for e in errors.values()))
+    for name in names:
+        if results[name]:
+            ui.say(f"{name}: {results[name].splitlines()[-1]}")
