@@ -98,7 +98,9 @@ def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorRepo
     if spec is not None and spec.datasets:
         from scripts.doctor.data import data_rows
 
-        rows += data_rows(spec.datasets)
+        unknown = spec.on_vertex or (spec.scratch.present and spec.scratch.gib is None)
+        room = None if unknown else (spec.scratch.gib or spec.boot_disk_gb)
+        rows += data_rows(spec.datasets, room_gib=room)
     title = f"doctor: stack {stack}" if stack else "doctor (no --stack: this machine only)"
     return DoctorReport(title, tuple(rows))
 

@@ -164,3 +164,13 @@ def test_the_install_script_uses_googles_repository() -> None:
     assert "signed-by=/usr/share/keyrings/cloud.google.asc" in text
     assert "apt-get install -y -qq fuse gcsfuse" in text
     assert "sudo -n sh -c" in build_mount_command(DATASETS[1:], install=True)
+
+
+def test_the_doctor_fails_copy_datasets_larger_than_the_disk() -> None:
+    with GcsEmulator() as g:
+        g.write("ds/a.bin", b"x" * 3000)
+        [ok] = parse_datasets({"ok": f"gs://{g.bucket_name}/ds"})
+        assert [r.check for r in data_rows([ok], g.client(), room_gib=1)] == ["data ok"]
+        rows = data_rows([ok], g.client(), room_gib=0)
+        assert rows[-1].check == "data size" and rows[-1].status == "fail"
+        assert "a node's disk for them has 0 GiB" in rows[-1].detail
