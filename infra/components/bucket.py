@@ -4,7 +4,7 @@ buckets of the stack's datasets).
 
 The stack's own bucket is not `force_destroy`: a plain `pulumi destroy` refuses to delete
 checkpoints nobody has downloaded. `gputrain down` downloads the runs' results first, then empties
-it, then destroys (scripts/targets/gce/bucket.py).
+it, then destroys (scripts/targets/stack/bucket.py).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ from infra.datasets import NODE_DATA_DIR, Dataset, data_env
 from infra.scratch import SCRATCH_ENV, SCRATCH_MOUNT
 from scripts import ui
 from scripts.job.gcsfuse import build_mount_command
+from scripts.node_layout import NODE_ROOT_SH
 from scripts.parallel import parallel
-from scripts.transport.base import NODE_ROOT_SH, Transport, TransportError
+from scripts.transport.base import Transport, TransportError
 
 #: trainer/fetch_data.py's exit codes for what the user must fix (no space; unreadable prefix)
 FETCH_USER_ERRORS = (3, 4)

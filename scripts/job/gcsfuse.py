@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from infra.datasets import NODE_DATA_DIR, Dataset
 from infra.scratch import SCRATCH_MOUNT
-from scripts.transport.base import NODE_ROOT_SH
+from scripts.node_layout import NODE_ROOT_SH
 
 #: Google's package repository for gcsfuse (one suite per Ubuntu/Debian codename)
 GCSFUSE_APT_REPO = "https://packages.cloud.google.com/apt"

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.records import Job
+from scripts.node_layout import run_dir
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -65,8 +66,6 @@ MIRROR_STOP_LINES = (
 def build_prepare_command(job: Job, node: str, python: str) -> str:
     """On a node before the start: its name for run.sh, and on a relaunch the out dir's files
     that the bucket holds and the node lacks (a re-created VM lacks them all). Pure."""
-    from scripts.job.node_scripts import run_dir
-
     q = shlex.quote
     d = q(run_dir(job.run_id))
     cmd = f"ROOT=$(pwd) && mkdir -p {d}/out && printf '%s\\n' {q(node)} > {d}/node"

@@ -22,7 +22,7 @@ from infra.datasets import (
 )
 from infra.spec import parse_spec
 from infra.stackfile import load_stack_config
-from tests.pulumi_mocks import (
+from tests.support.pulumi_mocks import (
     ACCOUNT,
     ROOT,
     TEST_PROJECT,

@@ -19,7 +19,7 @@ from infra.plan import build_plan
 from infra.scratch import SCRATCH_MOUNT, scratch_for, startup_script
 from infra.spec import parse_spec
 from infra.stackfile import load_stack_config
-from tests.pulumi_mocks import ROOT, GcpMocks, deployable_config, pulumi_mocks
+from tests.support.pulumi_mocks import ROOT, GcpMocks, deployable_config, pulumi_mocks
 
 MT = catalog.MACHINE_TYPES
 

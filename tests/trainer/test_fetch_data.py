@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gcs_emulator import GcsEmulator
+from tests.support.gcs_emulator import GcsEmulator
 from trainer import fetch_data
 from trainer.fetch_data import EXIT_NO_SPACE, EXIT_UNREADABLE, FetchError, Remote, fetch
 

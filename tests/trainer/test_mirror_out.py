@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gcs_emulator import GcsEmulator
+from tests.support.gcs_emulator import GcsEmulator
 from trainer.mirror_out import Mirror, Target, due
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -22,7 +22,7 @@ from scripts.job.data import (
 from scripts.job.gcsfuse import build_mount_command, gcsfuse_install_script
 from scripts.job.node_scripts import build_node_command
 from scripts.job.records import Job
-from tests.gcs_emulator import GcsEmulator
+from tests.support.gcs_emulator import GcsEmulator
 
 DATASETS = parse_datasets({"train": "gs://b-1/owt", "web": "gs://b-2/fw/10B:mount"})
 
