@@ -14,7 +14,6 @@ from typing import Any
 from infra.datasets import merge_datasets
 from scripts import ui
 from scripts.guard import signal_guard
-from scripts.job.data import check_prefixes
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
@@ -23,8 +22,11 @@ from scripts.targets.base import RunOptions, Target
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult:
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
     `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
+    from scripts.job.data import check_prefixes
+
     started = time.monotonic()
-    datasets = merge_datasets(target.datasets(), opts.data)
+    healthcheck = tuple(opts.entry[:2]) == ("-m", "trainer.healthcheck")  # reads no data
+    datasets = () if healthcheck else merge_datasets(target.datasets(), opts.data)
     check_prefixes(datasets)  # before anything is created: a typo costs nothing
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)

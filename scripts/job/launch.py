@@ -51,10 +51,10 @@ def launch_torchrun(
     validate_job(job)
     start = time.monotonic()
     upload_code(fleet, transports, job)
-    if any(job.env.get(k, "").startswith("gs://") for k in (CHECKPOINT_URI_ENV, OUT_URI_ENV)):
-        ensure_packages(fleet, transports, STORAGE_PACKAGES, "gs:// checkpoints and outputs")
-    if any(d.mode == "copy" for d in job.datasets):
-        ensure_packages(fleet, transports, STORAGE_PACKAGES, "copying the datasets")
+    gs_env = any(job.env.get(k, "").startswith("gs://") for k in (CHECKPOINT_URI_ENV, OUT_URI_ENV))
+    if gs_env or any(d.mode == "copy" for d in job.datasets):
+        why = "gs:// checkpoints, outputs or datasets"
+        ensure_packages(fleet, transports, STORAGE_PACKAGES, why)
     stage_data(
         fleet,
         transports,

@@ -19,8 +19,9 @@ from scripts.transport.base import Transport, TransportError
 OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # gs://BUCKET/PREFIX/: each node's files under <node>/
 ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"
 MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"  # seconds between passes (default 10)
-#: entries that upload their own checkpoints (GPUTRAIN_CHECKPOINT_URI): no mirror beside them
-SELF_UPLOADING = (("-m", "trainer.train"),)
+#: no mirror beside these: the reference trainer uploads its own checkpoints
+#: (GPUTRAIN_CHECKPOINT_URI), the health check has nothing to keep
+NOT_MIRRORED = (("-m", "trainer.train"), ("-m", "trainer.healthcheck"))
 
 
 def out_uri(bucket: str | None, run_id: str) -> str | None:
@@ -29,10 +30,9 @@ def out_uri(bucket: str | None, run_id: str) -> str | None:
 
 
 def output_env(bucket: str | None, job: Job) -> dict[str, str]:
-    """The mirror's destination for a job on a stack, unless the entry uploads its own
-    checkpoints (the reference trainer). Pure."""
+    """The mirror's destination for a job on a stack (none for NOT_MIRRORED entries). Pure."""
     uri = out_uri(bucket, job.run_id)
-    if uri is None or any(tuple(job.entry[: len(e)]) == e for e in SELF_UPLOADING):
+    if uri is None or any(tuple(job.entry[: len(e)]) == e for e in NOT_MIRRORED):
         return {}
     return {OUT_URI_ENV: uri}
 
