@@ -3,9 +3,9 @@ mirrored to Cloud Storage while any trainer runs, so its checkpoints outlive a p
 
 Every `--interval` seconds the new and changed files go up, oldest first, whole files only: a file
 is sent once its size and modification time held still since the previous scan, and sent again
-if it changed while it was read. SIGTERM (a stop, GCE's preemption notice reaching the node's
-processes) or the end of training (run.sh sends it) makes one last pass over everything changed,
-then it exits. `--restore` is the other way: before a relaunch, what the bucket holds of this
+if it changed while it was read. GCE's preemption notice (the metadata server, where
+GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once; SIGTERM (a stop, the notice reaching the
+node's processes) or the end of training (run.sh sends it) makes the last one, then it exits. `--restore` is the other way: before a relaunch, what the bucket holds of this
 node's out dir and the node lacks comes back. Stands alone; honours STORAGE_EMULATOR_HOST.
 """
 
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from trainer.preemption import PreemptionWatcher, watch_requested
 
 Stamp = tuple[int, int]  # (size, mtime_ns)
 
@@ -131,12 +133,34 @@ class Mirror:
         return got
 
 
-def run(mirror: Mirror, interval_s: float, stop: threading.Event) -> None:
-    """Passes every interval until `stop`, then the final pass (errors are said, not fatal: the
-    training must not die because an upload failed)."""
-    while not stop.wait(interval_s):
+class Wake:
+    """What ends a wait between passes: `stop` (SIGTERM, the end) or `notice` (GCE's preemption
+    notice: flush now, keep mirroring until the stop)."""
+
+    def __init__(self) -> None:
+        self.any, self.stop, self.notice = threading.Event(), threading.Event(), threading.Event()
+
+    def set(self, which: threading.Event) -> None:
+        which.set()
+        self.any.set()
+
+
+def run(mirror: Mirror, interval_s: float, wake: Wake) -> None:
+    """Passes every interval until the stop, then the final pass; the preemption notice makes a
+    final-style pass at once (errors are said, not fatal: the training must not die because an
+    upload failed)."""
+    noticed = False
+    while True:
+        wake.any.wait(interval_s)
+        wake.any.clear()
+        if wake.stop.is_set():
+            break
+        flush = wake.notice.is_set() and not noticed
+        noticed = noticed or flush
         try:
-            mirror.run_once()
+            sent = mirror.run_once(final=flush)
+            if flush:
+                mirror.say(f"mirror: preemption notice: flushed ({len(sent)} file(s))")
         except Exception as e:
             mirror.say(f"mirror: upload failed, trying again next pass: {type(e).__name__}: {e}")
     try:
@@ -159,14 +183,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         got = mirror.restore()
         print(f"restored {len(got)} file(s) from {args.uri}", flush=True)
         return 0
-    stop = threading.Event()
+    wake = Wake()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        wake.set(wake.stop)
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, on_signal)
-    run(mirror, args.interval, stop)
+    if watch_requested():  # GCE spot nodes (GPUTRAIN_WATCH_PREEMPTION=1): the metadata server
+        PreemptionWatcher(lambda: wake.set(wake.notice)).start()
+    run(mirror, args.interval, wake)
     return 0
 
 

@@ -86,3 +86,32 @@ def test_sigterm_flushes_and_exits(gcs: GcsEmulator, tmp_path: Path) -> None:
     assert p.returncode == 0, output
     assert gcs.read("runs/r2/out/n/final.txt") == b"written just before the end"
     assert "mirror: flushed" in output
+
+
+def test_the_preemption_notice_flushes_at_once_and_mirroring_goes_on(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    import threading
+
+    from trainer.mirror_out import Wake, run
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"saved just before the notice")
+    lines: list[str] = []
+    m = Mirror(
+        out, Target.parse(f"gs://{gcs.bucket_name}/runs/r3/out/n/"), gcs.client(), lines.append
+    )
+    wake = Wake()
+    t = threading.Thread(target=run, args=(m, 3600.0, wake), daemon=True)  # no pass on its own
+    t.start()
+    wake.set(wake.notice)
+    deadline = time.monotonic() + 20
+    while not any("preemption notice: flushed (1 file(s))" in ln for ln in lines):
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    assert gcs.read("runs/r3/out/n/ckpt.pt") == b"saved just before the notice"
+    assert t.is_alive()  # still mirroring until the stop
+    wake.set(wake.stop)
+    t.join(timeout=20)
+    assert not t.is_alive() and "mirror: flushed" in lines[-1]
