@@ -25,7 +25,7 @@ def gcsfuse_install_script() -> str:
     return f"""set -e
 command -v gcsfuse >/dev/null 2>&1 && exit 0
 export DEBIAN_FRONTEND=noninteractive
-CODENAME=$(lsb_release -c -s 2>/dev/null || . /etc/os-release && echo "$VERSION_CODENAME")
+CODENAME=$(lsb_release -c -s 2>/dev/null || (. /etc/os-release && echo "$VERSION_CODENAME"))
 curl -fsSL {GCSFUSE_APT_KEY} -o {GCSFUSE_KEYRING}
 echo "deb [signed-by={GCSFUSE_KEYRING}] {GCSFUSE_APT_REPO} gcsfuse-$CODENAME main" > /etc/apt/sources.list.d/gcsfuse.list
 apt-get update -qq

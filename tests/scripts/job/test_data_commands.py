@@ -174,3 +174,16 @@ def test_the_doctor_fails_copy_datasets_larger_than_the_disk() -> None:
         rows = data_rows([ok], g.client(), room_gib=0)
         assert rows[-1].check == "data size" and rows[-1].status == "fail"
         assert "a node's disk for them has 0 GiB" in rows[-1].detail
+
+
+def test_the_install_script_finds_the_codename_once(tmp_path: Path) -> None:
+    """Its codename line run for real, with and without lsb_release."""
+    line = next(ln for ln in gcsfuse_install_script().splitlines() if ln.startswith("CODENAME="))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lsb_release").write_text("#!/bin/sh\necho jammy\n")
+    (bin_dir / "lsb_release").chmod(0o755)
+    r = sh(line + '\necho "[$CODENAME]"', {"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.stdout.strip() == "[jammy]"
+    r = sh(line + '\necho "[$CODENAME]"', {"PATH": "/usr/bin:/bin"})  # from /etc/os-release
+    assert r.stdout.strip().startswith("[") and "\n" not in r.stdout.strip()
