@@ -209,23 +209,20 @@ def download(
     workers: int,
     slice_bytes: int,
 ) -> None:
-    """Big objects one after another, each in slices at once; the rest many at once. Each lands
-    in a .part file, is verified and renamed; the manifest is written after every object."""
+    """Big objects one after another, each in slices at once; the rest many at once, 256 to a
+    batch. Each lands in a .part file, is verified and renamed; the manifest is written after
+    every big object and every batch (an interrupted copy keeps what it finished)."""
     from google.cloud.storage import transfer_manager
 
     manifest = read_manifest(plan.dest)
     for path in plan.stale:
         (plan.dest / path).unlink(missing_ok=True)
         manifest.pop(path, None)
-    lock = threading.Lock()
 
     def landed(r: Remote, part: Path) -> None:
         verify(r, part)
-        final = plan.dest / r.path
-        os.replace(part, final)
-        with lock:
-            manifest[r.path] = {"generation": r.generation, "size": r.size, "crc32c": r.crc32c}
-            _write_manifest(plan.dest, manifest)
+        os.replace(part, plan.dest / r.path)
+        manifest[r.path] = {"generation": r.generation, "size": r.size, "crc32c": r.crc32c}
         progress.add(r.size)
 
     big = [r for r in plan.fetch if r.size >= slice_bytes]
@@ -242,20 +239,17 @@ def download(
             crc32c_checksum=False,  # verified below, the same way for every object
         )
         landed(r, part)
+        _write_manifest(plan.dest, manifest)
     for start in range(0, len(small), 256):  # results come back per batch: progress moves
         batch = small[start : start + 256]
         pairs = [(b.blob(r.name, generation=r.generation), str(_part(plan.dest, r))) for r in batch]
-        results = transfer_manager.download_many(
-            pairs,
-            max_workers=workers,
-            worker_type=transfer_manager.THREAD,
-            raise_exception=True,
-            skip_if_exists=False,
+        transfer_manager.download_many(
+            pairs, max_workers=workers, worker_type=transfer_manager.THREAD, raise_exception=True
         )
-        del results
         for r in batch:
             landed(r, _part(plan.dest, r))
-    _write_manifest(plan.dest, manifest)
+        _write_manifest(plan.dest, manifest)
+    _write_manifest(plan.dest, manifest)  # the stale files' removal, when nothing was fetched
 
 
 def verify(r: Remote, part: Path) -> None:
