@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,10 +19,12 @@ from scripts.job.data import (
     check_prefixes,
     data_env_lines,
     parse_fetch_result,
+    stage_data,
 )
 from scripts.job.gcsfuse import build_mount_command, gcsfuse_install_script
 from scripts.job.node_scripts import build_node_command
 from scripts.job.records import Job
+from scripts.transport.base import TransportError
 from tests.support.gcs_emulator import GcsEmulator
 
 DATASETS = parse_datasets({"train": "gs://b-1/owt", "web": "gs://b-2/fw/10B:mount"})
@@ -187,3 +190,38 @@ def test_the_install_script_finds_the_codename_once(tmp_path: Path) -> None:
     assert r.stdout.strip() == "[jammy]"
     r = sh(line + '\necho "[$CODENAME]"', {"PATH": "/usr/bin:/bin"})  # from /etc/os-release
     assert r.stdout.strip().startswith("[") and "\n" not in r.stdout.strip()
+
+
+class NodeSaying:
+    """A node whose copy step prints `lines` and exits `rc` (the stream of trainer.fetch_data)."""
+
+    def __init__(self, name: str, rc: int, lines: list[str]) -> None:
+        self.name, self.rc, self.lines = name, rc, lines
+
+    def stream(self, cmd: str, on_line: Any, timeout: float | None) -> int:
+        assert "-m trainer.fetch_data" in cmd
+        for line in self.lines:
+            on_line(line)
+        return self.rc
+
+
+def test_a_node_without_room_is_a_user_error_naming_it() -> None:
+    from infra.base.records import Fleet, Node
+
+    fleet = Fleet("t", (Node("n0", "head", "10.0.0.1"), Node("n1", "worker", "10.0.0.2")))
+    full = "data: node n1: the datasets need 3.00 GiB to download (train 3.00 GiB) but / has 1.00 GiB free"
+    ok = 'gputrain-data: {"node": "n0", "seconds": 1.0, "downloaded_bytes": 5, "cached_objects": 0}'
+    transports: dict[str, Any] = {
+        "n0": NodeSaying("n0", 0, [ok]),
+        "n1": NodeSaying("n1", 3, [full]),
+    }
+    copy = parse_datasets({"train": "gs://b-1/a"})
+    with pytest.raises(UserError) as e:
+        stage_data(fleet, transports, copy, code_dir=".gputrain/code", env={})
+    assert str(e.value) == full.removeprefix("data: ")
+    transports["n1"] = NodeSaying("n1", 1, ["Traceback ...", "boom"])
+    with pytest.raises(TransportError, match=r"node n1: copying the datasets failed \(exit 1\)"):
+        stage_data(fleet, transports, copy, code_dir=".gputrain/code", env={})
+    transports["n1"] = NodeSaying("n1", 0, [ok.replace("n0", "n1")])
+    done = stage_data(fleet, transports, copy, code_dir=".gputrain/code", env={})
+    assert done["n1"]["downloaded_bytes"] == 5
