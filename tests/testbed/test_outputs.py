@@ -111,4 +111,8 @@ def test_nanogpt_resumes_from_its_mirrored_checkpoint_after_a_preemption(
     resumed = [int(i) for i in re.findall(iters, after)]
     assert resumed[0] % EVERY == 0 and resumed[0] >= preempted_at[0] >= 2 * EVERY, resumed[:3]
     assert resumed[0] <= max(first)  # that checkpoint, not one it never reached
+    # The run's record says where the relaunch started (nanoGPT's `iter N` lines are read).
+    [recovery] = [ln for ln in out.splitlines() if ln.startswith("recovery 1/3: e2e-node-1 ")]
+    step = int(re.search(r"resumed from step (\d+)", recovery).group(1))  # type: ignore[union-attr]
+    assert step > 0 and step % EVERY == 0, recovery
     assert_torn_down(w)

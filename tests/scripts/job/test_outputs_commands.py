@@ -60,3 +60,18 @@ def test_prepare_names_the_node_and_restores_only_on_relaunches() -> None:
     again = build_prepare_command(Job("r1", env=env, attempt=2), "node-1", "python3")
     assert "-m trainer.mirror_out --restore" in again
     assert "--uri gs://b/runs/r1/out/node-1/" in again and "export STORAGE_EMULATOR_HOST=" in again
+
+
+def test_nanogpt_lines_tell_the_step_reached_and_resumed_from() -> None:
+    from scripts.job.progress import StepWatch
+
+    w = StepWatch(clock=lambda: 7.0)
+    w.line("n1", "[rank1]:iter 0: loss 5.5433, time 533.20ms, mfu -100.00%")
+    w.line("n1", "[rank1]:iter 150: loss 1.2, time 5.00ms, mfu 0.01%")
+    assert (w.reached, w.start_step, w.first_step_at) == (150, 0, 7.0)
+    fired: list[int] = []
+    w.new_attempt(lambda: fired.append(1))
+    w.line("n1", "[rank1]:Resuming training from /x/out/nanogpt")
+    w.line("n1", "[rank1]:iter 100: loss 1.5, time 1321.44ms, mfu -100.00%")
+    w.line("n1", "[rank1]:iter 110: loss 1.4, time 12.00ms, mfu 0.00%")
+    assert (w.start_step, w.reached, fired) == (100, 110, [1])
