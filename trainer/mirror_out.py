@@ -23,8 +23,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from trainer.preemption import PreemptionWatcher, watch_requested
-
 Stamp = tuple[int, int]  # (size, mtime_ns)
 
 
@@ -190,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, on_signal)
+    from trainer.preemption import PreemptionWatcher, watch_requested  # not for --restore
+
     if watch_requested():  # GCE spot nodes (GPUTRAIN_WATCH_PREEMPTION=1): the metadata server
         PreemptionWatcher(lambda: wake.set(wake.notice)).start()
     run(mirror, args.interval, wake)

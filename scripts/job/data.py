@@ -11,6 +11,7 @@ import shlex
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from infra.base.errors import UserError
@@ -26,6 +27,8 @@ from scripts.transport.base import Transport, TransportError
 #: trainer/fetch_data.py's exit codes for what the user must fix (no space; unreadable prefix)
 FETCH_USER_ERRORS = (3, 4)
 FETCH_RESULT_PREFIX = "gputrain-data: "
+#: the node-side copy, standalone: sent with the command (the code is uploaded after it)
+FETCH_DATA_SOURCE = Path(__file__).resolve().parent.parent.parent / "trainer" / "fetch_data.py"
 #: what run.sh exports: the node's data dir (the same path on every node)
 NODE_DATA_DIR_SH = f"${{GPUTRAIN_NODE_ROOT:-$HOME}}/{NODE_DATA_DIR}"
 
@@ -99,16 +102,20 @@ def check_prefixes(datasets: Sequence[Dataset], client: Any = None) -> list[Pref
 
 
 def build_fetch_command(
-    datasets: Sequence[Dataset], node: str, python: str, code_dir: str, env: Mapping[str, str]
+    datasets: Sequence[Dataset], node: str, python: str, env: Mapping[str, str]
 ) -> str:
-    """The node's copy step: the uploaded trainer's fetch_data with the job's env (an emulator
-    host or credentials the user passed). Pure."""
+    """The node's copy step before the code upload: trainer/fetch_data.py (standalone) sent in
+    the command itself, run with the job's env (an emulator host or credentials the user
+    passed). Pure but for reading that file."""
     q = shlex.quote
     exports = "".join(f"export {k}={q(v)}; " for k, v in env.items())
     specs = " ".join(q(d.spec()) for d in datasets if d.mode == "copy")
+    source = FETCH_DATA_SOURCE.read_text()
+    assert "\nGPUTRAIN_FETCH_DATA\n" not in source
     return (
-        f"{exports}ROOT={NODE_ROOT_SH}; cd {q(code_dir)} && exec {q(python)} -m trainer.fetch_data "
-        f'--root "$ROOT/{NODE_DATA_DIR}" --scratch {SCRATCH_MOUNT} --node {q(node)} {specs}'
+        f"{exports}ROOT={NODE_ROOT_SH}; exec {q(python)} - "
+        f'--root "$ROOT/{NODE_DATA_DIR}" --scratch {SCRATCH_MOUNT} --node {q(node)} {specs} '
+        f"<<'GPUTRAIN_FETCH_DATA'\n{source}\nGPUTRAIN_FETCH_DATA\n"
     )
 
 
@@ -128,7 +135,6 @@ def stage_data(
     transports: Mapping[str, Transport],
     datasets: Sequence[Dataset],
     *,
-    code_dir: str,
     env: Mapping[str, str],
     install_gcsfuse: bool = False,
 ) -> dict[str, dict[str, Any]]:
@@ -159,9 +165,7 @@ def stage_data(
                 if not text.startswith(FETCH_RESULT_PREFIX):
                     ui.say(f"[{name}] {text}")
 
-            rc = t.stream(
-                build_fetch_command(copies, name, fleet.python, code_dir, env), line, None
-            )
+            rc = t.stream(build_fetch_command(copies, name, fleet.python, env), line, None)
             if rc in FETCH_USER_ERRORS:
                 why = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
                 raise UserError(why[-1] if why else f"node {name}: data copy refused ({rc})")

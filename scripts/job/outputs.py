@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from pathlib import Path
 
 from infra.base.records import Fleet
 from scripts import ui
@@ -16,6 +17,8 @@ from scripts.node_layout import run_dir
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
+#: the node side, standalone for --restore (sent on stdin before the code is uploaded)
+MIRROR_SOURCE = Path(__file__).resolve().parent.parent.parent / "trainer" / "mirror_out.py"
 OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # gs://BUCKET/PREFIX/: each node's files under <node>/
 ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"
 MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"  # seconds between passes (default 10)
@@ -63,27 +66,31 @@ MIRROR_STOP_LINES = (
 )
 
 
-def build_prepare_command(job: Job, node: str, python: str) -> str:
+def build_prepare_command(job: Job, node: str, python: str) -> tuple[str, bytes | None]:
     """On a node before the start: its name for run.sh, and on a relaunch the out dir's files
-    that the bucket holds and the node lacks (a re-created VM lacks them all). Pure."""
+    that the bucket holds and the node lacks (a re-created VM lacks them all), by
+    trainer/mirror_out.py (standalone for --restore) sent on stdin: the code is not there yet.
+    The command and its stdin. Pure but for reading that file."""
     q = shlex.quote
     d = q(run_dir(job.run_id))
-    cmd = f"ROOT=$(pwd) && mkdir -p {d}/out && printf '%s\\n' {q(node)} > {d}/node"
+    cmd = f"mkdir -p {d}/out && printf '%s\\n' {q(node)} > {d}/node"
     uri = job.env.get(OUT_URI_ENV)
-    if job.attempt > 1 and uri:
-        exports = "".join(f"export {k}={q(v)}; " for k, v in job.env.items())
-        cmd += (
-            f" && {exports}cd {q(job.code_dir)} && {q(python)} -m trainer.mirror_out --restore "
-            f'--dir "$ROOT/{run_dir(job.run_id)}/out" --uri {q(uri.rstrip("/") + "/" + node + "/")}'
-        )
-    return cmd
+    if job.attempt == 1 or not uri:
+        return cmd, None
+    exports = "".join(f"export {k}={q(v)}; " for k, v in job.env.items())
+    cmd += (
+        f" && {exports}{q(python)} - --restore --dir {d}/out "
+        f"--uri {q(uri.rstrip('/') + '/' + node + '/')}"
+    )
+    return cmd, MIRROR_SOURCE.read_bytes()
 
 
-def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
+def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
     """Every node knows its name; on a relaunch, the out dirs are back (said per node)."""
 
     def one(name: str) -> str:
-        r = transports[name].run(build_prepare_command(job, name, fleet.python), 1800)
+        cmd, stdin = build_prepare_command(job, name, fleet.python)
+        r = transports[name].run(cmd, 1800, stdin=stdin)
         if not r.ok:
             raise TransportError(
                 f"node {name}: could not prepare the run's out dir: "

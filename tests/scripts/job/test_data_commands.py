@@ -60,11 +60,13 @@ def test_run_sh_exports_the_data_paths_expanded_on_the_node(tmp_path: Path) -> N
 
 def test_the_copy_command_and_its_summary() -> None:
     cmd = build_fetch_command(
-        DATASETS, "node-1", "/opt/py 3", ".gputrain/code", {"STORAGE_EMULATOR_HOST": "http://h:1"}
+        DATASETS, "node-1", "/opt/py 3", {"STORAGE_EMULATOR_HOST": "http://h:1"}
     )
     assert "export STORAGE_EMULATOR_HOST=http://h:1; " in cmd
-    assert "exec '/opt/py 3' -m trainer.fetch_data" in cmd
-    assert cmd.endswith("--node node-1 train=gs://b-1/owt/:copy")  # mount datasets are not copied
+    assert "exec '/opt/py 3' - --root" in cmd  # the module itself comes in the command
+    # mount datasets are not copied
+    assert "--node node-1 train=gs://b-1/owt/:copy <<'GPUTRAIN_FETCH_DATA'\n" in cmd
+    assert "def fetch(" in cmd and cmd.endswith("\nGPUTRAIN_FETCH_DATA\n")
     assert "--scratch /mnt/gputrain-scratch" in cmd
     assert parse_fetch_result(["data: x", 'gputrain-data: {"node": "n", "seconds": 1}']) == {
         "node": "n",
@@ -199,7 +201,7 @@ class NodeSaying:
         self.name, self.rc, self.lines = name, rc, lines
 
     def stream(self, cmd: str, on_line: Any, timeout: float | None) -> int:
-        assert "-m trainer.fetch_data" in cmd
+        assert "<<'GPUTRAIN_FETCH_DATA'" in cmd
         for line in self.lines:
             on_line(line)
         return self.rc
@@ -217,11 +219,11 @@ def test_a_node_without_room_is_a_user_error_naming_it() -> None:
     }
     copy = parse_datasets({"train": "gs://b-1/a"})
     with pytest.raises(UserError) as e:
-        stage_data(fleet, transports, copy, code_dir=".gputrain/code", env={})
+        stage_data(fleet, transports, copy, env={})
     assert str(e.value) == full.removeprefix("data: ")
     transports["n1"] = NodeSaying("n1", 1, ["Traceback ...", "boom"])
     with pytest.raises(TransportError, match=r"node n1: copying the datasets failed \(exit 1\)"):
-        stage_data(fleet, transports, copy, code_dir=".gputrain/code", env={})
+        stage_data(fleet, transports, copy, env={})
     transports["n1"] = NodeSaying("n1", 0, [ok.replace("n0", "n1")])
-    done = stage_data(fleet, transports, copy, code_dir=".gputrain/code", env={})
+    done = stage_data(fleet, transports, copy, env={})
     assert done["n1"]["downloaded_bytes"] == 5

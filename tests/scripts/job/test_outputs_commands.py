@@ -55,11 +55,12 @@ def test_the_cli_form_of_resume_args() -> None:
 
 def test_prepare_names_the_node_and_restores_only_on_relaunches() -> None:
     env = {"GPUTRAIN_OUT_URI": "gs://b/runs/r1/out/", "STORAGE_EMULATOR_HOST": "http://h:1"}
-    first = build_prepare_command(Job("r1", env=env), "node-1", "python3")
-    assert "printf '%s\\n' node-1 > .gputrain/runs/r1/node" in first and "--restore" not in first
-    again = build_prepare_command(Job("r1", env=env, attempt=2), "node-1", "python3")
-    assert "-m trainer.mirror_out --restore" in again
+    first, stdin = build_prepare_command(Job("r1", env=env), "node-1", "python3")
+    assert "printf '%s\\n' node-1 > .gputrain/runs/r1/node" in first and stdin is None
+    again, stdin = build_prepare_command(Job("r1", env=env, attempt=2), "node-1", "python3")
+    assert "python3 - --restore --dir .gputrain/runs/r1/out" in again
     assert "--uri gs://b/runs/r1/out/node-1/" in again and "export STORAGE_EMULATOR_HOST=" in again
+    assert stdin is not None and b"def restore(" in stdin  # mirror_out, before the code is there
 
 
 def test_nanogpt_lines_tell_the_step_reached_and_resumed_from() -> None:
