@@ -72,6 +72,7 @@ class Plan:
         if not self.spec.on_vertex:
             lines.append(ssh_exposure(self.spec))
         lines.append(self.bucket_note)
+        lines += data_notes(self.spec)
         lines += [n for n in (self.capacity_note, self.fabric_note) if n]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:
@@ -80,6 +81,13 @@ class Plan:
         else:
             lines.append(f"Ready: pulumi up --stack {self.spec.stack}")
         return lines
+
+
+def data_notes(spec: ClusterSpec) -> list[str]:
+    """The scratch disk every node has (GCE) and the datasets every job gets. Pure."""
+    lines = [] if spec.on_vertex else [f"Scratch per node: {spec.scratch.describe()}"]
+    lines += [f"Data: {d.name} = {d.uri} ({d.mode}) -> {d.env_name}" for d in spec.datasets]
+    return lines
 
 
 def ssh_exposure(spec: ClusterSpec) -> str:

@@ -16,12 +16,14 @@ from typing import Literal, cast
 from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
 from infra.base.records import GpuExpectation
+from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
+from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
@@ -103,6 +105,8 @@ class ClusterSpec:
     capacity_ladder: tuple[modes.Capacity, ...] = ()  # `capacity` as a list: tried in order
     reservation_bound: bool | None = None  # reservationBound; None: `up` reads the reservation
     wait_for_capacity_s: int = 0  # waitForCapacity: how long `up` retries stock-outs
+    datasets: tuple[Dataset, ...] = ()  # `data`: what every job reads (the nodes may read these)
+    scratch: Scratch = NO_SCRATCH  # local SSD (bundled, or localSsdCount)
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -364,6 +368,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         reservation_bound=cap.reservation_bound,
         wait_for_capacity_s=cap.wait_for_capacity_s,
         fabric=fabric,
+        datasets=datasets_from_config(cfg.text("data")),
+        scratch=scratch_for(mt, cfg.integer("localSsdCount", 0, 24)),
     )
 
 

@@ -68,7 +68,13 @@ DEFAULTS: dict[str, str] = {
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
     "gpuDirect": "auto",
     "subnetRange": "10.42.0.0/16",
+    "localSsdCount": "0",
+    "data": "",
 }
+
+#: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
+#: cannot declare one, so Pulumi.yaml names them in a comment only.
+MAP_KEYS: tuple[str, ...] = ("data",)
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
@@ -88,6 +94,7 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "bootDiskType",
         "gpuDirect",
         "subnetRange",
+        "localSsdCount",
     ),
     "vertex": ("executorImage",),
 }

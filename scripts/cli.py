@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
+from infra.datasets import parse_data_flags
 from scripts import lifecycle
+from scripts.job.options import add_data_options, glue_resume_args, resume_args
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
@@ -69,6 +71,8 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
         wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
+        data=parse_data_flags(getattr(args, "data", []) or []),
+        resume_args=resume_args(getattr(args, "resume_args", None)),
     )
 
 
@@ -284,6 +288,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="(--stack) nodes GCE takes away to recover from: spot preemptions, host errors, "
                 "host maintenance (default: 3)",
             )
+            add_data_options(c)
         if name == "verify":
             c.add_argument(
                 "--fabric",
@@ -387,7 +392,7 @@ def main(
 ) -> int:
     """Parse, run one handler, and turn every known failure into one line and an exit code.
     `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(glue_resume_args(sys.argv[1:] if argv is None else argv))
     try:
         opts = _options(args)
         chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)

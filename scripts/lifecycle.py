@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from infra.datasets import merge_datasets
 from scripts import ui
 from scripts.guard import signal_guard
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
@@ -21,7 +22,12 @@ from scripts.targets.base import RunOptions, Target
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult:
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
     `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
+    from scripts.job.data import check_prefixes
+
     started = time.monotonic()
+    healthcheck = tuple(opts.entry[:2]) == ("-m", "trainer.healthcheck")  # reads no data
+    datasets = () if healthcheck else merge_datasets(target.datasets(), opts.data)
+    check_prefixes(datasets)  # before anything is created: a typo costs nothing
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:
@@ -32,6 +38,8 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 env=opts.env,
                 max_restarts=opts.max_restarts,
                 workdir=Path.cwd(),
+                datasets=datasets,
+                resume_args=opts.resume_args,
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)

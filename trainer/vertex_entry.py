@@ -27,6 +27,7 @@ from types import FrameType
 
 from trainer.config import CHECKPOINT_URI_ENV, parse_config
 from trainer.errors import InputError
+from trainer.fetch_data import FetchError, copy_on_vertex
 from trainer.storage import parse_gs_uri, upload_files
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
@@ -219,6 +220,11 @@ def main(argv: list[str] | None = None) -> None:
         f"outputs {model_dir or 'local only'}",
         flush=True,
     )
+    try:
+        copy_on_vertex(os.environ, workdir, str(placement.task))  # `copy` datasets, if any
+    except FetchError as e:
+        print(f"error: data: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.code)
     status = run_forwarding_signals(torchrun_argv(placement, nproc, args, program), cwd=workdir)
     if placement.node_rank == 0 and model_dir is not None:  # on failure too: the results so far
         try:

@@ -1,5 +1,6 @@
 """StackBucket: where a run's checkpoints and results outlive its VMs — the stack's own bucket, or
-the user's existing one — and the nodes' right to use that bucket and no other.
+the user's existing one — and the nodes' right to use that bucket and no other (plus reading the
+buckets of the stack's datasets).
 
 The stack's own bucket is not `force_destroy`: a plain `pulumi destroy` refuses to delete
 checkpoints nobody has downloaded. `gputrain down` downloads the runs' results first, then empties
@@ -16,6 +17,8 @@ import pulumi_gcp as gcp
 
 # read, write, list and delete objects; no bucket administration
 NODE_BUCKET_ROLE = "roles/storage.objectUser"
+# the datasets' buckets: read and list objects, nothing else
+DATA_BUCKET_ROLE = "roles/storage.objectViewer"
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class StackBucketArgs:
     existing: bool = False  # the user's bucket: only the IAM member is declared
     retention_days: int = 30
     labels: Mapping[str, str] = field(default_factory=dict)
+    data_buckets: tuple[str, ...] = ()  # the datasets' buckets (not this one): read-only
 
 
 class StackBucket(pulumi.ComponentResource):
@@ -71,4 +75,14 @@ class StackBucket(pulumi.ComponentResource):
             member=args.member,
             opts=child,
         )
+        self.data_access = [
+            gcp.storage.BucketIAMMember(
+                f"{args.name}-data-{bucket}",
+                bucket=bucket,
+                role=DATA_BUCKET_ROLE,
+                member=args.member,
+                opts=child,
+            )
+            for bucket in args.data_buckets
+        ]
         self.register_outputs({"name": self.name})

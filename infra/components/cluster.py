@@ -18,8 +18,10 @@ from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
+from infra.datasets import data_buckets
 from infra.outputs import Key, NodeKey
 from infra.prices import price_table
+from infra.scratch import startup_script
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
 
@@ -65,6 +67,7 @@ def stack_bucket(
             existing=spec.existing_bucket is not None,
             retention_days=spec.bucket_retention_days,
             labels=cluster_labels(spec, pulumi.get_project()),
+            data_buckets=tuple(b for b in data_buckets(spec.datasets) if b != spec.bucket_name),
         ),
         opts,
     )
@@ -142,6 +145,8 @@ class GpuCluster(pulumi.ComponentResource):
                 subnetwork=self.network.subnetwork_ref,
                 service_account_email=self.identity.email,
                 fabric_nics=self.fabric.nics if self.fabric else (),
+                local_ssd_disks=spec.scratch.declared_disks,
+                startup_script=startup_script() if spec.scratch.present else None,
                 after=(
                     *(self.fabric.resources if self.fabric else ()),
                     self.network.internal_firewall,

@@ -72,6 +72,8 @@ class GpuNodesArgs:
     subnetwork: pulumi.Input[str] | None
     service_account_email: pulumi.Input[str]
     fabric_nics: Sequence[FabricNic] = ()  # nic1.. of every VM (GPUDirect), never external
+    local_ssd_disks: int = 0  # N1/G2 localSsdCount (bundled local SSD comes with the type)
+    startup_script: str | None = None  # local SSD -> RAID 0 at /mnt/gputrain-scratch, every boot
     after: Sequence[pulumi.Resource] = field(default=())  # firewalls and role bindings first
 
 
@@ -165,6 +167,12 @@ class GpuNodes(pulumi.ComponentResource):
             scheduling=scheduling,
             reservation_affinity=reservation,
             guest_accelerators=accelerators,
+            scratch_disks=[
+                gcp.compute.InstanceScratchDiskArgs(interface="NVME")
+                for _ in range(a.local_ssd_disks)
+            ]
+            or None,
+            metadata_startup_script=a.startup_script,
             metadata={
                 "ssh-keys": f"{a.ssh_user}:{a.ssh_public_key}",
                 "enable-guest-attributes": "TRUE",  # the guest agent publishes host keys there

@@ -100,6 +100,12 @@ def run_doctor(
     if spec is not None and secrets is not None and not vertex:
         rows.append(settings.ssh_key_row(spec, secrets))
         rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
+    if spec is not None and spec.datasets:
+        from scripts.doctor.data import data_rows
+
+        unknown = spec.on_vertex or (spec.scratch.present and spec.scratch.gib is None)
+        room = None if unknown else (spec.scratch.gib or spec.boot_disk_gb)
+        rows += data_rows(spec.datasets, room_gib=room)
     title = f"doctor: stack {stack}" if stack else "doctor (no --stack: this machine only)"
     return DoctorReport(title, tuple(rows))
 

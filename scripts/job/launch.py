@@ -20,6 +20,7 @@ from pathlib import Path
 
 from infra.base.records import Fleet
 from scripts import ui
+from scripts.job.data import stage_data
 from scripts.job.download import download_results, write_job_record
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
@@ -34,6 +35,7 @@ from scripts.job.node_scripts import (
     build_upload_and_start_command,
     parse_sections,
 )
+from scripts.job.outputs import OUT_URI_ENV, prepare_outputs
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
 from scripts.job.sync import CodeBundle, check_size, collect_sources, read_manifest_command
 from scripts.parallel import parallel
@@ -59,6 +61,14 @@ def launch_torchrun(
     start = time.monotonic()
     files = collect_code(job)
     prepared = prepare_nodes(fleet, transports, job)
+    stage_data(
+        fleet,
+        transports,
+        job.datasets,
+        env=job.env,
+        install_gcsfuse=fleet.install_trainer,  # our own VMs; yours are yours
+    )
+    prepare_outputs(fleet, transports, job)
     if job.rdzv_port is None:  # every run its own c10d store, also beside another run
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
     upload_and_start(fleet, transports, job, files, prepared.manifests, stop_grace_s=stop_grace_s)
@@ -152,8 +162,9 @@ def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -
     port for the run's c10d store; with gs:// checkpoints the storage client (a probe where it is
     there, else pip). More per-node checks belong here as further sections."""
     head = fleet.head.name
-    needs_storage = job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://")
-    why_storage = "the trainer's gs:// checkpoints"
+    gs_env = any(job.env.get(k, "").startswith("gs://") for k in (CHECKPOINT_URI_ENV, OUT_URI_ENV))
+    needs_storage = gs_env or any(d.mode == "copy" for d in job.datasets)
+    why_storage = "gs:// checkpoints, outputs or datasets"
 
     def one(name: str) -> dict[str, SectionResult]:
         sections = {"manifest": read_manifest_command(job.code_dir)}

@@ -9,6 +9,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scripts.job.data import data_env_lines
+from scripts.job.outputs import MIRROR_STOP_LINES, attempt_entry, mirror_start_lines
 from scripts.job.records import Job
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, run_dir
@@ -38,7 +40,7 @@ def build_node_command(
         "--tee", "3",
     ]  # fmt: skip
     argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
-    argv += " ".join(q(a) for a in job.entry)
+    argv += " ".join(q(a) for a in attempt_entry(job))
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
@@ -54,8 +56,8 @@ if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; fi
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
-echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
+{data_env_lines(job.datasets)}{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
+{mirror_start_lines(job, python)}echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
@@ -64,7 +66,7 @@ echo $JOB > "$RUN/jobpid"
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
-cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
+{MIRROR_STOP_LINES}cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
 exit $rc
 """
 

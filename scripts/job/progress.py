@@ -1,7 +1,8 @@
 """What the controller reads from a job's log lines: the step being trained, the step a (resumed)
 run starts from, and when the first step of an attempt shows up. The trainer prints them
 (`start step 20/300` in its banner, `step 30/300 | loss ...` per interval, `checkpoint
-.../ckpt-00000030.pt` per save); another entry point that prints none simply leaves them unknown.
+.../ckpt-00000030.pt` per save); nanoGPT prints `iter 30: loss ...` (its first one after a
+resume is the step it resumed from); an entry point that prints neither leaves them unknown.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 _STEP = re.compile(r"\bstep\s+(\d+)/(\d+) \|")
 _START = re.compile(r"\bstart step (\d+)/(\d+)")
 _SAVED = re.compile(r"\bcheckpoint \S*ckpt-(\d{8})\.pt\b")
+_ITER = re.compile(r"\biter (\d+): loss ")  # nanoGPT's (and scripts like it) per-step line
 
 
 class StepWatch:
@@ -38,12 +40,15 @@ class StepWatch:
         with self._lock:
             if m := _START.search(text):
                 self.start_step = int(m.group(1))
-            step = _STEP.search(text) or _SAVED.search(text)
+            trained = _STEP.search(text) or _ITER.search(text)
+            step = trained or _SAVED.search(text)
             if step:
                 n = int(step.group(1))
                 self.reached = n if self.reached is None else max(self.reached, n)
-                if self.first_step_at is None and _STEP.search(text):
+                if self.first_step_at is None and trained:
                     self.first_step_at = self.clock()
+                    if self.start_step is None and trained.re is _ITER:  # no banner: its first
+                        self.start_step = n
                     fire, self._on_first_step = self._on_first_step, None
         if fire is not None:
             fire()

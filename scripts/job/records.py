@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from infra.base.errors import GputrainError, UserError
+from infra.datasets import Dataset
 from scripts.job.sync import DEFAULT_MAX_UPLOAD_MIB
 from scripts.node_layout import CODE_DIR
 
@@ -38,6 +39,9 @@ class Job:
     max_upload_mib: float = DEFAULT_MAX_UPLOAD_MIB
     max_duration_s: float | None = None  # stop the job after this long (None: no limit)
     code_dir: str = CODE_DIR  # where the code is synced on the nodes (per run for local runs)
+    datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data.py)
+    resume_args: tuple[str, ...] = ()  # appended to entry on attempts after the first
+    attempt: int = 1  # 2, 3, ...: relaunches after spot recoveries (GPUTRAIN_ATTEMPT)
 
 
 FailureKind = Literal["exited", "killed", "lost"]

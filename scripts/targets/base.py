@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from infra.datasets import Dataset
 from scripts.guard import SignalGuard
 from scripts.job.records import Job, JobResult
 
@@ -36,6 +37,8 @@ class RunOptions:
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
     wait_for_capacity_s: int | None = None  # stock-outs: retry this long (None: waitForCapacity)
+    data: dict[str, str] = field(default_factory=dict)  # `--data NAME=gs://...` (over the target's)
+    resume_args: tuple[str, ...] = ()  # `--resume-args "ARGS"`: appended on relaunches
 
 
 class Session(Protocol):
@@ -83,6 +86,10 @@ class Target(Protocol):
         ...
 
     def status(self) -> None: ...
+
+    def datasets(self) -> tuple[Dataset, ...]:
+        """The datasets the target's own file names (stack `data`, hosts file `data`)."""
+        ...
 
     def sweep(self) -> bool:
         """List whatever the target left behind; True if anything is."""

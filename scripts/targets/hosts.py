@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.base.records import Fleet
+from infra.datasets import Dataset
 from scripts.settings import Settings
 from scripts.targets.base import RunOptions
 from scripts.targets.machines import MachinesTarget
@@ -17,6 +18,11 @@ class HostsTarget(MachinesTarget):
 
         self.path = Path(path)
         self.name = target_name(self.path)
+
+    def datasets(self) -> tuple[Dataset, ...]:
+        from scripts.targets.hosts_file import hosts_file_datasets
+
+        return hosts_file_datasets(self.path)
 
     def fleet(self, opts: RunOptions) -> tuple[Fleet, Path | None]:
         from scripts.targets.hosts_file import load_hosts_file

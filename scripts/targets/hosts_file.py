@@ -31,9 +31,12 @@ from typing import Any
 from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.base.validate import Checker
+from infra.datasets import Dataset, parse_datasets
 from scripts.transport.hostkeys import KnownHosts
 
-TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
+TOP_KEYS = (
+    "user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts", "data",
+)  # fmt: skip
 HOST_KEYS = ("address", "internal_address", "name", "port")
 GPU_KEYS = ("model", "count", "min_memory_gb")
 MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
@@ -54,6 +57,7 @@ class HostsFile:
     fleet: Fleet
     known_hosts: Path
     unpinned: tuple[str, ...]  # node names with no key yet; only with trust_new_hosts
+    datasets: tuple[Dataset, ...] = ()  # `data`: NAME: gs://BUCKET/PREFIX[:copy|:mount]
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,19 @@ def _checker(source: str) -> _Checker:
 def target_name(path: Path) -> str:
     """The target a hosts file names: results go to runs/hosts-<file stem>/."""
     return f"hosts-{path.stem}"
+
+
+def hosts_file_datasets(path: Path) -> tuple[Dataset, ...]:
+    """The file's `data` key alone (the whole file is checked when the fleet is loaded)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ()  # load_hosts_file says what is wrong with it
+    if not isinstance(data, Mapping):
+        return ()
+    return tuple(parse_datasets(data.get("data"), f"{path}: data"))
 
 
 def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsFile:
@@ -170,7 +187,8 @@ def parse_hosts(
         identity_file=identity,
         python=python.strip(),
     )
-    return HostsFile(fleet, known_hosts, tuple(unpinned))
+    datasets = tuple(parse_datasets(data.get("data"), f"{source}: data"))
+    return HostsFile(fleet, known_hosts, tuple(unpinned), datasets)
 
 
 # ---- fields ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet
+from infra.datasets import Dataset
 from scripts import ui
 from scripts.guard import SignalGuard
 from scripts.settings import Settings
@@ -27,6 +28,9 @@ class MachinesTarget:
     def fleet(self, opts: RunOptions) -> tuple[Fleet, Path | None]:
         """The machines, and the known_hosts file to record first-seen keys in (or None)."""
         raise NotImplementedError
+
+    def datasets(self) -> tuple[Dataset, ...]:
+        return ()
 
     def plan(self) -> None:
         fleet, _ = self.fleet(RunOptions())

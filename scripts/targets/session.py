@@ -85,6 +85,9 @@ class FleetSession:
         from scripts.verify.gpus import verify_gpus
 
         verify_gpus(self.fleet, self.transports, deadline_s=self.settings.verify_deadline_s)
+        from scripts.verify.scratch import verify_scratch
+
+        verify_scratch(self.fleet, self.transports)  # local SSD, where the VM has any
         if not fabric or len(self.fleet.nodes) < 2:
             return
         if self.fabric is None:

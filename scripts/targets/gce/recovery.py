@@ -37,6 +37,7 @@ from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
+from scripts.job.outputs import output_env
 from scripts.job.progress import StepWatch
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
@@ -300,7 +301,10 @@ class RecoveringSession(FleetSession):
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.job.launch import launch_torchrun
 
-        job = replace(job, env={**self.nodes.job_env(job.run_id), **job.env})
+        job = replace(
+            job,
+            env={**self.nodes.job_env(job.run_id), **output_env(self.nodes.bucket, job), **job.env},
+        )
         watch = StepWatch()
         done: list[Recovery] = []
         pending: _Pending | None = None
@@ -344,6 +348,7 @@ class RecoveringSession(FleetSession):
                     )
                     watch.new_attempt(functools.partial(pending.finish, watch))
                     pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
+                    job = replace(job, attempt=job.attempt + 1)  # --resume-args from now on
         except BaseException:
             self._stop(guard, job.run_id)
             raise

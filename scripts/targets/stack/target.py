@@ -19,6 +19,7 @@ from scripts.targets.base import RunOptions, Session
 from scripts.targets.stack.clients import StackClients
 
 if TYPE_CHECKING:
+    from infra.datasets import Dataset
     from infra.offer_tables import Check
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
@@ -76,6 +77,9 @@ class StackTarget(Generic[C, P]):
 
             self._spec = parse_spec(self.stack_file.config, self.stack)
         return self._spec
+
+    def datasets(self) -> tuple[Dataset, ...]:
+        return self.spec().datasets
 
     def spec_at(self, chosen: Candidate) -> ClusterSpec:
         """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it. The

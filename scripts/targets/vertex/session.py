@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING
 
 from infra import vertex
 from infra.base.errors import GputrainError, UserError
+from infra.datasets import vertex_data_env
 from infra.gcp.gcs import StorageApi
 from infra.outputs import VertexOutputs
 from infra.spec import ClusterSpec
@@ -185,7 +186,7 @@ class VertexSession:
             output_dir=run_output_dir(self.out.bucket, job.run_id, self.out.bucket_prefix),
             package_uris=(package,),
             args=tuple(job.entry),
-            env={**job.env, "GPUTRAIN_RUN_ID": job.run_id},
+            env={**vertex_data_env(job.datasets), **job.env, "GPUTRAIN_RUN_ID": job.run_id},
             labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
             service_account=self.out.service_account,
             executor_image=spec.executor_image,

@@ -322,3 +322,22 @@ def test_a_refusing_host_fails_after_a_short_grace(
     waiting = [ln for ln in captured.out.splitlines() if "waiting for SSH" in ln]
     assert len(waiting) == 1, captured.out
     assert "127.0.0.1: not reachable (connection refused)" in captured.out
+
+
+def test_the_data_key_names_datasets_and_a_bad_entry_is_one_line(site: dict[str, object]) -> None:
+    from scripts.settings import Settings
+    from scripts.targets.hosts import HostsTarget
+
+    path = write(site, GOOD + "data:\n  train: gs://lab-data/owt\n  web: gs://lab-data/fw:mount\n")
+    hosts = load_hosts_file(path)
+    assert [d.spec() for d in hosts.datasets] == [
+        "train=gs://lab-data/owt/:copy",
+        "web=gs://lab-data/fw/:mount",
+    ]
+    assert HostsTarget(str(path), Settings(root=path.parent)).datasets() == hosts.datasets
+    bad = write(site, GOOD + "data:\n  train: gs://lab-data/owt:fast\n", "bad.yaml")
+    with pytest.raises(UserError) as e:
+        load_hosts_file(bad)
+    assert str(e.value) == (
+        f"{bad}: data.train: mode 'fast' in 'gs://lab-data/owt:fast' is not allowed; use copy or mount"
+    )

@@ -319,3 +319,36 @@ def test_no_terminal_and_no_yes_or_a_failed_doctor_row_creates_nothing(
     out, err = capsys.readouterr()
     assert rc == 2 and "doctor: 1 problem(s)" in err and "credentials (ADC)" in err, out + err
     assert "up" not in w.runner.call_names() and w.created() == []
+
+
+def test_datasets_on_vertex_copy_to_each_replica_and_mount_under_gcs(
+    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`copy`: each replica's vertex_entry downloads the prefix before torchrun and points the
+    variable there; `mount`: the variable is Vertex's own /gcs/ path (not mounted here)."""
+    w = world()
+    w.gcs.write("ds/tiny/a.txt", b"from the bucket")
+    Path("jobs/readdata.py").write_text(
+        "import os\nfrom pathlib import Path\n"
+        "train = Path(os.environ['GPUTRAIN_DATA_TRAIN'])\n"
+        "print('data', os.environ['RANK'], (train / 'a.txt').read_text(), "
+        "os.environ['GPUTRAIN_DATA_WEB'], flush=True)\n"
+    )
+    bucket = w.gcs.bucket_name
+    rc = w.run(
+        "run", "--stack", "vtest", "--yes",
+        "--data", f"train=gs://{bucket}/ds/tiny", "--data", f"web=gs://{bucket}/ds:mount",
+        "--", "-m", "jobs.readdata",
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
+    [body] = w.created()
+    env = {
+        e["name"]: e["value"]
+        for e in body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]["env"]
+    }
+    assert env["GPUTRAIN_DATA_COPY"] == f"train=gs://{bucket}/ds/tiny/:copy"
+    assert env["GPUTRAIN_DATA_WEB"] == f"/gcs/{bucket}/ds"
+    for rank in ("0", "1"):
+        assert f"data {rank} from the bucket /gcs/{bucket}/ds" in out
+    assert_torn_down(w)

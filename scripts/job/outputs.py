@@ -1,0 +1,107 @@
+"""Outputs that survive a preemption, for any trainer: each node's out dir (GPUTRAIN_OUT) is
+mirrored to the stack's bucket while training runs (trainer/mirror_out.py, started by run.sh) and
+restored onto a re-created node before the relaunch; relaunches after the first attempt get
+`--resume-args` appended to ENTRY and every attempt is told its number (GPUTRAIN_ATTEMPT).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from infra.base.records import Fleet
+from scripts import ui
+from scripts.job.records import Job
+from scripts.node_layout import run_dir
+from scripts.parallel import parallel
+from scripts.transport.base import Transport, TransportError
+
+#: the node side, standalone for --restore (sent on stdin before the code is uploaded)
+MIRROR_SOURCE = Path(__file__).resolve().parent.parent.parent / "trainer" / "mirror_out.py"
+OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # gs://BUCKET/PREFIX/: each node's files under <node>/
+ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"
+MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"  # seconds between passes (default 10)
+#: no mirror beside these: the reference trainer uploads its own checkpoints
+#: (GPUTRAIN_CHECKPOINT_URI), the health check has nothing to keep
+NOT_MIRRORED = (("-m", "trainer.train"), ("-m", "trainer.healthcheck"))
+
+
+def out_uri(bucket: str | None, run_id: str) -> str | None:
+    """Where a run's out dirs go under the stack's gs://<bucket>/<prefix>. Pure."""
+    return f"{bucket}runs/{run_id}/out/" if bucket else None
+
+
+def output_env(bucket: str | None, job: Job) -> dict[str, str]:
+    """The mirror's destination for a job on a stack (none for NOT_MIRRORED entries). Pure."""
+    uri = out_uri(bucket, job.run_id)
+    if uri is None or any(tuple(job.entry[: len(e)]) == e for e in NOT_MIRRORED):
+        return {}
+    return {OUT_URI_ENV: uri}
+
+
+def attempt_entry(job: Job) -> tuple[str, ...]:
+    """ENTRY, plus --resume-args on every attempt after the first. Pure."""
+    return (*job.entry, *job.resume_args) if job.attempt > 1 else tuple(job.entry)
+
+
+def mirror_start_lines(job: Job, python: str) -> str:
+    """run.sh, before torchrun: the attempt number, the node's name (written by prepare_nodes)
+    and, with GPUTRAIN_OUT_URI, the mirror in the background. Pure."""
+    py = shlex.quote(python)
+    return (
+        f"export {ATTEMPT_ENV}={job.attempt}\n"
+        'NODE_NAME=$(cat "$RUN/node" 2>/dev/null || hostname)\n'
+        f'if [ -n "${{{OUT_URI_ENV}:-}}" ]; then\n'
+        f'  (cd "$RUN/code" && exec {py} -m trainer.mirror_out --dir "$RUN/out" '
+        f'--uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" --interval "${{{MIRROR_INTERVAL_ENV}:-10}}") &\n'
+        "  MIRROR=$!\n"
+        "fi\n"
+    )
+
+
+#: run.sh, after torchrun: the mirror's last pass, before the exit code tells the controller
+MIRROR_STOP_LINES = (
+    'if [ -n "${MIRROR:-}" ]; then kill -TERM "$MIRROR" 2>/dev/null; wait "$MIRROR"; fi\n'
+)
+
+
+def build_prepare_command(job: Job, node: str, python: str) -> tuple[str, bytes | None]:
+    """On a node before the start: its name for run.sh, and on a relaunch the out dir's files
+    that the bucket holds and the node lacks (a re-created VM lacks them all), by
+    trainer/mirror_out.py (standalone for --restore) sent on stdin: the code is not there yet.
+    The command and its stdin. Pure but for reading that file."""
+    q = shlex.quote
+    d = q(run_dir(job.run_id))
+    cmd = f"mkdir -p {d}/out && printf '%s\\n' {q(node)} > {d}/node"
+    uri = job.env.get(OUT_URI_ENV)
+    if job.attempt == 1 or not uri:
+        return cmd, None
+    exports = "".join(f"export {k}={q(v)}; " for k, v in job.env.items())
+    cmd += (
+        f" && {exports}{q(python)} - --restore --dir {d}/out "
+        f"--uri {q(uri.rstrip('/') + '/' + node + '/')}"
+    )
+    return cmd, MIRROR_SOURCE.read_bytes()
+
+
+def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
+    """Every node knows its name; on a relaunch, the out dirs are back (said per node)."""
+
+    def one(name: str) -> str:
+        cmd, stdin = build_prepare_command(job, name, fleet.python)
+        r = transports[name].run(cmd, 1800, stdin=stdin)
+        if not r.ok:
+            raise TransportError(
+                f"node {name}: could not prepare the run's out dir: "
+                + " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+            )
+        return r.stdout.strip()
+
+    names = [n.name for n in fleet.nodes]
+    results, errors = parallel(names, one)
+    if errors:
+        raise TransportError("\n".join(str(e) for e in errors.values()))
+    for name in names:
+        if results[name]:
+            ui.say(f"{name}: {results[name].splitlines()[-1]}")

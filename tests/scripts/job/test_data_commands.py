@@ -1,0 +1,229 @@
+"""The controller's side of datasets: run.sh's variables, the copy command each node runs, its
+summary line, the prefix checks and the doctor's rows against the real Cloud Storage emulator,
+and the `mount` command run for real against stub gcsfuse/mountpoint/sudo commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.base.errors import UserError
+from infra.datasets import parse_datasets
+from scripts.doctor.data import data_rows
+from scripts.job.data import (
+    build_fetch_command,
+    check_prefixes,
+    data_env_lines,
+    parse_fetch_result,
+    stage_data,
+)
+from scripts.job.gcsfuse import build_mount_command, gcsfuse_install_script
+from scripts.job.node_scripts import build_node_command
+from scripts.job.records import Job
+from scripts.transport.base import TransportError
+from tests.support.gcs_emulator import GcsEmulator
+
+DATASETS = parse_datasets({"train": "gs://b-1/owt", "web": "gs://b-2/fw/10B:mount"})
+
+
+def sh(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+
+
+def test_run_sh_exports_the_data_paths_expanded_on_the_node(tmp_path: Path) -> None:
+    job = Job(
+        "r1",
+        entry=("x.py",),
+        rdzv_port=29500,
+        datasets=DATASETS,
+        env={"GPUTRAIN_DATA_WEB": "/mine"},
+    )
+    script = build_node_command(
+        job, nnodes=1, nproc_per_node=1, head_address="10.0.0.1", python="python3"
+    )
+    lines = data_env_lines(DATASETS)
+    assert lines in script and script.index(lines) < script.index(
+        "export GPUTRAIN_DATA_WEB=/mine\n"
+    )
+    probe = (
+        lines
+        + 'echo "$GPUTRAIN_DATA_DIR|$GPUTRAIN_DATA_TRAIN|$GPUTRAIN_DATA_WEB|${GPUTRAIN_SCRATCH-none}"'
+    )
+    r = sh(probe, {"PATH": os.environ["PATH"], "GPUTRAIN_NODE_ROOT": str(tmp_path)})
+    d = f"{tmp_path}/.gputrain/data"
+    assert r.stdout.strip() == f"{d}|{d}/train|{d}/web|none"
+
+
+def test_the_copy_command_and_its_summary() -> None:
+    cmd = build_fetch_command(
+        DATASETS, "node-1", "/opt/py 3", {"STORAGE_EMULATOR_HOST": "http://h:1"}
+    )
+    assert "export STORAGE_EMULATOR_HOST=http://h:1; " in cmd
+    assert "exec '/opt/py 3' - --root" in cmd  # the module itself comes in the command
+    # mount datasets are not copied
+    assert "--node node-1 train=gs://b-1/owt/:copy <<'GPUTRAIN_FETCH_DATA'\n" in cmd
+    assert "def fetch(" in cmd and cmd.endswith("\nGPUTRAIN_FETCH_DATA\n")
+    assert "--scratch /mnt/gputrain-scratch" in cmd
+    assert parse_fetch_result(["data: x", 'gputrain-data: {"node": "n", "seconds": 1}']) == {
+        "node": "n",
+        "seconds": 1,
+    }
+    assert parse_fetch_result(["gputrain-data: {broken"]) is None
+
+
+def test_prefixes_are_checked_from_here_and_in_the_doctor() -> None:
+    with GcsEmulator() as g:
+        g.write("ds/a.bin", b"x" * 1000)
+        ok, empty, gone = parse_datasets(
+            {
+                "ok": f"gs://{g.bucket_name}/ds",
+                "empty": f"gs://{g.bucket_name}/nothing",
+                "gone": "gs://no-such-bkt/x",
+            }
+        )
+        [info] = check_prefixes([ok], g.client())
+        assert (info.objects, info.bytes) == (1, 1000)
+        with pytest.raises(
+            UserError, match=r"data empty \(gs://gputrain-ckpt-test/nothing/\): no objects"
+        ):
+            check_prefixes([ok, empty], g.client())
+        rows = data_rows([ok, empty, gone], g.client())
+        assert [(r.check, r.status) for r in rows] == [
+            ("data ok", "ok"),
+            ("data empty", "fail"),
+            ("data gone", "fail"),
+        ]
+        assert (
+            "1 object(s)" in rows[0].detail
+            and "bucket gs://no-such-bkt does not exist" in rows[2].detail
+        )
+        assert "roles/storage.objectViewer on gs://no-such-bkt" in rows[2].fix
+
+
+STUBS = {
+    # records its arguments; "mounts" by making the mount point answer mountpoint -q
+    "gcsfuse": 'echo "$@" >> "$LOG"; for a; do last=$a; done; touch "$last/.mounted"',
+    "mountpoint": '[ "$2" = "$SCRATCH" ] && [ -n "$HAVE_SSD" ] && exit 0; [ -e "$2/.mounted" ]',
+    "sudo": 'shift; exec "$@"',
+}
+
+
+def stub_path(tmp_path: Path) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
+@pytest.mark.parametrize("ssd", [False, True])
+def test_the_mount_command_mounts_each_dataset_once(tmp_path: Path, ssd: bool) -> None:
+    mounts = [d for d in DATASETS if d.mode == "mount"] + parse_datasets({"all": "gs://b-3:mount"})
+    log = tmp_path / "gcsfuse.log"
+    cmd = build_mount_command(mounts, install=False).replace(
+        "/mnt/gputrain-scratch", str(tmp_path / "ssd")
+    )
+    env = {
+        "PATH": stub_path(tmp_path), "GPUTRAIN_NODE_ROOT": str(tmp_path / "node"), "LOG": str(log),
+        "SCRATCH": str(tmp_path / "ssd"), "HAVE_SSD": "1" if ssd else "",
+    }  # fmt: skip
+    r = sh(cmd, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    root = tmp_path / "node" / ".gputrain" / "data"
+    cache = (
+        f" --cache-dir {tmp_path}/ssd/gcsfuse-cache/web --file-cache-max-size-mb -1 --file-cache-cache-file-for-range-read true"
+        if ssd
+        else ""
+    )
+    assert (
+        log.read_text().splitlines()[0]
+        == f"-o ro --implicit-dirs --only-dir fw/10B{cache} b-2 {root}/web"
+    )
+    assert (
+        log.read_text().splitlines()[1].endswith(f" b-3 {root}/all")
+        and "--only-dir" not in log.read_text().splitlines()[1]
+    )
+    r = sh(cmd, env)  # again: mounted already, gcsfuse is not run twice
+    assert (
+        r.returncode == 0
+        and "mounted already" in r.stdout
+        and len(log.read_text().splitlines()) == 2
+    )
+
+
+def test_without_gcsfuse_the_mount_fails_saying_what_to_do(tmp_path: Path) -> None:
+    cmd = build_mount_command(DATASETS[1:], install=False)
+    r = sh(cmd, {"PATH": "/usr/bin:/bin", "GPUTRAIN_NODE_ROOT": str(tmp_path)})
+    assert r.returncode == 1 and "gcsfuse is not installed on this machine" in r.stdout
+
+
+def test_the_install_script_uses_googles_repository() -> None:
+    text = gcsfuse_install_script()
+    assert "command -v gcsfuse >/dev/null 2>&1 && exit 0" in text.splitlines()[1]  # idempotent
+    assert "https://packages.cloud.google.com/apt gcsfuse-$CODENAME main" in text
+    assert "signed-by=/usr/share/keyrings/cloud.google.asc" in text
+    assert "apt-get install -y -qq fuse gcsfuse" in text
+    assert "sudo -n sh -c" in build_mount_command(DATASETS[1:], install=True)
+
+
+def test_the_doctor_fails_copy_datasets_larger_than_the_disk() -> None:
+    with GcsEmulator() as g:
+        g.write("ds/a.bin", b"x" * 3000)
+        [ok] = parse_datasets({"ok": f"gs://{g.bucket_name}/ds"})
+        assert [r.check for r in data_rows([ok], g.client(), room_gib=1)] == ["data ok"]
+        rows = data_rows([ok], g.client(), room_gib=0)
+        assert rows[-1].check == "data size" and rows[-1].status == "fail"
+        assert "a node's disk for them has 0 GiB" in rows[-1].detail
+
+
+def test_the_install_script_finds_the_codename_once(tmp_path: Path) -> None:
+    """Its codename line run for real, with and without lsb_release."""
+    line = next(ln for ln in gcsfuse_install_script().splitlines() if ln.startswith("CODENAME="))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lsb_release").write_text("#!/bin/sh\necho jammy\n")
+    (bin_dir / "lsb_release").chmod(0o755)
+    r = sh(line + '\necho "[$CODENAME]"', {"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.stdout.strip() == "[jammy]"
+    r = sh(line + '\necho "[$CODENAME]"', {"PATH": "/usr/bin:/bin"})  # from /etc/os-release
+    assert r.stdout.strip().startswith("[") and "\n" not in r.stdout.strip()
+
+
+class NodeSaying:
+    """A node whose copy step prints `lines` and exits `rc` (the stream of trainer.fetch_data)."""
+
+    def __init__(self, name: str, rc: int, lines: list[str]) -> None:
+        self.name, self.rc, self.lines = name, rc, lines
+
+    def stream(self, cmd: str, on_line: Any, timeout: float | None) -> int:
+        assert "<<'GPUTRAIN_FETCH_DATA'" in cmd
+        for line in self.lines:
+            on_line(line)
+        return self.rc
+
+
+def test_a_node_without_room_is_a_user_error_naming_it() -> None:
+    from infra.base.records import Fleet, Node
+
+    fleet = Fleet("t", (Node("n0", "head", "10.0.0.1"), Node("n1", "worker", "10.0.0.2")))
+    full = "data: node n1: the datasets need 3.00 GiB to download (train 3.00 GiB) but / has 1.00 GiB free"
+    ok = 'gputrain-data: {"node": "n0", "seconds": 1.0, "downloaded_bytes": 5, "cached_objects": 0}'
+    transports: dict[str, Any] = {
+        "n0": NodeSaying("n0", 0, [ok]),
+        "n1": NodeSaying("n1", 3, [full]),
+    }
+    copy = parse_datasets({"train": "gs://b-1/a"})
+    with pytest.raises(UserError) as e:
+        stage_data(fleet, transports, copy, env={})
+    assert str(e.value) == full.removeprefix("data: ")
+    transports["n1"] = NodeSaying("n1", 1, ["Traceback ...", "boom"])
+    with pytest.raises(TransportError, match=r"node n1: copying the datasets failed \(exit 1\)"):
+        stage_data(fleet, transports, copy, env={})
+    transports["n1"] = NodeSaying("n1", 0, [ok.replace("n0", "n1")])
+    done = stage_data(fleet, transports, copy, env={})
+    assert done["n1"]["downloaded_bytes"] == 5

@@ -1,0 +1,78 @@
+"""The controller's side of mirrored outputs: which jobs get the mirror, ENTRY with
+--resume-args on relaunches only, run.sh's lines, and the prepare command each node runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.base.errors import UserError
+from scripts.job.node_scripts import build_node_command
+from scripts.job.options import glue_resume_args, resume_args
+from scripts.job.outputs import attempt_entry, build_prepare_command, output_env
+from scripts.job.records import Job
+
+
+def test_the_mirror_is_for_trainers_that_do_not_upload_their_own() -> None:
+    nano = Job("r1", entry=("train.py", "cfg.py"))
+    assert output_env("gs://b/p/", nano) == {"GPUTRAIN_OUT_URI": "gs://b/p/runs/r1/out/"}
+    assert output_env("gs://b/", Job("r1", entry=("-m", "trainer.train", "--preset", "tiny"))) == {}
+    assert output_env(None, nano) == {}
+
+
+def test_resume_args_come_after_the_first_attempt() -> None:
+    job = Job("r1", entry=("train.py", "cfg.py"), resume_args=("--init_from=resume",))
+    assert attempt_entry(job) == ("train.py", "cfg.py")
+    again = Job("r1", entry=job.entry, resume_args=job.resume_args, attempt=2, rdzv_port=29500)
+    assert attempt_entry(again) == ("train.py", "cfg.py", "--init_from=resume")
+    script = build_node_command(
+        again, nnodes=2, nproc_per_node=1, head_address="10.0.0.1", python="py"
+    )
+    assert "export GPUTRAIN_ATTEMPT=2\n" in script
+    assert "train.py cfg.py --init_from=resume" in script
+    assert (
+        '-m trainer.mirror_out --dir "$RUN/out" --uri "${GPUTRAIN_OUT_URI%/}/$NODE_NAME/"' in script
+    )
+    assert script.index('kill -TERM "$MIRROR"') < script.index("> exitcode.tmp")  # flushed first
+
+
+def test_the_cli_form_of_resume_args() -> None:
+    argv = [
+        "run",
+        "--resume-args",
+        "--init_from=resume --x 'a b'",
+        "--",
+        "t.py",
+        "--resume-args",
+        "y",
+    ]
+    assert glue_resume_args(argv) == [
+        "run", "--resume-args=--init_from=resume --x 'a b'", "--", "t.py", "--resume-args", "y",
+    ]  # fmt: skip
+    assert resume_args("--init_from=resume --x 'a b'") == ("--init_from=resume", "--x", "a b")
+    with pytest.raises(UserError, match="--resume-args"):
+        resume_args("'unclosed")
+
+
+def test_prepare_names_the_node_and_restores_only_on_relaunches() -> None:
+    env = {"GPUTRAIN_OUT_URI": "gs://b/runs/r1/out/", "STORAGE_EMULATOR_HOST": "http://h:1"}
+    first, stdin = build_prepare_command(Job("r1", env=env), "node-1", "python3")
+    assert "printf '%s\\n' node-1 > .gputrain/runs/r1/node" in first and stdin is None
+    again, stdin = build_prepare_command(Job("r1", env=env, attempt=2), "node-1", "python3")
+    assert "python3 - --restore --dir .gputrain/runs/r1/out" in again
+    assert "--uri gs://b/runs/r1/out/node-1/" in again and "export STORAGE_EMULATOR_HOST=" in again
+    assert stdin is not None and b"def restore(" in stdin  # mirror_out, before the code is there
+
+
+def test_nanogpt_lines_tell_the_step_reached_and_resumed_from() -> None:
+    from scripts.job.progress import StepWatch
+
+    w = StepWatch(clock=lambda: 7.0)
+    w.line("n1", "[rank1]:iter 0: loss 5.5433, time 533.20ms, mfu -100.00%")
+    w.line("n1", "[rank1]:iter 150: loss 1.2, time 5.00ms, mfu 0.01%")
+    assert (w.reached, w.start_step, w.first_step_at) == (150, 0, 7.0)
+    fired: list[int] = []
+    w.new_attempt(lambda: fired.append(1))
+    w.line("n1", "[rank1]:Resuming training from /x/out/nanogpt")
+    w.line("n1", "[rank1]:iter 100: loss 1.5, time 1321.44ms, mfu -100.00%")
+    w.line("n1", "[rank1]:iter 110: loss 1.4, time 12.00ms, mfu 0.00%")
+    assert (w.start_step, w.reached, fired) == (100, 110, [1])

@@ -1,0 +1,117 @@
+"""The out-dir mirror (trainer/mirror_out.py) against the real Cloud Storage emulator: new and
+changed files go up oldest first and only once they held still, a file rewritten while it was
+sent goes again, the last pass after SIGTERM sends what is settled, and a restore brings back
+what a re-created node lacks without touching what it has."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.gcs_emulator import GcsEmulator
+from trainer.mirror_out import Mirror, Target, due
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@pytest.fixture
+def gcs() -> Iterator[GcsEmulator]:
+    with GcsEmulator() as g:
+        yield g
+
+
+def test_due_is_changed_settled_and_oldest_first() -> None:
+    now = {"a": (1, 30), "b": (1, 10), "c": (2, 20), "d": (5, 40)}
+    before = {"a": (1, 30), "b": (1, 10), "c": (2, 20), "d": (4, 35)}  # d is being written
+    sent = {"a": (1, 30)}  # a is up to date
+    assert due(now, before, sent) == ["b", "c"]
+
+
+def test_files_go_up_once_settled_and_again_when_changed(gcs: GcsEmulator, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "ckpt").mkdir(parents=True)
+    (out / "ckpt" / "ckpt.pt").write_bytes(b"v1")
+    os.utime(out / "ckpt" / "ckpt.pt", ns=(1, 1_000_000_000))
+    (out / "log.txt").write_text("hello")
+    lines: list[str] = []
+    m = Mirror(
+        out, Target.parse(f"gs://{gcs.bucket_name}/runs/r1/out/node-1"), gcs.client(), lines.append
+    )
+    assert m.run_once() == []  # first look: nothing has held still yet
+    assert m.run_once() == ["ckpt/ckpt.pt", "log.txt"]  # oldest first
+    assert gcs.read("runs/r1/out/node-1/ckpt/ckpt.pt") == b"v1"
+    assert "mirror: 2 file(s) to gs://gputrain-ckpt-test/runs/r1/out/node-1/" in lines[0]
+    assert m.run_once() == []  # nothing changed: nothing sent
+    (out / "ckpt" / "ckpt.pt").write_bytes(b"v2-longer")
+    assert m.run_once() == [] and m.run_once() == ["ckpt/ckpt.pt"]
+    assert gcs.read("runs/r1/out/node-1/ckpt/ckpt.pt") == b"v2-longer"
+
+
+def test_restore_brings_back_what_the_node_lacks(gcs: GcsEmulator, tmp_path: Path) -> None:
+    gcs.write("runs/r1/out/node-1/nanogpt/ckpt.pt", b"from the bucket")
+    gcs.write("runs/r1/out/node-1/kept.txt", b"old")
+    gcs.write("runs/r1/out/node-2/other.txt", b"another node's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kept.txt").write_text("newer on the node")
+    m = Mirror(out, Target.parse(f"gs://{gcs.bucket_name}/runs/r1/out/node-1/"), gcs.client())
+    assert m.restore() == ["nanogpt/ckpt.pt"]
+    assert (out / "nanogpt" / "ckpt.pt").read_bytes() == b"from the bucket"
+    assert (out / "kept.txt").read_text() == "newer on the node"
+    assert not (out / "other.txt").exists()
+    assert m.run_once() == [] and m.run_once() == ["kept.txt"]  # restored files are not re-sent
+
+
+def test_sigterm_flushes_and_exits(gcs: GcsEmulator, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.url, "PYTHONPATH": str(ROOT)}
+    uri = f"gs://{gcs.bucket_name}/runs/r2/out/n/"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "trainer.mirror_out", "--dir", str(out), "--uri", uri, "--interval", "60"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.5)  # started, first scan done, long before its next pass
+    (out / "final.txt").write_text("written just before the end")
+    time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    output, _ = p.communicate(timeout=30)
+    assert p.returncode == 0, output
+    assert gcs.read("runs/r2/out/n/final.txt") == b"written just before the end"
+    assert "mirror: flushed" in output
+
+
+def test_the_preemption_notice_flushes_at_once_and_mirroring_goes_on(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    import threading
+
+    from trainer.mirror_out import Wake, run
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"saved just before the notice")
+    lines: list[str] = []
+    m = Mirror(
+        out, Target.parse(f"gs://{gcs.bucket_name}/runs/r3/out/n/"), gcs.client(), lines.append
+    )
+    wake = Wake()
+    t = threading.Thread(target=run, args=(m, 3600.0, wake), daemon=True)  # no pass on its own
+    t.start()
+    wake.set(wake.notice)
+    deadline = time.monotonic() + 20
+    while not any("preemption notice: flushed (1 file(s))" in ln for ln in lines):
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    assert gcs.read("runs/r3/out/n/ckpt.pt") == b"saved just before the notice"
+    assert t.is_alive()  # still mirroring until the stop
+    wake.set(wake.stop)
+    t.join(timeout=20)
+    assert not t.is_alive() and "mirror: flushed" in lines[-1]

@@ -1,0 +1,200 @@
+"""`python -m trainer.mirror_out --dir OUT --uri gs://BUCKET/PREFIX/`: a node's out directory,
+mirrored to Cloud Storage while any trainer runs, so its checkpoints outlive a preempted VM.
+
+Every `--interval` seconds the new and changed files go up, oldest first, whole files only: a file
+is sent once its size and modification time held still since the previous scan, and sent again
+if it changed while it was read. GCE's preemption notice (the metadata server, where
+GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once; SIGTERM (a stop, the notice reaching the
+node's processes) or the end of training (run.sh sends it) makes the last one, then it exits. `--restore` is the other way: before a relaunch, what the bucket holds of this
+node's out dir and the node lacks comes back. Stands alone; honours STORAGE_EMULATOR_HOST.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+Stamp = tuple[int, int]  # (size, mtime_ns)
+
+
+@dataclass(frozen=True)
+class Target:
+    bucket: str
+    prefix: str  # ends in "/"
+
+    @classmethod
+    def parse(cls, uri: str) -> Target:
+        if not uri.startswith("gs://"):
+            raise SystemExit(f"mirror: --uri {uri!r}: expected gs://BUCKET/PREFIX/")
+        bucket, _, prefix = uri[len("gs://") :].partition("/")
+        prefix = prefix.strip("/")
+        return cls(bucket, f"{prefix}/" if prefix else "")
+
+
+def scan(root: Path) -> dict[str, Stamp]:
+    """Every regular file under root (relative path -> stamp); files vanishing mid-scan skipped."""
+    found: dict[str, Stamp] = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath) / f
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            found[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def due(now: dict[str, Stamp], before: dict[str, Stamp], sent: dict[str, Stamp]) -> list[str]:
+    """What to upload, oldest first: changed since it was sent and unchanged since the previous
+    scan, so a file being written is not sent half-way. Pure."""
+    ready = [
+        rel for rel, stamp in now.items() if sent.get(rel) != stamp and before.get(rel) == stamp
+    ]
+    return sorted(ready, key=lambda rel: (now[rel][1], rel))
+
+
+class Mirror:
+    """One out dir -> one prefix; `sent` remembers what the bucket has."""
+
+    def __init__(
+        self,
+        root: Path,
+        target: Target,
+        client: Any = None,
+        say: Callable[[str], None] = lambda s: print(s, flush=True),
+    ) -> None:
+        if client is None:
+            import google.cloud.storage as storage
+
+            client = storage.Client()
+        self.root, self.target, self.say = root, target, say
+        self.bucket = client.bucket(target.bucket)
+        self.sent: dict[str, Stamp] = {}
+        self.before: dict[str, Stamp] = {}
+        self.uploaded_bytes = 0
+
+    def run_once(self, *, final: bool = False, settle_s: float = 0.5) -> list[str]:
+        """One pass; the files sent whole (a file that changed while read is sent again later).
+        `final`: the last pass, after a short look for files still being written (a trainer
+        stopped mid-save must not replace its last good checkpoint with half of the next)."""
+        if final:
+            self.before = scan(self.root)
+            time.sleep(settle_s)
+        now = scan(self.root)
+        sent = []
+        for rel in due(now, self.before, self.sent):
+            path = self.root / rel
+            try:
+                self.bucket.blob(self.target.prefix + rel).upload_from_filename(str(path))
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # replaced or removed meanwhile: the next scan sees what is there
+            if (st.st_size, st.st_mtime_ns) == now[rel]:
+                self.sent[rel] = now[rel]
+                self.uploaded_bytes += now[rel][0]
+                sent.append(rel)
+        self.before = now
+        if sent:
+            self.say(
+                f"mirror: {len(sent)} file(s) to gs://{self.target.bucket}/{self.target.prefix} "
+                f"({', '.join(sent[:3])}{', ...' if len(sent) > 3 else ''})"
+            )
+        return sent
+
+    def restore(self) -> list[str]:
+        """What the bucket holds and the out dir lacks, downloaded (present files are newer or
+        the same: never overwritten)."""
+        got = []
+        for blob in self.bucket.client.list_blobs(self.target.bucket, prefix=self.target.prefix):
+            rel = blob.name[len(self.target.prefix) :]
+            if not rel or rel.endswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
+                continue
+            path = self.root / rel
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + ".restoring")
+            blob.download_to_filename(str(part))
+            os.replace(part, path)
+            got.append(rel)
+        self.sent.update({rel: stamp for rel, stamp in scan(self.root).items() if rel in got})
+        return got
+
+
+class Wake:
+    """What ends a wait between passes: `stop` (SIGTERM, the end) or `notice` (GCE's preemption
+    notice: flush now, keep mirroring until the stop)."""
+
+    def __init__(self) -> None:
+        self.any, self.stop, self.notice = threading.Event(), threading.Event(), threading.Event()
+
+    def set(self, which: threading.Event) -> None:
+        which.set()
+        self.any.set()
+
+
+def run(mirror: Mirror, interval_s: float, wake: Wake) -> None:
+    """Passes every interval until the stop, then the final pass; the preemption notice makes a
+    final-style pass at once (errors are said, not fatal: the training must not die because an
+    upload failed)."""
+    noticed = False
+    while True:
+        wake.any.wait(interval_s)
+        wake.any.clear()
+        if wake.stop.is_set():
+            break
+        flush = wake.notice.is_set() and not noticed
+        noticed = noticed or flush
+        try:
+            sent = mirror.run_once(final=flush)
+            if flush:
+                mirror.say(f"mirror: preemption notice: flushed ({len(sent)} file(s))")
+        except Exception as e:
+            mirror.say(f"mirror: upload failed, trying again next pass: {type(e).__name__}: {e}")
+    try:
+        mirror.run_once(final=True)
+        mirror.say(f"mirror: flushed, {mirror.uploaded_bytes / (1 << 20):,.1f} MiB sent in all")
+    except Exception as e:
+        mirror.say(f"mirror: the last upload failed: {type(e).__name__}: {e}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.mirror_out", description=__doc__)
+    p.add_argument("--dir", required=True, type=Path, help="the out dir (GPUTRAIN_OUT)")
+    p.add_argument("--uri", required=True, help="gs://BUCKET/PREFIX/ for this node's files")
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between passes")
+    p.add_argument("--restore", action="store_true", help="download what the dir lacks, exit")
+    args = p.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    mirror = Mirror(args.dir, Target.parse(args.uri))
+    if args.restore:
+        got = mirror.restore()
+        print(f"restored {len(got)} file(s) from {args.uri}", flush=True)
+        return 0
+    wake = Wake()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        wake.set(wake.stop)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    from trainer.preemption import PreemptionWatcher, watch_requested  # not for --restore
+
+    if watch_requested():  # GCE spot nodes (GPUTRAIN_WATCH_PREEMPTION=1): the metadata server
+        PreemptionWatcher(lambda: wake.set(wake.notice)).start()
+    run(mirror, args.interval, wake)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
