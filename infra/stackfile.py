@@ -65,7 +65,12 @@ DEFAULTS: dict[str, str] = {
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
     "gpuDirect": "auto",
     "subnetRange": "10.42.0.0/16",
+    "setup": "",
+    "secrets": "[]",
 }
+
+#: Keys only the controller reads (the job's environment): the Pulumi program never sees them.
+CONTROLLER_KEYS: tuple[str, ...] = ("setup", "secrets")
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
@@ -85,12 +90,15 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "bootDiskType",
         "gpuDirect",
         "subnetRange",
+        "setup",
     ),
     "vertex": ("executorImage",),
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
-PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k != "sshPrivateKey")
+PROGRAM_KEYS: tuple[str, ...] = tuple(
+    k for k in DEFAULTS if k != "sshPrivateKey" and k not in CONTROLLER_KEYS
+)
 
 
 class SpecError(UserError):

@@ -67,6 +67,11 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
+        requirements=not getattr(args, "no_requirements", False),
+        setup=getattr(args, "setup", None),
+        setup_timeout_s=getattr(args, "setup_timeout", None) or RunOptions.setup_timeout_s,
+        force_setup=getattr(args, "force_setup", False),
+        secrets=tuple(getattr(args, "secret", None) or ()),
     )
 
 
@@ -256,6 +261,36 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name in {"run", "train"}:
             c.add_argument(
+                "--setup",
+                metavar="CMD",
+                help="shell commands every node runs once per content hash, in the working "
+                "directory after the requirements (replaces the stack's / hosts file's `setup`)",
+            )
+            c.add_argument(
+                "--setup-timeout",
+                type=_seconds_long,
+                metavar="SECONDS",
+                help="how long setup may run on a node (default: 1800)",
+            )
+            c.add_argument(
+                "--force-setup",
+                action="store_true",
+                help="rebuild the cached environment: install the requirements and run setup again",
+            )
+            c.add_argument(
+                "--no-requirements",
+                action="store_true",
+                help="do not install requirements.txt / pyproject.toml dependencies / uv.lock",
+            )
+            c.add_argument(
+                "--secret",
+                action="append",
+                default=[],
+                metavar="NAME[=sm://SECRET]",
+                help="an environment variable every rank gets, never written to disk or shown: "
+                "its value here, or from Secret Manager (repeatable)",
+            )
+            c.add_argument(
                 "--max-recoveries",
                 type=int,
                 metavar="N",
@@ -334,6 +369,18 @@ def _seconds(text: str) -> float:
         value = -1.0
     if not 0 < value <= 86400:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use seconds > 0, at most 86400")
+    return value
+
+
+def _seconds_long(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 7 * 86400:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not allowed; use seconds > 0, at most 604800"
+        )
     return value
 
 

@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scripts import ui
 from scripts.guard import signal_guard
@@ -17,11 +17,15 @@ from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
 
+if TYPE_CHECKING:
+    from scripts.job.environment import Environment
+
 
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult:
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
     `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
     started = time.monotonic()
+    environment, secrets = job_environment(target, opts)  # bad input: before anything exists
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:
@@ -32,10 +36,43 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 env=opts.env,
                 max_restarts=opts.max_restarts,
                 workdir=Path.cwd(),
+                environment=environment,
+                secrets=secrets,
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)
     return result
+
+
+def job_environment(target: Target, opts: RunOptions) -> tuple[Environment | None, dict[str, str]]:
+    """The environment the nodes prepare and the secrets' values: the target file's `setup` and
+    `secrets` with the command line's; every bad input is a UserError here, before any resource."""
+    from infra.base.errors import UserError
+    from scripts.job.environment import EnvironmentSettings, plan_environment
+    from scripts.job.secrets import parse_secrets, resolve_secrets
+
+    read = getattr(target, "environment_settings", None)
+    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
+    setup = declared.setup if opts.setup is None else opts.setup
+    refs = parse_secrets(declared.secrets, f"{declared.source}secrets") + parse_secrets(
+        opts.secrets, "--secret"
+    )
+    if declared.backend_without_ssh and (refs or setup.strip()):
+        what = "--secret / secrets" if refs else "--setup"
+        raise UserError(
+            f"{what}: not supported with backend: {declared.backend_without_ssh} yet; use "
+            "backend: gce (non-secret settings: --env)"
+        )
+    environment = None
+    if not declared.backend_without_ssh:
+        environment = plan_environment(
+            Path.cwd(),
+            requirements=opts.requirements,
+            setup=setup,
+            setup_timeout_s=opts.setup_timeout_s,
+            force=opts.force_setup,
+        )
+    return environment, resolve_secrets(refs, project=declared.project)
 
 
 def verify(target: Target, opts: RunOptions) -> None:

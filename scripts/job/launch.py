@@ -16,6 +16,7 @@ from pathlib import Path
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.download import download_results, write_job_record
+from scripts.job.environment import prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,
@@ -24,8 +25,10 @@ from scripts.job.node_scripts import (
     build_node_command,
     build_start_command,
     build_stop_command,
+    run_dir,
 )
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
+from scripts.job.secrets import redacting, secret_stdin
 from scripts.job.sync import check_size, collect_sources, sync_code
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
@@ -47,8 +50,22 @@ def launch_torchrun(
     """Upload, start detached on every node, stream prefixed logs until all end; on the first
     failure stop the others and raise TrainingError (results are still downloaded)."""
     validate_job(job)
+    on_line = redacting(on_line, job.secrets.values())
     start = time.monotonic()
     upload_code(fleet, transports, job)
+    if job.environment is not None:  # requirements, then setup: once per node per content hash
+        environment = job.environment.for_python(fleet.python)
+        job = dataclasses.replace(job, environment=environment)
+        prepare_environment(
+            [n.name for n in fleet.nodes],
+            transports,
+            environment,
+            python=fleet.python,
+            code_dir=job.code_dir,
+            run_dir=run_dir(job.run_id),
+            extra_env=job.env,
+            on_line=on_line,
+        )
     if job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://"):
         ensure_packages(fleet, transports, STORAGE_PACKAGES, "the trainer's gs:// checkpoints")
     start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
@@ -192,12 +209,13 @@ def start_job(
         nnodes=len(names),
         nproc_per_node=nproc,
         head_address=fleet.head.internal_address,
-        python=fleet.python,
+        python=job.environment.python_rel if job.environment else fleet.python,
     )
+    stdin = secret_stdin(job.secrets) + script.encode()
 
     def start_one(name: str) -> str:
         start = build_start_command(job.run_id, job.code_dir)
-        r = transports[name].run(start, 60, stdin=script.encode())
+        r = transports[name].run(start, 60, stdin=stdin)
         if not r.ok or not r.stdout.strip().isdigit():
             raise TransportError(f"node {name}: could not start: {r.stderr.strip() or r.stdout}")
         return r.stdout.strip()

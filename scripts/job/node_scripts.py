@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from scripts.fabric_setup import NCCL_ENV_FILE
 from scripts.job.records import Job
+from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import CODE_DIR
 
 RUNS_DIR = ".gputrain/runs"
@@ -42,7 +43,8 @@ def build_node_command(
         "--rdzv-endpoint", f"{head_address}:{job.rdzv_port}",
         "--rdzv-id", job.run_id,
         "--max-restarts", str(job.max_restarts),
-        "--tee", "3",
+        # with secrets no per-rank log files (they would hold what a rank prints, unfiltered)
+        "--tee", "0" if job.secrets else "3",
     ]  # fmt: skip
     argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
     argv += " ".join(q(a) for a in job.entry)
@@ -50,7 +52,7 @@ def build_node_command(
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
 RUN=$(pwd)
-PATH="$PATH:/usr/sbin:/sbin"
+{REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
 HEAD={head}
 IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}')
 [ -n "$IFACE" ] || IFACE=$(ip -o route get "$HEAD" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')
@@ -77,12 +79,13 @@ exit $rc
 
 
 def build_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
-    """Reads run.sh on stdin, snapshots the code, starts it in a new session (so a dropped SSH
+    """Reads the secrets (secrets.secret_stdin: kept in this shell's memory and exported) and then
+    run.sh on stdin, snapshots the code, starts run.sh in a new session (so a dropped SSH
     connection cannot kill it) and prints its process-group id."""
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
     return (
-        f"mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
+        f"{READ_SECRETS_SH}mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
         f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
         "rm -f exitcode pgid jobpid; "
         "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "

@@ -35,6 +35,11 @@ class RunOptions:
     max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
+    requirements: bool = True  # install requirements.txt / pyproject / uv.lock on the nodes
+    setup: str | None = None  # --setup: replaces the target file's `setup`
+    setup_timeout_s: float = 1800.0
+    force_setup: bool = False  # rebuild the cached environment and run setup again
+    secrets: tuple[str, ...] = ()  # --secret NAME[=sm://...]: added to the file's `secrets`
 
 
 class Session(Protocol):

@@ -6,6 +6,9 @@ identity_file: ~/.ssh/id_ed25519        # relative paths: against this file's di
 known_hosts: ~/.ssh/known_hosts          # optional (this default); keys are pinned from here
 port: 22                                 # optional
 python: /opt/conda/bin/python            # optional: the interpreter with torch on the hosts
+setup: |                                 # optional: shell commands run once per node per hash
+  pip install -e .
+secrets: [WANDB_API_KEY]                 # optional: env vars of this machine the ranks get
 gpus: {model: NVIDIA A100-SXM4-40GB, count: 8, min_memory_gb: 38}   # or: cpu: true
 hosts:
   - address: 203.0.113.5                 # the first host is the head
@@ -24,16 +27,28 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.base.validate import Checker
+from scripts.job.environment import EnvironmentSettings, file_setting_names, file_setting_text
 from scripts.transport.hostkeys import KnownHosts
 
-TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
+TOP_KEYS = (
+    "user",
+    "identity_file",
+    "known_hosts",
+    "port",
+    "python",
+    "gpus",
+    "cpu",
+    "hosts",
+    "setup",
+    "secrets",
+)
 HOST_KEYS = ("address", "internal_address", "name", "port")
 GPU_KEYS = ("model", "count", "min_memory_gb")
 MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
@@ -54,6 +69,7 @@ class HostsFile:
     fleet: Fleet
     known_hosts: Path
     unpinned: tuple[str, ...]  # node names with no key yet; only with trust_new_hosts
+    environment: EnvironmentSettings = field(default_factory=EnvironmentSettings)
 
 
 @dataclass(frozen=True)
@@ -170,7 +186,12 @@ def parse_hosts(
         identity_file=identity,
         python=python.strip(),
     )
-    return HostsFile(fleet, known_hosts, tuple(unpinned))
+    environment = EnvironmentSettings(
+        setup=file_setting_text(data.get("setup"), f"{source}: setup"),
+        secrets=file_setting_names(data.get("secrets"), f"{source}: secrets"),
+        source=f"{source}: ",
+    )
+    return HostsFile(fleet, known_hosts, tuple(unpinned), environment)
 
 
 # ---- fields ------------------------------------------------------------------------------------

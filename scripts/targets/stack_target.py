@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from infra.offer_tables import Check
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
+    from scripts.job.environment import EnvironmentSettings
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.gce.stack import StackRunner
 
@@ -71,6 +72,26 @@ class StackTarget(Generic[C]):
 
     def provisioned(self, opts: RunOptions, guard: SignalGuard) -> AbstractContextManager[Session]:
         raise NotImplementedError
+
+    def environment_settings(self) -> EnvironmentSettings:
+        """The stack's `setup` and `secrets` keys (gputrain reads them; the program does not)."""
+        from infra.stackfile import GCP_PROJECT_KEY, NS, load_stack_config
+        from scripts.job.environment import (
+            EnvironmentSettings,
+            file_setting_names,
+            file_setting_text,
+        )
+
+        config = load_stack_config(self.settings.root, self.stack)
+        secrets = file_setting_names(config.get(NS + "secrets"), "gputrain:secrets")
+        vertex = config.get(NS + "backend") == "vertex"
+        return EnvironmentSettings(
+            setup="" if vertex else file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
+            secrets=secrets,
+            project=config.get(GCP_PROJECT_KEY) or None,
+            source="gputrain:",
+            backend_without_ssh="vertex" if vertex else None,
+        )
 
     def check_before_spending(
         self, spec: ClusterSpec, opts: RunOptions, doctor: GceClients
