@@ -132,7 +132,7 @@ def fetch_secret_manager(project: str, secret: str, version: str) -> str:
             f"secret {resource}: not found in Secret Manager; create it with `gcloud secrets "
             f"create {secret} --project {project}` and add a version"
         ) from None
-    except (gexc.PermissionDenied, gexc.Unauthenticated) as e:
+    except (gexc.Forbidden, gexc.Unauthorized) as e:  # also PermissionDenied, Unauthenticated
         raise UserError(
             f"secret {resource}: access refused ({e.message}); grant roles/secretmanager."
             "secretAccessor on it to your account"
@@ -156,12 +156,15 @@ READ_SECRETS_SH = (
 )
 
 #: run.sh's own output (and so torchrun's and every rank's) through a filter that prints *** for
-#: each value (awk reads them from its environment): the node's log never holds one.
+#: each value, line by line (awk reads them from its environment): the node's log never holds one.
 REDACT_OUTPUT_SH = f"""if [ -n "${{{NAMES_ENV}:-}}" ]; then
   rm -f "$RUN/.redact"; mkfifo "$RUN/.redact"
-  awk 'BEGIN {{ n = split(ENVIRON["{NAMES_ENV}"], names, " ") }}
+  AWK=awk; case $(awk -W version 2>&1) in *mawk*) AWK="awk -W interactive";; esac  # line by line
+  $AWK 'BEGIN {{ n = split(ENVIRON["{NAMES_ENV}"], names, " "); k = 0
+       for (i = 1; i <= n; i++) {{ m = split(ENVIRON[names[i]], parts, "\\n")
+         for (j = 1; j <= m; j++) if (parts[j] != "") pieces[++k] = parts[j] }} }}
   {{ line = $0
-     for (i = 1; i <= n; i++) {{ v = ENVIRON[names[i]]; if (v == "") continue; out = ""
+     for (i = 1; i <= k; i++) {{ v = pieces[i]; out = ""
        while ((j = index(line, v)) > 0) {{ out = out substr(line, 1, j - 1) "{REDACTED}"; line = substr(line, j + length(v)) }}
        line = out line }}
      print line; fflush() }}' < "$RUN/.redact" &
@@ -172,8 +175,10 @@ fi
 
 
 def redact(text: str, values: Iterable[str]) -> str:
-    """Every occurrence of every value replaced by ***, the longest first."""
-    for v in sorted((v for v in values if v), key=len, reverse=True):
+    """Every occurrence of every value (and of each line of a multi-line one) replaced by ***,
+    the longest first."""
+    pieces = {p for v in values for p in [v, *v.splitlines()] if p}
+    for v in sorted(pieces, key=len, reverse=True):
         text = text.replace(v, REDACTED)
     return text
 
