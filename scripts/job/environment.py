@@ -330,7 +330,8 @@ def prepare_node(
     if rc != 0:
         phase, why = failed[-1] if failed else ("setup", f"failed: exit code {rc}")
         what = "setup" if phase == "setup" else "installing the requirements"
-        last = " | ".join(x.strip() for x in tail if x.strip())
+        errors = [x.strip() for x in tail if x.startswith("ERROR")]  # pip's own verdict
+        last = " | ".join(errors or [x.strip() for x in tail if x.strip()])
         raise EnvironmentSetupError(
             f"node {transport.name}: {what} failed: {why}"
             + (f"; last lines: {last}" if last else "")
