@@ -85,7 +85,7 @@ def build_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
     return (
-        f"{READ_SECRETS_SH}mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
+        f"{READ_SECRETS_SH}mkdir -p {d} && {{ printf '%s\\n' \"$first\"; cat; }} > {d}/run.sh && rm -rf {d}/code && "
         f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
         "rm -f exitcode pgid jobpid; "
         "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "

@@ -140,19 +140,27 @@ def fetch_secret_manager(project: str, secret: str, version: str) -> str:
     return bytes(answer.payload.data).decode("utf-8")
 
 
+SECRETS_HEADER = "#gputrain-secrets"
+
+
 def secret_stdin(values: Mapping[str, str]) -> bytes:
-    """What precedes run.sh on the start command's stdin: ``NAME BASE64`` lines, then an empty
-    line (always, so the start command reads the same framing with or without secrets)."""
+    """What precedes run.sh on the start command's stdin when there are secrets: a header line,
+    ``NAME BASE64`` lines, an empty line (nothing without secrets)."""
+    if not values:
+        return b""
     lines = [f"{k} {base64.b64encode(v.encode()).decode()}\n" for k, v in values.items()]
-    return ("".join(lines) + "\n").encode()
+    return (f"{SECRETS_HEADER}\n" + "".join(lines) + "\n").encode()
 
 
-#: The start command's first step: export each secret read from stdin, in shell builtins only
-#: (`read`, `printf`, `export`; base64 reads the value on its stdin, never in argv).
+#: The start command's first step: with the header, export each secret read from stdin, in shell
+#: builtins only (`read`, `printf`, `export`; base64 reads the value on its stdin, never in argv).
+#: Without it, the line read is run.sh's first (`$first`, written back by the start command).
 READ_SECRETS_SH = (
-    f"{NAMES_ENV}=''; while IFS=' ' read -r n v && [ -n \"$n\" ]; do "
+    f"{NAMES_ENV}=''; IFS= read -r first; "
+    f'if [ "$first" = "{SECRETS_HEADER}" ]; then first=""; '
+    "while IFS=' ' read -r n v && [ -n \"$n\" ]; do "
     'v=$(printf "%s" "$v" | base64 -d) || exit 1; export "$n=$v"; '
-    f'{NAMES_ENV}="${NAMES_ENV} $n"; done; export {NAMES_ENV}; '
+    f'{NAMES_ENV}="${NAMES_ENV} $n"; done; fi; export {NAMES_ENV}; '
 )
 
 #: run.sh's own output (and so torchrun's and every rank's) through a filter that prints *** for
