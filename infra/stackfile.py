@@ -67,10 +67,11 @@ DEFAULTS: dict[str, str] = {
     "subnetRange": "10.42.0.0/16",
     "setup": "",
     "secrets": "[]",
+    "image": "",
 }
 
 #: Keys only the controller reads (the job's environment): the Pulumi program never sees them.
-CONTROLLER_KEYS: tuple[str, ...] = ("setup", "secrets")
+CONTROLLER_KEYS: tuple[str, ...] = ("setup", "secrets", "image")
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).

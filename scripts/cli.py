@@ -72,6 +72,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         setup_timeout_s=getattr(args, "setup_timeout", None) or RunOptions.setup_timeout_s,
         force_setup=getattr(args, "force_setup", False),
         secrets=tuple(getattr(args, "secret", None) or ()),
+        image=getattr(args, "image", None),
     )
 
 
@@ -289,6 +290,12 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="NAME[=sm://SECRET]",
                 help="an environment variable every rank gets, never written to disk or shown: "
                 "its value here, or from Secret Manager (repeatable)",
+            )
+            c.add_argument(
+                "--image",
+                metavar="REGISTRY/PATH:TAG",
+                help="(--stack with backend gce, --hosts, --local) run torchrun inside this "
+                "container image on every node (replaces the stack's / hosts file's `image`)",
             )
             c.add_argument(
                 "--max-recoveries",

@@ -18,6 +18,7 @@ from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
 
 if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
     from scripts.job.environment import Environment
 
 
@@ -25,7 +26,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
     `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
     started = time.monotonic()
-    environment, secrets = job_environment(target, opts)  # bad input: before anything exists
+    environment, secrets, image = job_environment(target, opts)  # bad input: before anything
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:
@@ -38,15 +39,19 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 workdir=Path.cwd(),
                 environment=environment,
                 secrets=secrets,
+                image=image,
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)
     return result
 
 
-def job_environment(target: Target, opts: RunOptions) -> tuple[Environment | None, dict[str, str]]:
-    """The environment the nodes prepare and the secrets' values: the target file's `setup` and
-    `secrets` with the command line's; every bad input is a UserError here, before any resource."""
+def job_environment(
+    target: Target, opts: RunOptions
+) -> tuple[Environment | None, dict[str, str], ImageRef | None]:
+    """The environment the nodes prepare, the secrets' values and the image (at its digest): the
+    target file's `setup`, `secrets` and `image` with the command line's; every bad input is a
+    UserError here, before any resource."""
     from infra.base.errors import UserError
     from scripts.job.environment import EnvironmentSettings, plan_environment
     from scripts.job.secrets import parse_secrets, resolve_secrets
@@ -63,16 +68,31 @@ def job_environment(target: Target, opts: RunOptions) -> tuple[Environment | Non
             f"{what}: not supported with backend: {declared.backend_without_ssh} yet; use "
             "backend: gce (non-secret settings: --env)"
         )
+    image_text = opts.image or declared.image
+    if declared.backend_without_ssh and image_text:
+        raise UserError(f"image: not supported with backend: {declared.backend_without_ssh} yet")
+    if image_text and setup.strip():
+        raise UserError(
+            "setup: not supported together with image yet; bake the commands into the image"
+        )
     environment = None
     if not declared.backend_without_ssh:
         environment = plan_environment(
             Path.cwd(),
-            requirements=opts.requirements,
+            requirements=opts.requirements and not image_text,
             setup=setup,
             setup_timeout_s=opts.setup_timeout_s,
             force=opts.force_setup,
         )
-    return environment, resolve_secrets(refs, project=declared.project)
+    secrets = resolve_secrets(refs, project=declared.project)
+    image = None
+    if image_text:
+        from scripts.job.container import parse_image, resolve_image
+
+        setting = "--image" if opts.image else f"{declared.source}image"
+        image = resolve_image(parse_image(image_text, setting))
+        ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
+    return environment, secrets, image
 
 
 def verify(target: Target, opts: RunOptions) -> None:

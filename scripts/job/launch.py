@@ -15,8 +15,17 @@ from pathlib import Path
 
 from infra.base.records import Fleet
 from scripts import ui
+from scripts.job.container import (
+    IMAGE_PYTHON,
+    RUN_ENV_NAMES,
+    ImageRef,
+    build_docker_run,
+    build_node_check_command,
+    build_pull_command,
+    container_name,
+)
 from scripts.job.download import download_results, write_job_record
-from scripts.job.environment import prepare_environment
+from scripts.job.environment import EnvironmentSetupError, prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,
@@ -28,7 +37,7 @@ from scripts.job.node_scripts import (
     run_dir,
 )
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
-from scripts.job.secrets import redacting, secret_stdin
+from scripts.job.secrets import NAMES_ENV, redacting, secret_stdin
 from scripts.job.sync import check_size, collect_sources, sync_code
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
@@ -53,6 +62,8 @@ def launch_torchrun(
     on_line = redacting(on_line, job.secrets.values())
     start = time.monotonic()
     upload_code(fleet, transports, job)
+    if job.image is not None:
+        ensure_image(fleet, transports, job.image)
     if job.environment is not None:  # requirements, then setup: once per node per content hash
         environment = job.environment.for_python(fleet.python)
         job = dataclasses.replace(job, environment=environment)
@@ -193,6 +204,39 @@ def ensure_packages(
             )
 
 
+def ensure_image(fleet: Fleet, transports: Mapping[str, Transport], image: ImageRef) -> None:
+    """Every node can run containers (docker, and the NVIDIA container toolkit where it has GPUs)
+    and holds the image's digest, pulled once; a node that cannot is named with what it lacks."""
+    check = build_node_check_command(gpus=not fleet.expect.is_cpu)
+    pull = build_pull_command(image)
+
+    def one(name: str) -> str:
+        r = transports[name].run(check, 60)
+        if not r.ok:
+            raise EnvironmentSetupError(
+                f"node {name}: cannot run the image {image.repository}:{image.tag}: "
+                f"{r.stdout.strip() or r.stderr.strip()} (install docker and the NVIDIA "
+                "container toolkit, or run without --image)"
+            )
+        r = transports[name].run(pull, 1800)
+        if not r.ok:
+            last = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+            raise EnvironmentSetupError(
+                f"node {name}: cannot pull {image.pinned}: {last or f'exit {r.exit_code}'}"
+            )
+        return r.stdout.strip()
+
+    names = [n.name for n in fleet.nodes]
+    results, errors = parallel(names, one)
+    if errors:
+        first = next(n for n in names if n in errors)
+        raise errors[first]
+    ui.say(
+        f"image {image.repository}:{image.tag} ({image.digest}) on {len(names)} node(s): "
+        + ", ".join(f"{n} {results[n]}" for n in names)
+    )
+
+
 def start_job(
     fleet: Fleet, transports: Mapping[str, Transport], job: Job, *, stop_grace_s: float = 10.0
 ) -> None:
@@ -204,12 +248,26 @@ def start_job(
             job, rdzv_port=free_port(transports[fleet.head.name], fleet.python)
         )
     nproc = job.nproc_per_node or (1 if fleet.expect.is_cpu else fleet.expect.count)
+    container = ""
+    if job.image is not None:
+        env_names = [*RUN_ENV_NAMES, *job.env, *job.secrets, NAMES_ENV]
+        container = build_docker_run(
+            job.image,
+            name=container_name(job.run_id),
+            gpus=not fleet.expect.is_cpu,
+            env_names=env_names,
+        )
     script = build_node_command(
         job,
         nnodes=len(names),
         nproc_per_node=nproc,
         head_address=fleet.head.internal_address,
-        python=job.environment.python_rel if job.environment else fleet.python,
+        python=IMAGE_PYTHON
+        if job.image
+        else job.environment.python_rel
+        if job.environment
+        else fleet.python,
+        container=container,
     )
     stdin = secret_stdin(job.secrets) + script.encode()
 

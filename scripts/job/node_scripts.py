@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Sequence
 
 from scripts.fabric_setup import NCCL_ENV_FILE
+from scripts.job.container import container_name
 from scripts.job.records import Job
 from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import CODE_DIR
@@ -25,11 +26,18 @@ def run_dir(run_id: str) -> str:
 
 
 def build_node_command(
-    job: Job, *, nnodes: int, nproc_per_node: int, head_address: str, python: str
+    job: Job,
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    head_address: str,
+    python: str,
+    container: str = "",
 ) -> str:
     """The run.sh every node runs (the same on all: c10d assigns ranks). Pure; every value is
     shell-quoted so arguments arrive verbatim. The network interface toward the head is found on
-    the node (never assumed): the one holding the head's address, else ``ip route get``."""
+    the node (never assumed): the one holding the head's address, else ``ip route get``.
+    `container`: the `docker run ... IMAGE` torchrun runs in (container.build_docker_run)."""
     if job.rdzv_port is None:
         raise ValueError("build_node_command needs the run's rendezvous port (start_job picks it)")
     q = shlex.quote
@@ -48,6 +56,8 @@ def build_node_command(
     ]  # fmt: skip
     argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
     argv += " ".join(q(a) for a in job.entry)
+    if container:  # the stop command removes it by name (a KILLed docker CLI leaves it running)
+        argv = f'echo {q(container_name(job.run_id))} > "$RUN/container"\n{container} {argv}'
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
@@ -126,16 +136,18 @@ def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
 P=$(cat pgid)
 tree() {{ ps -e -o pid= -o ppid= | awk -v r="$P" '{{par[$1] = $2}} END {{keep[r] = 1; ch = 1; while (ch) {{ch = 0; for (x in par) if (!(x in keep) && (par[x] in keep)) {{keep[x] = 1; ch = 1}}}} for (x in keep) print x}}'; }}
 alive() {{ for p in $1; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }}
+# a container outlives a killed docker CLI: removed by name once its CLI is gone (or killed)
+rmc() {{ if [ -s container ]; then docker rm -f "$(cat container)" >/dev/null 2>&1; fi; }}
 T0=$(tree)
-alive "$T0" || {{ echo stopped-already; exit 0; }}
+alive "$T0" || {{ rmc; echo stopped-already; exit 0; }}
 kill -TERM -"$P" 2>/dev/null
 i=0; while alive "$T0 $(tree)" && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done
 ALL="$T0 $(tree)"
 if alive "$ALL"; then
   for p in $ALL; do kill -KILL -"$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
-  echo killed
+  rmc; echo killed
 else
-  echo terminated
+  rmc; echo terminated
 fi
 """
 

@@ -13,6 +13,7 @@ from infra.base.errors import GputrainError, UserError
 from scripts.job.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB
 
 if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
     from scripts.job.environment import Environment
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
@@ -42,6 +43,7 @@ class Job:
     environment: Environment | None = None  # requirements + setup, prepared before torchrun
     # name -> value: only in memory, to the nodes on stdin (scripts/job/secrets.py); never shown
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    image: ImageRef | None = None  # torchrun runs inside it (resolved to its digest)
 
 
 FailureKind = Literal["exited", "killed", "lost"]

@@ -40,6 +40,7 @@ class RunOptions:
     setup_timeout_s: float = 1800.0
     force_setup: bool = False  # rebuild the cached environment and run setup again
     secrets: tuple[str, ...] = ()  # --secret NAME[=sm://...]: added to the file's `secrets`
+    image: str | None = None  # --image: replaces the file's `image`
 
 
 class Session(Protocol):

@@ -9,6 +9,7 @@ python: /opt/conda/bin/python            # optional: the interpreter with torch 
 setup: |                                 # optional: shell commands run once per node per hash
   pip install -e .
 secrets: [WANDB_API_KEY]                 # optional: env vars of this machine the ranks get
+image: us-docker.pkg.dev/P/R/train:v1    # optional: torchrun runs inside it on every host
 gpus: {model: NVIDIA A100-SXM4-40GB, count: 8, min_memory_gb: 38}   # or: cpu: true
 hosts:
   - address: 203.0.113.5                 # the first host is the head
@@ -48,6 +49,7 @@ TOP_KEYS = (
     "hosts",
     "setup",
     "secrets",
+    "image",
 )
 HOST_KEYS = ("address", "internal_address", "name", "port")
 GPU_KEYS = ("model", "count", "min_memory_gb")
@@ -189,6 +191,7 @@ def parse_hosts(
     environment = EnvironmentSettings(
         setup=file_setting_text(data.get("setup"), f"{source}: setup"),
         secrets=file_setting_names(data.get("secrets"), f"{source}: secrets"),
+        image=file_setting_text(data.get("image"), f"{source}: image").strip(),
         source=f"{source}: ",
     )
     return HostsFile(fleet, known_hosts, tuple(unpinned), environment)

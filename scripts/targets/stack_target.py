@@ -74,7 +74,8 @@ class StackTarget(Generic[C]):
         raise NotImplementedError
 
     def environment_settings(self) -> EnvironmentSettings:
-        """The stack's `setup` and `secrets` keys (gputrain reads them; the program does not)."""
+        """The stack's `setup`, `secrets` and `image` keys (gputrain reads them; the program
+        does not)."""
         from infra.stackfile import GCP_PROJECT_KEY, NS, load_stack_config
         from scripts.job.environment import (
             EnvironmentSettings,
@@ -88,6 +89,7 @@ class StackTarget(Generic[C]):
         return EnvironmentSettings(
             setup="" if vertex else file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
             secrets=secrets,
+            image=config.get(NS + "image", "").strip(),
             project=config.get(GCP_PROJECT_KEY) or None,
             source="gputrain:",
             backend_without_ssh="vertex" if vertex else None,
