@@ -26,6 +26,13 @@ from scripts.settings import Settings
             [],
             "pyproject.toml: [project].dependencies",
         ),
+        ({}, ["--image", "ubuntu:22.04"], "--image: 'ubuntu:22.04' is not allowed"),
+        ({}, ["--image", "r.io/a:1", "--setup", "make"], "setup: not supported together"),
+        (
+            {},
+            ["--image", "127.0.0.1:9/gputrain/none:1"],
+            "127.0.0.1:9/gputrain/none:1: cannot reach",
+        ),
     ],
 )
 def test_bad_environment_input_is_one_line_exit_2(
@@ -53,6 +60,7 @@ def test_bad_environment_input_is_one_line_exit_2(
         ("secrets: {a: 1}", "lab.yaml: secrets: {'a': 1} is not allowed; expected a list"),
         ("setup: [1]", "lab.yaml: setup: [1] is not allowed; expected shell commands"),
         ("secrets: [1X]", "lab.yaml: secrets: '1X' is not allowed"),
+        ("image: ubuntu", "lab.yaml: image: 'ubuntu' is not allowed"),
     ],
 )
 def test_hosts_file_keys_are_checked(
