@@ -124,7 +124,8 @@ def test_hosts_requirements_setup_cached_and_secret(
     assert "iter 2: loss" in out
     first = sorted((proj / "runs" / "hosts-lab").glob("*/*/setup.log"))
     assert len(first) == 2 and all("probe ok" in p.read_text() for p in first)
-    assert len(list((proj / "runs" / "hosts-lab").rglob("out/ckpt.pt"))) == 1
+    # nanoGPT-style: out_dir/ckpt.pt relative to the working directory (the run's code snapshot)
+    assert list((STATE / a.name / "home" / ".gputrain" / "runs").glob("*/code/out/ckpt.pt"))
 
     # the same hash: nothing installed or run again; the secret reaches every rank
     with ArgvWatch(token) as watch:
@@ -160,7 +161,8 @@ def test_stack_run_keep_then_train_skips_the_install(
     assert "iter 4: loss" in out
     # the kept cluster: the same hash is ready on both VMs; the run resumes nanoGPT-style
     argv = ["train", *stack, *pip, "--", "train.py", "--max_iters=7", "--init_from=resume"]
-    ckpt = next((w.dir / "runs").rglob("out/ckpt.pt"))
+    head_runs = STATE / w.node_hosts["e2e-node-0"].name / "home" / ".gputrain" / "runs"
+    ckpt = next(head_runs.glob("*/code/out/ckpt.pt"))  # out_dir, relative to the snapshot
     shutil.copytree(ckpt.parent, w.dir / "out")  # the user brings the checkpoint along
     assert w.run(*argv) == 0
     out = capsys.readouterr().out
