@@ -68,9 +68,7 @@ def job_environment(
             f"{what}: not supported with backend: {declared.backend_without_ssh} yet; use "
             "backend: gce (non-secret settings: --env)"
         )
-    image_text = opts.image or declared.image
-    if declared.backend_without_ssh and image_text:
-        raise UserError(f"image: not supported with backend: {declared.backend_without_ssh} yet")
+    image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
     if image_text and setup.strip():
         raise UserError(
             "setup: not supported together with image yet; bake the commands into the image"

@@ -71,12 +71,15 @@ class Podman:
         return r
 
     def import_image(self, name: str, files: dict[str, str]) -> None:
-        """A busybox rootfs (sh and the usual applets) plus `files` (path -> executable text)."""
+        """A busybox rootfs (sh and every applet in /bin) plus `files` (path -> executable
+        text)."""
         rootfs = self.root / f"rootfs-{len(list(self.root.glob('rootfs-*')))}"
         (rootfs / "bin").mkdir(parents=True)
         shutil.copy(shutil.which("busybox") or "/bin/busybox", rootfs / "bin" / "busybox")
-        for applet in ("sh", "echo", "cat", "env", "ls", "sleep", "pwd", "mkdir"):
-            (rootfs / "bin" / applet).symlink_to("busybox")
+        applets = subprocess.run(["busybox", "--list"], capture_output=True, text=True).stdout
+        for applet in applets.split():
+            if applet != "busybox":
+                (rootfs / "bin" / applet).symlink_to("busybox")
         for path, text in files.items():
             p = rootfs / path.lstrip("/")
             p.parent.mkdir(parents=True, exist_ok=True)

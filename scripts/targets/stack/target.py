@@ -119,7 +119,7 @@ class StackTarget(Generic[C, P]):
         return EnvironmentSettings(
             setup="" if vertex else file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
             secrets=file_setting_names(config.get(NS + "secrets"), "gputrain:secrets"),
-            image=config.get(NS + "image", "").strip(),
+            image=config.get(NS + "image", "").strip(),  # vertex: the job's container
             project=config.get(GCP_PROJECT_KEY) or None,
             source="gputrain:",
             backend_without_ssh="vertex" if vertex else None,

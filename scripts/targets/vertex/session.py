@@ -188,6 +188,7 @@ class VertexSession:
             labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
             service_account=self.out.service_account,
             executor_image=spec.executor_image,
+            image_uri=job.image.pinned if job.image is not None else None,
         )
 
     def _follow(self, name: str, log: IO[str] | None = None) -> Followed:
