@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,8 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 max_restarts=opts.max_restarts,
                 workdir=Path.cwd(),
                 environment=environment,
-                secrets=secrets,
+                secrets=secrets.values,
+                secret_refs=secrets.refs,
                 image=image,
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
@@ -46,15 +48,21 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     return result
 
 
+@dataclass(frozen=True)
+class JobSecrets:
+    values: dict[str, str] = field(default_factory=dict, repr=False)  # sent to SSH nodes
+    refs: dict[str, str] = field(default_factory=dict)  # resolved by a Vertex job itself
+
+
 def job_environment(
     target: Target, opts: RunOptions
-) -> tuple[Environment | None, dict[str, str], ImageRef | None]:
+) -> tuple[Environment | None, JobSecrets, ImageRef | None]:
     """The environment the nodes prepare, the secrets' values and the image (at its digest): the
     target file's `setup`, `secrets` and `image` with the command line's; every bad input is a
     UserError here, before any resource."""
     from infra.base.errors import UserError
     from scripts.job.environment import EnvironmentSettings, plan_environment
-    from scripts.job.secrets import parse_secrets, resolve_secrets
+    from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
 
     read = getattr(target, "environment_settings", None)
     declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
@@ -62,11 +70,10 @@ def job_environment(
     refs = parse_secrets(declared.secrets, f"{declared.source}secrets") + parse_secrets(
         opts.secrets, "--secret"
     )
-    if declared.backend_without_ssh and (refs or setup.strip()):
-        what = "--secret / secrets" if refs else "--setup"
+    if declared.backend_without_ssh and setup.strip():
         raise UserError(
-            f"{what}: not supported with backend: {declared.backend_without_ssh} yet; use "
-            "backend: gce (non-secret settings: --env)"
+            f"--setup / setup: not supported with backend: {declared.backend_without_ssh} yet; "
+            "use an image (image: / --image) with the commands baked in"
         )
     image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
     if image_text and setup.strip():
@@ -82,7 +89,11 @@ def job_environment(
             setup_timeout_s=opts.setup_timeout_s,
             force=opts.force_setup,
         )
-    secrets = resolve_secrets(refs, project=declared.project)
+    secrets: dict[str, str] = {}
+    if declared.backend_without_ssh:  # the job resolves them itself: references only
+        secret_refs = secret_references(refs, declared.project)
+    else:
+        secret_refs, secrets = {}, resolve_secrets(refs, project=declared.project)
     image = None
     if image_text:
         from scripts.job.container import parse_image, resolve_image
@@ -90,7 +101,7 @@ def job_environment(
         setting = "--image" if opts.image else f"{declared.source}image"
         image = resolve_image(parse_image(image_text, setting))
         ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
-    return environment, secrets, image
+    return environment, JobSecrets(secrets, secret_refs), image
 
 
 def verify(target: Target, opts: RunOptions) -> None:

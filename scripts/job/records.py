@@ -45,6 +45,8 @@ class Job:
     # name -> value: only in memory, to the nodes on stdin (scripts/job/secrets.py); never shown
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     image: ImageRef | None = None  # torchrun runs inside it (resolved to its digest)
+    # Vertex: name -> Secret Manager version the job resolves itself (references, not values)
+    secret_refs: Mapping[str, str] = field(default_factory=dict)
 
 
 FailureKind = Literal["exited", "killed", "lost"]

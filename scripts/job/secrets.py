@@ -143,6 +143,34 @@ def fetch_secret_manager(project: str, secret: str, version: str) -> str:
 SECRETS_HEADER = "#gputrain-secrets"
 
 
+#: Vertex: the job's body carries references only (trainer/vertex_entry.py resolves them).
+SECRET_REFS_ENV = "GPUTRAIN_SECRET_REFS"
+
+
+def secret_references(refs: Sequence[SecretRef], project: str | None) -> dict[str, str]:
+    """name -> `projects/P/secrets/S/versions/V` for a job that resolves its own secrets
+    (Vertex); UserError for a secret that is not in Secret Manager (a value of this machine's
+    environment cannot reach the job without being written into its body)."""
+    out: dict[str, str] = {}
+    for ref in refs:
+        if ref.sm_secret is None:
+            raise UserError(
+                f"secret {ref.name}: on backend: vertex a secret must come from Secret Manager "
+                f"({ref.name}=sm://SECRET[/VERSION]): the job reads it there itself"
+            )
+        where = ref.sm_project or project
+        if not where:
+            raise UserError(f"secret {ref.name}: sm://{ref.sm_secret} needs a project")
+        out[ref.name] = f"projects/{where}/secrets/{ref.sm_secret}/versions/{ref.sm_version}"
+    return out
+
+
+def secret_refs_env(refs: Mapping[str, str]) -> dict[str, str]:
+    import json
+
+    return {SECRET_REFS_ENV: json.dumps(dict(refs), sort_keys=True)} if refs else {}
+
+
 def secret_stdin(values: Mapping[str, str]) -> bytes:
     """What precedes run.sh on the start command's stdin when there are secrets: a header line,
     ``NAME BASE64`` lines, an empty line (nothing without secrets)."""

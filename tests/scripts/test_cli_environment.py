@@ -80,7 +80,7 @@ def test_hosts_file_keys_are_checked(
     assert expected in err and err.count("\n") == 1
 
 
-def test_vertex_refuses_secrets_and_setup_before_anything(
+def test_vertex_refuses_environment_secrets_before_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = Path(__file__).resolve().parents[2]
@@ -93,4 +93,4 @@ def test_vertex_refuses_secrets_and_setup_before_anything(
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
     assert main(["run", "--stack", "v", "--yes"], settings) == 2
     err = capsys.readouterr().err
-    assert "not supported with backend: vertex" in err
+    assert "secret TOK: on backend: vertex a secret must come from Secret Manager" in err

@@ -343,8 +343,16 @@ setup(
 """
 
 
+SECRETS_REQUIREMENT = "google-cloud-secret-manager>=2.20,<3"  # the entry reads the job's secrets
+
+
 def build_sdist(
-    workdir: Path, out_dir: Path, *, trainer_dir: Path, limit_mib: float
+    workdir: Path,
+    out_dir: Path,
+    *,
+    trainer_dir: Path,
+    limit_mib: float,
+    extra_requires: tuple[str, ...] = (),
 ) -> tuple[Path, int]:
     """gputrain-job-0.tar.gz with the same files and size limit as the SSH upload; pip-installing
     it gives `python -m trainer.*` and the working directory under gputrain_code/files/.
@@ -365,7 +373,7 @@ def build_sdist(
         packages=[CODE_PACKAGE, *trainer_pkgs],
         package_dir={p: f"{CODE_PACKAGE}/files/{p.replace('.', '/')}" for p in trainer_pkgs},
         data=[f"files/{glob.escape(rel)}" for rel in sorted(files)],
-        requires=list(TRAINER_REQUIREMENTS),
+        requires=[*TRAINER_REQUIREMENTS, *extra_requires],
     )
     pkg_info = f"Metadata-Version: 2.1\nName: {SDIST_NAME}\nVersion: {SDIST_VERSION}\n"
     init = '"""gputrain job code; the working directory is ROOT."""\nfrom pathlib import Path\n\n'

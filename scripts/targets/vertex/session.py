@@ -26,11 +26,13 @@ from scripts.guard import SignalGuard
 from scripts.job.download import write_job_record
 from scripts.job.launch import TRAINER_DIR
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
+from scripts.job.secrets import secret_refs_env
 from scripts.settings import Settings
 from scripts.targets.stack.bucket import to_fetch
 from scripts.targets.stack.target import target_name
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.job import (
+    SECRETS_REQUIREMENT,
     JobRequest,
     JobStatus,
     build_sdist,
@@ -162,6 +164,7 @@ class VertexSession:
                 Path(tmp),
                 trainer_dir=TRAINER_DIR,
                 limit_mib=job.max_upload_mib,
+                extra_requires=(SECRETS_REQUIREMENT,) if job.secret_refs else (),
             )
             uri = staging_dir(self.out.bucket, job.run_id, self.out.bucket_prefix) + archive.name
             storage = self.clients.storage(self.out.project)
@@ -184,7 +187,7 @@ class VertexSession:
             output_dir=run_output_dir(self.out.bucket, job.run_id, self.out.bucket_prefix),
             package_uris=(package,),
             args=tuple(job.entry),
-            env={**job.env, "GPUTRAIN_RUN_ID": job.run_id},
+            env={**job.env, "GPUTRAIN_RUN_ID": job.run_id, **secret_refs_env(job.secret_refs)},
             labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
             service_account=self.out.service_account,
             executor_image=spec.executor_image,
