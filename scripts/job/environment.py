@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.base.errors import GputrainError, UserError
+from scripts.node_layout import NODE_STATE
 from scripts.transport.base import Transport, TransportError
 
-ENVS_DIR = ".gputrain/envs"
+ENVS_DIR = f"{NODE_STATE}/envs"
 DEFAULT_SETUP_TIMEOUT_S = 1800.0
 REQUIREMENTS_TXT = "requirements.txt"
 PYPROJECT = "pyproject.toml"
@@ -317,6 +318,8 @@ def prepare_node(
         elif phase == "cached":
             cached.append(True)
             on_line(transport.name, f"[setup] environment {rest} is ready: skipped (cached)")
+        elif phase == "done":
+            on_line(transport.name, f"[setup] environment {rest} built")
         else:
             if phase in PHASES:
                 tail.append(rest)
