@@ -23,7 +23,7 @@ from scripts.job.container import (
 )
 from scripts.job.environment import EnvironmentSetupError
 from scripts.job.launch import launch_torchrun
-from scripts.job.records import Job
+from scripts.job.records import Job, TrainingError
 from tests.support.containers import Podman, Registry, require_tools
 
 #: the image's "python3": prints what it was started with, writes into the mounted out dir
@@ -164,3 +164,60 @@ def test_a_node_without_docker_is_named(tmp_path: Path, monkeypatch: pytest.Monk
         launch_torchrun(fleet, ts, job, tmp_path / "res")
     assert str(e.value).startswith("node local: cannot run the image r.io/a:v: missing: docker")
     close_all(ts)
+
+
+def test_stopping_a_run_removes_its_container(
+    podman: Podman, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped from outside (the launcher's stop, as on a failure elsewhere or Ctrl-C):
+    its container is signalled and then removed by name, whatever the docker CLI did."""
+    import threading
+    import time
+
+    from scripts.job.launch import stop_job
+
+    podman.import_image(
+        "localhost/gputrain-sleepy:1",
+        {"/usr/bin/python3": "#!/bin/sh\necho started; exec sleep 300\n"},
+    )
+    target = f"{registry.host}/gputrain/sleepy:1"
+    podman.trust(registry.host)
+    podman("push", "-q", "localhost/gputrain-sleepy:1", f"docker://{target}")
+    ref = resolve_digest(parse_image(target, "--image"), insecure=True)
+    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{__import__('os').environ['PATH']}")
+    fleet = Fleet(
+        target="local",
+        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
+        expect=GpuExpectation(count=0),
+        python=sys.executable,
+        local=True,
+    )
+    ts = connect(fleet, deadline_s=10, local_root=tmp_path / "node")
+    (tmp_path / "proj").mkdir()
+    job = Job(
+        run_id="img-stop",
+        entry=("x.py",),
+        workdir=tmp_path / "proj",
+        include_trainer=False,
+        image=ref,
+    )
+    lines: list[str] = []
+
+    def stop_when_started() -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and "started" not in lines:
+            time.sleep(0.1)
+        assert podman("ps", "-q").stdout.strip()  # it runs
+        stop_job(ts, "img-stop", grace_s=2)
+
+    stopper = threading.Thread(target=stop_when_started, daemon=True)
+    stopper.start()
+    try:
+        with pytest.raises(TrainingError):  # stopped from outside: a failed run
+            launch_torchrun(
+                fleet, ts, job, tmp_path / "res", on_line=lambda n, ln: lines.append(ln)
+            )
+    finally:
+        stopper.join(timeout=60)
+        close_all(ts)
+    assert podman("ps", "-aq").stdout.strip() == ""
