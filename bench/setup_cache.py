@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' package index
 
-from scripts.job.environment import plan_environment, prepare_environment
+from scripts.job.environment import plan_environment
+from scripts.job.environment_node import prepare_environment
 from scripts.transport.local import LocalTransport
 from tests.support.wheelhouse import PackageIndex, build_wheel
 

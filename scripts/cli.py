@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from scripts import lifecycle
+from scripts.job.options import add_environment_options, environment_options, seconds_up_to
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
@@ -68,12 +69,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
-        requirements=not getattr(args, "no_requirements", False),
-        setup=getattr(args, "setup", None),
-        setup_timeout_s=getattr(args, "setup_timeout", None) or RunOptions.setup_timeout_s,
-        force_setup=getattr(args, "force_setup", False),
-        secrets=tuple(getattr(args, "secret", None) or ()),
-        image=getattr(args, "image", None),
+        **environment_options(args),
     )
 
 
@@ -266,42 +262,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="(--stack) keep the stack's bucket and its checkpoints when destroying",
             )
         if name in {"run", "train"}:
-            c.add_argument(
-                "--setup",
-                metavar="CMD",
-                help="shell commands every node runs once per content hash, in the working "
-                "directory after the requirements (replaces the stack's / hosts file's `setup`)",
-            )
-            c.add_argument(
-                "--setup-timeout",
-                type=_seconds_long,
-                metavar="SECONDS",
-                help="how long setup may run on a node (default: 1800)",
-            )
-            c.add_argument(
-                "--force-setup",
-                action="store_true",
-                help="rebuild the cached environment: install the requirements and run setup again",
-            )
-            c.add_argument(
-                "--no-requirements",
-                action="store_true",
-                help="do not install requirements.txt / pyproject.toml dependencies / uv.lock",
-            )
-            c.add_argument(
-                "--secret",
-                action="append",
-                default=[],
-                metavar="NAME[=sm://SECRET]",
-                help="an environment variable every rank gets, never written to disk or shown: "
-                "its value here, or from Secret Manager (repeatable)",
-            )
-            c.add_argument(
-                "--image",
-                metavar="REGISTRY/PATH:TAG",
-                help="(--stack with backend gce, --hosts, --local) run torchrun inside this "
-                "container image on every node (replaces the stack's / hosts file's `image`)",
-            )
+            add_environment_options(c)
             c.add_argument(
                 "--max-recoveries",
                 type=int,
@@ -327,7 +288,7 @@ def _parser() -> argparse.ArgumentParser:
         if name in TAKES_ENTRY | {"verify", "logs"}:
             c.add_argument(
                 "--wait",
-                type=_seconds,
+                type=seconds_up_to(86400),
                 metavar="SECONDS",
                 help="how long to wait for SSH on each node before it counts as unreachable "
                 "(default: 30 for machines that exist, 900 for new cloud VMs)",
@@ -372,28 +333,6 @@ class _Version(argparse.Action):
             text = "unknown (not installed; run `make venv`)"
         print(f"gputrain {text}")
         parser.exit()
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use seconds > 0, at most 86400")
-    return value
-
-
-def _seconds_long(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 7 * 86400:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not allowed; use seconds > 0, at most 604800"
-        )
-    return value
 
 
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:

@@ -25,7 +25,8 @@ from scripts.job.container import (
     container_name,
 )
 from scripts.job.download import download_results, write_job_record
-from scripts.job.environment import EnvironmentSetupError, prepare_environment
+from scripts.job.environment import EnvironmentSetupError
+from scripts.job.environment_node import prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,

@@ -11,11 +11,8 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from scripts.job.environment import (
-    EnvironmentSetupError,
-    plan_environment,
-    prepare_environment,
-)
+from scripts.job.environment import EnvironmentSetupError, plan_environment
+from scripts.job.environment_node import prepare_environment
 from scripts.transport.local import LocalTransport
 from tests.support.wheelhouse import PackageIndex, build_wheel
 
