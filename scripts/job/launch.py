@@ -20,6 +20,7 @@ from scripts.job.container import (
     RUN_ENV_NAMES,
     ImageRef,
     build_docker_run,
+    build_image_gpu_command,
     build_node_check_command,
     build_pull_command,
     container_name,
@@ -207,7 +208,8 @@ def ensure_packages(
 
 def ensure_image(fleet: Fleet, transports: Mapping[str, Transport], image: ImageRef) -> None:
     """Every node can run containers (docker, and the NVIDIA container toolkit where it has GPUs)
-    and holds the image's digest, pulled once; a node that cannot is named with what it lacks."""
+    and holds the image's digest, pulled once; on GPU nodes nvidia-smi inside the image sees the
+    expected GPUs. A node that fails is named with what it lacks."""
     check = build_node_check_command(gpus=not fleet.expect.is_cpu)
     pull = build_pull_command(image)
 
@@ -225,7 +227,17 @@ def ensure_image(fleet: Fleet, transports: Mapping[str, Transport], image: Image
             raise EnvironmentSetupError(
                 f"node {name}: cannot pull {image.pinned}: {last or f'exit {r.exit_code}'}"
             )
-        return r.stdout.strip()
+        if fleet.expect.is_cpu:
+            return r.stdout.strip()
+        seen = transports[name].run(build_image_gpu_command(image), 300)
+        gpus = [ln for ln in seen.stdout.splitlines() if ln.strip()]
+        if not seen.ok or len(gpus) != fleet.expect.count:
+            raise EnvironmentSetupError(
+                f"node {name}: nvidia-smi inside {image.repository}:{image.tag} sees "
+                f"{len(gpus) if seen.ok else 'no'} GPU(s), expected {fleet.expect.count}: "
+                + " | ".join(seen.stdout.strip().splitlines()[-2:])
+            )
+        return f"{r.stdout.strip()}, {len(gpus)} GPU(s) inside"
 
     names = [n.name for n in fleet.nodes]
     results, errors = parallel(names, one)

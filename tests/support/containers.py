@@ -52,9 +52,15 @@ class Podman:
         self.shim_dir = root / "bin"
         self.shim_dir.mkdir(exist_ok=True)
         shim = self.shim_dir / "docker"
+        self.calls = root / "docker-calls.log"  # every docker command line (never values)
         shim.write_text(
             f"#!/bin/sh\nexport CONTAINERS_CONF={root / 'containers.conf'}\n"
             f"export CONTAINERS_REGISTRIES_CONF={registries}\n"
+            f'echo "$*" >> {self.calls}\n'
+            # podman 4.3 has no --gpus (a GPU host's docker does): the fake nvidia-smi in the
+            # image plays the GPUs it would see
+            'for a; do shift; [ "$a" = --gpus ] && { skip=1; continue; }; '
+            '[ -n "${skip:-}" ] && { skip=; continue; }; set -- "$@" "$a"; done\n'
             f'exec {" ".join(self.argv)} "$@"\n'
         )
         shim.chmod(0o755)

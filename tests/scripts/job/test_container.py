@@ -221,3 +221,61 @@ def test_stopping_a_run_removes_its_container(
         stopper.join(timeout=60)
         close_all(ts)
     assert podman("ps", "-aq").stdout.strip() == ""
+
+
+@pytest.mark.parametrize(("inside", "ok"), [(2, True), (1, False)])
+def test_gpu_nodes_see_their_gpus_inside_the_image(
+    podman: Podman,
+    registry: Registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    inside: int,
+    ok: bool,
+) -> None:
+    """On a GPU node the image's own nvidia-smi (`--gpus all`) must see the expected GPUs before
+    the run starts; else one line names the node and the count."""
+    smi = "#!/bin/sh\n" + "echo 'NVIDIA L4, 23034 MiB'\n" * inside
+    podman.import_image(
+        "localhost/gputrain-gpu:1", {"/usr/bin/python3": FAKE_PYTHON, "/usr/bin/nvidia-smi": smi}
+    )
+    target = f"{registry.host}/gputrain/gpu:1"
+    podman.trust(registry.host)
+    podman("push", "-q", "localhost/gputrain-gpu:1", f"docker://{target}")
+    ref = resolve_digest(parse_image(target, "--image"), insecure=True)
+    toolkit = podman.shim_dir / "nvidia-ctk"  # a GPU host has the NVIDIA container toolkit
+    toolkit.write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.0'\n")
+    toolkit.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{__import__('os').environ['PATH']}")
+    fleet = Fleet(
+        target="local",
+        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
+        expect=GpuExpectation(count=2),
+        python=sys.executable,
+        local=True,
+    )
+    ts = connect(fleet, deadline_s=10, local_root=tmp_path / "node")
+    (tmp_path / "proj").mkdir()
+    job = Job(
+        run_id="img-gpu",
+        entry=("x.py",),
+        workdir=tmp_path / "proj",
+        include_trainer=False,
+        image=ref,
+    )
+    try:
+        if ok:
+            assert launch_torchrun(fleet, ts, job, tmp_path / "res", settle_s=0.5).ok
+        else:
+            with pytest.raises(EnvironmentSetupError) as e:
+                launch_torchrun(fleet, ts, job, tmp_path / "res")
+            assert str(e.value).startswith(
+                f"node local: nvidia-smi inside {registry.host}/gputrain/gpu:1 sees 1 GPU(s), "
+                "expected 2"
+            )
+    finally:
+        close_all(ts)
+    calls = podman.calls.read_text()
+    assert f"run --rm --gpus all {ref.pinned} nvidia-smi" in calls
+    if ok:  # the run itself: GPUs, host network and IPC, two processes per node
+        assert "--network host --ipc host --gpus all" in calls
+        assert "--nproc-per-node 2" in calls
