@@ -61,7 +61,7 @@ def job_environment(
     target file's `setup`, `secrets` and `image` with the command line's; every bad input is a
     UserError here, before any resource."""
     from infra.base.errors import UserError
-    from scripts.job.environment import EnvironmentSettings, plan_environment
+    from scripts.job.environment import REQUIREMENT_FILES, EnvironmentSettings, plan_environment
     from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
 
     read = getattr(target, "environment_settings", None)
@@ -80,6 +80,10 @@ def job_environment(
         raise UserError(
             "setup: not supported together with image yet; bake the commands into the image"
         )
+    if image_text and opts.requirements:
+        found = [f for f in REQUIREMENT_FILES if (Path.cwd() / f).is_file()]
+        if found:
+            ui.say(f"image {image_text}: {', '.join(found)} not installed (the image brings them)")
     environment = None
     if not declared.backend_without_ssh:
         environment = plan_environment(

@@ -24,6 +24,7 @@ DEFAULT_SETUP_TIMEOUT_S = 1800.0
 REQUIREMENTS_TXT = "requirements.txt"
 PYPROJECT = "pyproject.toml"
 UV_LOCK = "uv.lock"
+REQUIREMENT_FILES = (REQUIREMENTS_TXT, PYPROJECT, UV_LOCK)
 #: Bumped when the node script changes what a cached environment holds.
 _LAYOUT = "1"
 
@@ -75,7 +76,7 @@ def plan_environment(
         )
     texts: dict[str, str] = {}
     if requirements and workdir is not None:
-        for name in (REQUIREMENTS_TXT, PYPROJECT, UV_LOCK):
+        for name in REQUIREMENT_FILES:
             path = workdir / name
             if path.is_file():
                 try:
@@ -98,7 +99,7 @@ def plan_environment(
         else:
             h.update(f"{name}\0{texts[name]}\0".encode())
     h.update(f"setup\0{setup}".encode())
-    sources = tuple(n for n in (REQUIREMENTS_TXT, PYPROJECT, UV_LOCK) if n in texts)
+    sources = tuple(n for n in REQUIREMENT_FILES if n in texts)
     return Environment(
         key=h.hexdigest()[:16],
         sources=sources if (used_txt or deps or used_uv) else (),
