@@ -8,7 +8,7 @@ import base64
 import re
 from http.server import BaseHTTPRequestHandler
 
-from tests.fake_http import FakeHttpServer, send_json
+from tests.support.fake_http import FakeHttpServer, send_json
 
 _ACCESS = re.compile(r"^/v1/projects/([^/]+)/secrets/([^/]+)/versions/([^/:]+):access$")
 

@@ -128,7 +128,7 @@ def test_local_run_reads_the_secret_and_it_is_nowhere(tmp_path: Path) -> None:
     watcher.start()
     job = Job(
         run_id="secret-run",
-        entry=("tests/jobs/read_secret.py",),
+        entry=("tests/support/jobs/read_secret.py",),
         env={"SECRET_NAME": "GPUTRAIN_TEST_TOKEN"},
         workdir=REPO,
         include_trainer=False,

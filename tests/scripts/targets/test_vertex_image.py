@@ -13,10 +13,10 @@ import pytest
 
 from scripts.job.launch import TRAINER_DIR
 from scripts.targets.vertex.job import JobRequest, build_sdist, custom_job_body
-from tests.fake_vertex import FakeVertex, RunContext
-from tests.gcs_emulator import GcsEmulator
 from tests.support.containers import Podman, require_tools
-from tests.vertex_replicas import LocalReplicas
+from tests.support.fake_vertex import FakeVertex, RunContext
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.vertex_replicas import LocalReplicas
 
 IMAGE = "us-docker.pkg.dev/p/r/train@sha256:" + "d" * 64
 #: the image's python3: `-m pip install --target T PKG` unpacks the sdist (the real one builds it);
