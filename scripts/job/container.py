@@ -8,7 +8,6 @@ Pure text except `resolve_digest` (one registry HTTP call).
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import urllib.error
@@ -192,11 +191,6 @@ def build_docker_run(
         q(ref.pinned),
     ]  # fmt: skip
     return " ".join(parts)
-
-
-def image_config_json(ref: ImageRef) -> str:
-    """For the run record: which image (by digest) the job ran in."""
-    return json.dumps({"image": f"{ref.repository}:{ref.tag}", "digest": ref.digest})
 
 
 #: The interpreter torchrun starts with inside an image (the image's own, with its torch).
