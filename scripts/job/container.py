@@ -173,21 +173,21 @@ def build_docker_run(
     name: str,
     gpus: bool,
     env_names: Sequence[str],
-    env_file: str | None = None,
     docker: str = "docker",
 ) -> str:
-    """Shell text that runs what follows it inside the image: host network and IPC (NCCL, the
-    c10d store; host IPC also gives the ranks the node's whole /dev/shm, so no --shm-size, which
-    docker ignores and podman refuses with it), the run's directory (`$RUN`) mounted at the same path with the code
-    snapshot as working directory, GPUs when the node has them, the environment passed by name
-    (`-e NAME`: values never in argv) and, for fabric stacks, the NCCL env file."""
+    """Shell text that runs what follows it inside the image: as the node's user (what it writes
+    into the mounted run directory stays the SSH user's; HOME is the container's /tmp), host
+    network and IPC (NCCL, the c10d store; host IPC also gives the ranks the node's whole
+    /dev/shm, so no --shm-size, which docker ignores and podman refuses with it), the run's
+    directory (`$RUN`) mounted at the same path with the code snapshot as working directory, GPUs
+    when the node has them, the environment passed by name (`-e NAME`: values never in argv)."""
     q = shlex.quote
     parts = [
         docker, "run", "--rm", "--name", q(name), "--network", "host", "--ipc", "host",
+        '--user "$(id -u):$(id -g)"', "-e HOME=/tmp",
         *(["--gpus", "all"] if gpus else []),
         '-v "$RUN:$RUN"', '-w "$RUN/code"',
         *(f"-e {q(n)}" for n in env_names),
-        *([f"--env-file {q(env_file)}"] if env_file else []),
         q(ref.pinned),
     ]  # fmt: skip
     return " ".join(parts)

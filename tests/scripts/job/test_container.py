@@ -5,6 +5,7 @@ the run dir mounted, secrets redacted, the container gone afterwards."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ def test_docker_run_passes_values_by_name_only() -> None:
     cmd = build_docker_run(ref, name="gputrain-r1", gpus=True, env_names=["TOK", "MODE"])
     assert "--gpus all" in cmd and "--network host --ipc host" in cmd
     assert '-v "$RUN:$RUN" -w "$RUN/code"' in cmd and "-e TOK -e MODE" in cmd
+    assert '--user "$(id -u):$(id -g)"' in cmd
     assert cmd.endswith("r.io/a/b@sha256:" + "b" * 64)
     assert "--gpus" not in build_docker_run(ref, name="n", gpus=False, env_names=[])
     assert "nvidia-container-toolkit" in build_node_check_command(gpus=True)
@@ -97,7 +99,7 @@ def test_local_run_inside_the_image(
     podman: Podman, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ref = _push(podman, registry)
-    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
     fleet = Fleet(
         target="local",
         nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
@@ -184,7 +186,7 @@ def test_stopping_a_run_removes_its_container(
     podman.trust(registry.host)
     podman("push", "-q", "localhost/gputrain-sleepy:1", f"docker://{target}")
     ref = resolve_digest(parse_image(target, "--image"), insecure=True)
-    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
     fleet = Fleet(
         target="local",
         nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
@@ -245,7 +247,7 @@ def test_gpu_nodes_see_their_gpus_inside_the_image(
     toolkit = podman.shim_dir / "nvidia-ctk"  # a GPU host has the NVIDIA container toolkit
     toolkit.write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.0'\n")
     toolkit.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
     fleet = Fleet(
         target="local",
         nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
@@ -277,5 +279,6 @@ def test_gpu_nodes_see_their_gpus_inside_the_image(
     calls = podman.calls.read_text()
     assert f"run --rm --gpus all {ref.pinned} nvidia-smi" in calls
     if ok:  # the run itself: GPUs, host network and IPC, two processes per node
-        assert "--network host --ipc host --gpus all" in calls
+        user = f"{os.getuid()}:{os.getgid()}"
+        assert f"--network host --ipc host --user {user} -e HOME=/tmp --gpus all" in calls
         assert "--nproc-per-node 2" in calls
