@@ -4,6 +4,8 @@ the real node script run by `sh` through the local transport, pip installing fro
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,3 +138,35 @@ def test_setup_failure_and_timeout_name_the_node(tmp_path: Path, index: PackageI
     with pytest.raises(EnvironmentSetupError) as e:
         _prepare(t, index, [], setup="sleep 30", setup_timeout_s=1)
     assert str(e.value).startswith("node n0: setup failed: timed out after 1 s")
+
+
+def test_uv_lock_is_exported_and_installed_where_uv_is(
+    tmp_path: Path, index: PackageIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None:
+        pytest.skip("needs uv (pip install uv)")
+    pyproject = (
+        "[project]\nname = 'proj'\nversion = '0.1'\nrequires-python = '>=3.10'\n"
+        "dependencies = ['gputrain-probe==1.0']\n"
+    )
+    t = _node(tmp_path, {"pyproject.toml": pyproject})
+    code = t.node_root / CODE
+    env = {**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    subprocess.run(
+        [uv, "lock", "--index-url", index.url], cwd=code, env=env, check=True, capture_output=True
+    )
+    assert (code / "uv.lock").is_file()
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("PATH", f"{Path(uv).parent}:{os.environ['PATH']}")
+    t = LocalTransport("n0", tmp_path / "node")  # sees the PATH with uv
+    lines: list[str] = []
+    _prepare(t, index, lines)
+    built = next(p for p in (tmp_path / "node/.gputrain/envs").iterdir() if p.is_dir())
+    assert "gputrain-probe==1.0" in (built / "uv-requirements.txt").read_text()
+    assert any("Successfully installed gputrain-probe-1.0" in ln for ln in lines)
+    # a node without uv says so and installs the pyproject's dependencies alone
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    lines.clear()
+    _prepare(LocalTransport("n0", tmp_path / "node"), index, lines, force=True)
+    assert "[n0] [requirements] no uv on this node: uv.lock skipped" in lines
