@@ -77,7 +77,8 @@ rc=$(cat "$ENV/setup.rc" 2>/dev/null || echo 1)
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout_s} s"; fi
 [ "$rc" = 0 ] || fail setup "exited with code $rc"
 """
-    force = "1" if env.force else ""
+    # --force-setup: no reuse, whatever the marker says
+    reuse = "false" if env.force else '[ -f "$ENV/ready" ] && [ "$(cat "$ENV/ready")" = "$WANT" ]'
     need_pip = "1" if install else ""
     return f"""set -u
 ROOT=$(pwd)
@@ -97,7 +98,7 @@ mkdir -p "$ROOT"/{q(ENVS_DIR)} "$RUNDIR"
 exec 9>"$ROOT"/{q(ENVS_DIR)}/.lock
 if command -v flock >/dev/null 2>&1; then flock 9; fi
 WANT=$("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)') || fail requirements "cannot run $PY"
-if [ -z "{force}" ] && [ -f "$ENV/ready" ] && [ "$(cat "$ENV/ready")" = "$WANT" ]; then
+if {reuse}; then
   say cached "{env.key} ($WANT)"
   keep_log
   exit 0
