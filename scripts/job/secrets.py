@@ -180,15 +180,15 @@ def secret_stdin(values: Mapping[str, str]) -> bytes:
     return (f"{SECRETS_HEADER}\n" + "".join(lines) + "\n").encode()
 
 
-#: The start command's first step: with the header, export each secret read from stdin, in shell
-#: builtins only (`read`, `printf`, `export`; base64 reads the value on its stdin, never in argv).
-#: Without it, the line read is run.sh's first (`$first`, written back by the start command).
+#: The start command's first step when there are secrets (a format string: {failed} is its exit
+#: status for a stdin without them): export each secret read from stdin, in shell builtins only
+#: (`read`, `printf`, `export`; base64 reads the value on its stdin, never in argv). `read` takes
+#: the lines byte by byte, so what follows the empty line (the code bundle) is left for the unpack.
 READ_SECRETS_SH = (
-    f"{NAMES_ENV}=''; IFS= read -r first; "
-    f'if [ "$first" = "{SECRETS_HEADER}" ]; then first=""; '
+    f"{NAMES_ENV}=''; IFS= read -r h; [ \"$h\" = '{SECRETS_HEADER}' ] || exit {{failed}}; "
     "while IFS=' ' read -r n v && [ -n \"$n\" ]; do "
-    'v=$(printf "%s" "$v" | base64 -d) || exit 1; export "$n=$v"; '
-    f'{NAMES_ENV}="${NAMES_ENV} $n"; done; fi; export {NAMES_ENV}; '
+    'v=$(printf "%s" "$v" | base64 -d) || exit {failed}; export "$n=$v"; '
+    f'{NAMES_ENV}="${NAMES_ENV} $n"; done; export {NAMES_ENV}; '
 )
 
 #: run.sh's own output (and so torchrun's and every rank's) through a filter that prints *** for
