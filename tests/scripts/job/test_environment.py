@@ -170,3 +170,57 @@ def test_uv_lock_is_exported_and_installed_where_uv_is(
     lines.clear()
     _prepare(LocalTransport("n0", tmp_path / "node"), index, lines, force=True)
     assert "[n0] [requirements] no uv on this node: uv.lock skipped" in lines
+
+
+def test_a_local_launch_builds_the_environment_then_runs_with_it(
+    tmp_path: Path, index: PackageIndex
+) -> None:
+    """Through the launcher: the code goes first, the environment is built from it, and torchrun
+    runs with the venv's interpreter (the rank imports what requirements.txt named)."""
+    from infra.base.records import Fleet, GpuExpectation, Node
+    from scripts.connect import close_all, connect
+    from scripts.job.launch import launch_torchrun
+    from scripts.job.records import Job
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "requirements.txt").write_text("gputrain-probe==1.0\n")
+    (proj / "use_probe.py").write_text(
+        "import sys, gputrain_probe\nprint('probe', gputrain_probe.VERSION, sys.prefix)\n"
+    )
+    fleet = Fleet(
+        target="local",
+        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
+        expect=GpuExpectation(count=0),
+        python=sys.executable,
+        local=True,
+    )
+    env = plan_environment(proj, setup="echo setup here")
+    job = Job(
+        run_id="env-run",
+        entry=("use_probe.py",),
+        env={"PIP_INDEX_URL": index.url, "PIP_CONFIG_FILE": "/dev/null"},
+        workdir=proj,
+        include_trainer=False,
+        environment=env,
+    )
+    ts = connect(fleet, deadline_s=10, local_root=tmp_path / "node")
+    lines: list[str] = []
+    try:
+        for run_id in ("env-run", "env-run-2"):
+            res = launch_torchrun(
+                fleet,
+                ts,
+                Job(**{**job.__dict__, "run_id": run_id}),
+                tmp_path / run_id,
+                on_line=lambda n, ln: lines.append(ln),
+                settle_s=0.5,
+            )
+            assert res.ok, lines[-20:]
+    finally:
+        close_all(ts)
+    assert lines.count("[setup] setup here") == 1  # the second launch found it ready
+    assert sum("skipped (cached)" in ln for ln in lines) == 1
+    probe = [ln for ln in lines if "probe 1.0" in ln]
+    assert len(probe) == 2 and all("/.gputrain/envs/" in ln for ln in probe)  # the venv's python
+    assert (tmp_path / "env-run" / "local" / "setup.log").is_file()
