@@ -70,11 +70,17 @@ DEFAULTS: dict[str, str] = {
     "subnetRange": "10.42.0.0/16",
     "localSsdCount": "0",
     "data": "",
+    "setup": "",
+    "secrets": "[]",
+    "image": "",
 }
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
 #: cannot declare one, so Pulumi.yaml names them in a comment only.
 MAP_KEYS: tuple[str, ...] = ("data",)
+
+#: Keys only the controller reads (the job's environment): the Pulumi program never sees them.
+CONTROLLER_KEYS: tuple[str, ...] = ("setup", "secrets", "image")
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
@@ -95,12 +101,15 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "gpuDirect",
         "subnetRange",
         "localSsdCount",
+        "setup",
     ),
     "vertex": ("executorImage",),
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
-PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k != "sshPrivateKey")
+PROGRAM_KEYS: tuple[str, ...] = tuple(
+    k for k in DEFAULTS if k != "sshPrivateKey" and k not in CONTROLLER_KEYS
+)
 
 
 class SpecError(UserError):

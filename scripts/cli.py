@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from infra.datasets import parse_data_flags
 from scripts import lifecycle
-from scripts.job.options import add_data_options, glue_resume_args, resume_args
+from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
+from scripts.job.env_options import add_environment_options, environment_options, seconds_up_to
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
@@ -70,6 +71,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
+        **environment_options(args),
         wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
         data=parse_data_flags(getattr(args, "data", []) or []),
         resume_args=resume_args(getattr(args, "resume_args", None)),
@@ -281,6 +283,7 @@ def _parser() -> argparse.ArgumentParser:
                 "recovery (default: the stack's waitForCapacity, else no waiting)",
             )
         if name in {"run", "train"}:
+            add_environment_options(c)
             c.add_argument(
                 "--max-recoveries",
                 type=int,
@@ -308,7 +311,7 @@ def _parser() -> argparse.ArgumentParser:
         if name in TAKES_ENTRY | {"verify", "logs"}:
             c.add_argument(
                 "--wait",
-                type=_seconds,
+                type=seconds_up_to(86400),
                 metavar="SECONDS",
                 help="how long to wait for SSH on each node before it counts as unreachable "
                 "(default: 30 for machines that exist, 900 for new cloud VMs)",
@@ -353,16 +356,6 @@ class _Version(argparse.Action):
             text = "unknown (not installed; run `make venv`)"
         print(f"gputrain {text}")
         parser.exit()
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use seconds > 0, at most 86400")
-    return value
 
 
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:

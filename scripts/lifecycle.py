@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.datasets import merge_datasets
 from scripts import ui
@@ -17,6 +18,10 @@ from scripts.guard import signal_guard
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
+
+if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
+    from scripts.job.environment import Environment
 
 
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult:
@@ -28,6 +33,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     healthcheck = tuple(opts.entry[:2]) == ("-m", "trainer.healthcheck")  # reads no data
     datasets = () if healthcheck else merge_datasets(target.datasets(), opts.data)
     check_prefixes(datasets)  # before anything is created: a typo costs nothing
+    environment, secrets, image = job_environment(target, opts)  # bad input: before anything
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:
@@ -40,10 +46,74 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 workdir=Path.cwd(),
                 datasets=datasets,
                 resume_args=opts.resume_args,
+                environment=environment,
+                secrets=secrets.values,
+                secret_refs=secrets.refs,
+                image=image,
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)
     return result
+
+
+@dataclass(frozen=True)
+class JobSecrets:
+    values: dict[str, str] = field(default_factory=dict, repr=False)  # sent to SSH nodes
+    refs: dict[str, str] = field(default_factory=dict)  # resolved by a Vertex job itself
+
+
+def job_environment(
+    target: Target, opts: RunOptions
+) -> tuple[Environment | None, JobSecrets, ImageRef | None]:
+    """The environment the nodes prepare, the secrets' values and the image (at its digest): the
+    target file's `setup`, `secrets` and `image` with the command line's; every bad input is a
+    UserError here, before any resource."""
+    from infra.base.errors import UserError
+    from scripts.job.environment import REQUIREMENT_FILES, EnvironmentSettings, plan_environment
+    from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
+
+    read = getattr(target, "environment_settings", None)
+    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
+    setup = declared.setup if opts.setup is None else opts.setup
+    refs = parse_secrets(declared.secrets, f"{declared.source}secrets") + parse_secrets(
+        opts.secrets, "--secret"
+    )
+    if declared.backend_without_ssh and setup.strip():
+        raise UserError(
+            f"--setup / setup: not supported with backend: {declared.backend_without_ssh} yet; "
+            "use an image (image: / --image) with the commands baked in"
+        )
+    image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
+    if image_text and setup.strip():
+        raise UserError(
+            "setup: not supported together with image yet; bake the commands into the image"
+        )
+    if image_text and opts.requirements:
+        found = [f for f in REQUIREMENT_FILES if (Path.cwd() / f).is_file()]
+        if found:
+            ui.say(f"image {image_text}: {', '.join(found)} not installed (the image brings them)")
+    environment = None
+    if not declared.backend_without_ssh:
+        environment = plan_environment(
+            Path.cwd(),
+            requirements=opts.requirements and not image_text,
+            setup=setup,
+            setup_timeout_s=opts.setup_timeout_s,
+            force=opts.force_setup,
+        )
+    secrets: dict[str, str] = {}
+    if declared.backend_without_ssh:  # the job resolves them itself: references only
+        secret_refs = secret_references(refs, declared.project)
+    else:
+        secret_refs, secrets = {}, resolve_secrets(refs, project=declared.project)
+    image = None
+    if image_text:
+        from scripts.job.container import parse_image, resolve_image
+
+        setting = "--image" if opts.image else f"{declared.source}image"
+        image = resolve_image(parse_image(image_text, setting))
+        ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
+    return environment, JobSecrets(secrets, secret_refs), image
 
 
 def verify(target: Target, opts: RunOptions) -> None:

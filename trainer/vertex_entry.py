@@ -173,6 +173,44 @@ def torchrun_argv(
     return [*argv, *program, *trainer_args]
 
 
+#: The job's secrets as references, never values: {"NAME": "projects/P/secrets/S/versions/V"}
+#: (scripts/job/secrets.py writes it); resolved here, inside the job, into this process's memory.
+SECRET_REFS_ENV = "GPUTRAIN_SECRET_REFS"
+SECRET_ENDPOINT_ENV = "GPUTRAIN_SECRET_MANAGER_ENDPOINT"  # tests: the fake Secret Manager
+
+
+def resolve_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """Each secret's value from Secret Manager with the job's service account; InputError names
+    the secret that cannot be read (the account needs roles/secretmanager.secretAccessor)."""
+    refs = json.loads(environ.get(SECRET_REFS_ENV) or "{}")
+    if not refs:
+        return {}
+    from google.cloud import secretmanager
+
+    options: dict[str, object] = {}
+    if environ.get(SECRET_ENDPOINT_ENV):
+        from google.api_core.client_options import ClientOptions
+        from google.auth.credentials import AnonymousCredentials
+
+        options = {
+            "credentials": AnonymousCredentials(),
+            "transport": "rest",
+            "client_options": ClientOptions(api_endpoint=environ[SECRET_ENDPOINT_ENV]),
+        }
+    client = secretmanager.SecretManagerServiceClient(**options)  # type: ignore[arg-type]
+    values = {}
+    for name, resource in refs.items():
+        try:
+            answer = client.access_secret_version(name=resource, timeout=60)
+        except Exception as e:
+            raise InputError(
+                f"secret {name}: cannot read {resource} ({type(e).__name__}); the job's service "
+                "account needs roles/secretmanager.secretAccessor on it"
+            ) from None
+        values[name] = bytes(answer.payload.data).decode("utf-8")
+    return values
+
+
 def gpus_here() -> int:
     import torch  # only now: parsing and errors stay fast
 
@@ -204,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
         outputs = os.environ.get("AIP_MODEL_DIR")
         model_dir = parse_gs_uri(outputs, "AIP_MODEL_DIR") if outputs else None
         program, args = split_entry(entry, workdir)
+        os.environ.update(resolve_secrets(os.environ))  # memory only: torchrun inherits them
+        os.environ.pop(SECRET_REFS_ENV, None)
         out, cpu = Path(os.environ["GPUTRAIN_OUT"]), False
         if program == TRAINER:
             cfg = parse_config(args)  # bad trainer flags fail here, before torchrun starts

@@ -16,7 +16,7 @@ from scripts.transport.base import Transport
 
 
 def download_results(transports: Mapping[str, Transport], run_id: str, results_dir: Path) -> None:
-    """Every node's out dir's files, torchrun.log, torchrun-logs/ and exitcode under
+    """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode and setup.log under
     results_dir/<node>/; a node that cannot be reached is reported, not fatal."""
     d = run_dir(run_id)
 
@@ -34,6 +34,7 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
                 ("torchrun.log", "torchrun.log"),
                 ("logs", "torchrun-logs"),
                 ("exitcode", "exitcode"),
+                ("setup.log", "setup.log"),  # the environment's build (scripts/job/environment.py)
             ):
                 if (got / src).exists():
                     (got / src).rename(dest / to)

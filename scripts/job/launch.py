@@ -11,6 +11,7 @@ once is done once on this machine: the file list, the hashes, run.sh and each di
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 import threading
 import time
@@ -20,8 +21,20 @@ from pathlib import Path
 
 from infra.base.records import Fleet
 from scripts import ui
+from scripts.job.container import (
+    IMAGE_PYTHON,
+    RUN_ENV_NAMES,
+    ImageRef,
+    build_docker_run,
+    build_image_gpu_command,
+    build_node_check_command,
+    build_pull_command,
+    container_name,
+)
 from scripts.job.data import stage_data
 from scripts.job.download import download_results, write_job_record
+from scripts.job.environment import EnvironmentSetupError
+from scripts.job.environment_node import prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,
@@ -34,10 +47,18 @@ from scripts.job.node_scripts import (
     build_stop_command,
     build_upload_and_start_command,
     parse_sections,
+    run_dir,
 )
 from scripts.job.outputs import OUT_URI_ENV, prepare_outputs
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
-from scripts.job.sync import CodeBundle, check_size, collect_sources, read_manifest_command
+from scripts.job.secrets import NAMES_ENV, redacting, secret_stdin
+from scripts.job.sync import (
+    CodeBundle,
+    check_size,
+    collect_sources,
+    read_manifest_command,
+    unpack_command,
+)
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -58,6 +79,7 @@ def launch_torchrun(
     """Upload, start detached on every node, stream prefixed logs until all end; on the first
     failure stop the others and raise TrainingError (results are still downloaded)."""
     validate_job(job)
+    on_line = redacting(on_line, job.secrets.values())
     start = time.monotonic()
     files = collect_code(job)
     prepared = prepare_nodes(fleet, transports, job)
@@ -71,7 +93,25 @@ def launch_torchrun(
     prepare_outputs(fleet, transports, job)
     if job.rdzv_port is None:  # every run its own c10d store, also beside another run
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
-    upload_and_start(fleet, transports, job, files, prepared.manifests, stop_grace_s=stop_grace_s)
+    manifests = prepared.manifests
+    if job.image is not None:
+        ensure_image(fleet, transports, job.image)
+    if job.environment is not None:  # requirements, then setup: once per node per content hash
+        # built from the uploaded code, so the code goes first (the start then sends nothing)
+        manifests = upload_code(fleet, transports, job, files, manifests)
+        environment = job.environment.for_python(fleet.python)
+        job = dataclasses.replace(job, environment=environment)
+        prepare_environment(
+            [n.name for n in fleet.nodes],
+            transports,
+            environment,
+            python=fleet.python,
+            code_dir=job.code_dir,
+            run_dir=run_dir(job.run_id),
+            extra_env=job.env,
+            on_line=on_line,
+        )
+    upload_and_start(fleet, transports, job, files, manifests, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
     stoppers: list[threading.Thread] = []
@@ -210,20 +250,35 @@ def upload_and_start(
     tars are made once for the fleet. If any node fails, the others are stopped again."""
     names = [n.name for n in fleet.nodes]
     nproc = job.nproc_per_node or (1 if fleet.expect.is_cpu else fleet.expect.count)
+    container = ""
+    if job.image is not None:
+        container = build_docker_run(
+            job.image,
+            name=container_name(job.run_id),
+            gpus=not fleet.expect.is_cpu,
+            env_names=[*RUN_ENV_NAMES, *job.env, *job.secrets, NAMES_ENV],
+        )
+    python = fleet.python
+    if job.image is not None:
+        python = IMAGE_PYTHON
+    elif job.environment is not None:
+        python = job.environment.python_rel
     script = build_node_command(
         job,
         nnodes=len(names),
         nproc_per_node=nproc,
         head_address=fleet.head.internal_address,
-        python=fleet.python,
+        python=python,
+        container=container,
     )
     bundle = CodeBundle(files, run_script=script)
-    cmd = build_upload_and_start_command(job.run_id, job.code_dir)
+    cmd = build_upload_and_start_command(job.run_id, job.code_dir, secrets=bool(job.secrets))
+    secrets = secret_stdin(job.secrets)  # before the bundle, on the same stdin, never on disk
     started = time.monotonic()
 
     def one(name: str) -> tuple[str, str]:
         plan = bundle.plan(manifests[name])
-        r = transports[name].run(cmd, 600, stdin=bundle.payload(plan))
+        r = transports[name].run(cmd, 600, stdin=secrets + bundle.payload(plan))
         if r.exit_code == UNPACK_FAILED:
             raise TransportError(f"node {name}: upload failed: {r.stderr.strip()}")
         if not r.ok or not r.stdout.strip().isdigit():
@@ -245,6 +300,75 @@ def upload_and_start(
     ui.say(
         f"run {job.run_id} started on {len(names)} node(s), rendezvous on port {job.rdzv_port} "
         f"({', '.join(f'{n}: pgid {results[n][1]}' for n in names)})"
+    )
+
+
+def upload_code(
+    fleet: Fleet,
+    transports: Mapping[str, Transport],
+    job: Job,
+    files: Mapping[str, Path],
+    manifests: Mapping[str, str],
+) -> dict[str, str]:
+    """The code alone, ahead of the start (the environment is built from it); returns each node's
+    manifest as it is now, so the start's bundle carries run.sh only."""
+    bundle = CodeBundle(files)
+    cmd = unpack_command(job.code_dir)
+
+    def one(name: str) -> None:
+        r = transports[name].run(cmd, 600, stdin=bundle.payload(bundle.plan(manifests[name])))
+        if not r.ok:
+            raise TransportError(f"node {name}: upload failed: {r.stderr.strip()}")
+
+    names = [n.name for n in fleet.nodes]
+    _, errors = parallel(names, one)
+    if errors:
+        raise TransportError("\n".join(str(e) for e in errors.values()))
+    now = json.dumps(bundle.manifest, sort_keys=True)
+    return {n: now for n in names}
+
+
+def ensure_image(fleet: Fleet, transports: Mapping[str, Transport], image: ImageRef) -> None:
+    """Every node can run containers (docker, and the NVIDIA container toolkit where it has GPUs)
+    and holds the image's digest, pulled once; on GPU nodes nvidia-smi inside the image sees the
+    expected GPUs. A node that fails is named with what it lacks."""
+    check = build_node_check_command(gpus=not fleet.expect.is_cpu)
+    pull = build_pull_command(image)
+
+    def one(name: str) -> str:
+        r = transports[name].run(check, 60)
+        if not r.ok:
+            raise EnvironmentSetupError(
+                f"node {name}: cannot run the image {image.repository}:{image.tag}: "
+                f"{r.stdout.strip() or r.stderr.strip()} (install docker and the NVIDIA "
+                "container toolkit, or run without --image)"
+            )
+        r = transports[name].run(pull, 1800)
+        if not r.ok:
+            last = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+            raise EnvironmentSetupError(
+                f"node {name}: cannot pull {image.pinned}: {last or f'exit {r.exit_code}'}"
+            )
+        if fleet.expect.is_cpu:
+            return r.stdout.strip()
+        seen = transports[name].run(build_image_gpu_command(image), 300)
+        gpus = [ln for ln in seen.stdout.splitlines() if ln.strip()]
+        if not seen.ok or len(gpus) != fleet.expect.count:
+            raise EnvironmentSetupError(
+                f"node {name}: nvidia-smi inside {image.repository}:{image.tag} sees "
+                f"{len(gpus) if seen.ok else 'no'} GPU(s), expected {fleet.expect.count}: "
+                + " | ".join(seen.stdout.strip().splitlines()[-2:])
+            )
+        return f"{r.stdout.strip()}, {len(gpus)} GPU(s) inside"
+
+    names = [n.name for n in fleet.nodes]
+    results, errors = parallel(names, one)
+    if errors:
+        first = next(n for n in names if n in errors)
+        raise errors[first]
+    ui.say(
+        f"image {image.repository}:{image.tag} ({image.digest}) on {len(names)} node(s): "
+        + ", ".join(f"{n} {results[n]}" for n in names)
     )
 
 

@@ -9,19 +9,28 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scripts.job.container import container_name
 from scripts.job.data import data_env_lines
 from scripts.job.outputs import MIRROR_STOP_LINES, attempt_entry, mirror_start_lines
 from scripts.job.records import Job
+from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, run_dir
 
 
 def build_node_command(
-    job: Job, *, nnodes: int, nproc_per_node: int, head_address: str, python: str
+    job: Job,
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    head_address: str,
+    python: str,
+    container: str = "",
 ) -> str:
     """The run.sh every node runs (the same on all: c10d assigns ranks). Pure; every value is
     shell-quoted so arguments arrive verbatim. The network interface toward the head is found on
-    the node (never assumed): the one holding the head's address, else ``ip route get``."""
+    the node (never assumed): the one holding the head's address, else ``ip route get``.
+    `container`: the `docker run ... IMAGE` torchrun runs in (container.build_docker_run)."""
     if job.rdzv_port is None:
         raise ValueError(
             "build_node_command needs the run's rendezvous port (prepare_nodes picks it)"
@@ -37,15 +46,18 @@ def build_node_command(
         "--rdzv-endpoint", f"{head_address}:{job.rdzv_port}",
         "--rdzv-id", job.run_id,
         "--max-restarts", str(job.max_restarts),
-        "--tee", "3",
+        # with secrets no per-rank log files (they would hold what a rank prints, unfiltered)
+        "--tee", "0" if job.secrets else "3",
     ]  # fmt: skip
     argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
     argv += " ".join(q(a) for a in attempt_entry(job))
+    if container:  # the stop command removes it by name (a KILLed docker CLI leaves it running)
+        argv = f'echo {q(container_name(job.run_id))} > "$RUN/container"\n{container} {argv}'
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
 RUN=$(pwd)
-PATH="$PATH:/usr/sbin:/sbin"
+{REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
 HEAD={head}
 IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}')
 [ -n "$IFACE" ] || IFACE=$(ip -o route get "$HEAD" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')
@@ -74,15 +86,19 @@ exit $rc
 UNPACK_FAILED = 112  # the exit status of build_upload_and_start_command when the code did not land
 
 
-def build_upload_and_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
-    """One round trip: unpack the CodeBundle payload on stdin into code_dir (the changed files,
-    the manifest, the delete list and run.sh), then snapshot the code, start run.sh
+def build_upload_and_start_command(
+    run_id: str, code_dir: str = CODE_DIR, *, secrets: bool = False
+) -> str:
+    """One round trip: (with `secrets`, first the secrets: secrets.secret_stdin, kept in this
+    shell's memory and exported) unpack the CodeBundle payload on stdin into code_dir (the changed
+    files, the manifest, the delete list and run.sh), then snapshot the code, start run.sh
     in a new session (so a dropped SSH connection cannot kill it) and print its process-group id.
     Exits UNPACK_FAILED when the code could not be unpacked (nothing was started)."""
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
     return (
-        f"mkdir -p {d} && {unpack_command(code_dir)} && "
+        (READ_SECRETS_SH.format(failed=UNPACK_FAILED) if secrets else "")
+        + f"mkdir -p {d} && {unpack_command(code_dir)} && "
         f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
         f"rm -rf {d}/code && (cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && "
         f"cd {d} || exit 1; "
@@ -130,16 +146,18 @@ def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
 P=$(cat pgid)
 tree() {{ ps -e -o pid= -o ppid= | awk -v r="$P" '{{par[$1] = $2}} END {{keep[r] = 1; ch = 1; while (ch) {{ch = 0; for (x in par) if (!(x in keep) && (par[x] in keep)) {{keep[x] = 1; ch = 1}}}} for (x in keep) print x}}'; }}
 alive() {{ for p in $1; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }}
+# a container outlives a killed docker CLI: removed by name once its CLI is gone (or killed)
+rmc() {{ if [ -s container ]; then docker rm -f "$(cat container)" >/dev/null 2>&1; fi; }}
 T0=$(tree)
-alive "$T0" || {{ echo stopped-already; exit 0; }}
+alive "$T0" || {{ rmc; echo stopped-already; exit 0; }}
 kill -TERM -"$P" 2>/dev/null
 i=0; while alive "$T0 $(tree)" && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done
 ALL="$T0 $(tree)"
 if alive "$ALL"; then
   for p in $ALL; do kill -KILL -"$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
-  echo killed
+  rmc; echo killed
 else
-  echo terminated
+  rmc; echo terminated
 fi
 """
 

@@ -7,12 +7,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from infra.base.errors import GputrainError, UserError
 from infra.datasets import Dataset
 from scripts.job.sync import DEFAULT_MAX_UPLOAD_MIB
 from scripts.node_layout import CODE_DIR
+
+if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
+    from scripts.job.environment import Environment
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
@@ -42,6 +46,12 @@ class Job:
     datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data.py)
     resume_args: tuple[str, ...] = ()  # appended to entry on attempts after the first
     attempt: int = 1  # 2, 3, ...: relaunches after spot recoveries (GPUTRAIN_ATTEMPT)
+    environment: Environment | None = None  # requirements + setup, prepared before torchrun
+    # name -> value: only in memory, to the nodes on stdin (scripts/job/secrets.py); never shown
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    image: ImageRef | None = None  # torchrun runs inside it (resolved to its digest)
+    # Vertex: name -> Secret Manager version the job resolves itself (references, not values)
+    secret_refs: Mapping[str, str] = field(default_factory=dict)
 
 
 FailureKind = Literal["exited", "killed", "lost"]

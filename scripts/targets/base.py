@@ -36,6 +36,12 @@ class RunOptions:
     max_recoveries: int | None = None  # nodes GCE takes away to recover from; None: 3
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
+    requirements: bool = True  # install requirements.txt / pyproject / uv.lock on the nodes
+    setup: str | None = None  # --setup: replaces the target file's `setup`
+    setup_timeout_s: float = 1800.0
+    force_setup: bool = False  # rebuild the cached environment and run setup again
+    secrets: tuple[str, ...] = ()  # --secret NAME[=sm://...]: added to the file's `secrets`
+    image: str | None = None  # --image: replaces the file's `image`
     wait_for_capacity_s: int | None = None  # stock-outs: retry this long (None: waitForCapacity)
     data: dict[str, str] = field(default_factory=dict)  # `--data NAME=gs://...` (over the target's)
     resume_args: tuple[str, ...] = ()  # `--resume-args "ARGS"`: appended on relaunches

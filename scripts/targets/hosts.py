@@ -6,6 +6,7 @@ from pathlib import Path
 
 from infra.base.records import Fleet
 from infra.datasets import Dataset
+from scripts.job.environment import EnvironmentSettings
 from scripts.settings import Settings
 from scripts.targets.base import RunOptions
 from scripts.targets.machines import MachinesTarget
@@ -29,3 +30,9 @@ class HostsTarget(MachinesTarget):
 
         hosts = load_hosts_file(self.path, trust_new_hosts=opts.trust_new_hosts)
         return hosts.fleet, hosts.known_hosts if opts.trust_new_hosts else None
+
+    def environment_settings(self) -> EnvironmentSettings:
+        """The hosts file's `setup` and `secrets` (read before anything runs)."""
+        from scripts.targets.hosts_file import load_hosts_file
+
+        return load_hosts_file(self.path, trust_new_hosts=True).environment

@@ -6,6 +6,10 @@ identity_file: ~/.ssh/id_ed25519        # relative paths: against this file's di
 known_hosts: ~/.ssh/known_hosts          # optional (this default); keys are pinned from here
 port: 22                                 # optional
 python: /opt/conda/bin/python            # optional: the interpreter with torch on the hosts
+setup: |                                 # optional: shell commands run once per node per hash
+  pip install -e .
+secrets: [WANDB_API_KEY]                 # optional: env vars of this machine the ranks get
+image: us-docker.pkg.dev/P/R/train:v1    # optional: torchrun runs inside it on every host
 gpus: {model: NVIDIA A100-SXM4-40GB, count: 8, min_memory_gb: 38}   # or: cpu: true
 hosts:
   - address: 203.0.113.5                 # the first host is the head
@@ -24,7 +28,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +36,12 @@ from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.base.validate import Checker
 from infra.datasets import Dataset, parse_datasets
+from scripts.job.environment import EnvironmentSettings, file_setting_names, file_setting_text
 from scripts.transport.hostkeys import KnownHosts
 
 TOP_KEYS = (
     "user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts", "data",
+    "setup", "secrets", "image",
 )  # fmt: skip
 HOST_KEYS = ("address", "internal_address", "name", "port")
 GPU_KEYS = ("model", "count", "min_memory_gb")
@@ -58,6 +64,7 @@ class HostsFile:
     known_hosts: Path
     unpinned: tuple[str, ...]  # node names with no key yet; only with trust_new_hosts
     datasets: tuple[Dataset, ...] = ()  # `data`: NAME: gs://BUCKET/PREFIX[:copy|:mount]
+    environment: EnvironmentSettings = field(default_factory=EnvironmentSettings)
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,13 @@ def parse_hosts(
         python=python.strip(),
     )
     datasets = tuple(parse_datasets(data.get("data"), f"{source}: data"))
-    return HostsFile(fleet, known_hosts, tuple(unpinned), datasets)
+    environment = EnvironmentSettings(
+        setup=file_setting_text(data.get("setup"), f"{source}: setup"),
+        secrets=file_setting_names(data.get("secrets"), f"{source}: secrets"),
+        image=file_setting_text(data.get("image"), f"{source}: image").strip(),
+        source=f"{source}: ",
+    )
+    return HostsFile(fleet, known_hosts, tuple(unpinned), datasets, environment)
 
 
 # ---- fields ------------------------------------------------------------------------------------

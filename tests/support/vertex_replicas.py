@@ -35,13 +35,21 @@ class LocalReplicas:
     running: threading.Event = field(default_factory=threading.Event)  # every replica started
     pids: list[int] = field(default_factory=list)
     outputs: dict[str, list[str]] = field(default_factory=dict)  # task -> its lines
+    docker: tuple[str, ...] = ()  # a `docker` CLI for containerSpec jobs (tests: the podman shim)
 
     def __call__(self, ctx: RunContext) -> RunResult:
         job_spec = ctx.job["jobSpec"]
         pools = job_spec["workerPoolSpecs"]
-        package = pools[0]["pythonPackageSpec"]
+        container = pools[0].get("containerSpec")
+        package = pools[0].get("pythonPackageSpec") or container
         work = Path(tempfile.mkdtemp(prefix=f"job-{ctx.job_id[-6:]}-", dir=self.root))
-        site = self._install(package["packageUris"][0], work)
+        site = work if container else self._install(package["packageUris"][0], work)
+        if container:  # Vertex mounts the bucket at /gcs/: what the job reads from there
+            for e in container["env"]:
+                if e["value"].startswith("/gcs/"):
+                    self._download(
+                        "gs://" + e["value"].removeprefix("/gcs/"), work / e["value"][1:]
+                    )
         base = job_spec["baseOutputDirectory"]["outputUriPrefix"]
         port = free_port()
         cluster = {
@@ -64,15 +72,25 @@ class LocalReplicas:
                             "cluster": cluster,
                             "environment": "cloud",
                             "task": {"type": f"workerpool{i}", "index": index, "trial": ""},
-                            "job": json.dumps({"python_module": package["pythonModule"]}),
+                            "job": json.dumps({"python_module": package.get("pythonModule")}),
                         }
                     ),
                     AIP_MODEL_DIR=f"{base}model/",
                     AIP_CHECKPOINT_DIR=f"{base}checkpoints/",
                     AIP_TENSORBOARD_LOG_DIR=f"{base}logs/",
                 )
+                if not container:
+                    argv = [sys.executable, "-m", package["pythonModule"], *package["args"]]
+                else:  # in the image: host network, /gcs mounted, env by name
+                    names = [x for e in package["env"] for x in ("-e", e["name"])]
+                    argv = [
+                        *self.docker, "run", "--rm", "--network", "host",
+                        "-v", f"{work / 'gcs'}:/gcs", "-e", "CLUSTER_SPEC", "-e", "AIP_MODEL_DIR",
+                        "-e", "AIP_CHECKPOINT_DIR", *names, container["imageUri"],
+                        *container["command"], *container["args"],
+                    ]  # fmt: skip
                 procs[task] = subprocess.Popen(
-                    [sys.executable, "-m", package["pythonModule"], *package["args"]],
+                    argv,
                     cwd=disk,
                     env=env,
                     text=True,
@@ -112,13 +130,17 @@ class LocalReplicas:
             "To find out more about why your job exited please check the logs.",
         )
 
-    def _install(self, uri: str, work: Path) -> Path:
-        """pip install the package from the bucket, as the executor image does (deps: ours)."""
+    def _download(self, uri: str, to: Path) -> None:
         from google.cloud.storage import Client
 
         bucket, _, name = uri.removeprefix("gs://").partition("/")
-        archive = work / name.rsplit("/", 1)[-1]
-        Client().bucket(bucket).blob(name).download_to_filename(str(archive))
+        to.parent.mkdir(parents=True, exist_ok=True)
+        Client().bucket(bucket).blob(name).download_to_filename(str(to))
+
+    def _install(self, uri: str, work: Path) -> Path:
+        """pip install the package from the bucket, as the executor image does (deps: ours)."""
+        archive = work / uri.rsplit("/", 1)[-1]
+        self._download(uri, archive)
         site = work / "site"
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from infra.stackfile import StackFile
+    from scripts.job.environment import EnvironmentSettings
     from scripts.targets.stack.bucket import KeptBucket
     from scripts.targets.stack.runner import StackRunner
 
@@ -106,6 +107,27 @@ class StackTarget(Generic[C, P]):
                 f"gcp:project is not set for stack {self.stack}; nothing of it can exist"
             )
         return spec
+
+    def environment_settings(self) -> EnvironmentSettings:
+        """The stack's `setup`, `secrets` and `image` keys (gputrain reads them; the program
+        does not)."""
+        from infra.stackfile import GCP_PROJECT_KEY, NS
+        from scripts.job.environment import (
+            EnvironmentSettings,
+            file_setting_names,
+            file_setting_text,
+        )
+
+        config = self.stack_file.config
+        vertex = config.get(NS + "backend") == "vertex"
+        return EnvironmentSettings(
+            setup="" if vertex else file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
+            secrets=file_setting_names(config.get(NS + "secrets"), "gputrain:secrets"),
+            image=config.get(NS + "image", "").strip(),  # vertex: the job's container
+            project=config.get(GCP_PROJECT_KEY) or None,
+            source="gputrain:",
+            backend_without_ssh="vertex" if vertex else None,
+        )
 
     # ---- the backend's hooks
 

@@ -79,7 +79,26 @@ class JobRequest:
     service_account: str | None = None
     executor_image: str = vertex.DEFAULT_EXECUTOR_IMAGE
     boot_disk_gb: int | None = None  # None: Vertex's default (100 GB pd-ssd)
+    image_uri: str | None = None  # a custom container (containerSpec) instead of the executor
     flex_start_wait_s: int = 0  # > 0: Flex-start (DWS) capacity, waiting at most this long
+
+
+#: containerSpec's command: the staged sdist, read where Vertex mounts the bucket (/gcs/BUCKET/...),
+#: installed as the executor would install it for pythonPackageSpec, then our entry with the job's
+#: args ("$@"). The image brings python3 with torch, pip, setuptools and the trainer's
+#: requirements (numpy, google-cloud-storage).
+CONTAINER_COMMAND_SH = (
+    "set -e; python3 -m pip install -q --no-deps --no-index --no-build-isolation "
+    '--target /tmp/gputrain-job "$GPUTRAIN_PACKAGE"; export PYTHONPATH=/tmp/gputrain-job; '
+    'exec python3 -m {module} "$@"'
+)
+
+
+def gcs_fuse_path(uri: str) -> str:
+    """gs://BUCKET/PATH -> /gcs/BUCKET/PATH, where Vertex mounts Cloud Storage in every replica."""
+    if not uri.startswith("gs://"):
+        raise ValueError(f"not a gs:// URI: {uri!r}")
+    return "/gcs/" + uri.removeprefix("gs://")
 
 
 def machine_spec(machine_type: str, gpu_type: str | None, gpu_count: int) -> dict[str, Any]:
@@ -120,18 +139,29 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
         raise UserError(f"nodes = {req.nodes}: allowed: 1 or more")
     if req.max_run_duration_s < 1:
         raise UserError(f"maxRunDuration = {req.max_run_duration_s}s: allowed: 1 s or more")
-    package = {
-        "executorImageUri": executor_image_for(req.region, req.executor_image),
-        "packageUris": list(req.package_uris),
-        "pythonModule": req.python_module,
-        "args": list(req.args),
-        "env": [{"name": k, "value": v} for k, v in sorted(req.env.items())],
-    }
+    env = [{"name": k, "value": v} for k, v in sorted(req.env.items())]
     pool: dict[str, Any] = {
         "machineSpec": machine_spec(req.machine_type, req.gpu_type, req.gpu_count),
         "replicaCount": 1,
-        "pythonPackageSpec": package,
     }
+    if req.image_uri:
+        staged = {"name": "GPUTRAIN_PACKAGE", "value": gcs_fuse_path(req.package_uris[0])}
+        pool["containerSpec"] = {
+            "imageUri": req.image_uri,
+            "command": [
+                "sh", "-c", CONTAINER_COMMAND_SH.format(module=req.python_module), "gputrain",
+            ],
+            "args": list(req.args),
+            "env": sorted([*env, staged], key=lambda e: e["name"]),
+        }  # fmt: skip
+    else:
+        pool["pythonPackageSpec"] = {
+            "executorImageUri": executor_image_for(req.region, req.executor_image),
+            "packageUris": list(req.package_uris),
+            "pythonModule": req.python_module,
+            "args": list(req.args),
+            "env": env,
+        }
     if req.boot_disk_gb:
         pool["diskSpec"] = {"bootDiskType": "pd-ssd", "bootDiskSizeGb": req.boot_disk_gb}
     pools = [pool] + ([{**pool, "replicaCount": req.nodes - 1}] if req.nodes > 1 else [])
@@ -326,8 +356,16 @@ setup(
 """
 
 
+SECRETS_REQUIREMENT = "google-cloud-secret-manager>=2.20,<3"  # the entry reads the job's secrets
+
+
 def build_sdist(
-    workdir: Path, out_dir: Path, *, trainer_dir: Path, limit_mib: float
+    workdir: Path,
+    out_dir: Path,
+    *,
+    trainer_dir: Path,
+    limit_mib: float,
+    extra_requires: tuple[str, ...] = (),
 ) -> tuple[Path, int]:
     """gputrain-job-0.tar.gz with the same files and size limit as the SSH upload; pip-installing
     it gives `python -m trainer.*` and the working directory under gputrain_code/files/.
@@ -348,7 +386,7 @@ def build_sdist(
         packages=[CODE_PACKAGE, *trainer_pkgs],
         package_dir={p: f"{CODE_PACKAGE}/files/{p.replace('.', '/')}" for p in trainer_pkgs},
         data=[f"files/{glob.escape(rel)}" for rel in sorted(files)],
-        requires=list(TRAINER_REQUIREMENTS),
+        requires=[*TRAINER_REQUIREMENTS, *extra_requires],
     )
     pkg_info = f"Metadata-Version: 2.1\nName: {SDIST_NAME}\nVersion: {SDIST_VERSION}\n"
     init = '"""gputrain job code; the working directory is ROOT."""\nfrom pathlib import Path\n\n'

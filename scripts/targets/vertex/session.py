@@ -27,12 +27,14 @@ from scripts.guard import SignalGuard
 from scripts.job.download import write_job_record
 from scripts.job.launch import TRAINER_DIR
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
+from scripts.job.secrets import secret_refs_env
 from scripts.settings import Settings
 from scripts.targets.stack.bucket import to_fetch
 from scripts.targets.stack.target import target_name
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.job import (
     DEFAULT_FLEX_START_WAIT_S,
+    SECRETS_REQUIREMENT,
     JobRequest,
     JobStatus,
     build_sdist,
@@ -164,6 +166,7 @@ class VertexSession:
                 Path(tmp),
                 trainer_dir=TRAINER_DIR,
                 limit_mib=job.max_upload_mib,
+                extra_requires=(SECRETS_REQUIREMENT,) if job.secret_refs else (),
             )
             uri = staging_dir(self.out.bucket, job.run_id, self.out.bucket_prefix) + archive.name
             storage = self.clients.storage(self.out.project)
@@ -186,10 +189,16 @@ class VertexSession:
             output_dir=run_output_dir(self.out.bucket, job.run_id, self.out.bucket_prefix),
             package_uris=(package,),
             args=tuple(job.entry),
-            env={**vertex_data_env(job.datasets), **job.env, "GPUTRAIN_RUN_ID": job.run_id},
+            env={
+                **vertex_data_env(job.datasets),
+                **job.env,
+                "GPUTRAIN_RUN_ID": job.run_id,
+                **secret_refs_env(job.secret_refs),
+            },
             labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
             service_account=self.out.service_account,
             executor_image=spec.executor_image,
+            image_uri=job.image.pinned if job.image is not None else None,
             flex_start_wait_s=(spec.wait_for_capacity_s or DEFAULT_FLEX_START_WAIT_S)
             if spec.capacity == "flex-start"
             else 0,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infra.base.errors import UserError
+from scripts.job.data_options import glue_resume_args, resume_args
 from scripts.job.node_scripts import build_node_command
-from scripts.job.options import glue_resume_args, resume_args
 from scripts.job.outputs import attempt_entry, build_prepare_command, output_env
 from scripts.job.records import Job
 

@@ -1,0 +1,218 @@
+"""The user's environment on the nodes, prepared before torchrun: their requirements installed into a
+venv that still sees the interpreter's own packages (torch), then their `setup` commands — once per
+node per content hash. The controller reads and checks the files (bad input is one line before
+anything is created); the node script is pure text, run over the transport with live output.
+
+Node layout (relative to the node root): ``.gputrain/envs/<key>/`` the venv, ``ready`` (written
+last: the interpreter it was built for), ``setup.sh`` and ``setup.log``; the run's results get a
+copy of ``setup.log``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.base.errors import GputrainError, UserError
+from scripts.node_layout import NODE_STATE
+
+ENVS_DIR = f"{NODE_STATE}/envs"
+DEFAULT_SETUP_TIMEOUT_S = 1800.0
+REQUIREMENTS_TXT = "requirements.txt"
+PYPROJECT = "pyproject.toml"
+UV_LOCK = "uv.lock"
+REQUIREMENT_FILES = (REQUIREMENTS_TXT, PYPROJECT, UV_LOCK)
+#: Bumped when the node script changes what a cached environment holds.
+_LAYOUT = "1"
+
+
+class EnvironmentSetupError(GputrainError):
+    """Installing the requirements or running `setup` failed on a node (after the machines
+    exist: the caller's teardown follows)."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What every node prepares before torchrun. `key` names the cached environment: a hash of
+    the requirement files and the setup commands, then (`for_python`) of the interpreter."""
+
+    key: str
+    sources: tuple[str, ...]  # the requirement files used (relative to the working dir)
+    pyproject_deps: tuple[str, ...]  # [project].dependencies, installed by name
+    use_requirements_txt: bool
+    use_uv_lock: bool
+    setup: str = ""
+    setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S
+    force: bool = False
+
+    def for_python(self, python: str) -> Environment:
+        """The same environment keyed for one interpreter (each gets its own venv)."""
+        key = hashlib.sha256(f"{self.key}\0{python}".encode()).hexdigest()[:16]
+        return dataclasses.replace(self, key=key)
+
+    @property
+    def python_rel(self) -> str:
+        """The venv's interpreter seen from the run's code snapshot (``.gputrain/runs/ID/code``),
+        where run.sh starts torchrun: relative, so it holds whatever the node root is."""
+        return f"../../../envs/{self.key}/bin/python"
+
+
+def plan_environment(
+    workdir: Path | None,
+    *,
+    requirements: bool = True,
+    setup: str = "",
+    setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S,
+    force: bool = False,
+) -> Environment | None:
+    """The environment the nodes must prepare, or None when there is nothing to install or run.
+    Reads and checks the requirement files (UserError naming the file and line)."""
+    if not 0 < setup_timeout_s <= 7 * 86400:
+        raise UserError(
+            f"--setup-timeout {setup_timeout_s:g}: not allowed; use seconds > 0, at most 7 days"
+        )
+    texts: dict[str, str] = {}
+    if requirements and workdir is not None:
+        for name in REQUIREMENT_FILES:
+            path = workdir / name
+            if path.is_file():
+                try:
+                    texts[name] = path.read_text()
+                except (OSError, UnicodeDecodeError) as e:
+                    raise UserError(f"{name}: cannot read it ({type(e).__name__})") from None
+    deps: tuple[str, ...] = ()
+    if PYPROJECT in texts:
+        deps = pyproject_dependencies(texts[PYPROJECT])
+    if REQUIREMENTS_TXT in texts:
+        check_requirements_txt(texts[REQUIREMENTS_TXT])
+    used_txt = REQUIREMENTS_TXT in texts
+    used_uv = UV_LOCK in texts
+    if not (used_txt or deps or used_uv or setup.strip()):
+        return None
+    h = hashlib.sha256(f"gputrain-env {_LAYOUT}\0".encode())
+    for name in sorted(texts):
+        if name == PYPROJECT:  # only what is installed from it counts, not the rest of the file
+            h.update(f"{name}\0{chr(0).join(deps)}\0".encode())
+        else:
+            h.update(f"{name}\0{texts[name]}\0".encode())
+    h.update(f"setup\0{setup}".encode())
+    sources = tuple(n for n in REQUIREMENT_FILES if n in texts)
+    return Environment(
+        key=h.hexdigest()[:16],
+        sources=sources if (used_txt or deps or used_uv) else (),
+        pyproject_deps=deps,
+        use_requirements_txt=used_txt,
+        use_uv_lock=used_uv,
+        setup=setup,
+        setup_timeout_s=setup_timeout_s,
+        force=force,
+    )
+
+
+def check_requirements_txt(text: str) -> None:
+    """Every requirement line must parse (PEP 508); option lines (`-r`, `-e`, `--index-url`, ...)
+    and URLs are pip's to judge. UserError names the line."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for number, raw in enumerate(_logical_lines(text), start=1):
+        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        if not line or line.startswith("-") or "://" in line or line.startswith((".", "/")):
+            continue
+        try:
+            Requirement(line)
+        except InvalidRequirement as e:
+            raise UserError(
+                f"{REQUIREMENTS_TXT} line {number}: {line!r} is not a requirement ({_first_line(e)}); "
+                "allowed: NAME[extras] [version specifiers] [; markers], or a pip option line"
+            ) from None
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _logical_lines(text: str) -> list[str]:
+    """pip's lines: a trailing backslash continues the line (numbered by its first line)."""
+    out: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.endswith("\\"):
+            pending += line[:-1]
+            continue
+        out.append(pending + line)
+        pending = ""
+    if pending:
+        out.append(pending)
+    return out
+
+
+def pyproject_dependencies(text: str) -> tuple[str, ...]:
+    """`[project].dependencies` of a pyproject.toml (empty when it declares none); UserError for a
+    file that is not TOML or a dependency that does not parse."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{PYPROJECT}: not valid TOML ({_first_line(e)})") from None
+    project = data.get("project")
+    deps = project.get("dependencies", []) if isinstance(project, dict) else []
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise UserError(f"{PYPROJECT}: [project].dependencies must be a list of strings")
+    for d in deps:
+        try:
+            Requirement(d)
+        except InvalidRequirement as e:
+            raise UserError(
+                f"{PYPROJECT}: dependency {d!r} is not a requirement ({_first_line(e)}); "
+                "allowed: PEP 508"
+            ) from None
+    return tuple(deps)
+
+
+@dataclass(frozen=True)
+class EnvironmentSettings:
+    """What a target's file declares (a stack's `setup`/`secrets` keys, a hosts file's): the
+    command line adds to it (`--secret`) or replaces it (`--setup`)."""
+
+    setup: str = ""
+    secrets: tuple[str, ...] = ()
+    image: str = ""
+    project: str | None = None  # for `sm://SECRET` without a project
+    source: str = ""  # how error lines name the file's keys, e.g. "gputrain:" or "hosts.yaml: "
+    backend_without_ssh: str | None = None  # "vertex": no setup or secrets there (yet)
+
+
+def file_setting_text(value: object, setting: str) -> str:
+    """A `setup` value: a (multi-line) string; UserError otherwise."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise UserError(f"{setting}: {value!r} is not allowed; expected shell commands (a string)")
+    return value
+
+
+def file_setting_names(value: object, setting: str) -> tuple[str, ...]:
+    """A `secrets` value: a list of strings (also from the JSON the Pulumi CLI hands over)."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value) if value.strip() else []
+        except ValueError:
+            value = [value]
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise UserError(
+            f"{setting}: {value!r} is not allowed; expected a list like [WANDB_API_KEY, "
+            "HF_TOKEN=sm://hf-token]"
+        )
+    return tuple(value)

@@ -1,0 +1,229 @@
+"""The node side of a job's environment (scripts/job/environment.py): the script every node runs
+before torchrun — under a per-node lock, reuse the environment of this hash or build it (venv,
+requirements, setup) — and running it on every node with its lines live as `[node] [PHASE] ...`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from infra.base.errors import GputrainError
+from scripts.job.environment import (
+    ENVS_DIR,
+    PYPROJECT,
+    REQUIREMENTS_TXT,
+    UV_LOCK,
+    Environment,
+    EnvironmentSetupError,
+)
+from scripts.transport.base import Transport, TransportError
+
+#: What the node script prints before its own lines; the launcher shows `[node] [PHASE] ...`.
+PHASES = ("requirements", "setup")
+_MARK = "gputrain-env:"
+
+
+def build_prepare_command(
+    env: Environment,
+    *,
+    python: str,
+    code_dir: str,
+    run_dir: str,
+    extra_env: Mapping[str, str],
+) -> str:
+    """The node script: under a per-node lock, reuse the environment `env.key` when its `ready`
+    marker names this interpreter (unless forced); else build the venv (system site packages plus
+    the interpreter's own paths, so torch stays visible), install the requirements, run `setup`
+    in the working directory under its timeout, and write `ready`. Every line it prints starts
+    with ``gputrain-env: PHASE``; a failure exits non-zero after a ``failed`` line."""
+    q = shlex.quote
+    exports = "".join(f"export {k}={q(v)}\n" for k, v in extra_env.items())
+    env_dir = f"{ENVS_DIR}/{env.key}"
+    install = []
+    if env.use_uv_lock:
+        install.append(
+            "if command -v uv >/dev/null 2>&1; then\n"
+            f'  (cd "$CODE" && uv export --frozen --no-hashes --no-emit-project '
+            '--format requirements-txt -o "$ENV/uv-requirements.txt") && '
+            'pip_install -r "$ENV/uv-requirements.txt" || fail requirements "uv.lock"\n'
+            f'else say requirements "no uv on this node: {UV_LOCK} skipped"; fi\n'
+        )
+    if env.use_requirements_txt:
+        install.append(
+            f'(cd "$CODE" && pip_install -r {REQUIREMENTS_TXT}) || fail requirements '
+            f"{REQUIREMENTS_TXT}\n"
+        )
+    if env.pyproject_deps:
+        deps = " ".join(q(d) for d in env.pyproject_deps)
+        install.append(
+            f'(cd "$CODE" && pip_install {deps}) || fail requirements "{PYPROJECT} dependencies"\n'
+        )
+    setup = ""
+    if env.setup.strip():
+        timeout_s = max(1, int(env.setup_timeout_s))
+        setup = f"""cat > "$ENV/setup.sh" <<'GPUTRAIN_SETUP_EOF'
+{env.setup.rstrip()}
+GPUTRAIN_SETUP_EOF
+SH=sh; command -v bash >/dev/null 2>&1 && SH=bash
+say setup "running setup in the working directory (timeout {timeout_s} s)"
+( cd "$CODE" && PATH="$ENV/bin:$PATH" VIRTUAL_ENV="$ENV" \\
+  timeout -k 10 {timeout_s} "$SH" -e "$ENV/setup.sh" < /dev/null 2>&1; echo "$?" > "$ENV/setup.rc" ) \\
+  | tee -a "$ENV/setup.log" | sed -u 's/^/{_MARK} setup /'
+rc=$(cat "$ENV/setup.rc" 2>/dev/null || echo 1)
+if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout_s} s"; fi
+[ "$rc" = 0 ] || fail setup "exited with code $rc"
+"""
+    # --force-setup: no reuse, whatever the marker says
+    reuse = "false" if env.force else '[ -f "$ENV/ready" ] && [ "$(cat "$ENV/ready")" = "$WANT" ]'
+    need_pip = "1" if install else ""
+    return f"""set -u
+ROOT=$(pwd)
+PY={q(python)}
+ENV="$ROOT"/{q(env_dir)}
+CODE="$ROOT"/{q(code_dir)}
+RUNDIR="$ROOT"/{q(run_dir)}
+{exports}say() {{ p=$1; shift; echo "{_MARK} $p $*"; }}
+keep_log() {{ if [ -f "$ENV/setup.log" ]; then cp "$ENV/setup.log" "$RUNDIR/setup.log"; fi; }}
+fail() {{ say "$1" "failed: $2"; keep_log; rm -f "$ENV/ready"; exit 1; }}
+pip_install() {{
+  {{ "$ENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-input \\
+      "$@" 2>&1; echo "$?" > "$ENV/pip.rc"; }} | tee -a "$ENV/setup.log" | sed -u 's/^/{_MARK} requirements /'
+  return "$(cat "$ENV/pip.rc" 2>/dev/null || echo 1)"
+}}
+mkdir -p "$ROOT"/{q(ENVS_DIR)} "$RUNDIR"
+exec 9>"$ROOT"/{q(ENVS_DIR)}/.lock
+if command -v flock >/dev/null 2>&1; then flock 9; fi
+WANT=$("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)') || fail requirements "cannot run $PY"
+if {reuse}; then
+  say cached "{env.key} ($WANT)"
+  keep_log
+  exit 0
+fi
+rm -rf "$ENV"
+mkdir -p "$ENV"
+say requirements "building environment {env.key} for python $WANT"
+"$PY" -m venv --without-pip --system-site-packages "$ENV" >/dev/null 2>&1 || fail requirements "cannot create a venv with $PY"
+# the interpreter's own package dirs (a venv's too) after the new venv's: torch stays visible
+SITE=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$PY" -c 'import sys, os; print("\\n".join(p for p in sys.path if os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p)))' > "$SITE/_gputrain_base.pth"
+if [ -n "{need_pip}" ] && ! "$ENV/bin/python" -m pip --version >/dev/null 2>&1; then
+  "$ENV/bin/python" -m ensurepip --default-pip >/dev/null 2>&1 || fail requirements "$PY has no pip (install python3-pip or python3-venv)"
+fi
+{"".join(install)}{setup}echo "$WANT" > "$ENV/ready"
+keep_log
+say done "{env.key}"
+"""
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    cached: bool
+    seconds: float
+
+
+def parse_prepare_line(line: str) -> tuple[str, str] | None:
+    """``gputrain-env: PHASE TEXT`` -> (PHASE, TEXT); None for anything else (e.g. a login banner)."""
+    if not line.startswith(_MARK + " "):
+        return None
+    phase, _, text = line[len(_MARK) + 1 :].partition(" ")
+    return phase, text
+
+
+def prepare_node(
+    transport: Transport,
+    env: Environment,
+    *,
+    python: str,
+    code_dir: str,
+    run_dir: str,
+    extra_env: Mapping[str, str],
+    on_line: Callable[[str, str], None],
+) -> PrepareOutcome:
+    """Run the prepare script on one node, its lines to `on_line(node, "[PHASE] text")`; raises
+    EnvironmentSetupError naming the node, what failed and its last lines."""
+    cmd = build_prepare_command(
+        env, python=python, code_dir=code_dir, run_dir=run_dir, extra_env=extra_env
+    )
+    tail: deque[str] = deque(maxlen=4)
+    failed: list[tuple[str, str]] = []
+    cached: list[bool] = []
+
+    def line(text: str) -> None:
+        parsed = parse_prepare_line(text)
+        if parsed is None:
+            return
+        phase, rest = parsed
+        if rest.startswith("failed: "):
+            failed.append((phase, rest[len("failed: ") :]))
+        elif phase == "cached":
+            cached.append(True)
+            on_line(transport.name, f"[setup] environment {rest} is ready: skipped (cached)")
+        elif phase == "done":
+            on_line(transport.name, f"[setup] environment {rest} built")
+        else:
+            if phase in PHASES:
+                tail.append(rest)
+            on_line(transport.name, f"[{phase}] {rest}")
+
+    start = time.monotonic()
+    try:
+        rc = transport.stream(cmd, line, timeout=env.setup_timeout_s + 3600)
+    except TransportError as e:
+        raise EnvironmentSetupError(f"node {transport.name}: preparing the environment: {e}") from e
+    if rc != 0:
+        phase, why = failed[-1] if failed else ("setup", f"failed: exit code {rc}")
+        what = "setup" if phase == "setup" else "installing the requirements"
+        errors = [x.strip() for x in tail if x.startswith("ERROR")]  # pip's own verdict
+        last = " | ".join(errors or [x.strip() for x in tail if x.strip()])
+        raise EnvironmentSetupError(
+            f"node {transport.name}: {what} failed: {why}"
+            + (f"; last lines: {last}" if last else "")
+        )
+    return PrepareOutcome(cached=bool(cached), seconds=time.monotonic() - start)
+
+
+def prepare_environment(
+    names: Sequence[str],
+    transports: Mapping[str, Transport],
+    env: Environment,
+    *,
+    python: str,
+    code_dir: str,
+    run_dir: str,
+    extra_env: Mapping[str, str],
+    on_line: Callable[[str, str], None],
+) -> dict[str, PrepareOutcome]:
+    """Every node at once; the first failure (by node order) is raised, naming its node."""
+    from scripts import ui
+    from scripts.parallel import parallel
+
+    def one(name: str) -> PrepareOutcome:
+        return prepare_node(
+            transports[name],
+            env,
+            python=python,
+            code_dir=code_dir,
+            run_dir=run_dir,
+            extra_env=extra_env,
+            on_line=on_line,
+        )
+
+    results, errors = parallel(list(names), one)
+    if errors:
+        first = next(n for n in names if n in errors)
+        err = errors[first]
+        raise (
+            err if isinstance(err, GputrainError) else EnvironmentSetupError(f"node {first}: {err}")
+        )
+    cached = [n for n in names if results[n].cached]
+    slowest = max(r.seconds for r in results.values())
+    what = " + ".join([*env.sources, *(["setup"] if env.setup.strip() else [])])
+    ui.say(
+        f"environment {env.key} ({what}) ready on {len(names)} node(s) in {slowest:.1f} s"
+        + (f" (cached on {', '.join(cached)})" if cached else "")
+    )
+    return results

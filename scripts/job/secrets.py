@@ -1,0 +1,233 @@
+"""Secrets for the job: resolved on the controller (its environment, or Secret Manager for
+``NAME=sm://SECRET[/VERSION]``), held only in process memory, sent to each node on the SSH
+channel's stdin into the detached start — never into argv, run.sh, the run snapshot or any file —
+and redacted from every line shown or logged.
+
+On the node the start command reads ``NAME BASE64`` lines up to an empty line and exports them
+(shell builtins only: no process gets a value in its argv); run.sh then pipes its own output through
+an awk filter that reads the values from its environment and prints ``***`` for each.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from infra.base.errors import UserError
+
+SM_SCHEME = "sm://"
+#: Where the Secret Manager client goes instead of Google (a private endpoint; the tests' fake).
+ENDPOINT_ENV = "GPUTRAIN_SECRET_MANAGER_ENDPOINT"
+REDACTED = "***"
+NAMES_ENV = "GPUTRAIN_SECRET_NAMES"  # names only (never values): what run.sh's filter redacts
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+_SM_VERSION = re.compile(r"^(latest|[1-9][0-9]*)$")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """One declared secret: the variable the ranks see, and where its value comes from."""
+
+    name: str
+    sm_secret: str | None = None  # None: the controller's environment variable `name`
+    sm_version: str = "latest"
+    sm_project: str | None = None  # from `sm://projects/P/secrets/S[/versions/V]`
+
+
+def parse_secret(text: str, setting: str) -> SecretRef:
+    """`NAME` or `NAME=sm://SECRET[/VERSION]` (or the full `sm://projects/P/secrets/S[/versions/V]`);
+    UserError naming the setting and what is allowed."""
+    name, sep, source = text.partition("=")
+    allowed = (
+        "allowed: NAME (the value of the environment variable NAME here) or "
+        "NAME=sm://SECRET[/VERSION] (Secret Manager)"
+    )
+    if not _NAME.match(name):
+        raise UserError(f"{setting}: {text!r} is not allowed; {allowed}")
+    if not sep:
+        return SecretRef(name)
+    if not source.startswith(SM_SCHEME):
+        raise UserError(f"{setting}: {text!r} is not allowed; {allowed}")
+    parts = source[len(SM_SCHEME) :].split("/")
+    project = None
+    if parts[:1] == ["projects"] and len(parts) >= 4 and parts[2] == "secrets":
+        project, parts = parts[1], parts[3:]
+        if len(parts) == 3 and parts[1] == "versions":
+            parts = [parts[0], parts[2]]
+    secret, version = parts[0], parts[1] if len(parts) > 1 else "latest"
+    if len(parts) > 2 or not _SM_NAME.match(secret) or not _SM_VERSION.match(version):
+        raise UserError(f"{setting}: {text!r} is not allowed; {allowed}")
+    return SecretRef(name, secret, version, project)
+
+
+def parse_secrets(items: Iterable[str], setting: str) -> tuple[SecretRef, ...]:
+    refs: dict[str, SecretRef] = {}
+    for item in items:
+        ref = parse_secret(str(item).strip(), setting)
+        refs[ref.name] = ref
+    return tuple(refs.values())
+
+
+SecretFetcher = Callable[[str, str, str], str]  # (project, secret, version) -> value
+
+
+def resolve_secrets(
+    refs: Sequence[SecretRef],
+    *,
+    project: str | None,
+    environ: Mapping[str, str] | None = None,
+    fetch: SecretFetcher | None = None,
+) -> dict[str, str]:
+    """Every value, or UserError naming the first secret that cannot be had (before anything is
+    created)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    for ref in refs:
+        if ref.sm_secret is None:
+            value = env.get(ref.name)
+            if value is None:
+                raise UserError(
+                    f"secret {ref.name}: the environment variable {ref.name} is not set here; "
+                    f"export it before the command, or declare {ref.name}=sm://SECRET[/VERSION]"
+                )
+            values[ref.name] = value
+            continue
+        where = ref.sm_project or project or env.get("GOOGLE_CLOUD_PROJECT")
+        if not where:
+            raise UserError(
+                f"secret {ref.name}: sm://{ref.sm_secret} needs a project; use "
+                "sm://projects/PROJECT/secrets/SECRET or set GOOGLE_CLOUD_PROJECT"
+            )
+        values[ref.name] = (fetch or fetch_secret_manager)(where, ref.sm_secret, ref.sm_version)
+    return values
+
+
+def fetch_secret_manager(project: str, secret: str, version: str) -> str:
+    """One secret version's payload from Secret Manager; UserError for a missing secret or a
+    refused access (the one line names the resource and the fix)."""
+    from google.api_core import exceptions as gexc
+    from google.cloud import secretmanager
+
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if endpoint:
+        from google.api_core.client_options import ClientOptions
+        from google.auth.credentials import AnonymousCredentials
+
+        client = secretmanager.SecretManagerServiceClient(
+            credentials=AnonymousCredentials(),
+            transport="rest",
+            client_options=ClientOptions(api_endpoint=endpoint),
+        )
+    else:
+        client = secretmanager.SecretManagerServiceClient()
+    resource = f"projects/{project}/secrets/{secret}/versions/{version}"
+    try:
+        answer = client.access_secret_version(name=resource, timeout=60)
+    except gexc.NotFound:
+        raise UserError(
+            f"secret {resource}: not found in Secret Manager; create it with `gcloud secrets "
+            f"create {secret} --project {project}` and add a version"
+        ) from None
+    except (gexc.Forbidden, gexc.Unauthorized) as e:  # also PermissionDenied, Unauthenticated
+        raise UserError(
+            f"secret {resource}: access refused ({e.message}); grant roles/secretmanager."
+            "secretAccessor on it to your account"
+        ) from None
+    return bytes(answer.payload.data).decode("utf-8")
+
+
+SECRETS_HEADER = "#gputrain-secrets"
+
+
+#: Vertex: the job's body carries references only (trainer/vertex_entry.py resolves them).
+SECRET_REFS_ENV = "GPUTRAIN_SECRET_REFS"
+
+
+def secret_references(refs: Sequence[SecretRef], project: str | None) -> dict[str, str]:
+    """name -> `projects/P/secrets/S/versions/V` for a job that resolves its own secrets
+    (Vertex); UserError for a secret that is not in Secret Manager (a value of this machine's
+    environment cannot reach the job without being written into its body)."""
+    out: dict[str, str] = {}
+    for ref in refs:
+        if ref.sm_secret is None:
+            raise UserError(
+                f"secret {ref.name}: on backend: vertex a secret must come from Secret Manager "
+                f"({ref.name}=sm://SECRET[/VERSION]): the job reads it there itself"
+            )
+        where = ref.sm_project or project
+        if not where:
+            raise UserError(f"secret {ref.name}: sm://{ref.sm_secret} needs a project")
+        out[ref.name] = f"projects/{where}/secrets/{ref.sm_secret}/versions/{ref.sm_version}"
+    return out
+
+
+def secret_refs_env(refs: Mapping[str, str]) -> dict[str, str]:
+    import json
+
+    return {SECRET_REFS_ENV: json.dumps(dict(refs), sort_keys=True)} if refs else {}
+
+
+def secret_stdin(values: Mapping[str, str]) -> bytes:
+    """What precedes run.sh on the start command's stdin when there are secrets: a header line,
+    ``NAME BASE64`` lines, an empty line (nothing without secrets)."""
+    if not values:
+        return b""
+    lines = [f"{k} {base64.b64encode(v.encode()).decode()}\n" for k, v in values.items()]
+    return (f"{SECRETS_HEADER}\n" + "".join(lines) + "\n").encode()
+
+
+#: The start command's first step when there are secrets (a format string: {failed} is its exit
+#: status for a stdin without them): export each secret read from stdin, in shell builtins only
+#: (`read`, `printf`, `export`; base64 reads the value on its stdin, never in argv). `read` takes
+#: the lines byte by byte, so what follows the empty line (the code bundle) is left for the unpack.
+READ_SECRETS_SH = (
+    f"{NAMES_ENV}=''; IFS= read -r h; [ \"$h\" = '{SECRETS_HEADER}' ] || exit {{failed}}; "
+    "while IFS=' ' read -r n v && [ -n \"$n\" ]; do "
+    'v=$(printf "%s" "$v" | base64 -d) || exit {failed}; export "$n=$v"; '
+    f'{NAMES_ENV}="${NAMES_ENV} $n"; done; export {NAMES_ENV}; '
+)
+
+#: run.sh's own output (and so torchrun's and every rank's) through a filter that prints *** for
+#: each value, line by line (awk reads them from its environment): the node's log never holds one.
+REDACT_OUTPUT_SH = f"""if [ -n "${{{NAMES_ENV}:-}}" ]; then
+  rm -f "$RUN/.redact"; mkfifo "$RUN/.redact"
+  AWK=awk; case $(awk -W version 2>&1) in *mawk*) AWK="awk -W interactive";; esac  # line by line
+  $AWK 'BEGIN {{ n = split(ENVIRON["{NAMES_ENV}"], names, " "); k = 0
+       for (i = 1; i <= n; i++) {{ m = split(ENVIRON[names[i]], parts, "\\n")
+         for (j = 1; j <= m; j++) if (parts[j] != "") pieces[++k] = parts[j] }} }}
+  {{ line = $0
+     for (i = 1; i <= k; i++) {{ v = pieces[i]; out = ""
+       while ((j = index(line, v)) > 0) {{ out = out substr(line, 1, j - 1) "{REDACTED}"; line = substr(line, j + length(v)) }}
+       line = out line }}
+     print line; fflush() }}' < "$RUN/.redact" &
+  exec > "$RUN/.redact" 2>&1
+  rm -f "$RUN/.redact"
+fi
+"""
+
+
+def redact(text: str, values: Iterable[str]) -> str:
+    """Every occurrence of every value (and of each line of a multi-line one) replaced by ***,
+    the longest first."""
+    pieces = {p for v in values for p in [v, *v.splitlines()] if p}
+    for v in sorted(pieces, key=len, reverse=True):
+        text = text.replace(v, REDACTED)
+    return text
+
+
+def redacting(
+    sink: Callable[[str, str], None], values: Iterable[str]
+) -> Callable[[str, str], None]:
+    """`sink` with every secret value redacted from its lines (the same sink without secrets)."""
+    secrets = tuple(v for v in values if v)
+    if not secrets:
+        return sink
+
+    def redacted(node: str, line: str) -> None:
+        sink(node, redact(line, secrets))
+
+    return redacted

@@ -1,0 +1,153 @@
+"""Secrets (scripts/job/secrets.py): declared, resolved before anything exists (the environment or
+Secret Manager through the real client against a fake with its REST shape), and a real local run
+whose rank reads the value while it is found nowhere on disk, in no argv and no log line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.base.errors import UserError
+from infra.base.records import Fleet, GpuExpectation, Node
+from scripts.connect import close_all, connect
+from scripts.job.launch import launch_torchrun
+from scripts.job.records import Job
+from scripts.job.secrets import (
+    ENDPOINT_ENV,
+    SecretRef,
+    parse_secret,
+    parse_secrets,
+    redact,
+    resolve_secrets,
+)
+from tests.support.fake_secretmanager import FakeSecretManager
+
+REPO = Path(__file__).resolve().parents[3]
+#: shell- and regex-hostile, with a newline inside: it must arrive byte for byte
+VALUE = "s3cr3t-'q\" $HOME `id` ; * \\n\nsecond line-" + os.urandom(6).hex()
+
+
+@pytest.fixture
+def secret_manager(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSecretManager]:
+    with FakeSecretManager() as fake:
+        monkeypatch.setenv(ENDPOINT_ENV, fake.url)
+        yield fake
+
+
+def test_declarations() -> None:
+    assert parse_secret("HF_TOKEN", "secrets") == SecretRef("HF_TOKEN")
+    assert parse_secret("T=sm://hf-token", "secrets") == SecretRef("T", "hf-token", "latest")
+    assert parse_secret("T=sm://hf-token/3", "s") == SecretRef("T", "hf-token", "3")
+    full = parse_secret("T=sm://projects/p1/secrets/x/versions/2", "s")
+    assert full == SecretRef("T", "x", "2", "p1")
+    for bad in ("1X", "A-B", "X=value", "X=sm://", "X=sm://a/b/c", "X=sm://a/v0"):
+        with pytest.raises(UserError) as e:
+            parse_secret(bad, "--secret")
+        assert str(e.value).startswith(f"--secret: {bad!r} is not allowed")
+    assert [r.name for r in parse_secrets(["A", "B", "A=sm://a"], "s")] == ["A", "B"]
+
+
+def test_unset_secret_is_one_line_naming_it() -> None:
+    with pytest.raises(UserError) as e:
+        resolve_secrets([SecretRef("WANDB_API_KEY")], project=None, environ={})
+    assert str(e.value).startswith("secret WANDB_API_KEY: the environment variable WANDB_API_KEY")
+    assert resolve_secrets([SecretRef("A")], project=None, environ={"A": ""}) == {"A": ""}
+
+
+def test_secret_manager_through_the_real_client(secret_manager: FakeSecretManager) -> None:
+    secret_manager.add("proj", "hf-token", "old")
+    secret_manager.add("proj", "hf-token", VALUE)
+    refs = parse_secrets(["A=sm://hf-token", "B=sm://hf-token/1"], "secrets")
+    assert resolve_secrets(refs, project="proj", environ={}) == {"A": VALUE, "B": "old"}
+    with pytest.raises(UserError) as e:
+        resolve_secrets(parse_secrets(["A=sm://nope"], "s"), project="proj", environ={})
+    assert "projects/proj/secrets/nope/versions/latest: not found" in str(e.value)
+    secret_manager.add("proj", "locked", "x")
+    secret_manager.denied.add("locked")
+    with pytest.raises(UserError) as e:
+        resolve_secrets(parse_secrets(["A=sm://locked"], "s"), project="proj", environ={})
+    assert "access refused" in str(e.value) and "secretAccessor" in str(e.value)
+    with pytest.raises(UserError) as e:
+        resolve_secrets(parse_secrets(["A=sm://x"], "s"), project=None, environ={})
+    assert "needs a project" in str(e.value)
+
+
+def test_redact_longest_first() -> None:
+    assert redact("a abc b", ["abc", "ab"]) == "a *** b"
+
+
+def _everything_on_disk(roots: list[Path], needle: bytes) -> list[str]:
+    hits = []
+    for root in roots:
+        for p in root.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                try:
+                    if needle in p.read_bytes():
+                        hits.append(str(p))
+                except OSError:
+                    pass
+    return hits
+
+
+def test_local_run_reads_the_secret_and_it_is_nowhere(tmp_path: Path) -> None:
+    node_root = tmp_path / "node"
+    fleet = Fleet(
+        target="local",
+        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
+        expect=GpuExpectation(count=0),
+        python=sys.executable,
+        local=True,
+    )
+    ts = connect(fleet, deadline_s=10, local_root=node_root)
+    lines: list[str] = []
+    seen_argv: list[bytes] = []
+    stop = threading.Event()
+    first_line = VALUE.splitlines()[0].encode()
+
+    def watch_argv() -> None:  # every process's argv while the job runs
+        while not stop.is_set():
+            for d in Path("/proc").iterdir():
+                if d.name.isdigit():
+                    try:
+                        argv = (d / "cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if first_line in argv:
+                        seen_argv.append(argv)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_argv, daemon=True)
+    watcher.start()
+    job = Job(
+        run_id="secret-run",
+        entry=("tests/support/jobs/read_secret.py",),
+        env={"SECRET_NAME": "GPUTRAIN_TEST_TOKEN"},
+        workdir=REPO,
+        include_trainer=False,
+        secrets={"GPUTRAIN_TEST_TOKEN": VALUE},
+    )
+    try:
+        res = launch_torchrun(
+            fleet, ts, job, tmp_path / "results", on_line=lambda n, ln: lines.append(ln)
+        )
+    finally:
+        stop.set()
+        watcher.join()
+        close_all(ts)
+    assert res.ok
+    out = json.loads(next((tmp_path / "results").rglob("secret.json")).read_text())
+    assert out["sha256"] == hashlib.sha256(VALUE.encode()).hexdigest()  # the rank read it whole
+    assert any("the token is ***" in ln for ln in lines), lines  # printed by the rank: redacted
+    assert not [ln for ln in lines if first_line.decode() in ln]
+    assert not seen_argv
+    assert not _everything_on_disk([node_root, tmp_path / "results"], first_line)
+    log = next((tmp_path / "results").rglob("torchrun.log")).read_text()
+    assert "the token is ***" in log  # the node's own log was filtered before it was written
