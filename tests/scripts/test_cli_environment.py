@@ -86,7 +86,7 @@ def test_vertex_refuses_environment_secrets_before_anything(
     root = Path(__file__).resolve().parents[2]
     (tmp_path / "Pulumi.yaml").write_text((root / "Pulumi.yaml").read_text())
     (tmp_path / "Pulumi.v.yaml").write_text(
-        "config:\n  gcp:project: p\n  gputrain:backend: vertex\n  gputrain:secrets: [TOK]\n"
+        "config:\n  gcp:project: proj-test\n  gputrain:backend: vertex\n  gputrain:secrets: [TOK]\n"
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TOK", "x")
