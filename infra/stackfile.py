@@ -65,6 +65,7 @@ DEFAULTS: dict[str, str] = {
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
     "gpuDirect": "auto",
     "subnetRange": "10.42.0.0/16",
+    "stallTimeout": "",
 }
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
@@ -85,12 +86,14 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "bootDiskType",
         "gpuDirect",
         "subnetRange",
+        "stallTimeout",
     ),
     "vertex": ("executorImage",),
 }
 
-#: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
-PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k != "sshPrivateKey")
+#: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it;
+#: stallTimeout is the controller's (the job's watch), not the program's.
+PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k not in ("sshPrivateKey", "stallTimeout"))
 
 
 class SpecError(UserError):

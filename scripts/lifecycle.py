@@ -16,6 +16,7 @@ from scripts.guard import signal_guard
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
+from scripts.watch.settings import watch_settings
 
 
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult:
@@ -32,6 +33,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 env=opts.env,
                 max_restarts=opts.max_restarts,
                 workdir=Path.cwd(),
+                watch=watch_settings(opts.stall_timeout_s),
             )
             result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)

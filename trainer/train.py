@@ -37,6 +37,7 @@ from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.microbatch import fixed_shape, plan_step
 from trainer.model import GPT, GPTConfig, padded_vocab, param_checksum
 from trainer.preemption import StopRequest
+from trainer.telemetry import Heartbeat
 from trainer.step import (
     CUDA_GRAPH_MODES,
     amp_dtype,
@@ -206,10 +207,12 @@ class Trainer:
         warmup_until = self.start_step + min(10, (cfg.steps - self.start_step) // 5)
         clock = StepClock(self.start_step, warmup_until)
         batches = self.batches(self.start_step, cfg.steps, prefetching(cfg, self.device), TRAIN)
+        heartbeat = Heartbeat()
         try:
             clock.resume()
             for step in range(self.start_step, cfg.steps):
                 loss = self.train_step(step, batches.next_step())
+                heartbeat.beat()
                 done = step + 1
                 stopped = any_rank(env, self.stop.requested)
                 log = done % cfg.log_every == 0 or done in (self.start_step + 1, cfg.steps)

@@ -34,6 +34,7 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
                 ("torchrun.log", "torchrun.log"),
                 ("logs", "torchrun-logs"),
                 ("exitcode", "exitcode"),
+                ("watch", "watch"),  # GPU telemetry, heartbeats, stacks (scripts/watch/)
             ):
                 if (got / src).exists():
                     (got / src).rename(dest / to)

@@ -31,6 +31,8 @@ def build_node_command(
     the node (never assumed): the one holding the head's address, else ``ip route get``."""
     if job.rdzv_port is None:
         raise ValueError("build_node_command needs the run's rendezvous port (start_job picks it)")
+    from scripts.watch import node as watch  # it builds on run_dir below
+
     q = shlex.quote
     head = q(head_address)
     env_lines = "".join(f"export {k}={q(v)}\n" for k, v in job.env.items())
@@ -61,13 +63,13 @@ if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; fi
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
+{watch.run_env_lines()}{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
 echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
 echo $JOB > "$RUN/jobpid"
-# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+{watch.sampler_line(python, job.watch.sample_interval_s if job.watch else 5.0)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done

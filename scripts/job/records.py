@@ -7,10 +7,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from infra.base.errors import GputrainError, UserError
 from scripts.job.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB
+
+if TYPE_CHECKING:
+    from scripts.watch.settings import WatchSettings
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
@@ -36,6 +39,7 @@ class Job:
     max_upload_mib: float = DEFAULT_MAX_UPLOAD_MIB
     max_duration_s: float | None = None  # stop the job after this long (None: no limit)
     code_dir: str = CODE_DIR  # where the code is synced on the nodes (per run for local runs)
+    watch: WatchSettings | None = None  # telemetry, stall timeout (None: the defaults)
 
 
 FailureKind = Literal["exited", "killed", "lost"]

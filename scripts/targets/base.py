@@ -35,6 +35,7 @@ class RunOptions:
     max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
+    stall_timeout_s: float | None = None  # --stall-timeout (None: the stack's, else automatic)
 
 
 class Session(Protocol):

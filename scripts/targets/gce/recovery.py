@@ -246,6 +246,7 @@ class RecoveringSession(FleetSession):
         confirm_s: float = 60.0,
         connect_deadline_s: float | None = None,
         fabric: FabricCheck | None = None,
+        stall_timeout_s: float | None = None,
     ) -> None:
         super().__init__(
             fleet,
@@ -254,13 +255,15 @@ class RecoveringSession(FleetSession):
             keep=keep,
             connect_deadline_s=connect_deadline_s,
             fabric=fabric,
+            stall_timeout_s=stall_timeout_s,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.job.launch import launch_torchrun
+        from scripts.watch.launch import watched_launch, with_stall_default
 
         job = replace(job, env={**self.nodes.job_env(job.run_id), **job.env})
+        job = with_stall_default(job, self.stall_timeout_s)
         watch = StepWatch()
         done: list[Recovery] = []
         pending: _Pending | None = None
@@ -273,7 +276,7 @@ class RecoveringSession(FleetSession):
             while True:
                 started = time.time()
                 try:
-                    result = launch_torchrun(
+                    result = watched_launch(
                         self.fleet, self.transports, job, results_dir, on_line=line
                     )
                     if pending is not None:
