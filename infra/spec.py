@@ -22,7 +22,6 @@ from infra.fields import CHECK, format_duration, parse_duration
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
-from infra.stall import parse_stall_timeout
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
@@ -31,6 +30,7 @@ from infra.stackfile import (
     NS,
     SpecError,
 )
+from infra.stall import read_stall_timeout
 
 MIN_RUN_S = 10 * 60
 MAX_RUN_S = 120 * 24 * 3600
@@ -328,7 +328,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         existing_bucket=existing_bucket,
         bucket_prefix=bucket_prefix,
         bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
-        stall_timeout_s=_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
+        stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,
@@ -392,10 +392,3 @@ def require_deployable(spec: ClusterSpec) -> None:
     if missing:
         m = missing[0]
         raise SpecError(f"{m.key} is not set ({m.why}); run: {m.command}")
-
-
-def _stall_timeout(raw: str) -> int | None:
-    try:
-        return parse_stall_timeout(raw)
-    except ValueError as e:
-        raise CHECK.fail("stallTimeout", raw, str(e)) from None

@@ -93,7 +93,9 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it;
 #: stallTimeout is the controller's (the job's watch), not the program's.
-PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k not in ("sshPrivateKey", "stallTimeout"))
+PROGRAM_KEYS: tuple[str, ...] = tuple(
+    k for k in DEFAULTS if k not in ("sshPrivateKey", "stallTimeout")
+)
 
 
 class SpecError(UserError):

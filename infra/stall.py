@@ -3,7 +3,7 @@ no rank may make a training step before gputrain dumps the stacks and stops the 
 
 from __future__ import annotations
 
-from infra.fields import parse_duration
+from infra.fields import CHECK, parse_duration
 
 MIN_STALL_S = 30
 MAX_STALL_S = 7 * 86400
@@ -32,3 +32,11 @@ def effective_timeout(explicit_s: float | None, slowest_step_s: float | None) ->
     if explicit_s is not None:
         return explicit_s
     return max(AUTO_FLOOR_S, AUTO_STEPS * (slowest_step_s or 0.0))
+
+
+def read_stall_timeout(raw: str) -> int | None:
+    """The stack's `stallTimeout`; SpecError (one line naming the key) when it is not allowed."""
+    try:
+        return parse_stall_timeout(raw)
+    except ValueError as e:
+        raise CHECK.fail("stallTimeout", raw, str(e)) from None

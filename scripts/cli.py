@@ -17,6 +17,7 @@ from scripts import lifecycle
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
+from scripts.watch.commands import WATCH_COMMANDS, add_watch_arguments, stall_timeout_option
 
 if TYPE_CHECKING:
     from scripts.targets.base import Target
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from scripts.targets.vertex_clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
-NO_TARGET_NEEDED = {"doctor", "gpus"}
+NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 
@@ -67,19 +68,8 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
-        stall_timeout_s=_stall_timeout(getattr(args, "stall_timeout", None)),
+        stall_timeout_s=stall_timeout_option(getattr(args, "stall_timeout", None)),
     )
-
-
-def _stall_timeout(raw: str | None) -> float | None:
-    from infra.stall import parse_stall_timeout
-
-    if raw is None:
-        return None
-    try:
-        return parse_stall_timeout(raw)
-    except ValueError as e:
-        raise UserError(f"--stall-timeout {raw!r}: {e}") from None
 
 
 def _max_candidates(n: int) -> int:
@@ -159,27 +149,6 @@ def cmd_logs(ctx: Context) -> int:
     return EXIT_OK
 
 
-def cmd_top(ctx: Context) -> int:
-    from scripts.watch.top import top
-
-    top(
-        ctx.target,
-        ctx.args.run,
-        ctx.opts,
-        ctx.settings,
-        once=ctx.args.once,
-        interval_s=ctx.args.interval,
-    )
-    return EXIT_OK
-
-
-def cmd_report(ctx: Context) -> int:
-    from scripts.watch.report import report_command
-
-    report_command(ctx.target.name, ctx.args.run, ctx.settings)
-    return EXIT_OK
-
-
 def cmd_ssh(ctx: Context) -> int:
     command = list(ctx.args.remote_command or ())
     if command and command[0] == "--":
@@ -230,16 +199,7 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     ),
     "ssh": (cmd_ssh, "open a shell (or run a command) on a node, with its host key pinned"),
     "logs": (cmd_logs, "follow the logs of the last run on the target"),
-    "top": (
-        cmd_top,
-        "a live per-node, per-GPU table of a run (utilization, memory, power, temperature, "
-        "clocks, Xid/ECC) with its step, loss and tokens/s",
-    ),
-    "report": (
-        cmd_report,
-        "write runs/<target>/<run-id>/report.html for a run (loss, tokens/s, MFU, GPU "
-        "utilization and memory per node, restarts and recoveries, cost)",
-    ),
+    **WATCH_COMMANDS,
     "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
 }
 
@@ -348,23 +308,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
-        if name in {"logs", "top", "report"}:
+        if name == "logs":
             c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
-        if name == "top":
-            c.add_argument("--once", action="store_true", help="print the table once and exit")
-            c.add_argument(
-                "--interval", type=_seconds, default=5.0, metavar="SECONDS",
-                help="refresh period (default: 5)",
-            )  # fmt: skip
-        if name in TAKES_ENTRY:
-            c.add_argument(
-                "--stall-timeout",
-                metavar="DURATION",
-                help="dump every rank's stack and stop the job when no rank made a training step "
-                "for this long (30s..7d, e.g. 90s, 15m; default: the stack's stallTimeout, else "
-                "max(10m, 10 x the slowest step)); relaunched from its checkpoint while "
-                "--max-restarts allows",
-            )
+        add_watch_arguments(name, c, TAKES_ENTRY, _seconds)
     return p
 
 

@@ -34,6 +34,7 @@ HOSTILE = ("a b", "$HOME", "'q'", 'd"q', "x;touch pwned", "`id`", "$(id)", "*", 
 
 FAKE_PY = """#!/bin/sh
 # stands in for python: records argv (one per line, NUL-safe enough for the test) and env
+[ "$2" = trainer.telemetry ] && exit 0  # the GPU sampler beside torchrun (scripts/watch)
 for a in "$@"; do printf '%s\\n' "$a"; done > "$OUT_ARGS"
 env > "$OUT_ENV"
 """

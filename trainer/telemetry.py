@@ -256,7 +256,9 @@ def _py_spy(pid: int) -> str | None:
     if exe is None:
         return None
     try:
-        r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout if r.returncode == 0 and r.stdout.strip() else None

@@ -37,7 +37,6 @@ from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.microbatch import fixed_shape, plan_step
 from trainer.model import GPT, GPTConfig, padded_vocab, param_checksum
 from trainer.preemption import StopRequest
-from trainer.telemetry import Heartbeat
 from trainer.step import (
     CUDA_GRAPH_MODES,
     amp_dtype,
@@ -49,6 +48,7 @@ from trainer.step import (
     make_optimizer,
     prefetching,
 )
+from trainer.telemetry import Heartbeat
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: stopped early on purpose, with a checkpoint to resume from
 FINAL_UPLOAD_WAIT_S = 600.0  # at the normal end nothing kills us: wait for the last upload

@@ -6,6 +6,7 @@ rank; a GPU fault fails with GpuFaultError (a stack session replaces the node in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def watched_launch(
             job,
             settings,
             results_dir,
-            lambda: stop_job(transports, job.run_id),
+            functools.partial(stop_job, transports, job.run_id),
             python=fleet.python,
         )
         try:

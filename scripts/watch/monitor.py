@@ -46,7 +46,9 @@ class RunMonitor:
     ) -> None:
         self.transports, self.job, self.settings = transports, job, settings
         self.results_dir, self._stop, self.python, self.clock = results_dir, stop, python, clock
-        self.nodes = {n: NodeTelemetry(n, keep_s=max(900.0, settings.idle_window_s)) for n in transports}
+        self.nodes = {
+            n: NodeTelemetry(n, keep_s=max(900.0, settings.idle_window_s)) for n in transports
+        }
         self.progress = LogProgress()
         self.stall_clock = StallClock(settings.stall_timeout_s)
         self.idle = IdleWatch(settings.idle_window_s, settings.idle_below_pct)

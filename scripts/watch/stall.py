@@ -54,7 +54,11 @@ class RankState:
 _COLLECTIVE = re.compile(
     r"all_reduce|allreduce|barrier|broadcast|all_gather|reduce_scatter|wait\b|_wait|synchronize"
 )
-_STATE_WHY = {"T": "stopped (SIGSTOP or a debugger)", "D": "in uninterruptible sleep (I/O)", "Z": "exited"}
+_STATE_WHY = {
+    "T": "stopped (SIGSTOP or a debugger)",
+    "D": "in uninterruptible sleep (I/O)",
+    "Z": "exited",
+}
 
 
 def stuck_rank(ranks: Sequence[RankState]) -> tuple[RankState, str] | None:

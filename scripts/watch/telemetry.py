@@ -98,7 +98,9 @@ class NodeTelemetry:
                 faults.append(GpuFault(self.node, s.gpu, f"Xid {s.last_xid}", s.time))
             if ecc > base[1]:
                 faults.append(
-                    GpuFault(self.node, s.gpu, f"{ecc - base[1]} uncorrectable ECC error(s)", s.time)
+                    GpuFault(
+                        self.node, s.gpu, f"{ecc - base[1]} uncorrectable ECC error(s)", s.time
+                    )
                 )
             self._baseline[s.gpu] = (max(xids, base[0]), max(ecc, base[1]))
         while self.samples and self.samples[-1].time - self.samples[0].time > self.keep_s:

@@ -21,6 +21,7 @@ from scripts.watch.telemetry import (
     parse_samples,
 )
 
+
 class TopView:
     """What `top` shows, read from every node."""
 
@@ -42,7 +43,11 @@ class TopView:
                 self.missing.add(node)
                 continue
             telemetry, _, log = r.stdout.partition("\n@@log\n")
-            lines = telemetry.splitlines()[1:] if len(telemetry) >= TAIL_BYTES else telemetry.splitlines()
+            lines = (
+                telemetry.splitlines()[1:]
+                if len(telemetry) >= TAIL_BYTES
+                else telemetry.splitlines()
+            )
             self.nodes[node] = NodeTelemetry(node)
             self.nodes[node].add(parse_samples("\n".join(lines) + "\n"))
             for line in log.splitlines():

@@ -3,6 +3,7 @@ first on PYTHONPATH): in a torchrun worker (RANK set) faulthandler dumps every t
 $GPUTRAIN_WATCH_DIR/stacks/pid<PID>.txt on SIGRTMIN+5, and a marker says the process has the hook.
 Then the interpreter's own sitecustomize, if any, is loaded as it would have been."""
 
+import contextlib
 import os
 import sys
 
@@ -37,11 +38,7 @@ def _chain() -> None:
         spec.loader.exec_module(module)
 
 
-try:
+with contextlib.suppress(Exception):  # never break the user's program for a diagnostic
     _register()
-except Exception:  # never break the user's program for a diagnostic
-    pass
-try:
+with contextlib.suppress(Exception):
     _chain()
-except Exception:
-    pass

@@ -109,7 +109,9 @@ def test_top_shows_both_nodes_gpus_and_only_the_idle_node_is_warned(
     out, err = capsys.readouterr()
     assert re.search(rf"warning: node {idle.name}: mean GPU utilization below 50 %", err)
     assert f"node {busy.name}:" not in err and "stalled" not in err + out  # no false alarm
-    assert re.search(rf"^watch: {busy.name} 2 GPU util 97% .* \| {idle.name} 1 GPU util 12%", out, re.M)
+    assert re.search(
+        rf"^watch: {busy.name} 2 GPU util 97% .* \| {idle.name} 1 GPU util 12%", out, re.M
+    )
     csv_rows = (tmp_path / "r" / busy.name / "watch" / "telemetry.csv").read_text().splitlines()
     assert csv_rows[0].startswith("time,gpu,util_pct") and len(csv_rows) > 4  # came home
 
