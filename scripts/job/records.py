@@ -75,6 +75,7 @@ class Recovery:
     zone: str
     resumed_from: int | None  # the step training resumed from (None: the entry prints no steps)
     steps_repeated: int | None  # steps trained before the preemption that were trained again
+    cause: str = "preempted"  # or "lost to a GPU fault" (scripts/watch: an Xid, ECC errors)
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,12 @@ class NodeCloudState:
     name: str
     status: str | None  # None: the instance is gone
     preempted_at: str | None  # insertTime of a preemption operation during this attempt
+    fault: str | None = None  # a GPU fault during training (scripts/watch): replaced like a loss
 
     @property
     def evidence(self) -> str:
+        if self.fault:
+            return self.fault
         if self.preempted_at:
             return f"compute.instances.preempted at {self.preempted_at}"
         return "instance deleted" if self.status is None else f"instance {self.status}"
@@ -162,6 +165,11 @@ class StackNodes:
                 return found
             self.sleep(poll_s)
 
+    def delete(self, name: str) -> None:
+        """Delete a node's VM (its GPU failed): the re-creation below brings a new one."""
+        node = next(n for n in self.outputs.nodes if n.name == name)
+        self.api.delete_instance(self.outputs.project, node.zone, node.name)
+
     def recreate(self, names: Sequence[str], *, gone_deadline_s: float = 300.0) -> Fleet:
         """Wait until GCE has deleted the preempted VMs (an `up` would keep a STOPPING one), then
         re-create the cluster; `outputs` are the new cluster's."""
@@ -188,6 +196,7 @@ class _Pending:
     nodes: tuple[str, ...]
     at: float  # when GCE preempted (its operation), else when it was noticed
     reached: int | None  # the last step seen before
+    cause: str = "preempted"
     zone: str = ""
     record: Recovery | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -203,7 +212,7 @@ class _Pending:
                     else None
                 )
                 self.record = Recovery(
-                    self.nodes, self.at, end - self.at, self.zone, start, repeated
+                    self.nodes, self.at, end - self.at, self.zone, start, repeated, self.cause
                 )
                 ui.say(recovery_line(self.record, self.number, self.limit))
             return self.record
@@ -215,7 +224,7 @@ def recovery_line(r: Recovery, number: int, limit: int) -> str:
     step = "an unknown step" if r.resumed_from is None else f"step {r.resumed_from}"
     again = "" if r.steps_repeated is None else f" ({r.steps_repeated} step(s) trained again)"
     return (
-        f"recovery {number}/{limit}: {', '.join(r.nodes)} preempted at {when}; training again "
+        f"recovery {number}/{limit}: {', '.join(r.nodes)} {r.cause} at {when}; training again "
         f"{r.downtime_s:.0f} s later in {r.zone}, resumed from {step}{again}"
     )
 
@@ -290,7 +299,7 @@ class RecoveringSession(FleetSession):
                         done.append(pending.finish(watch))
                         pending = None
                         write_job_record(replace(e.result, recoveries=tuple(done)))
-                    preempted = self._preempted(e, started)
+                    preempted = self._lost(e, started)
                     if not preempted:
                         raise
                     if len(done) >= self.max_recoveries:
@@ -300,11 +309,22 @@ class RecoveringSession(FleetSession):
                     pending = _Pending(
                         len(done) + 1, self.max_recoveries, tuple(preempted), at, watch.reached
                     )
+                    if any(s.fault for s in preempted.values()):
+                        pending.cause = "lost to a GPU fault"
                     watch.new_attempt(functools.partial(pending.finish, watch))
                     pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
         except BaseException:
             self._stop(guard, job.run_id)
             raise
+
+    def _lost(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
+        """The nodes to replace: the node of a GPU fault during training, else the preempted."""
+        from scripts.watch.launch import GpuFaultError
+
+        if isinstance(error, GpuFaultError):
+            f = error.fault
+            return {f.node: NodeCloudState(f.node, "RUNNING", None, f"GPU {f.gpu}: {f.what}")}
+        return self._preempted(error, since)
 
     def _preempted(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
         """The nodes GCE took back during this attempt (asking only about spot VMs)."""
@@ -320,8 +340,9 @@ class RecoveringSession(FleetSession):
         self, job: Job, preempted: Mapping[str, NodeCloudState], done: int
     ) -> RecoveryError:
         what = ", ".join(f"{n} ({s.evidence})" for n, s in preempted.items())
+        lost = "lost" if any(s.fault for s in preempted.values()) else "GCE preempted"
         return RecoveryError(
-            f"run {job.run_id}: GCE preempted {what} and --max-recoveries "
+            f"run {job.run_id}: {lost} {what} and --max-recoveries "
             f"{self.max_recoveries} allows no more recoveries ({done} done). Its newest checkpoint is in "
             f"{job.env.get(CHECKPOINT_URI_ENV) or 'the nodes out dirs'} and comes home "
             "with the results"
@@ -334,8 +355,10 @@ class RecoveringSession(FleetSession):
         from scripts.job.launch import stop_job
 
         names = list(preempted)
+        faulty = [n for n, s in preempted.items() if s.fault]
         ui.say(
-            f"{', '.join(names)} preempted ({'; '.join(s.evidence for s in preempted.values())}): recovering "
+            f"{', '.join(names)} {'lost' if faulty else 'preempted'} "
+            f"({'; '.join(s.evidence for s in preempted.values())}): recovering "
             f"({number}/{self.max_recoveries}), the other node(s) stop, the VMs are re-created"
         )
         survivors = [n for n in (self._transports or {}) if n not in preempted]
@@ -344,6 +367,8 @@ class RecoveringSession(FleetSession):
         self.close()
         keep_attempt_logs(results_dir, number)
         try:
+            for name in faulty:  # a VM with a failed GPU is replaced, not reused
+                self.nodes.delete(name)
             self.fleet = self.nodes.recreate(names)
             # fresh VMs boot: the long wait, also when this session attached to running ones
             self.connect_deadline_s = max(self.connect_deadline_s, self.settings.connect_deadline_s)
