@@ -33,6 +33,7 @@ from scripts.job.follow import say_line
 from scripts.job.progress import StepWatch
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
+    TENSORBOARD_DIR_ENV,
     WATCH_PREEMPTION_ENV,
     Job,
     JobResult,
@@ -135,6 +136,7 @@ class StackNodes:
         uri = checkpoint_uri(self.bucket, run_id)
         if uri:
             env[CHECKPOINT_URI_ENV] = uri
+            env[TENSORBOARD_DIR_ENV] = uri.removesuffix("checkpoints/") + "tensorboard/"
         if self.spot:
             env[WATCH_PREEMPTION_ENV] = "1"
         return env
