@@ -54,3 +54,5 @@ def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
     summary = json.loads(next(run.glob("*/summary.json")).read_text())
     assert summary["steps"] == 120 and summary["resumed_from"] >= 20
     assert '"kind": "gpu_fault"' in (run / "watch-events.jsonl").read_text()
+    page = (run / "report.html").read_text()  # the report of `run`, the recovery in it
+    assert "recoveries</th><td>1" in page and "recovery: e2e-node-1 lost to a GPU fault" in page

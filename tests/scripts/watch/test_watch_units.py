@@ -164,3 +164,21 @@ def test_top_on_a_run_that_does_not_exist_is_one_line(
     assert capsys.readouterr().err == (
         "gputrain: error: top: run nope does not exist on local (no node has it)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("raw", "ok"), [("10s", False), ("soon", False), ("45s", True), ("", True)]
+)
+def test_the_stack_key_is_checked_with_the_stack(raw: str, ok: bool) -> None:
+    from infra.spec import parse_spec
+    from infra.stackfile import SpecError, load_stack_config
+
+    root = Path(__file__).resolve().parents[3]
+    config = {**load_stack_config(root, "dev"), "gputrain:stallTimeout": raw}
+    if ok:
+        assert parse_spec(config, "dev").stall_timeout_s == (parse_stall_timeout(raw))
+        return
+    with pytest.raises(SpecError) as e:
+        parse_spec(config, "dev")
+    assert str(e.value).startswith(f"gputrain:stallTimeout = {raw!r}: allowed: ")
+    assert "\n" not in str(e.value)
