@@ -6,6 +6,7 @@ in the commands that use them, so `gputrain --help` answers at once.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from scripts.watch.commands import WATCH_COMMANDS, add_watch_arguments, stall_ti
 if TYPE_CHECKING:
     from scripts.targets.base import Target
     from scripts.targets.gce.clients import GceClients
-    from scripts.targets.vertex_clients import VertexClients
+    from scripts.targets.vertex.clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
 NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
@@ -32,8 +33,7 @@ HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 
 @dataclass
 class Context:
-    """What a handler gets: its arguments, the options parsed from them, where the project and
-    results are, and the GCE and Vertex AI clients (tests pass fakes)."""
+    """A handler's arguments, options, project and results dirs, GCE/Vertex clients (or fakes)."""
 
     args: argparse.Namespace
     opts: RunOptions
@@ -41,7 +41,7 @@ class Context:
     gce: GceClients | None
     vertex: VertexClients | None = None
 
-    @property
+    @functools.cached_property
     def target(self) -> Target:
         from scripts.targets import open_target
 
@@ -83,10 +83,14 @@ Handler = Callable[[Context], int]
 
 def cmd_doctor(ctx: Context) -> int:
     """Everything a first `up` needs, at once; exit 1 when a row fails."""
+    from infra.stackfile import read_stack_file
     from scripts.doctor.run import run_doctor
     from scripts.targets.gce.clients import GceClients
 
-    report = run_doctor(ctx.args.stack, ctx.settings.root, ctx.gce or GceClients())
+    stack = ctx.args.stack
+    report = run_doctor(
+        read_stack_file(ctx.settings.root, stack) if stack else None, ctx.gce or GceClients()
+    )
     report.show()
     return EXIT_FAILED if report.failures else EXIT_OK
 
@@ -199,9 +203,8 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     ),
     "ssh": (cmd_ssh, "open a shell (or run a command) on a node, with its host key pinned"),
     "logs": (cmd_logs, "follow the logs of the last run on the target"),
-    **WATCH_COMMANDS,
     "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
-}
+} | WATCH_COMMANDS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -308,8 +311,6 @@ def _parser() -> argparse.ArgumentParser:
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
-        if name == "logs":
-            c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
         add_watch_arguments(name, c, TAKES_ENTRY, _seconds)
     return p
 

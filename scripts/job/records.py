@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from infra.base.errors import GputrainError, UserError
-from scripts.job.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB
+from scripts.job.sync import DEFAULT_MAX_UPLOAD_MIB
+from scripts.node_layout import CODE_DIR
 
 if TYPE_CHECKING:
     from scripts.watch.settings import WatchSettings

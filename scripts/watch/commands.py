@@ -57,7 +57,7 @@ def add_watch_arguments(
             metavar="RUN",
             help="a run id (default: the target's last run) or a results dir runs/<target>/<id>",
         )
-    if name == "top":
+    if name in ("top", "logs"):
         parser.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
         parser.add_argument("--once", action="store_true", help="print the table once and exit")
         parser.add_argument(

@@ -1,6 +1,6 @@
 """The shell that watches a run on the nodes. Pure: strings only.
 
-In the run dir (scripts/job/node_scripts.py) `watch/` holds telemetry.csv (trainer/telemetry.py's
+In the run dir (scripts/node_layout.py) `watch/` holds telemetry.csv (trainer/telemetry.py's
 sampler), heartbeat files the job touches (GPUTRAIN_HEARTBEAT, per rank `.rank<R>`), the
 stack-dump hook's markers and stacks; it comes home with the results as <node>/watch/.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 
-from scripts.job.node_scripts import run_dir
+from scripts.node_layout import run_dir
 
 WATCH_DIR = "watch"
 HOOK_DIR = "trainer/watch_hook"  # in the run's code snapshot: the sitecustomize that dumps stacks
