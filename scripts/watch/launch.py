@@ -6,7 +6,6 @@ rank; a GPU fault fails with GpuFaultError (a stack session replaces the node in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import shutil
 from pathlib import Path
 
@@ -48,14 +47,11 @@ def watched_launch(
     restarts = 0
     while True:
         set_aside_watch_dirs(results_dir)
-        monitor = RunMonitor(
-            transports,
-            job,
-            settings,
-            results_dir,
-            functools.partial(stop_job, transports, job.run_id),
-            python=fleet.python,
-        )
+
+        def stop(grace_s: float, run_id: str = job.run_id) -> None:
+            stop_job(transports, run_id, grace_s=grace_s)
+
+        monitor = RunMonitor(transports, job, settings, results_dir, stop, python=fleet.python)
         try:
             with monitor:
                 return launch_torchrun(

@@ -29,6 +29,9 @@ from scripts.watch.telemetry import (
     summary_line,
 )
 
+FAULT_GRACE_S = 10.0  # a trainer may save a checkpoint on SIGTERM (the healthy nodes can)
+STALL_GRACE_S = 3.0  # a hung job will not save: SIGKILL soon
+
 
 class RunMonitor:
     """Use as a context around one launch; `wrap(on_line)` feeds it the log lines."""
@@ -39,7 +42,7 @@ class RunMonitor:
         job: Job,
         settings: WatchSettings,
         results_dir: Path,
-        stop: Callable[[], object],
+        stop: Callable[[float], object],  # stop the job on every node, SIGKILL after a grace
         *,
         python: str,
         clock: Callable[[], float] = time.monotonic,
@@ -102,7 +105,7 @@ class RunMonitor:
                 self.fault = faults[0]
                 ui.warn(f"GPU fault during the run: {self.fault}; stopping the job")
                 self._event("gpu_fault", node=node, gpu=self.fault.gpu, what=self.fault.what)
-                self._stop()
+                self._stop(FAULT_GRACE_S)
                 return
             idle = self.idle.update(node, samples)
             if idle:
@@ -123,7 +126,7 @@ class RunMonitor:
         if quiet is not None:
             self.stall = self._diagnose(quiet, timeout)
             ui.warn(f"run {self.job.run_id} stalled: {self.stall.describe()}; stopping the job")
-            self._stop()
+            self._stop(STALL_GRACE_S)
 
     def _poll(self, node: str) -> tuple[float | None, list, dict[str, float]]:
         r = self.transports[node].run(build_poll_command(self.job.run_id, self._offsets[node]), 30)

@@ -13,7 +13,7 @@ from tests.stack_world import World
 from tests.testbed import BUSY, GpuConfig, GpuPhase
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
-TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--log-every", "1"]
+TRAIN = ["--preset", "tiny", "--steps", "60", "--checkpoint-every", "10", "--log-every", "1"]
 TRAIN += ["--eval-batches", "0"]
 
 
@@ -52,7 +52,7 @@ def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
     job = json.loads((run / "job.json").read_text())
     assert job["ok"] and job["recoveries"][0]["cause"] == "lost to a GPU fault"
     summary = json.loads(next(run.glob("*/summary.json")).read_text())
-    assert summary["steps"] == 120 and summary["resumed_from"] >= 20
+    assert summary["steps"] == 60 and summary["resumed_from"] >= 20
     assert '"kind": "gpu_fault"' in (run / "watch-events.jsonl").read_text()
     page = (run / "report.html").read_text()  # the report of `run`, the recovery in it
     assert "recoveries</th><td>1" in page and "recovery: e2e-node-1 lost to a GPU fault" in page

@@ -82,10 +82,12 @@ def _uninterrupted(tmp_path: Path, steps: int) -> dict[str, Any]:
     return dict(json.loads((out / "summary.json").read_text()))
 
 
-def test_top_shows_both_nodes_gpus_and_only_the_idle_node_is_warned(
+def test_top_shows_both_nodes_the_idle_one_is_warned_and_an_xid_fails_the_run(
     tb: TestBed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    busy = tb.add_host(gpus=GpuConfig(count=2, timeline=(BUSY,)))
+    """One run on a busy node (2 GPUs; an Xid on GPU 1 after 9 s) and an idle one (1 GPU)."""
+    xid = GpuPhase(at_s=9.0, util_pct=97, mem_used_mib=18000, xid=79, xid_gpu=1)
+    busy = tb.add_host(gpus=GpuConfig(count=2, timeline=(BUSY, xid)))
     idle = tb.add_host(gpus=GpuConfig(count=1, timeline=(IDLE,)))
     ts = connect(tb.fleet([busy, idle]), deadline_s=10)
     seen: list[list[list[object]]] = []
@@ -98,22 +100,27 @@ def test_top_shows_both_nodes_gpus_and_only_the_idle_node_is_warned(
 
     t = threading.Thread(target=watch_top, daemon=True)
     t.start()
-    result = watched_launch(tb.fleet([busy, idle]), ts, _job("top-1", 400), tmp_path / "r")
+    with pytest.raises(GpuFaultError) as e:
+        watched_launch(tb.fleet([busy, idle]), ts, _job("top-1", 5000), tmp_path / "r")
     t.join(timeout=10)
     close_all(ts)
-    assert result.ok and seen, "top never showed both nodes' GPUs during the run"
+    assert seen, "top never showed both nodes' GPUs during the run"
     rows = {(r[0], r[1]): r for r in seen[0]}
     assert set(rows) == {(busy.name, 0), (busy.name, 1), (idle.name, 0)}
     assert rows[(busy.name, 1)][2] == "97 %" and rows[(idle.name, 0)][2] == "12 %"
     assert rows[(busy.name, 0)][3] == "17.6/22 GiB" and rows[(idle.name, 0)][7] == "none"
     out, err = capsys.readouterr()
     assert re.search(rf"warning: node {idle.name}: mean GPU utilization below 50 %", err)
-    assert f"node {busy.name}:" not in err and "stalled" not in err + out  # no false alarm
+    assert f"node {busy.name}: mean" not in err and "stalled" not in err + out  # no false alarm
     assert re.search(
         rf"^watch: {busy.name} 2 GPU util 97% .* \| {idle.name} 1 GPU util 12%", out, re.M
     )
+    # the Xid: named with node and GPU, the job stopped, the samples brought home
+    assert f"node {busy.name} GPU 1: Xid 79 during training" in str(e.value)
+    assert e.value.fault.node == busy.name and e.value.fault.gpu == 1
+    assert '"kind": "gpu_fault"' in (tmp_path / "r" / "watch-events.jsonl").read_text()
     csv_rows = (tmp_path / "r" / busy.name / "watch" / "telemetry.csv").read_text().splitlines()
-    assert csv_rows[0].startswith("time,gpu,util_pct") and len(csv_rows) > 4  # came home
+    assert csv_rows[0].startswith("time,gpu,util_pct") and len(csv_rows) > 4
 
 
 def test_a_sigstopped_rank_is_caught_and_the_relaunch_ends_with_the_same_loss(
@@ -122,8 +129,8 @@ def test_a_sigstopped_rank_is_caught_and_the_relaunch_ends_with_the_same_loss(
     hosts = [tb.add_host(), tb.add_host()]
     ts = connect(tb.fleet(hosts), deadline_s=10)
     stopped: list[Any] = []
-    _stop_a_rank(hosts[1], "stall-1", 40, stopped)
-    job = _job("stall-1", 100, watch=WatchSettings(stall_timeout_s=30, poll_s=1.0), restarts=1)
+    _stop_a_rank(hosts[1], "stall-1", 20, stopped)
+    job = _job("stall-1", 40, watch=WatchSettings(stall_timeout_s=30, poll_s=1.0), restarts=1)
     result = watched_launch(tb.fleet(hosts), ts, job, tmp_path / "r")
     close_all(ts)
     out, err = capsys.readouterr()
@@ -134,14 +141,15 @@ def test_a_sigstopped_rank_is_caught_and_the_relaunch_ends_with_the_same_loss(
     assert "its process is stopped" in err
     stacks = tmp_path / "r" / "stalls" / "1"
     other = stacks / f"{hosts[0].name}-rank{1 - int(str(stopped[0][1]))}.txt"
-    assert "(stack by faulthandler)" in other.read_text() and "train_step" in other.read_text()
+    assert "(stack by faulthandler)" in other.read_text()
+    assert "code/trainer/train.py" in other.read_text()  # where the waiting rank is
     assert "state T" in (stacks / f"{hosts[1].name}-rank{stopped[0][1]}.txt").read_text()
     assert "relaunching from its last checkpoint after the stall (restart 1; 0 left)" in out
     summary = json.loads((tmp_path / "r" / hosts[0].name / "summary.json").read_text())
     if not summary.get("final_loss"):
         summary = json.loads((tmp_path / "r" / hosts[1].name / "summary.json").read_text())
-    assert summary["resumed_from"] >= 40
-    assert summary["final_loss"] == _uninterrupted(tmp_path, 100)["final_loss"]
+    assert summary["resumed_from"] >= 20
+    assert summary["final_loss"] == _uninterrupted(tmp_path, 40)["final_loss"]
     assert (tmp_path / "r" / hosts[0].name / "torchrun.stall1.log").exists()
 
 
@@ -152,7 +160,8 @@ def test_a_stall_with_no_restart_left_fails_naming_the_node_and_rank(
     ts = connect(tb.fleet(hosts), deadline_s=10)
     stopped: list[Any] = []
     _stop_a_rank(hosts[0], "stall-2", 10, stopped)
-    job = _job("stall-2", 2000, watch=WatchSettings(stall_timeout_s=30, poll_s=1.0))
+    # below the 30 s users may set: the watch's settings are ours here, the path is the same
+    job = _job("stall-2", 2000, watch=WatchSettings(stall_timeout_s=4, poll_s=0.5))
     with pytest.raises(StallError) as e:
         watched_launch(tb.fleet(hosts), ts, job, tmp_path / "r")
     close_all(ts)
@@ -160,19 +169,3 @@ def test_a_stall_with_no_restart_left_fails_naming_the_node_and_rank(
     assert "--max-restarts allows no restart (0 used)" in msg
     assert f"stuck: node {hosts[0].name} rank {stopped[0][1]}" in msg
     assert e.value.exit_code == 1
-
-
-def test_an_xid_during_training_fails_the_run_naming_node_and_gpu(
-    tb: TestBed, tmp_path: Path
-) -> None:
-    xid = (BUSY, GpuPhase(at_s=8.0, util_pct=0, xid=79, xid_gpu=1))
-    hosts = [tb.add_host(gpus=GpuConfig(count=2, timeline=(BUSY,))), tb.add_host()]
-    ts = connect(tb.fleet(hosts), deadline_s=10)
-    tb.set_gpus(hosts[0].name, GpuConfig(count=2, timeline=xid))
-    with pytest.raises(GpuFaultError) as e:
-        watched_launch(tb.fleet(hosts), ts, _job("xid-1", 5000), tmp_path / "r")
-    close_all(ts)
-    assert f"node {hosts[0].name} GPU 1: Xid 79 during training" in str(e.value)
-    assert e.value.fault.node == hosts[0].name and e.value.fault.gpu == 1
-    events = (tmp_path / "r" / "watch-events.jsonl").read_text()
-    assert '"kind": "gpu_fault"' in events
