@@ -18,7 +18,7 @@ from scripts import lifecycle
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
-from scripts.watch.commands import WATCH_COMMANDS, add_watch_arguments, stall_timeout_option
+from scripts.watch.commands import add_watch_arguments, stall_timeout_option
 
 if TYPE_CHECKING:
     from scripts.targets.base import Target
@@ -153,6 +153,23 @@ def cmd_logs(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_top(ctx: Context) -> int:
+    from scripts.watch.top import top
+
+    args = ctx.args
+    top(ctx.target, args.run, ctx.opts, ctx.settings, once=args.once, interval_s=args.interval)
+    return EXIT_OK
+
+
+def cmd_report(ctx: Context) -> int:
+    from scripts.watch.report import report_command
+
+    args = ctx.args
+    chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)
+    report_command(ctx.target.name if chosen else None, args.run, ctx.settings)
+    return EXIT_OK
+
+
 def cmd_ssh(ctx: Context) -> int:
     command = list(ctx.args.remote_command or ())
     if command and command[0] == "--":
@@ -203,8 +220,18 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     ),
     "ssh": (cmd_ssh, "open a shell (or run a command) on a node, with its host key pinned"),
     "logs": (cmd_logs, "follow the logs of the last run on the target"),
+    "top": (
+        cmd_top,
+        "a live per-node, per-GPU table of a run (utilization, memory, power, temperature, "
+        "clocks, Xid/ECC) with its step, loss and tokens/s",
+    ),
+    "report": (
+        cmd_report,
+        "write runs/<target>/<run-id>/report.html for a run (loss, tokens/s, MFU, GPU "
+        "utilization and memory per node, restarts and recoveries, cost)",
+    ),
     "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
-} | WATCH_COMMANDS
+}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,47 +1,12 @@
-"""The command line of the watch: `top`, `report` and `--stall-timeout` (scripts/cli.py adds them;
-everything heavy loads only when a handler runs)."""
+"""The watch's options on the command line: `top`'s and `report`'s, and `--stall-timeout`
+(scripts/cli.py adds them to its parsers)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from infra.base.errors import EXIT_OK, UserError
-
-if TYPE_CHECKING:
-    from scripts.cli import Context
-
-
-def cmd_top(ctx: Context) -> int:
-    from scripts.watch.top import top
-
-    args = ctx.args
-    top(ctx.target, args.run, ctx.opts, ctx.settings, once=args.once, interval_s=args.interval)
-    return EXIT_OK
-
-
-def cmd_report(ctx: Context) -> int:
-    from scripts.watch.report import report_command
-
-    args = ctx.args
-    chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)
-    report_command(ctx.target.name if chosen else None, args.run, ctx.settings)
-    return EXIT_OK
-
-
-WATCH_COMMANDS: dict[str, tuple[Callable[[Context], int], str]] = {
-    "top": (
-        cmd_top,
-        "a live per-node, per-GPU table of a run (utilization, memory, power, temperature, "
-        "clocks, Xid/ECC) with its step, loss and tokens/s",
-    ),
-    "report": (
-        cmd_report,
-        "write runs/<target>/<run-id>/report.html for a run (loss, tokens/s, MFU, GPU "
-        "utilization and memory per node, restarts and recoveries, cost)",
-    ),
-}
+from infra.base.errors import UserError
 
 
 def add_watch_arguments(
@@ -50,7 +15,7 @@ def add_watch_arguments(
     takes_entry: set[str],
     seconds: Callable[[str], float],
 ) -> None:
-    if name == "report":
+    if name == "report":  # (report and top are scripts/cli.py's commands)
         parser.add_argument(
             "run",
             nargs="?",
@@ -59,6 +24,7 @@ def add_watch_arguments(
         )
     if name in ("top", "logs"):
         parser.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
+    if name == "top":
         parser.add_argument("--once", action="store_true", help="print the table once and exit")
         parser.add_argument(
             "--interval",

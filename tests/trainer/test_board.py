@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.gcs_emulator import GcsEmulator
-from tests.trainer_helpers import metrics, summary
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.trainer_helpers import metrics, summary
 from trainer.train import main
 
 FLAGS = ["--preset", "tiny", "--steps", "40", "--log-every", "10", "--checkpoint-every", "20"]

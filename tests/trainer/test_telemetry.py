@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import BUSY, FAKE_DMESG, FAKE_NVIDIA_SMI, GpuConfig, GpuPhase
+from tests.support.testbed import BUSY, FAKE_DMESG, FAKE_NVIDIA_SMI, GpuConfig, GpuPhase
 from trainer import telemetry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from scripts.job.records import JobResult, Recovery
 from scripts.settings import Settings
 from scripts.watch.monitor import record_event
 from scripts.watch.report import record_cost, write_report
-from tests.testbed import BUSY, FAKE_NVIDIA_SMI, IDLE, GpuConfig
+from tests.support.testbed import BUSY, FAKE_NVIDIA_SMI, IDLE, GpuConfig
 from trainer import telemetry
 from trainer.train import main as train
 
