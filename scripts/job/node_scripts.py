@@ -57,7 +57,8 @@ cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
 echo $JOB > "$RUN/jobpid"
-{watch.sampler_line(python, job.watch.sample_interval_s if job.watch else 5.0)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+{watch.sampler_line(python, job.watch.sample_interval_s if job.watch else 5.0)}
+# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done

@@ -31,7 +31,7 @@ def sampler_line(python: str, interval_s: float) -> str:
     return (
         f'(cd "$RUN/code" && exec {shlex.quote(python)} -m trainer.telemetry sample '
         f'--out "$RUN/watch" --interval {interval_s:g} --until-pid $JOB) '
-        '>> "$RUN/watch/sampler.log" 2>&1 < /dev/null &\n'
+        '>> "$RUN/watch/sampler.log" 2>&1 < /dev/null &'
     )
 
 
