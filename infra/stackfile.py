@@ -91,11 +91,8 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
     "vertex": ("executorImage",),
 }
 
-#: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it;
-#: stallTimeout is the controller's (the job's watch), not the program's.
-PROGRAM_KEYS: tuple[str, ...] = tuple(
-    k for k in DEFAULTS if k not in ("sshPrivateKey", "stallTimeout")
-)
+#: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
+PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k != "sshPrivateKey")
 
 
 class SpecError(UserError):
