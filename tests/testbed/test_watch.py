@@ -95,7 +95,12 @@ def test_top_shows_both_nodes_the_idle_one_is_warned_and_an_xid_fails_the_run(
     def watch_top() -> None:
         _when(lambda: (_run_dir(idle, "top-1") / "watch" / "telemetry.csv").exists())
         view = TopView(ts, "top-1")
-        _when(lambda: (view.refresh(), len(view.rows()) == 3 and "?" not in str(view.rows()))[1])
+        _when(
+            lambda: (
+                view.refresh(),
+                len(view.rows()) == 3 and all(isinstance(r[1], int) for r in view.rows()),
+            )[1]
+        )
         seen.append(view.rows())
 
     t = threading.Thread(target=watch_top, daemon=True)
