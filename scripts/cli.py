@@ -69,7 +69,16 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
         stall_timeout_s=stall_timeout_option(getattr(args, "stall_timeout", None)),
+        wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
     )
+
+
+def _wait_for_capacity(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    from infra.fabric_fields import read_wait
+
+    return read_wait("--wait-for-capacity", raw.strip()) if raw.strip() else 0
 
 
 def _max_candidates(n: int) -> int:
@@ -287,12 +296,21 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="(--stack) keep the stack's bucket and its checkpoints when destroying",
             )
+        if name in {"up", "run", "train"}:
+            c.add_argument(
+                "--wait-for-capacity",
+                metavar="DURATION",
+                help="(--stack) when every zone or candidate is stocked out, keep trying this "
+                "long (30m, 2h; at most 7d) with backoff, nothing billing meanwhile; also a spot "
+                "recovery (default: the stack's waitForCapacity, else no waiting)",
+            )
         if name in {"run", "train"}:
             c.add_argument(
                 "--max-recoveries",
                 type=int,
                 metavar="N",
-                help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
+                help="(--stack) nodes GCE takes away to recover from: spot preemptions, host errors, "
+                "host maintenance (default: 3)",
             )
         if name == "verify":
             c.add_argument(
@@ -411,6 +429,11 @@ def main(
         ):
             if given and not args.stack:
                 raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")
+        if opts.wait_for_capacity_s is not None and not args.stack:
+            raise UserError(
+                "--wait-for-capacity: only --stack targets create VMs, so only they can wait "
+                "for capacity (--hosts and --local machines exist already)"
+            )
         settings = settings or Settings()
         if args.dir:
             settings.root = find_project_root(Path(args.dir))

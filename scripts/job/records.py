@@ -21,6 +21,7 @@ DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"
 WATCH_PREEMPTION_ENV = "GPUTRAIN_WATCH_PREEMPTION"
 TENSORBOARD_DIR_ENV = "GPUTRAIN_TENSORBOARD_DIR"  # trainer/board.py
+WATCH_MAINTENANCE_ENV = "GPUTRAIN_WATCH_MAINTENANCE"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

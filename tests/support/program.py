@@ -131,8 +131,8 @@ def check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> Non
     # Service account: only log and metric writes.
     [sa] = m.of_type(ACCOUNT)
     roles = sorted(r.inputs["role"] for r in m.of_type(IAM_MEMBER))
-    reader = ["roles/artifactregistry.reader"] if spec.fabric.enabled else []
-    assert roles == [*reader, "roles/logging.logWriter", "roles/monitoring.metricWriter"]
+    # nothing for the fabric: its images and apt repos are in Google's gce-ai-infra project
+    assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
     assert all(
         r.inputs["member"].startswith(f"serviceAccount:{sa.inputs['accountId']}@")
         for r in m.of_type(IAM_MEMBER)
