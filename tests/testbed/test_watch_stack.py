@@ -42,7 +42,7 @@ def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
     out, err = capsys.readouterr()
     assert rc == 0, out[-4000:] + err[-2000:]
     assert faulty and "GPU fault during the run: node e2e-node-1 GPU 0: Xid 79" in err
-    assert "e2e-node-1 lost (GPU 0: Xid 79): recovering (1/3)" in out
+    assert "e2e-node-1 lost to a GPU fault (GPU 0: Xid 79): recovering (1/3)" in out
     assert "recovery 1/3: e2e-node-1 lost to a GPU fault at" in out
     assert faulty[0] not in w.bed.hosts  # the VM was replaced by a new one
     deletes = [r for r in w.compute.requests if r[0] == "DELETE"]
