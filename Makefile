@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 # The system interpreter, so the venv is usable by any user on the test hosts (pyenv lives under /root).
 BASE_PY := $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
-APT_PKGS := openssh-server iproute2 util-linux git podman runc docker-registry busybox-static
+APT_PKGS := openssh-server iproute2 util-linux git podman runc docker-registry busybox-static chromium
 
 .PHONY: run test lint typecheck apt venv bench clean
 

@@ -32,6 +32,7 @@ from infra.stackfile import (
     NS,
     SpecError,
 )
+from infra.stall import read_stall_timeout
 
 #: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
 #: defaults. Google's "Run NCCL on Compute Engine instances": "If you are using standard OS
@@ -102,6 +103,7 @@ class ClusterSpec:
     capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
+    stall_timeout_s: int | None = None  # stallTimeout; None: automatic (infra/stall.py)
     capacity_ladder: tuple[modes.Capacity, ...] = ()  # `capacity` as a list: tried in order
     reservation_bound: bool | None = None  # reservationBound; None: `up` reads the reservation
     wait_for_capacity_s: int = 0  # waitForCapacity: how long `up` retries stock-outs
@@ -357,6 +359,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         existing_bucket=existing_bucket,
         bucket_prefix=bucket_prefix,
         bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
+        stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,

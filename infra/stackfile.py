@@ -73,6 +73,7 @@ DEFAULTS: dict[str, str] = {
     "setup": "",
     "secrets": "[]",
     "image": "",
+    "stallTimeout": "",
 }
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
@@ -102,6 +103,7 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "subnetRange",
         "localSsdCount",
         "setup",
+        "stallTimeout",
     ),
     "vertex": ("executorImage",),
 }

@@ -21,6 +21,7 @@ from scripts.job.env_options import add_environment_options, environment_options
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
+from scripts.watch.commands import add_watch_arguments, stall_timeout_option
 
 if TYPE_CHECKING:
     from scripts.targets.base import Target
@@ -28,15 +29,14 @@ if TYPE_CHECKING:
     from scripts.targets.vertex.clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
-NO_TARGET_NEEDED = {"doctor", "gpus"}
+NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 
 
 @dataclass
 class Context:
-    """What a handler gets: its arguments, the options parsed from them, where the project and
-    results are, and the GCE and Vertex AI clients (tests pass fakes)."""
+    """A handler's arguments, options, project and results dirs, GCE/Vertex clients (or fakes)."""
 
     args: argparse.Namespace
     opts: RunOptions
@@ -72,6 +72,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
         **environment_options(args),
+        stall_timeout_s=stall_timeout_option(getattr(args, "stall_timeout", None)),
         wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
         data=parse_data_flags(getattr(args, "data", []) or []),
         resume_args=resume_args(getattr(args, "resume_args", None)),
@@ -167,6 +168,23 @@ def cmd_logs(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_top(ctx: Context) -> int:
+    from scripts.watch.top import top
+
+    args = ctx.args
+    top(ctx.target, args.run, ctx.opts, ctx.settings, once=args.once, interval_s=args.interval)
+    return EXIT_OK
+
+
+def cmd_report(ctx: Context) -> int:
+    from scripts.watch.report import report_command
+
+    args = ctx.args
+    chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)
+    report_command(ctx.target.name if chosen else None, args.run, ctx.settings)
+    return EXIT_OK
+
+
 def cmd_ssh(ctx: Context) -> int:
     command = list(ctx.args.remote_command or ())
     if command and command[0] == "--":
@@ -217,6 +235,16 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     ),
     "ssh": (cmd_ssh, "open a shell (or run a command) on a node, with its host key pinned"),
     "logs": (cmd_logs, "follow the logs of the last run on the target"),
+    "top": (
+        cmd_top,
+        "a live per-node, per-GPU table of a run (utilization, memory, power, temperature, "
+        "clocks, Xid/ECC) with its step, loss and tokens/s",
+    ),
+    "report": (
+        cmd_report,
+        "write runs/<target>/<run-id>/report.html for a run (loss, tokens/s, MFU, GPU "
+        "utilization and memory per node, restarts and recoveries, cost)",
+    ),
     "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
 }
 
@@ -302,13 +330,13 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
-        if name in TAKES_ENTRY | {"verify", "ssh", "logs"}:
+        if name in TAKES_ENTRY | {"verify", "ssh", "logs", "top"}:
             c.add_argument(
                 "--trust-new-hosts",
                 action="store_true",
                 help="(--hosts) record first-seen host keys into the hosts file's known_hosts",
             )
-        if name in TAKES_ENTRY | {"verify", "logs"}:
+        if name in TAKES_ENTRY | {"verify", "logs", "top"}:
             c.add_argument(
                 "--wait",
                 type=seconds_up_to(86400),
@@ -336,8 +364,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
-        if name == "logs":
-            c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
+        add_watch_arguments(name, c, TAKES_ENTRY, seconds_up_to(86400))
     return p
 
 

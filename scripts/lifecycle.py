@@ -18,6 +18,8 @@ from scripts.guard import signal_guard
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
+from scripts.watch.report import report_after_run
+from scripts.watch.settings import watch_settings
 
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
@@ -50,8 +52,13 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 secrets=secrets.values,
                 secret_refs=secrets.refs,
                 image=image,
+                watch=watch_settings(opts.stall_timeout_s),
             )
-            result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
+            results_dir = settings.results_dir(target.name, job.run_id)
+            try:
+                result = session.run_job(job, results_dir, guard)
+            finally:  # runs/<target>/<run-id>/report.html, also for a failed run
+                report_after_run(results_dir, session.hourly_usd, time.monotonic() - started)
     summarize(result, hourly_usd=session.hourly_usd, started=started)
     return result
 

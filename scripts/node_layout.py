@@ -6,7 +6,8 @@ same on every kind of node:
 ``.gputrain/nccl.env``         the GPU network's NCCL env, when the fabric was set up
 ``.gputrain/runs/<run-id>/``   run.sh, pgid, torchrun.log, exitcode ("<rc> <unix time>"), out/
                                (GPUTRAIN_OUT), logs/ (torchrun --log-dir) and code/ (a hard-link
-                               snapshot of the code the run started with)
+                               snapshot of the code the run started with), watch/ (GPU
+                               telemetry, heartbeats, stacks: scripts/watch/node.py)
 """
 
 NODE_ROOT_SH = '"${GPUTRAIN_NODE_ROOT:-$HOME}"'

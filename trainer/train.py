@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 
 from trainer import checkpoint
 from trainer.batches import Batch, Batches
+from trainer.board import Board
 from trainer.config import TrainConfig, parse_config
 from trainer.data import EVAL, TRAIN, DataSource, open_data, uniform_loss
 from trainer.dist import DistEnv, all_gather, max_rank, setup, teardown
@@ -48,6 +49,7 @@ from trainer.step import (
     make_optimizer,
     prefetching,
 )
+from trainer.telemetry import Heartbeat
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: stopped early on purpose, with a checkpoint to resume from
 FINAL_UPLOAD_WAIT_S = 600.0  # at the normal end nothing kills us: wait for the last upload
@@ -68,6 +70,7 @@ class Trainer:
         self, cfg: TrainConfig, env: DistEnv, data: DataSource, stop: StopRequest | None = None
     ) -> None:
         self.started = time.perf_counter()
+        self.board: Board | None = None  # TensorBoard events (rank 0), opened by run()
         self.cfg, self.env, self.data = cfg, env, data
         self.stop = stop or StopRequest()  # set by SIGTERM or the preemption watcher
         self.device = env.device
@@ -206,10 +209,13 @@ class Trainer:
         warmup_until = self.start_step + min(10, (cfg.steps - self.start_step) // 5)
         clock = StepClock(self.start_step, warmup_until)
         batches = self.batches(self.start_step, cfg.steps, prefetching(cfg, self.device), TRAIN)
+        heartbeat = Heartbeat()
+        self.board = Board.open(cfg.out, env.is_main)
         try:
             clock.resume()
             for step in range(self.start_step, cfg.steps):
                 loss = self.train_step(step, batches.next_step())
+                heartbeat.beat()
                 done = step + 1
                 asked = self.stop.checkpoints_asked
                 signal = max_rank(env, self.stop.code)  # one all-reduce: stop, save now, or on
@@ -229,6 +235,8 @@ class Trainer:
                         return self.stop_here(done)
                     if save:
                         self.save(done)
+                        if self.board:
+                            self.board.flush()
                     clock.resume()
         finally:
             batches.close()
@@ -243,6 +251,8 @@ class Trainer:
         """Every rank saw the stop after `step`: save, finish the upload (bounded), say why, 143."""
         started = time.perf_counter()
         self.save(step)
+        if self.board:
+            self.board.close()
         uploaded = self.ckpt.finish_uploads(self.cfg.upload_timeout_s)
         reasons = [r for r in all_gather(self.env, self.stop.reason) if r]
         if self.env.is_main:
@@ -284,6 +294,10 @@ class Trainer:
             "elapsed_s": time.perf_counter() - self.started,
         }
         metrics.log(row)
+        if self.board:
+            self.board.scalars(
+                step, {f"train/{k}": row[k] for k in ("loss", "lr", "tokens_per_s", "mfu")}
+            )
         if self.env.is_main:
             say(interval_line(row, self.cfg.steps))
 
@@ -328,6 +342,9 @@ class Trainer:
         }
         if self.env.writes_files:
             write_json_atomic(self.cfg.out / "summary.json", summary)
+        if self.board:
+            self.board.scalars(self.cfg.steps, {"eval/loss": eval_loss})
+            self.board.close()
         if self.env.is_main:
             say(
                 f"done: loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f} "

@@ -214,6 +214,13 @@ class ComputeApi:
         )
         return None if inst is None else str(inst.status)
 
+    def delete_instance(self, project: str, zone: str, instance: str) -> None:
+        """Delete a VM (a GPU fault during training: the stack's next `up` re-creates it)."""
+        request = {"project": project, "zone": zone, "instance": instance}
+        delete = self._client("InstancesClient").delete
+        op = self._call(f"instances.delete {zone}/{instance}", lambda: delete(request=request))
+        self._call(f"instances.delete {zone}/{instance}", lambda: op.result(timeout=300))
+
     def terminations(
         self, project: str, zone: str, kinds: Iterable[str] = TERMINATIONS
     ) -> list[Termination]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -29,12 +30,13 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
             dest.mkdir(parents=True, exist_ok=True)
             if (got / "out").is_dir():
                 for p in (got / "out").iterdir():
-                    p.rename(dest / p.name)
+                    move_into(p, dest / p.name)
             for src, to in (
                 ("torchrun.log", "torchrun.log"),
                 ("logs", "torchrun-logs"),
                 ("exitcode", "exitcode"),
                 ("setup.log", "setup.log"),  # the environment's build (scripts/job/environment.py)
+                ("watch", "watch"),  # GPU telemetry, heartbeats, stacks (scripts/watch/)
             ):
                 if (got / src).exists():
                     (got / src).rename(dest / to)
@@ -43,6 +45,18 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
     _, errors = parallel(list(transports), one)
     for name, e in errors.items():
         ui.warn(f"{name}: could not download results: {e}")
+
+
+def move_into(src: Path, dest: Path) -> None:
+    """src to dest; a folder merges into one already there (a relaunch's out/tensorboard/ meets
+    the first attempt's), a file replaces the older copy."""
+    if src.is_dir() and dest.is_dir():
+        for child in src.iterdir():
+            move_into(child, dest / child.name)
+        return
+    if dest.is_dir():
+        shutil.rmtree(dest)
+    src.replace(dest)
 
 
 def write_job_record(result: JobResult) -> None:

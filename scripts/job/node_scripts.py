@@ -16,6 +16,7 @@ from scripts.job.records import Job
 from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, run_dir
+from scripts.watch import node as watch
 
 
 def build_node_command(
@@ -68,12 +69,13 @@ if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; fi
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-{data_env_lines(job.datasets)}{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
+{watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
 {mirror_start_lines(job, python)}echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
 echo $JOB > "$RUN/jobpid"
+{watch.sampler_line(python, job.watch.sample_interval_s if job.watch else 5.0)}
 # a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
 trap : TERM INT HUP
 wait $JOB; rc=$?

@@ -17,11 +17,13 @@ from scripts.node_layout import CODE_DIR
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
     from scripts.job.environment import Environment
+    from scripts.watch.settings import WatchSettings
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
 CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"
 WATCH_PREEMPTION_ENV = "GPUTRAIN_WATCH_PREEMPTION"
+TENSORBOARD_DIR_ENV = "GPUTRAIN_TENSORBOARD_DIR"  # trainer/board.py
 WATCH_MAINTENANCE_ENV = "GPUTRAIN_WATCH_MAINTENANCE"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -52,6 +54,7 @@ class Job:
     image: ImageRef | None = None  # torchrun runs inside it (resolved to its digest)
     # Vertex: name -> Secret Manager version the job resolves itself (references, not values)
     secret_refs: Mapping[str, str] = field(default_factory=dict)
+    watch: WatchSettings | None = None  # telemetry, stall timeout (None: the defaults)
 
 
 FailureKind = Literal["exited", "killed", "lost"]
@@ -87,6 +90,7 @@ class Recovery:
     zone: str
     resumed_from: int | None  # the step training resumed from (None: the entry prints no steps)
     steps_repeated: int | None  # steps trained before the preemption that were trained again
+    cause: str = "preempted"  # or "lost to a GPU fault" (scripts/watch: an Xid, ECC errors)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class FleetSession:
         keep: bool = False,
         connect_deadline_s: float | None = None,  # default: settings.existing_wait_s
         fabric: FabricCheck | None = None,  # the GPU network a multi-node stack must prove
+        stall_timeout_s: float | None = None,  # the stack's stallTimeout (--stall-timeout wins)
     ) -> None:
         self.fleet = fleet
         self.name = fleet.target
@@ -49,6 +50,7 @@ class FleetSession:
             settings.existing_wait_s if connect_deadline_s is None else connect_deadline_s
         )
         self.fabric = fabric
+        self.stall_timeout_s = stall_timeout_s
         self._transports: dict[str, Transport] | None = None
 
     @property
@@ -107,7 +109,8 @@ class FleetSession:
         )
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.job.launch import launch_torchrun, stop_job
+        from scripts.job.launch import stop_job
+        from scripts.watch.launch import watched_launch, with_stall_default
 
         transports = self.transports
         if self.fleet.local:
@@ -115,7 +118,9 @@ class FleetSession:
             # run keeps a hard-linked snapshot of it), so two runs at once never mix files.
             job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
         try:
-            return launch_torchrun(self.fleet, transports, job, results_dir)
+            return watched_launch(
+                self.fleet, transports, with_stall_default(job, self.stall_timeout_s), results_dir
+            )
         except BaseException:
             # Failed or interrupted: nothing may keep running on machines that stay up.
             with guard.teardown():

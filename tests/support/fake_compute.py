@@ -615,6 +615,9 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 self._answer("POST")
 
+            def do_DELETE(self) -> None:
+                self._answer("DELETE")
+
             def _answer(self, method: str) -> None:
                 parts = urlsplit(self.path)
                 query = parse_qs(parts.query)
@@ -632,10 +635,31 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                     inj.times -= 1
                     return _error(inj.status, inj.message, inj.reason)
             try:
+                if method == "DELETE":
+                    return 200, self._delete(path)
                 iam = self._route_iam(method, path, {k: v[0] for k, v in query.items()})
                 return 200, iam if iam is not None else self._route(path, query)
             except _HttpError as e:
                 return _error(e.status, e.message, e.reason)
+
+    def _delete(self, path: str) -> dict[str, Any]:
+        """instances.delete: the VM and its boot disk go; a DONE operation answers."""
+        match path.removeprefix(f"/compute/v1/projects/{self.project}/").split("/"):
+            case ["zones", zone, "instances", name] if (zone, name) in self.instances:
+                self.instances.pop((zone, name))
+                self.resources["disks"].pop((f"zones/{zone}", name), None)
+                op = f"operation-delete-{next(self._ids)}"
+                return {
+                    "kind": "compute#operation",
+                    "name": op,
+                    "zone": f"{BASE}/projects/{self.project}/zones/{zone}",
+                    "operationType": "delete",
+                    "targetLink": f"{BASE}/projects/{self.project}/zones/{zone}/instances/{name}",
+                    "status": "DONE",
+                    "progress": 100,
+                    "selfLink": f"{BASE}/projects/{self.project}/zones/{zone}/operations/{op}",
+                }
+        raise _not_found(path)
 
     def _route(self, path: str, query: dict[str, list[str]]) -> Any:
         prefix = "/compute/v1/projects/"

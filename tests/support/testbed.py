@@ -41,6 +41,24 @@ class TestBedUnavailable(RuntimeError):
     __test__ = False
 
 
+@dataclass(frozen=True)
+class GpuPhase:
+    """What the GPUs report from `at_s` seconds after `set_gpus` on (the fake's clock starts
+    when gpu.json is written): busy or idle, and an Xid the fake `dmesg` logs from then on."""
+
+    at_s: float = 0.0
+    util_pct: int = 0
+    mem_used_mib: int = 0
+    power_w: float = 30.0
+    xid: int | None = None  # e.g. 79 (fallen off the bus), logged for GPU `xid_gpu`
+    xid_gpu: int = 0
+    ecc_errors: int | None = None  # uncorrected volatile total from now on (None: unchanged)
+
+
+BUSY = GpuPhase(util_pct=97, mem_used_mib=18000, power_w=70.0)
+IDLE = GpuPhase(util_pct=12, mem_used_mib=18000, power_w=25.0)
+
+
 @dataclass
 class GpuConfig:
     """What this host's fake nvidia-smi reports."""
@@ -53,6 +71,7 @@ class GpuConfig:
     installing_calls: int = 0  # the first K calls fail as if the driver were still installing
     missing: bool = False  # no nvidia-smi at all (exit 127)
     invalid_fields: tuple[str, ...] = ()  # an old driver: these fields cannot be queried
+    timeline: tuple[GpuPhase, ...] = ()  # utilization, memory, power, Xids over time
 
 
 @dataclass(frozen=True)
@@ -126,9 +145,14 @@ class TestHost:
 # hosts share the controller's 2 cores (a real nvidia-smi runs on its own machine).
 FAKE_NVIDIA_SMI = r'''#!/usr/bin/python3 -S
 """Fake nvidia-smi for the gputrain test bed: answers --query-gpu from this host's gpu.json."""
-import json, sys
+import json, os, sys, time
 GPU_DIR = "__GPU_DIR__"
 cfg = json.load(open(GPU_DIR + "/gpu.json"))
+elapsed = time.time() - os.stat(GPU_DIR + "/gpu.json").st_mtime
+phase = {"util_pct": 0, "mem_used_mib": 0, "power_w": 30.0, "ecc_errors": None}
+for p in cfg["timeline"]:
+    if p["at_s"] <= elapsed:
+        phase = {**p, "ecc_errors": p["ecc_errors"] if p["ecc_errors"] is not None else phase["ecc_errors"]}
 if cfg["installing_calls"] > 0:
     try:
         calls = int(open(GPU_DIR + "/calls").read() or 0)
@@ -149,7 +173,8 @@ if query is None:
         print(f"GPU {i}: {cfg['model']} {cfg['memory_mib']}MiB")
     sys.exit(0)
 for i in range(cfg["count"]):
-    ecc = cfg["ecc_errors"]
+    ecc = cfg["ecc_errors"] if phase["ecc_errors"] is None else phase["ecc_errors"]
+    u = "" if nounits else " %"
     values = {
         "index": str(i),
         "name": cfg["model"],
@@ -159,7 +184,10 @@ for i in range(cfg["count"]):
         "ecc.errors.uncorrected.volatile.total": "[N/A]" if ecc is None else str(ecc),
         "pci.bus_id": f"00000000:00:{4 + i:02X}.0",
         "temperature.gpu": "34",
-        "utilization.gpu": "0" + ("" if nounits else " %"),
+        "utilization.gpu": f"{phase['util_pct']}{u}",
+        "memory.used": f"{phase['mem_used_mib']}" + ("" if nounits else " MiB"),
+        "power.draw": f"{phase['power_w']:.2f}" + ("" if nounits else " W"),
+        "clocks.sm": ("1980" if phase["util_pct"] else "210") + ("" if nounits else " MHz"),
     }
     row = []
     for f in query.split(","):
@@ -168,6 +196,20 @@ for i in range(cfg["count"]):
             sys.exit(2)
         row.append(values[f])
     print(", ".join(row))
+'''
+
+
+FAKE_DMESG = r'''#!/usr/bin/python3 -S
+"""Fake dmesg for the gputrain test bed: the kernel log's NVRM Xid lines of gpu.json's timeline."""
+import json, os, time
+GPU_DIR = "__GPU_DIR__"
+cfg = json.load(open(GPU_DIR + "/gpu.json"))
+elapsed = time.time() - os.stat(GPU_DIR + "/gpu.json").st_mtime
+print("[    0.000000] Linux version 6.1.0 (test bed)")
+for p in cfg["timeline"]:
+    if p["xid"] is not None and p["at_s"] <= elapsed:
+        print(f"[{p['at_s'] + 100:12.6f}] NVRM: Xid (PCI:0000:00:{4 + p['xid_gpu']:02x}): "
+              f"{p['xid']}, pid=4242, name=python3, GPU has fallen off the bus.")
 '''
 
 
@@ -429,7 +471,7 @@ class TestBed:
             if fabric is not None:
                 self.set_fabric(name, fabric)
             self._write_hosts_file()
-            self._write_sshd_config(host, fake_tools_first=fabric is not None)
+            self._write_sshd_config(host)
             self._spawn_sshd(host, sshd_delay_s)
             return host
 
@@ -495,6 +537,9 @@ class TestBed:
         else:
             script.write_text(FAKE_NVIDIA_SMI.replace("__GPU_DIR__", str(gpu_dir)))
             script.chmod(0o755)
+        dmesg = host.dir / "bin" / "dmesg"
+        dmesg.write_text(FAKE_DMESG.replace("__GPU_DIR__", str(gpu_dir)))
+        dmesg.chmod(0o755)
 
     def set_fabric(self, name: str, fakes: FabricFakes) -> None:
         """Fake `ip`, `ibv_devices` and `sudo` in the host's bin dir (first on its PATH when the
@@ -525,7 +570,7 @@ class TestBed:
             f.truncate(0)
             f.write("\n".join(lines) + "\n")
 
-    def _write_sshd_config(self, host: TestHost, *, fake_tools_first: bool = False) -> None:
+    def _write_sshd_config(self, host: TestHost) -> None:
         lines = [
             f"ListenAddress {host.address}:22",
             f"HostKey {host.dir}/ssh_host_ed25519_key",
@@ -547,8 +592,9 @@ class TestBed:
         env = []
         if self.user == "root":  # no clean per-host home: give each host its own node root
             env.append(f"GPUTRAIN_NODE_ROOT={host.dir}/home")
-        if fake_tools_first:  # the fake ip / ibv_devices / sudo (/usr/local/sbin) shadow the real
-            env.append("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        # the fake nvidia-smi, dmesg (and with fabric fakes ip / ibv_devices / sudo) in
+        # /usr/local/sbin shadow the real ones: the test bed's GPUs and kernel log are fake
+        env.append("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         if env:  # sshd uses the first SetEnv line only
             lines.append("SetEnv " + " ".join(env))
         (host.dir / "sshd_config").write_text("\n".join(lines) + "\n")

@@ -41,6 +41,7 @@ from scripts.job.outputs import output_env
 from scripts.job.progress import StepWatch
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
+    TENSORBOARD_DIR_ENV,
     WATCH_MAINTENANCE_ENV,
     WATCH_PREEMPTION_ENV,
     Job,
@@ -79,9 +80,12 @@ class NodeCloudState:
     status: str | None  # None: the instance is gone
     preempted_at: str | None  # insertTime of GCE's termination operation during this attempt
     event: str = PREEMPTED  # that operation's type (TERMINATIONS)
+    fault: str | None = None  # a GPU fault during training (scripts/watch): replaced like a loss
 
     @property
     def evidence(self) -> str:
+        if self.fault:
+            return self.fault
         if self.preempted_at:
             return f"{self.event} at {self.preempted_at}"
         return "instance deleted" if self.status is None else f"instance {self.status}"
@@ -91,11 +95,15 @@ class NodeCloudState:
         return {
             "lost to a host error": f"a host error ended {node}",
             "terminated for host maintenance": f"host maintenance ended {node}",
+            "lost to a GPU fault": f"a GPU fault ended {node}",
         }.get(self.cause, f"GCE preempted {node}")
 
     @property
     def cause(self) -> str:
-        """preempted / lost to a host error / terminated for host maintenance."""
+        """preempted / lost to a host error / terminated for host maintenance / lost to a GPU
+        fault."""
+        if self.fault:
+            return "lost to a GPU fault"
         return CAUSES.get(self.event, "preempted") if self.preempted_at else "preempted"
 
 
@@ -162,6 +170,7 @@ class StackNodes:
         uri = checkpoint_uri(self.bucket, run_id)
         if uri:
             env[CHECKPOINT_URI_ENV] = uri
+            env[TENSORBOARD_DIR_ENV] = uri.removesuffix("checkpoints/") + "tensorboard/"
         if self.spot:
             env[WATCH_PREEMPTION_ENV] = "1"
         return env
@@ -193,6 +202,11 @@ class StackNodes:
             if found or self.clock() >= end:
                 return found
             self.sleep(poll_s)
+
+    def delete(self, name: str) -> None:
+        """Delete a node's VM (its GPU failed): the re-creation below brings a new one."""
+        node = next(n for n in self.outputs.nodes if n.name == name)
+        self.api.delete_instance(self.outputs.project, node.zone, node.name)
 
     def recreate(
         self, lost: Mapping[str, NodeCloudState], *, gone_deadline_s: float = 300.0
@@ -244,7 +258,7 @@ class _Pending:
                     else None
                 )
                 self.record = Recovery(
-                    self.nodes, self.at, end - self.at, self.zone, start, repeated
+                    self.nodes, self.at, end - self.at, self.zone, start, repeated, self.cause
                 )
                 ui.say(recovery_line(self.record, self.number, self.limit, self.cause))
             return self.record
@@ -287,6 +301,7 @@ class RecoveringSession(FleetSession):
         confirm_s: float = 60.0,
         connect_deadline_s: float | None = None,
         fabric: FabricCheck | None = None,
+        stall_timeout_s: float | None = None,
     ) -> None:
         super().__init__(
             fleet,
@@ -295,16 +310,18 @@ class RecoveringSession(FleetSession):
             keep=keep,
             connect_deadline_s=connect_deadline_s,
             fabric=fabric,
+            stall_timeout_s=stall_timeout_s,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.job.launch import launch_torchrun
+        from scripts.watch.launch import watched_launch, with_stall_default
 
         job = replace(
             job,
             env={**self.nodes.job_env(job.run_id), **output_env(self.nodes.bucket, job), **job.env},
         )
+        job = with_stall_default(job, self.stall_timeout_s)
         watch = StepWatch()
         done: list[Recovery] = []
         pending: _Pending | None = None
@@ -317,7 +334,7 @@ class RecoveringSession(FleetSession):
             while True:
                 started = time.time()
                 try:
-                    result = launch_torchrun(
+                    result = watched_launch(
                         self.fleet, self.transports, job, results_dir, on_line=line
                     )
                     if pending is not None:
@@ -331,7 +348,7 @@ class RecoveringSession(FleetSession):
                         done.append(pending.finish(watch))
                         pending = None
                         write_job_record(replace(e.result, recoveries=tuple(done)))
-                    preempted = self._preempted(e, started)
+                    preempted = self._lost(e, started)
                     if not preempted:
                         raise
                     if len(done) >= self.max_recoveries:
@@ -352,6 +369,16 @@ class RecoveringSession(FleetSession):
         except BaseException:
             self._stop(guard, job.run_id)
             raise
+
+    def _lost(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
+        """The nodes to replace: the node of a GPU fault during training, else the preempted."""
+        from scripts.watch.launch import GpuFaultError
+
+        if isinstance(error, GpuFaultError):
+            f = error.fault
+            fault = f"GPU {f.gpu}: {f.what}"
+            return {f.node: NodeCloudState(f.node, "RUNNING", None, fault=fault)}
+        return self._preempted(error, since)
 
     def _preempted(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
         """The nodes GCE took away during this attempt (any capacity: host errors and
@@ -391,6 +418,8 @@ class RecoveringSession(FleetSession):
         self.close()
         keep_attempt_logs(results_dir, number)
         try:
+            for name in [n for n, s in preempted.items() if s.fault]:
+                self.nodes.delete(name)  # a VM with a failed GPU is replaced, not reused
             self.fleet = self.nodes.recreate(preempted)
             # fresh VMs boot: the long wait, also when this session attached to running ones
             self.connect_deadline_s = max(self.connect_deadline_s, self.settings.connect_deadline_s)

@@ -294,6 +294,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
             confirm_s=self.clients.preemption_confirm_s,
             connect_deadline_s=connect_deadline_s,
             fabric=FabricCheck.of(spec.fabric),
+            stall_timeout_s=spec.stall_timeout_s,
         )
 
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:

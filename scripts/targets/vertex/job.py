@@ -28,7 +28,7 @@ SDIST_NAME, SDIST_VERSION = "gputrain-job", "0"
 #: What pip installs with the package: the trainer's needs but torch, which the container brings
 #: (a second torch would be a multi-GB download that may not match the container's CUDA).
 #: pyproject's `train` extra without torch; a test holds them together.
-TRAINER_REQUIREMENTS = ("numpy>=1.26", "google-cloud-storage>=2.14,<4")
+TRAINER_REQUIREMENTS = ("numpy>=1.26", "google-cloud-storage>=2.14,<4", "tensorboard>=2.14,<3")
 LOG_RESOURCE_TYPE = "ml_job"  # gcloud's `ai custom-jobs stream-logs` filters on it and job_id
 
 # --------------------------------------------------------------------------------------------

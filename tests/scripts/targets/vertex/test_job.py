@@ -309,7 +309,7 @@ def test_sdist_installs_offline_and_brings_the_trainer_and_the_workdir(tmp_path:
     requires = [
         ln.split(": ", 1)[1] for ln in meta.read_text().splitlines() if "Requires-Dist" in ln
     ]
-    assert requires == ["numpy>=1.26", "google-cloud-storage<4,>=2.14"]  # torch: the container's
+    assert requires == ["numpy>=1.26", "google-cloud-storage<4,>=2.14", "tensorboard<3,>=2.14"]
     assert (code / "train.py").read_text() == "print('hi')\n"
     assert (code / "data.csv").exists() and (code / "odd[1]" / "f.txt").exists()
     assert (code / "trainer" / "train.py").exists()  # the trainer travels with the code

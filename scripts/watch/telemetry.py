@@ -1,0 +1,249 @@
+"""What the nodes' GPU samples say (trainer/telemetry.py writes them): the latest per GPU, the
+GPU faults that appeared during the run, a node that stays idle, the one-line summary. Pure."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import io
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One GPU at one time (node clock); None: unknown."""
+
+    time: float
+    gpu: int
+    util_pct: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+    power_w: float | None
+    temp_c: float | None
+    sm_clock_mhz: float | None
+    ecc_uncorrected: int | None
+    xid_count: int
+    last_xid: int | None
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def parse_samples(text: str) -> list[Sample]:
+    """telemetry.csv lines (the header and broken lines skipped)."""
+    out = []
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) != 11 or row[0] == "time":
+            continue
+        t, gpu = _num(row[0]), _num(row[1])
+        if t is None or gpu is None:
+            continue
+        ecc, xids, last = _num(row[8]), _num(row[9]), _num(row[10])
+        out.append(
+            Sample(
+                t,
+                int(gpu),
+                _num(row[2]),
+                _num(row[3]),
+                _num(row[4]),
+                _num(row[5]),
+                _num(row[6]),
+                _num(row[7]),
+                None if ecc is None else int(ecc),
+                int(xids or 0),
+                None if last is None else int(last),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """A new Xid or uncorrectable ECC error during the run."""
+
+    node: str
+    gpu: int
+    what: str  # "Xid 79" / "3 uncorrectable ECC error(s)"
+    at: float
+
+    def __str__(self) -> str:
+        return f"node {self.node} GPU {self.gpu}: {self.what}"
+
+
+@dataclass
+class NodeTelemetry:
+    """One node's samples (a window of them) and its fault baseline."""
+
+    node: str
+    keep_s: float = 900.0
+    samples: collections.deque[Sample] = field(default_factory=collections.deque)
+    latest: dict[int, Sample] = field(default_factory=dict)
+    _baseline: dict[int, tuple[int, int]] = field(default_factory=dict)  # gpu -> (xids, ecc)
+
+    def add(self, samples: Iterable[Sample]) -> list[GpuFault]:
+        """Take new samples; the faults they show for the first time."""
+        faults = []
+        for s in samples:
+            self.samples.append(s)
+            self.latest[s.gpu] = s
+            xids, ecc = s.xid_count, s.ecc_uncorrected or 0
+            base = self._baseline.setdefault(s.gpu, (xids, ecc))
+            if xids > base[0]:
+                faults.append(GpuFault(self.node, s.gpu, f"Xid {s.last_xid}", s.time))
+            if ecc > base[1]:
+                faults.append(
+                    GpuFault(
+                        self.node, s.gpu, f"{ecc - base[1]} uncorrectable ECC error(s)", s.time
+                    )
+                )
+            self._baseline[s.gpu] = (max(xids, base[0]), max(ecc, base[1]))
+        while self.samples and self.samples[-1].time - self.samples[0].time > self.keep_s:
+            self.samples.popleft()
+        return faults
+
+    def mean_util(self) -> float | None:
+        """The node's GPUs' mean utilization in the latest sample."""
+        values = [s.util_pct for s in self.latest.values() if s.util_pct is not None]
+        return sum(values) / len(values) if values else None
+
+
+class IdleWatch:
+    """Warns once per episode when a node's mean GPU utilization stays below `below_pct` for
+    `window_s` (node clock): likely input-bound."""
+
+    def __init__(self, window_s: float, below_pct: float) -> None:
+        self.window_s, self.below_pct = window_s, below_pct
+        self._since: dict[str, float | None] = {}
+        self._warned: set[str] = set()
+
+    def update(self, node: str, samples: Sequence[Sample]) -> str | None:
+        by_time: dict[float, list[float]] = collections.defaultdict(list)
+        for s in samples:
+            if s.util_pct is not None:
+                by_time[s.time].append(s.util_pct)
+        message = None
+        for t in sorted(by_time):
+            mean = sum(by_time[t]) / len(by_time[t])
+            if mean >= self.below_pct:
+                self._since[node] = None
+                self._warned.discard(node)
+                continue
+            since = self._since.get(node)
+            if since is None:
+                self._since[node] = since = t
+            if t - since >= self.window_s and node not in self._warned:
+                self._warned.add(node)
+                message = (
+                    f"node {node}: mean GPU utilization below {self.below_pct:.0f} % for "
+                    f"{(t - since) / 60:.1f} min (now {mean:.0f} %): the job is likely "
+                    "input-bound (data loading, CPU work) or waiting on other nodes"
+                )
+        return message
+
+
+_STEP_LINE = re.compile(
+    r"\bstep\s+(\d+)/(\d+) \| loss ([\d.]+|nan|inf)(?:.*?\| ([\d.]+)k tok/s)?(?:.*?\| mfu ([\d.]+)%)?"
+)
+
+
+@dataclass
+class LogProgress:
+    """Step, loss, tokens/s and MFU from our trainer's interval lines (`step N/M | loss ...`)."""
+
+    step: int | None = None
+    steps: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu_pct: float | None = None
+
+    def line(self, text: str) -> bool:
+        """Take a log line; True when it shows a step beyond the last one."""
+        m = _STEP_LINE.search(text)
+        if not m:
+            return False
+        step = int(m.group(1))
+        advanced = self.step is None or step > self.step
+        self.step, self.steps, self.loss = step, int(m.group(2)), float(m.group(3))
+        if m.group(4):
+            self.tokens_per_s = float(m.group(4)) * 1e3
+        if m.group(5):
+            self.mfu_pct = float(m.group(5))
+        return advanced
+
+    def text(self) -> str:
+        if self.step is None:
+            return "no step yet"
+        parts = [f"step {self.step}/{self.steps}", f"loss {self.loss:.4f}"]
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s / 1e3:.1f}k tok/s")
+        if self.mfu_pct is not None:
+            parts.append(f"mfu {self.mfu_pct:.1f}%")
+        return " ".join(parts)
+
+
+def gpu_rows(nodes: Mapping[str, NodeTelemetry]) -> list[list[object]]:
+    """`top`'s table: one row per node and GPU."""
+    rows: list[list[object]] = []
+    for name, t in nodes.items():
+        if not t.latest:
+            rows.append([name, "-", "no samples yet", "", "", "", "", ""])
+        for gpu in sorted(t.latest):
+            s = t.latest[gpu]
+            rows.append(
+                [
+                    name,
+                    gpu,
+                    _fmt(s.util_pct, "{:.0f} %"),
+                    _mem(s),
+                    _fmt(s.power_w, "{:.0f} W"),
+                    _fmt(s.temp_c, "{:.0f} °C"),
+                    _fmt(s.sm_clock_mhz, "{:.0f} MHz"),
+                    _faults(s),
+                ]
+            )
+    return rows
+
+
+GPU_HEADERS = ["node", "GPU", "util", "memory", "power", "temp", "SM clock", "Xid / ECC"]
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    return "?" if value is None else fmt.format(value)
+
+
+def _mem(s: Sample) -> str:
+    if s.mem_used_mib is None:
+        return "?"
+    total = f"/{s.mem_total_mib / 1024:.0f}" if s.mem_total_mib else ""
+    return f"{s.mem_used_mib / 1024:.1f}{total} GiB"
+
+
+def _faults(s: Sample) -> str:
+    parts = []
+    if s.xid_count:
+        parts.append(f"{s.xid_count} Xid (last {s.last_xid})")
+    if s.ecc_uncorrected:
+        parts.append(f"ECC {s.ecc_uncorrected}")
+    return ", ".join(parts) or "none"
+
+
+def summary_line(nodes: Mapping[str, NodeTelemetry], progress: LogProgress) -> str:
+    """The line the run's output gets every few minutes."""
+    parts = []
+    for name, t in nodes.items():
+        util = t.mean_util()
+        mem = [s.mem_used_mib for s in t.latest.values() if s.mem_used_mib is not None]
+        if util is None:
+            parts.append(f"{name} no GPU samples")
+        else:
+            parts.append(
+                f"{name} {len(t.latest)} GPU util {util:.0f}%"
+                + (f" mem {sum(mem) / 1024:.1f} GiB" if mem else "")
+            )
+    return "watch: " + " | ".join([*parts, progress.text()])

@@ -1,0 +1,58 @@
+"""A GPU fault during a `--stack` run (the fake stack world on the test bed): an Xid on one node's
+GPU while the trainer runs is reported with the node and GPU, the VM is deleted and re-created
+like a lost node, and the run resumes from the bucket's checkpoint and finishes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from tests.support.stack_world import World
+from tests.support.testbed import BUSY, GpuConfig, GpuPhase
+
+pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
+TRAIN = ["--preset", "tiny", "--steps", "60", "--checkpoint-every", "10", "--log-every", "1"]
+TRAIN += ["--eval-batches", "0"]
+
+
+def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
+    world: Callable[..., World],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUTRAIN_WATCH_POLL_S", "1")
+    monkeypatch.setenv("GPUTRAIN_WATCH_SAMPLE_S", "0.5")
+    w = world(bucket=True, gpus=GpuConfig(model="NVIDIA L4", count=1, timeline=(BUSY,)))
+    faulty: list[str] = []
+
+    def xid() -> None:
+        host = w.node_hosts["e2e-node-1"]
+        faulty.append(host.name)
+        w.bed.set_gpus(host.name, GpuConfig(count=1, timeline=(BUSY, GpuPhase(util_pct=0, xid=79))))
+
+    t = w.at_checkpoint(20, xid)
+    assert w.gcs is not None
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", "-m", "trainer.train", *TRAIN,
+    )  # fmt: skip
+    t.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-4000:] + err[-2000:]
+    assert faulty and "GPU fault during the run: node e2e-node-1 GPU 0: Xid 79" in err
+    assert "e2e-node-1 lost to a GPU fault (GPU 0: Xid 79): recovering (1/3)" in out
+    assert "recovery 1/3: e2e-node-1 lost to a GPU fault at" in out
+    assert faulty[0] not in w.bed.hosts  # the VM was replaced by a new one
+    deletes = [r for r in w.compute.requests if r[0] == "DELETE"]
+    assert [r[1].rsplit("/", 1)[1] for r in deletes] == ["e2e-node-1"]
+    target = w.dir / "runs" / "stack-e2e"
+    run = target / (target / "LAST_RUN").read_text().strip()
+    job = json.loads((run / "job.json").read_text())
+    assert job["ok"] and job["recoveries"][0]["cause"] == "lost to a GPU fault"
+    summary = json.loads(next(run.glob("*/summary.json")).read_text())
+    assert summary["steps"] == 60 and summary["resumed_from"] >= 20
+    assert '"kind": "gpu_fault"' in (run / "watch-events.jsonl").read_text()
+    page = (run / "report.html").read_text()  # the report of `run`, the recovery in it
+    assert "recoveries</th><td>1" in page and "recovery: e2e-node-1 lost to a GPU fault" in page
