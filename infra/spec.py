@@ -15,6 +15,7 @@ from typing import Literal, cast
 
 from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
+from infra.autodown import parse_autodown
 from infra.base.records import GpuExpectation
 from infra.fabric import FabricPlan
 from infra.fabric_fields import read_capacity, read_fabric
@@ -89,6 +90,7 @@ class ClusterSpec:
     capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
+    autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -326,6 +328,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         existing_bucket=existing_bucket,
         bucket_prefix=bucket_prefix,
         bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
+        autodown_s=None if backend == "vertex" else parse_autodown(cfg.text("autodown")),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,

@@ -65,6 +65,7 @@ DEFAULTS: dict[str, str] = {
     "executorImage": DEFAULT_EXECUTOR_IMAGE,
     "gpuDirect": "auto",
     "subnetRange": "10.42.0.0/16",
+    "autodown": "10m",
 }
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
@@ -85,6 +86,7 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "bootDiskType",
         "gpuDirect",
         "subnetRange",
+        "autodown",
     ),
     "vertex": ("executorImage",),
 }

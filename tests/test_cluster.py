@@ -144,11 +144,17 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
     assert "sourceRanges" not in internal
     assert internal["sourceTags"] == internal["targetTags"] == [f"gputrain-{spec.stack}"]
     assert "0.0.0.0/0" not in list(walk(fws))
-    # Service account: only log and metric writes.
+    # Service account: only log and metric writes, and (autodown) deleting the stack's own VMs.
     [sa] = m.of_type(ACCOUNT)
-    roles = sorted(r.inputs["role"] for r in m.of_type(IAM_MEMBER))
+    unconditioned = [r for r in m.of_type(IAM_MEMBER) if "condition" not in r.inputs]
+    roles = sorted(r.inputs["role"] for r in unconditioned)
     reader = ["roles/artifactregistry.reader"] if spec.fabric.enabled else []
     assert roles == [*reader, "roles/logging.logWriter", "roles/monitoring.metricWriter"]
+    [delete] = [r for r in m.of_type(IAM_MEMBER) if "condition" in r.inputs]
+    assert delete.inputs["role"] == "roles/compute.instanceAdmin.v1"
+    expr = delete.inputs["condition"]["expression"]
+    assert f'startsWith("projects/{spec.project}/zones/")' in expr
+    assert f'extract("/instances/{{name}}").startsWith("{spec.stack}-node-")' in expr
     assert all(
         r.inputs["member"].startswith(f"serviceAccount:{sa.inputs['accountId']}@")
         for r in m.of_type(IAM_MEMBER)
@@ -825,7 +831,8 @@ def test_components_own_their_resources_and_alias_the_old_urns(mocks: GcpMocks) 
     it was a direct child of GpuCluster, so existing stacks update in place."""
     from infra.components.cluster import GpuCluster
 
-    spec = _spec("h100")  # 2 nodes: compact placement, a created network
+    # 2 nodes: compact placement, a created network; autodown's binding is new (no old URN)
+    spec = dataclasses.replace(_spec("h100"), autodown_s=None)
     cluster = GpuCluster(spec.stack, spec)
     owned = {
         cluster.network: (
