@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
-from scripts import lifecycle
+from scripts import lifecycle, run_flags
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
@@ -67,6 +67,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
+        detach=getattr(args, "detach", False),
+        autodown=getattr(args, "autodown", None),
+        selector=run_flags.selector(args),
     )
 
 
@@ -255,6 +258,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="(--stack) keep the stack's bucket and its checkpoints when destroying",
             )
         if name in {"run", "train"}:
+            run_flags.add_flags(c)
             c.add_argument(
                 "--max-recoveries",
                 type=int,
@@ -379,6 +383,7 @@ def main(
         ):
             if given and not args.stack:
                 raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")
+        run_flags.check(args)
         settings = settings or Settings()
         if args.dir:
             settings.root = find_project_root(Path(args.dir))

@@ -11,16 +11,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from infra.base.errors import UserError
 from scripts import ui
-from scripts.guard import signal_guard
+from scripts.guard import SignalGuard, signal_guard
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
-from scripts.targets.base import RunOptions, Target
+from scripts.targets.base import RunOptions, Session, Target
 
 
-def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult:
+def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult | None:
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
-    `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
+    `healthcheck` (on what exists): verify, run the job, collect; then the summary. With
+    `opts.detach` it returns once the job trains (None), leaving it and its machines running."""
     started = time.monotonic()
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
@@ -33,9 +35,36 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 max_restarts=opts.max_restarts,
                 workdir=Path.cwd(),
             )
-            result = session.run_job(job, settings.results_dir(target.name, job.run_id), guard)
+            results_dir = settings.results_dir(target.name, job.run_id)
+            if opts.detach:
+                detach(session, job, guard, opts.selector or target.name)
+                return None
+            result = session.run_job(job, results_dir, guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)
     return result
+
+
+def detach(session: Session, job: Job, guard: SignalGuard, selector: str) -> None:
+    """Start the job, return once it trains; the machines stay (autodown ends a stack's)."""
+    start = getattr(session, "run_detached", None)
+    if start is None:
+        raise UserError(f"--detach: {session.name} cannot leave a job running on its own")
+    start(job, guard)
+    session.keep = True
+    stack = selector.startswith("--stack")
+    ui.say(
+        f"run {job.run_id} detached: it trains on without this command.\n"
+        f"  reattach:  gputrain logs {selector} --run {job.run_id}\n"
+        + (
+            f"  state:     gputrain status {selector}\n"
+            f"  end it:    gputrain down {selector}  (results home from the bucket, then "
+            "teardown)\n"
+            "  autodown:  the cluster deletes itself after the job ends (see `plan`); "
+            "`down` then brings the results home"
+            if stack
+            else f"  results:   on the machines, in .gputrain/runs/{job.run_id}/out/"
+        )
+    )
 
 
 def verify(target: Target, opts: RunOptions) -> None:

@@ -35,6 +35,9 @@ class RunOptions:
     max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
+    detach: bool = False  # `run`/`train`: return once the job trains, leave it running
+    autodown: str | None = None  # `--autodown` as given (validated by the CLI); None: the stack's
+    selector: str = ""  # the target as the user named it (`--stack dev`), for the way back
 
 
 class Session(Protocol):

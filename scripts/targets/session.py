@@ -123,6 +123,25 @@ class FleetSession:
                 for t in transports.values():
                     t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
 
+    def run_detached(self, job: Job, guard: SignalGuard) -> float:
+        """Start the job, return once it trains (`--detach`); stop it if that fails."""
+        from scripts.job.detach import launch_detached
+        from scripts.job.launch import stop_job
+
+        transports = self.transports
+        if self.fleet.local:  # its own code dir, as run_job; the run's snapshot outlives it
+            job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
+        try:
+            return launch_detached(self.fleet, transports, job)
+        except BaseException:
+            with guard.teardown():
+                stop_job(transports, job.run_id)
+            raise
+        finally:
+            if self.fleet.local:
+                for t in transports.values():
+                    t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
+
     def logs(self, run_id: str) -> None:
         """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
         from scripts.job.node_scripts import build_tail_command

@@ -32,6 +32,7 @@ class GceClients:
     )
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     preemption_confirm_s: float = 60.0  # a node killed or lost: how long to ask "preempted?"
+    autodown_s: float | None = None  # tests: a shorter autodown than the 1 min floor allows
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
     _storage: dict[str | None, StorageApi] = field(default_factory=dict, init=False, repr=False)
 

@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet
 from infra.compute import ComputeApi, ComputeApiError
 from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
+from scripts.job.autodown import Autodown, Watchdogs, instances_of
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
 from scripts.job.progress import StepWatch
@@ -246,6 +247,7 @@ class RecoveringSession(FleetSession):
         confirm_s: float = 60.0,
         connect_deadline_s: float | None = None,
         fabric: FabricCheck | None = None,
+        autodown: Autodown | None = None,
     ) -> None:
         super().__init__(
             fleet,
@@ -256,6 +258,33 @@ class RecoveringSession(FleetSession):
             fabric=fabric,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
+        self.watchdogs = (
+            Watchdogs(autodown, lambda: (self._transports or {}).get(self.fleet.head.name))
+            if autodown is not None
+            else None
+        )
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.watchdogs is not None:
+            self.watchdogs.stop()  # the controller lets go: the head's switch starts counting
+        super().__exit__(*exc)
+
+    def run_detached(self, job: Job, guard: SignalGuard) -> float:
+        """`--detach`: the job with the bucket's env and the watchdogs armed, left running once
+        it trains (no spot recovery while detached: a preempted run stops, its checkpoint kept)."""
+        job = replace(job, env={**self.nodes.job_env(job.run_id), **job.env})
+        try:
+            self._arm(job)
+        except BaseException:
+            self._stop(guard, job.run_id)
+            raise
+        return super().run_detached(job, guard)
+
+    def _arm(self, job: Job) -> None:
+        if self.watchdogs is not None:
+            nodes = [(n.name, n.zone, n.role) for n in self.nodes.outputs.nodes]  # re-created too
+            self.watchdogs.plan = replace(self.watchdogs.plan, instances=instances_of(nodes))
+            self.watchdogs.arm(self.fleet, self.transports, job.run_id, job.env)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.job.launch import launch_torchrun
@@ -273,6 +302,7 @@ class RecoveringSession(FleetSession):
             while True:
                 started = time.time()
                 try:
+                    self._arm(job)
                     result = launch_torchrun(
                         self.fleet, self.transports, job, results_dir, on_line=line
                     )

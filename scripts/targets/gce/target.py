@@ -50,9 +50,11 @@ class GceTarget(StackTarget[GceClients]):
 
     def status(self) -> None:
         from infra.fields import format_duration
+        from scripts.targets.gce.autodown import say_last_autodown
 
         spec = self._spec_with_project()
         instances = self.clients.compute().list_stack_instances(spec.project or "", self.stack)
+        say_last_autodown(spec, self.clients)
         if not instances:
             ui.say(f"status: stack {self.stack} has no instances (nothing is billing)")
             return
@@ -137,6 +139,7 @@ class GceTarget(StackTarget[GceClients]):
                     max_recoveries,
                     keep=opts.keep,
                     connect_deadline_s=opts.wait_s or self.settings.connect_deadline_s,
+                    opts=opts,
                 )
                 with cluster:
                     yield cluster
@@ -171,7 +174,13 @@ class GceTarget(StackTarget[GceClients]):
         with (
             private_key_file(self.runner, self.stack) as key,
             self._session(
-                spec, outputs, key, max_recoveries, keep=True, connect_deadline_s=opts.wait_s
+                spec,
+                outputs,
+                key,
+                max_recoveries,
+                keep=True,
+                connect_deadline_s=opts.wait_s,
+                opts=opts,
             ) as session,
         ):
             yield session
@@ -185,9 +194,11 @@ class GceTarget(StackTarget[GceClients]):
         *,
         keep: bool,
         connect_deadline_s: float | None,
+        opts: RunOptions,
     ) -> RecoveringSession:
         """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
         from scripts.fabric_verify import FabricCheck
+        from scripts.targets.gce.autodown import stack_autodown
         from scripts.targets.gce.bucket import run_bucket
         from scripts.targets.gce.recovery import RecoveringSession, StackNodes
         from scripts.targets.gce.stack import parse_stack_outputs
@@ -215,6 +226,7 @@ class GceTarget(StackTarget[GceClients]):
             confirm_s=self.clients.preemption_confirm_s,
             connect_deadline_s=connect_deadline_s,
             fabric=FabricCheck.of(spec.fabric),
+            autodown=stack_autodown(spec, out, run_bucket(outputs), opts, self.clients),
         )
 
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:

@@ -1,0 +1,55 @@
+"""`run`/`train`'s flags for a run the controller may leave: --detach and --autodown, and the
+one-line answers to their contradictions (checked before anything is created)."""
+
+from __future__ import annotations
+
+import argparse
+
+from infra.base.errors import UserError
+from scripts import ui
+
+
+def add_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once the job trains its first step; it runs on (`gputrain logs` reattaches; "
+        "on a stack, autodown deletes the VMs after the job)",
+    )
+    c.add_argument(
+        "--autodown",
+        metavar="DURATION",
+        help="(--stack) delete the VMs this long after the job ends once this controller is gone "
+        "(>= 1m, or off; default: the stack's `autodown`, 10m)",
+    )
+
+
+def check(args: argparse.Namespace) -> None:
+    """Contradictions: one line each. `--keep` with `--detach`: --keep wins (said once)."""
+    autodown = getattr(args, "autodown", None)
+    if autodown is None and not getattr(args, "detach", False):
+        return
+    if autodown is not None:
+        if not args.stack:
+            raise UserError(
+                f"--autodown {autodown}: only --stack targets have VMs gputrain may delete"
+            )
+        from infra.autodown import parse_autodown
+
+        parse_autodown(autodown, "--autodown")  # one line naming the flag and what is allowed
+        if getattr(args, "keep", False):
+            raise UserError(
+                f"--autodown {autodown} with --keep: keep the cluster, or delete it after the "
+                "job? Drop one of them"
+            )
+    if getattr(args, "detach", False) and getattr(args, "keep", False):
+        ui.warn(
+            "--detach with --keep: --keep wins: the cluster stays up after the job (no "
+            "autodown); its TTL or `gputrain down` ends it"
+        )
+
+
+def selector(args: argparse.Namespace) -> str:
+    """The target as the user named it, for the commands that come back to it."""
+    hosts = getattr(args, "hosts", None)
+    return f"--stack {args.stack}" if args.stack else f"--hosts {hosts}" if hosts else "--local"
