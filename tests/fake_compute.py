@@ -585,6 +585,9 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                 parts = urlsplit(self.path)
                 status, body = fake._delete(unquote(parts.path), self.headers.get("Authorization"))
                 send_json(self, status, body)
+                if status == 200 and fake.on_delete is not None:  # after the answer, as GCE
+                    zone, name = body["targetLink"].split("/zones/")[1].split("/instances/")
+                    fake.on_delete(zone, name)
 
             def _answer(self, method: str) -> None:
                 parts = urlsplit(self.path)
@@ -640,8 +643,6 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                 "insertTime": _rfc3339_now(),
                 "selfLink": f"{BASE}/projects/{project}/zones/{zone}/operations/operation-{op_id}",
             }
-        if self.on_delete is not None:
-            self.on_delete(zone, name)
         return 200, body
 
     def _route(self, path: str, query: dict[str, list[str]]) -> Any:

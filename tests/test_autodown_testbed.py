@@ -6,7 +6,7 @@ metadata server); `status` says so and `down` brings the results home. A control
 SIGKILL ends the same way; a live one keeps its cluster through a link drop.
 
 Shortened for the test (the real floor is 1 min): autodown 30 s (GceClients.autodown_s), the
-controller's heartbeat every 7.5 s (autodown / 4); the issue's "2-minute drop with autodown 5 min"
+controller's heartbeat every 5 s (autodown / 6); the issue's "2-minute drop with autodown 5 min"
 is a 20 s drop with autodown 30 s — the same ratio of drop to autodown, shorter than it.
 """
 

@@ -43,7 +43,7 @@ class Autodown:
     bucket: str  # gs://NAME/PREFIX/
     instances: tuple[tuple[str, str], ...]  # (name, zone), the head last
     autodown_s: float | None  # None: the watchdog only puts results in the bucket
-    heartbeat_s: float = 15.0
+    heartbeat_s: float = 10.0
     poll_s: float = 2.0
 
     def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
@@ -175,7 +175,8 @@ class Watchdogs:
             if head is None or self.run_id is None:
                 continue
             try:
-                head.run(f"touch {shlex.quote(run_dir(self.run_id))}/heartbeat", timeout=15)
+                touch = f"touch {shlex.quote(run_dir(self.run_id))}/heartbeat"
+                head.run(touch, timeout=self.plan.heartbeat_s)
             except Exception:  # the follower reconnects the transport; the next beat retries
                 continue
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.gce.stack import StackOutputs
 
-HEARTBEAT_S = 15.0  # the controller's touch; autodown is >= 60 s, so a beat can fail 3 times
+HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
 
 
 def stack_autodown(
@@ -37,7 +37,7 @@ def stack_autodown(
     seconds: float | None = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
     if seconds is not None and clients.autodown_s is not None:
         seconds = clients.autodown_s  # tests: shorter than the floor
-    beat = HEARTBEAT_S if seconds is None else min(HEARTBEAT_S, seconds / 4)
+    beat = HEARTBEAT_S if seconds is None else min(HEARTBEAT_S, seconds / 6)
     return Autodown(
         stack=spec.stack,
         project=out.project,
