@@ -67,9 +67,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
-        detach=getattr(args, "detach", False),
-        autodown=getattr(args, "autodown", None),
-        selector=run_flags.selector(args),
+        **run_flags.options(args),
     )
 
 
@@ -258,7 +256,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="(--stack) keep the stack's bucket and its checkpoints when destroying",
             )
         if name in {"run", "train"}:
-            run_flags.add_flags(c)
+            run_flags.add_flags(c, name)
             c.add_argument(
                 "--max-recoveries",
                 type=int,

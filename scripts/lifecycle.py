@@ -28,8 +28,10 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:
             session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network first
+            if opts.resume is not None:
+                require_run(session, opts.resume, opts.selector or target.name)
             job = Job(
-                run_id=new_run_id(),
+                run_id=opts.resume or new_run_id(),
                 entry=opts.entry or DEFAULT_ENTRY,
                 env=opts.env,
                 max_restarts=opts.max_restarts,
@@ -42,6 +44,17 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
             result = session.run_job(job, results_dir, guard)
     summarize(result, hourly_usd=session.hourly_usd, started=started)
     return result
+
+
+def require_run(session: Session, run_id: str, selector: str) -> None:
+    """`--resume RUN`: one line when nothing of that run is where its checkpoints would be."""
+    known = getattr(session, "has_run", None)
+    if known is None or not known(run_id):
+        raise UserError(
+            f"--resume {run_id}: no such run on {selector} (neither its checkpoints in the "
+            f"stack's bucket nor its directory on the nodes); `gputrain logs {selector}` names "
+            "the last run"
+        )
 
 
 def detach(session: Session, job: Job, guard: SignalGuard, selector: str) -> None:

@@ -4,12 +4,21 @@ one-line answers to their contradictions (checked before anything is created).""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from infra.base.errors import UserError
 from scripts import ui
+from scripts.job.records import RUN_ID
 
 
-def add_flags(c: argparse.ArgumentParser) -> None:
+def add_flags(c: argparse.ArgumentParser, command: str) -> None:
+    if command == "train":
+        c.add_argument(
+            "--resume",
+            metavar="RUN_ID",
+            help="continue that run (its id, its checkpoints: a detached spot run that was "
+            "preempted), instead of starting a new one",
+        )
     c.add_argument(
         "--detach",
         action="store_true",
@@ -27,6 +36,12 @@ def add_flags(c: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """Contradictions: one line each. `--keep` with `--detach`: --keep wins (said once)."""
     autodown = getattr(args, "autodown", None)
+    resume = getattr(args, "resume", None)
+    if resume is not None and not RUN_ID.match(resume):
+        raise UserError(
+            f"--resume {resume!r}: not a run id (like 20261124-183000-ab12: letters, digits, "
+            "'.', '_', '-')"
+        )
     if autodown is None and not getattr(args, "detach", False):
         return
     if autodown is not None:
@@ -53,3 +68,13 @@ def selector(args: argparse.Namespace) -> str:
     """The target as the user named it, for the commands that come back to it."""
     hosts = getattr(args, "hosts", None)
     return f"--stack {args.stack}" if args.stack else f"--hosts {hosts}" if hosts else "--local"
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """RunOptions' fields these flags set."""
+    return {
+        "detach": getattr(args, "detach", False),
+        "autodown": getattr(args, "autodown", None),
+        "resume": getattr(args, "resume", None),
+        "selector": selector(args),
+    }

@@ -38,6 +38,7 @@ class RunOptions:
     detach: bool = False  # `run`/`train`: return once the job trains, leave it running
     autodown: str | None = None  # `--autodown` as given (validated by the CLI); None: the stack's
     selector: str = ""  # the target as the user named it (`--stack dev`), for the way back
+    resume: str | None = None  # `train --resume RUN`: that run again, from its checkpoints
 
 
 class Session(Protocol):

@@ -142,6 +142,13 @@ class FleetSession:
                 for t in transports.values():
                     t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
 
+    def has_run(self, run_id: str) -> bool:
+        """The run's directory is on the head (`--resume`)."""
+        from scripts.job.node_scripts import run_dir
+
+        head = self.transports[self.fleet.head.name]
+        return head.run(f"test -d {shlex.quote(run_dir(run_id))}", timeout=30).ok
+
     def logs(self, run_id: str) -> None:
         """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
         from scripts.job.node_scripts import build_tail_command

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from infra.spec import ClusterSpec
     from scripts.targets.base import RunOptions
     from scripts.targets.gce.clients import GceClients
+    from scripts.targets.gce.recovery import StackNodes
     from scripts.targets.gce.stack import StackOutputs
 
 HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
@@ -59,3 +60,16 @@ def say_last_autodown(spec: ClusterSpec, clients: GceClients) -> None:
         return
     if record is not None:
         ui.say(f"status: {autodown_line(record)}")
+
+
+def bucket_has_run(nodes: StackNodes, run_id: str) -> bool:
+    """Anything of the run (checkpoints, results) in the stack's bucket (`--resume`)."""
+    if not nodes.bucket:
+        return False
+    from infra.gcs import StorageApi
+
+    bucket, _, prefix = nodes.bucket.removeprefix("gs://").partition("/")
+    storage = StorageApi(nodes.outputs.project)
+    return storage.bucket_exists(bucket) and bool(
+        storage.list_objects(bucket, f"{prefix}runs/{run_id}/")
+    )

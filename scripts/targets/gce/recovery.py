@@ -258,11 +258,8 @@ class RecoveringSession(FleetSession):
             fabric=fabric,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
-        self.watchdogs = (
-            Watchdogs(autodown, lambda: (self._transports or {}).get(self.fleet.head.name))
-            if autodown is not None
-            else None
-        )
+        head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
+        self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
 
     def __exit__(self, *exc: Any) -> None:
         if self.watchdogs is not None:
@@ -279,6 +276,12 @@ class RecoveringSession(FleetSession):
             self._stop(guard, job.run_id)
             raise
         return super().run_detached(job, guard)
+
+    def has_run(self, run_id: str) -> bool:
+        """Its checkpoints (or results) in the stack's bucket, or its directory on the head."""
+        from scripts.targets.gce.autodown import bucket_has_run
+
+        return bucket_has_run(self.nodes, run_id) or super().has_run(run_id)
 
     def _arm(self, job: Job) -> None:
         if self.watchdogs is not None:
