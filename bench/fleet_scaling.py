@@ -23,7 +23,7 @@ from scripts import ui
 from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
-from scripts.verify import verify_gpus
+from scripts.verify.gpus import verify_gpus
 from tests.testbed import GpuConfig, TestBed
 
 STUB = f"""#!/bin/sh

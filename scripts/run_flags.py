@@ -1,5 +1,6 @@
-"""`run`/`train`'s flags for a run the controller may leave: --detach and --autodown, and the
-one-line answers to their contradictions (checked before anything is created)."""
+"""`run`/`train`'s flags for how long a run may outlive or outlast things: --max-recoveries,
+--detach, --autodown and `train --resume`, and the one-line answers to their contradictions
+(checked before anything is created)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ from scripts.job.records import RUN_ID
 
 
 def add_flags(c: argparse.ArgumentParser, command: str) -> None:
+    c.add_argument(
+        "--max-recoveries",
+        type=int,
+        metavar="N",
+        help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
+    )
     if command == "train":
         c.add_argument(
             "--resume",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.compute import ComputeApi
+from infra.gcp.compute import ComputeApi
 from tests.fake_compute import FakeCompute
 from tests.gcs_emulator import GcsEmulator
 from tests.stack_world import World, world_factory

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.stackfile import STACK_LABEL
-from scripts.targets.gce.bucket import BUCKET_TYPE
-from scripts.targets.gce.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackLockedError
+from scripts.targets.gce.failover import ZONE_CONFIG_KEY
+from scripts.targets.stack.bucket import BUCKET_TYPE
+from scripts.targets.stack.runner import OnOutput, StackError, StackLockedError
 from tests.fake_compute import FakeCompute, region_of, ssh_host_keys
 
 NodeFactory = Callable[[str], list[dict[str, Any]]]  # zone -> nodes in the NodeOutput shape

@@ -253,9 +253,9 @@ def assert_torn_down(w: World) -> None:
     """destroy ran and nothing of the stack is left in the (fake) project."""
     assert "destroy" in w.runner.call_names()
     assert w.runner.existing == []
-    from infra.compute import ComputeApi
-    from infra.gcs import StorageApi
-    from infra.sweep import sweep
+    from infra.gcp.compute import ComputeApi
+    from infra.gcp.gcs import StorageApi
+    from infra.gcp.sweep import sweep
 
     storage = StorageApi() if w.gcs else None
     assert sweep("gputrain-test", "e2e", api=ComputeApi(w.compute.url), storage=storage) == []

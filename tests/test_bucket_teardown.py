@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from infra.gcs import ObjectInfo, StorageApi, StorageApiError
+from infra.gcp.gcs import ObjectInfo, StorageApi, StorageApiError
 from scripts.cli import main
 from scripts.settings import Settings
-from scripts.targets.gce.bucket import checkpoint_candidates, destroy_targets, run_objects
 from scripts.targets.gce.clients import GceClients
+from scripts.targets.stack.bucket import checkpoint_candidates, destroy_targets, run_objects
 from tests.fake_compute import FakeCompute
 from tests.fake_stack import FakeStackRunner
 from tests.gcs_emulator import GcsEmulator
@@ -153,8 +153,8 @@ def test_the_users_bucket_is_never_touched(cloud: Cloud) -> None:
 
 
 def test_sweep_finds_a_labelled_bucket_of_this_stack_only(cloud: Cloud) -> None:
-    from infra.compute import ComputeApi
-    from infra.sweep import sweep
+    from infra.gcp.compute import ComputeApi
+    from infra.gcp.sweep import sweep
 
     other = cloud.gcs.client().create_bucket("gputrain-prod-gputrain-test")
     other.labels = {"gputrain-stack": "prod"}

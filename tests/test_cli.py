@@ -210,14 +210,14 @@ def test_down_clears_a_stale_lock_with_pulumi_cancel_and_says_so(
 def test_teardown_after_a_run_never_cancels_someone_elses_update(
     cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from scripts.targets.gce.teardown import teardown
+    from scripts.targets.gce.target import GceTarget
 
     _, runner, cli = cloud
     runner.up()
     runner.locked = True  # maybe a live update of another user: not ours to cancel
     spec = parse_spec(load_stack_config(cli.settings.root, "lab"), "lab")
     with pytest.raises(GputrainError, match="teardown of stack lab is incomplete: destroy failed"):
-        teardown(spec, runner, cli.gce, runs_dir=cli.settings.runs_dir)
+        GceTarget("lab", cli.settings, cli.gce).teardown(spec)
     assert "cancel" not in runner.call_names() and runner.call_names().count("refresh") == 3
     assert "destroy attempt 3 failed" in capsys.readouterr().err
 

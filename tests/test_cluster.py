@@ -184,7 +184,7 @@ def _check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> No
     price = spec.hourly_price  # unknown in the price data: exported as null, never 0
     assert outputs["hourlyPriceUsd"] == (None if price is None else pytest.approx(price, abs=1e-3))
     # The controller reads exactly these exports (contract between program and lifecycle).
-    from scripts.targets.gce.stack import parse_stack_outputs
+    from infra.outputs import parse_stack_outputs
 
     parsed = parse_stack_outputs(outputs)
     assert [n.name for n in parsed.nodes] == list(spec.node_names)

@@ -1,4 +1,4 @@
-"""infra/compute.py: host keys from guest attributes and sweep, through the real google-cloud-compute
+"""infra/gcp/compute.py: host keys from guest attributes and sweep, through the real google-cloud-compute
 clients against the local fake of the Compute REST API."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import base64
 import pytest
 
 from infra.base.errors import GputrainError
-from infra.compute import ComputeApi, ComputeApiError, fetch_host_keys, parse_host_key_items
-from infra.sweep import owned_by_name, sweep
+from infra.gcp.compute import ComputeApi, ComputeApiError, fetch_host_keys, parse_host_key_items
+from infra.gcp.sweep import owned_by_name, sweep
 from tests.fake_compute import PAGE_SIZE, FakeCompute, ssh_host_keys
 
 ZONE = "us-central1-a"

@@ -18,6 +18,7 @@ from infra.permissions import (
     role_for,
     roles_for,
 )
+from infra.stackfile import read_stack_file
 from scripts.cli import main
 from scripts.doctor.project import CORE_APIS, VERTEX_APIS, ProjectCheck, project_rows
 from scripts.doctor.report import DoctorReport, Row
@@ -67,7 +68,7 @@ class World:
 
     def report(self) -> DoctorReport:
         self.write_stack()
-        return run_doctor("lab", self.dir, self.gce)
+        return run_doctor(read_stack_file(self.dir, "lab"), self.gce)
 
     def cli(self, *argv: str) -> int:
         self.write_stack()

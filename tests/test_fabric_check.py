@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from infra.fabric import plan_fabric
-from scripts.fabric_check import (
+from scripts.verify.fabric_check import (
     PROBE_COMMAND,
     Link,
     check_allreduce,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import fabric_setup as fs
-from scripts.fabric_setup import (
+from scripts.verify import fabric_setup as fs
+from scripts.verify.fabric_setup import (
     FabricSetupError,
     SetupReport,
     nccl_env,

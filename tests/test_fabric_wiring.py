@@ -10,10 +10,10 @@ from pathlib import Path
 
 from infra.spec import parse_spec
 from scripts.cli import _options, _parser
-from scripts.fabric_setup import NCCL_ENV_FILE
-from scripts.fabric_verify import FabricCheck
 from scripts.job.node_scripts import build_node_command
 from scripts.job.records import Job
+from scripts.node_layout import NCCL_ENV_FILE
+from scripts.verify.fabric import FabricCheck
 from tests.pulumi_mocks import deployable_config
 from tests.test_fleet_units import FAKE_PY
 

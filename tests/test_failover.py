@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.compute import ComputeApi
-from infra.sweep import sweep
+from infra.gcp.compute import ComputeApi
+from infra.gcp.sweep import sweep
 from scripts.targets.gce.failover import (
     ProvisioningError,
     classify_provisioning_error,

@@ -28,7 +28,7 @@ from scripts.job.records import Job, validate_job
 from scripts.job.sync import check_size, collect_sources, plan_upload, sync_code
 from scripts.transport.hostkeys import fingerprint, known_hosts_name, parse_public_key
 from scripts.transport.local import LocalTransport
-from scripts.verify import GPU_FIELDS, check_gpus, parse_gpu_csv
+from scripts.verify.gpus import GPU_FIELDS, check_gpus, parse_gpu_csv
 
 HOSTILE = ("a b", "$HOME", "'q'", 'd"q', "x;touch pwned", "`id`", "$(id)", "*", "", "-m", "\\n")
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from infra import catalog
-from infra.compute import ComputeApi
+from infra.gcp.compute import ComputeApi
+from infra.gcp.sweep import sweep
 from infra.offers import Candidate, parse_request, resolve
 from infra.placement import candidate_label
-from infra.sweep import sweep
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
@@ -220,3 +220,24 @@ def test_spot_recovery_reups_the_same_shape_its_zone_first(
     label = candidate_label(running)
     assert _ups(runner) == [(label, running.zone), (label, ranked[0].zone)]
     assert "destroy" not in runner.call_names()
+
+
+def test_pinning_the_stacks_own_choice_reuses_the_spec_parsed_once() -> None:
+    """`up` pins the candidate it created; the stack's own choice needs no second parse, and
+    the shortcut gives exactly what parsing the pinned config gives."""
+    from infra.spec import parse_spec
+    from infra.stackfile import NS, load_stack_config
+    from scripts.targets.gce.target import GceTarget
+
+    target = GceTarget("gpus", Settings(root=ROOT), GceClients())
+    spec = target.spec()
+    assert target.spec() is spec  # parsed once per command
+    first = spec.candidates[0]
+    pinned = {NS + "candidate": candidate_label(first), NS + "zone": first.zone}
+    assert target.spec_at(first) is spec
+    assert spec == parse_spec(load_stack_config(ROOT, "gpus") | pinned, "gpus")
+    other = next(c for c in spec.candidates if c.zone != first.zone)
+    assert (target.spec_at(other).zone, target.spec_at(other).machine_type) == (
+        other.zone,
+        other.machine_type,
+    )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.compute import AcceleratorTypeInfo, ComputeApi, ImageInfo, MachineTypeInfo, Quota
+from infra.gcp.compute import AcceleratorTypeInfo, ComputeApi, ImageInfo, MachineTypeInfo, Quota
 from infra.preflight import (
     GLOBAL,
     PROJECT,
@@ -282,8 +282,8 @@ def test_on_demand_with_a_ttl_of_7_days_or_less_may_use_either_pool(
 def test_the_gce_target_passes_the_stacks_ttl_to_preflight(
     fake: FakeCompute, api: ComputeApi
 ) -> None:
+    from infra.preflight import request_for as gce_request
     from infra.spec import parse_spec
-    from scripts.targets.gce.preflight import request_for as gce_request
     from tests.pulumi_mocks import deployable_config
 
     fake.set_region_quota("us-central1", "NVIDIA_L4_GPUS", 0)

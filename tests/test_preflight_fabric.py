@@ -3,11 +3,11 @@ shapes: reservations.get, networkProfiles.get and the project's NETWORKS / SUBNE
 
 from __future__ import annotations
 
-from infra.compute import ComputeApi
-from infra.compute_capacity import get_reservation, split_reservation
-from infra.preflight import GLOBAL, PreflightReport
+from infra.gcp.compute import ComputeApi
+from infra.gcp.compute_capacity import get_reservation, split_reservation
+from infra.preflight import GLOBAL, PreflightReport, request_for
 from infra.spec import ClusterSpec, parse_spec
-from scripts.targets.gce.preflight import preflight, request_for
+from scripts.targets.gce.preflight import preflight
 from tests.fake_compute import FakeCompute
 from tests.pulumi_mocks import deployable_config
 

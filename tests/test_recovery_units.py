@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from infra.base.errors import UserError
-from infra.compute import ComputeApi
+from infra.gcp.compute import ComputeApi
+from infra.outputs import parse_bucket, parse_stack_outputs
 from infra.spec import parse_spec
 from scripts.cli import main
 from scripts.job.node_scripts import STORAGE_PACKAGES, TRAINER_PACKAGES, build_install_command
@@ -21,7 +23,6 @@ from scripts.job.records import JobResult, NodeFailure, Recovery, TrainingError
 from scripts.lifecycle import recovery_rows, summarize
 from scripts.settings import Settings
 from scripts.targets.base import RunOptions
-from scripts.targets.gce.bucket import run_bucket
 from scripts.targets.gce.recovery import (
     NodeCloudState,
     StackNodes,
@@ -31,7 +32,6 @@ from scripts.targets.gce.recovery import (
     preempted_nodes,
     recovery_line,
 )
-from scripts.targets.gce.stack import parse_stack_outputs
 from scripts.targets.gce.target import recoveries_allowed
 from scripts.transport.local import LocalTransport
 from tests.fake_compute import FakeCompute
@@ -100,6 +100,11 @@ def test_stack_nodes_read_the_compute_api() -> None:
 
 def test_checkpoints_go_under_the_runs_prefix_of_the_bucket() -> None:
     theirs = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "t/", "bucketOwned": 0}
+
+    def run_bucket(outputs: dict[str, Any]) -> str | None:
+        bucket = parse_bucket(outputs)
+        return bucket.uri if bucket else None
+
     assert checkpoint_uri(run_bucket(theirs), "r1") == "gs://b/t/runs/r1/checkpoints/"
     own = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "", "bucketOwned": 1}
     assert checkpoint_uri(run_bucket(own), "r1") == "gs://b/runs/r1/checkpoints/"

@@ -14,11 +14,11 @@ from pulumi.automation import CommandResult, PulumiCommand
 from pulumi.automation._cmd import VersionInfo
 
 from infra.base.errors import GputrainError
-from scripts.targets.gce.stack import (
+from infra.outputs import StackOutputError, parse_stack_outputs
+from scripts.targets.stack.runner import (
     PulumiStackRunner,
     StackError,
     StackLockedError,
-    parse_stack_outputs,
     summarise_pulumi_error,
 )
 from tests.fake_stack import sample_outputs, stockout_text
@@ -260,7 +260,7 @@ def _broken(mutate: Any) -> dict[str, Any]:
     ],
 )
 def test_malformed_outputs_are_one_line_errors(outputs: dict[str, Any], message: str) -> None:
-    with pytest.raises(StackError) as err:
+    with pytest.raises(StackOutputError) as err:
         parse_stack_outputs(outputs)
     assert message in str(err.value)
 
@@ -268,7 +268,7 @@ def test_malformed_outputs_are_one_line_errors(outputs: dict[str, Any], message:
 def test_outputs_to_fleet_pins_keys_and_expects_the_gpus() -> None:
     parsed = parse_stack_outputs(sample_outputs("dev", "us-central1-a", nodes=2))
     keys = {n.name: (f"ssh-ed25519 KEY{i}",) for i, n in enumerate(parsed.nodes)}
-    fleet = parsed.to_fleet("dev", keys, identity_file=Path("/k"))
+    fleet = parsed.to_fleet("stack-dev", keys, identity_file=Path("/k"))
     assert fleet.target == "stack-dev"
     assert fleet.head.name == "dev-node-0" and fleet.head.address == parsed.nodes[0].external_ip
     assert fleet.nodes[1].address is None  # workers reached through the head
@@ -276,15 +276,15 @@ def test_outputs_to_fleet_pins_keys_and_expects_the_gpus() -> None:
     assert fleet.expect.count == parsed.gpus_per_node and fleet.expect.model == parsed.gpu_model
     assert 0 < fleet.expect.min_memory_mib < parsed.gpu_memory_gb * 1024
     with pytest.raises(GputrainError, match="no pinned SSH host keys for dev-node-1"):
-        parsed.to_fleet("dev", {"dev-node-0": ("k",)}, identity_file=None)
+        parsed.to_fleet("stack-dev", {"dev-node-0": ("k",)}, identity_file=None)
 
 
 # ---- FakeStackRunner: the GCP side end to end (what the lifecycle tests build on) -------------------
 
 
 def test_fake_runner_up_host_keys_fleet_destroy_sweep() -> None:
-    from infra.compute import ComputeApi, fetch_host_keys
-    from infra.sweep import sweep
+    from infra.gcp.compute import ComputeApi, fetch_host_keys
+    from infra.gcp.sweep import sweep
     from tests.fake_compute import FakeCompute, ssh_host_keys
     from tests.fake_stack import FakeStackRunner, sample_nodes
 

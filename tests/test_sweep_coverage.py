@@ -1,4 +1,4 @@
-"""Teardown coverage (infra/sweep.py): every resource type the Pulumi program declares maps to a
+"""Teardown coverage (infra/gcp/sweep.py): every resource type the Pulumi program declares maps to a
 kind the sweep lists, the service account and its project role bindings are found through the
 real IAM / Cloud Resource Manager REST shapes, and other stacks' accounts are left alone."""
 
@@ -10,11 +10,11 @@ import pulumi
 import pytest
 
 from infra.components.identity import NODE_ROLES
-from infra.compute import ComputeApi
-from infra.gcs import StorageApi
-from infra.iam import IamApi
+from infra.gcp.compute import ComputeApi
+from infra.gcp.gcs import StorageApi
+from infra.gcp.iam import IamApi
+from infra.gcp.sweep import NOT_SWEPT, SWEPT_TYPES, sweep
 from infra.stackfile import STACK_LABEL, load_stack_config, service_account_id
-from infra.sweep import NOT_SWEPT, SWEPT_TYPES, sweep
 from tests.fake_compute import FakeCompute
 from tests.gcs_emulator import GcsEmulator
 from tests.pulumi_mocks import ROOT, deployable_config, pulumi_mocks
@@ -147,7 +147,7 @@ def test_service_account_and_its_role_bindings_are_found_until_deleted(
 
 
 def test_iam_reads_page_and_fail_in_one_line(fake: FakeCompute) -> None:
-    from infra.compute import ComputeApiError
+    from infra.gcp.compute import ComputeApiError
 
     iam = IamApi(fake.url)
     for i in range(5):  # the fake pages every 2 accounts

@@ -8,7 +8,7 @@ import pytest
 
 from infra.base.records import GpuExpectation
 from scripts.connect import close_all, connect
-from scripts.verify import VerificationError, verify_gpus
+from scripts.verify.gpus import VerificationError, verify_gpus
 from tests.testbed import GpuConfig, TestBed
 
 pytestmark = pytest.mark.testbed

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.targets import vertex_job as vj
-from scripts.targets.vertex_api import (
+from scripts.targets.vertex import job as vj
+from scripts.targets.vertex.api import (
     VertexApi,
     VertexApiError,
     VertexNotFound,
@@ -344,8 +344,8 @@ def test_missing_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_google_clients_are_imported_only_when_called() -> None:
     code = (
-        "import sys, scripts.cli, infra.vertex, scripts.targets.vertex_job, "
-        "scripts.targets.vertex_api\n"
+        "import sys, scripts.cli, infra.vertex, scripts.targets.vertex.job, "
+        "scripts.targets.vertex.api\n"
         "heavy = [m for m in sys.modules if m.startswith(('google.cloud.aiplatform', "
         "'google.cloud.logging', 'google.api_core', 'grpc'))]\n"
         "print(heavy)"

@@ -23,7 +23,7 @@ from infra.fields import stack_bucket_name
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.vertex_clients import VertexClients
+from scripts.targets.vertex.clients import VertexClients
 from tests.fake_compute import FakeCompute
 from tests.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
 from tests.fake_stack import FakeStackRunner

@@ -16,7 +16,7 @@ import pytest
 
 from infra import catalog, vertex
 from infra.base.errors import UserError
-from scripts.targets import vertex_job as vj
+from scripts.targets.vertex import job as vj
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,11 +9,11 @@ from typing import Any
 import pulumi
 import pytest
 
+from infra.outputs import parse_vertex_outputs
 from infra.plan import build_plan
 from infra.prices import price_table
 from infra.spec import parse_spec, require_deployable
 from infra.stackfile import load_stack_config
-from scripts.targets.vertex_session import parse_vertex_outputs
 from tests.fake_stack import sample_vertex_outputs
 from tests.pulumi_mocks import (
     ACCOUNT,

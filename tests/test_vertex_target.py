@@ -9,24 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from infra.compute import ComputeApi
+from infra.gcp.compute import ComputeApi
+from infra.outputs import parse_vertex_outputs
 from infra.spec import ClusterSpec, parse_spec
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets import open_target
-from scripts.targets.gce.clients import GceClients
 from scripts.targets.gce.target import GceTarget
-from scripts.targets.vertex import VertexTarget
-from scripts.targets.vertex_clients import VertexClients
-from scripts.targets.vertex_job import custom_job_body
-from scripts.targets.vertex_preflight import vertex_preflight
-from scripts.targets.vertex_session import (
+from scripts.targets.vertex.clients import VertexClients
+from scripts.targets.vertex.job import custom_job_body
+from scripts.targets.vertex.preflight import vertex_preflight
+from scripts.targets.vertex.session import (
     JOB_RECORD,
     RUN_LABEL,
     VertexSession,
-    parse_vertex_outputs,
     run_label,
 )
+from scripts.targets.vertex.target import VertexTarget
 from tests.fake_compute import FakeCompute
 from tests.fake_stack import FakeStackRunner, sample_outputs, sample_vertex_outputs
 from tests.fake_vertex import FakeVertex
@@ -94,9 +93,7 @@ def test_plan_of_a_vertex_stack_through_the_cli(
 def test_outputs_of_the_other_backend_or_a_broken_program_are_refused(tmp_path: Path) -> None:
     settings = _project(tmp_path)
     runner = FakeStackRunner(stack_name="vx")
-    target = VertexTarget(
-        "vx", settings, VertexClients(runner_for=lambda s, r: runner), GceClients()
-    )
+    target = VertexTarget("vx", settings, VertexClients(runner_for=lambda s, r: runner))
     runner._outputs = sample_outputs("vx", "us-central1-a")  # a GCE cluster of this stack
     with pytest.raises(Exception, match=r"up with backend gce \(it has VMs\); `gputrain down"):
         target._outputs()
@@ -214,7 +211,7 @@ def test_the_money_prompt_names_the_backend_and_no_means_nothing_is_created(
     stack: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from infra.base.errors import UserError
-    from scripts.targets.stack_target import confirm
+    from scripts.targets.stack.target import confirm
 
     spec = parse_spec(deployable_config(stack), stack)
     answers = iter(["n", "yes"])

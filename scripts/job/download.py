@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scripts import ui
-from scripts.job.node_scripts import run_dir
 from scripts.job.records import JobResult
+from scripts.node_layout import run_dir
 from scripts.parallel import parallel
 from scripts.transport.base import Transport
 

@@ -15,11 +15,11 @@ from scripts.job.autodown import (
 )
 
 if TYPE_CHECKING:
+    from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
     from scripts.targets.base import RunOptions
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.gce.recovery import StackNodes
-    from scripts.targets.gce.stack import StackOutputs
 
 HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
 

@@ -1,5 +1,5 @@
 """The Compute API reads the capacity and fabric preflight needs: a specific reservation
-(`reservations.get`) and a network profile (`networkProfiles.get`). Thin, like infra/compute.py,
+(`reservations.get`) and a network profile (`networkProfiles.get`). Thin, like infra/gcp/compute.py,
 whose clients and error mapping it shares; the rules that judge them live in
 infra/preflight_fabric.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.compute import ComputeApi
+from infra.gcp.compute import ComputeApi
 
 
 @dataclass(frozen=True)

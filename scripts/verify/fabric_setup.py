@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from infra.base.errors import GputrainError
 from infra.fabric import TCPXO_GPU_NICS, FabricKind
+from scripts.node_layout import NCCL_ENV_FILE
 
 SETUP_COMMAND = "sudo -n bash -s"  # the script arrives on stdin
-NCCL_ENV_FILE = ".gputrain/nccl.env"  # relative to the node root, like launch.RUNS_DIR
 MARK = "@@gputrain-fabric"
 
 GIB_APT_LINE = "deb https://packages.cloud.google.com/apt gpudirect-gib-apt main"

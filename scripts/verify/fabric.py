@@ -1,6 +1,6 @@
 """The GPU fabric on the nodes, over SSH: the idempotent setup (plugin, NCCL env file the launcher
 sources) and `verify --fabric` (NICs, MTU, RDMA devices or the TCPXO daemon on every node, then a
-short 2-node all-reduce). Pure rules live in scripts/fabric_setup.py and scripts/fabric_check.py;
+short 2-node all-reduce). Pure rules live in scripts/verify/fabric_setup.py and scripts/verify/fabric_check.py;
 this module only runs them on a fleet and says which node failed which check."""
 
 from __future__ import annotations
@@ -12,9 +12,17 @@ from pathlib import Path
 from infra.base.records import Fleet
 from infra.fabric import FabricExpectation, FabricKind, FabricPlan
 from scripts import ui
-from scripts.fabric_check import NCCL_ENV, PROBE_COMMAND, check_allreduce, check_probe, parse_probe
-from scripts.fabric_setup import (
-    NCCL_ENV_FILE,
+from scripts.node_layout import NCCL_ENV_FILE
+from scripts.parallel import parallel
+from scripts.transport.base import Transport
+from scripts.verify.fabric_check import (
+    NCCL_ENV,
+    PROBE_COMMAND,
+    check_allreduce,
+    check_probe,
+    parse_probe,
+)
+from scripts.verify.fabric_setup import (
     SETUP_COMMAND,
     FabricSetupError,
     SetupReport,
@@ -23,9 +31,7 @@ from scripts.fabric_setup import (
     parse_setup_report,
     setup_script,
 )
-from scripts.parallel import parallel
-from scripts.transport.base import Transport
-from scripts.verify import VerificationError
+from scripts.verify.gpus import VerificationError
 
 SETUP_TIMEOUT_S = 900.0  # apt, a DKMS build and two image pulls on a fresh node
 PROBE_ENTRY = ("-m", "trainer.healthcheck")

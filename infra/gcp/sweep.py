@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.compute import ComputeApi
-from infra.gcs import StorageApi
-from infra.iam import IamApi
+from infra.gcp.compute import ComputeApi
+from infra.gcp.gcs import StorageApi
+from infra.gcp.iam import IamApi
 from infra.stackfile import STACK_LABEL, service_account_id
 
 #: The kinds the sweep lists: Compute kinds from ComputeApi.stack_resource_candidates, and the

@@ -13,11 +13,16 @@ import dataclasses
 from infra import vertex
 from infra.base.errors import GputrainError
 from infra.catalog import quota_console_url
-from infra.compute import ComputeApi, ComputeApiError
-from infra.preflight import TABLE_HEADERS, CheckResult, PreflightReport, check_machine_type
+from infra.gcp.compute import ComputeApi, ComputeApiError
+from infra.preflight import (
+    TABLE_HEADERS,
+    CheckResult,
+    PreflightReport,
+    check_machine_type,
+    request_for,
+)
 from infra.spec import ClusterSpec
 from scripts import ui
-from scripts.targets.gce.preflight import request_for
 
 
 def vertex_preflight(spec: ClusterSpec, api: ComputeApi) -> PreflightReport:

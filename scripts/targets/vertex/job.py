@@ -2,7 +2,7 @@
 mean for the user, the job's Cloud Logging lines with [replica] prefixes, and the code package
 (an sdist of the working directory and the trainer) that `pythonPackageSpec` pip-installs.
 
-No I/O except writing the sdist; the API calls live in scripts/targets/vertex_api.py.
+No I/O except writing the sdist; the API calls live in scripts/targets/vertex/api.py.
 """
 
 from __future__ import annotations

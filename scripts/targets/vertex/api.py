@@ -2,7 +2,7 @@
 google-cloud-logging (JSON API): create, get and cancel a CustomJob, follow it to a final state
 with its log lines, and turn API failures into typed one-line errors.
 
-Everything it returns is a plain record from scripts/targets/vertex_job.py, so the rules stay pure.
+Everything it returns is a plain record from scripts/targets/vertex/job.py, so the rules stay pure.
 `google.cloud.aiplatform_v1` costs about 0.8 s to import (it loads every Vertex service), so all
 Google imports happen inside the methods: `gputrain --help` and the GCE path never pay for them.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.base.errors import GputrainError
-from scripts.targets.vertex_job import (
+from scripts.targets.vertex.job import (
     JobStatus,
     LogCursor,
     LogLine,
@@ -152,7 +152,7 @@ class VertexApi:
     # -- jobs
 
     def create_job(self, body: Mapping[str, Any]) -> JobStatus:
-        """Submit a CustomJob (REST JSON body, see vertex_job.custom_job_body)."""
+        """Submit a CustomJob (REST JSON body, see vertex/job.py: custom_job_body)."""
         from google.cloud import aiplatform_v1
 
         job = aiplatform_v1.CustomJob.from_json(json.dumps(body))
@@ -318,7 +318,7 @@ def _one_line(e: object) -> str:
 
 def _message(e: Any) -> str:
     """The server's message on one line, without the "POST http://...: " api_core puts first."""
-    from infra.gcp_api import message
+    from infra.gcp.api import message
 
     return _one_line(message(e))
 

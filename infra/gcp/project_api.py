@@ -1,7 +1,7 @@
 """Thin adapter over Cloud Resource Manager (v3) and Service Usage (v1), for `gputrain doctor`: is
 the project there and visible, which APIs are enabled, which IAM permissions the caller holds.
 
-Plain results, one-line GoogleApiErrors (infra/gcp_api.py); clients over REST, built lazily, and
+Plain results, one-line GoogleApiErrors (infra/gcp/api.py); clients over REST, built lazily, and
 pointed at a local server with anonymous credentials when `api_endpoint` is given.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infra.gcp_api import GoogleApiError, build_client, call
+from infra.gcp.api import GoogleApiError, build_client, call
 
 BATCH_GET_MAX = 30  # Service Usage's services:batchGet takes at most 30 names
 PERMISSIONS_PER_CALL = 100

@@ -11,14 +11,14 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from infra import vertex
 from infra.base.errors import GputrainError, UserError
-from infra.gcs import StorageApi
+from infra.gcp.gcs import StorageApi
+from infra.outputs import VertexOutputs
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
 from scripts import ui
@@ -27,10 +27,10 @@ from scripts.job.download import write_job_record
 from scripts.job.launch import TRAINER_DIR
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
 from scripts.settings import Settings
-from scripts.targets.gce.bucket import to_fetch
-from scripts.targets.gce.stack import OUT, target_name
-from scripts.targets.vertex_clients import VertexClients
-from scripts.targets.vertex_job import (
+from scripts.targets.stack.bucket import to_fetch
+from scripts.targets.stack.target import target_name
+from scripts.targets.vertex.clients import VertexClients
+from scripts.targets.vertex.job import (
     JobRequest,
     JobStatus,
     build_sdist,
@@ -42,37 +42,11 @@ from scripts.targets.vertex_job import (
 )
 
 if TYPE_CHECKING:
-    from scripts.targets.vertex_api import Followed
+    from scripts.targets.vertex.api import Followed
 
 RUN_LABEL = "gputrain-run"  # on every job: how a run's job is found again (logs, a lost create)
 JOB_RECORD = "vertex-job.json"  # runs/<target>/<run-id>/: which job a run was
 LOG_FILE = "vertex.log"  # runs/<target>/<run-id>/: every log line the controller saw
-
-
-@dataclass(frozen=True)
-class VertexOutputs:
-    """What the Vertex program exports and the controller needs (infra/components/vertex.py)."""
-
-    project: str
-    region: str
-    bucket: str
-    bucket_prefix: str
-    service_account: str
-
-
-def parse_vertex_outputs(outputs: Mapping[str, Any]) -> VertexOutputs:
-    """Checked VertexOutputs; StackError if the stack is not a Vertex one or is malformed."""
-    sync = "(is the stack program in sync with this gputrain?)"
-    OUT.one_of("backend", outputs.get("backend"), ("vertex",), f"expected vertex {sync}")
-    need = {k: OUT.typed(k, outputs.get(k), str, f"expected a string {sync}") for k in
-            ("project", "region", "bucket", "serviceAccount")}  # fmt: skip
-    return VertexOutputs(
-        project=need["project"],
-        region=need["region"],
-        bucket=need["bucket"],
-        bucket_prefix=str(outputs.get("bucketPrefix") or ""),
-        service_account=need["serviceAccount"],
-    )
 
 
 def run_label(run_id: str) -> str:

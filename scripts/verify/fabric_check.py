@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.fabric import FabricExpectation
-from scripts.fabric_setup import RXDM_CONTAINER, RXDM_READY
+from scripts.verify.fabric_setup import RXDM_CONTAINER, RXDM_READY
 
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 _SECTIONS = ("links", "ibv", "rxdm")

@@ -17,15 +17,15 @@ from typing import Any
 
 from infra.base.errors import GputrainError
 from infra.base.retry import GaveUp, NotReady, every, poll_until
-from infra.gcp_api import GoogleApiError, build_client, call
-from infra.gcp_api import message as _message
+from infra.gcp.api import GoogleApiError, build_client, call
+from infra.gcp.api import message as _message
 from infra.stackfile import STACK_LABEL
 
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
 PREEMPTED = "compute.instances.preempted"  # the zone operation GCE records when it takes a VM back
 
 
-ComputeApiError = GoogleApiError  # a Compute API call failed (see infra/gcp_api.py)
+ComputeApiError = GoogleApiError  # a Compute API call failed (see infra/gcp/api.py)
 
 
 # ---- plain results -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The one adapter around `pulumi.automation`, and the shape of the stack's outputs.
+"""The one adapter around `pulumi.automation`, its errors, and how Pulumi's own progress is shown.
 
 Everything else talks to a `StackRunner`; tests use tests/fake_stack.FakeStackRunner because the
 real runner drives the Pulumi CLI, which the test machines lack. `pulumi.automation` is imported
@@ -11,23 +11,12 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import Any, Protocol
 
-from infra import catalog
 from infra.base.errors import GputrainError
-from infra.base.records import Fleet, GpuExpectation, Node
-from infra.base.validate import Checker
-from infra.stackfile import qualify
 
 OnOutput = Callable[[str], None]
-ZONE_CONFIG_KEY = qualify("zone")  # written by the zone failover, read by the program
-
-
-def target_name(stack: str) -> str:
-    """The target a stack is: results go to runs/stack-<name>/."""
-    return f"stack-{stack}"
 
 
 class StackError(GputrainError):
@@ -211,7 +200,7 @@ class PulumiStackRunner:
 
     def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None:
         """`keep`: resource types to leave (a kept bucket): a targeted destroy of all the rest."""
-        from scripts.targets.gce.bucket import destroy_targets
+        from scripts.targets.stack.bucket import destroy_targets
 
         stack = self._stack()
         state = self._run("stack export", stack.export_stack) if keep else None
@@ -227,174 +216,9 @@ class PulumiStackRunner:
         self._run("cancel", stack.cancel)
 
 
-# ---- stack outputs -------------------------------------------------------------------------------
+def pulumi_line(line: str) -> None:
+    """Pulumi's own progress, indented under ours."""
+    if line.strip():
+        from scripts import ui
 
-
-class NodeOutput(TypedDict):
-    """One entry of the `nodes` stack output (camelCase, as Pulumi exports it)."""
-
-    name: str  # instance name, e.g. "dev-node-0"
-    zone: str
-    internalIp: str
-    externalIp: str | None  # None: reached through the head
-    role: str  # "head" (exactly one, first) or "worker"
-    id: NotRequired[str]  # GCE instance id: host-key pins are never reused across ids
-
-
-class StackOutputsDict(TypedDict):
-    """Everything `__main__.py` exports; `parse_stack_outputs` checks it."""
-
-    project: str
-    region: str
-    zone: str
-    nodes: list[NodeOutput]
-    sshUser: str
-    accelerator: str  # e.g. "nvidia-l4"
-    gpusPerNode: int
-    gpuModel: str  # as nvidia-smi prints it, e.g. "NVIDIA L4"
-    gpuMemoryGb: float
-    maxRunDurationSeconds: int  # the VM TTL
-    hourlyPriceUsd: float | None  # the whole cluster; null: the price data has no figure
-    image: NotRequired[str]  # the pinned boot image self-link
-
-
-@dataclass(frozen=True)
-class StackNode:
-    name: str
-    zone: str
-    internal_ip: str
-    external_ip: str | None
-    role: str
-    instance_id: str | None = None
-
-
-@dataclass(frozen=True)
-class StackOutputs:
-    project: str
-    region: str
-    zone: str
-    nodes: tuple[StackNode, ...]
-    ssh_user: str
-    accelerator: str
-    gpus_per_node: int
-    gpu_model: str
-    gpu_memory_gb: float
-    max_run_duration_s: int
-    hourly_price: float | None
-    image_self_link: str | None = None
-
-    @property
-    def head(self) -> StackNode:
-        return next(n for n in self.nodes if n.role == "head")
-
-    def to_fleet(
-        self,
-        stack: str,
-        host_keys: Mapping[str, tuple[str, ...]],
-        *,
-        identity_file: Path | None,
-        python: str = "python3",
-    ) -> Fleet:
-        """The Fleet to verify and train on; every node must come with pinned host keys, and
-        every GPU must have the catalog's memory floor for its accelerator."""
-        missing = [n.name for n in self.nodes if not host_keys.get(n.name)]
-        if missing:
-            raise GputrainError(
-                f"no pinned SSH host keys for {', '.join(missing)}: refusing to connect"
-            )
-        return Fleet(
-            target=target_name(stack),
-            nodes=tuple(
-                Node(
-                    name=n.name,
-                    role="head" if n.role == "head" else "worker",
-                    internal_address=n.internal_ip,
-                    address=n.external_ip,
-                    user=self.ssh_user,
-                    host_keys=tuple(host_keys[n.name]),
-                )
-                for n in self.nodes
-            ),
-            expect=GpuExpectation(
-                model=self.gpu_model,
-                count=self.gpus_per_node,
-                min_memory_mib=catalog.ACCELERATORS[
-                    str(catalog.canonical_accelerator(self.accelerator))
-                ].min_memory_mib,
-            ),
-            identity_file=identity_file,
-            python=python,
-        )
-
-
-#: "stack output nodes[1].role is 'boss'; expected head or worker".
-OUT = Checker(lambda key, value, allowed: f"stack output {key} is {value!r}; {allowed}", StackError)
-_IN_SYNC = "(is the stack program in sync with this gputrain?)"
-
-
-def _need(
-    outputs: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str = ""
-) -> Any:
-    names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-    return OUT.typed(where + key, outputs.get(key), kind, f"expected {names} {_IN_SYNC}")
-
-
-def _whole(outputs: Mapping[str, Any], key: str) -> int:
-    value = _need(outputs, key, (int, float))
-    OUT.check(float(value) == int(value), key, value, "expected a whole number")
-    return int(value)
-
-
-def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
-    """Checked StackOutputs from the raw outputs dict (StackOutputsDict); StackError if malformed."""
-    raw_nodes = OUT.typed("nodes", outputs.get("nodes"), list, "expected a non-empty list")
-    nodes = []
-    for i, raw in enumerate(raw_nodes):
-        where = f"nodes[{i}]."
-        OUT.typed(f"nodes[{i}]", raw, Mapping, "expected an object")
-        ext = raw.get("externalIp")
-        OUT.check(
-            ext is None or (isinstance(ext, str) and ext != ""),
-            where + "externalIp",
-            ext,
-            "expected a string or null",
-        )
-        role = OUT.one_of(
-            where + "role",
-            _need(raw, "role", str, where),
-            ("head", "worker"),
-            "expected head or worker",
-        )
-        nodes.append(
-            StackNode(
-                name=_need(raw, "name", str, where),
-                zone=_need(raw, "zone", str, where),
-                internal_ip=_need(raw, "internalIp", str, where),
-                external_ip=ext,
-                role=role,
-                instance_id=str(raw["id"]) if raw.get("id") is not None else None,
-            )
-        )
-    if [n.role for n in nodes].count("head") != 1 or nodes[0].role != "head":
-        raise StackError("stack output nodes must list exactly one head, first")
-    accelerator = _need(outputs, "accelerator", str)
-    OUT.check(
-        catalog.canonical_accelerator(accelerator) is not None,
-        "accelerator",
-        accelerator,
-        f"expected one of {', '.join(catalog.ACCELERATORS)} {_IN_SYNC}",
-    )
-    return StackOutputs(
-        project=_need(outputs, "project", str),
-        region=_need(outputs, "region", str),
-        zone=_need(outputs, "zone", str),
-        nodes=tuple(nodes),
-        ssh_user=_need(outputs, "sshUser", str),
-        accelerator=accelerator,
-        gpus_per_node=_whole(outputs, "gpusPerNode"),
-        gpu_model=_need(outputs, "gpuModel", str),
-        gpu_memory_gb=float(_need(outputs, "gpuMemoryGb", (int, float))),
-        max_run_duration_s=_whole(outputs, "maxRunDurationSeconds"),
-        hourly_price=_need(outputs, "hourlyPriceUsd", (int, float, type(None))),  # null: unknown
-        image_self_link=outputs.get("image") or None,
-    )
+        ui.say(f"  pulumi: {line.rstrip()}")

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.gcs import ObjectInfo, StorageApi
+from infra.gcp.gcs import ObjectInfo, StorageApi
+from infra.outputs import BucketOutputs
 from scripts import ui
-from scripts.targets.gce.stack import target_name
 
 BUCKET_TYPE = "gcp:storage/bucket:Bucket"  # what `destroy` keeps when the bucket is kept
 CHECKPOINT = re.compile(r"(?:^|/)ckpt-(\d{8})\.pt$")
@@ -134,35 +134,24 @@ def bring_home(
     return written
 
 
-def run_bucket(outputs: Mapping[str, Any]) -> str | None:
-    """`gs://<bucket>/<prefix>` of the stack (its own or the user's), from its raw outputs; None
-    for a stack from before there was one. Pure."""
-    if not outputs.get("bucket"):
-        return None
-    return f"gs://{outputs['bucket']}/{outputs.get('bucketPrefix') or ''}"
-
-
-def owned_bucket(outputs: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(name, prefix) of the bucket the stack created, from its raw outputs; None for the user's
-    bucket or a stack without one. Pure."""
-    if not outputs.get("bucket") or not outputs.get("bucketOwned"):
-        return None
-    return str(outputs["bucket"]), str(outputs.get("bucketPrefix") or "")
-
-
 def settle_bucket(
-    outputs: Mapping[str, Any], storage: StorageApi, *, stack: str, runs_dir: Path, keep: bool
+    outputs: BucketOutputs | None,
+    storage: StorageApi,
+    *,
+    stack: str,
+    target: str,
+    runs_dir: Path,
+    keep: bool,
 ) -> KeptBucket | None:
-    """Before destroy: results home, then the stack's own bucket emptied — or kept (returned;
-    None: destroy may delete it)."""
-    owned = owned_bucket(outputs)
-    if owned is None:
+    """Before destroy: results home (into runs/<target>/), then the stack's own bucket emptied —
+    or kept (returned; None: destroy may delete it). The user's bucket is left alone."""
+    if outputs is None or not outputs.owned:
         return None
-    bucket, prefix = owned
+    bucket, prefix = outputs.name, outputs.prefix
     try:
         if not storage.bucket_exists(bucket):
             return None
-        written = bring_home(storage, bucket, prefix, runs_dir, target_name(stack))
+        written = bring_home(storage, bucket, prefix, runs_dir, target)
         if written:
             ui.say(f"down: brought {len(written)} file(s) home from gs://{bucket} into {runs_dir}")
         if keep:

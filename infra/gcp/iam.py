@@ -1,6 +1,6 @@
 """Thin adapter for the two IAM reads the sweep needs: the project's service accounts (IAM API,
 `projects.serviceAccounts.list`) and the project's role bindings (Cloud Resource Manager,
-`projects.getIamPolicy`). Like infra/compute.py: plain results, lazy Google imports, and an
+`projects.getIamPolicy`). Like infra/gcp/compute.py: plain results, lazy Google imports, and an
 `api_endpoint` ("http://127.0.0.1:PORT") that points both at a fake with anonymous credentials.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from infra.compute import ComputeApiError
+from infra.gcp.compute import ComputeApiError
 
 IAM_ENDPOINT = "https://iam.googleapis.com"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
