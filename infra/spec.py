@@ -20,6 +20,7 @@ from infra.base.records import GpuExpectation
 from infra.fabric import FabricPlan
 from infra.fabric_fields import read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
+from infra.notify_urls import parse_notify
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
@@ -91,6 +92,7 @@ class ClusterSpec:
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
     autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
+    notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -329,6 +331,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         bucket_prefix=bucket_prefix,
         bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
         autodown_s=None if backend == "vertex" else parse_autodown(cfg.text("autodown")),
+        notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,

@@ -66,6 +66,7 @@ DEFAULTS: dict[str, str] = {
     "gpuDirect": "auto",
     "subnetRange": "10.42.0.0/16",
     "autodown": "10m",
+    "notify": "[]",
 }
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
@@ -92,7 +93,7 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
-PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k != "sshPrivateKey")
+PROGRAM_KEYS: tuple[str, ...] = tuple(k for k in DEFAULTS if k not in ("sshPrivateKey", "notify"))
 
 
 class SpecError(UserError):

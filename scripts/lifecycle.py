@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.base.errors import UserError
+from infra.base.errors import GputrainError, UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
@@ -22,28 +22,47 @@ from scripts.targets.base import RunOptions, Session, Target
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult | None:
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
     `healthcheck` (on what exists): verify, run the job, collect; then the summary. With
-    `opts.detach` it returns once the job trains (None), leaving it and its machines running."""
+    `opts.detach` it returns once the job trains (None), leaving it and its machines running.
+    Each event goes to the `notify` webhooks (scripts/notify.py), never holding the run up."""
+    from scripts.notify import notifier_for, summary_fields
+
     started = time.monotonic()
-    with signal_guard() as guard:
-        session_of = target.provisioned(opts, guard) if create else target.attached(opts)
-        with session_of as session:
-            session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network first
-            if opts.resume is not None:
-                require_run(session, opts.resume, opts.selector or target.name)
-            job = Job(
-                run_id=opts.resume or new_run_id(),
-                entry=opts.entry or DEFAULT_ENTRY,
-                env=opts.env,
-                max_restarts=opts.max_restarts,
-                workdir=Path.cwd(),
-            )
-            results_dir = settings.results_dir(target.name, job.run_id)
-            if opts.detach:
-                detach(session, job, guard, opts.selector or target.name)
-                return None
-            result = session.run_job(job, results_dir, guard)
-    summarize(result, hourly_usd=session.hourly_usd, started=started)
-    return result
+    notifier = notifier_for(target, opts)
+    try:
+        with signal_guard() as guard:
+            session_of = target.provisioned(opts, guard) if create else target.attached(opts)
+            with session_of as session:
+                session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network
+                if opts.resume is not None:
+                    require_run(session, opts.resume, opts.selector or target.name)
+                job = Job(
+                    run_id=opts.resume or new_run_id(),
+                    entry=opts.entry or DEFAULT_ENTRY,
+                    env=opts.env,
+                    max_restarts=opts.max_restarts,
+                    workdir=Path.cwd(),
+                )
+                results_dir = settings.results_dir(target.name, job.run_id)
+                fleet = getattr(session, "fleet", None)
+                notifier.base |= {"run_id": job.run_id, "nodes": fleet and len(fleet.nodes)}
+                if hasattr(session, "notifier"):
+                    session.notifier = notifier  # preempted / recovered
+                notifier.send("started")
+                if opts.detach:
+                    detach(session, job, guard, opts.selector or target.name)
+                    return None
+                result = session.run_job(job, results_dir, guard)
+        cost = summarize(result, hourly_usd=session.hourly_usd, started=started)
+        found = _find_summary(result.results_dir) or {}
+        notifier.send("finished", **summary_fields(found, cost))
+        return result
+    except GputrainError as e:
+        failure = getattr(e, "failure", None)
+        cause = failure.root_cause[-1] if failure and failure.root_cause else str(e)
+        notifier.send("failed", root_cause=cause.strip().splitlines()[-1][:500])
+        raise
+    finally:
+        notifier.close()
 
 
 def require_run(session: Session, run_id: str, selector: str) -> None:
@@ -96,9 +115,9 @@ def ssh(target: Target, node: str, command: Sequence[str], opts: RunOptions) -> 
         return session.ssh(node, command)
 
 
-def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> None:
+def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> float | None:
     """The closing lines of a run: loss vs floor, throughput, recoveries, where results are, and
-    the cost of the whole run (recoveries' lost time included)."""
+    the cost of the whole run (recoveries' lost time included), which it returns."""
     elapsed = time.monotonic() - started
     summary: dict[str, Any] = _find_summary(result.results_dir) or {}
     rows: list[list[object]] = []
@@ -114,12 +133,14 @@ def summarize(result: JobResult, *, hourly_usd: float | None, started: float) ->
             rows.append([label, fmt.format(summary[key])])
     rows += recovery_rows(result.recoveries)
     rows += [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
+    cost = None
     if hourly_usd is not None:
         cost = hourly_usd * elapsed / 3600
         lost = sum(r.downtime_s for r in result.recoveries)
         note = f", {lost:.0f} s of it recovering" if result.recoveries else ""
         rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h{note}"])
     ui.table("run summary", ["", ""], rows)
+    return cost
 
 
 def recovery_rows(recoveries: Sequence[Recovery]) -> list[list[object]]:

@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from infra.base.errors import UserError
+from infra.notify_urls import check_urls
 from scripts import ui
 from scripts.job.records import RUN_ID
 
@@ -27,6 +28,14 @@ def add_flags(c: argparse.ArgumentParser, command: str) -> None:
             "preempted), instead of starting a new one",
         )
     c.add_argument(
+        "--notify",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="POST a JSON message per run event (started, preempted, recovered, failed, "
+        "finished, autodown) to this webhook (Slack/Discord-style `text`); repeatable",
+    )
+    c.add_argument(
         "--detach",
         action="store_true",
         help="return once the job trains its first step; it runs on (`gputrain logs` reattaches; "
@@ -44,6 +53,7 @@ def check(args: argparse.Namespace) -> None:
     """Contradictions: one line each. `--keep` with `--detach`: --keep wins (said once)."""
     autodown = getattr(args, "autodown", None)
     resume = getattr(args, "resume", None)
+    check_urls(getattr(args, "notify", None) or [], "--notify")
     if resume is not None and not RUN_ID.match(resume):
         raise UserError(
             f"--resume {resume!r}: not a run id (like 20261124-183000-ab12: letters, digits, "
@@ -83,5 +93,6 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "detach": getattr(args, "detach", False),
         "autodown": getattr(args, "autodown", None),
         "resume": getattr(args, "resume", None),
+        "notify": tuple(getattr(args, "notify", None) or ()),
         "selector": selector(args),
     }

@@ -43,6 +43,8 @@ class Config:
     autodown_s: float | None  # None: results only, never delete
     poll_s: float = 2.0
     env: tuple[tuple[str, str], ...] = ()
+    notify: tuple[str, ...] = ()  # webhook URLs (secrets: only ever in this process's memory)
+    heartbeat_s: float = 10.0  # the controller's beat: silent for 3 of them at the end = gone
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> Config:
@@ -57,6 +59,8 @@ class Config:
             autodown_s=None if data.get("autodown_s") is None else float(data["autodown_s"]),
             poll_s=float(data.get("poll_s", 2.0)),
             env=tuple((str(k), str(v)) for k, v in dict(data.get("env") or {}).items()),
+            notify=tuple(str(u) for u in data.get("notify") or ()),
+            heartbeat_s=float(data.get("heartbeat_s", 10.0)),
         )
 
     @property
@@ -73,6 +77,52 @@ class Config:
 
 def log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} watchdog: {text}", flush=True)
+
+
+def redact(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}/…"
+
+
+def notify(cfg: Config, event: str, text: str, **fields: Any) -> None:
+    """A JSON POST per webhook, 3 tries with backoff; a failure is one log line, nothing more."""
+    import urllib.request
+
+    body = {"event": event, "stack": cfg.stack, "run_id": cfg.run_id, **fields}
+    body |= {
+        "nodes": len(cfg.instances),
+        "text": f"gputrain {event}: run {cfg.run_id} on {cfg.stack}; {text}",
+    }
+    for url in cfg.notify:
+        for attempt in range(3):
+            request = urllib.request.Request(
+                url, data=json.dumps(body).encode(), method="POST",
+                headers={"Content-Type": "application/json", "User-Agent": "gputrain-watchdog"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    if 200 <= answer.status < 300:
+                        break
+            except Exception as e:
+                why = type(e).__name__
+            else:
+                why = f"HTTP {answer.status}"
+            if attempt == 2:
+                log(f"notify: {redact(url)} did not take {event!r} ({why})")
+            else:
+                time.sleep(1.0 + 2 * attempt)
+
+
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    """Rank 0's figures (the head's out/summary.json), when the trainer wrote one."""
+    try:
+        data = json.loads((run_dir / "out" / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    picked = {k: data[k] for k in ("final_loss", "tokens_per_s") if k in data}
+    return picked | ({"step": data["steps"]} if "steps" in data else {})
 
 
 def ended_at(run_dir: Path, since: float) -> float | None:
@@ -175,6 +225,8 @@ def autodown(
         "instances": [n for n, _ in cfg.instances],
     }
     bucket.blob(cfg.prefix + RECORD).upload_from_string(json.dumps(record))
+    ended = time.strftime("%H:%M:%S", time.localtime(job_end))
+    notify(cfg, "autodown", f"the job ended at {ended}; deleting the stack's VMs", deleted_at=now)
     *workers, (head, head_zone) = cfg.instances
     for name, zone in workers:
         log(f"deleting {name}")
@@ -204,6 +256,11 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                 n = upload_results(cfg, run_dir, end, bucket)
                 uploaded = True
                 log(f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/")
+                if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
+                    figures = summary_of(run_dir)  # the controller is gone: say it ourselves
+                    code = (run_dir / EXITCODE).read_text().split()[:1]
+                    event = "finished" if code == ["0"] else "failed"
+                    notify(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
             except Exception as e:  # the network: try again next round
                 log(f"could not upload the results yet: {type(e).__name__}: {e}")
         if uploaded and (not cfg.head or cfg.autodown_s is None):

@@ -7,6 +7,7 @@ holds anyway, every few seconds, for as long as the controller lives. A controll
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import threading
@@ -36,7 +37,7 @@ RECORD = ".gputrain/autodown.json"  # as trainer/watchdog.py writes it
 
 @dataclass(frozen=True)
 class Autodown:
-    """What the watchdog of a stack's run needs to know (nothing secret)."""
+    """What the watchdog of a stack's run needs to know (the webhook URLs are its only secret)."""
 
     stack: str
     project: str
@@ -45,6 +46,7 @@ class Autodown:
     autodown_s: float | None  # None: the watchdog only puts results in the bucket
     heartbeat_s: float = 10.0
     poll_s: float = 2.0
+    notify: tuple[str, ...] = ()  # webhook URLs: in the watchdog's stdin, never in a file
 
     def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
         head = self.instances[-1][0]
@@ -59,6 +61,8 @@ class Autodown:
                 "bucket": self.bucket,
                 "autodown_s": self.autodown_s,
                 "poll_s": self.poll_s,
+                "heartbeat_s": self.heartbeat_s,
+                "notify": list(self.notify),
                 "env": dict(env),
             }
         ).encode()
@@ -159,8 +163,15 @@ class Watchdogs:
         self._thread: threading.Thread | None = None
 
     def arm(
-        self, fleet: Fleet, transports: Mapping[str, Transport], run_id: str, env: Mapping[str, str]
+        self,
+        fleet: Fleet,
+        transports: Mapping[str, Transport],
+        run_id: str,
+        env: Mapping[str, str],
+        nodes: Sequence[tuple[str, str, str]],
     ) -> None:
+        """`nodes`: (name, zone, role) of the stack's VMs now."""
+        self.plan = dataclasses.replace(self.plan, instances=instances_of(nodes))
         arm(fleet, transports, self.plan, run_id, env)
         self.run_id = run_id
         if self._thread is None:

@@ -39,6 +39,7 @@ class RunOptions:
     autodown: str | None = None  # `--autodown` as given (validated by the CLI); None: the stack's
     selector: str = ""  # the target as the user named it (`--stack dev`), for the way back
     resume: str | None = None  # `train --resume RUN`: that run again, from its checkpoints
+    notify: tuple[str, ...] = ()  # --notify webhook URLs (secrets), beside the target's own
 
 
 class Session(Protocol):

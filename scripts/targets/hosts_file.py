@@ -31,9 +31,12 @@ from typing import Any
 from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.base.validate import Checker
+from infra.notify_urls import check_urls
 from scripts.transport.hostkeys import KnownHosts
 
-TOP_KEYS = ("user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts")
+TOP_KEYS = (
+    "user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts", "notify",
+)  # fmt: skip
 HOST_KEYS = ("address", "internal_address", "name", "port")
 GPU_KEYS = ("model", "count", "min_memory_gb")
 MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
@@ -54,6 +57,7 @@ class HostsFile:
     fleet: Fleet
     known_hosts: Path
     unpinned: tuple[str, ...]  # node names with no key yet; only with trust_new_hosts
+    notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,9 @@ def parse_hosts(
         identity_file=identity,
         python=python.strip(),
     )
-    return HostsFile(fleet, known_hosts, tuple(unpinned))
+    notify = data.get("notify") or []
+    urls = check_urls(notify if isinstance(notify, list) else [notify], f"{source}: notify")
+    return HostsFile(fleet, known_hosts, tuple(unpinned), urls)
 
 
 # ---- fields ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 from tests.fake_compute import FakeCompute
 from tests.gcs_emulator import GcsEmulator
 from tests.support.fake_metadata import FakeMetadata
+from tests.support.http_sink import HttpSink
 
 WATCHDOG = Path(__file__).resolve().parents[2] / "trainer" / "watchdog.py"
 ZONE = "us-central1-a"
@@ -46,6 +47,7 @@ def start(
     node: str,
     autodown_s: float | None,
     cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator],
+    notify: list[str] | None = None,
 ) -> subprocess.Popen[str]:
     compute, md, gcs = cloud
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -60,6 +62,8 @@ def start(
         "bucket": "gs://gputrain-wd-bucket/team/",
         "autodown_s": autodown_s,
         "poll_s": 0.2,
+        "heartbeat_s": 0.3,
+        "notify": notify or [],
         "env": {
             "STORAGE_EMULATOR_HOST": gcs.url,
             "GCE_METADATA_HOST": md.address,
@@ -104,7 +108,8 @@ def test_results_in_the_bucket_then_workers_deleted_before_the_head(
 ) -> None:
     compute, md, gcs = cloud
     head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
-    head = start(head_dir, "wd-node-0", 2.0, cloud)
+    sink = HttpSink().start()
+    head = start(head_dir, "wd-node-0", 2.0, cloud, [sink.url + "/hook/s3cr3t"])
     worker = start(worker_dir, "wd-node-1", 2.0, cloud)
     time.sleep(1.5)
     assert compute.deletes == []  # the job runs: nothing happens, whatever the heartbeat says
@@ -126,6 +131,13 @@ def test_results_in_the_bucket_then_workers_deleted_before_the_head(
     record = json.loads(gcs.read("team/.gputrain/autodown.json"))
     assert record["run_id"] == "r1" and record["instances"] == ["wd-node-1", "wd-node-0"]
     assert ended - 1 <= record["job_ended_at"] <= record["deleted_at"] <= time.time()
+    # the controller was gone: the head said "finished" itself, then "autodown"
+    finished, down = sink.wait_for("finished", 5), sink.wait_for("autodown", 5)
+    sink.stop()
+    assert finished["run_id"] == "r1" and finished["stack"] == "wd" and finished["nodes"] == 2
+    assert finished["text"].startswith("gputrain finished: run r1 on wd")
+    assert down["text"].startswith("gputrain autodown: run r1 on wd; the job ended at")
+    assert "s3cr3t" not in out_head + out_worker
 
 
 def test_a_live_heartbeat_keeps_the_cluster_and_a_disarm_ends_the_watchdog(
@@ -133,7 +145,8 @@ def test_a_live_heartbeat_keeps_the_cluster_and_a_disarm_ends_the_watchdog(
 ) -> None:
     compute, _, gcs = cloud
     head_dir = tmp_path / "head"
-    head = start(head_dir, "wd-node-0", 1.5, cloud)
+    sink = HttpSink().start()
+    head = start(head_dir, "wd-node-0", 1.5, cloud, [sink.url])
     end_job(head_dir)
     for _ in range(20):  # 4 s of a controller that touches the heartbeat every 0.2 s
         (head_dir / "heartbeat").touch()
@@ -143,6 +156,8 @@ def test_a_live_heartbeat_keeps_the_cluster_and_a_disarm_ends_the_watchdog(
     (head_dir / "watchdog.disarm").touch()
     out = wait(head, 10)
     assert "disarmed" in out and compute.deletes == [] and len(compute.instances) == 2
+    assert sink.events() == []  # the controller is alive: it tells the webhooks itself
+    sink.stop()
 
 
 def test_a_stale_exit_code_from_an_earlier_attempt_is_not_the_end(

@@ -46,6 +46,7 @@ def stack_autodown(
         instances=instances_of([(n.name, n.zone, n.role) for n in out.nodes]),
         autodown_s=seconds,
         heartbeat_s=beat,
+        notify=tuple(dict.fromkeys((*opts.notify, *spec.notify))),
     )
 
 

@@ -28,7 +28,7 @@ from infra.base.records import Fleet
 from infra.gcp.compute import ComputeApi, ComputeApiError
 from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
-from scripts.job.autodown import Autodown, Watchdogs, instances_of
+from scripts.job.autodown import Autodown, Watchdogs
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
 from scripts.job.progress import StepWatch
@@ -43,6 +43,7 @@ from scripts.job.records import (
 from scripts.settings import Settings
 
 if TYPE_CHECKING:
+    from scripts.notify import Notifier
     from scripts.verify.fabric import FabricCheck
 from infra.outputs import StackOutputs
 from scripts.targets.session import FleetSession
@@ -191,6 +192,7 @@ class _Pending:
     reached: int | None  # the last step seen before
     zone: str = ""
     record: Recovery | None = None
+    announce: Callable[[str], object] | None = None  # the recovery line to the webhooks
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def finish(self, watch: StepWatch) -> Recovery:
@@ -206,7 +208,9 @@ class _Pending:
                 self.record = Recovery(
                     self.nodes, self.at, end - self.at, self.zone, start, repeated
                 )
-                ui.say(recovery_line(self.record, self.number, self.limit))
+                ui.say(line := recovery_line(self.record, self.number, self.limit))
+                if self.announce is not None:
+                    self.announce(line)
             return self.record
 
 
@@ -259,6 +263,7 @@ class RecoveringSession(FleetSession):
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
         head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
+        self.notifier: Notifier | None = None  # set by the lifecycle: preempted / recovered
         self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
 
     def __exit__(self, *exc: Any) -> None:
@@ -270,11 +275,7 @@ class RecoveringSession(FleetSession):
         """`--detach`: the job with the bucket's env and the watchdogs armed, left running once
         it trains (no spot recovery while detached: a preempted run stops, its checkpoint kept)."""
         job = replace(job, env={**self.nodes.job_env(job.run_id), **job.env})
-        try:
-            self._arm(job)
-        except BaseException:
-            self._stop(guard, job.run_id)
-            raise
+        self._arm(job)  # before the job starts: nothing to stop if it fails
         return super().run_detached(job, guard)
 
     def has_run(self, run_id: str) -> bool:
@@ -284,10 +285,9 @@ class RecoveringSession(FleetSession):
         return bucket_has_run(self.nodes, run_id) or super().has_run(run_id)
 
     def _arm(self, job: Job) -> None:
-        if self.watchdogs is not None:
-            nodes = [(n.name, n.zone, n.role) for n in self.nodes.outputs.nodes]  # re-created too
-            self.watchdogs.plan = replace(self.watchdogs.plan, instances=instances_of(nodes))
-            self.watchdogs.arm(self.fleet, self.transports, job.run_id, job.env)
+        if self.watchdogs is not None:  # the VMs as they are now (re-created ones too)
+            nodes = [(n.name, n.zone, n.role) for n in self.nodes.outputs.nodes]
+            self.watchdogs.arm(self.fleet, self.transports, job.run_id, job.env, nodes)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.job.launch import launch_torchrun
@@ -330,6 +330,10 @@ class RecoveringSession(FleetSession):
                     pending = _Pending(
                         len(done) + 1, self.max_recoveries, tuple(preempted), at, watch.reached
                     )
+                    if (notifier := self.notifier) is not None:
+                        evidence = "; ".join(f"{n}: {c.evidence}" for n, c in preempted.items())
+                        notifier.send("preempted", step=watch.reached, detail=evidence)
+                        pending.announce = lambda ln: notifier.send("recovered", detail=ln)
                     watch.new_attempt(functools.partial(pending.finish, watch))
                     pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
         except BaseException:
