@@ -134,6 +134,20 @@ def ended_at(run_dir: Path, since: float) -> float | None:
     return mtime if mtime >= since - 1 else None
 
 
+def other_job_running(run_dir: Path) -> str | None:
+    """Another run on this node still training (its torchrun alive, no exit code): autodown
+    must not end the VMs under it. Its run id, or None."""
+    for other in run_dir.parent.iterdir():
+        if other == run_dir or (other / EXITCODE).exists() or not (other / "jobpid").is_file():
+            continue
+        try:
+            os.kill(int((other / "jobpid").read_text().strip()), 0)
+        except (OSError, ValueError):
+            continue
+        return other.name
+    return None
+
+
 def silence_s(run_dir: Path, now: float) -> float:
     """Seconds since the controller's last heartbeat (the file's mtime, the head's own clock)."""
     try:
@@ -246,6 +260,7 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
     bucket = storage.Client(project=cfg.project).bucket(cfg.bucket_name)
     uploaded = False
     compute: Compute | None = None
+    said_busy: str | None = None
     while True:
         if (run_dir / DISARM).exists():
             log("disarmed by the controller")
@@ -275,7 +290,12 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                         n for n, z in cfg.instances if n not in ends and compute.exists(n, z)
                     ]
                     waited = clock() - (end or clock())
-                    if not missing or waited >= cfg.autodown_s:
+                    busy = other_job_running(run_dir)
+                    if busy:
+                        if busy != said_busy:
+                            log(f"run {busy} still trains on this node: no autodown yet")
+                        said_busy = busy
+                    elif not missing or waited >= cfg.autodown_s:
                         if missing:
                             log(f"no results from {', '.join(missing)}; deleting anyway")
                         job_end = max([*ends.values(), end or clock()])

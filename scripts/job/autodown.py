@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.records import Fleet
 from scripts import ui
-from scripts.job.node_scripts import Requirement, run_dir
+from scripts.job.node_scripts import STORAGE_PACKAGES, Requirement, run_dir
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -27,9 +27,8 @@ if TYPE_CHECKING:
     from infra.gcs import StorageApi
 
 WATCHDOG_SOURCE = Path(__file__).resolve().parents[2] / "trainer" / "watchdog.py"
-#: what the watchdog imports on the nodes (the head deletes VMs, every node uploads results)
-WATCHDOG_PACKAGES: tuple[Requirement, ...] = (
-    ("google.cloud.storage", "google-cloud-storage>=2.14,<4"),
+#: what the head's watchdog imports to delete VMs (every node's needs the storage client)
+COMPUTE_PACKAGES: tuple[Requirement, ...] = (
     ("google.cloud.compute_v1", "google-cloud-compute>=1.14,<2"),
 )
 RECORD = ".gputrain/autodown.json"  # as trainer/watchdog.py writes it
@@ -87,13 +86,15 @@ def resolve_autodown(stack_s: int | None, *, keep: bool, flag: str | None) -> in
 
 def build_watchdog_start(run_id: str, python: str) -> str:
     """Reads the watchdog's JSON settings on stdin and hands them to a detached watchdog (its own
-    session: a dropped SSH connection cannot end it), after ending the run's previous one.
+    session: a dropped SSH connection cannot end it), after ending any earlier one on the node.
     `exec 3<&0` keeps stdin for the background process (sh gives `&` /dev/null otherwise)."""
     d = shlex.quote(run_dir(run_id))
     return (
         f"mkdir -p {d} && cd {d} || exit 1; "
-        "if [ -s watchdog.pid ]; then kill $(cat watchdog.pid) 2>/dev/null; fi; "
-        "rm -f watchdog.disarm watchdog.pid; touch heartbeat; exec 3<&0; "
+        # one watchdog per node: an earlier run's (or attempt's) would count a silence of its own
+        'for f in ../*/watchdog.pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
+        'grep -q watchdog.py "/proc/$p/cmdline" 2>/dev/null && kill "$p"; rm -f "$f"; done; '
+        "rm -f watchdog.disarm; touch heartbeat; exec 3<&0; "
         f"nohup setsid {shlex.quote(python)} watchdog.py <&3 >> watchdog.log 2>&1 & "
         "i=0; while [ ! -s watchdog.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
         "cat watchdog.pid"
@@ -110,7 +111,10 @@ def arm(
     """The watchdog on every node for this attempt of the run (a previous one is replaced)."""
     from scripts.job.launch import ensure_packages
 
-    ensure_packages(fleet, transports, WATCHDOG_PACKAGES, "autodown's watchdog")
+    ensure_packages(fleet, transports, STORAGE_PACKAGES, "the watchdog's results upload")
+    if plan.autodown_s is not None:  # only the head deletes
+        head = dataclasses.replace(fleet, nodes=(fleet.head,))
+        ensure_packages(head, transports, COMPUTE_PACKAGES, "autodown's deletes")
     source = WATCHDOG_SOURCE.read_bytes()
     d = shlex.quote(run_dir(run_id))
 

@@ -187,3 +187,27 @@ def test_no_autodown_uploads_the_results_and_deletes_nothing(
     assert compute.deletes == []
     marker = json.loads(gcs.read("team/runs/r1/wd-node-0/.gputrain-ended.json"))
     assert marker["exit_code"] == "3"
+
+
+def test_no_autodown_while_another_run_still_trains_on_the_node(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    compute, _, _ = cloud
+    other = tmp_path / "runs" / "r0"  # a detached run the user started before, still training
+    other.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    (other / "jobpid").write_text(str(sleeper.pid))
+    try:
+        head_dir = tmp_path / "runs" / "r1"
+        head = start(head_dir, "wd-node-0", 1.0, cloud)
+        end_job(head_dir)
+        time.sleep(4)
+        assert compute.deletes == []
+        sleeper.kill()
+        sleeper.wait()
+        (other / "exitcode").write_text("0 1\n")
+        out = wait(head, 30)
+        assert "run r0 still trains on this node" in out
+        assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"]
+    finally:
+        sleeper.kill()
