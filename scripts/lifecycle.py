@@ -107,6 +107,9 @@ def verify(target: Target, opts: RunOptions) -> None:
 def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:
     """Follow a run's logs (default: the target's last run); reattaches to a running job."""
     with target.attached(opts) as session:
+        if run_id is None and not settings.has_last_run(target.name):
+            latest = getattr(session, "latest_run", None)  # another machine: ask the head
+            run_id = latest() if latest is not None else None
         session.logs(run_id or settings.last_run(target.name))
 
 

@@ -149,6 +149,14 @@ class FleetSession:
         head = self.transports[self.fleet.head.name]
         return head.run(f"test -d {shlex.quote(run_dir(run_id))}", timeout=30).ok
 
+    def latest_run(self) -> str | None:
+        """The newest run on the head (`logs` from a machine that did not start it)."""
+        from scripts.node_layout import RUNS_DIR
+
+        cmd = f"ls -1t {RUNS_DIR} 2>/dev/null | grep -v '^verify-' | head -n 1"
+        found = self.transports[self.fleet.head.name].run(cmd, timeout=30).stdout.strip()
+        return found or None
+
     def logs(self, run_id: str) -> None:
         """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
         from scripts.job.node_scripts import build_tail_command

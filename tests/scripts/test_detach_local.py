@@ -40,7 +40,8 @@ def test_local_detach_returns_while_the_job_trains_and_logs_reattaches(tmp_path:
     assert not (run / "exitcode").exists()  # still training after the command returned
     pgid = int((run / "pgid").read_text())
     os.killpg(pgid, 0)  # its process group is alive
-    again = gputrain(tmp_path, "logs", "--local")
+    (tmp_path / "runs" / "local" / "LAST_RUN").unlink()  # as on a machine that did not start it
+    again = gputrain(tmp_path, "logs", "--local")  # the newest run on the node
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"step +400/400 \|", again.stdout), again.stdout[-2000:]
     deadline = time.monotonic() + 30
