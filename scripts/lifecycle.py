@@ -83,20 +83,22 @@ def detach(session: Session, job: Job, guard: SignalGuard, selector: str) -> Non
         raise UserError(f"--detach: {session.name} cannot leave a job running on its own")
     start(job, guard)
     session.keep = True
-    stack = selector.startswith("--stack")
-    ui.say(
-        f"run {job.run_id} detached: it trains on without this command.\n"
-        f"  reattach:  gputrain logs {selector} --run {job.run_id}\n"
-        + (
-            f"  state:     gputrain status {selector}\n"
-            f"  end it:    gputrain down {selector}  (results home from the bucket, then "
-            "teardown)\n"
-            "  autodown:  the cluster deletes itself after the job ends (see `plan`); "
-            "`down` then brings the results home"
-            if stack
-            else f"  results:   on the machines, in .gputrain/runs/{job.run_id}/out/"
-        )
-    )
+    lines = [f"  reattach:  gputrain logs {selector} --run {job.run_id}"]
+    if selector.startswith("--stack"):
+        from infra.autodown import describe
+
+        plan = getattr(getattr(session, "watchdogs", None), "plan", None)
+        seconds = getattr(plan, "autodown_s", None)
+        lines += [
+            f"  state:     gputrain status {selector}",
+            f"  end it:    gputrain down {selector}  (results home from the bucket, then teardown)",
+            f"  autodown:  the VMs are deleted {describe(int(seconds))} after the job ends"
+            if seconds
+            else "  autodown:  off: the VMs run until `down` or their TTL",
+        ]
+    else:
+        lines.append(f"  results:   on the machines, in .gputrain/runs/{job.run_id}/out/")
+    ui.say(f"run {job.run_id} detached: it trains on without this command.\n" + "\n".join(lines))
 
 
 def verify(target: Target, opts: RunOptions) -> None:

@@ -144,7 +144,7 @@ class FleetSession:
 
     def has_run(self, run_id: str) -> bool:
         """The run's directory is on the head (`--resume`)."""
-        from scripts.job.node_scripts import run_dir
+        from scripts.node_layout import run_dir
 
         head = self.transports[self.fleet.head.name]
         return head.run(f"test -d {shlex.quote(run_dir(run_id))}", timeout=30).ok
