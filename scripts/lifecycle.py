@@ -27,6 +27,9 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     from scripts.notify import notifier_for, summary_fields
 
     started = time.monotonic()
+    spec = getattr(target, "spec", None)
+    if opts.detach and spec is not None and spec().on_vertex:  # before anything is created
+        raise UserError("--detach: a Vertex AI stack's jobs are followed, not detached (yet)")
     notifier = notifier_for(target, opts)
     try:
         with signal_guard() as guard:
