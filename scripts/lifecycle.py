@@ -14,7 +14,7 @@ from typing import Any
 from infra.base.errors import GputrainError, UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
-from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
+from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery, TrainingError
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Session, Target
 
@@ -60,12 +60,18 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
         notifier.send("finished", **summary_fields(found, cost))
         return result
     except GputrainError as e:
-        failure = getattr(e, "failure", None)
-        cause = failure.root_cause[-1] if failure and failure.root_cause else str(e)
-        notifier.send("failed", root_cause=cause.strip().splitlines()[-1][:500])
+        notifier.send("failed", root_cause=root_cause_line(e))
         raise
     finally:
         notifier.close()
+
+
+def root_cause_line(error: GputrainError) -> str:
+    """The one line a `failed` notification carries: the failing node's root cause, else the
+    error's last line. Pure."""
+    failure = error.failure if isinstance(error, TrainingError) else None
+    lines = list(failure.root_cause) if failure and failure.root_cause else str(error).splitlines()
+    return next((ln.strip()[:500] for ln in reversed(lines) if ln.strip()), type(error).__name__)
 
 
 def require_run(session: Session, run_id: str, selector: str) -> None:

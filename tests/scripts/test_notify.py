@@ -126,3 +126,43 @@ def test_a_local_run_notifies_started_and_finished_and_bad_sinks_change_nothing(
     warnings = [ln for ln in said.splitlines() if "notify:" in ln]
     assert len(warnings) <= 2 and "s3cr3t" not in said, said[-2000:]
     assert "run summary" in said  # the run itself went as always
+
+
+def test_a_run_that_fails_before_training_notifies_failed_with_its_last_line(
+    sinks: tuple[HttpSink, HttpSink, HttpSink], tmp_path: Path
+) -> None:
+    """Any failure (here: provisioning ran out of zones) is `failed` with one root-cause line;
+    a training failure's line is the failing node's root cause."""
+    from contextlib import contextmanager
+
+    from infra.base.errors import GputrainError
+    from scripts import lifecycle
+    from scripts.job.records import JobResult, NodeFailure, TrainingError
+    from scripts.targets.base import RunOptions
+
+    ok = sinks[0]
+
+    class NoCapacity:
+        name = stack = "lab"
+
+        def notify_urls(self) -> tuple[str, ...]:
+            return (ok.url + SECRET,)
+
+        @contextmanager
+        def provisioned(self, opts: object, guard: object) -> Iterator[None]:
+            raise GputrainError("up failed in every zone:\n  us-central1-a: stockout")
+            yield
+
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    with pytest.raises(GputrainError):
+        lifecycle.run(NoCapacity(), RunOptions(), settings, create=True)  # type: ignore[arg-type]
+    failed = ok.wait_for("failed", 10)
+    assert failed["root_cause"] == "us-central1-a: stockout" and failed["stack"] == "lab"
+    result = JobResult("r1", False, {"n0": 1}, 1.0, tmp_path)
+    crash = TrainingError(
+        "run r1 failed",
+        failure=NodeFailure("n0", "exited", 1, ("Traceback ...", "RuntimeError: boom")),
+        result=result,
+    )
+    assert lifecycle.root_cause_line(crash) == "RuntimeError: boom"
+    assert lifecycle.root_cause_line(GputrainError("")) == "GputrainError"
