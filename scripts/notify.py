@@ -9,15 +9,17 @@ logged in full, only `scheme://host/…`.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra.notify_urls import redact
+from infra.notify_urls import check_urls, redact
 from scripts import ui
 
+NOTIFY_ENV = "GPUTRAIN_NOTIFY"  # space-separated webhook URLs
 EVENTS = ("started", "preempted", "recovered", "failed", "finished", "autodown")
 ATTEMPTS = 3
 TIMEOUT_S = 5.0  # one POST; a hanging webhook costs at most ATTEMPTS of these, off the run's path
@@ -130,9 +132,10 @@ class Notifier:
 
 
 def notifier_for(target: object, opts: Any) -> Notifier:
-    """The run's notifier: `--notify` URLs, then the target's own (`notify` in the stack or hosts
-    file); it sends nothing when there are none."""
-    urls = list(opts.notify)
+    """The run's notifier: `--notify` and $GPUTRAIN_NOTIFY URLs, then the target's own (`notify`
+    in the stack or hosts file); it sends nothing when there are none."""
+    from_env = os.environ.get(NOTIFY_ENV, "").split()  # kept out of argv and shell history
+    urls = [*opts.notify, *check_urls(from_env, NOTIFY_ENV)]
     own = getattr(target, "notify_urls", None)
     if own is not None:
         urls += own()

@@ -107,8 +107,9 @@ def test_a_local_run_notifies_started_and_finished_and_bad_sinks_change_nothing(
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    monkeypatch.setenv("GPUTRAIN_NOTIFY", ok.url + SECRET)  # the good one from the environment
     argv = ["train", "--local"]
-    for sink in (ok, fail, hang):
+    for sink in (fail, hang):
         argv += ["--notify", sink.url + SECRET]
     t = time.monotonic()
     rc = main([*argv, "--", *TRAIN], settings)
