@@ -23,9 +23,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts import ui
-from tests.stack_world import World, world_factory
 from tests.support.fake_metadata import FakeMetadata
-from tests.testbed import SUBNET, TestBed
+from tests.support.stack_world import World, world_factory
+from tests.support.testbed import SUBNET, TestBed
 
 AUTODOWN_S = 30.0
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--log-every", "1"]

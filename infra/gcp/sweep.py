@@ -41,7 +41,7 @@ def owned_by_name(name: str, stack: str) -> bool:
 
 
 #: Every resource type the Pulumi program declares -> the sweep kind that finds it when it is left
-#: behind (one table; tests/test_sweep_coverage.py runs the program and holds the two in step).
+#: behind (one table; tests/infra/gcp/test_sweep.py runs the program and holds the two in step).
 SWEPT_TYPES: dict[str, str] = {
     "gcp:compute/instance:Instance": "instance",  # + its boot "disk"; external IPs are ephemeral
     "gcp:compute/network:Network": "network",

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 
 from infra.base.records import Fleet
 from scripts import ui
-from scripts.job.node_scripts import STORAGE_PACKAGES, Requirement, run_dir
+from scripts.job.node_scripts import (
+    STORAGE_PACKAGES,
+    Requirement,
+    SectionResult,
+    build_install_command,
+    run_dir,
+)
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -109,12 +115,20 @@ def arm(
     env: Mapping[str, str],
 ) -> None:
     """The watchdog on every node for this attempt of the run (a previous one is replaced)."""
-    from scripts.job.launch import ensure_packages
+    from scripts.job.launch import report_install
 
-    ensure_packages(fleet, transports, STORAGE_PACKAGES, "the watchdog's results upload")
-    if plan.autodown_s is not None:  # only the head deletes
-        head = dataclasses.replace(fleet, nodes=(fleet.head,))
-        ensure_packages(head, transports, COMPUTE_PACKAGES, "autodown's deletes")
+    def install(name: str) -> None:
+        """Every node uploads its results; only the head deletes VMs."""
+        needs = STORAGE_PACKAGES
+        if plan.autodown_s is not None and name == fleet.head.name:
+            needs += COMPUTE_PACKAGES
+        r = transports[name].run(build_install_command(fleet.python, needs), 1800)
+        result = SectionResult(r.exit_code, r.stdout + r.stderr)
+        report_install(fleet.python, needs, "autodown's watchdog", name, result)
+
+    _, failed = parallel(list(transports), install)
+    if failed:
+        raise TransportError("\n".join(str(e) for e in failed.values()))
     source = WATCHDOG_SOURCE.read_bytes()
     d = shlex.quote(run_dir(run_id))
 

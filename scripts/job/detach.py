@@ -6,6 +6,7 @@ torchrun were started by then. `gputrain logs` reattaches, `status` and `down` w
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import time
@@ -14,9 +15,9 @@ from collections.abc import Mapping
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet
 from scripts.job.follow import LineSink, say_line
-from scripts.job.launch import ensure_packages, start_job, upload_code
-from scripts.job.node_scripts import STORAGE_PACKAGES, run_dir
-from scripts.job.records import CHECKPOINT_URI_ENV, Job, validate_job
+from scripts.job.launch import collect_code, prepare_nodes, upload_and_start
+from scripts.job.node_scripts import run_dir
+from scripts.job.records import Job, validate_job
 from scripts.parallel import parallel
 from scripts.transport.base import Transport
 
@@ -45,10 +46,11 @@ def launch_detached(
     """Start the job and return (the time.time()) once its first training step is logged; a job
     that ends before that is an error naming its exit codes (its log stays on the nodes)."""
     validate_job(job)
-    upload_code(fleet, transports, job)
-    if job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://"):
-        ensure_packages(fleet, transports, STORAGE_PACKAGES, "the trainer's gs:// checkpoints")
-    start_job(fleet, transports, job)
+    files = collect_code(job)
+    prepared = prepare_nodes(fleet, transports, job)  # the storage client too, for gs://
+    if job.rdzv_port is None:
+        job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
+    upload_and_start(fleet, transports, job, files, prepared.manifests)
     names = [n.name for n in fleet.nodes]
     seen = dict.fromkeys(names, 0)
     ended: dict[str, str] = {}

@@ -18,7 +18,7 @@ from infra.stackfile import SpecError, load_stack_config
 from scripts.cli import main
 from scripts.job.autodown import autodown_line, instances_of, resolve_autodown
 from scripts.settings import Settings
-from tests.pulumi_mocks import IAM_MEMBER, GcpMocks, deployable_config, pulumi_mocks
+from tests.support.pulumi_mocks import IAM_MEMBER, GcpMocks, deployable_config, pulumi_mocks
 
 ROOT = Path(__file__).resolve().parents[2]
 

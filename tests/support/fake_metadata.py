@@ -9,7 +9,7 @@ import secrets
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.fake_http import FakeHttpServer
+from tests.support.fake_http import FakeHttpServer
 
 ROOT = "/computeMetadata/v1/"
 

@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.fake_http import FakeHttpServer
+from tests.support.fake_http import FakeHttpServer
 
 
 class HttpSink(FakeHttpServer):

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_compute import FakeCompute
-from tests.gcs_emulator import GcsEmulator
+from tests.support.fake_compute import FakeCompute
 from tests.support.fake_metadata import FakeMetadata
+from tests.support.gcs_emulator import GcsEmulator
 from tests.support.http_sink import HttpSink
 
 WATCHDOG = Path(__file__).resolve().parents[2] / "trainer" / "watchdog.py"

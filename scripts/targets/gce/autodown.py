@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from infra.spec import ClusterSpec
     from scripts.targets.base import RunOptions
     from scripts.targets.gce.clients import GceClients
-    from scripts.targets.gce.recovery import StackNodes
 
 HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
 
@@ -63,14 +62,14 @@ def say_last_autodown(spec: ClusterSpec, clients: GceClients) -> None:
         ui.say(f"status: {autodown_line(record)}")
 
 
-def bucket_has_run(nodes: StackNodes, run_id: str) -> bool:
+def bucket_has_run(bucket_uri: str | None, project: str, run_id: str) -> bool:
     """Anything of the run (checkpoints, results) in the stack's bucket (`--resume`)."""
-    if not nodes.bucket:
+    if not bucket_uri:
         return False
     from infra.gcs import StorageApi
 
-    bucket, _, prefix = nodes.bucket.removeprefix("gs://").partition("/")
-    storage = StorageApi(nodes.outputs.project)
+    bucket, _, prefix = bucket_uri.removeprefix("gs://").partition("/")
+    storage = StorageApi(project)
     return storage.bucket_exists(bucket) and bool(
         storage.list_objects(bucket, f"{prefix}runs/{run_id}/")
     )

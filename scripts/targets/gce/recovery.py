@@ -282,7 +282,8 @@ class RecoveringSession(FleetSession):
         """Its checkpoints (or results) in the stack's bucket, or its directory on the head."""
         from scripts.targets.gce.autodown import bucket_has_run
 
-        return bucket_has_run(self.nodes, run_id) or super().has_run(run_id)
+        in_bucket = bucket_has_run(self.nodes.bucket, self.nodes.outputs.project, run_id)
+        return in_bucket or super().has_run(run_id)
 
     def _arm(self, job: Job) -> None:
         if self.watchdogs is not None:  # the VMs as they are now (re-created ones too)

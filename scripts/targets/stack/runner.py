@@ -1,6 +1,6 @@
 """The one adapter around `pulumi.automation`, its errors, and how Pulumi's own progress is shown.
 
-Everything else talks to a `StackRunner`; tests use tests/fake_stack.FakeStackRunner because the
+Everything else talks to a `StackRunner`; tests use tests/support/fake_stack.FakeStackRunner because the
 real runner drives the Pulumi CLI, which the test machines lack. `pulumi.automation` is imported
 only inside PulumiStackRunner, so `gputrain --help` never pays for it.
 """

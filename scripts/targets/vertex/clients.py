@@ -1,5 +1,5 @@
 """What the Vertex target adds to the stack client bag: Vertex AI and Cloud Logging (tests point
-them at tests/fake_vertex.py), and how often it polls a running job."""
+them at tests/support/fake_vertex.py), and how often it polls a running job."""
 
 from __future__ import annotations
 

@@ -1,0 +1,699 @@
+"""SSH test hosts on this machine: network namespaces on a bridge, a real sshd in each, a fake
+nvidia-smi each host's config controls. Needs root, /usr/sbin/sshd, ip, unshare, ssh-keygen.
+
+Traffic stays on loopback and 10.213.0.0/24 (checked with ``ip route get`` before use). One test
+bed per machine at a time: a file lock serialises concurrent test runs (other worktrees too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from infra.base.records import Fleet, GpuExpectation, Node
+
+PREFIX = "gtb-"  # namespaces
+BRIDGE = "gtb0"  # 10.213.0.1/24, hosts at .10+i
+ISO_BRIDGE = "gtb1"  # no address in the root namespace: reachable only through the gateway host
+SUBNET = "10.213.0"
+ISO_GATEWAY_ADDR = f"{SUBNET}.129"  # the gateway host's leg on the isolated bridge (/25)
+STATE = Path("/run/gputrain-testbed")
+LOCK_PATH = Path("/run/lock/gputrain-testbed.lock")
+TEST_USER = "gputrain-tb"
+SSHD = "/usr/sbin/sshd"
+CPU_GROUP = Path("/sys/fs/cgroup/cpuacct/gputrain-testbed")  # cgroup v1: the hosts' CPU time
+
+
+class TestBedUnavailable(RuntimeError):
+    """The machine cannot host the test bed (not root, no sshd, ...)."""
+
+    __test__ = False
+
+
+@dataclass
+class GpuConfig:
+    """What this host's fake nvidia-smi reports."""
+
+    model: str = "NVIDIA L4"
+    count: int = 1
+    memory_mib: int = 23034
+    driver: str = "550.90.07"
+    ecc_errors: int | None = 0  # uncorrected volatile total per GPU; None prints [N/A]
+    installing_calls: int = 0  # the first K calls fail as if the driver were still installing
+    missing: bool = False  # no nvidia-smi at all (exit 127)
+    invalid_fields: tuple[str, ...] = ()  # an old driver: these fields cannot be queried
+
+
+@dataclass(frozen=True)
+class FabricFakes:
+    """What this host's fake `ip` (its link listing), `ibv_devices` and `sudo` (the fabric
+    setup's report) print, for `verify --fabric`. Every other `ip` call reaches the real one."""
+
+    nics: tuple[tuple[str, int], ...]  # physical NICs (name, MTU), nic0 first
+    rdma_devices: tuple[str, ...] = ()
+    down: tuple[str, ...] = ()
+    setup_report: str = ""  # what `sudo -n bash -s` (the fabric setup) prints; "" = exit 1
+    rxdm_log: str = ""  # what `sudo -n docker logs ...` prints (TCPXO's daemon); "" = exit 1
+
+
+# `ip -j -d link show`: the JSON iproute2 prints (physical NICs carry parentbus/parentdev).
+FAKE_IP = r'''#!/usr/bin/python3
+"""Fake ip for the gputrain test bed: lists this host's fabric.json NICs, else runs the real ip."""
+import json, os, sys
+args = sys.argv[1:]
+if "-j" in args and "link" in args:
+    fab = json.load(open("__DIR__/fabric.json"))
+    links = [{"ifindex": 1, "ifname": "lo", "flags": ["LOOPBACK", "UP"], "mtu": 65536,
+              "operstate": "UNKNOWN", "link_type": "loopback"}]
+    for i, (name, mtu) in enumerate(fab["nics"]):
+        links.append({"ifindex": i + 2, "ifname": name, "mtu": mtu, "link_type": "ether",
+                      "operstate": "DOWN" if name in fab["down"] else "UP",
+                      "parentbus": "pci", "parentdev": f"0000:{0x81 + 12 * i:02x}:00.0"})
+    print(json.dumps(links))
+    sys.exit(0)
+os.execv("__REAL_IP__", ["ip", *args])
+'''
+FAKE_IBV_DEVICES = """#!/bin/sh
+printf '    device          \t   node GUID\n    ------          \t----------------\n'
+i=0
+for d in $(cat __DIR__/ibv); do printf '    %-16s\t0c42a1030065%04x\n' "$d" $i; i=$((i+1)); done
+"""
+FAKE_SUDO = """#!/bin/sh
+# Fake sudo: the fabric setup (`sudo -n bash -s`, script on stdin) prints the recorded report;
+# `sudo -n docker logs ...` prints the recorded daemon log.
+if [ "$1 $2" = "-n docker" ] && [ -s __DIR__/rxdm_log ]; then cat __DIR__/rxdm_log; exit 0; fi
+[ "$*" = "-n bash -s" ] && [ -s __DIR__/setup_report ] || exit 1
+cat > __DIR__/setup_script && cat __DIR__/setup_report
+"""
+
+
+@dataclass
+class TestHost:
+    """One test host: its namespace, address, pinned host key and state directory."""
+
+    __test__ = False
+    name: str
+    address: str
+    namespace: str
+    host_key: str  # "ssh-ed25519 AAAA..."
+    dir: Path
+    isolated: bool = False
+    sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def node(self, role: str = "worker", *, user: str = TEST_USER, via_head: bool = False) -> Node:
+        return Node(
+            name=self.name,
+            role=role,  # type: ignore[arg-type]
+            internal_address=self.address,
+            address=None if (via_head or self.isolated) else self.address,
+            user=user,
+            host_keys=(self.host_key,),
+        )
+
+
+# -S (no site): the fake costs a host ~10 ms of CPU instead of ~20, which matters when 32 test
+# hosts share the controller's 2 cores (a real nvidia-smi runs on its own machine).
+FAKE_NVIDIA_SMI = r'''#!/usr/bin/python3 -S
+"""Fake nvidia-smi for the gputrain test bed: answers --query-gpu from this host's gpu.json."""
+import json, sys
+GPU_DIR = "__GPU_DIR__"
+cfg = json.load(open(GPU_DIR + "/gpu.json"))
+if cfg["installing_calls"] > 0:
+    try:
+        calls = int(open(GPU_DIR + "/calls").read() or 0)
+    except OSError:
+        calls = 0
+    open(GPU_DIR + "/calls", "w").write(str(calls + 1))
+    if calls < cfg["installing_calls"]:
+        print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+              "Make sure that the latest NVIDIA driver is installed and running.")
+        sys.exit(9)
+args = sys.argv[1:]
+query = next((a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")), None)
+fmt = next((a.split("=", 1)[1] for a in args if a.startswith("--format=")), "")
+nounits = "nounits" in fmt
+if query is None:
+    print(f"Driver Version: {cfg['driver']}")
+    for i in range(cfg["count"]):
+        print(f"GPU {i}: {cfg['model']} {cfg['memory_mib']}MiB")
+    sys.exit(0)
+for i in range(cfg["count"]):
+    ecc = cfg["ecc_errors"]
+    values = {
+        "index": str(i),
+        "name": cfg["model"],
+        "uuid": f"GPU-{abs(hash((cfg['model'], i))) % 10**8:08d}-test-bed",
+        "memory.total": f"{cfg['memory_mib']}" + ("" if nounits else " MiB"),
+        "driver_version": cfg["driver"],
+        "ecc.errors.uncorrected.volatile.total": "[N/A]" if ecc is None else str(ecc),
+        "pci.bus_id": f"00000000:00:{4 + i:02X}.0",
+        "temperature.gpu": "34",
+        "utilization.gpu": "0" + ("" if nounits else " %"),
+    }
+    row = []
+    for f in query.split(","):
+        if f not in values or f in cfg["invalid_fields"]:
+            print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
+            sys.exit(2)
+        row.append(values[f])
+    print(", ".join(row))
+'''
+
+
+TRIVIAL_PYTHON = """#!/bin/sh
+# gputrain test bed: a stand-in interpreter for fleet-scale tests and the bench. `-c` checks go to
+# the real one; in place of torchrun, a trivial job prints one line and writes a result naming
+# its host (the fleet machinery is measured, not torch's import on 2 shared cores).
+if [ "$1" = "-c" ]; then exec __PYTHON__ "$@"; fi
+echo "[rank0]:trivial job on $(hostname): $*"
+mkdir -p "$GPUTRAIN_OUT" && hostname > "$GPUTRAIN_OUT/ok.txt"
+"""
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=30)
+
+
+def _keygen(path: str, comment: str) -> None:
+    """A new ed25519 key pair at `path` (no passphrase)."""
+    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path)
+
+
+def _ns_pids(ns: str) -> list[int]:
+    r = _run("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in r.stdout.split()]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie counts as gone: it holds nothing but its pid)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def check_prerequisites() -> None:
+    """Raise TestBedUnavailable with the reason when this machine cannot run the test bed."""
+    if os.geteuid() != 0:
+        raise TestBedUnavailable("the SSH test bed needs root (network namespaces, sshd)")
+    for tool in (SSHD, "/usr/bin/ssh-keygen"):
+        if not os.path.exists(tool):
+            raise TestBedUnavailable(f"{tool} is missing (apt-get install openssh-server)")
+    for tool in ("ip", "unshare", "mount", "ps"):
+        if shutil.which(tool) is None:
+            raise TestBedUnavailable(f"{tool} is missing (iproute2 / util-linux / procps)")
+
+
+class TestBed:
+    """The test hosts. ``start()`` takes the machine-wide lock and clears leftovers; hosts can
+    be added and removed at any time; ``close()`` removes everything and releases the lock."""
+
+    __test__ = False
+
+    def __init__(
+        self, python: str | None = None, lock_timeout_s: float = 900, *, count_cpu: bool = False
+    ) -> None:
+        self.python = python or sys.executable  # the interpreter with torch, run on the hosts
+        self.count_cpu = count_cpu  # account the hosts' CPU time (hosts_cpu_s), for benchmarks
+        self._cpu_group: Path | None = None
+        self.lock_timeout_s = lock_timeout_s
+        self.hosts: dict[str, TestHost] = {}
+        self.identity_file = STATE / "client_ed25519"
+        self.user = TEST_USER
+        self._lock_fd: int | None = None
+        self._mutex = threading.Lock()
+        self._iso_gateway: str | None = None
+        # Addresses of removed hosts are not handed out again while others are free: a new host
+        # (a re-created VM) behind an old address would meet stale ARP entries for ~30 s.
+        self._retired: set[int] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> TestBed:
+        check_prerequisites()
+        self._acquire_lock()
+        try:
+            cleanup_leftovers()
+            STATE.mkdir(mode=0o755, parents=True)
+            os.chmod(STATE, 0o755)
+            Path("/run/sshd").mkdir(exist_ok=True)
+            _keygen(str(self.identity_file), "gputrain-testbed")
+            pub = (STATE / "client_ed25519.pub").read_text()
+            (STATE / "authorized_keys").write_text(pub)
+            os.chmod(STATE / "authorized_keys", 0o644)
+            (STATE / "hosts").write_text("127.0.0.1 localhost\n")
+            os.chmod(STATE / "hosts", 0o644)
+            self.user = self._login_user()
+            _run("ip", "link", "add", BRIDGE, "type", "bridge")
+            _run("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+            _run("ip", "link", "set", BRIDGE, "up")
+            _run("ip", "link", "add", ISO_BRIDGE, "type", "bridge")
+            _run("ip", "link", "set", ISO_BRIDGE, "up")
+            if self.count_cpu:
+                if not CPU_GROUP.parent.is_dir():
+                    raise TestBedUnavailable(
+                        f"count_cpu needs cgroup v1's cpuacct ({CPU_GROUP.parent})"
+                    )
+                CPU_GROUP.mkdir(exist_ok=True)
+                self._cpu_group = CPU_GROUP
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        try:
+            for name in list(self.hosts):
+                self._stop_sshd(self.hosts[name])
+            cleanup_leftovers()
+        finally:
+            self.hosts.clear()
+            self._cpu_group = None
+            self._release_lock()
+
+    def __enter__(self) -> TestBed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _acquire_lock(self) -> None:
+        LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+        end = time.monotonic() + self.lock_timeout_s
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > end:
+                    os.close(fd)
+                    raise TestBedUnavailable(
+                        f"another test bed held {LOCK_PATH} for {self.lock_timeout_s:.0f} s"
+                    ) from None
+                if not said:
+                    print(f"test bed: waiting for {LOCK_PATH} (another test run)", file=sys.stderr)
+                    said = True
+                time.sleep(0.5)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _login_user(self) -> str:
+        """A dedicated unprivileged user with a clean per-host home, like a fresh VM — if it can
+        read the interpreter with torch (the repo may live anywhere); else root."""
+        try:
+            pwd.getpwnam(TEST_USER)
+        except KeyError:
+            r = _run(
+                "useradd",
+                "--system",
+                "--shell",
+                "/bin/bash",
+                "--home-dir",
+                f"/home/{TEST_USER}",
+                "--no-create-home",
+                TEST_USER,
+                check=False,
+            )
+            if r.returncode != 0:
+                return "root"
+        _run("usermod", "-p", "*", TEST_USER, check=False)  # not locked: sshd w/o PAM refuses
+        Path(f"/home/{TEST_USER}").mkdir(exist_ok=True)
+        probe = (
+            "import importlib.util as u, os; s = u.find_spec('torch'); "
+            "print(bool(s) and os.access(s.origin, os.R_OK))"
+        )
+        r = _run("runuser", "-u", TEST_USER, "--", self.python, "-c", probe, check=False)
+        return TEST_USER if r.stdout.strip() == "True" else "root"
+
+    # -- hosts -------------------------------------------------------------------------------
+
+    def add_host(
+        self,
+        name: str | None = None,
+        *,
+        gpus: GpuConfig | None = None,
+        isolated_behind: str | None = None,
+        sshd_delay_s: float = 0.0,
+        fabric: FabricFakes | None = None,
+    ) -> TestHost:
+        """A new host with a running sshd (after sshd_delay_s). ``isolated_behind=<host>``: on
+        the second bridge, reachable only from that host's namespace (for jump tests)."""
+        host = self._create_host(name, gpus, isolated_behind, sshd_delay_s, fabric)
+        if not sshd_delay_s:
+            self.wait_listening(host, 5)
+        return host
+
+    def add_hosts(self, count: int, *, gpus: GpuConfig | None = None) -> list[TestHost]:
+        """`count` new hosts, their sshd started side by side and waited for together (the
+        starts overlap instead of one waiting for the next: a fleet of 32 on 2 cores)."""
+        hosts = [self._create_host(None, gpus, None, 0.0, None) for _ in range(count)]
+        for host in hosts:
+            self.wait_listening(host, 10)
+        return hosts
+
+    def _create_host(
+        self,
+        name: str | None,
+        gpus: GpuConfig | None,
+        isolated_behind: str | None,
+        sshd_delay_s: float,
+        fabric: FabricFakes | None,
+    ) -> TestHost:
+        """The namespace, keys, config and fakes of a new host, its sshd started (not waited for)."""
+        with self._mutex:
+            used = {int(h.address.rsplit(".", 1)[1]) for h in self.hosts.values()}
+            span = range(10, 128) if isolated_behind is None else range(130, 250)
+            free = [i for i in span if i not in used]
+            octet = next((i for i in free if i not in self._retired), free[0])
+            name = name or (f"h{octet - 10}" if isolated_behind is None else f"x{octet - 130}")
+            if name in self.hosts:
+                raise ValueError(f"test host {name} exists")
+            address = f"{SUBNET}.{octet}"
+            ns = PREFIX + name
+            d = STATE / name
+            (d / "bin").mkdir(parents=True)
+            (d / "gpu").mkdir()
+            os.chmod(d / "gpu", 0o777)
+            (d / "home").mkdir()
+            if self.user != "root":
+                shutil.chown(d / "home", TEST_USER, TEST_USER)
+            _keygen(str(d / "ssh_host_ed25519_key"), name)
+            host_key = " ".join((d / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+            _run("ip", "netns", "add", ns)
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            if isolated_behind is None:
+                self._veth(ns, f"gtv{octet}", BRIDGE, f"{address}/24")
+            else:
+                self._ensure_iso_gateway(isolated_behind)
+                self._veth(ns, f"gtv{octet}", ISO_BRIDGE, f"{address}/25")
+            host = TestHost(name, address, ns, host_key, d, isolated=isolated_behind is not None)
+            if not host.isolated:
+                route = _run("ip", "route", "get", address).stdout
+                if f"dev {BRIDGE}" not in route:
+                    raise TestBedUnavailable(f"route to {address} is not via {BRIDGE}: {route}")
+            self.hosts[name] = host
+            self.set_gpus(name, gpus or GpuConfig())
+            if fabric is not None:
+                self.set_fabric(name, fabric)
+            self._write_hosts_file()
+            self._write_sshd_config(host, fake_tools_first=fabric is not None)
+            self._spawn_sshd(host, sshd_delay_s)
+            return host
+
+    def _veth(self, ns: str, root_end: str, bridge: str, cidr: str, peer: str = "eth0") -> None:
+        _run("ip", "link", "add", root_end, "type", "veth", "peer", "name", peer, "netns", ns)
+        _run("ip", "link", "set", root_end, "master", bridge, "up")
+        _run("ip", "-n", ns, "addr", "add", cidr, "dev", peer)
+        _run("ip", "-n", ns, "link", "set", peer, "up")
+
+    def _ensure_iso_gateway(self, gateway: str) -> None:
+        if self._iso_gateway == gateway:
+            return
+        if self._iso_gateway is not None:
+            raise ValueError(f"the isolated bridge is already behind {self._iso_gateway}")
+        gw = self.hosts[gateway]
+        self._veth(gw.namespace, "gtvgw", ISO_BRIDGE, f"{ISO_GATEWAY_ADDR}/25", peer="eth1")
+        self._iso_gateway = gateway
+
+    def remove_host(self, name: str) -> None:
+        """Stop the host's processes and delete its namespace (its veths go with it)."""
+        with self._mutex:
+            host = self.hosts.pop(name)
+            self._retired.add(int(host.address.rsplit(".", 1)[1]))
+            self._stop_sshd(host)
+            _kill_namespace(host.namespace, f"gtv{host.address.rsplit('.', 1)[1]}")
+            if self._iso_gateway == name:
+                self._iso_gateway = None
+            shutil.rmtree(host.dir, ignore_errors=True)
+            self._write_hosts_file()
+
+    def reset_node_state(self, name: str) -> None:
+        """Empty the host's node root (its code and runs), as on a fresh VM."""
+        home = self.hosts[name].dir / "home"
+        for p in home.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+    def trivial_python(self) -> str:
+        """The path of TRIVIAL_PYTHON on this test bed (a fleet's `python`), removed with it."""
+        path = STATE / "trivial-python"
+        path.write_text(TRIVIAL_PYTHON.replace("__PYTHON__", self.python))
+        path.chmod(0o755)
+        return str(path)
+
+    def hosts_cpu_s(self) -> float:
+        """CPU seconds used so far by everything the hosts ran: sshd, login shells, jobs (their
+        detached processes too). Needs ``count_cpu=True``."""
+        if self._cpu_group is None:
+            raise TestBedUnavailable("the test bed was started without count_cpu=True")
+        return int((self._cpu_group / "cpuacct.usage").read_text()) / 1e9
+
+    def set_gpus(self, name: str, gpus: GpuConfig) -> None:
+        """Change what the host's nvidia-smi reports (takes effect on the next call)."""
+        host = self.hosts[name]
+        gpu_dir = host.dir / "gpu"
+        (gpu_dir / "gpu.json").write_text(json.dumps(asdict(gpus)))
+        (gpu_dir / "calls").unlink(missing_ok=True)
+        script = host.dir / "bin" / "nvidia-smi"
+        if gpus.missing:
+            script.unlink(missing_ok=True)
+        else:
+            script.write_text(FAKE_NVIDIA_SMI.replace("__GPU_DIR__", str(gpu_dir)))
+            script.chmod(0o755)
+
+    def set_fabric(self, name: str, fakes: FabricFakes) -> None:
+        """Fake `ip`, `ibv_devices` and `sudo` in the host's bin dir (first on its PATH when the
+        host was added with `fabric=`)."""
+        host = self.hosts[name]
+        gpu_dir, bin_dir = host.dir / "gpu", host.dir / "bin"
+        (gpu_dir / "fabric.json").write_text(
+            json.dumps({"nics": [list(n) for n in fakes.nics], "down": list(fakes.down)})
+        )
+        (gpu_dir / "ibv").write_text(" ".join(fakes.rdma_devices))
+        (gpu_dir / "setup_report").write_text(fakes.setup_report)
+        (gpu_dir / "rxdm_log").write_text(fakes.rxdm_log)
+        real_ip = shutil.which("ip") or "/usr/sbin/ip"
+        for tool, body in (
+            ("ip", FAKE_IP.replace("__REAL_IP__", real_ip)),
+            ("ibv_devices", FAKE_IBV_DEVICES),
+            ("sudo", FAKE_SUDO),
+        ):
+            if tool == "ibv_devices" and not fakes.rdma_devices:
+                (bin_dir / tool).unlink(missing_ok=True)  # not installed
+                continue
+            (bin_dir / tool).write_text(body.replace("__DIR__", str(gpu_dir)))
+            (bin_dir / tool).chmod(0o755)
+
+    def _write_hosts_file(self) -> None:
+        lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in self.hosts.values()]
+        with open(STATE / "hosts", "r+") as f:  # in place: the per-host bind mounts see it
+            f.truncate(0)
+            f.write("\n".join(lines) + "\n")
+
+    def _write_sshd_config(self, host: TestHost, *, fake_tools_first: bool = False) -> None:
+        lines = [
+            f"ListenAddress {host.address}:22",
+            f"HostKey {host.dir}/ssh_host_ed25519_key",
+            f"PidFile {host.dir}/sshd.pid",
+            f"AuthorizedKeysFile {STATE}/authorized_keys",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes no",
+            "UseDNS no",
+            "PrintMotd no",
+            "AllowTcpForwarding yes",
+            "MaxStartups 100:30:200",
+            "MaxSessions 100",
+            "LogLevel ERROR",
+            "Subsystem sftp internal-sftp",
+        ]
+        env = []
+        if self.user == "root":  # no clean per-host home: give each host its own node root
+            env.append(f"GPUTRAIN_NODE_ROOT={host.dir}/home")
+        if fake_tools_first:  # the fake ip / ibv_devices / sudo (/usr/local/sbin) shadow the real
+            env.append("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        if env:  # sshd uses the first SetEnv line only
+            lines.append("SetEnv " + " ".join(env))
+        (host.dir / "sshd_config").write_text("\n".join(lines) + "\n")
+
+    def _start_sshd(self, host: TestHost, delay_s: float = 0.0) -> None:
+        self._spawn_sshd(host, delay_s)
+        if not delay_s:
+            self.wait_listening(host, 5)
+
+    def _spawn_sshd(self, host: TestHost, delay_s: float) -> None:
+        mounts = [
+            f"hostname {host.name}",
+            f"mount --bind {STATE}/hosts /etc/hosts",
+            f"mount --bind {host.dir}/bin /usr/local/sbin",
+        ]
+        if self.user != "root":
+            mounts.append(f"mount --bind {host.dir}/home /home/{TEST_USER}")
+        script = " && ".join(
+            ([f"sleep {delay_s}"] if delay_s else [])
+            + mounts
+            + [f"exec {SSHD} -D -e -f {host.dir}/sshd_config"]
+        )
+        with open(host.dir / "sshd.log", "ab") as log:
+            host.sshd = subprocess.Popen(
+                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount",
+                 "--propagation", "private", "sh", "-c", script],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            )  # fmt: skip
+        if self._cpu_group is not None:  # what the host runs (sshd, shells, jobs) is counted
+            (self._cpu_group / "tasks").write_text(str(host.sshd.pid))
+
+    def wait_listening(self, host: TestHost, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            r = _run("ip", "netns", "exec", host.namespace, "ss", "-Htln", check=False)
+            if f"{host.address}:22" in r.stdout:
+                return
+            if host.sshd is not None and host.sshd.poll() is not None:
+                raise TestBedUnavailable(
+                    f"sshd on {host.name} exited: {(host.dir / 'sshd.log').read_text()[-500:]}"
+                )
+            time.sleep(0.02)
+        raise TestBedUnavailable(f"sshd on {host.name} did not listen within {timeout_s} s")
+
+    def _stop_sshd(self, host: TestHost) -> None:
+        if host.sshd is not None and host.sshd.poll() is None:
+            host.sshd.kill()
+            host.sshd.wait(5)
+
+    def stop_sshd(self, name: str) -> None:
+        """Stop listening for new connections (existing sessions live on)."""
+        self._stop_sshd(self.hosts[name])
+
+    def start_sshd(self, name: str, delay_s: float = 0.0) -> None:
+        self._start_sshd(self.hosts[name], delay_s)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def drop_connections(self, name: str) -> int:
+        """Kill the per-connection sshd processes (not the listener): every SSH session to the
+        host ends with a FIN, as when a NAT or a flaky link drops it. Returns how many."""
+        host = self.hosts[name]
+        listener = host.sshd.pid if host.sshd else -1
+        pids = [p for p in _ns_pids(host.namespace) if p != listener and _comm(p) == "sshd"]
+        _kill_pids(pids, signal.SIGKILL)
+        return len(pids)
+
+    def kill_processes(self, name: str) -> int:
+        """SIGKILL every process on the host except sshd: the training dies without a word."""
+        host = self.hosts[name]
+        pids = [p for p in _ns_pids(host.namespace) if _comm(p) != "sshd"]
+        _kill_pids(pids, signal.SIGKILL)
+        return len(pids)
+
+    def set_link(self, name: str, up: bool) -> None:
+        """Take the host's interface down (or up again) inside its namespace: packets vanish
+        without a FIN or RST, as when a VM's network dies; the controller's sockets then see
+        "No route to host" once the neighbour entry expires."""
+        host = self.hosts[name]
+        _run("ip", "-n", host.namespace, "link", "set", "eth0", "up" if up else "down")
+
+    # -- what the code under test needs ------------------------------------------------------
+
+    def fleet(
+        self,
+        hosts: list[TestHost],
+        *,
+        expect: GpuExpectation | None = None,
+        target: str = "hosts-testbed",
+        jump: bool = False,
+    ) -> Fleet:
+        """hosts[0] is the head; with jump=True workers are reached through it."""
+        nodes = tuple(
+            h.node("head" if i == 0 else "worker", user=self.user, via_head=jump and i > 0)
+            for i, h in enumerate(hosts)
+        )
+        return Fleet(
+            target=target,
+            nodes=nodes,
+            expect=expect or GpuExpectation(),
+            identity_file=self.identity_file,
+            python=self.python,
+        )
+
+
+def _kill_namespace(ns: str, root_veth: str | None = None) -> None:
+    """SIGKILL everything in the namespace, wait until it is gone, delete veth and namespace."""
+    pids = _ns_pids(ns)
+    _kill_pids(pids, signal.SIGKILL)
+    end = time.monotonic() + 3
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.02)
+    if root_veth:
+        _run("ip", "link", "del", root_veth, check=False)
+    _run("ip", "netns", "del", ns, check=False)
+
+
+def cleanup_leftovers() -> None:
+    """Remove every test-bed namespace, bridge, veth and process (also from a killed run)."""
+    r = _run("ip", "netns", "list", check=False)
+    namespaces = [line.split()[0] for line in r.stdout.splitlines() if line.startswith(PREFIX)]
+    pids: list[int] = []
+    for ns in namespaces:
+        pids += _ns_pids(ns)
+    for pidfile in STATE.glob("*/sshd.pid") if STATE.exists() else []:
+        try:
+            pid = int(pidfile.read_text().strip())
+            if str(STATE) in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                pids.append(pid)
+        except (OSError, ValueError):
+            pass
+    _kill_pids(pids, signal.SIGTERM)
+    end = time.monotonic() + 2
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    _kill_pids(pids, signal.SIGKILL)
+    for ns in namespaces:
+        _kill_pids(_ns_pids(ns), signal.SIGKILL)
+        _run("ip", "netns", "del", ns, check=False)
+    links = _run("ip", "-o", "link", "show", check=False).stdout
+    for line in links.splitlines():
+        dev = line.split(":")[1].strip().split("@")[0]
+        if dev.startswith("gtv") or dev in (BRIDGE, ISO_BRIDGE):
+            _run("ip", "link", "del", dev, check=False)
+    shutil.rmtree(STATE, ignore_errors=True)
+    if CPU_GROUP.exists():
+        with contextlib.suppress(OSError):  # its processes are gone: the group can go too
+            CPU_GROUP.rmdir()
