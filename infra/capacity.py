@@ -28,9 +28,18 @@ CAPACITIES: tuple[Capacity, ...] = ("on-demand", "spot", "flex-start", "reservat
 DEFAULT_CAPACITY: Capacity = "spot"
 
 FLEX_START_MAX_RUN_S = 7 * 24 * 3600  # "requests over 7 days are rejected"
-#: Flex-start VMs wait in the create call until the Dynamic Workload Scheduler has capacity;
-#: pulumi-gcp has no `requestValidForDuration`, so the VMs' create timeout is the bound (ours).
-FLEX_START_CREATE_TIMEOUT = "2h"
+#: Why a Flex-start create does not queue. Compute's instance-lifecycle page (2026-04): a
+#: Flex-start VM waits in PENDING only when `instances.insert` carries
+#: `params.requestValidForDuration` (>= 90 s); without it GCE "only allocates resources if they
+#: are immediately available". pulumi-gcp 10.2 `gcp.compute.Instance` (the Terraform provider)
+#: cannot send that field. Its queued path is `gcp.compute.ResizeRequest` (with
+#: `requested_run_duration`) on a managed instance group: VMs named by the group, not by the
+#: program, so no per-node outputs, host keys or re-creation of one node; not used here. So
+#: a stock-out fails the create at once and `--wait-for-capacity` retries it.
+FLEX_START_NO_QUEUE = (
+    "Flex-start does not queue here: pulumi-gcp cannot send requestValidForDuration, so GCE "
+    "allocates only capacity that is free now and a stock-out fails at once"
+)
 RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
 
 #: Sold only through future reservations (reservation-bound), Flex-start or Spot; their
@@ -80,8 +89,10 @@ MODES: dict[Capacity, CapacityMode] = {
             "flex-start",
             "FLEX_START",
             "preemptible GPU quota",
-            "dense allocation by the Dynamic Workload Scheduler; no placement policy added",
-            "discounted Flex-start price; the request waits for capacity, then runs up to 7 days",
+            "dense allocation by the Dynamic Workload Scheduler; no placement policy added "
+            "unless placement: compact",
+            "Flex-start price (discounted on A2/A3/A4, on-demand on G2); capacity free now or a "
+            "stock-out (no queueing here), then runs up to 7 days",
         ),
         CapacityMode(
             "reservation",
@@ -140,6 +151,14 @@ def offered(mt: catalog.MachineType) -> tuple[Capacity, ...]:
     if mt.series == "n1":  # Flex-start: accelerator-optimized machine types only
         return ("on-demand", "spot", "reservation")
     return CAPACITIES
+
+
+#: Flex-start is discounted for A4, A3 and A2, not G2 (Compute's Flex-start pricing, 2026).
+_FLEX_START_DISCOUNTED_SERIES = frozenset({"a2", "a3", "a4"})
+
+
+def flex_start_discounted(mt: catalog.MachineType) -> bool:
+    return mt.series in _FLEX_START_DISCOUNTED_SERIES
 
 
 def reservation_bound(mt: catalog.MachineType, *, dense_reservation: bool = False) -> bool:
@@ -260,7 +279,9 @@ def instance_capacity(
             instance_termination_action="DELETE",
             max_run_duration_s=max_run_duration_s,
             reservation_affinity=ReservationAffinity("NO_RESERVATION"),
-            placement_policy=False,  # dense by DWS; queued requests refuse resource policies
+            # DWS allocates densely; Google's Flex-start create samples allow an optional compact
+            # policy on standalone VMs, so `placement: compact` may add one, auto does not
+            placement_policy=False,
             preemptible_quota=True,
         )
     spot = capacity == "spot"

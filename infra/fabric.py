@@ -64,6 +64,8 @@ class Fabric:
     published_busbw_gbs: float
     published_source: str
     nccl_plugin: str  # the network name NCCL logs: "Using network <name>"
+    collective: str = "all_gather"  # what the published figure measured; verify measures it too
+    published_bytes: int = 8 * 2**30  # at this size (nccl-tests' 8 GB): the probe goes as far
 
     @property
     def busbw_floor_gbs(self) -> float:
@@ -94,6 +96,7 @@ FABRICS: dict[str, Fabric] = {
         683.0,
         "2-node all_reduce at 8 GB, dstack docs gcp.md",
         "gIB",
+        "all_reduce",
     ),
 }
 
@@ -145,6 +148,8 @@ class FabricExpectation:
     rxdm: bool  # the TCPXO receive-datapath-manager must report ready
     nccl_network: str | None  # "Using network <name>" in the NCCL log
     busbw_floor_gbs: float | None  # on GPUs only
+    collective: str = "all_reduce"  # the probe's collective (the published figure's)
+    probe_bytes: int = 2**30  # the probe's largest size on GPU
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,8 @@ class FabricPlan:
             rxdm=self.kind == "tcpxo",
             nccl_network=fabric.nccl_plugin if fabric else None,
             busbw_floor_gbs=fabric.busbw_floor_gbs if fabric else None,
+            collective=fabric.collective if fabric else "all_reduce",
+            probe_bytes=fabric.published_bytes if fabric else 2**30,
         )
 
 

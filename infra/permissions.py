@@ -101,6 +101,9 @@ CONTROLLER_READS = (
     "compute.regions.get",
     "compute.machineTypes.get",
     "compute.acceleratorTypes.list",
+    "compute.reservations.get",  # capacity reservation: its free VMs, dense / calendar mode
+    "compute.networkProfiles.get",  # A3 Ultra / A4: the zone's RoCE profile
+    "compute.zoneOperations.list",  # recovery: was a VM preempted or lost to a host error?
     "compute.instances.getGuestAttributes",
     "compute.instances.list",
     "compute.disks.list",

@@ -9,11 +9,18 @@ from pathlib import Path
 from infra import capacity, catalog, vertex
 from infra.autodown import plan_line
 from infra.fabric import FABRICS
-from infra.fields import IPV4_ADDRESSES, covered_addresses
+from infra.fields import IPV4_ADDRESSES, covered_addresses, format_duration
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
 from infra.offers import Candidate
 from infra.prices import price_table
-from infra.spec import ClusterSpec, MissingSetting, missing_settings, parse_spec
+from infra.spec import (
+    RDMA_IMAGE,
+    RDMA_IMAGE_WHY,
+    ClusterSpec,
+    MissingSetting,
+    missing_settings,
+    parse_spec,
+)
 from infra.spec_warnings import spec_warnings
 from infra.stackfile import load_stack_config
 
@@ -125,7 +132,7 @@ def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = Non
     table = price_table()
     where = f"{spec.region} (Vertex AI)" if spec.on_vertex else spec.zone
     note = (
-        f"Prices: USD, {PRICE_BASIS[spec.capacity]} in {where}, from {table.source}, "
+        f"Prices: USD, {price_basis(spec)} in {where}, from {table.source}, "
         f"as of {table.as_of}"
         + (f" ({spec.price.note})" if spec.price and spec.price.note else "")
         + f"; disks and network extra. {quota}."
@@ -183,6 +190,15 @@ PRICE_BASIS = {
 }
 
 
+def price_basis(spec: ClusterSpec) -> str:
+    """PRICE_BASIS, except that Flex-start on G2 is not discounted: it bills on-demand."""
+    if spec.capacity == "flex-start" and not capacity.flex_start_discounted(
+        catalog.MACHINE_TYPES[spec.machine_type]
+    ):
+        return "on-demand (Flex-start is not discounted on G2)"
+    return PRICE_BASIS[spec.capacity]
+
+
 def capacity_note(spec: ClusterSpec) -> str:
     """How the VMs get their GPUs: the provisioning model, placement and what it bills."""
     if spec.on_vertex:
@@ -197,15 +213,49 @@ def capacity_note(spec: ClusterSpec) -> str:
         else "no placement policy (the capacity places the VMs densely itself)"
     )
     mt = catalog.MACHINE_TYPES[spec.machine_type]
+    below = "<= " if capacity.flex_start_discounted(mt) else ""  # G2: no Flex-start discount
     per_mode = ", ".join(
-        f"{m} {'<= ' if m == 'flex-start' else ''}"
+        f"{m} {below if m == 'flex-start' else ''}"
         + money(spec.price.hourly(m == "spot") if spec.price else None)
         for m in capacity.offered(mt)
     )
     return (
         f"Capacity: {spec.capacity}{where} (provisioningModel {ic.provisioning_model}, "
         f"{mode.quota}); {placement}; {mode.billing}. $/h per node by the capacity "
-        f"{spec.machine_type} is offered in: {per_mode}."
+        f"{spec.machine_type} is offered in: {per_mode}." + ladder_note(spec) + wait_note(spec)
+    )
+
+
+def ladder_note(spec: ClusterSpec) -> str:
+    """A capacity list: the modes in order with their $/h per node, and the worst case at the
+    dearest of them (price x nodes x TTL). Pure."""
+    if not spec.capacity_ladder:
+        return ""
+
+    def hourly(mode: str) -> float | None:  # flex-start and reservation at most on-demand
+        return spec.price.hourly(mode == "spot") if spec.price else None
+
+    rungs = [hourly(m) for m in spec.capacity_ladder]
+    known = [p for p in rungs if p is not None]
+    worst = (
+        max(known) * spec.nodes * spec.max_run_duration_s / 3600
+        if len(known) == len(rungs)
+        else None
+    )
+    steps = " -> ".join(f"{m} {money(p)}" for m, p in zip(spec.capacity_ladder, rungs, strict=True))
+    return (
+        f" Capacity list: {steps} per node/h, the next tried only after the previous one's "
+        f"stock-outs in every zone; worst case at the dearest: {money(worst)}."
+    )
+
+
+def wait_note(spec: ClusterSpec) -> str:
+    """waitForCapacity: how long `up` and a spot recovery retry stock-outs. Pure."""
+    if not spec.wait_for_capacity_s:
+        return ""
+    return (
+        f" Stock-outs everywhere are retried for up to {format_duration(spec.wait_for_capacity_s)}"
+        " (waitForCapacity), with backoff; nothing bills while `up` waits."
     )
 
 
@@ -215,9 +265,17 @@ def fabric_note(spec: ClusterSpec) -> str:
     if spec.on_vertex or fabric is None or not fabric.enabled:
         return ""
     published = FABRICS[spec.machine_type]
+    image = (
+        f" Node image: {spec.image_project}/{spec.image_family} ({RDMA_IMAGE_WHY})."
+        if (spec.image_project, spec.image_family) == RDMA_IMAGE
+        else ""
+    )
     return (
         f"GPU network: {fabric.note}. The stack creates {fabric.networks_needed} VPCs and "
         f"{fabric.subnetworks_needed} subnets from {fabric.subnet_range} (NETWORKS/SUBNETWORKS "
-        f"quota); `verify --fabric` requires >= {published.busbw_floor_gbs:g} GB/s bus bandwidth "
+        f"quota); `verify --fabric` measures {published.collective} up to "
+        f"{published.published_bytes // 2**30} GiB and requires >= {published.busbw_floor_gbs:g} "
+        "GB/s bus bandwidth "
         f"(half of the published {published.published_busbw_gbs:g}: {published.published_source})."
+        + image
     )

@@ -49,11 +49,28 @@ def check_reservation(req: PreflightRequest, info: ReservationInfo | None) -> Ch
             f"{req.nodes}",
             f"set nodes ≤ {info.free}, or free VMs in it ({listing})",
         )
+    bound = (
+        f"; {info.deployment_type or info.reservation_mode}: its VMs are RESERVATION_BOUND"
+        if info.requires_bound
+        else ""
+    )
     return CheckResult(
         "reservation",
         zone,
         "ok",
-        f"{name}: {info.free} of {info.count} × {info.machine_type} free, need {req.nodes}",
+        f"{name}: {info.free} of {info.count} × {info.machine_type} free, need {req.nodes}{bound}",
+    )
+
+
+def shared_reservation_denied(req: PreflightRequest, owner: str, error: str) -> CheckResult:
+    """A 403 reading a shared reservation is about its owner project, not the user's."""
+    return CheckResult(
+        "reservation",
+        req.zone,
+        "fail",
+        f"could not read reservation {req.reservation}: {error}",
+        f"ask the owner of project {owner} to grant your account compute.reservations.get on "
+        f"it (roles/compute.viewer on {owner}), and to share the reservation with {req.project}",
     )
 
 

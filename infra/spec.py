@@ -18,7 +18,7 @@ from infra import catalog, fields, offers, vertex
 from infra.autodown import parse_autodown
 from infra.base.records import GpuExpectation
 from infra.fabric import FabricPlan
-from infra.fabric_fields import read_capacity, read_fabric
+from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
 from infra.notify_urls import parse_notify
 from infra.offers import Candidate
@@ -33,6 +33,17 @@ from infra.stackfile import (
     SpecError,
 )
 
+#: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
+#: defaults. Google's "Run NCCL on Compute Engine instances": "If you are using standard OS
+#: images, you must also install the latest NVIDIA DOCA-OFED driver" for gIB; its accelerator
+#: images (Ubuntu accelerator, as Cluster Toolkit's A3 Ultra/A4 blueprints use) carry it. Deep
+#: Learning VM images are standard OS images, so RDMA stacks default to the accelerator image
+#: (driver only: PyTorch is pip-installed on each VM before verify).
+RDMA_IMAGE = ("ubuntu-os-accelerator-images", "ubuntu-accelerator-2204-amd64-with-nvidia-580")
+RDMA_IMAGE_WHY = (
+    "gIB needs NVIDIA's DOCA-OFED driver on standard OS images such as Deep Learning VM "
+    "images (Google's NCCL page); the Ubuntu accelerator image has it"
+)
 MIN_RUN_S = 10 * 60
 MAX_RUN_S = 120 * 24 * 3600
 MIN_BOOT_DISK_GB = 50
@@ -91,6 +102,9 @@ class ClusterSpec:
     capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
+    capacity_ladder: tuple[modes.Capacity, ...] = ()  # `capacity` as a list: tried in order
+    reservation_bound: bool | None = None  # reservationBound; None: `up` reads the reservation
+    wait_for_capacity_s: int = 0  # waitForCapacity: how long `up` retries stock-outs
     autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
 
@@ -102,6 +116,7 @@ class ClusterSpec:
             self.machine_type,
             max_run_duration_s=self.max_run_duration_s,
             reservation=self.reservation,
+            dense_reservation=bool(self.reservation_bound),
         )
 
     @property
@@ -194,7 +209,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         )
     # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
     # validates it against the machine below
-    mode = modes.resolved_capacity(cfg.text("capacity"), cfg.text("spot"))
+    mode = modes.resolved_capacity(capacity_in_use(cfg), cfg.text("spot"))
     where = place(cfg, spot=mode == "spot", backend=backend)
     mt, accelerator, gpus, attach, nodes = where.shape
 
@@ -214,6 +229,14 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
         if problem:
             raise SpecError(f"{NS}{problem} (backend vertex)")
+        if mt.accelerator == "nvidia-b200" and fields.executor_image(cfg) == (
+            vertex.DEFAULT_EXECUTOR_IMAGE
+        ):  # no newer prebuilt tag is confirmed, so no default to switch to: ask for one
+            raise SpecError(
+                f"{NS}executorImage = {vertex.DEFAULT_EXECUTOR_IMAGE!r}: PyTorch 2.4 / CUDA 12.1 "
+                f"has no Blackwell kernels, so it cannot train on {mt.name} (B200 needs PyTorch "
+                ">= 2.7 / CUDA 12.8); set executorImage to such a container (backend vertex)"
+            )
 
     image_family = cfg.text("imageFamily")
     image_project = cfg.text("imageProject")
@@ -262,12 +285,12 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     own_policy = modes.instance_capacity(
         cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
     ).placement_policy
-    if placement_raw == "compact" and not own_policy:
+    if placement_raw == "compact" and cap.capacity == "reservation":
         raise CHECK.fail(
             "placement",
             "compact",
-            f"capacity {cap.capacity} places the VMs densely itself (no placement policy is "
-            "allowed); use auto or none",
+            "capacity reservation: the reservation decides where its VMs run (a VM consuming it "
+            "takes no placement policy of ours); use auto or none",
         )
     if placement_raw == "compact" and not mt.compact_placement:
         raise CHECK.fail(
@@ -296,6 +319,10 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
 
     existing_bucket, bucket_prefix = fields.bucket(cfg)
     acc = catalog.ACCELERATORS[accelerator]
+    fabric = read_fabric(cfg, mt, nodes, zone=where.zone, project=project, existing_network=network)
+    rdma = fabric.enabled and fabric.kind == "rdma"
+    if rdma and (image_project, image_family) == (DEFAULT_IMAGE_PROJECT, DEFAULT_IMAGE_FAMILY):
+        image_project, image_family = RDMA_IMAGE  # left at the defaults: see RDMA_IMAGE_WHY
     return ClusterSpec(
         stack=stack,
         project=project,
@@ -339,9 +366,10 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         candidates=where.candidates,
         capacity=cap.capacity,
         reservation=cap.reservation,
-        fabric=read_fabric(
-            cfg, mt, nodes, zone=where.zone, project=project, existing_network=network
-        ),
+        capacity_ladder=cap.ladder,
+        reservation_bound=cap.reservation_bound,
+        wait_for_capacity_s=cap.wait_for_capacity_s,
+        fabric=fabric,
     )
 
 

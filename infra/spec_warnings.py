@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from infra import catalog, offers, vertex
 from infra.prices import price_table
-from infra.spec import ClusterSpec
+from infra.spec import RDMA_IMAGE, ClusterSpec
 from infra.stackfile import DEFAULT_IMAGE_PROJECT
 
 # The docs-supported alternative for G2 (driver preinstalled; Cluster Toolkit uses it on A3/A4).
@@ -45,6 +45,13 @@ def _gce_warnings(spec: ClusterSpec, mt: catalog.MachineType) -> list[str]:
             f"{', '.join(unknown)} not among the zones known to offer {spec.accelerator} on "
             f"{spec.machine_type} ({', '.join(near) or 'none in ' + spec.region}, price data "
             f"{price_table().as_of}); the preflight checks"
+        )
+    rdma = spec.fabric is not None and spec.fabric.enabled and spec.fabric.kind == "rdma"
+    if rdma and spec.image_project == DEFAULT_IMAGE_PROJECT:
+        out.append(
+            f"imageFamily {spec.image_family} is a Deep Learning VM (standard OS) image: the gIB "
+            "plugin needs NVIDIA's DOCA-OFED driver there, which gputrain does not install; "
+            f"leave imageFamily/imageProject at their defaults ({' / '.join(RDMA_IMAGE)})"
         )
     if spec.fabric is not None and not spec.fabric.enabled and spec.fabric.note:
         out.append(spec.fabric.note)  # A3 High multi-node, or gpuDirect off: what one NIC costs

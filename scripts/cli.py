@@ -68,8 +68,17 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
+        wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
         **run_flags.options(args),
     )
+
+
+def _wait_for_capacity(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    from infra.fabric_fields import read_wait
+
+    return read_wait("--wait-for-capacity", raw.strip()) if raw.strip() else 0
 
 
 def _max_candidates(n: int) -> int:
@@ -260,6 +269,14 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="(--stack) keep the stack's bucket and its checkpoints when destroying",
             )
+        if name in {"up", "run", "train"}:
+            c.add_argument(
+                "--wait-for-capacity",
+                metavar="DURATION",
+                help="(--stack) when every zone or candidate is stocked out, keep trying this "
+                "long (30m, 2h; at most 7d) with backoff, nothing billing meanwhile; also a spot "
+                "recovery (default: the stack's waitForCapacity, else no waiting)",
+            )
         if name in {"run", "train"}:
             run_flags.add_flags(c, name)
         if name == "verify":
@@ -380,6 +397,11 @@ def main(
         ):
             if given and not args.stack:
                 raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")
+        if opts.wait_for_capacity_s is not None and not args.stack:
+            raise UserError(
+                "--wait-for-capacity: only --stack targets create VMs, so only they can wait "
+                "for capacity (--hosts and --local machines exist already)"
+            )
         run_flags.check(args)
         settings = settings or Settings()
         if args.dir:

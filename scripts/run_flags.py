@@ -18,7 +18,8 @@ def add_flags(c: argparse.ArgumentParser, command: str) -> None:
         "--max-recoveries",
         type=int,
         metavar="N",
-        help="(--stack) spot preemptions to recover from (default: 3 on spot, 0 on demand)",
+        help="(--stack) nodes GCE takes away to recover from: spot preemptions, host errors, "
+        "host maintenance (default: 3)",
     )
     if command == "train":
         c.add_argument(

@@ -94,11 +94,16 @@ def teardown(env: DistEnv) -> None:
 
 def any_rank(env: DistEnv, flag: bool) -> bool:
     """True on every rank when it is True on at least one (a CPU all-reduce: no GPU sync)."""
+    return bool(max_rank(env, int(flag)))
+
+
+def max_rank(env: DistEnv, value: int) -> int:
+    """The largest `value` of all ranks, on every rank (a CPU all-reduce: no GPU sync)."""
     if not env.distributed:
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int64)
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=env.control)
-    return bool(t.item())
+    return int(t.item())
 
 
 def all_gather(env: DistEnv, obj: T) -> list[T]:

@@ -125,18 +125,29 @@ def memory_gbps(device: torch.device) -> float:
     )
 
 
-def allreduce_busbw(env: DistEnv, max_bytes: int) -> list[tuple[int, float]]:
-    """(bytes, bus GB/s) from 32 KiB up to max_bytes; busbw = algbw · 2(n−1)/n (nccl-tests)."""
+COLLECTIVES = ("all_reduce", "all_gather")
+
+
+def allreduce_busbw(
+    env: DistEnv, max_bytes: int, collective: str = "all_reduce"
+) -> list[tuple[int, float]]:
+    """(bytes, bus GB/s) from 32 KiB up to max_bytes, as nccl-tests define bus bandwidth:
+    all_reduce algbw · 2(n−1)/n; all_gather (size = the gathered result) algbw · (n−1)/n."""
     n, size = env.world_size, 32 * 2**10
     results: list[tuple[int, float]] = []
     while size <= max_bytes:
         buf = torch.zeros(size // 4, dtype=torch.float32, device=env.device)  # zeros never overflow
+        if collective == "all_gather":
+            part = torch.zeros(size // 4 // n, dtype=torch.float32, device=env.device)
+            op, factor = partial(dist.all_gather_into_tensor, buf[: part.numel() * n], part), 1
+        else:
+            op, factor = partial(dist.all_reduce, buf), 2
         calls = max(1, min(50, 2**28 // size))  # back-to-back for small sizes: host overhead
         trials = []
         for _ in range(3):
             dist.barrier(group=env.control)
-            trials.append(timed(partial(dist.all_reduce, buf), env.device, calls))
-        results.append((size, size / statistics.median(trials) * 2 * (n - 1) / n / 1e9))
+            trials.append(timed(op, env.device, calls))
+        results.append((size, size / statistics.median(trials) * factor * (n - 1) / n / 1e9))
         size *= 8
     return results
 
@@ -203,7 +214,12 @@ def judge_ranks(ranks: list[Measured], on_gpu: bool) -> list[Check]:
 
 
 def judge_allreduce(
-    sweep: list[tuple[int, float]], correct: bool, device: str, hosts: list[str], on_gpu: bool
+    sweep: list[tuple[int, float]],
+    correct: bool,
+    device: str,
+    hosts: list[str],
+    on_gpu: bool,
+    collective: str = "all_reduce",
 ) -> Check:
     """The best bus bandwidth of the sweep against the intra- or inter-node floor."""
     size, best = max(sweep, key=lambda s: s[1])
@@ -218,7 +234,7 @@ def judge_allreduce(
         note = "all-reduce returned a wrong sum; " + note
     warn, fail = limits if limits else (None, None)
     return Check(
-        "allreduce_busbw",
+        f"{collective.replace('_', '')}_busbw",
         None,
         ",".join(sorted(set(hosts))),
         device,
@@ -231,7 +247,7 @@ def judge_allreduce(
     )
 
 
-def run_checks(env: DistEnv, max_bytes: int) -> list[Check]:
+def run_checks(env: DistEnv, max_bytes: int, collective: str = "all_reduce") -> list[Check]:
     """Every rank measures; every rank returns the same list of all ranks' checks."""
     host, on_gpu = socket.gethostname(), env.device.type == "cuda"
     mine = Measured(host, env.device_name, matmul_tflops(env.device), memory_gbps(env.device))
@@ -239,10 +255,9 @@ def run_checks(env: DistEnv, max_bytes: int) -> list[Check]:
     checks = judge_ranks(ranks, on_gpu)
     if env.world_size > 1:
         correct = allreduce_is_correct(env)
-        sweep = allreduce_busbw(env, max_bytes)
-        checks.append(
-            judge_allreduce(sweep, correct, ranks[0].device, [r.host for r in ranks], on_gpu)
-        )
+        sweep = allreduce_busbw(env, max_bytes, collective)
+        hosts = [r.host for r in ranks]
+        checks.append(judge_allreduce(sweep, correct, ranks[0].device, hosts, on_gpu, collective))
     sums = all_gather(env, ddp_checksum(env))
     agree = len(set(sums)) == 1
     checks.append(
@@ -327,6 +342,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="largest all-reduce (default 1 GiB on GPU, 2 MiB on CPU)",
     )
+    p.add_argument(
+        "--gpu-max-bytes",
+        type=int,
+        default=2**30,
+        help="largest size on GPU when --max-bytes is not given (default 1 GiB)",
+    )
+    p.add_argument(
+        "--collective",
+        choices=COLLECTIVES,
+        default="all_reduce",
+        help="the collective whose bus bandwidth is measured across ranks (default all_reduce)",
+    )
     p.add_argument("--pg-timeout-s", type=float, default=180.0, help="process-group timeout")
     args = p.parse_args(argv)
     out = args.out or Path(os.environ.get("GPUTRAIN_OUT") or "out")
@@ -339,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(e.exit_code)
     if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-    max_bytes = args.max_bytes or (2**30 if env.device.type == "cuda" else 2 * 2**20)
-    overall = report(run_checks(env, max_bytes), env, out)
+    max_bytes = args.max_bytes or (args.gpu_max_bytes if env.device.type == "cuda" else 2 * 2**20)
+    overall = report(run_checks(env, max_bytes, args.collective), env, out)
     teardown(env)
     return 1 if overall == FAIL else 0
 

@@ -22,7 +22,7 @@ from trainer import checkpoint
 from trainer.batches import Batch, Batches
 from trainer.config import TrainConfig, parse_config
 from trainer.data import EVAL, TRAIN, DataSource, open_data, uniform_loss
-from trainer.dist import DistEnv, all_gather, any_rank, setup, teardown
+from trainer.dist import DistEnv, all_gather, max_rank, setup, teardown
 from trainer.errors import InputError
 from trainer.metrics import (
     Metrics,
@@ -36,7 +36,7 @@ from trainer.metrics import (
 from trainer.mfu import flops_per_token, mfu, peak_tflops
 from trainer.microbatch import fixed_shape, plan_step
 from trainer.model import GPT, GPTConfig, padded_vocab, param_checksum
-from trainer.preemption import StopRequest
+from trainer.preemption import CHECKPOINT, STOP, StopRequest
 from trainer.step import (
     CUDA_GRAPH_MODES,
     amp_dtype,
@@ -211,9 +211,15 @@ class Trainer:
             for step in range(self.start_step, cfg.steps):
                 loss = self.train_step(step, batches.next_step())
                 done = step + 1
-                stopped = any_rank(env, self.stop.requested)
+                asked = self.stop.checkpoints_asked
+                signal = max_rank(env, self.stop.code)  # one all-reduce: stop, save now, or on
+                stopped = signal == STOP
                 log = done % cfg.log_every == 0 or done in (self.start_step + 1, cfg.steps)
                 save = done % cfg.checkpoint_every == 0 or done == cfg.steps
+                if signal == CHECKPOINT:  # a maintenance notice on some node: save at this step
+                    save, self.stop.checkpoints_taken = True, asked
+                    if env.is_main:
+                        say(f"maintenance notice: checkpoint at step {done}, training on")
                 if log or save or stopped or done == warmup_until:
                     self.sync()
                     clock.pause(done)

@@ -25,8 +25,6 @@ from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
-#: GPUDirect nodes install Google's NCCL plugin packages and images from Artifact Registry.
-FABRIC_ROLES = ("artifactregistry.reader",)
 
 
 def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
@@ -113,7 +111,10 @@ class GpuCluster(pulumi.ComponentResource):
                 GpuFabricArgs(spec.stack, spec.project, spec.region, tag, fabric),
                 child,
             )
-        roles = NODE_ROLES + (FABRIC_ROLES if fabric is not None and fabric.enabled else ())
+        # No artifactregistry.reader: the TCPXO images and apt repository live in Google's own
+        # gce-ai-infra project (gIB comes from packages.cloud.google.com), where a role on the
+        # user's project grants nothing.
+        roles = NODE_ROLES
         autodown = (
             instance_condition(str(spec.project), spec.stack)
             if spec.autodown_s is not None

@@ -10,7 +10,7 @@ from typing import Literal
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.capacity import FLEX_START_CREATE_TIMEOUT, InstanceCapacity
+from infra.capacity import InstanceCapacity
 from infra.components import child_options
 from infra.components.fabric import FabricNic
 from infra.spec import ClusterSpec
@@ -99,12 +99,8 @@ class GpuNodes(pulumi.ComponentResource):
             self,
             opts,
             depends_on=list(args.after),
-            custom_timeouts=pulumi.CustomTimeouts(
-                create=FLEX_START_CREATE_TIMEOUT
-                if args.capacity.provisioning_model == "FLEX_START"
-                else CREATE_TIMEOUT,
-                delete="20m",
-            ),
+            # no longer for Flex-start: its create never queues (infra/capacity.py)
+            custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT, delete="20m"),
         )
         self.instances = [self._instance(i, n, vm_opts) for i, n in enumerate(args.names)]
         self.register_outputs({"instances": [vm.self_link for vm in self.instances]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +24,10 @@ from infra.stackfile import STACK_LABEL
 
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")  # what gcloud accepts, in order
 PREEMPTED = "compute.instances.preempted"  # the zone operation GCE records when it takes a VM back
+HOST_ERROR = "compute.instances.hostError"  # ... when a host failure terminated the VM
+HOST_MAINTENANCE = "compute.instances.terminateOnHostMaintenance"  # ... maintenance stopped it
+#: GCE's own terminations of a VM (system events, `user: system`): what a recovery looks for.
+TERMINATIONS = (PREEMPTED, HOST_ERROR, HOST_MAINTENANCE)
 
 
 ComputeApiError = GoogleApiError  # a Compute API call failed (see infra/gcp/api.py)
@@ -58,11 +63,12 @@ class Quota:
 
 
 @dataclass(frozen=True)
-class Preemption:
-    """A `compute.instances.preempted` operation: GCE took a spot VM back."""
+class Termination:
+    """A system-event operation by which GCE ended a VM: preempted, a host error, maintenance."""
 
     instance: str
     at: str  # the operation's insertTime (RFC 3339)
+    kind: str = PREEMPTED  # one of TERMINATIONS
 
 
 @dataclass(frozen=True)
@@ -208,18 +214,24 @@ class ComputeApi:
         )
         return None if inst is None else str(inst.status)
 
-    def preemptions(self, project: str, zone: str) -> list[Preemption]:
-        """The zone's PREEMPTED operations (GCE keeps them for a while)."""
+    def terminations(
+        self, project: str, zone: str, kinds: Iterable[str] = TERMINATIONS
+    ) -> list[Termination]:
+        """The zone's operations of these types (GCE keeps them for a while), one filtered
+        list per type."""
 
-        def fetch() -> list[Preemption]:
-            request = {"project": project, "zone": zone, "filter": f'operationType = "{PREEMPTED}"'}
+        def fetch(kind: str) -> list[Termination]:
+            request = {"project": project, "zone": zone, "filter": f'operationType = "{kind}"'}
             return [
-                Preemption(op.target_link.rsplit("/", 1)[-1], op.insert_time)
+                Termination(op.target_link.rsplit("/", 1)[-1], op.insert_time, kind)
                 for op in self._client("ZoneOperationsClient").list(request=request)
-                if op.operation_type == PREEMPTED
+                if op.operation_type == kind
             ]
 
-        return list(self._call(f"zoneOperations.list {zone}", fetch))
+        found: list[Termination] = []
+        for kind in kinds:
+            found += self._call(f"zoneOperations.list {zone}", functools.partial(fetch, kind))
+        return found
 
     # -- listings for sweep and status
 

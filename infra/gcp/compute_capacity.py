@@ -6,13 +6,17 @@ infra/preflight_fabric.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from infra.gcp.compute import ComputeApi
+
+COMPUTE_API = "https://compute.googleapis.com"
 
 
 @dataclass(frozen=True)
 class ReservationInfo:
-    """What preflight needs of a reservation: its machine type and how many VMs are free."""
+    """What preflight needs of a reservation: its machine type, how many VMs are free, and
+    whether VMs consuming it must be RESERVATION_BOUND."""
 
     name: str
     zone: str
@@ -21,10 +25,21 @@ class ReservationInfo:
     in_use: int
     status: str  # CREATING, READY, UPDATING, DELETING, INVALID
     specific_required: bool  # only VMs that name it may consume it
+    deployment_type: str = ""  # DENSE (A3/A4 future reservations) or ""
+    reservation_mode: str = ""  # CALENDAR (calendar-mode future reservation) or ""
+    share_type: str = ""  # LOCAL, SPECIFIC_PROJECTS, ORGANIZATION or ""
+    owner: str = ""  # the project that owns it
 
     @property
     def free(self) -> int:
         return max(0, self.count - self.in_use)
+
+    @property
+    def requires_bound(self) -> bool:
+        """Google's reservation-bound page: calendar-mode reservations "must specify the
+        reservation-bound provisioning model"; slurm-gcp `resume.py` sets RESERVATION_BOUND
+        when `deploymentType == DENSE` or `reservationMode == CALENDAR`."""
+        return self.deployment_type == "DENSE" or self.reservation_mode == "CALENDAR"
 
 
 def split_reservation(project: str, reservation: str) -> tuple[str, str]:
@@ -38,25 +53,60 @@ def split_reservation(project: str, reservation: str) -> tuple[str, str]:
 def get_reservation(
     api: ComputeApi, project: str, zone: str, reservation: str
 ) -> ReservationInfo | None:
-    """The reservation in `zone`, or None when it does not exist there."""
+    """The reservation in `zone`, or None when it does not exist there. Read as JSON over REST:
+    google-cloud-compute 1.57's Reservation message has no `reservationMode` (only its
+    FutureReservation has) and its parser drops fields it does not know."""
     owner, name = split_reservation(project, reservation)
+    path = f"/compute/v1/projects/{owner}/zones/{zone}/reservations/{name}"
     res = api._call(
-        f"reservations.get {zone}/{name}",
-        lambda: api._client("ReservationsClient").get(project=owner, zone=zone, reservation=name),
+        f"reservations.get {zone}/{name} (project {owner})",
+        lambda: _get_json(api, path),
         not_found=None,
     )
-    if res is None:
-        return None
-    sku = res.specific_reservation
+    return None if res is None else reservation_info(res, owner)
+
+
+def reservation_info(res: dict[str, Any], owner: str) -> ReservationInfo:
+    """The fields preflight reads from a `reservations.get` body. Pure."""
+    sku = res.get("specificReservation") or {}
+    props = sku.get("instanceProperties") or {}
     return ReservationInfo(
-        name=res.name,
-        zone=res.zone.rsplit("/", 1)[-1],
-        machine_type=sku.instance_properties.machine_type.rsplit("/", 1)[-1],
-        count=int(sku.count),
-        in_use=int(sku.in_use_count),
-        status=res.status,
-        specific_required=bool(res.specific_reservation_required),
+        name=res.get("name", ""),
+        zone=str(res.get("zone", "")).rsplit("/", 1)[-1],
+        machine_type=str(props.get("machineType", "")).rsplit("/", 1)[-1],
+        count=int(sku.get("count") or 0),
+        in_use=int(sku.get("inUseCount") or 0),
+        status=res.get("status", ""),
+        specific_required=bool(res.get("specificReservationRequired")),
+        deployment_type=res.get("deploymentType", ""),
+        reservation_mode=res.get("reservationMode", ""),
+        share_type=(res.get("shareSettings") or {}).get("shareType", ""),
+        owner=owner,
     )
+
+
+def _get_json(api: ComputeApi, path: str) -> dict[str, Any]:
+    """GET one Compute API resource as JSON: anonymous against a test server (`api_endpoint`),
+    else with Application Default Credentials. HTTP errors raise google.api_core's exceptions,
+    as the generated clients do, so `call` maps them the same way."""
+    from google.api_core import exceptions
+
+    if api.api_endpoint:
+        import requests
+
+        session: Any = requests.Session()
+    else:
+        import google.auth
+        from google.auth.transport.requests import AuthorizedSession
+
+        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        session = AuthorizedSession(creds)
+    with session:
+        resp = session.get((api.api_endpoint or COMPUTE_API) + path, timeout=60)
+    if resp.status_code >= 400:
+        raise exceptions.from_http_response(resp)
+    body: dict[str, Any] = resp.json()
+    return body
 
 
 def network_profile_exists(api: ComputeApi, project: str, name: str) -> bool:

@@ -17,6 +17,7 @@ DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
 CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"
 WATCH_PREEMPTION_ENV = "GPUTRAIN_WATCH_PREEMPTION"
+WATCH_MAINTENANCE_ENV = "GPUTRAIN_WATCH_MAINTENANCE"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -32,9 +32,10 @@ class RunOptions:
     max_restarts: int = 0
     wait_s: float | None = None  # --wait: how long to wait for SSH (None: the target's default)
     keep_bucket: bool = False  # `run`/`down`: keep the stack's bucket (and what is in it)
-    max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
+    max_recoveries: int | None = None  # nodes GCE takes away to recover from; None: 3
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
+    wait_for_capacity_s: int | None = None  # stock-outs: retry this long (None: waitForCapacity)
     detach: bool = False  # `run`/`train`: return once the job trains, leave it running
     autodown: str | None = None  # `--autodown` as given (validated by the CLI); None: the stack's
     selector: str = ""  # the target as the user named it (`--stack dev`), for the way back

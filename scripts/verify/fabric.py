@@ -111,12 +111,20 @@ def allreduce_probe(
     results_dir: Path,
     run_id: str,
 ) -> list[str]:
-    """A short all-reduce between the first two nodes under NCCL_DEBUG=INFO (gloo on CPU)."""
+    """A short all-reduce (A4) or all-gather (A3 Mega/Ultra: what their published figures
+    measured) between the first two nodes under NCCL_DEBUG=INFO (gloo on CPU)."""
     from scripts.job.launch import launch_torchrun
     from scripts.job.records import Job
 
     two = dataclasses.replace(fleet, nodes=fleet.nodes[:2])
-    job = Job(run_id=run_id, entry=PROBE_ENTRY, env=dict(NCCL_ENV), max_duration_s=600)
+    entry = (  # the collective the published figure measured, up to its size (on GPUs)
+        *PROBE_ENTRY,
+        "--collective",
+        check.expect.collective,
+        "--gpu-max-bytes",
+        str(check.expect.probe_bytes),
+    )
+    job = Job(run_id=run_id, entry=entry, env=dict(NCCL_ENV), max_duration_s=600)
     lines: list[str] = []
     try:
         launch_torchrun(

@@ -258,10 +258,12 @@ class Busbw:
 
 
 def parse_health_busbw(health_json: str) -> Busbw | None:
-    """The `allreduce_busbw` check of health.json; None when there is none (one rank)."""
+    """The `allreduce_busbw` (or `allgather_busbw`) check of health.json; None when there is
+    none (one rank)."""
     doc: dict[str, Any] = json.loads(health_json)
     checks = doc.get("checks") or []
-    check = next((c for c in checks if c.get("check") == "allreduce_busbw"), None)
+    names = ("allreduce_busbw", "allgather_busbw")
+    check = next((c for c in checks if c.get("check") in names), None)
     if check is None or check.get("value") is None:
         return None
     return Busbw(
@@ -282,7 +284,7 @@ def check_busbw(result: Busbw | None, expect: FabricExpectation, machine_type: s
     floor = expect.busbw_floor_gbs
     if result.on_gpu and floor is not None and result.busbw_gbs < floor:
         problems.append(
-            f"busbw: {result.busbw_gbs:.1f} GB/s all-reduce bus bandwidth across "
+            f"busbw: {result.busbw_gbs:.1f} GB/s {expect.collective.replace('_', '-')} bus bandwidth across "
             f"{len(result.hosts)} node(s), below the {floor:g} GB/s floor for {machine_type} "
             "(half the published 2-node figure)"
         )

@@ -53,12 +53,10 @@ ACTION=="add", SUBSYSTEM=="pci", ATTR{vendor}=="0x1ae0", ATTR{device}=="0x0084",
     RUN+="/usr/bin/bash -c '/usr/bin/chmod 0666 /dev/aperture_devices/%k/resource*'"
 """
 
-#: Roles the nodes' service account needs for the setup (TCPXO pulls from Artifact Registry).
-NODE_ROLES: dict[FabricKind, tuple[str, ...]] = {
-    "none": (),
-    "rdma": (),
-    "tcpxo": ("artifactregistry.reader",),
-}
+#: Roles the nodes' service account needs for the setup: none of the user's project. TCPXO pulls
+#: from Artifact Registry in Google's gce-ai-infra project, where a reader role on the user's
+#: project grants nothing (so none is granted).
+NODE_ROLES: dict[FabricKind, tuple[str, ...]] = {"none": (), "rdma": (), "tcpxo": ()}
 
 
 class FabricSetupError(GputrainError):

@@ -181,3 +181,69 @@ def test_fabric_stacks_plan_their_capacity_network_and_cost_per_mode() -> None:
     assert "upper bound of Flex-start (derived" in flex.price_note
     assert "PREEMPTIBLE_NVIDIA_H100_MEGA_GPUS" in flex.price_note
     assert plan_stack(ROOT, "h100").fabric_note == ""  # one NIC: a warning says what it costs
+
+
+def test_flex_start_on_g2_is_priced_on_demand_not_as_an_upper_bound() -> None:
+    """Flex-start is discounted on A2/A3/A4, not on G2 (Compute's Flex-start pricing)."""
+    from infra.plan import build_plan
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    config = load_stack_config(ROOT, "dev") | {
+        "gputrain:capacity": "flex-start",
+        "gputrain:spot": "",
+    }
+    g2 = build_plan(parse_spec(config, "dev"))
+    assert "on-demand (Flex-start is not discounted on G2)" in g2.price_note
+    assert "flex-start <= " not in g2.capacity_note and "flex-start $" in g2.capacity_note
+
+
+def test_plan_shows_the_capacity_list_its_worst_case_and_the_wait() -> None:
+    from infra.plan import build_plan
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    config = load_stack_config(ROOT, "dev") | {
+        "gputrain:capacity": '["spot", "on-demand"]',
+        "gputrain:spot": "",
+        "gputrain:waitForCapacity": "45m",
+    }
+    spec = parse_spec(config, "dev")
+    note = build_plan(spec).capacity_note
+    spot, demand = (spec.price.hourly(s) for s in (True, False)) if spec.price else (0, 0)
+    worst = demand * spec.nodes * spec.max_run_duration_s / 3600
+    assert f"Capacity list: spot ${spot:,.2f} -> on-demand ${demand:,.2f} per node/h" in note
+    assert f"worst case at the dearest: ${worst:,.2f}." in note
+    assert "retried for up to 45m (waitForCapacity)" in note
+
+
+def test_rdma_stacks_default_to_the_accelerator_image_and_plan_says_why_and_what_verify_measures() -> (
+    None
+):
+    """Google's NCCL page: gIB needs DOCA-OFED on standard OS images (DLVM); its accelerator
+    images carry it. The published A3 Ultra figure is all_gather at 8 GB: verify measures that."""
+    a4 = plan_stack(ROOT, "a4")
+    assert (a4.spec.image_project, a4.spec.image_family) == (
+        "ubuntu-os-accelerator-images",
+        "ubuntu-accelerator-2204-amd64-with-nvidia-580",
+    )
+    assert "Node image: ubuntu-os-accelerator-images/" in a4.fabric_note
+    assert "DOCA-OFED" in a4.fabric_note
+    assert "measures all_reduce up to 8 GiB" in a4.fabric_note
+    mega = plan_stack(ROOT, "a3mega")  # TCPXO: the DLVM default stays
+    assert mega.spec.image_project == "deeplearning-platform-release"
+    assert "measures all_gather up to 8 GiB" in mega.fabric_note
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    dlvm = load_stack_config(ROOT, "a4") | {
+        "gputrain:imageFamily": "common-cu129-ubuntu-2204-nvidia-580"
+    }
+    warned = build_plan(parse_spec(dlvm, "a4")).warnings
+    assert any("DOCA-OFED driver there, which gputrain does not install" in w for w in warned)
+    ultra = parse_spec(
+        load_stack_config(ROOT, "a4") | {"gputrain:machineType": "a3-ultragpu-8g"}, "a4"
+    )
+    assert ultra.fabric is not None
+    expect = ultra.fabric.expectation()
+    assert (expect.collective, expect.probe_bytes) == ("all_gather", 8 * 2**30)

@@ -3,6 +3,8 @@ shapes: reservations.get, networkProfiles.get and the project's NETWORKS / SUBNE
 
 from __future__ import annotations
 
+import pytest
+
 from infra.gcp.compute import ComputeApi
 from infra.gcp.compute_capacity import get_reservation, split_reservation
 from infra.preflight import GLOBAL, PreflightReport, request_for
@@ -100,3 +102,94 @@ def test_one_nic_stacks_ask_for_no_network_quota_or_profile(
         assert (req.networks, req.roce, req.reservation) == (0, False, None)
         report = preflight(req, spec.zones, api=api)
         assert not _rows(report, "network quota") and not _rows(report, "RoCE profile")
+
+
+def test_dense_and_calendar_reservations_require_reservation_bound_vms(
+    fake: FakeCompute, api: ComputeApi
+) -> None:
+    """slurm-gcp resume.py: RESERVATION_BOUND when deploymentType == DENSE or reservationMode ==
+    CALENDAR; both read from reservations.get (google-cloud-compute 1.57 drops reservationMode,
+    so the adapter reads the JSON)."""
+    zone = "us-central1-a"
+    fake.add_reservation(zone, "dense", "a3-highgpu-8g", 2, deployment_type="DENSE")
+    fake.add_reservation(zone, "calendar", "a3-highgpu-8g", 2, reservation_mode="CALENDAR")
+    fake.add_reservation(zone, "plain", "a3-highgpu-8g", 2)
+    found = {n: get_reservation(api, fake.project, zone, n) for n in ("dense", "calendar", "plain")}
+    assert {n: i.requires_bound for n, i in found.items() if i} == {
+        "dense": True,
+        "calendar": True,
+        "plain": False,
+    }
+    spec = _spec(fake, "dev", machineType="a3-highgpu-8g", capacity="reservation",
+                 reservation="calendar", zones="us-central1-a", spot="")  # fmt: skip
+    report = preflight(request_for(spec), spec.zones, api=api)
+    [(_, status, detail)] = _rows(report, "reservation")
+    assert status == "ok" and detail.endswith("CALENDAR: its VMs are RESERVATION_BOUND")
+    from scripts.targets.gce.preflight import reservation_binds
+
+    assert reservation_binds(spec, api, zone)
+    plain = parse_spec(
+        {**deployable_config("dev", machineType="a3-highgpu-8g", capacity="reservation",
+                             reservation="plain", zones="us-central1-a", spot=""),
+         "gcp:project": fake.project},
+        "dev",
+    )  # fmt: skip
+    assert not reservation_binds(plain, api, zone)
+
+
+def test_reservation_bound_setting_picks_the_provisioning_model() -> None:
+    """What `up` writes (reservationBound) decides RESERVATION_BOUND for any series; A3 Ultra and
+    A4 reservations always bind; unset (None) = not yet decided by `up`."""
+
+    def model(**kw: str) -> str:
+        cfg = deployable_config("dev", capacity="reservation", reservation="r", spot="", **kw)
+        return parse_spec(cfg, "dev").instance_capacity.provisioning_model
+
+    assert model(machineType="a3-highgpu-8g", reservationBound="true") == "RESERVATION_BOUND"
+    assert model(machineType="a3-highgpu-8g", reservationBound="false") == "STANDARD"
+    assert model(machineType="a3-highgpu-8g") == "STANDARD"
+    assert model(machineType="a4-highgpu-8g", nodes="2", reservationBound="false") == (
+        "RESERVATION_BOUND"
+    )
+
+
+def test_a_403_on_a_shared_reservation_names_its_owner_project(
+    fake: FakeCompute, api: ComputeApi
+) -> None:
+    zone = "us-central1-a"
+    fake.add_reservation(zone, "team-res", "a3-highgpu-8g", 2, owner="owner-proj")
+    shared = "projects/owner-proj/reservations/team-res"
+    spec = _spec(fake, "dev", machineType="a3-highgpu-8g", capacity="reservation",
+                 reservation=shared, zones="us-central1-a", spot="")  # fmt: skip
+    report = preflight(request_for(spec), spec.zones, api=api)
+    [row] = [r for r in report.failures if r.check == "reservation"]
+    assert "compute.reservations.get" in row.detail and "owner-proj" in row.detail
+    assert row.fix.startswith("ask the owner of project owner-proj to grant")
+    assert "Compute API" not in [r.check for r in report.failures]  # not about the user's project
+    fake.readable_projects.add("owner-proj")  # the owner granted it: the read now passes
+    info = get_reservation(api, fake.project, zone, shared)
+    assert (
+        info is not None and info.owner == "owner-proj" and info.share_type == "SPECIFIC_PROJECTS"
+    )
+
+
+def test_up_pins_reservation_bound_for_the_program(
+    fake: FakeCompute, api: ComputeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `up` writes before `pulumi up`: reservationBound true for a dense reservation (the
+    program then declares RESERVATION_BOUND VMs), false for a plain one."""
+    from scripts.targets.gce.preflight import pin_reservation_bound
+    from tests.support.fake_stack import FakeStackRunner
+
+    zone = "us-central1-a"
+    fake.add_reservation(zone, "dense", "a3-megagpu-8g", 2, deployment_type="DENSE")
+    fake.add_reservation(zone, "plain", "a3-megagpu-8g", 2)
+    runner = FakeStackRunner("dev", compute=fake, project=fake.project)
+    for name, bound in (("dense", True), ("plain", False)):
+        spec = _spec(fake, "dev", machineType="a3-megagpu-8g", capacity="reservation",
+                     reservation=name, zones=zone, spot="")  # fmt: skip
+        pinned = pin_reservation_bound(spec, runner, api, zone)
+        assert runner.config["gputrain:reservationBound"] == str(bound).lower()
+        expected = "RESERVATION_BOUND" if bound else "STANDARD"
+        assert pinned.instance_capacity.provisioning_model == expected
+    assert capsys.readouterr().out.count("is dense or calendar-mode") == 1

@@ -420,3 +420,47 @@ def test_gpu_direct_off_and_single_node_keep_one_nic_and_the_old_subnet() -> Non
         assert len(spec.fabric.nics) == 1 and spec.fabric.primary_cidr == "10.42.0.0/20"
     mega = parse_spec(_cfg(machineType="a3-megagpu-8g", nodes="2"), "dev")
     assert mega.fabric is not None and mega.fabric.networks_needed == 9
+
+
+def test_flex_start_takes_compact_placement_when_asked_auto_adds_none() -> None:
+    """Google's Flex-start create samples allow an optional compact policy on standalone VMs;
+    DWS allocates densely, so auto adds none."""
+    base = {"machineType": "a3-megagpu-8g", "nodes": "2", "capacity": "flex-start"}
+    assert parse_spec(_cfg(**base), "dev").placement == "none"
+    assert parse_spec(_cfg(**base, placement="compact"), "dev").placement == "compact"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"capacity": '["spot", "on-demand", "spot"]'},
+            'gputrain:capacity = \'["spot", "on-demand", "spot"]\': spot is listed twice',
+        ),
+        (
+            {"machineType": "a4-highgpu-8g", "capacity": '["spot", "on-demand"]'},
+            "gputrain:capacity = 'on-demand': a4-highgpu-8g is not offered as on-demand",
+        ),
+        ({"capacity": "spot,on-demand", "spot": "true"}, "gputrain:spot = 'true': not with a"),
+        (
+            {"capacity": "spot,on-demand", "capacityInUse": "flex-start"},
+            "gputrain:capacityInUse = 'flex-start': not in capacity; allowed: spot, on-demand",
+        ),
+        ({"waitForCapacity": "soon"}, "gputrain:waitForCapacity = 'soon': allowed: a duration"),
+        ({"reservationBound": "maybe"}, "gputrain:reservationBound = 'maybe': allowed: true"),
+    ],
+)
+def test_bad_capacity_lists_and_waits_are_one_line(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(_cfg(**{"spot": "", **overrides}), "dev")
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_capacity_list_uses_its_first_mode_until_up_writes_another() -> None:
+    listed = {"spot": "", "capacity": '["spot", "on-demand"]', "waitForCapacity": "30m"}
+    spec = parse_spec(_cfg(**listed), "dev")
+    assert (spec.capacity, spec.capacity_ladder) == ("spot", ("spot", "on-demand"))
+    assert spec.wait_for_capacity_s == 1800 and spec.spot
+    stepped = parse_spec(_cfg(**listed, capacityInUse="on-demand"), "dev")
+    assert stepped.capacity == "on-demand" and not stepped.spot
+    assert not stepped.gpu_quota_metric.startswith("PREEMPTIBLE_")

@@ -50,6 +50,10 @@ def _one_line_error(err: str) -> str:
         (["plan", "--stack", "nosuch"], "nosuch"),
         (["run", "--hosts", "/nonexistent/hosts.yaml"], "/nonexistent/hosts.yaml"),
         (["ssh", "--local", "0"], "local target is this machine"),
+        (["up", "--stack", "dev", "--wait-for-capacity", "ten"], "--wait-for-capacity = 'ten'"),
+        (["up", "--stack", "dev", "--wait-for-capacity", "8d"], "allowed: 1m to 7d"),
+        (["run", "--local", "--wait-for-capacity", "10m"], "--wait-for-capacity: only --stack"),
+        (["train", "--hosts", "h.yaml", "--wait-for-capacity", "1h"], "--hosts and --local"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -208,6 +208,8 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         }
         self.operations: dict[str, list[dict[str, Any]]] = {}  # zone -> operations, oldest first
         self.reservations: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> body
+        self.reservation_owners: dict[tuple[str, str], str] = {}  # (zone, name) -> its project
+        self.readable_projects: set[str] = set()  # other projects whose reservations we may get
         self.network_profiles: dict[str, dict[str, Any]] = {}  # name -> body (global)
         self._injected: list[_Injected] = []
         self._init_iam()
@@ -247,6 +249,8 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         self.set_project_quota("CPUS_ALL_REGIONS", 4800)
         for family, (name, size, state) in DLVM_FAMILIES.items():
             self.add_image(DLVM_PROJECT, family, name, size, deprecated=state)
+        family = "ubuntu-accelerator-2204-amd64-with-nvidia-580"  # the RDMA stacks' default
+        self.add_image("ubuntu-os-accelerator-images", family, f"{family}-v20260522", 50)
 
     # -- seeding API
 
@@ -332,10 +336,24 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         in_use: int = 0,
         status: str = "READY",
         specific_required: bool = True,
+        deployment_type: str | None = None,
+        reservation_mode: str | None = None,
+        owner: str | None = None,
     ) -> None:
-        """A specific (SKU) reservation as reservations.get returns it (int64 as strings)."""
+        """A specific (SKU) reservation as reservations.get returns it (int64 as strings).
+        `deployment_type` DENSE and `reservation_mode` CALENDAR are the shapes of A3/A4 future
+        reservations and calendar-mode ones; `owner`: a shared reservation of another project,
+        readable at projects/OWNER/... (other projects' reads are refused with a 403)."""
+        extra: dict[str, Any] = {}
+        if deployment_type:
+            extra["deploymentType"] = deployment_type
+        if reservation_mode:
+            extra["reservationMode"] = reservation_mode
+        if owner:
+            extra["shareSettings"] = {"shareType": "SPECIFIC_PROJECTS"}
         with self._lock:
-            self.reservations[(zone, name)] = {
+            self.reservation_owners[(zone, name)] = owner or self.project
+            self.reservations[(zone, name)] = extra | {
                 "kind": "compute#reservation",
                 "id": str(next(self._ids)),
                 "name": name,
@@ -468,10 +486,20 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
             if with_boot_disk:
                 self.resources["disks"].pop((f"zones/{zone}", name), None)
 
-    def preempt_instance(self, name: str, zone: str, *, delete_after_s: float = 0.5) -> None:
+    def preempt_instance(
+        self,
+        name: str,
+        zone: str,
+        *,
+        delete_after_s: float = 0.5,
+        kind: str = "compute.instances.preempted",
+        message: str = "Instance was preempted.",
+    ) -> None:
         """What GCE does to a spot VM it takes back: the instance goes STOPPING, the zone records
         a `compute.instances.preempted` operation, and (termination action DELETE) the instance
-        and its boot disk are deleted after `delete_after_s`."""
+        and its boot disk are deleted after `delete_after_s`. `kind`
+        `compute.instances.hostError` (or `...terminateOnHostMaintenance`): a host failure
+        ended the VM instead (any provisioning model)."""
         with self._lock:
             inst = self.instances[(zone, name)]
             inst.body["status"] = "STOPPING"
@@ -483,11 +511,11 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                     "id": op_id,
                     "name": f"systemevent-{op_id}",
                     "zone": f"{BASE}/projects/{self.project}/zones/{zone}",
-                    "operationType": "compute.instances.preempted",
+                    "operationType": kind,
                     "targetLink": inst.body["selfLink"],
                     "targetId": inst.body["id"],
                     "status": "DONE",
-                    "statusMessage": "Instance was preempted.",
+                    "statusMessage": message,
                     "user": "system",
                     "progress": 100,
                     "insertTime": now,
@@ -564,6 +592,19 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
             return [r for r in self.requests if re.search(pattern, r[1])]
 
     # -- request handling
+
+    def _reservation(self, project: str, zone: str, name: str) -> dict[str, Any]:
+        """reservations.get: a shared reservation is read in its owner's project, which
+        refuses a caller it has not granted compute.reservations.get."""
+        path = f"projects/{project}/zones/{zone}/reservations/{name}"
+        if project != self.project and project not in self.readable_projects:
+            raise _HttpError(
+                403, f"Required 'compute.reservations.get' permission for '{path}'", "forbidden"
+            )
+        body = self.reservations.get((zone, name))
+        if body is None or self.reservation_owners.get((zone, name)) != project:
+            raise _not_found(path)
+        return body
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         fake = self
@@ -652,6 +693,8 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         rest = path[len(prefix) :].strip("/").split("/")
         project, rest = rest[0], rest[1:]
         q = {k: v[0] for k, v in query.items()}
+        if len(rest) == 4 and rest[0] == "zones" and rest[2] == "reservations":
+            return self._reservation(project, rest[1], rest[3])
         if project != self.project and not (len(rest) >= 3 and rest[:2] == ["global", "images"]):
             raise _HttpError(
                 403,
@@ -708,11 +751,6 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                 if inst is None:
                     raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
                 return inst.body
-            case ["zones", zone, "reservations", name]:
-                body = self.reservations.get((zone, name))
-                if body is None:
-                    raise _not_found(f"projects/{project}/zones/{zone}/reservations/{name}")
-                return body
             case ["global", "networkProfiles", name]:
                 body = self.network_profiles.get(name)
                 if body is None:

@@ -159,6 +159,7 @@ class Failure:
     text: str
     created: int = 0
     times: int = 1
+    capacity: str | None = None  # only while gputrain:capacityInUse is this mode
 
 
 @dataclass
@@ -197,12 +198,19 @@ class FakeStackRunner:
     # -- scripting
 
     def fail_stockout(
-        self, zone: str, *, zones_available: tuple[str, ...] = (), times: int = 1
+        self,
+        zone: str,
+        *,
+        zones_available: tuple[str, ...] = (),
+        times: int = 1,
+        capacity: str | None = None,
     ) -> None:
+        """`capacity`: only that mode of a capacity list is stocked out (capacityInUse)."""
         node = f"{self.stack_name}-node-0"
         self.failures[zone] = Failure(
-            stockout_text(self.project, zone, node, zones_available), times=times
-        )
+            stockout_text(self.project, zone, node, zones_available), times=times,
+            capacity=capacity,
+        )  # fmt: skip
 
     def fail_quota(
         self, zone: str, metric: str = "NVIDIA_L4_GPUS", *, region: str | None = ""
@@ -259,6 +267,9 @@ class FakeStackRunner:
             nodes = (self.node_factory or default_node_factory(self.stack_name))(zone)
         to_create = [n for n in nodes if n["name"] not in standing]
         failure = self.failures.get(zone)
+        in_use = self.config.get("gputrain:capacityInUse")
+        if failure and failure.capacity is not None and failure.capacity != in_use:
+            failure = None
         if failure and failure.times > 0:
             failure.times -= 1
             for node in to_create[: failure.created]:

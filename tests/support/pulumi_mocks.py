@@ -59,6 +59,8 @@ class GcpMocks(pulumi.runtime.Mocks):
             else {
                 "pytorch-2-9-cu129-ubuntu-2204-nvidia-580": 50,
                 "common-cu129-ubuntu-2204-nvidia-580": 50,
+                # Ubuntu accelerator (ubuntu-os-accelerator-images): A3 Ultra/A4 RDMA's default
+                "ubuntu-accelerator-2204-amd64-with-nvidia-580": 50,
             }
         )
         self.resources: list[Registered] = []

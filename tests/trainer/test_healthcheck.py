@@ -101,3 +101,17 @@ def test_allreduce_uses_the_inter_node_floor_across_hosts_and_fails_a_wrong_sum(
     wrong = judge_allreduce(sweep, False, H100, ["a", "a"], on_gpu=True)
     assert wrong.status == FAIL and "wrong sum" in wrong.note
     assert judge_allreduce(sweep, True, "cpu", ["a", "a"], on_gpu=False).warn_below is None
+
+
+def test_the_all_gather_probe_measures_the_collective_published_figures_measured(
+    tmp_path: Path,
+) -> None:
+    """A3 Mega/Ultra's published 2-node figures are all_gather bus bandwidth: `verify --fabric`
+    asks for that collective (gloo here, NCCL on GPUs)."""
+    argv = torchrun_argv("trainer.healthcheck", ["--collective", "all_gather"])
+    done = run(argv, out=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    checks = json.loads((tmp_path / "health.json").read_text())["checks"]
+    [gather] = [c for c in checks if c["check"] == "allgather_busbw"]
+    assert gather["value"] > 0 and "2 MiB" in gather["note"]
+    assert not [c for c in checks if c["check"] == "allreduce_busbw"]

@@ -15,7 +15,13 @@ import torch
 
 from tests.support.trainer_helpers import child_env, free_port, node_argv, start, wait_for_steps
 from trainer import checkpoint
-from trainer.preemption import PREEMPTED_PATH, PreemptionWatcher, StopRequest
+from trainer.preemption import (
+    MAINTENANCE_PATH,
+    PREEMPTED_PATH,
+    PreemptionWatcher,
+    StopRequest,
+    maintenance_watcher,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
 
@@ -27,9 +33,10 @@ class MetadataServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self) -> None:
+    def __init__(self, path: str = PREEMPTED_PATH, value: str = "FALSE") -> None:
         super().__init__(("127.0.0.1", 0), MetadataHandler)
-        self.value = "FALSE"
+        self.path = path
+        self.value = value
         self.changed = threading.Condition()
         self.requests: list[str] = []
 
@@ -53,7 +60,7 @@ class MetadataHandler(BaseHTTPRequestHandler):
         server, url = self.server, urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         server.requests.append(self.path)
-        if url.path != PREEMPTED_PATH:
+        if url.path != server.path:
             return self.answer(404, "not found")
         if self.headers.get("Metadata-Flavor") != "Google":
             return self.answer(403, "Missing required header: Metadata-Flavor")
@@ -124,7 +131,7 @@ def test_a_missing_metadata_server_never_crashes_and_is_reported_once(
     watcher.stop()
     watcher.join(5)
     assert watcher.errors >= 3 and not stop.requested and not watcher.is_alive()
-    assert capsys.readouterr().out.count("preemption watch:") == 1
+    assert capsys.readouterr().out.count("metadata watch:") == 1
 
 
 def test_a_notice_on_one_node_makes_both_save_at_the_same_step(
@@ -150,3 +157,57 @@ def test_a_notice_on_one_node_makes_both_save_at_the_same_step(
         for a, b in zip(states[0]["model"].values(), states[1]["model"].values(), strict=True)
     )
     assert not (tmp_path / "node0" / "summary.json").exists()  # stopped, not finished
+
+
+@pytest.fixture
+def maintenance() -> Iterator[MetadataServer]:
+    """`instance/maintenance-event` (NONE until a notice)."""
+    server = MetadataServer(MAINTENANCE_PATH, "NONE")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.set("SHUTDOWN")
+    server.shutdown()
+    server.server_close()
+
+
+def test_every_maintenance_notice_asks_for_one_checkpoint_and_never_a_stop(
+    maintenance: MetadataServer,
+) -> None:
+    stop = StopRequest()
+    watcher = maintenance_watcher(stop, host=maintenance.host)
+    watcher.start()
+    maintenance.set("TERMINATE_ON_HOST_MAINTENANCE")
+    deadline = time.monotonic() + 10
+    while stop.checkpoints_asked < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stop.checkpoints_asked == 1 and stop.code == 1 and not stop.requested
+    stop.checkpoints_taken = 1
+    seen = len(maintenance.requests)
+    maintenance.set("NONE")  # the window passed; a later notice asks again
+    while len(maintenance.requests) < seen + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the watcher read NONE and polls again (etags are per value)
+    maintenance.set("TERMINATE_ON_HOST_MAINTENANCE")
+    while stop.checkpoints_asked < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stop.checkpoints_asked == 2 and watcher.is_alive()
+    watcher.stop()
+
+
+def test_a_maintenance_notice_on_one_node_saves_both_at_one_step_and_training_goes_on(
+    maintenance: MetadataServer, tmp_path: Path
+) -> None:
+    port, args = free_port(), ["--log-every", "1", "--checkpoint-every", "1000"]
+    envs = [child_env(tmp_path / f"node{n}") for n in (0, 1)]
+    envs[1].update(GPUTRAIN_WATCH_MAINTENANCE="1", GCE_METADATA_HOST=maintenance.host)
+    procs = [start(node_argv(port, "maint", args), env) for env in envs]
+    wait_for_steps(tmp_path / "node0", 20, procs)
+    maintenance.set("TERMINATE_ON_HOST_MAINTENANCE")  # GCE's maintenance notice
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs[0][-3000:] + logs[1][-3000:]
+    said = logs[0].split("maintenance notice: checkpoint at step ")
+    assert len(said) == 2, logs[0][-3000:]
+    step = int(said[1].split(",")[0])
+    steps = [[s for s, _ in checkpoint.list_checkpoints(tmp_path / f"node{n}")] for n in (0, 1)]
+    assert all(step in s for s in steps) and 20 <= step < 300  # both saved at the notice's step
+    assert (tmp_path / "node0" / "summary.json").exists()  # and trained on to the end

@@ -10,7 +10,7 @@ from infra import catalog
 from infra.base.errors import GputrainError
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
 from infra.gcp.compute import ComputeApi, ComputeApiError
-from infra.gcp.compute_capacity import get_reservation, network_profile_exists
+from infra.gcp.compute_capacity import get_reservation, network_profile_exists, split_reservation
 from infra.offer_tables import MAX_ROWS, Check
 from infra.offers import Candidate
 from infra.preflight import (
@@ -33,9 +33,11 @@ from infra.preflight_fabric import (
     check_network_quota,
     check_reservation,
     reservation_quota_row,
+    shared_reservation_denied,
 )
 from infra.spec import ClusterSpec
 from scripts import ui
+from scripts.targets.stack.runner import StackRunner
 
 
 def candidate_request(spec: ClusterSpec, c: Candidate) -> PreflightRequest:
@@ -81,6 +83,37 @@ def check_candidates(
     return checks
 
 
+def pin_reservation_bound(
+    spec: ClusterSpec, runner: StackRunner, api: ComputeApi, zone: str
+) -> ClusterSpec:
+    """A dense or calendar-mode reservation takes only RESERVATION_BOUND VMs: read it and write
+    `reservationBound` for the program (as `up` writes the zone); the spec with it."""
+    from infra.stackfile import NS
+
+    binds = reservation_binds(spec, api, zone)
+    runner.set_config(NS + "reservationBound", "true" if binds else "false")
+    if binds:
+        ui.say(
+            f"up: reservation {spec.reservation} is dense or calendar-mode: its VMs are "
+            "RESERVATION_BOUND (reservationBound: true)"
+        )
+    return dataclasses.replace(spec, reservation_bound=binds)
+
+
+def reservation_binds(spec: ClusterSpec, api: ComputeApi, zone: str) -> bool:
+    """Whether the stack's reservation (in `zone`) needs RESERVATION_BOUND VMs: a dense or
+    calendar-mode one (reservations.get). False when it cannot be read (preflight says why)."""
+    assert spec.project is not None and spec.reservation is not None
+    try:
+        info = get_reservation(api, spec.project, zone, spec.reservation)
+    except ComputeApiError as e:
+        ui.warn(
+            f"reservation {spec.reservation}: {e}; its VMs stay {spec.instance_capacity.provisioning_model}"
+        )
+        return False
+    return info is not None and info.requires_bound
+
+
 def preflight_zones(spec: ClusterSpec, api: ComputeApi) -> list[str]:
     """Run the checks in every zone; print one table; return the zones that pass."""
     report = preflight(request_for(spec), spec.zones, api=api)
@@ -119,8 +152,15 @@ def _capacity_checks(api: ComputeApi, req: PreflightRequest) -> list[CheckResult
     rows = []
     try:
         if req.reservation:
-            info = get_reservation(api, req.project, req.zone, req.reservation)
-            rows.append(check_reservation(req, info))
+            owner = split_reservation(req.project, req.reservation)[0]
+            try:
+                info = get_reservation(api, req.project, req.zone, req.reservation)
+            except ComputeApiError as e:
+                if e.code != 403 or owner == req.project:
+                    raise
+                rows.append(shared_reservation_denied(req, owner, str(e)))
+            else:
+                rows.append(check_reservation(req, info))
         if req.roce:
             name = f"{req.zone}-vpc-roce"
             rows.append(check_network_profile(req, network_profile_exists(api, req.project, name)))

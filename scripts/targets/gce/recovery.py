@@ -1,9 +1,10 @@
-"""A spot run survives preemption: the `--stack` session relaunches the same run after GCE takes a
-node back.
+"""A run survives GCE taking a node away: the `--stack` session relaunches the same run after a
+spot preemption, or a host error or host maintenance that terminated a VM of any capacity.
 
-When a job fails, the Compute API is asked whether a node was preempted — a
-`compute.instances.preempted` operation since the attempt began, or (within the VMs' lifetime) the
-instance STOPPING/TERMINATED or gone. If so: the other nodes' torchrun is stopped, the preempted VMs
+When a job fails, the Compute API is asked whether GCE ended a node — a
+`compute.instances.preempted`, `...hostError` or `...terminateOnHostMaintenance` operation since
+the attempt began, or (spot VMs within their lifetime) the instance STOPPING/TERMINATED or gone.
+If so: the other nodes' torchrun is stopped, the preempted VMs
 are re-created (`refresh` + `up`, same zone first, then the failover order), their new host keys
 pinned, the GPUs verified, and the SAME run id relaunched: its checkpoints live under
 gs://<bucket>/runs/<run-id>/checkpoints/, where the trainer's `--resume auto` finds them. A plain
@@ -25,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet
-from infra.gcp.compute import ComputeApi, ComputeApiError
+from infra.gcp.compute import (
+    HOST_ERROR,
+    HOST_MAINTENANCE,
+    PREEMPTED,
+    ComputeApi,
+    ComputeApiError,
+)
 from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
 from scripts.job.autodown import Autodown, Watchdogs
@@ -34,6 +41,7 @@ from scripts.job.follow import say_line
 from scripts.job.progress import StepWatch
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
+    WATCH_MAINTENANCE_ENV,
     WATCH_PREEMPTION_ENV,
     Job,
     JobResult,
@@ -52,6 +60,12 @@ GONE_STATES = ("STOPPING", "TERMINATED")
 STOPPED_WITH_CHECKPOINT = re.compile(r"stopped at step \d+ with a checkpoint")
 TTL_MARGIN_S = 120.0  # a VM this close to maxRunDuration that vanishes was deleted by its TTL
 Recreate = Callable[[str], tuple[Fleet, StackOutputs]]  # (zone to try first) -> the new cluster
+#: What each of GCE's terminations is called in the lines a recovery prints.
+CAUSES = {
+    PREEMPTED: "preempted",
+    HOST_ERROR: "lost to a host error",
+    HOST_MAINTENANCE: "terminated for host maintenance",
+}
 
 
 class RecoveryError(GputrainError):
@@ -64,24 +78,39 @@ class NodeCloudState:
 
     name: str
     status: str | None  # None: the instance is gone
-    preempted_at: str | None  # insertTime of a preemption operation during this attempt
+    preempted_at: str | None  # insertTime of GCE's termination operation during this attempt
+    event: str = PREEMPTED  # that operation's type (TERMINATIONS)
 
     @property
     def evidence(self) -> str:
         if self.preempted_at:
-            return f"compute.instances.preempted at {self.preempted_at}"
+            return f"{self.event} at {self.preempted_at}"
         return "instance deleted" if self.status is None else f"instance {self.status}"
+
+    def ended(self, node: str) -> str:
+        """`GCE preempted NODE`, `a host error ended NODE`, `host maintenance ended NODE`."""
+        return {
+            "lost to a host error": f"a host error ended {node}",
+            "terminated for host maintenance": f"host maintenance ended {node}",
+        }.get(self.cause, f"GCE preempted {node}")
+
+    @property
+    def cause(self) -> str:
+        """preempted / lost to a host error / terminated for host maintenance."""
+        return CAUSES.get(self.event, "preempted") if self.preempted_at else "preempted"
 
 
 def preempted_nodes(
-    states: Sequence[NodeCloudState], *, ttl_over: bool
+    states: Sequence[NodeCloudState], *, ttl_over: bool, spot: bool = True
 ) -> dict[str, NodeCloudState]:
-    """The nodes GCE took back: a preemption operation, or (before the TTL could have done it)
-    an instance stopping, stopped or deleted. Pure."""
+    """The nodes GCE took away: a termination operation (preempted, host error, maintenance),
+    or, on spot before the TTL could have done it, an instance stopping, stopped or deleted
+    (without an operation an on-demand VM gone is not GCE's doing). Pure."""
     return {
         s.name: s
         for s in states
-        if s.preempted_at or (not ttl_over and (s.status is None or s.status in GONE_STATES))
+        if s.preempted_at
+        or (spot and not ttl_over and (s.status is None or s.status in GONE_STATES))
     }
 
 
@@ -130,7 +159,7 @@ class StackNodes:
         self.created_at = clock()  # the TTL runs from here (the survivors' start, conservatively)
 
     def job_env(self, run_id: str) -> dict[str, str]:
-        env = {}
+        env = {WATCH_MAINTENANCE_ENV: "1"}  # any GCE VM: checkpoint on a maintenance notice
         uri = checkpoint_uri(self.bucket, run_id)
         if uri:
             env[CHECKPOINT_URI_ENV] = uri
@@ -140,14 +169,16 @@ class StackNodes:
 
     def states(self, since: float) -> list[NodeCloudState]:
         project = self.outputs.project
-        ops = {}
+        ops: dict[str, tuple[str, str]] = {}
         for zone in sorted({n.zone for n in self.outputs.nodes}):
-            for p in self.api.preemptions(project, zone):
-                if unix_time(p.at, 0.0) >= since - 5:
-                    ops[p.instance] = p.at
+            for t in self.api.terminations(project, zone):
+                if unix_time(t.at, 0.0) >= since - 5:
+                    ops[t.instance] = (t.at, t.kind)
         return [
             NodeCloudState(
-                n.name, self.api.instance_status(project, n.zone, n.name), ops.get(n.name)
+                n.name,
+                self.api.instance_status(project, n.zone, n.name),
+                *ops.get(n.name, (None, PREEMPTED)),
             )
             for n in self.outputs.nodes
         ]
@@ -159,21 +190,29 @@ class StackNodes:
         end = self.clock() + wait_s
         while True:
             ttl_over = self.clock() - self.created_at >= self.ttl_s - TTL_MARGIN_S
-            found = preempted_nodes(self.states(since), ttl_over=ttl_over)
+            found = preempted_nodes(self.states(since), ttl_over=ttl_over, spot=self.spot)
             if found or self.clock() >= end:
                 return found
             self.sleep(poll_s)
 
-    def recreate(self, names: Sequence[str], *, gone_deadline_s: float = 300.0) -> Fleet:
-        """Wait until GCE has deleted the preempted VMs (an `up` would keep a STOPPING one), then
-        re-create the cluster; `outputs` are the new cluster's."""
+    def recreate(
+        self, lost: Mapping[str, NodeCloudState], *, gone_deadline_s: float = 300.0
+    ) -> Fleet:
+        """Wait until GCE has deleted the preempted VMs (an `up` would keep a STOPPING one) — or,
+        after a host error or maintenance, until it deleted or restarted them (automatic restart
+        brings an on-demand VM back RUNNING) — then re-create the cluster (`up` keeps what
+        stands); `outputs` are the new cluster's."""
         project, end = self.outputs.project, self.clock() + gone_deadline_s
-        for node in [n for n in self.outputs.nodes if n.name in names]:
-            while self.api.instance_status(project, node.zone, node.name) is not None:
+        for node in [n for n in self.outputs.nodes if n.name in lost]:
+            back = ("RUNNING",) if lost[node.name].cause != "preempted" else ()
+            while (status := self.api.instance_status(project, node.zone, node.name)) is not None:
+                if status in back:
+                    break
                 if self.clock() > end:
                     raise RecoveryError(
-                        f"{node.name} is still there {gone_deadline_s:.0f} s after its preemption "
-                        "(GCE deletes preempted spot VMs of this stack): not re-creating it"
+                        f"{node.name} is still {status} {gone_deadline_s:.0f} s after GCE "
+                        f"{lost[node.name].cause.replace('lost to', 'reported')}: not "
+                        "re-creating it (run `gputrain down` to end the stack)"
                     )
                 self.sleep(1.0)
         fleet, self.outputs = self._recreate(self.outputs.zone)
@@ -188,6 +227,7 @@ class _Pending:
     number: int
     limit: int
     nodes: tuple[str, ...]
+    cause: str  # preempted / lost to a host error / terminated for host maintenance
     at: float  # when GCE preempted (its operation), else when it was noticed
     reached: int | None  # the last step seen before
     zone: str = ""
@@ -208,19 +248,19 @@ class _Pending:
                 self.record = Recovery(
                     self.nodes, self.at, end - self.at, self.zone, start, repeated
                 )
-                ui.say(line := recovery_line(self.record, self.number, self.limit))
+                ui.say(line := recovery_line(self.record, self.number, self.limit, self.cause))
                 if self.announce is not None:
                     self.announce(line)
             return self.record
 
 
-def recovery_line(r: Recovery, number: int, limit: int) -> str:
+def recovery_line(r: Recovery, number: int, limit: int, cause: str = "preempted") -> str:
     """The one line a recovery prints. Pure."""
     when = time.strftime("%H:%M:%S", time.localtime(r.preempted_at))
     step = "an unknown step" if r.resumed_from is None else f"step {r.resumed_from}"
     again = "" if r.steps_repeated is None else f" ({r.steps_repeated} step(s) trained again)"
     return (
-        f"recovery {number}/{limit}: {', '.join(r.nodes)} preempted at {when}; training again "
+        f"recovery {number}/{limit}: {', '.join(r.nodes)} {cause} at {when}; training again "
         f"{r.downtime_s:.0f} s later in {r.zone}, resumed from {step}{again}"
     )
 
@@ -236,8 +276,8 @@ def keep_attempt_logs(results_dir: Path, attempt: int) -> None:
 
 
 class RecoveringSession(FleetSession):
-    """The session of a `--stack` target: FleetSession plus the bucket's env for the job and, on
-    spot, recovery from up to `max_recoveries` preemptions."""
+    """The session of a `--stack` target: FleetSession plus the bucket's env for the job and
+    recovery from up to `max_recoveries` nodes GCE took away (preempted, host error, maintenance)."""
 
     def __init__(
         self,
@@ -329,7 +369,12 @@ class RecoveringSession(FleetSession):
                     now = time.time()
                     at = min(unix_time(s.preempted_at, now) for s in preempted.values())
                     pending = _Pending(
-                        len(done) + 1, self.max_recoveries, tuple(preempted), at, watch.reached
+                        len(done) + 1,
+                        self.max_recoveries,
+                        tuple(preempted),
+                        " / ".join(sorted({s.cause for s in preempted.values()})),
+                        at,
+                        watch.reached,
                     )
                     if (notifier := self.notifier) is not None:
                         evidence = "; ".join(f"{n}: {c.evidence}" for n, c in preempted.items())
@@ -342,9 +387,8 @@ class RecoveringSession(FleetSession):
             raise
 
     def _preempted(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
-        """The nodes GCE took back during this attempt (asking only about spot VMs)."""
-        if not self.nodes.spot:
-            return {}
+        """The nodes GCE took away during this attempt (any capacity: host errors and
+        maintenance end on-demand and reserved VMs too)."""
         try:
             return self.nodes.preempted(since, wait_s=self.confirm_s if looks_stopped(error) else 0)
         except ComputeApiError as e:
@@ -354,9 +398,9 @@ class RecoveringSession(FleetSession):
     def _exhausted(
         self, job: Job, preempted: Mapping[str, NodeCloudState], done: int
     ) -> RecoveryError:
-        what = ", ".join(f"{n} ({s.evidence})" for n, s in preempted.items())
+        what = ", ".join(f"{s.ended(n)} ({s.evidence})" for n, s in preempted.items())
         return RecoveryError(
-            f"run {job.run_id}: GCE preempted {what} and --max-recoveries "
+            f"run {job.run_id}: {what} and --max-recoveries "
             f"{self.max_recoveries} allows no more recoveries ({done} done). Its newest checkpoint is in "
             f"{job.env.get(CHECKPOINT_URI_ENV) or 'the nodes out dirs'} and comes home "
             "with the results"
@@ -369,8 +413,9 @@ class RecoveringSession(FleetSession):
         from scripts.job.launch import stop_job
 
         names = list(preempted)
+        causes = " / ".join(sorted({s.cause for s in preempted.values()}))
         ui.say(
-            f"{', '.join(names)} preempted ({'; '.join(s.evidence for s in preempted.values())}): recovering "
+            f"{', '.join(names)} {causes} ({'; '.join(s.evidence for s in preempted.values())}): recovering "
             f"({number}/{self.max_recoveries}), the other node(s) stop, the VMs are re-created"
         )
         survivors = [n for n in (self._transports or {}) if n not in preempted]
@@ -379,7 +424,7 @@ class RecoveringSession(FleetSession):
         self.close()
         keep_attempt_logs(results_dir, number)
         try:
-            self.fleet = self.nodes.recreate(names)
+            self.fleet = self.nodes.recreate(preempted)
             # fresh VMs boot: the long wait, also when this session attached to running ones
             self.connect_deadline_s = max(self.connect_deadline_s, self.settings.connect_deadline_s)
             self.verify(fabric=True)  # fresh VMs: their GPU network is set up again

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from infra.offers import Candidate
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
+    from scripts.targets.gce.capacity_wait import CapacityWait
     from scripts.targets.gce.recovery import RecoveringSession
     from scripts.targets.session import FleetSession
 
@@ -112,19 +113,93 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
     def spec_for(self, opts: RunOptions) -> ClusterSpec:
         spec = self.spec()
+        if spec.capacity_ladder:  # every `up` starts at the top of the capacity list
+            spec = self._use_capacity(spec.capacity_ladder[0])
         recoveries_allowed(opts, spec)  # a bad --max-recoveries is refused before anything
+        self._wait_s = self._wait_for_capacity(opts, spec)
         return spec
 
     def prepare(self, spec: ClusterSpec, opts: RunOptions) -> Provision:
-        """Preflight the zones (or rank the `gpus` candidates that pass); `create` walks them."""
+        """Preflight the zones (or rank the `gpus` candidates that pass), read a reservation's
+        mode; `create` walks them, waiting out stock-outs and stepping down a capacity list."""
+        where = self._where(spec, skip=opts.skip_preflight)
+        if spec.capacity == "reservation":  # read anew on every `up`: the reservation may differ
+            from scripts.targets.gce.preflight import pin_reservation_bound
+
+            zone = spec.zones[0] if spec.candidates else where[0]
+            spec = pin_reservation_bound(spec, self.runner, self.clients.compute(), zone)
+        return lambda: self._capacity_wait("nothing is billing").run(
+            lambda: self._create(spec, where, opts), ui.say
+        )
+
+    _wait_s = 0  # --wait-for-capacity / waitForCapacity of this command
+
+    @staticmethod
+    def _wait_for_capacity(opts: RunOptions, spec: ClusterSpec) -> int:
+        given = opts.wait_for_capacity_s
+        return spec.wait_for_capacity_s if given is None else given
+
+    def _capacity_wait(self, billing: str) -> CapacityWait:
+        from scripts.targets.gce.capacity_wait import CapacityWait
+
+        first, longest = self.clients.capacity_pause_s
+        return CapacityWait(self._wait_s, first, longest, billing_note=billing)
+
+    def _where(self, spec: ClusterSpec, *, skip: bool) -> list[Any]:
+        """The ranked candidates (a `gpus` stack) or zones that pass preflight, in order."""
         if spec.candidates:
-            ranked = self._passing_candidates(spec, skip=opts.skip_preflight)
-            return lambda: self._provision_candidates(spec, ranked, opts.max_candidates)
+            return list(self._passing_candidates(spec, skip=skip))
         from scripts.targets.gce.preflight import preflight_zones
 
-        skip = opts.skip_preflight
-        zones = list(spec.zones) if skip else preflight_zones(spec, self.clients.compute())
-        return lambda: (spec, self._provision(spec, zones))
+        return list(spec.zones) if skip else preflight_zones(spec, self.clients.compute())
+
+    def _spec_for_capacity(self, capacity: str) -> ClusterSpec:
+        """The spec with `capacityInUse` set (a rung of the capacity list)."""
+        from infra.spec import parse_spec
+        from infra.stackfile import NS
+
+        return parse_spec(self.stack_file.config | {NS + "capacityInUse": capacity}, self.stack)
+
+    def _use_capacity(self, capacity: str) -> ClusterSpec:
+        """Write `capacityInUse` for the program; this command's stack file and spec say it too
+        (so a `gpus` candidate is pinned in this mode)."""
+        from infra.stackfile import NS
+
+        self.runner.set_config(NS + "capacityInUse", capacity)
+        config = self.stack_file.config | {NS + "capacityInUse": capacity}
+        self._stack_file = dataclasses.replace(self.stack_file, config=config)
+        self._spec = self._spec_for_capacity(capacity)
+        return self._spec
+
+    def _create(
+        self, spec: ClusterSpec, where: list[Any], opts: RunOptions
+    ) -> tuple[ClusterSpec, dict[str, Any]]:
+        """One round of `pulumi up` with failover; with a capacity list, mode after mode."""
+        if not spec.capacity_ladder:
+            return self._create_in(spec, where, opts)
+        from scripts.targets.gce.capacity_wait import down_the_ladder
+
+        places: dict[str, list[Any]] = {spec.capacity: where}
+
+        def rung(mode: str) -> tuple[ClusterSpec, dict[str, Any]]:
+            s = self._use_capacity(mode)
+            if mode not in places:
+                places[mode] = self._where(s, skip=opts.skip_preflight)
+            return self._create_in(s, places[mode], opts)
+
+        return down_the_ladder(
+            spec.capacity_ladder,
+            rung,
+            ui.say,
+            lambda m: self._spec_for_capacity(m).hourly_price,
+        )
+
+    def _create_in(
+        self, spec: ClusterSpec, where: list[Any], opts: RunOptions
+    ) -> tuple[ClusterSpec, dict[str, Any]]:
+        if spec.candidates:
+            return self._provision_candidates(spec, where, opts.max_candidates)
+        return spec, self._provision(spec, where)
 
     @contextmanager
     def create(
@@ -170,6 +245,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
         spec = self.spec()  # a broken stack file is still a one-line error
         max_recoveries = recoveries_allowed(opts, spec)
+        self._wait_s = self._wait_for_capacity(opts, spec)
         outputs = self.runner.outputs()
         if not outputs.get(Key.NODES):
             raise UserError(
@@ -239,13 +315,9 @@ class GceTarget(StackTarget[GceClients, Provision]):
         from scripts.targets.gce.failover import provision_with_failover
 
         if spec.capacity == "flex-start":
-            from infra.capacity import FLEX_START_CREATE_TIMEOUT
+            from infra.capacity import FLEX_START_NO_QUEUE
 
-            ui.say(
-                f"up: Flex-start queues for capacity: each VM waits up to "
-                f"{FLEX_START_CREATE_TIMEOUT} for the Dynamic Workload Scheduler (Ctrl-C stops "
-                "the wait and destroys everything created so far)"
-            )
+            ui.say(f"up: {FLEX_START_NO_QUEUE} (--wait-for-capacity retries it)")
         zone, outputs = provision_with_failover(
             self.runner,
             zones,
@@ -305,10 +377,16 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
     def _recreate(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
         """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
-        zone first, then the rest of the failover order, never destroying what survived."""
+        zone first, then the rest of the failover order, never destroying what survived; all
+        stocked out: wait for capacity as `up` does."""
+        self.runner.refresh(on_output=None)
+        return self._capacity_wait("the surviving VM(s) stay up and bill").run(
+            lambda: self._recreate_once(spec, zone), ui.say
+        )
+
+    def _recreate_once(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
         from scripts.targets.gce.failover import provision_with_failover
 
-        self.runner.refresh(on_output=None)
         if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
             from scripts.targets.gce.offer_failover import provision_candidates
 
@@ -360,10 +438,11 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
 
 def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
-    """--max-recoveries, by default 3 on spot (preemptions happen) and 0 on demand."""
+    """--max-recoveries, by default 3 on any capacity: spot VMs are preempted, and host errors and
+    maintenance terminate on-demand and reserved VMs too (recovered the same way)."""
     n = opts.max_recoveries
     if n is None:
-        return 3 if spec.spot else 0
+        return 3
     if not 0 <= n <= 100:
         raise UserError(f"--max-recoveries {n}: allowed 0..100")
     return n

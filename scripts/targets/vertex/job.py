@@ -79,6 +79,7 @@ class JobRequest:
     service_account: str | None = None
     executor_image: str = vertex.DEFAULT_EXECUTOR_IMAGE
     boot_disk_gb: int | None = None  # None: Vertex's default (100 GB pd-ssd)
+    flex_start_wait_s: int = 0  # > 0: Flex-start (DWS) capacity, waiting at most this long
 
 
 def machine_spec(machine_type: str, gpu_type: str | None, gpu_count: int) -> dict[str, Any]:
@@ -92,6 +93,21 @@ def machine_spec(machine_type: str, gpu_type: str | None, gpu_count: int) -> dic
     if accel and count:
         spec |= {"acceleratorType": vertex.accelerator_enum(accel), "acceleratorCount": count}
     return spec
+
+
+#: How long a Vertex Flex-start job waits for capacity when waitForCapacity is not set.
+DEFAULT_FLEX_START_WAIT_S = 2 * 3600
+
+
+def scheduling(req: JobRequest) -> dict[str, Any]:
+    """The job's Scheduling: a server-side timeout and the strategy. Flex-start is
+    `Scheduling.Strategy.FLEX_START` (it queues through the Dynamic Workload Scheduler, unlike a
+    GCE Flex-start create here), bounded by `maxWaitDuration`."""
+    strategy = "FLEX_START" if req.flex_start_wait_s else "SPOT" if req.spot else "STANDARD"
+    body = {"timeout": f"{req.max_run_duration_s}s", "strategy": strategy}
+    if req.flex_start_wait_s:
+        body["maxWaitDuration"] = f"{req.flex_start_wait_s}s"
+    return body
 
 
 def custom_job_body(req: JobRequest) -> dict[str, Any]:
@@ -121,10 +137,7 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
     pools = [pool] + ([{**pool, "replicaCount": req.nodes - 1}] if req.nodes > 1 else [])
     job_spec: dict[str, Any] = {
         "workerPoolSpecs": pools,
-        "scheduling": {
-            "timeout": f"{req.max_run_duration_s}s",
-            "strategy": "SPOT" if req.spot else "STANDARD",
-        },
+        "scheduling": scheduling(req),
         "baseOutputDirectory": {"outputUriPrefix": req.output_dir},
     }
     if req.service_account:

@@ -31,6 +31,7 @@ from scripts.targets.stack.bucket import to_fetch
 from scripts.targets.stack.target import target_name
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.job import (
+    DEFAULT_FLEX_START_WAIT_S,
     JobRequest,
     JobStatus,
     build_sdist,
@@ -188,6 +189,9 @@ class VertexSession:
             labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
             service_account=self.out.service_account,
             executor_image=spec.executor_image,
+            flex_start_wait_s=(spec.wait_for_capacity_s or DEFAULT_FLEX_START_WAIT_S)
+            if spec.capacity == "flex-start"
+            else 0,
         )
 
     def _follow(self, name: str, log: IO[str] | None = None) -> Followed:

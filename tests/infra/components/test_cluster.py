@@ -503,7 +503,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
             reservation="a4-res",
             placement="compact",
         ),
-        "gputrain:placement = 'compact': capacity reservation places the VMs densely itself",
+        "gputrain:placement = 'compact': capacity reservation: the reservation decides where",
     ),
     (
         "gpu-direct-choice",

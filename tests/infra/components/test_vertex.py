@@ -204,7 +204,10 @@ def test_vertex_price_carries_the_training_premium_and_says_it_is_derived() -> N
 
 
 def test_unverified_vertex_shapes_get_a_caveat_in_plan() -> None:
-    spec = parse_spec(_vertex(machineType="a4-highgpu-8g", nodes="1"), "vertex")
+    b200_image = "us-docker.pkg.dev/my-proj/train/pytorch-2-7-cu128:latest"  # B200: >= 2.7
+    spec = parse_spec(
+        _vertex(machineType="a4-highgpu-8g", nodes="1", executorImage=b200_image), "vertex"
+    )
     assert any("support for a4-highgpu-8g is unverified" in w for w in build_plan(spec).warnings)
     spec = parse_spec(_vertex(zones='["asia-east1-a"]'), "vertex")  # L4: known there
     assert not any("not among the regions" in w for w in build_plan(spec).warnings)
@@ -249,9 +252,15 @@ BAD_VERTEX: list[tuple[str, dict[str, str], str]] = [
         "gputrain:capacity = 'on-demand': a3-highgpu-2g is not offered as on-demand",
     ),
     (
-        "flex-start-on-vertex",
-        _vertex(machineType="a3-highgpu-8g", capacity="flex-start"),
-        "gputrain:capacity = 'flex-start': not supported with backend vertex; allowed: on-demand",
+        "b200-with-the-pytorch-2-4-container",
+        _vertex(machineType="a4-highgpu-8g", zones='["us-central1-b"]'),
+        "gputrain:executorImage = 'us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest'"
+        ": PyTorch 2.4 / CUDA 12.1 has no Blackwell kernels",
+    ),
+    (
+        "reservation-on-vertex",
+        _vertex(machineType="a3-highgpu-8g", capacity="reservation", reservation="r"),
+        "gputrain:capacity = 'reservation': not supported with backend vertex; allowed: on-demand",
     ),
     (
         "gpu-on-g2",

@@ -95,7 +95,10 @@ def test_stack_nodes_read_the_compute_api() -> None:
         fake.remove_instance("dev-node-0", ZONE)
         fake.add_instance("dev-node-0", ZONE)  # re-created: running again
         assert nodes.preempted(since, wait_s=0) == {} and slept == []
-        assert nodes.job_env("r1") == {"GPUTRAIN_WATCH_PREEMPTION": "1"}  # no bucket output
+        assert nodes.job_env("r1") == {  # no bucket output
+            "GPUTRAIN_WATCH_PREEMPTION": "1",
+            "GPUTRAIN_WATCH_MAINTENANCE": "1",
+        }
 
 
 def test_checkpoints_go_under_the_runs_prefix_of_the_bucket() -> None:
@@ -169,7 +172,7 @@ def test_max_recoveries_defaults_and_bounds(
     spot = parse_spec(deployable_config("dev"), "dev")
     on_demand = parse_spec(deployable_config("dev", capacity="on-demand"), "dev")
     assert recoveries_allowed(RunOptions(), spot) == 3
-    assert recoveries_allowed(RunOptions(), on_demand) == 0
+    assert recoveries_allowed(RunOptions(), on_demand) == 3  # host errors end them too
     assert recoveries_allowed(RunOptions(max_recoveries=5), on_demand) == 5
     with pytest.raises(UserError, match=r"--max-recoveries -1: allowed 0..100"):
         recoveries_allowed(RunOptions(max_recoveries=-1), spot)
@@ -263,3 +266,56 @@ def test_node_packages_probe_and_install(
         assert r.ok and r.stdout.strip() == result, r.stdout + r.stderr
     sudo = tmp_path / "sudo.log"
     assert sudo.exists() == (case == "no-pip-ubuntu")  # apt only where pip is missing
+
+
+def test_host_errors_and_maintenance_count_on_any_capacity_a_vanished_vm_only_on_spot() -> None:
+    states = [
+        NodeCloudState("err", "TERMINATED", "2026-11-23T10:00:00Z", "compute.instances.hostError"),
+        NodeCloudState(
+            "mnt", "RUNNING", "2026-11-23T10:00:00Z", "compute.instances.terminateOnHostMaintenance"
+        ),
+        NodeCloudState("gone", None, None),
+    ]
+    assert sorted(preempted_nodes(states, ttl_over=False, spot=False)) == ["err", "mnt"]
+    assert sorted(preempted_nodes(states, ttl_over=False)) == ["err", "gone", "mnt"]
+    assert [s.cause for s in states] == [
+        "lost to a host error",
+        "terminated for host maintenance",
+        "preempted",
+    ]
+    assert states[0].evidence == "compute.instances.hostError at 2026-11-23T10:00:00Z"
+
+
+def test_an_on_demand_node_lost_to_a_host_error_is_found_and_waited_for() -> None:
+    """The Compute API's hostError operation marks it; a VM GCE restarted (RUNNING again) is
+    not waited for until deleted, as a preempted spot VM is."""
+    out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=2))
+    with FakeCompute() as fake:
+        for n in out.nodes:
+            fake.add_instance(n.name, ZONE)
+        since = time.time() - 1
+        nodes = StackNodes(
+            ComputeApi(fake.url),
+            out,
+            spot=False,
+            ttl_s=3600,
+            recreate=lambda zone: ("fleet", out),  # type: ignore[arg-type,return-value]
+            sleep=lambda _s: None,
+        )
+        assert nodes.preempted(since, wait_s=0) == {}
+        fake.preempt_instance(
+            "dev-node-1", ZONE, delete_after_s=60, kind="compute.instances.hostError"
+        )
+        found = nodes.preempted(since, wait_s=0)
+        assert list(found) == ["dev-node-1"] and found["dev-node-1"].cause == "lost to a host error"
+        fake.instances[(ZONE, "dev-node-1")].body["status"] = "RUNNING"  # automatic restart
+        assert nodes.recreate(found) == "fleet"
+
+
+def test_the_end_of_recoveries_names_what_gce_did_to_each_node() -> None:
+    at = "2026-11-23T10:00:00Z"
+    assert NodeCloudState("n1", None, at).ended("n1") == "GCE preempted n1"
+    err = NodeCloudState("n2", "TERMINATED", at, "compute.instances.hostError")
+    assert err.ended("n2") == "a host error ended n2"
+    mnt = NodeCloudState("n3", None, at, "compute.instances.terminateOnHostMaintenance")
+    assert mnt.ended("n3") == "host maintenance ended n3"

@@ -370,3 +370,17 @@ def test_list_finds_the_stacks_jobs_by_label_across_pages(fv: FakeVertex, api: V
     listed = [q for m, p, q, _ in fv.requests if m == "GET" and p.endswith("/customJobs")]
     assert len(listed) >= 2 and any("pageToken" in q for q in listed)  # crossed a page
     assert api.list_jobs({"gputrain-stack": "nope"}) == []
+
+
+def test_a_flex_start_job_reaches_vertex_with_its_strategy_and_max_wait(
+    fv: FakeVertex, api: VertexApi
+) -> None:
+    """`capacity: flex-start` on Vertex: Scheduling.Strategy.FLEX_START (queued through DWS),
+    bounded by maxWaitDuration, through the real client's REST body."""
+    from google.cloud.aiplatform_v1 import Scheduling
+
+    api.create_job(vj.custom_job_body(_request(spot=False, flex_start_wait_s=1800)))
+    (body,) = fv.requests_to("POST", r"/customJobs$")
+    scheduling = body["jobSpec"]["scheduling"]
+    assert scheduling["strategy"] == int(Scheduling.Strategy.FLEX_START)
+    assert scheduling["maxWaitDuration"] == "1800s"

@@ -346,3 +346,19 @@ def test_the_package_requires_the_trainer_extra_without_torch() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     train = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert tuple(r for r in train["train"] if not r.startswith("torch")) == vj.TRAINER_REQUIREMENTS
+
+
+def test_flex_start_body_uses_the_flex_start_strategy_with_a_max_wait() -> None:
+    """Vertex `Scheduling.Strategy.FLEX_START` queues through DWS, bounded by maxWaitDuration;
+    the body parses strictly as a real CustomJob (a wrong enum or field would raise)."""
+    from google.cloud import aiplatform_v1
+
+    body = vj.custom_job_body(_request(flex_start_wait_s=1800))
+    assert body["jobSpec"]["scheduling"] == {
+        "timeout": "7200s",
+        "strategy": "FLEX_START",
+        "maxWaitDuration": "1800s",
+    }
+    job = aiplatform_v1.CustomJob.from_json(json.dumps(body))
+    assert job.job_spec.scheduling.strategy == aiplatform_v1.Scheduling.Strategy.FLEX_START
+    assert job.job_spec.scheduling.max_wait_duration.total_seconds() == 1800

@@ -170,7 +170,11 @@ def test_run_ids_become_label_values() -> None:
 
 
 def test_preflight_rows(tmp_path: Path) -> None:
-    spec = _spec(_project(tmp_path, machineType="a4-highgpu-8g"))
+    spec = _spec(
+        _project(
+            tmp_path, machineType="a4-highgpu-8g", executorImage="us-docker.pkg.dev/p/t/pt-2-7:1"
+        )
+    )
     with FakeCompute() as fc:
         rows = {r.check: r for r in vertex_preflight(spec, ComputeApi(fc.url)).rows}
     assert rows["Vertex machine"].status == "warn"  # support unverified

@@ -1,0 +1,168 @@
+"""Waiting for capacity and stepping down a capacity list (scripts/targets/gce/capacity_wait.py),
+driven through the real zone and candidate failover against FakeStackRunner, whose resources the
+fake Compute server reports until destroyed: nothing may be left billing while it waits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.gcp.compute import ComputeApi
+from infra.gcp.sweep import sweep
+from scripts.targets.gce.capacity_wait import CapacityWait, down_the_ladder, step_line
+from scripts.targets.gce.failover import ProvisioningError, provision_with_failover
+from tests.support.fake_compute import FakeCompute
+from tests.support.fake_stack import FakeStackRunner
+
+A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+
+
+class Clock:
+    """A clock the waits advance: no test sleeps for real."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+        self.slept: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds + 5  # and each round of `up` takes a while
+
+
+@pytest.fixture
+def runner(fake: FakeCompute) -> FakeStackRunner:
+    return FakeStackRunner("dev", compute=fake, project=fake.project, zones=(A, B, C))
+
+
+def wait(limit_s: float, clock: Clock) -> CapacityWait:
+    return CapacityWait(limit_s, 30, 600, clock=clock.time, sleep=clock.sleep)
+
+
+def test_every_zone_stocked_out_three_rounds_then_capacity_returns(
+    runner: FakeStackRunner, fake: FakeCompute, api: ComputeApi
+) -> None:
+    for zone in (A, B, C):
+        runner.fail_stockout(zone, times=3)
+    clock, lines = Clock(), []
+    left_while_waiting: list[int] = []
+
+    def sleep(seconds: float) -> None:
+        left_while_waiting.append(len(sweep(fake.project, "dev", api=api)))
+        clock.sleep(seconds)
+
+    waiter = CapacityWait(600, 30, 600, clock=clock.time, sleep=sleep)
+    zone, outputs = waiter.run(lambda: provision_with_failover(runner, [A, B, C]), lines.append)
+    assert zone == A and len(outputs["nodes"]) == 2
+    assert [c[1] for c in runner.calls if c[0] == "up"] == [A, B, C] * 3 + [A]
+    assert clock.slept == [30, 60, 120]  # backoff doubles
+    assert left_while_waiting == [0, 0, 0]  # every failed attempt destroyed before each wait
+    assert len(lines) == 3 and all(line.count("\n") == 0 for line in lines)
+    assert lines[0].startswith(f"no capacity (round 1: {A}, {B}, {C} stocked out); next try at ")
+    assert "(in 30 s), waiting up to 10m more; nothing is billing; Ctrl-C stops" in lines[0]
+    assert lines[2].startswith("no capacity (round 3:") and "(in 120 s)" in lines[2]
+
+
+def test_the_wait_ends_with_the_last_stockout_and_how_long_it_waited(
+    runner: FakeStackRunner, fake: FakeCompute, api: ComputeApi
+) -> None:
+    for zone in (A, B):
+        runner.fail_stockout(zone, times=100)
+    clock = Clock()
+    with pytest.raises(ProvisioningError) as err:
+        wait(200, clock).run(lambda: provision_with_failover(runner, [A, B]), lambda _l: None)
+    msg = str(err.value)
+    assert msg.startswith("could not create the cluster: no capacity in any of your zones")
+    assert msg.endswith(
+        "waited 3m20s for capacity (--wait-for-capacity) over 4 round(s); still none"
+    )
+    assert sum(clock.slept) <= 200 and clock.slept[-1] < 240  # the last pause fits the limit
+    assert sweep(fake.project, "dev", api=api) == []
+
+
+def test_quota_is_not_waited_for_and_no_wait_means_one_round(runner: FakeStackRunner) -> None:
+    runner.fail_quota(A, "NVIDIA_L4_GPUS")
+    clock = Clock()
+    with pytest.raises(ProvisioningError, match="quota exceeded"):
+        wait(600, clock).run(lambda: provision_with_failover(runner, [A, B]), lambda _l: None)
+    runner.fail_stockout(B)
+    with pytest.raises(ProvisioningError, match="no capacity"):
+        wait(0, clock).run(lambda: provision_with_failover(runner, [B]), lambda _l: None)
+    assert clock.slept == []
+
+
+def test_a_capacity_list_steps_down_after_stockouts_with_one_line(
+    runner: FakeStackRunner,
+) -> None:
+    for zone in (A, B):
+        runner.fail_stockout(zone, times=5, capacity="spot")
+    prices = {"spot": 0.341, "on-demand": 0.854}
+    lines: list[str] = []
+
+    def attempt(mode: str) -> tuple[str, dict[str, object]]:
+        runner.set_config("gputrain:capacityInUse", mode)
+        return provision_with_failover(runner, [A, B])
+
+    zone, _ = down_the_ladder(["spot", "on-demand"], attempt, lines.append, prices.get)
+    assert zone == A and runner.config["gputrain:capacityInUse"] == "on-demand"
+    assert lines == [
+        "no spot capacity anywhere tried: trying on-demand next, $0.85/h instead of $0.34/h "
+        "(+150 % per hour)"
+    ]
+    assert step_line("spot", "flex-start", {"spot": 1.0}.get).endswith(
+        "unknown/h instead of $1.00/h"
+    )
+
+
+def test_a_ladder_whose_every_mode_stocks_out_reports_every_attempt(
+    runner: FakeStackRunner,
+) -> None:
+    runner.fail_stockout(A, times=5)
+
+    def attempt(mode: str) -> tuple[str, dict[str, object]]:
+        runner.set_config("gputrain:capacityInUse", mode)
+        return provision_with_failover(runner, [A])
+
+    with pytest.raises(ProvisioningError) as err:
+        down_the_ladder(["spot", "on-demand"], attempt, lambda _l: None, lambda _m: None)
+    assert [a.zone for a in err.value.attempts] == [A, A]
+
+
+def test_a_flex_start_up_says_it_cannot_queue_and_a_stockout_fails_at_once(
+    fake: FakeCompute, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pulumi-gcp's Instance cannot send requestValidForDuration, so GCE allocates Flex-start
+    capacity only if it is free now: `up` says so, and a stock-out fails the round at once
+    (waiting is --wait-for-capacity's, tested above)."""
+    from scripts.cli import main
+    from scripts.settings import Settings
+    from scripts.targets.gce.clients import GceClients
+    from tests.support.pulumi_mocks import ROOT, TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.flex.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: a3-megagpu-8g\n"
+        "  gputrain:capacity: flex-start\n  gputrain:maxRunDuration: 1d\n"
+        f"  gputrain:zones: [{A}, {B}]\n  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
+        f"  gputrain:sshSourceRanges: [{TEST_SOURCE_RANGE}]\n"
+    )
+    runner = FakeStackRunner("flex", compute=fake, project=fake.project, zones=(A, B))
+    for zone in (A, B):
+        runner.fail_stockout(zone, times=100)
+    gce = GceClients(
+        runner_for=lambda s, r: runner,
+        compute_endpoint=fake.url,
+        retry_pause_s=0,
+    )
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    argv = ["up", "--stack", "flex", "--yes", "--skip-preflight"]
+    assert main(argv, settings, gce) == 1
+    out, err = capsys.readouterr()
+    assert (
+        "up: Flex-start does not queue here: pulumi-gcp cannot send requestValidForDuration" in out
+    )
+    assert "no capacity in any of your zones" in err
+    assert [c[1] for c in runner.calls if c[0] == "up"] == [A, B]  # one round, at once
