@@ -65,10 +65,10 @@ RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "iam.serviceAccounts.update",
         "iam.serviceAccounts.delete",
     ),
-    "gcp:projects/iAMMember:IAMMember": (
+    "gcp:projects/iAMMember:IAMMember": (  # autodown's conditional binding too (policy v3):
         "resourcemanager.projects.getIamPolicy",  # the binding is a read-modify-write of the
-        "resourcemanager.projects.setIamPolicy",  # project's policy
-    ),
+        "resourcemanager.projects.setIamPolicy",  # project's policy; granting a role under a
+    ),  # condition needs nothing more (projectIamAdmin may grant any role)
     "gcp:storage/bucket:Bucket": (
         "storage.buckets.create",
         "storage.buckets.get",

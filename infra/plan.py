@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra import capacity, catalog, vertex
+from infra.autodown import plan_line
 from infra.fabric import FABRICS
 from infra.fields import IPV4_ADDRESSES, covered_addresses, format_duration
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
@@ -73,6 +74,8 @@ class Plan:
             lines.append(ssh_exposure(self.spec))
         lines.append(self.bucket_note)
         lines += data_notes(self.spec)
+        if not self.spec.on_vertex:
+            lines.append(plan_line(self.spec.autodown_s, self.spec.max_run_duration))
         lines += [n for n in (self.capacity_note, self.fabric_note) if n]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:

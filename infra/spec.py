@@ -15,11 +15,13 @@ from typing import Literal, cast
 
 from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
+from infra.autodown import parse_autodown
 from infra.base.records import GpuExpectation
 from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
+from infra.notify_urls import parse_notify
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
@@ -109,6 +111,8 @@ class ClusterSpec:
     wait_for_capacity_s: int = 0  # waitForCapacity: how long `up` retries stock-outs
     datasets: tuple[Dataset, ...] = ()  # `data`: what every job reads (the nodes may read these)
     scratch: Scratch = NO_SCRATCH  # local SSD (bundled, or localSsdCount)
+    autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
+    notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -360,6 +364,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         bucket_prefix=bucket_prefix,
         bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
         stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
+        autodown_s=None if backend == "vertex" else parse_autodown(cfg.text("autodown")),
+        notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,

@@ -74,6 +74,8 @@ DEFAULTS: dict[str, str] = {
     "secrets": "[]",
     "image": "",
     "stallTimeout": "",
+    "autodown": "10m",
+    "notify": "[]",
 }
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
@@ -104,13 +106,14 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "localSsdCount",
         "setup",
         "stallTimeout",
+        "autodown",
     ),
     "vertex": ("executorImage",),
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
 PROGRAM_KEYS: tuple[str, ...] = tuple(
-    k for k in DEFAULTS if k != "sshPrivateKey" and k not in CONTROLLER_KEYS
+    k for k in DEFAULTS if k not in ("sshPrivateKey", "notify") and k not in CONTROLLER_KEYS
 )
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from infra.datasets import parse_data_flags
-from scripts import lifecycle
+from scripts import lifecycle, run_flags
 from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
 from scripts.job.env_options import add_environment_options, environment_options, seconds_up_to
 from scripts.job.records import DEFAULT_ENTRY
@@ -76,6 +76,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
         data=parse_data_flags(getattr(args, "data", []) or []),
         resume_args=resume_args(getattr(args, "resume_args", None)),
+        **run_flags.options(args),
     )
 
 
@@ -312,13 +313,7 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name in {"run", "train"}:
             add_environment_options(c)
-            c.add_argument(
-                "--max-recoveries",
-                type=int,
-                metavar="N",
-                help="(--stack) nodes GCE takes away to recover from: spot preemptions, host errors, "
-                "host maintenance (default: 3)",
-            )
+            run_flags.add_flags(c, name)
             add_data_options(c)
         if name == "verify":
             c.add_argument(
@@ -432,6 +427,7 @@ def main(
                 "--wait-for-capacity: only --stack targets create VMs, so only they can wait "
                 "for capacity (--hosts and --local machines exist already)"
             )
+        run_flags.check(args)
         settings = settings or Settings()
         if args.dir:
             settings.root = find_project_root(Path(args.dir))

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infra.base.errors import GputrainError, UserError
 from infra.datasets import merge_datasets
 from scripts import ui
-from scripts.guard import signal_guard
-from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
+from scripts.guard import SignalGuard, signal_guard
+from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery, TrainingError
 from scripts.settings import Settings, new_run_id
-from scripts.targets.base import RunOptions, Target
+from scripts.targets.base import RunOptions, Session, Target
 from scripts.watch.report import report_after_run
 from scripts.watch.settings import watch_settings
 
@@ -26,41 +27,110 @@ if TYPE_CHECKING:
     from scripts.job.environment import Environment
 
 
-def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult:
+def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult | None:
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
-    `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
+    `healthcheck` (on what exists): verify, run the job, collect; then the summary. With
+    `opts.detach` it returns once the job trains (None), leaving it and its machines running.
+    Each event goes to the `notify` webhooks (scripts/notify.py), never holding the run up."""
     from scripts.job.data import check_prefixes
+    from scripts.notify import notifier_for, summary_fields
 
     started = time.monotonic()
+    spec = getattr(target, "spec", None)
+    if opts.detach and spec is not None and spec().on_vertex:  # before anything is created
+        raise UserError("--detach: a Vertex AI stack's jobs are followed, not detached (yet)")
     healthcheck = tuple(opts.entry[:2]) == ("-m", "trainer.healthcheck")  # reads no data
     datasets = () if healthcheck else merge_datasets(target.datasets(), opts.data)
     check_prefixes(datasets)  # before anything is created: a typo costs nothing
     environment, secrets, image = job_environment(target, opts)  # bad input: before anything
-    with signal_guard() as guard:
-        session_of = target.provisioned(opts, guard) if create else target.attached(opts)
-        with session_of as session:
-            session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network first
-            job = Job(
-                run_id=new_run_id(),
-                entry=opts.entry or DEFAULT_ENTRY,
-                env=opts.env,
-                max_restarts=opts.max_restarts,
-                workdir=Path.cwd(),
-                datasets=datasets,
-                resume_args=opts.resume_args,
-                environment=environment,
-                secrets=secrets.values,
-                secret_refs=secrets.refs,
-                image=image,
-                watch=watch_settings(opts.stall_timeout_s),
-            )
-            results_dir = settings.results_dir(target.name, job.run_id)
-            try:
-                result = session.run_job(job, results_dir, guard)
-            finally:  # runs/<target>/<run-id>/report.html, also for a failed run
-                report_after_run(results_dir, session.hourly_usd, time.monotonic() - started)
-    summarize(result, hourly_usd=session.hourly_usd, started=started)
-    return result
+    notifier = notifier_for(target, opts)
+    try:
+        with signal_guard() as guard:
+            session_of = target.provisioned(opts, guard) if create else target.attached(opts)
+            with session_of as session:
+                session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network
+                if opts.resume is not None:
+                    require_run(session, opts.resume, opts.selector or target.name)
+                job = Job(
+                    run_id=opts.resume or new_run_id(),
+                    entry=opts.entry or DEFAULT_ENTRY,
+                    env=opts.env,
+                    max_restarts=opts.max_restarts,
+                    workdir=Path.cwd(),
+                    datasets=datasets,
+                    resume_args=opts.resume_args,
+                    environment=environment,
+                    secrets=secrets.values,
+                    secret_refs=secrets.refs,
+                    image=image,
+                    watch=watch_settings(opts.stall_timeout_s),
+                )
+                results_dir = settings.results_dir(target.name, job.run_id)
+                fleet = getattr(session, "fleet", None)
+                notifier.base |= {"run_id": job.run_id, "nodes": fleet and len(fleet.nodes)}
+                if hasattr(session, "notifier"):
+                    session.notifier = notifier  # preempted / recovered
+                notifier.send("started")
+                if opts.detach:
+                    detach(session, job, guard, opts.selector or target.name)
+                    return None
+                try:
+                    result = session.run_job(job, results_dir, guard)
+                finally:  # runs/<target>/<run-id>/report.html, also for a failed run
+                    report_after_run(results_dir, session.hourly_usd, time.monotonic() - started)
+        cost = summarize(result, hourly_usd=session.hourly_usd, started=started)
+        found = _find_summary(result.results_dir) or {}
+        notifier.send("finished", **summary_fields(found, cost))
+        return result
+    except GputrainError as e:
+        notifier.send("failed", root_cause=root_cause_line(e))
+        raise
+    finally:
+        notifier.close()
+
+
+def root_cause_line(error: GputrainError) -> str:
+    """The one line a `failed` notification carries: the failing node's root cause, else the
+    error's last line. Pure."""
+    failure = error.failure if isinstance(error, TrainingError) else None
+    lines = list(failure.root_cause) if failure and failure.root_cause else str(error).splitlines()
+    return next((ln.strip()[:500] for ln in reversed(lines) if ln.strip()), type(error).__name__)
+
+
+def require_run(session: Session, run_id: str, selector: str) -> None:
+    """`--resume RUN`: one line when nothing of that run is where its checkpoints would be."""
+    known = getattr(session, "has_run", None)
+    if known is None or not known(run_id):
+        raise UserError(
+            f"--resume {run_id}: no such run on {selector} (neither its checkpoints in the "
+            f"stack's bucket nor its directory on the nodes); `gputrain logs {selector}` names "
+            "the last run"
+        )
+
+
+def detach(session: Session, job: Job, guard: SignalGuard, selector: str) -> None:
+    """Start the job, return once it trains; the machines stay (autodown ends a stack's)."""
+    start = getattr(session, "run_detached", None)
+    if start is None:
+        raise UserError(f"--detach: {session.name} cannot leave a job running on its own")
+    start(job, guard)
+    session.keep = True
+    lines = [f"  reattach:  gputrain logs {selector} --run {job.run_id}"]
+    if selector.startswith("--stack"):
+        from infra.autodown import describe
+
+        plan = getattr(getattr(session, "watchdogs", None), "plan", None)
+        seconds = getattr(plan, "autodown_s", None)
+        lines += [
+            f"  state:     gputrain status {selector}",
+            f"  end it:    gputrain down {selector}  (results home from the bucket, then teardown)",
+            f"  autodown:  the VMs are deleted {describe(int(seconds))} after the job ends"
+            if seconds
+            else "  autodown:  off: the VMs run until `down` or their TTL",
+        ]
+    else:
+        lines.append(f"  results:   on the machines, in .gputrain/runs/{job.run_id}/out/")
+    ui.say(f"run {job.run_id} detached: it trains on without this command.\n" + "\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -131,6 +201,9 @@ def verify(target: Target, opts: RunOptions) -> None:
 def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:
     """Follow a run's logs (default: the target's last run); reattaches to a running job."""
     with target.attached(opts) as session:
+        if run_id is None and not settings.has_last_run(target.name):
+            latest = getattr(session, "latest_run", None)  # another machine: ask the head
+            run_id = latest() if latest is not None else None
         session.logs(run_id or settings.last_run(target.name))
 
 
@@ -139,9 +212,9 @@ def ssh(target: Target, node: str, command: Sequence[str], opts: RunOptions) -> 
         return session.ssh(node, command)
 
 
-def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> None:
+def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> float | None:
     """The closing lines of a run: loss vs floor, throughput, recoveries, where results are, and
-    the cost of the whole run (recoveries' lost time included)."""
+    the cost of the whole run (recoveries' lost time included), which it returns."""
     elapsed = time.monotonic() - started
     summary: dict[str, Any] = _find_summary(result.results_dir) or {}
     rows: list[list[object]] = []
@@ -157,12 +230,14 @@ def summarize(result: JobResult, *, hourly_usd: float | None, started: float) ->
             rows.append([label, fmt.format(summary[key])])
     rows += recovery_rows(result.recoveries)
     rows += [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
+    cost = None
     if hourly_usd is not None:
         cost = hourly_usd * elapsed / 3600
         lost = sum(r.downtime_s for r in result.recoveries)
         note = f", {lost:.0f} s of it recovering" if result.recoveries else ""
         rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h{note}"])
     ui.table("run summary", ["", ""], rows)
+    return cost
 
 
 def recovery_rows(recoveries: Sequence[Recovery]) -> list[list[object]]:

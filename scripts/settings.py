@@ -52,6 +52,9 @@ class Settings:
         (target_dir / LAST_RUN).write_text(run_id + "\n")
         return target_dir / run_id
 
+    def has_last_run(self, target: str) -> bool:
+        return (self.runs_dir / target / LAST_RUN).is_file()
+
     def last_run(self, target: str) -> str:
         last = self.runs_dir / target / LAST_RUN
         if not last.is_file():

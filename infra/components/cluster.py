@@ -13,6 +13,7 @@ from typing import Any
 
 import pulumi
 
+from infra.autodown import instance_condition
 from infra.components.bucket import StackBucket, StackBucketArgs
 from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
@@ -38,6 +39,7 @@ def stack_identity(
     display_name: str,
     opts: pulumi.ResourceOptions,
     roles: tuple[str, ...] = NODE_ROLES,
+    delete_vms_condition: str | None = None,
 ) -> NodeIdentity:
     """The stack's service account (`gputrain-<stack>`) with its project roles."""
     return NodeIdentity(
@@ -47,6 +49,7 @@ def stack_identity(
             project=spec.project,
             display_name=display_name,
             roles=roles,
+            delete_vms_condition=delete_vms_condition,
         ),
         opts,
     )
@@ -115,7 +118,14 @@ class GpuCluster(pulumi.ComponentResource):
         # gce-ai-infra project (gIB comes from packages.cloud.google.com), where a role on the
         # user's project grants nothing.
         roles = NODE_ROLES
-        self.identity = stack_identity(spec, f"gputrain nodes of stack {spec.stack}", child, roles)
+        autodown = (
+            instance_condition(str(spec.project), spec.stack)
+            if spec.autodown_s is not None
+            else None
+        )
+        self.identity = stack_identity(
+            spec, f"gputrain nodes of stack {spec.stack}", child, roles, autodown
+        )
         labels = cluster_labels(spec, pulumi.get_project())
         self.bucket = stack_bucket(spec, self.identity, child)
         self.nodes = GpuNodes(

@@ -1,5 +1,6 @@
 """NodeIdentity: the service account the nodes run as, with the project roles it needs and no more
-(log and metric writes)."""
+(log and metric writes) and, with autodown, deleting the stack's own VMs — an IAM condition on
+the instances' resource names, so nothing else in the project."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class NodeIdentityArgs:
     project: str | None
     display_name: str
     roles: tuple[str, ...] = NODE_ROLES
+    # autodown: the CEL condition (infra/autodown.py) under which the account may delete VMs;
+    # None: no such right at all
+    delete_vms_condition: str | None = None
 
 
 class NodeIdentity(pulumi.ComponentResource):
@@ -48,4 +52,21 @@ class NodeIdentity(pulumi.ComponentResource):
             )
             for role in args.roles
         ]
+        if args.delete_vms_condition is not None:
+            from infra.autodown import ROLE
+
+            self.role_bindings.append(
+                gcp.projects.IAMMember(
+                    f"{args.account_id}-autodown",
+                    project=str(args.project),
+                    role=f"roles/{ROLE}",
+                    member=member,
+                    condition=gcp.projects.IAMMemberConditionArgs(
+                        title="gputrain autodown: this stack's VMs only",
+                        description="the head node's watchdog deletes the stack's VMs after the job",
+                        expression=args.delete_vms_condition,
+                    ),
+                    opts=child,
+                )
+            )
         self.register_outputs({"email": self.email})

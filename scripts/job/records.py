@@ -25,7 +25,7 @@ CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"
 WATCH_PREEMPTION_ENV = "GPUTRAIN_WATCH_PREEMPTION"
 TENSORBOARD_DIR_ENV = "GPUTRAIN_TENSORBOARD_DIR"  # trainer/board.py
 WATCH_MAINTENANCE_ENV = "GPUTRAIN_WATCH_MAINTENANCE"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -126,7 +126,7 @@ class TrainingError(GputrainError):
 
 def validate_job(job: Job) -> None:
     """One clear line for each kind of bad job setting (UserError)."""
-    if not _RUN_ID.match(job.run_id):
+    if not RUN_ID.match(job.run_id):
         raise UserError(
             f"run id: {job.run_id!r} is not allowed; use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

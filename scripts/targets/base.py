@@ -46,6 +46,11 @@ class RunOptions:
     wait_for_capacity_s: int | None = None  # stock-outs: retry this long (None: waitForCapacity)
     data: dict[str, str] = field(default_factory=dict)  # `--data NAME=gs://...` (over the target's)
     resume_args: tuple[str, ...] = ()  # `--resume-args "ARGS"`: appended on relaunches
+    detach: bool = False  # `run`/`train`: return once the job trains, leave it running
+    autodown: str | None = None  # `--autodown` as given (validated by the CLI); None: the stack's
+    selector: str = ""  # the target as the user named it (`--stack dev`), for the way back
+    resume: str | None = None  # `train --resume RUN`: that run again, from its checkpoints
+    notify: tuple[str, ...] = ()  # --notify webhook URLs (secrets), beside the target's own
 
 
 class Session(Protocol):

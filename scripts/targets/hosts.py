@@ -25,6 +25,11 @@ class HostsTarget(MachinesTarget):
 
         return hosts_file_datasets(self.path)
 
+    def notify_urls(self) -> tuple[str, ...]:
+        from scripts.targets.hosts_file import load_hosts_file
+
+        return load_hosts_file(self.path, trust_new_hosts=True).notify
+
     def fleet(self, opts: RunOptions) -> tuple[Fleet, Path | None]:
         from scripts.targets.hosts_file import load_hosts_file
 

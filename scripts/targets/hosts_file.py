@@ -36,12 +36,13 @@ from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.base.validate import Checker
 from infra.datasets import Dataset, parse_datasets
+from infra.notify_urls import check_urls
 from scripts.job.environment import EnvironmentSettings, file_setting_names, file_setting_text
 from scripts.transport.hostkeys import KnownHosts
 
 TOP_KEYS = (
     "user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts", "data",
-    "setup", "secrets", "image",
+    "setup", "secrets", "image", "notify",
 )  # fmt: skip
 HOST_KEYS = ("address", "internal_address", "name", "port")
 GPU_KEYS = ("model", "count", "min_memory_gb")
@@ -65,6 +66,7 @@ class HostsFile:
     unpinned: tuple[str, ...]  # node names with no key yet; only with trust_new_hosts
     datasets: tuple[Dataset, ...] = ()  # `data`: NAME: gs://BUCKET/PREFIX[:copy|:mount]
     environment: EnvironmentSettings = field(default_factory=EnvironmentSettings)
+    notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,9 @@ def parse_hosts(
         image=file_setting_text(data.get("image"), f"{source}: image").strip(),
         source=f"{source}: ",
     )
-    return HostsFile(fleet, known_hosts, tuple(unpinned), datasets, environment)
+    notify = data.get("notify") or []
+    urls = check_urls(notify if isinstance(notify, list) else [notify], f"{source}: notify")
+    return HostsFile(fleet, known_hosts, tuple(unpinned), datasets, environment, urls)
 
 
 # ---- fields ------------------------------------------------------------------------------------

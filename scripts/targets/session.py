@@ -131,6 +131,40 @@ class FleetSession:
                 for t in transports.values():
                     t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
 
+    def run_detached(self, job: Job, guard: SignalGuard) -> float:
+        """Start the job, return once it trains (`--detach`); stop it if that fails."""
+        from scripts.job.detach import launch_detached
+        from scripts.job.launch import stop_job
+
+        transports = self.transports
+        if self.fleet.local:  # its own code dir, as run_job; the run's snapshot outlives it
+            job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
+        try:
+            return launch_detached(self.fleet, transports, job)
+        except BaseException:
+            with guard.teardown():
+                stop_job(transports, job.run_id)
+            raise
+        finally:
+            if self.fleet.local:
+                for t in transports.values():
+                    t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
+
+    def has_run(self, run_id: str) -> bool:
+        """The run's directory is on the head (`--resume`)."""
+        from scripts.node_layout import run_dir
+
+        head = self.transports[self.fleet.head.name]
+        return head.run(f"test -d {shlex.quote(run_dir(run_id))}", timeout=30).ok
+
+    def latest_run(self) -> str | None:
+        """The newest run on the head (`logs` from a machine that did not start it)."""
+        from scripts.node_layout import RUNS_DIR
+
+        cmd = f"ls -1t {RUNS_DIR} 2>/dev/null | grep -v '^verify-' | head -n 1"
+        found = self.transports[self.fleet.head.name].run(cmd, timeout=30).stdout.strip()
+        return found or None
+
     def logs(self, run_id: str) -> None:
         """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
         from scripts.job.node_scripts import build_tail_command

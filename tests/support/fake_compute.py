@@ -12,7 +12,7 @@ import datetime
 import itertools
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -176,8 +176,15 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
     """The fake server plus the Python API tests use to shape its world (thread-safe); it also
     answers the IAM and Cloud Resource Manager reads the sweep makes (tests/support/fake_iam.py)."""
 
-    def __init__(self, project: str = PROJECT, *, seed: bool = True) -> None:
+    def __init__(
+        self, project: str = PROJECT, *, seed: bool = True, host: str = "127.0.0.1"
+    ) -> None:
         self.project = project
+        # instances.delete: the Authorization header of each, and what a test does when one
+        # is deleted (the test bed kills the VM's processes, as GCE would)
+        self.deletes: list[tuple[str, str, str | None]] = []  # (zone, name, authorization)
+        self.on_delete: Callable[[str, str], None] | None = None
+        self.required_token: str | None = None  # set: a delete without this bearer gets 401
         self._lock = threading.RLock()
         self._ids = itertools.count(4_000_000_000_000_000_001)
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
@@ -208,7 +215,7 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         self._init_iam()
         if seed:
             self.seed_from_facts()
-        self._serve()
+        self._serve(host)
 
     # -- seeding from facts
 
@@ -616,7 +623,12 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
                 self._answer("POST")
 
             def do_DELETE(self) -> None:
-                self._answer("DELETE")
+                parts = urlsplit(self.path)
+                status, body = fake._delete(unquote(parts.path), self.headers.get("Authorization"))
+                send_json(self, status, body)
+                if status == 200 and fake.on_delete is not None:  # after the answer, as GCE
+                    zone, name = body["targetLink"].split("/zones/")[1].split("/instances/")
+                    fake.on_delete(zone, name)
 
             def _answer(self, method: str) -> None:
                 parts = urlsplit(self.path)
@@ -642,24 +654,39 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
             except _HttpError as e:
                 return _error(e.status, e.message, e.reason)
 
-    def _delete(self, path: str) -> dict[str, Any]:
-        """instances.delete: the VM and its boot disk go; a DONE operation answers."""
-        match path.removeprefix(f"/compute/v1/projects/{self.project}/").split("/"):
-            case ["zones", zone, "instances", name] if (zone, name) in self.instances:
-                self.instances.pop((zone, name))
-                self.resources["disks"].pop((f"zones/{zone}", name), None)
-                op = f"operation-delete-{next(self._ids)}"
-                return {
-                    "kind": "compute#operation",
-                    "name": op,
-                    "zone": f"{BASE}/projects/{self.project}/zones/{zone}",
-                    "operationType": "delete",
-                    "targetLink": f"{BASE}/projects/{self.project}/zones/{zone}/instances/{name}",
-                    "status": "DONE",
-                    "progress": 100,
-                    "selfLink": f"{BASE}/projects/{self.project}/zones/{zone}/operations/{op}",
-                }
-        raise _not_found(path)
+    def _delete(self, path: str, authorization: str | None) -> tuple[int, Any]:
+        """instances.delete: the instance and its boot disk go at once; a zone operation."""
+        m = re.fullmatch(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)", path)
+        with self._lock:
+            self.requests.append(("DELETE", path, {}))
+            if m is None:
+                return _error(404, f"The resource '{path}' was not found", "notFound")
+            project, zone, name = m.groups()
+            self.deletes.append((zone, name, authorization))
+            if self.required_token and authorization != f"Bearer {self.required_token}":
+                return _error(
+                    401, "Request had invalid authentication credentials.", "unauthorized"
+                )
+            if (zone, name) not in self.instances:
+                return _error(
+                    404,
+                    f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found",
+                    "notFound",
+                )
+            self.remove_instance(name, zone)
+            op_id = str(next(self._ids))
+            body = {
+                "kind": "compute#operation",
+                "id": op_id,
+                "name": f"operation-{op_id}",
+                "zone": f"{BASE}/projects/{project}/zones/{zone}",
+                "operationType": "delete",
+                "targetLink": f"{BASE}/projects/{project}/zones/{zone}/instances/{name}",
+                "status": "DONE",  # deleted at once here: op.result() needs no poll
+                "insertTime": _rfc3339_now(),
+                "selfLink": f"{BASE}/projects/{project}/zones/{zone}/operations/operation-{op_id}",
+            }
+        return 200, body
 
     def _route(self, path: str, query: dict[str, list[str]]) -> Any:
         prefix = "/compute/v1/projects/"

@@ -18,9 +18,10 @@ class FakeHttpServer:
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         raise NotImplementedError
 
-    def _serve(self) -> None:
-        """Call at the end of __init__: the server is bound (its port known), not started."""
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+    def _serve(self, host: str = "127.0.0.1") -> None:
+        """Call at the end of __init__: the server is bound (its port known), not started;
+        `host` the test bed's bridge where the test hosts must reach it."""
+        self._server = ThreadingHTTPServer((host, 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -28,7 +29,8 @@ class FakeHttpServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
 
     def start(self: T) -> T:
         self._thread.start()

@@ -128,11 +128,17 @@ def check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> Non
     assert "sourceRanges" not in internal
     assert internal["sourceTags"] == internal["targetTags"] == [f"gputrain-{spec.stack}"]
     assert "0.0.0.0/0" not in list(walk(fws))
-    # Service account: only log and metric writes.
+    # Service account: only log and metric writes, and (autodown) deleting the stack's own VMs.
     [sa] = m.of_type(ACCOUNT)
-    roles = sorted(r.inputs["role"] for r in m.of_type(IAM_MEMBER))
+    unconditioned = [r for r in m.of_type(IAM_MEMBER) if "condition" not in r.inputs]
+    roles = sorted(r.inputs["role"] for r in unconditioned)
     # nothing for the fabric: its images and apt repos are in Google's gce-ai-infra project
     assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
+    [delete] = [r for r in m.of_type(IAM_MEMBER) if "condition" in r.inputs]
+    assert delete.inputs["role"] == "roles/compute.instanceAdmin.v1"
+    expr = delete.inputs["condition"]["expression"]
+    assert f'startsWith("projects/{spec.project}/zones/")' in expr
+    assert f'extract("/instances/{{name}}").startsWith("{spec.stack}-node-")' in expr
     assert all(
         r.inputs["member"].startswith(f"serviceAccount:{sa.inputs['accountId']}@")
         for r in m.of_type(IAM_MEMBER)

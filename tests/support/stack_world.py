@@ -169,7 +169,7 @@ def world_factory(
         marker = Path(tempfile.mkdtemp(prefix="gputrain-e2e-")) / "marker"
         marker.parent.chmod(0o777)
         markers.append(marker.parent)
-        compute = FakeCompute()
+        compute = FakeCompute(host=f"{SUBNET}.1")  # on the bridge: the nodes' watchdogs call it
         compute.__enter__()
         made.append(compute)
         gcs = None

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.http_sink import HttpSink
 from tests.support.stack_world import ZONES, World, assert_torn_down
 from tests.support.trainer_helpers import child_env, free_port, node_argv, start
 
@@ -73,11 +74,14 @@ def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
         killed.append(hash(old_key))
 
     t = w.at_checkpoint(20, preempt)
-    rc = run_spot(w)
+    with HttpSink() as sink:  # the run's webhook: every event, the recovery's two included
+        rc = run_spot(w, "--notify", sink.url + "/hook")
+        events = sink.events()
     t.join(timeout=5)
     out, err = capsys.readouterr()
     assert rc == 0, out[-4000:]
     assert "could not download" not in err, err
+    assert events == ["started", "preempted", "recovered", "finished"], events
     assert killed, "the run ended before a checkpoint reached the bucket"
     # One recovery, in one line; the same zone; the run's own checkpoints resumed it.
     [line] = [ln for ln in out.splitlines() if ln.startswith("recovery 1/3: ")]

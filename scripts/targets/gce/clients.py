@@ -14,3 +14,4 @@ class GceClients(StackClients):
     node_python: str = "python3"  # the interpreter with torch on the nodes (the DLVM's)
     preemption_confirm_s: float = 60.0  # a node killed or lost: how long to ask "preempted?"
     capacity_pause_s: tuple[float, float] = (30.0, 600.0)  # stock-outs: first and longest pause
+    autodown_s: float | None = None  # tests: a shorter autodown than the 1 min floor allows

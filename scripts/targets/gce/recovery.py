@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet
@@ -35,6 +35,7 @@ from infra.gcp.compute import (
 )
 from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
+from scripts.job.autodown import Autodown, Watchdogs
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
 from scripts.job.outputs import output_env
@@ -52,6 +53,7 @@ from scripts.job.records import (
 from scripts.settings import Settings
 
 if TYPE_CHECKING:
+    from scripts.notify import Notifier
     from scripts.verify.fabric import FabricCheck
 from infra.outputs import StackOutputs
 from scripts.targets.session import FleetSession
@@ -245,6 +247,7 @@ class _Pending:
     reached: int | None  # the last step seen before
     zone: str = ""
     record: Recovery | None = None
+    announce: Callable[[str], object] | None = None  # the recovery line to the webhooks
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def finish(self, watch: StepWatch) -> Recovery:
@@ -260,7 +263,9 @@ class _Pending:
                 self.record = Recovery(
                     self.nodes, self.at, end - self.at, self.zone, start, repeated, self.cause
                 )
-                ui.say(recovery_line(self.record, self.number, self.limit, self.cause))
+                ui.say(line := recovery_line(self.record, self.number, self.limit, self.cause))
+                if self.announce is not None:
+                    self.announce(line)
             return self.record
 
 
@@ -302,6 +307,7 @@ class RecoveringSession(FleetSession):
         connect_deadline_s: float | None = None,
         fabric: FabricCheck | None = None,
         stall_timeout_s: float | None = None,
+        autodown: Autodown | None = None,
     ) -> None:
         super().__init__(
             fleet,
@@ -313,6 +319,33 @@ class RecoveringSession(FleetSession):
             stall_timeout_s=stall_timeout_s,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
+        head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
+        self.notifier: Notifier | None = None  # set by the lifecycle: preempted / recovered
+        self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.watchdogs is not None:
+            self.watchdogs.stop()  # the controller lets go: the head's switch starts counting
+        super().__exit__(*exc)
+
+    def run_detached(self, job: Job, guard: SignalGuard) -> float:
+        """`--detach`: the job with the bucket's env and the watchdogs armed, left running once
+        it trains (no spot recovery while detached: a preempted run stops, its checkpoint kept)."""
+        job = replace(job, env={**self.nodes.job_env(job.run_id), **job.env})
+        self._arm(job)  # before the job starts: nothing to stop if it fails
+        return super().run_detached(job, guard)
+
+    def has_run(self, run_id: str) -> bool:
+        """Its checkpoints (or results) in the stack's bucket, or its directory on the head."""
+        from scripts.targets.gce.autodown import bucket_has_run
+
+        in_bucket = bucket_has_run(self.nodes.bucket, self.nodes.outputs.project, run_id)
+        return in_bucket or super().has_run(run_id)
+
+    def _arm(self, job: Job) -> None:
+        if self.watchdogs is not None:  # the VMs as they are now (re-created ones too)
+            nodes = [(n.name, n.zone, n.role) for n in self.nodes.outputs.nodes]
+            self.watchdogs.arm(self.fleet, self.transports, job.run_id, job.env, nodes)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.watch.launch import watched_launch, with_stall_default
@@ -334,6 +367,7 @@ class RecoveringSession(FleetSession):
             while True:
                 started = time.time()
                 try:
+                    self._arm(job)
                     result = watched_launch(
                         self.fleet, self.transports, job, results_dir, on_line=line
                     )
@@ -363,6 +397,10 @@ class RecoveringSession(FleetSession):
                         at,
                         watch.reached,
                     )
+                    if (notifier := self.notifier) is not None:
+                        evidence = "; ".join(f"{n}: {c.evidence}" for n, c in preempted.items())
+                        notifier.send("preempted", step=watch.reached, detail=evidence)
+                        pending.announce = lambda ln: notifier.send("recovered", detail=ln)
                     watch.new_attempt(functools.partial(pending.finish, watch))
                     pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
                     job = replace(job, attempt=job.attempt + 1)  # --resume-args from now on

@@ -55,9 +55,11 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
     def status(self) -> None:
         from infra.fields import format_duration
+        from scripts.targets.gce.autodown import say_last_autodown
 
         spec = self.spec_with_project()
         instances = self.clients.compute().list_stack_instances(spec.project or "", self.stack)
+        say_last_autodown(spec, self.clients)
         if not instances:
             ui.say(f"status: stack {self.stack} has no instances (nothing is billing)")
             return
@@ -215,6 +217,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
                 recoveries_allowed(opts, spec),
                 keep=opts.keep,
                 connect_deadline_s=opts.wait_s or self.settings.connect_deadline_s,
+                opts=opts,
             ) as cluster,
         ):
             yield cluster
@@ -251,7 +254,13 @@ class GceTarget(StackTarget[GceClients, Provision]):
         with (
             private_key_file(self.runner, self.stack) as key,
             self._session(
-                spec, outputs, key, max_recoveries, keep=True, connect_deadline_s=opts.wait_s
+                spec,
+                outputs,
+                key,
+                max_recoveries,
+                keep=True,
+                connect_deadline_s=opts.wait_s,
+                opts=opts,
             ) as session,
         ):
             yield session
@@ -265,9 +274,11 @@ class GceTarget(StackTarget[GceClients, Provision]):
         *,
         keep: bool,
         connect_deadline_s: float | None,
+        opts: RunOptions,
     ) -> RecoveringSession:
         """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
         from infra.outputs import parse_stack_outputs
+        from scripts.targets.gce.autodown import stack_autodown
         from scripts.targets.gce.recovery import RecoveringSession, StackNodes
         from scripts.verify.fabric import FabricCheck
 
@@ -295,6 +306,9 @@ class GceTarget(StackTarget[GceClients, Provision]):
             connect_deadline_s=connect_deadline_s,
             fabric=FabricCheck.of(spec.fabric),
             stall_timeout_s=spec.stall_timeout_s,
+            autodown=stack_autodown(
+                spec, out, out.bucket.uri if out.bucket else None, opts, self.clients
+            ),
         )
 
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:

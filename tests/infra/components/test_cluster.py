@@ -112,8 +112,10 @@ def test_program_reads_config_but_never_the_private_key(mocks: GcpMocks) -> None
     pulumi.runtime.set_all_config(cfg, secret_keys=["gputrain:sshPrivateKey"])
     read = stack_config_from_pulumi()
     assert "gputrain:sshPrivateKey" not in read
-    # nor the keys only gputrain reads (setup, secrets, image: the job's environment)
-    unread = {"gputrain:sshPrivateKey", *(NS + k for k in CONTROLLER_KEYS)}
+    # nor the keys only gputrain reads (setup, secrets, image: the job's environment), nor the
+    # webhook URLs (secrets the program never needs)
+    assert "gputrain:notify" not in read
+    unread = {"gputrain:sshPrivateKey", "gputrain:notify", *(NS + k for k in CONTROLLER_KEYS)}
     assert read == {k: v for k, v in cfg.items() if k not in unread}
     assert parse_spec(read, "dev").zone == "us-central1-b"
 
@@ -648,7 +650,8 @@ def test_components_own_their_resources_and_alias_the_old_urns(mocks: GcpMocks) 
     it was a direct child of GpuCluster, so existing stacks update in place."""
     from infra.components.cluster import GpuCluster
 
-    spec = _spec("h100")  # 2 nodes: compact placement, a created network
+    # 2 nodes: compact placement, a created network; autodown's binding is new (no old URN)
+    spec = dataclasses.replace(_spec("h100"), autodown_s=None)
     cluster = GpuCluster(spec.stack, spec)
     owned = {
         cluster.network: (

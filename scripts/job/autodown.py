@@ -1,0 +1,245 @@
+"""Autodown from the controller's side: arm the watchdog (trainer/watchdog.py) on every node of a
+stack run, and feed the head's dead man's switch — a `touch` over the SSH connection the session
+holds anyway, every few seconds, for as long as the controller lives. A controller that is gone
+(a closed laptop, `kill -9`, a detached run) stops touching; the head then ends the cluster
+`autodown` after the job's end. `status` reads what the watchdog recorded in the bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra.base.records import Fleet
+from scripts import ui
+from scripts.job.node_scripts import (
+    STORAGE_PACKAGES,
+    Requirement,
+    SectionResult,
+    build_install_command,
+    run_dir,
+)
+from scripts.parallel import parallel
+from scripts.transport.base import Transport, TransportError
+
+if TYPE_CHECKING:
+    from infra.gcs import StorageApi
+
+WATCHDOG_SOURCE = Path(__file__).resolve().parents[2] / "trainer" / "watchdog.py"
+#: what the head's watchdog imports to delete VMs (every node's needs the storage client)
+COMPUTE_PACKAGES: tuple[Requirement, ...] = (
+    ("google.cloud.compute_v1", "google-cloud-compute>=1.14,<2"),
+)
+RECORD = ".gputrain/autodown.json"  # as trainer/watchdog.py writes it
+
+
+@dataclass(frozen=True)
+class Autodown:
+    """What the watchdog of a stack's run needs to know (the webhook URLs are its only secret)."""
+
+    stack: str
+    project: str
+    bucket: str  # gs://NAME/PREFIX/
+    instances: tuple[tuple[str, str], ...]  # (name, zone), the head last
+    autodown_s: float | None  # None: the watchdog only puts results in the bucket
+    heartbeat_s: float = 10.0
+    poll_s: float = 2.0
+    notify: tuple[str, ...] = ()  # webhook URLs: in the watchdog's stdin, never in a file
+
+    def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
+        head = self.instances[-1][0]
+        return json.dumps(
+            {
+                "stack": self.stack,
+                "run_id": run_id,
+                "node": node,
+                "head": node == head,
+                "project": self.project,
+                "instances": [list(i) for i in self.instances],
+                "bucket": self.bucket,
+                "autodown_s": self.autodown_s,
+                "poll_s": self.poll_s,
+                "heartbeat_s": self.heartbeat_s,
+                "notify": list(self.notify),
+                "env": dict(env),
+            }
+        ).encode()
+
+
+def instances_of(nodes: Sequence[tuple[str, str, str]]) -> tuple[tuple[str, str], ...]:
+    """(name, zone) of (name, zone, role) nodes, the head last: it deletes itself. Pure."""
+    return tuple((n, z) for n, z, role in sorted(nodes, key=lambda n: n[2] == "head"))
+
+
+def resolve_autodown(stack_s: int | None, *, keep: bool, flag: str | None) -> int | None:
+    """The autodown of one command: `--autodown` over the stack's; `--keep` keeps the cluster,
+    so no autodown (`--keep` with an explicit `--autodown` is refused by the CLI)."""
+    if keep:
+        return None
+    if flag is not None:
+        from infra.autodown import parse_autodown
+
+        return parse_autodown(flag, "--autodown")
+    return stack_s
+
+
+def build_watchdog_start(run_id: str, python: str) -> str:
+    """Reads the watchdog's JSON settings on stdin and hands them to a detached watchdog (its own
+    session: a dropped SSH connection cannot end it), after ending any earlier one on the node.
+    `exec 3<&0` keeps stdin for the background process (sh gives `&` /dev/null otherwise)."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"mkdir -p {d} && cd {d} || exit 1; "
+        # one watchdog per node: an earlier run's (or attempt's) would count a silence of its own
+        'for f in ../*/watchdog.pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
+        'grep -q watchdog.py "/proc/$p/cmdline" 2>/dev/null && kill "$p"; rm -f "$f"; done; '
+        "rm -f watchdog.disarm; touch heartbeat; exec 3<&0; "
+        f"nohup setsid {shlex.quote(python)} watchdog.py <&3 >> watchdog.log 2>&1 & "
+        "i=0; while [ ! -s watchdog.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
+        "cat watchdog.pid"
+    )
+
+
+def arm(
+    fleet: Fleet,
+    transports: Mapping[str, Transport],
+    plan: Autodown,
+    run_id: str,
+    env: Mapping[str, str],
+) -> None:
+    """The watchdog on every node for this attempt of the run (a previous one is replaced)."""
+    from scripts.job.launch import report_install
+
+    def install(name: str) -> None:
+        """Every node uploads its results; only the head deletes VMs."""
+        needs = STORAGE_PACKAGES
+        if plan.autodown_s is not None and name == fleet.head.name:
+            needs += COMPUTE_PACKAGES
+        r = transports[name].run(build_install_command(fleet.python, needs), 1800)
+        result = SectionResult(r.exit_code, r.stdout + r.stderr)
+        report_install(fleet.python, needs, "autodown's watchdog", name, result)
+
+    _, failed = parallel(list(transports), install)
+    if failed:
+        raise TransportError("\n".join(str(e) for e in failed.values()))
+    source = WATCHDOG_SOURCE.read_bytes()
+    d = shlex.quote(run_dir(run_id))
+
+    def one(name: str) -> str:
+        t = transports[name]
+        r = t.run(f"mkdir -p {d} && cat > {d}/watchdog.py", 60, stdin=source)
+        if r.ok:
+            r = t.run(
+                build_watchdog_start(run_id, fleet.python), 60, stdin=plan.config(run_id, name, env)
+            )
+        if not r.ok or not r.stdout.strip().isdigit():
+            raise TransportError(f"node {name}: the watchdog did not start: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+    _, errors = parallel(list(transports), one)
+    if errors:
+        raise TransportError("\n".join(str(e) for e in errors.values()))
+    if plan.autodown_s is None:
+        ui.say(f"run {run_id}: watchdog armed (results to {plan.bucket}; autodown off)")
+    else:
+        from infra.autodown import describe
+
+        ui.say(
+            f"run {run_id}: autodown armed: if this controller goes away, the VMs are deleted "
+            f"{describe(int(plan.autodown_s))} after the job ends (results kept in {plan.bucket})"
+        )
+
+
+def disarm(transports: Mapping[str, Transport], run_id: str) -> None:
+    """The run's watchdogs stop (the cluster is the user's to keep); errors only warn."""
+    d = shlex.quote(run_dir(run_id))
+
+    def one(name: str) -> None:
+        transports[name].run(f"mkdir -p {d} && touch {d}/watchdog.disarm", 30)
+
+    _, errors = parallel(list(transports), one)
+    for name, e in errors.items():
+        ui.warn(f"{name}: could not disarm the watchdog of run {run_id}: {e}")
+
+
+class Watchdogs:
+    """A session's autodown: `arm` before each attempt of a run (a relaunch replaces the
+    watchdogs), one heartbeat thread for the session's life, `stop` when the controller lets go.
+    `head` gives the head's open transport, or None while the session is reconnecting."""
+
+    def __init__(self, plan: Autodown, head: Callable[[], Transport | None]) -> None:
+        self.plan, self.head = plan, head
+        self.run_id: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(
+        self,
+        fleet: Fleet,
+        transports: Mapping[str, Transport],
+        run_id: str,
+        env: Mapping[str, str],
+        nodes: Sequence[tuple[str, str, str]],
+    ) -> None:
+        """`nodes`: (name, zone, role) of the stack's VMs now."""
+        self.plan = dataclasses.replace(self.plan, instances=instances_of(nodes))
+        arm(fleet, transports, self.plan, run_id, env)
+        self.run_id = run_id
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+            self._thread.start()
+
+    def _beat(self) -> None:
+        """A failed touch (the link is down) is retried at the next beat: the watchdog waits for
+        `autodown` of silence, far longer than a beat."""
+        while not self._stop.wait(self.plan.heartbeat_s):
+            head = self.head()
+            if head is None or self.run_id is None:
+                continue
+            try:
+                touch = f"touch {shlex.quote(run_dir(self.run_id))}/heartbeat"
+                head.run(touch, timeout=self.plan.heartbeat_s)
+            except Exception:  # the follower reconnects the transport; the next beat retries
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=20)
+
+
+def last_autodown(storage: StorageApi, bucket: str, prefix: str) -> dict[str, object] | None:
+    """The record the head's watchdog left, if any (a missing bucket or object is None)."""
+    try:
+        if not storage.bucket_exists(bucket):
+            return None
+        names = {o.name for o in storage.list_objects(bucket, prefix + ".gputrain/")}
+        if prefix + RECORD not in names:
+            return None
+        data = json.loads(storage.read(bucket, prefix + RECORD))
+    except (ValueError, OSError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def autodown_line(record: Mapping[str, object]) -> str:
+    """`status`'s line about it. Pure."""
+
+    def at(key: str) -> str:
+        value = record.get(key)
+        if not isinstance(value, int | float):
+            return "?"
+        return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value))
+
+    return (
+        f"VMs deleted by autodown at {at('deleted_at')} after the job ended at "
+        f"{at('job_ended_at')} (run {record.get('run_id')}); `gputrain down --stack "
+        f"{record.get('stack')}` brings the results home and removes the rest"
+    )

@@ -1,0 +1,99 @@
+"""`run`/`train`'s flags for how long a run may outlive or outlast things: --max-recoveries,
+--detach, --autodown and `train --resume`, and the one-line answers to their contradictions
+(checked before anything is created)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from infra.base.errors import UserError
+from infra.notify_urls import check_urls
+from scripts import ui
+from scripts.job.records import RUN_ID
+
+
+def add_flags(c: argparse.ArgumentParser, command: str) -> None:
+    c.add_argument(
+        "--max-recoveries",
+        type=int,
+        metavar="N",
+        help="(--stack) nodes GCE takes away to recover from: spot preemptions, host errors, "
+        "host maintenance (default: 3)",
+    )
+    if command == "train":
+        c.add_argument(
+            "--resume",
+            metavar="RUN_ID",
+            help="continue that run (its id, its checkpoints: a detached spot run that was "
+            "preempted), instead of starting a new one",
+        )
+    c.add_argument(
+        "--notify",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="POST a JSON message per run event (started, preempted, recovered, failed, "
+        "finished, autodown) to this webhook (Slack/Discord-style `text`); repeatable",
+    )
+    c.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once the job trains its first step; it runs on (`gputrain logs` reattaches; "
+        "on a stack, autodown deletes the VMs after the job)",
+    )
+    c.add_argument(
+        "--autodown",
+        metavar="DURATION",
+        help="(--stack) delete the VMs this long after the job ends once this controller is gone "
+        "(>= 1m, or off; default: the stack's `autodown`, 10m)",
+    )
+
+
+def check(args: argparse.Namespace) -> None:
+    """Contradictions: one line each. `--keep` with `--detach`: --keep wins (said once)."""
+    autodown = getattr(args, "autodown", None)
+    resume = getattr(args, "resume", None)
+    check_urls(getattr(args, "notify", None) or [], "--notify")
+    if resume is not None and not RUN_ID.match(resume):
+        raise UserError(
+            f"--resume {resume!r}: not a run id (like 20261124-183000-ab12: letters, digits, "
+            "'.', '_', '-')"
+        )
+    if autodown is None and not getattr(args, "detach", False):
+        return
+    if autodown is not None:
+        if not args.stack:
+            raise UserError(
+                f"--autodown {autodown}: only --stack targets have VMs gputrain may delete"
+            )
+        from infra.autodown import parse_autodown
+
+        parse_autodown(autodown, "--autodown")  # one line naming the flag and what is allowed
+        if getattr(args, "keep", False):
+            raise UserError(
+                f"--autodown {autodown} with --keep: keep the cluster, or delete it after the "
+                "job? Drop one of them"
+            )
+    if getattr(args, "detach", False) and getattr(args, "keep", False):
+        ui.warn(
+            "--detach with --keep: --keep wins: the cluster stays up after the job (no "
+            "autodown); its TTL or `gputrain down` ends it"
+        )
+
+
+def selector(args: argparse.Namespace) -> str:
+    """The target as the user named it, for the commands that come back to it."""
+    hosts = getattr(args, "hosts", None)
+    return f"--stack {args.stack}" if args.stack else f"--hosts {hosts}" if hosts else "--local"
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """RunOptions' fields these flags set."""
+    return {
+        "detach": getattr(args, "detach", False),
+        "autodown": getattr(args, "autodown", None),
+        "resume": getattr(args, "resume", None),
+        "notify": tuple(getattr(args, "notify", None) or ()),
+        "selector": selector(args),
+    }

@@ -1,0 +1,75 @@
+"""Autodown on a `--stack` cluster: what its watchdogs are told (from the spec, the command's
+options and the stack outputs), and the line `status` prints once autodown has ended a cluster."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scripts import ui
+from scripts.job.autodown import (
+    Autodown,
+    autodown_line,
+    instances_of,
+    last_autodown,
+    resolve_autodown,
+)
+
+if TYPE_CHECKING:
+    from infra.outputs import StackOutputs
+    from infra.spec import ClusterSpec
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.clients import GceClients
+
+HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
+
+
+def stack_autodown(
+    spec: ClusterSpec,
+    out: StackOutputs,
+    bucket: str | None,
+    opts: RunOptions,
+    clients: GceClients,
+) -> Autodown | None:
+    """The watchdogs' settings; None for a stack from before it had a bucket (nowhere to keep
+    the results, so nothing may be deleted)."""
+    if bucket is None:
+        return None
+    seconds: float | None = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
+    if seconds is not None and clients.autodown_s is not None:
+        seconds = clients.autodown_s  # tests: shorter than the floor
+    beat = HEARTBEAT_S if seconds is None else min(HEARTBEAT_S, seconds / 6)
+    return Autodown(
+        stack=spec.stack,
+        project=out.project,
+        bucket=bucket,
+        instances=instances_of([(n.name, n.zone, n.role) for n in out.nodes]),
+        autodown_s=seconds,
+        heartbeat_s=beat,
+        notify=tuple(dict.fromkeys((*opts.notify, *spec.notify))),
+    )
+
+
+def say_last_autodown(spec: ClusterSpec, clients: GceClients) -> None:
+    """`status`: the record the head's watchdog left in the stack's bucket, when there is one."""
+    if not spec.bucket_name or not spec.project:
+        return
+    try:
+        record = last_autodown(clients.storage(spec.project), spec.bucket_name, spec.bucket_prefix)
+    except Exception as e:  # status is a report: a bucket it cannot read is one line
+        ui.warn(f"status: could not read gs://{spec.bucket_name} for autodown's record: {e}")
+        return
+    if record is not None:
+        ui.say(f"status: {autodown_line(record)}")
+
+
+def bucket_has_run(bucket_uri: str | None, project: str, run_id: str) -> bool:
+    """Anything of the run (checkpoints, results) in the stack's bucket (`--resume`)."""
+    if not bucket_uri:
+        return False
+    from infra.gcs import StorageApi
+
+    bucket, _, prefix = bucket_uri.removeprefix("gs://").partition("/")
+    storage = StorageApi(project)
+    return storage.bucket_exists(bucket) and bool(
+        storage.list_objects(bucket, f"{prefix}runs/{run_id}/")
+    )

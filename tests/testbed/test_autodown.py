@@ -1,0 +1,261 @@
+"""Close the laptop, end to end on the sshd test bed: `gputrain run --stack --detach` returns
+once the job trains, the controller lets go, training runs to its end, and the head's watchdog
+puts every node's out dir in the bucket (the Cloud Storage emulator on the bridge) and deletes
+every VM through the fake Compute API (on the bridge too) with the VM's own credentials (a fake
+metadata server); `status` says so and `down` brings the results home. A controller killed with
+SIGKILL ends the same way; a live one keeps its cluster through a link drop.
+
+Shortened for the test (the real floor is 1 min): autodown 30 s (GceClients.autodown_s), the
+controller's heartbeat every 5 s (autodown / 6); the issue's "2-minute drop with autodown 5 min"
+is a 20 s drop with autodown 30 s — the same ratio of drop to autodown, shorter than it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_metadata import FakeMetadata
+from tests.support.stack_world import BUCKET, World, assert_torn_down
+from tests.support.testbed import SUBNET
+
+pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
+AUTODOWN_S = 30.0
+TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "20"]
+TRAIN += ["--log-every", "1", "--eval-batches", "0"]
+CHILD = Path(__file__).resolve().parents[1] / "support" / "controller_child.py"
+
+
+@pytest.fixture
+def cloud_world(world: Callable[..., World]) -> Iterator[tuple[World, FakeMetadata, list[str]]]:
+    """A 2-node stack world with a bucket, autodown 30 s, the VMs' metadata server on the
+    bridge, and GCE's side of a delete: every process of the deleted VM dies."""
+    w = world(bucket=True)
+    w.gce.autodown_s = AUTODOWN_S
+    email = f"gputrain-e2e@{w.runner.project}.iam.gserviceaccount.com"
+    with FakeMetadata(email, w.runner.project, host=f"{SUBNET}.1") as md:
+        w.compute.required_token = md.token
+
+        def deleted(zone: str, name: str) -> None:
+            host = w.node_hosts.get(name)
+            if host is not None and host.name in w.bed.hosts:
+                w.bed.kill_processes(host.name)
+
+        w.compute.on_delete = deleted
+        assert w.gcs is not None
+        env = [
+            f"STORAGE_EMULATOR_HOST={w.gcs.url}",
+            f"GCE_METADATA_HOST={md.address}",
+            f"GCE_METADATA_IP={md.address}",
+            f"GPUTRAIN_COMPUTE_ENDPOINT={w.compute.url}",
+        ]
+        yield w, md, [a for e in env for a in ("--env", e)]
+
+
+class FirstStep:
+    """Watches the head's torchrun.log on its disk (the test host's node root) for the first
+    training step, independently of the controller; `at` is when it appeared."""
+
+    def __init__(self, w: World) -> None:
+        self.w = w
+        self.at: float | None = None
+        self._stop = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.at is None:
+            head = self.w.node_hosts.get("e2e-node-0")  # once `up` made it
+            runs = head.dir / "home" / ".gputrain" / "runs" if head else None
+            for log in runs.glob("*/torchrun.log") if runs else []:
+                try:
+                    if " | loss " in log.read_text(errors="replace"):
+                        self.at = time.time()
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_id(w: World) -> str:
+    return (w.dir / "runs" / "stack-e2e" / "LAST_RUN").read_text().strip()
+
+
+def job_end(w: World, rid: str, timeout: float = 240) -> float:
+    """When the head's torchrun ended (run.sh's exit code file, node side)."""
+    path = w.node_hosts["e2e-node-0"].dir / "home" / ".gputrain" / "runs" / rid / "exitcode"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and path.read_text().strip():
+            rc, at = path.read_text().split()
+            assert rc == "0", rc
+            return float(at)
+        time.sleep(0.1)
+    raise AssertionError(f"the job did not end within {timeout} s")
+
+
+def deleted_by(w: World, timeout: float) -> float:
+    """When the fake Compute API had deleted every VM of the stack."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        names = {n for _, n, _ in w.compute.deletes}
+        if names >= {"e2e-node-0", "e2e-node-1"} and not w.compute.instances:
+            return time.time()
+        time.sleep(0.1)
+    raise AssertionError(f"VMs not deleted in time: {w.compute.deletes}")
+
+
+def assert_autodown_ending(
+    w: World, md: FakeMetadata, rid: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job's end, the VMs deleted within autodown of it (workers first, with the VM's token),
+    every node's out dir in the bucket, `status` saying so, `down` bringing it all home."""
+    ended = job_end(w, rid)
+    gone = deleted_by(w, AUTODOWN_S + 60)
+    assert gone - ended <= AUTODOWN_S + 5, (gone - ended, w.compute.deletes)
+    assert [n for _, n, _ in w.compute.deletes] == ["e2e-node-1", "e2e-node-0"]
+    assert {a for _, _, a in w.compute.deletes} == {f"Bearer {md.token}"}
+    assert w.gcs is not None
+    names = {b.name for b in w.gcs.client().list_blobs(BUCKET, prefix=f"runs/{rid}/")}
+    for node in ("e2e-node-0", "e2e-node-1"):
+        assert f"runs/{rid}/{node}/torchrun.log" in names, sorted(names)
+        assert f"runs/{rid}/{node}/exitcode" in names, sorted(names)
+    assert f"runs/{rid}/e2e-node-0/summary.json" in names  # rank 0's out dir
+    capsys.readouterr()
+    assert w.run("status", "--stack", "e2e") == 0
+    out = capsys.readouterr().out
+    assert "VMs deleted by autodown at" in out and f"run {rid}" in out, out
+    assert w.run("down", "--stack", "e2e") == 0
+    home = w.dir / "runs" / "stack-e2e" / rid
+    summary = json.loads((home / "e2e-node-0" / "summary.json").read_text())
+    assert summary["steps"] == 60
+    assert (home / "e2e-node-1" / "torchrun.log").is_file()
+    assert_torn_down(w)
+
+
+def test_detached_run_returns_once_it_trains_and_autodown_ends_the_cluster(
+    cloud_world: tuple[World, FakeMetadata, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w, md, env = cloud_world
+    step = FirstStep(w)
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach", *env, "--", *TRAIN)
+    returned = time.time()
+    step.stop()
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    rid = run_id(w)
+    assert step.at is not None and returned - step.at <= 10, (step.at, returned)
+    print(f"detach: returned {returned - step.at:.2f} s after the first step")
+    assert f"gputrain logs --stack e2e --run {rid}" in out and "autodown armed" in out
+    assert "destroy" not in w.runner.call_names()  # nothing torn down by the controller
+    assert not [t for t in threading.enumerate() if t.name == "heartbeat"]  # it let go
+    assert_autodown_ending(w, md, rid, capsys)
+
+
+def test_a_controller_killed_mid_run_ends_the_same_way(
+    cloud_world: tuple[World, FakeMetadata, list[str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`up` here; `train` (not detached) in another process, killed with SIGKILL at the first
+    step: no teardown, no goodbye — the head's watchdog ends it after the job."""
+    w, md, env = cloud_world
+    assert w.run("up", "--stack", "e2e", "--yes", "--skip-preflight") == 0
+    state = tmp_path / "controller.json"
+    state.write_text(
+        json.dumps(
+            {
+                "outputs": w.runner.outputs(),
+                "config": w.runner.config,
+                "root": str(w.dir),
+                "runs": str(w.dir / "runs"),
+                "compute": w.compute.url,
+                "python": w.bed.python,
+                "autodown_s": AUTODOWN_S,
+                "argv": ["train", "--stack", "e2e", *env, "--", *TRAIN],
+            }
+        )
+    )
+    step = FirstStep(w)
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), str(state)],
+        cwd=w.dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while step.at is None and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.1)
+        assert step.at is not None, child.communicate(timeout=30)[0].decode()[-3000:]
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    step.stop()
+    assert_autodown_ending(w, md, run_id(w), capsys)
+
+
+def test_a_live_controller_keeps_its_cluster_through_a_link_drop(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job ends while the head's link is down for 20 s (autodown 30 s): the watchdog sees
+    an ended job and a silent controller, but not for long enough; the controller reconnects,
+    brings the results home and tears down itself."""
+    w = world(nodes=1, bucket=True)
+    w.gce.autodown_s = AUTODOWN_S
+    assert w.gcs is not None
+    finish = w.marker.parent / "finish"
+    (w.dir / "wait.py").write_text(
+        "import os, pathlib, time\n"
+        f"out = pathlib.Path(os.environ['GPUTRAIN_OUT']); out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'summary.json').write_text('{\"final_loss\": 1.0}')\n"
+        "print('waiting', flush=True)\n"
+        f"while not pathlib.Path({str(finish)!r}).exists(): time.sleep(0.1)\n"
+        "print('done', flush=True)\n"
+    )
+    head = w.bed.hosts
+
+    def drop_link() -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            logs = list((w.dir / "runs").glob("stack-e2e/LAST_RUN"))
+            if logs and w.node_hosts:
+                host = w.node_hosts["e2e-node-0"]
+                rid = logs[0].read_text().strip()
+                log = host.dir / "home" / ".gputrain" / "runs" / rid / "torchrun.log"
+                if log.is_file() and "waiting" in log.read_text(errors="replace"):
+                    time.sleep(2)  # the watchdog is armed, a heartbeat or two went through
+                    w.bed.set_link(host.name, False)
+                    finish.touch()  # the job ends during the drop
+                    time.sleep(20)
+                    w.bed.set_link(host.name, True)
+                    return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=drop_link, daemon=True)
+    t.start()
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", "wait.py",
+    )  # fmt: skip
+    t.join(timeout=60)
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    assert finish.exists() and head
+    assert w.compute.deletes == []  # the watchdog never deleted anything
+    assert_torn_down(w)  # the controller did, after bringing the results home
+    assert (w.dir / "runs" / "stack-e2e" / run_id(w) / "e2e-node-0" / "summary.json").is_file()

@@ -1,0 +1,213 @@
+"""The watchdog as it runs on the nodes (`python watchdog.py` in a run's directory, settings on
+stdin), against a real Cloud Storage emulator, the fake Compute API through the real
+google-cloud-compute client, and a fake metadata server for the VM's credentials: every node's
+results land in the bucket, and the head deletes the VMs — workers first, itself last, with the
+token the metadata server handed out — only once the job has ended everywhere and the
+controller's heartbeat has been silent for autodown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_compute import FakeCompute
+from tests.support.fake_metadata import FakeMetadata
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.http_sink import HttpSink
+
+WATCHDOG = Path(__file__).resolve().parents[2] / "trainer" / "watchdog.py"
+ZONE = "us-central1-a"
+NODES = [("wd-node-1", ZONE), ("wd-node-0", ZONE)]  # the head last
+
+
+@pytest.fixture
+def cloud(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[FakeCompute, FakeMetadata, GcsEmulator]]:
+    with (
+        FakeCompute() as compute,
+        FakeMetadata("gputrain-wd@gputrain-test.iam.gserviceaccount.com", "gputrain-test") as md,
+        GcsEmulator(bucket="gputrain-wd-bucket") as gcs,
+    ):
+        for name, zone in NODES:
+            compute.add_instance(name, zone, labels={"gputrain-stack": "wd"})
+        compute.required_token = md.token  # only the VM's own credentials may delete
+        yield compute, md, gcs
+
+
+def start(
+    run_dir: Path,
+    node: str,
+    autodown_s: float | None,
+    cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator],
+    notify: list[str] | None = None,
+) -> subprocess.Popen[str]:
+    compute, md, gcs = cloud
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "heartbeat").touch()
+    config = {
+        "stack": "wd",
+        "run_id": "r1",
+        "node": node,
+        "head": node == "wd-node-0",
+        "project": "gputrain-test",
+        "instances": [list(n) for n in NODES],
+        "bucket": "gs://gputrain-wd-bucket/team/",
+        "autodown_s": autodown_s,
+        "poll_s": 0.2,
+        "heartbeat_s": 0.3,
+        "notify": notify or [],
+        "env": {
+            "STORAGE_EMULATOR_HOST": gcs.url,
+            "GCE_METADATA_HOST": md.address,
+            "GCE_METADATA_IP": md.address,
+            "GPUTRAIN_COMPUTE_ENDPOINT": compute.url,
+        },
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GCE_", "GOOGLE_"))}
+    env["HOME"] = str(run_dir)  # no gcloud credentials of the machine running the tests
+    p = subprocess.Popen(
+        [sys.executable, str(WATCHDOG)],
+        cwd=run_dir,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert p.stdin is not None
+    p.stdin.write(json.dumps(config))
+    p.stdin.close()
+    return p
+
+
+def end_job(run_dir: Path, rc: int = 0) -> None:
+    (run_dir / "out").mkdir(exist_ok=True)
+    (run_dir / "out" / "summary.json").write_text('{"final_loss": 1.5}')
+    (run_dir / "logs" / "attempt_0").mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs" / "attempt_0" / "error.json").write_text("{}")
+    (run_dir / "torchrun.log").write_text("step 1/1 | loss 1.5\n")
+    (run_dir / "exitcode").write_text(f"{rc} {time.time()}\n")
+
+
+def wait(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    assert proc.stdout is not None
+    proc.wait(timeout=timeout)
+    return proc.stdout.read()
+
+
+def test_results_in_the_bucket_then_workers_deleted_before_the_head(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    compute, md, gcs = cloud
+    head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
+    sink = HttpSink().start()
+    head = start(head_dir, "wd-node-0", 2.0, cloud, [sink.url + "/hook/s3cr3t"])
+    worker = start(worker_dir, "wd-node-1", 2.0, cloud)
+    time.sleep(1.5)
+    assert compute.deletes == []  # the job runs: nothing happens, whatever the heartbeat says
+    end_job(worker_dir)
+    end_job(head_dir)
+    ended = time.time()
+    out_worker, out_head = wait(worker), wait(head)
+    assert worker.returncode == 0 and head.returncode == 0, out_worker + out_head
+    names = gcs.names("team/runs/r1/")
+    for node in ("wd-node-0", "wd-node-1"):
+        for f in ("summary.json", "torchrun.log", "exitcode", "torchrun-logs/attempt_0/error.json"):
+            assert f"team/runs/r1/{node}/{f}" in names, names
+    # workers first, the head last, each with the VM's own token
+    assert [(n, a) for _, n, a in compute.deletes] == [
+        ("wd-node-1", f"Bearer {md.token}"),
+        ("wd-node-0", f"Bearer {md.token}"),
+    ]
+    assert not compute.instances
+    record = json.loads(gcs.read("team/.gputrain/autodown.json"))
+    assert record["run_id"] == "r1" and record["instances"] == ["wd-node-1", "wd-node-0"]
+    assert ended - 1 <= record["job_ended_at"] <= record["deleted_at"] <= time.time()
+    # the controller was gone: the head said "finished" itself, then "autodown"
+    finished, down = sink.wait_for("finished", 5), sink.wait_for("autodown", 5)
+    sink.stop()
+    assert finished["run_id"] == "r1" and finished["stack"] == "wd" and finished["nodes"] == 2
+    assert finished["text"].startswith("gputrain finished: run r1 on wd")
+    assert down["text"].startswith("gputrain autodown: run r1 on wd; the job ended at")
+    assert "s3cr3t" not in out_head + out_worker
+
+
+def test_a_live_heartbeat_keeps_the_cluster_and_a_disarm_ends_the_watchdog(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    compute, _, gcs = cloud
+    head_dir = tmp_path / "head"
+    sink = HttpSink().start()
+    head = start(head_dir, "wd-node-0", 1.5, cloud, [sink.url])
+    end_job(head_dir)
+    for _ in range(20):  # 4 s of a controller that touches the heartbeat every 0.2 s
+        (head_dir / "heartbeat").touch()
+        time.sleep(0.2)
+    assert compute.deletes == []
+    assert "team/runs/r1/wd-node-0/summary.json" in gcs.names("team/")
+    (head_dir / "watchdog.disarm").touch()
+    out = wait(head, 10)
+    assert "disarmed" in out and compute.deletes == [] and len(compute.instances) == 2
+    assert sink.events() == []  # the controller is alive: it tells the webhooks itself
+    sink.stop()
+
+
+def test_a_stale_exit_code_from_an_earlier_attempt_is_not_the_end(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    compute, _, gcs = cloud
+    head_dir = tmp_path / "head"
+    head_dir.mkdir()
+    (head_dir / "exitcode").write_text("137 1\n")
+    os.utime(head_dir / "exitcode", (time.time() - 60, time.time() - 60))
+    head = start(head_dir, "wd-node-0", 1.0, cloud)
+    time.sleep(2.5)
+    assert compute.deletes == [] and not gcs.names("team/runs/")
+    (head_dir / "watchdog.disarm").touch()
+    wait(head, 10)
+
+
+def test_no_autodown_uploads_the_results_and_deletes_nothing(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    compute, _, gcs = cloud
+    head_dir = tmp_path / "head"
+    head = start(head_dir, "wd-node-0", None, cloud)
+    end_job(head_dir, rc=3)
+    out = wait(head, 30)
+    assert head.returncode == 0, out
+    assert compute.deletes == []
+    marker = json.loads(gcs.read("team/runs/r1/wd-node-0/.gputrain-ended.json"))
+    assert marker["exit_code"] == "3"
+
+
+def test_no_autodown_while_another_run_still_trains_on_the_node(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    compute, _, _ = cloud
+    other = tmp_path / "runs" / "r0"  # a detached run the user started before, still training
+    other.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    (other / "jobpid").write_text(str(sleeper.pid))
+    try:
+        head_dir = tmp_path / "runs" / "r1"
+        head = start(head_dir, "wd-node-0", 1.0, cloud)
+        end_job(head_dir)
+        time.sleep(4)
+        assert compute.deletes == []
+        sleeper.kill()
+        sleeper.wait()
+        (other / "exitcode").write_text("0 1\n")
+        out = wait(head, 30)
+        assert "run r0 still trains on this node" in out
+        assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"]
+    finally:
+        sleeper.kill()

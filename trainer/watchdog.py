@@ -1,0 +1,329 @@
+"""The stack run's watchdog, on every node: `python -m trainer.watchdog` in the run's directory
+(`.gputrain/runs/<run-id>/`), started detached by the controller like torchrun, its settings as
+one JSON object on stdin (so a webhook URL is never in argv or a file on the node).
+
+Every node: once this attempt's torchrun has ended (`exitcode`, newer than the watchdog), its out
+dir, torchrun.log, torchrun's logs and the exit code go to `<bucket>/runs/<run-id>/<node>/` (the
+layout `down` brings home), then an end marker. The head alone is autodown's dead man's switch:
+when every node has ended (its marker is there, or its VM is gone) and the controller's heartbeat
+(the mtime of `heartbeat`, touched over its SSH connection) is older than `autodown_s`, it writes
+`<bucket>/.gputrain/autodown.json` and deletes the stack's VMs through the Compute API with the
+VM's own service account (workers first, the head — itself — last).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HEARTBEAT = "heartbeat"
+EXITCODE = "exitcode"
+DISARM = "watchdog.disarm"  # the controller ends this run's watchdog (a relaunch, `run --keep`)
+ENDED = ".gputrain-ended.json"  # a node's marker beside its results in the bucket
+RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputrain status`
+COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
+
+
+@dataclass(frozen=True)
+class Config:
+    stack: str
+    run_id: str
+    node: str
+    head: bool
+    project: str
+    instances: tuple[tuple[str, str], ...]  # (name, zone), workers first, the head last
+    bucket: str  # gs://NAME/PREFIX/
+    autodown_s: float | None  # None: results only, never delete
+    poll_s: float = 2.0
+    env: tuple[tuple[str, str], ...] = ()
+    notify: tuple[str, ...] = ()  # webhook URLs (secrets: only ever in this process's memory)
+    heartbeat_s: float = 10.0  # the controller's beat: silent for 3 of them at the end = gone
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> Config:
+        return cls(
+            stack=str(data["stack"]),
+            run_id=str(data["run_id"]),
+            node=str(data["node"]),
+            head=bool(data["head"]),
+            project=str(data["project"]),
+            instances=tuple((str(n), str(z)) for n, z in data["instances"]),
+            bucket=str(data["bucket"]),
+            autodown_s=None if data.get("autodown_s") is None else float(data["autodown_s"]),
+            poll_s=float(data.get("poll_s", 2.0)),
+            env=tuple((str(k), str(v)) for k, v in dict(data.get("env") or {}).items()),
+            notify=tuple(str(u) for u in data.get("notify") or ()),
+            heartbeat_s=float(data.get("heartbeat_s", 10.0)),
+        )
+
+    @property
+    def bucket_name(self) -> str:
+        return self.bucket.removeprefix("gs://").split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        return self.bucket.removeprefix("gs://").partition("/")[2]
+
+    def node_prefix(self, node: str) -> str:
+        return f"{self.prefix}runs/{self.run_id}/{node}/"
+
+
+def log(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} watchdog: {text}", flush=True)
+
+
+def redact(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}/…"
+
+
+def notify(cfg: Config, event: str, text: str, **fields: Any) -> None:
+    """A JSON POST per webhook, 3 tries with backoff; a failure is one log line, nothing more."""
+    import urllib.request
+
+    body = {"event": event, "stack": cfg.stack, "run_id": cfg.run_id, **fields}
+    body |= {
+        "nodes": len(cfg.instances),
+        "text": f"gputrain {event}: run {cfg.run_id} on {cfg.stack}; {text}",
+    }
+    for url in cfg.notify:
+        for attempt in range(3):
+            request = urllib.request.Request(
+                url, data=json.dumps(body).encode(), method="POST",
+                headers={"Content-Type": "application/json", "User-Agent": "gputrain-watchdog"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    if 200 <= answer.status < 300:
+                        break
+            except Exception as e:
+                why = type(e).__name__
+            else:
+                why = f"HTTP {answer.status}"
+            if attempt == 2:
+                log(f"notify: {redact(url)} did not take {event!r} ({why})")
+            else:
+                time.sleep(1.0 + 2 * attempt)
+
+
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    """Rank 0's figures (the head's out/summary.json), when the trainer wrote one."""
+    try:
+        data = json.loads((run_dir / "out" / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    picked = {k: data[k] for k in ("final_loss", "tokens_per_s") if k in data}
+    return picked | ({"step": data["steps"]} if "steps" in data else {})
+
+
+def ended_at(run_dir: Path, since: float) -> float | None:
+    """When this attempt's torchrun ended (run.sh's exit code file), None while it runs."""
+    try:
+        mtime = (run_dir / EXITCODE).stat().st_mtime
+    except OSError:
+        return None
+    return mtime if mtime >= since - 1 else None
+
+
+def other_job_running(run_dir: Path) -> str | None:
+    """Another run on this node still training (its torchrun alive, no exit code): autodown
+    must not end the VMs under it. Its run id, or None."""
+    for other in run_dir.parent.iterdir():
+        if other == run_dir or (other / EXITCODE).exists() or not (other / "jobpid").is_file():
+            continue
+        try:
+            os.kill(int((other / "jobpid").read_text().strip()), 0)
+        except (OSError, ValueError):
+            continue
+        return other.name
+    return None
+
+
+def silence_s(run_dir: Path, now: float) -> float:
+    """Seconds since the controller's last heartbeat (the file's mtime, the head's own clock)."""
+    try:
+        return now - (run_dir / HEARTBEAT).stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
+def result_files(run_dir: Path) -> list[tuple[Path, str]]:
+    """(file, name under the node's prefix): what `download_results` brings home. Pure walk."""
+    out = []
+    for src, dest in (("out", ""), ("logs", "torchrun-logs/")):
+        base = run_dir / src
+        if base.is_dir():
+            out += [(p, dest + p.relative_to(base).as_posix()) for p in sorted(base.rglob("*"))]
+    out += [(run_dir / n, n) for n in ("torchrun.log", EXITCODE) if (run_dir / n).is_file()]
+    return [(p, name) for p, name in out if p.is_file()]
+
+
+def upload_results(cfg: Config, run_dir: Path, end: float, bucket: Any) -> int:
+    """This node's results, then its end marker (last: the head trusts what it names)."""
+    files = result_files(run_dir)
+    for path, name in files:
+        bucket.blob(cfg.node_prefix(cfg.node) + name).upload_from_filename(str(path))
+    code = (run_dir / EXITCODE).read_text().split()[:1]
+    marker = {"node": cfg.node, "ended_at": end, "exit_code": code[0] if code else None}
+    bucket.blob(cfg.node_prefix(cfg.node) + ENDED).upload_from_string(json.dumps(marker))
+    return len(files)
+
+
+def node_ends(cfg: Config, bucket: Any) -> dict[str, float]:
+    """node -> when its job ended, for every node whose marker is in the bucket."""
+    ends = {}
+    for name, _ in cfg.instances:
+        blob = bucket.blob(cfg.node_prefix(name) + ENDED)
+        if blob.exists():
+            ends[name] = float(json.loads(blob.download_as_bytes())["ended_at"])
+    return ends
+
+
+class Compute:
+    """The Compute API with this VM's credentials (its service account, from the metadata
+    server): what autodown needs and nothing more."""
+
+    def __init__(self, project: str) -> None:
+        from google.cloud import compute_v1
+
+        endpoint = os.environ.get(COMPUTE_ENDPOINT_ENV)
+        self.client = compute_v1.InstancesClient(
+            client_options={"api_endpoint": endpoint} if endpoint else None
+        )
+        self.project = project
+
+    def exists(self, name: str, zone: str) -> bool:
+        from google.api_core import exceptions
+
+        try:
+            status = self.client.get(project=self.project, zone=zone, instance=name).status
+        except exceptions.NotFound:
+            return False
+        return status not in ("STOPPING", "TERMINATED")
+
+    def delete(self, name: str, zone: str) -> None:
+        from google.api_core import exceptions
+
+        with contextlib.suppress(exceptions.NotFound):
+            self.client.delete_unary(project=self.project, zone=zone, instance=name)
+
+
+def autodown(
+    cfg: Config,
+    bucket: Any,
+    compute: Compute,
+    job_end: float,
+    *,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    gone_deadline_s: float = 300.0,
+) -> None:
+    """The record first (the head's delete ends this process), then the workers, waiting until
+    they are gone, then the head."""
+    now = clock()
+    record = {
+        "stack": cfg.stack,
+        "run_id": cfg.run_id,
+        "job_ended_at": job_end,
+        "deleted_at": now,
+        "autodown_s": cfg.autodown_s,
+        "instances": [n for n, _ in cfg.instances],
+    }
+    bucket.blob(cfg.prefix + RECORD).upload_from_string(json.dumps(record))
+    ended = time.strftime("%H:%M:%S", time.localtime(job_end))
+    notify(cfg, "autodown", f"the job ended at {ended}; deleting the stack's VMs", deleted_at=now)
+    *workers, (head, head_zone) = cfg.instances
+    for name, zone in workers:
+        log(f"deleting {name}")
+        compute.delete(name, zone)
+    end = clock() + gone_deadline_s
+    while any(compute.exists(n, z) for n, z in workers) and clock() < end:
+        sleep(1.0)
+    log(f"deleting {head} (this VM)")
+    compute.delete(head, head_zone)
+
+
+def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time) -> int:
+    """The watchdog's life: results in the bucket at the end, then (head) autodown."""
+    from google.cloud import storage
+
+    armed = clock()
+    bucket = storage.Client(project=cfg.project).bucket(cfg.bucket_name)
+    uploaded = False
+    compute: Compute | None = None
+    said_busy: str | None = None
+    while True:
+        if (run_dir / DISARM).exists():
+            log("disarmed by the controller")
+            return 0
+        end = ended_at(run_dir, armed)
+        if end is not None and not uploaded:
+            try:
+                n = upload_results(cfg, run_dir, end, bucket)
+                uploaded = True
+                log(f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/")
+                if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
+                    figures = summary_of(run_dir)  # the controller is gone: say it ourselves
+                    code = (run_dir / EXITCODE).read_text().split()[:1]
+                    event = "finished" if code == ["0"] else "failed"
+                    notify(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
+            except Exception as e:  # the network: try again next round
+                log(f"could not upload the results yet: {type(e).__name__}: {e}")
+        if uploaded and (not cfg.head or cfg.autodown_s is None):
+            return 0
+        if uploaded and cfg.autodown_s is not None:
+            quiet = silence_s(run_dir, clock())
+            if quiet >= cfg.autodown_s:
+                try:
+                    compute = compute or Compute(cfg.project)
+                    ends = node_ends(cfg, bucket)
+                    missing = [
+                        n for n, z in cfg.instances if n not in ends and compute.exists(n, z)
+                    ]
+                    waited = clock() - (end or clock())
+                    busy = other_job_running(run_dir)
+                    if busy:
+                        if busy != said_busy:
+                            log(f"run {busy} still trains on this node: no autodown yet")
+                        said_busy = busy
+                    elif not missing or waited >= cfg.autodown_s:
+                        if missing:
+                            log(f"no results from {', '.join(missing)}; deleting anyway")
+                        job_end = max([*ends.values(), end or clock()])
+                        log(
+                            f"job ended at {job_end:.0f}, controller silent for {quiet:.0f} s: "
+                            "autodown"
+                        )
+                        autodown(cfg, bucket, compute, job_end, clock=clock)
+                        return 0
+                except Exception as e:
+                    log(f"autodown failed this round: {type(e).__name__}: {e}")
+        time.sleep(cfg.poll_s)
+
+
+def main() -> int:
+    cfg = Config.parse(json.loads(sys.stdin.read()))
+    os.environ.update(dict(cfg.env))  # the job's environment (emulator and metadata hosts)
+    (Path.cwd() / "watchdog.pid").write_text(str(os.getpid()))
+    log(
+        f"armed for run {cfg.run_id} on {cfg.node}"
+        + (
+            f"; autodown after {cfg.autodown_s:.0f} s of silence"
+            if cfg.head and cfg.autodown_s
+            else ""
+        )
+    )
+    return watch(cfg, Path.cwd())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
