@@ -50,6 +50,7 @@ def build_node_command(
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
 RUN=$(pwd)
+rm -f "$RUN/run.sh"  # it holds the --env values: the shell reads it from its open descriptor
 PATH="$PATH:/usr/sbin:/sbin"
 HEAD={head}
 IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}')
@@ -78,11 +79,12 @@ exit $rc
 
 def build_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
     """Reads run.sh on stdin, snapshots the code, starts it in a new session (so a dropped SSH
-    connection cannot kill it) and prints its process-group id."""
+    connection cannot kill it) and prints its process-group id. Everything it and the job write
+    is private to the user (umask 077)."""
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
     return (
-        f"mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
+        f"umask 077; mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
         f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
         "rm -f exitcode pgid jobpid; "
         "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "
