@@ -337,14 +337,45 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: Variables the node's run script, torchrun or gputrain set: a --env value would break the run
+#: (PATH: the script's own commands) or be overwritten (the ranks), so they are refused.
+RESERVED_ENV = frozenset(
+    {
+        "PATH", "HOME", "SHELL", "USER", "PWD",
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+        "GPUTRAIN_OUT", "GPUTRAIN_RUN_ID", "GPUTRAIN_NODE_ROOT",
+    }
+)  # fmt: skip
+
+
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise UserError(f"--env {item!r}: expected NAME=VALUE with NAME a shell variable name")
+        if key in RESERVED_ENV:
+            raise UserError(
+                f"--env {key}=...: {key} is set on the node by the run script, torchrun or "
+                f"gputrain and cannot be replaced; allowed: any other name (reserved: "
+                f"{', '.join(sorted(RESERVED_ENV))})"
+            )
         env[key] = value
     return env
+
+
+def _project_dir(given: Path) -> Path:
+    """--dir: the Pulumi project at or above DIR; never silently another project."""
+    if not given.is_dir():
+        raise UserError(f"--dir {given}: no such directory; allowed: a directory with Pulumi.yaml")
+    root = find_project_root(given)
+    if not (root / "Pulumi.yaml").is_file() or not given.resolve().is_relative_to(root):
+        raise UserError(
+            f"--dir {given}: no Pulumi.yaml there or in a directory above it; allowed: the "
+            "Pulumi project directory (or one below it)"
+        )
+    return root
 
 
 def _entry(args: argparse.Namespace) -> tuple[str, ...]:
@@ -381,7 +412,7 @@ def main(
                 raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")
         settings = settings or Settings()
         if args.dir:
-            settings.root = find_project_root(Path(args.dir))
+            settings.root = _project_dir(Path(args.dir))
         return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
         print(f"gputrain: error: {exc}", file=sys.stderr, flush=True)
