@@ -13,6 +13,7 @@ from typing import Any
 
 from scripts import ui
 from scripts.guard import signal_guard
+from scripts.job.entry_check import check_entry
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Target
@@ -22,6 +23,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
     `healthcheck` (on what exists): verify, run the job, collect; then the summary."""
     started = time.monotonic()
+    check_entry(opts.entry or DEFAULT_ENTRY, Path.cwd())  # before anything is created
     with signal_guard() as guard:
         session_of = target.provisioned(opts, guard) if create else target.attached(opts)
         with session_of as session:

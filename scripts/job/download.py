@@ -9,19 +9,25 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scripts import ui
-from scripts.job.node_scripts import run_dir
+from scripts.job.node_scripts import build_collect_workdir_command, run_dir
 from scripts.job.records import JobResult
 from scripts.parallel import parallel
 from scripts.transport.base import Transport
 
 
 def download_results(transports: Mapping[str, Transport], run_id: str, results_dir: Path) -> None:
-    """Every node's out dir's files, torchrun.log, torchrun-logs/ and exitcode under
-    results_dir/<node>/; a node that cannot be reached is reported, not fatal."""
+    """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode and workdir/ (what the
+    job created or changed in its working directory) under results_dir/<node>/; a node that
+    cannot be reached is reported, not fatal."""
     d = run_dir(run_id)
 
     def one(name: str) -> None:
         dest = results_dir / name
+        collect = transports[name].run(build_collect_workdir_command(run_id), 120)
+        if not collect.ok:
+            ui.warn(
+                f"{name}: could not collect the job's working-directory files: {collect.stderr}"
+            )
         with tempfile.TemporaryDirectory(dir=results_dir, prefix=f".{name}-") as tmp:
             if not transports[name].download(d, Path(tmp), exclude=("./code", "./run.sh")):
                 return
@@ -31,6 +37,7 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
                 for p in (got / "out").iterdir():
                     p.rename(dest / p.name)
             for src, to in (
+                ("workdir", "workdir"),
                 ("torchrun.log", "torchrun.log"),
                 ("logs", "torchrun-logs"),
                 ("exitcode", "exitcode"),

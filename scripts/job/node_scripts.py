@@ -45,7 +45,7 @@ def build_node_command(
         "--tee", "3",
     ]  # fmt: skip
     argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
-    argv += " ".join(q(a) for a in job.entry)
+    argv += " ".join(entry_argument(a) for a in job.entry)
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
@@ -75,6 +75,33 @@ while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
 exit $rc
 """
+
+
+OUT_PLACEHOLDER = "{out}"
+
+
+def entry_argument(arg: str) -> str:
+    """One ENTRY argument for the shell, verbatim except that `{out}` becomes the run's out dir on
+    the node (`$GPUTRAIN_OUT`, which comes home); `{{out}}` is the literal text `{out}`."""
+    if OUT_PLACEHOLDER not in arg:
+        return shlex.quote(arg)
+    literal = "\0"
+    pieces = arg.replace("{{out}}", literal).split(OUT_PLACEHOLDER)
+    return '"$GPUTRAIN_OUT"'.join(shlex.quote(p.replace(literal, OUT_PLACEHOLDER)) for p in pieces)
+
+
+def build_collect_workdir_command(run_id: str) -> str:
+    """Hard-link into the run's workdir/ every file the job created or changed in its working
+    directory (the code snapshot, newer than the run's start), so third-party trainers that
+    write `out/ckpt.pt` beside their code have it come home; Python's caches are left out."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} 2>/dev/null && [ -f pgid ] || exit 0; rm -rf workdir; "
+        "find code -newer pgid -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -exec sh -c '"
+        'for f; do t="workdir/${f#code/}"; mkdir -p "$(dirname "$t")" && '
+        '{ ln -f "$f" "$t" 2>/dev/null || cp -p "$f" "$t"; }; done'
+        "' sh {} +"
+    )
 
 
 def build_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
