@@ -67,6 +67,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
+        force=getattr(args, "force", False) and args.command in TAKES_ENTRY,
     )
 
 
@@ -147,6 +148,16 @@ def cmd_logs(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_results(ctx: Context) -> int:
+    lifecycle.results(ctx.target, ctx.args.run_id, ctx.opts, ctx.settings)
+    return EXIT_OK
+
+
+def cmd_stop(ctx: Context) -> int:
+    lifecycle.stop(ctx.target, ctx.args.run_id, ctx.opts, ctx.settings)
+    return EXIT_OK
+
+
 def cmd_ssh(ctx: Context) -> int:
     command = list(ctx.args.remote_command or ())
     if command and command[0] == "--":
@@ -197,6 +208,12 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     ),
     "ssh": (cmd_ssh, "open a shell (or run a command) on a node, with its host key pinned"),
     "logs": (cmd_logs, "follow the logs of the last run on the target"),
+    "results": (
+        cmd_results,
+        "bring a run's results home (any target; finished or still running), e.g. after the "
+        "controller was killed",
+    ),
+    "stop": (cmd_stop, "stop a run on every node (default: the last), then bring results home"),
     "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
 }
 
@@ -271,13 +288,13 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
-        if name in TAKES_ENTRY | {"verify", "ssh", "logs"}:
+        if name in TAKES_ENTRY | {"verify", "ssh", "logs", "results", "stop"}:
             c.add_argument(
                 "--trust-new-hosts",
                 action="store_true",
                 help="(--hosts) record first-seen host keys into the hosts file's known_hosts",
             )
-        if name in TAKES_ENTRY | {"verify", "logs"}:
+        if name in TAKES_ENTRY | {"verify", "logs", "results", "stop"}:
             c.add_argument(
                 "--wait",
                 type=_seconds,
@@ -307,6 +324,15 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
         if name == "logs":
             c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the last one)")
+        if name in {"results", "stop"}:
+            c.add_argument("run_id", nargs="?", metavar="RUN", help="a run id (default: the last)")
+        if name in TAKES_ENTRY:
+            c.add_argument(
+                "--force",
+                action="store_true",
+                help="start even where another gputrain run is still training (two jobs on the "
+                "same GPUs)",
+            )
     return p
 
 

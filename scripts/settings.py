@@ -60,5 +60,7 @@ class Settings:
     def last_run(self, target: str) -> str:
         last = self.runs_dir / target / LAST_RUN
         if not last.is_file():
-            raise UserError(f"logs: no run recorded for {target}; pass --run RUN_ID")
+            raise UserError(
+                f"no run recorded for {target}; name the run (its id, e.g. {new_run_id()})"
+            )
         return last.read_text().strip()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -35,7 +36,7 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
             dest.mkdir(parents=True, exist_ok=True)
             if (got / "out").is_dir():
                 for p in (got / "out").iterdir():
-                    p.rename(dest / p.name)
+                    _replace(p, dest / p.name)
             for src, to in (
                 ("workdir", "workdir"),
                 ("torchrun.log", "torchrun.log"),
@@ -43,12 +44,19 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
                 ("exitcode", "exitcode"),
             ):
                 if (got / src).exists():
-                    (got / src).rename(dest / to)
+                    _replace(got / src, dest / to)
 
     results_dir.mkdir(parents=True, exist_ok=True)
     _, errors = parallel(list(transports), one)
     for name, e in errors.items():
         ui.warn(f"{name}: could not download results: {e}")
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Move src to dst, replacing what an earlier download of the same run left there."""
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    src.replace(dst)
 
 
 def write_job_record(result: JobResult) -> None:

@@ -142,6 +142,15 @@ def build_exitcode_command(run_id: str) -> str:
     )
 
 
+def build_running_command() -> str:
+    """The ids of this node's gputrain runs whose torchrun is still alive, one per line."""
+    return (
+        f"cd {RUNS_DIR} 2>/dev/null || exit 0; for d in */; do d=${{d%/}}; "
+        '[ -s "$d/jobpid" ] && [ ! -s "$d/exitcode" ] && kill -0 "$(cat "$d/jobpid")" '
+        '2>/dev/null && echo "$d"; done; true'
+    )
+
+
 def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
     """TERM the job's process group (torchrun forwards it to its workers), SIGKILL what is left
     of the whole process tree after the grace period (workers live in their own sessions)."""

@@ -35,6 +35,7 @@ class RunOptions:
     max_recoveries: int | None = None  # spot preemptions to recover from; None: 3 on spot, else 0
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
+    force: bool = False  # `run`/`train`: start even where another gputrain run is training
 
 
 class Session(Protocol):
@@ -59,6 +60,18 @@ class Session(Protocol):
 
     def ssh(self, node: str, command: Sequence[str]) -> int:
         """A shell or one command on a node (name or index); its exit status."""
+        ...
+
+    def running(self) -> dict[str, list[str]]:
+        """Where gputrain runs are still training: node (or job) -> run ids."""
+        ...
+
+    def results(self, run_id: str) -> Path:
+        """A run's results home (finished or not) into runs/<name>/<run-id>/; that directory."""
+        ...
+
+    def stop(self, run_id: str) -> None:
+        """Stop a run on every node (or cancel its job)."""
         ...
 
 
