@@ -68,12 +68,49 @@ cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
 echo $JOB > "$RUN/jobpid"
-# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+{_worker_watchdog(python, job.rdzv_port, nnodes)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
 exit $rc
+"""
+
+
+WATCH_INTERVAL_S = 5  # how often a worker asks whether the head's rendezvous still answers
+WATCH_REFUSALS = 3  # refusals in a row, after it once answered, that end the worker's job
+WATCH_GRACE_S = 10  # TERM, then SIGKILL of what is left after this long
+_PROBE = (
+    "import socket, sys\n"
+    "try: socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()\n"
+    "except ConnectionRefusedError: sys.exit(3)\n"
+    "except OSError: sys.exit(4)"
+)
+
+
+def _worker_watchdog(python: str, port: int, nnodes: int) -> str:
+    """On a worker: once the head's rendezvous store has answered, WATCH_REFUSALS refusals in a
+    row mean the head's job is gone (stopped, failed) while this node kept running — e.g. its link
+    came back after the controller gave up on it. Then the job is TERMed and SIGKILLed after
+    WATCH_GRACE_S, instead of hanging in a collective until the process-group timeout. A link that
+    is down (timeouts, no route) never counts: that is a partition, not an end."""
+    if nnodes < 2:
+        return ""
+    q = shlex.quote
+    return f"""if ! ip -o -4 addr show 2>/dev/null | grep -q " $HEAD/"; then (
+  seen=0; gone=0
+  while kill -0 $JOB 2>/dev/null; do
+    sleep {WATCH_INTERVAL_S}
+    {q(python)} -c {q(_PROBE)} "$HEAD" {port} 2>/dev/null; r=$?
+    case $r in 0) seen=1; gone=0;; 3) [ $seen = 1 ] && gone=$((gone+1));; *) gone=0;; esac
+    if [ $gone -ge {WATCH_REFUSALS} ]; then
+      echo "gputrain: the head's rendezvous $HEAD:{port} is gone; stopping this node's job"
+      T=$(ps -e -o pid= -o ppid= | awk -v r=$JOB '{{par[$1] = $2}} END {{keep[r] = 1; ch = 1; while (ch) {{ch = 0; for (x in par) if (!(x in keep) && (par[x] in keep)) {{keep[x] = 1; ch = 1}}}} for (x in keep) print x}}')
+      kill -TERM $T 2>/dev/null; i=0
+      while kill -0 $JOB 2>/dev/null && [ $i -lt {WATCH_GRACE_S * 5} ]; do sleep 0.2; i=$((i+1)); done
+      kill -KILL $T 2>/dev/null; break
+    fi
+  done ) & fi
 """
 
 
