@@ -106,13 +106,13 @@ def collect_sources(workdir: Path, packages: Mapping[str, Path] | None = None) -
         if "\n" in rel or "\0" in rel:
             raise UserError(f"cannot upload a file whose name holds a newline: {rel!r}")
     results = results_dirs(files)
-    in_results = [rel for rel in files if any(rel.startswith(d) for d in results)]
+    in_results = {rel for rel in files if any(rel.startswith(d) for d in results)}
     if in_results:
         ui.say(
             f"upload: not sending {', '.join(sorted(results))} ({len(in_results)} file(s): "
             "gputrain's own results, never code; add it to .gitignore)"
         )
-    files = {rel: p for rel, p in files.items() if rel not in set(in_results)}
+    files = {rel: p for rel, p in files.items() if rel not in in_results}
     skipped = never_upload(files, workdir)
     if skipped:
         shown = ", ".join(f"{rel} ({why})" for rel, why in sorted(skipped.items()))
