@@ -31,11 +31,11 @@ typecheck: venv
 
 test: apt venv lint typecheck
 	@# Two pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):
-	@# the sshd test bed's tests, and the rest. Both must pass (5: PYTEST_ARGS selected none of
-	@# one kind); the bed's output follows.
+	@# tests/testbed (everything that needs the sshd test bed) and the rest. Both must pass (5:
+	@# PYTEST_ARGS, e.g. -k, selected none of one kind); the bed's output follows.
 	@bed_log=$$(mktemp); \
-	$(VENV)/bin/python -m pytest -q -ra -m testbed $(PYTEST_ARGS) > "$$bed_log" 2>&1 & bed=$$!; \
-	GPUTRAIN_SKIP_TRACE_CHECK=1 $(VENV)/bin/python -m pytest -q -ra -m "not testbed" $(PYTEST_ARGS); \
+	$(VENV)/bin/python -m pytest -q -ra tests/testbed $(PYTEST_ARGS) > "$$bed_log" 2>&1 & bed=$$!; \
+	GPUTRAIN_SKIP_TRACE_CHECK=1 $(VENV)/bin/python -m pytest -q -ra tests --ignore=tests/testbed $(PYTEST_ARGS); \
 	rest=$$?; wait $$bed; bed_rc=$$?; \
 	echo "--- the SSH test bed's tests (run alongside the above) ---"; cat "$$bed_log"; rm -f "$$bed_log"; \
 	case "$$rest $$bed_rc" in "0 0"|"0 5"|"5 0") ;; *) exit 1 ;; esac

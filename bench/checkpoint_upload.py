@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' emulator helper
 
-from tests.gcs_emulator import GcsEmulator
+from tests.support.gcs_emulator import GcsEmulator
 from trainer import checkpoint
 from trainer.storage import CheckpointStore, GsUri, Uploader
 

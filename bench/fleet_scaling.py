@@ -23,8 +23,8 @@ from scripts import ui
 from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
-from scripts.verify import verify_gpus
-from tests.testbed import GpuConfig, TestBed
+from scripts.verify.gpus import verify_gpus
+from tests.support.testbed import GpuConfig, TestBed
 
 STUB = f"""#!/bin/sh
 # bench stand-in for python: real interpreter for -c checks, a trivial job instead of torchrun

@@ -2,9 +2,9 @@
 killed, the fake Compute API saying "preempted") to the first training step of the relaunched
 run, and how many steps were trained twice.
 
-Each round is a real `gputrain run --stack` (tests/stack_world.py: FakeStackRunner + fake Compute
-server + Cloud Storage emulator on the bridge) of the tiny preset on 2 test hosts, checkpointing
-every 10 steps; node 2 is preempted once a checkpoint at step >= 20 is in the bucket. What is
+Each round is a real `gputrain run --stack` (tests/support/stack_world.py: FakeStackRunner + fake
+Compute server + Cloud Storage emulator on the bridge) of the tiny preset on 2 test hosts,
+checkpointing every 10 steps; node 2 is preempted once a checkpoint at step >= 20 is in the bucket. What is
 measured is the controller's path — detect, ask the API, stop the survivor, refresh + up, pin the
 new host key, connect, verify, upload, relaunch, resume from the bucket — not GCE's VM boot (a
 real re-created VM adds its boot time, minutes). Needs root and openssh-server (like the tests).
@@ -25,8 +25,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts import ui
-from tests.stack_world import world_factory
-from tests.testbed import TestBed
+from tests.support.stack_world import world_factory
+from tests.support.testbed import TestBed
 
 TRAIN = ["--preset", "tiny", "--steps", "200", "--checkpoint-every", "10", "--log-every", "1"]
 TRAIN += ["--eval-batches", "0"]

@@ -95,7 +95,7 @@ OPERATIONS = (
     "compute.globalOperations.get",
 )
 
-#: The controller's reads: preflight, host keys, status, sweep (infra/compute.py).
+#: The controller's reads: preflight, host keys, status, sweep (infra/gcp/compute.py).
 CONTROLLER_READS = (
     "compute.projects.get",
     "compute.regions.get",

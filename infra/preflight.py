@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from infra.catalog import quota_console_url, region_of
-from infra.compute import AcceleratorTypeInfo, ComputeApiError, ImageInfo, MachineTypeInfo, Quota
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+
+from infra.gcp.compute import (
+    AcceleratorTypeInfo,
+    ComputeApiError,
+    ImageInfo,
+    MachineTypeInfo,
+    Quota,
+)
 
 Status = Literal["ok", "warn", "fail"]
 GLOBAL = "global"
@@ -364,3 +374,30 @@ def check_image(req: PreflightRequest, image: ImageInfo | None) -> list[CheckRes
             )
         )
     return rows
+
+
+def request_for(spec: ClusterSpec) -> PreflightRequest:
+    """What preflight asks the Compute API about a stack (GCE, or Vertex AI's region). Pure."""
+    assert spec.project is not None  # require_deployable ran first
+    fabric = spec.fabric if spec.fabric is not None and spec.fabric.enabled else None
+    return PreflightRequest(
+        project=spec.project,
+        zone=spec.zone,
+        machine_type=spec.machine_type,
+        accelerator=spec.accelerator,
+        gpus_per_node=spec.gpus_per_node,
+        nodes=spec.nodes,
+        spot=spec.preemptible_quota,
+        vcpus_per_node=spec.vcpus,
+        gpu_quota_metric=spec.gpu_quota_metric,
+        cpu_quota_metric=spec.cpu_quota_metric,
+        image_project=spec.image_project,
+        image_family=spec.image_family,
+        boot_disk_gb=spec.boot_disk_gb,
+        is_n1=spec.attach_gpus,
+        max_run_duration_s=spec.max_run_duration_s,
+        reservation=spec.reservation,
+        networks=fabric.networks_needed if fabric else 0,
+        subnetworks=fabric.subnetworks_needed if fabric else 0,
+        roce=fabric is not None and fabric.kind == "rdma",
+    )

@@ -1,14 +1,14 @@
 """Preflight rows for capacity and the GPU fabric (issue 16): the reservation exists in the zone
 with enough free VMs of the machine type, the zone has the RoCE network profile, and the project
 has NETWORKS / SUBNETWORKS quota for the VPCs the stack creates. Pure: each judges what the
-Compute API returned (infra/compute_capacity.py)."""
+Compute API returned (infra/gcp/compute_capacity.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from infra.compute import Quota
-from infra.compute_capacity import ReservationInfo
+from infra.gcp.compute import Quota
+from infra.gcp.compute_capacity import ReservationInfo
 from infra.preflight import GLOBAL, CheckResult, PreflightRequest, check_quota
 
 

@@ -169,11 +169,34 @@ def _as_config_string(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def load_stack_config(root: Path, stack: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class StackSecrets:
+    """What a stack file says about its secrets (nothing is decrypted)."""
+
+    secure_keys: tuple[str, ...]  # keys stored as `secure:` values, e.g. gputrain:sshPrivateKey
+    encrypted: bool  # an `encryptionsalt`: the passphrase provider holds (or held) a secret
+    provider: str | None  # `secretsprovider`, e.g. gcpkms://...; None: the backend's default
+
+    @property
+    def any(self) -> bool:
+        return bool(self.secure_keys) or self.encrypted
+
+
+@dataclass(frozen=True)
+class StackFile:
+    """A stack's settings and what its file says of secrets, from one read of each file: every
+    command reads it once and hands it on (backend choice, spec, doctor)."""
+
+    stack: str
+    config: dict[str, str]  # Pulumi.yaml defaults merged with Pulumi.<stack>.yaml
+    secrets: StackSecrets
+
+
+def read_stack_file(root: Path, stack: str) -> StackFile:
     """Pulumi.yaml defaults merged with Pulumi.<stack>.yaml: fully qualified keys, string values.
 
     Secure (encrypted) values are skipped: only the CLI can decrypt them, and the program never
-    needs the one we store (sshPrivateKey).
+    needs the one we store (sshPrivateKey); `secrets` says which keys hold them.
     """
     project_file = root / "Pulumi.yaml"
     stack_file = root / f"Pulumi.{stack}.yaml"
@@ -182,8 +205,9 @@ def load_stack_config(root: Path, stack: str) -> dict[str, str]:
         raise SpecError(
             f"stack = {stack!r}: there is no {stack_file.name} in {root} (stacks: {', '.join(known) or 'none'})"
         )
-    project = _config_section(project_file, stack)
-    stack_section = _config_section(stack_file, stack)
+    project = _config_section(_read_yaml(project_file, stack), project_file, stack)
+    stack_doc = _read_yaml(stack_file, stack)
+    stack_section = _config_section(stack_doc, stack_file, stack)
     check_stack_section(stack_section, stack_file.name, stack)
     merged: dict[str, str] = {}
     for key, decl in project.items():
@@ -200,14 +224,19 @@ def load_stack_config(root: Path, stack: str) -> dict[str, str]:
         if isinstance(value, dict) and "secure" in value:
             continue
         merged[qualify(key)] = _as_config_string(value)
-    return merged
+    return StackFile(stack, merged, _secrets_of(stack_doc))
 
 
-def _config_section(path: Path, stack: str) -> dict[str, Any]:
-    """The `config:` mapping of a Pulumi YAML file, or a one-line SpecError naming the file and
-    what is wrong (unreadable, not UTF-8, not YAML, not a mapping, keys that are not strings)."""
+def load_stack_config(root: Path, stack: str) -> dict[str, str]:
+    """The merged settings alone (see read_stack_file)."""
+    return read_stack_file(root, stack).config
+
+
+def _read_yaml(path: Path, stack: str) -> Any:
+    """A Pulumi YAML file, or a one-line SpecError naming the file (unreadable, not UTF-8, not
+    YAML)."""
     try:
-        doc = read_yaml(path.read_bytes().decode("utf-8"))
+        return read_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise SpecError(
             f"stack = {stack!r}: {path.name} is not UTF-8 text (byte {exc.start}); "
@@ -216,6 +245,11 @@ def _config_section(path: Path, stack: str) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as exc:
         detail = " ".join(str(exc).split())
         raise SpecError(f"stack = {stack!r}: cannot read {path.name}: {detail}") from exc
+
+
+def _config_section(doc: Any, path: Path, stack: str) -> dict[str, Any]:
+    """The `config:` mapping of a Pulumi YAML document, or a one-line SpecError naming the file
+    and what is wrong (not a mapping, keys that are not strings)."""
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -279,25 +313,7 @@ def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class StackSecrets:
-    """What a stack file says about its secrets (nothing is decrypted)."""
-
-    secure_keys: tuple[str, ...]  # keys stored as `secure:` values, e.g. gputrain:sshPrivateKey
-    encrypted: bool  # an `encryptionsalt`: the passphrase provider holds (or held) a secret
-    provider: str | None  # `secretsprovider`, e.g. gcpkms://...; None: the backend's default
-
-    @property
-    def any(self) -> bool:
-        return bool(self.secure_keys) or self.encrypted
-
-
-def stack_secrets(root: Path, stack: str) -> StackSecrets:
-    """The secrets of Pulumi.<stack>.yaml (an unreadable file has none: load_stack_config says why)."""
-    try:
-        doc = read_yaml((root / f"Pulumi.{stack}.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        doc = {}
+def _secrets_of(doc: Any) -> StackSecrets:
     doc = doc if isinstance(doc, dict) else {}
     config = doc.get("config")
     config = config if isinstance(config, dict) else {}

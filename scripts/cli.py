@@ -6,6 +6,7 @@ in the commands that use them, so `gputrain --help` answers at once.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from scripts.targets.base import RunOptions
 if TYPE_CHECKING:
     from scripts.targets.base import Target
     from scripts.targets.gce.clients import GceClients
-    from scripts.targets.vertex_clients import VertexClients
+    from scripts.targets.vertex.clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
 NO_TARGET_NEEDED = {"doctor", "gpus"}
@@ -40,7 +41,7 @@ class Context:
     gce: GceClients | None
     vertex: VertexClients | None = None
 
-    @property
+    @functools.cached_property
     def target(self) -> Target:
         from scripts.targets import open_target
 
@@ -82,10 +83,14 @@ Handler = Callable[[Context], int]
 
 def cmd_doctor(ctx: Context) -> int:
     """Everything a first `up` needs, at once; exit 1 when a row fails."""
+    from infra.stackfile import read_stack_file
     from scripts.doctor.run import run_doctor
     from scripts.targets.gce.clients import GceClients
 
-    report = run_doctor(ctx.args.stack, ctx.settings.root, ctx.gce or GceClients())
+    stack = ctx.args.stack
+    report = run_doctor(
+        read_stack_file(ctx.settings.root, stack) if stack else None, ctx.gce or GceClients()
+    )
     report.show()
     return EXIT_FAILED if report.failures else EXIT_OK
 

@@ -1,6 +1,5 @@
-"""Shared fixtures. `testbed`: the sshd test hosts (session-wide, machine-wide lock); `tb`: the
-same, removing the hosts a test added when it ends. In CI (CI=true) a test bed that cannot be
-set up fails the suite; elsewhere the tests skip with the reason.
+"""Shared fixtures: the fake Compute API and its production adapter, a Cloud Storage emulator (the
+sshd test bed's fixtures are in tests/testbed/conftest.py, for the tests in that folder only).
 
 The suite leaves the machine as it found it: child processes (torchrun, the trainer, gputrain)
 get a TMPDIR the session removes at its end, and the session's end checks that nothing new is in
@@ -12,16 +11,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from infra.compute import ComputeApi
-from tests.fake_compute import FakeCompute
-from tests.gcs_emulator import GcsEmulator
-from tests.stack_world import World, world_factory
-from tests.testbed import TestBed, TestBedUnavailable
+from infra.gcp.compute import ComputeApi
+from tests.support.fake_compute import FakeCompute
+from tests.support.gcs_emulator import GcsEmulator
 
 _SESSION = pytest.StashKey[
     tuple[str, str | None, set[str]]
@@ -51,13 +48,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     else:
         os.environ["TMPDIR"] = before
     shutil.rmtree(session_tmp, ignore_errors=True)
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Every test of the sshd test bed is marked `testbed`, also those that reach it through a
-    fixture: `make test` runs them in a second pytest beside the rest (the bed is machine-wide)."""
-    if "testbed" in getattr(item, "fixturenames", ()):
-        item.add_marker(pytest.mark.testbed)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -96,29 +86,6 @@ def _no_real_cloud_storage() -> Iterator[None]:
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
 
 
-@pytest.fixture(scope="session")
-def testbed() -> Iterator[TestBed]:
-    bed = TestBed()
-    try:
-        bed.start()
-    except (TestBedUnavailable, OSError) as e:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"SSH test bed could not be set up in CI: {e}")
-        pytest.skip(f"SSH test bed unavailable: {e}")
-    try:
-        yield bed
-    finally:
-        bed.close()
-
-
-@pytest.fixture
-def tb(testbed: TestBed) -> Iterator[TestBed]:
-    before = set(testbed.hosts)
-    yield testbed
-    for name in [n for n in list(testbed.hosts)[::-1] if n not in before]:
-        testbed.remove_host(name)
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeCompute]:
     """The local fake of the Compute REST API, seeded from the facts sheet."""
@@ -138,11 +105,3 @@ def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsEmulator]:
     with GcsEmulator() as emulator:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
         yield emulator
-
-
-@pytest.fixture
-def world(
-    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., World]]:
-    """make(nodes=2, ...) -> a `--stack e2e` world on the test bed (tests/stack_world.py)."""
-    yield from world_factory(tb, tmp_path, monkeypatch)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.trainer_helpers import ROOT, child_env, free_port
+from tests.support.trainer_helpers import ROOT, child_env, free_port
 
 APT_INSTALL = ROOT / ".ci" / "apt-install"
 
@@ -128,7 +128,3 @@ def test_torchrun_temp_dirs_stay_in_the_sessions_tmpdir(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(set(session_tmp.glob("torchelastic_*")) - before) == 1
-
-
-def test_makefile_uses_the_apt_step() -> None:
-    assert "\t@.ci/apt-install $(APT_PKGS)" in (ROOT / "Makefile").read_text()

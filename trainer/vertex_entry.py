@@ -145,7 +145,7 @@ def expand_out(arg: str, out: str) -> str:
 def code_root() -> Path:
     """The working directory the job's package carries (gputrain_code/files), else this one."""
     try:
-        import gputrain_code  # only in the job's package (scripts/targets/vertex_job.py)
+        import gputrain_code  # only in the job's package (scripts/targets/vertex/job.py)
     except ImportError:
         return Path.cwd()
     return Path(gputrain_code.ROOT)

@@ -3,7 +3,7 @@ the user's existing one — and the nodes' right to use that bucket and no other
 
 The stack's own bucket is not `force_destroy`: a plain `pulumi destroy` refuses to delete
 checkpoints nobody has downloaded. `gputrain down` downloads the runs' results first, then empties
-it, then destroys (scripts/targets/gce/bucket.py).
+it, then destroys (scripts/targets/stack/bucket.py).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
+from infra.outputs import Key, NodeKey
 from infra.prices import price_table
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
@@ -155,7 +156,7 @@ class GpuCluster(pulumi.ComponentResource):
         self.register_outputs(self._exports)
 
     def exports(self) -> dict[str, Any]:
-        """The stack outputs the controller reads (never the private key)."""
+        """The stack outputs the controller reads (never the private key): infra/outputs.py."""
         return dict(self._exports)
 
     def _build_exports(self) -> dict[str, Any]:
@@ -166,40 +167,40 @@ class GpuCluster(pulumi.ComponentResource):
             )
             for i, vm in enumerate(self.instances)
         ]
-        head = nodes[0].apply(lambda n: n["externalIp"] or n["internalIp"])
+        head = nodes[0].apply(lambda n: n[NodeKey.EXTERNAL_IP] or n[NodeKey.INTERNAL_IP])
         return {
             **shape_exports(spec, self.bucket),
-            "zone": spec.zone,
-            "gpuModel": spec.gpu_model,
-            "gpuMemoryGb": spec.gpu_memory_gb,
-            "sshUser": spec.ssh_user,
-            "image": self.image_self_link,
-            "headAddress": head,
-            "nodes": pulumi.Output.all(*nodes),
+            Key.ZONE: spec.zone,
+            Key.GPU_MODEL: spec.gpu_model,
+            Key.GPU_MEMORY_GB: spec.gpu_memory_gb,
+            Key.SSH_USER: spec.ssh_user,
+            Key.IMAGE: self.image_self_link,
+            Key.HEAD_ADDRESS: head,
+            Key.NODES: pulumi.Output.all(*nodes),
         }
 
 
 def shape_exports(spec: ClusterSpec, bucket: StackBucket) -> dict[str, Any]:
     """The outputs every backend exports: where, what shape, its price and TTL, the bucket."""
     return {
-        "stack": spec.stack,
-        "project": spec.project,
-        "region": spec.region,
-        "machineType": spec.machine_type,
-        "accelerator": spec.accelerator,
-        "gpusPerNode": spec.gpus_per_node,
-        "spot": spec.spot,
-        "maxRunDuration": spec.max_run_duration,
-        "maxRunDurationSeconds": spec.max_run_duration_s,
-        "nodeCount": spec.nodes,
-        "gpusTotal": spec.gpus_per_node * spec.nodes,
-        "gpusRequest": spec.gpus_request,  # "" when the stack names its machineType
-        "hourlyPricePerNodeUsd": _rounded(spec.hourly_price_per_node),
-        "hourlyPriceUsd": _rounded(spec.hourly_price_per_node, spec.nodes),
-        "priceAsOf": price_table().date,
-        "bucket": bucket.name,
-        "bucketPrefix": spec.bucket_prefix,
-        "bucketOwned": spec.existing_bucket is None,
+        Key.STACK: spec.stack,
+        Key.PROJECT: spec.project,
+        Key.REGION: spec.region,
+        Key.MACHINE_TYPE: spec.machine_type,
+        Key.ACCELERATOR: spec.accelerator,
+        Key.GPUS_PER_NODE: spec.gpus_per_node,
+        Key.SPOT: spec.spot,
+        Key.MAX_RUN_DURATION: spec.max_run_duration,
+        Key.MAX_RUN_DURATION_S: spec.max_run_duration_s,
+        Key.NODE_COUNT: spec.nodes,
+        Key.GPUS_TOTAL: spec.gpus_per_node * spec.nodes,
+        Key.GPUS_REQUEST: spec.gpus_request,  # "" when the stack names its machineType
+        Key.HOURLY_PRICE_PER_NODE: _rounded(spec.hourly_price_per_node),
+        Key.HOURLY_PRICE: _rounded(spec.hourly_price_per_node, spec.nodes),
+        Key.PRICE_AS_OF: price_table().date,
+        Key.BUCKET: bucket.name,
+        Key.BUCKET_PREFIX: spec.bucket_prefix,
+        Key.BUCKET_OWNED: spec.existing_bucket is None,
     }
 
 
@@ -211,11 +212,11 @@ def _node_export(values: list[Any], index: int) -> dict[str, Any]:
     configs = _field(nic, "access_configs") or []
     external = _field(configs[0], "nat_ip") if configs else None
     return {
-        "name": name,
-        "zone": zone,
-        "internalIp": internal,
-        "externalIp": external or None,
-        "role": "head" if index == 0 else "worker",
+        NodeKey.NAME: name,
+        NodeKey.ZONE: zone,
+        NodeKey.INTERNAL_IP: internal,
+        NodeKey.EXTERNAL_IP: external or None,
+        NodeKey.ROLE: "head" if index == 0 else "worker",
     }
 
 

@@ -13,6 +13,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.components.cluster import shape_exports, stack_bucket, stack_identity
+from infra.outputs import Key
 from infra.spec import ClusterSpec
 from infra.stackfile import SpecError
 
@@ -61,8 +62,10 @@ class VertexStack(pulumi.ComponentResource):
         )
         return {
             **shape_exports(spec, self.bucket),
-            "backend": "vertex",
-            "serviceAccount": pulumi.Output.all(self.identity.email, ready).apply(lambda v: v[0]),
-            "replicas": spec.nodes,  # chief + workers (GCE's `nodes` lists VMs)
-            "executorImage": spec.executor_image,
+            Key.BACKEND: "vertex",
+            Key.SERVICE_ACCOUNT: pulumi.Output.all(self.identity.email, ready).apply(
+                lambda v: v[0]
+            ),
+            Key.REPLICAS: spec.nodes,  # chief + workers (GCE's `nodes` lists VMs)
+            Key.EXECUTOR_IMAGE: spec.executor_image,
         }

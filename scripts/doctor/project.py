@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.compute import ComputeApi
-from infra.gcp_api import GoogleApiError
+from infra.gcp.api import GoogleApiError
+from infra.gcp.compute import ComputeApi
+from infra.gcp.project_api import ProjectApi
 from infra.permissions import roles_for
 from infra.preflight import GLOBAL, check_quota
-from infra.project_api import ProjectApi
 from scripts.doctor.report import Row
 
 CORE_APIS = (

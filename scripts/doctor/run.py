@@ -11,26 +11,31 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from scripts.doctor.report import DoctorReport, Row
 
 if TYPE_CHECKING:
-    from scripts.targets.gce.clients import GceClients
+    from infra.spec import ClusterSpec
+    from infra.stackfile import StackFile
+    from scripts.targets.stack.clients import StackClients
 
 
-def run_doctor(stack: str | None, root: Path, clients: GceClients) -> DoctorReport:
-    """All rows for `stack` (None: the rows that need no stack; the rest say "no stack given").
-    A stack file that does not parse is a UserError, as for every command."""
+def run_doctor(
+    stack_file: StackFile | None, clients: StackClients, spec: ClusterSpec | None = None
+) -> DoctorReport:
+    """All rows for the stack (None: the rows that need no stack; the rest say "no stack
+    given"). `spec`: the stack file's spec when the caller parsed it already. A stack file that
+    does not parse is a UserError, as for every command."""
     from infra.fields import whole_internet
     from infra.permissions import all_permissions, required_permissions, spec_resource_types
     from infra.spec import parse_spec
-    from infra.stackfile import load_stack_config, stack_secrets
     from scripts.doctor import machine, project, settings
 
-    spec = parse_spec(load_stack_config(root, stack), stack) if stack else None
-    secrets = stack_secrets(root, stack) if stack else None
+    stack = stack_file.stack if stack_file else None
+    secrets = stack_file.secrets if stack_file else None
+    if stack_file is not None and spec is None:
+        spec = parse_spec(stack_file.config, stack_file.stack)
     vertex = spec is not None and spec.on_vertex
     if spec is None:
         permissions, source = all_permissions(), "what any stack may need"

@@ -1,10 +1,6 @@
 """The shell that runs on the nodes: the run script every node starts (detached, its own session),
 and the commands that start, follow, read the exit code of and stop it. Pure: strings only.
-
-Node layout (relative to the node root, see transport/base.NODE_ROOT_SH):
-``.gputrain/code/`` synced code; ``.gputrain/nccl.env`` the GPU network's NCCL env (if set up); ``.gputrain/runs/<run-id>/`` holds run.sh, pgid, torchrun.log,
-exitcode ("<rc> <unix time>"), out/ (GPUTRAIN_OUT), logs/ (torchrun --log-dir) and code/ (a
-hard-link snapshot of the code the run started with).
+Where things are on the node: scripts/node_layout.py.
 """
 
 from __future__ import annotations
@@ -12,15 +8,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from scripts.fabric_setup import NCCL_ENV_FILE
 from scripts.job.records import Job
-from scripts.job.sync import CODE_DIR
-
-RUNS_DIR = ".gputrain/runs"
-
-
-def run_dir(run_id: str) -> str:
-    return f"{RUNS_DIR}/{run_id}"
+from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, RUNS_DIR, run_dir
 
 
 def build_node_command(

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 from infra.base.errors import GputrainError, UserError
-from scripts.job.sync import CODE_DIR, DEFAULT_MAX_UPLOAD_MIB
+from scripts.job.sync import DEFAULT_MAX_UPLOAD_MIB
+from scripts.node_layout import CODE_DIR
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import UserError
 from scripts import ui
+from scripts.node_layout import CODE_DIR, NODE_STATE
 from scripts.settings import RESULTS_MARKER
 from scripts.transport.base import Transport, TransportError
 from scripts.transport.tar import tar_files, unpack_command
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     import pathspec
 
 DEFAULT_MAX_UPLOAD_MIB = 200
-NODE_STATE = ".gputrain"  # a node's code and runs live under <node root>/.gputrain/
 SKIP_DIRS = {
     ".git",
     ".venv",
@@ -38,7 +38,6 @@ SKIP_DIRS = {
 }
 MANIFEST = ".gputrain-manifest.json"
 DELETE_LIST = ".gputrain-delete"
-CODE_DIR = f"{NODE_STATE}/code"
 
 
 @dataclass(frozen=True)

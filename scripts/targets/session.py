@@ -21,7 +21,7 @@ from scripts.settings import Settings
 from scripts.transport.base import Transport
 
 if TYPE_CHECKING:
-    from scripts.fabric_verify import FabricCheck
+    from scripts.verify.fabric import FabricCheck
 
 
 class FleetSession:
@@ -82,7 +82,7 @@ class FleetSession:
     def verify(self, fabric: bool = False) -> None:
         """The GPUs; with `fabric`, then the GPU network of a multi-node stack: node setup
         (idempotent) and `verify --fabric`, before any training."""
-        from scripts.verify import verify_gpus
+        from scripts.verify.gpus import verify_gpus
 
         verify_gpus(self.fleet, self.transports, deadline_s=self.settings.verify_deadline_s)
         if not fabric or len(self.fleet.nodes) < 2:
@@ -90,8 +90,8 @@ class FleetSession:
         if self.fabric is None:
             ui.say(f"{self.name}: no GPU network to set up or verify (one NIC per node)")
             return
-        from scripts.fabric_verify import setup_fabric, verify_fabric
         from scripts.settings import new_run_id
+        from scripts.verify.fabric import setup_fabric, verify_fabric
 
         setup_fabric(self.fleet, self.transports, self.fabric.kind)
         run_id = f"verify-fabric-{new_run_id()}"

@@ -13,9 +13,6 @@ from typing import Protocol
 
 from infra.base.errors import GputrainError
 
-NODE_ROOT_SH = '"${GPUTRAIN_NODE_ROOT:-$HOME}"'
-"""Shell expression for the directory every command starts in (relative paths are under it)."""
-
 LineCallback = Callable[[str], None]
 
 

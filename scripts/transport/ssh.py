@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from infra.base.records import Node
 from infra.base.retry import GaveUp, poll_until
+from scripts.node_layout import NODE_ROOT_SH
 from scripts.transport.base import (
-    NODE_ROOT_SH,
     CommandResult,
     ConnectionLostError,
     LineCallback,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from infra.spec import parse_spec
-from infra.stackfile import SpecError, load_stack_config, stack_secrets
-from tests.pulumi_mocks import ROOT, deployable_config
+from infra.stackfile import SpecError, load_stack_config, read_stack_file
+from tests.support.pulumi_mocks import ROOT, deployable_config
 
 
 def _load(tmp_path: Path, body: str) -> dict[str, str]:
@@ -58,7 +58,7 @@ def test_secure_on_a_setting_that_is_not_a_secret_is_refused(tmp_path: Path, key
 def test_secure_private_key_is_fine_and_never_read(tmp_path: Path) -> None:
     loaded = _load(tmp_path, "config:\n  gputrain:sshPrivateKey:\n    secure: AAABAxyz\n")
     assert "gputrain:sshPrivateKey" not in loaded or loaded["gputrain:sshPrivateKey"] == ""
-    assert stack_secrets(tmp_path, "s").secure_keys == ("gputrain:sshPrivateKey",)
+    assert read_stack_file(tmp_path, "s").secrets.secure_keys == ("gputrain:sshPrivateKey",)
 
 
 def test_a_plaintext_private_key_is_refused_without_echoing_it(tmp_path: Path) -> None:

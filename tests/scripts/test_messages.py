@@ -14,7 +14,7 @@ from infra.spec import parse_spec
 from scripts.cli import main
 from scripts.job.launch import _stop_summary
 from scripts.targets.hosts_file import load_hosts_file
-from tests.pulumi_mocks import ROOT, deployable_config
+from tests.support.pulumi_mocks import ROOT, deployable_config
 
 
 def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

@@ -33,7 +33,9 @@ def _env() -> dict[str, str]:
 def test_results_stop_and_busy_after_the_controller_is_killed(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    (work / "ddp_sum.py").write_text((ROOT / "tests" / "jobs" / "ddp_sum.py").read_text())
+    (work / "ddp_sum.py").write_text(
+        (ROOT / "tests" / "support" / "jobs" / "ddp_sum.py").read_text()
+    )
     controller = subprocess.Popen(
         [str(GPUTRAIN), "run", "--local", "--yes", "--env", "DDP_STEPS=600",
          "--env", "DDP_STEP_S=0.2", "--", "ddp_sum.py"],

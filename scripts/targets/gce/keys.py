@@ -16,7 +16,7 @@ from pathlib import Path
 
 from infra.base.errors import GputrainError, UserError
 from infra.stackfile import qualify
-from scripts.targets.gce.stack import StackRunner
+from scripts.targets.stack.runner import StackRunner
 
 PUBLIC_KEY = qualify("sshPublicKey")
 PRIVATE_KEY = qualify("sshPrivateKey")

@@ -15,13 +15,14 @@ from infra.offers import Candidate
 from infra.placement import candidate_label
 from infra.stackfile import qualify
 from scripts.targets.gce.failover import (
+    ZONE_CONFIG_KEY,
     Attempt,
     ProvisioningError,
     ProvisioningFailure,
     classify_provisioning_error,
     destroy_attempt,
 )
-from scripts.targets.gce.stack import ZONE_CONFIG_KEY, OnOutput, StackError, StackRunner
+from scripts.targets.stack.runner import OnOutput, StackError, StackRunner
 
 CANDIDATE_CONFIG_KEY = qualify("candidate")  # written here, read by the program
 ATTEMPT_HEADERS = ("#", "machine type x nodes", "zone", "outcome", "reason")

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from infra import catalog
 from infra.base.errors import GputrainError
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
-from infra.compute import ComputeApi, ComputeApiError
-from infra.compute_capacity import get_reservation, network_profile_exists
+from infra.gcp.compute import ComputeApi, ComputeApiError
+from infra.gcp.compute_capacity import get_reservation, network_profile_exists
 from infra.offer_tables import MAX_ROWS, Check
 from infra.offers import Candidate
 from infra.preflight import (
@@ -26,6 +26,7 @@ from infra.preflight import (
     check_image,
     check_machine_type,
     check_quota,
+    request_for,
 )
 from infra.preflight_fabric import (
     check_network_profile,
@@ -35,32 +36,6 @@ from infra.preflight_fabric import (
 )
 from infra.spec import ClusterSpec
 from scripts import ui
-
-
-def request_for(spec: ClusterSpec) -> PreflightRequest:
-    assert spec.project is not None  # require_deployable ran first
-    fabric = spec.fabric if spec.fabric is not None and spec.fabric.enabled else None
-    return PreflightRequest(
-        project=spec.project,
-        zone=spec.zone,
-        machine_type=spec.machine_type,
-        accelerator=spec.accelerator,
-        gpus_per_node=spec.gpus_per_node,
-        nodes=spec.nodes,
-        spot=spec.preemptible_quota,
-        vcpus_per_node=spec.vcpus,
-        gpu_quota_metric=spec.gpu_quota_metric,
-        cpu_quota_metric=spec.cpu_quota_metric,
-        image_project=spec.image_project,
-        image_family=spec.image_family,
-        boot_disk_gb=spec.boot_disk_gb,
-        is_n1=spec.attach_gpus,
-        max_run_duration_s=spec.max_run_duration_s,
-        reservation=spec.reservation,
-        networks=fabric.networks_needed if fabric else 0,
-        subnetworks=fabric.subnetworks_needed if fabric else 0,
-        roce=fabric is not None and fabric.kind == "rdma",
-    )
 
 
 def candidate_request(spec: ClusterSpec, c: Candidate) -> PreflightRequest:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet
-from infra.compute import ComputeApi, ComputeApiError
+from infra.gcp.compute import ComputeApi, ComputeApiError
 from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
 from scripts.job.download import write_job_record
@@ -42,8 +42,8 @@ from scripts.job.records import (
 from scripts.settings import Settings
 
 if TYPE_CHECKING:
-    from scripts.fabric_verify import FabricCheck
-from scripts.targets.gce.stack import StackOutputs
+    from scripts.verify.fabric import FabricCheck
+from infra.outputs import StackOutputs
 from scripts.targets.session import FleetSession
 
 GONE_STATES = ("STOPPING", "TERMINATED")

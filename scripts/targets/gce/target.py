@@ -1,38 +1,42 @@
 """`--stack NAME`: a Pulumi stack of GPU VMs on Compute Engine. Its session is the SSH fleet of the
-stack's nodes, each pinned to the host keys its guest agent published.
-
-run/up: spec -> doctor -> preflight -> confirm -> `pulumi up` with zone failover -> host keys ->
-session,
-then teardown in a `finally` that no failure, Ctrl-C or SIGTERM can skip (unless kept).
+stack's nodes, each pinned to the host keys its guest agent published. The skeleton (check ->
+prepare -> confirm -> create -> keep or tear down) is StackTarget's; this module fills its hooks:
+preflight of zones or `gpus` candidates, `pulumi up` with failover, host keys, the recovering
+session, and what a sweep finds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import GputrainError, UserError
+from infra.outputs import Key
 from scripts import ui
-from scripts.guard import SignalGuard, signal_guard
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.session import FleetSession
-from scripts.targets.stack_target import StackTarget, confirm
+from scripts.targets.stack.runner import pulumi_line
+from scripts.targets.stack.target import StackTarget
 
 if TYPE_CHECKING:
     from infra.base.records import Fleet
     from infra.offer_tables import Check
     from infra.offers import Candidate
+    from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
     from scripts.targets.gce.recovery import RecoveringSession
-    from scripts.targets.gce.stack import StackOutputs
+    from scripts.targets.session import FleetSession
+
+#: `prepare`'s answer: `pulumi up` down the zones or candidates that passed preflight; the spec of
+#: what was created (a `gpus` stack pins its candidate) and the raw stack outputs.
+Provision = Callable[[], tuple["ClusterSpec", dict[str, Any]]]
 
 
-class GceTarget(StackTarget[GceClients]):
+class GceTarget(StackTarget[GceClients, Provision]):
     # ---- commands that need no cluster
 
     def keygen(self, *, force: bool) -> None:
@@ -51,7 +55,7 @@ class GceTarget(StackTarget[GceClients]):
     def status(self) -> None:
         from infra.fields import format_duration
 
-        spec = self._spec_with_project()
+        spec = self.spec_with_project()
         instances = self.clients.compute().list_stack_instances(spec.project or "", self.stack)
         if not instances:
             ui.say(f"status: stack {self.stack} has no instances (nothing is billing)")
@@ -67,12 +71,31 @@ class GceTarget(StackTarget[GceClients]):
         )
 
     def sweep(self) -> bool:
-        from scripts.targets.gce.teardown import show_leftovers
-
-        leftovers = show_leftovers(self.spec(), self.clients)
+        leftovers = self.leftovers(self.spec())
         if not leftovers:
             ui.say(f"sweep: nothing carries the labels of stack {self.stack}")
         return bool(leftovers)
+
+    def leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
+        """Whatever still carries the stack's labels or name prefix, printed loudly; a bucket
+        kept on purpose is not a leftover."""
+        from infra.gcp.sweep import sweep
+
+        project = spec.project
+        if not project:
+            raise UserError(f"gcp:project is not set for stack {spec.stack}")
+        found = sweep(
+            project, spec.stack, api=self.clients.compute(), storage=self.clients.storage(project)
+        )
+        rows = [
+            [x.kind, x.name, x.location, x.matched_by]
+            for x in found
+            if not (x.kind == "bucket" and x.name == kept)
+        ]
+        if rows:
+            headers = ["kind", "name", "where", "matched by"]
+            ui.table(f"LEFT BEHIND by stack {spec.stack}", headers, rows)
+        return rows
 
     def candidate_checks(self, spec: ClusterSpec) -> dict[Candidate, Check] | None:
         """`plan` on a `gpus` stack checks its candidates against the Compute API when there is
@@ -83,79 +106,60 @@ class GceTarget(StackTarget[GceClients]):
 
         return check_candidates(spec, self.clients.compute())
 
-    # ---- creating and destroying
+    # ---- creating and destroying: StackTarget's skeleton, these hooks
 
-    def down(self, opts: RunOptions) -> None:
-        from scripts.targets.gce.teardown import teardown
-
+    def spec_for(self, opts: RunOptions) -> ClusterSpec:
         spec = self.spec()
-        if not spec.project:
-            raise UserError(
-                f"gcp:project is not set for stack {self.stack}; nothing of it can exist"
-            )
-        with signal_guard() as guard, guard.teardown():
-            teardown(
-                spec,
-                self.runner,
-                self.clients,
-                runs_dir=self.settings.runs_dir,
-                clear_stale_lock=True,
-                keep_bucket=opts.keep_bucket,
-            )
+        recoveries_allowed(opts, spec)  # a bad --max-recoveries is refused before anything
+        return spec
 
-    @contextmanager
-    def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[FleetSession]:
-        from infra.spec import require_deployable
-        from scripts.targets.gce.keys import private_key_file
-        from scripts.targets.gce.preflight import preflight_zones
-        from scripts.targets.gce.teardown import teardown
-
-        spec = self.spec()
-        self.check_before_spending(spec, opts, self.clients)
-        require_deployable(spec)
-        max_recoveries = recoveries_allowed(opts, spec)
+    def prepare(self, spec: ClusterSpec, opts: RunOptions) -> Provision:
+        """Preflight the zones (or rank the `gpus` candidates that pass); `create` walks them."""
         if spec.candidates:
             ranked = self._passing_candidates(spec, skip=opts.skip_preflight)
-        else:
-            zones = (
-                list(spec.zones)
-                if opts.skip_preflight
-                else preflight_zones(spec, self.clients.compute())
-            )
-        confirm(spec, yes=opts.yes)
-        cluster: FleetSession | None = None
-        try:
-            if spec.candidates:
-                spec, outputs = self._provision_candidates(spec, ranked, opts.max_candidates)
-            else:
-                outputs = self._provision(spec, zones)
-            with private_key_file(self.runner, self.stack) as key:
-                cluster = self._session(
-                    spec,
-                    outputs,
-                    key,
-                    max_recoveries,
-                    keep=opts.keep,
-                    connect_deadline_s=opts.wait_s or self.settings.connect_deadline_s,
-                )
-                with cluster:
-                    yield cluster
-        finally:
-            keep = cluster.keep if cluster is not None else opts.keep
-            with guard.teardown():
-                if keep:
-                    ui.say(
-                        f"stack {self.stack} stays up; its VMs delete themselves after "
-                        f"{spec.max_run_duration}; `gputrain down --stack {self.stack}` ends it sooner"
-                    )
-                else:
-                    teardown(
-                        spec,
-                        self.runner,
-                        self.clients,
-                        runs_dir=self.settings.runs_dir,
-                        keep_bucket=opts.keep_bucket,
-                    )
+            return lambda: self._provision_candidates(spec, ranked, opts.max_candidates)
+        from scripts.targets.gce.preflight import preflight_zones
+
+        skip = opts.skip_preflight
+        zones = list(spec.zones) if skip else preflight_zones(spec, self.clients.compute())
+        return lambda: (spec, self._provision(spec, zones))
+
+    @contextmanager
+    def create(
+        self, spec: ClusterSpec, prepared: Provision, opts: RunOptions
+    ) -> Iterator[FleetSession]:
+        from scripts.targets.gce.keys import private_key_file
+
+        spec, outputs = prepared()
+        with (
+            private_key_file(self.runner, self.stack) as key,
+            self._session(
+                spec,
+                outputs,
+                key,
+                recoveries_allowed(opts, spec),
+                keep=opts.keep,
+                connect_deadline_s=opts.wait_s or self.settings.connect_deadline_s,
+            ) as cluster,
+        ):
+            yield cluster
+
+    def kept_message(self, spec: ClusterSpec) -> str:
+        return (
+            f"stack {self.stack} stays up; its VMs delete themselves after "
+            f"{spec.max_run_duration}; `gputrain down --stack {self.stack}` ends it sooner"
+        )
+
+    def after_destroy(self, spec: ClusterSpec) -> None:
+        """The failover's picks are cleared: the next `up` ranks anew."""
+        from scripts.targets.gce.failover import ZONE_CONFIG_KEY
+        from scripts.targets.gce.offer_failover import CANDIDATE_CONFIG_KEY
+
+        for key in (ZONE_CONFIG_KEY, CANDIDATE_CONFIG_KEY):
+            try:
+                self.runner.remove_config(key)
+            except Exception as exc:
+                ui.warn(f"could not clear {key}: {exc}")
 
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[FleetSession]:
@@ -164,7 +168,7 @@ class GceTarget(StackTarget[GceClients]):
         spec = self.spec()  # a broken stack file is still a one-line error
         max_recoveries = recoveries_allowed(opts, spec)
         outputs = self.runner.outputs()
-        if not outputs.get("nodes"):
+        if not outputs.get(Key.NODES):
             raise UserError(
                 f"stack {self.stack} has no cluster; run `gputrain up --stack {self.stack}`"
             )
@@ -187,10 +191,9 @@ class GceTarget(StackTarget[GceClients]):
         connect_deadline_s: float | None,
     ) -> RecoveringSession:
         """The stack's fleet, pinned; it re-creates preempted VMs through this target."""
-        from scripts.fabric_verify import FabricCheck
-        from scripts.targets.gce.bucket import run_bucket
+        from infra.outputs import parse_stack_outputs
         from scripts.targets.gce.recovery import RecoveringSession, StackNodes
-        from scripts.targets.gce.stack import parse_stack_outputs
+        from scripts.verify.fabric import FabricCheck
 
         def recreate(zone: str) -> tuple[Fleet, StackOutputs]:
             out = parse_stack_outputs(self._recreate(spec, zone))
@@ -203,7 +206,7 @@ class GceTarget(StackTarget[GceClients]):
             spot=spec.spot,
             ttl_s=spec.max_run_duration_s,
             recreate=recreate,
-            bucket=run_bucket(outputs),
+            bucket=out.bucket.uri if out.bucket else None,
         )
         return RecoveringSession(
             self._fleet(out, key),
@@ -220,7 +223,6 @@ class GceTarget(StackTarget[GceClients]):
     def _provision(self, spec: ClusterSpec, zones: list[str]) -> dict[str, Any]:
         """`pulumi up` with zone failover; the stack outputs."""
         from scripts.targets.gce.failover import provision_with_failover
-        from scripts.targets.gce.teardown import pulumi_line
 
         if spec.capacity == "flex-start":
             from infra.capacity import FLEX_START_CREATE_TIMEOUT
@@ -270,7 +272,6 @@ class GceTarget(StackTarget[GceClients]):
             attempt_rows,
             provision_candidates,
         )
-        from scripts.targets.gce.teardown import pulumi_line
 
         try:
             chosen, outputs, attempts = provision_candidates(
@@ -292,7 +293,6 @@ class GceTarget(StackTarget[GceClients]):
         """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
         zone first, then the rest of the failover order, never destroying what survived."""
         from scripts.targets.gce.failover import provision_with_failover
-        from scripts.targets.gce.teardown import pulumi_line
 
         self.runner.refresh(on_output=None)
         if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
@@ -326,7 +326,7 @@ class GceTarget(StackTarget[GceClients]):
 
     def _fleet(self, out: StackOutputs, key_file: Path) -> Fleet:
         """Nodes from the stack outputs, each pinned to the host keys its guest agent published."""
-        from infra.compute import fetch_host_keys
+        from infra.gcp.compute import fetch_host_keys
 
         keys = {
             n.name: fetch_host_keys(
@@ -340,7 +340,7 @@ class GceTarget(StackTarget[GceClients]):
             for n in out.nodes
         }
         fleet = out.to_fleet(
-            self.stack, keys, identity_file=key_file, python=self.clients.node_python
+            self.name, keys, identity_file=key_file, python=self.clients.node_python
         )
         return dataclasses.replace(fleet, install_trainer=True)  # our VMs: the image may lack torch
 

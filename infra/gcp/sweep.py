@@ -1,0 +1,114 @@
+"""Sweep: every resource of a stack that still exists (and may bill), found by label or by name.
+It lists, never deletes; `down` and `sweep` print what it finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from infra.gcp.compute import ComputeApi
+from infra.gcp.gcs import StorageApi
+from infra.gcp.iam import IamApi
+from infra.stackfile import STACK_LABEL, service_account_id
+
+#: The kinds the sweep lists: Compute kinds from ComputeApi.stack_resource_candidates, and the
+#: stack's own bucket (Cloud Storage, by label) for gcp:storage/bucket:Bucket; the bucket's
+#: objectUser grant (gcp:storage/bucketIAMMember:BucketIAMMember) lives and dies with it.
+BUCKET_KIND = "bucket"
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A resource of the stack that still exists (and may bill)."""
+
+    kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy, bucket,
+    # service-account, iam-binding
+    name: str
+    location: str  # zone, region, "global", or a bucket's location
+    matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} ({self.location}; {self.matched_by})"
+
+
+def owned_by_name(name: str, stack: str) -> bool:
+    """The name rule for resources GCE cannot label (firewalls, networks, subnetworks, resource
+    policies): the stack's resources are named `<stack>` or `<stack>-...` (`dev-net`, `dev-ssh`,
+    `dev-node-0`). Another stack whose name starts with `<stack>-` (dev / dev-2) also matches, so
+    sweep reports it: a loud false positive, never a silent miss."""
+    return name == stack or name.startswith(f"{stack}-")
+
+
+#: Every resource type the Pulumi program declares -> the sweep kind that finds it when it is left
+#: behind (one table; tests/infra/gcp/test_sweep.py runs the program and holds the two in step).
+SWEPT_TYPES: dict[str, str] = {
+    "gcp:compute/instance:Instance": "instance",  # + its boot "disk"; external IPs are ephemeral
+    "gcp:compute/network:Network": "network",
+    "gcp:compute/subnetwork:Subnetwork": "subnetwork",
+    "gcp:compute/firewall:Firewall": "firewall",
+    "gcp:compute/resourcePolicy:ResourcePolicy": "resource-policy",
+    "gcp:serviceaccount/account:Account": "service-account",
+    "gcp:projects/iAMMember:IAMMember": "iam-binding",
+    "gcp:storage/bucket:Bucket": "bucket",  # found by its label
+    "gcp:storage/bucketIAMMember:BucketIAMMember": "bucket",  # goes with its bucket
+}
+
+#: Declared but never a leftover: the Vertex AI API stays enabled on destroy (disable_on_destroy
+#: is off, as other stacks and the user's own jobs may use it) and costs nothing.
+NOT_SWEPT: dict[str, str] = {"gcp:projects/service:Service": "left enabled on purpose"}
+
+
+def sweep(
+    project: str,
+    stack: str,
+    *,
+    api: ComputeApi | None = None,
+    iam: IamApi | None = None,
+    storage: StorageApi | None = None,
+) -> list[Leftover]:
+    """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
+    (instances, disks, addresses), anything named by the stack prefix rule (all kinds, since
+    boot disks only carry labels when the program copies them), the stack's service account and
+    the project role bindings that name it, and (given a `storage` adapter, as the controller always
+    does) the stack's bucket by its label. Lists, never deletes."""
+    api = api or ComputeApi()
+    iam = iam or IamApi(api.api_endpoint)
+    leftovers: list[Leftover] = []
+    for kind, item, location in api.stack_resource_candidates(project):
+        labels: Mapping[str, str] = dict(getattr(item, "labels", {}) or {})
+        if labels.get(STACK_LABEL) == stack:
+            leftovers.append(Leftover(kind, item.name, location, f"label {STACK_LABEL}={stack}"))
+        elif owned_by_name(item.name, stack):
+            leftovers.append(Leftover(kind, item.name, location, f"name prefix {stack}-"))
+    leftovers += identity_leftovers(iam, project, stack)
+    if storage is not None:
+        leftovers += bucket_leftovers(storage, project, stack)
+    return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))
+
+
+def identity_leftovers(iam: IamApi, project: str, stack: str) -> list[Leftover]:
+    """The stack's service account (exact account id) and every project role binding of it,
+    also the `deleted:serviceAccount:` members IAM keeps when the account went first."""
+    account_id = service_account_id(stack)
+    email = f"{account_id}@{project}.iam.gserviceaccount.com"
+    matched = f"account id {account_id}"
+    out = [
+        Leftover("service-account", sa.email, "project", matched)
+        for sa in iam.service_accounts(project)
+        if sa.account_id == account_id
+    ]
+    member = f"serviceAccount:{email}"
+    for role, who in iam.role_bindings(project):
+        if who == member or who.startswith(f"deleted:{member}?uid="):
+            out.append(Leftover("iam-binding", f"{role} {who}", "project", matched))
+    return out
+
+
+def bucket_leftovers(storage: StorageApi, project: str, stack: str) -> list[Leftover]:
+    """The stack's own bucket, by its label (the JSON API lists every bucket of the project)."""
+    return [
+        Leftover(BUCKET_KIND, b.name, b.location, f"label {STACK_LABEL}={stack}")
+        for b in storage.list_buckets(project)
+        if b.labels.get(STACK_LABEL) == stack
+    ]

@@ -1,0 +1,190 @@
+"""The stack's own bucket at teardown: every run's results that exist only in the bucket come home
+first (each run's small files and its newest complete checkpoint, into runs/<target>/<run-id>/),
+then the bucket is emptied so `pulumi destroy` can delete it. With --keep-bucket — or when the
+results could not be brought home — it is kept, and the user is told where.
+
+The user's own `bucket` is never read, emptied or deleted here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.gcp.gcs import ObjectInfo, StorageApi
+from infra.outputs import BucketOutputs
+from scripts import ui
+
+BUCKET_TYPE = "gcp:storage/bucket:Bucket"  # what `destroy` keeps when the bucket is kept
+CHECKPOINT = re.compile(r"(?:^|/)ckpt-(\d{8})\.pt$")
+MANIFEST_SUFFIX = ".manifest.json"  # as the trainer writes them (trainer/storage.py)
+
+
+@dataclass(frozen=True)
+class KeptBucket:
+    """A bucket the destroy must leave alone: on purpose (--keep-bucket) or because its results
+    could not be brought home (`problem`)."""
+
+    name: str
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """One object to bring home: `relative` is its path under runs/<run-id>/."""
+
+    run_id: str
+    obj: ObjectInfo
+    relative: str
+
+
+def run_objects(objects: list[ObjectInfo], prefix: str) -> dict[str, dict[str, ObjectInfo]]:
+    """run id -> {path under runs/<run-id>/: object}, for objects under `<prefix>runs/`. Pure."""
+    runs: dict[str, dict[str, ObjectInfo]] = {}
+    base = f"{prefix}runs/"
+    for o in objects:
+        if not o.name.startswith(base):
+            continue
+        run_id, _, relative = o.name[len(base) :].partition("/")
+        if run_id and relative and not relative.rsplit("/", 1)[-1].startswith(".gputrain-"):
+            runs.setdefault(run_id, {})[relative] = o
+    return runs
+
+
+def checkpoint_candidates(files: dict[str, ObjectInfo]) -> list[tuple[str, str]]:
+    """(checkpoint, manifest) paths that both exist, newest step first. Pure."""
+    found = []
+    for relative in files:
+        m = CHECKPOINT.search(relative)
+        if m and relative + MANIFEST_SUFFIX in files:
+            found.append((int(m.group(1)), relative))
+    return [(rel, rel + MANIFEST_SUFFIX) for _, rel in sorted(found, reverse=True)]
+
+
+def is_checkpoint_file(relative: str) -> bool:
+    return bool(CHECKPOINT.search(relative.removesuffix(MANIFEST_SUFFIX)))
+
+
+def local_copy(run_dir: Path, relative: str, size: int) -> Path | None:
+    """A file already home: the same path, or (a node's out dir) the same name and size."""
+    exact = run_dir / relative
+    if exact.is_file() and exact.stat().st_size == size:
+        return exact
+    if run_dir.is_dir():
+        name = relative.rsplit("/", 1)[-1]
+        for p in run_dir.rglob(name):
+            if p.is_file() and p.stat().st_size == size:
+                return p
+    return None
+
+
+def to_fetch(
+    storage: StorageApi, bucket: str, prefix: str, run_dir_of: dict[str, Path]
+) -> list[Fetch]:
+    """What of each run in `run_dir_of` is not home yet: its small files and its newest complete
+    checkpoint (the manifest's size and CRC32C must match the object, else the next older one)."""
+    fetch: list[Fetch] = []
+    for run_id, files in run_objects(
+        storage.list_objects(bucket, f"{prefix}runs/"), prefix
+    ).items():
+        run_dir = run_dir_of.get(run_id)
+        if run_dir is None:
+            continue
+        for relative, obj in sorted(files.items()):
+            if not is_checkpoint_file(relative) and not local_copy(run_dir, relative, obj.size):
+                fetch.append(Fetch(run_id, obj, relative))
+        for ckpt, manifest in checkpoint_candidates(files):
+            obj = files[ckpt]
+            try:
+                meta = json.loads(storage.read(bucket, files[manifest].name))
+                complete = int(meta["size"]) == obj.size and meta.get("crc32c") == obj.crc32c
+            except (ValueError, KeyError, TypeError):
+                complete = False
+            if complete:
+                if not local_copy(run_dir, ckpt, obj.size):
+                    fetch += [Fetch(run_id, obj, ckpt), Fetch(run_id, files[manifest], manifest)]
+                break
+    return fetch
+
+
+def run_dirs(runs_dir: Path, target: str, run_ids: list[str]) -> dict[str, Path]:
+    """Where each run's results live: the target dir that has it already, else runs/<target>/."""
+    out = {}
+    for run_id in run_ids:
+        existing = sorted(p for p in runs_dir.glob(f"*/{run_id}") if p.is_dir())
+        out[run_id] = existing[0] if existing else runs_dir / target / run_id
+    return out
+
+
+def bring_home(
+    storage: StorageApi, bucket: str, prefix: str, runs_dir: Path, target: str
+) -> list[Path]:
+    """Download what only the bucket has; the paths written."""
+    run_ids = sorted(run_objects(storage.list_objects(bucket, f"{prefix}runs/"), prefix))
+    dirs = run_dirs(runs_dir, target, run_ids)
+    written = []
+    for f in to_fetch(storage, bucket, prefix, dirs):
+        dest = dirs[f.run_id] / f.relative
+        storage.download(bucket, f.obj.name, dest)
+        written.append(dest)
+    return written
+
+
+def settle_bucket(
+    outputs: BucketOutputs | None,
+    storage: StorageApi,
+    *,
+    stack: str,
+    target: str,
+    runs_dir: Path,
+    keep: bool,
+) -> KeptBucket | None:
+    """Before destroy: results home (into runs/<target>/), then the stack's own bucket emptied —
+    or kept (returned; None: destroy may delete it). The user's bucket is left alone."""
+    if outputs is None or not outputs.owned:
+        return None
+    bucket, prefix = outputs.name, outputs.prefix
+    try:
+        if not storage.bucket_exists(bucket):
+            return None
+        written = bring_home(storage, bucket, prefix, runs_dir, target)
+        if written:
+            ui.say(f"down: brought {len(written)} file(s) home from gs://{bucket} into {runs_dir}")
+        if keep:
+            ui.say(
+                f"down: keeping gs://{bucket} (--keep-bucket); `gputrain down --stack "
+                f"{stack}` deletes it later, after bringing its results home"
+            )
+            return KeptBucket(bucket)
+        gone = storage.delete_objects(bucket, [o.name for o in storage.list_objects(bucket)])
+        if gone:
+            ui.say(f"down: emptied gs://{bucket} ({gone} object(s)); destroy deletes it")
+        return None
+    except Exception as e:  # nothing may be lost: the bucket outlives a failed download
+        problem = f"its results could not be brought home ({e})"
+        ui.warn(f"down: gs://{bucket}: {problem}; it is kept with everything in it")
+        return KeptBucket(bucket, problem)
+
+
+def destroy_targets(resources: Sequence[Mapping[str, Any]], keep_types: Sequence[str]) -> list[str]:
+    """The URNs a targeted destroy names to remove everything but the resources of `keep_types`
+    and the components above them (the stack itself and providers stay too). Pure."""
+    parent = {r["urn"]: r.get("parent") for r in resources}
+    keep: set[str] = set()
+    for r in resources:
+        if r.get("type") in keep_types:
+            urn: str | None = r["urn"]
+            while urn and urn not in keep:
+                keep.add(urn)
+                urn = parent.get(urn)
+    return [
+        r["urn"]
+        for r in resources
+        if r["urn"] not in keep
+        and r.get("type") != "pulumi:pulumi:Stack"
+        and not str(r.get("type", "")).startswith("pulumi:providers:")
+    ]

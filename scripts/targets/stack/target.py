@@ -1,0 +1,299 @@
+"""What every target made of a Pulumi stack shares — GCE VMs (gce/) or Vertex AI jobs (vertex/):
+the stack file read and parsed once per command, ONE provisioning skeleton (check -> prepare ->
+confirm -> create -> session -> keep or tear down) with backend hooks, ONE teardown sequence, and
+`plan`. A backend implements the hooks; see each hook's docstring for its contract.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from infra.base.errors import UserError
+from scripts import ui
+from scripts.guard import SignalGuard, signal_guard
+from scripts.settings import Settings
+from scripts.targets.base import RunOptions, Session
+from scripts.targets.stack.clients import StackClients
+
+if TYPE_CHECKING:
+    from infra.offer_tables import Check
+    from infra.offers import Candidate
+    from infra.spec import ClusterSpec
+    from infra.stackfile import StackFile
+    from scripts.targets.stack.bucket import KeptBucket
+    from scripts.targets.stack.runner import StackRunner
+
+C = TypeVar("C", bound=StackClients)
+P = TypeVar("P")  # what a backend's `prepare` hands to its `create`
+
+
+def target_name(stack: str) -> str:
+    """The target a stack is: results go to runs/stack-<name>/."""
+    return f"stack-{stack}"
+
+
+class StackTarget(Generic[C, P]):
+    def __init__(
+        self,
+        stack: str,
+        settings: Settings,
+        clients: C,
+        *,
+        stack_file: StackFile | None = None,
+        doctor: StackClients | None = None,
+    ) -> None:
+        self.stack = stack
+        self.name = target_name(stack)
+        self.settings = settings
+        self.clients = clients
+        self.doctor = doctor or clients  # `gputrain doctor`'s clients (its project's APIs, IAM)
+        self._stack_file = stack_file
+        self._spec: ClusterSpec | None = None
+        self._runner: StackRunner | None = None
+
+    @property
+    def runner(self) -> StackRunner:
+        if self._runner is None:
+            self._runner = self.clients.runner(self.stack, self.settings.root)
+        return self._runner
+
+    @property
+    def stack_file(self) -> StackFile:
+        """Pulumi.yaml + Pulumi.<stack>.yaml, read once per command."""
+        if self._stack_file is None:
+            from infra.stackfile import read_stack_file
+
+            self._stack_file = read_stack_file(self.settings.root, self.stack)
+        return self._stack_file
+
+    def spec(self) -> ClusterSpec:
+        """The validated spec, parsed once per command."""
+        if self._spec is None:
+            from infra.spec import parse_spec
+
+            self._spec = parse_spec(self.stack_file.config, self.stack)
+        return self._spec
+
+    def spec_at(self, chosen: Candidate) -> ClusterSpec:
+        """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it. The
+        stack's own choice is the spec already parsed (pinning it changes nothing)."""
+        from infra.placement import candidate_label
+        from infra.spec import parse_spec
+        from infra.stackfile import NS
+
+        spec = self.spec()
+        if (chosen.machine_type, chosen.nodes, chosen.zone) == (
+            spec.machine_type,
+            spec.nodes,
+            spec.zone,
+        ):
+            return spec
+        pinned = {NS + "candidate": candidate_label(chosen), NS + "zone": chosen.zone}
+        return parse_spec(self.stack_file.config | pinned, self.stack)
+
+    def spec_with_project(self) -> ClusterSpec:
+        """The spec of a stack that can have resources: gcp:project must be set."""
+        spec = self.spec()
+        if not spec.project:
+            raise UserError(
+                f"gcp:project is not set for stack {self.stack}; nothing of it can exist"
+            )
+        return spec
+
+    # ---- the backend's hooks
+
+    def spec_for(self, opts: RunOptions) -> ClusterSpec:
+        """The spec, with the command's options checked against it (before anything is made)."""
+        return self.spec()
+
+    def prepare(self, spec: ClusterSpec, opts: RunOptions) -> P:
+        """Preflight: prove the request can be created; what `create` needs. Nothing bills."""
+        raise NotImplementedError
+
+    def create(
+        self, spec: ClusterSpec, prepared: P, opts: RunOptions
+    ) -> AbstractContextManager[Any]:
+        """`pulumi up`, then a session on what it made (a context: it closes what it opened)."""
+        raise NotImplementedError
+
+    def kept_message(self, spec: ClusterSpec) -> str:
+        """What `run --keep`/`up` say about a stack that stays up: what still bills, and until
+        when."""
+        raise NotImplementedError
+
+    def before_destroy(self, spec: ClusterSpec) -> None:
+        """Teardown's first step (Vertex: cancel the stack's jobs and wait for them)."""
+
+    def after_destroy(self, spec: ClusterSpec) -> None:
+        """Teardown's step after the destroy (GCE: clear the failover's picks)."""
+
+    def leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
+        """Whatever of the stack still exists (but the bucket `kept` on purpose), printed loudly:
+        one row per resource."""
+        raise NotImplementedError
+
+    # ---- the skeleton
+
+    @contextmanager
+    def provisioned(self, opts: RunOptions, guard: SignalGuard) -> Iterator[Session]:
+        """check -> prepare -> confirm -> create -> session -> keep or tear down. Nothing is
+        created before the prompt; once anything may exist, no failure, Ctrl-C or SIGTERM skips
+        the teardown (unless the user keeps it)."""
+        from infra.spec import require_deployable
+
+        spec = self.spec_for(opts)
+        self.check_before_spending(spec, opts)
+        require_deployable(spec)
+        prepared = self.prepare(spec, opts)
+        confirm(spec, yes=opts.yes)
+        session: Session | None = None
+        try:
+            with self.create(spec, prepared, opts) as session:
+                yield session
+        finally:
+            keep = session.keep if session is not None else opts.keep
+            with guard.teardown():
+                if keep:
+                    ui.say(self.kept_message(spec))
+                else:
+                    self.teardown(spec, keep_bucket=opts.keep_bucket)
+
+    def check_before_spending(self, spec: ClusterSpec, opts: RunOptions) -> None:
+        """Before anything is created: a money prompt someone can answer (or --yes), then
+        `gputrain doctor`'s table, stopping on a failed row (unless --skip-preflight)."""
+        if not opts.yes:
+            require_terminal(spec)
+        if not opts.skip_preflight:
+            from scripts.doctor.run import run_doctor
+
+            report = run_doctor(self.stack_file, self.doctor, spec)
+            report.show()
+            report.require_ok("doctor")
+
+    def up(self, opts: RunOptions) -> None:
+        """Create and prove; it stays up. If that fails it is destroyed again."""
+        with signal_guard() as guard, self.provisioned(opts, guard) as session:
+            session.verify(fabric=True)
+            session.keep = True
+
+    def down(self, opts: RunOptions) -> None:
+        spec = self.spec_with_project()
+        with signal_guard() as guard, guard.teardown():
+            self.teardown(spec, keep_bucket=opts.keep_bucket, clear_stale_lock=True)
+
+    def teardown(
+        self, spec: ClusterSpec, *, keep_bucket: bool = False, clear_stale_lock: bool = False
+    ) -> None:
+        """The backend's first step, the bucket's results home and the own bucket emptied (or
+        kept), refresh + destroy (retried), the backend's last step, then a sweep that must find
+        nothing. `clear_stale_lock` (the user's `down`): a lock left by an update whose process
+        died is cleared with `pulumi cancel`, said out loud, and destroy goes on."""
+        from scripts.targets.stack.bucket import BUCKET_TYPE
+        from scripts.targets.stack.teardown import destroy_stack, end_teardown
+
+        self.before_destroy(spec)
+        kept = self._settle_bucket(spec, keep_bucket)
+        failure = destroy_stack(
+            self.runner,
+            self.stack,
+            attempts=self.clients.destroy_attempts,
+            pause_s=self.clients.retry_pause_s,
+            clear_stale_lock=clear_stale_lock,
+            keep_types=(BUCKET_TYPE,) if kept else (),
+        )
+        self.after_destroy(spec)
+        leftovers = self.leftovers(spec, kept=kept.name if kept else None)
+        end_teardown(self.stack, failure, len(leftovers), kept)
+
+    def _settle_bucket(self, spec: ClusterSpec, keep: bool) -> KeptBucket | None:
+        """The bucket the destroy must leave alone, if any (see stack/bucket.py)."""
+        from infra.outputs import parse_bucket
+        from scripts.targets.stack.bucket import settle_bucket
+
+        try:
+            raw = self.runner.outputs()
+        except Exception as e:  # no outputs, no bucket known to us: destroy decides
+            ui.warn(f"down: could not read the outputs of stack {self.stack}: {e}")
+            return None
+        return settle_bucket(
+            parse_bucket(raw),
+            self.clients.storage(spec.project),
+            stack=self.stack,
+            target=self.name,
+            runs_dir=self.settings.runs_dir,
+            keep=keep,
+        )
+
+    # ---- plan
+
+    def candidate_checks(self, spec: ClusterSpec) -> Mapping[Candidate, Check] | None:
+        """Preflight verdicts on a `gpus` stack's candidates; None where none can be had."""
+        return None
+
+    def plan(self) -> None:
+        from infra.plan import HEADERS, build_plan
+
+        spec = self.spec()
+        checks = self.candidate_checks(spec)
+        plan = build_plan(spec, checks)
+        chosen = plan.candidates.chosen if plan.candidates else None
+        if chosen is not None and (chosen.machine_type, chosen.zone) != (
+            spec.machine_type,
+            spec.zone,
+        ):
+            plan = build_plan(self.spec_at(chosen), checks)  # the cheapest that passes preflight
+        ui.table(plan.title, HEADERS, [plan.row])
+        if plan.candidates is not None:
+            shown = plan.candidates
+            ui.table(
+                f"candidates for gpus = {spec.gpus_request} "
+                f"({'Spot' if spec.spot else 'on-demand'}; ranked: fewest nodes, then $/h)",
+                list(shown.headers),
+                [list(r) for r in shown.rows],
+            )
+            if shown.footer:
+                ui.say(shown.footer)
+            if checks is None:
+                ui.say(
+                    "preflight: not checked here (needs gcp:project and Google credentials; "
+                    f"`gputrain doctor --stack {spec.stack}`); `up` checks before creating"
+                )
+            if shown.chosen is None:
+                ui.warn("no candidate passed preflight: see the reasons above")
+        for line in plan.footer_lines():
+            ui.say(line)
+
+
+def require_terminal(spec: ClusterSpec) -> None:
+    """Without a terminal nobody can answer the money prompt: a nohup or CI run must say --yes."""
+    if sys.stdin.isatty():
+        return
+    from infra.offer_tables import money
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    raise UserError(
+        f"stdin is not a terminal, so nobody can confirm spending ~{money(plan.hourly_total)}/h "
+        f"(at most {money(plan.worst_case)}) on stack {spec.stack}: pass --yes to proceed; "
+        "nothing was created"
+    )
+
+
+def confirm(spec: ClusterSpec, *, yes: bool) -> None:
+    """Ask before spending money (require_terminal made sure someone can answer)."""
+    if yes:
+        return
+    from infra.plan import build_plan
+
+    plan = build_plan(spec)
+    shape = f"{spec.nodes} x {spec.machine_type} ({spec.gpus_per_node} x {spec.gpu_model} each)"
+    if spec.on_vertex:
+        what = f"run Vertex AI jobs of {shape}: {plan.cost} per job before Vertex cuts it off"
+    else:
+        what = f"create {shape}: {plan.cost} before the VMs delete themselves"
+    ui.say(f"About to {what}.")
+    if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise UserError("cancelled; nothing was created")

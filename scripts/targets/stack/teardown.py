@@ -1,0 +1,85 @@
+"""How every stack ends (StackTarget.teardown runs the sequence): refresh + destroy, retried, a
+stale lock cleared when the user said so; then one line that the stack is gone, or an error naming
+everything that is not."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infra.base.errors import GputrainError
+from infra.base.retry import GaveUp, Waiting, every, poll_until
+from scripts import ui
+from scripts.targets.stack.bucket import KeptBucket
+from scripts.targets.stack.runner import (
+    PulumiMissingError,
+    StackLockedError,
+    StackRunner,
+    pulumi_line,
+)
+
+
+def end_teardown(
+    stack: str, failure: GaveUp | None, leftovers: int, kept: KeptBucket | None
+) -> None:
+    """Say the stack is gone (all but a kept bucket), or raise naming everything that is not."""
+    problem = kept.problem if kept else None
+    if failure is not None or leftovers or problem:
+        raise GputrainError(
+            f"teardown of stack {stack} is incomplete: "
+            + (f"destroy failed ({failure.reason}); " if failure else "")
+            + (f"{leftovers} resource(s) still exist (listed above); " if leftovers else "")
+            + (f"bucket gs://{kept.name} kept: {problem}; " if kept and problem else "")
+            + f"run `gputrain down --stack {stack}` again or delete them in the console."
+        )
+    left = f", all but its bucket gs://{kept.name}" if kept else "; sweep found nothing left"
+    ui.say(f"down: stack {stack} destroyed{left}")
+
+
+def destroy_stack(
+    runner: StackRunner,
+    stack: str,
+    *,
+    attempts: int,
+    pause_s: float,
+    clear_stale_lock: bool = False,
+    keep_types: Sequence[str] = (),
+) -> GaveUp | None:
+    """refresh + destroy (all but `keep_types`), retried; the last failure, or None. Any target
+    made of a Pulumi stack (GCE, Vertex AI) ends this way."""
+    attempts_made = 0
+
+    def destroy() -> None:
+        nonlocal attempts_made, clear_stale_lock
+        attempts_made += 1
+        ui.say(f"down: destroying stack {stack} (attempt {attempts_made})")
+        try:
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=pulumi_line, keep=keep_types)
+        except StackLockedError:
+            if not clear_stale_lock:
+                raise
+            clear_stale_lock = False  # once: a lock that comes back is someone's live update
+            ui.say(
+                f"down: stack {stack} is locked by an update that is no longer running; "
+                "clearing the lock (pulumi cancel) and destroying again"
+            )
+            runner.cancel()
+            runner.refresh(on_output=None)
+            runner.destroy(on_output=pulumi_line, keep=keep_types)
+
+    def failed(w: Waiting) -> None:
+        ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")
+
+    try:
+        poll_until(
+            destroy,
+            max_attempts=attempts,
+            delay=every(pause_s),
+            retry_on=(Exception,),
+            fatal=(PulumiMissingError,),
+            on_wait=failed,
+        )
+    except GaveUp as e:
+        ui.warn(f"destroy attempt {e.attempts} failed: {e.reason}")
+        return e
+    return None

@@ -1,0 +1,362 @@
+"""Vertex AI custom jobs, the pure parts: the CustomJob request body, what a job's state and error
+mean for the user, the job's Cloud Logging lines with [replica] prefixes, and the code package
+(an sdist of the working directory and the trainer) that `pythonPackageSpec` pip-installs.
+
+No I/O except writing the sdist; the API calls live in scripts/targets/vertex/api.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import gzip
+import io
+import re
+import tarfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra import catalog, vertex
+from infra.base.errors import UserError
+from scripts.job.sync import check_size, collect_sources
+
+DEFAULT_PYTHON_MODULE = "trainer.vertex_entry"
+CODE_PACKAGE = "gputrain_code"  # the working directory travels as this package's data, under files/
+SDIST_NAME, SDIST_VERSION = "gputrain-job", "0"
+#: What pip installs with the package: the trainer's needs but torch, which the container brings
+#: (a second torch would be a multi-GB download that may not match the container's CUDA).
+#: pyproject's `train` extra without torch; a test holds them together.
+TRAINER_REQUIREMENTS = ("numpy>=1.26", "google-cloud-storage>=2.14,<4")
+LOG_RESOURCE_TYPE = "ml_job"  # gcloud's `ai custom-jobs stream-logs` filters on it and job_id
+
+# --------------------------------------------------------------------------------------------
+# The request
+# --------------------------------------------------------------------------------------------
+
+
+def parent(project: str, region: str) -> str:
+    return f"projects/{project}/locations/{region}"
+
+
+def run_output_dir(bucket: str, run_id: str, prefix: str = "") -> str:
+    """baseOutputDirectory: Vertex derives AIP_MODEL_DIR / AIP_CHECKPOINT_DIR from it. `prefix`
+    ("" or "a/b/") is the stack's place in a shared bucket."""
+    return f"gs://{bucket}/{prefix}runs/{run_id}/"
+
+
+def staging_dir(bucket: str, run_id: str, prefix: str = "") -> str:
+    return f"gs://{bucket}/{prefix}staging/{run_id}/"
+
+
+def executor_image_for(region: str, image: str = vertex.DEFAULT_EXECUTOR_IMAGE) -> str:
+    """The prebuilt images live in us-, europe- and asia-docker.pkg.dev; pull from the nearest."""
+    if not image.startswith("us-docker.pkg.dev/vertex-ai/"):
+        return image
+    area = "europe" if region.startswith("europe") else "asia" if region.startswith("asia") else ""
+    return image.replace("us-docker", f"{area}-docker", 1) if area else image
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What one CustomJob runs: plain values, already validated by the stack spec."""
+
+    display_name: str
+    region: str
+    machine_type: str
+    gpu_type: str | None  # catalog name; None = implied by machine_type
+    gpu_count: int  # 0 = implied by machine_type
+    nodes: int
+    spot: bool
+    max_run_duration_s: int
+    output_dir: str  # gs://<bucket>/runs/<run-id>/
+    package_uris: tuple[str, ...]
+    python_module: str = DEFAULT_PYTHON_MODULE
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    service_account: str | None = None
+    executor_image: str = vertex.DEFAULT_EXECUTOR_IMAGE
+    boot_disk_gb: int | None = None  # None: Vertex's default (100 GB pd-ssd)
+
+
+def machine_spec(machine_type: str, gpu_type: str | None, gpu_count: int) -> dict[str, Any]:
+    """MachineSpec JSON; GPUs implied by A2/A3/A4/G2 types are spelled out, as Vertex wants."""
+    mt = catalog.machine_type(machine_type)
+    if mt is None:
+        raise UserError(f"machineType {machine_type!r}: unknown")
+    accel = mt.accelerator or gpu_type
+    count = mt.gpus if mt.accelerator else gpu_count
+    spec: dict[str, Any] = {"machineType": mt.name}
+    if accel and count:
+        spec |= {"acceleratorType": vertex.accelerator_enum(accel), "acceleratorCount": count}
+    return spec
+
+
+def custom_job_body(req: JobRequest) -> dict[str, Any]:
+    """The CustomJob as REST JSON (camelCase): pool 0 is the chief (1 replica), pool 1 the other
+    nodes - 1 workers; a server-side timeout; SPOT or STANDARD scheduling."""
+    problem = vertex.vertex_problem(req.machine_type, req.gpu_type, req.gpu_count, spot=req.spot)
+    if problem:
+        raise UserError(problem)
+    if req.nodes < 1:
+        raise UserError(f"nodes = {req.nodes}: allowed: 1 or more")
+    if req.max_run_duration_s < 1:
+        raise UserError(f"maxRunDuration = {req.max_run_duration_s}s: allowed: 1 s or more")
+    package = {
+        "executorImageUri": executor_image_for(req.region, req.executor_image),
+        "packageUris": list(req.package_uris),
+        "pythonModule": req.python_module,
+        "args": list(req.args),
+        "env": [{"name": k, "value": v} for k, v in sorted(req.env.items())],
+    }
+    pool: dict[str, Any] = {
+        "machineSpec": machine_spec(req.machine_type, req.gpu_type, req.gpu_count),
+        "replicaCount": 1,
+        "pythonPackageSpec": package,
+    }
+    if req.boot_disk_gb:
+        pool["diskSpec"] = {"bootDiskType": "pd-ssd", "bootDiskSizeGb": req.boot_disk_gb}
+    pools = [pool] + ([{**pool, "replicaCount": req.nodes - 1}] if req.nodes > 1 else [])
+    job_spec: dict[str, Any] = {
+        "workerPoolSpecs": pools,
+        "scheduling": {
+            "timeout": f"{req.max_run_duration_s}s",
+            "strategy": "SPOT" if req.spot else "STANDARD",
+        },
+        "baseOutputDirectory": {"outputUriPrefix": req.output_dir},
+    }
+    if req.service_account:
+        job_spec["serviceAccount"] = req.service_account
+    return {"displayName": req.display_name, "labels": dict(req.labels), "jobSpec": job_spec}
+
+
+# --------------------------------------------------------------------------------------------
+# State and error
+# --------------------------------------------------------------------------------------------
+
+FINAL_STATES = frozenset(
+    f"JOB_STATE_{s}" for s in ("SUCCEEDED", "FAILED", "CANCELLED", "EXPIRED", "PARTIALLY_SUCCEEDED")
+)
+_RPC_NAMES = (  # google.rpc.Code, by number
+    "OK CANCELLED UNKNOWN INVALID_ARGUMENT DEADLINE_EXCEEDED NOT_FOUND ALREADY_EXISTS "
+    "PERMISSION_DENIED RESOURCE_EXHAUSTED FAILED_PRECONDITION ABORTED OUT_OF_RANGE "
+    "UNIMPLEMENTED INTERNAL UNAVAILABLE DATA_LOSS UNAUTHENTICATED"
+)
+_RPC_CODES = _RPC_NAMES.split()
+
+
+def parse_time(text: str | None) -> dt.datetime | None:
+    """RFC 3339 as Google writes it ("...T10:00:00.123456789Z"), to microseconds, UTC."""
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
+    if not m:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    base, frac, zone = m.groups()
+    iso = f"{base}.{(frac or '0')[:6].ljust(6, '0')}{'+00:00' if zone == 'Z' else zone}"
+    return dt.datetime.fromisoformat(iso).astimezone(dt.timezone.utc)
+
+
+def format_time(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One GET of a CustomJob, reduced to what the controller acts on and prints."""
+
+    name: str  # projects/<number>/locations/<region>/customJobs/<id>
+    state: str  # JOB_STATE_*
+    create_time: dt.datetime | None = None
+    start_time: dt.datetime | None = None
+    end_time: dt.datetime | None = None
+    error_code: int = 0
+    error_message: str = ""
+    display_name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
+    def short_state(self) -> str:
+        return self.state.removeprefix("JOB_STATE_")
+
+    @property
+    def done(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "JOB_STATE_SUCCEEDED"
+
+
+def parse_job(body: Mapping[str, Any]) -> JobStatus:
+    """From the CustomJob REST JSON (what GET returns)."""
+    error = body.get("error") or {}
+    return JobStatus(
+        name=body["name"],
+        state=body.get("state", "JOB_STATE_UNSPECIFIED"),
+        create_time=parse_time(body.get("createTime")),
+        start_time=parse_time(body.get("startTime")),
+        end_time=parse_time(body.get("endTime")),
+        error_code=int(error.get("code", 0)),
+        error_message=error.get("message", ""),
+        display_name=body.get("displayName", ""),
+        labels=dict(body.get("labels") or {}),
+    )
+
+
+def state_line(status: JobStatus, seen_at: dt.datetime) -> str:
+    """One line per state change, e.g. `10:00:41 Vertex job 123: RUNNING (41 s after create)`."""
+    line = f"{seen_at.astimezone(dt.timezone.utc):%H:%M:%S} Vertex job {status.job_id}: "
+    line += status.short_state
+    if status.create_time:
+        line += f" ({(seen_at - status.create_time).total_seconds():.0f} s after create)"
+    return line
+
+
+def failure_message(status: JobStatus, last_lines: Sequence[str] = ()) -> str:
+    """Why a job ended without success: its state, the API's error, then the last log lines."""
+    code = _RPC_CODES[status.error_code] if 0 < status.error_code < len(_RPC_CODES) else ""
+    detail = " ".join(p for p in (code, status.error_message.strip()) if p) or "no error reported"
+    text = f"Vertex job {status.job_id} {status.short_state}: {detail}"
+    if last_lines:
+        text += "\nlast log lines:\n" + "\n".join(f"  {line}" for line in last_lines)
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# Logs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One Cloud Logging entry of the job (possibly several lines of text)."""
+
+    timestamp: dt.datetime
+    insert_id: str
+    task: str  # resource.labels.task_name, e.g. workerpool0-0; "" for service messages
+    text: str
+    severity: str = "DEFAULT"
+
+
+def replica_label(task: str) -> str:
+    """workerpool0-0 -> chief, workerpool1-i -> worker-<i+1> (its torchrun node rank)."""
+    m = re.fullmatch(r"workerpool(\d+)-(\d+)", task)
+    if not m:
+        return task or "vertex"
+    pool, index = int(m[1]), int(m[2])
+    return "chief" if pool == 0 else f"worker-{index + 1}" if pool == 1 else task
+
+
+def format_log_lines(lines: Iterable[LogLine]) -> list[str]:
+    return [
+        f"[{replica_label(e.task)}] {part}" for e in lines for part in e.text.splitlines() or [""]
+    ]
+
+
+@dataclass
+class LogCursor:
+    """Where the last poll ended. Each poll asks again from `lookback` before the newest entry seen
+    (Cloud Logging may deliver an entry after later ones) and drops insertIds already taken."""
+
+    since: dt.datetime | None = None
+    lookback: dt.timedelta = dt.timedelta(seconds=30)
+    _seen: dict[str, dt.datetime] = field(default_factory=dict)
+
+    def filter(self, job_id: str) -> str:
+        parts = [f'resource.type="{LOG_RESOURCE_TYPE}"', f'resource.labels.job_id="{job_id}"']
+        if self.since is not None:
+            parts.append(f'timestamp>="{format_time(self.since - self.lookback)}"')
+        return " AND ".join(parts)
+
+    def take(self, entries: Iterable[LogLine]) -> list[LogLine]:
+        """The entries not taken before, oldest first; moves the cursor past them."""
+        new = []
+        for e in entries:
+            key = e.insert_id or f"{format_time(e.timestamp)}|{e.task}|{e.text}"
+            if key not in self._seen:
+                self._seen[key] = e.timestamp
+                new.append(e)
+        if new:
+            newest = max(e.timestamp for e in new)
+            self.since = newest if self.since is None else max(self.since, newest)
+        if self.since is not None:
+            horizon = self.since - self.lookback
+            self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
+        return sorted(new, key=lambda e: e.timestamp)
+
+
+# --------------------------------------------------------------------------------------------
+# The code package
+# --------------------------------------------------------------------------------------------
+
+_SETUP_PY = """\
+# Generated by gputrain: the working directory as package data of {code}, the trainer importable.
+from setuptools import setup
+
+setup(
+    name={name!r},
+    version={version!r},
+    python_requires=">=3.10",
+    packages={packages!r},
+    package_dir={package_dir!r},
+    package_data={{{code!r}: {data!r}}},
+    include_package_data=False,
+    install_requires={requires!r},
+)
+"""
+
+
+def build_sdist(
+    workdir: Path, out_dir: Path, *, trainer_dir: Path, limit_mib: float
+) -> tuple[Path, int]:
+    """gputrain-job-0.tar.gz with the same files and size limit as the SSH upload; pip-installing
+    it gives `python -m trainer.*` and the working directory under gputrain_code/files/.
+    Byte-for-byte reproducible. Returns (archive, bytes of code)."""
+    files = collect_sources(workdir, {"trainer": trainer_dir})
+    total = check_size(files, limit_mib, workdir)
+    trainer_pkgs = sorted(
+        rel.rsplit("/", 1)[0].replace("/", ".")
+        for rel in files
+        if rel.startswith("trainer/") and rel.endswith("/__init__.py")
+    )
+    if "trainer" not in trainer_pkgs:
+        raise UserError(f"trainer package: {trainer_dir} has no __init__.py")
+    setup_py = _SETUP_PY.format(
+        code=CODE_PACKAGE,
+        name=SDIST_NAME,
+        version=SDIST_VERSION,
+        packages=[CODE_PACKAGE, *trainer_pkgs],
+        package_dir={p: f"{CODE_PACKAGE}/files/{p.replace('.', '/')}" for p in trainer_pkgs},
+        data=[f"files/{glob.escape(rel)}" for rel in sorted(files)],
+        requires=list(TRAINER_REQUIREMENTS),
+    )
+    pkg_info = f"Metadata-Version: 2.1\nName: {SDIST_NAME}\nVersion: {SDIST_VERSION}\n"
+    init = '"""gputrain job code; the working directory is ROOT."""\nfrom pathlib import Path\n\n'
+    init += 'ROOT = Path(__file__).resolve().parent / "files"\n'
+    root = f"{SDIST_NAME}-{SDIST_VERSION}"
+    members: list[tuple[str, bytes | Path]] = [
+        (f"{root}/PKG-INFO", pkg_info.encode()),
+        (f"{root}/setup.py", setup_py.encode()),
+        (f"{root}/{CODE_PACKAGE}/__init__.py", init.encode()),
+        *((f"{root}/{CODE_PACKAGE}/files/{rel}", files[rel]) for rel in sorted(files)),
+    ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    archive = out_dir / f"{root}.tar.gz"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, src in members:
+            data = src.read_bytes() if isinstance(src, Path) else src
+            mode = (src.stat().st_mode & 0o755) | 0o644 if isinstance(src, Path) else 0o644
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+    with gzip.GzipFile(archive, "wb", mtime=0) as gz:
+        gz.write(buf.getvalue())
+    return archive, total

@@ -1,0 +1,115 @@
+"""Preflight of a Vertex AI stack, before anything is created: Vertex runs the shape, the region
+offers it (the catalog, then the Compute API in the stack's zones: Vertex's replicas run on that
+capacity), and the Vertex quota — which no API we call reports, so it is *unknown*, never zero.
+
+The Compute API is not needed to run Vertex jobs, so a check it cannot answer warns, it never
+blocks; a region where no listed zone has the machine type fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from infra import vertex
+from infra.base.errors import GputrainError
+from infra.catalog import quota_console_url
+from infra.gcp.compute import ComputeApi, ComputeApiError
+from infra.preflight import (
+    TABLE_HEADERS,
+    CheckResult,
+    PreflightReport,
+    check_machine_type,
+    request_for,
+)
+from infra.spec import ClusterSpec
+from scripts import ui
+
+
+def vertex_preflight(spec: ClusterSpec, api: ComputeApi) -> PreflightReport:
+    """Every check, one row each; never raises on a failed check."""
+    assert spec.project is not None  # require_deployable ran first
+    region = spec.region
+    offer = vertex.vertex_offer(spec.machine_type)
+    assert offer is not None  # parse_spec refused the rest
+    rows = [
+        CheckResult(
+            "Vertex machine",
+            region,
+            "warn" if offer.status == "unverified" else "ok",
+            f"{spec.machine_type}: {offer.status} ({offer.source})",
+            "" if offer.status != "unverified" else "expect Vertex to refuse it at job creation",
+        )
+    ]
+    regions = vertex.vertex_regions(spec.accelerator)
+    if regions is not None:
+        known = region in regions
+        rows.append(
+            CheckResult(
+                "region",
+                region,
+                "ok" if known else "warn",
+                f"{spec.accelerator} is {'' if known else 'not '}known in {region}",
+                "" if known else f"regions known to offer it: {', '.join(regions)}",
+            )
+        )
+    rows.append(_zones_row(spec, api))
+    rows.append(
+        CheckResult(
+            "Vertex quota",
+            region,
+            "warn",
+            f"unknown: the Compute API does not report Vertex AI training quotas; the job needs "
+            f"{spec.nodes * spec.gpus_per_node} x {vertex.accelerator_enum(spec.accelerator)}"
+            + (" (Spot: the preemptible quota)" if spec.spot else ""),
+            f"check 'custom model training' GPU quotas of aiplatform.googleapis.com in {region}: "
+            + quota_console_url(spec.project),
+        )
+    )
+    return PreflightReport(tuple(rows))
+
+
+def _zones_row(spec: ClusterSpec, api: ComputeApi) -> CheckResult:
+    """The machine type exists with its GPUs in at least one of the stack's zones."""
+    req = request_for(spec)
+    offered_in, why = [], []
+    for zone in spec.zones:
+        z = dataclasses.replace(req, zone=zone)
+        try:
+            info = api.machine_type(z.project, zone, z.machine_type)
+            accels = api.accelerator_types(z.project, zone) if z.is_n1 else []
+        except (ComputeApiError, OSError) as e:  # OSError: requests' connection errors
+            return CheckResult(
+                "machine type",
+                spec.region,
+                "warn",
+                f"could not check with the Compute API: {e}",
+                "not needed for Vertex; enable compute.googleapis.com to have it checked",
+            )
+        row = check_machine_type(z, info)
+        if row.status == "fail":
+            why.append(row.detail)
+        elif z.is_n1 and not any(a.name == z.accelerator for a in accels):
+            why.append(f"{z.accelerator} is not offered in {zone}")
+        else:
+            offered_in.append(zone)
+    if offered_in:
+        return CheckResult(
+            "machine type", spec.region, "ok", f"{spec.machine_type} in {', '.join(offered_in)}"
+        )
+    return CheckResult(
+        "machine type",
+        spec.region,
+        "fail",
+        "; ".join(why),
+        "pick zones of a region that offers it (gputrain:zones)",
+    )
+
+
+def preflight_region(spec: ClusterSpec, api: ComputeApi) -> None:
+    """Print the table; refuse to go on when a check failed."""
+    report = vertex_preflight(spec, api)
+    ui.table("preflight (Vertex AI)", TABLE_HEADERS, report.table_rows())
+    if not report.ok:
+        raise GputrainError(
+            "preflight failed (see the fixes in the table above); nothing was created"
+        )

@@ -1,0 +1,266 @@
+"""The session of a Vertex AI stack: nothing to connect to. A job is the working directory and the
+trainer packaged as an sdist, staged in the stack's bucket, submitted as a CustomJob, followed to
+its end (state changes with times, the replicas' log lines with [replica] prefixes) and brought
+home from the bucket. A failure, Ctrl-C or SIGTERM cancels the job and waits until Vertex says it
+ended, so nothing keeps billing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from infra import vertex
+from infra.base.errors import GputrainError, UserError
+from infra.gcp.gcs import StorageApi
+from infra.outputs import VertexOutputs
+from infra.spec import ClusterSpec
+from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
+from scripts import ui
+from scripts.guard import SignalGuard
+from scripts.job.download import write_job_record
+from scripts.job.launch import TRAINER_DIR
+from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
+from scripts.settings import Settings
+from scripts.targets.stack.bucket import to_fetch
+from scripts.targets.stack.target import target_name
+from scripts.targets.vertex.clients import VertexClients
+from scripts.targets.vertex.job import (
+    JobRequest,
+    JobStatus,
+    build_sdist,
+    custom_job_body,
+    failure_message,
+    run_output_dir,
+    staging_dir,
+    state_line,
+)
+
+if TYPE_CHECKING:
+    from scripts.targets.vertex.api import Followed
+
+RUN_LABEL = "gputrain-run"  # on every job: how a run's job is found again (logs, a lost create)
+JOB_RECORD = "vertex-job.json"  # runs/<target>/<run-id>/: which job a run was
+LOG_FILE = "vertex.log"  # runs/<target>/<run-id>/: every log line the controller saw
+
+
+def run_label(run_id: str) -> str:
+    """A run id as a label value (lowercase a-z 0-9 _ -, at most 63)."""
+    return re.sub(r"[^a-z0-9_-]", "_", run_id.lower())[:63]
+
+
+def stack_labels(spec: ClusterSpec) -> dict[str, str]:
+    """The labels every job of the stack carries (as its resources do), the user's included."""
+    return {STACK_LABEL: spec.stack, PROJECT_LABEL: PROJECT, **spec.labels}
+
+
+def bring_home(storage: StorageApi, out: VertexOutputs, run_id: str, results_dir: Path) -> None:
+    """The run's files in the bucket (runs/<run-id>/: model/, checkpoints/...) into results_dir:
+    every small file and the newest complete checkpoint, as `down` brings runs home."""
+    fetch = to_fetch(storage, out.bucket, out.bucket_prefix, {run_id: results_dir})
+    for f in fetch:
+        storage.download(out.bucket, f.obj.name, results_dir / f.relative)
+    if fetch:
+        ui.say(f"vertex: brought {len(fetch)} file(s) of run {run_id} home into {results_dir}")
+
+
+class VertexSession:
+    """Jobs on one Vertex stack that exists (its bucket and service account)."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        outputs: VertexOutputs,
+        clients: VertexClients,
+        settings: Settings,
+        *,
+        keep: bool = False,
+    ) -> None:
+        self.spec, self.out, self.clients, self.settings = spec, outputs, clients, settings
+        self.name = target_name(spec.stack)
+        self.hourly_usd: float | None = spec.hourly_price
+        self.keep = keep
+        self.api = clients.api(outputs.project, outputs.region)
+
+    def verify(self, fabric: bool = False) -> None:
+        """What can be proven before a job: the stack's bucket answers, Vertex offers the shape
+        in the region. The GPUs are Vertex's to provide: there is no SSH to look at them."""
+        if not self.clients.storage(self.out.project).bucket_exists(self.out.bucket):
+            raise GputrainError(
+                f"verify: bucket gs://{self.out.bucket} of stack {self.spec.stack} does not exist; "
+                f"run `gputrain up --stack {self.spec.stack}`"
+            )
+        # that Vertex runs the shape at all, parse_spec checked (vertex_problem)
+        regions = vertex.vertex_regions(self.spec.accelerator)
+        known = regions is None or self.out.region in regions
+        ui.say(
+            f"verify: stack {self.spec.stack} on Vertex AI in {self.out.region}: bucket "
+            f"gs://{self.out.bucket}, jobs run as {self.out.service_account}; "
+            f"{self.spec.nodes} x {self.spec.machine_type} "
+            f"({'a region known to offer' if known else 'region not known to offer'} "
+            f"{self.spec.accelerator}). Vertex provides the GPUs; there is no SSH to check them"
+        )
+
+    # ---- a job
+
+    def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
+        """Package, stage, submit, follow, bring home. Any failure or signal cancels the job."""
+        validate_job(job)
+        if job.max_restarts:
+            ui.warn("--max-restarts is not applied on Vertex AI (its replicas run torchrun once)")
+        started = time.monotonic()
+        results_dir.mkdir(parents=True, exist_ok=True)
+        package = self._stage(job)
+        body = custom_job_body(self._request(job, package))
+        created: JobStatus | None = None
+        try:
+            created = self.api.create_job(body)
+            (results_dir / JOB_RECORD).write_text(
+                json.dumps({"name": created.name, "run_id": job.run_id}, indent=2) + "\n"
+            )
+            ui.say(
+                f"vertex: job {created.job_id} submitted: {self.spec.nodes} x "
+                f"{self.spec.machine_type}, cut off after {self.spec.max_run_duration}"
+            )
+            with (results_dir / LOG_FILE).open("a") as log:
+                followed = self._follow(created.name, log)
+        except BaseException:
+            with guard.teardown():  # nothing may keep running: cancel, wait, then re-raise
+                self.cancel(created.name if created else None, job.run_id)
+            raise
+        bring_home(self.clients.storage(self.out.project), self.out, job.run_id, results_dir)
+        status = followed.status
+        result = JobResult(
+            job.run_id,
+            status.succeeded,
+            {"vertex": 0 if status.succeeded else None},
+            time.monotonic() - started,
+            results_dir,
+            None if status.succeeded else f"vertex job {status.job_id}",
+            () if status.succeeded else followed.last_lines,
+        )
+        write_job_record(result)
+        if not status.succeeded:
+            failure = NodeFailure(result.failed_node or "vertex", "exited", None, result.root_cause)
+            raise TrainingError(
+                failure_message(status, followed.last_lines) + f"\nlogs and results: {results_dir}",
+                failure=failure,
+                result=result,
+            )
+        return result
+
+    def _stage(self, job: Job) -> str:
+        """The sdist of the working directory + trainer, in gs://<bucket>/staging/<run-id>/."""
+        with tempfile.TemporaryDirectory(prefix="gputrain-sdist-") as tmp:
+            archive, size = build_sdist(
+                job.workdir or Path.cwd(),
+                Path(tmp),
+                trainer_dir=TRAINER_DIR,
+                limit_mib=job.max_upload_mib,
+            )
+            uri = staging_dir(self.out.bucket, job.run_id, self.out.bucket_prefix) + archive.name
+            storage = self.clients.storage(self.out.project)
+            storage.upload(self.out.bucket, uri.split("/", 3)[3], archive)
+        ui.say(f"vertex: staged {size / 2**20:.1f} MiB of code as {uri}")
+        return uri
+
+    def _request(self, job: Job, package: str) -> JobRequest:
+        spec = self.spec
+        gpu = spec.accelerator if spec.attach_gpus else None
+        return JobRequest(
+            display_name=f"gputrain-{spec.stack}-{job.run_id}"[:128],
+            region=self.out.region,
+            machine_type=spec.machine_type,
+            gpu_type=gpu,
+            gpu_count=spec.gpus_per_node if gpu else 0,
+            nodes=spec.nodes,
+            spot=spec.spot,
+            max_run_duration_s=spec.max_run_duration_s,
+            output_dir=run_output_dir(self.out.bucket, job.run_id, self.out.bucket_prefix),
+            package_uris=(package,),
+            args=tuple(job.entry),
+            env={**job.env, "GPUTRAIN_RUN_ID": job.run_id},
+            labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
+            service_account=self.out.service_account,
+            executor_image=spec.executor_image,
+        )
+
+    def _follow(self, name: str, log: IO[str] | None = None) -> Followed:
+        def lines(batch: list[str]) -> None:
+            if log is not None:
+                log.write("".join(f"{line}\n" for line in batch))
+                log.flush()
+            for line in batch:
+                ui.say(line)
+
+        return self.api.follow(
+            name,
+            on_state=lambda status, seen: ui.say(state_line(status, seen)),
+            on_lines=lines,
+            poll_s=self.clients.poll_s,
+            settle_s=self.clients.settle_s,
+        )
+
+    def cancel(self, name: str | None, run_id: str | None = None) -> None:
+        """Cancel a job (or, when its create may have gone through unseen, the run's jobs found by
+        label) and wait until each has ended; a failure here is loud, never silent."""
+        try:
+            if name is None:
+                labels = {STACK_LABEL: self.spec.stack}
+                if run_id is not None:
+                    labels[RUN_LABEL] = run_label(run_id)
+                names = [j.name for j in self.api.list_jobs(labels) if not j.done]
+            else:
+                names = [name]
+            for n in names:
+                ui.say(f"vertex: cancelling job {n.rsplit('/', 1)[-1]} and waiting until it ends")
+                self.api.cancel_and_wait(
+                    n,
+                    poll_s=min(5.0, self.clients.poll_s),
+                    timeout_s=self.clients.cancel_timeout_s,
+                    on_state=lambda status, seen: ui.say(state_line(status, seen)),
+                )
+        except Exception as e:
+            ui.warn(
+                f"could not cancel the Vertex job(s) of stack {self.spec.stack}: {e}; Vertex ends "
+                f"them after {self.spec.max_run_duration} (scheduling.timeout) at the latest"
+            )
+
+    # ---- what does not need a new job
+
+    def logs(self, run_id: str) -> None:
+        """Follow a run's job: its states and every log line so far, then on until it ends."""
+        self._follow(self._job_of(run_id))
+
+    def _job_of(self, run_id: str) -> str:
+        path = self.settings.runs_dir / self.name / run_id / JOB_RECORD
+        if path.is_file():
+            return str(json.loads(path.read_text())["name"])
+        found = self.api.list_jobs({STACK_LABEL: self.spec.stack, RUN_LABEL: run_label(run_id)})
+        if not found:
+            raise UserError(f"logs: no Vertex job of stack {self.spec.stack} has run id {run_id}")
+        return found[0].name
+
+    def running(self) -> dict[str, list[str]]:
+        jobs = self.api.list_jobs({STACK_LABEL: self.spec.stack})
+        ids = [j.labels.get(RUN_LABEL, j.job_id) for j in jobs if not j.done]
+        return {"vertex": ids} if ids else {}
+
+    def results(self, run_id: str) -> Path:
+        results_dir = self.settings.results_dir(self.name, run_id)
+        bring_home(self.clients.storage(self.out.project), self.out, run_id, results_dir)
+        return results_dir
+
+    def stop(self, run_id: str) -> None:
+        self.cancel(None, run_id)
+
+    def ssh(self, node: str, command: Sequence[str]) -> int:
+        raise UserError(
+            f"ssh: stack {self.spec.stack} runs on Vertex AI, which gives no SSH to its replicas; "
+            f"`gputrain logs --stack {self.spec.stack}` follows a job's logs"
+        )

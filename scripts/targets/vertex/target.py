@@ -1,0 +1,146 @@
+"""`--stack NAME` with `backend: vertex`: Vertex AI custom jobs instead of VMs. The stack is small
+(the API, the jobs' service account, the bucket) and needs no zone failover; a session submits and
+follows jobs (session.py). It fills StackTarget's hooks: a regional preflight, `pulumi up` of the
+small stack, the job session; teardown first cancels the stack's jobs and waits for them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from infra.base.errors import UserError
+from infra.outputs import Key, VertexOutputs, parse_vertex_outputs
+from infra.stackfile import STACK_LABEL
+from scripts import ui
+from scripts.targets.base import RunOptions
+from scripts.targets.stack.runner import pulumi_line
+from scripts.targets.stack.target import StackTarget
+from scripts.targets.vertex.clients import VertexClients
+from scripts.targets.vertex.session import RUN_LABEL, VertexSession
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+
+
+class VertexTarget(StackTarget[VertexClients, None]):
+    """A stack of what Vertex AI jobs need; its sessions submit and follow the jobs."""
+
+    def _project(self) -> tuple[ClusterSpec, str]:
+        spec = self.spec_with_project()
+        return spec, str(spec.project)
+
+    def _outputs(self) -> VertexOutputs | None:
+        raw = self.runner.outputs()
+        if isinstance(raw.get(Key.NODES), list):  # VMs: made while the file said backend gce
+            raise UserError(
+                f"stack {self.stack} is up with backend gce (it has VMs); "
+                f"`gputrain down --stack {self.stack}` first, then use it with backend vertex"
+            )
+        return parse_vertex_outputs(raw) if raw else None
+
+    def spec_for(self, opts: RunOptions) -> ClusterSpec:
+        """The spec, refusing the options that only mean something for VMs."""
+        if opts.max_recoveries is not None:
+            raise UserError(
+                f"--max-recoveries {opts.max_recoveries}: stack {self.stack} runs on Vertex AI, "
+                "where gputrain re-creates no VMs; allowed only for backend gce stacks"
+            )
+        return self.spec()
+
+    # ---- commands that need no stack
+
+    def keygen(self, *, force: bool) -> None:
+        raise UserError(
+            f"keygen: stack {self.stack} has backend vertex: Vertex AI runs the job, "
+            "there are no VMs to log in to"
+        )
+
+    def status(self) -> None:
+        spec, project = self._project()
+        out = self._outputs()
+        where = f"bucket gs://{out.bucket}, jobs run as {out.service_account}" if out else "not up"
+        ui.say(f"status: stack {self.stack} (Vertex AI, {spec.region}): {where}")
+        jobs = self.clients.api(project, spec.region).list_jobs({STACK_LABEL: self.stack})
+        if not jobs:
+            ui.say(f"status: stack {self.stack} has no Vertex jobs")
+            return
+        now = dt.datetime.now(dt.timezone.utc)
+        rows = []
+        for j in jobs:
+            began = j.start_time or j.create_time
+            left = (
+                "-"
+                if j.done or began is None
+                else f"{max(0.0, (began - now).total_seconds() + spec.max_run_duration_s):.0f} s"
+            )
+            rows.append([j.job_id, j.labels.get(RUN_LABEL, "?"), j.short_state, left])
+        ui.table(
+            f"status: Vertex jobs of stack {self.stack}",
+            ["job", "run", "state", "cut off by Vertex in"],
+            rows,
+        )
+
+    def sweep(self) -> bool:
+        leftovers = self.leftovers(self.spec())
+        if not leftovers:
+            ui.say(f"sweep: nothing of stack {self.stack} is left (no job running, no bucket)")
+        return bool(leftovers)
+
+    # ---- creating and destroying: StackTarget's skeleton, these hooks
+
+    def prepare(self, spec: ClusterSpec, opts: RunOptions) -> None:
+        if not opts.skip_preflight:
+            from scripts.targets.vertex.preflight import preflight_region
+
+            preflight_region(spec, self.clients.compute())
+
+    @contextmanager
+    def create(
+        self, spec: ClusterSpec, prepared: None, opts: RunOptions
+    ) -> Iterator[VertexSession]:
+        ui.say(f"up: stack {self.stack}: the Vertex AI API, a service account, the bucket")
+        outputs = parse_vertex_outputs(self.runner.up(on_output=pulumi_line))
+        yield VertexSession(spec, outputs, self.clients, self.settings, keep=opts.keep)
+
+    def kept_message(self, spec: ClusterSpec) -> str:
+        return (
+            f"stack {self.stack} stays up (its bucket and service account cost "
+            f"nothing while no job runs); `gputrain down --stack {self.stack}` ends it"
+        )
+
+    @contextmanager
+    def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
+        spec = self.spec_for(opts)
+        outputs = self._outputs()
+        if outputs is None:
+            raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
+        yield VertexSession(spec, outputs, self.clients, self.settings)
+
+    def before_destroy(self, spec: ClusterSpec) -> None:
+        """The stack's jobs cancelled, and waited for, before their bucket is settled."""
+        assert spec.project is not None  # down and provisioned checked it
+        bare = VertexOutputs(spec.project, spec.region, "", "", "")
+        VertexSession(spec, bare, self.clients, self.settings).cancel(None)
+
+    def leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
+        """Jobs of the stack not ended, and buckets carrying its label (but one kept on purpose),
+        printed loudly."""
+        if not spec.project:
+            raise UserError(f"gcp:project is not set for stack {self.stack}")
+        api = self.clients.api(spec.project, spec.region)
+        rows = [
+            ["Vertex job", j.job_id, spec.region, j.short_state]
+            for j in api.list_jobs({STACK_LABEL: self.stack})
+            if not j.done
+        ]
+        rows += [
+            ["bucket", b.name, b.location, f"label {STACK_LABEL}={self.stack}"]
+            for b in self.clients.storage(spec.project).list_buckets(spec.project)
+            if b.labels.get(STACK_LABEL) == self.stack and b.name != kept
+        ]
+        if rows:
+            ui.table(f"LEFT BEHIND by stack {self.stack}", ["kind", "name", "where", "state"], rows)
+        return rows

@@ -1,0 +1,160 @@
+"""Teardown coverage (infra/gcp/sweep.py): every resource type the Pulumi program declares maps to a
+kind the sweep lists, the service account and its project role bindings are found through the
+real IAM / Cloud Resource Manager REST shapes, and other stacks' accounts are left alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pytest
+
+from infra.components.identity import NODE_ROLES
+from infra.gcp.compute import ComputeApi
+from infra.gcp.gcs import StorageApi
+from infra.gcp.iam import IamApi
+from infra.gcp.sweep import NOT_SWEPT, SWEPT_TYPES, sweep
+from infra.stackfile import STACK_LABEL, load_stack_config, service_account_id
+from tests.support.fake_compute import FakeCompute
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.program import FAMILIES
+from tests.support.pulumi_mocks import ROOT, deployable_config, pulumi_mocks
+
+# A representative set of stacks: every shipped stack file, every machine family, and the
+# options that add or remove resources (an existing network, compact placement, many nodes).
+STACKS: list[tuple[str, str, dict[str, str]]] = [
+    *[(f"shipped-{s}", s, {}) for s in ("dev", "a100", "h100", "t4", "a4", "a3mega")],
+    (
+        "a3-ultra-spot",
+        "a4",
+        {"machineType": "a3-ultragpu-8g", "capacity": "spot", "reservation": ""},
+    ),
+    ("fabric-existing-network", "a3mega", {"network": "shared-vpc"}),
+    *FAMILIES,
+    ("existing-network", "dev", {"network": "shared-vpc", "publicIp": "all"}),
+    ("compact-4", "h100", {"nodes": "4", "placement": "compact"}),
+    ("existing-bucket", "dev", {"bucket": "gs://team-runs/gputrain"}),
+    ("shipped-vertex", "vertex", {}),
+]
+
+
+def _declared_types(stack: str, overrides: dict[str, str]) -> set[str]:
+    """Run the Pulumi program (__main__.py) under mocks; the custom resource types it declared."""
+    return {r.typ for r in _declared(stack, overrides)}
+
+
+def _declared(stack: str, overrides: dict[str, str]) -> list[Any]:
+    """Run the Pulumi program (__main__.py) under mocks; the custom resources it declared."""
+    import runpy
+
+    cfg = deployable_config(stack, **overrides)
+    with pulumi_mocks(load_stack_config(ROOT, stack), stack=stack) as mocks:
+
+        @pulumi.runtime.test
+        def program() -> Any:
+            pulumi.runtime.set_all_config(cfg, secret_keys=["gputrain:sshPrivateKey"])
+            ns = runpy.run_path(str(ROOT / "__main__.py"))
+            return pulumi.Output.all(**ns["cluster"].exports())
+
+        program()
+        return [r for r in mocks.resources if r.custom]
+
+
+def test_every_resource_type_the_program_declares_is_swept(
+    fake: FakeCompute, gcs: GcsEmulator
+) -> None:
+    declared: set[str] = set()
+    for _, stack, overrides in STACKS:
+        declared |= _declared_types(stack, overrides)
+    missing = sorted(declared - set(SWEPT_TYPES) - set(NOT_SWEPT))
+    assert not missing, f"declared but never swept (add them to infra/sweep.SWEPT_TYPES): {missing}"
+    # both ways: an entry for a type nothing declares is stale
+    assert set(SWEPT_TYPES) | set(NOT_SWEPT) <= declared
+    # ... and every kind in the table is one the sweep really lists: a world with one of each
+    dev = "dev"
+    fake.add_instance(f"{dev}-node-0", "us-central1-a", labels={"gputrain-stack": dev})
+    for kind, name, where in [
+        ("networks", f"{dev}-net", {}),
+        ("subnetworks", f"{dev}-subnet", {"region": "us-central1"}),
+        ("firewalls", f"{dev}-ssh", {}),
+        ("resourcePolicies", f"{dev}-compact", {"region": "us-central1"}),
+    ]:
+        fake.add_resource(kind, name, **where)
+    email = fake.add_service_account(service_account_id(dev))
+    fake.add_role_binding("roles/logging.logWriter", f"serviceAccount:{email}")
+    bucket = gcs.client().create_bucket(f"gputrain-{dev}-{fake.project}")
+    bucket.labels = {STACK_LABEL: dev}  # the emulator drops labels on insert
+    bucket.patch()
+    storage = StorageApi(fake.project)
+    found = {x.kind for x in sweep(fake.project, dev, api=ComputeApi(fake.url), storage=storage)}
+    assert set(SWEPT_TYPES.values()) <= found
+
+
+@pytest.mark.parametrize("stack", ["a4", "a3mega"])
+def test_every_network_subnet_and_firewall_of_a_fabric_is_swept(
+    fake: FakeCompute, stack: str
+) -> None:
+    """The GPU fabric's 3 or 9 VPCs, their subnets and firewalls: each one found by the sweep."""
+    kinds = {
+        "gcp:compute/network:Network": ("networks", "network"),
+        "gcp:compute/subnetwork:Subnetwork": ("subnetworks", "subnetwork"),
+        "gcp:compute/firewall:Firewall": ("firewalls", "firewall"),
+    }
+    declared = [r for r in _declared(stack, {}) if r.typ in kinds]
+    assert len([r for r in declared if r.typ.endswith("Network")]) == (3 if stack == "a4" else 9)
+    for r in declared:
+        where = {"region": r.inputs["region"]} if "region" in r.inputs else {}
+        fake.add_resource(kinds[r.typ][0], r.inputs["name"], **where)
+    found = {(x.kind, x.name) for x in sweep(fake.project, stack, api=ComputeApi(fake.url))}
+    assert found == {(kinds[r.typ][1], r.inputs["name"]) for r in declared}
+
+
+def test_service_account_and_its_role_bindings_are_found_until_deleted(
+    fake: FakeCompute,
+) -> None:
+    api = ComputeApi(fake.url)
+    email = fake.add_service_account("gputrain-dev", "gputrain nodes of stack dev")
+    other = fake.add_service_account("gputrain-dev-2")  # another stack: dev-2
+    fake.add_service_account("dev-tools")  # the user's own account that starts with the stack
+    for role in NODE_ROLES:
+        fake.add_role_binding(f"roles/{role}", f"serviceAccount:{email}")
+        fake.add_role_binding(f"roles/{role}", f"serviceAccount:{other}")
+    found = sweep(fake.project, "dev", api=api)
+    assert [(x.kind, x.name, x.matched_by) for x in found] == [
+        (
+            "iam-binding",
+            f"roles/logging.logWriter serviceAccount:{email}",
+            "account id gputrain-dev",
+        ),
+        (
+            "iam-binding",
+            f"roles/monitoring.metricWriter serviceAccount:{email}",
+            "account id gputrain-dev",
+        ),
+        ("service-account", email, "account id gputrain-dev"),
+    ]
+    # the account deleted before its bindings: IAM keeps them as deleted:... members
+    fake.remove_service_account(email)
+    left = sweep(fake.project, "dev", api=api)
+    assert [x.kind for x in left] == ["iam-binding", "iam-binding"]
+    assert all(
+        x.name.split(" ", 1)[1].startswith(f"deleted:serviceAccount:{email}?uid=") for x in left
+    )
+    for role in NODE_ROLES:
+        fake.remove_role_binding(f"roles/{role}", f"serviceAccount:{email}")
+    assert sweep(fake.project, "dev", api=api) == []
+    assert {x.name for x in sweep(fake.project, "dev-2", api=api)} >= {other}
+
+
+def test_iam_reads_page_and_fail_in_one_line(fake: FakeCompute) -> None:
+    from infra.gcp.compute import ComputeApiError
+
+    iam = IamApi(fake.url)
+    for i in range(5):  # the fake pages every 2 accounts
+        fake.add_service_account(f"sa-number-{i}")
+    assert len(iam.service_accounts(fake.project)) == 5
+    assert ("roles/owner", "user:owner@example.com") in iam.role_bindings(fake.project)
+    with pytest.raises(ComputeApiError, match=r"IAM serviceAccounts.list: 403 Permission"):
+        iam.service_accounts("someone-else")
+    with pytest.raises(ComputeApiError, match=r"projects.getIamPolicy: 403"):
+        iam.role_bindings("someone-else")

@@ -1,0 +1,57 @@
+"""infra/outputs.py: the stack outputs contract the components write and every reader parses
+(one-line errors for malformed outputs), and the fleet the controller builds from them."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.base.errors import GputrainError
+from infra.outputs import StackOutputError, parse_stack_outputs
+from tests.support.fake_stack import sample_outputs
+
+
+def _broken(mutate: Any) -> dict[str, Any]:
+    out = copy.deepcopy(sample_outputs("dev", "us-central1-a", nodes=2))
+    mutate(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("outputs", "message"),
+    [
+        (_broken(lambda o: o.pop("sshUser")), "sshUser is None; expected str"),
+        (_broken(lambda o: o.update(nodes=[])), "nodes is []; expected a non-empty list"),
+        (
+            _broken(lambda o: o.update(gpusPerNode=1.5)),
+            "gpusPerNode is 1.5; expected a whole number",
+        ),
+        (_broken(lambda o: o.update(gpusPerNode=True)), "gpusPerNode is True"),
+        (_broken(lambda o: o["nodes"][1].update(role="boss")), "nodes[1].role is 'boss'"),
+        (_broken(lambda o: o["nodes"][0].update(role="worker")), "exactly one head, first"),
+        (_broken(lambda o: o["nodes"][1].update(externalIp="")), "nodes[1].externalIp is ''"),
+        (_broken(lambda o: o["nodes"][0].pop("internalIp")), "nodes[0].internalIp is None"),
+        (_broken(lambda o: o.update(nodes=["dev-node-0"])), "nodes[0] is 'dev-node-0'"),
+    ],
+)
+def test_malformed_outputs_are_one_line_errors(outputs: dict[str, Any], message: str) -> None:
+    with pytest.raises(StackOutputError) as err:
+        parse_stack_outputs(outputs)
+    assert message in str(err.value)
+
+
+def test_outputs_to_fleet_pins_keys_and_expects_the_gpus() -> None:
+    parsed = parse_stack_outputs(sample_outputs("dev", "us-central1-a", nodes=2))
+    keys = {n.name: (f"ssh-ed25519 KEY{i}",) for i, n in enumerate(parsed.nodes)}
+    fleet = parsed.to_fleet("stack-dev", keys, identity_file=Path("/k"))
+    assert fleet.target == "stack-dev"
+    assert fleet.head.name == "dev-node-0" and fleet.head.address == parsed.nodes[0].external_ip
+    assert fleet.nodes[1].address is None  # workers reached through the head
+    assert fleet.nodes[1].host_keys == ("ssh-ed25519 KEY1",)
+    assert fleet.expect.count == parsed.gpus_per_node and fleet.expect.model == parsed.gpu_model
+    assert 0 < fleet.expect.min_memory_mib < parsed.gpu_memory_gb * 1024
+    with pytest.raises(GputrainError, match="no pinned SSH host keys for dev-node-1"):
+        parsed.to_fleet("stack-dev", {"dev-node-0": ("k",)}, identity_file=None)

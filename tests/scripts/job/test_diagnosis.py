@@ -1,0 +1,90 @@
+"""Failure diagnosis: the root cause of a failed run from torchrun's error files and the workers'
+logs, the cause preferred over its consequences."""
+
+from __future__ import annotations
+
+import json
+
+from scripts.job.diagnosis import root_cause_lines
+from scripts.job.node_scripts import parse_exitcode
+
+
+def test_root_cause_prefers_earliest_error_json() -> None:
+    late = {
+        "message": {
+            "message": "ValueError: later",
+            "extraInfo": {
+                "py_callstack": "Traceback (most recent call last):\n  File x\nValueError: later",
+                "timestamp": "200",
+            },
+        }
+    }
+    early = {
+        "message": {
+            "message": "RuntimeError: first",
+            "extraInfo": {
+                "py_callstack": "Traceback (most recent call last):\n  File y\nRuntimeError: first",
+                "timestamp": "100",
+            },
+        }
+    }
+    lines = root_cause_lines([json.dumps(late), json.dumps(early)], ["log"])
+    assert lines[-1] == "RuntimeError: first"
+    assert root_cause_lines([], ["", "a", "b"], max_lines=1) == ["b"]
+    assert parse_exitcode("") == (None, None)
+    assert parse_exitcode("143 1700000000.5") == (143, 1700000000.5)
+
+
+def _err(message: str, ts: int) -> str:
+    return json.dumps(
+        {
+            "message": {
+                "message": message,
+                "extraInfo": {"py_callstack": message, "timestamp": str(ts)},
+            }
+        }
+    )
+
+
+def test_first_failure_prefers_the_cause_over_its_consequences() -> None:
+    from scripts.job.diagnosis import FailureFacts, first_failure
+
+    cause = FailureFacts("w1", 1, (_err("RuntimeError: deliberate", 100),), ended_at=12.0)
+    peer = FailureFacts(
+        "h0", 1, (_err("RuntimeError: Connection closed by peer [10.0.0.2]", 100),), 11.0
+    )
+    assert first_failure([peer, cause]) == "w1"  # same second: the peer's error is a consequence
+    killed = FailureFacts("w2", None, (), ended_at=20.0)
+    assert first_failure([peer, cause, killed]) == "w2"  # killed without a word comes first
+    early = FailureFacts("a", 1, (_err("ValueError: x", 90),), 30.0)
+    assert first_failure([cause, early]) == "a"  # then by error time
+    assert first_failure([FailureFacts("p", 2, (), 5.0), FailureFacts("q", 3, (), 4.0)]) == "q"
+
+
+def test_root_cause_without_error_file_is_the_workers_traceback() -> None:
+    """torchrun's ChildFailedError report says nothing of the cause: show the worker's lines."""
+    log = [
+        "[rank1]:Traceback (most recent call last):",
+        '[rank1]:  File "job.py", line 7, in <module>',
+        "[rank1]:PermissionError: [Errno 13] Permission denied: '/data'",
+        "Traceback (most recent call last):",
+        '  File "torch/distributed/run.py", line 900, in main',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "  exitcode  : 1 (pid: 4651)",
+    ]
+    lines = root_cause_lines([], log)
+    assert lines[-1] == "[rank1]:PermissionError: [Errno 13] Permission denied: '/data'"
+    assert not any("ChildFailedError" in ln for ln in lines)
+
+
+def test_error_json_is_parsed_once_for_cause_and_timing() -> None:
+    from scripts.job.diagnosis import error_summary, parse_error_file, split_error_files
+
+    text = _err("RuntimeError: Connection closed by peer [10.0.0.2]", 100)
+    err = parse_error_file(text)
+    assert err is not None and err.timestamp == 100.0 and err.message.startswith("RuntimeError")
+    assert parse_error_file("not json") is None and parse_error_file("[1, 2]") is None
+    assert split_error_files(f"{text}\n\036\n{_err('x', 5)}\n\036\n") == [text, _err("x", 5)]
+    assert error_summary([text]) == (100.0, True)  # a lost peer: a consequence
+    assert error_summary([_err("ValueError: mine", 7), text]) == (7.0, False)
+    assert error_summary([]) == (float("inf"), False)

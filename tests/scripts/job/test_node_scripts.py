@@ -1,0 +1,118 @@
+"""The node scripts: torchrun's command line with hostile arguments passed verbatim, the job's
+settings checked, and a detached job started, tailed and stopped with its whole process tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.base.errors import UserError
+from scripts.job.node_scripts import (
+    build_node_command,
+    build_start_command,
+    build_stop_command,
+    build_tail_command,
+    parse_exitcode,
+)
+from scripts.job.records import Job, validate_job
+from scripts.transport.local import LocalTransport
+from tests.support.fake_python import FAKE_PY
+
+HOSTILE = ("a b", "$HOME", "'q'", 'd"q', "x;touch pwned", "`id`", "$(id)", "*", "", "-m", "\\n")
+
+
+def test_node_command_passes_arguments_verbatim_and_sets_env(tmp_path: Path) -> None:
+    fake = tmp_path / "fakepy"
+    fake.write_text(FAKE_PY)
+    fake.chmod(0o755)
+    job = Job(
+        run_id="r-1",
+        entry=("-m", "trainer.train", *HOSTILE),
+        env={"WANDB_MODE": "off it's", "X": "$(touch pwned2)"},
+        max_restarts=2,
+        rdzv_port=29400,
+    )
+    script = build_node_command(
+        job, nnodes=3, nproc_per_node=4, head_address="127.0.0.1", python=str(fake)
+    )
+    run = tmp_path / "run"
+    (run / "code").mkdir(parents=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "OUT_ARGS": str(tmp_path / "args"),
+        "OUT_ENV": str(tmp_path / "env"),
+    }
+    (run / "run.sh").write_text(script)
+    r = subprocess.run(["sh", "run.sh"], cwd=run, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "args").read_text().split("\n")[:-1]
+    assert argv[:2] == ["-m", "torch.distributed.run"]
+    opts = argv[2 : argv.index("-m", 2)]
+    assert opts[opts.index("--nnodes") + 1] == "3"
+    assert opts[opts.index("--nproc-per-node") + 1] == "4"
+    assert opts[opts.index("--rdzv-backend") + 1] == "c10d"
+    assert opts[opts.index("--rdzv-endpoint") + 1] == "127.0.0.1:29400"
+    assert opts[opts.index("--rdzv-id") + 1] == "r-1"
+    assert opts[opts.index("--max-restarts") + 1] == "2"
+    assert opts[opts.index("--log-dir") + 1] == str(run / "logs")
+    assert argv[argv.index("-m", 2) :] == ["-m", "trainer.train", *HOSTILE]
+    envs = dict(
+        line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line
+    )
+    assert envs["WANDB_MODE"] == "off it's" and envs["X"] == "$(touch pwned2)"
+    assert envs["GLOO_SOCKET_IFNAME"] == envs["NCCL_SOCKET_IFNAME"] == "lo"  # holds 127.0.0.1
+    assert envs["GPUTRAIN_OUT"] == str(run / "out")
+    assert envs["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert parse_exitcode((run / "exitcode").read_text())[0] == 0
+    assert not (run / "code" / "pwned").exists() and not (run / "pwned2").exists()
+
+
+def test_validate_job_rejects_bad_settings() -> None:
+    with pytest.raises(UserError, match=r"run id: 'a b'"):
+        validate_job(Job(run_id="a b"))
+    with pytest.raises(UserError, match=r"env: variable name 'A-B'"):
+        validate_job(Job(run_id="ok", env={"A-B": "1"}))
+    with pytest.raises(UserError, match="rendezvous port: 80"):
+        validate_job(Job(run_id="ok", rdzv_port=80))
+    validate_job(Job(run_id="ok"))
+    assert Job(run_id="x").entry == ("-m", "trainer.train", "--preset", "tiny")
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie waits for its parent; it runs nothing
+
+
+def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> None:
+    t = LocalTransport("n", tmp_path)
+    # a job whose child sits in its own session, like torchrun's workers
+    script = "echo $$ > pgid\nsetsid sleep 300 &\necho $! > child\necho $! > jobpid\nwait\n"
+    r = t.run(f"mkdir -p .gputrain/code && {build_start_command('j1')}", 10, stdin=script.encode())
+    assert r.ok and r.stdout.strip().isdigit()
+    pgid = int(r.stdout)
+    run = tmp_path / ".gputrain" / "runs" / "j1"
+    for _ in range(50):
+        if (run / "child").exists() and (run / "child").read_text().strip():
+            break
+        time.sleep(0.05)
+    child = int((run / "child").read_text())
+    os.kill(pgid, 0)
+    os.kill(child, 0)
+    start = time.monotonic()
+    out = t.run(build_stop_command("j1", grace_s=0.5), 20).stdout.strip()
+    assert out in ("killed", "terminated")
+    assert time.monotonic() - start < 5
+    time.sleep(0.1)
+    for pid in (pgid, child):
+        assert not _running(pid)
+    lines: list[str] = []
+    (run / "torchrun.log").write_text("one\ntwo\nthree\n")
+    assert t.stream(build_tail_command("j1", 1), lines.append, timeout=10) == 0
+    assert lines == ["two", "three"]  # resumes after the lines already seen; ends with the job

@@ -1,0 +1,70 @@
+"""Code sync's planning: what is collected (gitignore, size limit), what an upload sends and removes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra.base.errors import UserError
+from scripts.job.sync import check_size, collect_sources, plan_upload, sync_code
+from scripts.transport.local import LocalTransport
+
+
+def _git_repo(path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    (path / ".gitignore").write_text("data/\n*.ckpt\n")
+    (path / "train.py").write_text("print('hi')\n")
+    (path / "data").mkdir()
+    (path / "data" / "big.bin").write_bytes(b"x" * 1000)
+    (path / "model.ckpt").write_bytes(b"x" * 10)
+    (path / "lib").mkdir()
+    (path / "lib" / "util.py").write_text("X = 1\n")
+
+
+def test_collect_respects_gitignore_and_size_limit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _git_repo(repo)
+    files = collect_sources(repo)
+    assert sorted(files) == [".gitignore", "lib/util.py", "train.py"]
+    # `--local` node state under a runs/ that git does not ignore is never shipped back
+    node_code = repo / "runs" / "local" / "node" / ".gputrain" / "code"
+    node_code.mkdir(parents=True)
+    (node_code / "train.py").write_text("print('hi')\n")
+    assert sorted(collect_sources(repo)) == [".gitignore", "lib/util.py", "train.py"]
+    (repo / "weights.bin").write_bytes(b"w" * 2 * 1024 * 1024)
+    with pytest.raises(
+        UserError, match=r"above the limit of 1 MiB; biggest files: weights.bin \(2.0 MiB\)"
+    ):
+        check_size(collect_sources(repo), 1, repo)
+    # not a git repository: a walk that skips .git/.venv/__pycache__/runs
+    plain = tmp_path / "plain"
+    (plain / ".venv").mkdir(parents=True)
+    (plain / ".venv" / "x.py").write_text("")
+    (plain / "runs").mkdir()
+    (plain / "runs" / "r.json").write_text("")
+    (plain / "a.py").write_text("")
+    assert sorted(collect_sources(plain, {"pkg": repo / "lib"})) == ["a.py", "pkg/util.py"]
+
+
+def test_plan_upload_sends_only_changes() -> None:
+    plan = plan_upload({"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "old", "gone": "9"})
+    assert plan.send == ("b", "c") and plan.delete == ("gone",)
+
+
+def test_sync_skips_unchanged_files_and_removes_deleted(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _git_repo(repo)
+    t = LocalTransport("n", tmp_path / "node")
+    first = sync_code(t, collect_sources(repo), staging=tmp_path / "s1")
+    assert first.send == (".gitignore", "lib/util.py", "train.py")
+    again = sync_code(t, collect_sources(repo), staging=tmp_path / "s2")
+    assert again.send == () and again.delete == ()
+    (repo / "train.py").write_text("print('changed')\n")
+    (repo / "lib" / "util.py").unlink()
+    third = sync_code(t, collect_sources(repo), staging=tmp_path / "s3")
+    assert third.send == ("train.py",) and third.delete == ("lib/util.py",)
+    code = tmp_path / "node" / ".gputrain" / "code"
+    assert (code / "train.py").read_text() == "print('changed')\n"
+    assert not (code / "lib" / "util.py").exists()

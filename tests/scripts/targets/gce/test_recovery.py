@@ -1,0 +1,265 @@
+"""The parts of spot recovery that need no test bed: how a preemption is recognised (through the
+real Compute client and the fake server's operations), the log lines it reads, the one line it
+prints, the summary rows, the --max-recoveries rule, and installing google-cloud-storage on a node
+(the real shell, with a stub interpreter)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.base.errors import UserError
+from infra.gcp.compute import ComputeApi
+from infra.outputs import parse_bucket, parse_stack_outputs
+from infra.spec import parse_spec
+from scripts.cli import main
+from scripts.job.node_scripts import STORAGE_PACKAGES, TRAINER_PACKAGES, build_install_command
+from scripts.job.progress import StepWatch
+from scripts.job.records import JobResult, NodeFailure, Recovery, TrainingError
+from scripts.lifecycle import recovery_rows, summarize
+from scripts.settings import Settings
+from scripts.targets.base import RunOptions
+from scripts.targets.gce.recovery import (
+    NodeCloudState,
+    StackNodes,
+    checkpoint_uri,
+    keep_attempt_logs,
+    looks_stopped,
+    preempted_nodes,
+    recovery_line,
+)
+from scripts.targets.gce.target import recoveries_allowed
+from scripts.transport.local import LocalTransport
+from tests.support import ROOT
+from tests.support.fake_compute import FakeCompute
+from tests.support.fake_stack import sample_outputs
+from tests.support.pulumi_mocks import deployable_config
+
+ZONE = "us-central1-a"
+
+
+def test_what_counts_as_preempted() -> None:
+    states = [
+        NodeCloudState("op", "RUNNING", "2026-11-23T10:00:00Z"),
+        NodeCloudState("stopping", "STOPPING", None),
+        NodeCloudState("terminated", "TERMINATED", None),
+        NodeCloudState("gone", None, None),
+        NodeCloudState("running", "RUNNING", None),
+    ]
+    found = preempted_nodes(states, ttl_over=False)
+    assert sorted(found) == ["gone", "op", "stopping", "terminated"]
+    assert found["op"].evidence == "compute.instances.preempted at 2026-11-23T10:00:00Z"
+    assert found["gone"].evidence == "instance deleted"
+    # At the end of maxRunDuration GCE deletes the VMs on purpose: only an operation counts.
+    assert sorted(preempted_nodes(states, ttl_over=True)) == ["op"]
+
+
+def _error(kind: str, code: int | None, root: tuple[str, ...] = ("boom",)) -> TrainingError:
+    failure = NodeFailure("n1", kind, code, root)  # type: ignore[arg-type]
+    result = JobResult("r", False, {"n0": 1, "n1": code}, 1.0, Path("."))
+    return TrainingError("failed", failure=failure, result=result)
+
+
+def test_a_stopped_looking_failure_is_worth_waiting_for_the_api() -> None:
+    assert looks_stopped(_error("killed", None))
+    assert looks_stopped(_error("lost", None))
+    stopped = "[rank0]:preemption notice (metadata server): stopped at step 40 with a checkpoint"
+    assert looks_stopped(_error("exited", 1, (stopped,)))
+    assert not looks_stopped(_error("exited", 1, ("ValueError: nan loss",)))
+
+
+def test_stack_nodes_read_the_compute_api() -> None:
+    out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=2))
+    with FakeCompute() as fake:
+        for n in out.nodes:
+            fake.add_instance(n.name, ZONE)
+        fake.preempt_instance("dev-node-0", ZONE, delete_after_s=60)  # an earlier incarnation
+        since = time.time() + 10  # this attempt began after it
+        slept: list[float] = []
+        nodes = StackNodes(
+            ComputeApi(fake.url),
+            out,
+            spot=True,
+            ttl_s=3600,
+            recreate=lambda zone: (None, out),  # type: ignore[arg-type,return-value]
+            sleep=slept.append,
+        )
+        assert nodes.states(since - 60)[0].preempted_at  # seen when asked about that time
+        # The old operation is not this attempt's; the STOPPING instance still counts.
+        found = nodes.preempted(since, wait_s=0)
+        assert list(found) == ["dev-node-0"] and found["dev-node-0"].preempted_at is None
+        fake.remove_instance("dev-node-0", ZONE)
+        fake.add_instance("dev-node-0", ZONE)  # re-created: running again
+        assert nodes.preempted(since, wait_s=0) == {} and slept == []
+        assert nodes.job_env("r1") == {"GPUTRAIN_WATCH_PREEMPTION": "1"}  # no bucket output
+
+
+def test_checkpoints_go_under_the_runs_prefix_of_the_bucket() -> None:
+    theirs = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "t/", "bucketOwned": 0}
+
+    def run_bucket(outputs: dict[str, Any]) -> str | None:
+        bucket = parse_bucket(outputs)
+        return bucket.uri if bucket else None
+
+    assert checkpoint_uri(run_bucket(theirs), "r1") == "gs://b/t/runs/r1/checkpoints/"
+    own = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "", "bucketOwned": 1}
+    assert checkpoint_uri(run_bucket(own), "r1") == "gs://b/runs/r1/checkpoints/"
+    assert checkpoint_uri(run_bucket(sample_outputs("dev", ZONE)), "r1") is None
+
+
+def test_step_watch_reads_the_trainer_lines() -> None:
+    t = [100.0]
+    watch = StepWatch(clock=lambda: t[0])
+    watch.line("n0", "[rank0]:checkpoint /x/out/ckpt-00000020.pt")
+    watch.line("n0", "[rank0]:step     23/300 | loss 2.1 | lr 1e-3 | ...")
+    assert watch.reached == 23
+    fired: list[int] = []
+    watch.new_attempt(lambda: fired.append(1))
+    assert watch.reached is None
+    watch.line("n0", "[rank0]:trainer: preset tiny, ..., start step 20/300, restart 0")
+    t[0] = 130.0
+    watch.line("n0", "[rank0]:step     21/300 | loss 2.2 |")
+    watch.line("n0", "[rank0]:step     22/300 | loss 2.2 |")
+    assert (watch.start_step, watch.first_step_at, watch.reached, fired) == (20, 130.0, 22, [1])
+
+
+def test_the_recovery_line_and_summary_rows() -> None:
+    r = Recovery(("dev-node-1",), 1_700_000_000.0, 41.6, ZONE, 20, 3)
+    line = recovery_line(r, 1, 3)
+    assert line.startswith("recovery 1/3: dev-node-1 preempted at ")
+    assert line.endswith(
+        "training again 42 s later in us-central1-a, resumed from step 20 (3 step(s) trained again)"
+    )
+    unknown = Recovery(("dev-node-1",), 1_700_000_000.0, 5.0, ZONE, None, None)
+    assert "resumed from an unknown step" in recovery_line(unknown, 2, 3)
+    assert recovery_rows([r, r]) == [
+        ["recoveries", "2 (dev-node-1, dev-node-1)"],
+        ["downtime", "83 s"],
+        ["steps repeated", "6"],
+    ]
+    assert recovery_rows([r, unknown])[2] == ["steps repeated", "unknown"]
+    assert recovery_rows([]) == []
+
+
+def test_summary_labels_steady_and_wall_figures_and_counts_lost_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "n0").mkdir()
+    (tmp_path / "n0" / "summary.json").write_text(
+        '{"final_loss": 1.43284, "loss_floor": 1.3862943611198906, "tokens_per_s": 56158.2,'
+        ' "mfu": null, "wall_tokens_per_s": 32832.9, "wall_mfu": null}'
+    )
+    rec = Recovery(("dev-node-1",), 1_700_000_000.0, 41.0, ZONE, 20, 2)
+    result = JobResult("r", True, {"n0": 0}, 1.0, tmp_path, recoveries=(rec,))
+    summarize(result, hourly_usd=3.6, started=time.monotonic() - 100)
+    out = capsys.readouterr().out
+    assert "loss floor (synthetic data)  1.3863" in out
+    assert "tokens/s (steady)" in out and "tokens/s (wall clock)" in out
+    assert "recoveries" in out and "1 (dev-node-1)" in out
+    assert "$0.10 at $3.60/h, 41 s of it recovering" in out
+
+
+def test_max_recoveries_defaults_and_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spot = parse_spec(deployable_config("dev"), "dev")
+    on_demand = parse_spec(deployable_config("dev", capacity="on-demand"), "dev")
+    assert recoveries_allowed(RunOptions(), spot) == 3
+    assert recoveries_allowed(RunOptions(), on_demand) == 0
+    assert recoveries_allowed(RunOptions(max_recoveries=5), on_demand) == 5
+    with pytest.raises(UserError, match=r"--max-recoveries -1: allowed 0..100"):
+        recoveries_allowed(RunOptions(max_recoveries=-1), spot)
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    for argv in (["run", "--local", "--max-recoveries", "2"], ["run", "--local", "--keep-bucket"]):
+        assert main(argv, settings) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("gputrain: error: --") and "only --stack targets" in err
+        assert "\n" not in err
+
+
+def test_attempt_logs_are_kept_apart(tmp_path: Path) -> None:
+    (tmp_path / "n0").mkdir()
+    (tmp_path / "n0" / "torchrun.log").write_text("attempt one\n")
+    (tmp_path / "n0" / "exitcode").write_text("1 0\n")
+    (tmp_path / "n0" / "torchrun-logs" / "attempt_0").mkdir(parents=True)
+    keep_attempt_logs(tmp_path, 1)
+    assert (tmp_path / "n0" / "torchrun-logs.attempt1" / "attempt_0").is_dir()
+    assert (tmp_path / "n0" / "torchrun.attempt1.log").read_text() == "attempt one\n"
+    assert (tmp_path / "n0" / "exitcode.attempt1").is_file()
+    assert not (tmp_path / "n0" / "torchrun.log").exists()
+
+
+STUB_PYTHON = """#!/bin/sh
+# A node's interpreter: it imports module M when $dir/has-M exists; pip exists when $dir/pip
+# does, and installs (creating has-M for each requirement) when $dir/pip-works does.
+dir=$(dirname "$0")
+case "$*" in
+  "-m pip --version") [ -f "$dir/pip" ] ;;
+  "-m pip install"*)
+    [ -f "$dir/pip" ] || { echo "No module named pip"; exit 1; }
+    echo "$*" >> "$dir/pip.log"
+    [ -f "$dir/pip-works" ] || { echo "ERROR: No matching distribution found"; exit 1; }
+    for req in $*; do case "$req" in
+      torch) touch "$dir/has-torch" ;; numpy) touch "$dir/has-numpy" ;;
+      google-cloud-storage*) touch "$dir/has-google.cloud.storage" ;;
+    esac; done ;;
+  "-c import "*)
+    for mod in $(echo "$2" | tr ';' '\\n' | sed 's/import//'); do
+      [ -f "$dir/has-$mod" ] || exit 1
+    done ;;
+  *) exit 2 ;;
+esac
+"""
+# Ubuntu's images have no pip: apt installs it (sudo without a password, as on GCE VMs).
+STUB_SUDO = """#!/bin/sh
+dir=$(dirname "$0")
+echo "$*" >> "$dir/sudo.log"
+case "$*" in *"install -y -qq python3-pip"*) touch "$dir/pip" ;; esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "needs", "setup", "result", "pip_calls"),
+    [
+        ("present", STORAGE_PACKAGES, ["pip", "has-google.cloud.storage"], "present", []),
+        ("installed", STORAGE_PACKAGES, ["pip", "pip-works"], "installed google-cloud-storage>=2.14,<4",
+         ["google-cloud-storage>=2.14,<4"]),
+        ("pip-fails", STORAGE_PACKAGES, ["pip"], None, ["google-cloud-storage>=2.14,<4"] * 2),
+        ("torch-missing", TRAINER_PACKAGES, ["pip", "pip-works", "has-numpy"], "installed torch",
+         ["torch"]),
+        ("no-pip-ubuntu", TRAINER_PACKAGES, ["pip-works"], "installed torch numpy", ["torch numpy"]),
+    ],
+)  # fmt: skip
+def test_node_packages_probe_and_install(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    needs: tuple[tuple[str, str], ...],
+    setup: list[str],
+    result: str | None,
+    pip_calls: list[str],
+) -> None:
+    for name, text in (("python3", STUB_PYTHON), ("sudo", STUB_SUDO)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    for name in setup:
+        (tmp_path / name).touch()
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    cmd = build_install_command(str(tmp_path / "python3"), needs)
+    r = LocalTransport("local", tmp_path / "node").run(cmd, 30)
+    pip = tmp_path / "pip.log"
+    calls = pip.read_text().splitlines() if pip.exists() else []
+    # pip's arguments after the flags: the requirements it was asked for
+    assert [c.split("--disable-pip-version-check")[-1].replace("--user", "").strip()
+            for c in calls] == pip_calls  # fmt: skip
+    if result is None:
+        assert r.exit_code == 1 and "No matching distribution" in r.stdout
+    else:
+        assert r.ok and r.stdout.strip() == result, r.stdout + r.stderr
+    sudo = tmp_path / "sudo.log"
+    assert sudo.exists() == (case == "no-pip-ubuntu")  # apt only where pip is missing

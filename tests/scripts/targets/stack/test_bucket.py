@@ -1,0 +1,211 @@
+"""`down` and the stack's own bucket, against a real Cloud Storage emulator: the runs' results that
+are only in the bucket come home before it is emptied and deleted; `--keep-bucket` keeps it (and
+the sweep lists it); a failed download keeps it too; the user's own bucket is never touched."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.gcp.gcs import ObjectInfo, StorageApi, StorageApiError
+from scripts.cli import main
+from scripts.settings import Settings
+from scripts.targets.gce.clients import GceClients
+from scripts.targets.stack.bucket import checkpoint_candidates, destroy_targets, run_objects
+from tests.support import ROOT
+from tests.support.fake_compute import FakeCompute
+from tests.support.fake_stack import FakeStackRunner
+from tests.support.gcs_emulator import GcsEmulator
+
+BUCKET = "gputrain-lab-gputrain-test"
+
+
+@dataclass
+class Cloud:
+    runs: Path
+    runner: FakeStackRunner
+    gcs: GcsEmulator
+    settings: Settings
+    gce: GceClients
+
+    def main(self, *argv: str) -> int:
+        return main(list(argv), self.settings, self.gce)
+
+    def put(self, name: str, data: bytes) -> None:
+        self.gcs.client().bucket(BUCKET).blob(name).upload_from_string(data)
+
+    def put_checkpoint(
+        self, run_id: str, step: int, data: bytes, *, manifest_size: int = 0
+    ) -> None:
+        """A checkpoint as the trainer uploads it: the object, then its manifest."""
+        name = f"runs/{run_id}/checkpoints/ckpt-{step:08d}.pt"
+        self.put(name, data)
+        blob = self.gcs.client().bucket(BUCKET).get_blob(name)
+        manifest = {"step": step, "size": manifest_size or len(data), "crc32c": blob.crc32c}
+        self.put(name + ".manifest.json", json.dumps(manifest).encode())
+
+    def names(self) -> list[str]:
+        return sorted(b.name for b in self.gcs.client().list_blobs(BUCKET))
+
+    def bucket_exists(self) -> bool:
+        return bool(self.gcs.client().bucket(BUCKET).exists())
+
+
+@pytest.fixture
+def cloud(gcs: GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+    )
+    with FakeCompute() as compute:
+        runner = FakeStackRunner(stack_name="lab", compute=compute, bucket=BUCKET)
+        gce = GceClients(
+            runner_for=lambda s, r: runner, compute_endpoint=compute.url, retry_pause_s=0
+        )
+        settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+        runner.up()
+        yield Cloud(tmp_path / "runs", runner, gcs, settings, gce)
+
+
+def test_down_brings_results_home_then_deletes_the_bucket(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # r1: only in the bucket; its newest checkpoint (30) is truncated against its manifest.
+    cloud.put_checkpoint("r1", 20, b"twenty" * 100)
+    cloud.put_checkpoint("r1", 30, b"thirty", manifest_size=5000)
+    cloud.put("runs/r1/model/summary.json", b'{"final_loss": 2.5}')
+    # r2: the run's nodes already brought its newest checkpoint home (runs/stack-lab/r2/<node>/).
+    cloud.put_checkpoint("r2", 40, b"forty" * 10)
+    home = cloud.runs / "stack-lab" / "r2" / "lab-node-0"
+    home.mkdir(parents=True)
+    (home / "ckpt-00000040.pt").write_bytes(b"forty" * 10)
+    # r3: a Vertex run, already filed under its own target: its files go there.
+    cloud.put("runs/r3/model/metrics.jsonl", b"{}\n")
+    (cloud.runs / "vertex-lab" / "r3").mkdir(parents=True)
+
+    assert cloud.main("down", "--stack", "lab") == 0
+    out = capsys.readouterr().out
+    r1 = cloud.runs / "stack-lab" / "r1"
+    assert (r1 / "checkpoints" / "ckpt-00000020.pt").read_bytes() == b"twenty" * 100
+    assert (r1 / "checkpoints" / "ckpt-00000020.pt.manifest.json").is_file()
+    assert not (r1 / "checkpoints" / "ckpt-00000030.pt").exists()  # incomplete: not a result
+    assert json.loads((r1 / "model" / "summary.json").read_text()) == {"final_loss": 2.5}
+    assert not (cloud.runs / "stack-lab" / "r2" / "checkpoints").exists()  # home already
+    assert (cloud.runs / "vertex-lab" / "r3" / "model" / "metrics.jsonl").read_text() == "{}\n"
+    assert f"brought 4 file(s) home from gs://{BUCKET}" in out
+    assert not cloud.bucket_exists()  # emptied, then deleted by destroy
+    assert ("destroy",) in cloud.runner.calls
+
+
+def test_keep_bucket_keeps_it_and_the_sweep_lists_it(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cloud.put_checkpoint("r1", 10, b"ten")
+    assert cloud.main("down", "--stack", "lab", "--keep-bucket") == 0
+    out = capsys.readouterr().out
+    assert f"keeping gs://{BUCKET} (--keep-bucket)" in out
+    assert ("destroy", "gcp:storage/bucket:Bucket") in cloud.runner.calls
+    assert cloud.runner.existing == [] and cloud.bucket_exists()
+    assert len(cloud.names()) == 2  # the checkpoint and its manifest are still there
+    assert (cloud.runs / "stack-lab" / "r1" / "checkpoints" / "ckpt-00000010.pt").is_file()
+    # The kept bucket still bills a little: the sweep says so.
+    assert cloud.main("sweep", "--stack", "lab") == 1
+    assert BUCKET in capsys.readouterr().out
+    # A later `down` deletes it (its results are home already).
+    assert cloud.main("down", "--stack", "lab") == 0
+    assert not cloud.bucket_exists()
+    assert cloud.main("sweep", "--stack", "lab") == 0
+
+
+def test_a_failed_download_keeps_the_bucket_and_fails_loudly(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cloud.put_checkpoint("r1", 10, b"ten")
+
+    def refuse(self: StorageApi, bucket: str, name: str, dest: Path) -> None:
+        raise StorageApiError(f"Cloud Storage objects.get gs://{bucket}/{name}: 403 Forbidden")
+
+    monkeypatch.setattr(StorageApi, "download", refuse)
+    assert cloud.main("down", "--stack", "lab") == 1
+    err = capsys.readouterr().err
+    assert f"bucket gs://{BUCKET} kept: its results could not be brought home" in err
+    assert "403 Forbidden" in err and "gputrain down --stack lab" in err
+    assert cloud.bucket_exists() and len(cloud.names()) == 2  # nothing lost
+    assert cloud.runner.existing == []  # everything that bills by the hour is gone
+
+
+def test_the_users_bucket_is_never_touched(cloud: Cloud) -> None:
+    """As with `bucket: gs://...`: the stack did not create it, so it has no stack label."""
+    cloud.runner._outputs["bucketOwned"] = False
+    cloud.runner._created = [c for c in cloud.runner._created if c[0] != "bucket"]
+    theirs = cloud.gcs.client().get_bucket(BUCKET)
+    theirs.labels = {"team": "ml"}
+    theirs.patch()
+    cloud.put_checkpoint("r1", 10, b"ten")
+    assert cloud.main("down", "--stack", "lab") == 0
+    assert cloud.bucket_exists() and len(cloud.names()) == 2
+    assert not (cloud.runs / "stack-lab" / "r1").exists()
+
+
+def test_sweep_finds_a_labelled_bucket_of_this_stack_only(cloud: Cloud) -> None:
+    from infra.gcp.compute import ComputeApi
+    from infra.gcp.sweep import sweep
+
+    other = cloud.gcs.client().create_bucket("gputrain-prod-gputrain-test")
+    other.labels = {"gputrain-stack": "prod"}
+    other.patch()
+    api = ComputeApi(cloud.gce.compute_endpoint)
+    found = [
+        x
+        for x in sweep("gputrain-test", "lab", api=api, storage=StorageApi())
+        if x.kind == "bucket"
+    ]
+    assert [(x.name, x.matched_by) for x in found] == [(BUCKET, "label gputrain-stack=lab")]
+
+
+def test_objects_per_run_and_complete_checkpoint_candidates() -> None:
+    objs = [
+        ObjectInfo("p/runs/a/checkpoints/ckpt-00000010.pt", 3),
+        ObjectInfo("p/runs/a/checkpoints/ckpt-00000010.pt.manifest.json", 1),
+        ObjectInfo("p/runs/a/checkpoints/ckpt-00000020.pt", 3),  # no manifest: unfinished
+        ObjectInfo("p/runs/a/checkpoints/.gputrain-write-probe-7", 0),
+        ObjectInfo("p/staging/a/code.tar.gz", 9),
+        ObjectInfo("p/runs/b/model/summary.json", 2),
+    ]
+    runs = run_objects(objs, "p/")
+    assert sorted(runs) == ["a", "b"]
+    assert sorted(runs["a"]) == [
+        "checkpoints/ckpt-00000010.pt",
+        "checkpoints/ckpt-00000010.pt.manifest.json",
+        "checkpoints/ckpt-00000020.pt",
+    ]
+    assert checkpoint_candidates(runs["a"]) == [
+        ("checkpoints/ckpt-00000010.pt", "checkpoints/ckpt-00000010.pt.manifest.json")
+    ]
+
+
+def test_destroy_targets_spare_the_kept_type_and_its_parents() -> None:
+    stack = "urn:pulumi:lab::gputrain::pulumi:pulumi:Stack::gputrain-lab"
+    cluster = "urn:pulumi:lab::gputrain::gputrain:infra:GpuCluster::lab"
+    comp = "urn:pulumi:lab::gputrain::gputrain:infra:GpuCluster$gputrain:infra:StackBucket::b"
+    bucket = f"{comp}$gcp:storage/bucket:Bucket::gputrain-lab-p"
+    grant = f"{comp}$gcp:storage/bucketIAMMember:BucketIAMMember::gputrain-lab-p-nodes"
+    vm = "urn:pulumi:lab::gputrain::gputrain:infra:GpuCluster$gcp:compute/instance:Instance::vm"
+    resources: list[dict[str, Any]] = [
+        {"urn": stack, "type": "pulumi:pulumi:Stack"},
+        {
+            "urn": "urn:pulumi:lab::gputrain::pulumi:providers:gcp::default",
+            "type": "pulumi:providers:gcp",
+        },
+        {"urn": cluster, "type": "gputrain:infra:GpuCluster", "parent": stack},
+        {"urn": comp, "type": "gputrain:infra:StackBucket", "parent": cluster},
+        {"urn": bucket, "type": "gcp:storage/bucket:Bucket", "parent": comp},
+        {"urn": grant, "type": "gcp:storage/bucketIAMMember:BucketIAMMember", "parent": comp},
+        {"urn": vm, "type": "gcp:compute/instance:Instance", "parent": cluster},
+    ]
+    assert destroy_targets(resources, ["gcp:storage/bucket:Bucket"]) == [grant, vm]

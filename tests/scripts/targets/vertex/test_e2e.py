@@ -1,0 +1,321 @@
+"""`gputrain ... --stack vtest` with `backend: vertex`, end to end and offline: the fake stack runner
+is the Pulumi program (it makes the bucket in the storage emulator), tests/support/fake_vertex.py is
+Vertex AI and Cloud Logging (the real aiplatform and logging clients talk to it), and its runner
+"runs" each job like Vertex: the package pip-installed from the bucket, one real
+`trainer.vertex_entry` process per replica with its own CLUSTER_SPEC, gloo across them, outputs
+and checkpoints written to the emulated bucket. Everything else is production code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.fields import stack_bucket_name
+from scripts.cli import main
+from scripts.settings import Settings
+from scripts.targets.gce.clients import GceClients
+from scripts.targets.vertex.clients import VertexClients
+from tests.support.fake_compute import FakeCompute
+from tests.support.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
+from tests.support.fake_stack import FakeStackRunner
+from tests.support.fake_vertex import FakeVertex
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.pulumi_mocks import ROOT
+from tests.support.vertex_replicas import LocalReplicas, alive, processes_under
+
+PROJECT = "gputrain-test"
+BUCKET = stack_bucket_name("vtest", PROJECT)
+TRAIN = ("-m", "trainer.train", "--preset", "tiny", "--device", "cpu", "--steps", "60",
+         "--log-every", "10", "--checkpoint-every", "30", "--eval-batches", "2")  # fmt: skip
+STACK_FILE = f"""\
+config:
+  gcp:project: {PROJECT}
+  gputrain:backend: vertex
+  gputrain:zones: [us-central1-a]
+  gputrain:machineType: g2-standard-8
+  gputrain:nodes: 2
+  gputrain:spot: true
+  gputrain:maxRunDuration: 1h
+  gputrain:labels: [team=ml]
+  gputrain:sshSourceRanges: [0.0.0.0/0]
+"""
+JOBS = {  # the user's working directory: a module and a script, beside a data file
+    "data.txt": "41\n",
+    "jobs/__init__.py": "",
+    "jobs/answer.py": (
+        "import os, sys, time\nfrom pathlib import Path\n"
+        "rank = os.environ['RANK']\n"
+        "n = int(Path('data.txt').read_text()) + 1\n"
+        "print(f'answer {n} from rank {rank}', flush=True)\n"
+        "out = Path(os.environ['GPUTRAIN_OUT']); out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'answer.txt').write_text(str(n))\n"
+        "if sys.argv[1:] == ['crash'] and rank == '1':\n"
+        "    print('boom: rank 1 failed on purpose', flush=True); sys.exit(3)\n"
+    ),
+}
+
+
+@dataclass
+class World:
+    dir: Path
+    vertex: FakeVertex
+    replicas: LocalReplicas
+    runner: FakeStackRunner
+    compute: FakeCompute
+    gcs: GcsEmulator
+    settings: Settings
+    clients: VertexClients
+    doctor: GceClients
+
+    def run(self, *argv: str) -> int:
+        return main(list(argv), self.settings, self.doctor, vertex=self.clients)
+
+    @property
+    def run_dir(self) -> Path:
+        target = self.dir / "runs" / "stack-vtest"
+        return target / (target / "LAST_RUN").read_text().strip()
+
+    def created(self) -> list[dict[str, object]]:
+        return list(self.vertex.requests_to("POST", r"/customJobs$"))
+
+    def job_states(self) -> list[str]:
+        return [str(job.body["state"]) for job in self.vertex.jobs.values()]
+
+
+@pytest.fixture
+def world(
+    tmp_path: Path, gcs: GcsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[], World]]:
+    made: list[tuple[FakeVertex, FakeCompute]] = []
+    admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
+    ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # the README's checklist, done
+
+    def make() -> World:
+        project = tmp_path / "project"
+        project.mkdir()
+        (project / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+        (project / "Pulumi.vtest.yaml").write_text(STACK_FILE)
+        work = tmp_path / "work"
+        for rel, text in JOBS.items():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).write_text(text)
+        monkeypatch.chdir(work)  # what `run` packages
+        (tmp_path / "replicas").mkdir()
+        replicas = LocalReplicas(tmp_path / "replicas")
+        vertex = FakeVertex(project=PROJECT, runner=replicas).start()
+        compute = FakeCompute().__enter__()
+        made.append((vertex, compute))
+        runner = FakeStackRunner(
+            stack_name="vtest", project=PROJECT, backend="vertex", bucket=BUCKET
+        )
+        clients = VertexClients(
+            runner_for=lambda stack, root: runner,
+            vertex_endpoint=vertex.url,
+            logging_endpoint=vertex.url,
+            compute_endpoint=compute.url,
+            poll_s=0.3,
+            settle_s=0.5,
+            retry_pause_s=0,
+        )
+        settings = Settings(root=project, runs_dir=tmp_path / "runs")
+        doctor = GceClients(compute_endpoint=compute.url, admin_endpoint=admin.url)
+        return World(tmp_path, vertex, replicas, runner, compute, gcs, settings, clients, doctor)
+
+    yield make
+    admin.__exit__(None, None, None)
+    for vertex, compute in made:
+        vertex.stop()
+        compute.__exit__(None, None, None)
+
+
+def assert_torn_down(w: World) -> None:
+    """destroy ran, the bucket is gone, no job of the stack runs and no replica is left."""
+    assert "destroy" in w.runner.call_names()
+    assert BUCKET not in [b.name for b in w.gcs.client().list_buckets()]
+    assert all(s in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
+               for s in w.job_states())  # fmt: skip
+    assert not [pid for pid in w.replicas.pids if alive(pid)]
+    assert processes_under(w.dir / "replicas") == []
+
+
+def test_run_trains_on_two_replicas_follows_logs_brings_results_home_and_destroys(
+    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    rc = w.run("run", "--stack", "vtest", "--yes", "--", *TRAIN)
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
+    assert "doctor: stack vtest" in out and " fail " not in out  # the checks ran first, all passed
+    run_id = w.run_dir.name
+
+    # The CustomJob as it arrived, field by field (enums as the client sends them: numbers).
+    [body] = w.created()
+    labels = {"gputrain-stack": "vtest", "gputrain-project": "gputrain", "team": "ml"}
+    assert body["displayName"] == f"gputrain-vtest-{run_id}"
+    assert body["labels"] == {**labels, "gputrain-run": run_id}
+    spec = body["jobSpec"]
+    chief, worker = spec["workerPoolSpecs"]
+    assert (chief["replicaCount"], worker["replicaCount"]) == ("1", "1")
+    for pool in (chief, worker):
+        assert pool["machineSpec"] == {
+            "machineType": "g2-standard-8",
+            "acceleratorType": 11,  # NVIDIA_L4
+            "acceleratorCount": 1,
+        }
+        assert pool["pythonPackageSpec"] == {
+            "executorImageUri": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+            "packageUris": [f"gs://{BUCKET}/staging/{run_id}/gputrain-job-0.tar.gz"],
+            "pythonModule": "trainer.vertex_entry",
+            "args": list(TRAIN),
+            "env": [{"name": "GPUTRAIN_RUN_ID", "value": run_id}],
+        }
+    assert spec["scheduling"] == {"timeout": "3600s", "strategy": 4}  # SPOT
+    assert spec["baseOutputDirectory"] == {"outputUriPrefix": f"gs://{BUCKET}/runs/{run_id}/"}
+    assert spec["serviceAccount"] == f"gputrain-vtest@{PROJECT}.iam.gserviceaccount.com"
+
+    # Followed: state changes with times, both replicas' lines with their prefixes.
+    assert "Vertex job" in out and ": RUNNING (" in out and ": SUCCEEDED (" in out
+    assert "[chief] vertex: workerpool0[0] is node 0 of 2" in out
+    assert "[worker-1] vertex: workerpool1[0] is node 1 of 2" in out
+    log = (w.run_dir / "vertex.log").read_text()
+    assert "[chief] " in log and "[worker-1] " in log
+
+    # Results home: the model dir and the newest complete checkpoint; the loss fell.
+    summary = json.loads((w.run_dir / "model" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["params_in_sync"] and summary["steps"] == 60
+    assert summary["final_loss"] < summary["initial_loss"] - 1.5
+    assert (w.run_dir / "model" / "metrics.jsonl").is_file()
+    assert sorted(p.name for p in (w.run_dir / "checkpoints").iterdir()) == [
+        "ckpt-00000060.pt",
+        "ckpt-00000060.pt.manifest.json",
+    ]
+    record = json.loads((w.run_dir / "job.json").read_text())
+    assert record["ok"] is True and record["run_id"] == run_id
+    assert "run summary" in out and "final loss" in out and "estimated cost" in out
+    assert_torn_down(w)
+
+
+def test_a_module_of_the_working_directory_runs_and_a_failure_names_the_job_error(
+    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
+    assert "[chief] answer 42 from rank 0" in out and "[worker-1] answer 42 from rank 1" in out
+    assert (w.run_dir / "model" / "answer.txt").read_text() == "42"
+
+    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer",
+               "crash")  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 1
+    first = err.strip().splitlines()[0]
+    assert (
+        first.startswith("gputrain: error: Vertex job ")
+        and " FAILED: INTERNAL The replica " in first
+    )
+    assert "workerpool1-0 exited with a non-zero status of 1" in first  # torchrun's
+    assert "last log lines:" in err and "[worker-1]   exitcode  : 3" in err  # torchrun's summary
+    assert "[worker-1] boom: rank 1 failed on purpose" in (w.run_dir / "vertex.log").read_text()
+    assert json.loads((w.run_dir / "job.json").read_text())["ok"] is False
+    assert_torn_down(w)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_cancels_the_job_waits_for_it_and_tears_down(
+    world: Callable[[], World], capsys: pytest.CaptureFixture[str], sig: int
+) -> None:
+    w = world()
+
+    def fire() -> None:  # once both replicas train
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            lines = w.replicas.outputs.get("workerpool1-0", []) + w.replicas.outputs.get(
+                "workerpool0-0", []
+            )
+            if sum("step" in ln and "loss" in ln for ln in lines) >= 2:
+                os.kill(os.getpid(), sig)
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=fire, daemon=True)
+    t.start()
+    started = time.monotonic()
+    long = [*TRAIN[:-8], "--steps", "100000", "--log-every", "5"]
+    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", *long)
+    t.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert rc == 130, out[-3000:] + err[-2000:]
+    assert signal.Signals(sig).name in err
+    assert time.monotonic() - started < 150
+    assert "vertex: cancelling job" in out and ": CANCELLED (" in out
+    assert w.job_states() == ["JOB_STATE_CANCELLED"]
+    assert len(w.vertex.requests_to("POST", r":cancel$")) == 1
+    # the chief's outputs so far came home before the bucket went
+    assert (w.run_dir / "model" / "metrics.jsonl").is_file()
+    assert_torn_down(w)
+
+
+def test_up_status_train_logs_down(
+    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` leaves the small stack; `verify`, `train`, `status` and `logs` use it; `down` ends it."""
+    w = world()
+    assert w.run("up", "--stack", "vtest", "--yes") == 0
+    out = capsys.readouterr().out
+    assert "preflight (Vertex AI)" in out and "unknown: the Compute API does not report" in out
+    assert "destroy" not in w.runner.call_names()
+    assert w.run("verify", "--stack", "vtest") == 0
+    assert f"bucket gs://{BUCKET}" in capsys.readouterr().out
+    assert w.run("train", "--stack", "vtest", "--", "-m", "jobs.answer") == 0
+    assert w.run("status", "--stack", "vtest") == 0
+    out = capsys.readouterr().out
+    assert "SUCCEEDED" in out and w.run_dir.name in out
+    assert w.run("logs", "--stack", "vtest") == 0  # the run's lines again, from Cloud Logging
+    assert capsys.readouterr().out.count("answer 42 from rank") == 2
+    assert w.run("ssh", "--stack", "vtest", "0") == 2
+    assert "no SSH" in capsys.readouterr().err
+    assert w.run("keygen", "--stack", "vtest") == 2
+    assert w.run("down", "--stack", "vtest") == 0
+    assert "sweep found nothing left" in capsys.readouterr().out
+    assert (w.run_dir / "model" / "answer.txt").is_file()  # still home after the bucket went
+    assert w.run("sweep", "--stack", "vtest") == 0
+    assert_torn_down(w)
+
+
+def test_preflight_refuses_a_region_without_the_machine_and_creates_nothing(
+    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    stack = w.settings.root / "Pulumi.vtest.yaml"
+    stack.write_text(stack.read_text().replace("us-central1-a", "southamerica-east1-a"))
+    rc = w.run("run", "--stack", "vtest", "--yes", "--", "-m", "jobs.answer")
+    out, err = capsys.readouterr()
+    assert rc == 1 and "preflight failed" in err
+    assert "not among the regions known" in out or "not known in southamerica-east1" in out
+    assert "up" not in w.runner.call_names() and w.created() == []
+
+
+def test_no_terminal_and_no_yes_or_a_failed_doctor_row_creates_nothing(
+    world: Callable[[], World], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = world()
+    rc = w.run("run", "--stack", "vtest", "--", "-m", "jobs.answer")  # pytest's stdin: no tty
+    err = capsys.readouterr().err
+    assert rc == 2 and "stdin is not a terminal" in err and "pass --yes" in err
+    monkeypatch.delenv(
+        "GOOGLE_APPLICATION_CREDENTIALS"
+    )  # no credentials: the doctor's ADC row fails
+    rc = w.run("run", "--stack", "vtest", "--yes", "--", "-m", "jobs.answer")
+    out, err = capsys.readouterr()
+    assert rc == 2 and "doctor: 1 problem(s)" in err and "credentials (ADC)" in err, out + err
+    assert "up" not in w.runner.call_names() and w.created() == []

@@ -1,0 +1,349 @@
+"""`gputrain` commands beyond `run --stack`: the local target end to end, keygen, down/sweep/status
+against the fake cloud, and the one-line errors for bad input (the hosts target and `gputrain ssh`
+over real SSH: tests/testbed/test_cli_hosts.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from infra.base.errors import GputrainError
+from infra.spec import parse_spec
+from infra.stackfile import load_stack_config
+from scripts.cli import main
+from scripts.settings import Settings
+from scripts.targets.gce.clients import GceClients
+from scripts.targets.gce.target import ttl_left_s
+from tests.support import JOBS, ROOT
+from tests.support.fake_compute import FakeCompute
+from tests.support.fake_stack import FakeStackRunner
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def _one_line_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gputrain: error: ")
+    return lines[0]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["run"], "choose a target: --stack NAME, --hosts FILE or --local"),
+        (["down"], "choose a target: --stack NAME"),
+        (["run", "--local", "--env", "1X=2"], "--env '1X=2'"),
+        (["plan", "--stack", "nosuch"], "nosuch"),
+        (["run", "--hosts", "/nonexistent/hosts.yaml"], "/nonexistent/hosts.yaml"),
+        (["ssh", "--local", "0"], "local target is this machine"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    rc = main(argv, settings=Settings(root=tmp_path, runs_dir=tmp_path / "runs"))
+    assert rc == 2
+    assert needle in _one_line_error(capsys.readouterr().err)
+
+
+def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"gputrain {version('gputrain')}\n"
+    for command, default in (
+        ("healthcheck", "-m trainer.healthcheck"),
+        ("run", "-m trainer.train --preset tiny"),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+        assert f"(default: {default})" in text
+        assert "--max-restarts K torchrun restarts every worker up to K times" in text
+
+
+def test_deploy_needs_the_missing_settings_before_anything(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The shipped dev stack has no project/key yet: `up` refuses before any cloud call."""
+    runner = FakeStackRunner(stack_name="dev")
+    gce = GceClients(runner_for=lambda s, r: runner)
+    assert main(["up", "--stack", "dev", "--yes"], Settings(ROOT, tmp_path), gce) == 2
+    assert "gcp:project" in _one_line_error(capsys.readouterr().err)
+    assert runner.calls == []
+
+
+# ---------------------------------------------------------------- stack commands on the fake cloud
+
+
+@dataclass
+class Cli:
+    """`gputrain` wired to a project directory and the fake cloud."""
+
+    settings: Settings
+    gce: GceClients
+
+    def main(self, argv: list[str]) -> int:
+        return main(argv, self.settings, self.gce)
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[tuple[FakeCompute, FakeStackRunner, Cli]]:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+        "  gputrain:zones: [us-central1-a, us-central1-b]\n"
+    )
+    compute = FakeCompute()
+    compute.__enter__()
+    runner = FakeStackRunner(stack_name="lab", compute=compute, zones=("us-central1-a",))
+    gce = GceClients(runner_for=lambda s, r: runner, compute_endpoint=compute.url, retry_pause_s=0)
+    yield compute, runner, Cli(Settings(root=tmp_path, runs_dir=tmp_path / "runs"), gce)
+    compute.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("command", ["up", "run"])
+def test_without_a_terminal_spending_needs_yes(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli],
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """A nohup/CI run without --yes is refused before any check or cloud call (exit 2)."""
+    compute, runner, cli = cloud
+    assert not sys.stdin.isatty()  # pytest's stdin, as under nohup or CI
+    assert cli.main([command, "--stack", "lab"]) == 2
+    err = _one_line_error(capsys.readouterr().err)
+    assert "stdin is not a terminal" in err and "pass --yes to proceed" in err
+    assert "$" in err and "nothing was created" in err
+    assert runner.calls == [] and compute.requests == []
+
+
+def test_keygen_stores_the_pair_once(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, runner, cli = cloud
+    assert cli.main(["keygen", "--stack", "lab"]) == 0
+    public = runner.config["gputrain:sshPublicKey"]
+    assert runner.secrets == {"gputrain:sshPrivateKey"}
+    assert ("set_config", "gputrain:sshPrivateKey", "[secret]") in runner.calls
+    private = paramiko.Ed25519Key.from_private_key(
+        __import__("io").StringIO(runner.config["gputrain:sshPrivateKey"])
+    )
+    assert public.split()[1] == private.get_base64()
+    assert "BEGIN OPENSSH PRIVATE KEY" not in capsys.readouterr().out
+    # The spec accepts the stored key; a second keygen refuses to replace it silently.
+    stack_file = cli.settings.root / "Pulumi.lab.yaml"
+    stack_file.write_text(stack_file.read_text() + f"  gputrain:sshPublicKey: {public}\n")
+    spec = parse_spec(load_stack_config(cli.settings.root, "lab"), "lab")
+    assert spec.ssh_public_key == public
+    assert cli.main(["keygen", "--stack", "lab"]) == 2
+    assert "--force" in _one_line_error(capsys.readouterr().err)
+
+
+def test_down_status_and_sweep(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    compute, runner, cli = cloud
+    runner.up()
+    assert cli.main(["status", "--stack", "lab"]) == 0
+    out = capsys.readouterr().out
+    assert "lab-node-0" in out and "RUNNING" in out and ("59m" in out or "1h" in out)
+    # A leak: destroy "succeeds" but an instance survives -> down and sweep fail loudly.
+    runner.leak_on_destroy = {"lab-node-1"}
+    assert cli.main(["down", "--stack", "lab"]) == 1
+    captured = capsys.readouterr()
+    assert "LEFT BEHIND" in captured.out and "lab-node-1" in captured.out
+    assert "teardown of stack lab is incomplete" in captured.err
+    assert cli.main(["sweep", "--stack", "lab"]) == 1
+    compute.remove_instance("lab-node-1", "us-central1-a")
+    compute.remove_resource("disks", "lab-node-1")
+    assert cli.main(["sweep", "--stack", "lab"]) == 0
+    assert "nothing carries the labels" in capsys.readouterr().out
+
+
+def test_destroy_is_retried(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, runner, cli = cloud
+    runner.up()
+    runner.destroy_failures = 1
+    assert cli.main(["down", "--stack", "lab"]) == 0
+    assert runner.call_names().count("destroy") == 2
+    assert runner.call_names().count("refresh") == 2
+    assert runner.existing == []
+
+
+def test_down_clears_a_stale_lock_with_pulumi_cancel_and_says_so(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Our process died mid-update: its lock stays. `down` (the user's word that no update is
+    running) cancels it once, says so, and destroys."""
+    _, runner, cli = cloud
+    runner.up()
+    runner.locked = True
+    assert cli.main(["down", "--stack", "lab"]) == 0
+    assert "clearing the lock (pulumi cancel)" in capsys.readouterr().out
+    names = runner.call_names()
+    assert names.count("cancel") == 1 and "destroy" in names[names.index("cancel") :]
+    assert runner.existing == [] and not runner.locked
+
+
+def test_teardown_after_a_run_never_cancels_someone_elses_update(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scripts.targets.gce.target import GceTarget
+
+    _, runner, cli = cloud
+    runner.up()
+    runner.locked = True  # maybe a live update of another user: not ours to cancel
+    spec = parse_spec(load_stack_config(cli.settings.root, "lab"), "lab")
+    with pytest.raises(GputrainError, match="teardown of stack lab is incomplete: destroy failed"):
+        GceTarget("lab", cli.settings, cli.gce).teardown(spec)
+    assert "cancel" not in runner.call_names() and runner.call_names().count("refresh") == 3
+    assert "destroy attempt 3 failed" in capsys.readouterr().err
+
+
+def test_ttl_left_counts_from_the_latest_start() -> None:
+    now = time.time()
+    started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now - 600))
+    assert ttl_left_s(started, 3600, now) == pytest.approx(3000, abs=1)
+    assert ttl_left_s(started, 60, now) == 0
+    assert ttl_left_s(None, 3600, now) is None
+
+
+# ---------------------------------------------------------------- the local target
+
+
+def test_run_local_end_to_end(tmp_path: Path) -> None:
+    """The README's main job, as a user runs it: the console script, a fresh directory. The node
+    state stays in the project's runs/ (nothing under ~/.cache), where the printed paths point."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
+    env["HOME"] = str(tmp_path / "home")
+    t = time.monotonic()
+    r = subprocess.run(
+        [str(VENV_BIN / "gputrain"), "run", "--local", "--yes"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    elapsed = time.monotonic() - t
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert elapsed < 120
+    assert "run summary" in r.stdout and "loss floor" in r.stdout
+    run_id = (tmp_path / "runs" / "local" / "LAST_RUN").read_text().strip()
+    [summary] = (tmp_path / "runs" / "local" / run_id).rglob("summary.json")
+    data = json.loads(summary.read_text())
+    assert data["final_loss"] < data["initial_loss"] - 1.0
+    assert data["mfu"] is None
+    node_out = tmp_path / "runs" / "local" / "node" / ".gputrain" / "runs" / run_id / "out"
+    assert f"out {node_out}," in r.stdout  # the trainer's banner names where its checkpoints are
+    assert list(node_out.glob("ckpt-*.pt"))
+    assert not (tmp_path / "home" / ".cache" / "gputrain").exists()
+    assert "floor 1.3863)" in r.stdout
+
+
+def test_local_node_root_is_the_projects_runs_or_gputrain_node_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert settings.local_node_root == tmp_path / "runs" / "local" / "node"
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "elsewhere"))
+    assert settings.local_node_root == tmp_path / "elsewhere"
+
+
+def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
+    """Each run its own rendezvous port and its own code dir on the shared node root (the second
+    with --force: tests/scripts/test_orphans.py shows it refused without)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "ddp_sum.py").write_text((JOBS / "ddp_sum.py").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
+    argv = [str(VENV_BIN / "gputrain"), "run", "--local", "--yes", "--env", "DDP_STEPS=12"]
+
+    def start(steps_s: str, *extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*argv, *extra, "--env", f"DDP_STEP_S={steps_s}", "--", "ddp_sum.py", steps_s],
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    first = start("0.2")
+    assert first.stdout is not None
+    seen = []
+    for line in first.stdout:  # the second starts while the first trains
+        seen.append(line)
+        if "[rank0]:step 1 " in line:
+            break
+    second = start("0.5", "--force")  # beside a run still training: only when asked
+    out_second, _ = second.communicate(timeout=240)
+    out_first = "".join(seen) + first.communicate(timeout=240)[0]
+    assert first.returncode == 0, out_first[-3000:]
+    assert second.returncode == 0, out_second[-3000:]
+    ports = {re.search(r"rendezvous on port (\d+)", o).group(1) for o in (out_first, out_second)}  # type: ignore[union-attr]
+    assert len(ports) == 2
+    local = work / "runs" / "local"  # one node root for both runs: runs/local/node/
+    results = sorted(
+        p for p in local.rglob("result-rank0.json") if not p.is_relative_to(local / "node")
+    )
+    assert [json.loads(p.read_text())["argv"] for p in results] in (
+        [["0.2"], ["0.5"]],
+        [["0.5"], ["0.2"]],
+    )
+    assert all(json.loads(p.read_text())["world"] == 1 for p in results)
+    node_dot = local / "node" / ".gputrain"
+    assert not [p.name for p in node_dot.iterdir() if p.name.startswith("code")]  # removed
+
+
+def test_healthcheck_local_writes_health_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "node"))
+    assert main(["healthcheck", "--local"], Settings(tmp_path, tmp_path / "runs")) == 0
+    run_id = (tmp_path / "runs" / "local" / "LAST_RUN").read_text().strip()
+    [health] = (tmp_path / "runs" / "local" / run_id).rglob("health.json")
+    report = json.loads(health.read_text())
+    assert report["overall"] == "PASS"
+    assert {c["status"] for c in report["checks"]} <= {"PASS", "WARN"} and report["checks"]
+
+
+def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import signal
+
+    from scripts.guard import Interrupted, signal_guard
+
+    with signal_guard() as guard:
+        with pytest.raises(Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        with guard.teardown():
+            os.kill(os.getpid(), signal.SIGINT)  # must not interrupt the teardown
+            time.sleep(0.2)
+            finished = True
+    assert finished and guard.received == [signal.SIGTERM, signal.SIGINT]
+    assert "teardown is in progress" in capsys.readouterr().err

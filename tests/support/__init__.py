@@ -1,0 +1,7 @@
+"""What the tests share: fakes that speak the real protocols, the sshd test bed, shared tables and
+helpers. Nothing here is a test module; test modules import from here, never from each other."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+JOBS = Path(__file__).resolve().parent / "jobs"  # small training jobs the tests launch

@@ -1,0 +1,102 @@
+"""Running the trainer and health check the way the fleet does: real processes, torchrun on gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support import ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(out: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for name in ("GPUTRAIN_OUT", "GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
+        env.pop(name, None)
+    env.update(extra or {})
+    if out is not None:
+        env["GPUTRAIN_OUT"] = str(out)
+    return env
+
+
+def torchrun_argv(
+    module: str, args: list[str], nproc: int = 2, port: int | None = None
+) -> list[str]:
+    """One node, `nproc` workers, c10d rendezvous on its own free port."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port or free_port()}",
+        f"--rdzv-id=t{os.getpid()}",
+        "-m",
+        module,
+        *args,
+    ]
+
+
+def node_argv(port: int, rdzv_id: str, args: list[str], nnodes: int = 2) -> list[str]:
+    """One of `nnodes` torchrun agents on this machine, one worker each: a "node" per agent."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={rdzv_id}",
+        "--local-addr=127.0.0.1",
+        "-m",
+        "trainer.train",
+        *args,
+    ]
+
+
+def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """A background run whose stdout and stderr come back together from communicate()."""
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_for_steps(out: Path, steps: int, procs: list[subprocess.Popen[str]]) -> None:
+    """Until `out` has logged `steps` metrics lines (or a run ended, or 120 s passed)."""
+    path, deadline = out / "metrics.jsonl", time.monotonic() + 120
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        if path.exists() and len(path.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.05)
+
+
+def run(
+    argv: list[str],
+    out: Path | None = None,
+    timeout: float = 150,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=ROOT, env=child_env(out, env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def metrics(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(out: Path) -> dict[str, Any]:
+    return dict(json.loads((out / "summary.json").read_text()))

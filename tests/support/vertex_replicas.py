@@ -1,0 +1,170 @@
+"""A `runner` for tests/support/fake_vertex.py that runs a CustomJob as Vertex would, on this machine: it
+pip-installs the job's package from the (emulated) bucket, starts one process per replica with
+the environment Vertex gives it (CLUSTER_SPEC, AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, the package's
+env), streams each replica's output into the fake's Cloud Logging under its task name, and on a
+cancel — or once a replica has failed, which fails the job — sends SIGTERM to every replica, as
+Vertex stops its containers.
+
+This interpreter (its torch) plays the prebuilt PyTorch container; the code comes only from the
+package: PYTHONPATH is the install target, never this checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.fake_vertex import RunContext, RunResult
+from tests.support.trainer_helpers import free_port
+
+STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL (a torchrun blocked in its exit barrier needs it)
+
+
+@dataclass
+class LocalReplicas:
+    """Call it with a RunContext (FakeVertex(runner=LocalReplicas(...)))."""
+
+    root: Path  # each job gets a directory here: the package install and one disk per replica
+    running: threading.Event = field(default_factory=threading.Event)  # every replica started
+    pids: list[int] = field(default_factory=list)
+    outputs: dict[str, list[str]] = field(default_factory=dict)  # task -> its lines
+
+    def __call__(self, ctx: RunContext) -> RunResult:
+        job_spec = ctx.job["jobSpec"]
+        pools = job_spec["workerPoolSpecs"]
+        package = pools[0]["pythonPackageSpec"]
+        work = Path(tempfile.mkdtemp(prefix=f"job-{ctx.job_id[-6:]}-", dir=self.root))
+        site = self._install(package["packageUris"][0], work)
+        base = job_spec["baseOutputDirectory"]["outputUriPrefix"]
+        port = free_port()
+        cluster = {
+            f"workerpool{i}": [f"127.0.0.1:{port}" for _ in range(int(pool["replicaCount"]))]
+            for i, pool in enumerate(pools)
+        }
+        procs: dict[str, subprocess.Popen[str]] = {}
+        for i, pool in enumerate(pools):
+            for index in range(int(pool["replicaCount"])):
+                task = f"workerpool{i}-{index}"
+                disk = work / task
+                disk.mkdir()
+                env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTRAIN_")}
+                env.update({e["name"]: e["value"] for e in package.get("env", [])})
+                env.update(
+                    PYTHONPATH=str(site),
+                    OMP_NUM_THREADS="1",
+                    CLUSTER_SPEC=json.dumps(
+                        {
+                            "cluster": cluster,
+                            "environment": "cloud",
+                            "task": {"type": f"workerpool{i}", "index": index, "trial": ""},
+                            "job": json.dumps({"python_module": package["pythonModule"]}),
+                        }
+                    ),
+                    AIP_MODEL_DIR=f"{base}model/",
+                    AIP_CHECKPOINT_DIR=f"{base}checkpoints/",
+                    AIP_TENSORBOARD_LOG_DIR=f"{base}logs/",
+                )
+                procs[task] = subprocess.Popen(
+                    [sys.executable, "-m", package["pythonModule"], *package["args"]],
+                    cwd=disk,
+                    env=env,
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                self.pids.append(procs[task].pid)
+        readers = [
+            threading.Thread(target=self._stream, args=(ctx, task, p), daemon=True)
+            for task, p in procs.items()
+        ]
+        for r in readers:
+            r.start()
+        self.running.set()
+        first_failure: tuple[str, int] | None = None
+        while any(p.poll() is None for p in procs.values()):
+            failed = [(t, p.returncode) for t, p in procs.items() if p.poll()]
+            if failed:  # a replica failed: Vertex fails the job and stops the others
+                first_failure = failed[0]
+            if ctx.cancelled.wait(0.2) or failed:
+                self._stop(procs)
+                break
+        for r in readers:
+            r.join(timeout=10)
+        if ctx.cancelled.is_set():
+            return None  # the fake records CANCELLED
+        first_failure = first_failure or next(
+            ((t, p.returncode) for t, p in procs.items() if p.returncode), None
+        )
+        if first_failure is None:
+            return None
+        task, code = first_failure
+        return (
+            "JOB_STATE_FAILED",
+            f"The replica {task} exited with a non-zero status of {code}. "
+            "To find out more about why your job exited please check the logs.",
+        )
+
+    def _install(self, uri: str, work: Path) -> Path:
+        """pip install the package from the bucket, as the executor image does (deps: ours)."""
+        from google.cloud.storage import Client
+
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        archive = work / name.rsplit("/", 1)[-1]
+        Client().bucket(bucket).blob(name).download_to_filename(str(archive))
+        site = work / "site"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+             "--no-build-isolation", "--target", str(site), str(archive)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        return site
+
+    def _stream(self, ctx: RunContext, task: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        lines = self.outputs.setdefault(task, [])
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            ctx.log(task, line.rstrip("\n"))
+
+    def _stop(self, procs: dict[str, subprocess.Popen[str]]) -> None:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def processes_under(directory: Path) -> list[int]:
+    """Pids of the processes whose working directory is inside `directory` (ours, by /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        if cwd.is_relative_to(directory) and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found

@@ -1,0 +1,105 @@
+"""Fleet operations against real sshd test hosts (network namespaces): pinning, jump, waiting."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.connect import ConnectError, connect
+from scripts.transport.hostkeys import HostKeyError, KnownHosts, fingerprint
+from tests.support.testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+
+
+def _fp(key_line: str) -> str:
+    return fingerprint(key_line.split()[1])
+
+
+def test_pinned_key_connects_and_runs(tb: TestBed) -> None:
+    h = tb.add_host()
+    fleet = tb.fleet([h])
+    ts = connect(fleet, deadline_s=10)
+    r = ts[h.name].run("hostname; printf '%s' \"$1\"", timeout=10)
+    assert r.exit_code == 0 and r.stdout.split("\n")[0] == h.name
+    ts[h.name].close()
+
+
+def test_wrong_key_refused_with_both_fingerprints(tb: TestBed) -> None:
+    h, other = tb.add_host(), tb.add_host()
+    fleet = tb.fleet([h])
+    wrong = dataclasses.replace(fleet.nodes[0], host_keys=(other.host_key,))
+    fleet = dataclasses.replace(fleet, nodes=(wrong,))
+    start = time.monotonic()
+    with pytest.raises(HostKeyError) as e:
+        connect(fleet, deadline_s=10)
+    msg = str(e.value)
+    assert h.name in msg and _fp(h.host_key) in msg and _fp(other.host_key) in msg
+    assert "mismatch" in msg
+    assert time.monotonic() - start < 3  # refused at once, not retried until the deadline
+
+
+def test_unknown_host_refused_and_trust_new_hosts_records(tb: TestBed, tmp_path: Path) -> None:
+    h = tb.add_host()
+    fleet = tb.fleet([h])
+    unpinned = dataclasses.replace(
+        fleet, nodes=(dataclasses.replace(fleet.nodes[0], host_keys=()),)
+    )
+    with pytest.raises(HostKeyError) as e:
+        connect(unpinned, deadline_s=10)
+    assert "unknown host key" in str(e.value) and _fp(h.host_key) in str(e.value)
+
+    known = tmp_path / "known_hosts"
+    ts = connect(unpinned, deadline_s=10, trust_new_hosts=known)
+    ts[h.name].close()
+    recorded = KnownHosts(known).keys_for(h.address)
+    assert recorded == (h.host_key,)
+    # the recorded file is now the source of the pin
+    pinned = dataclasses.replace(
+        fleet, nodes=(dataclasses.replace(fleet.nodes[0], host_keys=recorded),)
+    )
+    connect(pinned, deadline_s=10)[h.name].close()
+
+
+def test_jump_through_head_to_worker_without_route(tb: TestBed) -> None:
+    head = tb.add_host()
+    hidden = tb.add_host(isolated_behind=head.name)
+    # the controller itself cannot reach the hidden worker
+    with pytest.raises(OSError), socket.create_connection((hidden.address, 22), timeout=1):
+        pass
+    fleet = tb.fleet([head, hidden], jump=True)
+    assert fleet.nodes[1].address is None
+    ts = connect(fleet, deadline_s=10)
+    assert ts[hidden.name].run("hostname", timeout=10).stdout.strip() == hidden.name
+    # its host key is still pinned through the tunnel
+    bad = dataclasses.replace(fleet.nodes[1], host_keys=(head.host_key,))
+    with pytest.raises(HostKeyError, match=re.escape(_fp(hidden.host_key))):
+        connect(dataclasses.replace(fleet, nodes=(fleet.nodes[0], bad)), deadline_s=10)
+    for t in ts.values():
+        t.close()
+
+
+def test_waits_for_sshd_that_starts_late(tb: TestBed, capsys: pytest.CaptureFixture[str]) -> None:
+    h = tb.add_host(sshd_delay_s=2.5)
+    start = time.monotonic()
+    ts = connect(tb.fleet([h]), deadline_s=20)
+    took = time.monotonic() - start
+    assert 2.0 < took < 8
+    assert ts[h.name].run("true", timeout=10).ok
+    out = capsys.readouterr().out
+    assert f"{h.name}: waiting for SSH (connection refused)" in out
+    ts[h.name].close()
+
+
+def test_unreachable_node_fails_at_its_deadline(tb: TestBed) -> None:
+    h = tb.add_host()
+    tb.stop_sshd(h.name)
+    start = time.monotonic()
+    with pytest.raises(ConnectError, match=rf"{h.name}.*not reachable within 2 s"):
+        connect(tb.fleet([h]), deadline_s=2)
+    assert time.monotonic() - start < 4

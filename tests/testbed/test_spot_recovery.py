@@ -1,0 +1,190 @@
+"""A spot run survives preemption, end to end: `gputrain run --stack` on the sshd test bed with the
+real trainer, its checkpoints in a real Cloud Storage emulator on the bridge. The fake Compute
+server marks node 2 preempted and the test kills every process on it mid-training; the fake stack's
+`up` brings it back as a new host with a NEW host key; training finishes with the same final loss
+and parameters as an uninterrupted run. Recoveries run out; a crash is never retried; Ctrl-C during
+the re-creation still destroys everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.stack_world import ZONES, World, assert_torn_down
+from tests.support.trainer_helpers import child_env, free_port, node_argv, start
+
+pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
+TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--log-every", "1"]
+TRAIN += ["--eval-batches", "0"]
+
+
+def run_spot(w: World, *options: str) -> int:
+    assert w.gcs is not None
+    return w.run(
+        "run",
+        "--stack",
+        "e2e",
+        "--yes",
+        "--skip-preflight",
+        "--env",
+        f"STORAGE_EMULATOR_HOST={w.gcs.url}",
+        *options,
+        "--",
+        "-m",
+        "trainer.train",
+        *TRAIN,
+    )
+
+
+def uninterrupted(tmp_path: Path) -> dict[str, Any]:
+    """The same training on two torchrun agents on this machine, never interrupted."""
+    port, out = free_port(), tmp_path / "reference"
+    env = child_env(out)
+    procs = [start(node_argv(port, "ref", TRAIN), env) for _ in range(2)]
+    for p in procs:
+        output, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, output[-3000:]
+    return dict(json.loads((out / "summary.json").read_text()))
+
+
+def last_run(w: World) -> Path:
+    target = w.dir / "runs" / "stack-e2e"
+    return target / (target / "LAST_RUN").read_text().strip()
+
+
+def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
+    world: Callable[..., World], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(bucket=True)
+    killed: list[float] = []
+
+    def preempt() -> None:
+        old_key = w.node_hosts["e2e-node-1"].host_key
+        killed.append(time.time())
+        w.preempt("e2e-node-1")
+        killed.append(hash(old_key))
+
+    t = w.at_checkpoint(20, preempt)
+    rc = run_spot(w)
+    t.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-4000:]
+    assert "could not download" not in err, err
+    assert killed, "the run ended before a checkpoint reached the bucket"
+    # One recovery, in one line; the same zone; the run's own checkpoints resumed it.
+    [line] = [ln for ln in out.splitlines() if ln.startswith("recovery 1/3: ")]
+    assert "e2e-node-1 preempted at" in line and "us-central1-a" in line
+    ups = [c for c in w.runner.calls if c[0] in ("up", "refresh")]
+    assert ups[:3] == [("up", "us-central1-a"), ("refresh",), ("up", "us-central1-a")]
+    # The VM came back as a new host with a new host key, pinned from its guest attributes.
+    assert len(w.hosts) == 3 and hash(w.node_hosts["e2e-node-1"].host_key) != killed[1]
+    assert len(w.compute.requests_matching("/instances/e2e-node-1/getGuestAttributes")) >= 2
+    # The run's record and summary tell the story.
+    run_dir = last_run(w)
+    [recovery] = json.loads((run_dir / "job.json").read_text())["recoveries"]
+    assert recovery["nodes"] == ["e2e-node-1"] and recovery["resumed_from"] >= 20
+    assert recovery["steps_repeated"] >= 0 and recovery["downtime_s"] > 0
+    assert "recoveries" in out and "1 (e2e-node-1)" in out and "steps repeated" in out
+    assert (run_dir / "e2e-node-0" / "torchrun.attempt1.log").is_file()  # the first attempt's log
+    # Same end as an uninterrupted run: loss and every parameter, bit for bit.
+    summary = json.loads((run_dir / "e2e-node-0" / "summary.json").read_text())
+    assert summary["resumed_from"] == recovery["resumed_from"]
+    reference = uninterrupted(tmp_path)
+    assert summary["final_loss"] == reference["final_loss"]
+    assert set(summary["param_checksums"]) == set(reference["param_checksums"])
+    assert summary["params_in_sync"]
+    assert_torn_down(w)  # the bucket too: its newest checkpoint was home already
+
+
+def test_recoveries_run_out_and_the_stack_is_destroyed(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-recoveries 1: the first preemption is survived, the second (after the resume got
+    past step 50) ends the run, destroyed, with the reason."""
+    w = world(bucket=True)
+    second: list[threading.Thread] = []
+
+    def first() -> None:
+        w.preempt("e2e-node-1")
+        second.append(w.at_checkpoint(50, lambda: w.preempt("e2e-node-1"), after_up=2))
+
+    t = w.at_checkpoint(20, first)
+    rc = run_spot(w, "--max-recoveries", "1")
+    t.join(timeout=5)
+    captured = capsys.readouterr()
+    assert rc == 1, captured.err
+    assert "recovery 1/1: e2e-node-1 preempted" in captured.out
+    assert "GCE preempted e2e-node-1 (compute.instances.preempted at" in captured.err
+    assert "--max-recoveries 1 allows no more recoveries (1 done)" in captured.err
+    assert w.runner.call_names().count("up") == 2
+    assert len(json.loads((last_run(w) / "job.json").read_text())["recoveries"]) == 1
+    # Nothing lost: the newest checkpoint is home, then everything is gone.
+    assert list(last_run(w).rglob("ckpt-*.pt"))
+    assert_torn_down(w)
+
+
+def test_a_killed_node_that_was_not_preempted_is_a_crash(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(bucket=True)
+    t = w.at_checkpoint(20, lambda: w.bed.kill_processes(w.node_hosts["e2e-node-1"].name))
+    rc = run_spot(w)
+    t.join(timeout=5)
+    captured = capsys.readouterr()
+    assert rc == 1 and "failed on node" in captured.err
+    assert "recovery" not in captured.out
+    assert w.runner.call_names().count("up") == 1  # not retried
+    assert_torn_down(w)
+
+
+def test_ctrl_c_while_the_cluster_is_recreated_still_destroys_everything(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(bucket=True)
+    real_up = w.runner.up
+    ups: list[int] = []
+
+    def interrupted_up(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        ups.append(1)
+        if len(ups) == 2:  # the re-creation: the user presses Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        return real_up(*args, **kwargs)
+
+    w.runner.up = interrupted_up  # type: ignore[method-assign]
+    t = w.at_checkpoint(20, lambda: w.preempt("e2e-node-1"))
+    rc = run_spot(w)
+    t.join(timeout=5)
+    err = capsys.readouterr().err
+    assert rc == 130, err
+    assert "SIGINT" in err and len(ups) == 2
+    assert_torn_down(w)
+
+
+def test_a_failed_recreation_ends_destroyed_with_the_reason(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(bucket=True)
+
+    def preempt_then_quota_runs_out() -> None:
+        w.runner.fail_quota(ZONES[0], "PREEMPTIBLE_NVIDIA_L4_GPUS")
+        w.preempt("e2e-node-1")
+
+    t = w.at_checkpoint(20, preempt_then_quota_runs_out)
+    rc = run_spot(w)
+    t.join(timeout=5)
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "recovery 1/3 of run" in err and "failed: could not create the cluster" in err
+    assert "PREEMPTIBLE_NVIDIA_L4_GPUS" in err
+    assert [c[1] for c in w.runner.calls if c[0] == "up"] == [ZONES[0], ZONES[0]]  # quota: stop
+    assert list(last_run(w).rglob("ckpt-*.pt"))  # the checkpoints came home first
+    assert_torn_down(w)

@@ -1,0 +1,142 @@
+"""Recovery through Cloud Storage: the trainer uploads, a replaced node resumes from the bucket,
+a damaged newest checkpoint (local or remote) falls back to an intact one, SIGTERM leaves a
+complete remote checkpoint, and every resumed loss equals an uninterrupted run's bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.trainer_helpers import metrics, summary
+from trainer import checkpoint
+from trainer.storage import MANIFEST_SUFFIX
+from trainer.train import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
+STEPS = 80
+FLAGS = ["--checkpoint-every", "20", "--keep-checkpoints", "4", "--log-every", "1"]
+FLAGS += ["--eval-batches", "0", "--steps", str(STEPS)]
+
+
+def train(out: Path, *extra: str) -> dict[int, float]:
+    """The tiny preset in this process (one rank); its loss at every step."""
+    main(["--out", str(out), *FLAGS, *extra])
+    return {r["step"]: r["loss"] for r in metrics(out)}
+
+
+def first_run(gcs: GcsEmulator, out: Path) -> tuple[str, dict[int, float]]:
+    """An uninterrupted run with a bucket whose step-80 upload never got its manifest (the node
+    died in between): a resume starts from 60 and must reproduce this run's later losses."""
+    uri = f"gs://{gcs.bucket_name}/runs/r1/"
+    losses = train(out, "--checkpoint-uri", uri)
+    gcs.client().bucket(gcs.bucket_name).blob(f"runs/r1/ckpt-00000080.pt{MANIFEST_SUFFIX}").delete()
+    return uri, losses
+
+
+def assert_continues_exactly(out: Path, reference: dict[int, float], start: int) -> None:
+    assert summary(out)["resumed_from"] == start
+    losses = {r["step"]: r["loss"] for r in metrics(out)}
+    later = [step for step in reference if step > start]
+    assert len(later) == STEPS - start
+    assert [losses[step] for step in later] == [reference[step] for step in later]  # bit for bit
+
+
+def cut_in_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_a_replaced_node_resumes_from_the_bucket_exactly(
+    gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri, reference = first_run(gcs, tmp_path / "first")
+    assert (
+        gcs.names("runs/")
+        == [  # the last --keep-checkpoints (4), each with its manifest
+            f"runs/r1/ckpt-{s:08d}.pt{m}" for s in (20, 40, 60, 80) for m in ("", MANIFEST_SUFFIX)
+        ][:-1]
+    )
+    assert "checkpoint step 80 uploaded to gs://" in capsys.readouterr().out
+    fresh = tmp_path / "fresh"  # a new VM: its disk is empty, the bucket is all there is
+    train(fresh, "--checkpoint-uri", uri)
+    said = capsys.readouterr().out
+    assert f"resume: step 60 downloaded from {uri}ckpt-00000060.pt" in said
+    assert "ckpt-00000080.pt" not in said.split("trainer: preset")[0]  # incomplete: not a candidate
+    assert_continues_exactly(fresh, reference, 60)
+    assert [s for s, _ in checkpoint.list_checkpoints(fresh)] == [60, 80]
+
+
+def test_a_truncated_newest_local_checkpoint_falls_back_to_the_older_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    reference = train(out)
+    (out / "ckpt-00000080.pt").unlink()
+    cut_in_half(out / "ckpt-00000060.pt")  # e.g. the disk filled up under a copy
+    capsys.readouterr()
+    train(out)
+    said = capsys.readouterr().out
+    assert (
+        f"resume: skipped checkpoint {out / 'ckpt-00000060.pt'} cannot be read: truncated" in said
+    )
+    assert "weights_only" not in said
+    assert_continues_exactly(out, reference, 40)
+
+
+def test_a_truncated_newest_remote_checkpoint_falls_back_to_the_older_one(
+    gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri, reference = first_run(gcs, tmp_path / "first")
+    gcs.write("runs/r1/ckpt-00000060.pt", gcs.read("runs/r1/ckpt-00000060.pt")[:1000])
+    capsys.readouterr()
+    fresh = tmp_path / "fresh"
+    train(fresh, "--checkpoint-uri", uri)
+    said = capsys.readouterr().out
+    assert f"resume: skipped {uri}ckpt-00000060.pt: 1000 bytes" in said
+    assert "truncated or overwritten" in said
+    assert f"resume: step 40 downloaded from {uri}ckpt-00000040.pt" in said
+    assert_continues_exactly(fresh, reference, 40)
+
+
+def test_a_damaged_local_copy_gives_way_to_the_buckets_copy_of_the_same_step(
+    gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    uri, reference = first_run(gcs, out)
+    (out / "ckpt-00000080.pt").unlink()
+    cut_in_half(out / "ckpt-00000060.pt")
+    capsys.readouterr()
+    train(out, "--checkpoint-uri", uri)
+    said = capsys.readouterr().out
+    assert f"resume: skipped checkpoint {out / 'ckpt-00000060.pt'} cannot be read" in said
+    assert f"resume: step 60 downloaded from {uri}ckpt-00000060.pt" in said
+    assert_continues_exactly(out, reference, 60)
+
+
+def test_no_usable_checkpoint_or_one_without_model_config_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    out = tmp_path / "out"
+    out.mkdir()
+    old = out / "ckpt-00000010.pt"
+    torch.save({"step": 10, "model": {}, "optimizer": {}}, old)  # an older format, no model_config
+    for argv in (["--resume", str(old)], []):
+        with pytest.raises(SystemExit) as exc:
+            main(["--out", str(out), *FLAGS, *argv])
+        assert exc.value.code == 2
+        said = capsys.readouterr()
+        (line,) = said.err.strip().splitlines()
+        assert "weights_only" not in said.out + said.err
+        if argv:
+            assert (
+                line
+                == f"error: checkpoint {old} is not a gputrain trainer checkpoint: it has no model_config"
+            )
+        else:
+            assert "it has no model_config" in said.out
+            assert line.startswith(f"error: --resume auto: no usable checkpoint in {out} ")
+            assert line.endswith("use --resume never to start over")

@@ -1,0 +1,311 @@
+"""The Vertex AI entry point: CLUSTER_SPEC (and Vertex's env) -> torchrun argv, errors in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.trainer_helpers import ROOT, child_env, free_port
+from trainer.errors import InputError
+from trainer.storage import MANIFEST_SUFFIX
+from trainer.vertex_entry import (
+    TRAINER,
+    Placement,
+    output_files,
+    parse_cluster_spec,
+    placement_from_env,
+    split_entry,
+    torchrun_argv,
+)
+
+
+def spec(task: str, index: object, workers: int = 0, **extra: Any) -> str:
+    cluster = {"workerpool0": ["cmle-training-workerpool0-ab12-0:2222"]}
+    if workers:
+        cluster["workerpool1"] = [
+            f"cmle-training-workerpool1-ab12-{i}:2222" for i in range(workers)
+        ]
+    return json.dumps(
+        {
+            "cluster": cluster,
+            "environment": "cloud",
+            "task": {"type": task, "index": index, "trial": ""},
+            "job": '{"python_module":"trainer.vertex_entry"}',
+            **extra,
+        }
+    )
+
+
+CHIEF = "cmle-training-workerpool0-ab12-0"
+
+
+def test_one_replica_runs_standalone_with_one_process_per_gpu() -> None:
+    placement = parse_cluster_spec(spec("workerpool0", 0))
+    assert placement == Placement(1, 0, CHIEF, 2222, "workerpool0[0]")
+    argv = torchrun_argv(placement, 8, ["--preset", "gpt2-124m"])
+    assert argv == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=8",
+        "--standalone",
+        "--nnodes=1",
+        "-m",
+        "trainer.train",
+        "--preset",
+        "gpt2-124m",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("task", "index", "rank"), [("workerpool0", 0, 0), ("workerpool1", 0, 1), ("workerpool1", 2, 3)]
+)
+def test_chief_and_three_workers_get_ranks_in_pool_order(task: str, index: int, rank: int) -> None:
+    placement = parse_cluster_spec(spec(task, index, workers=3))
+    assert placement == Placement(4, rank, CHIEF, 2222, f"{task}[{index}]")
+    argv = torchrun_argv(placement, 1, ["--device", "cpu"])
+    assert argv[3:] == [
+        "--nproc-per-node=1",
+        "--nnodes=4",
+        f"--node-rank={rank}",
+        f"--master-addr={CHIEF}",
+        "--master-port=2222",
+        "-m",
+        "trainer.train",
+        "--device",
+        "cpu",
+    ]
+
+
+def test_master_addr_and_port_override_the_spec_and_rank_world_size_stand_in_for_it() -> None:
+    env = {
+        "CLUSTER_SPEC": spec("workerpool1", 1, workers=2),
+        "MASTER_ADDR": "10.0.0.2",
+        "MASTER_PORT": "23456",
+    }
+    assert placement_from_env(env) == Placement(3, 2, "10.0.0.2", 23456, "workerpool1[1]")
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "23456"}
+    assert placement_from_env(env) == Placement(2, 1, "10.0.0.2", 23456, "rank 1")
+    assert placement_from_env({}).nnodes == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"CLUSTER_SPEC": "{not json"}, "CLUSTER_SPEC: not JSON"),
+        ({"CLUSTER_SPEC": "[1, 2]"}, "CLUSTER_SPEC: expected an object with 'cluster' and 'task'"),
+        (
+            {
+                "CLUSTER_SPEC": json.dumps(
+                    {"cluster": {}, "task": {"type": "workerpool0", "index": 0}}
+                )
+            },
+            "workerpool0 has 0 replicas, expected exactly 1",
+        ),
+        (
+            {"CLUSTER_SPEC": spec("workerpool2", 0, workers=1)},
+            "task type 'workerpool2' does not run the trainer",
+        ),
+        (
+            {"CLUSTER_SPEC": spec("workerpool1", 3, workers=3)},
+            "task index 3 is outside workerpool1's 3 replicas",
+        ),
+        ({"CLUSTER_SPEC": spec("workerpool0", "0")}, "task index '0' is outside"),
+        (
+            {
+                "CLUSTER_SPEC": json.dumps(
+                    {
+                        "cluster": {"workerpool0": ["chief"]},
+                        "task": {"type": "workerpool0", "index": 0},
+                    }
+                )
+            },
+            "workerpool0[0] is 'chief', expected 'host:port'",
+        ),
+        (
+            {
+                "CLUSTER_SPEC": json.dumps(
+                    {
+                        "cluster": {"workerpool0": ["c:1"], "workerpool1": "w:2"},
+                        "task": {"type": "workerpool0", "index": 0},
+                    }
+                )
+            },
+            "each cluster pool must be a list",
+        ),
+        (
+            {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+            "RANK 2: must be below WORLD_SIZE 2",
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR/MASTER_PORT: needed"),
+        (
+            {"CLUSTER_SPEC": spec("workerpool0", 0), "MASTER_PORT": "http"},
+            "MASTER_PORT http: must be a whole number",
+        ),
+    ],
+)
+def test_malformed_environments_are_one_clear_line(env: dict[str, str], words: str) -> None:
+    with pytest.raises(InputError) as e:
+        placement_from_env(env)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_two_replicas_train_with_gloo_and_the_chief_puts_outputs_in_the_bucket(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """Two local processes, each with its own Vertex-style CLUSTER_SPEC, as Vertex starts them."""
+    base = f"gs://{gcs.bucket_name}/runs/v1"
+    port, procs = free_port(), []
+    cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": ["127.0.0.1:2222"]}
+    for kind in ("workerpool0", "workerpool1"):
+        cwd = tmp_path / kind  # each replica has its own disk; --out defaults to ./out there
+        cwd.mkdir()
+        env = child_env()
+        env.update(
+            CLUSTER_SPEC=json.dumps({"cluster": cluster, "task": {"type": kind, "index": 0}}),
+            AIP_MODEL_DIR=f"{base}/model/",
+            AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
+        )
+        argv = [sys.executable, "-m", "trainer.vertex_entry", "--device", "cpu", "--steps", "60"]
+        argv += ["--checkpoint-every", "30", "--log-every", "10", "--eval-batches", "2"]
+        procs.append(
+            subprocess.Popen(
+                argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        )
+    logs = [p.communicate(timeout=150)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert "vertex: workerpool0[0] is node 0 of 2, 1 process(es)" in logs[0]
+    assert "vertex: workerpool1[0] is node 1 of 2" in logs[1]
+    assert f"vertex: copied summary.json, metrics.jsonl to {base}/model/" in logs[0]
+    assert "vertex: copied" not in logs[1]  # only the chief uploads
+
+    assert gcs.names("runs/v1/model/") == [
+        "runs/v1/model/metrics.jsonl",
+        "runs/v1/model/summary.json",
+    ]
+    s = json.loads(gcs.read("runs/v1/model/summary.json"))
+    assert s["world_size"] == 2 and s["params_in_sync"] and s["steps"] == 60
+    assert s["final_loss"] < s["initial_loss"] - 1.5  # it learned
+    rows = [json.loads(line) for line in gcs.read("runs/v1/model/metrics.jsonl").splitlines()]
+    assert [r["step"] for r in rows] == [1, 10, 20, 30, 40, 50, 60]
+    assert gcs.names("runs/v1/checkpoints/") == [
+        f"runs/v1/checkpoints/ckpt-000000{s}.pt{m}" for s in (30, 60) for m in ("", MANIFEST_SUFFIX)
+    ]
+    for kind in ("workerpool0", "workerpool1"):  # every node also kept its local copy
+        assert (tmp_path / kind / "out" / "ckpt-00000060.pt").is_file()
+
+
+def test_bad_trainer_flags_fail_before_torchrun_in_one_line(tmp_path: Path) -> None:
+    env = child_env()
+    env["CLUSTER_SPEC"] = spec("workerpool0", 0)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.vertex_entry", "--steps", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["error: --steps 0: must be a whole number >= 1"]
+    assert "torch.distributed" not in done.stdout
+
+
+# ---- entries other than the reference trainer ---------------------------------------------------
+
+
+def test_entry_is_trainer_flags_a_module_or_a_script_of_the_code(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "fit.py").write_text("print(1)\n")
+    assert split_entry([], tmp_path) == (TRAINER, [])
+    assert split_entry(["--preset", "tiny"], tmp_path) == (TRAINER, ["--preset", "tiny"])
+    assert split_entry(["-m", "trainer.train", "--steps", "5"], tmp_path) == (
+        TRAINER,
+        ["--steps", "5"],
+    )
+    assert split_entry(["-m", "my.pkg", "a b", "$x"], tmp_path) == (("-m", "my.pkg"), ["a b", "$x"])
+    assert split_entry(["jobs/fit.py", "--lr", "3"], tmp_path) == (
+        (str(tmp_path / "jobs" / "fit.py"),),
+        ["--lr", "3"],
+    )
+    placement = Placement(2, 1, "chief", 2222)
+    argv = torchrun_argv(placement, 4, ["--lr", "3"], (str(tmp_path / "jobs" / "fit.py"),))
+    assert argv[-3:] == [str(tmp_path / "jobs" / "fit.py"), "--lr", "3"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        (["-m"], "entry: -m needs a module name"),
+        (["-m", "--steps"], "entry: -m needs a module name"),
+        (["missing.py"], "entry script missing.py: not in the job's code"),
+    ],
+)
+def test_bad_entries_are_one_line(entry: list[str], words: str, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=words) as e:
+        split_entry(entry, tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_outputs_are_summary_and_metrics_first_then_the_rest_but_checkpoints(
+    tmp_path: Path,
+) -> None:
+    for name in ("metrics.jsonl", "health.json", "ckpt-00000010.pt", "a.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "sub").mkdir()
+    assert output_files(tmp_path) == [
+        tmp_path / "summary.json",  # missing files are skipped by the upload
+        tmp_path / "metrics.jsonl",
+        tmp_path / "a.txt",
+        tmp_path / "health.json",
+    ]
+
+
+def test_a_script_entry_runs_in_the_code_dir_and_its_outputs_reach_the_bucket(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """As Vertex runs a package: gputrain_code.ROOT is the working directory, the script is one of
+    its files, relative paths resolve there and the chief copies the out dir to AIP_MODEL_DIR."""
+    site = tmp_path / "site"
+    root = site / "gputrain_code" / "files"
+    (root / "jobs").mkdir(parents=True)
+    (site / "gputrain_code" / "__init__.py").write_text(
+        "from pathlib import Path\nROOT = Path(__file__).resolve().parent / 'files'\n"
+    )
+    (root / "data.txt").write_text("41\n")
+    (root / "jobs" / "count.py").write_text(
+        "import os, sys\nfrom pathlib import Path\n"
+        "n = int(Path('data.txt').read_text()) + 1\n"  # relative: the code dir
+        "out = Path(os.environ['GPUTRAIN_OUT']); out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'answer.txt').write_text(f'{n} {sys.argv[1]} rank {os.environ[\"RANK\"]}')\n"
+    )
+    env = child_env()
+    env["PYTHONPATH"] = f"{site}:{ROOT}"
+    env.update(
+        CLUSTER_SPEC=spec("workerpool0", 0).replace(
+            "cmle-training-workerpool0-ab12-0", "127.0.0.1"
+        ),
+        AIP_MODEL_DIR=f"gs://{gcs.bucket_name}/runs/s1/model/",
+    )
+    cwd = tmp_path / "replica"
+    cwd.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.vertex_entry", "jobs/count.py", "two words"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"runs {root / 'jobs' / 'count.py'} in {root}" in done.stdout
+    assert gcs.names("runs/s1/model/") == ["runs/s1/model/answer.txt"]
+    assert gcs.read("runs/s1/model/answer.txt") == b"42 two words rank 0"
+    assert (cwd / "out" / "answer.txt").is_file()  # GPUTRAIN_OUT: the replica's own dir
