@@ -38,9 +38,10 @@ def check_entry(entry: Sequence[str], workdir: Path) -> None:
 def _left_out(rel: str, workdir: Path, listed: set[str]) -> str | None:
     """Why this local file stays home, or None when the upload sends it."""
     if rel not in listed:
-        return "ignored by .gitignore" if (workdir / ".git").exists() else "not a plain file"
-    why = never_upload({rel: workdir / rel}, workdir).get(rel)
-    return why
+        if (workdir / ".git").exists():
+            return "ignored by .gitignore"
+        return "in a directory the upload skips (VCS, virtualenv, cache or runs)"
+    return never_upload({rel: workdir / rel}, workdir).get(rel)
 
 
 def _check_file(rel: str, workdir: Path, listed: set[str], *, what: str) -> None:
