@@ -70,18 +70,16 @@ def root_cause_lines(
     return lines[-max_lines:]
 
 
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
 _TRACEBACK = "Traceback (most recent call last):"
+# torchrun's [rankN]: prefix, and torch's own "[rankN]: " that an exception after the process
+# group formed adds inside it
+_TRACEBACK_START = re.compile(r"^((?:\[rank\d+\]: ?)+)Traceback \(most recent call last\):\s*$")
 
 
 def worker_traceback(lines: Sequence[str]) -> list[str]:
     """The last traceback a worker printed (its [rankN]: lines only, others may interleave),
     ending with the exception line; [] when no worker printed one."""
-    starts = [
-        (i, m.group(0))
-        for i, ln in enumerate(lines)
-        if (m := _RANK_PREFIX.match(ln)) and ln[m.end() :].strip() == _TRACEBACK
-    ]
+    starts = [(i, m.group(1)) for i, ln in enumerate(lines) if (m := _TRACEBACK_START.match(ln))]
     if not starts:
         return []
     first, prefix = starts[-1]
@@ -90,8 +88,8 @@ def worker_traceback(lines: Sequence[str]) -> list[str]:
         if not ln.startswith(prefix):
             continue
         block.append(ln)
-        body = ln[len(prefix) :].lstrip(" ")
-        if len(block) > 1 and not ln[len(prefix) :].startswith("  ") and body != _TRACEBACK:
+        body = ln[len(prefix) :]
+        if len(block) > 1 and not body.startswith(" ") and body.strip() != _TRACEBACK:
             break  # the exception line: `AttributeError: ...`
     return block
 

@@ -67,6 +67,7 @@ exit $rc
 
 
 WATCH_INTERVAL_S = 5  # how often a worker asks whether the head's rendezvous still answers
+# (every second until it first has: a link lost early must not leave the watchdog unarmed)
 WATCH_REFUSALS = 3  # refusals in a row, after it once answered, that end the worker's job
 WATCH_GRACE_S = 10  # TERM, then SIGKILL of what is left after this long
 _PROBE = (
@@ -89,7 +90,7 @@ def _worker_watchdog(python: str, port: int, nnodes: int) -> str:
     return f"""if ! ip -o -4 addr show 2>/dev/null | grep -q " $HEAD/"; then (
   seen=0; gone=0
   while kill -0 $JOB 2>/dev/null; do
-    sleep {WATCH_INTERVAL_S}
+    if [ $seen = 1 ]; then sleep {WATCH_INTERVAL_S}; else sleep 1; fi
     {q(python)} -c {q(_PROBE)} "$HEAD" {port} 2>/dev/null; r=$?
     case $r in 0) seen=1; gone=0;; 3) [ $seen = 1 ] && gone=$((gone+1));; *) gone=0;; esac
     if [ $gone -ge {WATCH_REFUSALS} ]; then

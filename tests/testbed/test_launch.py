@@ -176,7 +176,7 @@ def test_silent_link_lost_for_good_names_the_cause_and_the_failed_stop(
     worker = hosts[1].name
 
     def cut() -> None:
-        lines.wait_for(r"step 2 sum", 2)
+        lines.wait_for(r"step 10 sum", 2)  # the worker's watchdog has seen the head answer
         tb.set_link(worker, up=False)
 
     threading.Thread(target=cut, daemon=True).start()

@@ -47,3 +47,19 @@ def test_the_last_of_chained_tracebacks_is_the_one_shown() -> None:
     ]
     assert worker_traceback(log)[-1] == "[rank1]:ValueError: bad"
     assert worker_traceback(["[rank0]:iter 1: loss 3"]) == []
+
+
+def test_torchs_own_rank_prefix_inside_torchruns_is_understood() -> None:
+    """After the process group formed, torch prefixes an uncaught exception's lines itself."""
+    log = [
+        "[rank1]:Overriding: backend = gloo",
+        "[rank1]:[rank1]: Traceback (most recent call last):",
+        '[rank1]:[rank1]:   File "train.py", line 89, in <module>',
+        "[rank1]:[rank1]:     torch.cuda.set_device(device)",
+        "[rank1]:[rank1]:     ^^^^^^^^^^^^^^^^^^^^^^^^",
+        "[rank1]:[rank1]: AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
+        "E1124 19:14:53.558000 29139 torch/distributed/elastic/multiprocessing/api.py:1002] failed",
+    ]
+    got = root_cause_lines([], log)
+    assert got[0].endswith("Traceback (most recent call last):")
+    assert got[-1].endswith("AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'")
