@@ -57,7 +57,7 @@ cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
 echo $JOB > "$RUN/jobpid"
-{_worker_watchdog(python, job.rdzv_port, nnodes)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+{worker_watchdog(python, job.rdzv_port, nnodes)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
@@ -78,7 +78,9 @@ _PROBE = (
 )
 
 
-def _worker_watchdog(python: str, port: int, nnodes: int) -> str:
+def worker_watchdog(
+    python: str, port: int, nnodes: int, interval_s: float = WATCH_INTERVAL_S
+) -> str:
     """On a worker: once the head's rendezvous store has answered, WATCH_REFUSALS refusals in a
     row mean the head's job is gone (stopped, failed) while this node kept running — e.g. its link
     came back after the controller gave up on it. Then the job is TERMed and SIGKILLed after
@@ -90,7 +92,7 @@ def _worker_watchdog(python: str, port: int, nnodes: int) -> str:
     return f"""if ! ip -o -4 addr show 2>/dev/null | grep -q " $HEAD/"; then (
   seen=0; gone=0
   while kill -0 $JOB 2>/dev/null; do
-    if [ $seen = 1 ]; then sleep {WATCH_INTERVAL_S}; else sleep 1; fi
+    if [ $seen = 1 ]; then sleep {interval_s:g}; else sleep 1; fi
     {q(python)} -c {q(_PROBE)} "$HEAD" {port} 2>/dev/null; r=$?
     case $r in 0) seen=1; gone=0;; 3) [ $seen = 1 ] && gone=$((gone+1));; *) gone=0;; esac
     if [ $gone -ge {WATCH_REFUSALS} ]; then

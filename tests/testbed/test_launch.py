@@ -205,19 +205,21 @@ def test_silent_link_lost_for_good_names_the_cause_and_the_failed_stop(
     assert took < 60
     close_all(ts)
     # the job ran on on the worker while its link was down (as on a VM whose network died); once
-    # the link is back, the worker finds the head's rendezvous gone and ends the job by itself
-    # (TERM, SIGKILL after a grace period), with no controller left to stop it
+    # the link is back it ends by itself (the worker's watchdog finds the head's rendezvous gone:
+    # TERM, SIGKILL after a grace period; or torchrun's agent gives up first), long before the
+    # process-group timeout (600 s here), with no controller left to stop it
     tb.set_link(worker, up=True)
+    back = time.monotonic()
     ts2 = connect(tb.fleet([hosts[1]]), deadline_s=15)
     run = ".gputrain/runs/ddp-cut"
     assert ts2[worker].run(f"grep -c sum {run}/torchrun.log", 10).stdout.strip() != "0"
     ended = ts2[worker].run(
-        f"for i in $(seq 120); do [ -s {run}/exitcode ] && break; "
-        f'kill -0 "$(cat {run}/jobpid)" 2>/dev/null || break; sleep 0.5; done; '
-        f'grep -c "rendezvous .* is gone" {run}/torchrun.log',
+        f"for i in $(seq 120); do [ -s {run}/exitcode ] && break; sleep 0.5; done; "
+        f"cat {run}/exitcode; tail -n 5 {run}/torchrun.log",
         90,
     )
-    assert ended.stdout.strip() == "1", ended.stdout + ended.stderr
+    assert ended.stdout.split()[0].isdigit(), ended.stdout + ended.stderr
+    assert time.monotonic() - back < 60, ended.stdout
     from scripts.job.launch import stop_job
 
     assert stop_job(ts2, "ddp-cut", grace_s=2)[worker] in ("stopped-already", "terminated")
