@@ -170,16 +170,6 @@ SECRET_CONTENTS: tuple[tuple[bytes, re.Pattern[bytes], str], ...] = (
     ),
     (b"putty-user-key-file-", re.compile(rb"PuTTY-User-Key-File-\d+:", re.I), "holds a PuTTY key"),
     (
-        b'"type"',
-        re.compile(
-            rb'"type"\s*:\s*"(?:service_account|authorized_user|external_account'
-            rb"|external_account_authorized_user|impersonated_service_account"
-            rb'|gdch_service_account)"',
-            re.I,
-        ),
-        "Google credentials",
-    ),
-    (
         b"aws_secret_access_key",
         re.compile(rb"aws_secret_access_key\s*[=:]", re.I),
         "AWS credentials",
@@ -189,6 +179,18 @@ SECRET_CONTENTS: tuple[tuple[bytes, re.Pattern[bytes], str], ...] = (
         re.compile(rb"^\s*(?:client-key-data|client-certificate-data)\s*:", re.I | re.M),
         "kubeconfig",
     ),
+)
+#: Google credentials: their "type" and a field holding the secret, both in one file (a text that
+#: only names the types, like this project's README, is none).
+_GOOGLE_TYPE = re.compile(
+    rb'"type"\s*:\s*"(?:service_account|authorized_user|external_account'
+    rb"|external_account_authorized_user|impersonated_service_account|gdch_service_account)\"",
+    re.I,
+)
+_GOOGLE_SECRET = re.compile(
+    rb'"(?:client_secret|refresh_token|private_key(?:_id)?|credential_source|source_credentials'
+    rb'|service_account_impersonation_url)"\s*:',
+    re.I,
 )
 _OVERLAP = 4096  # bytes kept between chunks so a match across a chunk boundary is still seen
 _CHUNK = 1 << 20
@@ -233,6 +235,7 @@ def scan_contents(path: Path) -> str | None:
     """The first SECRET_CONTENTS match over the whole file, read in chunks; None if none (or the
     file cannot be read: the upload then fails on it, naming it)."""
     tail = b""
+    google_type = google_secret = False
     try:
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(_CHUNK), b""):
@@ -241,6 +244,11 @@ def scan_contents(path: Path) -> str | None:
                 for needle, pattern, why in SECRET_CONTENTS:
                     if needle in low and pattern.search(window):
                         return why
+                if b'":' in low or b'" :' in low:
+                    google_type = google_type or bool(_GOOGLE_TYPE.search(window))
+                    google_secret = google_secret or bool(_GOOGLE_SECRET.search(window))
+                    if google_type and google_secret:
+                        return "Google credentials"
                 tail = window[-_OVERLAP:]
     except OSError:
         return None

@@ -52,7 +52,7 @@ KEPT = {
     "environment.yml": "name: x\n",
     "keyboard.py": "K = 1\n",
     "config.json": json.dumps({"type": "model"}),
-    "docs/secrets.md": "never commit .env or *.pem files\n",
+    "docs/secrets.md": 'never commit .env, *.pem or JSON with "type": "service_account"\n',
 }
 
 
