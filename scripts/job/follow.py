@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from scripts import ui
 from scripts.job.diagnosis import FailureFacts, first_failure, root_cause_lines, split_error_files
 from scripts.job.node_scripts import (
+    EXIT_CODE_LINE,
     build_error_files_command,
-    build_exitcode_command,
-    build_tail_command,
+    build_follow_command,
     parse_exitcode,
 )
 from scripts.job.records import FailureKind, Job, NodeFailure
@@ -140,10 +140,14 @@ def follow_node(
     events: queue.Queue[str],
     reconnect_deadline_s: float,
 ) -> None:
-    """Stream one node's log to the end, reattaching after dropped connections, then read its
-    exit code. Always ends with state.done and an event."""
+    """Stream one node's log to the end and then its exit code (one channel), reattaching after
+    dropped connections. Always ends with state.done and an event."""
+    recorded: list[str] = []  # what the node's exitcode file held, once the log has ended
 
     def line(text: str) -> None:
+        if text.startswith(EXIT_CODE_LINE):
+            recorded.append(text[len(EXIT_CODE_LINE) :])
+            return
         state.lines += 1
         state.tail.append(text)
         on_line(state.name, text)
@@ -151,7 +155,7 @@ def follow_node(
     try:
         while True:
             try:
-                transport.stream(build_tail_command(run_id, state.lines), line, timeout=None)
+                transport.stream(build_follow_command(run_id, state.lines), line, timeout=None)
                 break
             except ConnectionLostError as e:
                 state.reconnecting = True
@@ -161,8 +165,7 @@ def follow_node(
                 transport.reconnect(reconnect_deadline_s)
                 state.reconnecting = False
                 ui.say(f"{state.name}: reconnected")
-        r = transport.run(build_exitcode_command(run_id), 30)
-        state.exit_code, node_time = parse_exitcode(r.stdout)
+        state.exit_code, node_time = parse_exitcode(recorded[-1] if recorded else "")
         state.ended_at = node_time if node_time is not None else time.time()
     except Exception as e:
         state.lost = e

@@ -1,15 +1,20 @@
 """Run one job on a connected fleet: upload the code, start torchrun detached on every node, follow
 it to the end, bring the results home. Returns a JobResult or raises TrainingError naming the node
 that failed first and how (job/records.py), so a caller (a spot recovery) can decide what to do.
+
+Per node the launch is four round trips on one SSH connection, whatever the fleet's size:
+prepare (its code manifest; on the head a free port; the storage client when needed), upload +
+start (one bundle on stdin), follow (the log, then the exit code), download. Whatever can be done
+once is done once on this machine: the file list, the hashes, run.sh and each distinct tar.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shlex
-import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,14 +24,18 @@ from scripts.job.download import download_results, write_job_record
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,
+    UNPACK_FAILED,
     Requirement,
+    SectionResult,
     build_install_command,
     build_node_command,
-    build_start_command,
+    build_sections_command,
     build_stop_command,
+    build_upload_and_start_command,
+    parse_sections,
 )
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
-from scripts.job.sync import check_size, collect_sources, sync_code
+from scripts.job.sync import CodeBundle, check_size, collect_sources, read_manifest_command
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -48,10 +57,11 @@ def launch_torchrun(
     failure stop the others and raise TrainingError (results are still downloaded)."""
     validate_job(job)
     start = time.monotonic()
-    upload_code(fleet, transports, job)
-    if job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://"):
-        ensure_packages(fleet, transports, STORAGE_PACKAGES, "the trainer's gs:// checkpoints")
-    start_job(fleet, transports, job, stop_grace_s=stop_grace_s)
+    files = collect_code(job)
+    prepared = prepare_nodes(fleet, transports, job)
+    if job.rdzv_port is None:  # every run its own c10d store, also beside another run
+        job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
+    upload_and_start(fleet, transports, job, files, prepared.manifests, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
     stoppers: list[threading.Thread] = []
@@ -116,8 +126,8 @@ def launch_torchrun(
     return result
 
 
-def upload_code(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
-    """Collect the code once, check its size, sync it to every node in parallel."""
+def collect_code(job: Job) -> dict[str, Path]:
+    """The files the nodes get (relative path -> local file), once per launch, size-checked."""
     packages = {"trainer": TRAINER_DIR} if job.include_trainer else {}
     if job.workdir is None:
         files = {}
@@ -127,65 +137,67 @@ def upload_code(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> 
     else:
         files = collect_sources(job.workdir, packages)
         base = job.workdir
-    total = check_size(files, job.max_upload_mib, base)
-    start = time.monotonic()
+    check_size(files, job.max_upload_mib, base)
+    return files
 
-    def one(name: str) -> str:
-        with tempfile.TemporaryDirectory(prefix="gputrain-upload-") as tmp:
-            plan = sync_code(transports[name], files, remote_dir=job.code_dir, staging=Path(tmp))
-        return f"{len(plan.send)} changed, {len(plan.delete)} removed"
 
-    names = [n.name for n in fleet.nodes]
-    results, errors = parallel(names, one)
-    if errors:
-        raise TransportError(
-            "upload failed:\n" + "\n".join(f"  {n}: {e}" for n, e in errors.items())
+@dataclasses.dataclass(frozen=True)
+class PreparedNodes:
+    manifests: Mapping[str, str]  # node -> its code manifest as read (the upload's delta)
+    rdzv_port: int | None  # a free port on the head, when the job has none
+
+
+def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> PreparedNodes:
+    """One round trip per node before the upload: the node's code manifest; on the head a free
+    port for the run's c10d store; with gs:// checkpoints the storage client (a probe where it is
+    there, else pip). More per-node checks belong here as further sections."""
+    head = fleet.head.name
+    needs_storage = job.env.get(CHECKPOINT_URI_ENV, "").startswith("gs://")
+    why_storage = "the trainer's gs:// checkpoints"
+
+    def one(name: str) -> dict[str, SectionResult]:
+        sections = {"manifest": read_manifest_command(job.code_dir)}
+        if name == head and job.rdzv_port is None:
+            sections["port"] = free_port_command(fleet.python)
+        if needs_storage:
+            sections["packages"] = build_install_command(fleet.python, STORAGE_PACKAGES)
+        r = transports[name].run(
+            build_sections_command(sections), timeout=1800 if needs_storage else 60
         )
-    summary = ", ".join(f"{n}: {results[n]}" for n in names)
-    ui.say(
-        f"uploaded {len(files)} file(s), {total / 1048576:.1f} MiB, to {len(names)} node(s) in "
-        f"{time.monotonic() - start:.1f} s ({summary})"
-    )
-
-
-def ensure_packages(
-    fleet: Fleet, transports: Mapping[str, Transport], needs: Sequence[Requirement], why: str
-) -> None:
-    """Install on every node what `fleet.python` cannot import yet (a no-op probe where all is
-    there); a node where that fails is named with pip's last lines."""
-    cmd = build_install_command(fleet.python, needs)
-    wanted = ", ".join(req for _, req in needs)
-
-    def one(name: str) -> str:
-        r = transports[name].run(cmd, 1800)  # torch's CUDA wheels are large
-        if not r.ok:
+        got = parse_sections(r.stdout)
+        if set(got) != set(sections):
+            raise TransportError(f"node {name}: could not prepare: {r.stderr.strip() or r.stdout}")
+        if "port" in got and not (got["port"].ok and got["port"].output.isdigit()):
             raise TransportError(
-                f"node {name}: {fleet.python} cannot import {wanted} and pip could not install "
-                f"it ({why}): " + " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+                f"node {name}: could not pick a free port: {got['port'].output.strip()}"
             )
-        return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "present"
+        if "packages" in got:
+            report_install(fleet.python, STORAGE_PACKAGES, why_storage, name, got["packages"])
+        return got
 
     names = [n.name for n in fleet.nodes]
     results, errors = parallel(names, one)
     if errors:
         raise TransportError("\n".join(str(e) for e in errors.values()))
-    for name in names:
-        if results[name].startswith("installed"):
-            ui.say(
-                f"{name}: installed{results[name][len('installed') :]} for {fleet.python} ({why})"
-            )
+    port = results[head].get("port")
+    return PreparedNodes(
+        {n: results[n]["manifest"].output for n in names}, int(port.output) if port else None
+    )
 
 
-def start_job(
-    fleet: Fleet, transports: Mapping[str, Transport], job: Job, *, stop_grace_s: float = 10.0
+def upload_and_start(
+    fleet: Fleet,
+    transports: Mapping[str, Transport],
+    job: Job,
+    files: Mapping[str, Path],
+    manifests: Mapping[str, str],
+    *,
+    stop_grace_s: float = 10.0,
 ) -> None:
-    """The same run.sh on every node (c10d assigns ranks), started detached; if any node fails
-    to start, the others are stopped again."""
+    """One round trip per node: the code it lacks and the run's run.sh (the same on every node:
+    c10d assigns ranks) in one bundle, unpacked and started detached. The bundle's hashes and
+    tars are made once for the fleet. If any node fails, the others are stopped again."""
     names = [n.name for n in fleet.nodes]
-    if job.rdzv_port is None:  # every run its own c10d store, also beside another run
-        job = dataclasses.replace(
-            job, rdzv_port=free_port(transports[fleet.head.name], fleet.python)
-        )
     nproc = job.nproc_per_node or (1 if fleet.expect.is_cpu else fleet.expect.count)
     script = build_node_command(
         job,
@@ -194,32 +206,56 @@ def start_job(
         head_address=fleet.head.internal_address,
         python=fleet.python,
     )
+    bundle = CodeBundle(files, run_script=script)
+    cmd = build_upload_and_start_command(job.run_id, job.code_dir)
+    started = time.monotonic()
 
-    def start_one(name: str) -> str:
-        start = build_start_command(job.run_id, job.code_dir)
-        r = transports[name].run(start, 60, stdin=script.encode())
+    def one(name: str) -> tuple[str, str]:
+        plan = bundle.plan(manifests[name])
+        r = transports[name].run(cmd, 600, stdin=bundle.payload(plan))
+        if r.exit_code == UNPACK_FAILED:
+            raise TransportError(f"node {name}: upload failed: {r.stderr.strip()}")
         if not r.ok or not r.stdout.strip().isdigit():
             raise TransportError(f"node {name}: could not start: {r.stderr.strip() or r.stdout}")
-        return r.stdout.strip()
+        return f"{len(plan.send)} changed, {len(plan.delete)} removed", r.stdout.strip()
 
-    pgids, errors = parallel(names, start_one)
+    results, errors = parallel(names, one)
     if errors:
         stop_job(transports, job.run_id, grace_s=stop_grace_s)
         raise TransportError("\n".join(str(e) for e in errors.values()))
+    sent = Counter(results[n][0] for n in names)
+    total = sum(p.stat().st_size for p in files.values())
+    ui.say(
+        f"uploaded {len(files)} file(s), {total / 1048576:.1f} MiB, to {len(names)} node(s) in "
+        f"{time.monotonic() - started:.1f} s ("
+        + ", ".join(f"{k} node(s): {what}" for what, k in sent.items())
+        + ")"
+    )
     ui.say(
         f"run {job.run_id} started on {len(names)} node(s), rendezvous on port {job.rdzv_port} "
-        f"({', '.join(f'{n}: pgid {pgids[n]}' for n in names)})"
+        f"({', '.join(f'{n}: pgid {results[n][1]}' for n in names)})"
     )
 
 
-def free_port(head: Transport, python: str) -> int:
-    """A TCP port nothing listens on now, asked of the head (where the c10d store will listen)."""
+def report_install(
+    python: str, needs: Sequence[Requirement], why: str, node: str, r: SectionResult
+) -> None:
+    """What build_install_command answered on a node (also in verify's first round trip): says
+    what it installed, raises TransportError naming the node and pip's last lines if it could not."""
+    lines = r.output.strip().splitlines()
+    if not r.ok:
+        raise TransportError(
+            f"node {node}: {python} cannot import {', '.join(req for _, req in needs)} and pip "
+            f"could not install it ({why}): " + " | ".join(lines[-3:])
+        )
+    if lines and lines[-1].startswith("installed"):
+        ui.say(f"{node}: installed{lines[-1][len('installed') :]} for {python} ({why})")
+
+
+def free_port_command(python: str) -> str:
+    """At the head: a TCP port nothing listens on now (where the c10d store will listen)."""
     code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-    r = head.run(f"{shlex.quote(python)} -c {shlex.quote(code)}", timeout=30)
-    port = r.stdout.strip()
-    if not r.ok or not port.isdigit():
-        raise TransportError(f"node {head.name}: could not pick a free port: {r.stderr.strip()}")
-    return int(port)
+    return f"{shlex.quote(python)} -c {shlex.quote(code)}"
 
 
 def stop_job(

@@ -6,9 +6,11 @@ Where things are on the node: scripts/node_layout.py.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from scripts.job.records import Job
+from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, RUNS_DIR, run_dir
 
 
@@ -19,7 +21,9 @@ def build_node_command(
     shell-quoted so arguments arrive verbatim. The network interface toward the head is found on
     the node (never assumed): the one holding the head's address, else ``ip route get``."""
     if job.rdzv_port is None:
-        raise ValueError("build_node_command needs the run's rendezvous port (start_job picks it)")
+        raise ValueError(
+            "build_node_command needs the run's rendezvous port (prepare_nodes picks it)"
+        )
     q = shlex.quote
     head = q(head_address)
     env_lines = "".join(f"export {k}={q(v)}\n" for k, v in job.env.items())
@@ -133,15 +137,21 @@ def build_collect_workdir_command(run_id: str) -> str:
     )
 
 
-def build_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
-    """Reads run.sh on stdin, snapshots the code, starts it in a new session (so a dropped SSH
-    connection cannot kill it) and prints its process-group id. Everything it and the job write
-    is private to the user (umask 077)."""
+UNPACK_FAILED = 112  # the exit status of build_upload_and_start_command when the code did not land
+
+
+def build_upload_and_start_command(run_id: str, code_dir: str = CODE_DIR) -> str:
+    """One round trip: unpack the CodeBundle payload on stdin into code_dir (the changed files,
+    the manifest, the delete list and run.sh), then snapshot the code, start run.sh
+    in a new session (so a dropped SSH connection cannot kill it) and print its process-group id.
+    Exits UNPACK_FAILED when the code could not be unpacked (nothing was started)."""
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
-    return (
-        f"umask 077; mkdir -p {d} && cat > {d}/run.sh && rm -rf {d}/code && "
-        f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
+    return (  # umask 077: everything it and the job write is the user's alone
+        f"umask 077; mkdir -p {d} && {unpack_command(code_dir)} && "
+        f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
+        f"rm -rf {d}/code && (cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && "
+        f"cd {d} || exit 1; "
         "rm -f exitcode pgid jobpid; "
         "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "
         "i=0; while [ ! -s jobpid ] && [ ! -s exitcode ] && [ $i -lt 200 ]; do "
@@ -155,19 +165,24 @@ def build_tail_command(run_id: str, lines_seen: int) -> str:
     d = shlex.quote(run_dir(run_id))
     return (
         f"cd {d} || exit 1; P=$(cat jobpid 2>/dev/null || cat pgid); "
-        f'exec tail -n +{lines_seen + 1} -s 0.2 -F --pid="$P" torchrun.log 2>/dev/null'
+        f'tail -n +{lines_seen + 1} -s 0.2 -F --pid="$P" torchrun.log 2>/dev/null'
     )
 
 
-def build_exitcode_command(run_id: str) -> str:
-    """The recorded exit code, waiting briefly while run.sh writes it; nothing if the job's shell
-    is gone without one (killed)."""
-    d = shlex.quote(run_dir(run_id))
+EXIT_CODE_LINE = "\036gputrain-exitcode"
+"""Starts the last line of build_follow_command: the recorded exit code follows it."""
+
+
+def build_follow_command(run_id: str, lines_seen: int) -> str:
+    """build_tail_command, then on the same channel one EXIT_CODE_LINE line with the recorded
+    exit code ("<rc> <unix time>"; waiting briefly while run.sh writes it; empty if the job's
+    shell is gone without one: killed). A last log line without a newline gets one first."""
     return (
-        f"cd {d} || exit 1; P=$(cat pgid); i=0; "
-        'while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$P" 2>/dev/null); '
+        f"{build_tail_command(run_id, lines_seen)}; "
+        '[ -z "$(tail -c 1 torchrun.log 2>/dev/null)" ] || echo; '
+        'i=0; while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$(cat pgid)" 2>/dev/null); '
         'case "$s" in ""|Z*) break;; esac; sleep 0.05; i=$((i+1)); done; '
-        "cat exitcode 2>/dev/null; true"
+        f"printf '\\036gputrain-exitcode %s\\n' \"$(cat exitcode 2>/dev/null)\""
     )
 
 
@@ -245,6 +260,38 @@ def build_install_command(python: str, needs: Sequence[Requirement]) -> str:
         f"if {py} -c {shlex.quote(imports)} >/dev/null 2>&1; then echo installed$missing; exit 0; fi; "
         'printf "%s\n" "$out" | tail -n 5; exit 1'
     )
+
+
+def build_sections_command(sections: Mapping[str, str]) -> str:
+    """Several commands in one round trip: each runs in its own subshell (stderr with stdout), and
+    its output follows a header line ``\\036<name> <exit status>``; see parse_sections."""
+    parts = []
+    for name, cmd in sections.items():
+        if not name.isidentifier():
+            raise ValueError(f"section name {name!r}: letters, digits and _ only")
+        parts.append(f"o=$( ( {cmd}\n) 2>&1 ); printf '\\036{name} %d\\n%s\\n' $? \"$o\"")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class SectionResult:
+    exit_code: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def parse_sections(stdout: str) -> dict[str, SectionResult]:
+    """What build_sections_command printed: section name -> its exit status and output (a
+    section the node never reached is missing)."""
+    out: dict[str, SectionResult] = {}
+    for block in ("\n" + stdout).split("\n\036")[1:]:
+        header, _, body = block.partition("\n")
+        name, _, rc = header.partition(" ")
+        out[name] = SectionResult(int(rc) if rc.strip().isdigit() else 1, body.rstrip("\n"))
+    return out
 
 
 ERROR_FILE_SEPARATOR = "\n\036\n"

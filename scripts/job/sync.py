@@ -1,4 +1,5 @@
-"""Ship the code to a node: which files (respecting .gitignore), how big, and only what changed."""
+"""Ship the code to the nodes: which files (respecting .gitignore), how big, only what changed —
+and all of that once per launch, not once per node (CodeBundle)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import shlex
 import subprocess
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from scripts import ui
 from scripts.node_layout import CODE_DIR, NODE_STATE
 from scripts.settings import RESULTS_MARKER
 from scripts.transport.base import Transport, TransportError
-from scripts.transport.tar import tar_files, unpack_command
+from scripts.transport.tar import tar_files
 
 if TYPE_CHECKING:
     import pathspec
@@ -38,6 +40,7 @@ SKIP_DIRS = {
 }
 MANIFEST = ".gputrain-manifest.json"
 DELETE_LIST = ".gputrain-delete"
+RUN_SCRIPT = ".gputrain-run.sh"  # a launch's run.sh, carried by its bundle into the run dir
 
 
 @dataclass(frozen=True)
@@ -302,33 +305,76 @@ def plan_upload(local: Mapping[str, str], remote: Mapping[str, str]) -> UploadPl
     return UploadPlan(send, delete, dict(local))
 
 
-def sync_code(
-    transport: Transport,
-    files: Mapping[str, Path],
-    *,
-    remote_dir: str = CODE_DIR,
-    staging: Path,
-) -> UploadPlan:
-    """Bring remote_dir in line with files, sending only what changed since the last upload."""
-    r = transport.run(f"cat {shlex.quote(remote_dir + '/' + MANIFEST)} 2>/dev/null", timeout=60)
+def parse_manifest(text: str) -> dict[str, str]:
+    """A node's manifest file as read back (empty: nothing there, or not a manifest)."""
     try:
-        remote = json.loads(r.stdout) if r.ok and r.stdout.strip() else {}
-        if not isinstance(remote, dict):
-            remote = {}
+        doc = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
-        remote = {}
-    local = hash_files(files)
-    plan = plan_upload(local, remote)
-    staging.mkdir(parents=True, exist_ok=True)
-    (staging / MANIFEST).write_text(json.dumps(plan.manifest, sort_keys=True))
-    (staging / DELETE_LIST).write_bytes(b"".join(rel.encode() + b"\0" for rel in plan.delete))
-    # one tar: the changed files, then the manifest and the delete list as two small files
-    payload = {rel: files[rel] for rel in plan.send}
-    payload |= {MANIFEST: staging / MANIFEST, DELETE_LIST: staging / DELETE_LIST}
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+class CodeBundle:
+    """The code of one launch, made once and not once per node: the files (relative path on the
+    node -> local file) hashed once, and each distinct upload plan's gzip'd tar built once —
+    every fresh node, and every node holding the same older code, gets the very same bytes.
+
+    A payload carries the changed files and control files: the new manifest (kept, so the next
+    upload sends only what changed), the delete list, and a launch's run.sh (RUN_SCRIPT)."""
+
+    def __init__(self, files: Mapping[str, Path], run_script: str | None = None) -> None:
+        self.files = dict(files)
+        self.manifest = hash_files(self.files)
+        self.run_script = run_script
+        self._payloads: dict[tuple[tuple[str, ...], tuple[str, ...]], bytes] = {}
+        self._lock = threading.Lock()
+
+    def plan(self, remote_manifest: str) -> UploadPlan:
+        """What a node whose manifest file reads ``remote_manifest`` needs."""
+        return plan_upload(self.manifest, parse_manifest(remote_manifest))
+
+    def payload(self, plan: UploadPlan) -> bytes:
+        """The bytes for ``plan``, built on first use (nodes ask from many threads)."""
+        key = (plan.send, plan.delete)
+        with self._lock:
+            if key not in self._payloads:
+                control = {
+                    MANIFEST: json.dumps(plan.manifest, sort_keys=True).encode(),
+                    DELETE_LIST: b"".join(rel.encode() + b"\0" for rel in plan.delete),
+                }
+                if self.run_script is not None:
+                    control[RUN_SCRIPT] = self.run_script.encode()
+                self._payloads[key] = tar_files(
+                    {rel: self.files[rel] for rel in plan.send}, control, compress=True
+                )
+            return self._payloads[key]
+
+
+def read_manifest_command(remote_dir: str = CODE_DIR) -> str:
+    """At the node: print the manifest of the code in remote_dir (nothing if there is none)."""
+    return f"cat {shlex.quote(remote_dir + '/' + MANIFEST)} 2>/dev/null; true"
+
+
+def unpack_command(remote_dir: str = CODE_DIR) -> str:
+    """At the node: unpack a CodeBundle payload from stdin into remote_dir and apply its delete
+    list (a run.sh it carries stays for the start to move)."""
     d = shlex.quote(remote_dir)
-    private = f"umask 077 && mkdir -p {NODE_STATE} && chmod 700 {NODE_STATE}"  # the user's only
-    cmd = f"{private} && {unpack_command(remote_dir)} && cd {d} && xargs -0 -r rm -f -- < {DELETE_LIST} && rm -f {DELETE_LIST}"
-    r = transport.run(cmd, timeout=600, stdin=tar_files(payload))
+    return (  # umask 077 and a 0700 .gputrain: what gputrain writes there is the user's alone
+        f"umask 077 && mkdir -p {NODE_STATE} && chmod 700 {NODE_STATE} && "
+        f"mkdir -p {d} && tar -x -z -f - -C {d} && "
+        f"(cd {d} && xargs -0 -r rm -f -- < {DELETE_LIST} && rm -f {DELETE_LIST})"
+    )
+
+
+def sync_code(
+    transport: Transport, files: Mapping[str, Path], *, remote_dir: str = CODE_DIR
+) -> UploadPlan:
+    """Bring remote_dir on one node in line with files, sending only what changed since the last
+    upload (a launch does the same for every node with one bundle: scripts/job/launch.py)."""
+    bundle = CodeBundle(files)
+    r = transport.run(read_manifest_command(remote_dir), timeout=60)
+    plan = bundle.plan(r.stdout if r.ok else "")
+    r = transport.run(unpack_command(remote_dir), timeout=600, stdin=bundle.payload(plan))
     if not r.ok:
         raise TransportError(f"node {transport.name}: upload failed: {r.stderr.strip()}")
     return plan

@@ -15,23 +15,26 @@ from typing import IO
 from scripts.transport.base import TransportError
 
 
-def tar_files(files: Mapping[str, Path]) -> bytes:
-    """An uncompressed tar of {name in the archive: local file}, modes kept, owner neutral."""
+def tar_files(
+    files: Mapping[str, Path], data: Mapping[str, bytes] | None = None, *, compress: bool = False
+) -> bytes:
+    """A tar of {name in the archive: local file} (modes kept, owner neutral) and of in-memory
+    ``data`` members (mode 0644); ``compress``: gzip'd at level 1, for ``tar -x -z`` (source code
+    shrinks about 3x for ~7 ms per MiB, paid once: every node then receives and decrypts less)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+    opts = {"mode": "w:gz", "compresslevel": 1} if compress else {"mode": "w"}
+    with tarfile.open(fileobj=buf, **opts) as tar:
         for name, path in files.items():
             info = tar.gettarinfo(str(path), arcname=name)
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             with open(path, "rb") as f:
                 tar.addfile(info, f)
+        for name, content in (data or {}).items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(content), 0o644
+            tar.addfile(info, io.BytesIO(content))
     return buf.getvalue()
-
-
-def unpack_command(remote_dir: str) -> str:
-    """At the node: unpack the tar on stdin into remote_dir (created if missing)."""
-    d = shlex.quote(remote_dir)
-    return f"mkdir -p {d} && tar -x -f - -C {d}"
 
 
 def pack_command(remote: str, exclude: tuple[str, ...] = ()) -> str:

@@ -5,14 +5,21 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet, GpuExpectation
 from infra.base.retry import GaveUp, NotReady, poll_until
 from scripts import ui
+from scripts.job.node_scripts import (
+    TRAINER_PACKAGES,
+    Requirement,
+    SectionResult,
+    build_install_command,
+)
 from scripts.parallel import parallel
-from scripts.transport.base import CommandResult, Transport
+from scripts.transport.base import CommandResult, Transport, TransportError
 
 GPU_FIELDS = (
     "index",
@@ -64,6 +71,7 @@ class NodeReport:
     problems: tuple[str, ...] = ()
     waited_s: float = 0.0
     torch: bool | None = None  # the interpreter on the node can import torch
+    installed: SectionResult | None = None  # what the install step answered, when there was one
     notes: tuple[str, ...] = field(default=())
 
 
@@ -148,18 +156,31 @@ def verify_node(
     python: str,
     deadline_s: float,
     status: ui.StatusLines | None = None,
+    install: Sequence[Requirement] = (),
 ) -> NodeReport:
     """Query nvidia-smi until it answers (the driver may still be installing) or the deadline;
-    meanwhile the node's status line says why it waits."""
+    meanwhile the node's status line says why it waits. ``install``: first, in the same round
+    trip, pip-install what the interpreter lacks of these (a probe where all is there)."""
     status = status or ui.StatusLines(tty=False)
     start = time.monotonic()
     name = transport.name
-    # first round: the torch check and the GPU query in one round trip
-    marker = "@@gputrain-nvidia-smi@@"
-    r = transport.run(
-        f'{torch_check_command(python)}; echo "{marker}"; {NODE_QUERY}; echo "{marker}$?"',
-        timeout=60,
+    # first round: the install probe, the torch check and the GPU query in one round trip
+    marker, install_marker = "@@gputrain-nvidia-smi@@", "@@gputrain-install@@"
+    prelude = (
+        f'( {build_install_command(python, install)} ); echo "{install_marker}$?"; '
+        if install
+        else ""
     )
+    r = transport.run(
+        f'{prelude}{torch_check_command(python)}; echo "{marker}"; {NODE_QUERY}; echo "{marker}$?"',
+        timeout=1800 if install else 60,  # torch's CUDA wheels are large
+    )
+    installed = None
+    if install:
+        install_out, _, after = r.stdout.partition(install_marker)
+        rc, _, rest_out = after.partition("\n")
+        installed = SectionResult(int(rc) if rc.isdigit() else 1, install_out)
+        r = CommandResult(r.exit_code, rest_out, r.stderr)
     head, _, rest = r.stdout.partition(marker + "\n")
     smi_out, _, rc_text = rest.rpartition(marker)
     has_torch = "torch True" in head
@@ -221,6 +242,7 @@ def verify_node(
         problems=tuple(problems),
         waited_s=time.monotonic() - start,
         torch=has_torch,
+        installed=installed,
     )
 
 
@@ -228,19 +250,31 @@ def verify_gpus(
     fleet: Fleet, transports: dict[str, Transport], *, deadline_s: float
 ) -> list[NodeReport]:
     """Check every node in parallel, print a per-node table, raise if any node is not right.
-    On the stack's own VMs an image without PyTorch gets it first (a probe where it is there)."""
-    if fleet.install_trainer:
-        from scripts.job.launch import ensure_packages
-        from scripts.job.node_scripts import TRAINER_PACKAGES
-
-        ensure_packages(fleet, transports, TRAINER_PACKAGES, "the image has no PyTorch")
+    On the stack's own VMs an image without PyTorch gets it first, in the same round trip (a
+    probe where it is there); a node where pip fails is named with pip's last lines."""
+    install = TRAINER_PACKAGES if fleet.install_trainer else ()
 
     def one(name: str) -> NodeReport:
-        return verify_node(transports[name], fleet.expect, fleet.python, deadline_s, status)
+        return verify_node(
+            transports[name], fleet.expect, fleet.python, deadline_s, status, install
+        )
 
     names = [n.name for n in fleet.nodes]
     with ui.status_lines() as status:
         results, errors = parallel(names, one)
+    if install:
+        from scripts.job.launch import report_install
+
+        failed = []
+        for name, report in results.items():
+            if report.installed is not None:
+                try:
+                    why = "the image has no PyTorch"
+                    report_install(fleet.python, install, why, name, report.installed)
+                except TransportError as err:
+                    failed.append(str(err))
+        if failed:
+            raise TransportError("\n".join(failed))
     for name, e in errors.items():
         results[name] = NodeReport(name, ok=False, problems=(f"could not check: {e}",))
     reports = [results[n] for n in names]

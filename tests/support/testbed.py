@@ -32,6 +32,7 @@ STATE = Path("/run/gputrain-testbed")
 LOCK_PATH = Path("/run/lock/gputrain-testbed.lock")
 TEST_USER = "gputrain-tb"
 SSHD = "/usr/sbin/sshd"
+CPU_GROUP = Path("/sys/fs/cgroup/cpuacct/gputrain-testbed")  # cgroup v1: the hosts' CPU time
 
 
 class TestBedUnavailable(RuntimeError):
@@ -121,7 +122,9 @@ class TestHost:
         )
 
 
-FAKE_NVIDIA_SMI = r'''#!/usr/bin/python3
+# -S (no site): the fake costs a host ~10 ms of CPU instead of ~20, which matters when 32 test
+# hosts share the controller's 2 cores (a real nvidia-smi runs on its own machine).
+FAKE_NVIDIA_SMI = r'''#!/usr/bin/python3 -S
 """Fake nvidia-smi for the gputrain test bed: answers --query-gpu from this host's gpu.json."""
 import json, sys
 GPU_DIR = "__GPU_DIR__"
@@ -166,6 +169,16 @@ for i in range(cfg["count"]):
         row.append(values[f])
     print(", ".join(row))
 '''
+
+
+TRIVIAL_PYTHON = """#!/bin/sh
+# gputrain test bed: a stand-in interpreter for fleet-scale tests and the bench. `-c` checks go to
+# the real one; in place of torchrun, a trivial job prints one line and writes a result naming
+# its host (the fleet machinery is measured, not torch's import on 2 shared cores).
+if [ "$1" = "-c" ]; then exec __PYTHON__ "$@"; fi
+echo "[rank0]:trivial job on $(hostname): $*"
+mkdir -p "$GPUTRAIN_OUT" && hostname > "$GPUTRAIN_OUT/ok.txt"
+"""
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -221,8 +234,12 @@ class TestBed:
 
     __test__ = False
 
-    def __init__(self, python: str | None = None, lock_timeout_s: float = 900) -> None:
+    def __init__(
+        self, python: str | None = None, lock_timeout_s: float = 900, *, count_cpu: bool = False
+    ) -> None:
         self.python = python or sys.executable  # the interpreter with torch, run on the hosts
+        self.count_cpu = count_cpu  # account the hosts' CPU time (hosts_cpu_s), for benchmarks
+        self._cpu_group: Path | None = None
         self.lock_timeout_s = lock_timeout_s
         self.hosts: dict[str, TestHost] = {}
         self.identity_file = STATE / "client_ed25519"
@@ -256,6 +273,13 @@ class TestBed:
             _run("ip", "link", "set", BRIDGE, "up")
             _run("ip", "link", "add", ISO_BRIDGE, "type", "bridge")
             _run("ip", "link", "set", ISO_BRIDGE, "up")
+            if self.count_cpu:
+                if not CPU_GROUP.parent.is_dir():
+                    raise TestBedUnavailable(
+                        f"count_cpu needs cgroup v1's cpuacct ({CPU_GROUP.parent})"
+                    )
+                CPU_GROUP.mkdir(exist_ok=True)
+                self._cpu_group = CPU_GROUP
         except BaseException:
             self.close()
             raise
@@ -268,6 +292,7 @@ class TestBed:
             cleanup_leftovers()
         finally:
             self.hosts.clear()
+            self._cpu_group = None
             self._release_lock()
 
     def __enter__(self) -> TestBed:
@@ -346,6 +371,28 @@ class TestBed:
     ) -> TestHost:
         """A new host with a running sshd (after sshd_delay_s). ``isolated_behind=<host>``: on
         the second bridge, reachable only from that host's namespace (for jump tests)."""
+        host = self._create_host(name, gpus, isolated_behind, sshd_delay_s, fabric)
+        if not sshd_delay_s:
+            self.wait_listening(host, 5)
+        return host
+
+    def add_hosts(self, count: int, *, gpus: GpuConfig | None = None) -> list[TestHost]:
+        """`count` new hosts, their sshd started side by side and waited for together (the
+        starts overlap instead of one waiting for the next: a fleet of 32 on 2 cores)."""
+        hosts = [self._create_host(None, gpus, None, 0.0, None) for _ in range(count)]
+        for host in hosts:
+            self.wait_listening(host, 10)
+        return hosts
+
+    def _create_host(
+        self,
+        name: str | None,
+        gpus: GpuConfig | None,
+        isolated_behind: str | None,
+        sshd_delay_s: float,
+        fabric: FabricFakes | None,
+    ) -> TestHost:
+        """The namespace, keys, config and fakes of a new host, its sshd started (not waited for)."""
         with self._mutex:
             used = {int(h.address.rsplit(".", 1)[1]) for h in self.hosts.values()}
             span = range(10, 128) if isolated_behind is None else range(130, 250)
@@ -383,7 +430,7 @@ class TestBed:
                 self.set_fabric(name, fabric)
             self._write_hosts_file()
             self._write_sshd_config(host, fake_tools_first=fabric is not None)
-            self._start_sshd(host, sshd_delay_s)
+            self._spawn_sshd(host, sshd_delay_s)
             return host
 
     def _veth(self, ns: str, root_end: str, bridge: str, cidr: str, peer: str = "eth0") -> None:
@@ -412,6 +459,29 @@ class TestBed:
                 self._iso_gateway = None
             shutil.rmtree(host.dir, ignore_errors=True)
             self._write_hosts_file()
+
+    def reset_node_state(self, name: str) -> None:
+        """Empty the host's node root (its code and runs), as on a fresh VM."""
+        home = self.hosts[name].dir / "home"
+        for p in home.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+    def trivial_python(self) -> str:
+        """The path of TRIVIAL_PYTHON on this test bed (a fleet's `python`), removed with it."""
+        path = STATE / "trivial-python"
+        path.write_text(TRIVIAL_PYTHON.replace("__PYTHON__", self.python))
+        path.chmod(0o755)
+        return str(path)
+
+    def hosts_cpu_s(self) -> float:
+        """CPU seconds used so far by everything the hosts ran: sshd, login shells, jobs (their
+        detached processes too). Needs ``count_cpu=True``."""
+        if self._cpu_group is None:
+            raise TestBedUnavailable("the test bed was started without count_cpu=True")
+        return int((self._cpu_group / "cpuacct.usage").read_text()) / 1e9
 
     def set_gpus(self, name: str, gpus: GpuConfig) -> None:
         """Change what the host's nvidia-smi reports (takes effect on the next call)."""
@@ -484,6 +554,11 @@ class TestBed:
         (host.dir / "sshd_config").write_text("\n".join(lines) + "\n")
 
     def _start_sshd(self, host: TestHost, delay_s: float = 0.0) -> None:
+        self._spawn_sshd(host, delay_s)
+        if not delay_s:
+            self.wait_listening(host, 5)
+
+    def _spawn_sshd(self, host: TestHost, delay_s: float) -> None:
         mounts = [
             f"hostname {host.name}",
             f"mount --bind {STATE}/hosts /etc/hosts",
@@ -502,8 +577,8 @@ class TestBed:
                  "--propagation", "private", "sh", "-c", script],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )  # fmt: skip
-        if not delay_s:
-            self.wait_listening(host, 5)
+        if self._cpu_group is not None:  # what the host runs (sshd, shells, jobs) is counted
+            (self._cpu_group / "tasks").write_text(str(host.sshd.pid))
 
     def wait_listening(self, host: TestHost, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
@@ -619,3 +694,6 @@ def cleanup_leftovers() -> None:
         if dev.startswith("gtv") or dev in (BRIDGE, ISO_BRIDGE):
             _run("ip", "link", "del", dev, check=False)
     shutil.rmtree(STATE, ignore_errors=True)
+    if CPU_GROUP.exists():
+        with contextlib.suppress(OSError):  # its processes are gone: the group can go too
+            CPU_GROUP.rmdir()

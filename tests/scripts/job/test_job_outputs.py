@@ -13,7 +13,8 @@ import pytest
 from infra.base.errors import UserError
 from scripts.job.download import download_results
 from scripts.job.entry_check import check_entry
-from scripts.job.node_scripts import build_start_command, entry_argument
+from scripts.job.node_scripts import build_upload_and_start_command, entry_argument
+from scripts.job.sync import CodeBundle
 from scripts.transport.local import LocalTransport
 
 
@@ -57,7 +58,8 @@ def test_files_the_job_creates_or_changes_in_its_working_dir_come_home(tmp_path:
         "mkdir -p out __pycache__ && echo ckpt > out/ckpt.pt && echo c > __pycache__/m.pyc\n"
         "echo new > data/input.txt\necho 0 > $RUN/exitcode\necho 1 > $RUN/jobpid\n"
     )
-    r = node.run(build_start_command("r1"), 30, stdin=job.encode())
+    bundle = CodeBundle({}, run_script=job)
+    r = node.run(build_upload_and_start_command("r1"), 30, stdin=bundle.payload(bundle.plan("")))
     assert r.ok, r.stderr
     run = tmp_path / "node" / ".gputrain" / "runs" / "r1"
     for _ in range(100):

@@ -12,13 +12,19 @@ import pytest
 
 from infra.base.errors import UserError
 from scripts.job.node_scripts import (
+    EXIT_CODE_LINE,
+    UNPACK_FAILED,
+    build_follow_command,
     build_node_command,
-    build_start_command,
+    build_sections_command,
     build_stop_command,
     build_tail_command,
+    build_upload_and_start_command,
     parse_exitcode,
+    parse_sections,
 )
 from scripts.job.records import Job, validate_job
+from scripts.job.sync import CodeBundle
 from scripts.transport.local import LocalTransport
 from tests.support.fake_python import FAKE_PY
 
@@ -92,10 +98,15 @@ def _running(pid: int) -> bool:
 
 def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> None:
     t = LocalTransport("n", tmp_path)
+    (tmp_path / "src.py").write_text("x = 1\n")
     # a job whose child sits in its own session, like torchrun's workers
     script = "echo $$ > pgid\nsetsid sleep 300 &\necho $! > child\necho $! > jobpid\nwait\n"
-    r = t.run(f"mkdir -p .gputrain/code && {build_start_command('j1')}", 10, stdin=script.encode())
+    bundle = CodeBundle({"src.py": tmp_path / "src.py"}, run_script=script)
+    payload = bundle.payload(bundle.plan(""))
+    r = t.run(build_upload_and_start_command("j1"), 10, stdin=payload)
     assert r.ok and r.stdout.strip().isdigit()
+    assert (tmp_path / ".gputrain" / "runs" / "j1" / "code" / "src.py").read_text() == "x = 1\n"
+    assert not (tmp_path / ".gputrain" / "code" / ".gputrain-run.sh").exists()
     pgid = int(r.stdout)
     run = tmp_path / ".gputrain" / "runs" / "j1"
     for _ in range(50):
@@ -116,3 +127,33 @@ def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> Non
     (run / "torchrun.log").write_text("one\ntwo\nthree\n")
     assert t.stream(build_tail_command("j1", 1), lines.append, timeout=10) == 0
     assert lines == ["two", "three"]  # resumes after the lines already seen; ends with the job
+    # the follow: the same lines, a last one without a newline, then the exit code on its own line
+    (run / "torchrun.log").write_text("one\ntwo\nthree")
+    (run / "exitcode").write_text("3 1700000000.5")
+    lines.clear()
+    t.stream(build_follow_command("j1", 1), lines.append, timeout=10)
+    assert lines == ["two", "three", f"{EXIT_CODE_LINE} 3 1700000000.5"]
+    assert parse_exitcode(lines[-1].removeprefix(EXIT_CODE_LINE)) == (3, 1700000000.5)
+    # a payload that cannot be unpacked starts nothing and says so by its exit status
+    r = t.run(build_upload_and_start_command("j2"), 10, stdin=b"not a tar")
+    assert (
+        r.exit_code == UNPACK_FAILED
+        and not (tmp_path / ".gputrain" / "runs" / "j2" / "pgid").exists()
+    )
+
+
+def test_sections_answer_several_questions_in_one_round_trip(tmp_path: Path) -> None:
+    t = LocalTransport("n", tmp_path)
+    cmd = build_sections_command(
+        {"first": "echo one; echo two", "failing": "echo oops >&2; exit 3", "quiet": "true",
+         "last": "printf 'no newline'"}
+    )  # fmt: skip
+    got = parse_sections(t.run(cmd, 10).stdout)
+    assert list(got) == ["first", "failing", "quiet", "last"]
+    assert got["first"].ok and got["first"].output == "one\ntwo"
+    assert got["failing"].exit_code == 3 and got["failing"].output == "oops"
+    assert got["quiet"].ok and got["quiet"].output == ""
+    assert got["last"].output == "no newline"
+    assert parse_sections(t.run("exit 111", 10).stdout) == {}  # the node never got that far
+    with pytest.raises(ValueError, match="section name"):
+        build_sections_command({"no spaces": "true"})

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from infra.base.errors import UserError
-from scripts.job.sync import check_size, collect_sources, plan_upload, sync_code
+from scripts.job.sync import CodeBundle, check_size, collect_sources, plan_upload, sync_code
 from scripts.transport.local import LocalTransport
 
 
@@ -57,14 +58,27 @@ def test_sync_skips_unchanged_files_and_removes_deleted(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     _git_repo(repo)
     t = LocalTransport("n", tmp_path / "node")
-    first = sync_code(t, collect_sources(repo), staging=tmp_path / "s1")
+    first = sync_code(t, collect_sources(repo))
     assert first.send == (".gitignore", "lib/util.py", "train.py")
-    again = sync_code(t, collect_sources(repo), staging=tmp_path / "s2")
+    again = sync_code(t, collect_sources(repo))
     assert again.send == () and again.delete == ()
     (repo / "train.py").write_text("print('changed')\n")
     (repo / "lib" / "util.py").unlink()
-    third = sync_code(t, collect_sources(repo), staging=tmp_path / "s3")
+    third = sync_code(t, collect_sources(repo))
     assert third.send == ("train.py",) and third.delete == ("lib/util.py",)
     code = tmp_path / "node" / ".gputrain" / "code"
     assert (code / "train.py").read_text() == "print('changed')\n"
     assert not (code / "lib" / "util.py").exists()
+
+
+def test_code_bundle_is_built_once_per_distinct_plan(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a\n")
+    (tmp_path / "b.py").write_text("b\n")
+    bundle = CodeBundle({"a.py": tmp_path / "a.py", "b.py": tmp_path / "b.py"}, run_script="x")
+    fresh = [bundle.payload(bundle.plan("")) for _ in range(8)]  # eight fresh nodes
+    assert all(p is fresh[0] for p in fresh)  # the same bytes, built once
+    old = json.dumps({"a.py": bundle.manifest["a.py"], "gone.py": "1:0o644"})
+    plan = bundle.plan(old)
+    assert plan.send == ("b.py",) and plan.delete == ("gone.py",)
+    assert bundle.payload(plan) is not fresh[0]
+    assert bundle.plan("not json").send == ("a.py", "b.py")

@@ -70,9 +70,9 @@ def test_a_node_that_got_secrets_from_an_older_upload_loses_them(tmp_path: Path)
     node = LocalTransport("n", tmp_path / "node")
     code = tmp_path / "node" / ".gputrain" / "code"
     everything = {rel: root / rel for rel in [*SECRETS, *KEPT]}  # what an old version sent
-    sync_code(node, everything, staging=tmp_path / "s1")
+    sync_code(node, everything)
     assert (code / ".env").exists()
-    plan = sync_code(node, collect_sources(root), staging=tmp_path / "s2")
+    plan = sync_code(node, collect_sources(root))
     assert sorted(plan.delete) == sorted(SECRETS)
     left = sorted(str(p.relative_to(code)) for p in code.rglob("*") if p.is_file())
     assert left == sorted([*KEPT, ".gputrainignore", MANIFEST])

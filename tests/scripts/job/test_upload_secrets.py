@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.job.node_scripts import build_start_command
-from scripts.job.sync import collect_sources, sync_code
+from scripts.job.node_scripts import build_upload_and_start_command
+from scripts.job.sync import CodeBundle, collect_sources, sync_code
 from scripts.settings import Settings
 from scripts.targets.gce.keys import generate_ssh_keypair
 from scripts.transport.local import LocalTransport
@@ -136,11 +136,12 @@ def test_what_gputrain_writes_on_a_node_and_brings_home_is_private(tmp_path: Pat
     node = LocalTransport("n", tmp_path / "node")
     src = _tree(tmp_path / "w", {"train.py": "x\n"})
     (src / "train.py").chmod(0o644)
-    sync_code(node, {"train.py": src / "train.py"}, staging=tmp_path / "s")
+    sync_code(node, {"train.py": src / "train.py"})
     state = tmp_path / "node" / ".gputrain"
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
-    script = b'echo $$ > pgid\nRUN=$(pwd)\nrm -f "$RUN/run.sh"\nexport T=secret\necho > jobpid\n'
-    r = node.run(build_start_command("r1"), 30, stdin=script)
+    script = 'echo $$ > pgid\nRUN=$(pwd)\nrm -f "$RUN/run.sh"\nexport T=secret\necho > jobpid\n'
+    bundle = CodeBundle({}, run_script=script)
+    r = node.run(build_upload_and_start_command("r1"), 30, stdin=bundle.payload(bundle.plan("")))
     assert r.ok, r.stderr
     run = state / "runs" / "r1"
     for _ in range(100):

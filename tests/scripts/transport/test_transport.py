@@ -35,7 +35,7 @@ def test_local_transport_roundtrip(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "f.txt").write_text("hello")
-    sync_code(t, {"d/f.txt": src / "d" / "f.txt"}, remote_dir="up", staging=tmp_path / "s")
+    sync_code(t, {"d/f.txt": src / "d" / "f.txt"}, remote_dir="up")
     assert t.run("cat up/d/f.txt", 5).stdout == "hello"
     assert t.download("up", tmp_path / "back") is True
     assert (tmp_path / "back" / "d" / "f.txt").read_text() == "hello"
