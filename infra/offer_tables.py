@@ -80,8 +80,14 @@ def candidate_table(
     max_run_s: int,
     checks: Mapping[Candidate, Check] | None = None,
     limit: int = MAX_ROWS,
+    price_factor: float = 1.0,
 ) -> CandidateTable:
-    """At most `limit` rows in rank order; the chosen row is always shown and marked."""
+    """At most `limit` rows in rank order; the chosen row is always shown and marked. Prices are
+    Compute Engine's times `price_factor` (Vertex AI's training premium, as in the headline)."""
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else value * price_factor
+
     checks = checks or {}
     chosen = choose(candidates, checks)
     ranked = list(enumerate(candidates, 1))
@@ -98,8 +104,8 @@ def candidate_table(
                 f"{c.machine_type} x {c.nodes}",
                 c.zone,
                 f"{c.total_gpus} x {c.shape.model} ({c.shape.memory_gb} GB)",
-                money(c.hourly),
-                money(c.worst_case(max_run_s)),
+                money(scaled(c.hourly)),
+                money(scaled(c.worst_case(max_run_s))),
                 verdict,
                 CHOSEN if c == chosen else "",
             )

@@ -310,11 +310,21 @@ def _serve(
     mode = "as Spot" if spot else "on demand"
     offered = [s for s in shapes() if s.accelerator in alt.accelerators]
     sold = [s for s in offered if mode_name(spot) in s.modes()]
+    if not offered:
+        return [], f"no machine type carries {alt.describe()}"
     if not sold:
         types = ", ".join(sorted({s.machine_type for s in offered}))
+        others = list(
+            dict.fromkeys(
+                c
+                for s in offered
+                for c in capacity.offered(catalog.MACHINE_TYPES[s.machine_type])
+                if c != mode_name(spot)
+            )
+        )
         return [], (
-            f"{alt.describe()} is not sold {mode} ({types}: Spot, Flex-start or reservations "
-            "only); set gputrain:spot true"
+            f"{alt.describe()} is not sold {mode} ({types}: {', '.join(others)} only); set "
+            f"gputrain:capacity to {' or '.join(others)}"
         )
     placed = [(s, sorted(z for z in s.zones(table) if _allowed(z, *where))) for s in sold]
     placed = [(s, zones) for s, zones in placed if zones]

@@ -164,6 +164,5 @@ def _vertex_ok(c: Candidate, spot: bool) -> bool:
 
 def _no_vertex(raw: str, ranked: list[Candidate]) -> list[Candidate]:
     types = ", ".join(dict.fromkeys(c.machine_type for c in ranked))
-    raise CHECK.fail(
-        "gpus", raw, f"Vertex AI runs none of its machine types ({types}); use backend gce"
-    )
+    why = f"Vertex AI runs none of its machine types ({types})" if types else "nothing serves it"
+    raise CHECK.fail("gpus", raw, f"{why}; use backend gce")

@@ -157,7 +157,12 @@ def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = Non
         fabric_note=fabric_note(spec),
         warnings=tuple(spec_warnings(spec)),
         missing=tuple(missing_settings(spec)),
-        candidates=candidate_table(spec.candidates, spec.max_run_duration_s, checks)
+        candidates=candidate_table(
+            spec.candidates,
+            spec.max_run_duration_s,
+            checks,
+            price_factor=1 + vertex.TRAINING_SURCHARGE if spec.on_vertex else 1.0,
+        )
         if spec.candidates
         else None,
     )

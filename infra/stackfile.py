@@ -5,7 +5,9 @@ the program, from the engine. Loading only: infra/spec.py validates.
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,57 @@ class SpecError(UserError):
     """A stack setting is invalid or missing; nothing has been declared or created."""
 
 
+#: Settings whose value is a secret: the only ones a stack file may hold as `secure:` values, and
+#: the only ones it must not hold in plain text.
+SECRET_KEYS = (NS + "sshPrivateKey",)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names one key twice."""
+
+
+class StackYamlLoader(yaml.SafeLoader):
+    """YAML as the Pulumi CLI reads it (YAML 1.2 core: `off`, `yes`, `1:30` stay strings, only
+    true/false are booleans) and refusing a key given twice in one mapping, as the CLI does."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise DuplicateKeyError(
+                    f"duplicate key {key!r} on line {line} (first on line {seen[key]})"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+StackYamlLoader.yaml_implicit_resolvers = {
+    first: [
+        (tag, rx)
+        for tag, rx in resolvers
+        if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _tag, _pattern, _first in (
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+    (
+        "tag:yaml.org,2002:float",
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+.0123456789",
+    ),
+):
+    StackYamlLoader.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
+
+
+def read_yaml(text: str) -> Any:
+    """One YAML document the way the Pulumi CLI reads stack files (see StackYamlLoader)."""
+    return yaml.load(text, Loader=StackYamlLoader)
+
+
 def service_account_id(stack: str) -> str:
     """The account id of the stack's node service account (6-30 chars: stack names are <= 21)."""
     return f"gputrain-{stack}"
@@ -179,6 +232,7 @@ def read_stack_file(root: Path, stack: str) -> StackFile:
     project = _config_section(_read_yaml(project_file, stack), project_file, stack)
     stack_doc = _read_yaml(stack_file, stack)
     stack_section = _config_section(stack_doc, stack_file, stack)
+    check_stack_section(stack_section, stack_file.name, stack)
     merged: dict[str, str] = {}
     for key, decl in project.items():
         if isinstance(decl, dict):
@@ -206,7 +260,7 @@ def _read_yaml(path: Path, stack: str) -> Any:
     """A Pulumi YAML file, or a one-line SpecError naming the file (unreadable, not UTF-8, not
     YAML)."""
     try:
-        return yaml.safe_load(path.read_bytes().decode("utf-8"))
+        return read_yaml(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise SpecError(
             f"stack = {stack!r}: {path.name} is not UTF-8 text (byte {exc.start}); "
@@ -242,6 +296,45 @@ def _config_section(doc: Any, path: Path, stack: str) -> dict[str, Any]:
                 "allowed: setting names like gputrain:nodes"
             )
     return section
+
+
+def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:
+    """What the Pulumi CLI would take but the stack cannot mean, one line each: a namespace that
+    looks like ours misspelt, `secure:` on a setting that is not a secret, a secret in plain text,
+    and `gpus` written out beside `machineType` (equal to its default or not)."""
+    where = f"stack = {stack!r}: {file}"
+    for key, value in section.items():
+        full = qualify(key)
+        namespace = full.split(":", 1)[0]
+        if namespace != PROJECT and difflib.get_close_matches(
+            namespace, [PROJECT], n=1, cutoff=0.75
+        ):
+            raise SpecError(
+                f"{where}: {key}: namespace {namespace!r} is not gputrain's; "
+                f"did you mean {NS}{full.split(':', 1)[1]}?"
+            )
+        secure = isinstance(value, dict) and "secure" in value
+        if secure and full not in SECRET_KEYS and (namespace == PROJECT or full == GCP_PROJECT_KEY):
+            raise SpecError(
+                f"{where}: {key} is a secure: (encrypted) value, but it is not a secret setting; "
+                f"allowed: a plain value (only {', '.join(SECRET_KEYS)} is stored as a secret)"
+            )
+        if full in SECRET_KEYS and not secure and value not in (None, ""):
+            raise SpecError(
+                f"{where}: {key} is in plain text; allowed: a secret only (`gputrain keygen "
+                f"--stack {stack}` stores it, or `pulumi config set --secret {key}`); "
+                "remove the plain value and rotate the key"
+            )
+    given = {qualify(k) for k in section}
+    if (
+        NS + "gpus" in given
+        and NS + "machineType" in given
+        and section.get("gputrain:machineType", section.get("machineType"))
+    ):
+        raise SpecError(
+            f"{where}: gputrain:gpus and gputrain:machineType are both set; set either gpus or "
+            "machineType (+ nodes), not both"
+        )
 
 
 def _secrets_of(doc: Any) -> StackSecrets:

@@ -122,7 +122,7 @@ def vertex_problem(
             f"allowed: {_offered_families()}"
         )
     if mt.spot_only and not spot:
-        return f"machineType {mt.name!r}: offered only as Spot; set spot: true or use a3-highgpu-8g"
+        return f"machineType {mt.name!r}: offered only as Spot; set gputrain:capacity spot or use a3-highgpu-8g"
     canonical = catalog.canonical_accelerator(gpu_type) if gpu_type else None
     if gpu_type and canonical is None:
         return f"gpuType {gpu_type!r}: unknown; allowed: {', '.join(ACCELERATOR_ENUMS)}"

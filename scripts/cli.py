@@ -77,6 +77,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         data=parse_data_flags(getattr(args, "data", []) or []),
         resume_args=resume_args(getattr(args, "resume_args", None)),
         **run_flags.options(args),
+        force=getattr(args, "force", False) and args.command in TAKES_ENTRY,
     )
 
 
@@ -186,6 +187,16 @@ def cmd_report(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_results(ctx: Context) -> int:
+    lifecycle.results(ctx.target, ctx.args.run_id, ctx.opts, ctx.settings)
+    return EXIT_OK
+
+
+def cmd_stop(ctx: Context) -> int:
+    lifecycle.stop(ctx.target, ctx.args.run_id, ctx.opts, ctx.settings)
+    return EXIT_OK
+
+
 def cmd_ssh(ctx: Context) -> int:
     command = list(ctx.args.remote_command or ())
     if command and command[0] == "--":
@@ -246,6 +257,12 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
         "write runs/<target>/<run-id>/report.html for a run (loss, tokens/s, MFU, GPU "
         "utilization and memory per node, restarts and recoveries, cost)",
     ),
+    "results": (
+        cmd_results,
+        "bring a run's results home (any target; finished or still running), e.g. after the "
+        "controller was killed",
+    ),
+    "stop": (cmd_stop, "stop a run on every node (default: the last), then bring results home"),
     "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
 }
 
@@ -325,13 +342,13 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
-        if name in TAKES_ENTRY | {"verify", "ssh", "logs", "top"}:
+        if name in TAKES_ENTRY | {"verify", "ssh", "logs", "top", "results", "stop"}:
             c.add_argument(
                 "--trust-new-hosts",
                 action="store_true",
                 help="(--hosts) record first-seen host keys into the hosts file's known_hosts",
             )
-        if name in TAKES_ENTRY | {"verify", "logs", "top"}:
+        if name in TAKES_ENTRY | {"verify", "logs", "top", "results", "stop"}:
             c.add_argument(
                 "--wait",
                 type=seconds_up_to(86400),
@@ -360,6 +377,15 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("node", help="node name or index (0 is the head)")
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
         add_watch_arguments(name, c, TAKES_ENTRY, seconds_up_to(86400))
+        if name in {"results", "stop"}:
+            c.add_argument("run_id", nargs="?", metavar="RUN", help="a run id (default: the last)")
+        if name in TAKES_ENTRY:
+            c.add_argument(
+                "--force",
+                action="store_true",
+                help="start even where another gputrain run is still training (two jobs on the "
+                "same GPUs)",
+            )
     return p
 
 
@@ -380,14 +406,45 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+#: Variables the node's run script, torchrun or gputrain set: a --env value would break the run
+#: (PATH: the script's own commands) or be overwritten (the ranks), so they are refused.
+RESERVED_ENV = frozenset(
+    {
+        "PATH", "HOME", "SHELL", "USER", "PWD",
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+        "GPUTRAIN_OUT", "GPUTRAIN_RUN_ID", "GPUTRAIN_NODE_ROOT",
+    }
+)  # fmt: skip
+
+
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise UserError(f"--env {item!r}: expected NAME=VALUE with NAME a shell variable name")
+        if key in RESERVED_ENV:
+            raise UserError(
+                f"--env {key}=...: {key} is set on the node by the run script, torchrun or "
+                f"gputrain and cannot be replaced; allowed: any other name (reserved: "
+                f"{', '.join(sorted(RESERVED_ENV))})"
+            )
         env[key] = value
     return env
+
+
+def _project_dir(given: Path) -> Path:
+    """--dir: the Pulumi project at or above DIR; never silently another project."""
+    if not given.is_dir():
+        raise UserError(f"--dir {given}: no such directory; allowed: a directory with Pulumi.yaml")
+    root = find_project_root(given)
+    if not (root / "Pulumi.yaml").is_file() or not given.resolve().is_relative_to(root):
+        raise UserError(
+            f"--dir {given}: no Pulumi.yaml there or in a directory above it; allowed: the "
+            "Pulumi project directory (or one below it)"
+        )
+    return root
 
 
 def _entry(args: argparse.Namespace) -> tuple[str, ...]:
@@ -430,7 +487,7 @@ def main(
         run_flags.check(args)
         settings = settings or Settings()
         if args.dir:
-            settings.root = find_project_root(Path(args.dir))
+            settings.root = _project_dir(Path(args.dir))
         return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
         print(f"gputrain: error: {exc}", file=sys.stderr, flush=True)

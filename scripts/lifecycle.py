@@ -16,6 +16,7 @@ from infra.base.errors import GputrainError, UserError
 from infra.datasets import merge_datasets
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
+from scripts.job.entry_check import check_entry
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery, TrainingError
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Session, Target
@@ -43,12 +44,14 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     datasets = () if healthcheck else merge_datasets(target.datasets(), opts.data)
     check_prefixes(datasets)  # before anything is created: a typo costs nothing
     environment, secrets, image = job_environment(target, opts)  # bad input: before anything
+    check_entry(opts.entry or DEFAULT_ENTRY, Path.cwd())  # before anything is created
     notifier = notifier_for(target, opts)
     try:
         with signal_guard() as guard:
             session_of = target.provisioned(opts, guard) if create else target.attached(opts)
             with session_of as session:
                 session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network
+                refuse_if_busy(session, opts, target.name)
                 if opts.resume is not None:
                     require_run(session, opts.resume, opts.selector or target.name)
                 job = Job(
@@ -205,6 +208,43 @@ def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Setting
             latest = getattr(session, "latest_run", None)  # another machine: ask the head
             run_id = latest() if latest is not None else None
         session.logs(run_id or settings.last_run(target.name))
+
+
+def refuse_if_busy(session: Session, opts: RunOptions, target: str) -> None:
+    """Two jobs on the same GPUs slow both and may run either out of memory: a run where another
+    gputrain run is still training is refused (a warning with --force)."""
+    busy = session.running()
+    if not busy:
+        return
+    where = "; ".join(f"{node}: run {', '.join(ids)}" for node, ids in busy.items())
+    if opts.force:
+        ui.warn(f"another gputrain run is still training ({where}); starting beside it (--force)")
+        return
+    first = next(iter(busy.values()))[0]
+    raise UserError(
+        f"another gputrain run is still training on {target} ({where}); stop it with "
+        f"`gputrain stop {first}`, follow it with `gputrain logs --run {first}`, or pass --force "
+        "to start beside it"
+    )
+
+
+def results(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:
+    """A run's results home, e.g. after the controller was killed (the job ran on, detached)."""
+    chosen = run_id or settings.last_run(target.name)
+    with target.attached(opts) as session:
+        still = [n for n, ids in session.running().items() if chosen in ids]
+        results_dir = session.results(chosen)
+    state = f"still running on {', '.join(still)}: results so far" if still else "results"
+    ui.say(f"run {chosen}: {state} in {results_dir}")
+
+
+def stop(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:
+    """Stop a run (default: the target's last) on every node, then bring its results home."""
+    chosen = run_id or settings.last_run(target.name)
+    with target.attached(opts) as session:
+        session.stop(chosen)
+        results_dir = session.results(chosen)
+    ui.say(f"run {chosen}: stopped; results in {results_dir}")
 
 
 def ssh(target: Target, node: str, command: Sequence[str], opts: RunOptions) -> int:

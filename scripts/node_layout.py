@@ -4,10 +4,12 @@ same on every kind of node:
 
 ``.gputrain/code/``            the synced code
 ``.gputrain/nccl.env``         the GPU network's NCCL env, when the fabric was set up
-``.gputrain/runs/<run-id>/``   run.sh, pgid, torchrun.log, exitcode ("<rc> <unix time>"), out/
-                               (GPUTRAIN_OUT), logs/ (torchrun --log-dir) and code/ (a hard-link
+``.gputrain/runs/<run-id>/``   pgid, jobpid, torchrun.log, exitcode ("<rc> <unix time>"), out/
+                               (GPUTRAIN_OUT), logs/ (torchrun --log-dir), code/ (a hard-link
                                snapshot of the code the run started with), watch/ (GPU
-                               telemetry, heartbeats, stacks: scripts/watch/node.py)
+                               telemetry, heartbeats, stacks: scripts/watch/node.py) and, at
+                               download, workdir/ (what the job created or changed in code/);
+                               run.sh is deleted once its shell holds it (it has the --env values)
 """
 
 NODE_ROOT_SH = '"${GPUTRAIN_NODE_ROOT:-$HOME}"'

@@ -12,6 +12,7 @@ from pathlib import Path
 from infra.base.errors import UserError
 
 CHECKOUT = Path(__file__).resolve().parent.parent
+RESULTS_MARKER = ".gputrain-results"  # in runs/: gputrain's results, never uploaded as code
 LAST_RUN = "LAST_RUN"  # runs/<target>/LAST_RUN: the id `gputrain logs` follows by default
 NODE_ROOT_ENV = "GPUTRAIN_NODE_ROOT"  # where a node keeps its code and runs (see transport/base.py)
 
@@ -46,9 +47,13 @@ class Settings:
         return Path(override) if override else self.runs_dir / "local" / "node"
 
     def results_dir(self, target: str, run_id: str) -> Path:
-        """runs/<target>/<run-id>/, recorded as the target's last run."""
+        """runs/<target>/<run-id>/ (private to the user: 0700), recorded as the target's last run;
+        runs/ carries the marker that keeps it out of every upload (job/sync.py)."""
         target_dir = self.runs_dir / target
-        target_dir.mkdir(parents=True, exist_ok=True)
+        for d in (self.runs_dir, target_dir, target_dir / run_id):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            d.chmod(0o700)
+        (self.runs_dir / RESULTS_MARKER).touch(mode=0o600)
         (target_dir / LAST_RUN).write_text(run_id + "\n")
         return target_dir / run_id
 
@@ -58,5 +63,7 @@ class Settings:
     def last_run(self, target: str) -> str:
         last = self.runs_dir / target / LAST_RUN
         if not last.is_file():
-            raise UserError(f"logs: no run recorded for {target}; pass --run RUN_ID")
+            raise UserError(
+                f"no run recorded for {target}; name the run (its id, e.g. {new_run_id()})"
+            )
         return last.read_text().strip()

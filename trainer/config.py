@@ -7,6 +7,7 @@ one fails in one line naming the flag, the value and what is allowed (exit 2), b
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -124,7 +125,11 @@ class TrainConfig:
         1.0,
         rule=Rule(lambda v: v >= 0, "must be >= 0 (0 turns clipping off)"),
     )
-    seed: int = setting("seeds the model and the data", 1337)
+    seed: int = setting(
+        "seeds the model and the data",
+        1337,
+        rule=Rule(lambda v: 0 <= v < 2**32, "must be a whole number from 0 to 4294967295"),
+    )
     compile: str = setting(
         "torch.compile: auto = on for CUDA", "auto", choices=("auto", "on", "off")
     )
@@ -273,6 +278,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 def validate(cfg: TrainConfig) -> None:
     for f in fields(cfg):
         rule, value = f.metadata["rule"], getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"{flag(f.name)} {value}: must be a finite number")
         if rule is not None and not rule.ok(value):
             raise InputError(f"{flag(f.name)} {value}: {rule.allowed}")
     if cfg.n_embd % cfg.n_head:

@@ -7,6 +7,7 @@ into micro-batches (chosen by hand or by `--batch-size auto`) does not change th
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ class DataSource:
 def open_data(
     spec: str, *, block_size: int, vocab_size: int, successors: int, seed: int
 ) -> DataSource:
-    """`synthetic`, a `.bin` token file, or a text file/directory (byte-level, cached beside it)."""
+    """`synthetic`, a `.bin` token file, or a text file/directory (byte-level, cached once in
+    data_cache_dir(): never beside the data, which may be read-only or shared)."""
     if spec == "synthetic":
         chain = MarkovChain.from_seed(vocab_size, successors, seed)
         return DataSource("synthetic", chain, vocab_size, chain.entropy_rate())
@@ -142,8 +144,20 @@ def read_bin(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
+DATA_CACHE_ENV = "GPUTRAIN_DATA_CACHE"
+
+
+def data_cache_dir() -> Path:
+    """$GPUTRAIN_DATA_CACHE, else $XDG_CACHE_HOME/gputrain-data, else ~/.cache/gputrain-data."""
+    if os.environ.get(DATA_CACHE_ENV):
+        return Path(os.environ[DATA_CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gputrain-data"
+
+
 def byte_cache(path: Path) -> Path:
-    """Tokenize a text file or directory once (UTF-8 bytes -> uint16) into `<path>.bytes.u16`."""
+    """Tokenize a text file or directory once (UTF-8 bytes -> uint16) into
+    `<cache dir>/<name>-<hash of its absolute path>.bytes.u16`."""
     files = (
         [path]
         if path.is_file()
@@ -153,13 +167,21 @@ def byte_cache(path: Path) -> Path:
             if p.is_file() and not any(s.startswith(".") for s in p.parts)
         )
     )
-    cache = path.parent / f"{path.name}.bytes.u16"
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    cache = data_cache_dir() / f"{path.name}-{digest}.bytes.u16"
     newest = max((p.stat().st_mtime for p in files), default=0.0)
     if cache.exists() and cache.stat().st_mtime >= newest and cache.stat().st_size > 0:
         return cache
     data = b"".join(p.read_bytes() for p in files)
     if not data:
         raise InputError(f"data file {path} is too short: it holds no text")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(
+            f"--data {path}: cannot create the byte cache in {cache.parent} ({e.strerror or e}); "
+            f"set {DATA_CACHE_ENV} to a writable directory"
+        ) from None
     tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")  # several ranks may race: each renames
     np.frombuffer(data, dtype=np.uint8).astype(np.uint16).tofile(tmp)
     os.replace(tmp, cache)

@@ -16,3 +16,9 @@ class InputError(Exception):
 class CorruptCheckpoint(InputError):
     """A checkpoint that exists but cannot be used (truncated, foreign, or unlike its manifest):
     `--resume auto` falls back to an older one; a checkpoint named with `--resume PATH` exits 2."""
+
+
+class DivergedError(Exception):
+    """The loss became NaN or infinite: training cannot recover, the run ends with exit 1."""
+
+    exit_code = 1

@@ -69,8 +69,10 @@ def compile_kwargs(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | N
 
 def check_speed_settings(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> None:
     """Kernel choices this device and dtype cannot run, refused before any step."""
-    if cfg.attention == "cudnn" and device.type != "cuda":
-        raise InputError("--attention cudnn: needs a CUDA device (use auto, flash or math)")
+    if cfg.attention in ("flash", "cudnn") and device.type != "cuda":
+        raise InputError(
+            f"--attention {cfg.attention}: needs a CUDA device (use auto or math on {device.type})"
+        )
     if cfg.attention in ("flash", "cudnn") and device.type == "cuda" and dtype == torch.float32:
         raise InputError(
             f"--attention {cfg.attention}: needs --dtype bf16 or fp16 on CUDA (or use auto or math)"

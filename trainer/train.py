@@ -8,6 +8,7 @@ SIGTERM or GCE's preemption notice checkpoints, finishes the upload and exits wi
 from __future__ import annotations
 
 import gc
+import math
 import os
 import sys
 import time
@@ -24,7 +25,8 @@ from trainer.board import Board
 from trainer.config import TrainConfig, parse_config
 from trainer.data import EVAL, TRAIN, DataSource, open_data, uniform_loss
 from trainer.dist import DistEnv, all_gather, max_rank, setup, teardown
-from trainer.errors import InputError
+from trainer.errors import DivergedError, InputError
+from trainer.memory import check_fits
 from trainer.metrics import (
     Metrics,
     StepClock,
@@ -76,6 +78,9 @@ class Trainer:
         self.device = env.device
         self.dtype = amp_dtype(cfg, self.device)
         check_speed_settings(cfg, self.device, self.dtype)
+        check_fits(
+            cfg, padded_vocab(data.vocab_size), self.device, self.dtype, env.local_world_size
+        )
         torch.manual_seed(cfg.seed)
         self.model_cfg = GPTConfig(
             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, padded_vocab(data.vocab_size)
@@ -280,6 +285,11 @@ class Trainer:
     def log(self, metrics: Metrics, step: int, loss: torch.Tensor, clock: StepClock) -> None:
         """Rank 0's line and a metrics.jsonl row: loss now, tokens/s over the interval's steps."""
         self.last_loss = mean_over_ranks(self.env, loss)
+        if not math.isfinite(self.last_loss):  # the same on every rank: all stop alike
+            raise DivergedError(
+                f"the loss is {self.last_loss} at step {step} (--lr {self.cfg.lr}); training "
+                "diverged: lower --lr, raise --warmup-steps or keep --grad-clip on"
+            )
         if self.initial_loss is None:
             self.initial_loss = self.last_loss
         steps, seconds = clock.take_interval()
@@ -372,8 +382,8 @@ def run(cfg: TrainConfig) -> int:
     fixed_shape(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # a bad step size fails here too
     stop = StopRequest()
     with stop.handling(local_rank=int(os.environ.get("LOCAL_RANK", "0"))):
+        make_out_dir(cfg)
         env = setup(cfg.device, cfg.pg_timeout_s)
-        cfg.out.mkdir(parents=True, exist_ok=True)
         if env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             # The CPU path is for tests and demos with tiny models, where intra-op threads only add
             # sync overhead: on a loaded 2-core machine 2 threads ran the tiny preset 20x slower.
@@ -389,11 +399,24 @@ def run(cfg: TrainConfig) -> int:
     return status
 
 
+def make_out_dir(cfg: TrainConfig) -> None:
+    """--out, created before the process group forms; a place it cannot be is one line."""
+    try:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        probe = cfg.out / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise InputError(
+            f"--out {cfg.out}: cannot write there ({e.strerror or e}); use a writable directory"
+        ) from None
+
+
 @record
 def main(argv: list[str] | None = None) -> None:
     try:
         status = run(parse_config(argv))
-    except InputError as e:
+    except (InputError, DivergedError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         get_error_handler().record_exception(e)  # torchrun's root cause names the file too
         sys.exit(e.exit_code)

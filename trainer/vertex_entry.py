@@ -136,6 +136,13 @@ def split_entry(argv: list[str], code_root: Path) -> tuple[tuple[str, ...], list
     return (str(script),), argv[1:]
 
 
+def expand_out(arg: str, out: str) -> str:
+    """`{out}` in an ENTRY argument is the job's out dir (as on the SSH targets); `{{out}}` is
+    the literal text."""
+    literal = "\0"
+    return arg.replace("{{out}}", literal).replace("{out}", out).replace(literal, "{out}")
+
+
 def code_root() -> Path:
     """The working directory the job's package carries (gputrain_code/files), else this one."""
     try:
@@ -244,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         program, args = split_entry(entry, workdir)
         os.environ.update(resolve_secrets(os.environ))  # memory only: torchrun inherits them
         os.environ.pop(SECRET_REFS_ENV, None)
+        args = [expand_out(a, os.environ["GPUTRAIN_OUT"]) for a in args]
         out, cpu = Path(os.environ["GPUTRAIN_OUT"]), False
         if program == TRAINER:
             cfg = parse_config(args)  # bad trainer flags fail here, before torchrun starts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,15 +57,41 @@ def root_cause_lines(
         lines = tb if first.message in first.traceback else [first.message, *tb]
         return lines[-max_lines:]
     lines = [ln for ln in log_tail if ln.strip()]
+    worker = worker_traceback(lines)
+    if worker:
+        return worker[-max_lines:]
     # Without error.json, torchrun's own ChildFailedError report ends the log and says nothing
-    # of the cause: keep what the workers printed before it (their traceback).
+    # of the cause: keep what the workers printed before it.
     agent = next((i for i, ln in enumerate(lines) if "ChildFailedError" in ln), None)
     if agent is not None:
         # torchrun's own traceback starts unprefixed; workers' lines carry a [rankN]: prefix
         starts = [i for i in range(agent) if lines[i].startswith("Traceback (most recent call")]
-        worker = lines[: starts[-1]] if starts else []
-        lines = worker or lines
+        lines = lines[: starts[-1]] if starts and starts[-1] else lines
     return lines[-max_lines:]
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+# torchrun's [rankN]: prefix, and torch's own "[rankN]: " that an exception after the process
+# group formed adds inside it
+_TRACEBACK_START = re.compile(r"^((?:\[rank\d+\]: ?)+)Traceback \(most recent call last\):\s*$")
+
+
+def worker_traceback(lines: Sequence[str]) -> list[str]:
+    """The last traceback a worker printed (its [rankN]: lines only, others may interleave),
+    ending with the exception line; [] when no worker printed one."""
+    starts = [(i, m.group(1)) for i, ln in enumerate(lines) if (m := _TRACEBACK_START.match(ln))]
+    if not starts:
+        return []
+    first, prefix = starts[-1]
+    block = []
+    for ln in lines[first:]:
+        if not ln.startswith(prefix):
+            continue
+        block.append(ln)
+        body = ln[len(prefix) :]
+        if len(block) > 1 and not body.startswith(" ") and body.strip() != _TRACEBACK:
+            break  # the exception line: `AttributeError: ...`
+    return block
 
 
 CONSEQUENCE_HINTS = (

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from scripts import ui
+from scripts.job.node_scripts import build_collect_workdir_command
 from scripts.job.records import JobResult
 from scripts.node_layout import run_dir
 from scripts.parallel import parallel
@@ -17,12 +18,18 @@ from scripts.transport.base import Transport
 
 
 def download_results(transports: Mapping[str, Transport], run_id: str, results_dir: Path) -> None:
-    """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode and setup.log under
-    results_dir/<node>/; a node that cannot be reached is reported, not fatal."""
+    """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode, setup.log and workdir/
+    (what the job created or changed in its working directory) under results_dir/<node>/; a node
+    that cannot be reached is reported, not fatal."""
     d = run_dir(run_id)
 
     def one(name: str) -> None:
         dest = results_dir / name
+        collect = transports[name].run(build_collect_workdir_command(run_id), 120)
+        if not collect.ok:
+            ui.warn(
+                f"{name}: could not collect the job's working-directory files: {collect.stderr}"
+            )
         with tempfile.TemporaryDirectory(dir=results_dir, prefix=f".{name}-") as tmp:
             if not transports[name].download(d, Path(tmp), exclude=("./code", "./run.sh")):
                 return
@@ -32,6 +39,7 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
                 for p in (got / "out").iterdir():
                     move_into(p, dest / p.name)
             for src, to in (
+                ("workdir", "workdir"),
                 ("torchrun.log", "torchrun.log"),
                 ("logs", "torchrun-logs"),
                 ("exitcode", "exitcode"),
@@ -39,7 +47,7 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
                 ("watch", "watch"),  # GPU telemetry, heartbeats, stacks (scripts/watch/)
             ):
                 if (got / src).exists():
-                    (got / src).rename(dest / to)
+                    move_into(got / src, dest / to)
 
     results_dir.mkdir(parents=True, exist_ok=True)
     _, errors = parallel(list(transports), one)

@@ -34,7 +34,7 @@ def say_line(node: str, line: str) -> None:
 @dataclass
 class NodeState:
     name: str
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=40))
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400))
     lines: int = 0
     reconnecting: bool = False
     done: bool = False

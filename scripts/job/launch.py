@@ -154,7 +154,7 @@ def launch_torchrun(
     if failure is not None:
         raise TrainingError(
             f"run {job.run_id} failed on node {failure.node} (exit code {failure.code_text}); "
-            f"{_stop_summary(stopped, failure.node)}. Root cause:\n"
+            f"{_stop_summary(stopped, failure.node, exit_codes)}. Root cause:\n"
             + "\n".join(f"  {ln}" for ln in failure.root_cause)
             + f"\nlogs and results: {results_dir}",
             failure=failure,
@@ -430,11 +430,18 @@ def _stop_quietly(
         ui.warn(f"stopping run {run_id}: {e}")
 
 
-def _stop_summary(outcomes: Mapping[str, str], failed: str) -> str:
-    """What the stop did, never more: which nodes stopped and which could not be stopped."""
+def _stop_summary(
+    outcomes: Mapping[str, str], failed: str, exit_codes: Mapping[str, int | None] | None = None
+) -> str:
+    """What the stop did, never more: which nodes stopped, which could not be stopped, and which
+    had ended by themselves before any stop (with their exit codes)."""
     bad = {n: o.removeprefix("error: ") for n, o in outcomes.items() if o.startswith("error:")}
     done = [n for n, o in outcomes.items() if not o.startswith("error:") and n != failed]
+    ended = {n: c for n, c in (exit_codes or {}).items() if n != failed and n not in outcomes}
     parts = [f"stopped {', '.join(done)}"] if done else []
+    if ended:
+        codes = ", ".join(f"{n} exit code {'none' if c is None else c}" for n, c in ended.items())
+        parts.append(f"the other node(s) had ended already ({codes})")
     parts += [
         f"could NOT stop the job on {n} ({why}): it may still be running there"
         for n, why in bad.items()

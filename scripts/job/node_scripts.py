@@ -15,7 +15,7 @@ from scripts.job.outputs import MIRROR_STOP_LINES, attempt_entry, mirror_start_l
 from scripts.job.records import Job
 from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
-from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, run_dir
+from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, RUNS_DIR, run_dir
 from scripts.watch import node as watch
 
 
@@ -51,13 +51,14 @@ def build_node_command(
         "--tee", "0" if job.secrets else "3",
     ]  # fmt: skip
     argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
-    argv += " ".join(q(a) for a in attempt_entry(job))
+    argv += " ".join(entry_argument(a) for a in attempt_entry(job))
     if container:  # the stop command removes it by name (a KILLed docker CLI leaves it running)
         argv = f'echo {q(container_name(job.run_id))} > "$RUN/container"\n{container} {argv}'
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
 RUN=$(pwd)
+rm -f "$RUN/run.sh"  # it holds the --env values: the shell reads it from its open descriptor
 {REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
 HEAD={head}
 IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}')
@@ -76,13 +77,80 @@ cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 JOB=$!
 echo $JOB > "$RUN/jobpid"
 {watch.sampler_line(python, job.watch.sample_interval_s if job.watch else 5.0)}
-# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+{worker_watchdog(python, job.rdzv_port, nnodes)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 {MIRROR_STOP_LINES}cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
 exit $rc
 """
+
+
+WATCH_INTERVAL_S = 5  # how often a worker asks whether the head's rendezvous still answers
+# (every second until it first has: a link lost early must not leave the watchdog unarmed)
+WATCH_REFUSALS = 3  # refusals in a row, after it once answered, that end the worker's job
+WATCH_GRACE_S = 10  # TERM, then SIGKILL of what is left after this long
+_PROBE = (
+    "import socket, sys\n"
+    "try: socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()\n"
+    "except ConnectionRefusedError: sys.exit(3)\n"
+    "except OSError: sys.exit(4)"
+)
+
+
+def worker_watchdog(
+    python: str, port: int, nnodes: int, interval_s: float = WATCH_INTERVAL_S
+) -> str:
+    """On a worker: once the head's rendezvous store has answered, WATCH_REFUSALS refusals in a
+    row mean the head's job is gone (stopped, failed) while this node kept running — e.g. its link
+    came back after the controller gave up on it. Then the job is TERMed and SIGKILLed after
+    WATCH_GRACE_S, instead of hanging in a collective until the process-group timeout. A link that
+    is down (timeouts, no route) never counts: that is a partition, not an end."""
+    if nnodes < 2:
+        return ""
+    q = shlex.quote
+    return f"""if ! ip -o -4 addr show 2>/dev/null | grep -q " $HEAD/"; then (
+  seen=0; gone=0
+  while kill -0 $JOB 2>/dev/null; do
+    if [ $seen = 1 ]; then sleep {interval_s:g}; else sleep 1; fi
+    {q(python)} -c {q(_PROBE)} "$HEAD" {port} 2>/dev/null; r=$?
+    case $r in 0) seen=1; gone=0;; 3) [ $seen = 1 ] && gone=$((gone+1));; *) gone=0;; esac
+    if [ $gone -ge {WATCH_REFUSALS} ]; then
+      echo "gputrain: the head's rendezvous $HEAD:{port} is gone; stopping this node's job"
+      T=$(ps -e -o pid= -o ppid= | awk -v r=$JOB '{{par[$1] = $2}} END {{keep[r] = 1; ch = 1; while (ch) {{ch = 0; for (x in par) if (!(x in keep) && (par[x] in keep)) {{keep[x] = 1; ch = 1}}}} for (x in keep) print x}}')
+      kill -TERM $T 2>/dev/null; i=0
+      while kill -0 $JOB 2>/dev/null && [ $i -lt {WATCH_GRACE_S * 5} ]; do sleep 0.2; i=$((i+1)); done
+      kill -KILL $T 2>/dev/null; break
+    fi
+  done ) & fi
+"""
+
+
+OUT_PLACEHOLDER = "{out}"
+
+
+def entry_argument(arg: str) -> str:
+    """One ENTRY argument for the shell, verbatim except that `{out}` becomes the run's out dir on
+    the node (`$GPUTRAIN_OUT`, which comes home); `{{out}}` is the literal text `{out}`."""
+    if OUT_PLACEHOLDER not in arg:
+        return shlex.quote(arg)
+    literal = "\0"
+    pieces = arg.replace("{{out}}", literal).split(OUT_PLACEHOLDER)
+    return '"$GPUTRAIN_OUT"'.join(shlex.quote(p.replace(literal, OUT_PLACEHOLDER)) for p in pieces)
+
+
+def build_collect_workdir_command(run_id: str) -> str:
+    """Hard-link into the run's workdir/ every file the job created or changed in its working
+    directory (the code snapshot, newer than the run's start), so third-party trainers that
+    write `out/ckpt.pt` beside their code have it come home; Python's caches are left out."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} 2>/dev/null && [ -f pgid ] || exit 0; rm -rf workdir; "
+        "find code -newer pgid -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -exec sh -c '"
+        'for f; do t="workdir/${f#code/}"; mkdir -p "$(dirname "$t")" && '
+        '{ ln -f "$f" "$t" 2>/dev/null || cp -p "$f" "$t"; }; done'
+        "' sh {} +"
+    )
 
 
 UNPACK_FAILED = 112  # the exit status of build_upload_and_start_command when the code did not land
@@ -98,9 +166,9 @@ def build_upload_and_start_command(
     Exits UNPACK_FAILED when the code could not be unpacked (nothing was started)."""
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
-    return (
+    return (  # umask 077: everything it and the job write is the user's alone
         (READ_SECRETS_SH.format(failed=UNPACK_FAILED) if secrets else "")
-        + f"mkdir -p {d} && {unpack_command(code_dir)} && "
+        + f"umask 077; mkdir -p {d} && {unpack_command(code_dir)} && "
         f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
         f"rm -rf {d}/code && (cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && "
         f"cd {d} || exit 1; "
@@ -135,6 +203,15 @@ def build_follow_command(run_id: str, lines_seen: int) -> str:
         'i=0; while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$(cat pgid)" 2>/dev/null); '
         'case "$s" in ""|Z*) break;; esac; sleep 0.05; i=$((i+1)); done; '
         f"printf '\\036gputrain-exitcode %s\\n' \"$(cat exitcode 2>/dev/null)\""
+    )
+
+
+def build_running_command() -> str:
+    """The ids of this node's gputrain runs whose torchrun is still alive, one per line."""
+    return (
+        f"cd {RUNS_DIR} 2>/dev/null || exit 0; for d in */; do d=${{d%/}}; "
+        '[ -s "$d/jobpid" ] && [ ! -s "$d/exitcode" ] && kill -0 "$(cat "$d/jobpid")" '
+        '2>/dev/null && echo "$d"; done; true'
     )
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from infra.base.errors import UserError
 from scripts import ui
 from scripts.node_layout import CODE_DIR, NODE_STATE
+from scripts.settings import RESULTS_MARKER
 from scripts.transport.base import Transport, TransportError
 from scripts.transport.tar import tar_files
 
@@ -53,7 +54,8 @@ class UploadPlan:
 
 def list_workdir_files(workdir: Path) -> list[str]:
     """Files to ship, relative to workdir: git's view (tracked + untracked, not ignored) in a git
-    repo, else a walk that skips VCS, virtualenv, cache and run directories."""
+    repo, else a walk that skips VCS, virtualenv, cache and run directories. Symbolic links are
+    listed too (never_upload names them: they are not followed)."""
     try:
         out = subprocess.run(
             ["git", "-C", str(workdir), "ls-files", "-z", "-co", "--exclude-standard"],
@@ -63,9 +65,7 @@ def list_workdir_files(workdir: Path) -> list[str]:
         ).stdout
         # A node's own state (`--local` keeps it under runs/) is never code, ignored by git or not.
         files = [f for f in out.decode().split("\0") if f and NODE_STATE not in f.split("/")]
-        return sorted(
-            f for f in files if (workdir / f).is_file() and not (workdir / f).is_symlink()
-        )
+        return sorted(f for f in files if (workdir / f).is_file() or (workdir / f).is_symlink())
     except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired):
         pass
     found: list[str] = []
@@ -75,15 +75,29 @@ def list_workdir_files(workdir: Path) -> list[str]:
         )
         for fn in sorted(filenames):
             p = Path(dirpath) / fn
-            if p.is_file() and not p.is_symlink() and not fn.endswith(".pyc"):
+            if (p.is_file() or p.is_symlink()) and not fn.endswith(".pyc"):
                 found.append(str(p.relative_to(workdir)))
+    return found
+
+
+def results_dirs(files: list[str] | Mapping[str, Path]) -> set[str]:
+    """gputrain's own results directories among the listed files ("runs/"): the one holding
+    RESULTS_MARKER, or `<dir>/<target>/LAST_RUN` as runs before the marker left them."""
+    found = set()
+    for rel in files:
+        parts = rel.split("/")
+        if parts[-1] == RESULTS_MARKER:
+            found.add("/".join(parts[:-1]) + "/")
+        elif parts[-1] == "LAST_RUN" and len(parts) >= 3:
+            found.add("/".join(parts[:-2]) + "/")
     return found
 
 
 def collect_sources(workdir: Path, packages: Mapping[str, Path] | None = None) -> dict[str, Path]:
     """relative path on the node -> local file. ``packages`` (e.g. {"trainer": <dir>}) are added
-    under their name unless the workdir already has them. Secrets and what `.gputrainignore`
-    matches are left out, and named in one line."""
+    under their name unless the workdir already has them. gputrain's own results (runs/),
+    secrets, symbolic links and what `.gputrainignore` matches are left out, and named in one
+    line."""
     files = {rel: workdir / rel for rel in list_workdir_files(workdir)}
     for name, pkg_dir in (packages or {}).items():
         if any(rel.startswith(name + "/") for rel in files) or not pkg_dir.is_dir():
@@ -93,23 +107,102 @@ def collect_sources(workdir: Path, packages: Mapping[str, Path] | None = None) -
     for rel in files:
         if "\n" in rel or "\0" in rel:
             raise UserError(f"cannot upload a file whose name holds a newline: {rel!r}")
+    results = results_dirs(files)
+    in_results = {rel for rel in files if any(rel.startswith(d) for d in results)}
+    if in_results:
+        ui.say(
+            f"upload: not sending {', '.join(sorted(results))} ({len(in_results)} file(s): "
+            "gputrain's own results, never code; add it to .gitignore)"
+        )
+    files = {rel: p for rel, p in files.items() if rel not in in_results}
     skipped = never_upload(files, workdir)
     if skipped:
-        shown = ", ".join(f"{rel} ({why})" for rel, why in sorted(skipped.items())[:10])
-        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
-        ui.say(f"upload: not sending {len(skipped)} file(s): {shown}{more}")
+        shown = ", ".join(f"{rel} ({why})" for rel, why in sorted(skipped.items()))
+        ui.say(f"upload: not sending {len(skipped)} file(s): {shown}")
     return {rel: p for rel, p in files.items() if rel not in skipped}
 
 
 IGNORE_FILE = ".gputrainignore"
-_PRIVATE_KEY_BLOCK = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
-_CREDENTIAL_TYPES = {"service_account", "authorized_user", "external_account"}
-_SCAN_LIMIT = 1 << 20  # contents are checked in files up to 1 MiB (keys and credentials are tiny)
+
+#: Whole file names (lower case) that hold credentials, whatever their contents.
+SECRET_NAMES: dict[str, str] = {
+    ".netrc": "netrc credentials",
+    "_netrc": "netrc credentials",
+    ".git-credentials": "git credentials",
+    ".pgpass": "PostgreSQL passwords",
+    ".pypirc": "PyPI credentials",
+    ".npmrc": "npm credentials",
+    ".dockercfg": "Docker credentials",
+    ".boto": "cloud credentials",
+    ".s3cfg": "cloud credentials",
+    "kubeconfig": "kubeconfig",
+    ".htpasswd": "passwords",
+    "credentials.db": "cloud credentials",
+    "access_tokens.db": "cloud credentials",
+    "legacy_credentials": "cloud credentials",
+}
+#: Path endings (lower case) that hold credentials: a tool's config directory and its file.
+SECRET_PATHS: dict[str, str] = {
+    ".aws/credentials": "AWS credentials",
+    ".kube/config": "kubeconfig",
+    ".docker/config.json": "Docker credentials",
+    ".config/gh/hosts.yml": "GitHub CLI token",
+}
+#: Suffixes (lower case) of key and keystore formats.
+SECRET_SUFFIXES: dict[str, str] = {
+    ".pem": "key file",
+    ".key": "key file",
+    ".ppk": "PuTTY private key",
+    ".p12": "key store",
+    ".pfx": "key store",
+    ".jks": "key store",
+    ".keystore": "key store",
+    ".kdbx": "password database",
+    ".gpg": "GnuPG file",
+    ".tfstate": "Terraform state (holds secrets)",
+    ".kubeconfig": "kubeconfig",
+    ".env": "environment file",
+}
+#: Contents anywhere in a file (checked over the whole file, streaming), case-insensitive: a
+#: literal every match contains (found fast in the lowered chunk), then the pattern itself.
+SECRET_CONTENTS: tuple[tuple[bytes, re.Pattern[bytes], str], ...] = (
+    (
+        b"private key",
+        re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY( BLOCK)?-----", re.I),
+        "holds a private key",
+    ),
+    (b"putty-user-key-file-", re.compile(rb"PuTTY-User-Key-File-\d+:", re.I), "holds a PuTTY key"),
+    (
+        b"aws_secret_access_key",
+        re.compile(rb"aws_secret_access_key\s*[=:]", re.I),
+        "AWS credentials",
+    ),
+    (
+        b"-data",
+        re.compile(rb"^\s*(?:client-key-data|client-certificate-data)\s*:", re.I | re.M),
+        "kubeconfig",
+    ),
+)
+#: Google credentials: their "type" and a field holding the secret, both in one file (a text that
+#: only names the types, like this project's README, is none).
+_GOOGLE_TYPE = re.compile(
+    rb'"type"\s*:\s*"(?:service_account|authorized_user|external_account'
+    rb"|external_account_authorized_user|impersonated_service_account|gdch_service_account)\"",
+    re.I,
+)
+_GOOGLE_SECRET = re.compile(
+    rb'"(?:client_secret|refresh_token|private_key(?:_id)?|credential_source|source_credentials'
+    rb'|service_account_impersonation_url)"\s*:',
+    re.I,
+)
+_OVERLAP = 4096  # bytes kept between chunks so a match across a chunk boundary is still seen
+_CHUNK = 1 << 20
 
 
 def never_upload(files: Mapping[str, Path], workdir: Path) -> dict[str, str]:
-    """relative path -> why it must not leave this machine: private keys (`id_*` without `.pub`,
-    `*.pem`, `*.key`, a PRIVATE KEY block), `.env*`, Google credential JSON, `.gputrainignore`."""
+    """relative path -> why it must not leave this machine: symbolic links (never followed),
+    well-known credential files and key formats by name (case-insensitive), any file whose
+    contents hold a private key or credentials, and what `.gputrainignore` matches."""
     spec = _ignore_spec(workdir / IGNORE_FILE)
     out = {}
     for rel, path in files.items():
@@ -122,28 +215,46 @@ def never_upload(files: Mapping[str, Path], workdir: Path) -> dict[str, str]:
 
 
 def _secret_reason(rel: str, path: Path) -> str | None:
-    name = rel.rsplit("/", 1)[-1]
+    if path.is_symlink():
+        return "symbolic link, not followed"
+    low = rel.lower()
+    name = low.rsplit("/", 1)[-1]
     if name.startswith("id_") and "." not in name:
         return "SSH private key"
-    if name.endswith((".pem", ".key")):
-        return "key file"
-    if name.startswith(".env"):
-        return "environment file"
+    if name in SECRET_NAMES:
+        return SECRET_NAMES[name]
+    for ending, why in SECRET_PATHS.items():
+        if low == ending or low.endswith("/" + ending):
+            return why
+    if name.startswith((".env", "application_default_credentials")) or "credentials.json" in name:
+        return "environment file" if name.startswith(".env") else "Google credentials"
+    for suffix, why in SECRET_SUFFIXES.items():
+        if name.endswith(suffix) or f"{suffix}." in name:  # server.key.bak, prod.env.old too
+            return why
+    return scan_contents(path)
+
+
+def scan_contents(path: Path) -> str | None:
+    """The first SECRET_CONTENTS match over the whole file, read in chunks; None if none (or the
+    file cannot be read: the upload then fails on it, naming it)."""
+    tail = b""
+    google_type = google_secret = False
     try:
-        if path.stat().st_size > _SCAN_LIMIT:
-            return None
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                window = tail + chunk
+                low = window.lower()
+                for needle, pattern, why in SECRET_CONTENTS:
+                    if needle in low and pattern.search(window):
+                        return why
+                if b'":' in low or b'" :' in low:
+                    google_type = google_type or bool(_GOOGLE_TYPE.search(window))
+                    google_secret = google_secret or bool(_GOOGLE_SECRET.search(window))
+                    if google_type and google_secret:
+                        return "Google credentials"
+                tail = window[-_OVERLAP:]
     except OSError:
         return None
-    if _PRIVATE_KEY_BLOCK.search(data):
-        return "holds a private key"
-    if name.endswith(".json") and b"type" in data:
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            return None
-        if isinstance(doc, dict) and doc.get("type") in _CREDENTIAL_TYPES:
-            return "Google credentials"
     return None
 
 
@@ -248,7 +359,8 @@ def unpack_command(remote_dir: str = CODE_DIR) -> str:
     """At the node: unpack a CodeBundle payload from stdin into remote_dir and apply its delete
     list (a run.sh it carries stays for the start to move)."""
     d = shlex.quote(remote_dir)
-    return (
+    return (  # umask 077 and a 0700 .gputrain: what gputrain writes there is the user's alone
+        f"umask 077 && mkdir -p {NODE_STATE} && chmod 700 {NODE_STATE} && "
         f"mkdir -p {d} && tar -x -z -f - -C {d} && "
         f"(cd {d} && xargs -0 -r rm -f -- < {DELETE_LIST} && rm -f {DELETE_LIST})"
     )

@@ -51,6 +51,7 @@ class RunOptions:
     selector: str = ""  # the target as the user named it (`--stack dev`), for the way back
     resume: str | None = None  # `train --resume RUN`: that run again, from its checkpoints
     notify: tuple[str, ...] = ()  # --notify webhook URLs (secrets), beside the target's own
+    force: bool = False  # `run`/`train`: start even where another gputrain run is training
 
 
 class Session(Protocol):
@@ -75,6 +76,18 @@ class Session(Protocol):
 
     def ssh(self, node: str, command: Sequence[str]) -> int:
         """A shell or one command on a node (name or index); its exit status."""
+        ...
+
+    def running(self) -> dict[str, list[str]]:
+        """Where gputrain runs are still training: node (or job) -> run ids."""
+        ...
+
+    def results(self, run_id: str) -> Path:
+        """A run's results home (finished or not) into runs/<name>/<run-id>/; that directory."""
+        ...
+
+    def stop(self, run_id: str) -> None:
+        """Stop a run on every node (or cancel its job)."""
         ...
 
 

@@ -240,6 +240,23 @@ def _identity_file(w: _Checker, value: Any, base_dir: Path) -> Path:
         raise w.fail("identity_file", str(path), f"cannot read it ({e.strerror})") from None
     if head.startswith((b"ssh-", b"ecdsa-", b"sk-")):
         raise w.fail("identity_file", str(path), "it is a public key; give the private key file")
+    import paramiko
+
+    try:
+        paramiko.PKey.from_path(path)
+    except (paramiko.PasswordRequiredException, TypeError) as e:
+        if isinstance(e, TypeError) and "password" not in str(e).lower():
+            raise
+        raise w.fail(
+            "identity_file",
+            str(path),
+            "the key is encrypted (passphrase-protected) and gputrain cannot ask for the "
+            "passphrase; give an unencrypted key for these hosts (ssh-keygen -p -N '' -f COPY)",
+        ) from None
+    except (paramiko.SSHException, ValueError, OSError) as e:
+        raise w.fail(
+            "identity_file", str(path), f"not a private key paramiko can read ({e})"
+        ) from None
     return path
 
 

@@ -178,6 +178,29 @@ class FleetSession:
 
         parallel(list(transports), follow)
 
+    def running(self) -> dict[str, list[str]]:
+        from scripts.job.node_scripts import build_running_command
+        from scripts.parallel import parallel
+
+        cmd = build_running_command()
+        found, _ = parallel(
+            list(self.transports), lambda n: self.transports[n].run(cmd, 30).stdout.split()
+        )
+        return {n: ids for n, ids in found.items() if ids}
+
+    def results(self, run_id: str) -> Path:
+        """Every node's results of the run (the same files a run brings home at its end)."""
+        from scripts.job.download import download_results
+
+        results_dir = self.settings.results_dir(self.name, run_id)
+        download_results(self.transports, run_id, results_dir)
+        return results_dir
+
+    def stop(self, run_id: str) -> None:
+        from scripts.job.launch import stop_job
+
+        stop_job(self.transports, run_id)
+
     def ssh(self, node: str, command: Sequence[str]) -> int:
         """An interactive shell or one command on a node, with its host key pinned."""
         from scripts.transport.hostkeys import known_hosts_lines

@@ -49,20 +49,57 @@ def known_hosts_lines(fleet: Fleet) -> list[str]:
 
 
 class KnownHosts:
-    """An OpenSSH known_hosts file (hashed names too); raises OSError, ValueError or paramiko's
-    SSHException when it cannot be read."""
+    """An OpenSSH known_hosts file (hashed names too); raises OSError when it cannot be read. A
+    line paramiko cannot use (`@cert-authority`, a corrupt key) is skipped with a warning naming
+    the file and line; the keys of `@revoked` lines are never pinned, wherever else they appear."""
 
     def __init__(self, path: Path) -> None:
-        import paramiko
+        from paramiko.hostkeys import HostKeyEntry
 
         self.path = path
-        self._keys = paramiko.HostKeys()
-        self._keys.load(str(path))
+        self._entries: list[tuple[list[str], str]] = []  # (host names, "type base64")
+        self._revoked: set[str] = set()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for lineno, raw in enumerate(f, 1):
+                line = raw.strip()
+                if not line or line.startswith("#"):
+                    continue
+                marker, _, rest = line.partition(" ") if line.startswith("@") else ("", "", line)
+                try:
+                    entry = HostKeyEntry.from_line(rest.strip(), lineno)
+                except Exception as e:  # paramiko raises several kinds for a bad key
+                    entry, why = None, f"{type(e).__name__}: {e}"
+                else:
+                    why = "not a known_hosts entry"
+                if entry is not None and entry.key is not None and marker == "@revoked":
+                    self._revoked.add(entry.key.get_base64())
+                    continue
+                if entry is None or marker:
+                    if marker:
+                        why = f"{marker} lines are not supported (gputrain pins host keys)"
+                    ui.warn(f"{path}:{lineno}: skipped a line ({why})")
+                    continue
+                self._entries.append(
+                    (entry.hostnames, f"{entry.key.get_name()} {entry.key.get_base64()}")
+                )
 
     def keys_for(self, address: str, port: int = 22) -> tuple[str, ...]:
         """The pinned "type base64" keys of one host; () when it has none."""
-        entry = self._keys.lookup(known_hosts_name(address, port))
-        return tuple(f"{k.get_name()} {k.get_base64()}" for k in entry.values()) if entry else ()
+        from paramiko.hostkeys import HostKeys
+
+        name = known_hosts_name(address, port)
+
+        def matches(pattern: str) -> bool:
+            return pattern == name or (
+                pattern.startswith("|1|") and HostKeys.hash_host(name, pattern) == pattern
+            )
+
+        found = [
+            key
+            for names, key in self._entries
+            if any(map(matches, names)) and key.split()[1] not in self._revoked
+        ]
+        return tuple(dict.fromkeys(found))
 
 
 _record_lock = threading.Lock()

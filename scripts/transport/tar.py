@@ -49,6 +49,16 @@ def pack_command(remote: str, exclude: tuple[str, ...] = ()) -> str:
     )
 
 
+def _private_dirs(path: Path, root: Path) -> None:
+    """mkdir -p, every directory it creates below root 0700 (results are the user's alone)."""
+    missing = []
+    while path != root and not path.exists():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+
+
 def extract_tar(data: bytes | IO[bytes], dest: Path) -> None:
     """Unpack a tar from a node safely (no absolute paths, no links out of dest)."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -60,12 +70,12 @@ def extract_tar(data: bytes | IO[bytes], dest: Path) -> None:
             if member.name.startswith("/") or not target.is_relative_to(root):
                 raise TransportError(f"refusing a path outside {dest}: {member.name!r}")
             if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
+                _private_dirs(target, root)
             elif member.isfile():
-                target.parent.mkdir(parents=True, exist_ok=True)
+                _private_dirs(target.parent, root)
                 src = tar.extractfile(member)
                 assert src is not None
                 with open(target, "wb") as out:
                     shutil.copyfileobj(src, out)
-                os.chmod(target, member.mode & 0o755 | 0o600)
+                os.chmod(target, member.mode & 0o700 | 0o600)  # private to the user
             # links, devices and fifos from a node are skipped

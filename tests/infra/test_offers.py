@@ -350,8 +350,8 @@ def test_impossible_counts_name_the_nearest_that_work() -> None:
 
 def test_types_not_sold_on_demand_are_not_candidates() -> None:
     assert refusal("B200:8") == (
-        "gputrain:gpus = 'B200:8': B200 is not sold on demand (a4-highgpu-8g: Spot, "
-        "Flex-start or reservations only); set gputrain:spot true"
+        "gputrain:gpus = 'B200:8': B200 is not sold on demand (a4-highgpu-8g: spot, "
+        "flex-start, reservation only); set gputrain:capacity to spot or flex-start or reservation"
     )
     assert refusal("141GB+:8").startswith(
         "gputrain:gpus = '141GB+:8': GPUs with >= 141 GB is not sold on demand"

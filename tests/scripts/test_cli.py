@@ -276,16 +276,17 @@ def test_local_node_root_is_the_projects_runs_or_gputrain_node_root(
 
 
 def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
-    """Each run its own rendezvous port and its own code dir on the shared node root."""
+    """Each run its own rendezvous port and its own code dir on the shared node root (the second
+    with --force: tests/scripts/test_orphans.py shows it refused without)."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "ddp_sum.py").write_text((JOBS / "ddp_sum.py").read_text())
     env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
     argv = [str(VENV_BIN / "gputrain"), "run", "--local", "--yes", "--env", "DDP_STEPS=12"]
 
-    def start(steps_s: str) -> subprocess.Popen[str]:
+    def start(steps_s: str, *extra: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [*argv, "--env", f"DDP_STEP_S={steps_s}", "--", "ddp_sum.py", steps_s],
+            [*argv, *extra, "--env", f"DDP_STEP_S={steps_s}", "--", "ddp_sum.py", steps_s],
             cwd=work,
             env=env,
             stdout=subprocess.PIPE,
@@ -300,7 +301,7 @@ def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
         seen.append(line)
         if "[rank0]:step 1 " in line:
             break
-    second = start("0.5")
+    second = start("0.5", "--force")  # beside a run still training: only when asked
     out_second, _ = second.communicate(timeout=240)
     out_first = "".join(seen) + first.communicate(timeout=240)[0]
     assert first.returncode == 0, out_first[-3000:]

@@ -146,7 +146,7 @@ def test_help_is_fast_and_needs_no_torch() -> None:
         ),
         (
             ["--attention", "cudnn"],
-            "--attention cudnn: needs a CUDA device (use auto, flash or math)",
+            "--attention cudnn: needs a CUDA device (use auto or math on cpu)",
         ),
         (["--logits", "fused"], "--logits fused: must be full or chunked"),
         (

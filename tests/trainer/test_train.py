@@ -164,7 +164,7 @@ def test_a_node_without_checkpoints_receives_the_newest_by_broadcast(tmp_path: P
 
 
 def write_text_corpus(directory: Path) -> int:
-    directory.mkdir()
+    directory.mkdir(parents=True)
     words = [
         "the",
         "quick",
@@ -191,9 +191,12 @@ def write_text_corpus(directory: Path) -> int:
     return total
 
 
-def test_text_directory_is_tokenized_once_into_a_byte_cache_and_trains(tmp_path: Path) -> None:
-    corpus = tmp_path / "corpus"
+def test_text_directory_is_tokenized_once_into_a_byte_cache_and_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus = tmp_path / "data" / "corpus"
     nbytes = write_text_corpus(corpus)
+    monkeypatch.setenv("GPUTRAIN_DATA_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     main(
         [
@@ -209,8 +212,9 @@ def test_text_directory_is_tokenized_once_into_a_byte_cache_and_trains(tmp_path:
             "2",
         ]
     )
-    cache = tmp_path / "corpus.bytes.u16"
+    (cache,) = (tmp_path / "cache").glob("corpus-*.bytes.u16")
     assert cache.stat().st_size == 2 * nbytes
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["corpus"]  # nothing beside it
     s = summary(out)
     assert s["loss_floor"] is None and s["data"] == str(corpus)
     assert abs(s["initial_loss"] - math.log(256)) < 0.5

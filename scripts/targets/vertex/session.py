@@ -260,6 +260,19 @@ class VertexSession:
             raise UserError(f"logs: no Vertex job of stack {self.spec.stack} has run id {run_id}")
         return found[0].name
 
+    def running(self) -> dict[str, list[str]]:
+        jobs = self.api.list_jobs({STACK_LABEL: self.spec.stack})
+        ids = [j.labels.get(RUN_LABEL, j.job_id) for j in jobs if not j.done]
+        return {"vertex": ids} if ids else {}
+
+    def results(self, run_id: str) -> Path:
+        results_dir = self.settings.results_dir(self.name, run_id)
+        bring_home(self.clients.storage(self.out.project), self.out, run_id, results_dir)
+        return results_dir
+
+    def stop(self, run_id: str) -> None:
+        self.cancel(None, run_id)
+
     def ssh(self, node: str, command: Sequence[str]) -> int:
         raise UserError(
             f"ssh: stack {self.spec.stack} runs on Vertex AI, which gives no SSH to its replicas; "

@@ -60,7 +60,9 @@ def test_secrets_and_ignored_files_are_never_uploaded(
     [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("upload:")]
     assert line.startswith(f"upload: not sending {len(SECRETS)} file(s): ")
     assert "id_ed25519 (SSH private key)" in line and "sa.json (Google credentials)" in line
-    assert "notes/backup.txt (holds a private key)" in line and "and 1 more" in line
+    assert (
+        "notes/backup.txt (holds a private key)" in line and "scratch.tmp (.gputrainignore)" in line
+    )
 
 
 def test_a_node_that_got_secrets_from_an_older_upload_loses_them(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """A tiny gloo DDP job for the fleet tests: all-reduces each rank's number for a few steps.
 
-Controlled by env (DDP_STEPS, DDP_STEP_S, DDP_FAIL_RANK, DDP_FAIL_STEP); writes
+Controlled by env (DDP_STEPS, DDP_STEP_S, DDP_FAIL_RANK, DDP_FAIL_STEP, DDP_TIMEOUT_S); writes
 $GPUTRAIN_OUT/result-rank<R>.json with the world size, the sums and argv exactly as received.
 """
 
@@ -19,7 +19,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 @record
 def main() -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    timeout = float(os.environ.get("DDP_TIMEOUT_S", "30"))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = int(os.environ.get("DDP_STEPS", "3"))
     step_s = float(os.environ.get("DDP_STEP_S", "0"))

@@ -36,8 +36,8 @@ PROJECT = "gputrain-test"
 
 def _project(tmp_path: Path, **keys: str) -> Settings:
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-    lines = [f"  gcp:project: {PROJECT}", "  gputrain:backend: vertex"]
-    lines += [f"  gputrain:{k}: {v}" for k, v in keys.items()]
+    keys = {"backend": "vertex", **keys}  # one line per key: a duplicate is refused
+    lines = [f"  gcp:project: {PROJECT}", *(f"  gputrain:{k}: {v}" for k, v in keys.items())]
     (tmp_path / "Pulumi.vx.yaml").write_text("config:\n" + "\n".join(lines) + "\n")
     return Settings(root=tmp_path, runs_dir=tmp_path / "runs")
 

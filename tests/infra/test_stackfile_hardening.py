@@ -1,0 +1,106 @@
+"""Stack files the Pulumi CLI reads differently or would take silently: each one line, exit 2,
+before anything else (issue 27, classes 2 and 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.spec import parse_spec
+from infra.stackfile import SpecError, load_stack_config, read_stack_file
+from tests.support.pulumi_mocks import ROOT, deployable_config
+
+
+def _load(tmp_path: Path, body: str) -> dict[str, str]:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.s.yaml").write_text(body)
+    return load_stack_config(tmp_path, "s")
+
+
+def _refused(tmp_path: Path, body: str) -> str:
+    with pytest.raises(SpecError) as err:
+        _load(tmp_path, body)
+    text = str(err.value)
+    assert "\n" not in text and err.value.exit_code == 2
+    return text
+
+
+def test_a_duplicate_key_names_the_file_the_key_and_both_lines(tmp_path: Path) -> None:
+    text = _refused(
+        tmp_path, "config:\n  gputrain:gpus: L4:1\n  gputrain:nodes: 1\n  gputrain:gpus: H100:8\n"
+    )
+    assert "Pulumi.s.yaml" in text and "'gputrain:gpus'" in text
+    assert "line 4" in text and "line 2" in text
+
+
+def test_a_duplicate_key_deeper_down_is_refused_too(tmp_path: Path) -> None:
+    text = _refused(tmp_path, "config:\n  gputrain:labels:\n    a: 1\n    a: 2\n")
+    assert "'a'" in text and "line 4" in text
+
+
+@pytest.mark.parametrize("namespace", ["gputrian", "gputran", "gpu-train", "Gputrain"])
+def test_a_misspelt_namespace_is_refused_with_the_right_key(tmp_path: Path, namespace: str) -> None:
+    text = _refused(tmp_path, f"config:\n  {namespace}:gpus: H100:8\n")
+    assert f"{namespace}:gpus" in text and "gputrain:gpus" in text
+
+
+def test_other_providers_namespaces_are_left_alone(tmp_path: Path) -> None:
+    assert _load(tmp_path, "config:\n  aws:region: us-east-1\n")["aws:region"] == "us-east-1"
+
+
+@pytest.mark.parametrize("key", ["gputrain:nodes", "gputrain:sshSourceRanges", "gcp:project"])
+def test_secure_on_a_setting_that_is_not_a_secret_is_refused(tmp_path: Path, key: str) -> None:
+    text = _refused(tmp_path, f"config:\n  {key}:\n    secure: AAABAxyz\n")
+    assert key in text and "not a secret" in text and "gputrain:sshPrivateKey" in text
+
+
+def test_secure_private_key_is_fine_and_never_read(tmp_path: Path) -> None:
+    loaded = _load(tmp_path, "config:\n  gputrain:sshPrivateKey:\n    secure: AAABAxyz\n")
+    assert "gputrain:sshPrivateKey" not in loaded or loaded["gputrain:sshPrivateKey"] == ""
+    assert read_stack_file(tmp_path, "s").secrets.secure_keys == ("gputrain:sshPrivateKey",)
+
+
+def test_a_plaintext_private_key_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    secret = "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAA\\n"
+    text = _refused(tmp_path, f'config:\n  gputrain:sshPrivateKey: "{secret}"\n')
+    assert "plain text" in text and "keygen" in text and "b3BlbnNza" not in text
+
+
+def test_gpus_equal_to_its_default_beside_machine_type_is_refused(tmp_path: Path) -> None:
+    text = _refused(
+        tmp_path, "config:\n  gputrain:gpus: L4:1\n  gputrain:machineType: g2-standard-8\n"
+    )
+    assert "gputrain:gpus" in text and "gputrain:machineType" in text
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "value"),
+    [
+        ("gputrain:gpuDirect: off", "gputrain:gpuDirect", "off"),
+        ("gputrain:maxRunDuration: 1:30", "gputrain:maxRunDuration", "1:30"),
+        ("gputrain:spot: true", "gputrain:spot", "true"),
+        ("gputrain:nodes: 2", "gputrain:nodes", "2"),
+    ],
+)
+def test_yaml_reads_as_the_pulumi_cli_reads_it(
+    tmp_path: Path, line: str, key: str, value: str
+) -> None:
+    """YAML 1.2 core, not 1.1: `off` and `1:30` stay what the user wrote, never false or 5400."""
+    assert _load(tmp_path, f"config:\n  {line}\n")[key] == value
+
+
+def test_gpu_direct_off_as_the_readme_writes_it_validates(tmp_path: Path) -> None:
+    body = (ROOT / "Pulumi.a3mega.yaml").read_text() + "  gputrain:gpuDirect: off\n"
+    config = deployable_config("a3mega") | _load(tmp_path, body)
+    assert config["gputrain:gpuDirect"] == "off"
+    spec = parse_spec(config, "s")
+    assert spec.fabric is not None and not spec.fabric.enabled
+
+
+def test_sexagesimal_duration_is_refused_naming_the_value(tmp_path: Path) -> None:
+    config = deployable_config("dev") | _load(
+        tmp_path, "config:\n  gputrain:maxRunDuration: 1:30\n"
+    )
+    with pytest.raises(SpecError, match=r"maxRunDuration.*1:30"):
+        parse_spec(config, "s")

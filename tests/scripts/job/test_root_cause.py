@@ -1,0 +1,65 @@
+"""The root cause of a failed rank is its exception, not the last lines it printed before it
+(issue 27, class 7). The log is torchrun's real output for a script that calls CUDA-only code on a
+CPU host (nanoGPT's DDP device code does), with no error.json (the script has no @record)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripts.job.diagnosis import root_cause_lines, worker_traceback
+from scripts.job.follow import NodeState
+
+LOG = (Path(__file__).parent / "torchrun_cpu_cuda_failure.log").read_text().splitlines()
+EXCEPTION = "[rank0]:AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'"
+
+
+def test_the_exception_ends_the_root_cause_without_torchruns_report() -> None:
+    lines = root_cause_lines([], LOG)
+    assert lines[-1] == EXCEPTION
+    assert lines[0] == "[rank0]:Traceback (most recent call last):"
+    assert not any("iter" in ln or "ChildFailedError" in ln for ln in lines)
+
+
+def test_a_long_log_and_a_long_report_still_show_the_exception() -> None:
+    """200 lines of training output before, torchrun's report after, and the node keeps them."""
+    state = NodeState("n0", exit_code=1, done=True)
+    chatter = [f"[rank0]:iter {i}: loss 4.2" for i in range(200)]
+    other = [f"[rank1]:iter {i}: loss 4.3" for i in range(3)]
+    state.tail.extend([*chatter, *LOG[5:8], *other, *LOG[8:], *["I1124 more agent logging"] * 20])
+    failure = state.failure()
+    assert failure.root_cause[-1] == EXCEPTION
+    assert not any(ln.startswith("[rank1]") for ln in failure.root_cause)
+
+
+def test_the_last_of_chained_tracebacks_is_the_one_shown() -> None:
+    log = [
+        "[rank1]:Traceback (most recent call last):",
+        '[rank1]:  File "a.py", line 1, in <module>',
+        "[rank1]:KeyError: 'x'",
+        "[rank1]:",
+        "[rank1]:During handling of the above exception, another exception occurred:",
+        "[rank1]:",
+        "[rank1]:Traceback (most recent call last):",
+        '[rank1]:  File "a.py", line 3, in <module>',
+        "[rank1]:    raise ValueError('bad')",
+        "[rank1]:ValueError: bad",
+        "[rank1]:after",
+    ]
+    assert worker_traceback(log)[-1] == "[rank1]:ValueError: bad"
+    assert worker_traceback(["[rank0]:iter 1: loss 3"]) == []
+
+
+def test_torchs_own_rank_prefix_inside_torchruns_is_understood() -> None:
+    """After the process group formed, torch prefixes an uncaught exception's lines itself."""
+    log = [
+        "[rank1]:Overriding: backend = gloo",
+        "[rank1]:[rank1]: Traceback (most recent call last):",
+        '[rank1]:[rank1]:   File "train.py", line 89, in <module>',
+        "[rank1]:[rank1]:     torch.cuda.set_device(device)",
+        "[rank1]:[rank1]:     ^^^^^^^^^^^^^^^^^^^^^^^^",
+        "[rank1]:[rank1]: AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
+        "E1124 19:14:53.558000 29139 torch/distributed/elastic/multiprocessing/api.py:1002] failed",
+    ]
+    got = root_cause_lines([], log)
+    assert got[0].endswith("Traceback (most recent call last):")
+    assert got[-1].endswith("AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'")

@@ -1,0 +1,97 @@
+"""karpathy/nanoGPT's own train.py as the user's code on 2 sshd test hosts (issue 27, done-when):
+its checkpoint, written to out/ckpt.pt beside its code, comes home without --out_dir=../out, and
+its CUDA-only DDP code on a CPU host is reported with its exception as the root cause. The real
+train.py when GPUTRAIN_NANOGPT_DIR (default /work/notes/nanogpt) holds it, else our stand-in
+(tests/support/nanogpt_standin/train_cuda_ddp.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from scripts.cli import main
+from scripts.settings import Settings
+from tests.support.testbed import TestBed
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+NANOGPT = Path(os.environ.get("GPUTRAIN_NANOGPT_DIR", "/work/notes/nanogpt"))
+REAL = (NANOGPT / "train.py").is_file()
+# nanoGPT's flags for a tiny CPU run: its CPU-only quirks (see the README's nanoGPT recipe)
+FLAGS = (
+    "--dataset=shakespeare_char", "--gradient_accumulation_steps=1", "--device=cpu", "--compile=False", "--dtype=float32", "--max_iters=20",
+    "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--batch_size=4",
+    "--block_size=16", "--n_layer=1", "--n_head=2", "--n_embd=16", "--dropout=0.0",
+)  # fmt: skip
+
+
+def _project(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    (work / "data" / "shakespeare_char").mkdir(parents=True)
+    if REAL:
+        for name in ("train.py", "model.py", "configurator.py"):
+            shutil.copy(NANOGPT / name, work / name)
+    else:
+        shutil.copy(SUPPORT / "nanogpt_standin" / "train_cuda_ddp.py", work / "train.py")
+    shutil.copy(SUPPORT / "nanogpt_cpu.py", work / "nanogpt_cpu.py")
+    tokens = (np.arange(4000) * 7 % 65).astype(np.uint16)
+    for split in ("train", "val"):
+        tokens.tofile(work / "data" / "shakespeare_char" / f"{split}.bin")
+    return work
+
+
+def _flags() -> list[str]:
+    return list(FLAGS) if REAL else [f for f in FLAGS if f.split("=")[0] in STANDIN_KEYS]
+
+
+STANDIN_KEYS = {"--dataset", "--device", "--compile", "--dtype", "--max_iters", "--eval_interval",
+                "--log_interval", "--batch_size", "--block_size", "--n_embd"}  # fmt: skip
+
+
+def _hosts(tb: TestBed, tmp_path: Path, n: int) -> Path:
+    hosts = [tb.add_host() for _ in range(n)]
+    (tmp_path / "known_hosts").write_text("".join(f"{h.address} {h.host_key}\n" for h in hosts))
+    path = tmp_path / "lab.yaml"
+    path.write_text(
+        f"user: {tb.user}\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
+        f"python: {tb.python}\ncpu: true\nhosts:\n"
+        + "".join(f"  - address: {h.address}\n" for h in hosts)
+    )
+    return path
+
+
+def test_nanogpt_on_two_hosts_root_cause_then_checkpoints_home(
+    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One pair of hosts for both (the test bed's time is shared): first its CUDA-only DDP code
+    fails on the CPU hosts and the root cause is that exception, then through the recipe's
+    wrapper both nodes train and their ckpt.pt comes home."""
+    hosts = _hosts(tb, tmp_path, 2)
+    work = _project(tmp_path)
+    monkeypatch.chdir(work)
+    settings = Settings(root=work, runs_dir=work / "runs", connect_deadline_s=30)
+    flags = [*_flags(), "--backend=gloo"]
+    assert main(["train", "--hosts", str(hosts), "--", "train.py", *flags], settings) == 1
+    err = capsys.readouterr().err
+    cause = err.split("Root cause:", 1)[1].split("logs and results:", 1)[0].strip().splitlines()
+    assert cause[-1].endswith(
+        "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'"
+    )
+    assert cause[0].endswith("Traceback (most recent call last):")
+    assert not any("Overriding" in ln or "iter " in ln for ln in cause)
+
+    code = main(["train", "--hosts", str(hosts), "--", "nanogpt_cpu.py", *_flags()], settings)
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "iter 20: loss" in out
+    runs = work / "runs" / "hosts-lab"
+    run = runs / (runs / "LAST_RUN").read_text().strip()
+    ckpts = sorted(run.glob("*/workdir/out/ckpt.pt"))
+    assert len(ckpts) == 2, sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    for ckpt in ckpts:
+        assert torch.load(ckpt, weights_only=False)["iter_num"] == 20
+    assert not list(run.glob("*/workdir/**/*.pyc"))  # Python's caches stay there
