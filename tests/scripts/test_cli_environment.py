@@ -66,8 +66,18 @@ def test_bad_environment_input_is_one_line_exit_2(
 def test_hosts_file_keys_are_checked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, expected: str
 ) -> None:
-    key = tmp_path / "id"
-    key.write_text("x")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = tmp_path / "id"  # a real key: the identity file is checked before the settings
+    key.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
+    key.chmod(0o600)
     (tmp_path / "known_hosts").write_text("")
     path = tmp_path / "lab.yaml"
     path.write_text(

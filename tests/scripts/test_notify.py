@@ -149,6 +149,9 @@ def test_a_run_that_fails_before_training_notifies_failed_with_its_last_line(
         def notify_urls(self) -> tuple[str, ...]:
             return (ok.url + SECRET,)
 
+        def datasets(self) -> tuple[()]:
+            return ()
+
         @contextmanager
         def provisioned(self, opts: object, guard: object) -> Iterator[None]:
             raise GputrainError("up failed in every zone:\n  us-central1-a: stockout")
