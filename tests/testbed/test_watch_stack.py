@@ -26,10 +26,12 @@ def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
     monkeypatch.setenv("GPUTRAIN_WATCH_SAMPLE_S", "0.5")
     w = world(bucket=True, gpus=GpuConfig(model="NVIDIA L4", count=1, timeline=(BUSY,)))
     faulty: list[str] = []
+    keys: list[str] = []
 
     def xid() -> None:
         host = w.node_hosts["e2e-node-1"]
         faulty.append(host.name)
+        keys.append(host.host_key)
         w.bed.set_gpus(host.name, GpuConfig(count=1, timeline=(BUSY, GpuPhase(util_pct=0, xid=79))))
 
     t = w.at_checkpoint(20, xid)
@@ -44,7 +46,9 @@ def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
     assert faulty and "GPU fault during the run: node e2e-node-1 GPU 0: Xid 79" in err
     assert "e2e-node-1 lost to a GPU fault (GPU 0: Xid 79): recovering (1/3)" in out
     assert "recovery 1/3: e2e-node-1 lost to a GPU fault at" in out
-    assert faulty[0] not in w.bed.hosts  # the VM was replaced by a new one
+    # The VM was replaced by a new one: no host with the faulty one's key is left (the bed may give
+    # the new host the freed name).
+    assert all(h.host_key != keys[0] for h in w.bed.hosts.values())
     deletes = [r for r in w.compute.requests if r[0] == "DELETE"]
     assert [r[1].rsplit("/", 1)[1] for r in deletes] == ["e2e-node-1"]
     target = w.dir / "runs" / "stack-e2e"
