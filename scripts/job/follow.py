@@ -16,12 +16,15 @@ from scripts import ui
 from scripts.job.diagnosis import FailureFacts, first_failure, root_cause_lines, split_error_files
 from scripts.job.node_scripts import (
     EXIT_CODE_LINE,
+    EXIT_CODE_PENDING,
     build_error_files_command,
     build_follow_command,
     parse_exitcode,
 )
 from scripts.job.records import FailureKind, Job, NodeFailure
 from scripts.transport.base import ConnectionLostError, Transport
+
+PENDING_LIMIT_S = 300.0  # torchrun ended, run.sh not: the mirror's last pass (uploads retried)
 
 LineSink = Callable[[str, str], None]  # (node, line)
 StopNodes = Callable[[list[str]], None]  # stop the job on these nodes (in the background)
@@ -152,11 +155,21 @@ def follow_node(
         state.tail.append(text)
         on_line(state.name, text)
 
+    pending_since: float | None = None
     try:
         while True:
             try:
                 transport.stream(build_follow_command(run_id, state.lines), line, timeout=None)
-                break
+                if not recorded or recorded[-1].strip() != EXIT_CODE_PENDING:
+                    break
+                if pending_since is None:  # torchrun ended; run.sh still finishing (mirror)
+                    pending_since = time.monotonic()
+                    ui.say(f"{state.name}: the job ended; waiting for its last outputs to be saved")
+                elif time.monotonic() - pending_since > PENDING_LIMIT_S:
+                    raise TimeoutError(
+                        f"its job ended but run.sh recorded no exit code within "
+                        f"{PENDING_LIMIT_S:.0f} s (the outputs' last upload hangs?)"
+                    )
             except ConnectionLostError as e:
                 state.reconnecting = True
                 ui.say(

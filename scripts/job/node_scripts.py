@@ -191,18 +191,25 @@ def build_tail_command(run_id: str, lines_seen: int) -> str:
 
 EXIT_CODE_LINE = "\036gputrain-exitcode"
 """Starts the last line of build_follow_command: the recorded exit code follows it."""
+EXIT_CODE_PENDING = "pending"
+"""What follows EXIT_CODE_LINE while torchrun has ended but run.sh, still alive, has not yet
+recorded its code (the outputs' last pass to the bucket runs first): follow again."""
 
 
-def build_follow_command(run_id: str, lines_seen: int) -> str:
+def build_follow_command(run_id: str, lines_seen: int, wait_s: float = 5.0) -> str:
     """build_tail_command, then on the same channel one EXIT_CODE_LINE line with the recorded
-    exit code ("<rc> <unix time>"; waiting briefly while run.sh writes it; empty if the job's
-    shell is gone without one: killed). A last log line without a newline gets one first."""
+    exit code ("<rc> <unix time>"), waiting up to `wait_s` while run.sh writes it: empty if the
+    job's shell is gone without one (killed), EXIT_CODE_PENDING if it is still at work. A last
+    log line without a newline gets one first."""
     return (
         f"{build_tail_command(run_id, lines_seen)}; "
         '[ -z "$(tail -c 1 torchrun.log 2>/dev/null)" ] || echo; '
-        'i=0; while [ ! -s exitcode ] && [ $i -lt 100 ]; do s=$(ps -o stat= -p "$(cat pgid)" 2>/dev/null); '
-        'case "$s" in ""|Z*) break;; esac; sleep 0.05; i=$((i+1)); done; '
-        f"printf '\\036gputrain-exitcode %s\\n' \"$(cat exitcode 2>/dev/null)\""
+        f"i=0; s=; while [ ! -s exitcode ] && [ $i -lt {max(1, int(wait_s * 20))} ]; do "
+        's=$(ps -o stat= -p "$(cat pgid)" 2>/dev/null); '
+        'case "$s" in ""|Z*) s=; break;; esac; sleep 0.05; i=$((i+1)); done; '
+        'if [ -s exitcode ]; then c=$(cat exitcode); elif [ -n "$s" ]; '
+        f"then c={EXIT_CODE_PENDING}; else c=; fi; "
+        "printf '\\036gputrain-exitcode %s\\n' \"$c\""
     )
 
 

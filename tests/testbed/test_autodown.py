@@ -209,10 +209,6 @@ def test_a_controller_killed_mid_run_ends_the_same_way(
     assert_autodown_ending(w, md, run_id(w), capsys)
 
 
-@pytest.mark.skip(
-    reason="regressed when issues 20/24/27 merged (2026-11-24): the job on the head is reported "
-    "killed during the link drop; passed on the detach branch; issue 22 stays open for it"
-)
 def test_a_live_controller_keeps_its_cluster_through_a_link_drop(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,6 +13,7 @@ import pytest
 from infra.base.errors import UserError
 from scripts.job.node_scripts import (
     EXIT_CODE_LINE,
+    EXIT_CODE_PENDING,
     UNPACK_FAILED,
     build_follow_command,
     build_node_command,
@@ -140,6 +141,39 @@ def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> Non
         r.exit_code == UNPACK_FAILED
         and not (tmp_path / ".gputrain" / "runs" / "j2" / "pgid").exists()
     )
+
+
+def test_the_follow_says_pending_while_the_jobs_shell_finishes_after_torchrun(
+    tmp_path: Path,
+) -> None:
+    """torchrun has ended but run.sh is alive (the outputs' last pass): neither an exit code nor
+    "killed" — "pending", so the controller follows again; then the code once it is written."""
+    t = LocalTransport("n", tmp_path)
+    run = tmp_path / ".gputrain" / "runs" / "j1"
+    run.mkdir(parents=True)
+    shell = subprocess.Popen(["sleep", "30"])
+    try:
+        (run / "pgid").write_text(f"{shell.pid}\n")
+        (run / "jobpid").write_text("999999999\n")  # torchrun: gone
+        (run / "torchrun.log").write_text("one\nmirror: flushed\n")
+        lines: list[str] = []
+        start = time.monotonic()
+        t.stream(build_follow_command("j1", 1, wait_s=0.3), lines.append, timeout=10)
+        assert lines == ["mirror: flushed", f"{EXIT_CODE_LINE} {EXIT_CODE_PENDING}"]
+        assert time.monotonic() - start < 5
+        (run / "exitcode").write_text("0 1700000000.5")
+        lines.clear()
+        t.stream(build_follow_command("j1", 2, wait_s=0.3), lines.append, timeout=10)
+        assert lines == [f"{EXIT_CODE_LINE} 0 1700000000.5"]
+        (run / "exitcode").unlink()
+        shell.kill()
+        shell.wait()
+        lines.clear()
+        t.stream(build_follow_command("j1", 2, wait_s=0.3), lines.append, timeout=10)
+        assert [x.rstrip() for x in lines] == [EXIT_CODE_LINE]  # killed: neither code nor pending
+    finally:
+        shell.kill()
+        shell.wait()
 
 
 def test_sections_answer_several_questions_in_one_round_trip(tmp_path: Path) -> None:
