@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from infra.stackfile import StackFile
+    from scripts.job.container import ImageRef
     from scripts.job.environment import EnvironmentSettings
+    from scripts.job.image_build import PendingBuild, PlannedBuild
     from scripts.targets.stack.bucket import KeptBucket
     from scripts.targets.stack.runner import StackRunner
 
@@ -55,6 +57,8 @@ class StackTarget(Generic[C, P]):
         self._stack_file = stack_file
         self._spec: ClusterSpec | None = None
         self._runner: StackRunner | None = None
+        self._planned: tuple[PlannedBuild | None] | None = None  # `build`, once per command
+        self._built: ImageRef | None = None
 
     @property
     def runner(self) -> StackRunner:
@@ -124,6 +128,7 @@ class StackTarget(Generic[C, P]):
             setup="" if vertex else file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
             secrets=file_setting_names(config.get(NS + "secrets"), "gputrain:secrets"),
             image=config.get(NS + "image", "").strip(),  # vertex: the job's container
+            build=self.spec().build,
             project=config.get(GCP_PROJECT_KEY) or None,
             source="gputrain:",
             backend_without_ssh="vertex" if vertex else None,
@@ -171,12 +176,16 @@ class StackTarget(Generic[C, P]):
         from infra.spec import require_deployable
 
         spec = self.spec_for(opts)
+        planned = self.planned_build(opts)  # a missing Dockerfile: one line, first
         self.check_before_spending(spec, opts)
         require_deployable(spec)
         prepared = self.prepare(spec, opts)
         confirm(spec, yes=opts.yes)
+        pending = self._local_build(planned)  # a Dockerfile that fails: nothing exists yet
         session: Session | None = None
         try:
+            if pending is not None:  # the repository and the image, before any GPU
+                self._built = self._publish(spec, pending)
             with self.create(spec, prepared, opts) as session:
                 yield session
         finally:
@@ -186,6 +195,42 @@ class StackTarget(Generic[C, P]):
                     ui.say(self.kept_message(spec))
                 else:
                     self.teardown(spec, keep_bucket=opts.keep_bucket)
+
+    # ---- `build`: the image, before any GPU (scripts/targets/stack/image.py)
+
+    def planned_build(self, opts: RunOptions) -> PlannedBuild | None:
+        """`--build` or the stack's `build`, checked and hashed once per command."""
+        if self._planned is None:
+            from scripts.targets.stack.image import plan_stack_build
+
+            built = plan_stack_build(self.spec(), self.stack_file.config, opts, self.settings.root)
+            self._planned = (built,)
+        return self._planned[0]
+
+    def built_image(self, opts: RunOptions) -> ImageRef | None:
+        """The image `provisioned` built; on a stack that is up (`train`), built now if the
+        registry lacks it. None: nothing to build."""
+        if self._built is None:
+            pending = self._local_build(self.planned_build(opts))
+            if pending is not None:
+                self._built = self._publish(self.spec(), pending)
+        return self._built
+
+    def _local_build(self, planned: PlannedBuild | None) -> PendingBuild | None:
+        from scripts.job.image_build import local_build
+
+        return local_build(planned, ui.say) if planned is not None else None
+
+    def _publish(self, spec: ClusterSpec, pending: PendingBuild) -> ImageRef:
+        from scripts.targets.stack.image import publish_stack_image
+
+        return publish_stack_image(
+            spec,
+            pending,
+            runner=self.runner,
+            clients=self.clients,
+            build_in_config=bool(self.spec().build),
+        )
 
     def check_before_spending(self, spec: ClusterSpec, opts: RunOptions) -> None:
         """Before anything is created: a money prompt someone can answer (or --yes), then
