@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from infra.gcp.artifact_registry import ArtifactRegistryApi
     from infra.gcp.cloudbuild import CloudBuildApi
     from infra.gcp.compute import ComputeApi
     from infra.gcp.gcs import StorageApi
@@ -33,6 +34,9 @@ class StackClients:
     )
     cloudbuild_endpoint: str | None = field(
         default_factory=from_env("GPUTRAIN_CLOUDBUILD_ENDPOINT")
+    )
+    artifacts_endpoint: str | None = field(
+        default_factory=from_env("GPUTRAIN_ARTIFACTREGISTRY_ENDPOINT")
     )
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     destroy_attempts: int = 3
@@ -73,6 +77,11 @@ class StackClients:
         from infra.gcp.cloudbuild import CloudBuildApi
 
         return CloudBuildApi(project, self.cloudbuild_endpoint)
+
+    def artifact_registry(self) -> ArtifactRegistryApi:
+        from infra.gcp.artifact_registry import ArtifactRegistryApi
+
+        return ArtifactRegistryApi(self.artifacts_endpoint)
 
     def storage(self, project: str | None) -> StorageApi:
         """Cloud Storage for the stack's bucket (STORAGE_EMULATOR_HOST redirects it)."""
