@@ -49,10 +49,15 @@ def add_environment_options(c: argparse.ArgumentParser) -> None:
         help="run torchrun inside this container image on every node (on backend vertex: the "
         "job's containerSpec); replaces the stack's / hosts file's `image`",
     )
+    add_build_option(c)
+
+
+def add_build_option(c: argparse.ArgumentParser) -> None:
+    """`--build` (run, train, and up: the image is built before any GPU exists)."""
     c.add_argument(
         "--build",
         metavar="PATH/TO/Dockerfile",
-        help="--stack: build this Dockerfile (its directory is the context) into the stack's "
+        help="(--stack) build this Dockerfile (its directory is the context) into the stack's "
         "Artifact Registry repository, unless the registry has its content hash already, and "
         "run in it like --image; replaces the stack's `build`",
     )
