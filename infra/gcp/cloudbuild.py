@@ -30,9 +30,12 @@ class BuildState:
 
 
 class CloudBuildApi:
-    def __init__(self, project: str, api_endpoint: str | None = None) -> None:
+    def __init__(
+        self, project: str, api_endpoint: str | None = None, *, poll_s: float = 5.0
+    ) -> None:
         self.project = project
         self.api_endpoint = api_endpoint
+        self.poll_s = poll_s
         self._client: Any = None
 
     def client(self) -> Any:
@@ -68,7 +71,6 @@ class CloudBuildApi:
         build: BuildState,
         say: Callable[[str], None],
         *,
-        poll_s: float = 5.0,
         timeout_s: float = 4000.0,
     ) -> BuildState:
         """Polls until the build ends; a line per status change and every minute while it
@@ -87,7 +89,7 @@ class CloudBuildApi:
                     f"cloud build {build.id}: still {build.status.lower()} after "
                     f"{timeout_s:.0f} s; see {build.log_url or 'the Cloud Build console'}"
                 )
-            time.sleep(poll_s)
+            time.sleep(self.poll_s)
             build = self.get(build.id)
         if build.status != "SUCCESS":
             detail = f": {build.detail}" if build.detail else ""

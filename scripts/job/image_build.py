@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 #: The registry host images are pushed to instead of REGION-docker.pkg.dev (tests: a local one).
 REGISTRY_HOST_ENV = "GPUTRAIN_REGISTRY_HOST"
+BUILDER_ENV = "GPUTRAIN_BUILDER"
 #: Where Cloud Build's source tarballs go in the bucket (deleted once the build ended).
 SOURCE_PREFIX = "gputrain-builds/"
 Say = Callable[[str], None]
@@ -80,8 +81,17 @@ def plan_build(
 
 
 def local_builder() -> str | None:
-    """docker first, else podman (same CLI); None: Cloud Build builds."""
-    return next((tool for tool in ("docker", "podman") if shutil.which(tool)), None)
+    """docker first, else podman (same CLI); None: Cloud Build builds. GPUTRAIN_BUILDER picks
+    one (`cloud`: Cloud Build even where docker is, e.g. on a laptop of another architecture)."""
+    chosen = os.environ.get(BUILDER_ENV, "").strip()
+    if chosen == "cloud":
+        return None
+    if chosen and (chosen not in ("docker", "podman") or not shutil.which(chosen)):
+        raise UserError(
+            f"{BUILDER_ENV}={chosen!r}: not allowed or not on PATH; allowed: docker, podman, "
+            "cloud, or unset (docker, else podman, else Cloud Build)"
+        )
+    return chosen or next((t for t in ("docker", "podman") if shutil.which(t)), None)
 
 
 def local_build(planned: PlannedBuild, say: Say, *, tool: str | None = None) -> PendingBuild:

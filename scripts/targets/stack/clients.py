@@ -40,6 +40,7 @@ class StackClients:
     )
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     destroy_attempts: int = 3
+    build_poll_s: float = 5.0  # between reads of a Cloud Build build
     retry_pause_s: float = 10.0  # between destroy attempts
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
     _storage: dict[str | None, StorageApi] = field(default_factory=dict, init=False, repr=False)
@@ -76,7 +77,7 @@ class StackClients:
     def cloud_build(self, project: str) -> CloudBuildApi:
         from infra.gcp.cloudbuild import CloudBuildApi
 
-        return CloudBuildApi(project, self.cloudbuild_endpoint)
+        return CloudBuildApi(project, self.cloudbuild_endpoint, poll_s=self.build_poll_s)
 
     def artifact_registry(self) -> ArtifactRegistryApi:
         from infra.gcp.artifact_registry import ArtifactRegistryApi
