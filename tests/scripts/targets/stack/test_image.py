@@ -143,4 +143,3 @@ def test_the_adapter_on_a_missing_source(cloud: FakeCloudBuild) -> None:
     with pytest.raises(UserError, match=r"ended FAILURE: failed to fetch source: gs://nobucket"):
         api.follow(api.submit(body), lines.append)
     assert [ln.split(": ")[1].split(" ")[0] for ln in lines] == ["queued", "working", "failure"]
-
