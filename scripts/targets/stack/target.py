@@ -238,8 +238,12 @@ class StackTarget(Generic[C, P]):
         if not opts.yes:
             require_terminal(spec)
         if not opts.skip_preflight:
+            import dataclasses
+
             from scripts.doctor.run import run_doctor
 
+            if opts.build and not spec.build:  # --build: the doctor asks for what it needs
+                spec = dataclasses.replace(spec, build=opts.build)
             report = run_doctor(self.stack_file, self.doctor, spec)
             report.show()
             report.require_ok("doctor")

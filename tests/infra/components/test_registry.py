@@ -141,3 +141,16 @@ def test_the_targeted_up_names_what_the_program_registers(stack: str) -> None:
 
 def _glob(target: str) -> re.Pattern[str]:
     return re.compile(".*".join(re.escape(part) for part in target.split("**")))
+
+
+@pytest.mark.parametrize("stack", ["dev", "vertex"])
+def test_the_doctor_asks_for_what_the_build_program_declares(stack: str) -> None:
+    from infra.permissions import required_permissions, spec_resource_types
+
+    mocks, _ = _program(stack, build="Dockerfile")
+    declared = {r.typ for r in mocks.resources if r.custom}
+    spec = parse_spec(deployable_config(stack, build="Dockerfile"), stack)
+    assert declared == set(spec_resource_types(spec))
+    needed = required_permissions(declared, builder="local")
+    assert "artifactregistry.repositories.setIamPolicy" in needed
+    assert "artifactregistry.repositories.uploadArtifacts" in needed
