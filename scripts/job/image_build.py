@@ -94,6 +94,31 @@ def local_builder() -> str | None:
     return chosen or next((t for t in ("docker", "podman") if shutil.which(t)), None)
 
 
+def describe_build(planned: PlannedBuild, region: str) -> list[str]:
+    """`plan`'s lines: the image, what it is built from, the repository, and whether `up` will
+    build (the registry asked for the tag where it can be)."""
+    ctx = planned.context
+    try:
+        found = find_image(planned.image)
+        tool = local_builder()
+    except UserError as e:
+        will = f"at `up`, unless the registry has this tag (not checked here: {e})"
+    else:
+        if found is not None:
+            will = f"none: the registry has this tag ({found.digest})"
+        else:
+            how = f"with {tool} here" if tool else "with Cloud Build: no docker or podman here"
+            will = f"at `up` ({how}), before any GPU"
+    return [
+        f"image: {planned.reference}",
+        f"  built from {ctx.dockerfile} ({len(ctx.files)} files in its directory; the tag is "
+        "their content hash)",
+        f"  repository: {repository_id(planned.stack)} in Artifact Registry ({region}); made by "
+        "`up`, removed by `down`",
+        f"  build: {will}",
+    ]
+
+
 def local_build(planned: PlannedBuild, say: Say, *, tool: str | None = None) -> PendingBuild:
     """Before anything exists: the registry asked for the tag; if it lacks it and a docker (or
     podman) is here, `docker build` (a failure is one line, nothing created)."""

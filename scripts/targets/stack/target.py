@@ -340,6 +340,20 @@ class StackTarget(Generic[C, P]):
                 ui.warn("no candidate passed preflight: see the reasons above")
         for line in plan.footer_lines():
             ui.say(line)
+        self._plan_build(spec)
+
+    def _plan_build(self, spec: ClusterSpec) -> None:
+        """`build`: the image and whether `up` will build it."""
+        if not spec.build:
+            return
+        if not spec.project:
+            ui.say(f"image: built from {spec.build} at `up` (gcp:project names its registry)")
+            return
+        from scripts.job.image_build import describe_build
+
+        planned = self.planned_build(RunOptions())
+        for line in describe_build(planned, spec.region) if planned else ():
+            ui.say(line)
 
 
 def require_terminal(spec: ClusterSpec) -> None:

@@ -86,7 +86,12 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project
         podman.cleanup()
 
 
-def test_built_pushed_once_then_found(project: Project) -> None:
+def test_built_pushed_once_then_found(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--stack", STACK], project.settings) == 0
+    out = capsys.readouterr().out
+    assert f"image: {project.registry.host}/{PROJECT}/gputrain-{STACK}/docker:ctx-" in out
+    assert "repository: gputrain-bt in Artifact Registry (us-central1)" in out
+    assert "build: at `up` (with docker here), before any GPU" in out
     image = project.target().built_image(RunOptions())
     assert image is not None and image.digest is not None
     assert image.repository == f"{project.registry.host}/{PROJECT}/gputrain-{STACK}/docker"
@@ -104,6 +109,8 @@ def test_built_pushed_once_then_found(project: Project) -> None:
     assert again == image
     assert project.docker_calls() == calls  # no build, no push
     assert project.runner.call_names() == ["up-targets"]  # nothing more made
+    assert main(["plan", "--stack", STACK], project.settings) == 0
+    assert f"build: none: the registry has this tag ({image.digest})" in capsys.readouterr().out
 
     (project.dir / "docker" / "app.txt").write_text("changed code\n")
     changed = project.target().built_image(RunOptions())
