@@ -25,6 +25,8 @@ from scripts.targets.gce.clients import GceClients
 from scripts.targets.gce.target import GceTarget
 from tests.support import ROOT
 from tests.support.containers import Podman, Registry, require_tools
+from tests.support.fake_artifact_registry import FakeArtifactRegistry
+from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import FakeStackRunner
 from tests.support.pulumi_mocks import TEST_PUBLIC_KEY
 
@@ -151,3 +153,26 @@ def test_build_beside_image_and_a_missing_dockerfile(
     assert err.startswith("gputrain: error: --build = 'nope/Dockerfile': no such file (")
     assert "\n" not in err
     assert project.runner.calls == [] and project.docker_calls() == []
+
+
+def test_down_removes_the_repository_and_the_sweep_checks_it(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeCompute() as compute, FakeArtifactRegistry(PROJECT) as artifacts:
+        project.runner.compute, project.runner.artifacts = compute, artifacts
+        gce = GceClients(
+            runner_for=lambda s, r: project.runner,
+            compute_endpoint=compute.url,
+            artifacts_endpoint=artifacts.url,
+            retry_pause_s=0,
+        )
+        assert GceTarget(STACK, project.settings, gce).built_image(RunOptions()) is not None
+        assert list(artifacts.repositories[(PROJECT, "us-central1")]) == [f"gputrain-{STACK}"]
+        assert main(["down", "--stack", STACK], project.settings, gce) == 0
+        assert artifacts.repositories[(PROJECT, "us-central1")] == {}
+        assert "LEFT BEHIND" not in capsys.readouterr().out
+        # one the destroy could not delete is named loudly
+        artifacts.add(PROJECT, "us-central1", f"gputrain-{STACK}", {"gputrain-stack": STACK})
+        assert main(["down", "--stack", STACK], project.settings, gce) != 0
+        out = capsys.readouterr()
+        assert "LEFT BEHIND by stack bt" in out.out and f"gputrain-{STACK}" in out.out
