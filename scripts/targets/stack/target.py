@@ -280,6 +280,11 @@ class StackTarget(Generic[C, P]):
             keep_types=(BUCKET_TYPE,) if kept else (),
         )
         self.after_destroy(spec)
+        planned = self._planned[0] if self._planned else None
+        if planned is not None and not spec.build:  # --build: the repository is the stack's
+            import dataclasses
+
+            spec = dataclasses.replace(spec, build=planned.context.dockerfile.as_posix())
         leftovers = self.leftovers(spec, kept=kept.name if kept else None)
         end_teardown(self.stack, failure, len(leftovers), kept)
 
