@@ -27,6 +27,8 @@ DOCKERIGNORE = ".dockerignore"
 #: Cloud Build's own builder image with the docker CLI (its documented `docker build` step)
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 BUILD_TIMEOUT_S = 3600
+#: The repository's Pulumi type (infra/components/registry.py): a run's teardown keeps it.
+REPOSITORY_TYPE = "gcp:artifactregistry/repository:Repository"
 
 
 def repository_id(stack: str) -> str:

@@ -13,11 +13,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.components import cluster_labels
-from infra.image_build import repository_id
+from infra.image_build import REPOSITORY_TYPE, repository_id
 from infra.spec import ClusterSpec
 
 COMPONENT_TYPE = "gputrain:infra:ImageRegistry"
-REPOSITORY_TYPE = "gcp:artifactregistry/repository:Repository"
 READER_TYPE = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
 READER_ROLE = "roles/artifactregistry.reader"
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.image_build import REPOSITORY_TYPE
 from infra.stackfile import STACK_LABEL
 from scripts.targets.gce.failover import ZONE_CONFIG_KEY
 from scripts.targets.stack.bucket import BUCKET_TYPE
@@ -335,6 +336,9 @@ class FakeStackRunner:
             if kind == "bucket" and (BUCKET_TYPE in keep or not self._delete_bucket(name)):
                 kept.append((kind, name, scope))
                 continue
+            if kind == "repository" and REPOSITORY_TYPE in keep:
+                kept.append((kind, name, scope))
+                continue
             say(f" -  gcp:compute:{kind} {name} deleted")
             if kind == "repository" and self.artifacts is not None:
                 self.artifacts.remove(self.project, scope, name)
@@ -351,11 +355,12 @@ class FakeStackRunner:
                     self.compute.remove_resource(kind, name)
         self._created = kept
         self._outputs = {k: v for k, v in self._outputs.items() if kept and k.startswith("bucket")}
-        if kept and BUCKET_TYPE not in keep:
+        left = [c for c in kept if c[0] == "bucket"]
+        if left and BUCKET_TYPE not in keep:
             raise StackError(
                 f"pulumi destroy failed for stack {self.stack_name}: error: deleting "
-                f"urn:pulumi:{self.stack_name}::gputrain::gcp:storage/bucket:Bucket::{kept[0][1]}",
-                f"error: Error trying to delete bucket {kept[0][1]} containing objects without "
+                f"urn:pulumi:{self.stack_name}::gputrain::gcp:storage/bucket:Bucket::{left[0][1]}",
+                f"error: Error trying to delete bucket {left[0][1]} containing objects without "
                 "`force_destroy` set to true",
             )
 

@@ -194,7 +194,7 @@ class StackTarget(Generic[C, P]):
                 if keep:
                     ui.say(self.kept_message(spec))
                 else:
-                    self.teardown(spec, keep_bucket=opts.keep_bucket)
+                    self.teardown(spec, keep_bucket=opts.keep_bucket, keep_images=True)
 
     # ---- `build`: the image, before any GPU (scripts/targets/stack/image.py)
 
@@ -260,15 +260,29 @@ class StackTarget(Generic[C, P]):
             self.teardown(spec, keep_bucket=opts.keep_bucket, clear_stale_lock=True)
 
     def teardown(
-        self, spec: ClusterSpec, *, keep_bucket: bool = False, clear_stale_lock: bool = False
+        self,
+        spec: ClusterSpec,
+        *,
+        keep_bucket: bool = False,
+        clear_stale_lock: bool = False,
+        keep_images: bool = False,
     ) -> None:
         """The backend's first step, the bucket's results home and the own bucket emptied (or
         kept), refresh + destroy (retried), the backend's last step, then a sweep that must find
         nothing. `clear_stale_lock` (the user's `down`): a lock left by an update whose process
-        died is cleared with `pulumi cancel`, said out loud, and destroy goes on."""
+        died is cleared with `pulumi cancel`, said out loud, and destroy goes on. `keep_images`
+        (a run's own teardown, not `down`): the image repository of `build` stays, the build
+        cache of the next run."""
+        import dataclasses
+
+        from infra.image_build import REPOSITORY_TYPE, repository_id
         from scripts.targets.stack.bucket import BUCKET_TYPE
         from scripts.targets.stack.teardown import destroy_stack, end_teardown
 
+        planned = self._planned[0] if self._planned else None
+        if planned is not None and not spec.build:  # --build: the repository is the stack's
+            spec = dataclasses.replace(spec, build=planned.context.dockerfile.as_posix())
+        images = keep_images and bool(spec.build)
         self.before_destroy(spec)
         kept = self._settle_bucket(spec, keep_bucket)
         failure = destroy_stack(
@@ -277,16 +291,18 @@ class StackTarget(Generic[C, P]):
             attempts=self.clients.destroy_attempts,
             pause_s=self.clients.retry_pause_s,
             clear_stale_lock=clear_stale_lock,
-            keep_types=(BUCKET_TYPE,) if kept else (),
+            keep_types=((BUCKET_TYPE,) if kept else ()) + ((REPOSITORY_TYPE,) if images else ()),
         )
         self.after_destroy(spec)
-        planned = self._planned[0] if self._planned else None
-        if planned is not None and not spec.build:  # --build: the repository is the stack's
-            import dataclasses
-
-            spec = dataclasses.replace(spec, build=planned.context.dockerfile.as_posix())
-        leftovers = self.leftovers(spec, kept=kept.name if kept else None)
+        swept = dataclasses.replace(spec, build="") if images else spec  # the kept one aside
+        leftovers = self.leftovers(swept, kept=kept.name if kept else None)
         end_teardown(self.stack, failure, len(leftovers), kept)
+        if images:
+            ui.say(
+                f"kept: the image repository {repository_id(self.stack)} (the build cache: an "
+                f"unchanged context is not built again); `gputrain down --stack {self.stack}` "
+                "removes it"
+            )
 
     def _settle_bucket(self, spec: ClusterSpec, keep: bool) -> KeptBucket | None:
         """The bucket the destroy must leave alone, if any (see stack/bucket.py)."""

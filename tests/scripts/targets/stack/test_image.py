@@ -143,3 +143,28 @@ def test_the_adapter_on_a_missing_source(cloud: FakeCloudBuild) -> None:
     with pytest.raises(UserError, match=r"ended FAILURE: failed to fetch source: gs://nobucket"):
         api.follow(api.submit(body), lines.append)
     assert [ln.split(": ")[1].split(" ")[0] for ln in lines] == ["queued", "working", "failure"]
+
+
+def test_a_runs_teardown_keeps_the_repository_and_what_holds_it() -> None:
+    """The targeted destroy of a run's teardown (stack/bucket.destroy_targets): everything but
+    the repository and its component; `down` (nothing kept) names them too."""
+    from infra.image_build import REPOSITORY_TYPE
+    from scripts.targets.stack.bucket import destroy_targets
+
+    stack = "urn:pulumi:dev::gputrain::pulumi:pulumi:Stack::gputrain-dev"
+    registry = "urn:pulumi:dev::gputrain::gputrain:infra:ImageRegistry::dev-registry"
+    repo = f"urn:pulumi:dev::gputrain::gputrain:infra:ImageRegistry${REPOSITORY_TYPE}::gputrain-dev"
+    cluster = "urn:pulumi:dev::gputrain::gputrain:infra:GpuCluster::dev"
+    reader = (
+        "urn:pulumi:dev::gputrain::gputrain:infra:GpuCluster$gcp:artifactregistry/"
+        "repositoryIamMember:RepositoryIamMember::gputrain-dev-reader"
+    )
+    resources = [
+        {"urn": stack, "type": "pulumi:pulumi:Stack"},
+        {"urn": registry, "type": "gputrain:infra:ImageRegistry", "parent": stack},
+        {"urn": repo, "type": REPOSITORY_TYPE, "parent": registry},
+        {"urn": cluster, "type": "gputrain:infra:GpuCluster", "parent": stack},
+        {"urn": reader, "type": "x", "parent": cluster},
+    ]
+    assert destroy_targets(resources, [REPOSITORY_TYPE]) == [cluster, reader]
+    assert destroy_targets(resources, []) == [registry, repo, cluster, reader]

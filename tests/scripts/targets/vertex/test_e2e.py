@@ -376,7 +376,8 @@ def test_run_with_build_submits_the_built_image_and_the_replicas_run_in_it(
 ) -> None:
     """`run --build` on Vertex: the Dockerfile built and pushed (podman, a real registry) before
     the stack's `up`, the CustomJob's containerSpec.imageUri is the pushed digest, the fake
-    Vertex runs each replica in that image, and the teardown removes the repository."""
+    Vertex runs each replica in that image; the run's teardown keeps the repository (the next
+    run builds nothing), `down` removes it."""
     require_tools()
     podman = Podman(tmp_path / "podman")
     registry = Registry(tmp_path / "registry")
@@ -410,8 +411,15 @@ def test_run_with_build_submits_the_built_image_and_the_replicas_run_in_it(
             names = w.runner.call_names()
             # the key set, the repository alone, then the stack, then the teardown
             assert names[:3] == ["set_config", "up-targets", "up"] and "destroy" in names
-            assert artifacts.repositories[(PROJECT, "us-central1")] == {}
+            # the run's teardown keeps the repository (the build cache); `down` removes it
+            assert list(artifacts.repositories[(PROJECT, "us-central1")]) == ["gputrain-vtest"]
+            assert "kept: the image repository gputrain-vtest (the build cache" in out
             assert "LEFT BEHIND" not in out
+            rc = w.run(*argv, "img/Dockerfile", "--", "-m", "jobs.answer")  # again: no build
+            out = capsys.readouterr().out
+            assert rc == 0 and "in the registry already" in out and "building with" not in out
+            assert w.run("down", "--stack", "vtest") == 0
+            assert artifacts.repositories[(PROJECT, "us-central1")] == {}
     finally:
         registry.stop()
         podman.cleanup()
