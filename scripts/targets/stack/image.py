@@ -54,6 +54,15 @@ def plan_stack_build(
     )
 
 
+def build_plan_lines(spec: ClusterSpec, planned: PlannedBuild | None) -> list[str]:
+    """`plan`'s lines about `build` (without a project nothing names the registry yet)."""
+    if planned is None:
+        return [f"image: built from {spec.build} at `up` (gcp:project names its registry)"]
+    from scripts.job.image_build import describe_build
+
+    return describe_build(planned, spec.region)
+
+
 def publish_stack_image(
     spec: ClusterSpec,
     pending: PendingBuild,

@@ -216,6 +216,16 @@ class StackTarget(Generic[C, P]):
                 self._built = self._publish(self.spec(), pending)
         return self._built
 
+    def _with_build(self, spec: ClusterSpec) -> ClusterSpec:
+        """The spec with `--build`'s Dockerfile as its `build` (what the doctor asks for and the
+        teardown looks after are the repository's)."""
+        planned = self._planned[0] if self._planned else None
+        if planned is None or spec.build:
+            return spec
+        import dataclasses
+
+        return dataclasses.replace(spec, build=planned.context.dockerfile.as_posix())
+
     def _local_build(self, planned: PlannedBuild | None) -> PendingBuild | None:
         from scripts.job.image_build import local_build
 
@@ -238,13 +248,9 @@ class StackTarget(Generic[C, P]):
         if not opts.yes:
             require_terminal(spec)
         if not opts.skip_preflight:
-            import dataclasses
-
             from scripts.doctor.run import run_doctor
 
-            if opts.build and not spec.build:  # --build: the doctor asks for what it needs
-                spec = dataclasses.replace(spec, build=opts.build)
-            report = run_doctor(self.stack_file, self.doctor, spec)
+            report = run_doctor(self.stack_file, self.doctor, self._with_build(spec))
             report.show()
             report.require_ok("doctor")
 
@@ -279,9 +285,7 @@ class StackTarget(Generic[C, P]):
         from scripts.targets.stack.bucket import BUCKET_TYPE
         from scripts.targets.stack.teardown import destroy_stack, end_teardown
 
-        planned = self._planned[0] if self._planned else None
-        if planned is not None and not spec.build:  # --build: the repository is the stack's
-            spec = dataclasses.replace(spec, build=planned.context.dockerfile.as_posix())
+        spec = self._with_build(spec)
         images = keep_images and bool(spec.build)
         self.before_destroy(spec)
         kept = self._settle_bucket(spec, keep_bucket)
@@ -365,16 +369,12 @@ class StackTarget(Generic[C, P]):
 
     def _plan_build(self, spec: ClusterSpec) -> None:
         """`build`: the image and whether `up` will build it."""
-        if not spec.build:
-            return
-        if not spec.project:
-            ui.say(f"image: built from {spec.build} at `up` (gcp:project names its registry)")
-            return
-        from scripts.job.image_build import describe_build
+        if spec.build:
+            from scripts.targets.stack.image import build_plan_lines
 
-        planned = self.planned_build(RunOptions())
-        for line in describe_build(planned, spec.region) if planned else ():
-            ui.say(line)
+            planned = self.planned_build(RunOptions()) if spec.project else None
+            for line in build_plan_lines(spec, planned):
+                ui.say(line)
 
 
 def require_terminal(spec: ClusterSpec) -> None:
