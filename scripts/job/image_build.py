@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 #: The registry host images are pushed to instead of REGION-docker.pkg.dev (tests: a local one).
 REGISTRY_HOST_ENV = "GPUTRAIN_REGISTRY_HOST"
+#: docker, podman or cloud (Cloud Build); unset: docker, else podman, else Cloud Build.
 BUILDER_ENV = "GPUTRAIN_BUILDER"
 #: Where Cloud Build's source tarballs go in the bucket (deleted once the build ended).
 SOURCE_PREFIX = "gputrain-builds/"
@@ -54,7 +55,7 @@ class PlannedBuild:
         return f"{self.image.repository}:{self.image.tag}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class PendingBuild:
     """What `publish` must still do: nothing (`found`), push a local build, or Cloud Build."""
 
@@ -183,8 +184,9 @@ def _cloud_build(
         tarball = Path(tmp) / "context.tar.gz"
         tarball.write_bytes(context_tarball(ctx))
         say(
-            f"image {planned.reference}: no docker or podman here; Cloud Build builds it "
-            f"({len(ctx.files)} files, {tarball.stat().st_size // 1024} KiB via gs://{bucket}/{name})"
+            f"image {planned.reference}: Cloud Build builds it ({len(ctx.files)} files, "
+            f"{tarball.stat().st_size // 1024} KiB via gs://{bucket}/{name}; no local docker or "
+            f"podman, or {BUILDER_ENV}=cloud)"
         )
         storage.upload(bucket, name, tarball)
     try:

@@ -105,7 +105,7 @@ def test_cloud_build_builds_pushes_and_cleans_up(
     out = capsys.readouterr().out
     for status in ("queued", "working", "success"):
         assert f"cloud build {build_id}: {status}" in out
-    assert "no docker or podman here; Cloud Build builds it" in out
+    assert f"image {reference}: Cloud Build builds it (2 files, " in out
     assert cloud.requests[0] == f"POST /v1/projects/{PROJECT}/builds"
     assert f"GET /v1/projects/{PROJECT}/builds/{build_id}" in cloud.requests
 
