@@ -115,7 +115,7 @@ def describe_build(planned: PlannedBuild, region: str) -> list[str]:
         f"  built from {ctx.dockerfile} ({len(ctx.files)} files in its directory; the tag is "
         "their content hash)",
         f"  repository: {repository_id(planned.stack)} in Artifact Registry ({region}); made by "
-        "`up`, removed by `down`",
+        "`up`, kept by a run's teardown (the build cache), removed by `down`",
         f"  build: {will}",
     ]
 
