@@ -17,7 +17,12 @@ from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainEr
 from infra.datasets import parse_data_flags
 from scripts import lifecycle, run_flags
 from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
-from scripts.job.env_options import add_environment_options, environment_options, seconds_up_to
+from scripts.job.env_options import (
+    add_build_option,
+    add_environment_options,
+    environment_options,
+    seconds_up_to,
+)
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
@@ -312,6 +317,8 @@ def _parser() -> argparse.ArgumentParser:
                 help="(--stack with gpus) candidates `up` tries down the ranked list on stockouts "
                 "and quota errors (default: 5)",
             )
+        if name == "up":
+            add_build_option(c)
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
         if name in {"run", "down"}:

@@ -42,6 +42,7 @@ class RunOptions:
     force_setup: bool = False  # rebuild the cached environment and run setup again
     secrets: tuple[str, ...] = ()  # --secret NAME[=sm://...]: added to the file's `secrets`
     image: str | None = None  # --image: replaces the file's `image`
+    build: str | None = None  # --build Dockerfile: replaces the stack's `build`
     stall_timeout_s: float | None = None  # --stall-timeout (None: the stack's, else automatic)
     wait_for_capacity_s: int | None = None  # stock-outs: retry this long (None: waitForCapacity)
     data: dict[str, str] = field(default_factory=dict)  # `--data NAME=gs://...` (over the target's)
