@@ -73,6 +73,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_restarts=getattr(args, "max_restarts", 0),
         wait_s=getattr(args, "wait", None),
         keep_bucket=getattr(args, "keep_bucket", False),
+        keep_images=getattr(args, "keep_images", False),
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
@@ -327,6 +328,13 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="(--stack) keep the stack's bucket and its checkpoints when destroying",
             )
+        if name == "run":
+            c.add_argument(
+                "--keep-images",
+                action="store_true",
+                help="(--stack with build) keep the image repository when the run tears down: the "
+                "next run of an unchanged context is not built again; `down` removes it",
+            )
         if name in {"up", "run", "train"}:
             c.add_argument(
                 "--wait-for-capacity",
@@ -483,6 +491,7 @@ def main(
         for flag, given in (
             ("--max-recoveries", opts.max_recoveries is not None),
             ("--keep-bucket", opts.keep_bucket),
+            ("--keep-images", opts.keep_images),
         ):
             if given and not args.stack:
                 raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")

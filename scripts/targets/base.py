@@ -33,6 +33,7 @@ class RunOptions:
     max_restarts: int = 0
     wait_s: float | None = None  # --wait: how long to wait for SSH (None: the target's default)
     keep_bucket: bool = False  # `run`/`down`: keep the stack's bucket (and what is in it)
+    keep_images: bool = False  # `run`: keep the `build` repository (the next run's build cache)
     max_recoveries: int | None = None  # nodes GCE takes away to recover from; None: 3
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too

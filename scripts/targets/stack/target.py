@@ -194,7 +194,7 @@ class StackTarget(Generic[C, P]):
                 if keep:
                     ui.say(self.kept_message(spec))
                 else:
-                    self.teardown(spec, keep_bucket=opts.keep_bucket, keep_images=True)
+                    self.teardown(spec, keep_bucket=opts.keep_bucket, keep_images=opts.keep_images)
 
     # ---- `build`: the image, before any GPU (scripts/targets/stack/image.py)
 
@@ -277,7 +277,7 @@ class StackTarget(Generic[C, P]):
         kept), refresh + destroy (retried), the backend's last step, then a sweep that must find
         nothing. `clear_stale_lock` (the user's `down`): a lock left by an update whose process
         died is cleared with `pulumi cancel`, said out loud, and destroy goes on. `keep_images`
-        (a run's own teardown, not `down`): the image repository of `build` stays, the build
+        (`run --keep-images`, never `down`): the image repository of `build` stays, the build
         cache of the next run."""
         import dataclasses
 

@@ -395,7 +395,8 @@ def test_run_with_build_submits_the_built_image_and_the_replicas_run_in_it(
                 f"FROM {registry.host}/vx:1\nCOPY built.txt /built.txt\n"
             )
             (Path.cwd() / "img" / "built.txt").write_text("made by gputrain\n")
-            argv = ["run", "--stack", "vtest", "--yes", "--skip-preflight", "--build"]
+            argv = ["run", "--stack", "vtest", "--yes", "--skip-preflight", "--keep-images"]
+            argv += ["--build"]
             rc = w.run(*argv, "img/Dockerfile", "--", "-m", "jobs.answer")
             out, err = capsys.readouterr()
             assert rc == 0, out[-3000:] + err[-2000:]
@@ -411,15 +412,16 @@ def test_run_with_build_submits_the_built_image_and_the_replicas_run_in_it(
             names = w.runner.call_names()
             # the key set, the repository alone, then the stack, then the teardown
             assert names[:3] == ["set_config", "up-targets", "up"] and "destroy" in names
-            # the run's teardown keeps the repository (the build cache); `down` removes it
+            # --keep-images: the run's teardown keeps the repository (the build cache); `down` not
             assert list(artifacts.repositories[(PROJECT, "us-central1")]) == ["gputrain-vtest"]
             assert "kept: the image repository gputrain-vtest (the build cache" in out
             assert "LEFT BEHIND" not in out
-            rc = w.run(*argv, "img/Dockerfile", "--", "-m", "jobs.answer")  # again: no build
+            argv.remove("--keep-images")  # again: no build, and this teardown removes it all
+            rc = w.run(*argv, "img/Dockerfile", "--", "-m", "jobs.answer")
             out = capsys.readouterr().out
             assert rc == 0 and "in the registry already" in out and "building with" not in out
-            assert w.run("down", "--stack", "vtest") == 0
             assert artifacts.repositories[(PROJECT, "us-central1")] == {}
+            assert "kept: the image repository" not in out and "LEFT BEHIND" not in out
     finally:
         registry.stop()
         podman.cleanup()
