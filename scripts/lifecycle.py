@@ -149,7 +149,7 @@ def job_environment(
     target file's `setup`, `secrets` and `image` with the command line's; every bad input is a
     UserError here, before any resource."""
     from infra.base.errors import UserError
-    from scripts.job.environment import REQUIREMENT_FILES, EnvironmentSettings, plan_environment
+    from scripts.job.environment import EnvironmentSettings, plan_environment
     from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
 
     read = getattr(target, "environment_settings", None)
@@ -164,19 +164,11 @@ def job_environment(
             "use an image (image: / --image) with the commands baked in"
         )
     image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
-    if image_text and setup.strip():
-        raise UserError(
-            "setup: not supported together with image yet; bake the commands into the image"
-        )
-    if image_text and opts.requirements:
-        found = [f for f in REQUIREMENT_FILES if (Path.cwd() / f).is_file()]
-        if found:
-            ui.say(f"image {image_text}: {', '.join(found)} not installed (the image brings them)")
     environment = None
-    if not declared.backend_without_ssh:
+    if not declared.backend_without_ssh:  # with an image: built inside it, on every node
         environment = plan_environment(
             Path.cwd(),
-            requirements=opts.requirements and not image_text,
+            requirements=opts.requirements,
             setup=setup,
             setup_timeout_s=opts.setup_timeout_s,
             force=opts.force_setup,

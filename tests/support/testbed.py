@@ -128,6 +128,7 @@ class TestHost:
     host_key: str  # "ssh-ed25519 AAAA..."
     dir: Path
     isolated: bool = False
+    containers: bool = False  # entered with nsenter (podman sees the cgroups), root's node root
     sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def node(self, role: str = "worker", *, user: str = TEST_USER, via_head: bool = False) -> Node:
@@ -410,10 +411,13 @@ class TestBed:
         isolated_behind: str | None = None,
         sshd_delay_s: float = 0.0,
         fabric: FabricFakes | None = None,
+        containers: bool = False,
     ) -> TestHost:
         """A new host with a running sshd (after sshd_delay_s). ``isolated_behind=<host>``: on
-        the second bridge, reachable only from that host's namespace (for jump tests)."""
-        host = self._create_host(name, gpus, isolated_behind, sshd_delay_s, fabric)
+        the second bridge, reachable only from that host's namespace (for jump tests).
+        ``containers``: podman can run there (tests/support/container_bed.py), logged in as root
+        with the host's own node root."""
+        host = self._create_host(name, gpus, isolated_behind, sshd_delay_s, fabric, containers)
         if not sshd_delay_s:
             self.wait_listening(host, 5)
         return host
@@ -433,6 +437,7 @@ class TestBed:
         isolated_behind: str | None,
         sshd_delay_s: float,
         fabric: FabricFakes | None,
+        containers: bool = False,
     ) -> TestHost:
         """The namespace, keys, config and fakes of a new host, its sshd started (not waited for)."""
         with self._mutex:
@@ -461,7 +466,7 @@ class TestBed:
             else:
                 self._ensure_iso_gateway(isolated_behind)
                 self._veth(ns, f"gtv{octet}", ISO_BRIDGE, f"{address}/25")
-            host = TestHost(name, address, ns, host_key, d, isolated=isolated_behind is not None)
+            host = TestHost(name, address, ns, host_key, d, isolated_behind is not None, containers)
             if not host.isolated:
                 route = _run("ip", "route", "get", address).stdout
                 if f"dev {BRIDGE}" not in route:
@@ -590,7 +595,7 @@ class TestBed:
             "Subsystem sftp internal-sftp",
         ]
         env = []
-        if self.user == "root":  # no clean per-host home: give each host its own node root
+        if self.user == "root" or host.containers:  # each host its own node root (root's too)
             env.append(f"GPUTRAIN_NODE_ROOT={host.dir}/home")
         # the fake nvidia-smi, dmesg (and with fabric fakes ip / ibv_devices / sudo) in
         # /usr/local/sbin shadow the real ones: the test bed's GPUs and kernel log are fake
@@ -617,10 +622,17 @@ class TestBed:
             + mounts
             + [f"exec {SSHD} -D -e -f {host.dir}/sshd_config"]
         )
+        # `ip netns exec` remounts /sys, which hides the cgroups podman needs: container hosts
+        # enter only the network namespace
+        enter = (
+            ["nsenter", f"--net=/var/run/netns/{host.namespace}"]
+            if host.containers
+            else ["ip", "netns", "exec", host.namespace]
+        )
         with open(host.dir / "sshd.log", "ab") as log:
             host.sshd = subprocess.Popen(
-                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount",
-                 "--propagation", "private", "sh", "-c", script],
+                [*enter, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
+                 script],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )  # fmt: skip
         if self._cpu_group is not None:  # what the host runs (sshd, shells, jobs) is counted

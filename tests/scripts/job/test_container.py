@@ -18,11 +18,11 @@ from scripts.connect import close_all, connect
 from scripts.job.container import (
     ImageRef,
     build_docker_run,
-    build_node_check_command,
     parse_image,
     resolve_digest,
 )
 from scripts.job.environment import EnvironmentSetupError
+from scripts.job.image_node import build_node_check_command
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job, TrainingError
 from tests.support.containers import Podman, Registry, require_tools
