@@ -25,7 +25,7 @@ from scripts.watch.settings import watch_settings
 
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
-    from scripts.job.environment import Environment
+    from scripts.job.environment import Environment, EnvironmentSettings
 
 
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult | None:
@@ -163,7 +163,6 @@ def job_environment(
             f"--setup / setup: not supported with backend: {declared.backend_without_ssh} yet; "
             "use an image (image: / --image) with the commands baked in"
         )
-    image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
     environment = None
     if not declared.backend_without_ssh:  # with an image: built inside it, on every node
         environment = plan_environment(
@@ -178,19 +177,36 @@ def job_environment(
         secret_refs = secret_references(refs, declared.project)
     else:
         secret_refs, secrets = {}, resolve_secrets(refs, project=declared.project)
-    image = None
-    if image_text:
-        from scripts.job.container import parse_image, resolve_image
+    return environment, JobSecrets(secrets, secret_refs), declared_image(declared, opts)
 
-        setting = "--image" if opts.image else f"{declared.source}image"
-        image = resolve_image(parse_image(image_text, setting))
-        ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
-    return environment, JobSecrets(secrets, secret_refs), image
+
+def declared_image(declared: EnvironmentSettings, opts: RunOptions) -> ImageRef | None:
+    """The image the target's file or --image names, at its digest (UserError for a bad
+    reference, a missing image or a registry that refuses us); None without one."""
+    image_text = opts.image or declared.image
+    if not image_text:
+        return None
+    from scripts.job.container import parse_image, resolve_image
+
+    setting = "--image" if opts.image else f"{declared.source}image"
+    image = resolve_image(parse_image(image_text, setting))
+    ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
+    return image
 
 
 def verify(target: Target, opts: RunOptions) -> None:
+    """The GPUs (and with --fabric the GPU network); with an image, every node can run it and
+    nvidia-smi inside it sees the node's GPUs."""
+    from scripts.job.environment import EnvironmentSettings
+
+    read = getattr(target, "environment_settings", None)
+    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
+    image = None if declared.backend_without_ssh else declared_image(declared, opts)
     with target.attached(opts) as session:
         session.verify(fabric=opts.fabric)
+        check = getattr(session, "verify_image", None)
+        if image is not None and check is not None:
+            check(image)
 
 
 def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:

@@ -21,6 +21,7 @@ from scripts.settings import Settings
 from scripts.transport.base import Transport
 
 if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
     from scripts.verify.fabric import FabricCheck
 
 
@@ -107,6 +108,13 @@ class FleetSession:
             self.settings.runs_dir / self.name / run_id,
             run_id,
         )
+
+    def verify_image(self, image: ImageRef) -> None:
+        """Every node can run the image (docker, the NVIDIA container toolkit: installed on
+        the stack's own VMs) and nvidia-smi inside it sees the node's GPUs."""
+        from scripts.job.image_node import ensure_image
+
+        ensure_image(self.fleet, self.transports, image, verify=True)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.job.launch import stop_job

@@ -27,7 +27,6 @@ from scripts.settings import Settings
             "pyproject.toml: [project].dependencies",
         ),
         ({}, ["--image", "ubuntu:22.04"], "--image: 'ubuntu:22.04' is not allowed"),
-        ({}, ["--image", "r.io/a:1", "--setup", "make"], "setup: not supported together"),
         (
             {},
             ["--image", "127.0.0.1:9/gputrain/none:1"],

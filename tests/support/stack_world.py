@@ -121,7 +121,9 @@ class World:
         self.bed.kill_processes(self.node_hosts[node].name)
 
 
-def _stack_file(bed: TestBed, nodes: int, settings: dict[str, str | None] | None = None) -> str:
+def _stack_file(
+    bed: TestBed, nodes: int, settings: dict[str, str | None] | None = None, user: str = ""
+) -> str:
     """The e2e stack file; `settings` replace (or, with None, drop) its gputrain keys."""
     public = bed.identity_file.with_suffix(".pub").read_text().strip()
     keys: dict[str, str | None] = {
@@ -136,7 +138,7 @@ def _stack_file(bed: TestBed, nodes: int, settings: dict[str, str | None] | None
         f"  gputrain:nodes: {nodes}\n"
         + "".join(f"  gputrain:{k}: {v}\n" for k, v in keys.items() if v is not None)
         + "  gputrain:maxRunDuration: 1h\n"
-        f"  gputrain:sshUser: {bed.user}\n"
+        f"  gputrain:sshUser: {user or bed.user}\n"
         f"  gputrain:sshPublicKey: {public}\n"
         "  gputrain:sshPrivateKey: {secure: v1:bm9uY2U=:ZW5jcnlwdGVkIGtleQ==}\n"  # as keygen left it
         "  gputrain:sshSourceRanges: [10.213.0.1/32]\n"
@@ -147,7 +149,8 @@ def world_factory(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., World]]:
     """Yields make(nodes=2, gpus=None, wrong_host_keys=False, bucket=False, settings=None,
-    fabric=None) -> World; cleans up."""
+    fabric=None, containers=None) -> World; cleans up. `containers(host)`: the VMs are container
+    hosts (tests/support/container_bed.py), reached as root, each passed to it once made."""
     made: list[Any] = []
     markers: list[Path] = []
     admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
@@ -161,9 +164,11 @@ def world_factory(
         bucket: bool = False,
         settings: dict[str, str | None] | None = None,
         fabric: FabricFakes | None = None,
+        containers: Callable[[TestHost], object] | None = None,
     ) -> World:
+        user = "root" if containers else tb.user
         (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes, settings))
+        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes, settings, user))
         (tmp_path / "job.py").write_text(JOB)
         # Written by the job as the test hosts' login user: a world-writable dir outside tmp_path.
         marker = Path(tempfile.mkdtemp(prefix="gputrain-e2e-")) / "marker"
@@ -195,11 +200,17 @@ def world_factory(
                 ),
             }
 
+        def new_host() -> TestHost:
+            gpu = gpus or GpuConfig(model="NVIDIA L4", count=1)
+            host = tb.add_host(gpus=gpu, fabric=fabric, containers=containers is not None)
+            if containers is not None:
+                containers(host)
+            return host
+
         def node_factory(zone: str) -> list[dict[str, Any]]:
             """`pulumi up` in `zone`: the cluster's VMs are fresh sshd test hosts."""
             for _ in range(nodes):
-                gpu = gpus or GpuConfig(model="NVIDIA L4", count=1)
-                hosts.append(tb.add_host(gpus=gpu, fabric=fabric))
+                hosts.append(new_host())
             return [
                 vm(f"e2e-node-{i}", zone, h, "head" if i == 0 else "worker")
                 for i, h in enumerate(hosts[-nodes:])
@@ -211,7 +222,7 @@ def world_factory(
             gone = node_hosts.pop(old["name"])
             if gone.name in tb.hosts:
                 tb.remove_host(gone.name)
-            host = tb.add_host(gpus=gpus or GpuConfig(model="NVIDIA L4", count=1), fabric=fabric)
+            host = new_host()
             hosts.append(host)
             return vm(old["name"], zone, host, old["role"])
 
@@ -221,7 +232,7 @@ def world_factory(
             node_replacer=node_replacer,
             compute=compute,
             project="gputrain-test",
-            ssh_user=tb.user,
+            ssh_user=user,
             zones=ZONES,
             bucket=BUCKET if bucket else None,
         )
