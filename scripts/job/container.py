@@ -147,7 +147,7 @@ def build_pull_command(ref: ImageRef) -> str:
 def build_image_gpu_command(ref: ImageRef) -> str:
     """The node's GPUs as the image sees them (one CSV line each), for `verify`'s count."""
     return (
-        f"docker run --rm --gpus all {shlex.quote(ref.pinned)} nvidia-smi "
+        f"docker run --rm --network none --gpus all {shlex.quote(ref.pinned)} nvidia-smi "
         "--query-gpu=name,memory.total --format=csv,noheader 2>&1"
     )
 

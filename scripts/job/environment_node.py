@@ -155,12 +155,15 @@ def prepare_node(
     if wrap is not None:
         cmd = wrap(cmd)
     tail: deque[str] = deque(maxlen=4)
+    other: deque[str] = deque(maxlen=3)  # what else it printed (e.g. docker's error)
     failed: list[tuple[str, str]] = []
     cached: list[bool] = []
 
     def line(text: str) -> None:
         parsed = parse_prepare_line(text)
         if parsed is None:
+            if text.strip():
+                other.append(text.strip())
             return
         phase, rest = parsed
         if rest.startswith("failed: "):
@@ -184,7 +187,7 @@ def prepare_node(
         phase, why = failed[-1] if failed else ("setup", f"failed: exit code {rc}")
         what = "setup" if phase == "setup" else "installing the requirements"
         errors = [x.strip() for x in tail if x.startswith("ERROR")]  # pip's own verdict
-        last = " | ".join(errors or [x.strip() for x in tail if x.strip()])
+        last = " | ".join(errors or [x.strip() for x in tail if x.strip()] or list(other))
         raise EnvironmentSetupError(
             f"node {transport.name}: {what} failed: {why}"
             + (f"; last lines: {last}" if last else "")

@@ -93,35 +93,9 @@ def launch_torchrun(
     if job.rdzv_port is None:  # every run its own c10d store, also beside another run
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
     manifests = prepared.manifests
-    if job.image is not None:
-        ensure_image(fleet, transports, job.image)
-    if job.environment is not None:  # requirements, then setup: once per node per content hash
-        # built from the uploaded code, so the code goes first (the start then sends nothing)
-        manifests = upload_code(fleet, transports, job, files, manifests)
-        # with an image: built by the image's python, inside it, keyed by its digest too
-        image = job.image
-        python = IMAGE_PYTHON if image else fleet.python
-        environment = job.environment.for_python(image_key(image) if image else python)
-        job = dataclasses.replace(job, environment=environment)
-        wrap = None
-        if image is not None:
-            name = f"{container_name(job.run_id)}-env"
-            gpus = not fleet.expect.is_cpu
-
-            def wrap(script: str) -> str:
-                return build_in_image_command(image, script, name=name, gpus=gpus)
-
-        prepare_environment(
-            [n.name for n in fleet.nodes],
-            transports,
-            environment,
-            python=python,
-            code_dir=job.code_dir,
-            run_dir=run_dir(job.run_id),
-            extra_env=job.env,
-            on_line=on_line,
-            wrap=wrap,
-        )
+    job, manifests = prepare_image_and_environment(
+        fleet, transports, job, files, manifests, on_line=on_line
+    )
     upload_and_start(fleet, transports, job, files, manifests, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
@@ -185,6 +159,52 @@ def launch_torchrun(
         f"results in {results_dir}"
     )
     return result
+
+
+def prepare_image_and_environment(
+    fleet: Fleet,
+    transports: Mapping[str, Transport],
+    job: Job,
+    files: Mapping[str, Path],
+    manifests: Mapping[str, str],
+    *,
+    on_line: LineSink = say_line,
+) -> tuple[Job, Mapping[str, str]]:
+    """Before the start, in this order: the image on every node (docker, the toolkit, the
+    digest), then the requirements and setup (inside the image when there is one). Returns the
+    job keyed to its environment and the nodes' manifests as they are now."""
+    if job.image is not None:
+        ensure_image(fleet, transports, job.image)
+    if job.environment is None:
+        return job, manifests
+    # requirements, then setup: once per node per content hash
+    # built from the uploaded code, so the code goes first (the start then sends nothing)
+    manifests = upload_code(fleet, transports, job, files, manifests)
+    # with an image: built by the image's python, inside it, keyed by its digest too
+    image = job.image
+    python = IMAGE_PYTHON if image else fleet.python
+    environment = job.environment.for_python(image_key(image) if image else python)
+    job = dataclasses.replace(job, environment=environment)
+    wrap = None
+    if image is not None:
+        name = f"{container_name(job.run_id)}-env"
+        gpus = not fleet.expect.is_cpu
+
+        def wrap(script: str) -> str:
+            return build_in_image_command(image, script, name=name, gpus=gpus)
+
+    prepare_environment(
+        [n.name for n in fleet.nodes],
+        transports,
+        environment,
+        python=python,
+        code_dir=job.code_dir,
+        run_dir=run_dir(job.run_id),
+        extra_env=job.env,
+        on_line=on_line,
+        wrap=wrap,
+    )
+    return job, manifests
 
 
 def collect_code(job: Job) -> dict[str, Path]:

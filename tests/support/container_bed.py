@@ -1,7 +1,8 @@
 """Containers on the sshd test bed: a real OCI registry (Debian's docker-registry) on the bed's
 bridge, where the test hosts pull from it, and test hosts whose `docker` is podman (their own
 storage, runc, cgroupfs, no default ulimits; the hosts are entered with nsenter so podman sees the
-cgroups: TestBed.add_host(containers=True)).
+cgroups: TestBed.add_host(containers=True)), rootless as the bed's login user (one mapped id,
+no subuid ranges here) or as root.
 
 The images are tiny on purpose: a busybox rootfs whose `python3` is the test hosts' interpreter
 with torch, which every host's docker shim bind-mounts read-only at its own path (/usr/lib, the
@@ -41,8 +42,14 @@ FAKE_NVIDIA_CTK = """#!/bin/sh
 echo "nvidia-ctk $*" >> __LOG__
 echo "NVIDIA Container Toolkit CLI version 1.17.8"
 """
-FAKE_SYSTEMCTL = """#!/bin/sh
-echo "systemctl $*" >> __LOG__
+FAKE_RECORD = """#!/bin/sh
+echo "$(basename "$0") $*" >> __LOG__
+"""
+FAKE_SUDO = """#!/bin/sh
+# gputrain test bed: sudo records its call and runs the command as the caller
+echo "sudo $*" >> __LOG__
+[ "$1" = -n ] && shift
+exec "$@"
 """
 
 
@@ -99,11 +106,15 @@ class ContainerBed:
     def enable(self, host: TestHost, *, docker: bool = True) -> Podman:
         """The host's podman (storage under its dir, trusting the registry). With `docker`, its
         shim is the host's `docker`; else fake apt-get / apt-cache / nvidia-ctk / systemctl
-        record what an install does and apt-get puts the shim in place (`apt_log`)."""
+        record what an install does and apt-get puts the shim in place (`apt_log`); the login
+        user owns the host's bin dir then, as the fake sudo makes no one root."""
         if not host.containers:
             raise ValueError(f"{host.name}: add it with containers=True")
         pod = Podman(
-            host.dir / "podman", run_args=self.python_mounts(), runroot=host.dir / "podrun"
+            host.dir / "podman",
+            run_args=self.python_mounts(),
+            runroot=host.dir / "podrun",
+            user=self.tb.user,
         )
         pod.trust(self.registry.host)
         self.hosts[host.name] = pod
@@ -120,11 +131,15 @@ class ContainerBed:
             .replace("__CTK__", str(ctk))
             .replace("__BIN__", str(bin_dir)),
             "apt-cache": FAKE_APT_CACHE,
-            "systemctl": FAKE_SYSTEMCTL,
+            "sudo": FAKE_SUDO,
+            **dict.fromkeys(("systemctl", "usermod", "setfacl"), FAKE_RECORD),
         }
         for tool, body in fakes.items():
             (bin_dir / tool).write_text(body.replace("__LOG__", str(log)))
             (bin_dir / tool).chmod(0o755)
+        for path in (bin_dir, log):
+            path.touch()
+            shutil.chown(path, self.tb.user)
         return pod
 
     def apt_log(self, host: TestHost) -> Path:

@@ -34,12 +34,19 @@ def require_tools() -> None:
 class Podman:
     """podman with private storage; `shim_dir` holds a `docker` that runs it (put it on PATH).
     `run_args`: what the shim adds to every `docker run` (e.g. a test host's read-only mounts);
-    `runroot`: podman's run state (a short path: podman wants < 50 characters), else in /tmp."""
+    `runroot`: podman's run state (a short path: podman wants < 50 characters), else in /tmp.
+    `user`: who runs it (rootless, one mapped id: no subuid ranges here), root by default."""
 
     def __init__(
-        self, root: Path, *, run_args: tuple[str, ...] = (), runroot: Path | None = None
+        self,
+        root: Path,
+        *,
+        run_args: tuple[str, ...] = (),
+        runroot: Path | None = None,
+        user: str = "root",
     ) -> None:
         self.root = root
+        self.user = user
         root.mkdir(parents=True, exist_ok=True)
         (root / "containers.conf").write_text(CONTAINERS_CONF)
         self.runroot = runroot or Path(tempfile.mkdtemp(prefix="gtpod-", dir="/tmp"))
@@ -54,6 +61,16 @@ class Podman:
             "CONTAINERS_CONF": str(root / "containers.conf"),
             "CONTAINERS_REGISTRIES_CONF": str(registries),
         }
+        rootless = ""
+        if user != "root":
+            self.env |= {"XDG_RUNTIME_DIR": str(root / "xdg"), "HOME": str(root)}
+            (root / "xdg").mkdir(mode=0o700, exist_ok=True)
+            self.argv = ["runuser", "-u", user, "--", *self.argv]
+            # rootless with one mapped id, the caller is root inside: `--user` with the
+            # caller's own ids (which docker maps as they are) becomes 0:0
+            rootless = (
+                f'export XDG_RUNTIME_DIR={root / "xdg"} HOME={root}\nme="$(id -u):$(id -g)"\n'
+            )
         self.shim_dir = root / "bin"
         self.shim_dir.mkdir(exist_ok=True)
         shim = self.shim_dir / "docker"
@@ -61,19 +78,24 @@ class Podman:
         shim.write_text(
             f"#!/bin/sh\nexport CONTAINERS_CONF={root / 'containers.conf'}\n"
             f"export CONTAINERS_REGISTRIES_CONF={registries}\n"
-            f'echo "$*" >> {self.calls}\n'
+            f'echo "$*" >> {self.calls}\n{rootless}'
             # podman 4.3 has no --gpus (a GPU host's docker does): the fake nvidia-smi in the
             # image plays the GPUs it would see
             'for a; do shift; [ "$a" = --gpus ] && { skip=1; continue; }; '
-            '[ -n "${skip:-}" ] && { skip=; continue; }; set -- "$@" "$a"; done\n'
+            '[ -n "${skip:-}" ] && { skip=; continue; }; '
+            '[ -n "${user:-}" ] && { user=; [ "$a" = "${me:-}" ] && a=0:0; }; '
+            '[ "$a" = --user ] && user=1; set -- "$@" "$a"; done\n'
             + (
                 f'if [ "$1" = run ]; then shift; set -- run {shlex.join(run_args)} "$@"; fi\n'
                 if run_args
                 else ""
             )
-            + f'exec {" ".join(self.argv)} "$@"\n'
+            + f'exec {" ".join(self.argv[4:] if user != "root" else self.argv)} "$@"\n'
         )
         shim.chmod(0o755)
+        if user != "root":  # its storage, run state and call log are the user's
+            self.runroot.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["chown", "-R", f"{user}:", str(root), str(self.runroot)], check=True)
 
     def trust(self, registry: str) -> None:
         """Reach `registry` over plain HTTP (a node's insecure-registries setting)."""
@@ -81,7 +103,9 @@ class Podman:
             f.write(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([*self.argv, *args], env=self.env, capture_output=True, text=True)
+        r = subprocess.run(
+            [*self.argv, *args], env=self.env, capture_output=True, text=True, cwd=self.root
+        )
         if check and r.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
         return r

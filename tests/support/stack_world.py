@@ -121,9 +121,7 @@ class World:
         self.bed.kill_processes(self.node_hosts[node].name)
 
 
-def _stack_file(
-    bed: TestBed, nodes: int, settings: dict[str, str | None] | None = None, user: str = ""
-) -> str:
+def _stack_file(bed: TestBed, nodes: int, settings: dict[str, str | None] | None = None) -> str:
     """The e2e stack file; `settings` replace (or, with None, drop) its gputrain keys."""
     public = bed.identity_file.with_suffix(".pub").read_text().strip()
     keys: dict[str, str | None] = {
@@ -138,7 +136,7 @@ def _stack_file(
         f"  gputrain:nodes: {nodes}\n"
         + "".join(f"  gputrain:{k}: {v}\n" for k, v in keys.items() if v is not None)
         + "  gputrain:maxRunDuration: 1h\n"
-        f"  gputrain:sshUser: {user or bed.user}\n"
+        f"  gputrain:sshUser: {bed.user}\n"
         f"  gputrain:sshPublicKey: {public}\n"
         "  gputrain:sshPrivateKey: {secure: v1:bm9uY2U=:ZW5jcnlwdGVkIGtleQ==}\n"  # as keygen left it
         "  gputrain:sshSourceRanges: [10.213.0.1/32]\n"
@@ -150,7 +148,7 @@ def world_factory(
 ) -> Iterator[Callable[..., World]]:
     """Yields make(nodes=2, gpus=None, wrong_host_keys=False, bucket=False, settings=None,
     fabric=None, containers=None) -> World; cleans up. `containers(host)`: the VMs are container
-    hosts (tests/support/container_bed.py), reached as root, each passed to it once made."""
+    hosts (tests/support/container_bed.py), each passed to it once made."""
     made: list[Any] = []
     markers: list[Path] = []
     admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
@@ -166,9 +164,8 @@ def world_factory(
         fabric: FabricFakes | None = None,
         containers: Callable[[TestHost], object] | None = None,
     ) -> World:
-        user = "root" if containers else tb.user
         (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes, settings, user))
+        (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes, settings))
         (tmp_path / "job.py").write_text(JOB)
         # Written by the job as the test hosts' login user: a world-writable dir outside tmp_path.
         marker = Path(tempfile.mkdtemp(prefix="gputrain-e2e-")) / "marker"
@@ -232,7 +229,7 @@ def world_factory(
             node_replacer=node_replacer,
             compute=compute,
             project="gputrain-test",
-            ssh_user=user,
+            ssh_user=tb.user,
             zones=ZONES,
             bucket=BUCKET if bucket else None,
         )

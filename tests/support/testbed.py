@@ -617,6 +617,9 @@ class TestBed:
         ]
         if self.user != "root":
             mounts.append(f"mount --bind {host.dir}/home /home/{TEST_USER}")
+        if host.containers:  # rootless podman's --ipc host binds /dev/mqueue (machines have one)
+            mounts.append("mkdir -p /dev/mqueue && mount -t mqueue mqueue /dev/mqueue")
+            mounts += [f"mount --bind {v} {d}" for d, v in _without_docker(host.dir).items()]
         script = " && ".join(
             ([f"sleep {delay_s}"] if delay_s else [])
             + mounts
@@ -710,6 +713,17 @@ class TestBed:
             identity_file=self.identity_file,
             python=self.python,
         )
+
+
+def _without_docker(host_dir: Path) -> dict[str, Path]:
+    """A container host's docker is the one a test puts in its bin: this machine's own CLI (a
+    docker without a daemon, in /usr/local/bin here) is hidden by an empty /usr/local/bin
+    (nothing a test host runs lives there)."""
+    if not os.path.isfile("/usr/local/bin/docker"):
+        return {}
+    view = host_dir / "no-local-bin"
+    view.mkdir()
+    return {"/usr/local/bin": view}
 
 
 def _kill_namespace(ns: str, root_veth: str | None = None) -> None:

@@ -8,8 +8,8 @@ docker gets it installed (a fake apt-get that provides the shim)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import pwd
 import shutil
 import threading
 import time
@@ -66,7 +66,7 @@ def _hosts_file(
     (d / "known_hosts").write_text("".join(f"{h.address} {h.host_key}\n" for h in hosts))
     path = d / "lab.yaml"
     path.write_text(
-        f"user: root\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
+        f"user: {tb.user}\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
         f"python: {tb.python}\nimage: {image.repository}:{image.tag}\n{extra}hosts:\n"
         + "".join(f"  - address: {h.address}\n" for h in hosts)
     )
@@ -97,6 +97,8 @@ def test_hosts_two_node_run_inside_the_image(
     settings = Settings(root=proj, runs_dir=proj / "runs", connect_deadline_s=30)
     pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={SUBNET}.1"]
     run = ["run", "--hosts", str(path), *pip, "--setup", SETUP]
+    login = pwd.getpwnam(tb.user)
+    ids = f"{login.pw_uid}:{login.pw_gid}"  # the SSH user's: what the run writes stays theirs
 
     assert main([*run, "--", "train.py", "--max_iters=3"], settings) == 0
     out = capsys.readouterr().out
@@ -112,7 +114,7 @@ def test_hosts_two_node_run_inside_the_image(
         assert sum(c.startswith(f"pull -q {image.pinned}") for c in calls) == 1
         env_run, job_run = (c for c in calls if c.startswith("run "))
         assert env_run.startswith("run --rm -i --name gputrain-") and "-env " in env_run
-        assert "--network host --ipc host --user 0:0 -e HOME=/tmp" in job_run
+        assert f"--network host --ipc host --user {ids} -e HOME=/tmp" in job_run
         assert f"{image.pinned} ../../../envs/" in job_run
         assert "/bin/python -m torch.distributed.run --nnodes 2" in job_run
     assert list(_runs(a).glob("*/code/out/ckpt.pt"))  # what torchrun wrote in the mounted run dir
@@ -159,10 +161,7 @@ def test_a_failing_rank_and_a_stop_inside_the_image(
     assert all(cbed.containers_on(h) == [] for h in (a, b))
 
     # a long job stopped from outside (as `gputrain stop` does): the containers are removed
-    base = tb.fleet([a, b])
-    fleet = dataclasses.replace(
-        base, nodes=tuple(dataclasses.replace(n, user="root") for n in base.nodes)
-    )
+    fleet = tb.fleet([a, b])
     stopped: list[str] = []
 
     def stop_when_running() -> None:
@@ -206,7 +205,7 @@ def test_verify_runs_nvidia_smi_inside_the_image(
     out = capsys.readouterr().out
     assert f"image {image.repository}:1 ({image.digest}) verified 1 node(s)" in out
     assert "2 GPU(s) inside" in out
-    assert f"run --rm --gpus all {image.pinned} nvidia-smi" in pod.calls.read_text()
+    assert f"run --rm --network none --gpus all {image.pinned} nvidia-smi" in pod.calls.read_text()
 
     one = cbed.image("gpu1", gpus=1)  # an image whose nvidia-smi sees fewer: one line, exit 1
     path = _hosts_file(tb, tmp_path / "lab", [host], one, extra=gpus)

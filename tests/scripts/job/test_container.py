@@ -281,7 +281,7 @@ def test_gpu_nodes_see_their_gpus_inside_the_image(
     finally:
         close_all(ts)
     calls = podman.calls.read_text()
-    assert f"run --rm --gpus all {ref.pinned} nvidia-smi" in calls
+    assert f"run --rm --network none --gpus all {ref.pinned} nvidia-smi" in calls
     if ok:  # the run itself: GPUs, host network and IPC, two processes per node
         user = f"{os.getuid()}:{os.getgid()}"
         assert f"--network host --ipc host --user {user} -e HOME=/tmp --gpus all" in calls
