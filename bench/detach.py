@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts import ui
 from tests.support.fake_metadata import FakeMetadata
 from tests.support.stack_world import World, world_factory
-from tests.support.testbed import SUBNET, TestBed
+from tests.support.testbed import TestBed
 
 AUTODOWN_S = 30.0
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--log-every", "1"]
@@ -52,7 +52,7 @@ def one_round(tb: TestBed) -> tuple[float, float]:
             assert w.gcs is not None
             w.gce.autodown_s = AUTODOWN_S
             email = f"gputrain-e2e@{w.runner.project}.iam.gserviceaccount.com"
-            with FakeMetadata(email, w.runner.project, host=f"{SUBNET}.1") as md:
+            with FakeMetadata(email, w.runner.project, host=tb.bridge_address) as md:
                 w.compute.on_delete = lambda _z, name: tb.kill_processes(w.node_hosts[name].name)
                 env = [
                     f"STORAGE_EMULATOR_HOST={w.gcs.url}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -16,24 +17,35 @@ from scripts.node_layout import run_dir
 from scripts.parallel import parallel
 from scripts.transport.base import Transport
 
+COLLECT_ERRORS = ".collect-errors"  # in the run dir on the node: why workdir/ is incomplete
+
 
 def download_results(transports: Mapping[str, Transport], run_id: str, results_dir: Path) -> None:
     """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode, setup.log and workdir/
     (what the job created or changed in its working directory) under results_dir/<node>/; a node
     that cannot be reached is reported, not fatal."""
     d = run_dir(run_id)
+    # on the download's own channel, first: what the job wrote beside its code into workdir/
+    # (what went wrong doing so travels in the tar as COLLECT_ERRORS)
+    collect = (
+        f"({build_collect_workdir_command(run_id)}) >/dev/null "
+        f"2> {shlex.quote(d)}/{COLLECT_ERRORS} || true"
+    )
 
     def one(name: str) -> None:
         dest = results_dir / name
-        collect = transports[name].run(build_collect_workdir_command(run_id), 120)
-        if not collect.ok:
-            ui.warn(
-                f"{name}: could not collect the job's working-directory files: {collect.stderr}"
-            )
         with tempfile.TemporaryDirectory(dir=results_dir, prefix=f".{name}-") as tmp:
-            if not transports[name].download(d, Path(tmp), exclude=("./code", "./run.sh")):
-                return
             got = Path(tmp)
+            if not transports[name].download(
+                d, got, exclude=("./code", "./run.sh"), before=collect
+            ):
+                return
+            errors = got / COLLECT_ERRORS
+            if errors.is_file() and errors.read_text(errors="replace").strip():
+                ui.warn(
+                    f"{name}: could not collect the job's working-directory files: "
+                    + errors.read_text(errors="replace").strip()
+                )
             dest.mkdir(parents=True, exist_ok=True)
             if (got / "out").is_dir():
                 for p in (got / "out").iterdir():

@@ -86,10 +86,14 @@ def build_prepare_command(job: Job, node: str, python: str) -> tuple[str, bytes 
 
 
 def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
-    """Every node knows its name; on a relaunch, the out dirs are back (said per node)."""
+    """On a relaunch, the out dirs are back from the bucket (said per node); a first attempt's
+    out dir was made with the launch's first round trip (scripts/job/launch.prepare_nodes)."""
+    commands = {n.name: build_prepare_command(job, n.name, fleet.python) for n in fleet.nodes}
+    if all(stdin is None for _, stdin in commands.values()):
+        return
 
     def one(name: str) -> str:
-        cmd, stdin = build_prepare_command(job, name, fleet.python)
+        cmd, stdin = commands[name]
         r = transports[name].run(cmd, 1800, stdin=stdin)
         if not r.ok:
             raise TransportError(

@@ -45,7 +45,12 @@ class Transport(Protocol):
     def stream(self, cmd: str, on_line: LineCallback, timeout: float | None) -> int: ...
 
     def download(
-        self, remote: str, local: Path, timeout: float = 300, exclude: tuple[str, ...] = ()
+        self,
+        remote: str,
+        local: Path,
+        timeout: float = 300,
+        exclude: tuple[str, ...] = (),
+        before: str = "",
     ) -> bool: ...
 
     def reconnect(self, deadline_s: float) -> None: ...

@@ -72,10 +72,15 @@ class LocalTransport:
             proc.stdout.close()
 
     def download(
-        self, remote: str, local: Path, timeout: float = 300, exclude: tuple[str, ...] = ()
+        self,
+        remote: str,
+        local: Path,
+        timeout: float = 300,
+        exclude: tuple[str, ...] = (),
+        before: str = "",
     ) -> bool:
         proc = subprocess.run(
-            ["sh", "-c", pack_command(remote, exclude)],
+            ["sh", "-c", pack_command(remote, exclude, before)],
             capture_output=True,
             timeout=timeout,
             cwd=self.node_root,

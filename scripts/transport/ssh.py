@@ -347,9 +347,14 @@ class SshTransport:
             threading.Thread(target=c.close, daemon=True).start()
 
     def download(
-        self, remote: str, local: Path, timeout: float = 300, exclude: tuple[str, ...] = ()
+        self,
+        remote: str,
+        local: Path,
+        timeout: float = 300,
+        exclude: tuple[str, ...] = (),
+        before: str = "",
     ) -> bool:
-        chan = self._open(pack_command(remote, exclude), timeout)
+        chan = self._open(pack_command(remote, exclude, before), timeout)
         deadline = time.monotonic() + timeout
         with tempfile.TemporaryFile() as tmp:
             try:

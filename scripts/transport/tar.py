@@ -37,14 +37,15 @@ def tar_files(
     return buf.getvalue()
 
 
-def pack_command(remote: str, exclude: tuple[str, ...] = ()) -> str:
+def pack_command(remote: str, exclude: tuple[str, ...] = (), before: str = "") -> str:
     """At the node: tar to stdout a directory's contents (minus ``exclude``, e.g. "./code"), or
-    one file; exit 3 (no output) if it is missing."""
+    one file; exit 3 (no output) if it is missing. `before`: a command run first on the same
+    channel (its output must not reach stdout, which carries the tar)."""
     parent, name = os.path.split(remote.rstrip("/"))
     q, qp, qn = shlex.quote(remote), shlex.quote(parent or "."), shlex.quote(name)
     ex = "".join(f" --exclude={shlex.quote(e)}" for e in exclude)
     return (
-        f"if [ -d {q} ]; then tar -c -f -{ex} -C {q} .; "
+        (f"{before}\n" if before else "") + f"if [ -d {q} ]; then tar -c -f -{ex} -C {q} .; "
         f"elif [ -e {q} ]; then tar -c -f - -C {qp} {qn}; else exit 3; fi"
     )
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from scripts.job.container import ImageRef, parse_image, resolve_digest
 from tests.support.containers import Podman, Registry, require_tools
-from tests.support.testbed import SUBNET, TestBed, TestHost
+from tests.support.testbed import TestBed, TestHost
 
 #: What an image built here has at its root: the tests tell "inside the image" by it.
 IMAGE_MARK = "/gputrain-image"
@@ -61,7 +61,7 @@ class ContainerBed:
         require_tools()
         self.tb = tb
         self.root = root
-        self.registry = Registry(root / "registry", address=f"{SUBNET}.1")
+        self.registry = Registry(root / "registry", address=tb.bridge_address)
         self.builder = Podman(root / "builder")
         self.builder.trust(self.registry.host)
         self.hosts: dict[str, Podman] = {}

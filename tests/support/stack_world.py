@@ -26,7 +26,7 @@ from tests.support.fake_compute import FakeCompute, ssh_host_keys
 from tests.support.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
 from tests.support.fake_stack import FakeStackRunner
 from tests.support.gcs_emulator import GcsEmulator
-from tests.support.testbed import SUBNET, FabricFakes, GpuConfig, TestBed, TestHost
+from tests.support.testbed import FabricFakes, GpuConfig, TestBed, TestHost
 
 ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 BUCKET = "gputrain-e2e-gputrain-test"
@@ -171,12 +171,12 @@ def world_factory(
         marker = Path(tempfile.mkdtemp(prefix="gputrain-e2e-")) / "marker"
         marker.parent.chmod(0o777)
         markers.append(marker.parent)
-        compute = FakeCompute(host=f"{SUBNET}.1")  # on the bridge: the nodes' watchdogs call it
+        compute = FakeCompute(host=tb.bridge_address)  # on the bridge: the nodes' watchdogs call it
         compute.__enter__()
         made.append(compute)
         gcs = None
         if bucket:  # on the bridge: the trainer on the test hosts reaches it there
-            gcs = GcsEmulator(host=f"{SUBNET}.1").__enter__()
+            gcs = GcsEmulator(host=tb.bridge_address).__enter__()
             made.append(gcs)
             monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
         hosts: list[TestHost] = []

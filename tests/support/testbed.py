@@ -1,8 +1,10 @@
 """SSH test hosts on this machine: network namespaces on a bridge, a real sshd in each, a fake
 nvidia-smi each host's config controls. Needs root, /usr/sbin/sshd, ip, unshare, ssh-keygen.
 
-Traffic stays on loopback and 10.213.0.0/24 (checked with ``ip route get`` before use). One test
-bed per machine at a time: a file lock serialises concurrent test runs (other worktrees too).
+Traffic stays on loopback and 10.213.0.0/24 (checked with ``ip route get`` before use). The /24
+holds SLOTS test beds side by side, each in its own quarter-pairs (a /26 for its bridge, a /26
+for its isolated bridge) with its own names, state dir and lock: a test run takes a free slot and
+waits when none is (other worktrees too).
 """
 
 from __future__ import annotations
@@ -23,16 +25,85 @@ from pathlib import Path
 
 from infra.base.records import Fleet, GpuExpectation, Node
 
-PREFIX = "gtb-"  # namespaces
-BRIDGE = "gtb0"  # 10.213.0.1/24, hosts at .10+i
-ISO_BRIDGE = "gtb1"  # no address in the root namespace: reachable only through the gateway host
 SUBNET = "10.213.0"
-ISO_GATEWAY_ADDR = f"{SUBNET}.129"  # the gateway host's leg on the isolated bridge (/25)
-STATE = Path("/run/gputrain-testbed")
-LOCK_PATH = Path("/run/lock/gputrain-testbed.lock")
+SLOTS = 2  # test beds that can run at once on one machine (make test runs two)
 TEST_USER = "gputrain-tb"
 SSHD = "/usr/sbin/sshd"
-CPU_GROUP = Path("/sys/fs/cgroup/cpuacct/gputrain-testbed")  # cgroup v1: the hosts' CPU time
+# What an earlier layout (one bed per machine) left: removed by slot 0, which takes its lock.
+LEGACY_PREFIX, LEGACY_LINKS, LEGACY_STATE = "gtb-", ("gtb0", "gtb1"), Path("/run/gputrain-testbed")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One test bed's share of the machine: 10.213.0.(128*index)/26 on its bridge (hosts from
+    .base+10), the next /26 on its isolated bridge (the gateway's leg at .base+65, hosts from
+    .base+70); namespaces, veths, bridges, state dir, lock and CPU cgroup named by its index."""
+
+    index: int
+
+    @property
+    def base(self) -> int:
+        return 128 * self.index
+
+    def address(self, offset: int) -> str:
+        return f"{SUBNET}.{self.base + offset}"
+
+    @property
+    def bridge_address(self) -> str:
+        """The bridge's address in the root namespace: what the hosts reach the controller at."""
+        return self.address(1)
+
+    @property
+    def host_offsets(self) -> range:
+        return range(10, 63)
+
+    @property
+    def isolated_offsets(self) -> range:
+        return range(70, 127)
+
+    @property
+    def isolated_cidr(self) -> str:
+        """Unreachable from the root namespace (a route says so: never out through its uplink)."""
+        return f"{self.address(64)}/26"
+
+    @property
+    def prefix(self) -> str:  # namespaces
+        return f"gtb{self.index}-"
+
+    @property
+    def bridge(self) -> str:
+        return f"gtbr{self.index}"
+
+    @property
+    def iso_bridge(self) -> str:  # no address in the root namespace: only via the gateway host
+        return f"gtbi{self.index}"
+
+    def veth(self, offset: int) -> str:
+        return f"gtw{self.base + offset}"
+
+    @property
+    def gateway_veth(self) -> str:
+        return f"gtwgw{self.index}"
+
+    @property
+    def state(self) -> Path:
+        return Path(f"/run/gputrain-testbed-{self.index}")
+
+    @property
+    def lock_path(self) -> Path:  # slot 0 keeps the one-bed layout's lock: never beside it
+        suffix = "" if self.index == 0 else f"-{self.index}"
+        return Path(f"/run/lock/gputrain-testbed{suffix}.lock")
+
+    @property
+    def cpu_group(self) -> Path:  # cgroup v1: the hosts' CPU time
+        return Path(f"/sys/fs/cgroup/cpuacct/gputrain-testbed-{self.index}")
+
+    def owns_link(self, dev: str) -> bool:
+        if dev in (self.bridge, self.iso_bridge, self.gateway_veth):
+            return True
+        if dev.startswith("gtw") and dev[3:].isdigit():
+            return self.base <= int(dev[3:]) < self.base + 128
+        return self.index == 0 and (dev in LEGACY_LINKS or dev.startswith("gtv"))
 
 
 class TestBedUnavailable(RuntimeError):
@@ -128,7 +199,7 @@ class TestHost:
     host_key: str  # "ssh-ed25519 AAAA..."
     dir: Path
     isolated: bool = False
-    containers: bool = False  # entered with nsenter (podman sees the cgroups), root's node root
+    containers: bool = False  # entered with nsenter: podman sees the cgroups
     sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def node(self, role: str = "worker", *, user: str = TEST_USER, via_head: bool = False) -> Node:
@@ -228,6 +299,14 @@ def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=30)
 
 
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
 def _keygen(path: str, comment: str) -> None:
     """A new ed25519 key pair at `path` (no passphrase)."""
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path)
@@ -285,7 +364,7 @@ class TestBed:
         self._cpu_group: Path | None = None
         self.lock_timeout_s = lock_timeout_s
         self.hosts: dict[str, TestHost] = {}
-        self.identity_file = STATE / "client_ed25519"
+        self.slot = Slot(0)  # until start() takes a free one
         self.user = TEST_USER
         self._lock_fd: int | None = None
         self._mutex = threading.Lock()
@@ -294,35 +373,52 @@ class TestBed:
         # (a re-created VM) behind an old address would meet stale ARP entries for ~30 s.
         self._retired: set[int] = set()
 
+    @property
+    def state(self) -> Path:
+        """This bed's state dir: per host its keys, config, fakes and node root (home/)."""
+        return self.slot.state
+
+    @property
+    def identity_file(self) -> Path:
+        return self.state / "client_ed25519"
+
+    @property
+    def bridge_address(self) -> str:
+        """Where the hosts reach this machine (a package index, a registry served here)."""
+        return self.slot.bridge_address
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> TestBed:
         check_prerequisites()
         self._acquire_lock()
+        state = self.state
         try:
-            cleanup_leftovers()
-            STATE.mkdir(mode=0o755, parents=True)
-            os.chmod(STATE, 0o755)
+            cleanup_leftovers(self.slot)
+            state.mkdir(mode=0o755, parents=True)
+            os.chmod(state, 0o755)
             Path("/run/sshd").mkdir(exist_ok=True)
             _keygen(str(self.identity_file), "gputrain-testbed")
-            pub = (STATE / "client_ed25519.pub").read_text()
-            (STATE / "authorized_keys").write_text(pub)
-            os.chmod(STATE / "authorized_keys", 0o644)
-            (STATE / "hosts").write_text("127.0.0.1 localhost\n")
-            os.chmod(STATE / "hosts", 0o644)
+            pub = (state / "client_ed25519.pub").read_text()
+            (state / "authorized_keys").write_text(pub)
+            os.chmod(state / "authorized_keys", 0o644)
+            (state / "hosts").write_text("127.0.0.1 localhost\n")
+            os.chmod(state / "hosts", 0o644)
             self.user = self._login_user()
-            _run("ip", "link", "add", BRIDGE, "type", "bridge")
-            _run("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
-            _run("ip", "link", "set", BRIDGE, "up")
-            _run("ip", "link", "add", ISO_BRIDGE, "type", "bridge")
-            _run("ip", "link", "set", ISO_BRIDGE, "up")
+            _run("ip", "link", "add", self.slot.bridge, "type", "bridge")
+            _run("ip", "addr", "add", f"{self.slot.bridge_address}/26", "dev", self.slot.bridge)
+            _run("ip", "link", "set", self.slot.bridge, "up")
+            _run("ip", "link", "add", self.slot.iso_bridge, "type", "bridge")
+            _run("ip", "link", "set", self.slot.iso_bridge, "up")
+            _run("ip", "route", "replace", "unreachable", self.slot.isolated_cidr)
             if self.count_cpu:
-                if not CPU_GROUP.parent.is_dir():
+                group = self.slot.cpu_group
+                if not group.parent.is_dir():
                     raise TestBedUnavailable(
-                        f"count_cpu needs cgroup v1's cpuacct ({CPU_GROUP.parent})"
+                        f"count_cpu needs cgroup v1's cpuacct ({group.parent})"
                     )
-                CPU_GROUP.mkdir(exist_ok=True)
-                self._cpu_group = CPU_GROUP
+                group.mkdir(exist_ok=True)
+                self._cpu_group = group
         except BaseException:
             self.close()
             raise
@@ -332,7 +428,8 @@ class TestBed:
         try:
             for name in list(self.hosts):
                 self._stop_sshd(self.hosts[name])
-            cleanup_leftovers()
+            if self._lock_fd is not None:
+                cleanup_leftovers(self.slot)
         finally:
             self.hosts.clear()
             self._cpu_group = None
@@ -345,27 +442,35 @@ class TestBed:
         self.close()
 
     def _acquire_lock(self) -> None:
-        LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+        """The first free slot's lock (waiting while every slot is taken)."""
+        slots = [Slot(i) for i in range(SLOTS)]
+        slots[0].lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fds = [os.open(slot.lock_path, os.O_RDWR | os.O_CREAT, 0o644) for slot in slots]
         end = time.monotonic() + self.lock_timeout_s
         said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
+        try:
+            while True:
+                for slot, fd in zip(slots, fds, strict=True):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue
+                    os.ftruncate(fd, 0)
+                    os.write(fd, f"{os.getpid()}\n".encode())
+                    self.slot, self._lock_fd = slot, fd
+                    return
                 if time.monotonic() > end:
-                    os.close(fd)
                     raise TestBedUnavailable(
-                        f"another test bed held {LOCK_PATH} for {self.lock_timeout_s:.0f} s"
-                    ) from None
+                        f"other test beds held all {SLOTS} slots for {self.lock_timeout_s:.0f} s"
+                    )
                 if not said:
-                    print(f"test bed: waiting for {LOCK_PATH} (another test run)", file=sys.stderr)
+                    print(f"test bed: all {SLOTS} slots are taken; waiting", file=sys.stderr)
                     said = True
                 time.sleep(0.5)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
+        finally:
+            for fd in fds:
+                if fd != self._lock_fd:
+                    os.close(fd)
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
@@ -390,7 +495,7 @@ class TestBed:
                 TEST_USER,
                 check=False,
             )
-            if r.returncode != 0:
+            if r.returncode != 0 and not _user_exists(TEST_USER):  # (another slot made it)
                 return "root"
         _run("usermod", "-p", "*", TEST_USER, check=False)  # not locked: sshd w/o PAM refuses
         Path(f"/home/{TEST_USER}").mkdir(exist_ok=True)
@@ -415,8 +520,7 @@ class TestBed:
     ) -> TestHost:
         """A new host with a running sshd (after sshd_delay_s). ``isolated_behind=<host>``: on
         the second bridge, reachable only from that host's namespace (for jump tests).
-        ``containers``: podman can run there (tests/support/container_bed.py), logged in as root
-        with the host's own node root."""
+        ``containers``: podman can run there (tests/support/container_bed.py)."""
         host = self._create_host(name, gpus, isolated_behind, sshd_delay_s, fabric, containers)
         if not sshd_delay_s:
             self.wait_listening(host, 5)
@@ -441,16 +545,17 @@ class TestBed:
     ) -> TestHost:
         """The namespace, keys, config and fakes of a new host, its sshd started (not waited for)."""
         with self._mutex:
-            used = {int(h.address.rsplit(".", 1)[1]) for h in self.hosts.values()}
-            span = range(10, 128) if isolated_behind is None else range(130, 250)
+            slot = self.slot
+            used = {self._offset(h) for h in self.hosts.values()}
+            span = slot.host_offsets if isolated_behind is None else slot.isolated_offsets
             free = [i for i in span if i not in used]
-            octet = next((i for i in free if i not in self._retired), free[0])
-            name = name or (f"h{octet - 10}" if isolated_behind is None else f"x{octet - 130}")
+            offset = next((i for i in free if i not in self._retired), free[0])
+            name = name or f"{'h' if isolated_behind is None else 'x'}{offset - span.start}"
             if name in self.hosts:
                 raise ValueError(f"test host {name} exists")
-            address = f"{SUBNET}.{octet}"
-            ns = PREFIX + name
-            d = STATE / name
+            address = slot.address(offset)
+            ns = slot.prefix + name
+            d = self.state / name
             (d / "bin").mkdir(parents=True)
             (d / "gpu").mkdir()
             os.chmod(d / "gpu", 0o777)
@@ -462,15 +567,17 @@ class TestBed:
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             if isolated_behind is None:
-                self._veth(ns, f"gtv{octet}", BRIDGE, f"{address}/24")
+                self._veth(ns, slot.veth(offset), slot.bridge, f"{address}/26")
             else:
                 self._ensure_iso_gateway(isolated_behind)
-                self._veth(ns, f"gtv{octet}", ISO_BRIDGE, f"{address}/25")
+                self._veth(ns, slot.veth(offset), slot.iso_bridge, f"{address}/26")
             host = TestHost(name, address, ns, host_key, d, isolated_behind is not None, containers)
             if not host.isolated:
                 route = _run("ip", "route", "get", address).stdout
-                if f"dev {BRIDGE}" not in route:
-                    raise TestBedUnavailable(f"route to {address} is not via {BRIDGE}: {route}")
+                if f"dev {slot.bridge} " not in route:
+                    raise TestBedUnavailable(
+                        f"route to {address} is not via {slot.bridge}: {route}"
+                    )
             self.hosts[name] = host
             self.set_gpus(name, gpus or GpuConfig())
             if fabric is not None:
@@ -492,20 +599,26 @@ class TestBed:
         if self._iso_gateway is not None:
             raise ValueError(f"the isolated bridge is already behind {self._iso_gateway}")
         gw = self.hosts[gateway]
-        self._veth(gw.namespace, "gtvgw", ISO_BRIDGE, f"{ISO_GATEWAY_ADDR}/25", peer="eth1")
+        slot = self.slot
+        self._veth(
+            gw.namespace, slot.gateway_veth, slot.iso_bridge, f"{slot.address(65)}/26", peer="eth1"
+        )
         self._iso_gateway = gateway
 
     def remove_host(self, name: str) -> None:
         """Stop the host's processes and delete its namespace (its veths go with it)."""
         with self._mutex:
             host = self.hosts.pop(name)
-            self._retired.add(int(host.address.rsplit(".", 1)[1]))
+            self._retired.add(self._offset(host))
             self._stop_sshd(host)
-            _kill_namespace(host.namespace, f"gtv{host.address.rsplit('.', 1)[1]}")
+            _kill_namespace(host.namespace, self.slot.veth(self._offset(host)))
             if self._iso_gateway == name:
                 self._iso_gateway = None
             shutil.rmtree(host.dir, ignore_errors=True)
             self._write_hosts_file()
+
+    def _offset(self, host: TestHost) -> int:
+        return int(host.address.rsplit(".", 1)[1]) - self.slot.base
 
     def reset_node_state(self, name: str) -> None:
         """Empty the host's node root (its code and runs), as on a fresh VM."""
@@ -518,7 +631,7 @@ class TestBed:
 
     def trivial_python(self) -> str:
         """The path of TRIVIAL_PYTHON on this test bed (a fleet's `python`), removed with it."""
-        path = STATE / "trivial-python"
+        path = self.state / "trivial-python"
         path.write_text(TRIVIAL_PYTHON.replace("__PYTHON__", self.python))
         path.chmod(0o755)
         return str(path)
@@ -571,7 +684,7 @@ class TestBed:
 
     def _write_hosts_file(self) -> None:
         lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in self.hosts.values()]
-        with open(STATE / "hosts", "r+") as f:  # in place: the per-host bind mounts see it
+        with open(self.state / "hosts", "r+") as f:  # in place: the per-host bind mounts see it
             f.truncate(0)
             f.write("\n".join(lines) + "\n")
 
@@ -580,7 +693,7 @@ class TestBed:
             f"ListenAddress {host.address}:22",
             f"HostKey {host.dir}/ssh_host_ed25519_key",
             f"PidFile {host.dir}/sshd.pid",
-            f"AuthorizedKeysFile {STATE}/authorized_keys",
+            f"AuthorizedKeysFile {self.state}/authorized_keys",
             "PermitRootLogin prohibit-password",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
@@ -595,7 +708,7 @@ class TestBed:
             "Subsystem sftp internal-sftp",
         ]
         env = []
-        if self.user == "root" or host.containers:  # each host its own node root (root's too)
+        if self.user == "root":  # no clean per-host home: give each host its own node root
             env.append(f"GPUTRAIN_NODE_ROOT={host.dir}/home")
         # the fake nvidia-smi, dmesg (and with fabric fakes ip / ibv_devices / sudo) in
         # /usr/local/sbin shadow the real ones: the test bed's GPUs and kernel log are fake
@@ -612,14 +725,18 @@ class TestBed:
     def _spawn_sshd(self, host: TestHost, delay_s: float) -> None:
         mounts = [
             f"hostname {host.name}",
-            f"mount --bind {STATE}/hosts /etc/hosts",
+            f"mount --bind {self.state}/hosts /etc/hosts",
             f"mount --bind {host.dir}/bin /usr/local/sbin",
         ]
         if self.user != "root":
             mounts.append(f"mount --bind {host.dir}/home /home/{TEST_USER}")
         if host.containers:  # rootless podman's --ipc host binds /dev/mqueue (machines have one)
             mounts.append("mkdir -p /dev/mqueue && mount -t mqueue mqueue /dev/mqueue")
-            mounts += [f"mount --bind {v} {d}" for d, v in _without_docker(host.dir).items()]
+            if os.path.isfile("/usr/local/bin/docker"):  # its docker is the one a test puts
+                # there: this machine's daemonless docker CLI is hidden (nothing a host runs
+                # lives in /usr/local/bin)
+                (host.dir / "no-local-bin").mkdir(exist_ok=True)
+                mounts.append(f"mount --bind {host.dir}/no-local-bin /usr/local/bin")
         script = " && ".join(
             ([f"sleep {delay_s}"] if delay_s else [])
             + mounts
@@ -715,17 +832,6 @@ class TestBed:
         )
 
 
-def _without_docker(host_dir: Path) -> dict[str, Path]:
-    """A container host's docker is the one a test puts in its bin: this machine's own CLI (a
-    docker without a daemon, in /usr/local/bin here) is hidden by an empty /usr/local/bin
-    (nothing a test host runs lives there)."""
-    if not os.path.isfile("/usr/local/bin/docker"):
-        return {}
-    view = host_dir / "no-local-bin"
-    view.mkdir()
-    return {"/usr/local/bin": view}
-
-
 def _kill_namespace(ns: str, root_veth: str | None = None) -> None:
     """SIGKILL everything in the namespace, wait until it is gone, delete veth and namespace."""
     pids = _ns_pids(ns)
@@ -738,20 +844,24 @@ def _kill_namespace(ns: str, root_veth: str | None = None) -> None:
     _run("ip", "netns", "del", ns, check=False)
 
 
-def cleanup_leftovers() -> None:
-    """Remove every test-bed namespace, bridge, veth and process (also from a killed run)."""
+def cleanup_leftovers(slot: Slot) -> None:
+    """Remove the slot's namespaces, bridges, veths and processes (also from a killed run; slot 0
+    also what the one-bed layout left). The caller holds the slot's lock."""
+    prefixes = (slot.prefix, LEGACY_PREFIX) if slot.index == 0 else (slot.prefix,)
+    states = [slot.state, LEGACY_STATE] if slot.index == 0 else [slot.state]
     r = _run("ip", "netns", "list", check=False)
-    namespaces = [line.split()[0] for line in r.stdout.splitlines() if line.startswith(PREFIX)]
+    namespaces = [line.split()[0] for line in r.stdout.splitlines() if line.startswith(prefixes)]
     pids: list[int] = []
     for ns in namespaces:
         pids += _ns_pids(ns)
-    for pidfile in STATE.glob("*/sshd.pid") if STATE.exists() else []:
-        try:
-            pid = int(pidfile.read_text().strip())
-            if str(STATE) in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
-                pids.append(pid)
-        except (OSError, ValueError):
-            pass
+    for state in states:
+        for pidfile in state.glob("*/sshd.pid") if state.exists() else []:
+            try:
+                pid = int(pidfile.read_text().strip())
+                if str(state) in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                    pids.append(pid)
+            except (OSError, ValueError):
+                pass
     _kill_pids(pids, signal.SIGTERM)
     end = time.monotonic() + 2
     while time.monotonic() < end and any(_alive(p) for p in pids):
@@ -763,9 +873,11 @@ def cleanup_leftovers() -> None:
     links = _run("ip", "-o", "link", "show", check=False).stdout
     for line in links.splitlines():
         dev = line.split(":")[1].strip().split("@")[0]
-        if dev.startswith("gtv") or dev in (BRIDGE, ISO_BRIDGE):
+        if slot.owns_link(dev):
             _run("ip", "link", "del", dev, check=False)
-    shutil.rmtree(STATE, ignore_errors=True)
-    if CPU_GROUP.exists():
+    _run("ip", "route", "del", "unreachable", slot.isolated_cidr, check=False)
+    for state in states:
+        shutil.rmtree(state, ignore_errors=True)
+    if slot.cpu_group.exists():
         with contextlib.suppress(OSError):  # its processes are gone: the group can go too
-            CPU_GROUP.rmdir()
+            slot.cpu_group.rmdir()

@@ -26,7 +26,6 @@ import pytest
 
 from tests.support.fake_metadata import FakeMetadata
 from tests.support.stack_world import BUCKET, World, assert_torn_down
-from tests.support.testbed import SUBNET
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 AUTODOWN_S = 30.0
@@ -42,7 +41,7 @@ def cloud_world(world: Callable[..., World]) -> Iterator[tuple[World, FakeMetada
     w = world(bucket=True)
     w.gce.autodown_s = AUTODOWN_S
     email = f"gputrain-e2e@{w.runner.project}.iam.gserviceaccount.com"
-    with FakeMetadata(email, w.runner.project, host=f"{SUBNET}.1") as md:
+    with FakeMetadata(email, w.runner.project, host=w.bed.bridge_address) as md:
         w.compute.required_token = md.token
 
         def deleted(zone: str, name: str) -> None:

@@ -26,7 +26,7 @@ from scripts.settings import Settings
 from tests.support import JOBS
 from tests.support.container_bed import IMAGE_MARK, ContainerBed
 from tests.support.stack_world import World, assert_torn_down
-from tests.support.testbed import STATE, SUBNET, GpuConfig, TestBed, TestHost
+from tests.support.testbed import GpuConfig, TestBed, TestHost
 from tests.support.wheelhouse import PackageIndex, build_wheel
 
 STANDIN = JOBS.parent / "nanogpt_standin" / "train_with_requirements.py"
@@ -54,7 +54,7 @@ def cbed(tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 @pytest.fixture
 def index(tb: TestBed, tmp_path: Path) -> Iterator[PackageIndex]:
-    with PackageIndex(tmp_path / "index", host=f"{SUBNET}.1") as idx:
+    with PackageIndex(tmp_path / "index", host=tb.bridge_address) as idx:
         idx.add(build_wheel("gputrain-probe", tmp_path / "wheel"))
         yield idx
 
@@ -74,7 +74,7 @@ def _hosts_file(
 
 
 def _runs(host: TestHost) -> Path:
-    return STATE / host.name / "home" / ".gputrain" / "runs"
+    return host.dir / "home" / ".gputrain" / "runs"
 
 
 def test_hosts_two_node_run_inside_the_image(
@@ -95,7 +95,7 @@ def test_hosts_two_node_run_inside_the_image(
     (proj / "requirements.txt").write_text("gputrain-probe==1.0\n")
     monkeypatch.chdir(proj)
     settings = Settings(root=proj, runs_dir=proj / "runs", connect_deadline_s=30)
-    pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={SUBNET}.1"]
+    pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={tb.bridge_address}"]
     run = ["run", "--hosts", str(path), *pip, "--setup", SETUP]
     login = pwd.getpwnam(tb.user)
     ids = f"{login.pw_uid}:{login.pw_gid}"  # the SSH user's: what the run writes stays theirs

@@ -23,7 +23,7 @@ from scripts.cli import main
 from scripts.settings import Settings
 from tests.support import JOBS
 from tests.support.stack_world import World, assert_torn_down
-from tests.support.testbed import STATE, SUBNET, TestBed, TestHost
+from tests.support.testbed import TestBed, TestHost
 from tests.support.wheelhouse import PackageIndex, build_wheel
 
 STANDIN = (
@@ -41,7 +41,7 @@ SETUP = (
 @pytest.fixture
 def index(tb: TestBed, tmp_path: Path) -> Iterator[PackageIndex]:
     """On the bridge, where the test hosts reach it."""
-    with PackageIndex(tmp_path / "index", host=f"{SUBNET}.1") as idx:
+    with PackageIndex(tmp_path / "index", host=tb.bridge_address) as idx:
         idx.add(build_wheel("gputrain-probe", tmp_path / "wheel"))
         yield idx
 
@@ -118,7 +118,7 @@ def test_hosts_requirements_setup_cached_and_secret(
     token = "tb-token-" + os.urandom(8).hex()
     monkeypatch.setenv("GPUTRAIN_TB_TOKEN", token)
     settings = Settings(root=proj, runs_dir=proj / "runs", connect_deadline_s=30)
-    pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={SUBNET}.1"]
+    pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={tb.bridge_address}"]
     run = ["run", "--hosts", str(path), *pip]
 
     assert main([*run, "--", "train.py", "--max_iters=3"], settings) == 0
@@ -131,7 +131,7 @@ def test_hosts_requirements_setup_cached_and_secret(
     first = sorted((proj / "runs" / "hosts-lab").glob("*/*/setup.log"))
     assert len(first) == 2 and all("probe ok" in p.read_text() for p in first)
     # nanoGPT-style: out_dir/ckpt.pt relative to the working directory (the run's code snapshot)
-    assert list((STATE / a.name / "home" / ".gputrain" / "runs").glob("*/code/out/ckpt.pt"))
+    assert list((a.dir / "home" / ".gputrain" / "runs").glob("*/code/out/ckpt.pt"))
 
     # the same hash: nothing installed or run again; the secret reaches every rank
     with ArgvWatch(token) as watch:
@@ -146,7 +146,7 @@ def test_hosts_requirements_setup_cached_and_secret(
     digests = [json.loads(p.read_text()) for p in (proj / "runs").rglob("secret.json")]
     assert digests == [{"sha256": hashlib.sha256(token.encode()).hexdigest()}]
     assert not watch.hits
-    homes = [STATE / h.name / "home" for h in (a, b)]
+    homes = [h.dir / "home" for h in (a, b)]
     assert not _files_holding([proj, *homes], token.encode())
 
 
@@ -157,7 +157,12 @@ def test_stack_run_keep_then_train_skips_the_install(
 ) -> None:
     w = world(nodes=2, settings={"setup": json.dumps(SETUP)})
     _project(w.dir)
-    pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={SUBNET}.1"]
+    pip = [
+        "--env",
+        f"PIP_INDEX_URL={index.url}",
+        "--env",
+        f"PIP_TRUSTED_HOST={w.bed.bridge_address}",
+    ]
     stack = ["--stack", "e2e"]
     assert w.run("run", *stack, "--yes", "--skip-preflight", "--keep", *pip, "--", "train.py") == 0
     out = capsys.readouterr().out
@@ -167,7 +172,7 @@ def test_stack_run_keep_then_train_skips_the_install(
     assert "iter 4: loss" in out
     # the kept cluster: the same hash is ready on both VMs; the run resumes nanoGPT-style
     argv = ["train", *stack, *pip, "--", "train.py", "--max_iters=7", "--init_from=resume"]
-    head_runs = STATE / w.node_hosts["e2e-node-0"].name / "home" / ".gputrain" / "runs"
+    head_runs = w.node_hosts["e2e-node-0"].dir / "home" / ".gputrain" / "runs"
     ckpt = next(head_runs.glob("*/code/out/ckpt.pt"))  # out_dir, relative to the snapshot
     shutil.copytree(ckpt.parent, w.dir / "out")  # the user brings the checkpoint along
     assert w.run(*argv) == 0

@@ -26,7 +26,7 @@ from tests.support.stack_world import BUCKET, World, assert_torn_down
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(600)]
 NANOGPT = Path(os.environ.get("GPUTRAIN_NANOGPT_DIR", "/work/notes/nanogpt"))
 STANDIN = Path(__file__).resolve().parent.parent / "support" / "nanogpt_standin"
-EVERY = 50  # iterations between nanoGPT's checkpoints
+EVERY = 25  # iterations between nanoGPT's checkpoints
 # nanoGPT's settings for CPU test hosts, exec'd by its configurator (our file, not nanoGPT's)
 CONFIG = f"""import os
 os.environ.pop("RANK", None)  # nanoGPT's DDP path calls torch.cuda.set_device: one process per node
@@ -34,8 +34,8 @@ out_dir = os.path.join(os.environ["GPUTRAIN_OUT"], "nanogpt")
 dataset = os.environ["GPUTRAIN_DATA_SHAKESPEARE"]  # an absolute path: os.path.join keeps it
 device = "cpu"; dtype = "float32"; compile = False
 n_layer = 2; n_head = 2; n_embd = 64; block_size = 64; batch_size = 8
-gradient_accumulation_steps = 1; max_iters = 300; lr_decay_iters = 300; warmup_iters = 10
-eval_interval = {EVERY}; eval_iters = 10; log_interval = 10
+gradient_accumulation_steps = 1; max_iters = 150; lr_decay_iters = 150; warmup_iters = 10
+eval_interval = {EVERY}; eval_iters = 5; log_interval = 5
 """
 
 

@@ -1,10 +1,17 @@
-"""Results of a relaunched run land on those of the attempt before: folders merge, files replace."""
+"""Results come home: what the job wrote beside its code too, on the download's one channel; a
+relaunch's results land on the attempt before's (folders merge, files replace)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
-from scripts.job.download import move_into
+import pytest
+
+from scripts.job.download import COLLECT_ERRORS, download_results, move_into
+from scripts.transport.base import CommandResult
+from scripts.transport.local import LocalTransport
 
 
 def test_a_relaunch_merges_folders_and_replaces_files(tmp_path: Path) -> None:
@@ -19,3 +26,56 @@ def test_a_relaunch_merges_folders_and_replaces_files(tmp_path: Path) -> None:
         move_into(p, old / p.name)
     assert sorted(p.name for p in (old / "tensorboard").iterdir()) == ["events.1", "events.2"]
     assert (old / "summary.json").read_text() == "new"
+
+
+class CountingTransport(LocalTransport):
+    """This machine as a node, counting the commands run beside the download."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__("n", root)
+        self.runs = 0
+
+    def run(self, cmd: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
+        self.runs += 1
+        return super().run(cmd, timeout, stdin)
+
+
+def _run_dir(root: Path) -> Path:
+    run = root / ".gputrain" / "runs" / "r1"
+    (run / "code").mkdir(parents=True)
+    (run / "code" / "train.py").write_text("old code\n")
+    os.utime(run / "code" / "train.py", (1, 1))
+    (run / "pgid").write_text("1\n")
+    os.utime(run / "pgid", (2, 2))
+    (run / "code" / "out").mkdir()
+    (run / "code" / "out" / "ckpt.pt").write_text("written beside the code")
+    (run / "out").mkdir()
+    (run / "out" / "summary.json").write_text("{}")
+    (run / "torchrun.log").write_text("log\n")
+    return run
+
+
+def test_results_and_the_jobs_workdir_files_come_home_on_one_channel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = CountingTransport(tmp_path / "node")
+    _run_dir(tmp_path / "node")
+    download_results({"n": t}, "r1", tmp_path / "results")
+    got = tmp_path / "results" / "n"
+    assert (got / "workdir" / "out" / "ckpt.pt").read_text() == "written beside the code"
+    assert not (got / "workdir" / "train.py").exists()  # older than the run: not the job's
+    assert (got / "summary.json").is_file() and (got / "torchrun.log").is_file()
+    assert t.runs == 0 and "could not collect" not in capsys.readouterr().err
+    assert not (got / COLLECT_ERRORS).exists()
+
+
+def test_a_workdir_that_cannot_be_collected_is_said_and_the_rest_comes_home(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = CountingTransport(tmp_path / "node")
+    run = _run_dir(tmp_path / "node")
+    shutil.rmtree(run / "code")  # find fails: nothing to walk
+    download_results({"n": t}, "r1", tmp_path / "results")
+    err = capsys.readouterr().err
+    assert "n: could not collect the job's working-directory files: find: " in err
+    assert (tmp_path / "results" / "n" / "summary.json").is_file()
