@@ -8,13 +8,18 @@ from infra.stackfile import stack_config_from_pulumi
 
 spec = parse_spec(stack_config_from_pulumi(), pulumi.get_stack())
 require_deployable(spec)
+registry = None
+if spec.build:  # a top-level component: `up` creates it alone first, to push the image to
+    from infra.components.registry import stack_registry
+
+    registry = stack_registry(spec)
 if spec.on_vertex:
     from infra.components.vertex import VertexStack
 
-    cluster = VertexStack(spec.stack, spec)
+    cluster = VertexStack(spec.stack, spec, registry=registry)
 else:
     from infra.components.cluster import GpuCluster
 
-    cluster = GpuCluster(spec.stack, spec)
+    cluster = GpuCluster(spec.stack, spec, registry=registry)
 for key, value in cluster.exports().items():
     pulumi.export(key, value)

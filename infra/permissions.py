@@ -83,7 +83,20 @@ RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "serviceusage.services.enable",
         "serviceusage.services.get",
     ),
+    "gcp:artifactregistry/repository:Repository": (  # `build`: the stack's image repository
+        "artifactregistry.repositories.create",
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.update",
+        "artifactregistry.repositories.delete",
+    ),
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": (  # reader for the nodes
+        "artifactregistry.repositories.getIamPolicy",  # a read-modify-write of its policy
+        "artifactregistry.repositories.setIamPolicy",
+    ),
 }
+
+#: Only with `build`: the image repository and its reader grant.
+BUILD_TYPES = frozenset(t for t in RESOURCE_PERMISSIONS if t.startswith("gcp:artifactregistry/"))
 
 #: Only on GCE stacks: Vertex stacks have no VMs, network or placement.
 COMPUTE_TYPES = frozenset(t for t in RESOURCE_PERMISSIONS if t.startswith("gcp:compute/"))
@@ -129,6 +142,21 @@ VERTEX = (
     "iam.serviceAccounts.actAs",  # jobs run as the stack's service account
 )
 
+#: `build`: the controller looks the tag up, pushes a local build and sweeps the repository.
+BUILD_LOCAL = (
+    "artifactregistry.repositories.downloadArtifacts",  # the tag's digest (no rebuild)
+    "artifactregistry.repositories.uploadArtifacts",  # docker push
+    "artifactregistry.repositories.list",  # the sweep finds a leftover repository
+)
+#: `build` without a local docker/podman: Cloud Build from a tarball in the stack's bucket.
+BUILD_CLOUD = (
+    "artifactregistry.repositories.downloadArtifacts",
+    "artifactregistry.repositories.list",
+    "cloudbuild.builds.create",
+    "cloudbuild.builds.get",
+    "storage.objects.create",  # the context tarball
+)
+
 #: The predefined role that grants a permission: the most specific prefix wins.
 ROLES: tuple[tuple[str, str], ...] = (
     ("compute.firewalls.", "roles/compute.securityAdmin"),
@@ -145,16 +173,27 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("storage.buckets.", "roles/storage.admin"),
     ("storage.", "roles/storage.objectAdmin"),
     ("serviceusage.", "roles/serviceusage.serviceUsageAdmin"),
+    ("artifactregistry.repositories.downloadArtifacts", "roles/artifactregistry.reader"),
+    ("artifactregistry.repositories.uploadArtifacts", "roles/artifactregistry.writer"),
+    ("artifactregistry.", "roles/artifactregistry.admin"),  # the repository and its policy
+    ("cloudbuild.builds.", "roles/cloudbuild.builds.editor"),
 )
 
 
 def resource_types(
-    *, own_network: bool, placement: bool, own_bucket: bool = True, vertex: bool = False
+    *,
+    own_network: bool,
+    placement: bool,
+    own_bucket: bool = True,
+    vertex: bool = False,
+    build: bool = False,
 ) -> list[str]:
     """The types the program declares for a stack: its own VPC unless `network` names one, a
-    placement policy when compact, its own bucket unless `bucket` names one; on Vertex AI the API
-    and no Compute resources (a test holds this to the program under mocks)."""
+    placement policy when compact, its own bucket unless `bucket` names one, the image
+    repository with `build`; on Vertex AI the API and no Compute resources (a test holds this
+    to the program under mocks)."""
     optional = {
+        **dict.fromkeys(BUILD_TYPES, build),
         "gcp:compute/network:Network": own_network,
         "gcp:compute/subnetwork:Subnetwork": own_network,
         "gcp:compute/resourcePolicy:ResourcePolicy": placement,
@@ -175,22 +214,28 @@ def spec_resource_types(spec: ClusterSpec) -> list[str]:
         placement=spec.placement == "compact",
         own_bucket=spec.existing_bucket is None,
         vertex=spec.on_vertex,
+        build=bool(spec.build),
     )
 
 
-def required_permissions(resource_types: Iterable[str], *, vertex: bool = False) -> list[str]:
+def required_permissions(
+    resource_types: Iterable[str], *, vertex: bool = False, builder: str | None = None
+) -> list[str]:
     """Every permission for these Pulumi resource types, `up`'s waits and the controller's reads
-    (and a Vertex job's), sorted and once each. Raises KeyError for a type not in the table."""
+    (and a Vertex job's; and `build`'s with builder "local" or "cloud"), sorted and once each.
+    Raises KeyError for a type not in the table."""
     needed = {p for t in resource_types for p in RESOURCE_PERMISSIONS[t]}
     needed |= {*OPERATIONS, *CONTROLLER_READS}
     if vertex:
         needed |= set(VERTEX)
+    if builder is not None:
+        needed |= set(BUILD_LOCAL if builder == "local" else BUILD_CLOUD)
     return sorted(needed)
 
 
 def all_permissions(*, vertex: bool = False) -> list[str]:
     """What any stack may need: every resource type the program can declare."""
-    return required_permissions(RESOURCE_PERMISSIONS, vertex=vertex)
+    return required_permissions(RESOURCE_PERMISSIONS, vertex=vertex, builder="local")
 
 
 def role_for(permission: str) -> str:

@@ -21,6 +21,7 @@ from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
 from infra.fields import CHECK, format_duration, parse_duration
+from infra.image_build import build_setting
 from infra.notify_urls import parse_notify
 from infra.offers import Candidate
 from infra.placement import place
@@ -113,6 +114,7 @@ class ClusterSpec:
     scratch: Scratch = NO_SCRATCH  # local SSD (bundled, or localSsdCount)
     autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
+    build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -366,6 +368,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
         autodown_s=None if backend == "vertex" else parse_autodown(cfg.text("autodown")),
         notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
+        build=build_setting(cfg.text("build"), cfg.text("image")),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,

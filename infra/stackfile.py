@@ -75,6 +75,7 @@ DEFAULTS: dict[str, str] = {
     "setup": "",
     "secrets": "[]",
     "image": "",
+    "build": "",
     "stallTimeout": "",
     "autodown": "10m",
     "notify": "[]",

@@ -17,7 +17,12 @@ from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainEr
 from infra.datasets import parse_data_flags
 from scripts import lifecycle, run_flags
 from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
-from scripts.job.env_options import add_environment_options, environment_options, seconds_up_to
+from scripts.job.env_options import (
+    add_build_option,
+    add_environment_options,
+    environment_options,
+    seconds_up_to,
+)
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import RunOptions
@@ -68,6 +73,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_restarts=getattr(args, "max_restarts", 0),
         wait_s=getattr(args, "wait", None),
         keep_bucket=getattr(args, "keep_bucket", False),
+        keep_images=getattr(args, "keep_images", False),
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
@@ -312,6 +318,8 @@ def _parser() -> argparse.ArgumentParser:
                 help="(--stack with gpus) candidates `up` tries down the ranked list on stockouts "
                 "and quota errors (default: 5)",
             )
+        if name == "up":
+            add_build_option(c)
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
         if name in {"run", "down"}:
@@ -319,6 +327,13 @@ def _parser() -> argparse.ArgumentParser:
                 "--keep-bucket",
                 action="store_true",
                 help="(--stack) keep the stack's bucket and its checkpoints when destroying",
+            )
+        if name == "run":
+            c.add_argument(
+                "--keep-images",
+                action="store_true",
+                help="(--stack with build) keep the image repository when the run tears down: the "
+                "next run of an unchanged context is not built again; `down` removes it",
             )
         if name in {"up", "run", "train"}:
             c.add_argument(
@@ -482,6 +497,7 @@ def main(
         for flag, given in (
             ("--max-recoveries", opts.max_recoveries is not None),
             ("--keep-bucket", opts.keep_bucket),
+            ("--keep-images", opts.keep_images),
         ):
             if given and not args.stack:
                 raise UserError(f"{flag}: only --stack targets have a bucket and re-create VMs")

@@ -54,6 +54,9 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 refuse_if_busy(session, opts, target.name)
                 if opts.resume is not None:
                     require_run(session, opts.resume, opts.selector or target.name)
+                built = getattr(target, "built_image", None)
+                if image is None and built is not None:  # `build`: made before any GPU
+                    image = built(opts)
                 job = Job(
                     run_id=opts.resume or new_run_id(),
                     entry=opts.entry or DEFAULT_ENTRY,
@@ -162,6 +165,18 @@ def job_environment(
         raise UserError(
             f"--setup / setup: not supported with backend: {declared.backend_without_ssh} yet; "
             "use an image (image: / --image) with the commands baked in"
+        )
+    image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
+    build = opts.build or declared.build  # the stack target builds it (built_image)
+    if build and image_text:
+        from scripts.job.image_build import image_conflict
+
+        build_key = "--build" if opts.build else f"{declared.source}build"
+        raise image_conflict(build_key, "--image" if opts.image else f"{declared.source}image")
+    if build and getattr(target, "built_image", None) is None:
+        raise UserError(
+            f"--build {build}: only for --stack targets (the image goes to the stack's "
+            "Artifact Registry repository); build and push it yourself and pass --image"
         )
     environment = None
     if not declared.backend_without_ssh:  # with an image: built inside it, on every node

@@ -5,7 +5,19 @@ resources to itself.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pulumi
+
+from infra.stackfile import PROJECT_LABEL, STACK_LABEL
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+
+
+def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
+    """Labels for every labelable resource: ours (for sweeps and billing) + the user's."""
+    return {STACK_LABEL: spec.stack, PROJECT_LABEL: pulumi_project, **spec.labels}
 
 
 def child_options(

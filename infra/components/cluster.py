@@ -14,24 +14,21 @@ from typing import Any
 import pulumi
 
 from infra.autodown import instance_condition
+from infra.components import cluster_labels
 from infra.components.bucket import StackBucket, StackBucketArgs
 from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
+from infra.components.registry import ImageRegistry
 from infra.datasets import data_buckets
 from infra.outputs import Key, NodeKey
 from infra.prices import price_table
 from infra.scratch import startup_script
 from infra.spec import ClusterSpec
-from infra.stackfile import PROJECT_LABEL, STACK_LABEL, SpecError, service_account_id
+from infra.stackfile import SpecError, service_account_id
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
-
-
-def cluster_labels(spec: ClusterSpec, pulumi_project: str) -> dict[str, str]:
-    """Labels for every labelable resource: ours (for sweeps and billing) + the user's."""
-    return {STACK_LABEL: spec.stack, PROJECT_LABEL: pulumi_project, **spec.labels}
 
 
 def stack_identity(
@@ -81,7 +78,12 @@ class GpuCluster(pulumi.ComponentResource):
     VM per node."""
 
     def __init__(
-        self, name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        spec: ClusterSpec,
+        opts: pulumi.ResourceOptions | None = None,
+        *,
+        registry: ImageRegistry | None = None,  # `build`: the nodes pull the stack's image
     ) -> None:
         # The image is an invoke that can fail on the user's input: before any resource exists.
         image_self_link = resolve_image(spec)
@@ -128,6 +130,9 @@ class GpuCluster(pulumi.ComponentResource):
         )
         labels = cluster_labels(spec, pulumi.get_project())
         self.bucket = stack_bucket(spec, self.identity, child)
+        self.registry_reader = (
+            registry.grant_reader(self.identity.member, child) if registry is not None else None
+        )
         self.nodes = GpuNodes(
             f"{spec.stack}-nodes",
             GpuNodesArgs(
@@ -163,6 +168,7 @@ class GpuCluster(pulumi.ComponentResource):
                     self.network.ssh_firewall,
                     *self.identity.role_bindings,
                     self.bucket.node_access,
+                    *([self.registry_reader] if self.registry_reader is not None else []),
                 ),
             ),
             child,

@@ -41,7 +41,8 @@ class NodeIdentity(pulumi.ComponentResource):
             opts=child,
         )
         self.email: pulumi.Output[str] = self.account.email
-        member = self.email.apply(lambda email: f"serviceAccount:{email}")
+        self.member: pulumi.Output[str] = self.email.apply(lambda e: f"serviceAccount:{e}")
+        member = self.member
         self.role_bindings = [
             gcp.projects.IAMMember(
                 f"{args.account_id}-{role.split('.')[1].lower()}",

@@ -13,6 +13,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.components.cluster import shape_exports, stack_bucket, stack_identity
+from infra.components.registry import ImageRegistry
 from infra.outputs import Key
 from infra.spec import ClusterSpec
 from infra.stackfile import SpecError
@@ -26,7 +27,12 @@ class VertexStack(pulumi.ComponentResource):
     """The API, the jobs' identity and their bucket; `exports()` is what the controller reads."""
 
     def __init__(
-        self, name: str, spec: ClusterSpec, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        spec: ClusterSpec,
+        opts: pulumi.ResourceOptions | None = None,
+        *,
+        registry: ImageRegistry | None = None,  # `build`: the jobs run the stack's image
     ) -> None:
         if spec.bucket_name is None:
             raise SpecError("gcp:project is not set: it names the stack's bucket")
@@ -46,6 +52,9 @@ class VertexStack(pulumi.ComponentResource):
             spec, f"gputrain Vertex AI jobs of stack {spec.stack}", child, JOB_ROLES
         )
         self.bucket = stack_bucket(spec, self.identity, child)
+        self.registry_reader = (
+            registry.grant_reader(self.identity.member, child) if registry is not None else None
+        )
         self._exports = self._build_exports()
         self.register_outputs(self._exports)
 
@@ -59,6 +68,7 @@ class VertexStack(pulumi.ComponentResource):
             self.api.service,
             self.bucket.node_access.id,
             *[b.id for b in self.identity.role_bindings],
+            *([self.registry_reader.id] if self.registry_reader is not None else []),
         )
         return {
             **shape_exports(spec, self.bucket),

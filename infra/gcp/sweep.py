@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from infra.gcp.artifact_registry import ArtifactRegistryApi
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
 from infra.gcp.iam import IamApi
@@ -52,6 +53,9 @@ SWEPT_TYPES: dict[str, str] = {
     "gcp:projects/iAMMember:IAMMember": "iam-binding",
     "gcp:storage/bucket:Bucket": "bucket",  # found by its label
     "gcp:storage/bucketIAMMember:BucketIAMMember": "bucket",  # goes with its bucket
+    "gcp:artifactregistry/repository:Repository": "repository",  # `build`: found by its label
+    # the reader grant lives and dies with its repository
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": "repository",
 }
 
 #: Declared but never a leftover: the Vertex AI API stays enabled on destroy (disable_on_destroy
@@ -66,12 +70,15 @@ def sweep(
     api: ComputeApi | None = None,
     iam: IamApi | None = None,
     storage: StorageApi | None = None,
+    registry: ArtifactRegistryApi | None = None,
+    region: str | None = None,
 ) -> list[Leftover]:
     """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
     (instances, disks, addresses), anything named by the stack prefix rule (all kinds, since
     boot disks only carry labels when the program copies them), the stack's service account and
     the project role bindings that name it, and (given a `storage` adapter, as the controller always
-    does) the stack's bucket by its label. Lists, never deletes."""
+    does) the stack's bucket by its label, and (given `registry` and the stack's `region`) its
+    image repository by its label. Lists, never deletes."""
     api = api or ComputeApi()
     iam = iam or IamApi(api.api_endpoint)
     leftovers: list[Leftover] = []
@@ -84,6 +91,8 @@ def sweep(
     leftovers += identity_leftovers(iam, project, stack)
     if storage is not None:
         leftovers += bucket_leftovers(storage, project, stack)
+    if registry is not None and region:
+        leftovers += repository_leftovers(registry, project, region, stack)
     return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))
 
 
@@ -111,4 +120,24 @@ def bucket_leftovers(storage: StorageApi, project: str, stack: str) -> list[Left
         Leftover(BUCKET_KIND, b.name, b.location, f"label {STACK_LABEL}={stack}")
         for b in storage.list_buckets(project)
         if b.labels.get(STACK_LABEL) == stack
+    ]
+
+
+def repository_leftovers(
+    registry: ArtifactRegistryApi, project: str, region: str, stack: str
+) -> list[Leftover]:
+    """The stack's Docker repository (`build`), by its label; none where the API is off (then
+    no repository can exist)."""
+    from infra.gcp.api import GoogleApiError
+
+    try:
+        found = registry.repositories(project, region)
+    except GoogleApiError as e:
+        if e.api_disabled:
+            return []
+        raise
+    return [
+        Leftover("repository", r.name, r.location, f"label {STACK_LABEL}={stack}")
+        for r in found
+        if r.labels.get(STACK_LABEL) == stack
     ]

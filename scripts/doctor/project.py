@@ -21,6 +21,9 @@ CORE_APIS = (
     ("storage.googleapis.com", "Cloud Storage API"),  # every stack has a bucket
 )
 VERTEX_APIS = (("aiplatform.googleapis.com", "Vertex AI API"),)
+#: `build`: the image repository; Cloud Build where no local docker/podman builds.
+BUILD_APIS = (("artifactregistry.googleapis.com", "Artifact Registry API"),)
+CLOUD_BUILD_APIS = (("cloudbuild.googleapis.com", "Cloud Build API"),)
 #: APIs the stack's own program enables on `up` (backend vertex declares the Vertex AI API).
 ENABLED_BY_THE_STACK = frozenset({"aiplatform.googleapis.com"})
 

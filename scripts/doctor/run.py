@@ -37,18 +37,22 @@ def run_doctor(
     if stack_file is not None and spec is None:
         spec = parse_spec(stack_file.config, stack_file.stack)
     vertex = spec is not None and spec.on_vertex
+    builder = None  # `build`: "local" (docker/podman here) or "cloud" (Cloud Build)
+    if spec is not None and spec.build:
+        from scripts.job.image_build import local_builder
+
+        builder = "local" if local_builder() else "cloud"
     if spec is None:
         permissions, source = all_permissions(), "what any stack may need"
     else:
         types = spec_resource_types(spec)
-        permissions = required_permissions(types, vertex=vertex)
+        permissions = required_permissions(types, vertex=vertex, builder=builder)
         source = f"{len(types)} resource types of the stack, `up`'s waits, the controller's reads"
+    apis = project.CORE_APIS + (project.VERTEX_APIS if vertex else ())
+    if builder is not None:
+        apis += project.BUILD_APIS + (project.CLOUD_BUILD_APIS if builder == "cloud" else ())
     check = project.ProjectCheck(
-        spec.project if spec else None,
-        stack,
-        project.CORE_APIS + (project.VERTEX_APIS if vertex else ()),
-        tuple(permissions),
-        source,
+        spec.project if spec else None, stack, apis, tuple(permissions), source
     )
 
     def address() -> str | None:

@@ -31,6 +31,10 @@ _REF = re.compile(
 )
 
 
+class ImageNotFound(UserError):
+    """The registry has no such tag (404): bad input for `image:`, a build to run for `build:`."""
+
+
 @dataclass(frozen=True)
 class ImageRef:
     """`REGISTRY/PATH[:TAG][@sha256:...]` (a registry host is required: no implicit Docker Hub)."""
@@ -82,7 +86,7 @@ def resolve_digest(
             digest = answer.headers.get("Docker-Content-Digest", "")
     except urllib.error.HTTPError as e:
         if e.code == 404:
-            raise UserError(f"image {image}: not found in {ref.registry} (404)") from None
+            raise ImageNotFound(f"image {image}: not found in {ref.registry} (404)") from None
         if e.code in (401, 403):
             raise UserError(
                 f"image {image}: {ref.registry} refused access ({e.code}); for Artifact Registry "
@@ -105,8 +109,24 @@ def resolve_image(ref: ImageRef) -> ImageRef:
     default credentials' token, plain HTTP for the registries GPUTRAIN_INSECURE_REGISTRIES names."""
     import os
 
+    token = registry_token(ref) if ref.digest is None else None
+    insecure = ref.registry in os.environ.get(INSECURE_REGISTRIES_ENV, "").split(",")
+    return resolve_digest(ref, token=token, insecure=insecure)
+
+
+def find_image(ref: ImageRef) -> ImageRef | None:
+    """`resolve_image`, or None where the registry has no such tag (or repository) yet."""
+    try:
+        return resolve_image(ref)
+    except ImageNotFound:
+        return None
+
+
+def registry_token(ref: ImageRef) -> str | None:
+    """An access token for Artifact Registry (the application-default credentials'); None for
+    other registries."""
     token = None
-    if ref.registry.endswith("-docker.pkg.dev") and ref.digest is None:
+    if ref.registry.endswith("-docker.pkg.dev"):
         import google.auth
         import google.auth.transport.requests
 
@@ -121,8 +141,7 @@ def resolve_image(ref: ImageRef) -> ImageRef:
                 f"image {ref.repository}:{ref.tag}: no credentials for {ref.registry} ({e}); run "
                 "`gcloud auth application-default login`"
             ) from None
-    insecure = ref.registry in os.environ.get(INSECURE_REGISTRIES_ENV, "").split(",")
-    return resolve_digest(ref, token=token, insecure=insecure)
+    return token
 
 
 def build_pull_command(ref: ImageRef) -> str:

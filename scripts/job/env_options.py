@@ -1,5 +1,5 @@
 """The command-line options of a job's environment (`run`/`train`): requirements, setup, secrets
-and the image — added to a parser, and read back into RunOptions' fields."""
+the image and the image to build — added to a parser, and read back into RunOptions' fields."""
 
 from __future__ import annotations
 
@@ -49,6 +49,18 @@ def add_environment_options(c: argparse.ArgumentParser) -> None:
         help="run torchrun inside this container image on every node (on backend vertex: the "
         "job's containerSpec); replaces the stack's / hosts file's `image`",
     )
+    add_build_option(c)
+
+
+def add_build_option(c: argparse.ArgumentParser) -> None:
+    """`--build` (run, train, and up: the image is built before any GPU exists)."""
+    c.add_argument(
+        "--build",
+        metavar="PATH/TO/Dockerfile",
+        help="(--stack) build this Dockerfile (its directory is the context) into the stack's "
+        "Artifact Registry repository, unless the registry has its content hash already, and "
+        "run in it like --image; replaces the stack's `build`",
+    )
 
 
 def environment_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,6 +72,7 @@ def environment_options(args: argparse.Namespace) -> dict[str, Any]:
         "force_setup": getattr(args, "force_setup", False),
         "secrets": tuple(getattr(args, "secret", None) or ()),
         "image": getattr(args, "image", None),
+        "build": getattr(args, "build", None),
     }
 
 

@@ -185,6 +185,7 @@ class EnvironmentSettings:
     setup: str = ""
     secrets: tuple[str, ...] = ()
     image: str = ""
+    build: str = ""  # a stack's `build` Dockerfile (the stack target builds it)
     project: str | None = None  # for `sm://SECRET` without a project
     source: str = ""  # how error lines name the file's keys, e.g. "gputrain:" or "hosts.yaml: "
     backend_without_ssh: str | None = None  # "vertex": no setup or secrets there (yet)

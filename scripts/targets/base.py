@@ -33,6 +33,7 @@ class RunOptions:
     max_restarts: int = 0
     wait_s: float | None = None  # --wait: how long to wait for SSH (None: the target's default)
     keep_bucket: bool = False  # `run`/`down`: keep the stack's bucket (and what is in it)
+    keep_images: bool = False  # `run`: keep the `build` repository (the next run's build cache)
     max_recoveries: int | None = None  # nodes GCE takes away to recover from; None: 3
     max_candidates: int = 5  # `gpus` stacks: how many candidates `up` tries before giving up
     fabric: bool = False  # `verify --fabric`: the GPU network too
@@ -42,6 +43,7 @@ class RunOptions:
     force_setup: bool = False  # rebuild the cached environment and run setup again
     secrets: tuple[str, ...] = ()  # --secret NAME[=sm://...]: added to the file's `secrets`
     image: str | None = None  # --image: replaces the file's `image`
+    build: str | None = None  # --build Dockerfile: replaces the stack's `build`
     stall_timeout_s: float | None = None  # --stall-timeout (None: the stack's, else automatic)
     wait_for_capacity_s: int | None = None  # stock-outs: retry this long (None: waitForCapacity)
     data: dict[str, str] = field(default_factory=dict)  # `--data NAME=gs://...` (over the target's)

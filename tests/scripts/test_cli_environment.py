@@ -27,6 +27,12 @@ from scripts.settings import Settings
             "pyproject.toml: [project].dependencies",
         ),
         ({}, ["--image", "ubuntu:22.04"], "--image: 'ubuntu:22.04' is not allowed"),
+        ({}, ["--build", "Dockerfile", "--image", "r.io/a:1"], "--build and --image are both set"),
+        (
+            {"Dockerfile": "FROM x\n"},
+            ["--build", "Dockerfile"],
+            "--build Dockerfile: only for --stack targets",
+        ),
         (
             {},
             ["--image", "127.0.0.1:9/gputrain/none:1"],

@@ -65,6 +65,7 @@ class AdminWorld:
         }
     )
     granted: set[str] | None = None  # None: every permission asked for (an Owner)
+    asked_permissions: set[str] = field(default_factory=set)  # what testIamPermissions was asked
     tokens_issued: int = 0
 
 
@@ -193,6 +194,7 @@ class FakeGcpAdmin(FakeHttpServer):
 
     def _test_permissions(self, body: dict[str, Any]) -> tuple[int, Any]:
         asked = list(body.get("permissions", []))
+        self.world.asked_permissions |= set(asked)
         granted = self.world.granted
         held = [p for p in asked if granted is None or p in granted]
         return 200, ({"permissions": held} if held else {})  # proto3 JSON omits an empty list

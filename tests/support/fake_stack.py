@@ -13,10 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.image_build import REPOSITORY_TYPE
 from infra.stackfile import STACK_LABEL
 from scripts.targets.gce.failover import ZONE_CONFIG_KEY
 from scripts.targets.stack.bucket import BUCKET_TYPE
 from scripts.targets.stack.runner import OnOutput, StackError, StackLockedError
+from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_compute import FakeCompute, region_of, ssh_host_keys
 
 NodeFactory = Callable[[str], list[dict[str, Any]]]  # zone -> nodes in the NodeOutput shape
@@ -190,6 +192,8 @@ class FakeStackRunner:
     # "vertex": the program of a `backend: vertex` stack: `up` makes the bucket (and, in the
     # real program, the API and the service account) and returns the Vertex outputs; no VMs.
     backend: str = "gce"
+    # `build`: the fake Artifact Registry the stack's repository appears in (for the sweep)
+    artifacts: FakeArtifactRegistry | None = None
     _outputs: dict[str, Any] = field(default_factory=dict, init=False)
     _created: list[tuple[str, str, str]] = field(
         default_factory=list, init=False
@@ -244,10 +248,18 @@ class FakeStackRunner:
         self.calls.append(("get_config", key))
         return self.config.get(key)
 
-    def up(self, on_output: OnOutput | None = None) -> dict[str, Any]:
+    def up(
+        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+    ) -> dict[str, Any]:
         zone = self.config.get(ZONE_CONFIG_KEY, self.zones[0])
-        self.calls.append(("up", zone))
         say = on_output or (lambda _line: None)
+        if targets:  # `build`: the image repository (and the bucket) alone, as the program has them
+            self.calls.append(("up-targets", *targets))
+            self._create_repository(region_of(zone), say)
+            if any(":Bucket::" in t for t in targets):
+                self._create_bucket(say)
+            return dict(self._outputs)
+        self.calls.append(("up", zone))
         say(f"Updating ({self.stack_name}):")
         if self.backend == "vertex":
             self._create_bucket(say)
@@ -324,7 +336,12 @@ class FakeStackRunner:
             if kind == "bucket" and (BUCKET_TYPE in keep or not self._delete_bucket(name)):
                 kept.append((kind, name, scope))
                 continue
+            if kind == "repository" and REPOSITORY_TYPE in keep:
+                kept.append((kind, name, scope))
+                continue
             say(f" -  gcp:compute:{kind} {name} deleted")
+            if kind == "repository" and self.artifacts is not None:
+                self.artifacts.remove(self.project, scope, name)
             if self.compute and name not in self.leak_on_destroy:
                 if kind == "instance":
                     self.compute.remove_instance(name, scope)
@@ -332,15 +349,18 @@ class FakeStackRunner:
                     self.compute.remove_service_account(name)
                 elif kind == "iamBinding":
                     self.compute.remove_role_binding(*name.split(" ", 1))
+                elif kind == "repository":
+                    pass  # Artifact Registry, not Compute
                 elif kind != "bucket":
                     self.compute.remove_resource(kind, name)
         self._created = kept
         self._outputs = {k: v for k, v in self._outputs.items() if kept and k.startswith("bucket")}
-        if kept and BUCKET_TYPE not in keep:
+        left = [c for c in kept if c[0] == "bucket"]
+        if left and BUCKET_TYPE not in keep:
             raise StackError(
                 f"pulumi destroy failed for stack {self.stack_name}: error: deleting "
-                f"urn:pulumi:{self.stack_name}::gputrain::gcp:storage/bucket:Bucket::{kept[0][1]}",
-                f"error: Error trying to delete bucket {kept[0][1]} containing objects without "
+                f"urn:pulumi:{self.stack_name}::gputrain::gcp:storage/bucket:Bucket::{left[0][1]}",
+                f"error: Error trying to delete bucket {left[0][1]} containing objects without "
                 "`force_destroy` set to true",
             )
 
@@ -413,6 +433,18 @@ class FakeStackRunner:
             self._created.remove(c)
             if self.compute:
                 self.compute.remove_instance(c[1], c[2])
+
+    def _create_repository(self, region: str, say: OnOutput) -> None:
+        """The stack's Docker repository (infra/components/registry.py), in its region."""
+        from infra.image_build import repository_id
+
+        name = repository_id(self.stack_name)
+        if any(c[0] == "repository" for c in self._created):
+            return
+        self._created.append(("repository", name, region))
+        if self.artifacts is not None:
+            self.artifacts.add(self.project, region, name, {STACK_LABEL: self.stack_name})
+        say(f" +  gcp:artifactregistry:Repository {name} created (3s)")
 
     def _create_bucket(self, say: OnOutput) -> None:
         if not self.bucket or any(c[0] == "bucket" for c in self._created):

@@ -88,7 +88,12 @@ class GceTarget(StackTarget[GceClients, Provision]):
         if not project:
             raise UserError(f"gcp:project is not set for stack {spec.stack}")
         found = sweep(
-            project, spec.stack, api=self.clients.compute(), storage=self.clients.storage(project)
+            project,
+            spec.stack,
+            api=self.clients.compute(),
+            storage=self.clients.storage(project),
+            registry=self.clients.artifact_registry() if spec.build else None,
+            region=spec.region,
         )
         rows = [
             [x.kind, x.name, x.location, x.matched_by]

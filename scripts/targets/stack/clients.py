@@ -1,5 +1,5 @@
 """The client bag every stack target carries: how it reaches Pulumi, Cloud Storage (the stack's
-bucket), the Compute API and, for `doctor`, Resource Manager and Service Usage — and how often it
+bucket), the Compute API, Cloud Build (`build:`) and, for `doctor`, Resource Manager and Service Usage — and how often it
 retries a destroy. The one place their clients are built; tests point them at the fake stack
 runner and the fake Google API servers. Each backend's bag adds its own (gce/, vertex/)."""
 
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from infra.gcp.artifact_registry import ArtifactRegistryApi
+    from infra.gcp.cloudbuild import CloudBuildApi
     from infra.gcp.compute import ComputeApi
     from infra.gcp.gcs import StorageApi
     from infra.gcp.project_api import ProjectApi
@@ -30,8 +32,15 @@ class StackClients:
     admin_endpoint: str | None = field(  # Resource Manager + Service Usage
         default_factory=from_env("GPUTRAIN_ADMIN_ENDPOINT")
     )
+    cloudbuild_endpoint: str | None = field(
+        default_factory=from_env("GPUTRAIN_CLOUDBUILD_ENDPOINT")
+    )
+    artifacts_endpoint: str | None = field(
+        default_factory=from_env("GPUTRAIN_ARTIFACTREGISTRY_ENDPOINT")
+    )
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     destroy_attempts: int = 3
+    build_poll_s: float = 5.0  # between reads of a Cloud Build build
     retry_pause_s: float = 10.0  # between destroy attempts
     _compute: ComputeApi | None = field(default=None, init=False, repr=False)
     _storage: dict[str | None, StorageApi] = field(default_factory=dict, init=False, repr=False)
@@ -64,6 +73,16 @@ class StackClients:
         from infra.gcp.project_api import ProjectApi
 
         return ProjectApi(self.admin_endpoint)
+
+    def cloud_build(self, project: str) -> CloudBuildApi:
+        from infra.gcp.cloudbuild import CloudBuildApi
+
+        return CloudBuildApi(project, self.cloudbuild_endpoint, poll_s=self.build_poll_s)
+
+    def artifact_registry(self) -> ArtifactRegistryApi:
+        from infra.gcp.artifact_registry import ArtifactRegistryApi
+
+        return ArtifactRegistryApi(self.artifacts_endpoint)
 
     def storage(self, project: str | None) -> StorageApi:
         """Cloud Storage for the stack's bucket (STORAGE_EMULATOR_HOST redirects it)."""

@@ -43,7 +43,9 @@ class StackRunner(Protocol):
     def set_config(self, key: str, value: str, *, secret: bool = False) -> None: ...
     def remove_config(self, key: str) -> None: ...
     def get_config(self, key: str) -> str | None: ...
-    def up(self, on_output: OnOutput | None = None) -> dict[str, Any]: ...
+    def up(
+        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+    ) -> dict[str, Any]: ...
     def outputs(self) -> dict[str, Any]: ...
     def refresh(self, on_output: OnOutput | None = None) -> None: ...
     def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None: ...
@@ -185,9 +187,15 @@ class PulumiStackRunner:
                 f"pulumi config get {key} failed: {summarise_pulumi_error(str(e))}", str(e)
             ) from e
 
-    def up(self, on_output: OnOutput | None = None) -> dict[str, Any]:
+    def up(
+        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """`targets`: only these URNs (a targeted update: the image repository before the rest)."""
         stack = self._stack()
-        result = self._run("up", lambda: stack.up(on_output=on_output, color="never"))
+        chosen = list(targets) or None
+        result = self._run(
+            "up", lambda: stack.up(on_output=on_output, color="never", target=chosen)
+        )
         return {k: v.value for k, v in result.outputs.items()}
 
     def outputs(self) -> dict[str, Any]:

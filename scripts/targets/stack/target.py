@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from infra.stackfile import StackFile
+    from scripts.job.container import ImageRef
     from scripts.job.environment import EnvironmentSettings
+    from scripts.job.image_build import PendingBuild, PlannedBuild
     from scripts.targets.stack.bucket import KeptBucket
     from scripts.targets.stack.runner import StackRunner
 
@@ -55,6 +57,8 @@ class StackTarget(Generic[C, P]):
         self._stack_file = stack_file
         self._spec: ClusterSpec | None = None
         self._runner: StackRunner | None = None
+        self._planned: tuple[PlannedBuild | None] | None = None  # `build`, once per command
+        self._built: ImageRef | None = None
 
     @property
     def runner(self) -> StackRunner:
@@ -124,6 +128,7 @@ class StackTarget(Generic[C, P]):
             setup="" if vertex else file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
             secrets=file_setting_names(config.get(NS + "secrets"), "gputrain:secrets"),
             image=config.get(NS + "image", "").strip(),  # vertex: the job's container
+            build=self.spec().build,
             project=config.get(GCP_PROJECT_KEY) or None,
             source="gputrain:",
             backend_without_ssh="vertex" if vertex else None,
@@ -171,12 +176,16 @@ class StackTarget(Generic[C, P]):
         from infra.spec import require_deployable
 
         spec = self.spec_for(opts)
+        planned = self.planned_build(opts)  # a missing Dockerfile: one line, first
         self.check_before_spending(spec, opts)
         require_deployable(spec)
         prepared = self.prepare(spec, opts)
         confirm(spec, yes=opts.yes)
+        pending = self._local_build(planned)  # a Dockerfile that fails: nothing exists yet
         session: Session | None = None
         try:
+            if pending is not None:  # the repository and the image, before any GPU
+                self._built = self._publish(spec, pending)
             with self.create(spec, prepared, opts) as session:
                 yield session
         finally:
@@ -185,7 +194,53 @@ class StackTarget(Generic[C, P]):
                 if keep:
                     ui.say(self.kept_message(spec))
                 else:
-                    self.teardown(spec, keep_bucket=opts.keep_bucket)
+                    self.teardown(spec, keep_bucket=opts.keep_bucket, keep_images=opts.keep_images)
+
+    # ---- `build`: the image, before any GPU (scripts/targets/stack/image.py)
+
+    def planned_build(self, opts: RunOptions) -> PlannedBuild | None:
+        """`--build` or the stack's `build`, checked and hashed once per command."""
+        if self._planned is None:
+            from scripts.targets.stack.image import plan_stack_build
+
+            built = plan_stack_build(self.spec(), self.stack_file.config, opts, self.settings.root)
+            self._planned = (built,)
+        return self._planned[0]
+
+    def built_image(self, opts: RunOptions) -> ImageRef | None:
+        """The image `provisioned` built; on a stack that is up (`train`), built now if the
+        registry lacks it. None: nothing to build."""
+        if self._built is None:
+            pending = self._local_build(self.planned_build(opts))
+            if pending is not None:
+                self._built = self._publish(self.spec(), pending)
+        return self._built
+
+    def _with_build(self, spec: ClusterSpec) -> ClusterSpec:
+        """The spec with `--build`'s Dockerfile as its `build` (what the doctor asks for and the
+        teardown looks after are the repository's)."""
+        planned = self._planned[0] if self._planned else None
+        if planned is None or spec.build:
+            return spec
+        import dataclasses
+
+        return dataclasses.replace(spec, build=planned.context.dockerfile.as_posix())
+
+    def _local_build(self, planned: PlannedBuild | None) -> PendingBuild | None:
+        from scripts.job.image_build import local_build
+
+        return local_build(planned, ui.say) if planned is not None else None
+
+    def _publish(self, spec: ClusterSpec, pending: PendingBuild) -> ImageRef:
+        from scripts.targets.stack.image import publish_stack_image
+
+        return publish_stack_image(
+            spec,
+            pending,
+            runner=self.runner,
+            clients=self.clients,
+            build_in_config=bool(self.spec().build),
+        )
 
     def check_before_spending(self, spec: ClusterSpec, opts: RunOptions) -> None:
         """Before anything is created: a money prompt someone can answer (or --yes), then
@@ -195,7 +250,7 @@ class StackTarget(Generic[C, P]):
         if not opts.skip_preflight:
             from scripts.doctor.run import run_doctor
 
-            report = run_doctor(self.stack_file, self.doctor, spec)
+            report = run_doctor(self.stack_file, self.doctor, self._with_build(spec))
             report.show()
             report.require_ok("doctor")
 
@@ -211,15 +266,27 @@ class StackTarget(Generic[C, P]):
             self.teardown(spec, keep_bucket=opts.keep_bucket, clear_stale_lock=True)
 
     def teardown(
-        self, spec: ClusterSpec, *, keep_bucket: bool = False, clear_stale_lock: bool = False
+        self,
+        spec: ClusterSpec,
+        *,
+        keep_bucket: bool = False,
+        clear_stale_lock: bool = False,
+        keep_images: bool = False,
     ) -> None:
         """The backend's first step, the bucket's results home and the own bucket emptied (or
         kept), refresh + destroy (retried), the backend's last step, then a sweep that must find
         nothing. `clear_stale_lock` (the user's `down`): a lock left by an update whose process
-        died is cleared with `pulumi cancel`, said out loud, and destroy goes on."""
+        died is cleared with `pulumi cancel`, said out loud, and destroy goes on. `keep_images`
+        (`run --keep-images`, never `down`): the image repository of `build` stays, the build
+        cache of the next run."""
+        import dataclasses
+
+        from infra.image_build import REPOSITORY_TYPE, repository_id
         from scripts.targets.stack.bucket import BUCKET_TYPE
         from scripts.targets.stack.teardown import destroy_stack, end_teardown
 
+        spec = self._with_build(spec)
+        images = keep_images and bool(spec.build)
         self.before_destroy(spec)
         kept = self._settle_bucket(spec, keep_bucket)
         failure = destroy_stack(
@@ -228,11 +295,18 @@ class StackTarget(Generic[C, P]):
             attempts=self.clients.destroy_attempts,
             pause_s=self.clients.retry_pause_s,
             clear_stale_lock=clear_stale_lock,
-            keep_types=(BUCKET_TYPE,) if kept else (),
+            keep_types=((BUCKET_TYPE,) if kept else ()) + ((REPOSITORY_TYPE,) if images else ()),
         )
         self.after_destroy(spec)
-        leftovers = self.leftovers(spec, kept=kept.name if kept else None)
+        swept = dataclasses.replace(spec, build="") if images else spec  # the kept one aside
+        leftovers = self.leftovers(swept, kept=kept.name if kept else None)
         end_teardown(self.stack, failure, len(leftovers), kept)
+        if images:
+            ui.say(
+                f"kept: the image repository {repository_id(self.stack)} (the build cache: an "
+                f"unchanged context is not built again); `gputrain down --stack {self.stack}` "
+                "removes it"
+            )
 
     def _settle_bucket(self, spec: ClusterSpec, keep: bool) -> KeptBucket | None:
         """The bucket the destroy must leave alone, if any (see stack/bucket.py)."""
@@ -291,6 +365,16 @@ class StackTarget(Generic[C, P]):
                 ui.warn("no candidate passed preflight: see the reasons above")
         for line in plan.footer_lines():
             ui.say(line)
+        self._plan_build(spec)
+
+    def _plan_build(self, spec: ClusterSpec) -> None:
+        """`build`: the image and whether `up` will build it."""
+        if spec.build:
+            from scripts.targets.stack.image import build_plan_lines
+
+            planned = self.planned_build(RunOptions()) if spec.project else None
+            for line in build_plan_lines(spec, planned):
+                ui.say(line)
 
 
 def require_terminal(spec: ClusterSpec) -> None:

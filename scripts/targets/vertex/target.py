@@ -141,6 +141,13 @@ class VertexTarget(StackTarget[VertexClients, None]):
             for b in self.clients.storage(spec.project).list_buckets(spec.project)
             if b.labels.get(STACK_LABEL) == self.stack and b.name != kept
         ]
+        if spec.build:
+            from infra.gcp.sweep import repository_leftovers
+
+            found = repository_leftovers(
+                self.clients.artifact_registry(), spec.project, spec.region, self.stack
+            )
+            rows += [["repository", r.name, r.location, r.matched_by] for r in found]
         if rows:
             ui.table(f"LEFT BEHIND by stack {self.stack}", ["kind", "name", "where", "state"], rows)
         return rows

@@ -10,11 +10,14 @@ import pulumi
 import pytest
 
 from infra.components.identity import NODE_ROLES
+from infra.gcp.api import GoogleApiError
+from infra.gcp.artifact_registry import ArtifactRegistryApi
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
 from infra.gcp.iam import IamApi
-from infra.gcp.sweep import NOT_SWEPT, SWEPT_TYPES, sweep
+from infra.gcp.sweep import NOT_SWEPT, SWEPT_TYPES, repository_leftovers, sweep
 from infra.stackfile import STACK_LABEL, load_stack_config, service_account_id
+from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_compute import FakeCompute
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.program import FAMILIES
@@ -35,6 +38,7 @@ STACKS: list[tuple[str, str, dict[str, str]]] = [
     ("compact-4", "h100", {"nodes": "4", "placement": "compact"}),
     ("existing-bucket", "dev", {"bucket": "gs://team-runs/gputrain"}),
     ("shipped-vertex", "vertex", {}),
+    ("build", "dev", {"build": "Dockerfile"}),  # the image repository and its reader grant
 ]
 
 
@@ -86,8 +90,40 @@ def test_every_resource_type_the_program_declares_is_swept(
     bucket.labels = {STACK_LABEL: dev}  # the emulator drops labels on insert
     bucket.patch()
     storage = StorageApi(fake.project)
-    found = {x.kind for x in sweep(fake.project, dev, api=ComputeApi(fake.url), storage=storage)}
+    with FakeArtifactRegistry(fake.project) as artifacts:
+        artifacts.add(fake.project, "us-central1", "gputrain-dev", {STACK_LABEL: dev})
+        found = {
+            x.kind
+            for x in sweep(
+                fake.project,
+                dev,
+                api=ComputeApi(fake.url),
+                storage=storage,
+                registry=ArtifactRegistryApi(artifacts.url),
+                region="us-central1",
+            )
+        }
     assert set(SWEPT_TYPES.values()) <= found
+
+
+def test_the_image_repository_is_found_by_its_label_on_every_page() -> None:
+    with FakeArtifactRegistry("p-1") as artifacts:
+        api = ArtifactRegistryApi(artifacts.url)
+        for name in ("aaa", "gputrain-dev", "team-images", "zzz"):  # 2 pages of 2
+            labels = {STACK_LABEL: "dev"} if name == "gputrain-dev" else {STACK_LABEL: "dev-2"}
+            artifacts.add("p-1", "us-central1", name, labels)
+        found = repository_leftovers(api, "p-1", "us-central1", "dev")
+        assert [(x.kind, x.name, x.location, x.matched_by) for x in found] == [
+            ("repository", "gputrain-dev", "us-central1", "label gputrain-stack=dev")
+        ]
+        assert len(api.repositories("p-1", "us-central1")) == 4
+        assert repository_leftovers(api, "p-1", "europe-west4", "dev") == []
+        artifacts.remove("p-1", "us-central1", "gputrain-dev")
+        assert repository_leftovers(api, "p-1", "us-central1", "dev") == []
+        with pytest.raises(GoogleApiError, match=r"repositories\.list: 403 Permission"):
+            api.repositories("someone-else", "us-central1")
+        artifacts.disabled = True  # the API is off: no repository can exist
+        assert repository_leftovers(api, "p-1", "us-central1", "dev") == []
 
 
 @pytest.mark.parametrize("stack", ["a4", "a3mega"])

@@ -252,6 +252,34 @@ def test_every_stack_needs_storage_and_vertex_stacks_enable_vertex_ai_themselves
     assert row.status == "fail" and "gcloud services enable storage.googleapis.com" in row.fix
 
 
+def test_build_needs_artifact_registry_and_without_docker_cloud_build(world: World) -> None:
+    world.stack["gputrain:build"] = "Dockerfile"
+    world.monkeypatch.setenv("GPUTRAIN_BUILDER", "podman")  # a local builder: no Cloud Build
+    report = world.report()
+    row = report.row("Artifact Registry API")
+    assert row.status == "fail"  # off in a new project
+    assert "gcloud services enable artifactregistry.googleapis.com" in row.fix
+    assert "Cloud Build API" not in [r.check for r in report.rows]
+    asked = world.admin.world.asked_permissions
+    assert "artifactregistry.repositories.create" in asked
+    assert "artifactregistry.repositories.uploadArtifacts" in asked
+    assert "cloudbuild.builds.create" not in asked
+
+    world.admin.world.enabled |= {"artifactregistry.googleapis.com"}
+    world.monkeypatch.setenv("GPUTRAIN_BUILDER", "cloud")  # as where no docker/podman is
+    report = world.report()
+    assert report.row("Artifact Registry API").status == "ok"
+    row = report.row("Cloud Build API")
+    assert row.status == "fail" and "cloudbuild.googleapis.com" in row.fix
+    types = resource_types(own_network=True, placement=False, build=True)
+    every = set(required_permissions(types, builder="cloud"))
+    world.admin.world.granted = every - {"cloudbuild.builds.create"}
+    row = world.report().row("IAM permissions")
+    assert row.status == "fail"
+    assert row.detail.startswith(f"missing 1 of {len(every)}: cloudbuild.builds.create")
+    assert "roles/cloudbuild.builds.editor" in row.fix
+
+
 def test_without_a_stack_only_this_machine_is_checked(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -271,6 +299,9 @@ def test_roles_grant_what_is_missing() -> None:
         "roles/resourcemanager.projectIamAdmin"
     )
     assert roles_for(all_permissions()) == [
+        "roles/artifactregistry.admin",  # `build`: the image repository and its reader grant
+        "roles/artifactregistry.reader",  # the built image's digest
+        "roles/artifactregistry.writer",  # a local build's push
         "roles/compute.instanceAdmin.v1",
         "roles/compute.networkAdmin",
         "roles/compute.securityAdmin",

@@ -24,6 +24,8 @@ from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
 from scripts.targets.vertex.clients import VertexClients
+from tests.support.containers import Podman, Registry, require_tools
+from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
 from tests.support.fake_stack import FakeStackRunner
@@ -99,7 +101,7 @@ def world(
     admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
     ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # the README's checklist, done
 
-    def make() -> World:
+    def make(docker: tuple[str, ...] = (), artifacts: FakeArtifactRegistry | None = None) -> World:
         project = tmp_path / "project"
         project.mkdir()
         (project / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
@@ -110,18 +112,23 @@ def world(
             (work / rel).write_text(text)
         monkeypatch.chdir(work)  # what `run` packages
         (tmp_path / "replicas").mkdir()
-        replicas = LocalReplicas(tmp_path / "replicas")
+        replicas = LocalReplicas(tmp_path / "replicas", docker=docker)
         vertex = FakeVertex(project=PROJECT, runner=replicas).start()
         compute = FakeCompute().__enter__()
         made.append((vertex, compute))
         runner = FakeStackRunner(
-            stack_name="vtest", project=PROJECT, backend="vertex", bucket=BUCKET
+            stack_name="vtest",
+            project=PROJECT,
+            backend="vertex",
+            bucket=BUCKET,
+            artifacts=artifacts,
         )
         clients = VertexClients(
             runner_for=lambda stack, root: runner,
             vertex_endpoint=vertex.url,
             logging_endpoint=vertex.url,
             compute_endpoint=compute.url,
+            artifacts_endpoint=artifacts.url if artifacts else None,
             poll_s=0.3,
             settle_s=0.5,
             retry_pause_s=0,
@@ -148,7 +155,7 @@ def assert_torn_down(w: World) -> None:
 
 
 def test_run_trains_on_two_replicas_follows_logs_brings_results_home_and_destroys(
-    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world()
     rc = w.run("run", "--stack", "vtest", "--yes", "--", *TRAIN)
@@ -205,7 +212,7 @@ def test_run_trains_on_two_replicas_follows_logs_brings_results_home_and_destroy
 
 
 def test_a_module_of_the_working_directory_runs_and_a_failure_names_the_job_error(
-    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world()
     rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
@@ -232,7 +239,7 @@ def test_a_module_of_the_working_directory_runs_and_a_failure_names_the_job_erro
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_cancels_the_job_waits_for_it_and_tears_down(
-    world: Callable[[], World], capsys: pytest.CaptureFixture[str], sig: int
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str], sig: int
 ) -> None:
     w = world()
 
@@ -266,7 +273,7 @@ def test_a_signal_cancels_the_job_waits_for_it_and_tears_down(
 
 
 def test_up_status_train_logs_down(
-    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`up` leaves the small stack; `verify`, `train`, `status` and `logs` use it; `down` ends it."""
     w = world()
@@ -293,7 +300,7 @@ def test_up_status_train_logs_down(
 
 
 def test_preflight_refuses_a_region_without_the_machine_and_creates_nothing(
-    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world()
     stack = w.settings.root / "Pulumi.vtest.yaml"
@@ -306,7 +313,7 @@ def test_preflight_refuses_a_region_without_the_machine_and_creates_nothing(
 
 
 def test_no_terminal_and_no_yes_or_a_failed_doctor_row_creates_nothing(
-    world: Callable[[], World], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w = world()
     rc = w.run("run", "--stack", "vtest", "--", "-m", "jobs.answer")  # pytest's stdin: no tty
@@ -322,7 +329,7 @@ def test_no_terminal_and_no_yes_or_a_failed_doctor_row_creates_nothing(
 
 
 def test_datasets_on_vertex_copy_to_each_replica_and_mount_under_gcs(
-    world: Callable[[], World], capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`copy`: each replica's vertex_entry downloads the prefix before torchrun and points the
     variable there; `mount`: the variable is Vertex's own /gcs/ path (not mounted here)."""
@@ -352,3 +359,69 @@ def test_datasets_on_vertex_copy_to_each_replica_and_mount_under_gcs(
     for rank in ("0", "1"):
         assert f"data {rank} from the bucket /gcs/{bucket}/ds" in out
     assert_torn_down(w)
+
+
+#: the built image's python3: what Vertex's container command runs (pip, then our entry)
+IMAGE_PYTHON = """#!/bin/sh
+if [ "$2" = pip ]; then echo "pip in the image"; exit 0; fi
+echo "entry in the built image: $(cat /built.txt) task=$(echo "$CLUSTER_SPEC" | sed 's/.*"type": "\\([a-z0-9]*\\)".*/\\1/')"
+"""
+
+
+def test_run_with_build_submits_the_built_image_and_the_replicas_run_in_it(
+    world: Callable[..., World],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`run --build` on Vertex: the Dockerfile built and pushed (podman, a real registry) before
+    the stack's `up`, the CustomJob's containerSpec.imageUri is the pushed digest, the fake
+    Vertex runs each replica in that image; the run's teardown keeps the repository (the next
+    run builds nothing), `down` removes it."""
+    require_tools()
+    podman = Podman(tmp_path / "podman")
+    registry = Registry(tmp_path / "registry")
+    try:
+        podman.import_image("localhost/vx:1", {"/usr/bin/python3": IMAGE_PYTHON})
+        podman.trust(registry.host)
+        podman("push", "-q", "localhost/vx:1", f"docker://{registry.host}/vx:1")
+        monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
+        monkeypatch.setenv("GPUTRAIN_REGISTRY_HOST", registry.host)
+        monkeypatch.setenv("GPUTRAIN_INSECURE_REGISTRIES", registry.host)
+        with FakeArtifactRegistry(PROJECT) as artifacts:
+            w = world(docker=(str(podman.shim_dir / "docker"),), artifacts=artifacts)
+            (Path.cwd() / "img").mkdir()
+            (Path.cwd() / "img" / "Dockerfile").write_text(
+                f"FROM {registry.host}/vx:1\nCOPY built.txt /built.txt\n"
+            )
+            (Path.cwd() / "img" / "built.txt").write_text("made by gputrain\n")
+            argv = ["run", "--stack", "vtest", "--yes", "--skip-preflight", "--keep-images"]
+            argv += ["--build"]
+            rc = w.run(*argv, "img/Dockerfile", "--", "-m", "jobs.answer")
+            out, err = capsys.readouterr()
+            assert rc == 0, out[-3000:] + err[-2000:]
+            [body] = w.created()
+            image = f"{registry.host}/{PROJECT}/gputrain-vtest/img@sha256:"
+            for pool in body["jobSpec"]["workerPoolSpecs"]:
+                assert pool["containerSpec"]["imageUri"].startswith(image)
+            for task, pool in (("workerpool0-0", "workerpool0"), ("workerpool1-0", "workerpool1")):
+                assert (
+                    f"entry in the built image: made by gputrain task={pool}"
+                    in (w.replicas.outputs[task])
+                )
+            names = w.runner.call_names()
+            # the key set, the repository alone, then the stack, then the teardown
+            assert names[:3] == ["set_config", "up-targets", "up"] and "destroy" in names
+            # --keep-images: the run's teardown keeps the repository (the build cache); `down` not
+            assert list(artifacts.repositories[(PROJECT, "us-central1")]) == ["gputrain-vtest"]
+            assert "kept: the image repository gputrain-vtest (the build cache" in out
+            assert "LEFT BEHIND" not in out
+            argv.remove("--keep-images")  # again: no build, and this teardown removes it all
+            rc = w.run(*argv, "img/Dockerfile", "--", "-m", "jobs.answer")
+            out = capsys.readouterr().out
+            assert rc == 0 and "in the registry already" in out and "building with" not in out
+            assert artifacts.repositories[(PROJECT, "us-central1")] == {}
+            assert "kept: the image repository" not in out and "LEFT BEHIND" not in out
+    finally:
+        registry.stop()
+        podman.cleanup()

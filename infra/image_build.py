@@ -1,0 +1,213 @@
+"""`build: PATH/TO/Dockerfile`: what is built and where it goes, without building anything.
+
+The build context is the Dockerfile's directory (less what its `.dockerignore` excludes); the tag is
+a hash of that context (every file's path, mode and bytes, and the Dockerfile), so an unchanged
+context is found in the registry and never rebuilt. The image lives in the stack's own Artifact
+Registry repository: REGION-docker.pkg.dev/PROJECT/gputrain-STACK/NAME:ctx-HASH. Also the request
+body Cloud Build gets and the tarball it builds from. Reads files; talks to nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tarfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.stackfile import NS, SpecError
+
+#: Artifact Registry's Docker hosts are per region: us-central1-docker.pkg.dev
+REGISTRY_SUFFIX = "-docker.pkg.dev"
+TAG_PREFIX = "ctx-"
+DOCKERIGNORE = ".dockerignore"
+#: Cloud Build's own builder image with the docker CLI (its documented `docker build` step)
+DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
+BUILD_TIMEOUT_S = 3600
+#: The repository's Pulumi type (infra/components/registry.py): a run's teardown keeps it.
+REPOSITORY_TYPE = "gcp:artifactregistry/repository:Repository"
+
+
+def repository_id(stack: str) -> str:
+    """The stack's Docker repository in Artifact Registry (a-z, 0-9, -; stack names fit)."""
+    return f"gputrain-{stack}"
+
+
+def registry_host(region: str) -> str:
+    return f"{region}{REGISTRY_SUFFIX}"
+
+
+def repository_path(region: str, project: str, stack: str) -> str:
+    """Where the stack's images go: REGION-docker.pkg.dev/PROJECT/REPOSITORY."""
+    return f"{registry_host(region)}/{project}/{repository_id(stack)}"
+
+
+def build_setting(build: str, image: str) -> str:
+    """The `build` key, checked: a Dockerfile path, never beside `image` (one line, no build)."""
+    build = build.strip()
+    if not build:
+        return ""
+    if image.strip():
+        raise SpecError(
+            f"{NS}build = {build!r} and {NS}image = {image.strip()!r} are both set; set either "
+            "build (a Dockerfile gputrain builds and pushes) or image (one that exists), not both"
+        )
+    if any(c in build for c in "\n\r\0") or build.endswith("/"):
+        raise SpecError(f"{NS}build = {build!r}: allowed: the path of a Dockerfile")
+    return build
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """A Dockerfile and what `docker build` would be sent."""
+
+    dockerfile: Path  # absolute
+    files: tuple[str, ...]  # relative to the directory, sorted, '/' separated; the Dockerfile too
+    tag: str  # ctx-<16 hex>: the content hash
+
+    @property
+    def directory(self) -> Path:
+        return self.dockerfile.parent
+
+    @property
+    def name(self) -> str:
+        """The image's name in the repository: the context directory's, as a registry allows."""
+        name = re.sub(r"[^a-z0-9._-]+", "-", self.directory.name.lower()).strip("._-")
+        return name or "image"
+
+
+def read_context(path: str, base: Path, setting: str) -> BuildContext:
+    """The Dockerfile `path` (relative to `base`, the project directory) and its context;
+    UserError (one line naming `setting`) for a Dockerfile that is not there."""
+    dockerfile = (base / path).resolve()
+    if not dockerfile.is_file():
+        raise SpecError(
+            f"{setting} = {path!r}: no such file ({dockerfile}); allowed: the path of a "
+            "Dockerfile, relative to the project directory"
+        )
+    directory = dockerfile.parent
+    rules = parse_dockerignore(_read_text(directory / DOCKERIGNORE))
+    own = dockerfile.relative_to(directory).as_posix()
+    files = sorted(f for f in _walk(directory) if f == own or not ignored(f, rules))
+    if own not in files:
+        files = sorted([*files, own])
+    return BuildContext(dockerfile, tuple(files), context_tag(_entries(directory, files)))
+
+
+def context_tag(entries: Iterable[tuple[str, int, bytes]]) -> str:
+    """ctx-<16 hex> over (path, executable bit, bytes) of every file: what `docker build` sees
+    and what changes the image. Timestamps and owners do not count."""
+    h = hashlib.sha256(b"gputrain-build 1\0")
+    for rel, mode, data in sorted(entries):
+        h.update(f"{rel}\0{1 if mode & 0o111 else 0}\0{len(data)}\0".encode())
+        h.update(data)
+    return TAG_PREFIX + h.hexdigest()[:16]
+
+
+def context_tarball(ctx: BuildContext) -> bytes:
+    """The context as a gzipped tar for Cloud Build (fixed owners and times: the same context
+    gives the same bytes)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel, mode, data in _entries(ctx.directory, ctx.files):
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o755 if mode & 0o111 else 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def cloud_build_request(
+    image: str, bucket: str, object_name: str, *, stack: str, dockerfile: str = "Dockerfile"
+) -> dict[str, object]:
+    """The Build (REST JSON) that builds `image` from the tarball in gs://bucket/object_name
+    with docker and pushes it (`images`: Cloud Build pushes them once the steps succeed)."""
+    return {
+        "source": {"storageSource": {"bucket": bucket, "object": object_name}},
+        "steps": [
+            {
+                "name": DOCKER_BUILDER,
+                "args": ["build", "--network=cloudbuild", "-f", dockerfile, "-t", image, "."],
+            }
+        ],
+        "images": [image],
+        "timeout": f"{BUILD_TIMEOUT_S}s",
+        "tags": ["gputrain", f"gputrain-stack-{stack}"],
+    }
+
+
+# ---- .dockerignore -------------------------------------------------------------------------------
+
+
+def parse_dockerignore(text: str) -> list[tuple[bool, re.Pattern[str]]]:
+    """(exclude?, pattern) per rule: comments and blank lines dropped, `!` re-includes, a leading
+    `/` or `./` dropped; `*` and `?` stay within one path element, `**` spans any number. The last
+    matching rule wins, and a rule matching a directory covers everything below it (as docker)."""
+    rules = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        exclude = not line.startswith("!")
+        pattern = os.path.normpath(line.lstrip("!").strip()).lstrip("/")
+        if pattern in ("", "."):
+            continue
+        rules.append((exclude, re.compile(_glob_regex(pattern))))
+    return rules
+
+
+def ignored(rel: str, rules: Sequence[tuple[bool, re.Pattern[str]]]) -> bool:
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    result = False
+    for exclude, pattern in rules:
+        if any(pattern.fullmatch(p) for p in prefixes):
+            result = exclude
+    return result
+
+
+def _glob_regex(pattern: str) -> str:
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return out
+
+
+# ---- files ---------------------------------------------------------------------------------------
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _walk(directory: Path) -> list[str]:
+    out = []
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        for n in names:
+            p = Path(root, n)
+            if p.is_file():
+                out.append(p.relative_to(directory).as_posix())
+    return out
+
+
+def _entries(directory: Path, files: Iterable[str]) -> list[tuple[str, int, bytes]]:
+    out = []
+    for rel in files:
+        p = directory / rel
+        out.append((rel, p.stat().st_mode, p.read_bytes()))
+    return out

@@ -1,0 +1,116 @@
+"""`build:` (infra/image_build.py): the setting checked in the spec, the context read with its
+.dockerignore, the tag a hash of what docker would be sent (nothing else), the tarball Cloud
+Build gets, and the Build it is asked to run."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from infra.image_build import (
+    cloud_build_request,
+    context_tarball,
+    ignored,
+    parse_dockerignore,
+    read_context,
+    repository_path,
+)
+from infra.spec import parse_spec
+from infra.stackfile import SpecError
+from tests.support.pulumi_mocks import deployable_config
+
+
+def _project(tmp_path: Path) -> Path:
+    ctx = tmp_path / "proj" / "docker"
+    (ctx / "src").mkdir(parents=True)
+    (ctx / "Dockerfile").write_text("FROM base\nCOPY src /src\n")
+    (ctx / "src" / "train.py").write_text("print('hi')\n")
+    (ctx / "data.bin").write_bytes(b"\0" * 10)
+    return ctx
+
+
+def test_the_spec_reads_build_and_refuses_it_beside_image() -> None:
+    assert parse_spec(deployable_config("dev", build="docker/Dockerfile"), "dev").build == (
+        "docker/Dockerfile"
+    )
+    assert parse_spec(deployable_config("dev"), "dev").build == ""
+    with pytest.raises(SpecError) as e:
+        parse_spec(deployable_config("dev", build="Dockerfile", image="r.io/a/b:1"), "dev")
+    assert str(e.value).startswith(
+        "gputrain:build = 'Dockerfile' and gputrain:image = 'r.io/a/b:1' are both set"
+    )
+    with pytest.raises(SpecError, match="allowed: the path of a Dockerfile"):
+        parse_spec(deployable_config("dev", build="docker/"), "dev")
+    assert (
+        repository_path("us-central1", "p-1", "dev")
+        == "us-central1-docker.pkg.dev/p-1/gputrain-dev"
+    )
+
+
+def test_the_tag_is_a_hash_of_the_context(tmp_path: Path) -> None:
+    ctx = _project(tmp_path)
+    first = read_context("docker/Dockerfile", tmp_path / "proj", "gputrain:build")
+    assert first.files == ("Dockerfile", "data.bin", "src/train.py")
+    assert first.name == "docker" and first.tag.startswith("ctx-") and len(first.tag) == 20
+    again = read_context("docker/Dockerfile", tmp_path / "proj", "gputrain:build")
+    assert again.tag == first.tag  # nothing changed: the same tag (timestamps do not count)
+    (ctx / "src" / "train.py").touch()
+    assert read_context("docker/Dockerfile", tmp_path / "proj", "b").tag == first.tag
+    (ctx / "src" / "train.py").write_text("print('changed')\n")
+    changed = read_context("docker/Dockerfile", tmp_path / "proj", "b")
+    assert changed.tag != first.tag
+    (ctx / "src" / "train.py").chmod(0o755)  # the executable bit is part of the image
+    assert read_context("docker/Dockerfile", tmp_path / "proj", "b").tag != changed.tag
+
+
+def test_dockerignore_keeps_files_out_of_the_context_and_the_hash(tmp_path: Path) -> None:
+    ctx = _project(tmp_path)
+    before = read_context("docker/Dockerfile", tmp_path / "proj", "b").tag
+    (ctx / ".dockerignore").write_text("# big files\n*.bin\nDockerfile\n")
+    read = read_context("docker/Dockerfile", tmp_path / "proj", "b")
+    # the Dockerfile is always sent (as docker does); .dockerignore itself is part of the context
+    assert read.files == (".dockerignore", "Dockerfile", "src/train.py")
+    (ctx / "data.bin").write_bytes(b"other")  # ignored: no rebuild
+    assert read_context("docker/Dockerfile", tmp_path / "proj", "b").tag == read.tag != before
+
+
+def test_dockerignore_rules() -> None:
+    rules = parse_dockerignore("/out\n**/*.pyc\n!keep.pyc\ndata/*/raw\n  \n# c\n.git\n")
+    assert ignored("out/model.pt", rules) and ignored("out", rules)
+    assert ignored("a/b/c.pyc", rules) and ignored("c.pyc", rules)
+    assert not ignored("keep.pyc", rules)  # the last matching rule wins
+    assert ignored("data/x/raw/1.txt", rules) and not ignored("data/x/y/raw", rules)
+    assert ignored(".git/HEAD", rules) and not ignored("src/out.py", rules)
+
+
+def test_a_missing_dockerfile_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as e:
+        read_context("nope/Dockerfile", tmp_path, "--build")
+    assert str(e.value).startswith("--build = 'nope/Dockerfile': no such file (")
+    assert "\n" not in str(e.value)
+
+
+def test_the_tarball_and_the_cloud_build_request(tmp_path: Path) -> None:
+    _project(tmp_path)
+    ctx = read_context("docker/Dockerfile", tmp_path / "proj", "b")
+    data = context_tarball(ctx)
+    assert data == context_tarball(ctx)  # the same context, the same bytes
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert tar.getnames() == list(ctx.files)
+        member = tar.extractfile("src/train.py")
+        assert member is not None and member.read() == b"print('hi')\n"
+    image = "us-central1-docker.pkg.dev/p/gputrain-dev/docker:" + ctx.tag
+    body = cloud_build_request(image, "bkt", "gputrain-builds/x.tar.gz", stack="dev")
+    assert body["source"] == {
+        "storageSource": {"bucket": "bkt", "object": "gputrain-builds/x.tar.gz"}
+    }
+    assert body["steps"] == [
+        {
+            "name": "gcr.io/cloud-builders/docker",
+            "args": ["build", "--network=cloudbuild", "-f", "Dockerfile", "-t", image, "."],
+        }
+    ]
+    assert body["images"] == [image] and body["tags"] == ["gputrain", "gputrain-stack-dev"]
