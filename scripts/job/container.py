@@ -256,7 +256,7 @@ def build_in_image_command(ref: ImageRef, script: str, *, name: str, gpus: bool)
     gpu = "--gpus all " if gpus else ""
     return (
         f"ROOT=$(pwd); mkdir -p {state} || exit 1\n"
-        f"docker run --rm -i --name {q(name)} --network host --ipc host "
+        f"docker run --rm -i --name {q(name)} --network host "
         f'--user "$(id -u):$(id -g)" -e HOME=/tmp {gpu}-v {state}:{state} -w "$ROOT" '
         f"{q(ref.pinned)} sh -s <<'GPUTRAIN_IN_IMAGE_EOF'\n{script.rstrip()}\nGPUTRAIN_IN_IMAGE_EOF\n"
     )

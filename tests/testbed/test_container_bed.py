@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pwd
+import re
 import shutil
 import threading
 import time
@@ -73,6 +74,13 @@ def _hosts_file(
     return path
 
 
+def _ready_s(out: str) -> float:
+    """The environment step's seconds (its `... ready on N node(s) in X s` line)."""
+    found = re.search(r"^environment \S+ \(.*\) ready on \d+ node\(s\) in ([0-9.]+) s", out, re.M)
+    assert found, out
+    return float(found[1])
+
+
 def _runs(host: TestHost) -> Path:
     return host.dir / "home" / ".gputrain" / "runs"
 
@@ -117,6 +125,7 @@ def test_hosts_two_node_run_inside_the_image(
         assert f"--network host --ipc host --user {ids} -e HOME=/tmp" in job_run
         assert f"{image.pinned} ../../../envs/" in job_run
         assert "/bin/python -m torch.distributed.run --nnodes 2" in job_run
+    first_s = _ready_s(out)
     assert list(_runs(a).glob("*/code/out/ckpt.pt"))  # what torchrun wrote in the mounted run dir
     first = sorted((proj / "runs" / "hosts-lab").glob("*/*/setup.log"))
     assert len(first) == 2 and all("probe ok" in p.read_text() for p in first)
@@ -125,12 +134,20 @@ def test_hosts_two_node_run_inside_the_image(
     assert main([*run, "--", "inside.py"], settings) == 0
     out = capsys.readouterr().out
     assert out.count("skipped (cached)") == 2 and "Successfully installed" not in out
+    cached_s = _ready_s(out)
+    with capsys.disabled():  # the figure: the environment step inside the image, first vs cached
+        print(f"\nenvironment inside the image: first {first_s:.1f} s, cached {cached_s:.1f} s")
+    assert cached_s < first_s
     assert out.count("inside=True world=2 sum=3") == 2
     assert "present" in out  # the digest is on the nodes already: no second pull
     results = max((proj / "runs" / "hosts-lab").glob("*/job.json")).parent
     assert set(json.loads((results / "job.json").read_text())["exit_codes"].values()) == {0}
     assert sorted(p.name for p in results.rglob("rank*.txt")) == ["rank0.txt", "rank1.txt"]
     assert all(cbed.containers_on(h) == [] for h in (a, b))  # --rm: nothing left
+    for pod in pods:  # the cached check ran inside the image too; no second pull
+        calls = pod.calls.read_text().splitlines()
+        assert sum(c.startswith("run --rm -i --name gputrain-") for c in calls) == 2
+        assert sum(c.startswith("pull ") for c in calls) == 1
 
 
 def test_a_failing_rank_and_a_stop_inside_the_image(
@@ -219,10 +236,10 @@ def test_stack_vm_without_docker_gets_it_installed(
     cbed: ContainerBed,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    image = cbed.image("stack", gpus=1)
+    image = cbed.image("stack", gpus=1, mark="stack")
     w = world(
         nodes=2,
-        settings={"image": f"{image.repository}:1"},
+        settings={"image": f"{image.repository}:1", "setup": json.dumps(IMAGE_MARK)},
         containers=lambda h: cbed.enable(h, docker=False),
     )
     (w.dir / "inside.py").write_text(INSIDE.replace("import gputrain_probe", "import os"))
@@ -233,6 +250,7 @@ def test_stack_vm_without_docker_gets_it_installed(
         assert f"{vm}: {image.repository}:1 needs docker and nvidia-container-toolkit" in out
         assert f"[{vm}] [install] installing docker.io" in out
         assert f"[{vm}] [install] done" in out
+        assert f"[{vm}] [setup] stack" in out  # the stack's setup, inside the image
     assert out.count("inside=True world=2 sum=3") == 2
     for host in w.hosts:
         calls = cbed.apt_log(host).read_text()
