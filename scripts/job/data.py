@@ -45,7 +45,10 @@ class PrefixInfo:
 def data_env_lines(datasets: Iterable[Dataset]) -> str:
     """run.sh's exports: GPUTRAIN_SCRATCH where local SSD is mounted, GPUTRAIN_DATA_DIR and
     GPUTRAIN_DATA_<NAME> (expanded on the node: names are letters, digits and '_'). Pure."""
-    lines = f"if mountpoint -q {SCRATCH_MOUNT} 2>/dev/null; then export {SCRATCH_ENV}={SCRATCH_MOUNT}; fi\n"
+    lines = (  # the test first: no process on the nodes without local SSD
+        f"if [ -d {SCRATCH_MOUNT} ] && mountpoint -q {SCRATCH_MOUNT} 2>/dev/null; "
+        f"then export {SCRATCH_ENV}={SCRATCH_MOUNT}; fi\n"
+    )
     for k, v in data_env(datasets, NODE_DATA_DIR_SH).items():
         lines += f'export {k}="{v}"\n'
     return lines

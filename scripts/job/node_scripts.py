@@ -64,8 +64,14 @@ RUN=$(pwd)
 rm -f "$RUN/run.sh"  # it holds the --env values: the shell reads it from its open descriptor
 {REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
 HEAD={head}
-IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}')
-[ -n "$IFACE" ] || IFACE=$(ip -o route get "$HEAD" 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p')
+# the route toward the head names the interface; on the head itself it is "local" (via lo):
+# there the interface holding its address
+IFACE= IS_HEAD=
+ROUTE=$(ip -o route get "$HEAD" 2>/dev/null)
+case "$ROUTE" in
+  local*) IS_HEAD=1; IFACE=$(ip -o -4 addr show 2>/dev/null | awk -v a="$HEAD" '{{split($4, p, "/"); if (p[1] == a) {{print $2; exit}}}}') ;;
+  *) set -- $ROUTE; while [ $# -gt 1 ]; do if [ "$1" = dev ]; then IFACE=$2; break; fi; shift; done ;;
+esac
 if [ -n "$IFACE" ]; then export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"; fi
 # the GPU network's NCCL plugin and NICs (written by the fabric setup) replace the one interface
 NCCL_ENV_FILE="${{GPUTRAIN_NODE_ROOT:-$HOME}}/{NCCL_ENV_FILE}"
@@ -73,8 +79,9 @@ if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; else NCCL_ENV_FILE=/dev/nul
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-{watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}mkdir -p "$RUN/out" "$RUN/logs"
-{mirror_start_lines(job, helper)}echo "gputrain: $(hostname) starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
+mkdir -p "$RUN/out" "$RUN/logs" "$RUN/watch"
+{watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}{mirror_start_lines(job, helper)}HOST=; read -r HOST 2>/dev/null < /proc/sys/kernel/hostname || HOST=$(hostname)
+echo "gputrain: $HOST starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
@@ -112,7 +119,7 @@ def worker_watchdog(
     if nnodes < 2:
         return ""
     q = shlex.quote
-    return f"""if ! ip -o -4 addr show 2>/dev/null | grep -q " $HEAD/"; then (
+    return f"""if [ -z "$IS_HEAD" ]; then (
   seen=0; gone=0
   while kill -0 $JOB 2>/dev/null; do
     if [ $seen = 1 ]; then sleep {interval_s:g}; else sleep 1; fi
@@ -148,7 +155,7 @@ def build_collect_workdir_command(run_id: str) -> str:
     write `out/ckpt.pt` beside their code have it come home; Python's caches are left out."""
     d = shlex.quote(run_dir(run_id))
     return (
-        f"cd {d} 2>/dev/null && [ -f pgid ] || exit 0; rm -rf workdir; "
+        f"cd {d} 2>/dev/null && [ -f pgid ] || exit 0; [ ! -e workdir ] || rm -rf workdir; "
         "find code -newer pgid -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -exec sh -c '"
         'for f; do t="workdir/${f#code/}"; mkdir -p "$(dirname "$t")" && '
         '{ ln -f "$f" "$t" 2>/dev/null || cp -p "$f" "$t"; }; done'
@@ -171,14 +178,14 @@ def build_upload_and_start_command(
     c = shlex.quote(code_dir)
     return (  # umask 077: everything it and the job write is the user's alone
         (READ_SECRETS_SH.format(failed=UNPACK_FAILED) if secrets else "")
-        + f"umask 077; mkdir -p {d} && {unpack_command(code_dir)} && "
+        + f"umask 077; {unpack_command(code_dir, also_make=(run_dir(run_id),))} && "
         f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
-        f"rm -rf {d}/code && (cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && "
-        f"cd {d} || exit 1; "
-        "rm -f exitcode pgid jobpid; "
+        f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
+        f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
+        "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
         "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "
         "i=0; while [ ! -s jobpid ] && [ ! -s exitcode ] && [ $i -lt 200 ]; do "
-        "sleep 0.05; i=$((i+1)); done; cat pgid"
+        "sleep 0.05; i=$((i+1)); done; read -r p < pgid; echo $p"
     )
 
 
@@ -187,7 +194,7 @@ def build_tail_command(run_id: str, lines_seen: int) -> str:
     reaped at once by run.sh — an orphaned shell may stay a zombie until init reaps it)."""
     d = shlex.quote(run_dir(run_id))
     return (
-        f"cd {d} || exit 1; P=$(cat jobpid 2>/dev/null || cat pgid); "
+        f"cd {d} || exit 1; read -r P 2>/dev/null < jobpid || read -r P < pgid; "
         f'tail -n +{lines_seen + 1} -s 0.2 -F --pid="$P" torchrun.log 2>/dev/null'
     )
 
@@ -207,10 +214,11 @@ def build_follow_command(run_id: str, lines_seen: int, wait_s: float = 5.0) -> s
     return (
         f"{build_tail_command(run_id, lines_seen)}; "
         '[ -z "$(tail -c 1 torchrun.log 2>/dev/null)" ] || echo; '
-        f"i=0; s=; while [ ! -s exitcode ] && [ $i -lt {max(1, int(wait_s * 20))} ]; do "
-        's=$(ps -o stat= -p "$(cat pgid)" 2>/dev/null); '
+        # run.sh's state from /proc (builtins only: no process per look while 64 nodes wait)
+        f"read -r G < pgid; i=0; s=; while [ ! -s exitcode ] && [ $i -lt {max(1, int(wait_s * 20))} ]; do "
+        's=; read -r s 2>/dev/null < "/proc/$G/stat"; s=${s##*) }; s=${s%% *}; '
         'case "$s" in ""|Z*) s=; break;; esac; sleep 0.05; i=$((i+1)); done; '
-        'if [ -s exitcode ]; then c=$(cat exitcode); elif [ -n "$s" ]; '
+        'if [ -s exitcode ]; then read -r c < exitcode; elif [ -n "$s" ]; '
         f"then c={EXIT_CODE_PENDING}; else c=; fi; "
         "printf '\\036gputrain-exitcode %s\\n' \"$c\""
     )

@@ -51,7 +51,7 @@ def mirror_start_lines(job: Job, python: str) -> str:
     py = shlex.quote(python)
     return (
         f"export {ATTEMPT_ENV}={job.attempt}\n"
-        'NODE_NAME=$(cat "$RUN/node" 2>/dev/null || hostname)\n'
+        'NODE_NAME=; read -r NODE_NAME 2>/dev/null < "$RUN/node" || NODE_NAME=$(hostname)\n'
         f'if [ -n "${{{OUT_URI_ENV}:-}}" ]; then\n'
         f'  (cd "$RUN/code" && exec {py} -m trainer.mirror_out --dir "$RUN/out" '
         f'--uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" --interval "${{{MIRROR_INTERVAL_ENV}:-10}}") &\n'

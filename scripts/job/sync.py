@@ -355,14 +355,16 @@ def read_manifest_command(remote_dir: str = CODE_DIR) -> str:
     return f"cat {shlex.quote(remote_dir + '/' + MANIFEST)} 2>/dev/null; true"
 
 
-def unpack_command(remote_dir: str = CODE_DIR) -> str:
+def unpack_command(remote_dir: str = CODE_DIR, *, also_make: tuple[str, ...] = ()) -> str:
     """At the node: unpack a CodeBundle payload from stdin into remote_dir and apply its delete
-    list (a run.sh it carries stays for the start to move)."""
+    list (a run.sh it carries stays for the start to move); `also_make`: more directories the
+    same mkdir makes (every process counts when 64 nodes share a fleet's launch)."""
     d = shlex.quote(remote_dir)
+    dirs = " ".join(shlex.quote(x) for x in (NODE_STATE, remote_dir, *also_make))
     return (  # umask 077 and a 0700 .gputrain: what gputrain writes there is the user's alone
-        f"umask 077 && mkdir -p {NODE_STATE} && chmod 700 {NODE_STATE} && "
-        f"mkdir -p {d} && tar -x -z -f - -C {d} && "
-        f"(cd {d} && xargs -0 -r rm -f -- < {DELETE_LIST} && rm -f {DELETE_LIST})"
+        f"umask 077 && mkdir -p {dirs} && chmod 700 {NODE_STATE} && tar -x -z -f - -C {d} && "
+        f"(cd {d} && if [ -s {DELETE_LIST} ]; then xargs -0 rm -f -- < {DELETE_LIST}; fi && "
+        f"rm -f {DELETE_LIST})"
     )
 
 

@@ -16,12 +16,14 @@ HOOK_DIR = "trainer/watch_hook"  # in the run's code snapshot: the sitecustomize
 
 
 def run_env_lines() -> str:
-    """run.sh lines before torchrun starts: where the job's heartbeat goes, the stack-dump hook
-    first on PYTHONPATH, and no heartbeat left from an earlier attempt of the run."""
+    """run.sh lines before torchrun starts (run.sh made "$RUN/watch"): where the job's heartbeat
+    goes, the stack-dump hook first on PYTHONPATH, and no heartbeat left from an earlier attempt
+    of the run (rm only when there is one)."""
     return (
         'export GPUTRAIN_WATCH_DIR="$RUN/watch" GPUTRAIN_HEARTBEAT="$RUN/watch/heartbeat"\n'
         f'export PYTHONPATH="$RUN/code/{HOOK_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
-        'mkdir -p "$RUN/watch" && rm -f "$RUN/watch/heartbeat"*\n'
+        'for f in "$RUN/watch/heartbeat"*; do [ ! -e "$f" ] || rm -f "$RUN/watch/heartbeat"*; '
+        "break; done\n"
     )
 
 
