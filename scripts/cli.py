@@ -349,6 +349,12 @@ def _parser() -> argparse.ArgumentParser:
             add_data_options(c)
         if name == "verify":
             c.add_argument(
+                "--image",
+                metavar="REGISTRY/PATH:TAG",
+                help="also prove every node runs this image, nvidia-smi inside it seeing the "
+                "GPUs (replaces the stack's / hosts file's `image`)",
+            )
+            c.add_argument(
                 "--fabric",
                 action="store_true",
                 help="(--stack) also set up and prove the GPU network of a multi-node A3 Mega/"

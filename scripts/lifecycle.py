@@ -25,7 +25,7 @@ from scripts.watch.settings import watch_settings
 
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
-    from scripts.job.environment import Environment
+    from scripts.job.environment import Environment, EnvironmentSettings
 
 
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult | None:
@@ -152,7 +152,7 @@ def job_environment(
     target file's `setup`, `secrets` and `image` with the command line's; every bad input is a
     UserError here, before any resource."""
     from infra.base.errors import UserError
-    from scripts.job.environment import REQUIREMENT_FILES, EnvironmentSettings, plan_environment
+    from scripts.job.environment import EnvironmentSettings, plan_environment
     from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
 
     read = getattr(target, "environment_settings", None)
@@ -178,20 +178,11 @@ def job_environment(
             f"--build {build}: only for --stack targets (the image goes to the stack's "
             "Artifact Registry repository); build and push it yourself and pass --image"
         )
-    contained = image_text or (build and f"built from {build}")
-    if contained and setup.strip():
-        raise UserError(
-            "setup: not supported together with image yet; bake the commands into the image"
-        )
-    if contained and opts.requirements:
-        found = [f for f in REQUIREMENT_FILES if (Path.cwd() / f).is_file()]
-        if found:
-            ui.say(f"image {contained}: {', '.join(found)} not installed (the image brings them)")
     environment = None
-    if not declared.backend_without_ssh:
+    if not declared.backend_without_ssh:  # with an image: built inside it, on every node
         environment = plan_environment(
             Path.cwd(),
-            requirements=opts.requirements and not contained,
+            requirements=opts.requirements,
             setup=setup,
             setup_timeout_s=opts.setup_timeout_s,
             force=opts.force_setup,
@@ -201,19 +192,36 @@ def job_environment(
         secret_refs = secret_references(refs, declared.project)
     else:
         secret_refs, secrets = {}, resolve_secrets(refs, project=declared.project)
-    image = None
-    if image_text:
-        from scripts.job.container import parse_image, resolve_image
+    return environment, JobSecrets(secrets, secret_refs), declared_image(declared, opts)
 
-        setting = "--image" if opts.image else f"{declared.source}image"
-        image = resolve_image(parse_image(image_text, setting))
-        ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
-    return environment, JobSecrets(secrets, secret_refs), image
+
+def declared_image(declared: EnvironmentSettings, opts: RunOptions) -> ImageRef | None:
+    """The image the target's file or --image names, at its digest (UserError for a bad
+    reference, a missing image or a registry that refuses us); None without one."""
+    image_text = opts.image or declared.image
+    if not image_text:
+        return None
+    from scripts.job.container import parse_image, resolve_image
+
+    setting = "--image" if opts.image else f"{declared.source}image"
+    image = resolve_image(parse_image(image_text, setting))
+    ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
+    return image
 
 
 def verify(target: Target, opts: RunOptions) -> None:
+    """The GPUs (and with --fabric the GPU network); with an image, every node can run it and
+    nvidia-smi inside it sees the node's GPUs."""
+    from scripts.job.environment import EnvironmentSettings
+
+    read = getattr(target, "environment_settings", None)
+    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
+    image = None if declared.backend_without_ssh else declared_image(declared, opts)
     with target.attached(opts) as session:
         session.verify(fabric=opts.fabric)
+        check = getattr(session, "verify_image", None)
+        if image is not None and check is not None:
+            check(image)
 
 
 def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra.base.errors import UserError
+from scripts.node_layout import NODE_STATE
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -143,22 +144,6 @@ def registry_token(ref: ImageRef) -> str | None:
     return token
 
 
-def build_node_check_command(gpus: bool) -> str:
-    """Prints what the node lacks to run containers (`missing: docker`, `missing: nvidia
-    container toolkit`) and exits 1, or prints `ok`."""
-    toolkit = (
-        "if ! command -v nvidia-ctk >/dev/null 2>&1 && ! command -v nvidia-container-cli "
-        '>/dev/null 2>&1; then missing="$missing nvidia-container-toolkit"; fi; '
-        if gpus
-        else ""
-    )
-    return (
-        "missing=''; command -v docker >/dev/null 2>&1 || missing=\"$missing docker\"; "
-        f"{toolkit}"
-        'if [ -n "$missing" ]; then echo "missing:$missing"; exit 1; fi; echo ok'
-    )
-
-
 def build_pull_command(ref: ImageRef) -> str:
     """Pull the digest unless the node has it already; prints `present` or `pulled`. From
     Artifact Registry with the node service account's token (the metadata server's; on stdin)."""
@@ -181,7 +166,7 @@ def build_pull_command(ref: ImageRef) -> str:
 def build_image_gpu_command(ref: ImageRef) -> str:
     """The node's GPUs as the image sees them (one CSV line each), for `verify`'s count."""
     return (
-        f"docker run --rm --gpus all {shlex.quote(ref.pinned)} nvidia-smi "
+        f"docker run --rm --network none --gpus all {shlex.quote(ref.pinned)} nvidia-smi "
         "--query-gpu=name,memory.total --format=csv,noheader 2>&1"
     )
 
@@ -192,6 +177,8 @@ def build_docker_run(
     name: str,
     gpus: bool,
     env_names: Sequence[str],
+    env_dir: str | None = None,
+    fabric: str = "none",
     docker: str = "docker",
 ) -> str:
     """Shell text that runs what follows it inside the image: as the node's user (what it writes
@@ -199,17 +186,85 @@ def build_docker_run(
     network and IPC (NCCL, the c10d store; host IPC also gives the ranks the node's whole
     /dev/shm, so no --shm-size, which docker ignores and podman refuses with it), the run's
     directory (`$RUN`) mounted at the same path with the code snapshot as working directory, GPUs
-    when the node has them, the environment passed by name (`-e NAME`: values never in argv)."""
+    when the node has them, the environment passed by name (`-e NAME`: values never in argv).
+    `env_dir`: the job's environment (requirements, setup; built inside this image), mounted
+    read-only at its path under the node state (`.gputrain/envs/KEY`). `fabric`: the GPU
+    network's devices and libraries (fabric_args), its NCCL env sourced inside."""
     q = shlex.quote
+    env_mount = []
+    if env_dir is not None:  # $RUN is NODE_STATE/runs/ID: the state dir is ${RUN%/runs/*}
+        path = f'"${{RUN%/runs/*}}"/{q(env_dir.removeprefix(NODE_STATE + "/"))}'
+        env_mount = [f"-v {path}:{path}:ro"]
     parts = [
         docker, "run", "--rm", "--name", q(name), "--network", "host", "--ipc", "host",
         '--user "$(id -u):$(id -g)"', "-e HOME=/tmp",
         *(["--gpus", "all"] if gpus else []),
-        '-v "$RUN:$RUN"', '-w "$RUN/code"',
+        *fabric_args(fabric),
+        '-v "$RUN:$RUN"', *env_mount, '-w "$RUN/code"',
         *(f"-e {q(n)}" for n in env_names),
         q(ref.pinned),
+        *(nccl_entry() if fabric != "none" else []),
     ]  # fmt: skip
     return " ".join(parts)
+
+
+#: Where the node's NCCL env file (fabric setup) appears inside the container.
+NCCL_ENV_IN_CONTAINER = "/run/gputrain/nccl.env"
+RDMA_DEVICES = "/dev/infiniband"  # A3 Ultra / A4: the RDMA NICs' verbs devices
+RDMA_LIBS = "/usr/local/gib"  # the gIB NCCL plugin (lib64) and its env script
+TCPXO_LIBS = "/var/lib/tcpxo/lib64"  # A3 Mega: the FasTrak plugin and NCCL it installs
+APERTURE_DEVICES = "/dev/aperture_devices"  # A3 Mega: the GPU NICs' PCI BARs (udev bind mounts)
+
+
+def fabric_args(kind: str) -> list[str]:
+    """`docker run` arguments that give the container a GPU network the fabric setup prepared
+    on the host: the NCCL env file (run.sh sets $NCCL_ENV_FILE, /dev/null when there is none),
+    RDMA devices plus unlimited locked memory (gIB), or the aperture devices (TCPXO, mounted as
+    dstack does: bind-mounted PCI resource files, not device nodes); the plugin's libraries
+    read-only at the paths the env file puts on LD_LIBRARY_PATH."""
+    if kind == "none":
+        return []
+    env = f'-v "$NCCL_ENV_FILE:{NCCL_ENV_IN_CONTAINER}:ro"'
+    if kind == "rdma":
+        return [
+            env, f"--device {RDMA_DEVICES}", "--ulimit memlock=-1", "--cap-add IPC_LOCK",
+            f"-v {RDMA_LIBS}:{RDMA_LIBS}:ro",
+        ]  # fmt: skip
+    if kind == "tcpxo":
+        return [
+            env,
+            f"-v {APERTURE_DEVICES}:{APERTURE_DEVICES}",
+            f"-v {TCPXO_LIBS}:{TCPXO_LIBS}:ro",
+        ]
+    raise ValueError(f"fabric kind {kind!r}")
+
+
+def nccl_entry() -> list[str]:
+    """What precedes the command inside the container: the NCCL env file sourced there (its
+    LD_LIBRARY_PATH goes before the image's own, its NICs replace the host's guess)."""
+    code = f'. {NCCL_ENV_IN_CONTAINER}; exec "$@"'
+    return ["sh", "-c", shlex.quote(code), "gputrain-nccl"]
+
+
+def build_in_image_command(ref: ImageRef, script: str, *, name: str, gpus: bool) -> str:
+    """Run the shell `script` inside the image on a node, as the node user, from the node root
+    (its state dir mounted at the same path: the code, the environments, the runs), host network
+    (a package index), GPUs when the node has them. The script goes on the container's stdin,
+    so values it holds never reach any argv; its exit status is the command's."""
+    q = shlex.quote
+    state = f'"$ROOT/{NODE_STATE}"'
+    gpu = "--gpus all " if gpus else ""
+    return (
+        f"ROOT=$(pwd); mkdir -p {state} || exit 1\n"
+        f"docker run --rm -i --name {q(name)} --network host "
+        f'--user "$(id -u):$(id -g)" -e HOME=/tmp {gpu}-v {state}:{state} -w "$ROOT" '
+        f"{q(ref.pinned)} sh -s <<'GPUTRAIN_IN_IMAGE_EOF'\n{script.rstrip()}\nGPUTRAIN_IN_IMAGE_EOF\n"
+    )
+
+
+def image_key(ref: ImageRef) -> str:
+    """What keys an environment built inside the image: its interpreter at this digest."""
+    return f"{IMAGE_PYTHON} in {ref.pinned}"
 
 
 #: The interpreter torchrun starts with inside an image (the image's own, with its torch).

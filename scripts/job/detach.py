@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet
 from scripts.job.follow import LineSink, say_line
-from scripts.job.launch import collect_code, prepare_nodes, upload_and_start
+from scripts.job.launch import (
+    collect_code,
+    prepare_image_and_environment,
+    prepare_nodes,
+    upload_and_start,
+)
 from scripts.job.node_scripts import run_dir
 from scripts.job.records import Job, validate_job
 from scripts.parallel import parallel
@@ -50,7 +55,10 @@ def launch_detached(
     prepared = prepare_nodes(fleet, transports, job)  # the storage client too, for gs://
     if job.rdzv_port is None:
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
-    upload_and_start(fleet, transports, job, files, prepared.manifests)
+    job, manifests = prepare_image_and_environment(
+        fleet, transports, job, files, prepared.manifests, on_line=on_line
+    )
+    upload_and_start(fleet, transports, job, files, manifests)
     names = [n.name for n in fleet.nodes]
     seen = dict.fromkeys(names, 0)
     ended: dict[str, str] = {}

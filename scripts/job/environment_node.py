@@ -72,7 +72,7 @@ SH=sh; command -v bash >/dev/null 2>&1 && SH=bash
 say setup "running setup in the working directory (timeout {timeout_s} s)"
 ( cd "$CODE" && PATH="$ENV/bin:$PATH" VIRTUAL_ENV="$ENV" \\
   timeout -k 10 {timeout_s} "$SH" -e "$ENV/setup.sh" < /dev/null 2>&1; echo "$?" > "$ENV/setup.rc" ) \\
-  | tee -a "$ENV/setup.log" | sed -u 's/^/{_MARK} setup /'
+  | tee -a "$ENV/setup.log" | prefix setup
 rc=$(cat "$ENV/setup.rc" 2>/dev/null || echo 1)
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout_s} s"; fi
 [ "$rc" = 0 ] || fail setup "exited with code $rc"
@@ -87,11 +87,13 @@ ENV="$ROOT"/{q(env_dir)}
 CODE="$ROOT"/{q(code_dir)}
 RUNDIR="$ROOT"/{q(run_dir)}
 {exports}say() {{ p=$1; shift; echo "{_MARK} $p $*"; }}
+# each line as it comes (POSIX: an image's busybox has no `sed -u`)
+prefix() {{ while IFS= read -r l || [ -n "$l" ]; do printf '%s\\n' "{_MARK} $1 $l"; done; }}
 keep_log() {{ if [ -f "$ENV/setup.log" ]; then cp "$ENV/setup.log" "$RUNDIR/setup.log"; fi; }}
 fail() {{ say "$1" "failed: $2"; keep_log; rm -f "$ENV/ready"; exit 1; }}
 pip_install() {{
   {{ "$ENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-input \\
-      "$@" 2>&1; echo "$?" > "$ENV/pip.rc"; }} | tee -a "$ENV/setup.log" | sed -u 's/^/{_MARK} requirements /'
+      "$@" 2>&1; echo "$?" > "$ENV/pip.rc"; }} | tee -a "$ENV/setup.log" | prefix requirements
   return "$(cat "$ENV/pip.rc" 2>/dev/null || echo 1)"
 }}
 mkdir -p "$ROOT"/{q(ENVS_DIR)} "$RUNDIR"
@@ -142,19 +144,26 @@ def prepare_node(
     run_dir: str,
     extra_env: Mapping[str, str],
     on_line: Callable[[str, str], None],
+    wrap: Callable[[str], str] | None = None,
 ) -> PrepareOutcome:
     """Run the prepare script on one node, its lines to `on_line(node, "[PHASE] text")`; raises
-    EnvironmentSetupError naming the node, what failed and its last lines."""
+    EnvironmentSetupError naming the node, what failed and its last lines. `wrap`: how the
+    script runs there (e.g. inside the job's image: container.build_in_image_command)."""
     cmd = build_prepare_command(
         env, python=python, code_dir=code_dir, run_dir=run_dir, extra_env=extra_env
     )
+    if wrap is not None:
+        cmd = wrap(cmd)
     tail: deque[str] = deque(maxlen=4)
+    other: deque[str] = deque(maxlen=3)  # what else it printed (e.g. docker's error)
     failed: list[tuple[str, str]] = []
     cached: list[bool] = []
 
     def line(text: str) -> None:
         parsed = parse_prepare_line(text)
         if parsed is None:
+            if text.strip():
+                other.append(text.strip())
             return
         phase, rest = parsed
         if rest.startswith("failed: "):
@@ -178,7 +187,7 @@ def prepare_node(
         phase, why = failed[-1] if failed else ("setup", f"failed: exit code {rc}")
         what = "setup" if phase == "setup" else "installing the requirements"
         errors = [x.strip() for x in tail if x.startswith("ERROR")]  # pip's own verdict
-        last = " | ".join(errors or [x.strip() for x in tail if x.strip()])
+        last = " | ".join(errors or [x.strip() for x in tail if x.strip()] or list(other))
         raise EnvironmentSetupError(
             f"node {transport.name}: {what} failed: {why}"
             + (f"; last lines: {last}" if last else "")
@@ -196,6 +205,7 @@ def prepare_environment(
     run_dir: str,
     extra_env: Mapping[str, str],
     on_line: Callable[[str, str], None],
+    wrap: Callable[[str], str] | None = None,
 ) -> dict[str, PrepareOutcome]:
     """Every node at once; the first failure (by node order) is raised, naming its node."""
     from scripts import ui
@@ -210,6 +220,7 @@ def prepare_environment(
             run_dir=run_dir,
             extra_env=extra_env,
             on_line=on_line,
+            wrap=wrap,
         )
 
     results, errors = parallel(list(names), one)

@@ -24,18 +24,17 @@ from scripts import ui
 from scripts.job.container import (
     IMAGE_PYTHON,
     RUN_ENV_NAMES,
-    ImageRef,
     build_docker_run,
-    build_image_gpu_command,
-    build_node_check_command,
-    build_pull_command,
+    build_in_image_command,
     container_name,
+    image_key,
 )
 from scripts.job.data import stage_data
 from scripts.job.download import download_results, write_job_record
-from scripts.job.environment import EnvironmentSetupError
+from scripts.job.environment import ENVS_DIR
 from scripts.job.environment_node import prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
+from scripts.job.image_node import ensure_image
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,
     UNPACK_FAILED,
@@ -94,23 +93,9 @@ def launch_torchrun(
     if job.rdzv_port is None:  # every run its own c10d store, also beside another run
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
     manifests = prepared.manifests
-    if job.image is not None:
-        ensure_image(fleet, transports, job.image)
-    if job.environment is not None:  # requirements, then setup: once per node per content hash
-        # built from the uploaded code, so the code goes first (the start then sends nothing)
-        manifests = upload_code(fleet, transports, job, files, manifests)
-        environment = job.environment.for_python(fleet.python)
-        job = dataclasses.replace(job, environment=environment)
-        prepare_environment(
-            [n.name for n in fleet.nodes],
-            transports,
-            environment,
-            python=fleet.python,
-            code_dir=job.code_dir,
-            run_dir=run_dir(job.run_id),
-            extra_env=job.env,
-            on_line=on_line,
-        )
+    job, manifests = prepare_image_and_environment(
+        fleet, transports, job, files, manifests, on_line=on_line
+    )
     upload_and_start(fleet, transports, job, files, manifests, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
@@ -174,6 +159,52 @@ def launch_torchrun(
         f"results in {results_dir}"
     )
     return result
+
+
+def prepare_image_and_environment(
+    fleet: Fleet,
+    transports: Mapping[str, Transport],
+    job: Job,
+    files: Mapping[str, Path],
+    manifests: Mapping[str, str],
+    *,
+    on_line: LineSink = say_line,
+) -> tuple[Job, Mapping[str, str]]:
+    """Before the start, in this order: the image on every node (docker, the toolkit, the
+    digest), then the requirements and setup (inside the image when there is one). Returns the
+    job keyed to its environment and the nodes' manifests as they are now."""
+    if job.image is not None:
+        ensure_image(fleet, transports, job.image)
+    if job.environment is None:
+        return job, manifests
+    # requirements, then setup: once per node per content hash
+    # built from the uploaded code, so the code goes first (the start then sends nothing)
+    manifests = upload_code(fleet, transports, job, files, manifests)
+    # with an image: built by the image's python, inside it, keyed by its digest too
+    image = job.image
+    python = IMAGE_PYTHON if image else fleet.python
+    environment = job.environment.for_python(image_key(image) if image else python)
+    job = dataclasses.replace(job, environment=environment)
+    wrap = None
+    if image is not None:
+        name = f"{container_name(job.run_id)}-env"
+        gpus = not fleet.expect.is_cpu
+
+        def wrap(script: str) -> str:
+            return build_in_image_command(image, script, name=name, gpus=gpus)
+
+    prepare_environment(
+        [n.name for n in fleet.nodes],
+        transports,
+        environment,
+        python=python,
+        code_dir=job.code_dir,
+        run_dir=run_dir(job.run_id),
+        extra_env=job.env,
+        on_line=on_line,
+        wrap=wrap,
+    )
+    return job, manifests
 
 
 def collect_code(job: Job) -> dict[str, Path]:
@@ -260,17 +291,20 @@ def upload_and_start(
     nproc = job.nproc_per_node or (1 if fleet.expect.is_cpu else fleet.expect.count)
     container = ""
     if job.image is not None:
+        env = job.environment
         container = build_docker_run(
             job.image,
             name=container_name(job.run_id),
             gpus=not fleet.expect.is_cpu,
             env_names=[*RUN_ENV_NAMES, *job.env, *job.secrets, NAMES_ENV],
+            env_dir=f"{ENVS_DIR}/{env.key}" if env is not None else None,
+            fabric=job.fabric,
         )
     python = fleet.python
-    if job.image is not None:
-        python = IMAGE_PYTHON
-    elif job.environment is not None:
+    if job.environment is not None:
         python = job.environment.python_rel
+    elif job.image is not None:
+        python = IMAGE_PYTHON
     script = build_node_command(
         job,
         nnodes=len(names),
@@ -278,6 +312,7 @@ def upload_and_start(
         head_address=fleet.head.internal_address,
         python=python,
         container=container,
+        host_python=fleet.python,
     )
     bundle = CodeBundle(files, run_script=script)
     cmd = build_upload_and_start_command(job.run_id, job.code_dir, secrets=bool(job.secrets))
@@ -334,50 +369,6 @@ def upload_code(
         raise TransportError("\n".join(str(e) for e in errors.values()))
     now = json.dumps(bundle.manifest, sort_keys=True)
     return {n: now for n in names}
-
-
-def ensure_image(fleet: Fleet, transports: Mapping[str, Transport], image: ImageRef) -> None:
-    """Every node can run containers (docker, and the NVIDIA container toolkit where it has GPUs)
-    and holds the image's digest, pulled once; on GPU nodes nvidia-smi inside the image sees the
-    expected GPUs. A node that fails is named with what it lacks."""
-    check = build_node_check_command(gpus=not fleet.expect.is_cpu)
-    pull = build_pull_command(image)
-
-    def one(name: str) -> str:
-        r = transports[name].run(check, 60)
-        if not r.ok:
-            raise EnvironmentSetupError(
-                f"node {name}: cannot run the image {image.repository}:{image.tag}: "
-                f"{r.stdout.strip() or r.stderr.strip()} (install docker and the NVIDIA "
-                "container toolkit, or run without --image)"
-            )
-        r = transports[name].run(pull, 1800)
-        if not r.ok:
-            last = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
-            raise EnvironmentSetupError(
-                f"node {name}: cannot pull {image.pinned}: {last or f'exit {r.exit_code}'}"
-            )
-        if fleet.expect.is_cpu:
-            return r.stdout.strip()
-        seen = transports[name].run(build_image_gpu_command(image), 300)
-        gpus = [ln for ln in seen.stdout.splitlines() if ln.strip()]
-        if not seen.ok or len(gpus) != fleet.expect.count:
-            raise EnvironmentSetupError(
-                f"node {name}: nvidia-smi inside {image.repository}:{image.tag} sees "
-                f"{len(gpus) if seen.ok else 'no'} GPU(s), expected {fleet.expect.count}: "
-                + " | ".join(seen.stdout.strip().splitlines()[-2:])
-            )
-        return f"{r.stdout.strip()}, {len(gpus)} GPU(s) inside"
-
-    names = [n.name for n in fleet.nodes]
-    results, errors = parallel(names, one)
-    if errors:
-        first = next(n for n in names if n in errors)
-        raise errors[first]
-    ui.say(
-        f"image {image.repository}:{image.tag} ({image.digest}) on {len(names)} node(s): "
-        + ", ".join(f"{n} {results[n]}" for n in names)
-    )
 
 
 def report_install(

@@ -27,16 +27,19 @@ def build_node_command(
     head_address: str,
     python: str,
     container: str = "",
+    host_python: str | None = None,
 ) -> str:
     """The run.sh every node runs (the same on all: c10d assigns ranks). Pure; every value is
     shell-quoted so arguments arrive verbatim. The network interface toward the head is found on
     the node (never assumed): the one holding the head's address, else ``ip route get``.
-    `container`: the `docker run ... IMAGE` torchrun runs in (container.build_docker_run)."""
+    `container`: the `docker run ... IMAGE` torchrun runs in (container.build_docker_run); then
+    `python` is the image's and `host_python` the node's own, for the helpers run.sh starts."""
     if job.rdzv_port is None:
         raise ValueError(
             "build_node_command needs the run's rendezvous port (prepare_nodes picks it)"
         )
     q = shlex.quote
+    helper = host_python or python
     head = q(head_address)
     env_lines = "".join(f"export {k}={q(v)}\n" for k, v in job.env.items())
     torchrun = [
@@ -72,19 +75,19 @@ esac
 if [ -n "$IFACE" ]; then export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"; fi
 # the GPU network's NCCL plugin and NICs (written by the fabric setup) replace the one interface
 NCCL_ENV_FILE="${{GPUTRAIN_NODE_ROOT:-$HOME}}/{NCCL_ENV_FILE}"
-if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; fi
+if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; else NCCL_ENV_FILE=/dev/null; fi
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
 mkdir -p "$RUN/out" "$RUN/logs" "$RUN/watch"
-{watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}{mirror_start_lines(job, python)}HOST=; read -r HOST 2>/dev/null < /proc/sys/kernel/hostname || HOST=$(hostname)
+{watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}{mirror_start_lines(job, helper)}HOST=; read -r HOST 2>/dev/null < /proc/sys/kernel/hostname || HOST=$(hostname)
 echo "gputrain: $HOST starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
 echo $JOB > "$RUN/jobpid"
-{watch.sampler_line(python, job.watch.sample_interval_s if job.watch else 5.0)}
-{worker_watchdog(python, job.rdzv_port, nnodes)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
+{watch.sampler_line(helper, job.watch.sample_interval_s if job.watch else 5.0)}
+{worker_watchdog(helper, job.rdzv_port, nnodes)}# a stop (TERM to the group) reaches torchrun too; this shell stays to record its exit code
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done

@@ -52,6 +52,7 @@ class Job:
     # name -> value: only in memory, to the nodes on stdin (scripts/job/secrets.py); never shown
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     image: ImageRef | None = None  # torchrun runs inside it (resolved to its digest)
+    fabric: str = "none"  # the GPU network the image's container gets (rdma, tcpxo)
     # Vertex: name -> Secret Manager version the job resolves itself (references, not values)
     secret_refs: Mapping[str, str] = field(default_factory=dict)
     watch: WatchSettings | None = None  # telemetry, stall timeout (None: the defaults)

@@ -21,6 +21,7 @@ from scripts.settings import Settings
 from scripts.transport.base import Transport
 
 if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
     from scripts.verify.fabric import FabricCheck
 
 
@@ -108,11 +109,19 @@ class FleetSession:
             run_id,
         )
 
+    def verify_image(self, image: ImageRef) -> None:
+        """Every node can run the image (docker, the NVIDIA container toolkit: installed on
+        the stack's own VMs) and nvidia-smi inside it sees the node's GPUs."""
+        from scripts.job.image_node import ensure_image
+
+        ensure_image(self.fleet, self.transports, image, verify=True)
+
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.job.launch import stop_job
         from scripts.watch.launch import watched_launch, with_stall_default
 
         transports = self.transports
+        job = self.with_fabric(job)
         if self.fleet.local:
             # Runs on this machine share its node root: each syncs into its own code dir (the
             # run keeps a hard-linked snapshot of it), so two runs at once never mix files.
@@ -137,6 +146,7 @@ class FleetSession:
         from scripts.job.launch import stop_job
 
         transports = self.transports
+        job = self.with_fabric(job)
         if self.fleet.local:  # its own code dir, as run_job; the run's snapshot outlives it
             job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
         try:
@@ -149,6 +159,13 @@ class FleetSession:
             if self.fleet.local:
                 for t in transports.values():
                     t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
+
+    def with_fabric(self, job: Job) -> Job:
+        """The job with the GPU network its image's containers get (a multi-node fabric stack's:
+        the fabric setup prepared it on every node before)."""
+        if job.image is None or self.fabric is None or len(self.fleet.nodes) < 2:
+            return job
+        return dataclasses.replace(job, fabric=self.fabric.kind)
 
     def has_run(self, run_id: str) -> bool:
         """The run's directory is on the head (`--resume`)."""

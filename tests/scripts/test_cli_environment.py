@@ -27,7 +27,6 @@ from scripts.settings import Settings
             "pyproject.toml: [project].dependencies",
         ),
         ({}, ["--image", "ubuntu:22.04"], "--image: 'ubuntu:22.04' is not allowed"),
-        ({}, ["--image", "r.io/a:1", "--setup", "make"], "setup: not supported together"),
         ({}, ["--build", "Dockerfile", "--image", "r.io/a:1"], "--build and --image are both set"),
         (
             {"Dockerfile": "FROM x\n"},

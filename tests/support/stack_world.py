@@ -147,7 +147,8 @@ def world_factory(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., World]]:
     """Yields make(nodes=2, gpus=None, wrong_host_keys=False, bucket=False, settings=None,
-    fabric=None) -> World; cleans up."""
+    fabric=None, containers=None) -> World; cleans up. `containers(host)`: the VMs are container
+    hosts (tests/support/container_bed.py), each passed to it once made."""
     made: list[Any] = []
     markers: list[Path] = []
     admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
@@ -161,6 +162,7 @@ def world_factory(
         bucket: bool = False,
         settings: dict[str, str | None] | None = None,
         fabric: FabricFakes | None = None,
+        containers: Callable[[TestHost], object] | None = None,
     ) -> World:
         (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
         (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes, settings))
@@ -195,11 +197,17 @@ def world_factory(
                 ),
             }
 
+        def new_host() -> TestHost:
+            gpu = gpus or GpuConfig(model="NVIDIA L4", count=1)
+            host = tb.add_host(gpus=gpu, fabric=fabric, containers=containers is not None)
+            if containers is not None:
+                containers(host)
+            return host
+
         def node_factory(zone: str) -> list[dict[str, Any]]:
             """`pulumi up` in `zone`: the cluster's VMs are fresh sshd test hosts."""
             for _ in range(nodes):
-                gpu = gpus or GpuConfig(model="NVIDIA L4", count=1)
-                hosts.append(tb.add_host(gpus=gpu, fabric=fabric))
+                hosts.append(new_host())
             return [
                 vm(f"e2e-node-{i}", zone, h, "head" if i == 0 else "worker")
                 for i, h in enumerate(hosts[-nodes:])
@@ -211,7 +219,7 @@ def world_factory(
             gone = node_hosts.pop(old["name"])
             if gone.name in tb.hosts:
                 tb.remove_host(gone.name)
-            host = tb.add_host(gpus=gpus or GpuConfig(model="NVIDIA L4", count=1), fabric=fabric)
+            host = new_host()
             hosts.append(host)
             return vm(old["name"], zone, host, old["role"])
 

@@ -200,6 +200,7 @@ class TestHost:
     host_key: str  # "ssh-ed25519 AAAA..."
     dir: Path
     isolated: bool = False
+    containers: bool = False  # entered with nsenter: podman sees the cgroups
     sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def node(self, role: str = "worker", *, user: str = TEST_USER, via_head: bool = False) -> Node:
@@ -520,10 +521,12 @@ class TestBed:
         isolated_behind: str | None = None,
         sshd_delay_s: float = 0.0,
         fabric: FabricFakes | None = None,
+        containers: bool = False,
     ) -> TestHost:
         """A new host with a running sshd (after sshd_delay_s). ``isolated_behind=<host>``: on
-        the second bridge, reachable only from that host's namespace (for jump tests)."""
-        host = self._create_host(name, gpus, isolated_behind, sshd_delay_s, fabric)
+        the second bridge, reachable only from that host's namespace (for jump tests).
+        ``containers``: podman can run there (tests/support/container_bed.py)."""
+        host = self._create_host(name, gpus, isolated_behind, sshd_delay_s, fabric, containers)
         if not sshd_delay_s:
             self.wait_listening(host, 5)
         return host
@@ -543,6 +546,7 @@ class TestBed:
         isolated_behind: str | None,
         sshd_delay_s: float,
         fabric: FabricFakes | None,
+        containers: bool = False,
     ) -> TestHost:
         """The namespace, keys, config and fakes of a new host, its sshd started (not waited for)."""
         with self._mutex:
@@ -572,7 +576,7 @@ class TestBed:
             else:
                 self._ensure_iso_gateway(isolated_behind)
                 self._veth(ns, slot.veth(offset), slot.iso_bridge, f"{address}/26")
-            host = TestHost(name, address, ns, host_key, d, isolated=isolated_behind is not None)
+            host = TestHost(name, address, ns, host_key, d, isolated_behind is not None, containers)
             if not host.isolated:
                 route = _run("ip", "route", "get", address).stdout
                 if f"dev {slot.bridge} " not in route:
@@ -731,15 +735,29 @@ class TestBed:
         ]
         if self.user != "root":
             mounts.append(f"mount --bind {host.dir}/home /home/{TEST_USER}")
+        if host.containers:  # rootless podman's --ipc host binds /dev/mqueue (machines have one)
+            mounts.append("mkdir -p /dev/mqueue && mount -t mqueue mqueue /dev/mqueue")
+            if os.path.isfile("/usr/local/bin/docker"):  # its docker is the one a test puts
+                # there: this machine's daemonless docker CLI is hidden (nothing a host runs
+                # lives in /usr/local/bin)
+                (host.dir / "no-local-bin").mkdir(exist_ok=True)
+                mounts.append(f"mount --bind {host.dir}/no-local-bin /usr/local/bin")
         script = " && ".join(
             ([f"sleep {delay_s}"] if delay_s else [])
             + mounts
             + [f"exec {SSHD} -D -e -f {host.dir}/sshd_config"]
         )
+        # `ip netns exec` remounts /sys, which hides the cgroups podman needs: container hosts
+        # enter only the network namespace
+        enter = (
+            ["nsenter", f"--net=/var/run/netns/{host.namespace}"]
+            if host.containers
+            else ["ip", "netns", "exec", host.namespace]
+        )
         with open(host.dir / "sshd.log", "ab") as log:
             host.sshd = subprocess.Popen(
-                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount",
-                 "--propagation", "private", "sh", "-c", script],
+                [*enter, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
+                 script],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )  # fmt: skip
         if self._cpu_group is not None:  # what the host runs (sshd, shells, jobs) is counted

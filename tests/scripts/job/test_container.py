@@ -16,13 +16,17 @@ from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from scripts.connect import close_all, connect
 from scripts.job.container import (
+    NCCL_ENV_IN_CONTAINER,
     ImageRef,
     build_docker_run,
-    build_node_check_command,
+    build_in_image_command,
+    image_key,
+    nccl_entry,
     parse_image,
     resolve_digest,
 )
-from scripts.job.environment import EnvironmentSetupError
+from scripts.job.environment import EnvironmentSetupError, plan_environment
+from scripts.job.image_node import build_node_check_command
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job, TrainingError
 from tests.support.containers import Podman, Registry, require_tools
@@ -277,8 +281,89 @@ def test_gpu_nodes_see_their_gpus_inside_the_image(
     finally:
         close_all(ts)
     calls = podman.calls.read_text()
-    assert f"run --rm --gpus all {ref.pinned} nvidia-smi" in calls
+    assert f"run --rm --network none --gpus all {ref.pinned} nvidia-smi" in calls
     if ok:  # the run itself: GPUs, host network and IPC, two processes per node
         user = f"{os.getuid()}:{os.getgid()}"
         assert f"--network host --ipc host --user {user} -e HOME=/tmp --gpus all" in calls
         assert "--nproc-per-node 2" in calls
+
+
+@pytest.mark.parametrize("kind", ["rdma", "tcpxo"])
+def test_a_fabric_stack_gives_the_container_its_gpu_network(kind: str) -> None:
+    """GPUDirect: the NCCL env file mounted and sourced inside (before the command), the RDMA
+    devices (gIB) or the aperture devices (TCPXO) and the plugin's libraries read-only."""
+    ref = ImageRef("r.io", "a/b", "v", "sha256:" + "e" * 64)
+    cmd = build_docker_run(ref, name="n", gpus=True, env_names=[], fabric=kind)
+    assert f'-v "$NCCL_ENV_FILE:{NCCL_ENV_IN_CONTAINER}:ro"' in cmd
+    expected = {
+        "rdma": ["--device /dev/infiniband", "--ulimit memlock=-1", "--cap-add IPC_LOCK",
+                 "-v /usr/local/gib:/usr/local/gib:ro"],
+        "tcpxo": ["-v /dev/aperture_devices:/dev/aperture_devices",
+                  "-v /var/lib/tcpxo/lib64:/var/lib/tcpxo/lib64:ro"],
+    }[kind]  # fmt: skip
+    assert all(arg in cmd for arg in expected)
+    assert "/dev/infiniband" not in cmd if kind == "tcpxo" else "aperture" not in cmd
+    assert cmd.endswith(
+        f"{ref.pinned} sh -c '. {NCCL_ENV_IN_CONTAINER}; exec \"$@\"' gputrain-nccl"
+    )
+    plain = build_docker_run(ref, name="n", gpus=True, env_names=[])
+    assert "NCCL_ENV_FILE" not in plain and plain.endswith(ref.pinned)
+
+
+def test_the_environment_is_keyed_by_the_image_digest(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("tiktoken\n")
+    env = plan_environment(tmp_path)
+    assert env is not None
+    a = ImageRef("r.io", "a", "v", "sha256:" + "1" * 64)
+    b = ImageRef("r.io", "a", "v", "sha256:" + "2" * 64)
+    keys = {env.for_python(image_key(a)).key, env.for_python(image_key(b)).key}
+    assert len(keys | {env.for_python("python3").key}) == 3
+
+
+def test_nccl_env_and_scripts_run_inside_the_image(
+    podman: Podman, registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For real under podman: the fabric's env file sourced inside (its library dir before the
+    image's own LD_LIBRARY_PATH; /dev/null where the node has none), and a node script run
+    inside the image from its stdin, the node state mounted, its exit status kept."""
+    import subprocess
+
+    podman.import_image("localhost/gputrain-env:1", {"/gputrain-image": "#!/bin/sh\necho in\n"})
+    podman("tag", "localhost/gputrain-env:1", f"{registry.host}/gputrain/env:1")
+    podman.trust(registry.host)
+    podman("push", "-q", f"{registry.host}/gputrain/env:1")
+    ref = resolve_digest(parse_image(f"{registry.host}/gputrain/env:1", "i"), insecure=True)
+    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
+    nccl = tmp_path / "nccl.env"
+    nccl.write_text(
+        "export NCCL_NET=gIB\nexport LD_LIBRARY_PATH=/usr/local/gib/lib64${LD_LIBRARY_PATH:+:"
+        "$LD_LIBRARY_PATH}\n"
+    )
+    entry = " ".join(nccl_entry())
+    show = "sh -c 'echo net=$NCCL_NET lib=$LD_LIBRARY_PATH'"
+    for env_file, expected in (
+        (nccl, "net=gIB lib=/usr/local/gib/lib64:/img"),
+        ("/dev/null", "net= lib=/img"),
+    ):
+        cmd = (
+            f'docker run --rm -e LD_LIBRARY_PATH=/img -v "$NCCL_ENV_FILE:{NCCL_ENV_IN_CONTAINER}:ro" '
+            f"{ref.pinned} {entry} {show}"
+        )
+        r = subprocess.run(
+            ["sh", "-c", cmd],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "NCCL_ENV_FILE": str(env_file)},
+        )
+        assert r.stdout.strip() == expected, r.stderr
+
+    root = tmp_path / "root"
+    root.mkdir()
+    script = 'echo "secret=$TOK" > "$ROOT/.gputrain/seen"; /gputrain-image; exit 3'
+    cmd = build_in_image_command(
+        ref, f"ROOT=$(pwd)\nexport TOK=v1\n{script}", name="e1", gpus=False
+    )
+    r = subprocess.run(["sh", "-c", cmd], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 3 and r.stdout.strip() == "in", r.stderr
+    assert (root / ".gputrain" / "seen").read_text() == "secret=v1\n"
+    assert "v1" not in podman.calls.read_text()  # the script came on stdin, not in argv

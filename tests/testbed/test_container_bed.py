@@ -1,0 +1,262 @@
+"""Container images on the sshd test bed, through the CLI: 2 test hosts whose `docker` is podman
+pull the job's image from a real registry on the bridge (tests/support/container_bed.py);
+requirements and `setup` run inside the image (cached on the node by the image's digest), then
+gputrain's production `docker run` (host network and IPC, the run dir mounted) starts torchrun
+inside it on both hosts and the two form one gloo DDP job; results and exit codes come home, a
+stop removes the containers, `verify` runs nvidia-smi inside the image, and a stack VM without
+docker gets it installed (a fake apt-get that provides the shim)."""
+
+from __future__ import annotations
+
+import json
+import pwd
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from scripts.cli import main
+from scripts.connect import close_all, connect
+from scripts.job.container import INSECURE_REGISTRIES_ENV, ImageRef
+from scripts.job.launch import stop_job
+from scripts.settings import Settings
+from tests.support import JOBS
+from tests.support.container_bed import IMAGE_MARK, ContainerBed
+from tests.support.stack_world import World, assert_torn_down
+from tests.support.testbed import GpuConfig, TestBed, TestHost
+from tests.support.wheelhouse import PackageIndex, build_wheel
+
+STANDIN = JOBS.parent / "nanogpt_standin" / "train_with_requirements.py"
+SETUP = f"{IMAGE_MARK}\npython -c 'import gputrain_probe; print(\"probe ok\")'"
+#: A smaller DDP job: says whether it runs inside the image, all-reduces once, writes its rank.
+INSIDE = """import os, torch, torch.distributed as dist
+import gputrain_probe  # noqa: F401  (the environment built inside the image)
+dist.init_process_group("gloo")
+t = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(t)
+print(f"inside={os.path.exists('/gputrain-image')} world={dist.get_world_size()} sum={t.item():g}")
+open(os.path.join(os.environ["GPUTRAIN_OUT"], f"rank{dist.get_rank()}.txt"), "w").write("ok")
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def cbed(tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ContainerBed]:
+    bed = ContainerBed(tb, tmp_path / "containers")
+    monkeypatch.setenv(INSECURE_REGISTRIES_ENV, bed.registry.host)
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
+@pytest.fixture
+def index(tb: TestBed, tmp_path: Path) -> Iterator[PackageIndex]:
+    with PackageIndex(tmp_path / "index", host=tb.bridge_address) as idx:
+        idx.add(build_wheel("gputrain-probe", tmp_path / "wheel"))
+        yield idx
+
+
+def _hosts_file(
+    tb: TestBed, d: Path, hosts: list[TestHost], image: ImageRef, extra: str = "cpu: true\n"
+) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "known_hosts").write_text("".join(f"{h.address} {h.host_key}\n" for h in hosts))
+    path = d / "lab.yaml"
+    path.write_text(
+        f"user: {tb.user}\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
+        f"python: {tb.python}\nimage: {image.repository}:{image.tag}\n{extra}hosts:\n"
+        + "".join(f"  - address: {h.address}\n" for h in hosts)
+    )
+    return path
+
+
+def _ready_s(out: str) -> float:
+    """The environment step's seconds (its `... ready on N node(s) in X s` line)."""
+    found = re.search(r"^environment \S+ \(.*\) ready on \d+ node\(s\) in ([0-9.]+) s", out, re.M)
+    assert found, out
+    return float(found[1])
+
+
+def _runs(host: TestHost) -> Path:
+    return host.dir / "home" / ".gputrain" / "runs"
+
+
+def test_hosts_two_node_run_inside_the_image(
+    tb: TestBed,
+    cbed: ContainerBed,
+    index: PackageIndex,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a, b = tb.add_host(containers=True), tb.add_host(containers=True)
+    pods = [cbed.enable(h) for h in (a, b)]
+    image = cbed.image("bed")
+    proj = tmp_path / "proj"
+    path = _hosts_file(tb, proj, [a, b], image)
+    shutil.copy(STANDIN, proj / "train.py")
+    (proj / "inside.py").write_text(INSIDE)
+    (proj / "requirements.txt").write_text("gputrain-probe==1.0\n")
+    monkeypatch.chdir(proj)
+    settings = Settings(root=proj, runs_dir=proj / "runs", connect_deadline_s=30)
+    pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={tb.bridge_address}"]
+    run = ["run", "--hosts", str(path), *pip, "--setup", SETUP]
+    login = pwd.getpwnam(tb.user)
+    ids = f"{login.pw_uid}:{login.pw_gid}"  # the SSH user's: what the run writes stays theirs
+
+    assert main([*run, "--", "train.py", "--max_iters=3"], settings) == 0
+    out = capsys.readouterr().out
+    assert f"image {image.repository}:1 is {image.digest}" in out
+    for node in (a.address, b.address):
+        # the image's python builds the environment inside the container: the image's root
+        assert f"[{node}] [requirements] Successfully installed gputrain-probe-1.0" in out
+        assert f"[{node}] [setup] bed" in out and f"[{node}] [setup] probe ok" in out
+    assert f"image {image.repository}:1 ({image.digest}) on 2 node(s)" in out
+    assert "pulled" in out and "iter 2: loss" in out
+    for pod in pods:  # pulled once per node, then the environment and the run inside it
+        calls = pod.calls.read_text().splitlines()
+        assert sum(c.startswith(f"pull -q {image.pinned}") for c in calls) == 1
+        env_run, job_run = (c for c in calls if c.startswith("run "))
+        assert env_run.startswith("run --rm -i --name gputrain-") and "-env " in env_run
+        assert f"--network host --ipc host --user {ids} -e HOME=/tmp" in job_run
+        assert f"{image.pinned} ../../../envs/" in job_run
+        assert "/bin/python -m torch.distributed.run --nnodes 2" in job_run
+    first_s = _ready_s(out)
+    assert list(_runs(a).glob("*/code/out/ckpt.pt"))  # what torchrun wrote in the mounted run dir
+    first = sorted((proj / "runs" / "hosts-lab").glob("*/*/setup.log"))
+    assert len(first) == 2 and all("probe ok" in p.read_text() for p in first)
+
+    # the same image and hash: the environment is reused; the ranks run inside the image
+    assert main([*run, "--", "inside.py"], settings) == 0
+    out = capsys.readouterr().out
+    assert out.count("skipped (cached)") == 2 and "Successfully installed" not in out
+    cached_s = _ready_s(out)
+    with capsys.disabled():  # the figure: the environment step inside the image, first vs cached
+        print(f"\nenvironment inside the image: first {first_s:.1f} s, cached {cached_s:.1f} s")
+    assert cached_s < first_s
+    assert out.count("inside=True world=2 sum=3") == 2
+    assert "present" in out  # the digest is on the nodes already: no second pull
+    results = max((proj / "runs" / "hosts-lab").glob("*/job.json")).parent
+    assert set(json.loads((results / "job.json").read_text())["exit_codes"].values()) == {0}
+    assert sorted(p.name for p in results.rglob("rank*.txt")) == ["rank0.txt", "rank1.txt"]
+    assert all(cbed.containers_on(h) == [] for h in (a, b))  # --rm: nothing left
+    for pod in pods:  # the cached check ran inside the image too; no second pull
+        calls = pod.calls.read_text().splitlines()
+        assert sum(c.startswith("run --rm -i --name gputrain-") for c in calls) == 2
+        assert sum(c.startswith("pull ") for c in calls) == 1
+
+
+def test_a_failing_rank_and_a_stop_inside_the_image(
+    tb: TestBed,
+    cbed: ContainerBed,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a, b = tb.add_host(containers=True), tb.add_host(containers=True)
+    for h in (a, b):
+        cbed.enable(h)
+    image = cbed.image("ddp")
+    proj = tmp_path / "proj"
+    path = _hosts_file(tb, proj, [a, b], image)
+    shutil.copy(JOBS / "ddp_sum.py", proj / "ddp_sum.py")
+    monkeypatch.chdir(proj)
+    settings = Settings(root=proj, runs_dir=proj / "runs", connect_deadline_s=30)
+    run = ["run", "--hosts", str(path)]
+
+    # rank 1 (the worker's) fails: its exit code comes home, the head is stopped
+    fail = ["--env", "DDP_FAIL_RANK=1", "--env", "DDP_FAIL_STEP=1", "--env", "DDP_STEPS=5"]
+    assert main([*run, *fail, "--", "ddp_sum.py"], settings) == 1
+    captured = capsys.readouterr()
+    assert "failed on node" in captured.err
+    record = json.loads(max((proj / "runs" / "hosts-lab").glob("*/job.json")).read_text())
+    assert sorted(record["exit_codes"].values()) != [0, 0]
+    assert all(cbed.containers_on(h) == [] for h in (a, b))
+
+    # a long job stopped from outside (as `gputrain stop` does): the containers are removed.
+    # (The TERM reaches torchrun inside; rootless podman's CLI then takes longer than the grace
+    # period to exit, so the stop ends with its SIGKILL: no exit code is recorded here.)
+    fleet = tb.fleet([a, b])
+    stopped: list[str] = []
+
+    def stop_when_running() -> None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if all(cbed.containers_on(h) for h in (a, b)):
+                ids = [p.name for p in _runs(a).iterdir()]
+                ts = connect(fleet, deadline_s=30)
+                try:
+                    stopped.append(str(stop_job(ts, max(ids), grace_s=3)))
+                finally:
+                    close_all(ts)
+                return
+            time.sleep(0.5)
+
+    stopper = threading.Thread(target=stop_when_running, daemon=True)
+    stopper.start()
+    long = ["--env", "DDP_STEPS=600", "--env", "DDP_STEP_S=0.5", "--env", "DDP_TIMEOUT_S=60"]
+    assert main([*run, *long, "--", "ddp_sum.py"], settings) == 1
+    stopper.join(timeout=60)
+    assert stopped, capsys.readouterr().out
+    assert all(cbed.containers_on(h) == [] for h in (a, b))
+
+
+def test_verify_runs_nvidia_smi_inside_the_image(
+    tb: TestBed,
+    cbed: ContainerBed,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    host = tb.add_host(containers=True, gpus=GpuConfig(model="NVIDIA L4", count=2))
+    pod = cbed.enable(host)
+    ctk = host.dir / "bin" / "nvidia-ctk"  # a GPU host has the NVIDIA container toolkit
+    ctk.write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.8'\n")
+    ctk.chmod(0o755)
+    image = cbed.image("gpu", gpus=2)
+    gpus = "gpus: {model: NVIDIA L4, count: 2}\n"
+    path = _hosts_file(tb, tmp_path / "lab", [host], image, extra=gpus)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=30)
+    assert main(["verify", "--hosts", str(path)], settings) == 0
+    out = capsys.readouterr().out
+    assert f"image {image.repository}:1 ({image.digest}) verified 1 node(s)" in out
+    assert "2 GPU(s) inside" in out
+    assert f"run --rm --network none --gpus all {image.pinned} nvidia-smi" in pod.calls.read_text()
+
+    one = cbed.image("gpu1", gpus=1)  # an image whose nvidia-smi sees fewer: one line, exit 1
+    path = _hosts_file(tb, tmp_path / "lab", [host], one, extra=gpus)
+    assert main(["verify", "--hosts", str(path)], settings) != 0
+    err = capsys.readouterr().err
+    assert f"nvidia-smi inside {one.repository}:1 sees 1 GPU(s), expected 2" in err
+
+
+def test_stack_vm_without_docker_gets_it_installed(
+    world: Callable[..., World],
+    cbed: ContainerBed,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    image = cbed.image("stack", gpus=1, mark="stack")
+    w = world(
+        nodes=2,
+        settings={"image": f"{image.repository}:1", "setup": json.dumps(IMAGE_MARK)},
+        containers=lambda h: cbed.enable(h, docker=False),
+    )
+    (w.dir / "inside.py").write_text(INSIDE.replace("import gputrain_probe", "import os"))
+    stack = ["--stack", "e2e"]
+    assert w.run("run", *stack, "--yes", "--skip-preflight", "--", "inside.py") == 0
+    out = capsys.readouterr().out
+    for vm in ("e2e-node-0", "e2e-node-1"):
+        assert f"{vm}: {image.repository}:1 needs docker and nvidia-container-toolkit" in out
+        assert f"[{vm}] [install] installing docker.io" in out
+        assert f"[{vm}] [install] done" in out
+        assert f"[{vm}] [setup] stack" in out  # the stack's setup, inside the image
+    assert out.count("inside=True world=2 sum=3") == 2
+    for host in w.hosts:
+        calls = cbed.apt_log(host).read_text()
+        assert "install --no-install-recommends docker.io acl" in calls
+        assert "install nvidia-container-toolkit" in calls
+        assert "nvidia-ctk runtime configure --runtime=docker" in calls
+    assert_torn_down(w)
