@@ -93,6 +93,10 @@ RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "artifactregistry.repositories.getIamPolicy",  # a read-modify-write of its policy
         "artifactregistry.repositories.setIamPolicy",
     ),
+    "gcp:secretmanager/secretIamMember:SecretIamMember": (  # vertex: the job reads its secrets
+        "secretmanager.secrets.getIamPolicy",  # a read-modify-write of that secret's policy
+        "secretmanager.secrets.setIamPolicy",
+    ),
 }
 
 #: Only with `build`: the image repository and its reader grant.
@@ -177,6 +181,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("artifactregistry.repositories.uploadArtifacts", "roles/artifactregistry.writer"),
     ("artifactregistry.", "roles/artifactregistry.admin"),  # the repository and its policy
     ("cloudbuild.builds.", "roles/cloudbuild.builds.editor"),
+    ("secretmanager.", "roles/secretmanager.admin"),  # on those secrets (or the project)
 )
 
 
@@ -187,10 +192,12 @@ def resource_types(
     own_bucket: bool = True,
     vertex: bool = False,
     build: bool = False,
+    secret_access: bool = False,
 ) -> list[str]:
     """The types the program declares for a stack: its own VPC unless `network` names one, a
     placement policy when compact, its own bucket unless `bucket` names one, the image
-    repository with `build`; on Vertex AI the API and no Compute resources (a test holds this
+    repository with `build`, per-secret access grants with a Vertex stack's Secret Manager
+    `secrets`; on Vertex AI the API and no Compute resources (a test holds this
     to the program under mocks)."""
     optional = {
         **dict.fromkeys(BUILD_TYPES, build),
@@ -199,6 +206,7 @@ def resource_types(
         "gcp:compute/resourcePolicy:ResourcePolicy": placement,
         "gcp:storage/bucket:Bucket": own_bucket,
         "gcp:projects/service:Service": vertex,
+        "gcp:secretmanager/secretIamMember:SecretIamMember": secret_access,
     }
     return [
         t
@@ -215,6 +223,7 @@ def spec_resource_types(spec: ClusterSpec) -> list[str]:
         own_bucket=spec.existing_bucket is None,
         vertex=spec.on_vertex,
         build=bool(spec.build),
+        secret_access=bool(spec.secret_access),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Literal, cast
 from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
 from infra.autodown import parse_autodown
+from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
 from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
@@ -27,6 +28,7 @@ from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
+from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
     DEFAULT_IMAGE_PROJECT,
@@ -115,6 +117,9 @@ class ClusterSpec:
     autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
+    # vertex: (project, secret id) of each `secrets` entry from Secret Manager: the jobs' service
+    # account gets secretAccessor on these secrets only (the job reads them itself)
+    secret_access: tuple[tuple[str, str], ...] = ()
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -369,6 +374,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         autodown_s=None if backend == "vertex" else parse_autodown(cfg.text("autodown")),
         notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
         build=build_setting(cfg.text("build"), cfg.text("image")),
+        secret_access=_secret_access(cfg.strings("secrets"), project)
+        if backend == "vertex"
+        else (),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,
@@ -383,6 +391,15 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         datasets=datasets_from_config(cfg.text("data")),
         scratch=scratch_for(mt, cfg.integer("localSsdCount", 0, 24)),
     )
+
+
+def _secret_access(entries: list[str], project: str | None) -> tuple[tuple[str, str], ...]:
+    """The Secret Manager secrets a Vertex stack's jobs read themselves (the program grants its
+    account access to each); a bad entry is a SpecError like any other setting's."""
+    try:
+        return secret_grants(parse_secrets(entries, NS + "secrets"), project)
+    except UserError as e:
+        raise SpecError(str(e)) from None
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,9 @@ DEFAULTS: dict[str, str] = {
 MAP_KEYS: tuple[str, ...] = ("data",)
 
 #: Keys only the controller reads (the job's environment): the Pulumi program never sees them.
-CONTROLLER_KEYS: tuple[str, ...] = ("setup", "secrets", "image")
+#: (`secrets` it reads: a Vertex stack grants its jobs' account access to the Secret Manager
+#: secrets named there; names and references only, never a value.)
+CONTROLLER_KEYS: tuple[str, ...] = ("setup", "image")
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
@@ -107,7 +109,6 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "gpuDirect",
         "subnetRange",
         "localSsdCount",
-        "setup",
         "stallTimeout",
         "autodown",
     ),

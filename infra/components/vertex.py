@@ -1,8 +1,9 @@
 """VertexStack: what Vertex AI custom jobs of one stack need and nothing else — no VMs, no network.
 
 Vertex starts the replicas itself; the stack holds the API enablement, the service account the
-jobs run as (log writes in the project, objectUser on the stack's bucket only) and the bucket that
-takes the code package, the checkpoints and the outputs (the same `StackBucket` as on GCE).
+jobs run as (log writes in the project, objectUser on the stack's bucket only, secretAccessor on
+each Secret Manager secret of `secrets` only) and the bucket that takes the code package, the
+checkpoints and the outputs (the same `StackBucket` as on GCE).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pulumi_gcp as gcp
 
 from infra.components.cluster import shape_exports, stack_bucket, stack_identity
 from infra.components.registry import ImageRegistry
+from infra.components.secret_access import grant_secret_access
 from infra.outputs import Key
 from infra.spec import ClusterSpec
 from infra.stackfile import SpecError
@@ -52,6 +54,9 @@ class VertexStack(pulumi.ComponentResource):
             spec, f"gputrain Vertex AI jobs of stack {spec.stack}", child, JOB_ROLES
         )
         self.bucket = stack_bucket(spec, self.identity, child)
+        self.secret_access = grant_secret_access(
+            spec.stack, spec.project, spec.secret_access, self.identity.member, child
+        )
         self.registry_reader = (
             registry.grant_reader(self.identity.member, child) if registry is not None else None
         )
@@ -69,6 +74,7 @@ class VertexStack(pulumi.ComponentResource):
             self.bucket.node_access.id,
             *[b.id for b in self.identity.role_bindings],
             *([self.registry_reader.id] if self.registry_reader is not None else []),
+            *[g.id for g in self.secret_access],
         )
         return {
             **shape_exports(spec, self.bucket),

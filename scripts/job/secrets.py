@@ -12,65 +12,18 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from infra.base.errors import UserError
+from infra.secret_refs import SM_SCHEME as SM_SCHEME  # re-exported: parsing lives in infra
+from infra.secret_refs import SecretRef
+from infra.secret_refs import parse_secret as parse_secret
+from infra.secret_refs import parse_secrets as parse_secrets
 
-SM_SCHEME = "sm://"
 #: Where the Secret Manager client goes instead of Google (a private endpoint; the tests' fake).
 ENDPOINT_ENV = "GPUTRAIN_SECRET_MANAGER_ENDPOINT"
 REDACTED = "***"
 NAMES_ENV = "GPUTRAIN_SECRET_NAMES"  # names only (never values): what run.sh's filter redacts
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
-_SM_VERSION = re.compile(r"^(latest|[1-9][0-9]*)$")
-
-
-@dataclass(frozen=True)
-class SecretRef:
-    """One declared secret: the variable the ranks see, and where its value comes from."""
-
-    name: str
-    sm_secret: str | None = None  # None: the controller's environment variable `name`
-    sm_version: str = "latest"
-    sm_project: str | None = None  # from `sm://projects/P/secrets/S[/versions/V]`
-
-
-def parse_secret(text: str, setting: str) -> SecretRef:
-    """`NAME` or `NAME=sm://SECRET[/VERSION]` (or the full `sm://projects/P/secrets/S[/versions/V]`);
-    UserError naming the setting and what is allowed."""
-    name, sep, source = text.partition("=")
-    allowed = (
-        "allowed: NAME (the value of the environment variable NAME here) or "
-        "NAME=sm://SECRET[/VERSION] (Secret Manager)"
-    )
-    if not _NAME.match(name):
-        raise UserError(f"{setting}: {text!r} is not allowed; {allowed}")
-    if not sep:
-        return SecretRef(name)
-    if not source.startswith(SM_SCHEME):
-        raise UserError(f"{setting}: {text!r} is not allowed; {allowed}")
-    parts = source[len(SM_SCHEME) :].split("/")
-    project = None
-    if parts[:1] == ["projects"] and len(parts) >= 4 and parts[2] == "secrets":
-        project, parts = parts[1], parts[3:]
-        if len(parts) == 3 and parts[1] == "versions":
-            parts = [parts[0], parts[2]]
-    secret, version = parts[0], parts[1] if len(parts) > 1 else "latest"
-    if len(parts) > 2 or not _SM_NAME.match(secret) or not _SM_VERSION.match(version):
-        raise UserError(f"{setting}: {text!r} is not allowed; {allowed}")
-    return SecretRef(name, secret, version, project)
-
-
-def parse_secrets(items: Iterable[str], setting: str) -> tuple[SecretRef, ...]:
-    refs: dict[str, SecretRef] = {}
-    for item in items:
-        ref = parse_secret(str(item).strip(), setting)
-        refs[ref.name] = ref
-    return tuple(refs.values())
-
 
 SecretFetcher = Callable[[str, str, str], str]  # (project, secret, version) -> value
 

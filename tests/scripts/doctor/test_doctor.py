@@ -308,6 +308,7 @@ def test_roles_grant_what_is_missing() -> None:
         "roles/iam.serviceAccountAdmin",
         "roles/iam.serviceAccountUser",
         "roles/resourcemanager.projectIamAdmin",
+        "roles/secretmanager.admin",  # vertex: the jobs' account gets access to its secrets
         "roles/serviceusage.serviceUsageAdmin",  # backend vertex enables the Vertex AI API
         "roles/storage.admin",  # the stack's bucket
         "roles/storage.objectAdmin",  # `down` empties it
