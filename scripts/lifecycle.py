@@ -161,11 +161,6 @@ def job_environment(
     refs = parse_secrets(declared.secrets, f"{declared.source}secrets") + parse_secrets(
         opts.secrets, "--secret"
     )
-    if declared.backend_without_ssh and setup.strip():
-        raise UserError(
-            f"--setup / setup: not supported with backend: {declared.backend_without_ssh} yet; "
-            "use an image (image: / --image) with the commands baked in"
-        )
     image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
     build = opts.build or declared.build  # the stack target builds it (built_image)
     if build and image_text:
@@ -178,15 +173,14 @@ def job_environment(
             f"--build {build}: only for --stack targets (the image goes to the stack's "
             "Artifact Registry repository); build and push it yourself and pass --image"
         )
-    environment = None
-    if not declared.backend_without_ssh:  # with an image: built inside it, on every node
-        environment = plan_environment(
-            Path.cwd(),
-            requirements=opts.requirements,
-            setup=setup,
-            setup_timeout_s=opts.setup_timeout_s,
-            force=opts.force_setup,
-        )
+    # with an image: built inside it, on every node; on Vertex by the entry on every replica
+    environment = plan_environment(
+        Path.cwd(),
+        requirements=opts.requirements,
+        setup=setup,
+        setup_timeout_s=opts.setup_timeout_s,
+        force=opts.force_setup,
+    )
     secrets: dict[str, str] = {}
     if declared.backend_without_ssh:  # the job resolves them itself: references only
         secret_refs = secret_references(refs, declared.project)

@@ -29,6 +29,7 @@ from trainer.config import CHECKPOINT_URI_ENV, parse_config
 from trainer.errors import InputError
 from trainer.fetch_data import FetchError, copy_on_vertex
 from trainer.storage import parse_gs_uri, upload_files
+from trainer.vertex_setup import SetupFailed, prepare
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
 OUTPUTS = ("summary.json", "metrics.jsonl")  # first; then every other file of the out dir
@@ -164,10 +165,15 @@ def output_files(out: Path) -> list[Path]:
 
 
 def torchrun_argv(
-    placement: Placement, nproc: int, trainer_args: list[str], program: tuple[str, ...] = TRAINER
+    placement: Placement,
+    nproc: int,
+    trainer_args: list[str],
+    program: tuple[str, ...] = TRAINER,
+    *,
+    python: str = sys.executable,  # the requirements' venv, when the job has requirements
 ) -> list[str]:
     """torchrun for this node: static rendezvous at the chief, so node ranks are Vertex's."""
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    argv = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if placement.nnodes == 1:
         argv += ["--standalone", "--nnodes=1"]
     else:
@@ -249,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         outputs = os.environ.get("AIP_MODEL_DIR")
         model_dir = parse_gs_uri(outputs, "AIP_MODEL_DIR") if outputs else None
         program, args = split_entry(entry, workdir)
-        os.environ.update(resolve_secrets(os.environ))  # memory only: torchrun inherits them
+        secrets = resolve_secrets(os.environ)  # memory only: torchrun inherits them (not setup)
         os.environ.pop(SECRET_REFS_ENV, None)
         args = [expand_out(a, os.environ["GPUTRAIN_OUT"]) for a in args]
         out, cpu = Path(os.environ["GPUTRAIN_OUT"]), False
@@ -269,11 +275,18 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     try:
+        python = prepare(os.environ, workdir, placement.task)  # requirements, then `setup`
+    except SetupFailed as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+    os.environ.update(secrets)
+    try:
         copy_on_vertex(os.environ, workdir, str(placement.task))  # `copy` datasets, if any
     except FetchError as e:
         print(f"error: data: {e}", file=sys.stderr, flush=True)
         sys.exit(e.code)
-    status = run_forwarding_signals(torchrun_argv(placement, nproc, args, program), cwd=workdir)
+    argv = torchrun_argv(placement, nproc, args, program, python=python)
+    status = run_forwarding_signals(argv, cwd=workdir)
     if placement.node_rank == 0 and model_dir is not None:  # on failure too: the results so far
         try:
             sent = upload_files(output_files(out), model_dir)

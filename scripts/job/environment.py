@@ -188,7 +188,8 @@ class EnvironmentSettings:
     build: str = ""  # a stack's `build` Dockerfile (the stack target builds it)
     project: str | None = None  # for `sm://SECRET` without a project
     source: str = ""  # how error lines name the file's keys, e.g. "gputrain:" or "hosts.yaml: "
-    backend_without_ssh: str | None = None  # "vertex": no setup or secrets there (yet)
+    # "vertex": no SSH; the job resolves its secrets and runs the setup itself
+    backend_without_ssh: str | None = None
 
 
 def file_setting_text(value: object, setting: str) -> str:

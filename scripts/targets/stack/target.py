@@ -125,7 +125,7 @@ class StackTarget(Generic[C, P]):
         config = self.stack_file.config
         vertex = config.get(NS + "backend") == "vertex"
         return EnvironmentSettings(
-            setup="" if vertex else file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
+            setup=file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
             secrets=file_setting_names(config.get(NS + "secrets"), "gputrain:secrets"),
             image=config.get(NS + "image", "").strip(),  # vertex: the job's container
             build=self.spec().build,

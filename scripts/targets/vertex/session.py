@@ -32,6 +32,7 @@ from scripts.settings import Settings
 from scripts.targets.stack.bucket import to_fetch
 from scripts.targets.stack.target import target_name
 from scripts.targets.vertex.clients import VertexClients
+from scripts.targets.vertex.environment import environment_env
 from scripts.targets.vertex.job import (
     DEFAULT_FLEX_START_WAIT_S,
     SECRETS_REQUIREMENT,
@@ -194,6 +195,7 @@ class VertexSession:
                 **job.env,
                 "GPUTRAIN_RUN_ID": job.run_id,
                 **secret_refs_env(job.secret_refs),
+                **environment_env(job.environment),
             },
             labels={**stack_labels(spec), RUN_LABEL: run_label(job.run_id)},
             service_account=self.out.service_account,

@@ -1,0 +1,224 @@
+"""The job's environment on one Vertex AI replica, before torchrun: the requirements installed into a
+venv that still sees the container's packages (torch), then the `setup` commands in the working
+directory — as every GCE node prepares it (scripts/job/environment_node.py), without the cache:
+each replica is a fresh machine. The controller passes both as data in the job's env
+(scripts/targets/vertex/environment.py); the commands run as `sh -c`'s script (bash's when there is
+one), with `-e`. Output goes to the job's log as `[requirements] ...` and `[setup] ...` lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import cast
+
+SETUP_ENV = "GPUTRAIN_SETUP"
+SETUP_TIMEOUT_ENV = "GPUTRAIN_SETUP_TIMEOUT"
+REQUIREMENTS_ENV = "GPUTRAIN_REQUIREMENTS"
+DEFAULT_TIMEOUT_S = 1800
+KILL_GRACE_S = 10.0  # after the timeout's SIGTERM, as `timeout -k 10` on the nodes
+TIMED_OUT = 124  # the replica's exit status when setup runs out of time (timeout(1)'s)
+
+
+class SetupFailed(Exception):
+    """Installing the requirements or the setup failed on this replica: one line, the replica's
+    exit status (the job's error names it)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code if 0 < exit_code < 256 else 1
+
+
+def _stream(
+    argv: list[str], prefix: str, cwd: Path, env: Mapping[str, str], timeout_s: float | None
+) -> tuple[int, bool, list[str]]:
+    """Run argv in its own process group, every output line as `[prefix] line`; SIGTERM/SIGINT to
+    this process (a cancel) and the timeout stop the whole group. (status, timed out, last lines)."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    timed_out = threading.Event()
+
+    def stop_group() -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(KILL_GRACE_S)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_group()
+        sys.exit(128 + signum)
+
+    def on_timeout() -> None:
+        timed_out.set()
+        stop_group()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    timer = threading.Timer(timeout_s, on_timeout) if timeout_s else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    last: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            text = line.rstrip("\n")
+            print(f"[{prefix}] {text}", flush=True)
+            last = [*last[-3:], text]
+        status = proc.wait()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return status, timed_out.is_set(), last
+
+
+def _make_venv(python: str, env: Mapping[str, str], task: str) -> Path:
+    """A venv with system site packages plus this interpreter's own site dirs (a venv's too), so
+    the container's torch stays the one used; pip from ensurepip where none is visible."""
+    where = Path(tempfile.mkdtemp(prefix="gputrain-env-"))
+    venv_python = str(where / "bin" / "python")
+    site = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    try:
+        subprocess.run(
+            [python, "-m", "venv", "--without-pip", "--system-site-packages", str(where)],
+            check=True,
+            capture_output=True,
+        )
+        purelib = subprocess.run(
+            [venv_python, "-c", site], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        base = [p for p in sys.path if os.path.isdir(p) and p.endswith(("-packages", "-packages/"))]
+        (Path(purelib) / "_gputrain_base.pth").write_text("".join(f"{p}\n" for p in base))
+        pip = subprocess.run([venv_python, "-m", "pip", "--version"], capture_output=True, env=env)
+        if pip.returncode:
+            subprocess.run([venv_python, "-m", "ensurepip"], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SetupFailed(
+            f"requirements on {task}: cannot make a venv with pip from {python} ({e}); the "
+            "image needs python3-venv or pip",
+            1,
+        ) from None
+    return where
+
+
+def install_requirements(
+    spec: Mapping[str, object], workdir: Path, env: dict[str, str], task: str
+) -> Path:
+    """The requirements into a new venv; its directory (UserError-like SetupFailed naming the
+    file and pip's last lines on failure)."""
+    venv = _make_venv(sys.executable, env, task)
+    env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--no-input",
+    ]
+    steps: list[tuple[str, list[str]]] = []
+    if spec.get("uv_lock"):
+        if shutil.which("uv", path=env.get("PATH")):
+            exported = str(venv / "uv-requirements.txt")
+            uv = [
+                "uv",
+                "export",
+                "--frozen",
+                "--no-hashes",
+                "--no-emit-project",
+                "--format",
+                "requirements-txt",
+                "-o",
+                exported,
+            ]
+            status, _, last = _stream(uv, "requirements", workdir, env, None)
+            if status:
+                raise SetupFailed(
+                    f"requirements on {task}: uv export of uv.lock failed (exit code {status})",
+                    status,
+                )
+            steps.append(("uv.lock", [*pip, "-r", exported]))
+        else:
+            print("[requirements] no uv on this replica: uv.lock skipped", flush=True)
+    if spec.get("requirements_txt"):
+        steps.append(("requirements.txt", [*pip, "-r", "requirements.txt"]))
+    deps = [str(d) for d in cast(list[object], spec.get("pyproject_deps") or [])]
+    if deps:
+        steps.append(("pyproject.toml dependencies", [*pip, *deps]))
+    for what, argv in steps:
+        status, _, last = _stream(argv, "requirements", workdir, env, None)
+        if status:
+            errors = [x.strip() for x in last if x.startswith("ERROR")] or [
+                x.strip() for x in last if x.strip()
+            ]
+            raise SetupFailed(
+                f"requirements on {task}: installing {what} failed (pip exit code {status})"
+                + (f"; last lines: {' | '.join(errors)}" if errors else ""),
+                status,
+            )
+    return venv
+
+
+def run_setup(
+    commands: str, workdir: Path, env: Mapping[str, str], timeout_s: float, task: str
+) -> None:
+    """The commands with `-e` in the working directory; SetupFailed naming the replica and the
+    exit code, or the timeout."""
+    shell = shutil.which("bash", path=env.get("PATH")) or "sh"
+    print(f"[setup] running setup in {workdir} (timeout {timeout_s:g} s)", flush=True)
+    status, timed_out, _ = _stream(
+        [shell, "-e", "-c", commands, "setup"], "setup", workdir, env, timeout_s
+    )
+    if timed_out:
+        raise SetupFailed(
+            f"setup on {task}: timed out after {timeout_s:g} s (--setup-timeout)", TIMED_OUT
+        )
+    if status:
+        raise SetupFailed(
+            f"setup on {task}: exited with code {status}; see its [setup] lines", status
+        )
+
+
+def prepare(environ: Mapping[str, str], workdir: Path, task: str) -> str:
+    """Requirements, then setup, as the job's env asks; the interpreter torchrun must use (the
+    venv's, or this one). `environ` holds no secret values yet: setup never sees them."""
+    env = dict(environ)
+    python = sys.executable
+    raw = environ.get(REQUIREMENTS_ENV)
+    if raw:
+        venv = install_requirements(json.loads(raw), workdir, env, task)
+        python = str(venv / "bin" / "python")
+    commands = environ.get(SETUP_ENV, "")
+    if commands.strip():
+        timeout = environ.get(SETUP_TIMEOUT_ENV, "")
+        run_setup(
+            commands, workdir, env, float(timeout) if timeout.isdigit() else DEFAULT_TIMEOUT_S, task
+        )
+    return python
