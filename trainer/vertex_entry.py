@@ -12,7 +12,8 @@ replica's `task {type, index}`. That gives the node count and this node's rank; 
 chief at global rank 0, the one rank that writes to the bucket. AIP_CHECKPOINT_DIR becomes the
 checkpoint URI; the chief copies summary.json and metrics.jsonl to AIP_MODEL_DIR at the end.
 Before torchrun every replica installs the job's requirements and runs its `setup`
-(trainer/vertex_setup.py), then reads its secrets into the environment torchrun inherits.
+(trainer/vertex_setup.py); its secrets (read first: a refused one fails at once) join the
+environment torchrun inherits only after setup.
 """
 
 from __future__ import annotations

@@ -60,7 +60,12 @@ SWEPT_TYPES: dict[str, str] = {
 
 #: Declared but never a leftover: the Vertex AI API stays enabled on destroy (disable_on_destroy
 #: is off, as other stacks and the user's own jobs may use it) and costs nothing.
-NOT_SWEPT: dict[str, str] = {"gcp:projects/service:Service": "left enabled on purpose"}
+NOT_SWEPT: dict[str, str] = {
+    "gcp:projects/service:Service": "left enabled on purpose",
+    # a member of the user's own secret's policy: costs nothing, grants nothing once the stack's
+    # service account (swept) is deleted, and the secret is not the stack's to delete
+    "gcp:secretmanager/secretIamMember:SecretIamMember": "goes with the service account",
+}
 
 
 def sweep(

@@ -69,6 +69,9 @@ def test_a_vertex_stack_grants_accessor_on_each_named_secret_only() -> None:
     project_roles = [r.inputs["role"] for r in resources if r.typ == IAM_MEMBER]
     assert project_roles == ["roles/logging.logWriter"]
     assert {r.typ for r in resources if "secretmanager" in r.typ} == {SECRET_IAM}
+    # and `gputrain doctor` asks for what exactly these types need
+    declared = {r.typ for r in resources if r.custom}
+    assert declared == set(spec_resource_types(parse_spec(_vertex(SECRETS), "vertex")))
 
 
 def test_plain_variables_and_gce_stacks_grant_nothing() -> None:

@@ -38,6 +38,7 @@ STACKS: list[tuple[str, str, dict[str, str]]] = [
     ("compact-4", "h100", {"nodes": "4", "placement": "compact"}),
     ("existing-bucket", "dev", {"bucket": "gs://team-runs/gputrain"}),
     ("shipped-vertex", "vertex", {}),
+    ("vertex-secrets", "vertex", {"secrets": '["HF=sm://hf-token"]'}),  # a per-secret grant
     ("build", "dev", {"build": "Dockerfile"}),  # the image repository and its reader grant
 ]
 
