@@ -15,8 +15,9 @@ def add_environment_options(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--setup",
         metavar="CMD",
-        help="shell commands every node runs once per content hash, in the working directory "
-        "after the requirements (replaces the stack's / hosts file's `setup`)",
+        help="shell commands every node runs once per content hash (on backend vertex: every "
+        "replica of every job), in the working directory after the requirements (replaces the "
+        "stack's / hosts file's `setup`)",
     )
     c.add_argument(
         "--setup-timeout",

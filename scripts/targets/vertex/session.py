@@ -118,6 +118,8 @@ class VertexSession:
         validate_job(job)
         if job.max_restarts:
             ui.warn("--max-restarts is not applied on Vertex AI (its replicas run torchrun once)")
+        if job.environment is not None and job.environment.force:
+            ui.warn("--force-setup changes nothing on Vertex AI: every job's replicas are new")
         started = time.monotonic()
         results_dir.mkdir(parents=True, exist_ok=True)
         package = self._stage(job)
