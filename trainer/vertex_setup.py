@@ -8,6 +8,7 @@ one), with `-e`. Output goes to the job's log as `[requirements] ...` and `[setu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -57,16 +58,16 @@ def _stream(
     timed_out = threading.Event()
 
     def stop_group() -> None:
+        """SIGTERM, a grace period, then SIGKILL to whatever of the group is left (a child that
+        ignores SIGTERM would hold the output pipe open)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 return
-            try:
-                proc.wait(KILL_GRACE_S)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+            if sig == signal.SIGTERM:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(KILL_GRACE_S)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop_group()

@@ -5,12 +5,18 @@ torchrun, never with the job's secrets, which the training then has."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.fake_secretmanager import FakeSecretManager
 from tests.support.trainer_helpers import ROOT, child_env
+from tests.support.vertex_replicas import alive
+from trainer import vertex_setup
 from trainer.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV
 from trainer.vertex_setup import SETUP_ENV, SETUP_TIMEOUT_ENV
 
@@ -52,3 +58,26 @@ def test_setup_runs_in_the_code_dir_without_the_secrets_the_training_gets(tmp_pa
     )
     assert setup_at < trained_at  # setup first, in the code dir; then the training, with the secret
     assert "s3cr3t-value" not in "\n".join(lines[: setup_at + 1])
+
+
+def test_a_timeout_stops_the_whole_setup_even_what_ignores_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(vertex_setup, "KILL_GRACE_S", 0.5)
+    commands = "trap '' TERM\necho started\nsleep 300 &\necho $! > sleeper.pid\nwait\n"
+    started = time.monotonic()
+    with pytest.raises(vertex_setup.SetupFailed) as e:
+        vertex_setup.run_setup(commands, tmp_path, dict(os.environ), 1, "workerpool1[0]")
+    assert time.monotonic() - started < 10
+    assert str(e.value) == "setup on workerpool1[0]: timed out after 1 s (--setup-timeout)"
+    assert e.value.exit_code == vertex_setup.TIMED_OUT == 124
+    assert "[setup] started" in capsys.readouterr().out
+    sleeper = int((tmp_path / "sleeper.pid").read_text())
+    assert not alive(sleeper)  # the background child went with the group
+
+
+def test_a_failing_command_is_its_exit_code_and_the_rest_does_not_run(tmp_path: Path) -> None:
+    with pytest.raises(vertex_setup.SetupFailed) as e:
+        vertex_setup.run_setup("false\ntouch ran", tmp_path, dict(os.environ), 60, "workerpool0[0]")
+    assert str(e.value) == "setup on workerpool0[0]: exited with code 1; see its [setup] lines"
+    assert not (tmp_path / "ran").exists()  # -e: the first failing command ends it
