@@ -374,9 +374,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         autodown_s=None if backend == "vertex" else parse_autodown(cfg.text("autodown")),
         notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
         build=build_setting(cfg.text("build"), cfg.text("image")),
-        secret_access=_secret_access(cfg.strings("secrets"), project)
-        if backend == "vertex"
-        else (),
+        secret_access=_secret_access(cfg, project) if backend == "vertex" else (),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         ignored=ignored,
@@ -393,11 +391,11 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     )
 
 
-def _secret_access(entries: list[str], project: str | None) -> tuple[tuple[str, str], ...]:
+def _secret_access(cfg: fields.ConfigReader, project: str | None) -> tuple[tuple[str, str], ...]:
     """The Secret Manager secrets a Vertex stack's jobs read themselves (the program grants its
     account access to each); a bad entry is a SpecError like any other setting's."""
     try:
-        return secret_grants(parse_secrets(entries, NS + "secrets"), project)
+        return secret_grants(parse_secrets(cfg.strings("secrets"), NS + "secrets"), project)
     except UserError as e:
         raise SpecError(str(e)) from None
 

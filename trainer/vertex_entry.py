@@ -221,7 +221,8 @@ def resolve_secrets(environ: Mapping[str, str]) -> dict[str, str]:
         except Exception as e:
             raise InputError(
                 f"secret {name}: cannot read {resource} ({type(e).__name__}); the job's service "
-                "account needs roles/secretmanager.secretAccessor on it"
+                "account needs roles/secretmanager.secretAccessor on it (`gputrain up` grants "
+                "it for the secrets the stack's `secrets` key names)"
             ) from None
         values[name] = bytes(answer.payload.data).decode("utf-8")
     return values
