@@ -32,7 +32,7 @@ from trainer.config import CHECKPOINT_URI_ENV, parse_config
 from trainer.errors import InputError
 from trainer.fetch_data import FetchError, copy_on_vertex
 from trainer.storage import parse_gs_uri, upload_files
-from trainer.vertex_setup import SetupFailed, prepare
+from trainer.vertex_setup import SETUP_LOG, SetupFailed, prepare
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
 OUTPUTS = ("summary.json", "metrics.jsonl")  # first; then every other file of the out dir
@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     try:
-        python = prepare(os.environ, workdir, placement.task)  # requirements, then `setup`
+        # requirements, then `setup`; their lines also in the chief's outputs as setup.log
+        python = prepare(os.environ, workdir, placement.task, log=out / SETUP_LOG)
     except SetupFailed as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)

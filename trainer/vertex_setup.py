@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import cast
@@ -27,6 +27,7 @@ SETUP_TIMEOUT_ENV = "GPUTRAIN_SETUP_TIMEOUT"
 REQUIREMENTS_ENV = "GPUTRAIN_REQUIREMENTS"
 DEFAULT_TIMEOUT_S = 1800
 KILL_GRACE_S = 10.0  # after the timeout's SIGTERM, as `timeout -k 10` on the nodes
+SETUP_LOG = "setup.log"  # in the out dir: the chief's reaches the run's results (AIP_MODEL_DIR)
 TIMED_OUT = 124  # the replica's exit status when setup runs out of time (timeout(1)'s)
 
 
@@ -39,8 +40,21 @@ class SetupFailed(Exception):
         self.exit_code = exit_code if 0 < exit_code < 256 else 1
 
 
+#: Where a line goes: say(phase, text) -> `[phase] text` in the job's log (and setup.log).
+Say = Callable[[str, str], None]
+
+
+def print_line(phase: str, text: str) -> None:
+    print(f"[{phase}] {text}", flush=True)
+
+
 def _stream(
-    argv: list[str], prefix: str, cwd: Path, env: Mapping[str, str], timeout_s: float | None
+    argv: list[str],
+    prefix: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float | None,
+    say: Say = print_line,
 ) -> tuple[int, bool, list[str]]:
     """Run argv in its own process group, every output line as `[prefix] line`; SIGTERM/SIGINT to
     this process (a cancel) and the timeout stop the whole group. (status, timed out, last lines)."""
@@ -87,7 +101,7 @@ def _stream(
         assert proc.stdout is not None
         for line in proc.stdout:
             text = line.rstrip("\n")
-            print(f"[{prefix}] {text}", flush=True)
+            say(prefix, text)
             last = [*last[-3:], text]
         status = proc.wait()
     finally:
@@ -128,7 +142,7 @@ def _make_venv(python: str, env: Mapping[str, str], task: str) -> Path:
 
 
 def install_requirements(
-    spec: Mapping[str, object], workdir: Path, env: dict[str, str], task: str
+    spec: Mapping[str, object], workdir: Path, env: dict[str, str], task: str, say: Say = print_line
 ) -> Path:
     """The requirements into a new venv; its directory (UserError-like SetupFailed naming the
     file and pip's last lines on failure)."""
@@ -159,7 +173,7 @@ def install_requirements(
                 "-o",
                 exported,
             ]
-            status, _, last = _stream(uv, "requirements", workdir, env, None)
+            status, _, last = _stream(uv, "requirements", workdir, env, None, say)
             if status:
                 raise SetupFailed(
                     f"requirements on {task}: uv export of uv.lock failed (exit code {status})",
@@ -167,14 +181,14 @@ def install_requirements(
                 )
             steps.append(("uv.lock", [*pip, "-r", exported]))
         else:
-            print("[requirements] no uv on this replica: uv.lock skipped", flush=True)
+            say("requirements", "no uv on this replica: uv.lock skipped")
     if spec.get("requirements_txt"):
         steps.append(("requirements.txt", [*pip, "-r", "requirements.txt"]))
     deps = [str(d) for d in cast(list[object], spec.get("pyproject_deps") or [])]
     if deps:
         steps.append(("pyproject.toml dependencies", [*pip, *deps]))
     for what, argv in steps:
-        status, _, last = _stream(argv, "requirements", workdir, env, None)
+        status, _, last = _stream(argv, "requirements", workdir, env, None, say)
         if status:
             errors = [x.strip() for x in last if x.startswith("ERROR")] or [
                 x.strip() for x in last if x.strip()
@@ -188,15 +202,19 @@ def install_requirements(
 
 
 def run_setup(
-    commands: str, workdir: Path, env: Mapping[str, str], timeout_s: float, task: str
+    commands: str,
+    workdir: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    task: str,
+    say: Say = print_line,
 ) -> None:
     """The commands with `-e` in the working directory; SetupFailed naming the replica and the
     exit code, or the timeout."""
     shell = shutil.which("bash", path=env.get("PATH")) or "sh"
-    print(f"[setup] running setup in {workdir} (timeout {timeout_s:g} s)", flush=True)
-    status, timed_out, _ = _stream(
-        [shell, "-e", "-c", commands, "setup"], "setup", workdir, env, timeout_s
-    )
+    say("setup", f"running setup in {workdir} (timeout {timeout_s:g} s)")
+    argv = [shell, "-e", "-c", commands, "setup"]
+    status, timed_out, _ = _stream(argv, "setup", workdir, env, timeout_s, say)
     if timed_out:
         raise SetupFailed(
             f"setup on {task}: timed out after {timeout_s:g} s (--setup-timeout)", TIMED_OUT
@@ -207,19 +225,39 @@ def run_setup(
         )
 
 
-def prepare(environ: Mapping[str, str], workdir: Path, task: str) -> str:
-    """Requirements, then setup, as the job's env asks; the interpreter torchrun must use (the
-    venv's, or this one). `environ` holds no secret values yet: setup never sees them."""
+@contextlib.contextmanager
+def _saying(log: Path | None) -> Iterator[Say]:
+    """print_line, and each line also into `log` (the run's setup.log, as on the nodes)."""
+    if log is None:
+        yield print_line
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+
+        def say(phase: str, text: str) -> None:
+            print_line(phase, text)
+            f.write(f"[{phase}] {text}\n")
+            f.flush()
+
+        yield say
+
+
+def prepare(environ: Mapping[str, str], workdir: Path, task: str, log: Path | None = None) -> str:
+    """Requirements, then setup, as the job's env asks, their lines also into `log`; the
+    interpreter torchrun must use (the venv's, or this one). `environ` holds no secret values
+    yet: setup never sees them."""
     env = dict(environ)
     python = sys.executable
     raw = environ.get(REQUIREMENTS_ENV)
-    if raw:
-        venv = install_requirements(json.loads(raw), workdir, env, task)
-        python = str(venv / "bin" / "python")
     commands = environ.get(SETUP_ENV, "")
-    if commands.strip():
-        timeout = environ.get(SETUP_TIMEOUT_ENV, "")
-        run_setup(
-            commands, workdir, env, float(timeout) if timeout.isdigit() else DEFAULT_TIMEOUT_S, task
-        )
+    if not raw and not commands.strip():
+        return python
+    with _saying(log) as say:
+        if raw:
+            venv = install_requirements(json.loads(raw), workdir, env, task, say)
+            python = str(venv / "bin" / "python")
+        if commands.strip():
+            timeout = environ.get(SETUP_TIMEOUT_ENV, "")
+            seconds = float(timeout) if timeout.isdigit() else DEFAULT_TIMEOUT_S
+            run_setup(commands, workdir, env, seconds, task, say)
     return python

@@ -45,6 +45,8 @@ def test_the_stack_setup_runs_on_every_replica_before_training(
     # the training read what setup wrote (data.txt said 41 when it was packaged)
     assert "[chief] answer 100 from rank 0" in out and "[worker-1] answer 100 from rank 1" in out
     assert (w.run_dir / "model" / "answer.txt").read_text() == "100"
+    # the chief's setup lines are in the run's results too, as setup.log is on the nodes
+    assert "[setup] making data in files\n" in (w.run_dir / "model" / "setup.log").read_text()
     assert_torn_down(w)
 
 
