@@ -144,7 +144,7 @@ def _make_venv(python: str, env: Mapping[str, str], task: str) -> Path:
 def install_requirements(
     spec: Mapping[str, object], workdir: Path, env: dict[str, str], task: str, say: Say = print_line
 ) -> Path:
-    """The requirements into a new venv; its directory (UserError-like SetupFailed naming the
+    """The requirements into a new venv; its directory (SetupFailed naming the
     file and pip's last lines on failure)."""
     venv = _make_venv(sys.executable, env, task)
     env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")

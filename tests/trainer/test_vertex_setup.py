@@ -81,3 +81,21 @@ def test_a_failing_command_is_its_exit_code_and_the_rest_does_not_run(tmp_path: 
         vertex_setup.run_setup("false\ntouch ran", tmp_path, dict(os.environ), 60, "workerpool0[0]")
     assert str(e.value) == "setup on workerpool0[0]: exited with code 1; see its [setup] lines"
     assert not (tmp_path / "ran").exists()  # -e: the first failing command ends it
+
+
+def test_a_package_pip_cannot_find_is_one_line_with_pips_verdict(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("--no-index\nno-such-package-gputrain==1.0\n")
+    lines: list[str] = []
+    with pytest.raises(vertex_setup.SetupFailed) as e:
+        vertex_setup.install_requirements(
+            {"requirements_txt": True}, tmp_path, dict(os.environ), "workerpool0[0]",
+            lambda phase, text: lines.append(f"[{phase}] {text}"),
+        )  # fmt: skip
+    message = str(e.value)
+    assert "\n" not in message and e.value.exit_code == 1
+    assert message.startswith(
+        "requirements on workerpool0[0]: installing requirements.txt failed (pip exit code 1); "
+        "last lines: ERROR: "
+    )
+    assert "no-such-package-gputrain" in message
+    assert any(line.startswith("[requirements] ERROR: ") for line in lines)
