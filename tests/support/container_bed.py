@@ -14,6 +14,7 @@ mounts and namespaces, as production's `docker run` starts it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -80,7 +81,12 @@ class ContainerBed:
                 [self.tb.python, "-c", code], capture_output=True, text=True, check=True
             ).stdout
             paths = {"/usr/lib", *(p for p in ("/usr/lib64",) if Path(p).is_dir())}
-            for p in json.loads(found):
+            hops = []  # every link from the venv's python to the real file (venv -> /usr/bin/...)
+            hop = self.tb.python
+            while os.path.islink(hop) and len(hops) < 16:
+                hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
+                hops.append(os.path.normpath(hop))
+            for p in [*json.loads(found), *hops]:
                 if Path(p).exists() and not any(p.startswith(q + "/") for q in paths):
                     paths.add(p)
             self._mounts = tuple(a for p in sorted(paths) for a in ("-v", f"{p}:{p}:ro"))
