@@ -32,17 +32,17 @@ typecheck: venv
 # The test bed's tests in two halves, each on its own test bed (tests/support/testbed.py: two slots
 # per machine): these files (about half the bed's time), and every other file in tests/testbed.
 BED_FIRST := $(addprefix tests/testbed/,test_spot_recovery.py test_outputs.py test_lifecycle.py \
-	test_launch.py test_connect.py test_verify_gpus.py)
+	test_launch.py test_connect.py test_verify_gpus.py test_watch_stack.py)
 
 test: apt venv lint typecheck
 	@# Three pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):
-	@# the bed's two halves and the rest. All must pass (5: PYTEST_ARGS, e.g. -k, selected none
-	@# of one kind); the bed's output follows.
+	@# the bed's two halves and the rest (itself in two processes, pytest-xdist). All must pass (5:
+	@# PYTEST_ARGS, e.g. -k, selected none of one kind); the bed's output follows.
 	@bed1=$$(mktemp); bed2=$$(mktemp); \
 	$(VENV)/bin/python -m pytest -q -ra $(BED_FIRST) $(PYTEST_ARGS) > "$$bed1" 2>&1 & p1=$$!; \
 	$(VENV)/bin/python -m pytest -q -ra tests/testbed $(addprefix --ignore=,$(BED_FIRST)) \
 		$(PYTEST_ARGS) > "$$bed2" 2>&1 & p2=$$!; \
-	GPUTRAIN_SKIP_TRACE_CHECK=1 $(VENV)/bin/python -m pytest -q -ra tests --ignore=tests/testbed $(PYTEST_ARGS); \
+	GPUTRAIN_SKIP_TRACE_CHECK=1 $(VENV)/bin/python -m pytest -q -ra -n 2 tests --ignore=tests/testbed $(PYTEST_ARGS); \
 	rest=$$?; wait $$p1; rc1=$$?; wait $$p2; rc2=$$?; \
 	echo "--- the SSH test bed's tests, first half (run alongside the above) ---"; cat "$$bed1"; \
 	echo "--- the SSH test bed's tests, second half ---"; cat "$$bed2"; rm -f "$$bed1" "$$bed2"; \
