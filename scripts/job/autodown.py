@@ -169,6 +169,36 @@ def disarm(transports: Mapping[str, Transport], run_id: str) -> None:
         ui.warn(f"{name}: could not disarm the watchdog of run {run_id}: {e}")
 
 
+SETTLE_S = 60.0  # a watchdog mid-upload finishes it first (uploads retry for a while)
+
+
+def build_settle_command(run_id: str, wait_s: float = SETTLE_S) -> str:
+    """Disarm the run's watchdog on this node and wait until its process has ended (a zombie
+    counts as ended): from then on nothing of it writes to the bucket."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} 2>/dev/null || exit 0; touch watchdog.disarm; "
+        "read -r p 2>/dev/null < watchdog.pid || exit 0; i=0; "
+        f"while [ $i -lt {max(1, int(wait_s * 10))} ]; do "
+        's=; read -r s 2>/dev/null < "/proc/$p/stat"; s=${s##*) }; s=${s%% *}; '
+        'case "$s" in ""|Z*) exit 0;; esac; sleep 0.1; i=$((i+1)); done; exit 1'
+    )
+
+
+def settle(transports: Mapping[str, Transport], run_id: str) -> None:
+    """Before the stack's bucket is emptied and destroyed: every node's watchdog has stopped,
+    so no late upload of its results refills the bucket (the controller brought them home)."""
+
+    def one(name: str) -> None:
+        r = transports[name].run(build_settle_command(run_id), SETTLE_S + 30)
+        if not r.ok:
+            raise TransportError(f"its watchdog did not end within {SETTLE_S:.0f} s")
+
+    _, errors = parallel(list(transports), one)
+    for name, e in errors.items():
+        ui.warn(f"{name}: could not stop the watchdog of run {run_id}: {e}")
+
+
 class Watchdogs:
     """A session's autodown: `arm` before each attempt of a run (a relaunch replaces the
     watchdogs), one heartbeat thread for the session's life, `stop` when the controller lets go.
@@ -209,10 +239,14 @@ class Watchdogs:
             except Exception:  # the follower reconnects the transport; the next beat retries
                 continue
 
-    def stop(self) -> None:
+    def stop(self, transports: Mapping[str, Transport] | None = None) -> None:
+        """The heartbeat ends; with `transports` (the cluster is about to be torn down) the
+        watchdogs too, waited for (see settle)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=20)
+        if transports and self.run_id is not None:
+            settle(transports, self.run_id)
 
 
 def last_autodown(storage: StorageApi, bucket: str, prefix: str) -> dict[str, object] | None:

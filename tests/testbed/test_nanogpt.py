@@ -1,6 +1,7 @@
 """karpathy/nanoGPT's own train.py as the user's code on 2 sshd test hosts (issue 27, done-when):
 its checkpoint, written to out/ckpt.pt beside its code, comes home without --out_dir=../out, and
-its CUDA-only DDP code on a CPU host is reported with its exception as the root cause. The real
+its CUDA-only DDP code on a CPU host is reported with its exception as the root cause; with a
+requirements.txt naming a package the hosts lack (issue 20), installed once per node. The real
 train.py when GPUTRAIN_NANOGPT_DIR (default /work/notes/nanogpt) holds it, else our stand-in
 (tests/support/nanogpt_standin/train_cuda_ddp.py)."""
 
@@ -17,6 +18,7 @@ import torch
 from scripts.cli import main
 from scripts.settings import Settings
 from tests.support.testbed import TestBed
+from tests.support.wheelhouse import PackageIndex, build_wheel
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 NANOGPT = Path(os.environ.get("GPUTRAIN_NANOGPT_DIR", "/work/notes/nanogpt"))
@@ -88,6 +90,45 @@ def test_nanogpt_on_two_hosts_root_cause_then_checkpoints_home(
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert "iter 20: loss" in out
+    _checkpoints_home(work)
+
+
+def test_nanogpt_with_its_requirements_trains_and_the_next_run_skips_the_install(
+    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its requirements.txt names a package the hosts lack (from a package index on the bridge),
+    its config file (nanoGPT executes it) imports that package: installed once per node, then
+    the next run finds it cached."""
+    hosts = _hosts(tb, tmp_path, 2)
+    work = _project(tmp_path)
+    (work / "requirements.txt").write_text("gputrain-probe==1.0\n")
+    (work / "needs_probe.py").write_text(
+        "import gputrain_probe  # the package requirements.txt names\n"
+        "print('config: imported', gputrain_probe.__name__)\n"
+    )
+    monkeypatch.chdir(work)
+    settings = Settings(root=work, runs_dir=work / "runs", connect_deadline_s=30)
+    with PackageIndex(tmp_path / "index", host=tb.bridge_address) as index:
+        index.add(build_wheel("gputrain-probe", tmp_path / "wheel"))
+        pip = [
+            "--env",
+            f"PIP_INDEX_URL={index.url}",
+            "--env",
+            f"PIP_TRUSTED_HOST={tb.bridge_address}",
+        ]
+        argv = ["train", "--hosts", str(hosts), *pip, "--", "nanogpt_cpu.py", "needs_probe.py"]
+        assert main([*argv, *_flags()], settings) == 0
+        out = capsys.readouterr().out
+        assert out.count("[requirements] Successfully installed gputrain-probe-1.0") == 2
+        assert out.count("config: imported gputrain_probe") == 2 and "iter 20: loss" in out
+        assert main([*argv, *_flags()], settings) == 0
+        out = capsys.readouterr().out
+        assert out.count("skipped (cached)") == 2 and "Successfully installed" not in out
+        assert out.count("config: imported gputrain_probe") == 2 and "iter 20: loss" in out
+    _checkpoints_home(work)
+
+
+def _checkpoints_home(work: Path) -> None:
     runs = work / "runs" / "hosts-lab"
     run = runs / (runs / "LAST_RUN").read_text().strip()
     ckpts = sorted(run.glob("*/workdir/out/ckpt.pt"))

@@ -148,7 +148,13 @@ def test_a_live_heartbeat_keeps_the_cluster_and_a_disarm_ends_the_watchdog(
     sink = HttpSink().start()
     head = start(head_dir, "wd-node-0", 1.5, cloud, [sink.url])
     end_job(head_dir)
-    for _ in range(20):  # 4 s of a controller that touches the heartbeat every 0.2 s
+    # a controller that touches the heartbeat every 0.2 s: 4 s at least (the autodown is 1.5 s),
+    # and until the results are in the bucket (slower on a loaded machine)
+    start_s = time.monotonic()
+    while time.monotonic() - start_s < 4 or (
+        "team/runs/r1/wd-node-0/summary.json" not in gcs.names("team/")
+        and time.monotonic() - start_s < 30
+    ):
         (head_dir / "heartbeat").touch()
         time.sleep(0.2)
     assert compute.deletes == []

@@ -324,8 +324,9 @@ class RecoveringSession(FleetSession):
         self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
 
     def __exit__(self, *exc: Any) -> None:
-        if self.watchdogs is not None:
-            self.watchdogs.stop()  # the controller lets go: the head's switch starts counting
+        if self.watchdogs is not None:  # the controller lets go: the head's switch starts
+            # counting; unless the cluster stays, its watchdogs end first (the bucket goes next)
+            self.watchdogs.stop(None if self.keep else self._transports)
         super().__exit__(*exc)
 
     def run_detached(self, job: Job, guard: SignalGuard) -> float:

@@ -7,6 +7,7 @@ host cannot do."""
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ backend = "nccl"
 dtype = "float16"
 
 for arg in sys.argv[1:]:
+    if "=" not in arg:  # a config file, executed here, as nanoGPT's configurator does
+        exec(Path(arg).read_text())
+        continue
     key, _, value = arg.removeprefix("--").partition("=")
     if key not in globals():
         raise ValueError(f"Unknown config key: {key}")
