@@ -155,7 +155,7 @@ def main() -> int:
     repeats = 1 if args.profile else args.repeats
     ui.say = lambda _msg: None  # type: ignore[assignment]
     ui.table = lambda *a, **k: None  # type: ignore[assignment]
-    with TestBed(count_cpu=True) as tb:
+    with TestBed(count_cpu=True, min_hosts=max(sizes)) as tb:
         tb.add_hosts(max(sizes), gpus=GpuConfig(count=2))
         load0 = os.getloadavg()
         figures = measure(tb, sizes, repeats, args.profile)

@@ -147,7 +147,7 @@ def world_factory(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., World]]:
     """Yields make(nodes=2, gpus=None, wrong_host_keys=False, bucket=False, settings=None,
-    fabric=None, containers=None) -> World; cleans up. `containers(host)`: the VMs are container
+    fabric=None, containers=None, artifacts=None) -> World; cleans up. `containers(host)`: the VMs are container
     hosts (tests/support/container_bed.py), each passed to it once made."""
     made: list[Any] = []
     markers: list[Path] = []
@@ -163,6 +163,7 @@ def world_factory(
         settings: dict[str, str | None] | None = None,
         fabric: FabricFakes | None = None,
         containers: Callable[[TestHost], object] | None = None,
+        artifacts: Any = None,
     ) -> World:
         (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
         (tmp_path / "Pulumi.e2e.yaml").write_text(_stack_file(tb, nodes, settings))
@@ -234,6 +235,9 @@ def world_factory(
             bucket=BUCKET if bucket else None,
         )
         runner.config["gputrain:sshPrivateKey"] = tb.identity_file.read_text()
+        runner.artifacts = (
+            artifacts  # `build`: Artifact Registry (tests/support/fake_artifact_registry)
+        )
         run_settings = Settings(
             root=tmp_path, runs_dir=tmp_path / "runs", connect_deadline_s=60, verify_deadline_s=30
         )
@@ -245,7 +249,8 @@ def world_factory(
             node_python=tb.python,
             preemption_confirm_s=2,
             admin_endpoint=admin.url,
-            public_address=lambda: "10.213.0.1",  # the test bed's bridge: where SSH comes from
+            public_address=lambda: tb.bridge_address,  # the test bed's bridge: where SSH comes from
+            artifacts_endpoint=artifacts.url if artifacts is not None else None,
         )
         monkeypatch.chdir(tmp_path)
         return World(

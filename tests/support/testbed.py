@@ -2,9 +2,8 @@
 nvidia-smi each host's config controls. Needs root, /usr/sbin/sshd, ip, unshare, ssh-keygen.
 
 Traffic stays on loopback and 10.213.0.0/24 (checked with ``ip route get`` before use). The /24
-holds SLOTS test beds side by side, each in its own quarter-pairs (a /26 for its bridge, a /26
-for its isolated bridge) with its own names, state dir and lock: a test run takes a free slot and
-waits when none is (other worktrees too).
+holds SLOTS test beds side by side (see Slot), each with its own networks, names, state dir and
+lock: a test run takes a free slot and waits when none is (other worktrees too).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from pathlib import Path
 from infra.base.records import Fleet, GpuExpectation, Node
 
 SUBNET = "10.213.0"
-SLOTS = 2  # test beds that can run at once on one machine (make test runs two)
+SLOTS = 3  # test beds that can run at once on one machine (make test runs three)
 STATE_SIZE = "8g"  # each bed's tmpfs (its hosts' disks): an upper bound, only what is used costs
 TEST_USER = "gputrain-tb"
 SSHD = "/usr/sbin/sshd"
@@ -36,15 +35,41 @@ LEGACY_PREFIX, LEGACY_LINKS, LEGACY_STATE = "gtb-", ("gtb0", "gtb1"), Path("/run
 
 @dataclass(frozen=True)
 class Slot:
-    """One test bed's share of the machine: 10.213.0.(128*index)/26 on its bridge (hosts from
-    .base+10), the next /26 on its isolated bridge (the gateway's leg at .base+65, hosts from
-    .base+70); namespaces, veths, bridges, state dir, lock and CPU cgroup named by its index."""
+    """One test bed's share of the machine. Slot 0, the large one (53 hosts: the fleet bench's
+    32): 10.213.0.0/26 on its bridge (hosts from .10), 10.213.0.64/26 on its isolated bridge (the
+    gateway's leg at .65, hosts from .70). Slots 1 and 2 (21 hosts each): a /27 on the bridge
+    at .128 / .192 and a /28 isolated beside it. Namespaces, veths, bridges, state dir, lock and
+    CPU cgroup are named by its index."""
 
     index: int
 
     @property
+    def large(self) -> bool:
+        return self.index == 0
+
+    @property
     def base(self) -> int:
-        return 128 * self.index
+        return 0 if self.large else 64 + 64 * self.index
+
+    @property
+    def size(self) -> int:
+        return 128 if self.large else 64
+
+    @property
+    def prefix_len(self) -> int:  # the bridge's network
+        return 26 if self.large else 27
+
+    @property
+    def isolated_offset(self) -> int:  # the isolated bridge's network, from base
+        return 64 if self.large else 32
+
+    @property
+    def isolated_prefix_len(self) -> int:
+        return 26 if self.large else 28
+
+    @property
+    def gateway_offset(self) -> int:  # the gateway host's leg on the isolated bridge
+        return self.isolated_offset + 1
 
     def address(self, offset: int) -> str:
         return f"{SUBNET}.{self.base + offset}"
@@ -56,16 +81,16 @@ class Slot:
 
     @property
     def host_offsets(self) -> range:
-        return range(10, 63)
+        return range(10, 63) if self.large else range(10, 31)
 
     @property
     def isolated_offsets(self) -> range:
-        return range(70, 127)
+        return range(70, 127) if self.large else range(38, 47)
 
     @property
     def isolated_cidr(self) -> str:
         """Unreachable from the root namespace (a route says so: never out through its uplink)."""
-        return f"{self.address(64)}/26"
+        return f"{self.address(self.isolated_offset)}/{self.isolated_prefix_len}"
 
     @property
     def prefix(self) -> str:  # namespaces
@@ -103,7 +128,7 @@ class Slot:
         if dev in (self.bridge, self.iso_bridge, self.gateway_veth):
             return True
         if dev.startswith("gtw") and dev[3:].isdigit():
-            return self.base <= int(dev[3:]) < self.base + 128
+            return self.base <= int(dev[3:]) < self.base + self.size
         return self.index == 0 and (dev in LEGACY_LINKS or dev.startswith("gtv"))
 
 
@@ -358,10 +383,16 @@ class TestBed:
     __test__ = False
 
     def __init__(
-        self, python: str | None = None, lock_timeout_s: float = 900, *, count_cpu: bool = False
+        self,
+        python: str | None = None,
+        lock_timeout_s: float = 900,
+        *,
+        count_cpu: bool = False,
+        min_hosts: int = 0,
     ) -> None:
         self.python = python or sys.executable  # the interpreter with torch, run on the hosts
         self.count_cpu = count_cpu  # account the hosts' CPU time (hosts_cpu_s), for benchmarks
+        self.min_hosts = min_hosts  # only a slot that holds this many hosts at once
         self._cpu_group: Path | None = None
         self.lock_timeout_s = lock_timeout_s
         self.hosts: dict[str, TestHost] = {}
@@ -411,7 +442,8 @@ class TestBed:
             os.chmod(state / "hosts", 0o644)
             self.user = self._login_user()
             _run("ip", "link", "add", self.slot.bridge, "type", "bridge")
-            _run("ip", "addr", "add", f"{self.slot.bridge_address}/26", "dev", self.slot.bridge)
+            cidr = f"{self.slot.bridge_address}/{self.slot.prefix_len}"
+            _run("ip", "addr", "add", cidr, "dev", self.slot.bridge)
             _run("ip", "link", "set", self.slot.bridge, "up")
             _run("ip", "link", "add", self.slot.iso_bridge, "type", "bridge")
             _run("ip", "link", "set", self.slot.iso_bridge, "up")
@@ -449,6 +481,9 @@ class TestBed:
     def _acquire_lock(self) -> None:
         """The first free slot's lock (waiting while every slot is taken)."""
         slots = [Slot(i) for i in range(SLOTS)]
+        slots = [s for s in slots if len(s.host_offsets) >= self.min_hosts]
+        if not slots:
+            raise TestBedUnavailable(f"no test-bed slot holds {self.min_hosts} hosts")
         slots[0].lock_path.parent.mkdir(parents=True, exist_ok=True)
         fds = [os.open(slot.lock_path, os.O_RDWR | os.O_CREAT, 0o644) for slot in slots]
         end = time.monotonic() + self.lock_timeout_s
@@ -572,10 +607,11 @@ class TestBed:
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             if isolated_behind is None:
-                self._veth(ns, slot.veth(offset), slot.bridge, f"{address}/26")
+                self._veth(ns, slot.veth(offset), slot.bridge, f"{address}/{slot.prefix_len}")
             else:
                 self._ensure_iso_gateway(isolated_behind)
-                self._veth(ns, slot.veth(offset), slot.iso_bridge, f"{address}/26")
+                cidr = f"{address}/{slot.isolated_prefix_len}"
+                self._veth(ns, slot.veth(offset), slot.iso_bridge, cidr)
             host = TestHost(name, address, ns, host_key, d, isolated_behind is not None, containers)
             if not host.isolated:
                 route = _run("ip", "route", "get", address).stdout
@@ -606,7 +642,11 @@ class TestBed:
         gw = self.hosts[gateway]
         slot = self.slot
         self._veth(
-            gw.namespace, slot.gateway_veth, slot.iso_bridge, f"{slot.address(65)}/26", peer="eth1"
+            gw.namespace,
+            slot.gateway_veth,
+            slot.iso_bridge,
+            f"{slot.address(slot.gateway_offset)}/{slot.isolated_prefix_len}",
+            peer="eth1",
         )
         self._iso_gateway = gateway
 

@@ -3,12 +3,14 @@ pull the job's image from a real registry on the bridge (tests/support/container
 requirements and `setup` run inside the image (cached on the node by the image's digest), then
 gputrain's production `docker run` (host network and IPC, the run dir mounted) starts torchrun
 inside it on both hosts and the two form one gloo DDP job; results and exit codes come home, a
-stop removes the containers, `verify` runs nvidia-smi inside the image, and a stack VM without
-docker gets it installed (a fake apt-get that provides the shim)."""
+stop removes the containers, `verify` runs nvidia-smi inside the image, a stack VM without
+docker gets it installed (a fake apt-get that provides the shim), and a stack's `build:` Dockerfile
+is built here, pushed, and trains 2-node on the bed."""
 
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import re
 import shutil
@@ -22,10 +24,12 @@ import pytest
 from scripts.cli import main
 from scripts.connect import close_all, connect
 from scripts.job.container import INSECURE_REGISTRIES_ENV, ImageRef
+from scripts.job.image_build import REGISTRY_HOST_ENV
 from scripts.job.launch import stop_job
 from scripts.settings import Settings
 from tests.support import JOBS
 from tests.support.container_bed import IMAGE_MARK, ContainerBed
+from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.stack_world import World, assert_torn_down
 from tests.support.testbed import GpuConfig, TestBed, TestHost
 from tests.support.wheelhouse import PackageIndex, build_wheel
@@ -259,4 +263,41 @@ def test_stack_vm_without_docker_gets_it_installed(
         assert "install --no-install-recommends docker.io acl" in calls
         assert "install nvidia-container-toolkit" in calls
         assert "nvidia-ctk runtime configure --runtime=docker" in calls
+    assert_torn_down(w)
+
+
+def test_a_stack_with_build_trains_two_nodes_in_the_image_it_built(
+    world: Callable[..., World],
+    cbed: ContainerBed,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`build: Dockerfile`: built on this machine (podman behind `docker`), pushed to the stack's
+    repository (the bed's registry plays Artifact Registry's host), pulled by digest on both VMs,
+    the 2-node job and the stack's setup inside it; the run's teardown removes the repository."""
+    base = cbed.image("base", gpus=1, mark="base")
+    monkeypatch.setenv("PATH", f"{cbed.builder.shim_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv(REGISTRY_HOST_ENV, cbed.registry.host)
+    with FakeArtifactRegistry("gputrain-test") as artifacts:
+        w = world(
+            nodes=2,
+            settings={"build": "img/Dockerfile", "setup": json.dumps(IMAGE_MARK)},
+            containers=lambda h: cbed.enable(h, docker=False),  # a fresh VM: installed
+            artifacts=artifacts,
+        )
+        (w.dir / "img").mkdir()
+        (w.dir / "img" / "Dockerfile").write_text(
+            f"FROM {base.repository}:{base.tag}\nCOPY mark {IMAGE_MARK}\n"
+        )
+        (w.dir / "img" / "mark").write_text("#!/bin/sh\necho built from the dockerfile\n")
+        (w.dir / "img" / "mark").chmod(0o755)
+        (w.dir / "inside.py").write_text(INSIDE.replace("import gputrain_probe", "import os"))
+        rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "inside.py")
+        out = capsys.readouterr().out
+        assert rc == 0, out[-3000:]
+        assert "building with" in out
+        for vm in ("e2e-node-0", "e2e-node-1"):
+            assert f"[{vm}] [setup] built from the dockerfile" in out  # the built image's file
+        assert out.count("inside=True world=2 sum=3") == 2
+        assert artifacts.repositories[("gputrain-test", "us-central1")] == {}
     assert_torn_down(w)
