@@ -139,7 +139,7 @@ def _stack_file(bed: TestBed, nodes: int, settings: dict[str, str | None] | None
         f"  gputrain:sshUser: {bed.user}\n"
         f"  gputrain:sshPublicKey: {public}\n"
         "  gputrain:sshPrivateKey: {secure: v1:bm9uY2U=:ZW5jcnlwdGVkIGtleQ==}\n"  # as keygen left it
-        "  gputrain:sshSourceRanges: [10.213.0.1/32]\n"
+        f"  gputrain:sshSourceRanges: [{bed.bridge_address}/32]\n"  # where SSH comes from
     )
 
 

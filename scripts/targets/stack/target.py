@@ -296,6 +296,8 @@ class StackTarget(Generic[C, P]):
             pause_s=self.clients.retry_pause_s,
             clear_stale_lock=clear_stale_lock,
             keep_types=((BUCKET_TYPE,) if kept else ()) + ((REPOSITORY_TYPE,) if images else ()),
+            # a late writer (a node's last upload) refilled the bucket: home and empty it again
+            before_retry=None if kept else lambda: self._settle_bucket(spec, False),
         )
         self.after_destroy(spec)
         swept = dataclasses.replace(spec, build="") if images else spec  # the kept one aside

@@ -4,7 +4,7 @@ everything that is not."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from infra.base.errors import GputrainError
 from infra.base.retry import GaveUp, Waiting, every, poll_until
@@ -43,14 +43,21 @@ def destroy_stack(
     pause_s: float,
     clear_stale_lock: bool = False,
     keep_types: Sequence[str] = (),
+    before_retry: Callable[[], object] | None = None,
 ) -> GaveUp | None:
     """refresh + destroy (all but `keep_types`), retried; the last failure, or None. Any target
-    made of a Pulumi stack (GCE, Vertex AI) ends this way."""
+    made of a Pulumi stack (GCE, Vertex AI) ends this way. `before_retry`: run before every
+    attempt after the first (e.g. the bucket emptied again: a late writer refilled it)."""
     attempts_made = 0
 
     def destroy() -> None:
         nonlocal attempts_made, clear_stale_lock
         attempts_made += 1
+        if attempts_made > 1 and before_retry is not None:
+            try:
+                before_retry()
+            except Exception as e:  # the destroy itself says what is left
+                ui.warn(f"down: before destroy attempt {attempts_made}: {e}")
         ui.say(f"down: destroying stack {stack} (attempt {attempts_made})")
         try:
             runner.refresh(on_output=None)
