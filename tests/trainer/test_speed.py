@@ -78,9 +78,12 @@ def test_a_slow_checkpoint_writer_lowers_the_wall_figure_not_the_training_throug
     # Did not drop beyond CPU noise (two runs on a shared 2-core machine can differ by 2x; a sleep
     # inside the timed spans would cut it to about a fifth: 2 s timed + 9 s of sleeps).
     assert slow["tokens_per_s"] > 0.35 * base["tokens_per_s"]
-    # the wall figure did (within each run: two runs on a loaded machine differ too much)
-    assert slow["wall_tokens_per_s"] < 0.5 * slow["tokens_per_s"]
-    assert base["wall_tokens_per_s"] > 0.5 * base["tokens_per_s"]
+    # the wall figure did: as a share of each run's own training throughput (two runs' absolute
+    # figures on a loaded machine differ too much), 9 s of saves cut it well below the base's
+    share = {
+        k: r["wall_tokens_per_s"] / r["tokens_per_s"] for k, r in (("base", base), ("slow", slow))
+    }
+    assert share["slow"] < 0.7 * share["base"], share
     slow_rows = [r["tokens_per_s"] for r in metrics(tmp_path / "slow")[2:]]
     base_rows = [r["tokens_per_s"] for r in metrics(tmp_path / "base")[2:]]
     assert statistics.median(slow_rows) > 0.35 * statistics.median(base_rows)  # intervals too
