@@ -855,6 +855,22 @@ class TestBed:
 
     # -- what the code under test needs ------------------------------------------------------
 
+    def hosts_file(
+        self, d: Path, hosts: list[TestHost], extra: str = "", *, known: str | None = None
+    ) -> Path:
+        """d/lab.yaml, a `--hosts` file for these hosts (the bed's user, key and interpreter)
+        with `extra` YAML lines before `hosts:`; d/known_hosts pins their keys (or is `known`)."""
+        d.mkdir(parents=True, exist_ok=True)
+        pins = "".join(f"{h.address} {h.host_key}\n" for h in hosts)
+        (d / "known_hosts").write_text(pins if known is None else known)
+        path = d / "lab.yaml"
+        path.write_text(
+            f"user: {self.user}\nidentity_file: {self.identity_file}\nknown_hosts: known_hosts\n"
+            f"python: {self.python}\n{extra}hosts:\n"
+            + "".join(f"  - address: {h.address}\n" for h in hosts)
+        )
+        return path
+
     def fleet(
         self,
         hosts: list[TestHost],

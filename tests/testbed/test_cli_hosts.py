@@ -13,18 +13,11 @@ import pytest
 from scripts.cli import main
 from scripts.settings import Settings
 from tests.support import ROOT
-from tests.support.testbed import TestBed
+from tests.support.testbed import TestBed, TestHost
 
 
-def _hosts_file(tb: TestBed, tmp_path: Path, hosts: list[object], known: str) -> Path:
-    (tmp_path / "known_hosts").write_text(known)
-    path = tmp_path / "lab.yaml"
-    path.write_text(
-        f"user: {tb.user}\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
-        f"python: {tb.python}\ngpus: {{model: NVIDIA L4, count: 1}}\nhosts:\n"
-        + "".join(f"  - address: {h.address}\n" for h in hosts)  # type: ignore[attr-defined]
-    )
-    return path
+def _hosts_file(tb: TestBed, tmp_path: Path, hosts: list[TestHost], known: str) -> Path:
+    return tb.hosts_file(tmp_path, hosts, "gpus: {model: NVIDIA L4, count: 1}\n", known=known)
 
 
 def test_run_hosts_end_to_end_and_ssh(

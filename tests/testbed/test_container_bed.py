@@ -67,15 +67,7 @@ def index(tb: TestBed, tmp_path: Path) -> Iterator[PackageIndex]:
 def _hosts_file(
     tb: TestBed, d: Path, hosts: list[TestHost], image: ImageRef, extra: str = "cpu: true\n"
 ) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "known_hosts").write_text("".join(f"{h.address} {h.host_key}\n" for h in hosts))
-    path = d / "lab.yaml"
-    path.write_text(
-        f"user: {tb.user}\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
-        f"python: {tb.python}\nimage: {image.repository}:{image.tag}\n{extra}hosts:\n"
-        + "".join(f"  - address: {h.address}\n" for h in hosts)
-    )
-    return path
+    return tb.hosts_file(d, hosts, f"image: {image.repository}:{image.tag}\n{extra}")
 
 
 def _ready_s(out: str) -> float:

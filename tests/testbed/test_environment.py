@@ -54,15 +54,8 @@ def _project(d: Path) -> None:
 
 
 def _hosts_file(tb: TestBed, d: Path, hosts: list[TestHost]) -> Path:
-    (d / "known_hosts").write_text("".join(f"{h.address} {h.host_key}\n" for h in hosts))
-    path = d / "lab.yaml"
     setup = "".join(f"  {line}\n" for line in SETUP.splitlines())
-    path.write_text(
-        f"user: {tb.user}\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
-        f"python: {tb.python}\ncpu: true\nsecrets: [GPUTRAIN_TB_TOKEN]\nsetup: |\n{setup}hosts:\n"
-        + "".join(f"  - address: {h.address}\n" for h in hosts)
-    )
-    return path
+    return tb.hosts_file(d, hosts, f"cpu: true\nsecrets: [GPUTRAIN_TB_TOKEN]\nsetup: |\n{setup}")
 
 
 class ArgvWatch:

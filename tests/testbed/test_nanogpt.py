@@ -55,15 +55,7 @@ STANDIN_KEYS = {"--dataset", "--device", "--compile", "--dtype", "--max_iters", 
 
 
 def _hosts(tb: TestBed, tmp_path: Path, n: int) -> Path:
-    hosts = [tb.add_host() for _ in range(n)]
-    (tmp_path / "known_hosts").write_text("".join(f"{h.address} {h.host_key}\n" for h in hosts))
-    path = tmp_path / "lab.yaml"
-    path.write_text(
-        f"user: {tb.user}\nidentity_file: {tb.identity_file}\nknown_hosts: known_hosts\n"
-        f"python: {tb.python}\ncpu: true\nhosts:\n"
-        + "".join(f"  - address: {h.address}\n" for h in hosts)
-    )
-    return path
+    return tb.hosts_file(tmp_path, [tb.add_host() for _ in range(n)], "cpu: true\n")
 
 
 def test_nanogpt_on_two_hosts_root_cause_then_checkpoints_home(
