@@ -1,4 +1,4 @@
-"""`setup` and requirements on `backend: vertex`, end to end and offline (the world of test_e2e.py:
+"""`setup` and requirements on `backend: vertex`, end to end and offline (the world of tests/support/vertex_world.py:
 the fake stack runner, the fake Vertex AI whose runner starts one real `trainer.vertex_entry`
 process per replica): the commands and the requirement list travel as data in the CustomJob's env,
 every replica installs and runs them in the job's working directory before torchrun, their lines
@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts.targets.vertex.test_e2e import World, assert_torn_down, world
+from tests.support.vertex_world import World, assert_torn_down
 from tests.support.wheelhouse import build_wheel
-
-__all__ = ["world"]  # the fixture, shared with test_e2e.py
 
 SETUP = 'echo "making data in $(basename "$PWD")"\necho 99 > data.txt\n'
 
