@@ -3,11 +3,12 @@ on first use, verify GPUs, run torchrun jobs, follow logs, open OpenSSH shells."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -117,40 +118,36 @@ class FleetSession:
         ensure_image(self.fleet, self.transports, image, verify=True)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.job.launch import stop_job
         from scripts.watch.launch import watched_launch, with_stall_default
 
-        transports = self.transports
-        job = self.with_fabric(job)
-        if self.fleet.local:
-            # Runs on this machine share its node root: each syncs into its own code dir (the
-            # run keeps a hard-linked snapshot of it), so two runs at once never mix files.
-            job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
-        try:
+        with self._launching(job, guard) as job:
             return watched_launch(
-                self.fleet, transports, with_stall_default(job, self.stall_timeout_s), results_dir
+                self.fleet,
+                self.transports,
+                with_stall_default(job, self.stall_timeout_s),
+                results_dir,
             )
-        except BaseException:
-            # Failed or interrupted: nothing may keep running on machines that stay up.
-            with guard.teardown():
-                stop_job(transports, job.run_id)
-            raise
-        finally:
-            if self.fleet.local:
-                for t in transports.values():
-                    t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
 
     def run_detached(self, job: Job, guard: SignalGuard) -> float:
         """Start the job, return once it trains (`--detach`); stop it if that fails."""
         from scripts.job.detach import launch_detached
+
+        with self._launching(job, guard) as job:
+            return launch_detached(self.fleet, self.transports, job)
+
+    @contextlib.contextmanager
+    def _launching(self, job: Job, guard: SignalGuard) -> Iterator[Job]:
+        """The job as this session starts it (its GPU network; on this machine its own code dir:
+        runs here share the node root, the run keeps a hard-linked snapshot). Failed or
+        interrupted, it is stopped: nothing may keep running on machines that stay up."""
         from scripts.job.launch import stop_job
 
         transports = self.transports
         job = self.with_fabric(job)
-        if self.fleet.local:  # its own code dir, as run_job; the run's snapshot outlives it
+        if self.fleet.local:
             job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
         try:
-            return launch_detached(self.fleet, transports, job)
+            yield job
         except BaseException:
             with guard.teardown():
                 stop_job(transports, job.run_id)
