@@ -51,6 +51,11 @@ if mode == "crash" and os.environ.get("RANK") == "1":
 '''
 
 
+# the reference trainer, tiny and quick: 120 steps, a checkpoint every 10 (World.run_trainer)
+TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--log-every", "1"]
+TRAIN += ["--eval-batches", "0"]
+
+
 @dataclass
 class World:
     """A project directory, the fake cloud and the settings and GCE clients wired to them."""
@@ -83,6 +88,16 @@ class World:
             mode,
             str(self.marker),
         )
+
+    def run_trainer(self, *options: str) -> int:
+        """`gputrain run --stack e2e` with the reference trainer's TRAIN run, checkpoints in the
+        stack's bucket (the storage emulator)."""
+        assert self.gcs is not None
+        return self.run(
+            "run", "--stack", "e2e", "--yes", "--skip-preflight",
+            "--env", f"STORAGE_EMULATOR_HOST={self.gcs.url}", *options,
+            "--", "-m", "trainer.train", *TRAIN,
+        )  # fmt: skip
 
     def checkpoints_in_bucket(self) -> list[int]:
         """Steps whose manifest is in the stack's bucket (their upload is complete)."""

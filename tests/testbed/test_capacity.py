@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.stack_world import ZONES, World, assert_torn_down
+from tests.support.stack_world import TRAIN, ZONES, World, assert_torn_down
 from tests.support.trainer_helpers import child_env, free_port, node_argv, start
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
@@ -63,27 +63,6 @@ def test_a_capacity_list_steps_from_spot_to_on_demand_with_its_line(
 
 # ---- a recovery that meets stock-outs waits, then resumes -------------------------------------
 
-TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--log-every", "1"]
-TRAIN += ["--eval-batches", "0"]
-
-
-def train_on_stack(w: World, *options: str) -> int:
-    assert w.gcs is not None
-    return w.run(
-        "run",
-        "--stack",
-        "e2e",
-        "--yes",
-        "--skip-preflight",
-        "--env",
-        f"STORAGE_EMULATOR_HOST={w.gcs.url}",
-        *options,
-        "--",
-        "-m",
-        "trainer.train",
-        *TRAIN,
-    )
-
 
 def uninterrupted_loss(tmp_path: Path) -> float:
     """The same training on two torchrun agents on this machine, never interrupted."""
@@ -115,7 +94,7 @@ def test_a_spot_recovery_that_meets_two_stockouts_waits_and_resumes(
         w.preempt("e2e-node-1")
 
     t = w.at_checkpoint(20, preempt_into_a_stockout)
-    rc = train_on_stack(w, "--wait-for-capacity", "10m")
+    rc = w.run_trainer("--wait-for-capacity", "10m")
     t.join(timeout=5)
     out = capsys.readouterr().out
     assert rc == 0, out[-4000:]
@@ -151,7 +130,7 @@ def test_an_on_demand_node_lost_to_a_host_error_is_recovered_with_the_same_loss(
         w.bed.kill_processes(w.node_hosts["e2e-node-1"].name)
 
     t = w.at_checkpoint(20, host_error)
-    rc = train_on_stack(w)
+    rc = w.run_trainer()
     t.join(timeout=5)
     out = capsys.readouterr().out
     assert rc == 0, out[-4000:]

@@ -19,30 +19,10 @@ from typing import Any
 import pytest
 
 from tests.support.http_sink import HttpSink
-from tests.support.stack_world import ZONES, World, assert_torn_down
+from tests.support.stack_world import TRAIN, ZONES, World, assert_torn_down
 from tests.support.trainer_helpers import child_env, free_port, node_argv, start
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
-TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--log-every", "1"]
-TRAIN += ["--eval-batches", "0"]
-
-
-def run_spot(w: World, *options: str) -> int:
-    assert w.gcs is not None
-    return w.run(
-        "run",
-        "--stack",
-        "e2e",
-        "--yes",
-        "--skip-preflight",
-        "--env",
-        f"STORAGE_EMULATOR_HOST={w.gcs.url}",
-        *options,
-        "--",
-        "-m",
-        "trainer.train",
-        *TRAIN,
-    )
 
 
 def uninterrupted(tmp_path: Path) -> dict[str, Any]:
@@ -75,7 +55,7 @@ def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
 
     t = w.at_checkpoint(20, preempt)
     with HttpSink() as sink:  # the run's webhook: every event, the recovery's two included
-        rc = run_spot(w, "--notify", sink.url + "/hook")
+        rc = w.run_trainer("--notify", sink.url + "/hook")
         events = sink.events()
     t.join(timeout=5)
     out, err = capsys.readouterr()
@@ -121,7 +101,7 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
         second.append(w.at_checkpoint(50, lambda: w.preempt("e2e-node-1"), after_up=2))
 
     t = w.at_checkpoint(20, first)
-    rc = run_spot(w, "--max-recoveries", "1")
+    rc = w.run_trainer("--max-recoveries", "1")
     t.join(timeout=5)
     captured = capsys.readouterr()
     assert rc == 1, captured.err
@@ -140,7 +120,7 @@ def test_a_killed_node_that_was_not_preempted_is_a_crash(
 ) -> None:
     w = world(bucket=True)
     t = w.at_checkpoint(20, lambda: w.bed.kill_processes(w.node_hosts["e2e-node-1"].name))
-    rc = run_spot(w)
+    rc = w.run_trainer()
     t.join(timeout=5)
     captured = capsys.readouterr()
     assert rc == 1 and "failed on node" in captured.err
@@ -165,7 +145,7 @@ def test_ctrl_c_while_the_cluster_is_recreated_still_destroys_everything(
 
     w.runner.up = interrupted_up  # type: ignore[method-assign]
     t = w.at_checkpoint(20, lambda: w.preempt("e2e-node-1"))
-    rc = run_spot(w)
+    rc = w.run_trainer()
     t.join(timeout=5)
     err = capsys.readouterr().err
     assert rc == 130, err
@@ -183,7 +163,7 @@ def test_a_failed_recreation_ends_destroyed_with_the_reason(
         w.preempt("e2e-node-1")
 
     t = w.at_checkpoint(20, preempt_then_quota_runs_out)
-    rc = run_spot(w)
+    rc = w.run_trainer()
     t.join(timeout=5)
     err = capsys.readouterr().err
     assert rc == 1
