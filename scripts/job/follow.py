@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from scripts import ui
 from scripts.job.diagnosis import FailureFacts, first_failure, root_cause_lines, split_error_files
 from scripts.job.node_scripts import (
-    EXIT_CODE_LINE,
     EXIT_CODE_PENDING,
     build_error_files_command,
     build_follow_command,
     parse_exitcode,
+    split_follow_line,
 )
 from scripts.job.records import FailureKind, Job, NodeFailure
 from scripts.transport.base import ConnectionLostError, Transport
@@ -148,12 +148,13 @@ def follow_node(
     recorded: list[str] = []  # what the node's exitcode file held, once the log has ended
 
     def line(text: str) -> None:
-        if text.startswith(EXIT_CODE_LINE):
-            recorded.append(text[len(EXIT_CODE_LINE) :])
-            return
-        state.lines += 1
-        state.tail.append(text)
-        on_line(state.name, text)
+        log, code = split_follow_line(text)
+        if log is not None:
+            state.lines += 1
+            state.tail.append(log)
+            on_line(state.name, log)
+        if code is not None:
+            recorded.append(code)
 
     pending_since: float | None = None
     try:

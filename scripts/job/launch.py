@@ -389,7 +389,7 @@ def report_install(
 def free_port_command(python: str) -> str:
     """At the head: a TCP port nothing listens on now (where the c10d store will listen)."""
     code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-    return f"{shlex.quote(python)} -c {shlex.quote(code)}"
+    return f"{shlex.quote(python)} -I -S -c {shlex.quote(code)}"  # the standard library only
 
 
 def stop_job(

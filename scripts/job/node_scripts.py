@@ -18,6 +18,13 @@ from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, RUNS_DIR, run_dir
 from scripts.watch import node as watch
 
+RUN_SUBDIRS = ("out", "logs", "watch")  # the start makes them with the code dir (one mkdir)
+MAKE_RUN_SUBDIRS_SH = (  # in run.sh: a process only where the start did not make them
+    " && ".join(f'[ -d "$RUN/{x}" ]' for x in RUN_SUBDIRS)
+    + " || mkdir -p "
+    + " ".join(f'"$RUN/{x}"' for x in RUN_SUBDIRS)
+)
+
 
 def build_node_command(
     job: Job,
@@ -79,7 +86,7 @@ if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; else NCCL_ENV_FILE=/dev/nul
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
-mkdir -p "$RUN/out" "$RUN/logs" "$RUN/watch"
+{MAKE_RUN_SUBDIRS_SH}
 {watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}{mirror_start_lines(job, helper)}HOST=; read -r HOST 2>/dev/null < /proc/sys/kernel/hostname || HOST=$(hostname)
 echo "gputrain: $HOST starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
@@ -91,7 +98,8 @@ echo $JOB > "$RUN/jobpid"
 trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
-{MIRROR_STOP_LINES}cd "$RUN" && echo "$rc $(date +%s.%N)" > exitcode.tmp && mv exitcode.tmp exitcode
+# one short write: readers wait for a non-empty file ([ -s ]), so no temporary file is needed
+{MIRROR_STOP_LINES}cd "$RUN" && T=$(date +%s.%N) && echo "$rc $T" > exitcode
 exit $rc
 """
 
@@ -100,6 +108,8 @@ WATCH_INTERVAL_S = 5  # how often a worker asks whether the head's rendezvous st
 # (every second until it first has: a link lost early must not leave the watchdog unarmed)
 WATCH_REFUSALS = 3  # refusals in a row, after it once answered, that end the worker's job
 WATCH_GRACE_S = 10  # TERM, then SIGKILL of what is left after this long
+# the standard library only, so -I -S: no site-packages to scan on each look (a venv's .pth
+# files cost a look ~3x its socket work)
 _PROBE = (
     "import socket, sys\n"
     "try: socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()\n"
@@ -123,7 +133,8 @@ def worker_watchdog(
   seen=0; gone=0
   while kill -0 $JOB 2>/dev/null; do
     if [ $seen = 1 ]; then sleep {interval_s:g}; else sleep 1; fi
-    {q(python)} -c {q(_PROBE)} "$HEAD" {port} 2>/dev/null; r=$?
+    kill -0 $JOB 2>/dev/null || break
+    {q(python)} -I -S -c {q(_PROBE)} "$HEAD" {port} 2>/dev/null; r=$?
     case $r in 0) seen=1; gone=0;; 3) [ $seen = 1 ] && gone=$((gone+1));; *) gone=0;; esac
     if [ $gone -ge {WATCH_REFUSALS} ]; then
       echo "gputrain: the head's rendezvous $HEAD:{port} is gone; stopping this node's job"
@@ -176,14 +187,15 @@ def build_upload_and_start_command(
     Exits UNPACK_FAILED when the code could not be unpacked (nothing was started)."""
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
+    run_subdirs = tuple(f"{run_dir(run_id)}/{x}" for x in RUN_SUBDIRS)  # run.sh finds them made
     return (  # umask 077: everything it and the job write is the user's alone
         (READ_SECRETS_SH.format(failed=UNPACK_FAILED) if secrets else "")
-        + f"umask 077; {unpack_command(code_dir, also_make=(run_dir(run_id),))} && "
+        + f"{unpack_command(code_dir, also_make=run_subdirs)} && "
         f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
         f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
         f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
         "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
-        "nohup setsid sh run.sh > torchrun.log 2>&1 < /dev/null & "
+        "(trap '' HUP; exec setsid sh run.sh) > torchrun.log 2>&1 < /dev/null & "
         "i=0; while [ ! -s jobpid ] && [ ! -s exitcode ] && [ $i -lt 200 ]; do "
         "sleep 0.05; i=$((i+1)); done; read -r p < pgid; echo $p"
     )
@@ -209,11 +221,10 @@ recorded its code (the outputs' last pass to the bucket runs first): follow agai
 def build_follow_command(run_id: str, lines_seen: int, wait_s: float = 5.0) -> str:
     """build_tail_command, then on the same channel one EXIT_CODE_LINE line with the recorded
     exit code ("<rc> <unix time>"), waiting up to `wait_s` while run.sh writes it: empty if the
-    job's shell is gone without one (killed), EXIT_CODE_PENDING if it is still at work. A last
-    log line without a newline gets one first."""
+    job's shell is gone without one (killed), EXIT_CODE_PENDING if it is still at work. After a
+    last log line without a newline, that line holds it too: split_follow_line parts them."""
     return (
         f"{build_tail_command(run_id, lines_seen)}; "
-        '[ -z "$(tail -c 1 torchrun.log 2>/dev/null)" ] || echo; '
         # run.sh's state from /proc (builtins only: no process per look while 64 nodes wait)
         f"read -r G < pgid; i=0; s=; while [ ! -s exitcode ] && [ $i -lt {max(1, int(wait_s * 20))} ]; do "
         's=; read -r s 2>/dev/null < "/proc/$G/stat"; s=${s##*) }; s=${s%% *}; '
@@ -222,6 +233,15 @@ def build_follow_command(run_id: str, lines_seen: int, wait_s: float = 5.0) -> s
         f"then c={EXIT_CODE_PENDING}; else c=; fi; "
         "printf '\\036gputrain-exitcode %s\\n' \"$c\""
     )
+
+
+def split_follow_line(text: str) -> tuple[str | None, str | None]:
+    """A line of build_follow_command's output as (log line, recorded exit code text): the
+    exit code's line may follow a last log line that had no newline."""
+    log, marker, code = text.partition(EXIT_CODE_LINE)
+    if not marker:
+        return text, None
+    return (log or None), code
 
 
 def build_running_command() -> str:

@@ -338,10 +338,9 @@ class CodeBundle:
         key = (plan.send, plan.delete)
         with self._lock:
             if key not in self._payloads:
-                control = {
-                    MANIFEST: json.dumps(plan.manifest, sort_keys=True).encode(),
-                    DELETE_LIST: b"".join(rel.encode() + b"\0" for rel in plan.delete),
-                }
+                control = {MANIFEST: json.dumps(plan.manifest, sort_keys=True).encode()}
+                if plan.delete:  # none: no list, and no process at the node to remove it
+                    control[DELETE_LIST] = b"".join(rel.encode() + b"\0" for rel in plan.delete)
                 if self.run_script is not None:
                     control[RUN_SCRIPT] = self.run_script.encode()
                 self._payloads[key] = tar_files(
@@ -363,8 +362,8 @@ def unpack_command(remote_dir: str = CODE_DIR, *, also_make: tuple[str, ...] = (
     dirs = " ".join(shlex.quote(x) for x in (NODE_STATE, remote_dir, *also_make))
     return (  # umask 077 and a 0700 .gputrain: what gputrain writes there is the user's alone
         f"umask 077 && mkdir -p {dirs} && chmod 700 {NODE_STATE} && tar -x -z -f - -C {d} && "
-        f"(cd {d} && if [ -s {DELETE_LIST} ]; then xargs -0 rm -f -- < {DELETE_LIST}; fi && "
-        f"rm -f {DELETE_LIST})"
+        f"if [ -e {d}/{DELETE_LIST} ]; then (cd {d} && xargs -0 rm -f -- < {DELETE_LIST} && "
+        f"rm -f {DELETE_LIST}); fi"
     )
 
 

@@ -23,6 +23,7 @@ from scripts.job.node_scripts import (
     build_upload_and_start_command,
     parse_exitcode,
     parse_sections,
+    split_follow_line,
 )
 from scripts.job.records import Job, validate_job
 from scripts.job.sync import CodeBundle
@@ -128,13 +129,18 @@ def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> Non
     (run / "torchrun.log").write_text("one\ntwo\nthree\n")
     assert t.stream(build_tail_command("j1", 1), lines.append, timeout=10) == 0
     assert lines == ["two", "three"]  # resumes after the lines already seen; ends with the job
-    # the follow: the same lines, a last one without a newline, then the exit code on its own line
-    (run / "torchrun.log").write_text("one\ntwo\nthree")
+    # the follow: the same lines, then the exit code (after a last line without a newline, on
+    # that line: split_follow_line parts them)
     (run / "exitcode").write_text("3 1700000000.5")
-    lines.clear()
-    t.stream(build_follow_command("j1", 1), lines.append, timeout=10)
-    assert lines == ["two", "three", f"{EXIT_CODE_LINE} 3 1700000000.5"]
-    assert parse_exitcode(lines[-1].removeprefix(EXIT_CODE_LINE)) == (3, 1700000000.5)
+    for log in ("one\ntwo\nthree\n", "one\ntwo\nthree"):
+        (run / "torchrun.log").write_text(log)
+        lines.clear()
+        t.stream(build_follow_command("j1", 1), lines.append, timeout=10)
+        parts = [split_follow_line(x) for x in lines]
+        assert [p[0] for p in parts if p[0] is not None] == ["two", "three"]
+        assert [p[1] for p in parts if p[1] is not None] == [" 3 1700000000.5"]
+        assert parse_exitcode(parts[-1][1] or "") == (3, 1700000000.5)
+    assert split_follow_line("plain") == ("plain", None)
     # a payload that cannot be unpacked starts nothing and says so by its exit status
     r = t.run(build_upload_and_start_command("j2"), 10, stdin=b"not a tar")
     assert (
