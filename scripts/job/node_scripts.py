@@ -323,13 +323,14 @@ def build_install_command(python: str, needs: Sequence[Requirement]) -> str:
 
 
 def build_sections_command(sections: Mapping[str, str]) -> str:
-    """Several commands in one round trip: each runs in its own subshell (stderr with stdout), and
-    its output follows a header line ``\\036<name> <exit status>``; see parse_sections."""
+    """Several commands in one round trip: each runs in its own subshell (its command
+    substitution's: no second fork; stderr with stdout), and its output follows a header line
+    ``\\036<name> <exit status>``; see parse_sections."""
     parts = []
     for name, cmd in sections.items():
         if not name.isidentifier():
             raise ValueError(f"section name {name!r}: letters, digits and _ only")
-        parts.append(f"o=$( ( {cmd}\n) 2>&1 ); printf '\\036{name} %d\\n%s\\n' $? \"$o\"")
+        parts.append(f"o=$( {{ {cmd}\n}} 2>&1 ); printf '\\036{name} %d\\n%s\\n' $? \"$o\"")
     return "\n".join(parts)
 
 
