@@ -9,7 +9,7 @@ BASE_PY := $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -
 # finder costs every Python start in this venv ~6 ms (the test hosts' checks, torchrun, tests).
 EDITABLE := --config-settings editable_mode=compat
 STAMP := $(VENV)/.installed-$(shell echo '$(EDITABLE)' | cat pyproject.toml - | md5sum | cut -c1-12)
-APT_PKGS := openssh-server iproute2 util-linux git podman runc docker-registry busybox-static chromium
+APT_PKGS := openssh-server iproute2 util-linux git zstd podman runc docker-registry busybox-static chromium
 
 .PHONY: run test lint typecheck apt venv bench clean
 

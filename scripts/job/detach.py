@@ -55,10 +55,10 @@ def launch_detached(
     prepared = prepare_nodes(fleet, transports, job)  # the storage client too, for gs://
     if job.rdzv_port is None:
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
-    job, manifests = prepare_image_and_environment(
-        fleet, transports, job, files, prepared.manifests, on_line=on_line
+    job, prepared = prepare_image_and_environment(
+        fleet, transports, job, files, prepared, on_line=on_line
     )
-    upload_and_start(fleet, transports, job, files, manifests)
+    upload_and_start(fleet, transports, job, files, prepared)
     names = [n.name for n in fleet.nodes]
     seen = dict.fromkeys(names, 0)
     ended: dict[str, str] = {}

@@ -60,6 +60,7 @@ from scripts.job.sync import (
 )
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
+from scripts.transport.tar import ZSTD_PROBE, Codec
 
 TRAINER_DIR = Path(__file__).resolve().parent.parent.parent / "trainer"
 
@@ -92,11 +93,10 @@ def launch_torchrun(
     prepare_outputs(fleet, transports, job)
     if job.rdzv_port is None:  # every run its own c10d store, also beside another run
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
-    manifests = prepared.manifests
-    job, manifests = prepare_image_and_environment(
-        fleet, transports, job, files, manifests, on_line=on_line
+    job, prepared = prepare_image_and_environment(
+        fleet, transports, job, files, prepared, on_line=on_line
     )
-    upload_and_start(fleet, transports, job, files, manifests, stop_grace_s=stop_grace_s)
+    upload_and_start(fleet, transports, job, files, prepared, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
     stoppers: list[threading.Thread] = []
@@ -166,20 +166,20 @@ def prepare_image_and_environment(
     transports: Mapping[str, Transport],
     job: Job,
     files: Mapping[str, Path],
-    manifests: Mapping[str, str],
+    prepared: PreparedNodes,
     *,
     on_line: LineSink = say_line,
-) -> tuple[Job, Mapping[str, str]]:
+) -> tuple[Job, PreparedNodes]:
     """Before the start, in this order: the image on every node (docker, the toolkit, the
     digest), then the requirements and setup (inside the image when there is one). Returns the
-    job keyed to its environment and the nodes' manifests as they are now."""
+    job keyed to its environment and the nodes as they are now (their manifests)."""
     if job.image is not None:
         ensure_image(fleet, transports, job.image)
     if job.environment is None:
-        return job, manifests
+        return job, prepared
     # requirements, then setup: once per node per content hash
     # built from the uploaded code, so the code goes first (the start then sends nothing)
-    manifests = upload_code(fleet, transports, job, files, manifests)
+    prepared = upload_code(fleet, transports, job, files, prepared)
     # with an image: built by the image's python, inside it, keyed by its digest too
     image = job.image
     python = IMAGE_PYTHON if image else fleet.python
@@ -204,7 +204,7 @@ def prepare_image_and_environment(
         on_line=on_line,
         wrap=wrap,
     )
-    return job, manifests
+    return job, prepared
 
 
 def collect_code(job: Job) -> dict[str, Path]:
@@ -226,6 +226,7 @@ def collect_code(job: Job) -> dict[str, Path]:
 class PreparedNodes:
     manifests: Mapping[str, str]  # node -> its code manifest as read (the upload's delta)
     rdzv_port: int | None  # a free port on the head, when the job has none
+    codecs: Mapping[str, Codec]  # node -> how its code bundle is compressed (zstd if it has it)
 
 
 def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> PreparedNodes:
@@ -239,7 +240,7 @@ def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -
     why_storage = "gs:// checkpoints, outputs or datasets"
 
     def one(name: str) -> dict[str, SectionResult]:
-        sections = {"manifest": read_manifest_command(job.code_dir)}
+        sections = {"manifest": read_manifest_command(job.code_dir), "zstd": ZSTD_PROBE}
         if name == head and job.rdzv_port is None:
             sections["port"] = free_port_command(fleet.python)
         if needs_storage:
@@ -271,7 +272,9 @@ def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -
         raise TransportError("\n".join(str(e) for e in errors.values()))
     port = results[head].get("port")
     return PreparedNodes(
-        {n: results[n]["manifest"].output for n in names}, int(port.output) if port else None
+        {n: results[n]["manifest"].output for n in names},
+        int(port.output) if port else None,
+        {n: "zstd" if results[n]["zstd"].ok else "gzip" for n in names},
     )
 
 
@@ -280,7 +283,7 @@ def upload_and_start(
     transports: Mapping[str, Transport],
     job: Job,
     files: Mapping[str, Path],
-    manifests: Mapping[str, str],
+    prepared: PreparedNodes,
     *,
     stop_grace_s: float = 10.0,
 ) -> None:
@@ -315,13 +318,15 @@ def upload_and_start(
         host_python=fleet.python,
     )
     bundle = CodeBundle(files, run_script=script)
-    cmd = build_upload_and_start_command(job.run_id, job.code_dir, secrets=bool(job.secrets))
     secrets = secret_stdin(job.secrets)  # before the bundle, on the same stdin, never on disk
     started = time.monotonic()
 
     def one(name: str) -> tuple[str, str]:
-        plan = bundle.plan(manifests[name])
-        r = transports[name].run(cmd, 600, stdin=secrets + bundle.payload(plan))
+        plan, codec = bundle.plan(prepared.manifests[name]), prepared.codecs[name]
+        cmd = build_upload_and_start_command(
+            job.run_id, job.code_dir, secrets=bool(job.secrets), codec=codec
+        )
+        r = transports[name].run(cmd, 600, stdin=secrets + bundle.payload(plan, codec))
         if r.exit_code == UNPACK_FAILED:
             raise TransportError(f"node {name}: upload failed: {r.stderr.strip()}")
         if not r.ok or not r.stdout.strip().isdigit():
@@ -351,15 +356,16 @@ def upload_code(
     transports: Mapping[str, Transport],
     job: Job,
     files: Mapping[str, Path],
-    manifests: Mapping[str, str],
-) -> dict[str, str]:
-    """The code alone, ahead of the start (the environment is built from it); returns each node's
-    manifest as it is now, so the start's bundle carries run.sh only."""
+    prepared: PreparedNodes,
+) -> PreparedNodes:
+    """The code alone, ahead of the start (the environment is built from it); returns the nodes
+    with each one's manifest as it is now, so the start's bundle carries run.sh only."""
     bundle = CodeBundle(files)
-    cmd = unpack_command(job.code_dir)
 
     def one(name: str) -> None:
-        r = transports[name].run(cmd, 600, stdin=bundle.payload(bundle.plan(manifests[name])))
+        plan, codec = bundle.plan(prepared.manifests[name]), prepared.codecs[name]
+        cmd = unpack_command(job.code_dir, codec=codec)
+        r = transports[name].run(cmd, 600, stdin=bundle.payload(plan, codec))
         if not r.ok:
             raise TransportError(f"node {name}: upload failed: {r.stderr.strip()}")
 
@@ -368,7 +374,7 @@ def upload_code(
     if errors:
         raise TransportError("\n".join(str(e) for e in errors.values()))
     now = json.dumps(bundle.manifest, sort_keys=True)
-    return {n: now for n in names}
+    return dataclasses.replace(prepared, manifests={n: now for n in names})
 
 
 def report_install(

@@ -16,6 +16,7 @@ from scripts.job.records import Job
 from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, RUNS_DIR, run_dir
+from scripts.transport.tar import Codec
 from scripts.watch import node as watch
 
 RUN_SUBDIRS = ("out", "logs", "watch")  # the start makes them with the code dir (one mkdir)
@@ -178,7 +179,7 @@ UNPACK_FAILED = 112  # the exit status of build_upload_and_start_command when th
 
 
 def build_upload_and_start_command(
-    run_id: str, code_dir: str = CODE_DIR, *, secrets: bool = False
+    run_id: str, code_dir: str = CODE_DIR, *, secrets: bool = False, codec: Codec = "gzip"
 ) -> str:
     """One round trip: (with `secrets`, first the secrets: secrets.secret_stdin, kept in this
     shell's memory and exported) unpack the CodeBundle payload on stdin into code_dir (the changed
@@ -190,7 +191,7 @@ def build_upload_and_start_command(
     run_subdirs = tuple(f"{run_dir(run_id)}/{x}" for x in RUN_SUBDIRS)  # run.sh finds them made
     return (  # umask 077: everything it and the job write is the user's alone
         (READ_SECRETS_SH.format(failed=UNPACK_FAILED) if secrets else "")
-        + f"{unpack_command(code_dir, also_make=run_subdirs)} && "
+        + f"{unpack_command(code_dir, also_make=run_subdirs, codec=codec)} && "
         f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
         f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
         f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "

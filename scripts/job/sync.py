@@ -20,7 +20,7 @@ from scripts import ui
 from scripts.node_layout import CODE_DIR, NODE_STATE
 from scripts.settings import RESULTS_MARKER
 from scripts.transport.base import Transport, TransportError
-from scripts.transport.tar import tar_files
+from scripts.transport.tar import Codec, tar_files, untar_command
 
 if TYPE_CHECKING:
     import pathspec
@@ -326,16 +326,16 @@ class CodeBundle:
         self.files = dict(files)
         self.manifest = hash_files(self.files)
         self.run_script = run_script
-        self._payloads: dict[tuple[tuple[str, ...], tuple[str, ...]], bytes] = {}
+        self._payloads: dict[tuple[tuple[str, ...], tuple[str, ...], Codec], bytes] = {}
         self._lock = threading.Lock()
 
     def plan(self, remote_manifest: str) -> UploadPlan:
         """What a node whose manifest file reads ``remote_manifest`` needs."""
         return plan_upload(self.manifest, parse_manifest(remote_manifest))
 
-    def payload(self, plan: UploadPlan) -> bytes:
+    def payload(self, plan: UploadPlan, codec: Codec = "gzip") -> bytes:
         """The bytes for ``plan``, built on first use (nodes ask from many threads)."""
-        key = (plan.send, plan.delete)
+        key = (plan.send, plan.delete, codec)
         with self._lock:
             if key not in self._payloads:
                 control = {MANIFEST: json.dumps(plan.manifest, sort_keys=True).encode()}
@@ -344,7 +344,7 @@ class CodeBundle:
                 if self.run_script is not None:
                     control[RUN_SCRIPT] = self.run_script.encode()
                 self._payloads[key] = tar_files(
-                    {rel: self.files[rel] for rel in plan.send}, control, compress=True
+                    {rel: self.files[rel] for rel in plan.send}, control, compress=codec
                 )
             return self._payloads[key]
 
@@ -354,14 +354,16 @@ def read_manifest_command(remote_dir: str = CODE_DIR) -> str:
     return f"cat {shlex.quote(remote_dir + '/' + MANIFEST)} 2>/dev/null; true"
 
 
-def unpack_command(remote_dir: str = CODE_DIR, *, also_make: tuple[str, ...] = ()) -> str:
-    """At the node: unpack a CodeBundle payload from stdin into remote_dir and apply its delete
-    list (a run.sh it carries stays for the start to move); `also_make`: more directories the
-    same mkdir makes (every process counts when 64 nodes share a fleet's launch)."""
+def unpack_command(
+    remote_dir: str = CODE_DIR, *, also_make: tuple[str, ...] = (), codec: Codec = "gzip"
+) -> str:
+    """At the node: unpack a CodeBundle payload (made with ``codec``) from stdin into remote_dir
+    and apply its delete list (a run.sh it carries stays for the start to move); `also_make`:
+    more directories the same mkdir makes (every process counts when 64 nodes share a launch)."""
     d = shlex.quote(remote_dir)
     dirs = " ".join(shlex.quote(x) for x in (NODE_STATE, remote_dir, *also_make))
     return (  # umask 077 and a 0700 .gputrain: what gputrain writes there is the user's alone
-        f"umask 077 && mkdir -p {dirs} && chmod 700 {NODE_STATE} && tar -x -z -f - -C {d} && "
+        f"umask 077 && mkdir -p {dirs} && chmod 700 {NODE_STATE} && {untar_command(d, codec)} && "
         f"if [ -e {d}/{DELETE_LIST} ]; then (cd {d} && xargs -0 rm -f -- < {DELETE_LIST} && "
         f"rm -f {DELETE_LIST}); fi"
     )

@@ -10,19 +10,27 @@ import shutil
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 from scripts.transport.base import TransportError
 
+Codec = Literal["gzip", "zstd"]
+"""How a tar for a node is compressed: zstd where the node has it (it unpacks ~3x faster and
+is ~20 % smaller than gzip at level 1), else gzip, which every node has."""
+
 
 def tar_files(
-    files: Mapping[str, Path], data: Mapping[str, bytes] | None = None, *, compress: bool = False
+    files: Mapping[str, Path],
+    data: Mapping[str, bytes] | None = None,
+    *,
+    compress: Codec | None = None,
 ) -> bytes:
     """A tar of {name in the archive: local file} (modes kept, owner neutral) and of in-memory
-    ``data`` members (mode 0644); ``compress``: gzip'd at level 1, for ``tar -x -z`` (source code
-    shrinks about 3x for ~7 ms per MiB, paid once: every node then receives and decrypts less)."""
+    ``data`` members (mode 0644); ``compress``: gzip at level 1 (``tar -x -z``) or zstd at level 3
+    (``tar -x -I zstd``): source code shrinks 3-4x for a few ms per MiB, paid once, and every
+    node then receives and decrypts less."""
     buf = io.BytesIO()
-    opts = {"mode": "w:gz", "compresslevel": 1} if compress else {"mode": "w"}
+    opts = {"mode": "w:gz", "compresslevel": 1} if compress == "gzip" else {"mode": "w"}
     with tarfile.open(fileobj=buf, **opts) as tar:
         for name, path in files.items():
             info = tar.gettarinfo(str(path), arcname=name)
@@ -34,7 +42,20 @@ def tar_files(
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(content), 0o644
             tar.addfile(info, io.BytesIO(content))
+    if compress == "zstd":
+        import zstandard  # lazy: only a launch's bundle needs it
+
+        return zstandard.ZstdCompressor(level=3).compress(buf.getvalue())
     return buf.getvalue()
+
+
+def untar_command(dest: str, codec: Codec) -> str:
+    """At the node: unpack a tar_files(compress=codec) tar from stdin into dest (quoted)."""
+    return f"tar -x {'-z' if codec == 'gzip' else '-I zstd'} -f - -C {dest}"
+
+
+ZSTD_PROBE = "command -v zstd"
+"""At the node: succeeds where zstd is on PATH (a builtin: no process)."""
 
 
 def pack_command(remote: str, exclude: tuple[str, ...] = (), before: str = "") -> str:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from infra.base.errors import UserError
-from scripts.job.sync import CodeBundle, check_size, collect_sources, plan_upload, sync_code
+from infra.base.records import Fleet, GpuExpectation, Node
+from scripts.job.launch import prepare_nodes
+from scripts.job.records import Job
+from scripts.job.sync import (
+    CodeBundle,
+    check_size,
+    collect_sources,
+    plan_upload,
+    sync_code,
+    unpack_command,
+)
 from scripts.transport.local import LocalTransport
 
 
@@ -82,3 +93,48 @@ def test_code_bundle_is_built_once_per_distinct_plan(tmp_path: Path) -> None:
     assert plan.send == ("b.py",) and plan.delete == ("gone.py",)
     assert bundle.payload(plan) is not fresh[0]
     assert bundle.plan("not json").send == ("a.py", "b.py")
+
+
+def _path_without(tmp_path: Path, missing: str) -> str:
+    """A PATH holding every command of this machine's but `missing` (a node that lacks it)."""
+    bin_dir = tmp_path / f"bin-without-{missing}"
+    bin_dir.mkdir()
+    for d in ("/usr/local/bin", "/usr/bin", "/usr/sbin", "/bin", "/sbin"):
+        for p in Path(d).iterdir() if Path(d).is_dir() else ():
+            if p.name != missing and not (bin_dir / p.name).exists():
+                (bin_dir / p.name).symlink_to(p)
+    return str(bin_dir)
+
+
+def test_a_node_gets_its_code_zstd_compressed_where_it_has_zstd_else_gzipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepare_nodes asks each node for zstd; the bundle is built once per codec and each
+    payload unpacks with its own command (the real zstd and gzip of this machine)."""
+    (tmp_path / "train.py").write_text("print('hi')\n" * 100)
+    bundle = CodeBundle({"train.py": tmp_path / "train.py"}, run_script="echo run")
+    gzipped, zstd = bundle.payload(bundle.plan(""), "gzip"), bundle.payload(bundle.plan(""), "zstd")
+    assert gzipped[:2] == b"\x1f\x8b" and zstd[:4] == b"\x28\xb5\x2f\xfd"  # the magic numbers
+    assert bundle.payload(bundle.plan(""), "zstd") is zstd  # built once per codec
+    fleet = Fleet(
+        target="local",
+        nodes=(Node(name="n0", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
+        expect=GpuExpectation(count=0),
+        python=sys.executable,
+        local=True,
+    )
+    job = Job(run_id="r1", workdir=tmp_path, rdzv_port=29500)
+    for codec, path in (("zstd", None), ("gzip", _path_without(tmp_path, "zstd"))):
+        if path:
+            monkeypatch.setenv("PATH", path)
+        node = LocalTransport("n0", tmp_path / codec)
+        assert prepare_nodes(fleet, {"n0": node}, job).codecs == {"n0": codec}
+        payload = bundle.payload(bundle.plan(""), codec)
+        r = node.run(unpack_command(codec=codec), 30, stdin=payload)
+        assert r.ok, r.stderr
+        code = tmp_path / codec / ".gputrain" / "code"
+        assert (code / "train.py").read_text() == "print('hi')\n" * 100
+        assert (code / ".gputrain-run.sh").read_text() == "echo run"
+    # a payload in the other codec is refused, not half-unpacked
+    r = node.run(unpack_command(codec="gzip"), 30, stdin=zstd)
+    assert not r.ok
