@@ -84,9 +84,10 @@ def test_a_slow_checkpoint_writer_lowers_the_wall_figure_not_the_training_throug
         k: r["wall_tokens_per_s"] / r["tokens_per_s"] for k, r in (("base", base), ("slow", slow))
     }
     assert share["slow"] < 0.7 * share["base"], share
+    # the logged intervals too, against their own run's training throughput (a save inside
+    # them would cut each to about a sixth: 0.3 s of steps + 1.5 s of sleep)
     slow_rows = [r["tokens_per_s"] for r in metrics(tmp_path / "slow")[2:]]
-    base_rows = [r["tokens_per_s"] for r in metrics(tmp_path / "base")[2:]]
-    assert statistics.median(slow_rows) > 0.35 * statistics.median(base_rows)  # intervals too
+    assert statistics.median(slow_rows) > 0.4 * slow["tokens_per_s"], slow_rows
 
 
 def test_the_device_is_synced_only_where_the_clock_pauses(
