@@ -68,7 +68,7 @@ def build_node_command(
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
-RUN=$(pwd)
+RUN=$PWD
 rm -f "$RUN/run.sh"  # it holds the --env values: the shell reads it from its open descriptor
 {REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
 HEAD={head}
@@ -194,7 +194,7 @@ def build_upload_and_start_command(
         + f"{unpack_command(code_dir, also_make=run_subdirs, codec=codec)} && "
         f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
         f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
-        f"(cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code) && cd {d} || exit 1; "
+        f"{{ cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code; }} && cd {d} || exit 1; "
         "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
         "(trap '' HUP; exec setsid sh run.sh) > torchrun.log 2>&1 < /dev/null & "
         "i=0; while [ ! -s jobpid ] && [ ! -s exitcode ] && [ $i -lt 200 ]; do "
