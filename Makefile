@@ -33,10 +33,11 @@ typecheck: venv
 	$(VENV)/bin/mypy infra scripts trainer
 
 # The test bed's tests in two halves, each on its own test bed (tests/support/testbed.py: three
-# slots per machine; a third part measured slower: four pytest runs on 2 cores contend): these
-# files (about half the bed's time), and every other file in tests/testbed (a new one lands there).
+# slots per machine; three parts measured no faster: four pytest runs on 2 cores contend): these
+# files (half the bed's time, by its tests' measured durations), and every other file in
+# tests/testbed (a new one lands there).
 BED_FIRST := $(addprefix tests/testbed/,test_spot_recovery.py test_outputs.py test_lifecycle.py \
-	test_launch.py test_connect.py test_verify_gpus.py test_watch_stack.py)
+	test_launch.py test_connect.py test_verify_gpus.py test_watch_stack.py test_fabric.py)
 
 test: apt venv lint typecheck
 	@# Three pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):
