@@ -135,6 +135,6 @@ def test_a_node_gets_its_code_zstd_compressed_where_it_has_zstd_else_gzipped(
         code = tmp_path / codec / ".gputrain" / "code"
         assert (code / "train.py").read_text() == "print('hi')\n" * 100
         assert (code / ".gputrain-run.sh").read_text() == "echo run"
-    # a payload in the other codec is refused, not half-unpacked
+    # a payload in the other codec fails to unpack (its status says so)
     r = node.run(unpack_command(codec="gzip"), 30, stdin=zstd)
     assert not r.ok
