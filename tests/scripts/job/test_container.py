@@ -6,14 +6,12 @@ the run dir mounted, secrets redacted, the container gone afterwards."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from infra.base.errors import UserError
-from infra.base.records import Fleet, GpuExpectation, Node
 from scripts.connect import close_all, connect
 from scripts.job.container import (
     NCCL_ENV_IN_CONTAINER,
@@ -30,6 +28,7 @@ from scripts.job.image_node import build_node_check_command
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job, TrainingError
 from tests.support.containers import Podman, Registry, require_tools
+from tests.support.local_fleet import local_fleet
 
 #: the image's "python3": prints what it was started with, writes into the mounted out dir
 FAKE_PYTHON = """#!/bin/sh
@@ -104,13 +103,7 @@ def test_local_run_inside_the_image(
 ) -> None:
     ref = _push(podman, registry)
     monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
-    fleet = Fleet(
-        target="local",
-        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
-        expect=GpuExpectation(count=0),
-        python=sys.executable,
-        local=True,
-    )
+    fleet = local_fleet()
     ts = connect(fleet, deadline_s=10, local_root=tmp_path / "node")
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / "train.py").write_text("print('unused: the image runs its own')\n")
@@ -152,12 +145,7 @@ def test_a_node_without_docker_is_named(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no docker there (the shim is not on it)
     if Path("/usr/bin/docker").exists():
         pytest.skip("this machine has docker")
-    fleet = Fleet(
-        target="local",
-        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
-        python=sys.executable,
-        local=True,
-    )
+    fleet = local_fleet()
     ts = connect(fleet, deadline_s=10, local_root=tmp_path / "node")
     job = Job(
         run_id="img-x",
@@ -191,13 +179,7 @@ def test_stopping_a_run_removes_its_container(
     podman("push", "-q", "localhost/gputrain-sleepy:1", f"docker://{target}")
     ref = resolve_digest(parse_image(target, "--image"), insecure=True)
     monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
-    fleet = Fleet(
-        target="local",
-        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
-        expect=GpuExpectation(count=0),
-        python=sys.executable,
-        local=True,
-    )
+    fleet = local_fleet()
     ts = connect(fleet, deadline_s=10, local_root=tmp_path / "node")
     (tmp_path / "proj").mkdir()
     job = Job(
@@ -252,13 +234,7 @@ def test_gpu_nodes_see_their_gpus_inside_the_image(
     toolkit.write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.0'\n")
     toolkit.chmod(0o755)
     monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
-    fleet = Fleet(
-        target="local",
-        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
-        expect=GpuExpectation(count=2),
-        python=sys.executable,
-        local=True,
-    )
+    fleet = local_fleet(2)
     ts = connect(fleet, deadline_s=10, local_root=tmp_path / "node")
     (tmp_path / "proj").mkdir()
     job = Job(

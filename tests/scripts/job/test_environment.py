@@ -177,10 +177,10 @@ def test_a_local_launch_builds_the_environment_then_runs_with_it(
 ) -> None:
     """Through the launcher: the code goes first, the environment is built from it, and torchrun
     runs with the venv's interpreter (the rank imports what requirements.txt named)."""
-    from infra.base.records import Fleet, GpuExpectation, Node
     from scripts.connect import close_all, connect
     from scripts.job.launch import launch_torchrun
     from scripts.job.records import Job
+    from tests.support.local_fleet import local_fleet
 
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -188,13 +188,7 @@ def test_a_local_launch_builds_the_environment_then_runs_with_it(
     (proj / "use_probe.py").write_text(
         "import sys, gputrain_probe\nprint('probe', gputrain_probe.VERSION, sys.prefix)\n"
     )
-    fleet = Fleet(
-        target="local",
-        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
-        expect=GpuExpectation(count=0),
-        python=sys.executable,
-        local=True,
-    )
+    fleet = local_fleet()
     env = plan_environment(proj, setup="echo setup here")
     job = Job(
         run_id="env-run",

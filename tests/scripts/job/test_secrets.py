@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from infra.base.records import Fleet, GpuExpectation, Node
 from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
@@ -29,6 +27,7 @@ from scripts.job.secrets import (
     resolve_secrets,
 )
 from tests.support.fake_secretmanager import FakeSecretManager
+from tests.support.local_fleet import local_fleet
 
 REPO = Path(__file__).resolve().parents[3]
 #: shell- and regex-hostile, with a newline inside: it must arrive byte for byte
@@ -99,13 +98,7 @@ def _everything_on_disk(roots: list[Path], needle: bytes) -> list[str]:
 
 def test_local_run_reads_the_secret_and_it_is_nowhere(tmp_path: Path) -> None:
     node_root = tmp_path / "node"
-    fleet = Fleet(
-        target="local",
-        nodes=(Node(name="local", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
-        expect=GpuExpectation(count=0),
-        python=sys.executable,
-        local=True,
-    )
+    fleet = local_fleet()
     ts = connect(fleet, deadline_s=10, local_root=node_root)
     lines: list[str] = []
     seen_argv: list[bytes] = []

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from infra.base.errors import UserError
-from infra.base.records import Fleet, GpuExpectation, Node
 from scripts.job.launch import prepare_nodes
 from scripts.job.records import Job
 from scripts.job.sync import (
@@ -22,6 +20,7 @@ from scripts.job.sync import (
     unpack_command,
 )
 from scripts.transport.local import LocalTransport
+from tests.support.local_fleet import local_fleet
 
 
 def _git_repo(path: Path) -> None:
@@ -116,19 +115,13 @@ def test_a_node_gets_its_code_zstd_compressed_where_it_has_zstd_else_gzipped(
     gzipped, zstd = bundle.payload(bundle.plan(""), "gzip"), bundle.payload(bundle.plan(""), "zstd")
     assert gzipped[:2] == b"\x1f\x8b" and zstd[:4] == b"\x28\xb5\x2f\xfd"  # the magic numbers
     assert bundle.payload(bundle.plan(""), "zstd") is zstd  # built once per codec
-    fleet = Fleet(
-        target="local",
-        nodes=(Node(name="n0", role="head", internal_address="127.0.0.1", address="127.0.0.1"),),
-        expect=GpuExpectation(count=0),
-        python=sys.executable,
-        local=True,
-    )
+    fleet = local_fleet()
     job = Job(run_id="r1", workdir=tmp_path, rdzv_port=29500)
     for codec, path in (("zstd", None), ("gzip", _path_without(tmp_path, "zstd"))):
         if path:
             monkeypatch.setenv("PATH", path)
-        node = LocalTransport("n0", tmp_path / codec)
-        assert prepare_nodes(fleet, {"n0": node}, job).codecs == {"n0": codec}
+        node = LocalTransport("local", tmp_path / codec)
+        assert prepare_nodes(fleet, {"local": node}, job).codecs == {"local": codec}
         payload = bundle.payload(bundle.plan(""), codec)
         r = node.run(unpack_command(codec=codec), 30, stdin=payload)
         assert r.ok, r.stderr
