@@ -18,6 +18,8 @@ from scripts.parallel import parallel
 from scripts.transport.base import Transport
 
 COLLECT_ERRORS = ".collect-errors"  # in the run dir on the node: why workdir/ is incomplete
+#: the run dir's entries that stay on the node: the code snapshot and run.sh's bookkeeping
+NOT_DOWNLOADED = ("./code", "./pgid", "./jobpid", "./node", "./container")
 
 
 def download_results(transports: Mapping[str, Transport], run_id: str, results_dir: Path) -> None:
@@ -36,9 +38,7 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
         dest = results_dir / name
         with tempfile.TemporaryDirectory(dir=results_dir, prefix=f".{name}-") as tmp:
             got = Path(tmp)
-            if not transports[name].download(
-                d, got, exclude=("./code", "./run.sh"), before=collect
-            ):
+            if not transports[name].download(d, got, exclude=NOT_DOWNLOADED, before=collect):
                 return
             errors = got / COLLECT_ERRORS
             if errors.is_file() and errors.read_text(errors="replace").strip():

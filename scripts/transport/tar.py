@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import os
+import posixpath
 import shlex
 import shutil
+import stat
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,33 +73,48 @@ def pack_command(remote: str, exclude: tuple[str, ...] = (), before: str = "") -
     )
 
 
-def _private_dirs(path: Path, root: Path) -> None:
-    """mkdir -p, every directory it creates below root 0700 (results are the user's alone)."""
-    missing = []
-    while path != root and not path.exists():
-        missing.append(path)
-        path = path.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-
-
 def extract_tar(data: bytes | IO[bytes], dest: Path) -> None:
-    """Unpack a tar from a node safely (no absolute paths, no links out of dest)."""
+    """Unpack a tar from a node safely: no absolute paths, no ``..``, nothing through a symbolic
+    link (a path whose folder exists as one is refused), links and devices skipped; folders it
+    makes are 0700 and files private to the user. One lstat per folder, not a realpath per
+    member: the controller unpacks every node's results."""
     dest.mkdir(parents=True, exist_ok=True)
     fileobj = io.BytesIO(data) if isinstance(data, bytes) else data
-    root = dest.resolve()
+    root = str(dest)
+    checked = {""}  # folders below dest known to be real folders (made or lstat-ed)
+
+    def folder(rel: str, name: str) -> None:
+        if rel in checked:
+            return
+        folder(posixpath.dirname(rel), name)
+        path = os.path.join(root, rel)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise TransportError(
+                    f"refusing a path through {rel!r} (not a folder): {name!r}"
+                ) from None
+        checked.add(rel)
+
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         for member in tar:
-            target = (root / member.name).resolve()
-            if member.name.startswith("/") or not target.is_relative_to(root):
+            rel = posixpath.normpath(member.name)
+            if member.name.startswith("/") or rel == ".." or rel.startswith("../"):
                 raise TransportError(f"refusing a path outside {dest}: {member.name!r}")
+            if rel == ".":
+                continue
             if member.isdir():
-                _private_dirs(target, root)
-            elif member.isfile():
-                _private_dirs(target.parent, root)
+                folder(rel, member.name)
+            elif member.isfile():  # links, devices and fifos from a node are skipped
+                folder(posixpath.dirname(rel), member.name)
                 src = tar.extractfile(member)
                 assert src is not None
-                with open(target, "wb") as out:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                try:
+                    fd = os.open(os.path.join(root, rel), flags, 0o600)
+                except OSError as e:  # ELOOP: the file's name is a symbolic link
+                    raise TransportError(f"refusing to write {member.name!r}: {e}") from None
+                with open(fd, "wb") as out:
                     shutil.copyfileobj(src, out)
-                os.chmod(target, member.mode & 0o700 | 0o600)  # private to the user
-            # links, devices and fifos from a node are skipped
+                    os.fchmod(fd, member.mode & 0o700 | 0o600)  # private to the user
