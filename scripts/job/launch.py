@@ -48,7 +48,7 @@ from scripts.job.node_scripts import (
     parse_sections,
     run_dir,
 )
-from scripts.job.outputs import OUT_URI_ENV, build_prepare_command, prepare_outputs
+from scripts.job.outputs import OUT_URI_ENV, prepare_outputs
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
 from scripts.job.secrets import NAMES_ENV, redacting, secret_stdin
 from scripts.job.sync import (
@@ -232,8 +232,7 @@ class PreparedNodes:
 def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> PreparedNodes:
     """One round trip per node before the upload: the node's code manifest; on the head a free
     port for the run's c10d store; with gs:// checkpoints the storage client (a probe where it is
-    there, else pip); on a first attempt the run's out dir and the node's name (a relaunch
-    restores the out dir in prepare_outputs). More per-node checks belong here as sections."""
+    there, else pip); whether it has zstd. More per-node checks belong here as sections."""
     head = fleet.head.name
     gs_env = any(job.env.get(k, "").startswith("gs://") for k in (CHECKPOINT_URI_ENV, OUT_URI_ENV))
     needs_storage = gs_env or any(d.mode == "copy" for d in job.datasets)
@@ -245,9 +244,6 @@ def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -
             sections["port"] = free_port_command(fleet.python)
         if needs_storage:
             sections["packages"] = build_install_command(fleet.python, STORAGE_PACKAGES)
-        outdir, restore = build_prepare_command(job, name, fleet.python)
-        if restore is None:
-            sections["outdir"] = outdir
         r = transports[name].run(
             build_sections_command(sections), timeout=1800 if needs_storage else 60
         )
@@ -257,10 +253,6 @@ def prepare_nodes(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -
         if "port" in got and not (got["port"].ok and got["port"].output.isdigit()):
             raise TransportError(
                 f"node {name}: could not pick a free port: {got['port'].output.strip()}"
-            )
-        if "outdir" in got and not got["outdir"].ok:
-            raise TransportError(
-                f"node {name}: could not prepare the run's out dir: {got['outdir'].output.strip()}"
             )
         if "packages" in got:
             report_install(fleet.python, STORAGE_PACKAGES, why_storage, name, got["packages"])
@@ -324,7 +316,7 @@ def upload_and_start(
     def one(name: str) -> tuple[str, str]:
         plan, codec = bundle.plan(prepared.manifests[name]), prepared.codecs[name]
         cmd = build_upload_and_start_command(
-            job.run_id, job.code_dir, secrets=bool(job.secrets), codec=codec
+            job.run_id, job.code_dir, node=name, secrets=bool(job.secrets), codec=codec
         )
         r = transports[name].run(cmd, 600, stdin=secrets + bundle.payload(plan, codec))
         if r.exit_code == UNPACK_FAILED:

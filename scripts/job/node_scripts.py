@@ -15,7 +15,7 @@ from scripts.job.outputs import MIRROR_STOP_LINES, attempt_entry, mirror_start_l
 from scripts.job.records import Job
 from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
-from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, RUNS_DIR, run_dir
+from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, NODE_ROOT_SH, RUNS_DIR, run_dir
 from scripts.transport.tar import Codec
 from scripts.watch import node as watch
 
@@ -69,7 +69,7 @@ def build_node_command(
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
 RUN=$PWD
-rm -f "$RUN/run.sh"  # it holds the --env values: the shell reads it from its open descriptor
+{forget_run_script_line(job.code_dir)}
 {REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
 HEAD={head}
 # the route toward the head names the interface; on the head itself it is "local" (via lo):
@@ -103,6 +103,12 @@ while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 {MIRROR_STOP_LINES}cd "$RUN" && T=$(date +%s.%N) && echo "$rc $T" > exitcode
 exit $rc
 """
+
+
+def forget_run_script_line(code_dir: str = CODE_DIR) -> str:
+    """run.sh's line that removes it (it holds the --env values; the shell reads it from its open
+    descriptor): both its links, in the code dir and in the run's snapshot the start ran it from."""
+    return f'rm -f "$RUN/code/{RUN_SCRIPT}" {NODE_ROOT_SH}/{shlex.quote(code_dir)}/{RUN_SCRIPT}'
 
 
 WATCH_INTERVAL_S = 5  # how often a worker asks whether the head's rendezvous still answers
@@ -179,24 +185,31 @@ UNPACK_FAILED = 112  # the exit status of build_upload_and_start_command when th
 
 
 def build_upload_and_start_command(
-    run_id: str, code_dir: str = CODE_DIR, *, secrets: bool = False, codec: Codec = "gzip"
+    run_id: str,
+    code_dir: str = CODE_DIR,
+    *,
+    node: str = "",
+    secrets: bool = False,
+    codec: Codec = "gzip",
 ) -> str:
     """One round trip: (with `secrets`, first the secrets: secrets.secret_stdin, kept in this
     shell's memory and exported) unpack the CodeBundle payload on stdin into code_dir (the changed
-    files, the manifest, the delete list and run.sh), then snapshot the code, start run.sh
-    in a new session (so a dropped SSH connection cannot kill it) and print its process-group id.
-    Exits UNPACK_FAILED when the code could not be unpacked (nothing was started)."""
+    files, the manifest, the delete list and run.sh), then snapshot the code, write the node's
+    name (`node`, for run.sh), start run.sh in a new session (so a dropped SSH connection cannot
+    kill it) from the snapshot and print its process-group id. Exits UNPACK_FAILED when the code
+    could not be unpacked (nothing was started)."""
     d = shlex.quote(run_dir(run_id))
     c = shlex.quote(code_dir)
     run_subdirs = tuple(f"{run_dir(run_id)}/{x}" for x in RUN_SUBDIRS)  # run.sh finds them made
     return (  # umask 077: everything it and the job write is the user's alone
         (READ_SECRETS_SH.format(failed=UNPACK_FAILED) if secrets else "")
         + f"{unpack_command(code_dir, also_make=run_subdirs, codec=codec)} && "
-        f"mv {c}/{RUN_SCRIPT} {d}/run.sh || exit {UNPACK_FAILED}; "
+        f"[ -f {c}/{RUN_SCRIPT} ] || exit {UNPACK_FAILED}; "
         f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
         f"{{ cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code; }} && cd {d} || exit 1; "
-        "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
-        "(trap '' HUP; exec setsid sh run.sh) > torchrun.log 2>&1 < /dev/null & "
+        + (f"printf '%s\\n' {shlex.quote(node)} > node; " if node else "")
+        + "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
+        f"(trap '' HUP; exec setsid sh code/{RUN_SCRIPT}) > torchrun.log 2>&1 < /dev/null & "
         "i=0; while [ ! -s jobpid ] && [ ! -s exitcode ] && [ $i -lt 200 ]; do "
         "sleep 0.05; i=$((i+1)); done; read -r p < pgid; echo $p"
     )

@@ -46,7 +46,7 @@ def attempt_entry(job: Job) -> tuple[str, ...]:
 
 
 def mirror_start_lines(job: Job, python: str) -> str:
-    """run.sh, before torchrun: the attempt number, the node's name (written by prepare_nodes)
+    """run.sh, before torchrun: the attempt number, the node's name (written by the start)
     and, with GPUTRAIN_OUT_URI, the mirror in the background. Pure."""
     py = shlex.quote(python)
     return (
@@ -66,20 +66,19 @@ MIRROR_STOP_LINES = (
 )
 
 
-def build_prepare_command(job: Job, node: str, python: str) -> tuple[str, bytes | None]:
-    """On a node before the start: its name for run.sh, and on a relaunch the out dir's files
-    that the bucket holds and the node lacks (a re-created VM lacks them all), by
-    trainer/mirror_out.py (standalone for --restore) sent on stdin: the code is not there yet.
-    The command and its stdin. Pure but for reading that file."""
-    q = shlex.quote
-    d = q(run_dir(job.run_id))
-    cmd = f"mkdir -p {d}/out && printf '%s\\n' {q(node)} > {d}/node"
+def build_restore_command(job: Job, node: str, python: str) -> tuple[str, bytes] | None:
+    """On a relaunch, before the start: the out dir's files that the bucket holds and the node
+    lacks (a re-created VM lacks them all), by trainer/mirror_out.py (standalone for --restore)
+    sent on stdin: the code is not there yet. The command and its stdin; None on a first attempt
+    or without GPUTRAIN_OUT_URI. Pure but for reading that file."""
     uri = job.env.get(OUT_URI_ENV)
     if job.attempt == 1 or not uri:
-        return cmd, None
+        return None
+    q = shlex.quote
+    d = q(run_dir(job.run_id))
     exports = "".join(f"export {k}={q(v)}; " for k, v in job.env.items())
-    cmd += (
-        f" && {exports}{q(python)} - --restore --dir {d}/out "
+    cmd = (
+        f"mkdir -p {d}/out && {exports}{q(python)} - --restore --dir {d}/out "
         f"--uri {q(uri.rstrip('/') + '/' + node + '/')}"
     )
     return cmd, MIRROR_SOURCE.read_bytes()
@@ -87,9 +86,10 @@ def build_prepare_command(job: Job, node: str, python: str) -> tuple[str, bytes 
 
 def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
     """On a relaunch, the out dirs are back from the bucket (said per node); a first attempt's
-    out dir was made with the launch's first round trip (scripts/job/launch.prepare_nodes)."""
-    commands = {n.name: build_prepare_command(job, n.name, fleet.python) for n in fleet.nodes}
-    if all(stdin is None for _, stdin in commands.values()):
+    out dir is made by the start (scripts/job/node_scripts.build_upload_and_start_command)."""
+    restores = {n.name: build_restore_command(job, n.name, fleet.python) for n in fleet.nodes}
+    commands = {name: c for name, c in restores.items() if c is not None}
+    if not commands:
         return
 
     def one(name: str) -> str:
@@ -102,10 +102,9 @@ def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job)
             )
         return r.stdout.strip()
 
-    names = [n.name for n in fleet.nodes]
-    results, errors = parallel(names, one)
+    results, errors = parallel(list(commands), one)
     if errors:
         raise TransportError("\n".join(str(e) for e in errors.values()))
-    for name in names:
+    for name in commands:
         if results[name]:
             ui.say(f"{name}: {results[name].splitlines()[-1]}")

@@ -40,7 +40,7 @@ SKIP_DIRS = {
 }
 MANIFEST = ".gputrain-manifest.json"
 DELETE_LIST = ".gputrain-delete"
-RUN_SCRIPT = ".gputrain-run.sh"  # a launch's run.sh, carried by its bundle into the run dir
+RUN_SCRIPT = ".gputrain-run.sh"  # a launch's run.sh: its bundle carries it, the start runs it
 
 
 @dataclass(frozen=True)
@@ -350,20 +350,24 @@ class CodeBundle:
 
 
 def read_manifest_command(remote_dir: str = CODE_DIR) -> str:
-    """At the node: print the manifest of the code in remote_dir (nothing if there is none)."""
-    return f"cat {shlex.quote(remote_dir + '/' + MANIFEST)} 2>/dev/null; true"
+    """At the node: print the manifest of the code in remote_dir (nothing, and no process, if
+    there is none: a fresh node)."""
+    m = shlex.quote(f"{remote_dir}/{MANIFEST}")
+    return f"[ ! -f {m} ] || cat {m} 2>/dev/null; true"
 
 
 def unpack_command(
     remote_dir: str = CODE_DIR, *, also_make: tuple[str, ...] = (), codec: Codec = "gzip"
 ) -> str:
     """At the node: unpack a CodeBundle payload (made with ``codec``) from stdin into remote_dir
-    and apply its delete list (a run.sh it carries stays for the start to move); `also_make`:
+    and apply its delete list (a run.sh it carries stays for the start to run); `also_make`:
     more directories the same mkdir makes (every process counts when 64 nodes share a launch)."""
     d = shlex.quote(remote_dir)
     dirs = " ".join(shlex.quote(x) for x in (NODE_STATE, remote_dir, *also_make))
-    return (  # umask 077 and a 0700 .gputrain: what gputrain writes there is the user's alone
-        f"umask 077 && mkdir -p {dirs} && chmod 700 {NODE_STATE} && {untar_command(d, codec)} && "
+    return (  # umask 077 and a 0700 .gputrain (made so, or made so again where it was there):
+        # what gputrain writes there is the user's alone
+        f"umask 077 && {{ [ ! -d {NODE_STATE} ] || chmod 700 {NODE_STATE}; }} && "
+        f"mkdir -p {dirs} && {untar_command(d, codec)} && "
         f"if [ -e {d}/{DELETE_LIST} ]; then (cd {d} && xargs -0 rm -f -- < {DELETE_LIST} && "
         f"rm -f {DELETE_LIST}); fi"
     )

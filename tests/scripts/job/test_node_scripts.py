@@ -21,6 +21,7 @@ from scripts.job.node_scripts import (
     build_stop_command,
     build_tail_command,
     build_upload_and_start_command,
+    forget_run_script_line,
     parse_exitcode,
     parse_sections,
     split_follow_line,
@@ -102,15 +103,20 @@ def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> Non
     t = LocalTransport("n", tmp_path)
     (tmp_path / "src.py").write_text("x = 1\n")
     # a job whose child sits in its own session, like torchrun's workers
-    script = "echo $$ > pgid\nsetsid sleep 300 &\necho $! > child\necho $! > jobpid\nwait\n"
+    script = (
+        f"echo $$ > pgid\nRUN=$PWD\n{forget_run_script_line()}\n"
+        "setsid sleep 300 &\necho $! > child\necho $! > jobpid\nwait\n"
+    )
     bundle = CodeBundle({"src.py": tmp_path / "src.py"}, run_script=script)
     payload = bundle.payload(bundle.plan(""))
-    r = t.run(build_upload_and_start_command("j1"), 10, stdin=payload)
+    r = t.run(build_upload_and_start_command("j1", node="n-1"), 10, stdin=payload)
     assert r.ok and r.stdout.strip().isdigit()
-    assert (tmp_path / ".gputrain" / "runs" / "j1" / "code" / "src.py").read_text() == "x = 1\n"
-    assert not (tmp_path / ".gputrain" / "code" / ".gputrain-run.sh").exists()
-    pgid = int(r.stdout)
     run = tmp_path / ".gputrain" / "runs" / "j1"
+    assert (run / "code" / "src.py").read_text() == "x = 1\n"
+    assert (run / "node").read_text() == "n-1\n"  # run.sh's NODE_NAME
+    for code in (run / "code", tmp_path / ".gputrain" / "code"):  # started from the snapshot,
+        assert not (code / ".gputrain-run.sh").exists()  # which the run.sh then removed
+    pgid = int(r.stdout)
     for _ in range(50):
         if (run / "child").exists() and (run / "child").read_text().strip():
             break

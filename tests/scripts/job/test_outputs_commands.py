@@ -1,5 +1,5 @@
 """The controller's side of mirrored outputs: which jobs get the mirror, ENTRY with
---resume-args on relaunches only, run.sh's lines, and the prepare command each node runs."""
+--resume-args on relaunches only, run.sh's lines, and the restore command each node runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from infra.base.errors import UserError
 from scripts.job.data_options import glue_resume_args, resume_args
 from scripts.job.node_scripts import build_node_command
-from scripts.job.outputs import attempt_entry, build_prepare_command, output_env
+from scripts.job.outputs import attempt_entry, build_restore_command, output_env
 from scripts.job.records import Job
 
 
@@ -53,14 +53,16 @@ def test_the_cli_form_of_resume_args() -> None:
         resume_args("'unclosed")
 
 
-def test_prepare_names_the_node_and_restores_only_on_relaunches() -> None:
+def test_the_out_dir_is_restored_only_on_relaunches_with_a_bucket() -> None:
     env = {"GPUTRAIN_OUT_URI": "gs://b/runs/r1/out/", "STORAGE_EMULATOR_HOST": "http://h:1"}
-    first, stdin = build_prepare_command(Job("r1", env=env), "node-1", "python3")
-    assert "printf '%s\\n' node-1 > .gputrain/runs/r1/node" in first and stdin is None
-    again, stdin = build_prepare_command(Job("r1", env=env, attempt=2), "node-1", "python3")
+    assert build_restore_command(Job("r1", env=env), "node-1", "python3") is None
+    assert build_restore_command(Job("r1", attempt=2), "node-1", "python3") is None
+    restore = build_restore_command(Job("r1", env=env, attempt=2), "node-1", "python3")
+    assert restore is not None
+    again, stdin = restore
     assert "python3 - --restore --dir .gputrain/runs/r1/out" in again
     assert "--uri gs://b/runs/r1/out/node-1/" in again and "export STORAGE_EMULATOR_HOST=" in again
-    assert stdin is not None and b"def restore(" in stdin  # mirror_out, before the code is there
+    assert b"def restore(" in stdin  # mirror_out, before the code is there
 
 
 def test_nanogpt_lines_tell_the_step_reached_and_resumed_from() -> None:

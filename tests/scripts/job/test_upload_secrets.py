@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.job.node_scripts import build_upload_and_start_command
-from scripts.job.sync import CodeBundle, collect_sources, sync_code
+from scripts.job.node_scripts import build_upload_and_start_command, forget_run_script_line
+from scripts.job.sync import RUN_SCRIPT, CodeBundle, collect_sources, sync_code
 from scripts.settings import Settings
 from scripts.targets.gce.keys import generate_ssh_keypair
 from scripts.transport.local import LocalTransport
@@ -139,7 +139,12 @@ def test_what_gputrain_writes_on_a_node_and_brings_home_is_private(tmp_path: Pat
     sync_code(node, {"train.py": src / "train.py"})
     state = tmp_path / "node" / ".gputrain"
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
-    script = 'echo $$ > pgid\nRUN=$(pwd)\nrm -f "$RUN/run.sh"\nexport T=secret\necho > jobpid\n'
+    state.chmod(0o755)  # as someone (an older gputrain, the user) left it
+    sync_code(node, {"train.py": src / "train.py"})
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    script = (
+        f"echo $$ > pgid\nRUN=$(pwd)\n{forget_run_script_line()}\nexport T=secret\necho > jobpid\n"
+    )
     bundle = CodeBundle({}, run_script=script)
     r = node.run(build_upload_and_start_command("r1"), 30, stdin=bundle.payload(bundle.plan("")))
     assert r.ok, r.stderr
@@ -150,7 +155,8 @@ def test_what_gputrain_writes_on_a_node_and_brings_home_is_private(tmp_path: Pat
         time.sleep(0.05)
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
     assert stat.S_IMODE((run / "pgid").stat().st_mode) == 0o600
-    assert not (run / "run.sh").exists()  # it held the --env values
+    for code in (run / "code", state / "code"):  # it held the --env values
+        assert not (code / RUN_SCRIPT).exists()
     home = tmp_path / "home"
     (tmp_path / "f").write_text("r")
     (tmp_path / "f").chmod(0o664)
