@@ -12,6 +12,7 @@ import pytest
 
 from scripts.connect import ConnectError, connect
 from scripts.transport.hostkeys import HostKeyError, KnownHosts, fingerprint
+from scripts.transport.ssh import SshTransport
 from tests.support.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -27,6 +28,11 @@ def test_pinned_key_connects_and_runs(tb: TestBed) -> None:
     ts = connect(fleet, deadline_s=10)
     r = ts[h.name].run("hostname; printf '%s' \"$1\"", timeout=10)
     assert r.exit_code == 0 and r.stdout.split("\n")[0] == h.name
+    # Nagle off: a command's channel open must not wait for the server's delayed ACK (~40 ms)
+    t = ts[h.name]
+    assert isinstance(t, SshTransport) and t._client is not None
+    link = t._client.get_transport()
+    assert link is not None and link.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     ts[h.name].close()
 
 
