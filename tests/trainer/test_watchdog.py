@@ -207,13 +207,19 @@ def test_no_autodown_while_another_run_still_trains_on_the_node(
         head_dir = tmp_path / "runs" / "r1"
         head = start(head_dir, "wd-node-0", 1.0, cloud)
         end_job(head_dir)
-        time.sleep(4)
+        # its lines as it goes (the results' upload first: slower on a loaded machine), until
+        # it says why it waits; it cannot end meanwhile, r0 still trains
+        assert head.stdout is not None
+        seen = ""
+        while "run r0 still trains on this node" not in seen:
+            line = head.stdout.readline()
+            assert line, seen
+            seen += line
         assert compute.deletes == []
         sleeper.kill()
         sleeper.wait()
         (other / "exitcode").write_text("0 1\n")
-        out = wait(head, 30)
-        assert "run r0 still trains on this node" in out
-        assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"]
+        out = seen + wait(head, 30)
+        assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"], out
     finally:
         sleeper.kill()
