@@ -14,7 +14,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -24,22 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scripts import ui
 from tests.support.fake_metadata import FakeMetadata
-from tests.support.stack_world import World, world_factory
+from tests.support.stack_world import FirstStep, world_factory
 from tests.support.testbed import TestBed
 
 AUTODOWN_S = 30.0
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--log-every", "1"]
 TRAIN += ["--eval-batches", "0"]
-
-
-def first_step_at(w: World, stop: threading.Event, found: list[float]) -> None:
-    while not stop.is_set() and not found:
-        head = w.node_hosts.get("e2e-node-0")
-        runs = head.dir / "home" / ".gputrain" / "runs" if head else None
-        for log in runs.glob("*/torchrun.log") if runs else []:
-            if " | loss " in log.read_text(errors="replace"):
-                found.append(time.time())
-        time.sleep(0.02)
 
 
 def one_round(tb: TestBed) -> tuple[float, float]:
@@ -60,14 +49,12 @@ def one_round(tb: TestBed) -> tuple[float, float]:
                     f"GCE_METADATA_IP={md.address}",
                     f"GPUTRAIN_COMPUTE_ENDPOINT={w.compute.url}",
                 ]
-                found: list[float] = []
-                stop = threading.Event()
-                threading.Thread(target=first_step_at, args=(w, stop, found), daemon=True).start()
+                step = FirstStep(w)
                 argv = ["run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach"]
                 rc = w.run(*argv, *[a for e in env for a in ("--env", e)], "--", *TRAIN)
                 returned = time.time()
-                stop.set()
-                assert rc == 0 and found, f"the run failed (exit {rc}) or no step was seen"
+                step.stop()
+                assert rc == 0 and step.at, f"the run failed (exit {rc}) or no step was seen"
                 rid = (w.dir / "runs" / "stack-e2e" / "LAST_RUN").read_text().strip()
                 code = w.node_hosts["e2e-node-0"].dir / "home" / ".gputrain/runs" / rid / "exitcode"
                 while not w.compute.deletes or w.compute.instances:
@@ -75,7 +62,7 @@ def one_round(tb: TestBed) -> tuple[float, float]:
                 gone = time.time()
                 ended = float(code.read_text().split()[1])
                 w.run("down", "--stack", "e2e")
-            return returned - found[0], gone - ended
+            return returned - step.at, gone - ended
         finally:
             next(factory, None)
             monkeypatch.undo()

@@ -70,10 +70,29 @@ def _socket_reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+class _PromptAckSocket:
+    """A TCP socket that acknowledges what it read at once (TCP_QUICKACK after each read, Linux).
+    After the login OpenSSH's sshd sends a message of its own (its host keys); with the ACK for
+    it delayed, the server holds its answer to the first channel open behind it (Nagle), and
+    every connection's first command waited ~40 ms."""
+
+    def __init__(self, sock: socket.socket, quickack: int) -> None:
+        self._sock, self._quickack = sock, quickack
+
+    def recv(self, size: int) -> bytes:
+        data = self._sock.recv(size)
+        self._sock.setsockopt(socket.IPPROTO_TCP, self._quickack, 1)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 def _tuned_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     """paramiko's Transport, tuned for many short commands and bulk uploads:
-    - TCP_NODELAY on its socket (paramiko sets none): a channel's open otherwise waits behind
-      the previous channel's close for the server's delayed ACK, ~40 ms per command;
+    - no Nagle (paramiko sets no socket option): a channel's open otherwise waits behind the
+      previous channel's close for the server's delayed ACK, ~40 ms per command; and our ACKs
+      at once (_PromptAckSocket);
     - AES-GCM first (when the server offers it): the cipher then authenticates each packet
       itself, so paramiko computes and compares no HMAC per packet in Python — the largest
       per-byte cost of the controller's uploads and downloads."""
@@ -81,6 +100,9 @@ def _tuned_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
 
     if isinstance(sock, socket.socket):  # not a tunnel through another node (a channel)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        quickack = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+        if quickack is not None:
+            sock = _PromptAckSocket(sock, quickack)
     transport = paramiko.Transport(sock, **kwargs)
     options = transport.get_security_options()
     aead = tuple(c for c in options.ciphers if c.endswith("-gcm@openssh.com"))

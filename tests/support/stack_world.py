@@ -279,6 +279,40 @@ def world_factory(
         shutil.rmtree(m, ignore_errors=True)
 
 
+class FirstStep:
+    """Watches the head's torchrun.log on its disk (the test host's node root) for the first
+    training step, independently of the controller, every 20 ms; `at` is when it appeared."""
+
+    def __init__(self, w: World) -> None:
+        self.w = w
+        self.at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _look(self) -> None:
+        head = self.w.node_hosts.get("e2e-node-0")  # once `up` made it
+        runs = head.dir / "home" / ".gputrain" / "runs" if head else None
+        for log in runs.glob("*/torchrun.log") if runs else []:
+            try:
+                if " | loss " in log.read_text(errors="replace"):
+                    self.at = time.time()
+            except OSError:
+                pass
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.at is None:
+            self._look()
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop watching; a step the controller saw between two looks is seen by a last one."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self.at is None:
+            self._look()
+
+
 def assert_torn_down(w: World) -> None:
     """destroy ran and nothing of the stack is left in the (fake) project."""
     assert "destroy" in w.runner.call_names()

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fake_metadata import FakeMetadata
-from tests.support.stack_world import BUCKET, World, assert_torn_down
+from tests.support.stack_world import BUCKET, FirstStep, World, assert_torn_down
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 AUTODOWN_S = 30.0
@@ -58,32 +58,6 @@ def cloud_world(world: Callable[..., World]) -> Iterator[tuple[World, FakeMetada
             f"GPUTRAIN_COMPUTE_ENDPOINT={w.compute.url}",
         ]
         yield w, md, [a for e in env for a in ("--env", e)]
-
-
-class FirstStep:
-    """Watches the head's torchrun.log on its disk (the test host's node root) for the first
-    training step, independently of the controller; `at` is when it appeared."""
-
-    def __init__(self, w: World) -> None:
-        self.w = w
-        self.at: float | None = None
-        self._stop = threading.Event()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set() and self.at is None:
-            head = self.w.node_hosts.get("e2e-node-0")  # once `up` made it
-            runs = head.dir / "home" / ".gputrain" / "runs" if head else None
-            for log in runs.glob("*/torchrun.log") if runs else []:
-                try:
-                    if " | loss " in log.read_text(errors="replace"):
-                        self.at = time.time()
-                except OSError:
-                    pass
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def run_id(w: World) -> str:
