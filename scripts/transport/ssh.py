@@ -76,12 +76,12 @@ class _PromptAckSocket:
     it delayed, the server holds its answer to the first channel open behind it (Nagle), and
     every connection's first command waited ~40 ms."""
 
-    def __init__(self, sock: socket.socket, quickack: int) -> None:
-        self._sock, self._quickack = sock, quickack
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
 
     def recv(self, size: int) -> bytes:
         data = self._sock.recv(size)
-        self._sock.setsockopt(socket.IPPROTO_TCP, self._quickack, 1)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         return data
 
     def __getattr__(self, name: str) -> Any:
@@ -100,9 +100,8 @@ def _tuned_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
 
     if isinstance(sock, socket.socket):  # not a tunnel through another node (a channel)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        quickack = getattr(socket, "TCP_QUICKACK", None)  # Linux only
-        if quickack is not None:
-            sock = _PromptAckSocket(sock, quickack)
+        if hasattr(socket, "TCP_QUICKACK"):  # Linux only
+            sock = _PromptAckSocket(sock)
     transport = paramiko.Transport(sock, **kwargs)
     options = transport.get_security_options()
     aead = tuple(c for c in options.ciphers if c.endswith("-gcm@openssh.com"))
