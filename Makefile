@@ -32,27 +32,32 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy infra scripts trainer
 
-# The test bed's tests in two halves, each on its own test bed (tests/support/testbed.py: three
-# slots per machine; three parts measured no faster: four pytest runs on 2 cores contend): these
-# files (half the bed's time, by its tests' measured durations), and every other file in
-# tests/testbed (a new one lands there).
-BED_FIRST := $(addprefix tests/testbed/,test_spot_recovery.py test_outputs.py test_lifecycle.py \
-	test_launch.py test_connect.py test_verify_gpus.py test_watch_stack.py test_fabric.py)
+# The test bed's tests in three parts, each on its own test bed slot (tests/support/testbed.py:
+# three per machine), beside the rest: the first two lists are a third of the bed's time each
+# (by each file's measured wall and CPU: waiting tests beside CPU-heavy ones), the third part is
+# every other file in tests/testbed (a new one lands there). With two halves the machine sat half
+# idle for the last ~3 minutes, the halves waiting on their sleeps and timeouts.
+BED_A := $(addprefix tests/testbed/,test_autodown.py test_lifecycle.py test_fabric.py \
+	test_data.py test_verify_gpus.py test_connect.py test_environment.py)
+BED_B := $(addprefix tests/testbed/,test_spot_recovery.py test_watch_stack.py test_nanogpt.py \
+	test_outputs.py test_fleet_scale.py test_cli_hosts.py)
 
 test: apt venv lint typecheck
-	@# Three pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):
-	@# the bed's two halves and the rest (itself in two processes, pytest-xdist). All must pass (5:
-	@# PYTEST_ARGS, e.g. -k, selected none of one kind); the bed's output follows.
-	@bed1=$$(mktemp); bed2=$$(mktemp); \
-	$(VENV)/bin/python -m pytest -q -ra $(BED_FIRST) $(PYTEST_ARGS) > "$$bed1" 2>&1 & p1=$$!; \
-	$(VENV)/bin/python -m pytest -q -ra tests/testbed $(addprefix --ignore=,$(BED_FIRST)) \
-		$(PYTEST_ARGS) > "$$bed2" 2>&1 & p2=$$!; \
+	@# Four pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):
+	@# the bed's three parts and the rest (itself in two processes, pytest-xdist). All must pass
+	@# (5: PYTEST_ARGS, e.g. -k, selected none of one kind); the bed's output follows.
+	@bed1=$$(mktemp); bed2=$$(mktemp); bed3=$$(mktemp); \
+	$(VENV)/bin/python -m pytest -q -ra $(BED_A) $(PYTEST_ARGS) > "$$bed1" 2>&1 & p1=$$!; \
+	$(VENV)/bin/python -m pytest -q -ra $(BED_B) $(PYTEST_ARGS) > "$$bed2" 2>&1 & p2=$$!; \
+	$(VENV)/bin/python -m pytest -q -ra tests/testbed $(addprefix --ignore=,$(BED_A) $(BED_B)) \
+		$(PYTEST_ARGS) > "$$bed3" 2>&1 & p3=$$!; \
 	GPUTRAIN_SKIP_TRACE_CHECK=1 $(VENV)/bin/python -m pytest -q -ra -n 2 tests --ignore=tests/testbed $(PYTEST_ARGS); \
-	rest=$$?; wait $$p1; rc1=$$?; wait $$p2; rc2=$$?; \
-	echo "--- the SSH test bed's tests, first half (run alongside the above) ---"; cat "$$bed1"; \
-	echo "--- the SSH test bed's tests, second half ---"; cat "$$bed2"; rm -f "$$bed1" "$$bed2"; \
-	ok=1; for rc in $$rest $$rc1 $$rc2; do [ $$rc = 0 ] || [ $$rc = 5 ] || ok=0; done; \
-	[ "$$rest $$rc1 $$rc2" != "5 5 5" ] && [ $$ok = 1 ]
+	rest=$$?; wait $$p1; rc1=$$?; wait $$p2; rc2=$$?; wait $$p3; rc3=$$?; \
+	for part in 1 2 3; do eval f=\$$bed$$part; \
+		echo "--- the SSH test bed's tests, part $$part of 3 (run alongside the above) ---"; cat "$$f"; \
+	done; rm -f "$$bed1" "$$bed2" "$$bed3"; \
+	ok=1; for rc in $$rest $$rc1 $$rc2 $$rc3; do [ $$rc = 0 ] || [ $$rc = 5 ] || ok=0; done; \
+	[ "$$rest $$rc1 $$rc2 $$rc3" != "5 5 5 5" ] && [ $$ok = 1 ]
 
 run: venv
 	$(VENV)/bin/gputrain run --local --yes

@@ -123,7 +123,9 @@ class World:
                 if ups >= after_up and any(s >= step for s in self.checkpoints_in_bucket()):
                     action()
                     return
-                time.sleep(0.02)
+                # a look lists the bucket through the emulator in this process: ~5 ms of the
+                # controller's CPU and GIL; 10 a second still act within a few of tiny's steps
+                time.sleep(0.1)
 
         t = threading.Thread(target=watch, daemon=True)
         t.start()
