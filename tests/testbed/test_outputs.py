@@ -33,6 +33,7 @@ os.environ.pop("RANK", None)  # nanoGPT's DDP path calls torch.cuda.set_device: 
 out_dir = os.path.join(os.environ["GPUTRAIN_OUT"], "nanogpt")
 dataset = os.environ["GPUTRAIN_DATA_SHAKESPEARE"]  # an absolute path: os.path.join keeps it
 device = "cpu"; dtype = "float32"; compile = False
+import torch; torch.set_num_threads(1)  # 2 shared cores: intra-op threads only wait on each other
 n_layer = 2; n_head = 2; n_embd = 64; block_size = 64; batch_size = 8
 gradient_accumulation_steps = 1; max_iters = 150; lr_decay_iters = 150; warmup_iters = 10
 eval_interval = {EVERY}; eval_iters = 5; log_interval = 5
