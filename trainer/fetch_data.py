@@ -372,7 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _part(dest: Path, r: Remote) -> Path:
     f = dest / r.path
     f.parent.mkdir(parents=True, exist_ok=True)
-    return f.with_name(f.name + ".part")
+    # this process's own: two copies into one folder (replicas that share it) never rename or
+    # verify each other's half-written file
+    return f.with_name(f"{f.name}.{os.getpid()}.part")
 
 
 def _write_manifest(dest: Path, manifest: dict[str, Any]) -> None:
