@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -210,8 +211,10 @@ def test_no_autodown_while_another_run_still_trains_on_the_node(
         # its lines as it goes (the results' upload first: slower on a loaded machine), until
         # it says why it waits; it cannot end meanwhile, r0 still trains
         assert head.stdout is not None
-        seen = ""
+        seen, deadline = "", time.monotonic() + 60  # a watchdog that never says it: a failure
         while "run r0 still trains on this node" not in seen:
+            ready, _, _ = select.select([head.stdout], [], [], deadline - time.monotonic())
+            assert ready, f"no 'still trains' line within 60 s: {seen}"
             line = head.stdout.readline()
             assert line, seen
             seen += line
