@@ -96,7 +96,8 @@ class TrainConfig:
     steps: int = setting("optimizer steps", rule=WHOLE_POSITIVE)
     batch_size: int | str = setting(
         "sequences per micro-step per rank, or auto: the largest that fits in device memory, "
-        "keeping the step's tokens (the preset's batch x accum, or --tokens-per-step)",
+        "keeping the step's tokens (the preset's batch x accum, or --tokens-per-step). "
+        "Default on CUDA: auto, unless --grad-accum is given; else",
         rule=Rule(lambda v: v == "auto" or v >= 1, "must be a whole number >= 1 or auto"),
         parse=lambda text: text if text == "auto" else int(text),
         metavar="N|auto",
@@ -183,9 +184,10 @@ class TrainConfig:
     )
     logits: str = setting(
         "full: materialise the (tokens x vocab) logits; chunked: linear + cross-entropy "
-        "in row chunks, never all logits at once",
+        "in row chunks, never all logits at once; liger: the same fused in Liger-Kernel's "
+        "Triton kernel (CUDA, pip install liger-kernel)",
         "full",
-        choices=("full", "chunked"),
+        choices=("full", "chunked", "liger"),
     )
     compile_mode: str = setting(
         "torch.compile mode; reduce-overhead and max-autotune capture CUDA graphs and need "
@@ -257,6 +259,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             values[f.name] = _convert(f.name, text, types[f.name], f.metadata)
         else:
             values[f.name] = PRESETS[preset][f.name] if default is PRESET else default
+    # On CUDA the largest micro-batch that fits won on an H200 (the README's speed table)
+    if args["batch_size"] is None and args["grad_accum"] is None and _on_cuda(values["device"]):
+        values["batch_size"] = "auto"
     values["out"] = values["out"] or Path(os.environ.get("GPUTRAIN_OUT") or "out")
     values["checkpoint_uri"] = (
         values["checkpoint_uri"] or os.environ.get(CHECKPOINT_URI_ENV) or None
@@ -273,6 +278,15 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             "(set the step's size with --tokens-per-step)"
         )
     return cfg
+
+
+def _on_cuda(device: str) -> bool:
+    """Whether --device resolves to CUDA (dist.pick_device's rule; torch only asked for auto)."""
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def validate(cfg: TrainConfig) -> None:

@@ -65,3 +65,22 @@ def chunked_cross_entropy(
     rows = rows or chunk_rows(weight.shape[0])
     out: torch.Tensor = _ChunkedLinearCrossEntropy.apply(x, weight, targets, rows, dtype)
     return out
+
+
+@torch.compiler.disable  # Liger's Triton kernels run as they are; the model around them compiles
+def liger_cross_entropy(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """The same loss by Liger-Kernel's fused linear cross-entropy (Triton, CUDA; `pip install
+    liger-kernel`): the logits in chunks, gradients in the forward, as above but fused."""
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    with torch.autocast(device, enabled=False):  # matmuls in the autocast dtype, as above
+        out = LigerFusedLinearCrossEntropyFunction.apply(
+            *(x.to(dtype), weight.to(dtype), targets, None, None, -100, 0.0, 0.0, "mean"),
+            *(None, False, torch.float32),  # softcap, z-loss, the weight's gradient summed in fp32
+        )
+    loss: torch.Tensor = out[0] if isinstance(out, tuple) else out  # 0.8 returns 4 values
+    return loss

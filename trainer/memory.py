@@ -35,7 +35,7 @@ def estimate(cfg: TrainConfig, vocab: int, act_bytes: int) -> MemoryEstimate:
     params = layers * 12 * d * d + vocab * d + t * d
     b = cfg.batch_size if isinstance(cfg.batch_size, int) else 1
     per_layer = b * t * d * 34 + 5 * b * cfg.n_head * t * t
-    logits = 0 if cfg.logits == "chunked" else b * t * vocab * 3 * 4  # fp32 logits, softmax, grad
+    logits = 0 if cfg.logits != "full" else b * t * vocab * 3 * 4  # fp32 logits, softmax, grad
     activations = layers * per_layer * act_bytes // 2 + logits  # Korthikanti's 34 counts 2 bytes
     return MemoryEstimate(params, params * STATE_BYTES_PER_PARAM, activations, b)
 

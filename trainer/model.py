@@ -11,7 +11,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from trainer.loss import chunked_cross_entropy
+from trainer.loss import chunked_cross_entropy, liger_cross_entropy
+
+# --logits: the training loss's kernel; None materialises the (tokens x vocab) logits.
+LOSS_KERNELS = {"full": None, "chunked": chunked_cross_entropy, "liger": liger_cross_entropy}
 
 # --attention: which scaled_dot_product_attention kernel; auto lets PyTorch choose per call.
 ATTENTION_BACKENDS = {
@@ -83,12 +86,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The model; `attention` and `chunked_loss` change how it computes, never what (same weights)."""
+    """The model; `attention` and `logits` change how it computes, never what (same weights)."""
 
-    def __init__(self, cfg: GPTConfig, attention: str = "auto", chunked_loss: bool = False) -> None:
+    def __init__(self, cfg: GPTConfig, attention: str = "auto", logits: str = "full") -> None:
         super().__init__()
         self.cfg = cfg
-        self.chunked_loss = chunked_loss
+        self.loss_without_logits = LOSS_KERNELS[logits]
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
@@ -118,8 +121,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         x = self.ln_f(x)
-        if targets is not None and self.chunked_loss and torch.is_grad_enabled():
-            return chunked_cross_entropy(
+        if targets is not None and self.loss_without_logits and torch.is_grad_enabled():
+            return self.loss_without_logits(
                 x.view(-1, x.size(-1)), self.lm_head.weight, targets.reshape(-1)
             )
         logits = self.lm_head(x)

@@ -7,6 +7,7 @@ step reads it, the LR is a Python float, clipping and the fused optimizer stay o
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 from typing import Any
 
@@ -76,6 +77,16 @@ def check_speed_settings(cfg: TrainConfig, device: torch.device, dtype: torch.dt
     if cfg.attention in ("flash", "cudnn") and device.type == "cuda" and dtype == torch.float32:
         raise InputError(
             f"--attention {cfg.attention}: needs --dtype bf16 or fp16 on CUDA (or use auto or math)"
+        )
+    if cfg.logits == "liger" and device.type != "cuda":
+        raise InputError(
+            f"--logits liger: needs a CUDA device (Liger-Kernel's Triton kernels; use full or "
+            f"chunked on {device.type})"
+        )
+    if cfg.logits == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        raise InputError(
+            "--logits liger: Liger-Kernel is not installed here (pip install liger-kernel, or "
+            "add it to requirements.txt; or use full or chunked)"
         )
 
 

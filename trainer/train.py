@@ -85,7 +85,7 @@ class Trainer:
         self.model_cfg = GPTConfig(
             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, padded_vocab(data.vocab_size)
         )
-        self.raw = GPT(self.model_cfg, cfg.attention, cfg.logits == "chunked").to(self.device)
+        self.raw = GPT(self.model_cfg, cfg.attention, cfg.logits).to(self.device)
         self.optimizer = make_optimizer(self.raw, cfg, self.device)
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.dtype == torch.float16 and self.device.type == "cuda"

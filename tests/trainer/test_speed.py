@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.support.fake_oom_train import limit_forward
-from tests.support.trainer_helpers import ROOT, metrics, run, summary, torchrun_argv
+from tests.support.trainer_helpers import metrics, run, summary, torchrun_argv
 from trainer.batches import Batches, StepShape
 from trainer.config import parse_config
 from trainer.data import DataSource, open_data
@@ -303,7 +302,7 @@ def test_the_model_gives_the_same_loss_and_gradients_with_any_kernel_choice() ->
         return loss.detach(), [p.grad for p in model.parameters() if p.grad is not None]
 
     ref_loss, ref_grads = loss_and_grads()
-    for speed in ({"chunked_loss": True}, {"attention": "math"}, {"attention": "flash"}):
+    for speed in ({"logits": "chunked"}, {"attention": "math"}, {"attention": "flash"}):
         loss, grads = loss_and_grads(**speed)
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         for a, b in zip(grads, ref_grads, strict=True):
@@ -311,7 +310,7 @@ def test_the_model_gives_the_same_loss_and_gradients_with_any_kernel_choice() ->
     with torch.no_grad():  # eval: the chunked model takes the plain path (no gradients to keep)
         torch.manual_seed(0)
         torch.testing.assert_close(
-            GPT(cfg, chunked_loss=True)(tokens[:, :-1], tokens[:, 1:]), ref_loss
+            GPT(cfg, logits="chunked")(tokens[:, :-1], tokens[:, 1:]), ref_loss
         )
 
 
@@ -321,17 +320,3 @@ def test_compile_settings() -> None:
     on = parse_config(["--compile", "on", "--compile-mode", "max-autotune"])
     assert compile_kwargs(on, torch.device("cuda", 0)) == {"dynamic": False, "mode": "max-autotune"}
     assert compile_kwargs(parse_config(["--compile", "off"]), torch.device("cuda", 0)) is None
-
-
-def test_the_bench_without_cuda_says_so_and_prints_a_cpu_table() -> None:
-    bench = str(ROOT / "bench" / "trainer_throughput.py")
-    done = run([sys.executable, bench, "--quick", "--only", "preset default,logits chunked"])
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "GPU figures NOT measured" in done.stdout
-    rows = [ln.split() for ln in done.stdout.splitlines() if ln.startswith("  preset default ")]
-    rows += [ln.split() for ln in done.stdout.splitlines() if ln.startswith("  logits chunked ")]
-    assert len(rows) == 2
-    for row in rows:  # name (2 words), micro x accum, tokens/s, MFU, wall tok/s, mem, loss
-        assert row[2:5] == ["16", "x", "1"] and float(row[5].replace(",", "")) > 0
-        assert row[6] == "n/a" and float(row[7].replace(",", "")) > 0
-    assert rows[0][10] == rows[1][10]  # the same loss: same data, same maths
