@@ -16,10 +16,10 @@ mkdir -p "$out/logs"
 } 2>&1 | tee "$out/gpu.txt"
 work=$(mktemp -d)
 python3 bench/trainer_throughput.py --steps "${STEPS:-50}" --limit-s 150 \
-    --budget-s "${BENCH_BUDGET_S:-400}" --nanogpt "${NANOGPT_DIR:-.nanogpt}" \
+    --budget-s "${BENCH_BUDGET_S:-360}" --nanogpt "${NANOGPT_DIR:-.nanogpt}" \
     --json "$out/throughput.json" --work "$work/bench" ${ONLY:+--only "$ONLY"} 2>&1 |
     tee "$out/throughput.txt"
-python3 bench/trainer_check.py --json "$out/throughput.json" --budget-s "${CHECK_BUDGET_S:-170}" \
+python3 bench/trainer_check.py --json "$out/throughput.json" --budget-s "${CHECK_BUDGET_S:-200}" \
     --work "$work/check" 2>&1 | tee "$out/check.txt"
 find "$work" -name '*.log' -exec cp {} "$out/logs/" \;
 find "$work" -path '*nanogpt/log.txt' -exec cp {} "$out/logs/nanogpt.log" \;
