@@ -379,7 +379,7 @@ def _part(dest: Path, r: Remote) -> Path:
 
 def _write_manifest(dest: Path, manifest: dict[str, Any]) -> None:
     final = manifest_path(dest)
-    tmp = final.with_name(final.name + ".tmp")
+    tmp = final.with_name(f"{final.name}.{os.getpid()}.tmp")  # a sharer's rename never takes it
     tmp.write_text(json.dumps(manifest, sort_keys=True))
     os.replace(tmp, final)
 

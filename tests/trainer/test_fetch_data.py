@@ -158,3 +158,27 @@ def test_on_vertex_the_copy_datasets_land_on_the_replica_and_their_variables_fol
     untouched = {"OTHER": "1"}
     fetch_data.copy_on_vertex(untouched, tmp_path, "w")
     assert untouched == {"OTHER": "1"}
+
+
+def _write_manifests(dest: str, writer: int) -> None:
+    for i in range(300):
+        fetch_data._write_manifest(Path(dest), {f"w{writer}": {"i": i}})
+
+
+def test_replicas_sharing_a_data_folder_write_its_manifest_without_tripping_on_each_other(
+    tmp_path: Path,
+) -> None:
+    """The test world's Vertex replicas share one data folder: with one temp name, one writer's
+    rename took the other's temp file away (FileNotFoundError, a traceback from the job)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_manifests, args=(str(tmp_path), w)) for w in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert fetch_data.read_manifest(tmp_path) in ({"w1": {"i": 299}}, {"w2": {"i": 299}})
+    manifest = fetch_data.manifest_path(tmp_path)
+    assert not list(manifest.parent.glob(f"{manifest.name}*.tmp"))  # every temp file renamed
