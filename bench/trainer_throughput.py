@@ -153,6 +153,11 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
+def bench_preset(cuda: bool) -> str:
+    """GPT-2 124M on a GPU; the tiny preset's seconds on a CPU (a smoke table)."""
+    return "gpt2-124m" if cuda else "tiny"
+
+
 def warmup_steps(steps: int) -> int:
     """The trainer's rule (Trainer.train): the first min(10, steps / 5) steps are not timed."""
     return min(10, steps // 5)
@@ -324,7 +329,7 @@ def main() -> int:
     steps = args.steps or (30 if args.quick else 40)
     limit_s = args.limit_s or (150.0 if args.quick else 300.0)
     budget_s = args.budget_s or (270.0 if args.quick else float("inf"))
-    preset = "gpt2-124m" if cuda else "tiny"
+    preset = bench_preset(cuda)
     if cuda:
         name = torch.cuda.get_device_name(0)
         base = ["--preset", preset, "--device", "cuda", "--steps", str(steps)]
