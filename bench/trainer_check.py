@@ -29,13 +29,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainer_throughput import NANOGPT, ROOT, bench_preset, run_logged, trainer_env
+from trainer_throughput import NANOGPT, ROOT, bench_preset, run_logged, trainer_env, warmup_steps
 
 from trainer.config import PRESETS
 
 NOISE = 0.05  # nats beyond the same settings' own run-to-run drift
 AGREEMENT = 0.03  # the summary's figures against the bench's
 RESUME_STEPS, RESUME_AT = 60, 30
+PRESET = bench_preset(torch.cuda.is_available())
 
 
 DEADLINE = [float("inf")]  # time.monotonic() by which every run has ended (--budget-s)
@@ -48,14 +49,7 @@ def train(
     left = DEADLINE[0] - time.monotonic()
     if left < 20:
         return "skipped (--budget-s spent)", {}, {}
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer.train",
-        "--preset",
-        bench_preset(torch.cuda.is_available()),
-    ]
-    argv += ["--steps", str(steps)]
+    argv = [sys.executable, "-m", "trainer.train", "--preset", PRESET, "--steps", str(steps)]
     argv += ["--eval-batches", "0", "--out", str(out), *flags, *extra]
     status, _ = run_logged(argv, ROOT, trainer_env(), min(300, left), out.with_suffix(".log"))
     if status != "ok":
@@ -86,7 +80,7 @@ def largest_gap(a: dict[int, float], b: dict[int, float], after: int) -> float:
 
 def curves(flags: list[str], steps: int, work: Path) -> bool:
     every = ["--log-every", "10", "--checkpoint-every", str(steps)]
-    split = preset_split(bench_preset(torch.cuda.is_available()))
+    split = preset_split(PRESET)
     runs = {}
     for name, extra in (("split", split), ("split again", split), ("fastest", flags)):
         status, summary, losses = train([*extra, *every], work / name.replace(" ", "_"), steps)
@@ -103,7 +97,7 @@ def curves(flags: list[str], steps: int, work: Path) -> bool:
                 f"  {step:<6} {first[step]:<22.4f} {again[step]:<9.4f} {fast[step]:<9.4f} "
                 f"{fast[step] - first[step]:+.4f}"
             )
-    warm = min(10, steps // 5)
+    warm = warmup_steps(steps)
     spread, worst = largest_gap(again, first, warm), largest_gap(fast, first, warm)
     ok = worst <= spread + NOISE
     print(

@@ -22,5 +22,4 @@ python3 bench/trainer_throughput.py --steps "${STEPS:-50}" --limit-s 150 \
 python3 bench/trainer_check.py --json "$out/throughput.json" --budget-s "${CHECK_BUDGET_S:-200}" \
     --work "$work/check" 2>&1 | tee "$out/check.txt"
 find "$work" -name '*.log' -exec cp {} "$out/logs/" \;
-find "$work" -path '*nanogpt/log.txt' -exec cp {} "$out/logs/nanogpt.log" \;
 rm -rf "$work"

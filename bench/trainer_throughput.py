@@ -238,12 +238,13 @@ def run_nanogpt(
     (data / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": vocab}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     argv = [sys.executable, "train.py", *nanogpt_flags(preset, steps, cuda)]
-    status, seconds = run_logged(argv, run_dir, env, limit_s, run_dir / "log.txt")
+    log = work / "nanogpt.log"
+    status, seconds = run_logged(argv, run_dir, env, limit_s, log)
     if status != "ok":
         return Result(NANOGPT, status, {}, seconds)
     p = PRESETS[preset]
     rows = int(p["batch_size"]) * int(p["grad_accum"])
-    figures = nanogpt_figures((run_dir / "log.txt").read_text(), steps, rows * int(p["block_size"]))
+    figures = nanogpt_figures(log.read_text(), steps, rows * int(p["block_size"]))
     if figures is None:
         return Result(NANOGPT, "no timed iterations in its log", {}, seconds)
     peak = peak_tflops(torch.cuda.get_device_name(0)) if cuda else None
