@@ -12,6 +12,7 @@ from trainer.config import TrainConfig
 from trainer.errors import InputError
 
 GIB = 1 << 30
+MEMINFO = "/proc/meminfo"
 STATE_BYTES_PER_PARAM = 16  # fp32 weights + gradients + AdamW's two moments
 
 
@@ -46,7 +47,7 @@ def available_bytes(device: torch.device, local_ranks: int) -> int | None:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
-        with open("/proc/meminfo") as f:
+        with open(MEMINFO) as f:
             fields = dict(line.split(":", 1) for line in f)
         return int(fields["MemAvailable"].split()[0]) * 1024 // max(1, local_ranks)
     except (OSError, KeyError, ValueError):
