@@ -13,7 +13,8 @@ chief at global rank 0, the one rank that writes to the bucket. AIP_CHECKPOINT_D
 checkpoint URI; the chief copies summary.json and metrics.jsonl to AIP_MODEL_DIR at the end.
 Before torchrun every replica installs the job's requirements and runs its `setup`
 (trainer/vertex_setup.py); its secrets (read first: a refused one fails at once) join the
-environment torchrun inherits only after setup.
+environment torchrun inherits only after setup. An entry other than the reference trainer gets
+its out dir mirrored to the bucket and back on a restart (trainer/vertex_mirror.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -32,6 +33,14 @@ from trainer.config import CHECKPOINT_URI_ENV, parse_config
 from trainer.errors import InputError
 from trainer.fetch_data import FetchError, copy_on_vertex
 from trainer.storage import parse_gs_uri, upload_files
+from trainer.vertex_mirror import (
+    ATTEMPT_ENV,
+    ATTEMPT_FILE,
+    MIRROR_INTERVAL_ENV,
+    OUT_URI_ENV,
+    ReplicaOutputs,
+    resume_args,
+)
 from trainer.vertex_setup import SETUP_LOG, SetupFailed, prepare
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
@@ -162,7 +171,9 @@ def output_files(out: Path) -> list[Path]:
     others = sorted(
         p
         for p in (out.iterdir() if out.is_dir() else ())
-        if p.is_file() and p.name not in OUTPUTS and not p.name.startswith(CHECKPOINT_FILE)
+        if p.is_file()
+        and p.name not in (*OUTPUTS, ATTEMPT_FILE)
+        and not p.name.startswith(CHECKPOINT_FILE)
     )
     return [out / name for name in OUTPUTS] + others
 
@@ -228,18 +239,40 @@ def resolve_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     return values
 
 
+def replica_outputs(
+    env: Mapping[str, str], out: Path, node_rank: int, program: tuple[str, ...]
+) -> ReplicaOutputs | None:
+    """The out dir's mirror where the session asked for one (GPUTRAIN_OUT_URI) and the entry is
+    not the reference trainer (bare flags are its flags: it checkpoints to the bucket itself)."""
+    uri = env.get(OUT_URI_ENV)
+    if not uri or program == TRAINER:
+        return None
+    parse_gs_uri(uri, OUT_URI_ENV)
+    interval = env.get(MIRROR_INTERVAL_ENV) or "10"
+    try:
+        interval_s = float(interval)
+    except ValueError:
+        interval_s = 0.0
+    if not interval_s > 0:
+        raise InputError(f"{MIRROR_INTERVAL_ENV} {interval!r}: expected seconds > 0")
+    return ReplicaOutputs(out, uri, node_rank, interval_s=interval_s)
+
+
 def gpus_here() -> int:
     import torch  # only now: parsing and errors stay fast
 
     return torch.cuda.device_count()
 
 
-def run_forwarding_signals(argv: list[str], cwd: Path | None = None) -> int:
+def run_forwarding_signals(
+    argv: list[str], cwd: Path | None = None, on_signal: Callable[[], None] = lambda: None
+) -> int:
     """Run torchrun; SIGTERM/SIGINT (a cancel or a spot stop) go on to it, and we wait for it."""
     proc = subprocess.Popen(argv, cwd=cwd)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         proc.send_signal(signum)
+        on_signal()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
@@ -266,6 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         if program == TRAINER:
             cfg = parse_config(args)  # bad trainer flags fail here, before torchrun starts
             out, cpu = workdir / cfg.out, cfg.device == "cpu"
+        mirrored = replica_outputs(os.environ, out, placement.node_rank, program)
+        extra = [expand_out(a, os.environ["GPUTRAIN_OUT"]) for a in resume_args(os.environ)]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
@@ -278,6 +313,14 @@ def main(argv: list[str] | None = None) -> None:
         f"outputs {model_dir or 'local only'}",
         flush=True,
     )
+    if mirrored is not None:  # a restart's files come back before anything writes there
+        try:
+            attempt = mirrored.restore()
+        except Exception as e:  # starting over from nothing would lose the run: say so, stop
+            print(f"error: restoring {mirrored.uri} failed: {e}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        os.environ[ATTEMPT_ENV] = str(attempt)
+        args += extra if attempt > 1 else []
     try:
         # requirements, then `setup`; their lines also in the chief's outputs as setup.log
         python = prepare(os.environ, workdir, placement.task, log=out / SETUP_LOG)
@@ -291,7 +334,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: data: {e}", file=sys.stderr, flush=True)
         sys.exit(e.code)
     argv = torchrun_argv(placement, nproc, args, program, python=python)
-    status = run_forwarding_signals(argv, cwd=workdir)
+    if mirrored is None:
+        status = run_forwarding_signals(argv, cwd=workdir)
+    else:
+        mirrored.start()
+        status = run_forwarding_signals(argv, cwd=workdir, on_signal=mirrored.flush)
+        mirrored.stop()
     if placement.node_rank == 0 and model_dir is not None:  # on failure too: the results so far
         try:
             sent = upload_files(output_files(out), model_dir)

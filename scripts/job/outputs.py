@@ -6,6 +6,7 @@ restored onto a re-created node before the relaunch; relaunches after the first 
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,9 @@ MIRROR_SOURCE = Path(__file__).resolve().parent.parent.parent / "trainer" / "mir
 OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # gs://BUCKET/PREFIX/: each node's files under <node>/
 ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"
 MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"  # seconds between passes (default 10)
+#: Vertex AI: --resume-args as a JSON list, appended by the replica itself when it starts again
+#: (trainer/vertex_mirror.py); on GCE the controller appends them (attempt_entry)
+RESUME_ARGS_ENV = "GPUTRAIN_RESUME_ARGS"
 #: no mirror beside these: the reference trainer uploads its own checkpoints
 #: (GPUTRAIN_CHECKPOINT_URI), the health check has nothing to keep
 NOT_MIRRORED = (("-m", "trainer.train"), ("-m", "trainer.healthcheck"))
@@ -38,6 +42,12 @@ def output_env(bucket: str | None, job: Job) -> dict[str, str]:
     if uri is None or any(tuple(job.entry[: len(e)]) == e for e in NOT_MIRRORED):
         return {}
     return {OUT_URI_ENV: uri}
+
+
+def vertex_output_env(bucket: str, job: Job) -> dict[str, str]:
+    """A Vertex job's mirror destination and resume args (its replicas restart themselves). Pure."""
+    resume = {RESUME_ARGS_ENV: json.dumps(list(job.resume_args))} if job.resume_args else {}
+    return {**output_env(bucket, job), **resume}
 
 
 def attempt_entry(job: Job) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.support.fake_vertex import RunContext, RunResult
 from tests.support.trainer_helpers import free_port
@@ -39,6 +40,7 @@ class LocalReplicas:
     pids: list[int] = field(default_factory=list)
     outputs: dict[str, list[str]] = field(default_factory=dict)  # task -> its lines
     docker: tuple[str, ...] = ()  # a `docker` CLI for containerSpec jobs (tests: the podman shim)
+    job_retries: int = 0  # after a failure Vertex may run the whole job again, on new VMs
 
     def __call__(self, ctx: RunContext) -> RunResult:
         job_spec = ctx.job["jobSpec"]
@@ -54,16 +56,36 @@ class LocalReplicas:
                         "gs://" + e["value"].removeprefix("/gcs/"), work / e["value"][1:]
                     )
         base = job_spec["baseOutputDirectory"]["outputUriPrefix"]
-        port = free_port()
-        cluster = {
-            f"workerpool{i}": [f"127.0.0.1:{port}" for _ in range(int(pool["replicaCount"]))]
-            for i, pool in enumerate(pools)
-        }
+        for retry in range(self.job_retries + 1):
+            port = free_port()  # a new chief: a new address
+            cluster = {
+                f"workerpool{i}": [f"127.0.0.1:{port}" for _ in range(int(pool["replicaCount"]))]
+                for i, pool in enumerate(pools)
+            }
+            procs = self._start(pools, package, container, cluster, base, site, work, retry)
+            outcome = self._wait(ctx, procs)
+            if ctx.cancelled.is_set() or outcome is None or retry == self.job_retries:
+                return outcome
+            ctx.log("", f"the job failed ({outcome[1]}); retrying it on new machines")
+        return None
+
+    def _start(
+        self,
+        pools: list[dict[str, Any]],
+        package: dict[str, Any],
+        container: dict[str, Any] | None,
+        cluster: dict[str, list[str]],
+        base: str,
+        site: Path,
+        work: Path,
+        retry: int,
+    ) -> dict[str, subprocess.Popen[str]]:
+        """One process per replica, each on a disk of its own (a retry: new disks, new VMs)."""
         procs: dict[str, subprocess.Popen[str]] = {}
         for i, pool in enumerate(pools):
             for index in range(int(pool["replicaCount"])):
                 task = f"workerpool{i}-{index}"
-                disk = work / task
+                disk = work / (f"{task}-retry{retry}" if retry else task)
                 disk.mkdir()
                 env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTRAIN_")}
                 env.update({e["name"]: e["value"] for e in package.get("env", [])})
@@ -102,6 +124,10 @@ class LocalReplicas:
                     start_new_session=True,
                 )
                 self.pids.append(procs[task].pid)
+        return procs
+
+    def _wait(self, ctx: RunContext, procs: dict[str, subprocess.Popen[str]]) -> RunResult:
+        """Until every replica ended; the first failure stops the others and fails the job."""
         readers = [
             threading.Thread(target=self._stream, args=(ctx, task, p), daemon=True)
             for task, p in procs.items()

@@ -54,6 +54,21 @@ JOBS = {  # the user's working directory: a module and a script, beside a data f
         "if sys.argv[1:] == ['crash'] and rank == '1':\n"
         "    print('boom: rank 1 failed on purpose', flush=True); sys.exit(3)\n"
     ),
+    "jobs/resume.py": (  # a trainer of yours: resumes from its out dir with --resume
+        "import os, sys\nfrom pathlib import Path\nimport torch.distributed as dist\n"
+        "out, rank = Path(os.environ['GPUTRAIN_OUT']), os.environ['RANK']\n"
+        "attempt = os.environ['GPUTRAIN_ATTEMPT']\n"
+        "if '--resume' in sys.argv:\n"
+        "    print(f'rank {rank} attempt {attempt} resumed from '\n"
+        "          + (out / 'state.txt').read_text(), flush=True)\n"
+        "    sys.exit(0)\n"
+        "dist.init_process_group('gloo')\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'state.txt').write_text(f'step 3 of rank {rank}')\n"
+        "dist.barrier()  # both saved; then the chief's VM is lost\n"
+        "if rank == '0':\n"
+        "    print('rank 0 lost its VM', flush=True); os._exit(3)\n"
+    ),
 }
 
 

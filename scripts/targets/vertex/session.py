@@ -26,6 +26,7 @@ from scripts import ui
 from scripts.guard import SignalGuard
 from scripts.job.download import write_job_record
 from scripts.job.launch import TRAINER_DIR
+from scripts.job.outputs import vertex_output_env
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
 from scripts.job.secrets import secret_refs_env
 from scripts.settings import Settings
@@ -194,6 +195,7 @@ class VertexSession:
             args=tuple(job.entry),
             env={
                 **vertex_data_env(job.datasets),
+                **vertex_output_env(f"gs://{self.out.bucket}/{self.out.bucket_prefix}", job),
                 **job.env,
                 "GPUTRAIN_RUN_ID": job.run_id,
                 **secret_refs_env(job.secret_refs),

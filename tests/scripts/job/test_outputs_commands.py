@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 
 from infra.base.errors import UserError
+from scripts.job import outputs
 from scripts.job.data_options import glue_resume_args, resume_args
 from scripts.job.node_scripts import build_node_command
-from scripts.job.outputs import attempt_entry, build_restore_command, output_env
+from scripts.job.outputs import (
+    attempt_entry,
+    build_restore_command,
+    output_env,
+    vertex_output_env,
+)
 from scripts.job.records import Job
 
 
@@ -17,6 +23,19 @@ def test_the_mirror_is_for_trainers_that_do_not_upload_their_own() -> None:
     assert output_env("gs://b/p/", nano) == {"GPUTRAIN_OUT_URI": "gs://b/p/runs/r1/out/"}
     assert output_env("gs://b/", Job("r1", entry=("-m", "trainer.train", "--preset", "tiny"))) == {}
     assert output_env(None, nano) == {}
+
+
+def test_a_vertex_job_carries_the_resume_args_its_replicas_append_themselves() -> None:
+    import trainer.vertex_mirror as replica  # the names the replica reads: the same
+
+    nano = Job("r1", entry=("train.py",), resume_args=("--init_from=resume", "a b"))
+    assert vertex_output_env("gs://b/", nano) == {
+        "GPUTRAIN_OUT_URI": "gs://b/runs/r1/out/",
+        "GPUTRAIN_RESUME_ARGS": '["--init_from=resume", "a b"]',
+    }
+    assert vertex_output_env("gs://b/", Job("r1", entry=("-m", "trainer.train"))) == {}
+    for name in ("OUT_URI_ENV", "RESUME_ARGS_ENV", "ATTEMPT_ENV", "MIRROR_INTERVAL_ENV"):
+        assert getattr(outputs, name) == getattr(replica, name)
 
 
 def test_resume_args_come_after_the_first_attempt() -> None:

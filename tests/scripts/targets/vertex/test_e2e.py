@@ -112,6 +112,34 @@ def test_a_module_of_the_working_directory_runs_and_a_failure_names_the_job_erro
     assert_torn_down(w)
 
 
+def test_a_retried_job_gets_each_replicas_out_dir_back_and_resumes(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Vertex runs a failed job again on new VMs: each replica's out dir (a trainer of yours)
+    comes back from the bucket, and the second attempt gets --resume-args."""
+    w = world()
+    w.replicas.job_retries = 1
+    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--resume-args",
+               "--resume", "--", "-m", "jobs.resume")  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
+    run_id = w.run_dir.name
+    [body] = w.created()
+    package = body["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
+    env = {e["name"]: e["value"] for e in package["env"]}
+    uri = f"gs://{BUCKET}/runs/{run_id}/out/"
+    assert env["GPUTRAIN_OUT_URI"] == uri and env["GPUTRAIN_RESUME_ARGS"] == '["--resume"]'
+    assert "[chief] rank 0 lost its VM" in out
+    assert f"[chief] vertex: attempt 2: restored 2 file(s) from {uri}chief/" in out
+    assert "[chief] rank 0 attempt 2 resumed from step 3 of rank 0" in out
+    assert "[worker-1] rank 1 attempt 2 resumed from step 3 of rank 1" in out
+    # every replica's out dir came home from the bucket before it went
+    for replica, rank in (("chief", 0), ("worker-1", 1)):
+        state = w.run_dir / "out" / replica / "state.txt"
+        assert state.read_text() == f"step 3 of rank {rank}"
+    assert_torn_down(w)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_cancels_the_job_waits_for_it_and_tears_down(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str], sig: int
