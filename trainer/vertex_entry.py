@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from trainer.vertex_setup import SETUP_LOG, SetupFailed, prepare
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
 OUTPUTS = ("summary.json", "metrics.jsonl")  # first; then every other file of the out dir
 TRAINER = ("-m", "trainer.train")
+BARRIER_GRACE_S = 3.0  # after a stop signal: how long torchrun may outlive all its workers
 CHECKPOINT_FILE = "ckpt-"  # local checkpoint copies: the bucket has them under AIP_CHECKPOINT_DIR
 
 
@@ -264,19 +266,49 @@ def gpus_here() -> int:
     return torch.cuda.device_count()
 
 
+def live_children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, zombies left out (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid) and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def run_forwarding_signals(
     argv: list[str], cwd: Path | None = None, on_signal: Callable[[], None] = lambda: None
 ) -> int:
-    """Run torchrun; SIGTERM/SIGINT (a cancel or a spot stop) go on to it, and we wait for it."""
+    """Run torchrun; SIGTERM/SIGINT (a cancel or a spot stop) go on to it, and we wait for it.
+    A torchrun whose workers have all ended but which, BARRIER_GRACE_S after the signal, still
+    waits in its exit barrier for nodes that are gone (a wait deaf to signals, 300 s) is killed:
+    the chief's outputs must go up within the stop's grace, not after it."""
     proc = subprocess.Popen(argv, cwd=cwd)
+    signalled: list[float] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
         proc.send_signal(signum)
+        signalled.append(time.monotonic())
         on_signal()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    return proc.wait()
+    while True:
+        try:
+            code = proc.wait(timeout=0.5)
+            return code if code >= 0 else 128 - code  # killed by a signal: as a shell says it
+        except subprocess.TimeoutExpired:
+            late = signalled and time.monotonic() - signalled[0] > BARRIER_GRACE_S
+            if late and not live_children(proc.pid):
+                print(
+                    "vertex: torchrun's workers have ended and it still waits for other nodes "
+                    "(its exit barrier): stopped",
+                    flush=True,
+                )
+                proc.kill()
 
 
 def main(argv: list[str] | None = None) -> None:

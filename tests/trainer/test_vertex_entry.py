@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -309,3 +311,40 @@ def test_a_script_entry_runs_in_the_code_dir_and_its_outputs_reach_the_bucket(
     assert gcs.names("runs/s1/model/") == ["runs/s1/model/answer.txt"]
     assert gcs.read("runs/s1/model/answer.txt") == b"42 two words rank 0"
     assert (cwd / "out" / "answer.txt").is_file()  # GPUTRAIN_OUT: the replica's own dir
+
+
+_FORWARD = (
+    "import sys\nfrom trainer.vertex_entry import run_forwarding_signals\n"
+    "print('started', flush=True)\nsys.exit(run_forwarding_signals(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize("worker_s", [0, 6], ids=["workers-gone", "a-worker-still-saving"])
+def test_a_torchrun_deaf_to_the_stop_is_killed_only_once_its_workers_are_gone(
+    worker_s: int,
+) -> None:
+    """A stand-in torchrun that ignores SIGTERM, as one blocked in its exit barrier does; with
+    `worker_s`, a worker of its own that still runs that long (a checkpoint being saved)."""
+    agent = (
+        "import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"w = subprocess.Popen(['sleep', '{worker_s}']) if {worker_s} else None\n"
+        "time.sleep(1) if w is None else w.wait()\n"
+        "sys.exit(0) if w is not None else time.sleep(300)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FORWARD, sys.executable, "-c", agent],
+        cwd=ROOT, env=child_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    time.sleep(1.5)  # the stand-in ignores SIGTERM by now
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    took = time.monotonic() - signalled
+    if worker_s:  # its worker ran to the end; so did it
+        assert proc.returncode == 0 and "exit barrier" not in out
+        assert took > worker_s - 2
+    else:
+        assert proc.returncode == 128 + signal.SIGKILL
+        assert "torchrun's workers have ended and it still waits for other nodes" in out
+        assert took < 10
