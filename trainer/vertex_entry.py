@@ -19,6 +19,7 @@ its out dir mirrored to the bucket and back on a restart (trainer/vertex_mirror.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -182,7 +183,7 @@ def output_files(out: Path) -> list[Path]:
 
 def torchrun_argv(
     placement: Placement,
-    nproc: int,
+    nproc: int | str,
     trainer_args: list[str],
     program: tuple[str, ...] = TRAINER,
     *,
@@ -260,10 +261,11 @@ def replica_outputs(
     return ReplicaOutputs(out, uri, node_rank, interval_s=interval_s)
 
 
-def gpus_here() -> int:
-    import torch  # only now: parsing and errors stay fast
-
-    return torch.cuda.device_count()
+def nproc_here(cpu: bool, devices: str = "/dev/nvidia[0-9]*") -> int | str:
+    """torchrun's --nproc-per-node: 1 without an NVIDIA device (or for the trainer's --device
+    cpu), else `gpu`: torchrun counts them itself (it imports torch anyway; counting here would
+    import it twice, a second or more before the first step on every replica)."""
+    return 1 if cpu or not glob.glob(devices) else "gpu"
 
 
 def live_children(pid: int) -> list[int]:
@@ -336,10 +338,10 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
-    nproc = 1 if cpu else max(1, gpus_here())
+    nproc = nproc_here(cpu)
     print(
         f"vertex: {placement.task} is node {placement.node_rank} of {placement.nnodes}, "
-        f"{nproc} process(es), rendezvous {placement.master_addr}:{placement.master_port}, "
+        f"{'one process per GPU' if nproc == 'gpu' else f'{nproc} process(es)'}, rendezvous {placement.master_addr}:{placement.master_port}, "
         f"runs {' '.join(program)} in {workdir}, "
         f"checkpoints {os.environ.get(CHECKPOINT_URI_ENV) or 'local only'}, "
         f"outputs {model_dir or 'local only'}",

@@ -19,6 +19,7 @@ from trainer.storage import MANIFEST_SUFFIX
 from trainer.vertex_entry import (
     TRAINER,
     Placement,
+    nproc_here,
     output_files,
     parse_cluster_spec,
     placement_from_env,
@@ -47,15 +48,21 @@ def spec(task: str, index: object, workers: int = 0, **extra: Any) -> str:
 CHIEF = "cmle-training-workerpool0-ab12-0"
 
 
-def test_one_replica_runs_standalone_with_one_process_per_gpu() -> None:
+def test_one_replica_runs_standalone_with_one_process_per_gpu(tmp_path: Path) -> None:
     placement = parse_cluster_spec(spec("workerpool0", 0))
     assert placement == Placement(1, 0, CHIEF, 2222, "workerpool0[0]")
-    argv = torchrun_argv(placement, 8, ["--preset", "gpt2-124m"])
+    devices = str(tmp_path / "nvidia[0-9]*")
+    assert nproc_here(False, devices) == 1  # no NVIDIA device: one process
+    for name in ("nvidiactl", "nvidia0", "nvidia1"):
+        (tmp_path / name).touch()
+    assert nproc_here(True, devices) == 1  # the trainer's --device cpu
+    nproc = nproc_here(False, devices)  # torchrun counts the GPUs (it imports torch anyway)
+    argv = torchrun_argv(placement, nproc, ["--preset", "gpt2-124m"])
     assert argv == [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--nproc-per-node=8",
+        "--nproc-per-node=gpu",
         "--standalone",
         "--nnodes=1",
         "-m",
