@@ -314,24 +314,37 @@ STORAGE_PACKAGES: tuple[Requirement, ...] = (
 TRAINER_PACKAGES: tuple[Requirement, ...] = (("torch", "torch"), ("numpy", "numpy"))
 
 
+#: `python -c FIND_MISSING MOD=REQ ...` prints the REQs whose MOD the interpreter cannot find: one
+#: process, nothing imported (torch's import alone takes seconds on a GPU VM, on every launch)
+FIND_MISSING = (
+    "import importlib.util as u, sys\n"
+    "def found(m):\n"
+    "    try:\n"
+    "        return u.find_spec(m) is not None\n"
+    "    except (ImportError, ValueError):\n"
+    "        return False\n"
+    "print(' '.join(p.split('=', 1)[1] for p in sys.argv[1:] if not found(p.split('=', 1)[0])))"
+)
+
+
 def build_install_command(python: str, needs: Sequence[Requirement]) -> str:
-    """Prints `present` when `python` imports every module of `needs`; else pip-installs the
+    """Prints `present` when `python` finds every module of `needs`; else pip-installs the
     missing requirements (into the interpreter's environment, else --user; pip itself from apt
-    where the image lacks it, as Ubuntu's do), prints `installed <reqs>`, or fails with the last
-    lines of the attempt."""
+    where the image lacks it, as Ubuntu's do), prints `installed <reqs>` once they import, or
+    fails with the last lines of the attempt."""
     py = shlex.quote(python)
     pairs = " ".join(shlex.quote(f"{mod}={req}") for mod, req in needs)
+    every = shlex.quote(" ".join(req for _, req in needs))
     imports = "; ".join(f"import {mod}" for mod, _ in needs)
     pip = f"{py} -m pip install --quiet --disable-pip-version-check"
     return (
-        f"missing=''; for pair in {pairs}; do "
-        f'{py} -c "import ${{pair%%=*}}" >/dev/null 2>&1 || missing="$missing ${{pair#*=}}"; done; '
+        f"missing=$({py} -c {shlex.quote(FIND_MISSING)} {pairs} 2>/dev/null) || missing={every}; "
         'if [ -z "$missing" ]; then echo present; exit 0; fi; '
         f"if ! {py} -m pip --version >/dev/null 2>&1; then "
         "apt=$( (sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive "
         "apt-get install -y -qq python3-pip) 2>&1); fi; "
         f"out=$({pip} $missing 2>&1 || {pip} --user $missing 2>&1); "
-        f"if {py} -c {shlex.quote(imports)} >/dev/null 2>&1; then echo installed$missing; exit 0; fi; "
+        f"if {py} -c {shlex.quote(imports)} >/dev/null 2>&1; then echo installed $missing; exit 0; fi; "
         'printf "%s\n" "$out" | tail -n 5; exit 1'
     )
 

@@ -6,6 +6,7 @@ prints, the summary rows, the --max-recoveries rule, and installing google-cloud
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -198,8 +199,9 @@ def test_attempt_logs_are_kept_apart(tmp_path: Path) -> None:
 
 
 STUB_PYTHON = """#!/bin/sh
-# A node's interpreter: it imports module M when $dir/has-M exists; pip exists when $dir/pip
-# does, and installs (creating has-M for each requirement) when $dir/pip-works does.
+# A node's interpreter: the real one, seeing only the standard library and $dir/site, where a
+# module exists once set up or pip-installed; pip exists when $dir/pip does, and installs when
+# $dir/pip-works does.
 dir=$(dirname "$0")
 case "$*" in
   "-m pip --version") [ -f "$dir/pip" ] ;;
@@ -208,14 +210,9 @@ case "$*" in
     echo "$*" >> "$dir/pip.log"
     [ -f "$dir/pip-works" ] || { echo "ERROR: No matching distribution found"; exit 1; }
     for req in $*; do case "$req" in
-      torch) touch "$dir/has-torch" ;; numpy) touch "$dir/has-numpy" ;;
-      google-cloud-storage*) touch "$dir/has-google.cloud.storage" ;;
-    esac; done ;;
-  "-c import "*)
-    for mod in $(echo "$2" | tr ';' '\\n' | sed 's/import//'); do
-      [ -f "$dir/has-$mod" ] || exit 1
-    done ;;
-  *) exit 2 ;;
+      torch) m=torch ;; numpy) m=numpy ;; google-cloud-storage*) m=google/cloud/storage ;; *) m= ;;
+    esac; [ -z "$m" ] || { mkdir -p "$dir/site/$m" && touch "$dir/site/$m/__init__.py"; }; done ;;
+  *) PYTHONPATH="$dir/site" exec __PYTHON__ -S "$@" ;;
 esac
 """
 # Ubuntu's images have no pip: apt installs it (sudo without a password, as on GCE VMs).
@@ -229,11 +226,11 @@ case "$*" in *"install -y -qq python3-pip"*) touch "$dir/pip" ;; esac
 @pytest.mark.parametrize(
     ("case", "needs", "setup", "result", "pip_calls"),
     [
-        ("present", STORAGE_PACKAGES, ["pip", "has-google.cloud.storage"], "present", []),
+        ("present", STORAGE_PACKAGES, ["pip", "site/google/cloud/storage"], "present", []),
         ("installed", STORAGE_PACKAGES, ["pip", "pip-works"], "installed google-cloud-storage>=2.14,<4",
          ["google-cloud-storage>=2.14,<4"]),
         ("pip-fails", STORAGE_PACKAGES, ["pip"], None, ["google-cloud-storage>=2.14,<4"] * 2),
-        ("torch-missing", TRAINER_PACKAGES, ["pip", "pip-works", "has-numpy"], "installed torch",
+        ("torch-missing", TRAINER_PACKAGES, ["pip", "pip-works", "site/numpy"], "installed torch",
          ["torch"]),
         ("no-pip-ubuntu", TRAINER_PACKAGES, ["pip-works"], "installed torch numpy", ["torch numpy"]),
     ],
@@ -247,11 +244,18 @@ def test_node_packages_probe_and_install(
     result: str | None,
     pip_calls: list[str],
 ) -> None:
-    for name, text in (("python3", STUB_PYTHON), ("sudo", STUB_SUDO)):
+    for name, text in (
+        ("python3", STUB_PYTHON.replace("__PYTHON__", sys.executable)),
+        ("sudo", STUB_SUDO),
+    ):
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
-    for name in setup:
-        (tmp_path / name).touch()
+    for name in setup:  # a flag file, or a module under site/
+        if name.startswith("site/"):
+            (tmp_path / name).mkdir(parents=True)
+            (tmp_path / name / "__init__.py").touch()
+        else:
+            (tmp_path / name).touch()
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     cmd = build_install_command(str(tmp_path / "python3"), needs)
     r = LocalTransport("local", tmp_path / "node").run(cmd, 30)
@@ -266,6 +270,23 @@ def test_node_packages_probe_and_install(
         assert r.ok and r.stdout.strip() == result, r.stdout + r.stderr
     sudo = tmp_path / "sudo.log"
     assert sudo.exists() == (case == "no-pip-ubuntu")  # apt only where pip is missing
+
+
+def test_the_package_probe_finds_modules_without_importing_them(tmp_path: Path) -> None:
+    """torch's import takes seconds on a GPU VM: the probe before every launch only looks."""
+    python = tmp_path / "python3"
+    python.write_text(STUB_PYTHON.replace("__PYTHON__", sys.executable))
+    python.chmod(0o755)
+    for mod in ("torch", "numpy"):
+        (tmp_path / "site" / mod).mkdir(parents=True)
+        (tmp_path / "site" / mod / "__init__.py").write_text(
+            f"open({str(tmp_path / 'imported')!r}, 'a').write('{mod} ')\n"
+        )
+    r = LocalTransport("local", tmp_path / "node").run(
+        build_install_command(str(python), TRAINER_PACKAGES), 30
+    )
+    assert r.ok and r.stdout.strip() == "present", r.stdout + r.stderr
+    assert not (tmp_path / "imported").exists()
 
 
 def test_host_errors_and_maintenance_count_on_any_capacity_a_vanished_vm_only_on_spot() -> None:
