@@ -335,15 +335,15 @@ def test_a_torchrun_deaf_to_the_stop_is_killed_only_once_its_workers_are_gone(
     agent = (
         "import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         f"w = subprocess.Popen(['sleep', '{worker_s}']) if {worker_s} else None\n"
-        "time.sleep(1) if w is None else w.wait()\n"
-        "sys.exit(0) if w is not None else time.sleep(300)\n"
+        "print('deaf', flush=True)\n"
+        "sys.exit(w.wait()) if w is not None else time.sleep(300)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", _FORWARD, sys.executable, "-c", agent],
         cwd=ROOT, env=child_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
-    time.sleep(1.5)  # the stand-in ignores SIGTERM by now
+    assert proc.stdout.readline().strip() == "deaf"  # it ignores SIGTERM by now
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=60)[0]
