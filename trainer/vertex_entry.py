@@ -285,9 +285,9 @@ def run_forwarding_signals(
     argv: list[str], cwd: Path | None = None, on_signal: Callable[[], None] = lambda: None
 ) -> int:
     """Run torchrun; SIGTERM/SIGINT (a cancel or a spot stop) go on to it, and we wait for it.
-    A torchrun whose workers have all ended but which, BARRIER_GRACE_S after the signal, still
-    waits in its exit barrier for nodes that are gone (a wait deaf to signals, 300 s) is killed:
-    the chief's outputs must go up within the stop's grace, not after it."""
+    A torchrun that after the signal has had no live worker for BARRIER_GRACE_S but is still
+    there waits in its exit barrier for nodes that are gone (a wait deaf to signals, 300 s): it is
+    killed, as the chief's outputs must go up within the stop's grace, not after it."""
     proc = subprocess.Popen(argv, cwd=cwd)
     signalled: list[float] = []
 
@@ -298,13 +298,20 @@ def run_forwarding_signals(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
+    childless_since: float | None = None
     while True:
         try:
             code = proc.wait(timeout=0.5)
             return code if code >= 0 else 128 - code  # killed by a signal: as a shell says it
         except subprocess.TimeoutExpired:
-            late = signalled and time.monotonic() - signalled[0] > BARRIER_GRACE_S
-            if late and not live_children(proc.pid):
+            if not signalled:
+                continue
+            if live_children(proc.pid):
+                childless_since = None
+                continue
+            now = time.monotonic()
+            childless_since = childless_since or now  # an exit right after its workers' is quick
+            if now - childless_since > BARRIER_GRACE_S:
                 print(
                     "vertex: torchrun's workers have ended and it still waits for other nodes "
                     "(its exit barrier): stopped",
