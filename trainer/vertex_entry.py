@@ -346,9 +346,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
     nproc = nproc_here(cpu)
+    processes = "one process per GPU" if nproc == "gpu" else f"{nproc} process(es)"
     print(
         f"vertex: {placement.task} is node {placement.node_rank} of {placement.nnodes}, "
-        f"{'one process per GPU' if nproc == 'gpu' else f'{nproc} process(es)'}, rendezvous {placement.master_addr}:{placement.master_port}, "
+        f"{processes}, rendezvous {placement.master_addr}:{placement.master_port}, "
         f"runs {' '.join(program)} in {workdir}, "
         f"checkpoints {os.environ.get(CHECKPOINT_URI_ENV) or 'local only'}, "
         f"outputs {model_dir or 'local only'}",
