@@ -39,6 +39,10 @@ class Target:
         prefix = prefix.strip("/")
         return cls(bucket, f"{prefix}/" if prefix else "")
 
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
 
 def scan(root: Path) -> dict[str, Stamp]:
     """Every regular file under root (relative path -> stamp); files vanishing mid-scan skipped."""
@@ -91,25 +95,29 @@ class Mirror:
             self.before = scan(self.root)
             time.sleep(settle_s)
         now = scan(self.root)
-        sent = []
-        for rel in due(now, self.before, self.sent):
-            path = self.root / rel
-            try:
-                self.bucket.blob(self.target.prefix + rel).upload_from_filename(str(path))
-                st = path.stat()
-            except FileNotFoundError:
-                continue  # replaced or removed meanwhile: the next scan sees what is there
-            if (st.st_size, st.st_mtime_ns) == now[rel]:
-                self.sent[rel] = now[rel]
-                self.uploaded_bytes += now[rel][0]
-                sent.append(rel)
+        sent = [rel for rel in due(now, self.before, self.sent) if self.send(rel, now[rel])]
         self.before = now
         if sent:
             self.say(
-                f"mirror: {len(sent)} file(s) to gs://{self.target.bucket}/{self.target.prefix} "
+                f"mirror: {len(sent)} file(s) to {self.target.uri} "
                 f"({', '.join(sent[:3])}{', ...' if len(sent) > 3 else ''})"
             )
         return sent
+
+    def send(self, rel: str, stamp: Stamp) -> bool:
+        """One file up now; True when it was still as `stamp` says after the upload (sent whole,
+        and remembered as sent), False when it changed or went meanwhile."""
+        path = self.root / rel
+        try:
+            self.bucket.blob(self.target.prefix + rel).upload_from_filename(str(path))
+            st = path.stat()
+        except FileNotFoundError:
+            return False  # replaced or removed meanwhile: the next scan sees what is there
+        if (st.st_size, st.st_mtime_ns) != stamp:
+            return False
+        self.sent[rel] = stamp
+        self.uploaded_bytes += stamp[0]
+        return True
 
     def restore(self) -> list[str]:
         """What the bucket holds and the out dir lacks, downloaded (present files are newer or

@@ -62,13 +62,13 @@ class ReplicaOutputs:
         target = Target.parse(uri.rstrip("/") + f"/{replica_name(node_rank)}/")
         out.mkdir(parents=True, exist_ok=True)
         self.mirror = Mirror(out, target, client, say)
-        self.interval_s, self.say = interval_s, say
+        self.interval_s = interval_s
         self.wake = Wake()
         self.thread: threading.Thread | None = None
 
     @property
     def uri(self) -> str:
-        return f"gs://{self.mirror.target.bucket}/{self.mirror.target.prefix}"
+        return self.mirror.target.uri
 
     def restore(self) -> int:
         """What the bucket holds of this replica's out dir and the disk lacks comes back; then
@@ -80,13 +80,12 @@ class ReplicaOutputs:
         except (OSError, ValueError):
             attempt = 1
         marker.write_text(f"{attempt}\n")
-        self.mirror.bucket.blob(self.mirror.target.prefix + ATTEMPT_FILE).upload_from_filename(
-            str(marker)
-        )
+        st = marker.stat()
+        self.mirror.send(ATTEMPT_FILE, (st.st_size, st.st_mtime_ns))  # the passes skip it now
         if got or attempt > 1:
-            self.say(f"attempt {attempt}: restored {len(got)} file(s) from {self.uri}")
+            self.mirror.say(f"attempt {attempt}: restored {len(got)} file(s) from {self.uri}")
         else:
-            self.say(f"attempt 1: the out dir is mirrored to {self.uri}")
+            self.mirror.say(f"attempt 1: the out dir is mirrored to {self.uri}")
         return attempt
 
     def start(self) -> None:
