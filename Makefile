@@ -11,7 +11,7 @@ EDITABLE := --config-settings editable_mode=compat
 STAMP := $(VENV)/.installed-$(shell echo '$(EDITABLE)' | cat pyproject.toml - | md5sum | cut -c1-12)
 APT_PKGS := openssh-server iproute2 util-linux git zstd podman runc docker-registry busybox-static chromium
 
-.PHONY: run test lint typecheck apt venv bench clean
+.PHONY: run test lint typecheck apt venv bench docs clean
 
 $(STAMP): pyproject.toml
 	@[ -x $(PY) ] || $(BASE_PY) -m venv $(VENV)
@@ -61,6 +61,11 @@ test: apt venv lint typecheck
 
 run: venv
 	$(VENV)/bin/gputrain run --local --yes
+
+# The manual (docs/, mkdocs.yml) built strictly into a temporary directory: a broken link or anchor,
+# or a page missing from the nav, fails it. `make test` builds it too (tests/test_docs.py).
+docs: venv
+	@site=$$(mktemp -d); $(VENV)/bin/mkdocs build --strict -d "$$site"; rc=$$?; rm -rf "$$site"; exit $$rc
 
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
