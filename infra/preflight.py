@@ -118,7 +118,7 @@ def api_error_row(check: str, scope: str, error: ComputeApiError, project: str) 
         fix = f"enable the API: gcloud services enable compute.googleapis.com --project {project}"
     elif error.code == 403:
         fix = (
-            f"grant your account roles/compute.viewer on {project} (README, 'First run on GCP', "
+            f"grant your account roles/compute.viewer on {project} (docs/getting-started.md "
             "lists every role gputrain needs)"
         )
     elif error.code == 404 and scope == GLOBAL:

@@ -259,7 +259,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             values[f.name] = _convert(f.name, text, types[f.name], f.metadata)
         else:
             values[f.name] = PRESETS[preset][f.name] if default is PRESET else default
-    # On CUDA the largest micro-batch that fits won on an H200 (the README's speed table)
+    # On CUDA the largest micro-batch that fits won on an H200 (docs/developer/benchmarks.md)
     if args["batch_size"] is None and args["grad_accum"] is None and _on_cuda(values["device"]):
         values["batch_size"] = "auto"
     values["out"] = values["out"] or Path(os.environ.get("GPUTRAIN_OUT") or "out")
