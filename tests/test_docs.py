@@ -1,0 +1,199 @@
+"""The manual (docs/, built with MkDocs) against the code: every CLI option and every stack and
+hosts-file key has its place in the reference pages, and the strict build fails on a broken link,
+a missing anchor or a page left out of the nav."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import yaml
+
+from infra import stackfile
+from scripts import cli
+from scripts.targets import hosts_file
+from tests.support import ROOT
+
+DOCS = ROOT / "docs"
+CLI_PAGE = DOCS / "reference" / "cli.md"
+#: The section of the CLI page whose options every command takes.
+SHARED_SECTION = "Options every command takes"
+
+
+def _hook() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "stack_config_hook", DOCS / "hooks" / "stack_config.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sections(markdown: str) -> list[tuple[str, str]]:
+    """(heading, body) for every heading of a page, code blocks kept in the body."""
+    sections: list[tuple[str, str]] = [("", "")]
+    fence = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        match = None if fence else re.match(r"^#{1,6} (.*)", line)
+        if match:
+            sections.append((match.group(1), ""))
+        else:
+            heading, body = sections[-1]
+            sections[-1] = (heading, body + line + "\n")
+    return sections
+
+
+def _commands() -> dict[str, list[str]]:
+    """Every subcommand of `gputrain` and its long options (the parser as main builds it)."""
+    parser = cli._parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        name: [
+            option
+            for action in command._actions
+            for option in action.option_strings
+            if option.startswith("--") and option != "--help"
+        ]
+        for name, command in sub.choices.items()
+    }
+
+
+def _mentions(text: str, option: str) -> bool:
+    return re.search(rf"`{re.escape(option)}[ `=]", text) is not None
+
+
+def missing_cli_options(page: str) -> list[str]:
+    """What the page lacks: a section per command, and each option of a command in that section,
+    in a section whose heading names the command, or in the shared section."""
+    sections = _sections(page)
+    shared = "".join(body for heading, body in sections if heading == SHARED_SECTION)
+    missing = []
+    for command, options in _commands().items():
+        own = "".join(
+            heading + "\n" + body for heading, body in sections if f"`{command}`" in heading
+        )
+        if not own:
+            missing.append(f"a section whose heading names `{command}`")
+        missing += [
+            f"{command} {option}"
+            for option in options
+            if not _mentions(own, option) and not _mentions(shared, option)
+        ]
+    return missing
+
+
+def test_every_cli_option_is_in_the_reference() -> None:
+    assert _commands()["run"], "the parser walk found no options"
+    assert missing_cli_options(CLI_PAGE.read_text(encoding="utf-8")) == []
+
+
+def test_the_cli_check_finds_a_missing_option() -> None:
+    page = CLI_PAGE.read_text(encoding="utf-8")
+    without = re.sub(r"`--keep-images[ `=]", "`", page)
+    assert missing_cli_options(without) == ["run --keep-images"]
+    without_top = page.replace("### `top`", "### the live table")
+    assert "a section whose heading names `top`" in missing_cli_options(without_top)
+
+
+def _rendered_stack_page() -> str:
+    hook = _hook()
+    page = SimpleNamespace(file=SimpleNamespace(src_uri=hook.PAGE))
+    return hook.on_page_markdown((DOCS / hook.PAGE).read_text(encoding="utf-8"), page=page)
+
+
+def missing_stack_keys(rendered: str) -> list[str]:
+    """Keys without a row in the Keys section's table that has a type and a description."""
+    rendered = "".join(body for heading, body in _sections(rendered) if heading == "Keys")
+    missing = []
+    for key in [stackfile.GCP_PROJECT_KEY, *stackfile.DEFAULTS]:
+        row = re.search(rf"^\| `{re.escape(key)}` \|(.*)\|\s*$", rendered, re.M)
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row.group(1))] if row else []
+        if len(cells) != 4 or not cells[0] or not cells[-1]:
+            missing.append(key)
+    return missing
+
+
+def test_every_stack_key_is_in_the_reference() -> None:
+    assert missing_stack_keys(_rendered_stack_page()) == []
+
+
+def test_the_stack_check_finds_a_missing_key() -> None:
+    rendered = _rendered_stack_page()
+    row = re.search(r"^\| `autodown` \|.*\n", rendered, re.M)
+    assert row
+    assert missing_stack_keys(rendered.replace(row.group(0), "")) == ["autodown"]
+
+
+def test_stack_key_descriptions_come_from_pulumi_yaml() -> None:
+    """One source: the page says what Pulumi.yaml says (the `data` map key: its comment)."""
+    declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text(encoding="utf-8"))["config"]
+    keys = {k.name: k for k in _hook().stack_keys()}
+    assert keys["maxRunDuration"].description == " ".join(
+        declared["maxRunDuration"]["description"].split()
+    )
+    assert keys["data"].type == "map"
+    assert keys["data"].description.startswith("the datasets every job reads")
+    assert "`backend: gce` only" in keys["stallTimeout"].notes
+    assert "never by the Pulumi program" in keys["setup"].notes
+
+
+def test_every_hosts_file_key_is_in_the_guide() -> None:
+    page = (DOCS / "guides" / "hosts.md").read_text(encoding="utf-8")
+    keys = (*hosts_file.TOP_KEYS, *hosts_file.HOST_KEYS, *hosts_file.GPU_KEYS)
+    missing = [k for k in keys if not re.search(rf"(^|[\s{{,-])`?{k}`?:", page, re.M)]
+    assert missing == []
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    result = _build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (
+        "<table>" in (tmp_path / "site" / "reference" / "stack-config" / "index.html").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ("orphan", 'not included in the "nav"'),
+        ("broken link", "not found among documentation files"),
+        ("broken anchor", "does not contain an anchor"),
+    ],
+)
+def test_the_strict_build_fails_on(tmp_path: Path, change: str, complaint: str) -> None:
+    docs = tmp_path / "docs"
+    shutil.copytree(DOCS, docs, ignore=shutil.ignore_patterns("hooks", "incoming"))
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    config["docs_dir"] = str(docs)
+    config["hooks"] = [str(DOCS / "hooks" / "stack_config.py")]
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    if change == "orphan":
+        (docs / "orphan.md").write_text("# Not in the nav\n", encoding="utf-8")
+    else:
+        target = "no-such-page.md" if change == "broken link" else "limits.md#no-such-anchor"
+        with (docs / "index.md").open("a", encoding="utf-8") as f:
+            f.write(f"\n[a link]({target})\n")
+    result = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode != 0
+    assert complaint in result.stdout + result.stderr
