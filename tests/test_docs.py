@@ -197,3 +197,13 @@ def test_the_strict_build_fails_on(tmp_path: Path, change: str, complaint: str) 
     result = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert result.returncode != 0
     assert complaint in result.stdout + result.stderr
+
+
+def test_the_readme_is_a_door() -> None:
+    """At most 200 lines, and every link into the repository names a file that exists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert "docs/reference/cli.md" in local
+    assert [link for link in local if not (ROOT / link).is_file()] == []
