@@ -148,8 +148,8 @@ def test_stack_key_descriptions_come_from_pulumi_yaml() -> None:
     assert "never by the Pulumi program" in keys["setup"].notes
 
 
-def test_every_hosts_file_key_is_in_the_guide() -> None:
-    page = (DOCS / "guides" / "hosts.md").read_text(encoding="utf-8")
+def test_every_hosts_file_key_is_in_the_reference() -> None:
+    page = (DOCS / "reference" / "hosts-file.md").read_text(encoding="utf-8")
     keys = (*hosts_file.TOP_KEYS, *hosts_file.HOST_KEYS, *hosts_file.GPU_KEYS)
     missing = [k for k in keys if not re.search(rf"(^|[\s{{,-])`?{k}`?:", page, re.M)]
     assert missing == []
