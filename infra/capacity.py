@@ -59,7 +59,7 @@ class CapacityError(ValueError):
 
 @dataclass(frozen=True)
 class CapacityMode:
-    """What a capacity mode means for the user: shown by `plan` and the README."""
+    """What a capacity mode means for the user: shown by `plan` and the manual (docs/)."""
 
     name: Capacity
     provisioning_model: str

@@ -6,7 +6,7 @@ Manager reference pages, "IAM permissions" of each method); then what `up` waits
 and the controller's own reads (preflight, host keys from guest attributes, status, sweep). A test
 runs the program under the SDK's mocks for every shipped stack and layout and fails if it declares
 a type this table does not cover. `gputrain doctor` asks `projects.testIamPermissions` for all of
-them; the README's "First run on GCP" lists the roles.
+them; docs/getting-started.md lists the roles.
 
 Not checked here: the image projects' `compute.images.useReadOnly` (public Deep Learning VM
 images grant it to every authenticated user) — they are other projects.

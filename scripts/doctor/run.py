@@ -1,5 +1,5 @@
 """`gputrain doctor [--stack NAME]`: everything a first `up` on GCP needs, checked at once and
-shown in one table with a fix per row, in the order of the README's "First run on GCP" checklist.
+shown in one table with a fix per row, in the order of the checklist in docs/getting-started.md.
 `up` and `run` on a stack run it first and stop with the whole table when a row fails.
 
 The probes are independent, so they run in parallel: the Pulumi CLI, the credentials, the

@@ -1,7 +1,7 @@
 """`mount` datasets: Cloud Storage FUSE on the nodes. Pure: the install script (Google's apt
 repository, as its install docs give it) and the mount command (read-only, `--only-dir` for the
 prefix, the file cache on local SSD when one is mounted). gcsfuse cannot run where the tests run:
-these strings are checked against the documentation only (README, "Data and outputs").
+these strings are checked against the documentation only (docs/guides/data-and-outputs.md).
 """
 
 from __future__ import annotations

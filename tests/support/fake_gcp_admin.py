@@ -288,7 +288,7 @@ def install_fake_pulumi(
 
 
 def ready_for_doctor(monkeypatch: Any, directory: Path, admin: FakeGcpAdmin) -> None:
-    """This process as a user who followed the README's checklist: a logged-in Pulumi CLI on PATH
+    """This process as a user who followed docs/getting-started.md's checklist: a logged-in Pulumi CLI on PATH
     (local backend) with the passphrase set, and Application Default Credentials."""
     import os
 

@@ -1,4 +1,4 @@
-"""Run karpathy/nanoGPT's train.py under `gputrain` on CPU-only hosts (the README's nanoGPT recipe):
+"""Run karpathy/nanoGPT's train.py under `gputrain` on CPU-only hosts (docs/recipes.md):
 its DDP path calls torch.cuda.set_device, so on CPU each node trains on its own. Give it
 --device=cpu --compile=False; its arguments pass through unchanged."""
 

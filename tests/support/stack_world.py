@@ -170,7 +170,7 @@ def world_factory(
     markers: list[Path] = []
     admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
     made.append(admin)
-    ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # the README's checklist, done
+    ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # docs' checklist, done
 
     def make(
         nodes: int = 2,

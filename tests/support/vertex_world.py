@@ -105,7 +105,7 @@ def world_factory(
     """The `world` fixture of tests/scripts/targets/vertex (its conftest): make() -> World."""
     made: list[tuple[FakeVertex, FakeCompute]] = []
     admin = FakeGcpAdmin().__enter__()  # Resource Manager, Service Usage, the token endpoint
-    ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # the README's checklist, done
+    ready_for_doctor(monkeypatch, tmp_path / "operator", admin)  # docs' checklist, done
 
     def make(docker: tuple[str, ...] = (), artifacts: FakeArtifactRegistry | None = None) -> World:
         project = tmp_path / "project"

@@ -23,7 +23,7 @@ from tests.support.wheelhouse import PackageIndex, build_wheel
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 NANOGPT = Path(os.environ.get("GPUTRAIN_NANOGPT_DIR", "/work/notes/nanogpt"))
 REAL = (NANOGPT / "train.py").is_file()
-# nanoGPT's flags for a tiny CPU run: its CPU-only quirks (see the README's nanoGPT recipe)
+# nanoGPT's flags for a tiny CPU run: its CPU-only quirks (see docs/recipes.md)
 FLAGS = (
     "--dataset=shakespeare_char", "--gradient_accumulation_steps=1", "--device=cpu", "--compile=False", "--dtype=float32", "--max_iters=20",
     "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--batch_size=4",
