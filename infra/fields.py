@@ -38,7 +38,8 @@ CHECK = Checker(
 
 # ---- durations ------------------------------------------------------------------------------
 
-_DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+#: ASCII digits only: `\d` (and int()) would also take other scripts' digits, e.g. "٣h".
+_DURATION_RE = re.compile(r"^(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
@@ -80,10 +81,9 @@ class ConfigReader:
 
     def integer(self, key: str, lo: int, hi: int, what: str = "") -> int:
         raw = self.text(key)
-        try:
-            value = int(raw)
-        except ValueError:
-            raise CHECK.fail(key, raw, f"allowed: a whole number {lo}..{hi}{what}") from None
+        if not re.fullmatch(r"-?[0-9]+", raw):  # int() takes "1_0" and other scripts' digits
+            raise CHECK.fail(key, raw, f"allowed: a whole number {lo}..{hi}{what}")
+        value = int(raw)
         if not lo <= value <= hi:
             raise CHECK.fail(key, raw, f"allowed: {lo}..{hi}{what}")
         return value

@@ -15,6 +15,12 @@ from typing import Any
 import yaml
 
 from infra.base.errors import UserError
+from infra.schema import DEFAULT_EXECUTOR_IMAGE as DEFAULT_EXECUTOR_IMAGE
+from infra.schema import DEFAULT_IMAGE_FAMILY as DEFAULT_IMAGE_FAMILY
+from infra.schema import DEFAULT_IMAGE_PROJECT as DEFAULT_IMAGE_PROJECT
+from infra.schema import DEFAULTS as DEFAULTS
+from infra.schema import FALLBACK_IMAGE_FAMILY as FALLBACK_IMAGE_FAMILY
+from infra.schema import SettingTypeError, check_types, config_string
 
 PROJECT = "gputrain"
 NS = f"{PROJECT}:"
@@ -22,64 +28,7 @@ GCP_PROJECT_KEY = "gcp:project"
 STACK_LABEL = "gputrain-stack"  # on every labelled resource of a stack: how sweeps find them
 PROJECT_LABEL = "gputrain-project"
 
-DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
-FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"
-DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
-#: Prebuilt PyTorch GPU training container for Vertex AI (pythonPackageSpec.executorImageUri).
-#: The tag is the newest one the facts sheet and public 2025 job configs show (PyTorch 2.4,
-#: Python 3.10, CUDA 12); newer tags and this one's end of availability are unverified, hence
-#: the `executorImage` setting.
-DEFAULT_EXECUTOR_IMAGE = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
 BACKENDS = ("gce", "vertex")
-
-#: Every gputrain key with its default as the CLI would pass it (a string). Pulumi.yaml must
-#: declare exactly these keys with the same defaults (a test holds the two together).
-DEFAULTS: dict[str, str] = {
-    "gpus": "L4:1",
-    "zones": "[]",
-    "regions": "[]",
-    "zone": "",
-    "candidate": "",
-    "machineType": "",
-    "gpuType": "",
-    "gpuCount": "0",
-    "nodes": "0",
-    "spot": "",
-    "capacity": "",
-    "reservation": "",
-    "reservationBound": "",
-    "capacityInUse": "",
-    "waitForCapacity": "",
-    "maxRunDuration": "6h",
-    "imageFamily": DEFAULT_IMAGE_FAMILY,
-    "imageProject": DEFAULT_IMAGE_PROJECT,
-    "bootDiskGb": "200",
-    "bootDiskType": "",
-    "sshUser": "gputrain",
-    "sshPublicKey": "",
-    "sshPrivateKey": "",
-    "sshSourceRanges": "[]",
-    "allowSshFromAnywhere": "false",
-    "publicIp": "head",
-    "placement": "auto",
-    "network": "",
-    "labels": "[]",
-    "bucket": "",
-    "bucketRetentionDays": "30",
-    "backend": "gce",
-    "executorImage": DEFAULT_EXECUTOR_IMAGE,
-    "gpuDirect": "auto",
-    "subnetRange": "10.42.0.0/16",
-    "localSsdCount": "0",
-    "data": "",
-    "setup": "",
-    "secrets": "[]",
-    "image": "",
-    "build": "",
-    "stallTimeout": "",
-    "autodown": "10m",
-    "notify": "[]",
-}
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
 #: cannot declare one, so Pulumi.yaml names them in a comment only.
@@ -186,15 +135,6 @@ def qualify(key: str) -> str:
     return key if ":" in key else NS + key
 
 
-def _as_config_string(value: Any) -> str:
-    """A YAML value the way the Pulumi CLI hands it to the program."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | dict):
-        return json.dumps(value)
-    return "" if value is None else str(value)
-
-
 @dataclass(frozen=True)
 class StackSecrets:
     """What a stack file says about its secrets (nothing is decrypted)."""
@@ -235,21 +175,22 @@ def read_stack_file(root: Path, stack: str) -> StackFile:
     stack_doc = _read_yaml(stack_file, stack)
     stack_section = _config_section(stack_doc, stack_file, stack)
     check_stack_section(stack_section, stack_file.name, stack)
+    check_setting_types(stack_section, stack_file.name, stack)
     merged: dict[str, str] = {}
     for key, decl in project.items():
         if isinstance(decl, dict):
             if "secure" in decl:
                 continue
             if "value" in decl:
-                merged[qualify(key)] = _as_config_string(decl["value"])
+                merged[qualify(key)] = config_string(decl["value"])
             elif "default" in decl:
-                merged[qualify(key)] = _as_config_string(decl["default"])
+                merged[qualify(key)] = config_string(decl["default"])
         else:
-            merged[qualify(key)] = _as_config_string(decl)
+            merged[qualify(key)] = config_string(decl)
     for key, value in stack_section.items():
         if isinstance(value, dict) and "secure" in value:
             continue
-        merged[qualify(key)] = _as_config_string(value)
+        merged[qualify(key)] = config_string(value)
     return StackFile(stack, merged, _secrets_of(stack_doc))
 
 
@@ -337,6 +278,26 @@ def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:
             f"{where}: gputrain:gpus and gputrain:machineType are both set; set either gpus or "
             "machineType (+ nodes), not both"
         )
+
+
+def check_setting_types(section: dict[str, Any], file: str, stack: str) -> None:
+    """A value whose YAML shape its key does not take (infra/schema.py), one line naming the
+    file, the key, the value and what the key takes."""
+    ours = {k[len(NS) :]: v for k, v in section.items() if qualify(k).startswith(NS)}
+    ours = {k: v for k, v in ours.items() if ":" not in k}
+    try:
+        check_types(ours)
+    except SettingTypeError as e:
+        shown = _shown(e.value)
+        raise SpecError(
+            f"stack = {stack!r}: {file}: {NS}{e.key} = {shown}: allowed: {e.allowed}"
+        ) from None
+
+
+def _shown(value: Any) -> str:
+    """A value as the stack file wrote it, short: YAML's own spelling of lists and maps."""
+    text = json.dumps(value, ensure_ascii=False) if isinstance(value, list | dict) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _secrets_of(doc: Any) -> StackSecrets:

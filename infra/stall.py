@@ -19,7 +19,7 @@ def parse_stall_timeout(text: str) -> int | None:
     if raw in ("", "auto"):
         return None
     try:
-        seconds = int(raw) if raw.isdigit() else parse_duration(raw)
+        seconds = int(raw) if raw.isascii() and raw.isdigit() else parse_duration(raw)
     except ValueError:
         raise ValueError(ALLOWED) from None
     if not MIN_STALL_S <= seconds <= MAX_STALL_S:

@@ -136,13 +136,15 @@ def test_the_stack_check_finds_a_missing_key() -> None:
 
 
 def test_stack_key_descriptions_come_from_pulumi_yaml() -> None:
-    """One source: the page says what Pulumi.yaml says (the `data` map key: its comment)."""
+    """One source each: descriptions from Pulumi.yaml (the `data` map key: its comment), the
+    shapes a key takes from infra/schema.py."""
     declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text(encoding="utf-8"))["config"]
     keys = {k.name: k for k in _hook().stack_keys()}
     assert keys["maxRunDuration"].description == " ".join(
         declared["maxRunDuration"]["description"].split()
     )
-    assert keys["data"].type == "map"
+    assert keys["data"].type.startswith("a mapping of NAME")  # types: infra/schema.py
+    assert keys["nodes"].type == "a whole number (ASCII digits)"
     assert keys["data"].description.startswith("the datasets every job reads")
     assert "`backend: gce` only" in keys["stallTimeout"].notes
     assert "never by the Pulumi program" in keys["setup"].notes

@@ -1,5 +1,5 @@
-"""MkDocs hook: the stack config reference's key table, rendered at build time from the keys the
-code declares (infra/stackfile.py) and the descriptions Pulumi.yaml gives them (one source each;
+"""MkDocs hook: the stack config reference's key table, rendered at build time from the keys and
+types the code declares (infra/schema.py) and the descriptions Pulumi.yaml gives them (one source each;
 nothing generated is committed). tests/test_docs.py renders it too.
 """
 
@@ -34,7 +34,7 @@ def stack_keys(root: Path = ROOT) -> list[StackKey]:
         sys.path.insert(0, str(root))
     import yaml
 
-    from infra import stackfile
+    from infra import schema, stackfile
 
     text = (root / "Pulumi.yaml").read_text(encoding="utf-8")
     declared: dict[str, Any] = yaml.safe_load(text).get("config", {})
@@ -44,12 +44,10 @@ def stack_keys(root: Path = ROOT) -> list[StackKey]:
     for name in order:
         found = declared.get(name)
         decl: dict[str, Any] = found if isinstance(found, dict) else {}
+        kind = schema.allowed(name)  # the YAML shapes the key takes, from the one schema
         if name in stackfile.MAP_KEYS:
-            kind, description = "map", _comment_description(text, name)
+            description = _comment_description(text, name)
         else:
-            kind = str(decl.get("type", "string"))
-            if kind == "array":
-                kind = f"array of {decl.get('items', {}).get('type', 'string')}"
             description = " ".join(str(decl.get("description", "")).split())
         keys.append(
             StackKey(name, kind, stackfile.DEFAULTS[name], description, _notes(stackfile, name))

@@ -1,0 +1,170 @@
+"""The stack file's `gputrain:` settings declared once, as a typed model (pydantic v2): the YAML
+shapes each key takes and its default. stackfile.DEFAULTS, the load-time type check and the
+reference page's types come from here; Pulumi.yaml declares the same keys for the Pulumi CLI (a
+test holds the two together) and infra/spec.py keeps the rules between keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+
+DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
+FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"
+DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
+#: Prebuilt PyTorch GPU training container for Vertex AI (pythonPackageSpec.executorImageUri).
+#: The tag is the newest one the facts sheet and public 2025 job configs show (PyTorch 2.4,
+#: Python 3.10, CUDA 12); newer tags and this one's end of availability are unverified, hence
+#: the `executorImage` setting.
+DEFAULT_EXECUTOR_IMAGE = "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest"
+
+
+def _whole(value: Any) -> Any:
+    """A YAML integer, or the ASCII digits `pulumi config set` writes as a string."""
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        return int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("not a whole number")
+    return value
+
+
+def _flag(value: Any) -> Any:
+    """A YAML boolean, or true/false as `pulumi config set` writes it."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError("not true or false")
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Texts = list[StrictStr]
+
+#: What each kind of value allows, as `plan`'s one-line errors and the reference page say it.
+ALLOWED: dict[str, str] = {
+    "text": "a string",
+    "whole": "a whole number (ASCII digits)",
+    "flag": "true or false",
+    "texts": "a list of strings",
+    "text-or-texts": "a string or a list of strings",
+    "labels": "a list of key=value strings or a mapping",
+    "datasets": "a mapping of NAME: gs://BUCKET/PATH (or NAME: {uri: ..., mode: ...})",
+}
+
+
+def _kind(name: str) -> Any:
+    """A field's kind, read back by allowed() and the reference page."""
+    return {"kind": name}
+
+
+class StackSettings(BaseModel):
+    """Every `gputrain:` key of a stack file, its YAML shape and its default (None: unset)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: StrictStr | Texts = Field("L4:1", json_schema_extra=_kind("text-or-texts"))
+    zones: Texts = Field([], json_schema_extra=_kind("texts"))
+    regions: Texts = Field([], json_schema_extra=_kind("texts"))
+    zone: StrictStr = Field("", json_schema_extra=_kind("text"))
+    candidate: StrictStr = Field("", json_schema_extra=_kind("text"))
+    machineType: StrictStr = Field("", json_schema_extra=_kind("text"))
+    gpuType: StrictStr = Field("", json_schema_extra=_kind("text"))
+    gpuCount: Whole = Field(0, json_schema_extra=_kind("whole"))
+    nodes: Whole = Field(0, json_schema_extra=_kind("whole"))
+    spot: Flag | None = Field(None, json_schema_extra=_kind("flag"))
+    capacity: StrictStr | Texts = Field("", json_schema_extra=_kind("text-or-texts"))
+    reservation: StrictStr = Field("", json_schema_extra=_kind("text"))
+    reservationBound: StrictStr = Field("", json_schema_extra=_kind("text"))
+    capacityInUse: StrictStr = Field("", json_schema_extra=_kind("text"))
+    waitForCapacity: StrictStr = Field("", json_schema_extra=_kind("text"))
+    maxRunDuration: StrictStr = Field("6h", json_schema_extra=_kind("text"))
+    imageFamily: StrictStr = Field(DEFAULT_IMAGE_FAMILY, json_schema_extra=_kind("text"))
+    imageProject: StrictStr = Field(DEFAULT_IMAGE_PROJECT, json_schema_extra=_kind("text"))
+    bootDiskGb: Whole = Field(200, json_schema_extra=_kind("whole"))
+    bootDiskType: StrictStr = Field("", json_schema_extra=_kind("text"))
+    sshUser: StrictStr = Field("gputrain", json_schema_extra=_kind("text"))
+    sshPublicKey: StrictStr = Field("", json_schema_extra=_kind("text"))
+    sshPrivateKey: StrictStr = Field("", json_schema_extra=_kind("text"))
+    sshSourceRanges: Texts = Field([], json_schema_extra=_kind("texts"))
+    allowSshFromAnywhere: Flag = Field(False, json_schema_extra=_kind("flag"))
+    publicIp: StrictStr = Field("head", json_schema_extra=_kind("text"))
+    placement: StrictStr = Field("auto", json_schema_extra=_kind("text"))
+    network: StrictStr = Field("", json_schema_extra=_kind("text"))
+    labels: Texts | dict[StrictStr, StrictStr | int | None] = Field(
+        [], json_schema_extra=_kind("labels")
+    )
+    bucket: StrictStr = Field("", json_schema_extra=_kind("text"))
+    bucketRetentionDays: Whole = Field(30, json_schema_extra=_kind("whole"))
+    backend: StrictStr = Field("gce", json_schema_extra=_kind("text"))
+    executorImage: StrictStr = Field(DEFAULT_EXECUTOR_IMAGE, json_schema_extra=_kind("text"))
+    gpuDirect: StrictStr = Field("auto", json_schema_extra=_kind("text"))
+    subnetRange: StrictStr = Field("10.42.0.0/16", json_schema_extra=_kind("text"))
+    localSsdCount: Whole = Field(0, json_schema_extra=_kind("whole"))
+    data: dict[StrictStr, StrictStr | dict[StrictStr, Any]] | None = Field(
+        None, json_schema_extra=_kind("datasets")
+    )
+    setup: StrictStr = Field("", json_schema_extra=_kind("text"))
+    secrets: Texts = Field([], json_schema_extra=_kind("texts"))
+    image: StrictStr = Field("", json_schema_extra=_kind("text"))
+    build: StrictStr = Field("", json_schema_extra=_kind("text"))
+    stallTimeout: StrictStr = Field("", json_schema_extra=_kind("text"))
+    autodown: StrictStr = Field("10m", json_schema_extra=_kind("text"))
+    notify: Texts = Field([], json_schema_extra=_kind("texts"))
+
+
+def kind(key: str) -> str:
+    """The kind of value a key takes (a key of ALLOWED)."""
+    extra = StackSettings.model_fields[key].json_schema_extra
+    assert isinstance(extra, dict)
+    return str(extra["kind"])
+
+
+def allowed(key: str) -> str:
+    """What a key allows, in words (the reference page and the one-line errors)."""
+    return ALLOWED[kind(key)]
+
+
+def config_string(value: Any) -> str:
+    """A YAML value the way the Pulumi CLI hands it to the program (strings all the way)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return "" if value is None else str(value)
+
+
+#: Every key with its default as the CLI would pass it (a string).
+DEFAULTS: dict[str, str] = {
+    name: config_string(field.default) for name, field in StackSettings.model_fields.items()
+}
+
+
+class SettingTypeError(ValueError):
+    """A value whose YAML shape the key does not take: (key, value, what is allowed)."""
+
+    def __init__(self, key: str, value: Any, allowed_text: str) -> None:
+        super().__init__(key, value, allowed_text)
+        self.key, self.value, self.allowed = key, value, allowed_text
+
+
+def check_types(settings: dict[str, Any]) -> None:
+    """Refuse the first setting whose YAML shape its key does not take (`setup: 5`, `secrets:
+    NAME`, `nodes: ٣`). Keys it does not know are left to parse_spec's "did you mean" line;
+    `secure:` values are skipped (only the CLI decrypts them)."""
+    known = {
+        k: v
+        for k, v in settings.items()
+        if k in StackSettings.model_fields
+        and v is not None
+        and not (isinstance(v, dict) and "secure" in v and k == "sshPrivateKey")
+    }
+    try:
+        StackSettings.model_validate(known)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = str(first["loc"][0])
+        raise SettingTypeError(key, known[key], allowed(key)) from None

@@ -1,0 +1,132 @@
+"""The stack file's one schema (infra/schema.py): wrong YAML shapes are one line at load, before
+anything; the declared defaults are the ones every reader uses; Pulumi.yaml agrees with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import schema, stackfile
+from infra.fields import parse_duration
+from infra.spec import parse_spec
+from infra.stackfile import SpecError, load_stack_config
+from tests.support.pulumi_mocks import ROOT, deployable_config
+
+#: Pulumi's project config type for each kind of value the schema declares.
+PULUMI_TYPE = {
+    "text": "string",
+    "text-or-texts": "string",  # gpus and capacity: Pulumi has no union type
+    "whole": "integer",
+    "flag": "boolean",
+    "texts": "array",
+    "labels": "array",
+}
+
+
+def _load(tmp_path: Path, body: str) -> dict[str, str]:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.s.yaml").write_text(body)
+    return load_stack_config(tmp_path, "s")
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "allowed"),
+    [
+        ("gputrain:setup: 5", "gputrain:setup = 5", "a string"),
+        ("gputrain:secrets: HF_TOKEN", "gputrain:secrets = 'HF_TOKEN'", "a list of strings"),
+        ("gputrain:image: [a, b]", 'gputrain:image = ["a", "b"]', "a string"),
+        ("gputrain:capacityInUse: 3", "gputrain:capacityInUse = 3", "a string"),
+        ("gputrain:nodes: '٣'", "gputrain:nodes = '٣'", "a whole number"),
+        ("gputrain:nodes: two", "gputrain:nodes = 'two'", "a whole number"),
+        ("gputrain:nodes: true", "gputrain:nodes = True", "a whole number"),
+        ("gputrain:allowSshFromAnywhere: yes", "allowSshFromAnywhere = 'yes'", "true or false"),
+        ("gputrain:zones: us-central1-a", "gputrain:zones = 'us-central1-a'", "a list"),
+        ("gputrain:notify: {a: b}", 'gputrain:notify = {"a": "b"}', "a list of strings"),
+        ("gputrain:data: [gs://b/x]", 'gputrain:data = ["gs://b/x"]', "a mapping of NAME"),
+        ("gputrain:maxRunDuration: 6", "gputrain:maxRunDuration = 6", "a string"),
+    ],
+)
+def test_a_value_of_the_wrong_shape_is_one_line_naming_key_value_and_allowed(
+    tmp_path: Path, line: str, key: str, allowed: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        _load(tmp_path, f"config:\n  {line}\n")
+    text = str(err.value)
+    assert "\n" not in text and err.value.exit_code == 2
+    assert "Pulumi.s.yaml" in text and key in text and f"allowed: {allowed}" in text
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "value"),
+    [
+        ("gputrain:nodes: '2'", "gputrain:nodes", "2"),  # as `pulumi config set` writes it
+        ("gputrain:nodes: 2", "gputrain:nodes", "2"),
+        ("gputrain:spot: 'true'", "gputrain:spot", "true"),
+        ("gputrain:capacity: [spot, on-demand]", "gputrain:capacity", '["spot", "on-demand"]'),
+        ("gputrain:labels: {team: ml}", "gputrain:labels", '{"team": "ml"}'),
+        ("gputrain:data: {d: gs://b/x}", "gputrain:data", '{"d": "gs://b/x"}'),
+        (
+            "gputrain:setup: |\n    pip install x\n    echo y",
+            "gputrain:setup",
+            "pip install x\necho y\n",
+        ),
+        ("gputrain:zone:", "gputrain:zone", ""),
+    ],
+)
+def test_the_shapes_a_key_takes_load_as_the_cli_hands_them_on(
+    tmp_path: Path, line: str, key: str, value: str
+) -> None:
+    assert _load(tmp_path, f"config:\n  {line}\n")[key] == value
+
+
+def test_an_unknown_key_is_left_to_the_did_you_mean_line(tmp_path: Path) -> None:
+    config = deployable_config("dev") | _load(tmp_path, "config:\n  gputrain:node: 5\n")
+    with pytest.raises(SpecError, match=r"gputrain:node: not a gputrain setting.*did you mean"):
+        parse_spec(config, "s")
+
+
+@pytest.mark.parametrize("text", ["٣h", "1h٣٠m", "١d", "6h\u0663"])
+def test_durations_take_ascii_digits_only(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(("key", "value"), [("bootDiskGb", "٣٠٠"), ("nodes", "1_0")])
+def test_whole_numbers_take_ascii_digits_only_at_parse_time(key: str, value: str) -> None:
+    """Values that reach parse_spec without the file (the Pulumi engine hands strings)."""
+    config = deployable_config("dev") | {f"gputrain:{key}": value}
+    if key == "nodes":
+        config |= {"gputrain:gpus": "", "gputrain:machineType": "g2-standard-4"}
+    with pytest.raises(SpecError, match=rf"gputrain:{key} = '{value}': allowed: a whole number"):
+        parse_spec(config, "s")
+
+
+def test_a_stall_timeout_in_other_digits_is_refused() -> None:
+    from infra.stall import parse_stall_timeout
+
+    with pytest.raises(ValueError):
+        parse_stall_timeout("٦٠")
+    assert parse_stall_timeout("60") == 60
+
+
+def test_pulumi_yaml_declares_each_key_with_the_schemas_type_and_default() -> None:
+    declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]
+    for key in schema.StackSettings.model_fields:
+        if key in stackfile.MAP_KEYS:
+            assert key not in declared  # Pulumi has no map type: a comment declares it
+            continue
+        assert declared[key]["type"] == PULUMI_TYPE[schema.kind(key)], key
+        if "default" in declared[key]:
+            assert schema.config_string(declared[key]["default"]) == stackfile.DEFAULTS[key], key
+
+
+def test_every_default_passes_the_schema() -> None:
+    schema.check_types(
+        {
+            k: f.default
+            for k, f in schema.StackSettings.model_fields.items()
+            if f.default is not None
+        }
+    )
