@@ -83,9 +83,8 @@ class DuplicateKeyError(yaml.YAMLError):
     """A mapping names one key twice."""
 
 
-class StackYamlLoader(yaml.SafeLoader):
-    """YAML as the Pulumi CLI reads it (YAML 1.2 core: `off`, `yes`, `1:30` stay strings, only
-    true/false are booleans) and refusing a key given twice in one mapping, as the CLI does."""
+class UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -98,6 +97,11 @@ class StackYamlLoader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+class StackYamlLoader(UniqueKeyLoader):
+    """YAML as the Pulumi CLI reads it (YAML 1.2 core: `off`, `yes`, `1:30` stay strings, only
+    true/false are booleans) and refusing a key given twice in one mapping, as the CLI does."""
 
 
 StackYamlLoader.yaml_implicit_resolvers = {

@@ -117,8 +117,12 @@ def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsFile:
         raise UserError(f"{path}: hosts file not found") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read the hosts file ({type(e).__name__})") from None
+    from infra.stackfile import DuplicateKeyError, UniqueKeyLoader
+
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # a key given twice: which one holds?
+    except DuplicateKeyError as e:
+        raise UserError(f"{path}: {e}; allowed: each key once") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

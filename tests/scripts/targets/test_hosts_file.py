@@ -126,6 +126,16 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
     ("missing file", None, "hosts file not found"),
     ("not yaml", "user: [ubuntu\nhosts: x\n", "not valid YAML at line"),
     ("empty", "", "top level: None is not allowed; expected a mapping"),
+    (
+        "duplicate key",
+        _variant("user: ubuntu", "user: ubuntu\nuser: root"),
+        "duplicate key 'user' on line 2 (first on line 1)|allowed: each key once",
+    ),
+    (
+        "duplicate key deeper down",
+        _variant("    port: 2222\n", "    port: 2222\n    port: 22\n"),
+        "duplicate key 'port'|allowed: each key once",
+    ),
     ("not a mapping", "- 203.0.113.5\n", "top level: ['203.0.113.5'] is not allowed"),
     (
         "unknown key",
