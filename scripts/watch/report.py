@@ -10,6 +10,7 @@ import base64
 import html
 import io
 import json
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,12 +59,42 @@ def _json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _number(value: Any) -> float | None:
+    """A finite number, else None: a foreign trainer's files may hold strings, lists, NaN."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _numbers(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's finite numbers alone (what the plots and the table read)."""
+    return {k: v for k, v in row.items() if _number(v) is not None}
+
+
+def _metric_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metric rows with a step: the plots' x axis; the rest are some other trainer's lines."""
+    return [r for r in map(_numbers, rows) if "step" in r]
+
+
+def _recoveries(job: dict[str, Any]) -> list[dict[str, Any]]:
+    found = job.get("recoveries")
+    return [
+        r
+        for r in (found if isinstance(found, list) else [])
+        if isinstance(r, dict)
+        and _number(r.get("preempted_at")) is not None
+        and isinstance(r.get("nodes"), list)
+    ]
+
+
 def load_run(results_dir: Path) -> RunData:
+    """What the report shows; anything in a results dir that is not the shape our own writers
+    give (a third-party trainer's metrics.jsonl or summary.json) is left out, never a crash."""
     data = RunData(results_dir.name)
     nodes = sorted(p for p in results_dir.iterdir() if p.is_dir())
-    logs = [_json_lines(n / "metrics.jsonl") for n in nodes]
+    logs = [_metric_rows(_json_lines(n / "metrics.jsonl")) for n in nodes]
     data.metrics = max(logs, key=len, default=[])
-    summaries = [_json(n / "summary.json") for n in nodes]
+    summaries = [_numbers(_json(n / "summary.json")) for n in nodes]
     data.summary = next((s for s in summaries if s.get("final_loss") is not None), {})
     for n in nodes:
         seen: dict[tuple[float, int], Sample] = {}
@@ -75,7 +106,7 @@ def load_run(results_dir: Path) -> RunData:
     data.job = _json(results_dir / "job.json")
     data.cost = _json(results_dir / COST)
     for e in _json_lines(results_dir / "watch-events.jsonl"):
-        if e.get("kind") in ("stall", "restart", "gpu_fault"):
+        if e.get("kind") in ("stall", "restart", "gpu_fault") and _number(e.get("time")):
             where = " ".join(
                 f"{k} {e[k.lower()]}".removeprefix("node ")
                 for k in ("node", "rank", "GPU")
@@ -84,12 +115,12 @@ def load_run(results_dir: Path) -> RunData:
             data.events.append(
                 {"time": e["time"], "kind": e["kind"], "label": f"{e['kind']} {where}"}
             )
-    for r in data.job.get("recoveries", []):
+    for r in _recoveries(data.job):
         data.events.append(
             {
                 "time": r["preempted_at"],
                 "kind": "recovery",
-                "label": f"recovery: {', '.join(r['nodes'])} {r.get('cause', 'preempted')}",
+                "label": f"recovery: {', '.join(map(str, r['nodes']))} {r.get('cause', 'preempted')}",
             }
         )
     data.events.sort(key=lambda e: e["time"])
@@ -233,8 +264,8 @@ def summary_rows(data: RunData) -> list[tuple[str, str]]:
         util = [x.util_pct for x in samples if x.util_pct is not None]
         if util:
             rows.append((f"{node} mean GPU utilization", f"{sum(util) / len(util):.0f} %"))
-    hourly, elapsed = data.cost.get("hourly_usd"), data.cost.get("elapsed_s")
-    if isinstance(hourly, int | float) and isinstance(elapsed, int | float):
+    hourly, elapsed = _number(data.cost.get("hourly_usd")), _number(data.cost.get("elapsed_s"))
+    if hourly is not None and elapsed is not None:
         rows.append(("cost so far", f"${hourly * elapsed / 3600:.2f} at ${hourly:.2f}/h"))
     elif data.cost:
         rows.append(("cost so far", "nothing billed by gputrain (machines you own)"))

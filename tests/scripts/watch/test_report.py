@@ -119,3 +119,55 @@ def test_gputrain_report_by_path_or_id_and_a_missing_run_is_one_line(
         capsys.readouterr().err
         == f"gputrain: error: report: no run nope under {results.parents[1]}\n"
     )
+
+
+FOREIGN_METRICS = [
+    {"loss": 2.5},  # no step: a Hugging Face-style line
+    {"step": "10", "loss": "2.1"},  # strings
+    {"step": [1], "loss": 2.0},  # a list
+    {"step": 3, "loss": float("nan"), "tokens_per_s": "fast"},  # NaN and a string
+    {"step": 4, "loss": 1.9, "mfu": True},  # a bool is not a number
+    {"step": 5, "loss": 1.8, "tokens_per_s": 1000.0},
+]
+
+
+def test_a_third_party_trainers_files_make_a_report_not_a_traceback(tmp_path: Path) -> None:
+    """`report` on a results dir some other trainer wrote: only the rows with the shapes our
+    writers give reach the plots and the table; none of the rest is a crash (issue 39, 5)."""
+    run = tmp_path / "r-7"
+    node = run / "h0"
+    node.mkdir(parents=True)
+    (node / "metrics.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in FOREIGN_METRICS) + "\nnot json\n[1, 2]\n"
+    )
+    (node / "summary.json").write_text(
+        json.dumps(
+            {
+                "final_loss": 1.8,
+                "tokens_per_step": "many",
+                "mfu": float("nan"),
+                "steps": [5],
+                "eval_loss": None,
+                "world_size": True,
+            }
+        )
+    )
+    (run / "watch-events.jsonl").write_text(
+        json.dumps({"kind": "stall", "node": "h0"})
+        + "\n"  # no time
+        + json.dumps({"kind": "restart", "time": "noon"})
+        + "\n"
+    )
+    (run / "job.json").write_text(
+        json.dumps({"ok": True, "recoveries": [{"nodes": "h0"}, 5, {"preempted_at": 1.0}]})
+    )
+    (run / "cost.json").write_text(json.dumps({"hourly_usd": float("nan"), "elapsed_s": "1h"}))
+    page = write_report(run).read_text()
+    assert "<h1>gputrain run r-7</h1>" in page
+    table = dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", page))
+    assert table["final loss"] == "1.8000"
+    assert "tokens per step" not in table and "MFU (steady)" not in table and "steps" not in table
+    assert table["recoveries"] == "0" and table["stalls"] == "0"
+    assert table["cost so far"] == "nothing billed by gputrain (machines you own)"  # not $nan
+    # the two rows with a numeric step and loss make the loss plot
+    assert page.count("data:image/png;base64,") >= 1
