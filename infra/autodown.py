@@ -17,8 +17,12 @@ ALLOWED = "allowed: off or a duration of at least 1m, like 10m, 30m, 1h (units d
 ROLE = "compute.instanceAdmin.v1"
 
 
-def parse_autodown(text: str, setting: str = "gputrain:autodown") -> int | None:
-    """Seconds of silence after the job's end before the VMs are deleted; None for `off`."""
+def parse_autodown(
+    text: str, setting: str = "gputrain:autodown", ttl_s: int | None = None
+) -> int | None:
+    """Seconds of silence after the job's end before the VMs are deleted; None for `off`. With
+    the VMs' TTL (maxRunDuration): an autodown the TTL always comes first is refused, not
+    promised."""
     value = text.strip()
     if value.lower() in ("off", "false", "none"):
         return None
@@ -28,7 +32,19 @@ def parse_autodown(text: str, setting: str = "gputrain:autodown") -> int | None:
         raise SpecError(f"{setting} {text!r}: {ALLOWED}") from None
     if seconds < MIN_S:
         raise SpecError(f"{setting} {text!r}: below 1m; {ALLOWED}")
+    if ttl_s is not None and seconds >= ttl_s:
+        ttl = format_duration(ttl_s)
+        raise SpecError(
+            f"{setting} {text!r}: not below gputrain:maxRunDuration ({ttl}), which deletes the "
+            f"VMs first; allowed: off or a duration from 1m to below {ttl}"
+        )
     return seconds
+
+
+def read_autodown(text: str, ttl_s: int) -> int | None:
+    """The stack's `autodown`: one the user set must come before the TTL (the default may not,
+    on a stack whose TTL is at most 10m: the TTL then deletes the VMs sooner still)."""
+    return parse_autodown(text, ttl_s=None if text.strip() == DEFAULT else ttl_s)
 
 
 def describe(seconds: int | None) -> str:

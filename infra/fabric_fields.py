@@ -34,7 +34,15 @@ MAX_WAIT_FOR_CAPACITY_S = capacity.FLEX_START_MAX_RUN_S
 def capacity_ladder(cfg: ConfigReader) -> list[str]:
     """`capacity` as written: one mode, or a list ([spot, on-demand]) tried in order."""
     raw = cfg.text("capacity")
-    return cfg.strings("capacity") if raw.startswith("[") or "," in raw else [raw]
+    if not (raw.startswith("[") or "," in raw):
+        return [raw]
+    ladder = cfg.strings("capacity")
+    if not ladder:  # else the first rung's absence is blamed on capacityInUse or spot
+        raise SpecError(
+            f"gputrain:capacity = {raw!r}: an empty list; allowed: a capacity mode or a list of "
+            "them tried in order (on-demand, spot, flex-start, reservation), or leave it unset"
+        )
+    return ladder
 
 
 def capacity_in_use(cfg: ConfigReader) -> str:

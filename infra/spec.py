@@ -15,7 +15,7 @@ from typing import Literal, cast
 
 from infra import capacity as modes
 from infra import catalog, fields, offers, vertex
-from infra.autodown import parse_autodown
+from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
 from infra.datasets import Dataset, datasets_from_config
@@ -371,7 +371,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         bucket_prefix=bucket_prefix,
         bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
         stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
-        autodown_s=None if backend == "vertex" else parse_autodown(cfg.text("autodown")),
+        autodown_s=None if backend == "vertex" else read_autodown(cfg.text("autodown"), ttl),
         notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
         build=build_setting(cfg.text("build"), cfg.text("image")),
         secret_access=_secret_access(cfg, project) if backend == "vertex" else (),

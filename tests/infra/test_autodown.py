@@ -157,3 +157,21 @@ def test_detach_on_a_vertex_stack_is_one_line_before_anything_is_created(
     assert err == [
         "gputrain: error: --detach: a Vertex AI stack's jobs are followed, not detached (yet)"
     ]
+
+
+@pytest.mark.parametrize(("autodown", "ttl"), [("7h", "3h"), ("3h", "3h"), ("1d", "6h")])
+def test_an_autodown_the_ttl_always_beats_is_refused_not_promised(autodown: str, ttl: str) -> None:
+    config = deployable_config("dev") | {
+        "gputrain:autodown": autodown,
+        "gputrain:maxRunDuration": ttl,
+    }
+    with pytest.raises(SpecError) as e:
+        parse_spec(config, "dev")
+    message = str(e.value)
+    assert message.startswith(f"gputrain:autodown {autodown!r}: not below gputrain:maxRunDuration")
+    assert f"below {ttl}" in message and "\n" not in message
+
+
+def test_an_autodown_below_the_ttl_is_kept() -> None:
+    config = deployable_config("dev") | {"gputrain:autodown": "2h", "gputrain:maxRunDuration": "3h"}
+    assert parse_spec(config, "dev").autodown_s == 7200

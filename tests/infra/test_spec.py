@@ -465,3 +465,11 @@ def test_a_capacity_list_uses_its_first_mode_until_up_writes_another() -> None:
     stepped = parse_spec(_cfg(**listed, capacityInUse="on-demand"), "dev")
     assert stepped.capacity == "on-demand" and not stepped.spot
     assert not stepped.gpu_quota_metric.startswith("PREEMPTIBLE_")
+
+
+@pytest.mark.parametrize("written", ["[]", "[ ]", ","])
+def test_an_empty_capacity_list_names_capacity_not_another_key(written: str) -> None:
+    config = deployable_config("dev") | {"gputrain:capacity": written}
+    with pytest.raises(SpecError) as e:
+        parse_spec(config, "dev")
+    assert str(e.value).startswith(f"gputrain:capacity = {written!r}: an empty list; allowed:")
