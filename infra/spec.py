@@ -36,6 +36,7 @@ from infra.stackfile import (
     GCP_PROJECT_KEY,
     NS,
     SpecError,
+    check_stack_name,
 )
 from infra.stall import read_stall_timeout
 
@@ -55,7 +56,6 @@ MAX_RUN_S = 120 * 24 * 3600
 MIN_BOOT_DISK_GB = 50
 MAX_BOOT_DISK_GB = 65536
 
-_STACK_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,19}[a-z0-9])?$")
 _PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _IMAGE_FAMILY_RE = re.compile(r"^[a-z][-a-z0-9]{0,62}$")
 _IMAGE_PROJECT_RE = re.compile(r"^[a-z][-a-z0-9.:]{4,62}$")
@@ -199,11 +199,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     Missing gcp:project, sshPublicKey and sshSourceRanges are accepted here so that `plan`
     works on the shipped stack files; `require_deployable` refuses them before `pulumi up`.
     """
-    if not _STACK_RE.match(stack):
-        raise SpecError(
-            f"stack = {stack!r}: allowed: 1-21 of a-z 0-9 -, starting with a letter "
-            "(it names the VMs and the service account)"
-        )
+    check_stack_name(stack)
     unknown = sorted(k for k in config if k.startswith(NS) and k[len(NS) :] not in DEFAULTS)
     if unknown:
         nearest = [

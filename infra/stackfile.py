@@ -162,12 +162,26 @@ class StackFile:
     secrets: StackSecrets
 
 
+STACK_NAME = re.compile(r"^[a-z](?:[a-z0-9-]{0,19}[a-z0-9])?$")
+
+
+def check_stack_name(stack: str) -> None:
+    """A stack name names the VMs, the service account and its file: `../../x` or `A B` is one
+    line here, before it is made into a path or a resource name."""
+    if not STACK_NAME.match(stack):
+        raise SpecError(
+            f"stack = {stack!r}: allowed: 1-21 of a-z 0-9 -, starting with a letter "
+            "(it names the VMs and the service account)"
+        )
+
+
 def read_stack_file(root: Path, stack: str) -> StackFile:
     """Pulumi.yaml defaults merged with Pulumi.<stack>.yaml: fully qualified keys, string values.
 
     Secure (encrypted) values are skipped: only the CLI can decrypt them, and the program never
     needs the one we store (sshPrivateKey); `secrets` says which keys hold them.
     """
+    check_stack_name(stack)
     project_file = root / "Pulumi.yaml"
     stack_file = root / f"Pulumi.{stack}.yaml"
     if not stack_file.is_file():

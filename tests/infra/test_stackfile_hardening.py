@@ -104,3 +104,16 @@ def test_sexagesimal_duration_is_refused_naming_the_value(tmp_path: Path) -> Non
     )
     with pytest.raises(SpecError, match=r"maxRunDuration.*1:30"):
         parse_spec(config, "s")
+
+
+@pytest.mark.parametrize("stack", ["../../x", "a/b", ".hidden", "Dev", "x" * 22, "dev "])
+def test_a_stack_name_that_is_not_one_is_refused_before_it_becomes_a_path(
+    tmp_path: Path, stack: str
+) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    with pytest.raises(SpecError) as err:
+        read_stack_file(tmp_path, stack)
+    assert str(err.value) == (
+        f"stack = {stack!r}: allowed: 1-21 of a-z 0-9 -, starting with a letter "
+        "(it names the VMs and the service account)"
+    )
