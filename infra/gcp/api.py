@@ -77,6 +77,15 @@ def call(label: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
         ) from e
     except (auth_exc.GoogleAuthError, OSError) as e:  # the network (requests' errors too)
         raise GoogleApiError(f"{label}: cannot reach it ({e})") from e
+    except gexc.RetryError as e:  # retried until the client's deadline: never an answer
+        raise GoogleApiError(f"{label}: cannot reach it ({unreachable(e)})") from e
+
+
+def unreachable(e: BaseException) -> str:
+    """Why a Google API could not be reached, in one short line (a RetryError's last cause)."""
+    cause = getattr(e, "cause", None) or e
+    first = (str(cause).strip().splitlines() or [""])[0]
+    return f"{type(cause).__name__}: {first[:200]}".rstrip(": ")
 
 
 def message(e: Any) -> str:

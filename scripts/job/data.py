@@ -67,14 +67,26 @@ def storage_client() -> Any:
         ) from None
 
 
-def list_prefix(d: Dataset, client: Any) -> PrefixInfo:
+#: How long listing a dataset may retry an unreachable Cloud Storage.
+LIST_DEADLINE_S = 30.0
+
+
+def list_prefix(d: Dataset, client: Any, *, deadline_s: float = LIST_DEADLINE_S) -> PrefixInfo:
     """The prefix's objects and bytes; one line (UserError) when it does not exist, is empty or
     cannot be listed with these credentials."""
     from google.api_core import exceptions as gexc
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    from infra.gcp.api import unreachable
 
     where = f"data {d.name} ({d.uri})"
+    retry = DEFAULT_RETRY.with_deadline(deadline_s)  # the client's own: 120 s, then a traceback
     try:
-        blobs = [b for b in client.list_blobs(d.bucket, prefix=d.prefix) if b.name[-1] != "/"]
+        blobs = [
+            b
+            for b in client.list_blobs(d.bucket, prefix=d.prefix, retry=retry, timeout=deadline_s)
+            if b.name[-1] != "/"
+        ]
     except gexc.NotFound:
         raise UserError(f"{where}: bucket gs://{d.bucket} does not exist") from None
     except gexc.Forbidden as e:
@@ -84,6 +96,11 @@ def list_prefix(d: Dataset, client: Any) -> PrefixInfo:
         ) from None
     except gexc.GoogleAPICallError as e:
         raise UserError(f"{where}: cannot be listed: {e.code} {e.message}") from None
+    except (gexc.GoogleAPIError, OSError) as e:  # RetryError, a refused connection
+        raise UserError(
+            f"{where}: Cloud Storage did not answer ({unreachable(e)}); check this machine's "
+            "network or proxy and run again"
+        ) from None
     if not blobs:
         raise UserError(f"{where}: no objects under this prefix (a typo in the path?)")
     return PrefixInfo(d, len(blobs), sum(int(b.size or 0) for b in blobs))

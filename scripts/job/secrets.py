@@ -59,11 +59,21 @@ def resolve_secrets(
     return values
 
 
-def fetch_secret_manager(project: str, secret: str, version: str) -> str:
-    """One secret version's payload from Secret Manager; UserError for a missing secret or a
-    refused access (the one line names the resource and the fix)."""
+#: How long a secret's read may retry an unreachable or unavailable Secret Manager (the
+#: client's own default is 60 s of retries, then a traceback).
+SECRET_DEADLINE_S = 30.0
+
+
+def fetch_secret_manager(
+    project: str, secret: str, version: str, *, deadline_s: float = SECRET_DEADLINE_S
+) -> str:
+    """One secret version's payload from Secret Manager; UserError for a missing secret, a
+    refused access or a Secret Manager that does not answer (one line: the resource, the fix)."""
     from google.api_core import exceptions as gexc
+    from google.api_core.retry import Retry, if_transient_error
     from google.cloud import secretmanager
+
+    from infra.gcp.api import unreachable
 
     endpoint = os.environ.get(ENDPOINT_ENV)
     if endpoint:
@@ -78,8 +88,9 @@ def fetch_secret_manager(project: str, secret: str, version: str) -> str:
     else:
         client = secretmanager.SecretManagerServiceClient()
     resource = f"projects/{project}/secrets/{secret}/versions/{version}"
+    retry = Retry(predicate=if_transient_error).with_deadline(deadline_s)
     try:
-        answer = client.access_secret_version(name=resource, timeout=60)
+        answer = client.access_secret_version(name=resource, timeout=deadline_s, retry=retry)
     except gexc.NotFound:
         raise UserError(
             f"secret {resource}: not found in Secret Manager; create it with `gcloud secrets "
@@ -89,6 +100,11 @@ def fetch_secret_manager(project: str, secret: str, version: str) -> str:
         raise UserError(
             f"secret {resource}: access refused ({e.message}); grant roles/secretmanager."
             "secretAccessor on it to your account"
+        ) from None
+    except (gexc.GoogleAPIError, OSError) as e:  # RetryError, 5xx, a refused connection
+        raise UserError(
+            f"secret {resource}: Secret Manager did not answer ({unreachable(e)}); check this "
+            "machine's network or proxy and run again"
         ) from None
     return bytes(answer.payload.data).decode("utf-8")
 

@@ -17,6 +17,7 @@ class FakeSecretManager(FakeHttpServer):
     def __init__(self) -> None:
         self.versions: dict[tuple[str, str], list[bytes]] = {}  # (project, secret) -> versions
         self.denied: set[str] = set()
+        self.unavailable: set[str] = set()  # answered 503 UNAVAILABLE, as an outage would be
         self.requests: list[str] = []
         self._serve()
 
@@ -37,6 +38,8 @@ class FakeSecretManager(FakeHttpServer):
                 if not m:
                     return _error(self, 404, "NOT_FOUND", f"no route {path}")
                 project, secret, version = m.groups()
+                if secret in fake.unavailable:
+                    return _error(self, 503, "UNAVAILABLE", "The service is currently unavailable.")
                 if secret in fake.denied:
                     return _error(
                         self,

@@ -18,6 +18,7 @@ from scripts.job.data import (
     build_fetch_command,
     check_prefixes,
     data_env_lines,
+    list_prefix,
     parse_fetch_result,
     stage_data,
 )
@@ -227,3 +228,27 @@ def test_a_node_without_room_is_a_user_error_naming_it() -> None:
     transports["n1"] = NodeSaying("n1", 0, [ok.replace("n0", "n1")])
     done = stage_data(fleet, transports, copy, env={})
     assert done["n1"]["downloaded_bytes"] == 5
+
+
+def test_a_cloud_storage_that_does_not_answer_is_one_line_within_the_deadline() -> None:
+    """Listing a dataset retried an unreachable Cloud Storage for the client's 120 s, then a
+    RetryError traceback; now one line naming the dataset, within the deadline (issue 39, 5)."""
+    import time
+
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": "http://127.0.0.1:9"},  # nothing listens there
+    )
+    (dataset,) = parse_datasets({"d": "gs://bkt/x"}, "data")
+    started = time.monotonic()
+    with pytest.raises(UserError) as e:
+        list_prefix(dataset, client, deadline_s=2)
+    assert time.monotonic() - started < 15
+    text = str(e.value)
+    assert (
+        text.startswith("data d (gs://bkt/x/): Cloud Storage did not answer (") and "\n" not in text
+    )

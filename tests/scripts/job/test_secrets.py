@@ -21,6 +21,7 @@ from scripts.job.records import Job
 from scripts.job.secrets import (
     ENDPOINT_ENV,
     SecretRef,
+    fetch_secret_manager,
     parse_secret,
     parse_secrets,
     redact,
@@ -77,6 +78,27 @@ def test_secret_manager_through_the_real_client(secret_manager: FakeSecretManage
     with pytest.raises(UserError) as e:
         resolve_secrets(parse_secrets(["A=sm://x"], "s"), project=None, environ={})
     assert "needs a project" in str(e.value)
+
+
+def test_a_secret_manager_that_does_not_answer_is_one_line_within_the_deadline(
+    secret_manager: FakeSecretManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outage (503s until the retries' deadline: the client's RetryError) and a refused
+    connection are each one line naming the resource, never a traceback (issue 39, 5)."""
+    secret_manager.add("proj", "hf-token", "x")
+    secret_manager.unavailable.add("hf-token")
+    started = time.monotonic()
+    with pytest.raises(UserError) as e:
+        fetch_secret_manager("proj", "hf-token", "latest", deadline_s=2)
+    assert time.monotonic() - started < 15
+    text = str(e.value)
+    assert text.startswith("secret projects/proj/secrets/hf-token/versions/latest: Secret Manager")
+    assert "did not answer (" in text and "\n" not in text
+    assert len([r for r in secret_manager.requests if "hf-token" in r]) >= 2  # it did retry
+    monkeypatch.setenv(ENDPOINT_ENV, "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(UserError) as e:
+        fetch_secret_manager("proj", "hf-token", "latest", deadline_s=2)
+    assert "did not answer (" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_redact_longest_first() -> None:
