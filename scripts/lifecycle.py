@@ -51,7 +51,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
             session_of = target.provisioned(opts, guard) if create else target.attached(opts)
             with session_of as session:
                 session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network
-                refuse_if_busy(session, opts, target.name)
+                refuse_if_busy(session, opts, opts.selector or target.name)
                 if opts.resume is not None:
                     require_run(session, opts.resume, opts.selector or target.name)
                 built = getattr(target, "built_image", None)
@@ -227,9 +227,10 @@ def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Setting
         session.logs(run_id or settings.last_run(target.name))
 
 
-def refuse_if_busy(session: Session, opts: RunOptions, target: str) -> None:
+def refuse_if_busy(session: Session, opts: RunOptions, selector: str) -> None:
     """Two jobs on the same GPUs slow both and may run either out of memory: a run where another
-    gputrain run is still training is refused (a warning with --force)."""
+    gputrain run is still training is refused (a warning with --force), naming the commands
+    with the target as the user gave it (`--stack dev`), so they can be pasted."""
     busy = session.running()
     if not busy:
         return
@@ -239,9 +240,9 @@ def refuse_if_busy(session: Session, opts: RunOptions, target: str) -> None:
         return
     first = next(iter(busy.values()))[0]
     raise UserError(
-        f"another gputrain run is still training on {target} ({where}); stop it with "
-        f"`gputrain stop {first}`, follow it with `gputrain logs --run {first}`, or pass --force "
-        "to start beside it"
+        f"another gputrain run is still training on {selector} ({where}); stop it with "
+        f"`gputrain stop {selector} {first}`, follow it with `gputrain logs {selector} --run "
+        f"{first}`, or pass --force to start beside it"
     )
 
 

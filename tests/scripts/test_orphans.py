@@ -61,8 +61,9 @@ def test_results_stop_and_busy_after_the_controller_is_killed(tmp_path: Path) ->
         busy = _gputrain(work, "train", "--local", "--", "ddp_sum.py")
         assert busy.returncode == 2, busy.stdout + busy.stderr
         (line,) = busy.stderr.strip().splitlines()
-        assert f"another gputrain run is still training on local (local: run {run_id})" in line
-        assert f"`gputrain stop {run_id}`" in line and "--force" in line
+        assert f"still training on --local (local: run {run_id})" in line
+        assert f"`gputrain stop --local {run_id}`" in line and "--force" in line
+        assert f"`gputrain logs --local --run {run_id}`" in line
 
         stopped = _gputrain(work, "stop", "--local", run_id)
         assert stopped.returncode == 0, stopped.stderr
