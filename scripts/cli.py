@@ -133,7 +133,7 @@ def cmd_plan(ctx: Context) -> int:
         environment, secrets, image = lifecycle.job_environment(ctx.target, ctx.opts)
         job = Job(
             run_id=new_run_id(),
-            entry=DEFAULT_ENTRY,
+            entry=ctx.opts.entry or DEFAULT_ENTRY,
             workdir=Path.cwd(),
             datasets=ctx.target.datasets(),
             environment=environment,
@@ -392,6 +392,12 @@ def _parser() -> argparse.ArgumentParser:
                 "submits, as YAML for `gcloud ai custom-jobs create --config` (and vertexJobSpec)",
             )
             c.add_argument("--force", action="store_true", help="--export: replace FILE")
+            c.add_argument(
+                "entry",
+                nargs=argparse.REMAINDER,
+                help="--export: after `--`, the job's entry, as `run` takes it (default: "
+                f"{' '.join(DEFAULT_ENTRY)})",
+            )
         if name in TAKES_ENTRY | {"verify", "ssh", "logs", "top", "results", "stop"}:
             c.add_argument(
                 "--trust-new-hosts",

@@ -29,19 +29,23 @@ if TYPE_CHECKING:
 
 
 def reduction_server_lines(
-    hourly: float | None, total: float | None, spec: ClusterSpec
+    hourly: float | None, total: float | None, spec: ClusterSpec, *, custom: bool
 ) -> list[str]:
     """What `plan` says of a Reduction Server pool: its price, when it pays, what it needs."""
     cost = "an unknown price" if hourly is None else f"${hourly:,.2f}/h"
     share = f" ({hourly / total:.0%} of the job)" if hourly and total else ""
-    image = "your image" if (spec.build or spec.vertex_job_spec) else spec.executor_image
+    needs = (
+        "your image must have NCCL >= 2.7 and the google-reduction-server package (Google's apt "
+        "line in its Dockerfile)"
+        if custom
+        else f"{spec.executor_image} is a prebuilt PyTorch container (>= 1.4: it has the plugin)"
+    )
     return [
         f"Reduction Server: worker pool 2 at {cost}{share}. It pays when NCCL all-reduce between "
         "the nodes bounds the step (multi-node data-parallel training of large models; Google "
         "measured up to 2x all-reduce bandwidth); small models or one node gain nothing.",
-        f"  the training containers need NCCL >= 2.7 and the google-reduction-server plugin: "
-        f"prebuilt PyTorch >= 1.4 containers have it; {image} must (custom containers: Google's "
-        "apt line in the Dockerfile). NCCL_DEBUG=INFO in their env shows the plugin loading.",
+        f"  the training replicas use it through NCCL's reduction-server plugin: {needs}; "
+        "NCCL_DEBUG=INFO in their env shows the plugin loading.",
     ]
 
 
@@ -152,9 +156,14 @@ class VertexTarget(StackTarget[VertexClients, None]):
         mode = "Spot" if spec.spot else "on-demand"
         ui.table(f"Vertex AI worker pools ({mode}, with the training premium)", POOL_HEADERS,
                  pool_rows(priced))  # fmt: skip
+        if spec.chief is not None or spec.reduction_server is not None:
+            ui.say("the job's price is these pools' total (the first table prices every node alike)")
         reducers = next((p for p in priced if p.index == 2 and not p.shape.gpus), None)
         if reducers is not None:
-            for line in reduction_server_lines(reducers.hourly, total_hourly(priced), spec):
+            custom = bool(spec.build or spec.vertex_job_spec or self.environment_settings().image)
+            for line in reduction_server_lines(
+                reducers.hourly, total_hourly(priced), spec, custom=custom
+            ):
                 ui.say(line)
         problem = aiplatform_problem()
         if problem:
