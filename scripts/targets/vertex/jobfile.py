@@ -94,9 +94,11 @@ def job_spec_for_run(
     return spec
 
 
-def replaced_fields(doc: Mapping[str, Any], *, service_account: str) -> list[str]:
+def replaced_fields(doc: Mapping[str, Any], *, service_account: str, build: str) -> list[str]:
     """What the stack sets over the file, for `plan` to say."""
-    out = []
+    out = (
+        [f"containerSpec.imageUri of pools 0, 1, 3 (the image built from {build})"] if build else []
+    )
     if doc.get("baseOutputDirectory"):
         out.append("baseOutputDirectory (the run's directory in the stack's bucket)")
     if doc.get("serviceAccount") not in (None, "", service_account):

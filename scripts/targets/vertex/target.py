@@ -147,7 +147,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
                 f"{spec.vertex_job_spec} as it is; machineType, gpus and nodes are not used"
             )
             account = self._planned_outputs(spec).service_account
-            for field in replaced_fields(doc, service_account=account):
+            for field in replaced_fields(doc, service_account=account, build=spec.build):
                 ui.say(f"  the stack sets {field}")
         else:
             super().plan()
@@ -157,7 +157,9 @@ class VertexTarget(StackTarget[VertexClients, None]):
         ui.table(f"Vertex AI worker pools ({mode}, with the training premium)", POOL_HEADERS,
                  pool_rows(priced))  # fmt: skip
         if spec.chief is not None or spec.reduction_server is not None:
-            ui.say("the job's price is these pools' total (the first table prices every node alike)")
+            ui.say(
+                "the job's price is these pools' total (the first table prices every node alike)"
+            )
         reducers = next((p for p in priced if p.index == 2 and not p.shape.gpus), None)
         if reducers is not None:
             custom = bool(spec.build or spec.vertex_job_spec or self.environment_settings().image)
