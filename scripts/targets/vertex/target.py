@@ -201,8 +201,12 @@ class VertexTarget(StackTarget[VertexClients, None]):
         if problem:
             raise UserError(f"{problem}; nothing was created")
         if spec.vertex_job_spec:  # the file's pools, checked before anything is created
-            self._file_pools(spec)
-        if not opts.skip_preflight:
+            _, shapes = self._file_pools(spec)
+            ui.say(
+                f"preflight: {spec.vertex_job_spec}: {len(shapes)} pool(s) of machine types "
+                "Vertex runs; the stack's own machineType is not used, so not checked"
+            )
+        elif not opts.skip_preflight:
             from scripts.targets.vertex.preflight import preflight_region
 
             preflight_region(spec, self.clients.compute())

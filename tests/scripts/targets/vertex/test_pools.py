@@ -318,3 +318,29 @@ def test_a_vertex_job_spec_that_is_not_a_job_spec_is_one_line_before_anything(
     assert "gputrain:vertexJobSpec config.yaml: a YAML list; allowed: a CustomJobSpec" in err
     assert len(err.splitlines()) == 1
     assert w.runner.call_names() == [] and w.created() == []
+
+
+def test_a_users_file_is_submitted_as_it_is_but_for_what_makes_it_this_stacks_run() -> None:
+    from scripts.targets.vertex.jobfile import job_spec_for_run, replaced_fields
+
+    doc = _with("scheduling", {"strategy": "STANDARD"})
+    doc["baseOutputDirectory"] = {"outputUriPrefix": "gs://theirs/out/"}
+    spec = job_spec_for_run(
+        doc,
+        run_id="r2",
+        output_dir="gs://b/runs/r2/",
+        service_account="sa@p.iam.gserviceaccount.com",
+        scheduling={"timeout": "3600s", "strategy": "SPOT"},
+        image="reg/p/app@sha256:" + "0" * 64,
+    )
+    assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://b/runs/r2/"}
+    assert spec["serviceAccount"] == "sa@p.iam.gserviceaccount.com"
+    assert spec["scheduling"] == {"timeout": "3600s", "strategy": "STANDARD"}  # theirs kept
+    images = [p["containerSpec"]["imageUri"] for p in spec["workerPoolSpecs"]]
+    assert images == ["reg/p/app@sha256:" + "0" * 64] * 2 + [REDUCTION_SERVER_IMAGE]
+    assert spec["workerPoolSpecs"][1]["machineSpec"] == GOOD["workerPoolSpecs"][1]["machineSpec"]
+    assert doc["baseOutputDirectory"] == {"outputUriPrefix": "gs://theirs/out/"}  # not mutated
+    said = replaced_fields(
+        doc, service_account="sa@p.iam.gserviceaccount.com", build="app/Dockerfile"
+    )
+    assert [s.split(" ")[0] for s in said] == ["containerSpec.imageUri", "baseOutputDirectory"]
