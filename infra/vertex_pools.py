@@ -238,14 +238,19 @@ def _underscored(value: Any, path: str) -> str | None:
     return None
 
 
+_WHAT = (
+    "a CustomJobSpec mapping with workerPoolSpecs "
+    "(what `gcloud ai custom-jobs create --config` reads)"
+)
+
+
 def check_job_spec(doc: Any, where: str, *, spot: bool = False) -> list[tuple[int, PoolShape]]:
     """A user's CustomJobSpec against Vertex's rules and ours, one line for the first problem
     (`where` names the file); returns (pool index, shape) for each pool that is set."""
-    what = "a CustomJobSpec mapping with workerPoolSpecs (what `gcloud ai custom-jobs create --config` reads)"
     if not isinstance(doc, dict):
-        raise UserError(f"{where}: a YAML {type(doc).__name__}; allowed: {what}")
+        raise UserError(f"{where}: a YAML {type(doc).__name__}; allowed: {_WHAT}")
     if "jobSpec" in doc:
-        raise UserError(f"{where}: a whole CustomJob; allowed: {what} (its jobSpec alone)")
+        raise UserError(f"{where}: a whole CustomJob; allowed: {_WHAT} (its jobSpec alone)")
     underscored = _underscored(doc, "")
     if underscored:
         raise UserError(
@@ -254,83 +259,86 @@ def check_job_spec(doc: Any, where: str, *, spot: bool = False) -> list[tuple[in
         )
     unknown = sorted(set(doc) - set(JOB_SPEC_FIELDS))
     if unknown:
-        raise UserError(f"{where}: {unknown[0]}: not a CustomJobSpec field; allowed: {what}")
+        raise UserError(f"{where}: {unknown[0]}: not a CustomJobSpec field; allowed: {_WHAT}")
     pools = doc.get("workerPoolSpecs")
     if not isinstance(pools, list) or not pools or not isinstance(pools[0], dict) or not pools[0]:
         raise UserError(
-            f"{where}: workerPoolSpecs[0] (the primary replica) is missing; allowed: {what}"
+            f"{where}: workerPoolSpecs[0] (the primary replica) is missing; allowed: {_WHAT}"
         )
     if len(pools) > 4:
         raise UserError(f"{where}: workerPoolSpecs has {len(pools)} pools; allowed: at most 4")
-    shapes = []
-    for i, pool in enumerate(pools):
-        at = f"{where}: workerPoolSpecs[{i}]"
-        if pool in (None, {}):
-            continue  # an empty pool: skipped (the docs' way to set pool 2 without pool 1)
-        if not isinstance(pool, dict):
-            raise UserError(f"{at}: a YAML {type(pool).__name__}; allowed: a WorkerPoolSpec map")
-        extra = sorted(set(pool) - set(POOL_FIELDS))
-        if extra:
-            raise UserError(
-                f"{at}.{extra[0]}: not a WorkerPoolSpec field; allowed: {', '.join(POOL_FIELDS)}"
-            )
-        if ("containerSpec" in pool) == ("pythonPackageSpec" in pool):
-            raise UserError(
-                f"{at}: set exactly one of containerSpec (imageUri) or pythonPackageSpec"
-            )
-        image = (pool.get("containerSpec") or {}).get("imageUri") if "containerSpec" in pool else (
-            pool["pythonPackageSpec"] or {}).get("executorImageUri")  # fmt: skip
-        if not image:
-            raise UserError(f"{at}: the container's image URI is empty")
-        replicas = _count(pool.get("replicaCount", 1))
-        if replicas is None or replicas < 1:
-            raise UserError(f"{at}.replicaCount = {pool.get('replicaCount')!r}: allowed: 1 or more")
-        if i == 0 and replicas != 1:
-            raise UserError(
-                f"{at}.replicaCount = {replicas}: the primary replica's pool takes 1; put the others in workerPoolSpecs[1]"
-            )
-        machine = pool.get("machineSpec") or {}
-        machine_type = str(machine.get("machineType") or "")
-        enum = machine.get("acceleratorType")
-        gpus = _count(machine.get("acceleratorCount", 0))
-        if gpus is None or gpus < 0:
-            raise UserError(
-                f"{at}.machineSpec.acceleratorCount = {machine.get('acceleratorCount')!r}: allowed: 0 or more"
-            )
-        accelerator = None
-        if enum not in (None, "", "ACCELERATOR_TYPE_UNSPECIFIED"):
-            accelerator = _ENUM_TO_ACCELERATOR.get(str(enum))
-            if accelerator is None:
-                raise UserError(
-                    f"{at}.machineSpec.acceleratorType = {enum!r}: unknown; allowed: "
-                    f"{', '.join(vertex.ACCELERATOR_ENUMS.values())}"
-                )
-        if i == 2 and is_reduction_server_image(str(image)):
-            problem = reducer_problem(machine_type, gpus)
-            if problem:
-                raise UserError(f"{at}.machineSpec: {problem}")
-            shapes.append((i, PoolShape(machine_type, None, 0, replicas)))
-            continue
-        mt = catalog.machine_type(machine_type)
-        if mt is not None and mt.accelerator is None and accelerator is None and i in (0, 1):
-            problem = (
-                f"machineType {machine_type!r} has no GPU: set acceleratorType and acceleratorCount"
-            )
-        else:
-            problem = vertex.vertex_problem(machine_type, accelerator, gpus, spot=spot)
-        if problem:
-            raise UserError(f"{at}.machineSpec: {problem}")
-        if mt is not None and mt.accelerator:
-            accelerator, gpus = mt.accelerator, mt.gpus
-        shapes.append((i, PoolShape(mt.name if mt else machine_type, accelerator, gpus, replicas)))
-    reducers = [s for i, s in shapes if i == 2 and s.accelerator is None]
-    trainers = [s for i, s in shapes if i in (0, 1)]
-    if reducers and sum(s.replicas for s in trainers) < 2:
+    shapes = [
+        (i, _check_pool(pool, i, f"{where}: workerPoolSpecs[{i}]", spot))
+        for i, pool in enumerate(pools)
+        if pool not in (None, {})  # an empty pool is skipped (the docs' way to skip pool 1)
+    ]
+    trainers = sum(s.replicas for i, s in shapes if i in (0, 1))
+    if any(i == 2 and not s.accelerator for i, s in shapes) and trainers < 2:
         raise UserError(
             f"{where}: workerPoolSpecs[2] is a Reduction Server, but pools 0 and 1 hold 1 node; "
             "it only speeds up NCCL all-reduce between 2 or more GPU nodes"
         )
     return shapes
+
+
+def _check_pool(pool: Any, i: int, at: str, spot: bool) -> PoolShape:
+    """One WorkerPoolSpec: its fields, container, replicas and machine (see check_job_spec)."""
+    if not isinstance(pool, dict):
+        raise UserError(f"{at}: a YAML {type(pool).__name__}; allowed: a WorkerPoolSpec map")
+    extra = sorted(set(pool) - set(POOL_FIELDS))
+    if extra:
+        raise UserError(
+            f"{at}.{extra[0]}: not a WorkerPoolSpec field; allowed: {', '.join(POOL_FIELDS)}"
+        )
+    if ("containerSpec" in pool) == ("pythonPackageSpec" in pool):
+        raise UserError(f"{at}: set exactly one of containerSpec (imageUri) or pythonPackageSpec")
+    container = pool.get("containerSpec") or {}
+    image = str(container.get("imageUri") or (pool.get("pythonPackageSpec") or {}).get(
+        "executorImageUri") or "")  # fmt: skip
+    if not image:
+        raise UserError(f"{at}: the container's image URI is empty")
+    replicas = _count(pool.get("replicaCount", 1))
+    if replicas is None or replicas < 1:
+        raise UserError(f"{at}.replicaCount = {pool.get('replicaCount')!r}: allowed: 1 or more")
+    if i == 0 and replicas != 1:
+        raise UserError(
+            f"{at}.replicaCount = {replicas}: the primary replica's pool takes 1; put the "
+            "others in workerPoolSpecs[1]"
+        )
+    machine = pool.get("machineSpec") or {}
+    machine_type = str(machine.get("machineType") or "")
+    gpus = _count(machine.get("acceleratorCount", 0))
+    if gpus is None or gpus < 0:
+        raise UserError(
+            f"{at}.machineSpec.acceleratorCount = {machine.get('acceleratorCount')!r}: "
+            "allowed: 0 or more"
+        )
+    enum = machine.get("acceleratorType")
+    accelerator = None
+    if enum not in (None, "", "ACCELERATOR_TYPE_UNSPECIFIED"):
+        accelerator = _ENUM_TO_ACCELERATOR.get(str(enum))
+        if accelerator is None:
+            raise UserError(
+                f"{at}.machineSpec.acceleratorType = {enum!r}: unknown; allowed: "
+                f"{', '.join(vertex.ACCELERATOR_ENUMS.values())}"
+            )
+    if i == 2 and is_reduction_server_image(image):
+        problem = reducer_problem(machine_type, gpus)
+        if problem:
+            raise UserError(f"{at}.machineSpec: {problem}")
+        return PoolShape(machine_type, None, 0, replicas)
+    mt = catalog.machine_type(machine_type)
+    if mt is not None and mt.accelerator is None and accelerator is None:
+        problem = (
+            f"machineType {machine_type!r} has no GPU: set acceleratorType and acceleratorCount"
+        )
+    else:
+        problem = vertex.vertex_problem(machine_type, accelerator, gpus, spot=spot)
+    if problem or mt is None:
+        raise UserError(f"{at}.machineSpec: {problem}")
+    if mt.accelerator:
+        accelerator, gpus = mt.accelerator, mt.gpus
+    return PoolShape(mt.name, accelerator, gpus, replicas)
 
 
 # --------------------------------------------------------------------------------------------

@@ -144,13 +144,6 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
         raise UserError(f"nodes = {req.nodes}: allowed: 1 or more")
     if req.max_run_duration_s < 1:
         raise UserError(f"maxRunDuration = {req.max_run_duration_s}s: allowed: 1 s or more")
-    if req.chief is not None:
-        chief = req.chief
-        problem = vertex.vertex_problem(
-            chief.machine_type, chief.gpu_type, chief.gpu_count, spot=req.spot
-        )
-        if problem:
-            raise UserError(f"chief.{problem}")
     reducer_env = REDUCTION_SERVER_ENV if req.reduction_server else {}
     env = [{"name": k, "value": v} for k, v in sorted({**reducer_env, **req.env}.items())]
     pool: dict[str, Any] = {
@@ -180,6 +173,9 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
     pools = [pool] + ([{**pool, "replicaCount": req.nodes - 1}] if req.nodes > 1 else [])
     if req.chief is not None:
         c = req.chief
+        problem = vertex.vertex_problem(c.machine_type, c.gpu_type, c.gpu_count, spot=req.spot)
+        if problem:
+            raise UserError(f"chief.{problem}")
         pools[0] = {**pool, "machineSpec": machine_spec(c.machine_type, c.gpu_type, c.gpu_count)}
     if req.reduction_server is not None:
         if req.nodes < 2:

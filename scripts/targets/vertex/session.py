@@ -176,15 +176,15 @@ class VertexSession:
             return custom_job_body(self._request(job, package))
         path, doc = read_job_file(self.settings.root, self.spec.vertex_job_spec)
         self._price(check_job_spec(doc, f"gputrain:vertexJobSpec {path.name}", spot=self.spec.spot))
+        package = self.package_uri(job.run_id)
         job_spec = job_spec_for_run(
             doc,
             run_id=job.run_id,
             output_dir=run_output_dir(self.out.bucket, job.run_id, self.out.bucket_prefix),
             service_account=self.out.service_account,
-            scheduling=scheduling(self._request(job, self.package_uri(job.run_id))),
+            scheduling=scheduling(self._request(job, package)),
             image=job.image.pinned if job.image is not None else None,
         )
-        package = self.package_uri(job.run_id)
         text = json.dumps(job_spec)
         if stage and (package in text or gcs_fuse_path(package) in text):
             self._stage(job)  # an export of gputrain's own job: its code where it points

@@ -126,7 +126,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
         """What `up` will make: the stack's bucket and service account, by their names."""
         from infra.stackfile import service_account_id
 
-        project = spec.project or "PROJECT"
+        project = spec.project or "PROJECT"  # `plan` without gcp:project; export refuses it
         bucket = spec.bucket_name or f"BUCKET-OF-{self.stack}"
         account = f"{service_account_id(self.stack)}@{project}.iam.gserviceaccount.com"
         return VertexOutputs(project, spec.region, bucket, spec.bucket_prefix, account)
@@ -176,7 +176,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
         read back by `vertexJobSpec`, that run's id takes its place)."""
         from scripts.targets.vertex.jobfile import write_job_file
 
-        spec = self.spec()
+        spec = self.spec_with_project()  # the file names the stack's bucket and account
         if spec.build and not spec.vertex_job_spec:
             raise UserError(
                 f"--export: stack {self.stack} has build: {spec.build}, whose image exists only "
