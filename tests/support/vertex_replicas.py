@@ -1,9 +1,13 @@
 """A `runner` for tests/support/fake_vertex.py that runs a CustomJob as Vertex would, on this machine: it
-pip-installs the job's package from the (emulated) bucket, starts one process per replica with
-the environment Vertex gives it (CLUSTER_SPEC, AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, the package's
-env), streams each replica's output into the fake's Cloud Logging under its task name, and on a
-cancel — or once a replica has failed, which fails the job — sends SIGTERM to every replica, as
-Vertex stops its containers.
+pip-installs the job's package from the (emulated) bucket, starts one process per replica of each
+pool (a containerSpec: `docker run` of its image, the bucket at /gcs) with the environment Vertex
+gives it (CLUSTER_SPEC, AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, the pool's env, and for pools 0 and 1
+MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK as Google's PyTorch samples read them), streams each
+replica's output into the fake's Cloud Logging under its task name, and on a cancel — or once a
+replica has failed, which fails the job — sends SIGTERM to every replica, as Vertex stops its
+containers. Pool 2 with Google's reductionserver image runs a stand-in reducer that serves until
+the training replicas end; what the replicas wrote under /gcs goes back to the bucket (Cloud
+Storage FUSE).
 
 This interpreter (its torch) plays the prebuilt PyTorch container; the code comes only from the
 package: PYTHONPATH is the install target, never this checkout.
