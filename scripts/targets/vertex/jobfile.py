@@ -43,6 +43,13 @@ def read_job_file(root: Path, name: str) -> tuple[Path, Any]:
         raise UserError(f"gputrain:vertexJobSpec = {name!r}: not YAML: {detail}") from None
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Every pool written out in full: no &anchors / *aliases for pools that share a spec."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def write_job_file(path: Path, job_spec: Mapping[str, Any], *, force: bool) -> None:
     """The CustomJobSpec as gcloud's --config YAML; an existing file only with --force."""
     if path.exists() and not force:
@@ -50,7 +57,8 @@ def write_job_file(path: Path, job_spec: Mapping[str, Any], *, force: bool) -> N
     text = "# CustomJobSpec written by `gputrain plan --export`: gcloud ai custom-jobs create\n"
     text += "#   --region=REGION --display-name=NAME --config=THIS_FILE\n"
     try:
-        path.write_text(text + yaml.safe_dump(dict(job_spec), sort_keys=False, width=100))
+        body = yaml.dump(dict(job_spec), Dumper=_PlainDumper, sort_keys=False, width=100)
+        path.write_text(text + body)
     except OSError as e:
         raise UserError(f"--export {path}: cannot write it ({e.strerror or e})") from None
 

@@ -269,6 +269,7 @@ def test_export_round_trips_through_vertex_job_spec(
     out = capsys.readouterr().out
     assert f"wrote the CustomJobSpec to {exported}" in out and "--config=" in out
     doc = yaml.safe_load(exported.read_text())
+    assert "*id0" not in exported.read_text()  # each pool in full, as a user writes one
     old = next(e["value"] for e in doc["workerPoolSpecs"][0]["pythonPackageSpec"]["env"]
                if e["name"] == "GPUTRAIN_RUN_ID")  # fmt: skip
     # without --force an existing file stays: one line, exit 2, nothing written
