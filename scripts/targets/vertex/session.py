@@ -110,12 +110,17 @@ class VertexSession:
         # that Vertex runs the shape at all, parse_spec checked (vertex_problem)
         regions = vertex.vertex_regions(self.spec.accelerator)
         known = regions is None or self.out.region in regions
+        shape = (
+            f"the pools of {self.spec.vertex_job_spec}"
+            if self.spec.vertex_job_spec
+            else f"{self.spec.nodes} x {self.spec.machine_type} "
+            f"({'a region known to offer' if known else 'region not known to offer'} "
+            f"{self.spec.accelerator})"
+        )
         ui.say(
             f"verify: stack {self.spec.stack} on Vertex AI in {self.out.region}: bucket "
-            f"gs://{self.out.bucket}, jobs run as {self.out.service_account}; "
-            f"{self.spec.nodes} x {self.spec.machine_type} "
-            f"({'a region known to offer' if known else 'region not known to offer'} "
-            f"{self.spec.accelerator}). Vertex provides the GPUs; there is no SSH to check them"
+            f"gs://{self.out.bucket}, jobs run as {self.out.service_account}; {shape}. "
+            "Vertex provides the GPUs; there is no SSH to check them"
         )
 
     # ---- a job
