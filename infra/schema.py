@@ -52,6 +52,7 @@ ALLOWED: dict[str, str] = {
     "texts": "a list of strings",
     "text-or-texts": "a string or a list of strings",
     "labels": "a list of key=value strings or a mapping",
+    "mapping": "a mapping of setting: value",
     "datasets": "a mapping of NAME: gs://BUCKET/PATH (or NAME: {uri: ..., mode: ...})",
 }
 
@@ -101,6 +102,9 @@ class StackSettings(BaseModel):
     bucketRetentionDays: Whole = Field(30, json_schema_extra=_kind("whole"))
     backend: StrictStr = Field("gce", json_schema_extra=_kind("text"))
     executorImage: StrictStr = Field(DEFAULT_EXECUTOR_IMAGE, json_schema_extra=_kind("text"))
+    chief: dict[StrictStr, Any] | None = Field(None, json_schema_extra=_kind("mapping"))
+    reductionServer: dict[StrictStr, Any] | None = Field(None, json_schema_extra=_kind("mapping"))
+    vertexJobSpec: StrictStr = Field("", json_schema_extra=_kind("text"))
     gpuDirect: StrictStr = Field("auto", json_schema_extra=_kind("text"))
     subnetRange: StrictStr = Field("10.42.0.0/16", json_schema_extra=_kind("text"))
     localSsdCount: Whole = Field(0, json_schema_extra=_kind("whole"))

@@ -39,6 +39,7 @@ from infra.stackfile import (
     check_stack_name,
 )
 from infra.stall import read_stall_timeout
+from infra.vertex_pools import Chief, ReductionServer, parse_chief, parse_reduction_server
 
 #: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
 #: defaults. Google's "Run NCCL on Compute Engine instances": "If you are using standard OS
@@ -120,6 +121,10 @@ class ClusterSpec:
     # vertex: (project, secret id) of each `secrets` entry from Secret Manager: the jobs' service
     # account gets secretAccessor on these secrets only (the job reads them itself)
     secret_access: tuple[tuple[str, str], ...] = ()
+    # vertex: pool 0's own machine, worker pool 2's reducers, a user's CustomJobSpec file
+    chief: Chief | None = None
+    reduction_server: ReductionServer | None = None
+    vertex_job_spec: str = ""  # a path relative to the project directory; "" = the stack keys
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -332,6 +337,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     rdma = fabric.enabled and fabric.kind == "rdma"
     if rdma and (image_project, image_family) == (DEFAULT_IMAGE_PROJECT, DEFAULT_IMAGE_FAMILY):
         image_project, image_family = RDMA_IMAGE  # left at the defaults: see RDMA_IMAGE_WHY
+    pools = _vertex_pools(cfg, nodes, mt.name, spot) if backend == "vertex" else (None, None, "")
     return ClusterSpec(
         stack=stack,
         project=project,
@@ -373,6 +379,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         secret_access=_secret_access(cfg, project) if backend == "vertex" else (),
         backend=backend,
         executor_image=fields.executor_image(cfg),
+        chief=pools[0],
+        reduction_server=pools[1],
+        vertex_job_spec=pools[2],
         ignored=ignored,
         gpus_request=where.request,
         candidates=where.candidates,
@@ -384,6 +393,17 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         fabric=fabric,
         datasets=datasets_from_config(cfg.text("data")),
         scratch=scratch_for(mt, cfg.integer("localSsdCount", 0, 24)),
+    )
+
+
+def _vertex_pools(
+    cfg: fields.ConfigReader, nodes: int, machine_type: str, spot: bool
+) -> tuple[Chief | None, ReductionServer | None, str]:
+    """backend vertex: `chief`, `reductionServer` and `vertexJobSpec` (infra/vertex_pools.py)."""
+    return (
+        parse_chief(cfg.text("chief"), spot=spot),
+        parse_reduction_server(cfg.text("reductionServer"), nodes=nodes, machine_type=machine_type),
+        cfg.text("vertexJobSpec"),
     )
 
 

@@ -32,12 +32,12 @@ BACKENDS = ("gce", "vertex")
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
 #: cannot declare one, so Pulumi.yaml names them in a comment only.
-MAP_KEYS: tuple[str, ...] = ("data",)
+MAP_KEYS: tuple[str, ...] = ("data", "chief", "reductionServer")
 
 #: Keys only the controller reads (the job's environment): the Pulumi program never sees them.
 #: (`secrets` it reads: a Vertex stack grants its jobs' account access to the Secret Manager
 #: secrets named there; names and references only, never a value.)
-CONTROLLER_KEYS: tuple[str, ...] = ("setup", "image")
+CONTROLLER_KEYS: tuple[str, ...] = ("setup", "image", "chief", "reductionServer", "vertexJobSpec")
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
@@ -61,7 +61,7 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "stallTimeout",
         "autodown",
     ),
-    "vertex": ("executorImage",),
+    "vertex": ("executorImage", "chief", "reductionServer", "vertexJobSpec"),
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.

@@ -119,7 +119,28 @@ def cmd_doctor(ctx: Context) -> int:
 
 
 def cmd_plan(ctx: Context) -> int:
+    export = Path(ctx.args.export) if getattr(ctx.args, "export", None) else None
+    if export is not None:
+        if not hasattr(ctx.target, "export_job"):
+            raise UserError(f"--export {export}: only for --stack targets with backend vertex")
+        if export.exists() and not ctx.args.force:
+            raise UserError(f"--export {export}: the file exists; add --force to replace it")
     ctx.target.plan()
+    if export is not None:
+        from scripts.job.records import Job
+        from scripts.settings import new_run_id
+
+        environment, secrets, image = lifecycle.job_environment(ctx.target, ctx.opts)
+        job = Job(
+            run_id=new_run_id(),
+            entry=ctx.opts.entry or DEFAULT_ENTRY,
+            workdir=Path.cwd(),
+            datasets=ctx.target.datasets(),
+            environment=environment,
+            secret_refs=secrets.refs,
+            image=image,
+        )
+        ctx.target.export_job(job, export, force=ctx.args.force)  # type: ignore[attr-defined]
     return EXIT_OK
 
 
@@ -363,6 +384,20 @@ def _parser() -> argparse.ArgumentParser:
             )
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
+        if name == "plan":
+            c.add_argument(
+                "--export",
+                metavar="FILE",
+                help="(--stack with backend vertex) also write the CustomJobSpec the next run "
+                "submits, as YAML for `gcloud ai custom-jobs create --config` (and vertexJobSpec)",
+            )
+            c.add_argument("--force", action="store_true", help="--export: replace FILE")
+            c.add_argument(
+                "entry",
+                nargs=argparse.REMAINDER,
+                help="--export: after `--`, the job's entry, as `run` takes it (default: "
+                f"{' '.join(DEFAULT_ENTRY)})",
+            )
         if name in TAKES_ENTRY | {"verify", "ssh", "logs", "top", "results", "stop"}:
             c.add_argument(
                 "--trust-new-hosts",

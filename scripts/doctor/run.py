@@ -104,6 +104,15 @@ def run_doctor(
     if spec is not None and secrets is not None and not vertex:
         rows.append(settings.ssh_key_row(spec, secrets))
         rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
+    if vertex:
+        from scripts.targets.vertex.preflight import AIPLATFORM, aiplatform_problem
+
+        problem = aiplatform_problem()
+        rows.append(
+            Row("Vertex AI client", "fail", problem, "upgrade it in this environment")
+            if problem
+            else Row("Vertex AI client", "ok", f"{AIPLATFORM} can send the job")
+        )
     if spec is not None and spec.datasets:
         from scripts.doctor.data import data_rows
 

@@ -322,6 +322,8 @@ class FakeVertex(FakeHttpServer):
         if not pools:
             raise _HttpError(400, "INVALID_ARGUMENT", "At least one worker pool is required.")
         for i, pool in enumerate(pools):
+            if not pool and i > 0:
+                continue  # an empty pool: skipped (Vertex's distributed-training page)
             if ("containerSpec" in pool) == ("pythonPackageSpec" in pool):
                 raise _HttpError(
                     400,

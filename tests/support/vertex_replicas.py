@@ -1,9 +1,13 @@
 """A `runner` for tests/support/fake_vertex.py that runs a CustomJob as Vertex would, on this machine: it
-pip-installs the job's package from the (emulated) bucket, starts one process per replica with
-the environment Vertex gives it (CLUSTER_SPEC, AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, the package's
-env), streams each replica's output into the fake's Cloud Logging under its task name, and on a
-cancel — or once a replica has failed, which fails the job — sends SIGTERM to every replica, as
-Vertex stops its containers.
+pip-installs the job's package from the (emulated) bucket, starts one process per replica of each
+pool (a containerSpec: `docker run` of its image, the bucket at /gcs) with the environment Vertex
+gives it (CLUSTER_SPEC, AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, the pool's env, and for pools 0 and 1
+MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK as Google's PyTorch samples read them), streams each
+replica's output into the fake's Cloud Logging under its task name, and on a cancel — or once a
+replica has failed, which fails the job — sends SIGTERM to every replica, as Vertex stops its
+containers. Pool 2 with Google's reductionserver image runs a stand-in reducer that serves until
+the training replicas end; what the replicas wrote under /gcs goes back to the bucket (Cloud
+Storage FUSE).
 
 This interpreter (its torch) plays the prebuilt PyTorch container; the code comes only from the
 package: PYTHONPATH is the install target, never this checkout.
@@ -41,54 +45,73 @@ class LocalReplicas:
     outputs: dict[str, list[str]] = field(default_factory=dict)  # task -> its lines
     docker: tuple[str, ...] = ()  # a `docker` CLI for containerSpec jobs (tests: the podman shim)
     job_retries: int = 0  # after a failure Vertex may run the whole job again, on new VMs
+    written_back: bool = False  # a job's /gcs mount went back to the bucket
 
     def __call__(self, ctx: RunContext) -> RunResult:
         job_spec = ctx.job["jobSpec"]
-        pools = job_spec["workerPoolSpecs"]
+        pools = [p or {} for p in job_spec["workerPoolSpecs"]]  # {}: a pool left empty
         container = pools[0].get("containerSpec")
         package = pools[0].get("pythonPackageSpec") or container
         work = Path(tempfile.mkdtemp(prefix=f"job-{ctx.job_id[-6:]}-", dir=self.root))
         site = work if container else self._install(package["packageUris"][0], work)
         if container:  # Vertex mounts the bucket at /gcs/: what the job reads from there
-            for e in container["env"]:
+            for e in container.get("env") or []:
                 if e["value"].startswith("/gcs/"):
                     self._download(
                         "gs://" + e["value"].removeprefix("/gcs/"), work / e["value"][1:]
                     )
         base = job_spec["baseOutputDirectory"]["outputUriPrefix"]
-        for retry in range(self.job_retries + 1):
-            port = free_port()  # a new chief: a new address
-            cluster = {
-                f"workerpool{i}": [f"127.0.0.1:{port}" for _ in range(int(pool["replicaCount"]))]
-                for i, pool in enumerate(pools)
-            }
-            procs = self._start(pools, package, container, cluster, base, site, work, retry)
-            outcome = self._wait(ctx, procs)
-            if ctx.cancelled.is_set() or outcome is None or retry == self.job_retries:
-                return outcome
-            ctx.log("", f"the job failed ({outcome[1]}); retrying it on new machines")
-        return None
+        mounted = _files(work / "gcs")
+        try:
+            for retry in range(self.job_retries + 1):
+                port = free_port()  # a new chief: a new address
+                cluster = {
+                    f"workerpool{i}": [
+                        f"127.0.0.1:{port}" for _ in range(int(pool.get("replicaCount", 1)))
+                    ]
+                    for i, pool in enumerate(pools)
+                    if pool
+                }
+                procs = self._start(pools, container, cluster, base, site, work, retry, port)
+                outcome = self._wait(ctx, procs)
+                if ctx.cancelled.is_set() or outcome is None or retry == self.job_retries:
+                    return outcome
+                ctx.log("", f"the job failed ({outcome[1]}); retrying it on new machines")
+            return None
+        finally:  # Cloud Storage FUSE: what the replicas wrote under /gcs/ is in the bucket
+            self._write_back(work / "gcs", mounted)
 
     def _start(
         self,
         pools: list[dict[str, Any]],
-        package: dict[str, Any],
         container: dict[str, Any] | None,
         cluster: dict[str, list[str]],
         base: str,
         site: Path,
         work: Path,
         retry: int,
+        port: int,
     ) -> dict[str, subprocess.Popen[str]]:
-        """One process per replica, each on a disk of its own (a retry: new disks, new VMs)."""
+        """One process per replica, each on a disk of its own (a retry: new disks, new VMs).
+        Pool 2 with Google's reductionserver image runs a stand-in reducer (REDUCER)."""
         procs: dict[str, subprocess.Popen[str]] = {}
+        trainers = sum(int(p.get("replicaCount", 1)) for p in pools[:2] if p)
         for i, pool in enumerate(pools):
-            for index in range(int(pool["replicaCount"])):
+            package = pool.get("pythonPackageSpec") or pool.get("containerSpec") or {}
+            reducer = "reductionserver" in str(package.get("imageUri", ""))
+            for index in range(int(pool.get("replicaCount", 1)) if pool else 0):
                 task = f"workerpool{i}-{index}"
                 disk = work / (f"{task}-retry{retry}" if retry else task)
                 disk.mkdir()
                 env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTRAIN_")}
                 env.update({e["name"]: e["value"] for e in package.get("env", [])})
+                if i < 2:  # what Google's PyTorch samples read (init_method="env://")
+                    env.update(
+                        MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port),
+                        WORLD_SIZE=str(trainers),
+                        RANK=str(index if i == 0 else 1 + index),
+                    )
                 env.update(
                     PYTHONPATH=str(site),
                     OMP_NUM_THREADS="1",
@@ -104,15 +127,21 @@ class LocalReplicas:
                     AIP_CHECKPOINT_DIR=f"{base}checkpoints/",
                     AIP_TENSORBOARD_LOG_DIR=f"{base}logs/",
                 )
-                if not container:
+                if reducer:
+                    argv = [sys.executable, "-c", REDUCER, str(trainers)]
+                elif not container:
                     argv = [sys.executable, "-m", package["pythonModule"], *package["args"]]
                 else:  # in the image: host network, /gcs mounted, env by name
-                    names = [x for e in package["env"] for x in ("-e", e["name"])]
+                    (work / "gcs").mkdir(exist_ok=True)
+                    vertex_env = ("CLUSTER_SPEC", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR",
+                                  "AIP_TENSORBOARD_LOG_DIR", *(("MASTER_ADDR", "MASTER_PORT",
+                                  "WORLD_SIZE", "RANK") if i < 2 else ()))  # fmt: skip
+                    names = [x for n in vertex_env for x in ("-e", n)]
+                    names += [x for e in package.get("env", []) for x in ("-e", e["name"])]
                     argv = [
                         *self.docker, "run", "--rm", "--network", "host",
-                        "-v", f"{work / 'gcs'}:/gcs", "-e", "CLUSTER_SPEC", "-e", "AIP_MODEL_DIR",
-                        "-e", "AIP_CHECKPOINT_DIR", *names, container["imageUri"],
-                        *container["command"], *container["args"],
+                        "-v", f"{work / 'gcs'}:/gcs", *names, package["imageUri"],
+                        *package.get("command", []), *package.get("args", []),
                     ]  # fmt: skip
                 procs[task] = subprocess.Popen(
                     argv,
@@ -136,19 +165,21 @@ class LocalReplicas:
             r.start()
         self.running.set()
         first_failure: tuple[str, int] | None = None
-        while any(p.poll() is None for p in procs.values()):
+        trainers = {t: p for t, p in procs.items() if not t.startswith("workerpool2-")}
+        while any(p.poll() is None for p in trainers.values()):
             failed = [(t, p.returncode) for t, p in procs.items() if p.poll()]
             if failed:  # a replica failed: Vertex fails the job and stops the others
                 first_failure = failed[0]
             if ctx.cancelled.wait(0.2) or failed:
                 self._stop(procs)
                 break
+        self._stop(procs)  # the reducers serve until the training replicas end
         for r in readers:
             r.join(timeout=10)
         if ctx.cancelled.is_set():
             return None  # the fake records CANCELLED
         first_failure = first_failure or next(
-            ((t, p.returncode) for t, p in procs.items() if p.returncode), None
+            ((t, p.returncode) for t, p in trainers.items() if p.returncode), None
         )
         if first_failure is None:
             return None
@@ -158,6 +189,17 @@ class LocalReplicas:
             f"The replica {task} exited with a non-zero status of {code}. "
             "To find out more about why your job exited please check the logs.",
         )
+
+    def _write_back(self, mount: Path, before: dict[Path, float]) -> None:
+        """Every file created or changed under the /gcs mount, uploaded to its bucket."""
+        from google.cloud.storage import Client
+
+        for path, mtime in _files(mount).items():
+            if before.get(path) == mtime:
+                continue
+            bucket, _, name = str(path.relative_to(mount)).partition("/")
+            Client().bucket(bucket).blob(name).upload_from_filename(str(path))
+        self.written_back = True
 
     def _download(self, uri: str, to: Path) -> None:
         from google.cloud.storage import Client
@@ -195,6 +237,20 @@ class LocalReplicas:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+#: The stand-in for Google's reductionserver container: it serves until Vertex stops it once
+#: the training replicas ended (the real one is a restricted image, not runnable here).
+REDUCER = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "print(f'reduction server: serving {sys.argv[1]} training replicas', flush=True)\n"
+    "while True: time.sleep(1)\n"
+)
+
+
+def _files(root: Path) -> dict[Path, float]:
+    return {p: p.stat().st_mtime for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
 
 
 def alive(pid: int) -> bool:

@@ -5,7 +5,8 @@ gputrain's production `docker run` (host network and IPC, the run dir mounted) s
 inside it on both hosts and the two form one gloo DDP job; results and exit codes come home, a
 stop removes the containers, `verify` runs nvidia-smi inside the image, a stack VM without
 docker gets it installed (a fake apt-get that provides the shim), and a stack's `build:` Dockerfile
-is built here, pushed, and trains 2-node on the bed."""
+is built here, pushed, and trains 2-node on the bed; and a Vertex AI user's own container, built
+from their Dockerfile as it is and run from their gcloud config.yaml on the fake Vertex."""
 
 from __future__ import annotations
 
@@ -29,9 +30,16 @@ from scripts.job.launch import stop_job
 from scripts.settings import Settings
 from tests.support import JOBS
 from tests.support.container_bed import IMAGE_MARK, ContainerBed
+from tests.support.containers import Podman
 from tests.support.fake_artifact_registry import FakeArtifactRegistry
+from tests.support.gcs_emulator import GcsEmulator
 from tests.support.stack_world import World, assert_torn_down
 from tests.support.testbed import GpuConfig, TestBed, TestHost
+from tests.support.vertex_world import BUCKET as VERTEX_BUCKET
+from tests.support.vertex_world import PROJECT as VERTEX_PROJECT
+from tests.support.vertex_world import World as VertexWorld
+from tests.support.vertex_world import assert_torn_down as assert_vertex_torn_down
+from tests.support.vertex_world import world_factory as vertex_world_factory
 from tests.support.wheelhouse import PackageIndex, build_wheel
 
 STANDIN = JOBS.parent / "nanogpt_standin" / "train_with_requirements.py"
@@ -293,3 +301,104 @@ def test_a_stack_with_build_trains_two_nodes_in_the_image_it_built(
         assert out.count("inside=True world=2 sum=3") == 2
         assert artifacts.repositories[("gputrain-test", "us-central1")] == {}
     assert_torn_down(w)
+
+
+#: The user's train.py, as Google's PyTorch samples write one: the rendezvous from the env Vertex
+#: sets (init_method env://), the model to AIP_MODEL_DIR through the /gcs/ mount.
+USER_TRAIN = """import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+rank = dist.get_rank()
+t = torch.tensor([rank + 1.0]); dist.all_reduce(t)
+print(f"rank {rank} of {dist.get_world_size()}: all-reduce sum {t.item():g}", flush=True)
+if rank == 0:
+    model_dir = os.environ["AIP_MODEL_DIR"].replace("gs://", "/gcs/", 1)
+    os.makedirs(model_dir, exist_ok=True)
+    torch.save({"sum": t}, os.path.join(model_dir, "model.pt"))
+dist.destroy_process_group()
+"""
+#: The user's config.yaml for `gcloud ai custom-jobs create --config` (their own image URI).
+USER_CONFIG = """workerPoolSpecs:
+  - machineSpec:
+      machineType: g2-standard-8
+      acceleratorType: NVIDIA_L4
+      acceleratorCount: 1
+    replicaCount: 1
+    containerSpec:
+      imageUri: us-central1-docker.pkg.dev/my-project/my-repo/train:latest
+  - machineSpec:
+      machineType: g2-standard-8
+      acceleratorType: NVIDIA_L4
+      acceleratorCount: 1
+    replicaCount: 1
+    containerSpec:
+      imageUri: us-central1-docker.pkg.dev/my-project/my-repo/train:latest
+"""
+
+
+@pytest.fixture
+def vertex_world(
+    tmp_path: Path, gcs: GcsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., VertexWorld]]:
+    yield from vertex_world_factory(tmp_path, gcs, monkeypatch)
+
+
+def test_vertex_runs_the_users_own_container_unchanged_from_their_gcloud_config(
+    tb: TestBed,
+    cbed: ContainerBed,
+    vertex_world: Callable[..., VertexWorld],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The simplest documented custom container (FROM a PyTorch image, COPY train.py, WORKDIR,
+    CMD) and the user's gcloud config.yaml: `build:` builds and pushes it, `vertexJobSpec:`
+    submits their pools as they are; the fake Vertex runs both replicas in the image (a small
+    base whose `python` is the bed's interpreter with torch stands in for the PyTorch image),
+    the model comes home from the bucket, and nothing is left."""
+    base = f"{cbed.registry.host}/pytorch/pytorch:standin"
+    cbed.builder.import_image(
+        "localhost/pytorch-standin:1",
+        {"/usr/local/bin/python": f'#!/bin/sh\nexec {tb.python} "$@"\n'},
+        {"/lib": "usr/lib", "/lib64": "usr/lib64"},
+    )
+    cbed.builder("push", "-q", "localhost/pytorch-standin:1", f"docker://{base}")
+    machines = Podman(tmp_path / "vertex-machines", run_args=cbed.python_mounts())
+    machines.trust(cbed.registry.host)
+    monkeypatch.setenv("PATH", f"{cbed.builder.shim_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv(REGISTRY_HOST_ENV, cbed.registry.host)
+    try:
+        with FakeArtifactRegistry(VERTEX_PROJECT) as artifacts:
+            w = vertex_world(docker=(str(machines.shim_dir / "docker"),), artifacts=artifacts)
+            project = w.settings.root
+            (project / "app").mkdir()
+            (project / "app" / "Dockerfile").write_text(
+                f'FROM {base}\nCOPY train.py /app/train.py\nWORKDIR /app\nCMD ["python", "train.py"]\n'
+            )
+            (project / "app" / "train.py").write_text(USER_TRAIN)
+            (project / "config.yaml").write_text(USER_CONFIG)
+            stack = project / "Pulumi.vtest.yaml"
+            stack.write_text(
+                stack.read_text()
+                + "  gputrain:build: app/Dockerfile\n  gputrain:vertexJobSpec: config.yaml\n"
+            )
+            rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight")
+            out, err = capsys.readouterr()
+            assert rc == 0, out[-3000:] + err[-2000:]
+            [body] = w.created()
+            pools = body["jobSpec"]["workerPoolSpecs"]
+            built = f"{cbed.registry.host}/{VERTEX_PROJECT}/gputrain-vtest/app@sha256:"
+            for pool in pools:  # their pools; only the image is the one built from their file
+                assert set(pool["containerSpec"]) == {"imageUri"}  # no command, args, env
+                assert pool["containerSpec"]["imageUri"].startswith(built)
+                assert pool["machineSpec"]["machineType"] == "g2-standard-8"
+            assert body["jobSpec"]["baseOutputDirectory"] == {
+                "outputUriPrefix": f"gs://{VERTEX_BUCKET}/runs/{w.run_dir.name}/"
+            }
+            for rank in (0, 1):
+                assert f"rank {rank} of 2: all-reduce sum 3" in out
+            assert (w.run_dir / "model" / "model.pt").is_file()  # home from the bucket
+            assert machines("ps", "-aq").stdout.split() == []  # --rm: no container left
+            assert artifacts.repositories[(VERTEX_PROJECT, "us-central1")] == {}
+        assert_vertex_torn_down(w)
+    finally:
+        machines.cleanup()

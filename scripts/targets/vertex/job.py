@@ -20,11 +20,13 @@ from typing import Any
 
 from infra import catalog, vertex
 from infra.base.errors import UserError
+from infra.vertex_pools import REDUCTION_SERVER_ENV, Chief, ReductionServer, reduction_server_image
 from scripts.job.sync import check_size, collect_sources
 
 DEFAULT_PYTHON_MODULE = "trainer.vertex_entry"
 CODE_PACKAGE = "gputrain_code"  # the working directory travels as this package's data, under files/
 SDIST_NAME, SDIST_VERSION = "gputrain-job", "0"
+SDIST_FILE = f"{SDIST_NAME}-{SDIST_VERSION}.tar.gz"  # what build_sdist writes
 #: What pip installs with the package: the trainer's needs but torch, which the container brings
 #: (a second torch would be a multi-GB download that may not match the container's CUDA).
 #: pyproject's `train` extra without torch; a test holds them together.
@@ -81,6 +83,8 @@ class JobRequest:
     boot_disk_gb: int | None = None  # None: Vertex's default (100 GB pd-ssd)
     image_uri: str | None = None  # a custom container (containerSpec) instead of the executor
     flex_start_wait_s: int = 0  # > 0: Flex-start (DWS) capacity, waiting at most this long
+    chief: Chief | None = None  # pool 0's own machine; None: machine_type's
+    reduction_server: ReductionServer | None = None  # worker pool 2; None: no pool 2
 
 
 #: containerSpec's command: the staged sdist, read where Vertex mounts the bucket (/gcs/BUCKET/...),
@@ -130,8 +134,9 @@ def scheduling(req: JobRequest) -> dict[str, Any]:
 
 
 def custom_job_body(req: JobRequest) -> dict[str, Any]:
-    """The CustomJob as REST JSON (camelCase): pool 0 is the chief (1 replica), pool 1 the other
-    nodes - 1 workers; a server-side timeout; SPOT or STANDARD scheduling."""
+    """The CustomJob as REST JSON (camelCase): pool 0 is the chief (1 replica, its own machine
+    with `chief`), pool 1 the other nodes - 1 workers, pool 2 the Reduction Server's reducers
+    when asked for; a server-side timeout; SPOT, STANDARD or FLEX_START scheduling."""
     problem = vertex.vertex_problem(req.machine_type, req.gpu_type, req.gpu_count, spot=req.spot)
     if problem:
         raise UserError(problem)
@@ -139,7 +144,8 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
         raise UserError(f"nodes = {req.nodes}: allowed: 1 or more")
     if req.max_run_duration_s < 1:
         raise UserError(f"maxRunDuration = {req.max_run_duration_s}s: allowed: 1 s or more")
-    env = [{"name": k, "value": v} for k, v in sorted(req.env.items())]
+    reducer_env = REDUCTION_SERVER_ENV if req.reduction_server else {}
+    env = [{"name": k, "value": v} for k, v in sorted({**reducer_env, **req.env}.items())]
     pool: dict[str, Any] = {
         "machineSpec": machine_spec(req.machine_type, req.gpu_type, req.gpu_count),
         "replicaCount": 1,
@@ -165,6 +171,22 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
     if req.boot_disk_gb:
         pool["diskSpec"] = {"bootDiskType": "pd-ssd", "bootDiskSizeGb": req.boot_disk_gb}
     pools = [pool] + ([{**pool, "replicaCount": req.nodes - 1}] if req.nodes > 1 else [])
+    if req.chief is not None:
+        c = req.chief
+        problem = vertex.vertex_problem(c.machine_type, c.gpu_type, c.gpu_count, spot=req.spot)
+        if problem:
+            raise UserError(f"chief.{problem}")
+        pools[0] = {**pool, "machineSpec": machine_spec(c.machine_type, c.gpu_type, c.gpu_count)}
+    if req.reduction_server is not None:
+        if req.nodes < 2:
+            raise UserError(f"reductionServer: the job has {req.nodes} node; allowed: 2 or more")
+        pools.append(
+            {
+                "machineSpec": {"machineType": req.reduction_server.machine_type},
+                "replicaCount": req.reduction_server.replicas,
+                "containerSpec": {"imageUri": reduction_server_image(req.region)},
+            }
+        )
     job_spec: dict[str, Any] = {
         "workerPoolSpecs": pools,
         "scheduling": scheduling(req),
@@ -173,6 +195,17 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
     if req.service_account:
         job_spec["serviceAccount"] = req.service_account
     return {"displayName": req.display_name, "labels": dict(req.labels), "jobSpec": job_spec}
+
+
+def describe_pools(job_spec: Mapping[str, Any]) -> str:
+    """`1 x a2-highgpu-1g (chief) + 3 x a2-highgpu-1g (workers) + 4 x n1-highcpu-16 (reducers)`."""
+    roles = ("chief", "workers", "reducers", "evaluators")
+    parts = [
+        f"{pool.get('replicaCount', 1)} x {pool['machineSpec']['machineType']} ({roles[i]})"
+        for i, pool in enumerate(job_spec.get("workerPoolSpecs") or [])
+        if pool and i < len(roles)
+    ]
+    return " + ".join(parts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,12 +322,15 @@ class LogLine:
 
 
 def replica_label(task: str) -> str:
-    """workerpool0-0 -> chief, workerpool1-i -> worker-<i+1> (its torchrun node rank)."""
-    m = re.fullmatch(r"workerpool(\d+)-(\d+)", task)
+    """workerpool0-0 -> chief, workerpool1-i -> worker-<i+1> (its torchrun node rank),
+    workerpool2-i -> reducer-i (Reduction Server), workerpool3-i -> evaluator-i."""
+    m = re.fullmatch(r"workerpool([0-3])-(\d+)", task)
     if not m:
         return task or "vertex"
     pool, index = int(m[1]), int(m[2])
-    return "chief" if pool == 0 else f"worker-{index + 1}" if pool == 1 else task
+    if pool == 0:
+        return "chief"
+    return f"worker-{index + 1}" if pool == 1 else f"{('reducer', 'evaluator')[pool - 2]}-{index}"
 
 
 def format_log_lines(lines: Iterable[LogLine]) -> list[str]:

@@ -9,6 +9,7 @@ blocks; a region where no listed zone has the machine type fails.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from infra import vertex
 from infra.base.errors import GputrainError
@@ -103,6 +104,38 @@ def _zones_row(spec: ClusterSpec, api: ComputeApi) -> CheckResult:
         "; ".join(why),
         "pick zones of a region that offers it (gputrain:zones)",
     )
+
+
+#: The first google-cloud-aiplatform with every field and enum the job body sends: Scheduling
+#: `strategy` and `maxWaitDuration` (1.62), FLEX_START (1.66), NVIDIA_H100_MEGA_80GB (1.75),
+#: NVIDIA_H200_141GB and NVIDIA_B200 (1.93.0: read in the released wheels' aiplatform_v1/types/
+#: accelerator_type.py and custom_job.py). proto-plus's from_json refuses a name it lacks, so an
+#: older client would fail at submission, after `up`. pyproject.toml pins the same floor.
+AIPLATFORM_FLOOR = (1, 93, 0)
+AIPLATFORM = "google-cloud-aiplatform"
+
+
+def aiplatform_problem(installed: str | None = None) -> str | None:
+    """One line when the installed client cannot send our jobs (too old, or absent); None when
+    it can. `installed`: the version to judge (default: what this Python has)."""
+    from importlib import metadata
+
+    if installed is None:
+        try:
+            installed = metadata.version(AIPLATFORM)
+        except metadata.PackageNotFoundError:
+            installed = ""
+    floor = ".".join(map(str, AIPLATFORM_FLOOR))
+    if not installed:
+        return f"{AIPLATFORM} is not installed; backend vertex needs it: pip install '{AIPLATFORM}>={floor}'"
+    parts = [int(p) for p in re.findall(r"\d+", installed)[:3]]
+    if tuple(parts + [0] * (3 - len(parts))) < AIPLATFORM_FLOOR:
+        return (
+            f"{AIPLATFORM} {installed} is too old for backend vertex (it lacks the Vertex fields "
+            f"and GPU names gputrain sends); allowed: {floor} or newer: "
+            f"pip install '{AIPLATFORM}>={floor}'"
+        )
+    return None
 
 
 def preflight_region(spec: ClusterSpec, api: ComputeApi) -> None:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from infra import vertex
 from infra.base.errors import GputrainError, UserError
@@ -22,6 +22,7 @@ from infra.gcp.gcs import StorageApi
 from infra.outputs import VertexOutputs
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
+from infra.vertex_pools import PoolShape, check_job_spec, price_pools, total_hourly
 from scripts import ui
 from scripts.guard import SignalGuard
 from scripts.job.download import write_job_record
@@ -36,16 +37,21 @@ from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.environment import environment_env
 from scripts.targets.vertex.job import (
     DEFAULT_FLEX_START_WAIT_S,
+    SDIST_FILE,
     SECRETS_REQUIREMENT,
     JobRequest,
     JobStatus,
     build_sdist,
     custom_job_body,
+    describe_pools,
     failure_message,
+    gcs_fuse_path,
     run_output_dir,
+    scheduling,
     staging_dir,
     state_line,
 )
+from scripts.targets.vertex.jobfile import job_spec_for_run, read_job_file, stack_pools
 
 if TYPE_CHECKING:
     from scripts.targets.vertex.api import Followed
@@ -104,12 +110,17 @@ class VertexSession:
         # that Vertex runs the shape at all, parse_spec checked (vertex_problem)
         regions = vertex.vertex_regions(self.spec.accelerator)
         known = regions is None or self.out.region in regions
+        shape = (
+            f"the pools of {self.spec.vertex_job_spec}"
+            if self.spec.vertex_job_spec
+            else f"{self.spec.nodes} x {self.spec.machine_type} "
+            f"({'a region known to offer' if known else 'region not known to offer'} "
+            f"{self.spec.accelerator})"
+        )
         ui.say(
             f"verify: stack {self.spec.stack} on Vertex AI in {self.out.region}: bucket "
-            f"gs://{self.out.bucket}, jobs run as {self.out.service_account}; "
-            f"{self.spec.nodes} x {self.spec.machine_type} "
-            f"({'a region known to offer' if known else 'region not known to offer'} "
-            f"{self.spec.accelerator}). Vertex provides the GPUs; there is no SSH to check them"
+            f"gs://{self.out.bucket}, jobs run as {self.out.service_account}; {shape}. "
+            "Vertex provides the GPUs; there is no SSH to check them"
         )
 
     # ---- a job
@@ -123,8 +134,7 @@ class VertexSession:
             ui.warn("--force-setup changes nothing on Vertex AI: every job's replicas are new")
         started = time.monotonic()
         results_dir.mkdir(parents=True, exist_ok=True)
-        package = self._stage(job)
-        body = custom_job_body(self._request(job, package))
+        body = self.job_body(job, stage=True)
         created: JobStatus | None = None
         try:
             created = self.api.create_job(body)
@@ -132,8 +142,8 @@ class VertexSession:
                 json.dumps({"name": created.name, "run_id": job.run_id}, indent=2) + "\n"
             )
             ui.say(
-                f"vertex: job {created.job_id} submitted: {self.spec.nodes} x "
-                f"{self.spec.machine_type}, cut off after {self.spec.max_run_duration}"
+                f"vertex: job {created.job_id} submitted: {describe_pools(body['jobSpec'])}, "
+                f"cut off after {body['jobSpec']['scheduling'].get('timeout', '?')}"
             )
             with (results_dir / LOG_FILE).open("a") as log:
                 followed = self._follow(created.name, log)
@@ -162,6 +172,40 @@ class VertexSession:
             )
         return result
 
+    def job_body(self, job: Job, *, stage: bool) -> dict[str, Any]:
+        """The CustomJob this run submits: the stack keys' job, or the `vertexJobSpec` file's.
+        `stage`: upload the working directory where the job reads it (else only name it)."""
+        if not self.spec.vertex_job_spec:
+            package = self._stage(job) if stage else self.package_uri(job.run_id)
+            self._price(stack_pools(self.spec))
+            return custom_job_body(self._request(job, package))
+        path, doc = read_job_file(self.settings.root, self.spec.vertex_job_spec)
+        self._price(check_job_spec(doc, f"gputrain:vertexJobSpec {path.name}", spot=self.spec.spot))
+        package = self.package_uri(job.run_id)
+        job_spec = job_spec_for_run(
+            doc,
+            run_id=job.run_id,
+            output_dir=run_output_dir(self.out.bucket, job.run_id, self.out.bucket_prefix),
+            service_account=self.out.service_account,
+            scheduling=scheduling(self._request(job, package)),
+            image=job.image.pinned if job.image is not None else None,
+        )
+        text = json.dumps(job_spec)
+        if stage and (package in text or gcs_fuse_path(package) in text):
+            self._stage(job)  # an export of gputrain's own job: its code where it points
+        labels = {**stack_labels(self.spec), RUN_LABEL: run_label(job.run_id)}
+        name = f"gputrain-{self.spec.stack}-{job.run_id}"[:128]
+        return {"displayName": name, "labels": labels, "jobSpec": job_spec}
+
+    def _price(self, shapes: list[tuple[int, PoolShape]]) -> None:
+        """The job's $/h: every pool's replicas (the summary's cost)."""
+        priced = price_pools(shapes, self.out.region, spot=self.spec.spot)
+        self.hourly_usd = total_hourly(priced)
+
+    def package_uri(self, run_id: str) -> str:
+        """Where _stage puts the run's code package."""
+        return staging_dir(self.out.bucket, run_id, self.out.bucket_prefix) + SDIST_FILE
+
     def _stage(self, job: Job) -> str:
         """The sdist of the working directory + trainer, in gs://<bucket>/staging/<run-id>/."""
         with tempfile.TemporaryDirectory(prefix="gputrain-sdist-") as tmp:
@@ -172,7 +216,8 @@ class VertexSession:
                 limit_mib=job.max_upload_mib,
                 extra_requires=(SECRETS_REQUIREMENT,) if job.secret_refs else (),
             )
-            uri = staging_dir(self.out.bucket, job.run_id, self.out.bucket_prefix) + archive.name
+            uri = self.package_uri(job.run_id)
+            assert archive.name == SDIST_FILE
             storage = self.clients.storage(self.out.project)
             storage.upload(self.out.bucket, uri.split("/", 3)[3], archive)
         ui.say(f"vertex: staged {size / 2**20:.1f} MiB of code as {uri}")
@@ -208,6 +253,8 @@ class VertexSession:
             flex_start_wait_s=(spec.wait_for_capacity_s or DEFAULT_FLEX_START_WAIT_S)
             if spec.capacity == "flex-start"
             else 0,
+            chief=spec.chief,
+            reduction_server=spec.reduction_server,
         )
 
     def _follow(self, name: str, log: IO[str] | None = None) -> Followed:

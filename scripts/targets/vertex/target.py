@@ -9,11 +9,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import UserError
 from infra.outputs import Key, VertexOutputs, parse_vertex_outputs
 from infra.stackfile import STACK_LABEL
+from infra.vertex_pools import PoolShape, env_names
 from scripts import ui
 from scripts.targets.base import RunOptions
 from scripts.targets.stack.runner import pulumi_line
@@ -23,6 +25,28 @@ from scripts.targets.vertex.session import RUN_LABEL, VertexSession
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
+    from scripts.job.records import Job
+
+
+def reduction_server_lines(
+    hourly: float | None, total: float | None, spec: ClusterSpec, *, custom: bool
+) -> list[str]:
+    """What `plan` says of a Reduction Server pool: its price, when it pays, what it needs."""
+    cost = "an unknown price" if hourly is None else f"${hourly:,.2f}/h"
+    share = f" ({hourly / total:.0%} of the job)" if hourly and total else ""
+    needs = (
+        "your image must have NCCL >= 2.7 and the google-reduction-server package (Google's apt "
+        "line in its Dockerfile)"
+        if custom
+        else f"{spec.executor_image} is a prebuilt PyTorch container (>= 1.4: it has the plugin)"
+    )
+    return [
+        f"Reduction Server: worker pool 2 at {cost}{share}. It pays when NCCL all-reduce between "
+        "the nodes bounds the step (multi-node data-parallel training of large models; Google "
+        "measured up to 2x all-reduce bandwidth); small models or one node gain nothing.",
+        f"  the training replicas use it through NCCL's reduction-server plugin: {needs}; "
+        "NCCL_DEBUG=INFO in their env shows the plugin loading.",
+    ]
 
 
 class VertexTarget(StackTarget[VertexClients, None]):
@@ -89,10 +113,100 @@ class VertexTarget(StackTarget[VertexClients, None]):
             ui.say(f"sweep: nothing of stack {self.stack} is left (no job running, no bucket)")
         return bool(leftovers)
 
+    # ---- plan: the pools, priced; the job as a file
+
+    def _file_pools(self, spec: ClusterSpec) -> tuple[dict[str, Any], list[tuple[int, PoolShape]]]:
+        from infra.vertex_pools import check_job_spec
+        from scripts.targets.vertex.jobfile import read_job_file
+
+        path, doc = read_job_file(self.settings.root, spec.vertex_job_spec)
+        return doc, check_job_spec(doc, f"gputrain:vertexJobSpec {path.name}", spot=spec.spot)
+
+    def _planned_outputs(self, spec: ClusterSpec) -> VertexOutputs:
+        """What `up` will make: the stack's bucket and service account, by their names."""
+        from infra.stackfile import service_account_id
+
+        project = spec.project or "PROJECT"  # `plan` without gcp:project; export refuses it
+        bucket = spec.bucket_name or f"BUCKET-OF-{self.stack}"
+        account = f"{service_account_id(self.stack)}@{project}.iam.gserviceaccount.com"
+        return VertexOutputs(project, spec.region, bucket, spec.bucket_prefix, account)
+
+    def plan(self) -> None:
+        """The stack's plan (or the file's pools instead of the stack's shape), each pool
+        priced, what Reduction Server costs and when it pays, and whether this Python's Vertex
+        client can send the job."""
+        from infra.vertex_pools import POOL_HEADERS, pool_rows, price_pools, total_hourly
+        from scripts.targets.vertex.jobfile import replaced_fields, stack_pools
+        from scripts.targets.vertex.preflight import aiplatform_problem
+
+        spec = self.spec()
+        if spec.vertex_job_spec:
+            doc, shapes = self._file_pools(spec)
+            ui.say(
+                f"plan: stack {self.stack} (Vertex AI, {spec.region}) submits "
+                f"{spec.vertex_job_spec} as it is; machineType, gpus and nodes are not used"
+            )
+            account = self._planned_outputs(spec).service_account
+            for field in replaced_fields(doc, service_account=account, build=spec.build):
+                ui.say(f"  the stack sets {field}")
+        else:
+            super().plan()
+            shapes = stack_pools(spec)
+        priced = price_pools(shapes, spec.region, spot=spec.spot)
+        mode = "Spot" if spec.spot else "on-demand"
+        ui.table(f"Vertex AI worker pools ({mode}, with the training premium)", POOL_HEADERS,
+                 pool_rows(priced))  # fmt: skip
+        if spec.chief is not None or spec.reduction_server is not None:
+            ui.say(
+                "the job's price is these pools' total (the first table prices every node alike)"
+            )
+        reducers = next((p for p in priced if p.index == 2 and not p.shape.gpus), None)
+        if reducers is not None:
+            custom = bool(spec.build or spec.vertex_job_spec or self.environment_settings().image)
+            for line in reduction_server_lines(
+                reducers.hourly, total_hourly(priced), spec, custom=custom
+            ):
+                ui.say(line)
+        problem = aiplatform_problem()
+        if problem:
+            ui.warn(problem)
+
+    def export_job(self, job: Job, path: Path, *, force: bool) -> None:
+        """`plan --export FILE`: the CustomJobSpec the next run would submit (run id included:
+        read back by `vertexJobSpec`, that run's id takes its place)."""
+        from scripts.targets.vertex.jobfile import write_job_file
+
+        spec = self.spec_with_project()  # the file names the stack's bucket and account
+        if spec.build and not spec.vertex_job_spec:
+            raise UserError(
+                f"--export: stack {self.stack} has build: {spec.build}, whose image exists only "
+                "once `up` built it; export after removing build (with image: REGISTRY/PATH:TAG)"
+            )
+        session = VertexSession(spec, self._planned_outputs(spec), self.clients, self.settings)
+        body = session.job_body(job, stage=False)
+        write_job_file(path, body["jobSpec"], force=force)
+        ui.say(
+            f"plan: wrote the CustomJobSpec to {path} (env names: "
+            f"{', '.join(env_names(body['jobSpec'])) or 'none'}; secrets travel as references); "
+            f"gcloud ai custom-jobs create --region={spec.region} --display-name=NAME "
+            f"--config={path}"
+        )
+
     # ---- creating and destroying: StackTarget's skeleton, these hooks
 
     def prepare(self, spec: ClusterSpec, opts: RunOptions) -> None:
-        if not opts.skip_preflight:
+        from scripts.targets.vertex.preflight import aiplatform_problem
+
+        problem = aiplatform_problem()  # even with --skip-preflight: nothing would submit
+        if problem:
+            raise UserError(f"{problem}; nothing was created")
+        if spec.vertex_job_spec:  # the file's pools, checked before anything is created
+            _, shapes = self._file_pools(spec)
+            ui.say(
+                f"preflight: {spec.vertex_job_spec}: {len(shapes)} pool(s) of machine types "
+                "Vertex runs; the stack's own machineType is not used, so not checked"
+            )
+        elif not opts.skip_preflight:
             from scripts.targets.vertex.preflight import preflight_region
 
             preflight_region(spec, self.clients.compute())

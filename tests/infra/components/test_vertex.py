@@ -320,3 +320,28 @@ def test_bad_vertex_config_is_one_line_and_declares_nothing(
 ) -> None:
     message = expect_declares_nothing(config, "vertex")
     assert message.startswith(expected), message
+
+
+def test_worker_pools_are_the_jobs_not_the_stacks() -> None:
+    """chief, reductionServer and vertexJobSpec shape the job, which is no Pulumi resource: the
+    program declares the same stack with or without them (they never reach it)."""
+    pools = {
+        "chief": '{"machineType": "g2-standard-8"}',
+        "reductionServer": '{"replicas": 2}',
+        "vertexJobSpec": "config.yaml",
+    }
+    spec = parse_spec(_vertex(**pools), "vertex")
+    assert spec.reduction_server is not None and spec.reduction_server.replicas == 2
+    assert spec.chief is not None and spec.chief.machine_type == "g2-standard-8"
+    plain, plain_out = _program(_vertex())
+    pooled, pooled_out = _program(_vertex(**pools))
+
+    def declared(resources: list[Any]) -> list[tuple[str, str, str]]:  # registration order varies
+        return sorted((r.typ, r.name, repr(sorted(r.inputs.items()))) for r in resources)
+
+    assert declared(pooled) == declared(plain)
+    assert pooled_out == plain_out
+    # a gce stack ignores them, and `plan` names them
+    gce = parse_spec(_vertex(backend="gce", **pools, sshSourceRanges='["10.0.0.0/8"]'), "vertex")
+    assert gce.reduction_server is None and gce.chief is None and gce.vertex_job_spec == ""
+    assert set(pools) <= set(gce.ignored)

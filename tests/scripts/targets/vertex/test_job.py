@@ -256,7 +256,7 @@ def test_replica_prefixes() -> None:
         "[worker-1] w",
         "[worker-3] w3",
         "[vertex] Job is running.",
-        "[workerpool2-0] reducer",
+        "[reducer-0] reducer",
     ]
 
 

@@ -1,0 +1,421 @@
+"""Vertex AI worker pools beyond "one shape, N replicas": the chief's own shape, a Reduction
+Server pool (worker pool 2), and a user's CustomJobSpec file (the YAML `gcloud ai custom-jobs
+create --config` reads) checked against the same rules and priced pool by pool.
+
+Pure: no I/O (the controller reads and writes the files). Sources, read while building this:
+- Vertex "Distributed training" (docs.cloud.google.com/vertex-ai/docs/training/
+  distributed-training): pool 0 the primary (replicaCount 1), 1 workers, 2 parameter servers or
+  Reduction Server, 3 evaluators; the reductionserver image URIs; reducers use no GPUs;
+  n1-highcpu-16 recommended, "a general purpose N1/N2 VM with at least 16 vCPU" (32 Gbps);
+  the reducers' total bandwidth should match the GPU workers'; prerequisites (GPU workers, NCCL
+  all-reduce, prebuilt PyTorch >= 1.4 or a custom container with `google-reduction-server`).
+- GoogleCloudPlatform/vertex-ai-samples reduction_server notebook: NCCL_DEBUG=INFO on the
+  training pools, n1-highcpu-16 reducers.
+- `gcloud ai custom-jobs create` reference: --config is "a YAML document containing a
+  `CustomJobSpec`"; "keys with underscore are invalid".
+- google-cloud-aiplatform 1.93.0 `aiplatform_v1/types/custom_job.py`: the CustomJobSpec fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infra import catalog, vertex
+from infra.base.errors import UserError
+from infra.prices import ZonePrice, price_table
+
+#: Google's Reduction Server image, one per multi-region (the docs list these three).
+REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+DEFAULT_REDUCER_MACHINE = "n1-highcpu-16"  # the docs' recommendation
+REDUCER_GBPS = 32  # n1-highcpu-16's egress bandwidth (the docs' worked example)
+#: What the training pools get with a Reduction Server: Google's sample sets NCCL_DEBUG=INFO, so
+#: the replicas' logs say whether NCCL loaded the reduction-server plugin.
+REDUCTION_SERVER_ENV = {"NCCL_DEBUG": "INFO"}
+_REDUCER_RE = re.compile(r"(n1|n2)-(standard|highcpu|highmem)-(\d+)")
+POOL_ROLES = ("chief", "workers", "reduction server", "evaluators")
+
+#: CustomJobSpec's fields in google-cloud-aiplatform 1.93.0 (the floor), as gcloud's YAML spells
+#: them; WorkerPoolSpec's likewise.
+JOB_SPEC_FIELDS = [
+    "persistentResourceId",
+    "workerPoolSpecs",
+    "scheduling",
+    "serviceAccount",
+    "network",
+    "reservedIpRanges",
+    "baseOutputDirectory",
+    "protectedArtifactLocationId",
+    "tensorboard",
+    "enableWebAccess",
+    "enableDashboardAccess",
+    "experiment",
+    "experimentRun",
+    "models",
+]
+POOL_FIELDS = [
+    "containerSpec",
+    "pythonPackageSpec",
+    "machineSpec",
+    "replicaCount",
+    "nfsMounts",
+    "diskSpec",
+]
+
+
+def reduction_server_image(region: str) -> str:
+    """The image in the multi-region nearest the job (the docs: it "might reduce latency")."""
+    area = "europe" if region.startswith("europe") else "asia" if region.startswith("asia") else ""
+    return REDUCTION_SERVER_IMAGE.replace("us-", f"{area}-", 1) if area else REDUCTION_SERVER_IMAGE
+
+
+def is_reduction_server_image(uri: str) -> bool:
+    return bool(re.fullmatch(r"(us|europe|asia)-docker\.pkg\.dev/vertex-ai-restricted/"
+                             r"training/reductionserver(:[\w.-]+|@sha256:[0-9a-f]{64})?", uri))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Stack keys: reductionServer and chief
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """One worker pool's machines: what Vertex bills for."""
+
+    machine_type: str
+    accelerator: str | None  # catalog name (N1: attached); None for CPU-only
+    gpus: int  # per replica
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ReductionServer:
+    replicas: int
+    machine_type: str = DEFAULT_REDUCER_MACHINE
+
+    def shape(self) -> PoolShape:
+        return PoolShape(self.machine_type, None, 0, self.replicas)
+
+
+@dataclass(frozen=True)
+class Chief:
+    """`chief`: pool 0's own machine (the workers keep the stack's)."""
+
+    machine_type: str
+    gpu_type: str | None  # as written; None = implied by the machine type
+    gpu_count: int
+
+
+def _map(raw: str, key: str, allowed: tuple[str, ...]) -> dict[str, Any] | None:
+    """A map-valued stack key (JSON, as the Pulumi CLI hands maps over); None when unset."""
+    if not raw.strip():
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if not isinstance(value, dict):
+        raise UserError(f"gputrain:{key} = {raw!r}: allowed: a map of {', '.join(allowed)}")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise UserError(
+            f"gputrain:{key}.{unknown[0]}: not a setting; allowed: {', '.join(allowed)}"
+        )
+    return value
+
+
+def reducer_problem(machine_type: str, gpus: int = 0) -> str | None:
+    """Why this cannot be a Reduction Server node (one line), or None."""
+    m = _REDUCER_RE.fullmatch(machine_type)
+    if gpus:
+        return f"{gpus} GPU(s): Reduction Server nodes use no GPUs"
+    if m is None or int(m[3]) < 16:
+        return (
+            f"machineType {machine_type!r}: allowed for Reduction Server: a general-purpose N1/N2 "
+            f"type with 16+ vCPUs, e.g. {DEFAULT_REDUCER_MACHINE} (Google's recommendation)"
+        )
+    return None
+
+
+def default_reducers(workers: int, worker_gbps: int | None) -> int:
+    """The docs' rule: the reducers' total egress matches the GPU nodes'
+    (8 x 100 Gbps / 32 Gbps = 25); a node of unknown bandwidth counts as one reducer."""
+    if not worker_gbps:
+        return workers
+    return math.ceil(workers * worker_gbps / REDUCER_GBPS)
+
+
+def parse_reduction_server(raw: str, *, nodes: int, machine_type: str) -> ReductionServer | None:
+    """`reductionServer: {replicas: N, machineType: M}` (both optional: `{}` takes the
+    defaults); refuses, in one line, a job it cannot speed up: fewer than 2 GPU nodes."""
+    value = _map(raw, "reductionServer", ("replicas", "machineType"))
+    if value is None:
+        return None
+    mt = catalog.machine_type(machine_type)
+    default = default_reducers(nodes, mt.max_gbps if mt else None)
+    replicas = value.get("replicas", default)
+    if isinstance(replicas, str) and re.fullmatch(r"-?\d+", replicas.strip()):
+        replicas = int(replicas)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise UserError(
+            f"gputrain:reductionServer.replicas = {replicas!r}: allowed: 1 or more reducer "
+            f"nodes (default {default}: their bandwidth matching the GPU nodes')"
+        )
+    machine = str(value.get("machineType") or DEFAULT_REDUCER_MACHINE)
+    problem = reducer_problem(machine)
+    if problem:
+        raise UserError(f"gputrain:reductionServer.{problem}")
+    if nodes < 2:
+        raise UserError(
+            f"gputrain:reductionServer: the job has {nodes} node; Reduction Server only speeds up "
+            "NCCL all-reduce between 2 or more GPU nodes (remove it, or set nodes >= 2)"
+        )
+    return ReductionServer(replicas, machine)
+
+
+def parse_chief(raw: str, *, spot: bool) -> Chief | None:
+    """`chief: {machineType: M, gpuType: T, gpuCount: N}`: pool 0's own shape."""
+    value = _map(raw, "chief", ("machineType", "gpuType", "gpuCount"))
+    if value is None:
+        return None
+    machine = str(value.get("machineType") or "")
+    if not machine:
+        raise UserError("gputrain:chief.machineType is empty: allowed: a machine type Vertex runs")
+    gpu_type = str(value["gpuType"]) if value.get("gpuType") else None
+    count = value.get("gpuCount", 0)
+    if isinstance(count, str) and count.strip().isdigit():
+        count = int(count)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise UserError(f"gputrain:chief.gpuCount = {count!r}: allowed: 0 (implied) or a count")
+    if gpu_type and not count:
+        count = 1
+    problem = vertex.vertex_problem(machine, gpu_type, count, spot=spot)
+    if problem:
+        raise UserError(f"gputrain:chief.{problem}")
+    return Chief(machine, gpu_type, count)
+
+
+# --------------------------------------------------------------------------------------------
+# A CustomJobSpec file (gcloud's --config)
+# --------------------------------------------------------------------------------------------
+
+_ENUM_TO_ACCELERATOR = {enum: name for name, enum in vertex.ACCELERATOR_ENUMS.items()}
+
+
+def _count(value: Any) -> int | None:
+    """An int64 as REST JSON / YAML may write it (1 or "1")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    return None
+
+
+def _underscored(value: Any, path: str) -> str | None:
+    """The first key with an underscore (gcloud: "keys with underscore are invalid"), but in env
+    values and the like, which are data."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if "_" in str(k):
+                return f"{path}{k}"
+            found = _underscored(v, f"{path}{k}.")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if isinstance(v, dict) and set(v) <= {"name", "value"}:
+                continue  # an env entry: NAME_WITH_UNDERSCORES is its value, not a key
+            found = _underscored(v, f"{path[:-1]}[{i}].")
+            if found:
+                return found
+    return None
+
+
+_WHAT = (
+    "a CustomJobSpec mapping with workerPoolSpecs "
+    "(what `gcloud ai custom-jobs create --config` reads)"
+)
+
+
+def check_job_spec(doc: Any, where: str, *, spot: bool = False) -> list[tuple[int, PoolShape]]:
+    """A user's CustomJobSpec against Vertex's rules and ours, one line for the first problem
+    (`where` names the file); returns (pool index, shape) for each pool that is set."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{where}: a YAML {type(doc).__name__}; allowed: {_WHAT}")
+    if "jobSpec" in doc:
+        raise UserError(f"{where}: a whole CustomJob; allowed: {_WHAT} (its jobSpec alone)")
+    underscored = _underscored(doc, "")
+    if underscored:
+        raise UserError(
+            f"{where}: {underscored}: keys with underscores are invalid in gcloud's --config "
+            "(write them camelCase, e.g. workerPoolSpecs)"
+        )
+    unknown = sorted(set(doc) - set(JOB_SPEC_FIELDS))
+    if unknown:
+        raise UserError(f"{where}: {unknown[0]}: not a CustomJobSpec field; allowed: {_WHAT}")
+    pools = doc.get("workerPoolSpecs")
+    if not isinstance(pools, list) or not pools or not isinstance(pools[0], dict) or not pools[0]:
+        raise UserError(
+            f"{where}: workerPoolSpecs[0] (the primary replica) is missing; allowed: {_WHAT}"
+        )
+    if len(pools) > 4:
+        raise UserError(f"{where}: workerPoolSpecs has {len(pools)} pools; allowed: at most 4")
+    shapes = [
+        (i, _check_pool(pool, i, f"{where}: workerPoolSpecs[{i}]", spot))
+        for i, pool in enumerate(pools)
+        if pool not in (None, {})  # an empty pool is skipped (the docs' way to skip pool 1)
+    ]
+    trainers = sum(s.replicas for i, s in shapes if i in (0, 1))
+    if any(i == 2 and not s.accelerator for i, s in shapes) and trainers < 2:
+        raise UserError(
+            f"{where}: workerPoolSpecs[2] is a Reduction Server, but pools 0 and 1 hold 1 node; "
+            "it only speeds up NCCL all-reduce between 2 or more GPU nodes"
+        )
+    return shapes
+
+
+def _check_pool(pool: Any, i: int, at: str, spot: bool) -> PoolShape:
+    """One WorkerPoolSpec: its fields, container, replicas and machine (see check_job_spec)."""
+    if not isinstance(pool, dict):
+        raise UserError(f"{at}: a YAML {type(pool).__name__}; allowed: a WorkerPoolSpec map")
+    extra = sorted(set(pool) - set(POOL_FIELDS))
+    if extra:
+        raise UserError(
+            f"{at}.{extra[0]}: not a WorkerPoolSpec field; allowed: {', '.join(POOL_FIELDS)}"
+        )
+    if ("containerSpec" in pool) == ("pythonPackageSpec" in pool):
+        raise UserError(f"{at}: set exactly one of containerSpec (imageUri) or pythonPackageSpec")
+    container = pool.get("containerSpec") or {}
+    image = str(container.get("imageUri") or (pool.get("pythonPackageSpec") or {}).get(
+        "executorImageUri") or "")  # fmt: skip
+    if not image:
+        raise UserError(f"{at}: the container's image URI is empty")
+    replicas = _count(pool.get("replicaCount", 1))
+    if replicas is None or replicas < 1:
+        raise UserError(f"{at}.replicaCount = {pool.get('replicaCount')!r}: allowed: 1 or more")
+    if i == 0 and replicas != 1:
+        raise UserError(
+            f"{at}.replicaCount = {replicas}: the primary replica's pool takes 1; put the "
+            "others in workerPoolSpecs[1]"
+        )
+    machine = pool.get("machineSpec") or {}
+    machine_type = str(machine.get("machineType") or "")
+    gpus = _count(machine.get("acceleratorCount", 0))
+    if gpus is None or gpus < 0:
+        raise UserError(
+            f"{at}.machineSpec.acceleratorCount = {machine.get('acceleratorCount')!r}: "
+            "allowed: 0 or more"
+        )
+    enum = machine.get("acceleratorType")
+    accelerator = None
+    if enum not in (None, "", "ACCELERATOR_TYPE_UNSPECIFIED"):
+        accelerator = _ENUM_TO_ACCELERATOR.get(str(enum))
+        if accelerator is None:
+            raise UserError(
+                f"{at}.machineSpec.acceleratorType = {enum!r}: unknown; allowed: "
+                f"{', '.join(vertex.ACCELERATOR_ENUMS.values())}"
+            )
+    if i == 2 and is_reduction_server_image(image):
+        problem = reducer_problem(machine_type, gpus)
+        if problem:
+            raise UserError(f"{at}.machineSpec: {problem}")
+        return PoolShape(machine_type, None, 0, replicas)
+    mt = catalog.machine_type(machine_type)
+    if mt is not None and mt.accelerator is None and accelerator is None:
+        problem = (
+            f"machineType {machine_type!r} has no GPU: set acceleratorType and acceleratorCount"
+        )
+    else:
+        problem = vertex.vertex_problem(machine_type, accelerator, gpus, spot=spot)
+    if problem or mt is None:
+        raise UserError(f"{at}.machineSpec: {problem}")
+    if mt.accelerator:
+        accelerator, gpus = mt.accelerator, mt.gpus
+    return PoolShape(mt.name, accelerator, gpus, replicas)
+
+
+# --------------------------------------------------------------------------------------------
+# Prices, pool by pool
+# --------------------------------------------------------------------------------------------
+
+
+def pool_price(shape: PoolShape, region: str) -> ZonePrice | None:
+    """One replica of the pool in `region`, with Vertex's training premium; None when the price
+    data does not list it there."""
+    mt = catalog.machine_type(shape.machine_type)
+    if mt is None:
+        return None
+    if mt.accelerator or (shape.accelerator and shape.gpus):
+        gpu = None if mt.accelerator else shape.accelerator
+        return vertex.vertex_price(mt.name, gpu, shape.gpus if gpu else 0, region)
+    table = price_table()
+    rows = [p for z in table.zones(mt.name) if catalog.region_of(z) == region
+            if (p := table.get(mt.name, z)) is not None]  # fmt: skip
+    if not rows:
+        return None
+    factor = 1 + vertex.TRAINING_SURCHARGE
+    on_demand = min((p.on_demand for p in rows if p.on_demand is not None), default=None)
+    spot = min((p.spot for p in rows if p.spot is not None), default=None)
+    return ZonePrice(
+        None if on_demand is None else round(on_demand * factor, 4),
+        None if spot is None else round(spot * factor, 4),
+        vertex.SURCHARGE_BASIS,
+    )
+
+
+@dataclass(frozen=True)
+class PricedPool:
+    index: int
+    shape: PoolShape
+    hourly: float | None  # all replicas of the pool, USD/h; None: unknown
+
+
+def price_pools(
+    shapes: list[tuple[int, PoolShape]], region: str, *, spot: bool
+) -> list[PricedPool]:
+    out = []
+    for index, shape in shapes:
+        price = pool_price(shape, region)
+        each = price.hourly(spot) if price else None
+        out.append(PricedPool(index, shape, None if each is None else each * shape.replicas))
+    return out
+
+
+def pool_rows(priced: list[PricedPool]) -> list[list[str]]:
+    """`plan`'s table: one row per pool, then the total."""
+    rows = []
+    for p in priced:
+        s = p.shape
+        gpus = f"{s.gpus} x {s.accelerator}" if s.accelerator and s.gpus else "-"
+        cost = "unknown" if p.hourly is None else f"${p.hourly:,.2f}/h"
+        rows.append(
+            [str(p.index), POOL_ROLES[p.index], s.machine_type, gpus, str(s.replicas), cost]
+        )
+    known = [p.hourly for p in priced]
+    total = "unknown" if None in known else f"${sum(h for h in known if h is not None):,.2f}/h"
+    rows.append(["", "total", "", "", str(sum(p.shape.replicas for p in priced)), total])
+    return rows
+
+
+POOL_HEADERS = ["pool", "role", "machine", "GPUs per replica", "replicas", "price"]
+
+
+def total_hourly(priced: list[PricedPool]) -> float | None:
+    known = [p.hourly for p in priced]
+    return None if None in known else sum(h for h in known if h is not None)
+
+
+def env_names(job_spec: Mapping[str, Any]) -> list[str]:
+    """Every env name the pools set (what `plan` may show: never a value)."""
+    names: set[str] = set()
+    for pool in job_spec.get("workerPoolSpecs") or []:
+        for spec in (pool or {}).get("containerSpec"), (pool or {}).get("pythonPackageSpec"):
+            names.update(e.get("name", "") for e in (spec or {}).get("env") or [])
+    return sorted(n for n in names if n)

@@ -1,0 +1,130 @@
+"""The job as a file, both ways: `plan --export FILE` writes the CustomJobSpec gputrain would
+submit, in the YAML `gcloud ai custom-jobs create --config` reads; `vertexJobSpec: FILE` submits
+a user's such file as it is, with what makes it this stack's run: the run's baseOutputDirectory
+in the stack's bucket (results come home from there), the stack's service account (it holds the
+bucket's grants) and, where the file has none, the stack's scheduling (the server-side timeout).
+
+A file gputrain exported carries its run id (GPUTRAIN_RUN_ID): read back, the same job is
+submitted with the new run's id in its place, and the working directory is staged where it
+points. Reading and writing the file is the only I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from infra import catalog
+from infra.base.errors import UserError
+from infra.vertex_pools import PoolShape, is_reduction_server_image
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+
+RUN_ID_ENV = "GPUTRAIN_RUN_ID"
+
+
+def read_job_file(root: Path, name: str) -> tuple[Path, Any]:
+    """(its path, the YAML document); one line when it cannot be read."""
+    path = Path(name) if Path(name).is_absolute() else root / name
+    try:
+        return path, yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"gputrain:vertexJobSpec = {name!r}: cannot read {path} ({type(e).__name__}); "
+            "allowed: a CustomJobSpec YAML file, relative to the project directory"
+        ) from None
+    except yaml.YAMLError as e:
+        detail = " ".join(str(e).split())
+        raise UserError(f"gputrain:vertexJobSpec = {name!r}: not YAML: {detail}") from None
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Every pool written out in full: no &anchors / *aliases for pools that share a spec."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def write_job_file(path: Path, job_spec: Mapping[str, Any], *, force: bool) -> None:
+    """The CustomJobSpec as gcloud's --config YAML; an existing file only with --force."""
+    if path.exists() and not force:
+        raise UserError(f"--export {path}: the file exists; add --force to replace it")
+    text = "# CustomJobSpec written by `gputrain plan --export`: gcloud ai custom-jobs create\n"
+    text += "#   --region=REGION --display-name=NAME --config=THIS_FILE\n"
+    try:
+        body = yaml.dump(dict(job_spec), Dumper=_PlainDumper, sort_keys=False, width=100)
+        path.write_text(text + body)
+    except OSError as e:
+        raise UserError(f"--export {path}: cannot write it ({e.strerror or e})") from None
+
+
+def _pool_env(pool: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = pool.get("containerSpec") or pool.get("pythonPackageSpec") or {}
+    return list(spec.get("env") or [])
+
+
+def exported_run_id(doc: Mapping[str, Any]) -> str | None:
+    """The run id a gputrain export carries in pool 0's env; None for a user's own file."""
+    pools = doc.get("workerPoolSpecs") or [{}]
+    found = [e.get("value") for e in _pool_env(pools[0] or {}) if e.get("name") == RUN_ID_ENV]
+    return str(found[0]) if found and found[0] else None
+
+
+def job_spec_for_run(
+    doc: Mapping[str, Any],
+    *,
+    run_id: str,
+    output_dir: str,
+    service_account: str,
+    scheduling: Mapping[str, Any],
+    image: str | None = None,
+) -> dict[str, Any]:
+    """The file's CustomJobSpec as this run submits it (see the module's docstring). `image`
+    (the stack's `build`, at its digest) replaces the training pools' containerSpec.imageUri."""
+    text = json.dumps(doc)
+    old = exported_run_id(doc)
+    if old and old != run_id:
+        text = text.replace(old, run_id)
+    spec: dict[str, Any] = json.loads(text)
+    spec["baseOutputDirectory"] = {"outputUriPrefix": output_dir}
+    spec["serviceAccount"] = service_account
+    spec["scheduling"] = {**scheduling, **(spec.get("scheduling") or {})}
+    if image:
+        for pool in spec["workerPoolSpecs"]:
+            container = (pool or {}).get("containerSpec")
+            if container and not is_reduction_server_image(str(container.get("imageUri"))):
+                container["imageUri"] = image
+    return spec
+
+
+def replaced_fields(doc: Mapping[str, Any], *, service_account: str, build: str) -> list[str]:
+    """What the stack sets over the file, for `plan` to say."""
+    out = (
+        [f"containerSpec.imageUri of pools 0, 1, 3 (the image built from {build})"] if build else []
+    )
+    if doc.get("baseOutputDirectory"):
+        out.append("baseOutputDirectory (the run's directory in the stack's bucket)")
+    if doc.get("serviceAccount") not in (None, "", service_account):
+        out.append(f"serviceAccount (the stack's {service_account}: it holds the bucket's grants)")
+    return out
+
+
+def stack_pools(spec: ClusterSpec) -> list[tuple[int, PoolShape]]:
+    """The pools the stack keys describe: chief, workers, reducers."""
+    gpus = spec.gpus_per_node
+    workers = PoolShape(spec.machine_type, spec.accelerator, gpus, spec.nodes - 1)
+    chief = PoolShape(spec.machine_type, spec.accelerator, gpus, 1)
+    if spec.chief is not None:
+        mt = catalog.machine_type(spec.chief.machine_type)
+        assert mt is not None  # parse_chief checked it
+        gpu = mt.accelerator or catalog.canonical_accelerator(spec.chief.gpu_type or "")
+        chief = PoolShape(mt.name, gpu, mt.gpus or spec.chief.gpu_count, 1)
+    pools = [(0, chief)] + ([(1, workers)] if spec.nodes > 1 else [])
+    if spec.reduction_server is not None:
+        pools.append((2, spec.reduction_server.shape()))
+    return pools

@@ -1,0 +1,347 @@
+"""Vertex worker pools: the Reduction Server (pool 2) and the chief's own shape in the CustomJob
+body, the user's CustomJobSpec file (vertexJobSpec) checked in one line per problem, `plan
+--export` round-tripping through vertexJobSpec on the fake Vertex, and the aiplatform floor."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.base.errors import UserError
+from infra.spec import parse_spec
+from infra.vertex_pools import REDUCTION_SERVER_IMAGE, check_job_spec, price_pools
+from scripts.targets.vertex.job import JobRequest, custom_job_body
+from scripts.targets.vertex.preflight import aiplatform_problem
+from tests.support.vertex_world import BUCKET, STACK_FILE, World, assert_torn_down
+
+BASE = {
+    "gcp:project": "gputrain-test",
+    "gputrain:backend": "vertex",
+    "gputrain:zones": '["us-central1-a"]',
+    "gputrain:machineType": "a2-highgpu-8g",
+    "gputrain:nodes": "4",
+}
+
+
+def _spec(**keys: str) -> Any:
+    return parse_spec({**BASE, **{f"gputrain:{k}": v for k, v in keys.items()}}, "vtest")
+
+
+def _request(spec: Any, region: str = "us-central1") -> JobRequest:
+    return JobRequest(
+        display_name="d", region=region, machine_type=spec.machine_type, gpu_type=None,
+        gpu_count=0, nodes=spec.nodes, spot=False, max_run_duration_s=3600,
+        output_dir="gs://b/runs/r/", package_uris=("gs://b/staging/r/p.tar.gz",),
+        env={"A": "1"}, chief=spec.chief, reduction_server=spec.reduction_server,
+    )  # fmt: skip
+
+
+# ---- the body ------------------------------------------------------------------------------------
+
+
+def test_reduction_server_is_pool_2_with_googles_image_and_the_training_pools_get_its_env() -> None:
+    spec = _spec(reductionServer='{"replicas": 13}')
+    pools = custom_job_body(_request(spec))["jobSpec"]["workerPoolSpecs"]
+    chief, workers, reducers = pools
+    assert reducers == {
+        "machineSpec": {"machineType": "n1-highcpu-16"},
+        "replicaCount": 13,
+        "containerSpec": {"imageUri": REDUCTION_SERVER_IMAGE},
+    }
+    assert workers["replicaCount"] == 3
+    for pool in (chief, workers):
+        env = pool["pythonPackageSpec"]["env"]
+        assert {"name": "NCCL_DEBUG", "value": "INFO"} in env and {"name": "A", "value": "1"} in env
+    # the docs' rule by default: 4 nodes x 100 Gbps / 32 Gbps per n1-highcpu-16 = 13 reducers
+    assert _spec(reductionServer="{}").reduction_server.replicas == 13
+    europe = custom_job_body(_request(spec, "europe-west4"))["jobSpec"]["workerPoolSpecs"][2]
+    assert europe["containerSpec"]["imageUri"].startswith("europe-docker.pkg.dev/")
+
+
+def test_off_there_is_no_pool_2_and_no_nccl_env() -> None:
+    pools = custom_job_body(_request(_spec()))["jobSpec"]["workerPoolSpecs"]
+    assert len(pools) == 2
+    assert all(e["name"] != "NCCL_DEBUG" for p in pools for e in p["pythonPackageSpec"]["env"])
+
+
+def test_the_chief_has_its_own_machine_and_each_pool_its_price() -> None:
+    spec = _spec(chief='{"machineType": "a2-highgpu-1g"}', reductionServer='{"replicas": 2}')
+    chief, workers, _ = custom_job_body(_request(spec))["jobSpec"]["workerPoolSpecs"]
+    assert chief["machineSpec"] == {
+        "machineType": "a2-highgpu-1g", "acceleratorType": "NVIDIA_TESLA_A100", "acceleratorCount": 1,
+    }  # fmt: skip
+    assert workers["machineSpec"]["machineType"] == "a2-highgpu-8g"
+    from scripts.targets.vertex.jobfile import stack_pools
+
+    priced = price_pools(stack_pools(spec), "us-central1", spot=False)
+    assert [(p.index, p.shape.machine_type, p.shape.replicas) for p in priced] == [
+        (0, "a2-highgpu-1g", 1), (1, "a2-highgpu-8g", 3), (2, "n1-highcpu-16", 2),
+    ]  # fmt: skip
+    chief_h, workers_h, reducers_h = (p.hourly for p in priced)
+    assert chief_h and workers_h and reducers_h
+    assert workers_h > 3 * chief_h and reducers_h < chief_h  # 8 GPUs vs 1; CPUs only
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"reductionServer": '{"replicas": 0}'}, "gputrain:reductionServer.replicas = 0: allowed: 1 or more"),
+        ({"reductionServer": '{"replicas": -2}'}, "gputrain:reductionServer.replicas = -2: allowed: 1 or more"),
+        ({"reductionServer": '{"machineType": "n1-highcpu-8"}'}, "reductionServer.machineType 'n1-highcpu-8': allowed"),
+        ({"reductionServer": '{"size": 2}'}, "gputrain:reductionServer.size: not a setting"),
+        ({"reductionServer": "{}", "nodes": "1"}, "the job has 1 node; Reduction Server only speeds up"),
+        ({"chief": '{"machineType": "a9-hugegpu-1g"}'}, "gputrain:chief.machineType 'a9-hugegpu-1g': unknown"),
+        ({"chief": '{"machineType": "n1-standard-8", "gpuType": "X100"}'}, "gputrain:chief.gpuType 'X100': unknown"),
+    ],
+)  # fmt: skip
+def test_bad_pool_settings_are_one_line_each(keys: dict[str, str], message: str) -> None:
+    with pytest.raises(UserError) as e:
+        _spec(**keys)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- a user's CustomJobSpec file -----------------------------------------------------------------
+
+GOOD = {
+    "workerPoolSpecs": [
+        {
+            "machineSpec": {"machineType": "a3-highgpu-8g"},
+            "replicaCount": 1,
+            "containerSpec": {"imageUri": "us-docker.pkg.dev/p/r/train:1"},
+        },
+        {
+            "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
+            "replicaCount": 3,
+            "containerSpec": {"imageUri": "us-docker.pkg.dev/p/r/train:1"},
+        },
+        {
+            "machineSpec": {"machineType": "n1-highcpu-16"},
+            "replicaCount": 8,
+            "containerSpec": {"imageUri": REDUCTION_SERVER_IMAGE},
+        },
+    ]
+}  # fmt: skip
+
+
+def _with(path: str, value: Any) -> Any:
+    doc = json.loads(json.dumps(GOOD))
+    *keys, last = path.split(".")
+    node = doc
+    for k in keys:
+        node = node[int(k)] if k.isdigit() else node[k]
+    node[int(last) if last.isdigit() else last] = value
+    return doc
+
+
+def test_a_good_file_gives_each_pool_its_shape() -> None:
+    shapes = check_job_spec(GOOD, "config.yaml")
+    assert [(i, s.machine_type, s.accelerator, s.gpus, s.replicas) for i, s in shapes] == [
+        (0, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 1),
+        (1, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 3),
+        (2, "n1-highcpu-16", None, 0, 8),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (["a", "list"], "config.yaml: a YAML list; allowed: a CustomJobSpec mapping"),
+        ({"displayName": "x", "jobSpec": GOOD}, "config.yaml: a whole CustomJob"),
+        ({"worker_pool_specs": []}, "config.yaml: worker_pool_specs: keys with underscores are invalid"),
+        ({"pools": []}, "config.yaml: pools: not a CustomJobSpec field"),
+        ({"scheduling": {}}, "workerPoolSpecs[0] (the primary replica) is missing"),
+        (_with("workerPoolSpecs.1.machineSpec.machineType", "a3-hugegpu-8g"), "workerPoolSpecs[1].machineSpec: machineType 'a3-hugegpu-8g': unknown"),
+        (_with("workerPoolSpecs.1.machineSpec.acceleratorType", "NVIDIA_X100"), "workerPoolSpecs[1].machineSpec.acceleratorType = 'NVIDIA_X100': unknown"),
+        (_with("workerPoolSpecs.1.replicaCount", 0), "workerPoolSpecs[1].replicaCount = 0: allowed: 1 or more"),
+        (_with("workerPoolSpecs.2.replicaCount", -1), "workerPoolSpecs[2].replicaCount = -1: allowed: 1 or more"),
+        (_with("workerPoolSpecs.0.replicaCount", 2), "workerPoolSpecs[0].replicaCount = 2: the primary replica's pool takes 1"),
+        (_with("workerPoolSpecs.2.machineSpec.machineType", "n1-standard-4"), "workerPoolSpecs[2].machineSpec: machineType 'n1-standard-4': allowed for Reduction Server"),
+        (_with("workerPoolSpecs.1", {"machineSpec": {"machineType": "a3-highgpu-8g"}}), "set exactly one of containerSpec"),
+    ],
+)  # fmt: skip
+def test_a_bad_file_is_one_line(doc: Any, message: str) -> None:
+    with pytest.raises(UserError) as e:
+        check_job_spec(doc, "config.yaml")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- the client floor ----------------------------------------------------------------------------
+
+
+def _installed(tmp: Path, version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older google-cloud-aiplatform first on sys.path, as a user's environment may have."""
+    info = tmp / f"google_cloud_aiplatform-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: google-cloud-aiplatform\nVersion: {version}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp))
+
+
+def test_the_floor_is_the_first_client_with_h200_and_b200(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert aiplatform_problem() is None  # what this environment installed from pyproject
+    assert aiplatform_problem("1.93.0") is None and aiplatform_problem("2.7.0") is None
+    assert "1.92.0 is too old for backend vertex" in (aiplatform_problem("1.92.0") or "")
+    _installed(tmp_path, "1.60.0", monkeypatch)
+    assert "google-cloud-aiplatform 1.60.0 is too old" in (aiplatform_problem() or "")
+    pyproject = (Path(__file__).parents[4] / "pyproject.toml").read_text()
+    assert '"google-cloud-aiplatform>=1.93,<3"' in pyproject
+
+
+def test_doctor_and_plan_name_a_too_old_client_in_one_line(
+    world: Callable[..., World], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    w = world()
+    _installed(tmp_path / "old", "1.70.0", monkeypatch)
+    assert w.run("doctor", "--stack", "vtest") == 1
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if "Vertex AI client" in line]
+    assert "fail" in row and "google-cloud-aiplatform 1.70.0 is too old" in row
+    assert w.run("plan", "--stack", "vtest") == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "1.70.0 is too old" in line]
+    # and `run` stops before anything exists, even without the doctor's table
+    assert (
+        w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
+        == 2
+    )
+    assert "1.70.0 is too old" in capsys.readouterr().err
+    assert w.runner.call_names() == [] and w.created() == []
+
+
+# ---- end to end on the fake Vertex ---------------------------------------------------------------
+
+
+def _stack(w: World, extra: str) -> None:
+    (w.settings.root / "Pulumi.vtest.yaml").write_text(STACK_FILE + extra)
+
+
+def test_a_run_with_reduction_server_submits_pool_2_and_the_reducers_serve_until_the_end(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    _stack(w, "  gputrain:reductionServer:\n    replicas: 2\n")
+    assert w.run("plan", "--stack", "vtest") == 0
+    out = capsys.readouterr().out
+    assert "Vertex AI worker pools" in out and "reduction server" in out and "n1-highcpu-16" in out
+    assert "Reduction Server: worker pool 2 at $" in out and "It pays when NCCL all-reduce" in out
+    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
+    [body] = w.created()
+    *_, reducers = body["jobSpec"]["workerPoolSpecs"]
+    assert reducers["machineSpec"] == {"machineType": "n1-highcpu-16"}
+    assert reducers["containerSpec"] == {"imageUri": REDUCTION_SERVER_IMAGE}
+    assert reducers["replicaCount"] == "2"
+    assert "2 x n1-highcpu-16 (reducers)" in out
+    for task in ("workerpool2-0", "workerpool2-1"):
+        assert w.replicas.outputs[task] == ["reduction server: serving 2 training replicas"]
+    assert "[reducer-1] reduction server: serving 2" in out
+    assert "answer 42 from rank 0" in out and "answer 42 from rank 1" in out
+    assert_torn_down(w)
+
+
+def _normal(job_spec: Any) -> Any:
+    """A jobSpec as the API reads it (enum names or numbers, int64 as strings or not)."""
+    from google.cloud import aiplatform_v1
+
+    msg = aiplatform_v1.CustomJobSpec.from_json(json.dumps(job_spec))
+    return json.loads(aiplatform_v1.CustomJobSpec.to_json(msg))
+
+
+def test_export_round_trips_through_vertex_job_spec(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --export` writes what `run` submits; read back by `vertexJobSpec`, the same job is
+    submitted (the new run's id in the old one's place) and trains."""
+    w = world()
+    exported = w.settings.root / "job.yaml"
+    entry = ("--", "-m", "jobs.answer")
+    assert w.run("plan", "--stack", "vtest", "--export", str(exported), *entry) == 0
+    out = capsys.readouterr().out
+    assert f"wrote the CustomJobSpec to {exported}" in out and "--config=" in out
+    doc = yaml.safe_load(exported.read_text())
+    assert "*id0" not in exported.read_text()  # each pool in full, as a user writes one
+    old = next(e["value"] for e in doc["workerPoolSpecs"][0]["pythonPackageSpec"]["env"]
+               if e["name"] == "GPUTRAIN_RUN_ID")  # fmt: skip
+    # without --force an existing file stays: one line, exit 2, nothing written
+    before = exported.read_text()
+    assert w.run("plan", "--stack", "vtest", "--export", str(exported)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--export {exported}: the file exists; add --force to replace it")
+    assert len(err.splitlines()) == 1 and exported.read_text() == before
+
+    # the stack keys' run submits what was exported
+    run = ("run", "--stack", "vtest", "--yes", "--skip-preflight", *entry)
+    assert w.run(*run) == 0
+    capsys.readouterr()
+    first = w.run_dir.name
+    assert _normal(w.created()[0]["jobSpec"]) == _normal(
+        json.loads(json.dumps(doc).replace(old, first))
+    )
+
+    # read back by vertexJobSpec: the same job again, and it trains
+    _stack(w, "  gputrain:vertexJobSpec: job.yaml\n")
+    assert w.run("plan", "--stack", "vtest") == 0
+    assert "submits job.yaml as it is" in capsys.readouterr().out
+    rc = w.run(*run)
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
+    second = w.run_dir.name
+    assert second != first
+    assert _normal(w.created()[1]["jobSpec"]) == _normal(
+        json.loads(json.dumps(doc).replace(old, second))
+    )
+    assert "answer 42 from rank 1" in out
+    assert f"gs://{BUCKET}/runs/{second}/" in json.dumps(w.created()[1])
+    assert_torn_down(w)
+
+
+def test_a_vertex_job_spec_that_is_not_a_job_spec_is_one_line_before_anything(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world()
+    (w.settings.root / "config.yaml").write_text("- just\n- a list\n")
+    _stack(w, "  gputrain:vertexJobSpec: config.yaml\n")
+    assert (
+        w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert "gputrain:vertexJobSpec config.yaml: a YAML list; allowed: a CustomJobSpec" in err
+    assert len(err.splitlines()) == 1
+    assert w.runner.call_names() == [] and w.created() == []
+
+
+def test_a_users_file_is_submitted_as_it_is_but_for_what_makes_it_this_stacks_run() -> None:
+    from scripts.targets.vertex.jobfile import job_spec_for_run, replaced_fields
+
+    doc = _with("scheduling", {"strategy": "STANDARD"})
+    doc["baseOutputDirectory"] = {"outputUriPrefix": "gs://theirs/out/"}
+    spec = job_spec_for_run(
+        doc,
+        run_id="r2",
+        output_dir="gs://b/runs/r2/",
+        service_account="sa@p.iam.gserviceaccount.com",
+        scheduling={"timeout": "3600s", "strategy": "SPOT"},
+        image="reg/p/app@sha256:" + "0" * 64,
+    )
+    assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://b/runs/r2/"}
+    assert spec["serviceAccount"] == "sa@p.iam.gserviceaccount.com"
+    assert spec["scheduling"] == {"timeout": "3600s", "strategy": "STANDARD"}  # theirs kept
+    images = [p["containerSpec"]["imageUri"] for p in spec["workerPoolSpecs"]]
+    assert images == ["reg/p/app@sha256:" + "0" * 64] * 2 + [REDUCTION_SERVER_IMAGE]
+    assert spec["workerPoolSpecs"][1]["machineSpec"] == GOOD["workerPoolSpecs"][1]["machineSpec"]
+    assert doc["baseOutputDirectory"] == {"outputUriPrefix": "gs://theirs/out/"}  # not mutated
+    said = replaced_fields(
+        doc, service_account="sa@p.iam.gserviceaccount.com", build="app/Dockerfile"
+    )
+    assert [s.split(" ")[0] for s in said] == ["containerSpec.imageUri", "baseOutputDirectory"]
