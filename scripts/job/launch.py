@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from infra.base.records import Fleet
+from infra.datasets import data_env_names
 from scripts import ui
 from scripts.job.container import (
     IMAGE_PYTHON,
@@ -293,6 +294,7 @@ def upload_and_start(
             gpus=not fleet.expect.is_cpu,
             env_names=[*RUN_ENV_NAMES, *job.env, *job.secrets, NAMES_ENV],
             env_dir=f"{ENVS_DIR}/{env.key}" if env is not None else None,
+            data_names=data_env_names(job.datasets),
             fabric=job.fabric,
         )
     python = fleet.python
