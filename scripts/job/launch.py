@@ -155,6 +155,10 @@ def launch_torchrun(
             failure=outcome.states[node].failure(),
             result=result,
         )
+    from scripts.watch.world import not_distributed_warning
+
+    if (alone := not_distributed_warning(results_dir, len(names), job.run_id)) is not None:
+        ui.warn(alone)
     ui.say(
         f"run {job.run_id} completed on {len(names)} node(s) in {duration:.1f} s; "
         f"results in {results_dir}"
