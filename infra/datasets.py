@@ -148,6 +148,11 @@ def data_env(datasets: Iterable[Dataset], data_dir: str) -> dict[str, str]:
     return env
 
 
+def data_env_names(datasets: Iterable[Dataset]) -> list[str]:
+    """The names `data_env` sets (none without datasets): what a container is passed. Pure."""
+    return list(data_env(datasets, ""))
+
+
 def vertex_data_env(datasets: Iterable[Dataset]) -> dict[str, str]:
     """On Vertex AI: a `mount` dataset is its path under Vertex's own /gcs/ mount; the `copy`
     ones go in DATA_COPY_ENV, and every replica's trainer.vertex_entry downloads them to its disk

@@ -120,11 +120,22 @@ def context_tarball(ctx: BuildContext) -> bytes:
 
 
 def cloud_build_request(
-    image: str, bucket: str, object_name: str, *, stack: str, dockerfile: str = "Dockerfile"
+    image: str,
+    bucket: str,
+    object_name: str,
+    *,
+    stack: str,
+    project: str,
+    account: str,
+    dockerfile: str = "Dockerfile",
 ) -> dict[str, object]:
     """The Build (REST JSON) that builds `image` from the tarball in gs://bucket/object_name
-    with docker and pushes it (`images`: Cloud Build pushes them once the steps succeed)."""
+    with docker and pushes it (`images`: Cloud Build pushes them once the steps succeed). It
+    runs as `account`, the stack's own (a project's default build account may lack the rights);
+    a build with its own account must log to Cloud Logging or a bucket of the user's."""
     return {
+        "serviceAccount": f"projects/{project}/serviceAccounts/{account}",
+        "options": {"logging": "CLOUD_LOGGING_ONLY"},
         "source": {"storageSource": {"bucket": bucket, "object": object_name}},
         "steps": [
             {

@@ -159,6 +159,7 @@ BUILD_CLOUD = (
     "cloudbuild.builds.create",
     "cloudbuild.builds.get",
     "storage.objects.create",  # the context tarball
+    "iam.serviceAccounts.actAs",  # the build runs as the stack's service account
 )
 
 #: The predefined role that grants a permission: the most specific prefix wins.

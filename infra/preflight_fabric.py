@@ -52,6 +52,9 @@ def check_reservation(req: PreflightRequest, info: ReservationInfo | None) -> Ch
     bound = (
         f"; {info.deployment_type or info.reservation_mode}: its VMs are RESERVATION_BOUND"
         if info.requires_bound
+        else "; reservationMode unknown (not in the API's answer): calendar-mode ones need "
+        "reservationBound: true"
+        if info.bound_unknown
         else ""
     )
     return CheckResult(

@@ -134,6 +134,10 @@ def service_account_id(stack: str) -> str:
     return f"gputrain-{stack}"
 
 
+def service_account_email(stack: str, project: str) -> str:
+    return f"{service_account_id(stack)}@{project}.iam.gserviceaccount.com"
+
+
 def qualify(key: str) -> str:
     """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
     return key if ":" in key else NS + key

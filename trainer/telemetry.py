@@ -49,7 +49,9 @@ COLUMNS = (
     "ecc_uncorrected",
     "xid_count",
     "last_xid",
+    "xids",  # the latest Xid codes, oldest first, space-separated: the watch classes each new one
 )
+RECENT_XIDS = 32
 EXTRA_PATH = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/nvidia/bin:/var/lib/nvidia/bin"
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
@@ -127,6 +129,7 @@ def sample_rows(now: float) -> list[list[str]]:
                 _number(g["ecc.errors.uncorrected.volatile.total"]),
                 str(len(codes)),
                 str(codes[-1]) if codes else "",
+                " ".join(str(c) for c in codes[-RECENT_XIDS:]),
             ]
         )
     return rows

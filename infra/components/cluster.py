@@ -133,6 +133,10 @@ class GpuCluster(pulumi.ComponentResource):
         self.registry_reader = (
             registry.grant_reader(self.identity.member, child) if registry is not None else None
         )
+        # Cloud Build (`build:` without a local docker) runs as this account and pushes
+        self.registry_builder = (
+            registry.grant_writer(self.identity.member, child) if registry is not None else None
+        )
         self.nodes = GpuNodes(
             f"{spec.stack}-nodes",
             GpuNodesArgs(

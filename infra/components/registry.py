@@ -15,10 +15,14 @@ import pulumi_gcp as gcp
 from infra.components import cluster_labels
 from infra.image_build import REPOSITORY_TYPE, repository_id
 from infra.spec import ClusterSpec
+from infra.stackfile import service_account_id
 
 COMPONENT_TYPE = "gputrain:infra:ImageRegistry"
 READER_TYPE = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
 READER_ROLE = "roles/artifactregistry.reader"
+#: Cloud Build runs as the stack's own account (not the project's default one, which secure-by-
+#: default organizations leave without Editor), so that account pushes the image it builds
+WRITER_ROLE = "roles/artifactregistry.writer"
 
 
 def component_name(stack: str) -> str:
@@ -29,9 +33,10 @@ def target_urns(
     spec: ClusterSpec, *, with_bucket: bool, pulumi_project: str = "gputrain"
 ) -> tuple[str, ...]:
     """What a targeted `pulumi up` creates before an image is pushed: the repository (and its
-    component); `with_bucket`: also the stack's own bucket, with the components above it (Cloud
-    Build's source goes there). `**` is Pulumi's target wildcard: the bucket's URN carries its
-    parents' types."""
+    component); `with_bucket` (Cloud Build): also the stack's own bucket, with the components
+    above it (the build's source goes there), and what the build runs as: the stack's service
+    account, its log writer role, its access to the bucket and its writer grant on the
+    repository. `**` is Pulumi's target wildcard: a URN carries its parents' types."""
     prefix = f"urn:pulumi:{spec.stack}::{pulumi_project}::"
     urns = [
         f"{prefix}{COMPONENT_TYPE}::{component_name(spec.stack)}",
@@ -44,7 +49,19 @@ def target_urns(
             f"{prefix}**gputrain:infra:StackBucket::{spec.stack}-bucket",
             f"{prefix}**$gcp:storage/bucket:Bucket::{spec.bucket_name}",
         ]
-    return tuple(urns)
+    if with_bucket and spec.bucket_name:
+        account = service_account_id(spec.stack)
+        top = "gputrain:infra:VertexStack" if spec.on_vertex else "gputrain:infra:GpuCluster"
+        urns += [
+            f"{prefix}{top}::{spec.stack}",
+            f"{prefix}**gputrain:infra:NodeIdentity::{spec.stack}-identity",
+            f"{prefix}**$gcp:serviceaccount/account:Account::{account}",
+            f"{prefix}**$gcp:projects/iAMMember:IAMMember::{account}-logwriter",
+            f"{prefix}**gputrain:infra:StackBucket::{spec.stack}-bucket",
+            f"{prefix}**$gcp:storage/bucketIAMMember:BucketIAMMember::{spec.bucket_name}-nodes",
+            f"{prefix}**${READER_TYPE}::{repository_id(spec.stack)}-builder",
+        ]
+    return tuple(dict.fromkeys(urns))
 
 
 class ImageRegistry(pulumi.ComponentResource):
@@ -71,6 +88,21 @@ class ImageRegistry(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.register_outputs({"repository": self.repository.name})
+
+    def grant_writer(
+        self, member: pulumi.Input[str], opts: pulumi.ResourceOptions
+    ) -> gcp.artifactregistry.RepositoryIamMember:
+        """roles/artifactregistry.writer for `member` on this repository only: Cloud Build,
+        running as the stack's account, pushes the image there."""
+        return gcp.artifactregistry.RepositoryIamMember(
+            f"{repository_id(self.stack)}-builder",
+            project=self.project,
+            location=self.region,
+            repository=self.repository.repository_id,
+            role=WRITER_ROLE,
+            member=member,
+            opts=opts,
+        )
 
     def grant_reader(
         self, member: pulumi.Input[str], opts: pulumi.ResourceOptions

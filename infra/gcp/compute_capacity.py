@@ -26,7 +26,9 @@ class ReservationInfo:
     status: str  # CREATING, READY, UPDATING, DELETING, INVALID
     specific_required: bool  # only VMs that name it may consume it
     deployment_type: str = ""  # DENSE (A3/A4 future reservations) or ""
-    reservation_mode: str = ""  # CALENDAR (calendar-mode future reservation) or ""
+    # CALENDAR (calendar-mode future reservation), DEFAULT, ...; None: the answer had no
+    # reservationMode, so whether it is calendar-mode is unknown
+    reservation_mode: str | None = None
     share_type: str = ""  # LOCAL, SPECIFIC_PROJECTS, ORGANIZATION or ""
     owner: str = ""  # the project that owns it
 
@@ -41,6 +43,11 @@ class ReservationInfo:
         when `deploymentType == DENSE` or `reservationMode == CALENDAR`."""
         return self.deployment_type == "DENSE" or self.reservation_mode == "CALENDAR"
 
+    @property
+    def bound_unknown(self) -> bool:
+        """Not dense, and its reservationMode was not in the answer: it may be calendar-mode."""
+        return not self.requires_bound and self.reservation_mode is None
+
 
 def split_reservation(project: str, reservation: str) -> tuple[str, str]:
     """(owner project, name): a shared reservation is projects/OWNER/reservations/NAME."""
@@ -53,11 +60,12 @@ def split_reservation(project: str, reservation: str) -> tuple[str, str]:
 def get_reservation(
     api: ComputeApi, project: str, zone: str, reservation: str
 ) -> ReservationInfo | None:
-    """The reservation in `zone`, or None when it does not exist there. Read as JSON over REST:
-    google-cloud-compute 1.57's Reservation message has no `reservationMode` (only its
-    FutureReservation has) and its parser drops fields it does not know."""
+    """The reservation in `zone`, or None when it does not exist there. Read as JSON from the
+    compute **beta** API: `reservationMode` is a field of the beta Reservation only (the v1
+    resource and google-cloud-compute, a v1 client, have none; slurm-gcp reads it through a beta
+    client too)."""
     owner, name = split_reservation(project, reservation)
-    path = f"/compute/v1/projects/{owner}/zones/{zone}/reservations/{name}"
+    path = f"/compute/beta/projects/{owner}/zones/{zone}/reservations/{name}"
     res = api._call(
         f"reservations.get {zone}/{name} (project {owner})",
         lambda: _get_json(api, path),
@@ -79,7 +87,7 @@ def reservation_info(res: dict[str, Any], owner: str) -> ReservationInfo:
         status=res.get("status", ""),
         specific_required=bool(res.get("specificReservationRequired")),
         deployment_type=res.get("deploymentType", ""),
-        reservation_mode=res.get("reservationMode", ""),
+        reservation_mode=res.get("reservationMode"),
         share_type=(res.get("shareSettings") or {}).get("shareType", ""),
         owner=owner,
     )

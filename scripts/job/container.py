@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra.base.errors import UserError
+from infra.datasets import DATA_DIR_ENV
 from scripts.node_layout import NODE_STATE
 
 MANIFEST_TYPES = (
@@ -178,6 +179,7 @@ def build_docker_run(
     gpus: bool,
     env_names: Sequence[str],
     env_dir: str | None = None,
+    data_names: Sequence[str] = (),
     fabric: str = "none",
     docker: str = "docker",
 ) -> str:
@@ -188,20 +190,24 @@ def build_docker_run(
     directory (`$RUN`) mounted at the same path with the code snapshot as working directory, GPUs
     when the node has them, the environment passed by name (`-e NAME`: values never in argv).
     `env_dir`: the job's environment (requirements, setup; built inside this image), mounted
-    read-only at its path under the node state (`.gputrain/envs/KEY`). `fabric`: the GPU
-    network's devices and libraries (fabric_args), its NCCL env sourced inside."""
+    read-only at its path under the node state (`.gputrain/envs/KEY`). `data_names`: the
+    datasets' variables (run.sh exports them), passed in, and their directory mounted read-only
+    at the same path. `fabric`: the GPU network's devices and libraries (fabric_args), its NCCL
+    env sourced inside."""
     q = shlex.quote
     env_mount = []
     if env_dir is not None:  # $RUN is NODE_STATE/runs/ID: the state dir is ${RUN%/runs/*}
         path = f'"${{RUN%/runs/*}}"/{q(env_dir.removeprefix(NODE_STATE + "/"))}'
         env_mount = [f"-v {path}:{path}:ro"]
+    if data_names:  # the data dir may be a link to local SSD: docker mounts what it points to
+        env_mount.append(f'-v "${DATA_DIR_ENV}:${DATA_DIR_ENV}:ro"')
     parts = [
         docker, "run", "--rm", "--name", q(name), "--network", "host", "--ipc", "host",
         '--user "$(id -u):$(id -g)"', "-e HOME=/tmp",
         *(["--gpus", "all"] if gpus else []),
         *fabric_args(fabric),
         '-v "$RUN:$RUN"', *env_mount, '-w "$RUN/code"',
-        *(f"-e {q(n)}" for n in env_names),
+        *(f"-e {q(n)}" for n in [*env_names, *data_names]),
         q(ref.pinned),
         *(nccl_entry() if fabric != "none" else []),
     ]  # fmt: skip

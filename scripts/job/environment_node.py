@@ -25,6 +25,33 @@ from scripts.transport.base import Transport, TransportError
 #: What the node script prints before its own lines; the launcher shows `[node] [PHASE] ...`.
 PHASES = ("requirements", "setup")
 _MARK = "gputrain-env:"
+#: The node's torch and the CUDA runtime it came with, as pip constraints (`NAME==VERSION`) in
+#: the file argv[1]; prints the torch version (nothing without torch). The user's requirements
+#: are installed under them: pip picks a torchvision/torchaudio built for this torch, or fails
+#: naming the conflict, instead of replacing torch (gigabytes) under the node's drivers.
+NODE_PINS_PY = """import importlib.metadata as m, sys
+keep = {}
+for d in m.distributions():
+    n = (d.metadata.get("Name") or "").lower().replace("_", "-")
+    if n in ("torch", "triton", "pytorch-triton") or n.startswith("nvidia-"):
+        keep.setdefault(n, d.version)
+if "torch" not in keep:
+    keep = {}
+open(sys.argv[1], "w").write("".join(f"{n}=={v}\\n" for n, v in sorted(keep.items())))
+if keep:
+    print(keep["torch"], len(keep) - 1)
+"""
+
+#: pip's reasons for a ResolutionImpossible in setup.log (argv[1]), as ": A; B" (nothing without)
+CONFLICT_PY = """import sys
+seen = []
+for line in open(sys.argv[1], errors="replace"):
+    line = line.strip().replace("The user requested (constraint) ", "the node has ")
+    if (" depends on " in line or line.startswith("the node has ")) and line not in seen:
+        seen.append(line)
+if seen:
+    print(": " + "; ".join(seen), end="")
+"""
 
 
 def build_prepare_command(
@@ -49,18 +76,19 @@ def build_prepare_command(
             "if command -v uv >/dev/null 2>&1; then\n"
             f'  (cd "$CODE" && uv export --frozen --no-hashes --no-emit-project '
             '--format requirements-txt -o "$ENV/uv-requirements.txt") && '
-            'pip_install -r "$ENV/uv-requirements.txt" || fail requirements "uv.lock"\n'
+            'pip_install -r "$ENV/uv-requirements.txt" || fail requirements "uv.lock$(conflict)"\n'
             f'else say requirements "no uv on this node: {UV_LOCK} skipped"; fi\n'
         )
     if env.use_requirements_txt:
         install.append(
             f'(cd "$CODE" && pip_install -r {REQUIREMENTS_TXT}) || fail requirements '
-            f"{REQUIREMENTS_TXT}\n"
+            f'"{REQUIREMENTS_TXT}$(conflict)"\n'
         )
     if env.pyproject_deps:
         deps = " ".join(q(d) for d in env.pyproject_deps)
         install.append(
-            f'(cd "$CODE" && pip_install {deps}) || fail requirements "{PYPROJECT} dependencies"\n'
+            f'(cd "$CODE" && pip_install {deps}) || fail requirements '
+            f'"{PYPROJECT} dependencies$(conflict)"\n'
         )
     setup = ""
     if env.setup.strip():
@@ -80,6 +108,12 @@ if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout
     # --force-setup: no reuse, whatever the marker says
     reuse = "false" if env.force else '[ -f "$ENV/ready" ] && [ "$(cat "$ENV/ready")" = "$WANT" ]'
     need_pip = "1" if install else ""
+    pins = ""
+    if install:  # the node's torch stays (NODE_PINS_PY); said once, and in a conflict's line
+        pins = f"""if PINNED=$("$PY" -c {q(NODE_PINS_PY)} "$PINS") && [ -n "$PINNED" ]; then
+  set -- $PINNED; say torch "$1 $2"
+fi
+"""
     return f"""set -u
 ROOT=$(pwd)
 PY={q(python)}
@@ -91,7 +125,13 @@ RUNDIR="$ROOT"/{q(run_dir)}
 prefix() {{ while IFS= read -r l || [ -n "$l" ]; do printf '%s\\n' "{_MARK} $1 $l"; done; }}
 keep_log() {{ if [ -f "$ENV/setup.log" ]; then cp "$ENV/setup.log" "$RUNDIR/setup.log"; fi; }}
 fail() {{ say "$1" "failed: $2"; keep_log; rm -f "$ENV/ready"; exit 1; }}
+PINS="$ENV/node-pins.txt"
+# pip's ResolutionImpossible reasons ("X depends on torch==..."), for the failure's one line
+conflict() {{
+  if [ -s "$PINS" ] && [ -f "$ENV/setup.log" ]; then "$PY" -c {q(CONFLICT_PY)} "$ENV/setup.log"; fi
+}}
 pip_install() {{
+  if [ -s "$PINS" ]; then set -- -c "$PINS" "$@"; fi
   {{ "$ENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-input \\
       "$@" 2>&1; echo "$?" > "$ENV/pip.rc"; }} | tee -a "$ENV/setup.log" | prefix requirements
   return "$(cat "$ENV/pip.rc" 2>/dev/null || echo 1)"
@@ -101,6 +141,7 @@ exec 9>"$ROOT"/{q(ENVS_DIR)}/.lock
 if command -v flock >/dev/null 2>&1; then flock 9; fi
 WANT=$("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)') || fail requirements "cannot run $PY"
 if {reuse}; then
+  if [ -s "$PINS" ]; then say torch "$(sed -n 's/^torch==//p' "$PINS") $(($(wc -l < "$PINS") - 1))"; fi
   say cached "{env.key} ($WANT)"
   keep_log
   exit 0
@@ -112,7 +153,7 @@ say requirements "building environment {env.key} for python $WANT"
 # the interpreter's own package dirs (a venv's too) after the new venv's: torch stays visible
 SITE=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$PY" -c 'import sys, os; print("\\n".join(p for p in sys.path if os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p)))' > "$SITE/_gputrain_base.pth"
-if [ -n "{need_pip}" ] && ! "$ENV/bin/python" -m pip --version >/dev/null 2>&1; then
+{pins}if [ -n "{need_pip}" ] && ! "$ENV/bin/python" -m pip --version >/dev/null 2>&1; then
   "$ENV/bin/python" -m ensurepip --default-pip >/dev/null 2>&1 || fail requirements "$PY has no pip (install python3-pip or python3-venv)"
 fi
 {"".join(install)}{setup}echo "$WANT" > "$ENV/ready"
@@ -125,6 +166,17 @@ say done "{env.key}"
 class PrepareOutcome:
     cached: bool
     seconds: float
+    torch: str = ""  # the node's torch the requirements were installed with ("" unknown/none)
+
+
+def versions_for_torch(torch: str) -> str:
+    """What pytorch/vision's and pytorch/audio's compatibility tables pair with torch 2.Y:
+    torchvision 0.(Y+15), torchaudio 2.Y; '' for other versions. Pure."""
+    parts = torch.split("+")[0].split(".")
+    if len(parts) < 2 or parts[0] != "2" or not parts[1].isdigit():
+        return ""
+    minor = int(parts[1])
+    return f"torchvision 0.{minor + 15}.*, torchaudio 2.{minor}.*"
 
 
 def parse_prepare_line(line: str) -> tuple[str, str] | None:
@@ -158,6 +210,7 @@ def prepare_node(
     other: deque[str] = deque(maxlen=3)  # what else it printed (e.g. docker's error)
     failed: list[tuple[str, str]] = []
     cached: list[bool] = []
+    torch: list[str] = []
 
     def line(text: str) -> None:
         parsed = parse_prepare_line(text)
@@ -173,6 +226,14 @@ def prepare_node(
             on_line(transport.name, f"[setup] environment {rest} is ready: skipped (cached)")
         elif phase == "done":
             on_line(transport.name, f"[setup] environment {rest} built")
+        elif phase == "torch":  # "VERSION N": the node's torch and N CUDA runtime packages
+            version, _, runtime = rest.partition(" ")
+            torch.append(version)
+            on_line(
+                transport.name,
+                f"[requirements] the node's torch {version} stays (pinned with its {runtime or 0} "
+                "CUDA runtime package(s)): pip picks what fits it",
+            )
         else:
             if phase in PHASES:
                 tail.append(rest)
@@ -186,13 +247,26 @@ def prepare_node(
     if rc != 0:
         phase, why = failed[-1] if failed else ("setup", f"failed: exit code {rc}")
         what = "setup" if phase == "setup" else "installing the requirements"
+        if torch and " depends on " in why:  # pip's conflict with the node's pins: that is all
+            fits = versions_for_torch(torch[0])
+            raise EnvironmentSetupError(
+                f"node {transport.name}: {what} failed: {why}; the node's torch {torch[0]} stays: "
+                + (
+                    f"ask for versions built for it ({fits}), "
+                    if fits
+                    else "ask for versions built for it, "
+                )
+                + "or use an image with the torch you need"
+            )
         errors = [x.strip() for x in tail if x.startswith("ERROR")]  # pip's own verdict
         last = " | ".join(errors or [x.strip() for x in tail if x.strip()] or list(other))
         raise EnvironmentSetupError(
             f"node {transport.name}: {what} failed: {why}"
             + (f"; last lines: {last}" if last else "")
         )
-    return PrepareOutcome(cached=bool(cached), seconds=time.monotonic() - start)
+    return PrepareOutcome(
+        cached=bool(cached), seconds=time.monotonic() - start, torch=torch[0] if torch else ""
+    )
 
 
 def prepare_environment(
@@ -233,8 +307,10 @@ def prepare_environment(
     cached = [n for n in names if results[n].cached]
     slowest = max(r.seconds for r in results.values())
     what = " + ".join([*env.sources, *(["setup"] if env.setup.strip() else [])])
+    torches = sorted({r.torch for r in results.values() if r.torch})
     ui.say(
         f"environment {env.key} ({what}) ready on {len(names)} node(s) in {slowest:.1f} s"
+        + (f" with the node's torch {', '.join(torches)}" if torches else "")
         + (f" (cached on {', '.join(cached)})" if cached else "")
     )
     return results

@@ -147,10 +147,12 @@ def publish(
     cloud_build: Callable[[], CloudBuildApi],
     storage: Callable[[], StorageApi],
     bucket: str,
+    project: str,
+    account: str,
     prefix: str = "",
 ) -> ImageRef:
     """Once the repository exists: push the local build, or run Cloud Build (its tarball in
-    `bucket`); the image at its digest."""
+    `bucket`, run as `account` of `project`: the stack's); the image at its digest."""
     planned = pending.planned
     if pending.found is not None:
         return pending.found
@@ -163,7 +165,9 @@ def publish(
         if found is None:
             raise UserError(f"image {planned.reference}: pushed, but the registry does not have it")
     else:
-        found = _cloud_build(planned, say, cloud_build(), storage(), bucket, prefix)
+        found = _cloud_build(
+            planned, say, cloud_build(), storage(), bucket, prefix, project=project, account=account
+        )
     say(f"image {planned.reference} is {found.digest}")
     return found
 
@@ -175,6 +179,9 @@ def _cloud_build(
     storage: StorageApi,
     bucket: str,
     prefix: str,
+    *,
+    project: str,
+    account: str,
 ) -> ImageRef:
     import tempfile
 
@@ -195,6 +202,8 @@ def _cloud_build(
             bucket,
             name,
             stack=planned.stack,
+            project=project,
+            account=account,
             dockerfile=ctx.dockerfile.relative_to(ctx.directory).as_posix(),
         )
         state = api.follow(api.submit(body), say)

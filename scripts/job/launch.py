@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from infra.base.records import Fleet
+from infra.datasets import data_env_names
 from scripts import ui
 from scripts.job.container import (
     IMAGE_PYTHON,
@@ -154,6 +155,10 @@ def launch_torchrun(
             failure=outcome.states[node].failure(),
             result=result,
         )
+    from scripts.watch.world import not_distributed_warning
+
+    if (alone := not_distributed_warning(results_dir, len(names), job.run_id)) is not None:
+        ui.warn(alone)
     ui.say(
         f"run {job.run_id} completed on {len(names)} node(s) in {duration:.1f} s; "
         f"results in {results_dir}"
@@ -293,6 +298,7 @@ def upload_and_start(
             gpus=not fleet.expect.is_cpu,
             env_names=[*RUN_ENV_NAMES, *job.env, *job.secrets, NAMES_ENV],
             env_dir=f"{ENVS_DIR}/{env.key}" if env is not None else None,
+            data_names=data_env_names(job.datasets),
             fabric=job.fabric,
         )
     python = fleet.python

@@ -33,6 +33,22 @@ class GpuFaultError(TrainingError):
         self.fault = fault
 
 
+class ApplicationXidError(TrainingError):
+    """The job failed after its own GPU code caused an Xid (NVIDIA's catalogue: 13, 31, 43,
+    45): the job's error, reported as such; the node stays, no recovery replaces it."""
+
+    def __init__(self, xids: list[GpuFault], cause: TrainingError) -> None:
+        super().__init__(
+            f"{cause}\nThe GPU reported {'; '.join(x.explain() for x in xids)}: an error of "
+            "the job's own GPU code (an illegal address, an out-of-range index, a killed "
+            "process), not of the GPU; fix the job (CUDA_LAUNCH_BLOCKING=1 shows the failing "
+            "kernel). No node was replaced.",
+            failure=cause.failure,
+            result=cause.result,
+        )
+        self.xids = xids
+
+
 def watched_launch(
     fleet: Fleet,
     transports: dict[str, Transport],
@@ -60,6 +76,8 @@ def watched_launch(
         except TrainingError as e:
             if monitor.fault is not None:
                 raise GpuFaultError(monitor.fault, e) from e
+            if monitor.job_xids and monitor.stall is None:
+                raise ApplicationXidError(monitor.job_xids, e) from e
             if monitor.stall is None:
                 raise
             stall = monitor.stall

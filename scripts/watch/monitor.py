@@ -28,6 +28,7 @@ from scripts.watch.telemetry import (
     parse_samples,
     summary_line,
 )
+from scripts.watch.xid import XidClass
 
 FAULT_GRACE_S = 10.0  # a trainer may save a checkpoint on SIGTERM (the healthy nodes can)
 STALL_GRACE_S = 3.0  # a hung job will not save: SIGKILL soon
@@ -56,7 +57,8 @@ class RunMonitor:
         self.stall_clock = StallClock(settings.stall_timeout_s)
         self.idle = IdleWatch(settings.idle_window_s, settings.idle_below_pct)
         self.stall: Stall | None = None
-        self.fault: GpuFault | None = None
+        self.fault: GpuFault | None = None  # a hardware fault: the job was stopped
+        self.job_xids: list[GpuFault] = []  # Xids the application caused
         self._offsets = dict.fromkeys(transports, 0)
         self._beats: dict[str, dict[str, float]] = {}
         self._node_now: dict[str, float | None] = {}
@@ -101,6 +103,9 @@ class RunMonitor:
         now = self.clock()
         for node, (node_now, samples, beats) in polled.items():
             faults = self.nodes[node].add(samples)
+            for f in [f for f in faults if f.kind is not XidClass.HARDWARE]:
+                self._note_xid(f)
+            faults = [f for f in faults if f.kind is XidClass.HARDWARE]
             if faults and self.fault is None:
                 self.fault = faults[0]
                 ui.warn(f"GPU fault during the run: {self.fault}; stopping the job")
@@ -127,6 +132,21 @@ class RunMonitor:
             self.stall = self._diagnose(quiet, timeout)
             ui.warn(f"run {self.job.run_id} stalled: {self.stall.describe()}; stopping the job")
             self._stop(STALL_GRACE_S)
+
+    def _note_xid(self, fault: GpuFault) -> None:
+        """An Xid that does not need a new node: the application's own (kept, to explain the
+        job's failure), or one NVIDIA says to restart the application for or just records."""
+        if fault.kind is XidClass.APPLICATION:
+            self.job_xids.append(fault)
+            what = "caused by the job's own GPU code, not by the GPU (no node is replaced)"
+        elif fault.kind is XidClass.INFORMATIONAL:
+            what = "informational, the job goes on"
+        else:
+            what = "NVIDIA's advice is to restart the application; the node is kept"
+        ui.warn(f"{fault.explain()}: {what}")
+        self._event(
+            "gpu_xid", node=fault.node, gpu=fault.gpu, what=fault.what, xid_class=fault.kind.value
+        )
 
     def _poll(self, node: str) -> tuple[float | None, list, dict[str, float]]:
         r = self.transports[node].run(build_poll_command(self.job.run_id, self._offsets[node]), 30)

@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scripts.watch.xid import XidClass, meaning, worst, xid_class
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -26,6 +28,7 @@ class Sample:
     ecc_uncorrected: int | None
     xid_count: int
     last_xid: int | None
+    xids: tuple[int, ...] = ()  # the latest codes, oldest first (empty from an older node side)
 
 
 def _num(text: str | None) -> float | None:
@@ -39,7 +42,7 @@ def parse_samples(text: str) -> list[Sample]:
     """telemetry.csv lines (the header and broken lines skipped)."""
     out = []
     for row in csv.reader(io.StringIO(text)):
-        if len(row) != 11 or row[0] == "time":
+        if len(row) not in (11, 12) or row[0] == "time":
             continue
         t, gpu = _num(row[0]), _num(row[1])
         if t is None or gpu is None:
@@ -58,6 +61,7 @@ def parse_samples(text: str) -> list[Sample]:
                 None if ecc is None else int(ecc),
                 int(xids or 0),
                 None if last is None else int(last),
+                tuple(int(c) for c in row[11].split() if c.isdigit()) if len(row) == 12 else (),
             )
         )
     return out
@@ -65,15 +69,31 @@ def parse_samples(text: str) -> list[Sample]:
 
 @dataclass(frozen=True)
 class GpuFault:
-    """A new Xid or uncorrectable ECC error during the run."""
+    """A new Xid or uncorrectable ECC error during the run; only the hardware class replaces
+    the node (scripts/watch/xid.py)."""
 
     node: str
     gpu: int
     what: str  # "Xid 79" / "3 uncorrectable ECC error(s)"
     at: float
+    kind: XidClass = XidClass.HARDWARE
+    meaning: str = ""  # NVIDIA's description of the Xid, when the table names it
 
     def __str__(self) -> str:
         return f"node {self.node} GPU {self.gpu}: {self.what}"
+
+    def explain(self) -> str:
+        """'node n GPU 0: Xid 13 (graphics engine exception, ...)'."""
+        return f"{self}{f' ({self.meaning})' if self.meaning else ''}"
+
+
+def _new_xids(s: Sample, before: int) -> list[int]:
+    """The codes logged since the count was `before` (the last one where the node does not list
+    them)."""
+    new = s.xid_count - before
+    if s.xids and new <= len(s.xids):
+        return list(s.xids[-new:])
+    return [s.last_xid] if s.last_xid is not None else []
 
 
 @dataclass
@@ -94,8 +114,12 @@ class NodeTelemetry:
             self.latest[s.gpu] = s
             xids, ecc = s.xid_count, s.ecc_uncorrected or 0
             base = self._baseline.setdefault(s.gpu, (xids, ecc))
-            if xids > base[0]:
-                faults.append(GpuFault(self.node, s.gpu, f"Xid {s.last_xid}", s.time))
+            if xids > base[0] and (code := worst(_new_xids(s, base[0]))) is not None:
+                faults.append(
+                    GpuFault(
+                        self.node, s.gpu, f"Xid {code}", s.time, xid_class(code), meaning(code)
+                    )
+                )
             if ecc > base[1]:
                 faults.append(
                     GpuFault(

@@ -103,7 +103,16 @@ def test_the_tarball_and_the_cloud_build_request(tmp_path: Path) -> None:
         member = tar.extractfile("src/train.py")
         assert member is not None and member.read() == b"print('hi')\n"
     image = "us-central1-docker.pkg.dev/p/gputrain-dev/docker:" + ctx.tag
-    body = cloud_build_request(image, "bkt", "gputrain-builds/x.tar.gz", stack="dev")
+    body = cloud_build_request(
+        image, "bkt", "gputrain-builds/x.tar.gz", stack="dev", project="p",
+        account="gputrain-dev@p.iam.gserviceaccount.com",
+    )  # fmt: skip
+    # the stack's own account, which needs a logging option (user-specified service accounts)
+    assert (
+        body["serviceAccount"]
+        == "projects/p/serviceAccounts/gputrain-dev@p.iam.gserviceaccount.com"
+    )
+    assert body["options"] == {"logging": "CLOUD_LOGGING_ONLY"}
     assert body["source"] == {
         "storageSource": {"bucket": "bkt", "object": "gputrain-builds/x.tar.gz"}
     }

@@ -108,18 +108,19 @@ def test_dense_and_calendar_reservations_require_reservation_bound_vms(
     fake: FakeCompute, api: ComputeApi
 ) -> None:
     """slurm-gcp resume.py: RESERVATION_BOUND when deploymentType == DENSE or reservationMode ==
-    CALENDAR; both read from reservations.get (google-cloud-compute 1.57 drops reservationMode,
-    so the adapter reads the JSON)."""
+    CALENDAR; both read from reservations.get of the compute beta API (reservationMode is not in
+    the v1 Reservation, which the fake, like Google, answers without it)."""
     zone = "us-central1-a"
     fake.add_reservation(zone, "dense", "a3-highgpu-8g", 2, deployment_type="DENSE")
     fake.add_reservation(zone, "calendar", "a3-highgpu-8g", 2, reservation_mode="CALENDAR")
-    fake.add_reservation(zone, "plain", "a3-highgpu-8g", 2)
+    fake.add_reservation(zone, "plain", "a3-highgpu-8g", 2, reservation_mode="DEFAULT")
     found = {n: get_reservation(api, fake.project, zone, n) for n in ("dense", "calendar", "plain")}
     assert {n: i.requires_bound for n, i in found.items() if i} == {
         "dense": True,
         "calendar": True,
         "plain": False,
     }
+    assert fake.requests_matching("/compute/beta/projects/.*/reservations/calendar")
     spec = _spec(fake, "dev", machineType="a3-highgpu-8g", capacity="reservation",
                  reservation="calendar", zones="us-central1-a", spot="")  # fmt: skip
     report = preflight(request_for(spec), spec.zones, api=api)
@@ -135,6 +136,33 @@ def test_dense_and_calendar_reservations_require_reservation_bound_vms(
         "dev",
     )  # fmt: skip
     assert not reservation_binds(plain, api, zone)
+
+
+def test_a_reservation_without_reservation_mode_is_unknown_not_plain(
+    fake: FakeCompute, api: ComputeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No reservationMode in the answer: the mode is unknown; `up` says so once and keeps the
+    stack's own reservationBound (false unless the user set it)."""
+    from scripts.targets.gce.preflight import reservation_binds
+
+    zone = "us-central1-a"
+    fake.add_reservation(zone, "quiet", "a3-highgpu-8g", 2)
+    info = get_reservation(api, fake.project, zone, "quiet")
+    assert info is not None and info.reservation_mode is None and info.bound_unknown
+
+    def spec(**kw: str) -> ClusterSpec:
+        cfg = deployable_config("dev", machineType="a3-highgpu-8g", capacity="reservation",
+                                reservation="quiet", zones=zone, spot="", **kw)  # fmt: skip
+        return parse_spec({**cfg, "gcp:project": fake.project}, "dev")
+
+    assert not reservation_binds(spec(), api, zone)
+    err = capsys.readouterr().err
+    assert "has no reservationMode, so whether it is calendar-mode is unknown" in err
+    assert "gputrain:reservationBound: true makes them so" in err
+    assert reservation_binds(spec(reservationBound="true"), api, zone)
+    report = preflight(request_for(spec()), [zone], api=api)
+    [(_, status, detail)] = _rows(report, "reservation")
+    assert status == "ok" and "reservationMode unknown" in detail
 
 
 def test_reservation_bound_setting_picks_the_provisioning_model() -> None:

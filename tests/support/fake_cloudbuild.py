@@ -4,7 +4,10 @@ is a BuildOperationMetadata holding the Build), ``GET /v1/projects/P/builds/ID``
 ``GET /v1/operations/build/P/ID`` (operations.get). A build goes QUEUED -> WORKING -> its end over
 successive reads; it reads its source tarball through `read_source` (the tests' Cloud Storage
 emulator) and fails as Cloud Build does when that object is missing. `fail_next` scripts a
-FAILURE (the step's exit status in failureInfo)."""
+FAILURE (the step's exit status in failureInfo). Like a project made after Cloud Build's 2024
+service-account change in a secure-by-default organization: a build without `serviceAccount`
+runs as the Compute Engine default account, which has no Editor role, and fails reading its
+source; one with `serviceAccount` must set a logging option (or a logs bucket), else 400."""
 
 from __future__ import annotations
 
@@ -26,6 +29,11 @@ _GET = re.compile(r"^/v1/projects/([^/]+)/builds/([^/:]+)$")
 _OPERATION = re.compile(r"^/v1/operations/build/([^/]+)/([^/]+)$")
 METADATA_TYPE = "type.googleapis.com/google.devtools.cloudbuild.v1.BuildOperationMetadata"
 BUILD_TYPE = "type.googleapis.com/google.devtools.cloudbuild.v1.Build"
+#: what a build without `serviceAccount` runs as in a project made after the 2024 change
+DEFAULT_ACCOUNT = "123456789012-compute@developer.gserviceaccount.com"
+#: BuildOptions.LoggingMode values a build with its own account may use (the REST client sends
+#: enums as numbers); else a logs bucket, or defaultLogsBucketBehavior REGIONAL_USER_OWNED_BUCKET
+LOGGING_MODES = {3: "STACKDRIVER_ONLY", 4: "NONE", 5: "CLOUD_LOGGING_ONLY"}
 
 
 class FakeCloudBuild(FakeHttpServer):
@@ -44,7 +52,14 @@ class FakeCloudBuild(FakeHttpServer):
         storage = body.get("source", {}).get("storageSource", {})
         data = self.read_source(storage.get("bucket", ""), storage.get("object", ""))
         end, detail, results = "SUCCESS", "", {}
-        if data is None:
+        if not body.get("serviceAccount"):
+            end = "FAILURE"
+            detail = (
+                f"failed to fetch source: gs://{storage.get('bucket')}/{storage.get('object')}: "
+                f"googleapi: Error 403: {DEFAULT_ACCOUNT} does not have storage.objects.get "
+                "access to the Google Cloud Storage object."
+            )
+        elif data is None:
             end = "FAILURE"
             detail = (
                 f"failed to fetch source: gs://{storage.get('bucket')}/{storage.get('object')}: "
@@ -100,6 +115,23 @@ class FakeCloudBuild(FakeHttpServer):
                 if not m:
                     return _not_found(self, path)
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                options = body.get("options") or {}
+                options["logging"] = LOGGING_MODES.get(
+                    options.get("logging"), options.get("logging")
+                )
+                if (
+                    body.get("serviceAccount")
+                    and not body.get("logsBucket")
+                    and options["logging"] not in LOGGING_MODES.values()
+                    and options.get("defaultLogsBucketBehavior")
+                    not in (1, "REGIONAL_USER_OWNED_BUCKET")
+                ):
+                    return send_json(self, 400, {"error": {"code": 400, "message": (
+                        "generic::invalid_argument: if 'build.service_account' is specified, the "
+                        "build must either (a) specify 'build.logs_bucket', (b) use the "
+                        "REGIONAL_USER_OWNED_BUCKET build.options.logging option, or (c) use "
+                        "either CLOUD_LOGGING_ONLY / NONE logging options"
+                    ), "status": "INVALID_ARGUMENT"}})  # fmt: skip
                 with fake._lock:
                     build = fake._create(m.group(1), body)
                 send_json(self, 200, _operation(build, done=False))

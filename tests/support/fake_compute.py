@@ -27,6 +27,8 @@ from tests.support.fake_iam import FakeIamMixin
 
 PROJECT = "gputrain-test"
 BASE = "https://www.googleapis.com/compute/v1"
+#: Reservation fields only the compute beta API returns (its v1 resource has none of them)
+BETA_ONLY = ("reservationMode",)
 PAGE_SIZE = 3  # small on purpose: every list a test makes crosses at least one page boundary
 
 # ---- facts (gcp-gpu-facts.md) -------------------------------------------------------------------
@@ -689,14 +691,19 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         return 200, body
 
     def _route(self, path: str, query: dict[str, list[str]]) -> Any:
-        prefix = "/compute/v1/projects/"
+        beta = path.startswith("/compute/beta/projects/")
+        prefix = "/compute/beta/projects/" if beta else "/compute/v1/projects/"
         if not path.startswith(prefix):
             raise _not_found(path)
         rest = path[len(prefix) :].strip("/").split("/")
         project, rest = rest[0], rest[1:]
         q = {k: v[0] for k, v in query.items()}
         if len(rest) == 4 and rest[0] == "zones" and rest[2] == "reservations":
-            return self._reservation(project, rest[1], rest[3])
+            body = self._reservation(project, rest[1], rest[3])
+            # reservationMode is a field of the beta Reservation only (v1 has none)
+            return body if beta else {k: v for k, v in body.items() if k not in BETA_ONLY}
+        if beta:
+            raise _not_found(path)  # the fake serves only reservations in beta
         if project != self.project and not (len(rest) >= 3 and rest[:2] == ["global", "images"]):
             raise _HttpError(
                 403,

@@ -11,8 +11,16 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
-def build_wheel(name: str, out: Path, *, version: str = "1.0", module_body: str = "") -> Path:
-    """A wheel of a one-module project `name` (module `name` with dashes as underscores)."""
+def build_wheel(
+    name: str,
+    out: Path,
+    *,
+    version: str = "1.0",
+    module_body: str = "",
+    dependencies: tuple[str, ...] = (),
+) -> Path:
+    """A wheel of a one-module project `name` (module `name` with dashes as underscores) that
+    requires `dependencies` (PEP 508 strings)."""
     module = name.replace("-", "_")
     src = out / f"src-{name}"
     (src / module).mkdir(parents=True)
@@ -21,7 +29,7 @@ def build_wheel(name: str, out: Path, *, version: str = "1.0", module_body: str 
     )
     (src / "pyproject.toml").write_text(
         "[build-system]\nrequires = ['setuptools']\nbuild-backend = 'setuptools.build_meta'\n"
-        f"[project]\nname = {name!r}\nversion = {version!r}\n"
+        f"[project]\nname = {name!r}\nversion = {version!r}\ndependencies = {list(dependencies)!r}\n"
         f"[tool.setuptools]\npackages = [{module!r}]\n"
     )
     dist = out / "dist"

@@ -10,6 +10,7 @@ from their Dockerfile as it is and run from their gcloud config.yaml on the fake
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -402,3 +403,51 @@ def test_vertex_runs_the_users_own_container_unchanged_from_their_gcloud_config(
         assert_vertex_torn_down(w)
     finally:
         machines.cleanup()
+
+
+def test_a_stack_with_image_and_data_gives_the_container_the_dataset(
+    world: Callable[..., World],
+    cbed: ContainerBed,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`image:` plus `data:`: the dataset is copied to each VM as without an image, and the job
+    inside the container finds it at $GPUTRAIN_DATA_<NAME> (the variables passed in, the data
+    directory mounted read-only at the same path)."""
+    image = cbed.image("data", gpus=1, mark="data")
+    w = world(
+        nodes=2,
+        bucket=True,
+        settings={"image": f"{image.repository}:1"},
+        containers=lambda h: cbed.enable(h, docker=False),  # a fresh VM: installed
+    )
+    assert w.gcs is not None
+    objects = {f"shard-{i}.bin": os.urandom(1000 + i) for i in range(3)}
+    for rel, data in objects.items():
+        w.gcs.write(f"datasets/tiny/{rel}", data)
+    (w.dir / "datajob.py").write_text(DATA_JOB)
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}",
+        "--data", f"train=gs://{w.gcs.bucket_name}/datasets/tiny", "--", "datajob.py",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    want = hashlib.sha256()
+    for rel in sorted(objects):
+        want.update(rel.encode() + b"\0" + objects[rel])
+    found = re.findall(r"\[(e2e-node-\d)\] \[rank\d\]:inside=True dataset digest (\w+)", out)
+    assert sorted(found) == [(f"e2e-node-{i}", want.hexdigest()) for i in (0, 1)], out[-3000:]
+    assert_torn_down(w)
+
+
+#: Rank 0 of each node: whether it runs in the image, and one digest over the dataset it sees.
+DATA_JOB = """import hashlib, os
+from pathlib import Path
+root = Path(os.environ["GPUTRAIN_DATA_TRAIN"])
+assert os.environ["GPUTRAIN_DATA_DIR"] == str(root.parent), os.environ["GPUTRAIN_DATA_DIR"]
+h = hashlib.sha256()
+for p in sorted(q for q in root.rglob("*") if q.is_file()):
+    h.update(str(p.relative_to(root)).encode() + b"\\0" + p.read_bytes())
+if os.environ.get("LOCAL_RANK", "0") == "0":
+    print(f"inside={os.path.exists('/gputrain-image')} dataset digest", h.hexdigest(), flush=True)
+"""

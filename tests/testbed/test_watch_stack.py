@@ -64,3 +64,39 @@ def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
     assert '"kind": "gpu_fault"' in (run / "watch-events.jsonl").read_text()
     page = (run / "report.html").read_text()  # the report of `run`, the recovery in it
     assert "recoveries</th><td>1" in page and "recovery: e2e-node-1 lost to a GPU fault" in page
+
+
+def test_an_xid_the_job_caused_is_reported_and_buys_no_new_node(
+    world: Callable[..., World],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Xid 13 (NVIDIA: a graphics engine exception, the application's own) while the trainer
+    runs: a warning naming it, the job goes on, no VM is deleted or re-created."""
+    monkeypatch.setenv("GPUTRAIN_WATCH_POLL_S", "1")
+    monkeypatch.setenv("GPUTRAIN_WATCH_SAMPLE_S", "0.5")
+    w = world(bucket=True, gpus=GpuConfig(model="NVIDIA L4", count=1, timeline=(BUSY,)))
+
+    def xid() -> None:
+        host = w.node_hosts["e2e-node-1"]
+        w.bed.set_gpus(
+            host.name, GpuConfig(count=1, timeline=(BUSY, GpuPhase(util_pct=97, xid=13)))
+        )
+
+    t = w.at_checkpoint(20, xid)
+    assert w.gcs is not None
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", "-m", "trainer.train", *TRAIN,
+    )  # fmt: skip
+    t.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-4000:] + err[-2000:]
+    assert "node e2e-node-1 GPU 0: Xid 13 (graphics engine exception" in err
+    assert "caused by the job's own GPU code, not by the GPU (no node is replaced)" in err
+    assert "recovering" not in out and "GPU fault during the run" not in err
+    assert [r for r in w.compute.requests if r[0] == "DELETE"] == []
+    target = w.dir / "runs" / "stack-e2e"
+    run = target / (target / "LAST_RUN").read_text().strip()
+    [event] = [e for e in (run / "watch-events.jsonl").read_text().splitlines() if "gpu_xid" in e]
+    assert json.loads(event)["xid_class"] == "application"

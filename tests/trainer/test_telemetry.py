@@ -44,6 +44,11 @@ def test_samples_show_busy_gpus_then_an_xid_on_the_right_gpu(
     _fake_gpus(tmp_path / "x", GpuConfig(count=2, timeline=timeline), monkeypatch)
     rows = telemetry.sample_rows(time.time())
     assert [(r[9], r[10]) for r in rows] == [("0", ""), ("1", "79")]
+    # the process killed with the GPU logs Xid 45 after it: the row lists both, oldest first
+    cleanup = dataclasses.replace(timeline[1], xid=45)
+    _fake_gpus(tmp_path / "y", GpuConfig(count=2, timeline=(*timeline, cleanup)), monkeypatch)
+    rows = telemetry.sample_rows(time.time())
+    assert [(r[9], r[10], r[11]) for r in rows] == [("0", "", ""), ("2", "45", "79 45")]
 
 
 def test_sampler_writes_a_csv_until_its_pid_ends(

@@ -25,6 +25,71 @@ def _register() -> None:
         marker.write(os.environ["RANK"])
 
 
+def _watch_world() -> None:
+    """Whether this rank joins a process group: a multi-node job whose ranks never do trains
+    independent copies (e.g. Lightning's Trainer(num_nodes=1) under torchrun). Once
+    torch.distributed is imported its init_process_group is wrapped; $GPUTRAIN_WATCH_DIR/world/
+    <RANK> gets the group's size when one is made, 0 if the process ends without one."""
+    import atexit
+    import importlib.machinery
+    from collections.abc import Sequence
+    from types import ModuleType
+
+    watch = os.environ.get("GPUTRAIN_WATCH_DIR")
+    if not watch or "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+    path = os.path.join(watch, "world", os.environ["RANK"])
+    joined: list[int] = []
+
+    def record(size: int) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(str(size))
+
+    def wrap(module: object) -> None:
+        original = module.init_process_group  # type: ignore[attr-defined]
+
+        def init_process_group(*args: object, **kwargs: object) -> object:
+            result = original(*args, **kwargs)
+            with contextlib.suppress(Exception):
+                joined.append(module.get_world_size())  # type: ignore[attr-defined]
+                record(joined[-1])
+            return result
+
+        for target in (module, getattr(module, "distributed_c10d", None)):
+            if getattr(target, "init_process_group", None) is original:
+                target.init_process_group = init_process_group  # type: ignore[union-attr]
+
+    class AfterImport:
+        """Finds torch.distributed as the path finder does, and wraps it once loaded."""
+
+        def find_spec(
+            self, name: str, search: Sequence[str] | None, target: ModuleType | None = None
+        ) -> importlib.machinery.ModuleSpec | None:
+            if name != "torch.distributed":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(name, search)
+            loader = getattr(spec, "loader", None)
+            if loader is not None and hasattr(loader, "exec_module"):
+                run = loader.exec_module
+
+                def exec_module(module: object) -> None:
+                    run(module)
+                    with contextlib.suppress(Exception):
+                        wrap(module)
+
+                loader.exec_module = exec_module
+            return spec
+
+    def at_exit() -> None:
+        if not joined:
+            record(0)
+
+    sys.meta_path.insert(0, AfterImport())
+    atexit.register(at_exit)
+
+
 def _chain() -> None:
     """Import the next sitecustomize on sys.path (the one this file shadows)."""
     import importlib.machinery
@@ -40,5 +105,7 @@ def _chain() -> None:
 
 with contextlib.suppress(Exception):  # never break the user's program for a diagnostic
     _register()
+with contextlib.suppress(Exception):
+    _watch_world()
 with contextlib.suppress(Exception):
     _chain()

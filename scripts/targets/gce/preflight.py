@@ -102,7 +102,8 @@ def pin_reservation_bound(
 
 def reservation_binds(spec: ClusterSpec, api: ComputeApi, zone: str) -> bool:
     """Whether the stack's reservation (in `zone`) needs RESERVATION_BOUND VMs: a dense or
-    calendar-mode one (reservations.get). False when it cannot be read (preflight says why)."""
+    calendar-mode one (reservations.get). False when it cannot be read (preflight says why);
+    the stack's own `reservationBound` when its mode is unknown (said once)."""
     assert spec.project is not None and spec.reservation is not None
     try:
         info = get_reservation(api, spec.project, zone, spec.reservation)
@@ -111,6 +112,16 @@ def reservation_binds(spec: ClusterSpec, api: ComputeApi, zone: str) -> bool:
             f"reservation {spec.reservation}: {e}; its VMs stay {spec.instance_capacity.provisioning_model}"
         )
         return False
+    if info is not None and info.bound_unknown:
+        from infra.stackfile import NS
+
+        ui.warn(
+            f"reservation {spec.reservation}: the Compute API's answer has no reservationMode, so "
+            "whether it is calendar-mode is unknown; its VMs are "
+            f"{'RESERVATION_BOUND' if spec.reservation_bound else 'not RESERVATION_BOUND'}"
+            f" ({NS}reservationBound: true makes them so, as calendar-mode reservations need)"
+        )
+        return bool(spec.reservation_bound)
     return info is not None and info.requires_bound
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.base.errors import UserError
-from infra.stackfile import NS
+from infra.stackfile import NS, service_account_email
 from scripts import ui
 from scripts.targets.base import RunOptions
 
@@ -88,7 +88,7 @@ def publish_stack_image(
     ui.say(
         f"up: stack {spec.stack}: its image repository "
         f"{pending.planned.image.registry}/{spec.project}/gputrain-{spec.stack}"
-        + (" and bucket (for Cloud Build's source)" if cloud else "")
+        + (" and bucket, and the account Cloud Build runs as" if cloud else "")
         + ", before any GPU"
     )
     runner.up(on_output=pulumi_line, targets=target_urns(spec, with_bucket=cloud))
@@ -101,4 +101,6 @@ def publish_stack_image(
         storage=lambda: clients.storage(project),
         bucket=spec.bucket_name,
         prefix=spec.bucket_prefix,
+        project=project,
+        account=service_account_email(spec.stack, project),
     )

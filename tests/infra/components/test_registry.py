@@ -88,7 +88,7 @@ def test_build_declares_the_repository_and_a_reader_on_it_only() -> None:
         "gputrain-project": "gputrain",
         "team": "ml",
     }
-    [reader] = mocks.of_type(READER_TYPE)
+    reader, writer = sorted(mocks.of_type(READER_TYPE), key=lambda r: r.inputs["role"])
     assert reader.inputs == {
         "project": TEST_PROJECT,
         "location": "us-central1",
@@ -96,6 +96,8 @@ def test_build_declares_the_repository_and_a_reader_on_it_only() -> None:
         "role": "roles/artifactregistry.reader",
         "member": _member(mocks),
     }
+    # Cloud Build runs as the stack's account: it pushes to this repository, and only this one
+    assert writer.inputs == {**reader.inputs, "role": "roles/artifactregistry.writer"}
     # nothing project-wide about Artifact Registry
     roles = [r.inputs["role"] for r in mocks.of_type(IAM_MEMBER)]
     assert not [r for r in roles if "artifactregistry" in r], roles
@@ -104,9 +106,9 @@ def test_build_declares_the_repository_and_a_reader_on_it_only() -> None:
 def test_vertex_jobs_account_reads_the_repository() -> None:
     mocks, _ = _program("vertex", build="Dockerfile")
     [repo] = mocks.of_type(REPOSITORY_TYPE)
-    [reader] = mocks.of_type(READER_TYPE)
-    assert reader.inputs["member"] == _member(mocks)
-    assert reader.inputs["repository"] == repo.inputs["repositoryId"] == "gputrain-vertex"
+    for grant in mocks.of_type(READER_TYPE):  # reader, and writer for Cloud Build
+        assert grant.inputs["member"] == _member(mocks)
+        assert grant.inputs["repository"] == repo.inputs["repositoryId"] == "gputrain-vertex"
 
 
 def test_no_build_no_repository() -> None:
@@ -136,7 +138,22 @@ def test_the_targeted_up_names_what_the_program_registers(stack: str) -> None:
 
     assert chosen(False) == ["ImageRegistry", "Repository"]
     top = "VertexStack" if stack == "vertex" else "GpuCluster"
-    assert chosen(True) == sorted(["Bucket", top, "ImageRegistry", "Repository", "StackBucket"])
+    # Cloud Build: also what the build runs as (the stack's account, its log writer role, its
+    # access to the bucket, its writer grant on the repository)
+    assert chosen(True) == sorted(
+        [
+            "Bucket",
+            top,
+            "ImageRegistry",
+            "Repository",
+            "StackBucket",
+            "NodeIdentity",
+            "Account",
+            "IAMMember",
+            "BucketIAMMember",
+            "RepositoryIamMember",
+        ]
+    )  # fmt: skip (one IAMMember: the log writer role; one grant on the repository: writer)
 
 
 def _glob(target: str) -> re.Pattern[str]:

@@ -278,6 +278,11 @@ def test_build_needs_artifact_registry_and_without_docker_cloud_build(world: Wor
     assert row.status == "fail"
     assert row.detail.startswith(f"missing 1 of {len(every)}: cloudbuild.builds.create")
     assert "roles/cloudbuild.builds.editor" in row.fix
+    # the build runs as the stack's account: submitting it needs actAs on that account
+    world.admin.world.granted = every - {"iam.serviceAccounts.actAs"}
+    row = world.report().row("IAM permissions")
+    assert row.status == "fail" and "iam.serviceAccounts.actAs" in row.detail
+    assert "roles/iam.serviceAccountUser" in row.fix
 
 
 def test_without_a_stack_only_this_machine_is_checked(

@@ -58,6 +58,11 @@ def test_docker_run_passes_values_by_name_only() -> None:
     assert cmd.endswith("r.io/a/b@sha256:" + "b" * 64)
     assert "--gpus" not in build_docker_run(ref, name="n", gpus=False, env_names=[])
     assert "nvidia-container-toolkit" in build_node_check_command(gpus=True)
+    assert "GPUTRAIN_DATA" not in cmd  # no datasets: nothing of theirs
+    names = ["GPUTRAIN_DATA_DIR", "GPUTRAIN_DATA_TRAIN"]
+    cmd = build_docker_run(ref, name="n", gpus=True, env_names=["TOK"], data_names=names)
+    assert '-v "$GPUTRAIN_DATA_DIR:$GPUTRAIN_DATA_DIR:ro"' in cmd
+    assert "-e TOK -e GPUTRAIN_DATA_DIR -e GPUTRAIN_DATA_TRAIN" in cmd
 
 
 @pytest.fixture

@@ -105,9 +105,31 @@ def test_prefixes_are_checked_from_here_and_in_the_doctor() -> None:
         assert "roles/storage.objectViewer on gs://no-such-bkt" in rows[2].fix
 
 
+#: parses its arguments as the real one does (cmd/root.go: cobra counts argv[0] in
+#: RangeArgs(2, 3); bool flags take no separate value; the file-cache flags from 2.5.0), records
+#: them and "mounts" by making the mount point answer mountpoint -q
+GCSFUSE_STUB = """
+case "$1" in --version|-v) echo "gcsfuse version $GCSFUSE_VERSION (Go version go1.23.0)"; exit 0;; esac
+all="$*"; n=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --file-cache-*) case "$GCSFUSE_VERSION" in [01].*|2.[0-4].*)
+      echo "Error: unknown flag: ${1%%=*}" >&2; exit 1;; esac;;
+  esac
+  case "$1" in
+    -o|--only-dir|--cache-dir|--file-cache-max-size-mb) shift;;
+    -*) ;;
+    *) n=$((n + 1)); last=$1;;
+  esac
+  shift
+done
+if [ $n -lt 2 ] || [ $n -gt 3 ]; then
+  echo "Error: accepts between 2 and 3 arg(s), received $n" >&2; exit 1
+fi
+echo "$all" >> "$LOG"; touch "$last/.mounted"
+"""
 STUBS = {
-    # records its arguments; "mounts" by making the mount point answer mountpoint -q
-    "gcsfuse": 'echo "$@" >> "$LOG"; for a; do last=$a; done; touch "$last/.mounted"',
+    "gcsfuse": GCSFUSE_STUB,
     "mountpoint": '[ "$2" = "$SCRATCH" ] && [ -n "$HAVE_SSD" ] && exit 0; [ -e "$2/.mounted" ]',
     "sudo": 'shift; exec "$@"',
 }
@@ -133,11 +155,11 @@ def test_the_mount_command_mounts_each_dataset_once(tmp_path: Path, ssd: bool) -
         "PATH": stub_path(tmp_path), "GPUTRAIN_NODE_ROOT": str(tmp_path / "node"), "LOG": str(log),
         "SCRATCH": str(tmp_path / "ssd"), "HAVE_SSD": "1" if ssd else "",
     }  # fmt: skip
-    r = sh(cmd, env)
+    r = sh(cmd, {**env, "GCSFUSE_VERSION": "2.5.1"})
     assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "node" / ".gputrain" / "data"
     cache = (
-        f" --cache-dir {tmp_path}/ssd/gcsfuse-cache/web --file-cache-max-size-mb -1 --file-cache-cache-file-for-range-read true"
+        f" --cache-dir {tmp_path}/ssd/gcsfuse-cache/web --file-cache-max-size-mb -1 --file-cache-cache-file-for-range-read=true"
         if ssd
         else ""
     )
@@ -149,12 +171,47 @@ def test_the_mount_command_mounts_each_dataset_once(tmp_path: Path, ssd: bool) -
         log.read_text().splitlines()[1].endswith(f" b-3 {root}/all")
         and "--only-dir" not in log.read_text().splitlines()[1]
     )
-    r = sh(cmd, env)  # again: mounted already, gcsfuse is not run twice
+    r = sh(cmd, {**env, "GCSFUSE_VERSION": "2.5.1"})  # again: mounted already, not run twice
     assert (
         r.returncode == 0
         and "mounted already" in r.stdout
         and len(log.read_text().splitlines()) == 2
     )
+
+
+@pytest.mark.parametrize("version", ["2.4.0", "1.4.2", "unknown"])
+def test_a_gcsfuse_older_than_2_5_mounts_without_the_cache_and_says_so(
+    tmp_path: Path, version: str
+) -> None:
+    [web] = [d for d in DATASETS if d.mode == "mount"]
+    log = tmp_path / "gcsfuse.log"
+    cmd = build_mount_command([web], install=False).replace(
+        "/mnt/gputrain-scratch", str(tmp_path / "ssd")
+    )
+    env = {
+        "PATH": stub_path(tmp_path), "GPUTRAIN_NODE_ROOT": str(tmp_path / "node"), "LOG": str(log),
+        "SCRATCH": str(tmp_path / "ssd"), "HAVE_SSD": "1",
+        "GCSFUSE_VERSION": "" if version == "unknown" else version,
+    }  # fmt: skip
+    r = sh(cmd, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = "of unknown version" if version == "unknown" else version
+    assert (
+        f"gcsfuse {shown} is older than 2.5 (no file-cache flags): mounting without the cache"
+        in r.stdout
+    )
+    assert "--file-cache" not in log.read_text() and "--cache-dir" not in log.read_text()
+
+
+def test_the_stub_gcsfuse_refuses_a_bool_flags_separate_value(tmp_path: Path) -> None:
+    """The old mount line (`--file-cache-cache-file-for-range-read true`) as the real gcsfuse
+    sees it: `true` is a third positional."""
+    (tmp_path / "mp").mkdir()
+    env = {"PATH": stub_path(tmp_path), "LOG": str(tmp_path / "log"), "GCSFUSE_VERSION": "2.5.1"}
+    flag = "--file-cache-cache-file-for-range-read"
+    r = sh(f"gcsfuse {flag} true b {tmp_path}/mp", env)
+    assert r.returncode == 1 and "accepts between 2 and 3 arg(s), received 4" in r.stderr
+    assert sh(f"gcsfuse {flag}=true b {tmp_path}/mp", env).returncode == 0
 
 
 def test_without_gcsfuse_the_mount_fails_saying_what_to_do(tmp_path: Path) -> None:

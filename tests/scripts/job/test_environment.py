@@ -119,6 +119,70 @@ def test_installs_once_then_cached_and_torch_stays_visible(
     assert py == tmp_path / "node/.gputrain/envs" / env.key / "bin/python" and py.exists()
 
 
+@pytest.fixture(scope="module")
+def vision_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackageIndex]:
+    """A torch newer than the node's, a torchvision built for it (the newest) and one built for
+    the node's torch (2.13), as on PyPI the day a new torch is out."""
+    root = tmp_path_factory.mktemp("vision")
+    with PackageIndex(root / "www") as idx:
+        idx.add(build_wheel("torch", root / "t214", version="2.14.0"))
+        for version, torch in (("0.29.0", "2.14.0"), ("0.28.0", "2.13.0")):
+            wheel = build_wheel(
+                "torchvision", root / version, version=version, dependencies=(f"torch=={torch}",)
+            )
+            idx.add(wheel)
+        yield idx
+
+
+def test_an_unpinned_torchvision_fits_the_nodes_torch_without_a_torch_download(
+    tmp_path: Path, vision_index: PackageIndex, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    node_torch = torch.__version__
+    t = _node(tmp_path, {"requirements.txt": "torchvision\n"})
+    lines: list[str] = []
+    first = _prepare(t, vision_index, lines)
+    assert f"[n0] [requirements] the node's torch {node_torch} stays" in "\n".join(lines)
+    assert any("Successfully installed torchvision-0.28.0" in ln for ln in lines), lines
+    assert not [r for r in vision_index.requests if r.endswith(".whl") and "/torch/" in r]
+    env = tmp_path / "node/.gputrain/envs"
+    [pins] = env.glob("*/node-pins.txt")
+    assert pins.read_text().startswith(f"torch=={node_torch}\n")
+    out = capsys.readouterr().out
+    assert f"with the node's torch {node_torch}" in out
+    lines.clear()
+    second = _prepare(t, vision_index, lines)
+    assert second.cached and f"with the node's torch {node_torch} (cached on n0)" in (
+        capsys.readouterr().out
+    )
+    with capsys.disabled():  # the figures: the environment step, first and cached
+        print(
+            f"\nenvironment step (unpinned torchvision, node torch {node_torch}): first "
+            f"{first.seconds:.1f} s (torchvision 0.28.0, no torch download), second "
+            f"{second.seconds:.2f} s (cache hit: {second.cached})"
+        )
+
+
+def test_a_requirement_that_needs_another_torch_fails_in_one_line(
+    tmp_path: Path, vision_index: PackageIndex
+) -> None:
+    import torch
+
+    t = _node(tmp_path, {"requirements.txt": "torchvision==0.29.0\n"})
+    with pytest.raises(EnvironmentSetupError) as e:
+        _prepare(t, vision_index, [])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(
+        "node n0: installing the requirements failed: requirements.txt: "
+    )
+    assert "torchvision 0.29.0 depends on torch==2.14.0" in msg
+    assert f"the node has torch=={torch.__version__}" in msg
+    assert f"the node's torch {torch.__version__} stays: ask for versions built for it " in msg
+    assert "(torchvision 0.28.*, torchaudio 2.13.*)" in msg
+    assert not [r for r in vision_index.requests if r.endswith(".whl") and "/torch/" in r]
+
+
 def test_a_package_that_does_not_exist_names_the_node(tmp_path: Path, index: PackageIndex) -> None:
     t = _node(tmp_path, {"requirements.txt": "gputrain-no-such-package==9\n"})
     with pytest.raises(EnvironmentSetupError) as e:

@@ -3,6 +3,7 @@ clock and who is stuck, the poll's parsing, the settings and the one-line refusa
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from scripts.watch.telemetry import (
     parse_samples,
     summary_line,
 )
+from scripts.watch.xid import XID_CLASSES, XidClass, xid_class
 
 CSV = (
     "time,gpu,util_pct,mem_used_mib,mem_total_mib,power_w,temp_c,sm_clock_mhz,ecc_uncorrected,"
@@ -55,6 +57,58 @@ def test_a_new_xid_or_ecc_error_is_a_fault_once_the_baseline_is_known() -> None:
         "node n0 GPU 1: 2 uncorrectable ECC error(s)"
     ]
     assert node.add([_s(5, 0, xid=3, last=79, ecc=1)]) == []  # reported once
+
+
+def test_the_xid_table_follows_nvidias_catalogue() -> None:
+    assert {c for c, (k, _) in XID_CLASSES.items() if k is XidClass.HARDWARE} == {
+        48,
+        62,
+        64,
+        74,
+        79,
+        95,
+        119,
+        120,
+    }
+    assert [xid_class(c) for c in (13, 31, 43, 45)] == [XidClass.APPLICATION] * 4
+    assert [xid_class(c) for c in (63, 92)] == [XidClass.INFORMATIONAL] * 2
+    assert xid_class(8) is XidClass.RESTART and xid_class(94) is XidClass.RESTART
+
+
+def test_only_a_hardware_xid_is_a_fault_that_replaces_the_node() -> None:
+    node = NodeTelemetry("n0")
+    assert node.add([_s(1, 90)]) == []
+    [app] = node.add([_s(2, 90, xid=1, last=13)])  # the job's own out-of-range access
+    assert app.kind is XidClass.APPLICATION and "graphics engine exception" in app.explain()
+    [info] = node.add([_s(3, 90, xid=2, last=63)])
+    assert info.kind is XidClass.INFORMATIONAL
+    # Xid 79, then 45 for the process that died with the GPU, in one sample: a hardware fault
+    [hw] = node.add([dataclasses.replace(_s(4, 0, xid=4, last=45), xids=(13, 63, 79, 45))])
+    assert (hw.kind, hw.what) == (XidClass.HARDWARE, "Xid 79")
+    # a node side that does not list the codes: the last one
+    [hw] = node.add([_s(5, 0, xid=5, last=95)])
+    assert (hw.kind, hw.what) == (XidClass.HARDWARE, "Xid 95")
+
+
+def test_a_job_that_fails_after_its_own_xid_is_the_jobs_error_not_a_gpu_fault() -> None:
+    from scripts.job.records import JobResult, NodeFailure, TrainingError
+    from scripts.watch.launch import ApplicationXidError, GpuFaultError
+
+    result = JobResult("r1", False, {"n1": 1}, 3.0, Path("/tmp/r1"), failed_node="n1")
+    cause = TrainingError(
+        "run r1 failed on node n1", failure=NodeFailure("n1", "exited", 1, ()), result=result
+    )
+    [xid] = NodeTelemetry("n1").add([_s(1, 90), _s(2, 90, xid=1, last=31)])
+    e = ApplicationXidError([xid], cause)
+    assert not isinstance(e, GpuFaultError)  # a recovery replaces nodes for GpuFaultError only
+    assert str(e).startswith("run r1 failed on node n1\nThe GPU reported node n1 GPU 0: Xid 31 (")
+    assert "not of the GPU" in str(e) and "No node was replaced." in str(e)
+    assert e.failure is cause.failure and e.result is result
+
+
+def test_samples_with_the_xid_list_column() -> None:
+    [row] = parse_samples("105.0,0,95,18000,23034,70.00,34,1980,0,2,45,79 45\n")
+    assert (row.xid_count, row.last_xid, row.xids) == (2, 45, (79, 45))
 
 
 def test_idle_warning_after_the_window_once_per_episode_never_for_a_busy_node() -> None:

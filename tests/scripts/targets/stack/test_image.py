@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.base.errors import UserError
+from infra.base.errors import GputrainError, UserError
 from infra.components.registry import target_urns
 from infra.gcp.cloudbuild import CloudBuildApi
 from infra.image_build import cloud_build_request, read_context
@@ -95,10 +95,16 @@ def test_cloud_build_builds_pushes_and_cleans_up(
     ctx = read_context("img/Dockerfile", proj, "b")
     assert cloud.sources[build_id] == list(ctx.files) == ["Dockerfile", "train.py"]
     reference = f"{image.repository}:{image.tag}"
+    account = f"gputrain-{STACK}@{PROJECT}.iam.gserviceaccount.com"
     expected = cloud_build_request(
-        reference, spec.bucket_name, f"{SOURCE_PREFIX}{ctx.tag}.tar.gz", stack=STACK
-    )
-    assert {k: build[k] for k in expected} == expected  # what the client sent, as Google reads it
+        reference, spec.bucket_name, f"{SOURCE_PREFIX}{ctx.tag}.tar.gz", stack=STACK,
+        project=PROJECT, account=account,
+    )  # fmt: skip
+    sent = {k: build[k] for k in expected if k != "options"}  # what the client sent, as Google
+    assert sent == {k: v for k, v in expected.items() if k != "options"}  # reads it
+    # as the stack's own account (the default one has no rights here), logging to Cloud Logging
+    assert build["serviceAccount"] == f"projects/{PROJECT}/serviceAccounts/{account}"
+    assert build["options"]["logging"] == "CLOUD_LOGGING_ONLY"
     assert build["results"]["images"][0]["digest"] == image.digest
     # the tarball is gone again; the bucket stays the stack's
     assert not list(gcs.client().list_blobs(spec.bucket_name, prefix=SOURCE_PREFIX))
@@ -138,11 +144,26 @@ def test_a_failed_cloud_build_is_one_line_with_its_log(
 
 def test_the_adapter_on_a_missing_source(cloud: FakeCloudBuild) -> None:
     api = CloudBuildApi(PROJECT, cloud.url, poll_s=0.01)
-    body = cloud_build_request("r.io/p/r/i:ctx-1", "nobucket", "none.tar.gz", stack="x")
+    body = cloud_build_request(
+        "r.io/p/r/i:ctx-1", "nobucket", "none.tar.gz", stack="x", project=PROJECT, account="a@b"
+    )
     lines: list[str] = []
     with pytest.raises(UserError, match=r"ended FAILURE: failed to fetch source: gs://nobucket"):
         api.follow(api.submit(body), lines.append)
     assert [ln.split(": ")[1].split(" ")[0] for ln in lines] == ["queued", "working", "failure"]
+
+
+def test_a_build_with_its_own_account_but_no_logging_option_is_refused(
+    cloud: FakeCloudBuild,
+) -> None:
+    """The fake holds Google's rule (user-specified service accounts: logs go to Cloud Logging or
+    a bucket of the user's), so the request's `options.logging` is what lets the build start."""
+    api = CloudBuildApi(PROJECT, cloud.url, poll_s=0.01)
+    body = cloud_build_request(
+        "r.io/p/r/i:ctx-1", "nobucket", "none.tar.gz", stack="x", project=PROJECT, account="a@b"
+    )
+    with pytest.raises(GputrainError, match="CLOUD_LOGGING_ONLY / NONE logging options"):
+        api.submit({k: v for k, v in body.items() if k != "options"})
 
 
 def test_a_runs_teardown_keeps_the_repository_and_what_holds_it() -> None:
