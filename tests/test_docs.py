@@ -146,6 +146,10 @@ def test_stack_key_descriptions_come_from_pulumi_yaml() -> None:
     assert keys["data"].type.startswith("a mapping of NAME")  # types: infra/schema.py
     assert keys["nodes"].type == "a whole number (ASCII digits)"
     assert keys["data"].description.startswith("the datasets every job reads")
+    # two map keys' comments one after the other: each gets its own block, not its neighbour's
+    assert keys["chief"].description.startswith("worker pool 0's own machine")
+    assert "Reduction Server" not in keys["chief"].description
+    assert keys["reductionServer"].description.startswith("worker pool 2 runs Google's")
     assert "`backend: gce` only" in keys["stallTimeout"].notes
     assert "never by the Pulumi program" in keys["setup"].notes
 

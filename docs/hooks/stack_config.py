@@ -57,8 +57,10 @@ def stack_keys(root: Path = ROOT) -> list[StackKey]:
 
 def _comment_description(text: str, key: str) -> str:
     """The `# KEY (...): description` comment block Pulumi.yaml gives an undeclarable key, up to
-    its example."""
-    match = re.search(rf"^\s*# {re.escape(key)} \((.*?)(?=^\s*[^#\s])", text, re.M | re.S)
+    its example, the next key's block (`# OTHER (`) or the next declared key."""
+    match = re.search(
+        rf"^\s*# {re.escape(key)} \((.*?)(?=^\s*[^#\s]|^\s*# \w+ \()", text, re.M | re.S
+    )
     if not match:
         return ""
     words = " ".join(line.strip().lstrip("#").strip() for line in match.group(1).splitlines())
