@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from infra.datasets import parse_data_flags
-from scripts import lifecycle, run_flags
+from scripts import lifecycle, run_flags, ui
 from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
 from scripts.job.env_options import (
     add_build_option,
@@ -512,7 +512,7 @@ def main(
             settings.root = _project_dir(Path(args.dir))
         return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
-        print(f"gputrain: error: {exc}", file=sys.stderr, flush=True)
+        print(f"gputrain: error: {ui.terminal_safe(str(exc))}", file=sys.stderr, flush=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("gputrain: interrupted", file=sys.stderr, flush=True)
