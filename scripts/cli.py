@@ -119,7 +119,7 @@ def cmd_doctor(ctx: Context) -> int:
 
 
 def cmd_plan(ctx: Context) -> int:
-    ctx.target.plan()
+    lifecycle.plan(ctx.target)
     return EXIT_OK
 
 
@@ -427,31 +427,15 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-#: Variables the node's run script, torchrun or gputrain set: a --env value would break the run
-#: (PATH: the script's own commands) or be overwritten (the ranks), so they are refused.
-RESERVED_ENV = frozenset(
-    {
-        "PATH", "HOME", "SHELL", "USER", "PWD",
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-        "GPUTRAIN_OUT", "GPUTRAIN_RUN_ID", "GPUTRAIN_NODE_ROOT",
-    }
-)  # fmt: skip
-
-
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:
+    from infra.env_names import check_env_name
+
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
+        if not sep:
             raise UserError(f"--env {item!r}: expected NAME=VALUE with NAME a shell variable name")
-        if key in RESERVED_ENV:
-            raise UserError(
-                f"--env {key}=...: {key} is set on the node by the run script, torchrun or "
-                f"gputrain and cannot be replaced; allowed: any other name (reserved: "
-                f"{', '.join(sorted(RESERVED_ENV))})"
-            )
-        env[key] = value
+        env[check_env_name(key, f"--env {key}=...")] = value
     return env
 
 

@@ -46,7 +46,9 @@ def _one_line_error(err: str) -> str:
     [
         (["run"], "choose a target: --stack NAME, --hosts FILE or --local"),
         (["down"], "choose a target: --stack NAME"),
-        (["run", "--local", "--env", "1X=2"], "--env '1X=2'"),
+        (["run", "--local", "--env", "1X=2"], "--env 1X=...: name '1X' is not allowed"),
+        (["run", "--local", "--env", "IFS=,"], "--env IFS=...: IFS is the shell's own variable"),
+        (["run", "--local", "--env", "BASH_ENV=/x"], "--env BASH_ENV=...: BASH_ENV is the shell"),
         (["plan", "--stack", "nosuch"], "nosuch"),
         (["run", "--hosts", "/nonexistent/hosts.yaml"], "/nonexistent/hosts.yaml"),
         (["ssh", "--local", "0"], "local target is this machine"),
