@@ -87,10 +87,47 @@ def test_unparseable_requirements_are_one_line(
 
 def test_options_and_urls_are_left_to_pip(tmp_path: Path) -> None:
     (tmp_path / "requirements.txt").write_text(
-        "# comment\n--extra-index-url http://x/simple\n-r other.txt\n./local\n"
+        "# comment\n--extra-index-url http://x/simple\n-r other.txt\n./local\n-e .\n-c sub/c.txt\n"
         "pkg @ https://x/pkg.whl\nnumpy>=1 ; python_version > '3'  # why\nfoo[bar]==1.0 \\\n  ; os_name == 'posix'\n"
     )
     assert plan_environment(tmp_path) is not None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "-r /etc/passwd",
+        "-r../../x.txt",
+        "--requirement=/root/.ssh/id_rsa",
+        "-c ~/.config/pip/constraints.txt",
+        "--constraint ${HOME}/c.txt",
+        "-e ../sibling",
+        "--editable=/opt/lib",
+        "-f file:///root",
+        "/srv/wheels/pkg.whl",
+        "pkg @ file:///etc/shadow",
+        "-r sub/../../../etc/passwd",
+    ],
+)
+def test_a_requirement_line_naming_a_file_outside_the_upload_is_one_line(
+    tmp_path: Path, line: str
+) -> None:
+    """On the node pip would read that file (and print its lines in its error): not the code."""
+    (tmp_path / "requirements.txt").write_text(f"numpy\n{line}\n")
+    with pytest.raises(UserError) as e:
+        plan_environment(tmp_path)
+    message = str(e.value)
+    assert (
+        message.startswith("requirements.txt line 2: ") and "outside the uploaded code" in message
+    )
+
+
+def test_a_pyproject_file_dependency_outside_the_upload_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\nversion = "1"\ndependencies = ["lib @ file:///home/u/lib"]\n'
+    )
+    with pytest.raises(UserError, match="outside the uploaded code"):
+        plan_environment(tmp_path)
 
 
 def test_installs_once_then_cached_and_torch_stays_visible(
