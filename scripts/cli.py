@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -436,7 +437,16 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
         if not sep:
             raise UserError(f"--env {item!r}: expected NAME=VALUE with NAME a shell variable name")
         env[check_env_name(key, f"--env {key}=...")] = value
+        if _URL_PASSWORD.search(value):  # e.g. PIP_INDEX_URL=https://user:token@host/simple
+            raise UserError(
+                f"--env {key}=...: the value is a URL with a password, and --env values are "
+                f"written into the node's run script; allowed: a URL without one, or the secret "
+                f"channel: `export {key}=...` here, then `--secret {key}` (pip reads it too)"
+            )
     return env
+
+
+_URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 
 def _project_dir(given: Path) -> Path:

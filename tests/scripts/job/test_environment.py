@@ -209,6 +209,39 @@ def test_uv_lock_is_exported_and_installed_where_uv_is(
     assert "[n0] [requirements] no uv on this node: uv.lock skipped" in lines
 
 
+def test_index_credentials_come_on_the_secret_channel_and_no_value_is_in_an_argv(
+    tmp_path: Path, index: PackageIndex
+) -> None:
+    """PIP_INDEX_URL with a password as a secret: pip installs from it; the setup sees the --env
+    values; no process on the node has a value in its argv meanwhile; no line shows the password."""
+    t = _node(tmp_path, {"requirements.txt": "gputrain-probe==1.0\n"})
+    argv_dump = 'for p in /proc/[0-9]*; do tr "\\0" " " < "$p/cmdline" 2>/dev/null; echo; done'
+    env = plan_environment(
+        t.node_root / CODE, setup=f'{argv_dump} > argv.txt\necho "$MODE" > seen.txt'
+    )
+    assert env is not None
+    url = index.url.replace("http://", "http://gputrain:s3cret-pw@")
+    lines: list[str] = []
+    prepare_environment(
+        ["n0"],
+        {"n0": t},
+        env.for_python(sys.executable),
+        python=sys.executable,
+        code_dir=CODE,
+        run_dir=".gputrain/runs/r1",
+        extra_env={"MODE": "fast-mode-x1", "PIP_NO_CONFIG": "", "PIP_CONFIG_FILE": "/dev/null"},
+        secrets={"PIP_INDEX_URL": url},
+        on_line=lambda node, line: lines.append(line),
+    )
+    code = t.node_root / CODE
+    assert any("Successfully installed gputrain-probe-1.0" in ln for ln in lines), lines
+    assert (code / "seen.txt").read_text() == "fast-mode-x1\n"
+    argv = (code / "argv.txt").read_text()
+    assert "for p in /proc" in argv  # the dump saw the node's processes
+    assert "s3cret-pw" not in argv and "fast-mode-x1" not in argv
+    assert not any("s3cret-pw" in ln for ln in lines)
+
+
 def test_a_local_launch_builds_the_environment_then_runs_with_it(
     tmp_path: Path, index: PackageIndex
 ) -> None:
