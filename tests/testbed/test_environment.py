@@ -128,9 +128,7 @@ def test_hosts_requirements_setup_cached_and_secret(
 
     # the same hash: nothing installed or run again; the secret reaches every rank
     with ArgvWatch(token) as watch:
-        code = main(
-            [*run, "--env", "SECRET_NAME=TB_TOKEN", "--", "read_secret.py"], settings
-        )
+        code = main([*run, "--env", "SECRET_NAME=TB_TOKEN", "--", "read_secret.py"], settings)
     assert code == 0
     out = capsys.readouterr().out
     assert "Successfully installed" not in out and "[setup] setup ran" not in out
