@@ -119,10 +119,10 @@ def plan_environment(
     )
 
 
-#: pip's option lines that name a file or folder (`-r FILE`, `-rFILE`, `--requirement=FILE`...)
-_PATH_OPTION = re.compile(
-    r"^(?:-r|--requirement|-c|--constraint|-e|--editable|-f|--find-links)(?:=|\s*)(\S+)"
-)
+#: pip's option lines that name a file or folder it reads (`-r FILE`, `--requirement=FILE`...);
+#: `--find-links DIR` only lists archives there (a node's wheel cache): pip's to judge
+_PATH_OPTION = re.compile(r"^(?:-r|--requirement|-c|--constraint|-e|--editable)(?:=|\s*)(\S+)")
+_FIND_LINKS = re.compile(r"^(?:-f|--find-links)\b")
 
 
 def outside_upload(path: str) -> bool:
@@ -147,7 +147,7 @@ def check_requirements_txt(text: str) -> None:
         option = _PATH_OPTION.match(line)
         named = option.group(1) if option else line if line.startswith((".", "/", "~")) else None
         named = named or next(iter(re.findall(r"file:\S+", line)), None)
-        if named is not None and outside_upload(named):
+        if named is not None and not _FIND_LINKS.match(line) and outside_upload(named):
             raise UserError(
                 f"{REQUIREMENTS_TXT} line {number}: {line!r} names {named!r}, outside the "
                 "uploaded code; allowed: a path inside the project, relative to "

@@ -88,6 +88,7 @@ def test_unparseable_requirements_are_one_line(
 def test_options_and_urls_are_left_to_pip(tmp_path: Path) -> None:
     (tmp_path / "requirements.txt").write_text(
         "# comment\n--extra-index-url http://x/simple\n-r other.txt\n./local\n-e .\n-c sub/c.txt\n"
+        "--find-links /opt/wheels\n"
         "pkg @ https://x/pkg.whl\nnumpy>=1 ; python_version > '3'  # why\nfoo[bar]==1.0 \\\n  ; os_name == 'posix'\n"
     )
     assert plan_environment(tmp_path) is not None
@@ -103,7 +104,6 @@ def test_options_and_urls_are_left_to_pip(tmp_path: Path) -> None:
         "--constraint ${HOME}/c.txt",
         "-e ../sibling",
         "--editable=/opt/lib",
-        "-f file:///root",
         "/srv/wheels/pkg.whl",
         "pkg @ file:///etc/shadow",
         "-r sub/../../../etc/passwd",
