@@ -24,7 +24,13 @@ def _shown(m: re.Match[str]) -> str:
 
 
 def terminal_safe(text: str) -> str:
-    """`text` with every control character but newline, tab and colours escaped (\\x1b). Pure."""
+    """`text` with every control character but newline, tab and colours escaped (\\x1b); of a
+    line a progress bar redraws with carriage returns, what a terminal would end up showing (its
+    last part). Pure."""
+    if "\r" in text:
+        text = "\n".join(
+            next((p for p in reversed(line.split("\r")) if p), "") for line in text.split("\n")
+        )
     return _CONTROL.sub(_shown, text)
 
 

@@ -55,7 +55,8 @@ def test_status_lines_update_in_place_on_a_terminal_and_throttle_otherwise(
         ("\x1b]0;new title\x1b\\", "\\x1b]0;new title\\x1b\\"),
         ("\x1bP+q\x1b\\ \x1b[2J\x1b[1A erased", "\\x1bP+q\\x1b\\ \\x1b[2J\\x1b[1A erased"),
         ("\x9b2J \x9d0;t\x9c", "\\x9b2J \\x9d0;t\\x9c"),
-        ("bell\x07 back\x08 cr\r", "bell\\x07 back\\x08 cr\\r"),
+        ("bell\x07 back\x08 cr\r", "bell\\x07 back\\x08 cr"),
+        (" 10%|#  \r 20%|## \r\x1b[2K 30%|###", "\\x1b[2K 30%|###"),  # the bar's last state
         ("\x1b[1;31merror\x1b[0m\tcolumns", "\x1b[1;31merror\x1b[0m\tcolumns"),  # colours stay
         ("step 10/100 | loss 2.3 é", "step 10/100 | loss 2.3 é"),
     ],
