@@ -68,6 +68,13 @@ def parse_dataset(name: str, value: object, where: str = "data") -> Dataset:
             "optionally followed by :copy (the default) or :mount"
         )
     rest = value[len("gs://") :]
+    authority = rest.split("/", 1)[0]
+    if "@" in authority:  # gs://user:password@bucket: never read as a mode, never echoed
+        raise UserError(
+            f"{where}.{name}: gs://…@{authority.rsplit('@', 1)[1]}/… holds a user or password; "
+            "not allowed: the nodes reach Cloud Storage with their own credentials; expected "
+            "gs://BUCKET/PREFIX, optionally followed by :copy (the default) or :mount"
+        )
     mode: str = "copy"
     if ":" in rest:
         rest, mode = rest.rsplit(":", 1)

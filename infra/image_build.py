@@ -14,7 +14,7 @@ import io
 import os
 import re
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,11 @@ def build_setting(build: str, image: str) -> str:
         )
     if any(c in build for c in "\n\r\0") or build.endswith("/"):
         raise SpecError(f"{NS}build = {build!r}: allowed: the path of a Dockerfile")
+    if build.startswith(("/", "~")) or ".." in build.replace("\\", "/").split("/"):
+        raise SpecError(
+            f"{NS}build = {build!r}: allowed: the path of a Dockerfile inside the project, "
+            "relative to it, without '..' (its directory is the build context, sent as a whole)"
+        )
     return build
 
 
@@ -67,6 +72,7 @@ class BuildContext:
     dockerfile: Path  # absolute
     files: tuple[str, ...]  # relative to the directory, sorted, '/' separated; the Dockerfile too
     tag: str  # ctx-<16 hex>: the content hash
+    skipped: tuple[tuple[str, str], ...] = ()  # (path, why) left out: links, secrets (`exclude`)
 
     @property
     def directory(self) -> Path:
@@ -79,10 +85,24 @@ class BuildContext:
         return name or "image"
 
 
-def read_context(path: str, base: Path, setting: str) -> BuildContext:
+#: What a caller may leave out of a context besides `.dockerignore`: {path: local file} ->
+#: {path: why} (the controller passes its upload filter: secrets never reach a build).
+Exclude = Callable[[Mapping[str, Path]], Mapping[str, str]]
+
+
+def read_context(
+    path: str, base: Path, setting: str, exclude: Exclude | None = None
+) -> BuildContext:
     """The Dockerfile `path` (relative to `base`, the project directory) and its context;
-    UserError (one line naming `setting`) for a Dockerfile that is not there."""
+    SpecError (one line naming `setting`) for a Dockerfile that is not there or not inside the
+    project (symbolic links resolved). Symbolic links in the context are never followed."""
+    project = base.resolve()
     dockerfile = (base / path).resolve()
+    if not dockerfile.is_relative_to(project):
+        raise SpecError(
+            f"{setting} = {path!r}: {dockerfile} is outside the project ({project}); allowed: "
+            "the path of a Dockerfile inside the project directory"
+        )
     if not dockerfile.is_file():
         raise SpecError(
             f"{setting} = {path!r}: no such file ({dockerfile}); allowed: the path of a "
@@ -91,10 +111,19 @@ def read_context(path: str, base: Path, setting: str) -> BuildContext:
     directory = dockerfile.parent
     rules = parse_dockerignore(_read_text(directory / DOCKERIGNORE))
     own = dockerfile.relative_to(directory).as_posix()
-    files = sorted(f for f in _walk(directory) if f == own or not ignored(f, rules))
-    if own not in files:
-        files = sorted([*files, own])
-    return BuildContext(dockerfile, tuple(files), context_tag(_entries(directory, files)))
+    found, links = _walk(directory)
+    files = {f for f in found if f == own or not ignored(f, rules)}
+    skipped = {f: "symbolic link, not followed" for f in links if not ignored(f, rules)}
+    if exclude is not None:
+        others = {f: directory / f for f in files if f != own}
+        skipped.update(exclude(others))
+    kept = sorted((files - skipped.keys()) | {own})
+    return BuildContext(
+        dockerfile,
+        tuple(kept),
+        context_tag(_entries(directory, kept)),
+        tuple(sorted(skipped.items())),
+    )
 
 
 def context_tag(entries: Iterable[tuple[str, int, bytes]]) -> str:
@@ -117,6 +146,16 @@ def context_tarball(ctx: BuildContext) -> bytes:
             info.size, info.mode, info.mtime = len(data), 0o755 if mode & 0o111 else 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def write_context(ctx: BuildContext, dest: Path) -> None:
+    """The context's files under `dest` as the tarball holds them (modes 0755/0644): what a local
+    docker builds from, since docker itself would read the directory with .dockerignore only."""
+    for rel, mode, data in _entries(ctx.directory, ctx.files):
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o755 if mode & 0o111 else 0o644)
 
 
 def cloud_build_request(
@@ -205,20 +244,25 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def _walk(directory: Path) -> list[str]:
-    out = []
+def _walk(directory: Path) -> tuple[list[str], list[str]]:
+    """(regular files, symbolic links) under `directory`; linked folders are not entered."""
+    files, links = [], []
     for root, dirs, names in os.walk(directory):
         dirs.sort()
-        for n in names:
+        for n in [*names, *(d for d in dirs if Path(root, d).is_symlink())]:
             p = Path(root, n)
-            if p.is_file():
-                out.append(p.relative_to(directory).as_posix())
-    return out
+            rel = p.relative_to(directory).as_posix()
+            if p.is_symlink():
+                links.append(rel)
+            elif p.is_file():
+                files.append(rel)
+    return files, links
 
 
 def _entries(directory: Path, files: Iterable[str]) -> list[tuple[str, int, bytes]]:
     out = []
     for rel in files:
-        p = directory / rel
-        out.append((rel, p.stat().st_mode, p.read_bytes()))
+        fd = os.open(directory / rel, os.O_RDONLY | os.O_NOFOLLOW)  # a link made since: refused
+        with open(fd, "rb") as f:
+            out.append((rel, os.fstat(fd).st_mode, f.read()))
     return out

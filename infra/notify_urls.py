@@ -13,11 +13,15 @@ ALLOWED = "allowed: http://HOST/... or https://HOST/... (a Slack/Discord-style i
 
 
 def redact(url: str) -> str:
-    """`scheme://host/…`: enough to tell webhooks apart, never the secret path or query."""
-    parts = urlsplit(url)
-    if parts.scheme and parts.hostname:
-        return f"{parts.scheme}://{parts.hostname}/…"
-    return f"{parts.scheme}:…" if parts.scheme else "…"
+    """`scheme://host/…`: enough to tell webhooks apart, never a user, password, path or query."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # a malformed IPv6 address: nothing of it is shown
+        return "…"
+    if parts.scheme and host:
+        return f"{parts.scheme}://{host}/…"
+    return f"{parts.scheme}:…" if parts.scheme.isalpha() else "…"
 
 
 def check_urls(urls: Sequence[object], setting: str) -> tuple[str, ...]:
@@ -26,9 +30,20 @@ def check_urls(urls: Sequence[object], setting: str) -> tuple[str, ...]:
         where = setting if len(urls) == 1 else f"{setting}[{i}]"
         if not isinstance(url, str):
             raise UserError(f"{where}: not a URL; {ALLOWED}")
-        parts = urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(url.strip())
+            host, _ = parts.hostname, parts.port
+        except ValueError:  # "http://[::1/x", a port that is no number
+            raise UserError(
+                f"{where} {redact(url)}: not a valid URL (its host or port); {ALLOWED}"
+            ) from None
+        if parts.scheme not in ("http", "https") or not host:
             raise UserError(f"{where} {redact(url)}: not an http(s) URL; {ALLOWED}")
+        if "@" in parts.netloc:  # user:password@ would be sent to every hop; say neither
+            raise UserError(
+                f"{where} {redact(url)}: a user or password in the URL is not allowed; {ALLOWED} "
+                "(the webhook's own secret goes in its path or query)"
+            )
     return tuple(str(u).strip() for u in urls)
 
 

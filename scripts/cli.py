@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from infra.datasets import parse_data_flags
-from scripts import lifecycle, run_flags
+from scripts import lifecycle, run_flags, ui
 from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
 from scripts.job.env_options import (
     add_build_option,
@@ -125,7 +126,7 @@ def cmd_plan(ctx: Context) -> int:
             raise UserError(f"--export {export}: only for --stack targets with backend vertex")
         if export.exists() and not ctx.args.force:
             raise UserError(f"--export {export}: the file exists; add --force to replace it")
-    ctx.target.plan()
+    lifecycle.plan(ctx.target)
     if export is not None:
         from scripts.job.records import Job
         from scripts.settings import new_run_id
@@ -462,32 +463,25 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-#: Variables the node's run script, torchrun or gputrain set: a --env value would break the run
-#: (PATH: the script's own commands) or be overwritten (the ranks), so they are refused.
-RESERVED_ENV = frozenset(
-    {
-        "PATH", "HOME", "SHELL", "USER", "PWD",
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-        "GPUTRAIN_OUT", "GPUTRAIN_RUN_ID", "GPUTRAIN_NODE_ROOT",
-    }
-)  # fmt: skip
-
-
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:
+    from infra.env_names import check_env_name
+
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
+        if not sep:
             raise UserError(f"--env {item!r}: expected NAME=VALUE with NAME a shell variable name")
-        if key in RESERVED_ENV:
+        env[check_env_name(key, f"--env {key}=...")] = value
+        if _URL_PASSWORD.search(value):  # e.g. PIP_INDEX_URL=https://user:token@host/simple
             raise UserError(
-                f"--env {key}=...: {key} is set on the node by the run script, torchrun or "
-                f"gputrain and cannot be replaced; allowed: any other name (reserved: "
-                f"{', '.join(sorted(RESERVED_ENV))})"
+                f"--env {key}=...: the value is a URL with a password, and --env values are "
+                f"written into the node's run script; allowed: a URL without one, or the secret "
+                f"channel: `export {key}=...` here, then `--secret {key}` (pip reads it too)"
             )
-        env[key] = value
     return env
+
+
+_URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 
 def _project_dir(given: Path) -> Path:
@@ -547,7 +541,7 @@ def main(
             settings.root = _project_dir(Path(args.dir))
         return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
-        print(f"gputrain: error: {exc}", file=sys.stderr, flush=True)
+        print(f"gputrain: error: {ui.terminal_safe(str(exc))}", file=sys.stderr, flush=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("gputrain: interrupted", file=sys.stderr, flush=True)

@@ -203,6 +203,20 @@ def declared_image(declared: EnvironmentSettings, opts: RunOptions) -> ImageRef 
     return image
 
 
+def plan(target: Target) -> None:
+    """`plan`: what `run` refuses about the target file's `secrets` is refused here too (names,
+    references, a NAME unset here; Secret Manager is not asked), then the target's own plan."""
+    from scripts.job.environment import EnvironmentSettings
+    from scripts.job.secrets import parse_secrets, resolve_secrets
+
+    read = getattr(target, "environment_settings", None)
+    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
+    refs = parse_secrets(declared.secrets, f"{declared.source}secrets")
+    if not declared.backend_without_ssh:  # a Vertex job reads its secrets itself
+        resolve_secrets([r for r in refs if r.sm_secret is None], project=declared.project)
+    target.plan()
+
+
 def verify(target: Target, opts: RunOptions) -> None:
     """The GPUs (and with --fabric the GPU network); with an image, every node can run it and
     nvidia-smi inside it sees the node's GPUs."""

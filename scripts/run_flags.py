@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from infra.base.errors import UserError
 from infra.notify_urls import check_urls
 from scripts import ui
-from scripts.job.records import RUN_ID
+from scripts.job.records import check_run_id
 
 
 def add_flags(c: argparse.ArgumentParser, command: str) -> None:
@@ -55,11 +56,20 @@ def check(args: argparse.Namespace) -> None:
     autodown = getattr(args, "autodown", None)
     resume = getattr(args, "resume", None)
     check_urls(getattr(args, "notify", None) or [], "--notify")
-    if resume is not None and not RUN_ID.match(resume):
-        raise UserError(
-            f"--resume {resume!r}: not a run id (like 20261124-183000-ab12: letters, digits, "
-            "'.', '_', '-')"
-        )
+    run = getattr(args, "run", None)
+    if getattr(args, "command", None) == "report":
+        # report's RUN may be a results dir gputrain wrote (it holds job.json), else a run id
+        run = None if run is None or Path(run, "job.json").is_file() else run
+        setting = "RUN"
+    else:
+        setting = "--run"  # logs, top
+    for name, run_id in (
+        ("--resume", resume),
+        ("RUN", getattr(args, "run_id", None)),  # results, stop
+        (setting, run),
+    ):
+        if run_id is not None:
+            check_run_id(run_id, name)
     if autodown is None and not getattr(args, "detach", False):
         return
     if autodown is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -10,6 +11,27 @@ from contextlib import contextmanager
 from typing import Any
 
 _lock = threading.Lock()
+#: What a line from a node may carry to the user's terminal: colours (SGR, ESC [ ... m) and tabs.
+#: Every other control character is shown as an escape, so node output (a trainer, a requirement's
+#: install script) cannot set the clipboard (OSC 52), the window title, move the cursor over lines
+#: already printed or answer-back through the terminal.
+_SGR = r"\x1b\[[0-9;]{0,32}m"
+_CONTROL = re.compile(rf"({_SGR})|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _shown(m: re.Match[str]) -> str:
+    return m.group(1) or ascii(m.group(0))[1:-1]
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character but newline, tab and colours escaped (\\x1b); of a
+    line a progress bar redraws with carriage returns, what a terminal would end up showing (its
+    last part). Pure."""
+    if "\r" in text:
+        text = "\n".join(
+            next((p for p in reversed(line.split("\r")) if p), "") for line in text.split("\n")
+        )
+    return _CONTROL.sub(_shown, text)
 
 
 def is_tty() -> bool:
@@ -18,18 +40,20 @@ def is_tty() -> bool:
 
 def say(message: str) -> None:
     """One line to stdout, safe from several threads at once."""
+    message = terminal_safe(message)
     with _lock:
         print(message, flush=True)
 
 
 def warn(message: str) -> None:
+    message = terminal_safe(message)
     with _lock:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """A table: rich on a terminal, aligned plain text otherwise."""
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    cells = [[("" if c is None else terminal_safe(str(c))) for c in row] for row in rows]
     if is_tty():
         from rich.console import Console
         from rich.table import Table
@@ -73,6 +97,7 @@ class StatusLines:
 
     def update(self, key: str, text: str, *, final: bool = False) -> None:
         """Set the key's line; `final` lines are always printed off a terminal."""
+        text = terminal_safe(text)
         with self._mutex:
             self.lines[key] = text
             if self.tty:

@@ -252,18 +252,22 @@ def nccl_entry() -> list[str]:
     return ["sh", "-c", shlex.quote(code), "gputrain-nccl"]
 
 
-def build_in_image_command(ref: ImageRef, script: str, *, name: str, gpus: bool) -> str:
+def build_in_image_command(
+    ref: ImageRef, script: str, *, name: str, gpus: bool, env_names: Sequence[str] = ()
+) -> str:
     """Run the shell `script` inside the image on a node, as the node user, from the node root
     (its state dir mounted at the same path: the code, the environments, the runs), host network
     (a package index), GPUs when the node has them. The script goes on the container's stdin,
-    so values it holds never reach any argv; its exit status is the command's."""
+    so values it holds never reach any argv; `env_names` pass on from the calling shell by name
+    (`-e NAME`: docker reads the value from its environment). Its exit status is the command's."""
     q = shlex.quote
+    passed = "".join(f"-e {q(n)} " for n in env_names)
     state = f'"$ROOT/{NODE_STATE}"'
     gpu = "--gpus all " if gpus else ""
     return (
         f"ROOT=$(pwd); mkdir -p {state} || exit 1\n"
         f"docker run --rm -i --name {q(name)} --network host "
-        f'--user "$(id -u):$(id -g)" -e HOME=/tmp {gpu}-v {state}:{state} -w "$ROOT" '
+        f'--user "$(id -u):$(id -g)" -e HOME=/tmp {passed}{gpu}-v {state}:{state} -w "$ROOT" '
         f"{q(ref.pinned)} sh -s <<'GPUTRAIN_IN_IMAGE_EOF'\n{script.rstrip()}\nGPUTRAIN_IN_IMAGE_EOF\n"
     )
 

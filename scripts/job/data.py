@@ -123,12 +123,15 @@ def check_prefixes(datasets: Sequence[Dataset], client: Any = None) -> list[Pref
 
 def build_fetch_command(
     datasets: Sequence[Dataset], node: str, python: str, env: Mapping[str, str]
-) -> str:
+) -> tuple[str, bytes | None]:
     """The node's copy step before the code upload: trainer/fetch_data.py (standalone) sent in
     the command itself, run with the job's env (an emulator host or credentials the user
-    passed). Pure but for reading that file."""
+    passed), whose values come on stdin (never in an argv). (command, stdin). Pure but for
+    reading that file."""
+    from scripts.job.environment_node import values_channel
+
     q = shlex.quote
-    exports = "".join(f"export {k}={q(v)}; " for k, v in env.items())
+    exports, values = values_channel(env)
     specs = " ".join(q(d.spec()) for d in datasets if d.mode == "copy")
     source = FETCH_DATA_SOURCE.read_text()
     assert "\nGPUTRAIN_FETCH_DATA\n" not in source
@@ -136,7 +139,7 @@ def build_fetch_command(
         f"{exports}ROOT={NODE_ROOT_SH}; exec {q(python)} - "
         f'--root "$ROOT/{NODE_DATA_DIR}" --scratch {SCRATCH_MOUNT} --node {q(node)} {specs} '
         f"<<'GPUTRAIN_FETCH_DATA'\n{source}\nGPUTRAIN_FETCH_DATA\n"
-    )
+    ), values
 
 
 def parse_fetch_result(lines: Sequence[str]) -> dict[str, Any] | None:
@@ -185,7 +188,8 @@ def stage_data(
                 if not text.startswith(FETCH_RESULT_PREFIX):
                     ui.say(f"[{name}] {text}")
 
-            rc = t.stream(build_fetch_command(copies, name, fleet.python, env), line, None)
+            cmd, values = build_fetch_command(copies, name, fleet.python, env)
+            rc = t.stream(cmd, line, None, stdin=values)
             if rc in FETCH_USER_ERRORS:
                 why = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
                 raise UserError(why[-1] if why else f"node {name}: data copy refused ({rc})")

@@ -86,6 +86,13 @@ def plan_environment(
     deps: tuple[str, ...] = ()
     if PYPROJECT in texts:
         deps = pyproject_dependencies(texts[PYPROJECT])
+        for dep in deps:
+            for named in re.findall(r"file:\S+", dep):
+                if outside_upload(named):
+                    raise UserError(
+                        f"{PYPROJECT}: dependency {dep!r} names {named!r}, outside the uploaded "
+                        "code; allowed: a requirement, or a file: path inside the project"
+                    )
     if REQUIREMENTS_TXT in texts:
         check_requirements_txt(texts[REQUIREMENTS_TXT])
     used_txt = REQUIREMENTS_TXT in texts
@@ -112,13 +119,40 @@ def plan_environment(
     )
 
 
+#: pip's option lines that name a file or folder it reads (`-r FILE`, `--requirement=FILE`...);
+#: `--find-links DIR` only lists archives there (a node's wheel cache): pip's to judge
+_PATH_OPTION = re.compile(r"^(?:-r|--requirement|-c|--constraint|-e|--editable)(?:=|\s*)(\S+)")
+_FIND_LINKS = re.compile(r"^(?:-f|--find-links)\b")
+
+
+def outside_upload(path: str) -> bool:
+    """A path pip would read on the node that is not in the uploaded code: absolute, from a
+    home or a variable (pip expands ${VAR}), or climbing out with `..` (file: URLs alike). Pure."""
+    if "://" in path and not path.startswith("file:"):
+        return False  # an index or archive on the network: pip's to fetch
+    if path.startswith("file:"):
+        path = re.sub(r"^file:(//[^/]*)?", "", path) or "/"
+    parts = path.replace("\\", "/").split("/")
+    return path.startswith(("/", "~", "$")) or "$" in path or ".." in parts
+
+
 def check_requirements_txt(text: str) -> None:
     """Every requirement line must parse (PEP 508); option lines (`-r`, `-e`, `--index-url`, ...)
-    and URLs are pip's to judge. UserError names the line."""
+    and URLs are pip's to judge, but none may name a file outside the upload (`-r /etc/passwd`,
+    `-e ../x`, `file:///...`). UserError names the line."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     for number, raw in enumerate(_logical_lines(text), start=1):
         line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        option = _PATH_OPTION.match(line)
+        named = option.group(1) if option else line if line.startswith((".", "/", "~")) else None
+        named = named or next(iter(re.findall(r"file:\S+", line)), None)
+        if named is not None and not _FIND_LINKS.match(line) and outside_upload(named):
+            raise UserError(
+                f"{REQUIREMENTS_TXT} line {number}: {line!r} names {named!r}, outside the "
+                "uploaded code; allowed: a path inside the project, relative to "
+                f"{REQUIREMENTS_TXT} (not absolute, not from ~ or a $VARIABLE, no '..')"
+            )
         if not line or line.startswith("-") or "://" in line or line.startswith((".", "/")):
             continue
         try:

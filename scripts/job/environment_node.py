@@ -20,6 +20,7 @@ from scripts.job.environment import (
     Environment,
     EnvironmentSetupError,
 )
+from scripts.job.secrets import READ_SECRETS_SH, redact, secret_stdin
 from scripts.transport.base import Transport, TransportError
 
 #: What the node script prints before its own lines; the launcher shows `[node] [PHASE] ...`.
@@ -60,15 +61,13 @@ def build_prepare_command(
     python: str,
     code_dir: str,
     run_dir: str,
-    extra_env: Mapping[str, str],
 ) -> str:
-    """The node script: under a per-node lock, reuse the environment `env.key` when its `ready`
+    """The node script (the job's --env values and secrets come on stdin: values_channel): under a per-node lock, reuse the environment `env.key` when its `ready`
     marker names this interpreter (unless forced); else build the venv (system site packages plus
     the interpreter's own paths, so torch stays visible), install the requirements, run `setup`
     in the working directory under its timeout, and write `ready`. Every line it prints starts
     with ``gputrain-env: PHASE``; a failure exits non-zero after a ``failed`` line."""
     q = shlex.quote
-    exports = "".join(f"export {k}={q(v)}\n" for k, v in extra_env.items())
     env_dir = f"{ENVS_DIR}/{env.key}"
     install = []
     if env.use_uv_lock:
@@ -120,7 +119,7 @@ PY={q(python)}
 ENV="$ROOT"/{q(env_dir)}
 CODE="$ROOT"/{q(code_dir)}
 RUNDIR="$ROOT"/{q(run_dir)}
-{exports}say() {{ p=$1; shift; echo "{_MARK} $p $*"; }}
+say() {{ p=$1; shift; echo "{_MARK} $p $*"; }}
 # each line as it comes (POSIX: an image's busybox has no `sed -u`)
 prefix() {{ while IFS= read -r l || [ -n "$l" ]; do printf '%s\\n' "{_MARK} $1 $l"; done; }}
 keep_log() {{ if [ -f "$ENV/setup.log" ]; then cp "$ENV/setup.log" "$RUNDIR/setup.log"; fi; }}
@@ -187,6 +186,19 @@ def parse_prepare_line(line: str) -> tuple[str, str] | None:
     return phase, text
 
 
+#: The prepare command's exit status when its stdin did not carry the values (never the script's)
+VALUES_FAILED = 113
+
+
+def values_channel(values: Mapping[str, str]) -> tuple[str, bytes | None]:
+    """How the job's --env values and secrets reach a node command without entering any argv:
+    the secret channel (NAME BASE64 lines on stdin, exported by shell builtins), so a private
+    index's PIP_INDEX_URL given as a secret serves pip too. (command prefix, stdin)."""
+    if not values:
+        return "", None
+    return READ_SECRETS_SH.format(failed=VALUES_FAILED), secret_stdin(values)
+
+
 def prepare_node(
     transport: Transport,
     env: Environment,
@@ -196,16 +208,24 @@ def prepare_node(
     run_dir: str,
     extra_env: Mapping[str, str],
     on_line: Callable[[str, str], None],
-    wrap: Callable[[str], str] | None = None,
+    wrap: Callable[[Sequence[str], str], str] | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> PrepareOutcome:
-    """Run the prepare script on one node, its lines to `on_line(node, "[PHASE] text")`; raises
-    EnvironmentSetupError naming the node, what failed and its last lines. `wrap`: how the
-    script runs there (e.g. inside the job's image: container.build_in_image_command)."""
-    cmd = build_prepare_command(
-        env, python=python, code_dir=code_dir, run_dir=run_dir, extra_env=extra_env
-    )
-    if wrap is not None:
-        cmd = wrap(cmd)
+    """Run the prepare script on one node, its lines to `on_line(node, "[PHASE] text")` (secret
+    values shown as ***); raises EnvironmentSetupError naming the node, what failed and its last
+    lines. `wrap(names, script)`: how the script runs there with those variables passed on (e.g.
+    inside the job's image: container.build_in_image_command)."""
+    values = {**extra_env, **(secrets or {})}
+    script = build_prepare_command(env, python=python, code_dir=code_dir, run_dir=run_dir)
+    read_values, stdin = values_channel(values)
+    cmd = read_values + (wrap(list(values), script) if wrap is not None else script)
+    hidden = list((secrets or {}).values())
+    if hidden:
+        shown = on_line
+
+        def on_line(node: str, text: str) -> None:
+            shown(node, redact(text, hidden))
+
     tail: deque[str] = deque(maxlen=4)
     other: deque[str] = deque(maxlen=3)  # what else it printed (e.g. docker's error)
     failed: list[tuple[str, str]] = []
@@ -241,9 +261,13 @@ def prepare_node(
 
     start = time.monotonic()
     try:
-        rc = transport.stream(cmd, line, timeout=env.setup_timeout_s + 3600)
+        rc = transport.stream(cmd, line, timeout=env.setup_timeout_s + 3600, stdin=stdin)
     except TransportError as e:
         raise EnvironmentSetupError(f"node {transport.name}: preparing the environment: {e}") from e
+    if rc == VALUES_FAILED and not failed:
+        raise EnvironmentSetupError(
+            f"node {transport.name}: preparing the environment: the job's variables did not arrive"
+        )
     if rc != 0:
         phase, why = failed[-1] if failed else ("setup", f"failed: exit code {rc}")
         what = "setup" if phase == "setup" else "installing the requirements"
@@ -279,7 +303,8 @@ def prepare_environment(
     run_dir: str,
     extra_env: Mapping[str, str],
     on_line: Callable[[str, str], None],
-    wrap: Callable[[str], str] | None = None,
+    wrap: Callable[[Sequence[str], str], str] | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> dict[str, PrepareOutcome]:
     """Every node at once; the first failure (by node order) is raised, naming its node."""
     from scripts import ui
@@ -295,6 +320,7 @@ def prepare_environment(
             extra_env=extra_env,
             on_line=on_line,
             wrap=wrap,
+            secrets=secrets,
         )
 
     results, errors = parallel(list(names), one)

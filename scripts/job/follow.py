@@ -31,7 +31,7 @@ StopNodes = Callable[[list[str]], None]  # stop the job on these nodes (in the b
 
 
 def say_line(node: str, line: str) -> None:
-    ui.say(f"[{node}] {line}")
+    ui.say(f"[{node}] {ui.terminal_safe(line)}")  # a redrawn progress bar: its last state
 
 
 @dataclass

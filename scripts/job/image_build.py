@@ -27,6 +27,7 @@ from infra.image_build import (
     read_context,
     registry_host,
     repository_id,
+    write_context,
 )
 from scripts.job.container import ImageRef, find_image, registry_token
 
@@ -74,8 +75,17 @@ def image_conflict(build: str, image: str) -> UserError:
 def plan_build(
     path: str, setting: str, *, base: Path, region: str, project: str, stack: str
 ) -> PlannedBuild:
-    """The Dockerfile read and hashed; UserError for one that is not there."""
-    ctx = read_context(path, base, setting)
+    """The Dockerfile read and hashed; UserError for one that is not there. The context is the
+    upload's: what .dockerignore leaves, less what the upload filter never sends (secrets,
+    symbolic links): a build sees only those files (local_build and Cloud Build alike)."""
+    from scripts import ui
+    from scripts.job.sync import never_upload
+
+    directory = (base / path).resolve().parent
+    ctx = read_context(path, base, setting, lambda files: never_upload(files, directory))
+    if ctx.skipped:
+        shown = ", ".join(f"{rel} ({why})" for rel, why in ctx.skipped)
+        ui.say(f"build: not sending {len(ctx.skipped)} file(s) to the build: {shown}")
     host = os.environ.get(REGISTRY_HOST_ENV) or registry_host(region)
     image = ImageRef(host, f"{project}/{repository_id(stack)}/{ctx.name}", ctx.tag)
     return PlannedBuild(ctx, image, setting, stack)
@@ -132,11 +142,17 @@ def local_build(planned: PlannedBuild, say: Say, *, tool: str | None = None) -> 
         return PendingBuild(planned)  # Cloud Build, once the repository exists
     ctx = planned.context
     say(f"image {planned.reference}: building with {tool} from {ctx.dockerfile}")
-    _run(
-        [tool, "build", "-f", str(ctx.dockerfile), "-t", planned.reference, str(ctx.directory)],
-        f"{planned.setting} = {ctx.dockerfile}: `{tool} build` failed",
-        say,
-    )
+    import tempfile
+
+    # docker reads a directory with .dockerignore only: it gets a copy of the checked context
+    with tempfile.TemporaryDirectory(prefix="gputrain-context-") as tmp:
+        write_context(ctx, Path(tmp))
+        dockerfile = Path(tmp, ctx.dockerfile.relative_to(ctx.directory))
+        _run(
+            [tool, "build", "-f", str(dockerfile), "-t", planned.reference, tmp],
+            f"{planned.setting} = {ctx.dockerfile}: `{tool} build` failed",
+            say,
+        )
     return PendingBuild(planned, built_with=tool)
 
 

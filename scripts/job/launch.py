@@ -195,8 +195,8 @@ def prepare_image_and_environment(
         name = f"{container_name(job.run_id)}-env"
         gpus = not fleet.expect.is_cpu
 
-        def wrap(script: str) -> str:
-            return build_in_image_command(image, script, name=name, gpus=gpus)
+        def wrap(names: Sequence[str], script: str) -> str:
+            return build_in_image_command(image, script, name=name, gpus=gpus, env_names=names)
 
     prepare_environment(
         [n.name for n in fleet.nodes],
@@ -208,6 +208,7 @@ def prepare_image_and_environment(
         extra_env=job.env,
         on_line=on_line,
         wrap=wrap,
+        secrets=job.secrets,
     )
     return job, prepared
 

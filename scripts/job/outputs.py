@@ -84,14 +84,16 @@ def build_restore_command(job: Job, node: str, python: str) -> tuple[str, bytes]
     uri = job.env.get(OUT_URI_ENV)
     if job.attempt == 1 or not uri:
         return None
+    from scripts.job.environment_node import values_channel
+
     q = shlex.quote
     d = q(run_dir(job.run_id))
-    exports = "".join(f"export {k}={q(v)}; " for k, v in job.env.items())
+    read_values, values = values_channel(job.env)  # on stdin before the source: never in argv
     cmd = (
-        f"mkdir -p {d}/out && {exports}{q(python)} - --restore --dir {d}/out "
+        f"mkdir -p {d}/out && {read_values}{q(python)} - --restore --dir {d}/out "
         f"--uri {q(uri.rstrip('/') + '/' + node + '/')}"
     )
-    return cmd, MIRROR_SOURCE.read_bytes()
+    return cmd, (values or b"") + MIRROR_SOURCE.read_bytes()
 
 
 def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:

@@ -27,6 +27,18 @@ TENSORBOARD_DIR_ENV = "GPUTRAIN_TENSORBOARD_DIR"  # trainer/board.py
 WATCH_MAINTENANCE_ENV = "GPUTRAIN_WATCH_MAINTENANCE"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RUN_ID_ALLOWED = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def check_run_id(value: str, setting: str) -> str:
+    """`value` if it is a run id, else one line naming `setting` (UserError, exit 2): every
+    command that takes a run id names a folder with it (results, stop, logs, report, top, resume),
+    so a path there would act outside the run's own folder."""
+    if not RUN_ID.match(value):
+        raise UserError(
+            f"{setting} {value!r}: not a run id (like 20261124-183000-ab12); use {RUN_ID_ALLOWED}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -127,11 +139,7 @@ class TrainingError(GputrainError):
 
 def validate_job(job: Job) -> None:
     """One clear line for each kind of bad job setting (UserError)."""
-    if not RUN_ID.match(job.run_id):
-        raise UserError(
-            f"run id: {job.run_id!r} is not allowed; use 1-63 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
+    check_run_id(job.run_id, "run id")
     if not job.entry:
         raise UserError("entry: empty; give a script or '-m module' (default: -m trainer.train)")
     for name in job.env:

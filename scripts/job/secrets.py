@@ -151,13 +151,16 @@ def secret_stdin(values: Mapping[str, str]) -> bytes:
 
 #: The start command's first step when there are secrets (a format string: {failed} is its exit
 #: status for a stdin without them): export each secret read from stdin, in shell builtins only
+#: (its own variables are GPUTRAIN_*, a prefix no secret may take, so none is overwritten)
 #: (`read`, `printf`, `export`; base64 reads the value on its stdin, never in argv). `read` takes
 #: the lines byte by byte, so what follows the empty line (the code bundle) is left for the unpack.
 READ_SECRETS_SH = (
-    f"{NAMES_ENV}=''; IFS= read -r h; [ \"$h\" = '{SECRETS_HEADER}' ] || exit {{failed}}; "
-    "while IFS=' ' read -r n v && [ -n \"$n\" ]; do "
-    'v=$(printf "%s" "$v" | base64 -d) || exit {failed}; export "$n=$v"; '
-    f'{NAMES_ENV}="${NAMES_ENV} $n"; done; export {NAMES_ENV}; '
+    f"{NAMES_ENV}=''; IFS= read -r GPUTRAIN_H; [ \"$GPUTRAIN_H\" = '{SECRETS_HEADER}' ] || "
+    "exit {failed}; while IFS=' ' read -r GPUTRAIN_N GPUTRAIN_V && [ -n \"$GPUTRAIN_N\" ]; do "
+    'GPUTRAIN_V=$(printf "%s" "$GPUTRAIN_V" | base64 -d) || exit {failed}; '
+    'export "$GPUTRAIN_N=$GPUTRAIN_V"; '
+    f'{NAMES_ENV}="${NAMES_ENV} $GPUTRAIN_N"; done; export {NAMES_ENV}; '
+    "unset GPUTRAIN_H GPUTRAIN_N GPUTRAIN_V; "
 )
 
 #: run.sh's own output (and so torchrun's and every rank's) through a filter that prints *** for

@@ -140,6 +140,9 @@ SECRET_NAMES: dict[str, str] = {
     "credentials.db": "cloud credentials",
     "access_tokens.db": "cloud credentials",
     "legacy_credentials": "cloud credentials",
+    "secrets.toml": "secrets file (Streamlit-style)",
+    ".secrets.toml": "secrets file",
+    "stored_tokens": "Hugging Face tokens",
 }
 #: Path endings (lower case) that hold credentials: a tool's config directory and its file.
 SECRET_PATHS: dict[str, str] = {
@@ -147,6 +150,8 @@ SECRET_PATHS: dict[str, str] = {
     ".kube/config": "kubeconfig",
     ".docker/config.json": "Docker credentials",
     ".config/gh/hosts.yml": "GitHub CLI token",
+    "huggingface/token": "Hugging Face token",
+    ".huggingface/token": "Hugging Face token",
 }
 #: Suffixes (lower case) of key and keystore formats.
 SECRET_SUFFIXES: dict[str, str] = {
@@ -181,6 +186,35 @@ SECRET_CONTENTS: tuple[tuple[bytes, re.Pattern[bytes], str], ...] = (
         b"-data",
         re.compile(rb"^\s*(?:client-key-data|client-certificate-data)\s*:", re.I | re.M),
         "kubeconfig",
+    ),
+    # OAuth: a token file (google-auth's token.json: refresh_token with no "type") or a client
+    # secret (client_secret*.json), a non-empty value in JSON or YAML
+    (
+        b"refresh_token",
+        re.compile(rb"[\"']?refresh_token[\"']?\s*[:=]\s*[\"'][^\"'\s]{8,}", re.I),
+        "OAuth token",
+    ),
+    (
+        b"client_secret",
+        re.compile(rb"[\"']?client_secret[\"']?\s*[:=]\s*[\"'][^\"'\s]{8,}", re.I),
+        "OAuth client secret",
+    ),
+    # a Hugging Face access token (hf_ and 34 letters and digits), in any file
+    (
+        b"hf_",
+        re.compile(rb"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,40}(?![A-Za-z0-9_])"),
+        "Hugging Face token",
+    ),
+    # a shell file exporting a literal credential: export OPENAI_API_KEY=sk-... (not =$OTHER,
+    # not MAX_TOKENS=512)
+    (
+        b"export",
+        re.compile(
+            rb"^\s*export\s+[A-Za-z0-9_]*(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD"
+            rb"|ACCESS_KEY)\s*=\s*[\"']?[^\s\"'$`(]{8,}",
+            re.I | re.M,
+        ),
+        "exports a credential",
     ),
 )
 #: Google credentials: their "type" and a field holding the secret, both in one file (a text that
@@ -226,6 +260,8 @@ def _secret_reason(rel: str, path: Path) -> str | None:
     for ending, why in SECRET_PATHS.items():
         if low == ending or low.endswith("/" + ending):
             return why
+    if name.startswith("client_secret") and name.endswith(".json"):
+        return "OAuth client secret"
     if name.startswith((".env", "application_default_credentials")) or "credentials.json" in name:
         return "environment file" if name.startswith(".env") else "Google credentials"
     for suffix, why in SECRET_SUFFIXES.items():

@@ -42,7 +42,9 @@ class Transport(Protocol):
 
     def run(self, cmd: str, timeout: float, stdin: bytes | None = None) -> CommandResult: ...
 
-    def stream(self, cmd: str, on_line: LineCallback, timeout: float | None) -> int: ...
+    def stream(
+        self, cmd: str, on_line: LineCallback, timeout: float | None, stdin: bytes | None = None
+    ) -> int: ...
 
     def download(
         self,

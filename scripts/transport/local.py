@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -39,10 +40,12 @@ class LocalTransport:
             proc.stderr.decode("utf-8", "replace"),
         )
 
-    def stream(self, cmd: str, on_line: LineCallback, timeout: float | None) -> int:
+    def stream(
+        self, cmd: str, on_line: LineCallback, timeout: float | None, stdin: bytes | None = None
+    ) -> int:
         proc = subprocess.Popen(
             ["sh", "-c", cmd],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=self.node_root,
@@ -50,6 +53,12 @@ class LocalTransport:
             start_new_session=True,
         )
         assert proc.stdout is not None
+        if stdin is not None:  # a few lines of NAME BASE64: the pipe's buffer holds them
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(stdin)
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
         deadline = None if timeout is None else time.monotonic() + timeout
         splitter = LineSplitter(on_line)
         fd = proc.stdout.fileno()

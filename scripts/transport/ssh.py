@@ -327,10 +327,16 @@ class SshTransport:
                 raise ConnectionLostError(f"node {self.name}: connection lost during upload")
             view = view[n:]
 
-    def stream(self, cmd: str, on_line: LineCallback, timeout: float | None) -> int:
-        """Run cmd, calling on_line per output line; a silent link is probed, a dead one raises."""
+    def stream(
+        self, cmd: str, on_line: LineCallback, timeout: float | None, stdin: bytes | None = None
+    ) -> int:
+        """Run cmd, calling on_line per output line; a silent link is probed, a dead one raises.
+        `stdin`: sent first, then end of input (values that must not be in cmd, i.e. argv)."""
         chan = self._open(cmd, 30)
         chan.set_combine_stderr(True)
+        if stdin is not None:
+            chan.sendall(stdin)
+            chan.shutdown_write()
         deadline = None if timeout is None else time.monotonic() + timeout
         splitter = LineSplitter(on_line)
         last_data = time.monotonic()

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import io
 import os
-import posixpath
 import shlex
 import shutil
-import stat
 import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Literal
 
-from scripts.transport.base import TransportError
+from scripts.transport.safe_path import SafeTree
 
 Codec = Literal["gzip", "zstd"]
 """How a tar for a node is compressed: zstd where the node has it (it unpacks ~3x faster and
@@ -74,47 +72,24 @@ def pack_command(remote: str, exclude: tuple[str, ...] = (), before: str = "") -
 
 
 def extract_tar(data: bytes | IO[bytes], dest: Path) -> None:
-    """Unpack a tar from a node safely: no absolute paths, no ``..``, nothing through a symbolic
-    link (a path whose folder exists as one is refused), links and devices skipped; folders it
-    makes are 0700 and files private to the user. One lstat per folder, not a realpath per
-    member: the controller unpacks every node's results."""
-    dest.mkdir(parents=True, exist_ok=True)
+    """Unpack a tar from a node safely, each name by the one rule of every download path
+    (safe_path.SafeTree: relative plain parts only, nothing through a symbolic link); links and
+    devices skipped; folders it makes are 0700 and files private to the user."""
+    tree = SafeTree(dest)
     fileobj = io.BytesIO(data) if isinstance(data, bytes) else data
-    root = str(dest)
-    checked = {""}  # folders below dest known to be real folders (made or lstat-ed)
-
-    def folder(rel: str, name: str) -> None:
-        if rel in checked:
-            return
-        folder(posixpath.dirname(rel), name)
-        path = os.path.join(root, rel)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise TransportError(
-                    f"refusing a path through {rel!r} (not a folder): {name!r}"
-                ) from None
-        checked.add(rel)
-
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         for member in tar:
-            rel = posixpath.normpath(member.name)
-            if member.name.startswith("/") or rel == ".." or rel.startswith("../"):
-                raise TransportError(f"refusing a path outside {dest}: {member.name!r}")
-            if rel == ".":
+            rel = member.name
+            while rel.startswith("./"):  # `tar -C DIR .` names everything ./...
+                rel = rel[2:]
+            if rel in (".", ""):
                 continue
             if member.isdir():
-                folder(rel, member.name)
+                tree.folder(tree.check(rel.rstrip("/")))
             elif member.isfile():  # links, devices and fifos from a node are skipped
-                folder(posixpath.dirname(rel), member.name)
                 src = tar.extractfile(member)
                 assert src is not None
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                try:
-                    fd = os.open(os.path.join(root, rel), flags, 0o600)
-                except OSError as e:  # ELOOP: the file's name is a symbolic link
-                    raise TransportError(f"refusing to write {member.name!r}: {e}") from None
+                fd = tree.open_new(rel)
                 with open(fd, "wb") as out:
                     shutil.copyfileobj(src, out)
                     os.fchmod(fd, member.mode & 0o700 | 0o600)  # private to the user

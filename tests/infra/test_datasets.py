@@ -154,3 +154,15 @@ def test_nodes_may_read_each_data_bucket_and_no_other(mocks: GcpMocks) -> Any:
         ]
 
     return pulumi.Output.all(**cluster.exports()).apply(check)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["gs://user:hunter2@bucket/x", "gs://user:hunter2@bucket", "gs://hunter2@bucket/p:copy"],
+)
+def test_a_dataset_url_with_a_user_or_password_is_refused_without_echoing_it(value: str) -> None:
+    with pytest.raises(UserError) as e:
+        parse_dataset("D", value)
+    message = str(e.value)
+    assert "holds a user or password" in message and "hunter2" not in message
+    assert "mode" not in message  # not read as gs://BUCKET/PREFIX:MODE

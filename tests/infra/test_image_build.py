@@ -123,3 +123,29 @@ def test_the_tarball_and_the_cloud_build_request(tmp_path: Path) -> None:
         }
     ]
     assert body["images"] == [image] and body["tags"] == ["gputrain", "gputrain-stack-dev"]
+
+
+@pytest.mark.parametrize(
+    "build", ["../../etc/passwd", "/etc/passwd", "docker/../../x", "~/Dockerfile"]
+)
+def test_the_spec_keeps_build_inside_the_project(build: str) -> None:
+    with pytest.raises(SpecError, match="inside the project") as e:
+        parse_spec(deployable_config("dev", build=build), "dev")
+    assert str(e.value).startswith(f"gputrain:build = {build!r}: ")
+
+
+def test_the_cloud_build_tarball_never_follows_a_link(tmp_path: Path) -> None:
+    ctx = _project(tmp_path)
+    (tmp_path / "secret.txt").write_text("outside\n")
+    (ctx / "data.txt").symlink_to(tmp_path / "secret.txt")
+    (ctx / "linked").symlink_to(tmp_path)
+    read = read_context("docker/Dockerfile", tmp_path / "proj", "b")
+    assert read.files == ("Dockerfile", "data.bin", "src/train.py")
+    assert dict(read.skipped) == {
+        "data.txt": "symbolic link, not followed",
+        "linked": "symbolic link, not followed",
+    }
+    with tarfile.open(fileobj=io.BytesIO(context_tarball(read))) as tar:
+        names = tar.getnames()
+        assert names == ["Dockerfile", "data.bin", "src/train.py"]
+        assert all(b"outside" not in tar.extractfile(n).read() for n in names)  # type: ignore[union-attr]

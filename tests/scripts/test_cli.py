@@ -46,7 +46,13 @@ def _one_line_error(err: str) -> str:
     [
         (["run"], "choose a target: --stack NAME, --hosts FILE or --local"),
         (["down"], "choose a target: --stack NAME"),
-        (["run", "--local", "--env", "1X=2"], "--env '1X=2'"),
+        (["run", "--local", "--env", "1X=2"], "--env 1X=...: name '1X' is not allowed"),
+        (["run", "--local", "--env", "IFS=,"], "--env IFS=...: IFS is the shell's own variable"),
+        (
+            ["run", "--local", "--env", "PIP_INDEX_URL=https://me:tok3n@pypi.example/simple"],
+            "--env PIP_INDEX_URL=...: the value is a URL with a password",
+        ),
+        (["run", "--local", "--env", "BASH_ENV=/x"], "--env BASH_ENV=...: BASH_ENV is the shell"),
         (["plan", "--stack", "nosuch"], "nosuch"),
         (["run", "--hosts", "/nonexistent/hosts.yaml"], "/nonexistent/hosts.yaml"),
         (["ssh", "--local", "0"], "local target is this machine"),
@@ -62,7 +68,9 @@ def test_bad_input_is_one_line_and_exit_2(
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     rc = main(argv, settings=Settings(root=tmp_path, runs_dir=tmp_path / "runs"))
     assert rc == 2
-    assert needle in _one_line_error(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert needle in _one_line_error(err)
+    assert "tok3n" not in err  # a password is never echoed
 
 
 def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:

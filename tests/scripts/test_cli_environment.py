@@ -16,10 +16,10 @@ from scripts.settings import Settings
     [
         (
             {},
-            ["--secret", "GPUTRAIN_UNSET_SECRET_X"],
-            "secret GPUTRAIN_UNSET_SECRET_X: the environment variable",
+            ["--secret", "UNSET_SECRET_X_FOR_TESTS"],
+            "secret UNSET_SECRET_X_FOR_TESTS: the environment variable",
         ),
-        ({}, ["--secret", "A=value"], "--secret: 'A=value' is not allowed"),
+        ({}, ["--secret", "A=value"], "--secret: 'A=...' is not allowed"),
         ({"requirements.txt": "torch\nnot valid ==\n"}, [], "requirements.txt line 2"),
         (
             {"pyproject.toml": "[project]\ndependencies = 3\n"},
@@ -51,7 +51,7 @@ def test_bad_environment_input_is_one_line_exit_2(
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("GPUTRAIN_UNSET_SECRET_X", raising=False)
+    monkeypatch.delenv("UNSET_SECRET_X_FOR_TESTS", raising=False)
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
     assert main(["run", "--local", *argv, "--", "job.py"], settings) == 2
     err = capsys.readouterr().err.strip()
@@ -109,3 +109,41 @@ def test_vertex_refuses_environment_secrets_before_anything(
     assert main(["run", "--stack", "v", "--yes"], settings) == 2
     err = capsys.readouterr().err
     assert "secret TOK: on backend: vertex a secret must come from Secret Manager" in err
+
+
+@pytest.mark.parametrize(
+    ("secrets", "expected"),
+    [
+        ("[RANK]", "gputrain:secrets: RANK is set on the node"),
+        ("[GPUTRAIN_SECRET_NAMES]", "GPUTRAIN_SECRET_NAMES is gputrain's own"),
+        ("[IFS]", "IFS is the shell's own variable"),
+        ("['X=sm://projects/../secrets/y']", "gputrain:secrets: 'X=sm://projects/../secrets/y'"),
+        ("[UNSET_SECRET_Y_FOR_TESTS]", "secret UNSET_SECRET_Y_FOR_TESTS: the environment variable"),
+    ],
+)
+def test_plan_refuses_the_secrets_run_refuses(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    secrets: str,
+    expected: str,
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "Pulumi.yaml").write_text((root / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+        f"  gputrain:secrets: {secrets}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("UNSET_SECRET_Y_FOR_TESTS", raising=False)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    lines = []
+    for command in ("plan", "run"):
+        assert (
+            main([command, "--stack", "lab", "--yes"][: 3 if command == "plan" else 4], settings)
+            == 2
+        )
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err
+        lines.append(err)
+    assert lines[0] == lines[1]

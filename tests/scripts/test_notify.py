@@ -170,3 +170,26 @@ def test_a_run_that_fails_before_training_notifies_failed_with_its_last_line(
     )
     assert lifecycle.root_cause_line(crash) == "RuntimeError: boom"
     assert lifecycle.root_cause_line(GputrainError("")) == "GputrainError"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://bot:hunter2@hooks.example.com/services/T0/B0/x",
+        "https://hunter2@hooks.example.com/x",
+        "http://u:hunter2@[::1]:8080/x",
+        "https://:hunter2@hooks.example.com/x",
+    ],
+)
+def test_a_webhook_url_with_a_user_or_password_is_refused_without_echoing_it(url: str) -> None:
+    with pytest.raises(UserError) as e:
+        check_urls([url], "--notify")
+    message = str(e.value)
+    assert "a user or password in the URL is not allowed" in message
+    assert "hunter2" not in message and "bot" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("url", ["http://[::1/hook", "https://[zz::1]/x", "https://h:99999999/x"])
+def test_a_malformed_webhook_url_is_one_line(url: str) -> None:
+    with pytest.raises(UserError, match=r"^--notify \S+: not a valid URL"):
+        check_urls([url], "--notify")

@@ -55,7 +55,7 @@ def _project(d: Path) -> None:
 
 def _hosts_file(tb: TestBed, d: Path, hosts: list[TestHost]) -> Path:
     setup = "".join(f"  {line}\n" for line in SETUP.splitlines())
-    return tb.hosts_file(d, hosts, f"cpu: true\nsecrets: [GPUTRAIN_TB_TOKEN]\nsetup: |\n{setup}")
+    return tb.hosts_file(d, hosts, f"cpu: true\nsecrets: [TB_TOKEN]\nsetup: |\n{setup}")
 
 
 class ArgvWatch:
@@ -109,7 +109,7 @@ def test_hosts_requirements_setup_cached_and_secret(
     path = _hosts_file(tb, proj, [a, b])
     monkeypatch.chdir(proj)
     token = "tb-token-" + os.urandom(8).hex()
-    monkeypatch.setenv("GPUTRAIN_TB_TOKEN", token)
+    monkeypatch.setenv("TB_TOKEN", token)
     settings = Settings(root=proj, runs_dir=proj / "runs", connect_deadline_s=30)
     pip = ["--env", f"PIP_INDEX_URL={index.url}", "--env", f"PIP_TRUSTED_HOST={tb.bridge_address}"]
     run = ["run", "--hosts", str(path), *pip]
@@ -128,9 +128,7 @@ def test_hosts_requirements_setup_cached_and_secret(
 
     # the same hash: nothing installed or run again; the secret reaches every rank
     with ArgvWatch(token) as watch:
-        code = main(
-            [*run, "--env", "SECRET_NAME=GPUTRAIN_TB_TOKEN", "--", "read_secret.py"], settings
-        )
+        code = main([*run, "--env", "SECRET_NAME=TB_TOKEN", "--", "read_secret.py"], settings)
     assert code == 0
     out = capsys.readouterr().out
     assert "Successfully installed" not in out and "[setup] setup ran" not in out

@@ -18,6 +18,8 @@ from typing import Any
 from infra.gcp.gcs import ObjectInfo, StorageApi
 from infra.outputs import BucketOutputs
 from scripts import ui
+from scripts.job.records import RUN_ID
+from scripts.transport.safe_path import ALLOWED, SafeTree, unsafe_reason
 
 BUCKET_TYPE = "gcp:storage/bucket:Bucket"  # what `destroy` keeps when the bucket is kept
 CHECKPOINT = re.compile(r"(?:^|/)ckpt-(\d{8})\.pt$")
@@ -42,15 +44,25 @@ class Fetch:
     relative: str
 
 
-def run_objects(objects: list[ObjectInfo], prefix: str) -> dict[str, dict[str, ObjectInfo]]:
-    """run id -> {path under runs/<run-id>/: object}, for objects under `<prefix>runs/`. Pure."""
+def run_objects(
+    objects: list[ObjectInfo], prefix: str, refused: list[str] | None = None
+) -> dict[str, dict[str, ObjectInfo]]:
+    """run id -> {path under runs/<run-id>/: object}, for objects under `<prefix>runs/`. A name
+    that is no run id and safe path (safe_path: anything with the nodes' storage role names
+    objects) is left out, and said in `refused` ("NAME: why"). Pure."""
     runs: dict[str, dict[str, ObjectInfo]] = {}
     base = f"{prefix}runs/"
     for o in objects:
         if not o.name.startswith(base):
             continue
         run_id, _, relative = o.name[len(base) :].partition("/")
-        if run_id and relative and not relative.rsplit("/", 1)[-1].startswith(".gputrain-"):
+        if not run_id or not relative or relative.endswith("/"):  # folder placeholders
+            continue
+        why = unsafe_reason(relative) if RUN_ID.match(run_id) else "not a run id"
+        if why:
+            if refused is not None:
+                refused.append(f"{o.name!r}: {why}")
+        elif not relative.rsplit("/", 1)[-1].startswith(".gputrain-"):
             runs.setdefault(run_id, {})[relative] = o
     return runs
 
@@ -88,9 +100,11 @@ def to_fetch(
     """What of each run in `run_dir_of` is not home yet: its small files and its newest complete
     checkpoint (the manifest's size and CRC32C must match the object, else the next older one)."""
     fetch: list[Fetch] = []
-    for run_id, files in run_objects(
-        storage.list_objects(bucket, f"{prefix}runs/"), prefix
-    ).items():
+    refused: list[str] = []
+    runs = run_objects(storage.list_objects(bucket, f"{prefix}runs/"), prefix, refused)
+    for name in refused:
+        ui.warn(f"gs://{bucket}: not bringing home {name} ({ALLOWED})")
+    for run_id, files in runs.items():
         run_dir = run_dir_of.get(run_id)
         if run_dir is None:
             continue
@@ -128,7 +142,7 @@ def bring_home(
     dirs = run_dirs(runs_dir, target, run_ids)
     written = []
     for f in to_fetch(storage, bucket, prefix, dirs):
-        dest = dirs[f.run_id] / f.relative
+        dest = SafeTree(dirs[f.run_id]).file(f.relative)
         storage.download(bucket, f.obj.name, dest)
         written.append(dest)
     return written

@@ -52,6 +52,7 @@ from scripts.targets.vertex.job import (
     state_line,
 )
 from scripts.targets.vertex.jobfile import job_spec_for_run, read_job_file, stack_pools
+from scripts.transport.safe_path import SafeTree
 
 if TYPE_CHECKING:
     from scripts.targets.vertex.api import Followed
@@ -75,8 +76,9 @@ def bring_home(storage: StorageApi, out: VertexOutputs, run_id: str, results_dir
     """The run's files in the bucket (runs/<run-id>/: model/, checkpoints/...) into results_dir:
     every small file and the newest complete checkpoint, as `down` brings runs home."""
     fetch = to_fetch(storage, out.bucket, out.bucket_prefix, {run_id: results_dir})
+    tree = SafeTree(results_dir)  # the one rule of every download path
     for f in fetch:
-        storage.download(out.bucket, f.obj.name, results_dir / f.relative)
+        storage.download(out.bucket, f.obj.name, tree.file(f.relative))
     if fetch:
         ui.say(f"vertex: brought {len(fetch)} file(s) of run {run_id} home into {results_dir}")
 

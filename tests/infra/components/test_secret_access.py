@@ -97,6 +97,4 @@ def test_doctor_asks_for_the_grant_only_when_there_is_one() -> None:
 
 def test_a_bad_secret_entry_is_one_line_and_declares_nothing() -> None:
     message = expect_declares_nothing(_vertex(["HF_TOKEN=s3://bucket/key"]), "vertex")
-    assert message.startswith("gputrain:secrets: 'HF_TOKEN=s3://bucket/key' is not allowed"), (
-        message
-    )
+    assert message.startswith("gputrain:secrets: 'HF_TOKEN=...' is not allowed"), message

@@ -60,10 +60,11 @@ def test_run_sh_exports_the_data_paths_expanded_on_the_node(tmp_path: Path) -> N
 
 
 def test_the_copy_command_and_its_summary() -> None:
-    cmd = build_fetch_command(
+    cmd, values = build_fetch_command(
         DATASETS, "node-1", "/opt/py 3", {"STORAGE_EMULATOR_HOST": "http://h:1"}
     )
-    assert "export STORAGE_EMULATOR_HOST=http://h:1; " in cmd
+    assert "http://h:1" not in cmd  # the job's values come on stdin, never in an argv
+    assert values is not None and values.startswith(b"#gputrain-secrets\nSTORAGE_EMULATOR_HOST ")
     assert "exec '/opt/py 3' - --root" in cmd  # the module itself comes in the command
     # mount datasets are not copied
     assert "--node node-1 train=gs://b-1/owt/:copy <<'GPUTRAIN_FETCH_DATA'\n" in cmd
@@ -258,7 +259,9 @@ class NodeSaying:
     def __init__(self, name: str, rc: int, lines: list[str]) -> None:
         self.name, self.rc, self.lines = name, rc, lines
 
-    def stream(self, cmd: str, on_line: Any, timeout: float | None) -> int:
+    def stream(
+        self, cmd: str, on_line: Any, timeout: float | None, stdin: bytes | None = None
+    ) -> int:
         assert "<<'GPUTRAIN_FETCH_DATA'" in cmd
         for line in self.lines:
             on_line(line)

@@ -87,10 +87,47 @@ def test_unparseable_requirements_are_one_line(
 
 def test_options_and_urls_are_left_to_pip(tmp_path: Path) -> None:
     (tmp_path / "requirements.txt").write_text(
-        "# comment\n--extra-index-url http://x/simple\n-r other.txt\n./local\n"
+        "# comment\n--extra-index-url http://x/simple\n-r other.txt\n./local\n-e .\n-c sub/c.txt\n"
+        "--find-links /opt/wheels\n"
         "pkg @ https://x/pkg.whl\nnumpy>=1 ; python_version > '3'  # why\nfoo[bar]==1.0 \\\n  ; os_name == 'posix'\n"
     )
     assert plan_environment(tmp_path) is not None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "-r /etc/passwd",
+        "-r../../x.txt",
+        "--requirement=/root/.ssh/id_rsa",
+        "-c ~/.config/pip/constraints.txt",
+        "--constraint ${HOME}/c.txt",
+        "-e ../sibling",
+        "--editable=/opt/lib",
+        "/srv/wheels/pkg.whl",
+        "pkg @ file:///etc/shadow",
+        "-r sub/../../../etc/passwd",
+    ],
+)
+def test_a_requirement_line_naming_a_file_outside_the_upload_is_one_line(
+    tmp_path: Path, line: str
+) -> None:
+    """On the node pip would read that file (and print its lines in its error): not the code."""
+    (tmp_path / "requirements.txt").write_text(f"numpy\n{line}\n")
+    with pytest.raises(UserError) as e:
+        plan_environment(tmp_path)
+    message = str(e.value)
+    assert (
+        message.startswith("requirements.txt line 2: ") and "outside the uploaded code" in message
+    )
+
+
+def test_a_pyproject_file_dependency_outside_the_upload_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\nversion = "1"\ndependencies = ["lib @ file:///home/u/lib"]\n'
+    )
+    with pytest.raises(UserError, match="outside the uploaded code"):
+        plan_environment(tmp_path)
 
 
 def test_installs_once_then_cached_and_torch_stays_visible(
@@ -234,6 +271,39 @@ def test_uv_lock_is_exported_and_installed_where_uv_is(
     lines.clear()
     _prepare(LocalTransport("n0", tmp_path / "node"), index, lines, force=True)
     assert "[n0] [requirements] no uv on this node: uv.lock skipped" in lines
+
+
+def test_index_credentials_come_on_the_secret_channel_and_no_value_is_in_an_argv(
+    tmp_path: Path, index: PackageIndex
+) -> None:
+    """PIP_INDEX_URL with a password as a secret: pip installs from it; the setup sees the --env
+    values; no process on the node has a value in its argv meanwhile; no line shows the password."""
+    t = _node(tmp_path, {"requirements.txt": "gputrain-probe==1.0\n"})
+    argv_dump = 'for p in /proc/[0-9]*; do tr "\\0" " " < "$p/cmdline" 2>/dev/null; echo; done'
+    env = plan_environment(
+        t.node_root / CODE, setup=f'{argv_dump} > argv.txt\necho "$MODE" > seen.txt'
+    )
+    assert env is not None
+    url = index.url.replace("http://", "http://gputrain:s3cret-pw@")
+    lines: list[str] = []
+    prepare_environment(
+        ["n0"],
+        {"n0": t},
+        env.for_python(sys.executable),
+        python=sys.executable,
+        code_dir=CODE,
+        run_dir=".gputrain/runs/r1",
+        extra_env={"MODE": "fast-mode-x1", "PIP_NO_CONFIG": "", "PIP_CONFIG_FILE": "/dev/null"},
+        secrets={"PIP_INDEX_URL": url},
+        on_line=lambda node, line: lines.append(line),
+    )
+    code = t.node_root / CODE
+    assert any("Successfully installed gputrain-probe-1.0" in ln for ln in lines), lines
+    assert (code / "seen.txt").read_text() == "fast-mode-x1\n"
+    argv = (code / "argv.txt").read_text()
+    assert "for p in /proc" in argv  # the dump saw the node's processes
+    assert "s3cret-pw" not in argv and "fast-mode-x1" not in argv
+    assert not any("s3cret-pw" in ln for ln in lines)
 
 
 def test_a_local_launch_builds_the_environment_then_runs_with_it(

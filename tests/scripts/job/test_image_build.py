@@ -102,7 +102,8 @@ def test_built_pushed_once_then_found(project: Project, capsys: pytest.CaptureFi
     assert pushed.digest == image.digest  # what the run gets is what the registry holds
     calls = project.docker_calls()
     assert [c.split()[0] for c in calls] == ["build", "push"]
-    assert calls[0].endswith(f"-t {image.repository}:{image.tag} {project.dir / 'docker'}")
+    # built from a copy of the checked context (docker itself would apply .dockerignore only)
+    assert f"-t {image.repository}:{image.tag} " in calls[0] and "gputrain-context-" in calls[0]
     # the repository came first, alone: a targeted up, no GPU
     spec = parse_spec(load_stack_config(project.dir, STACK), STACK)
     assert project.runner.calls == [("up-targets", *target_urns(spec, with_bucket=False))]
@@ -176,3 +177,52 @@ def test_down_removes_the_repository_and_the_sweep_checks_it(
         assert main(["down", "--stack", STACK], project.settings, gce) != 0
         out = capsys.readouterr()
         assert "LEFT BEHIND by stack bt" in out.out and f"gputrain-{STACK}" in out.out
+
+
+def test_the_build_sees_the_upload_filters_context_and_no_link_out(
+    project: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """docker reads .dockerignore only: secrets, keys and links (to a file or a folder outside)
+    never reach the build; the image's own listing of its context proves it."""
+    ctx = project.dir / "docker"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0\n")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {project.registry.host}/base:1\nCOPY . /ctx/\nRUN find /ctx | sort\n"
+    )
+    (ctx / ".env").write_text("DB_PASSWORD=hunter2\n")
+    (ctx / "id_ed25519").write_text("k\n")
+    (ctx / ".netrc").write_text("machine h login u password p\n")
+    (ctx / "sa.json").write_text('{"type": "service_account", "private_key": "k"}')
+    (ctx / "token.json").write_text('{"refresh_token": "1//0gLongRefresh", "client_id": "c"}')
+    (ctx / "passwd").symlink_to(outside / "passwd")
+    (ctx / "etc").symlink_to(outside)
+    image = project.target().built_image(RunOptions())
+    assert image is not None
+    out = capsys.readouterr().out
+    listed = {ln.strip() for ln in out.splitlines() if ln.strip().startswith("/ctx")}
+    assert listed == {"/ctx", "/ctx/Dockerfile", "/ctx/app.txt"}, out
+    assert "build: not sending 7 file(s) to the build: " in out
+    for name in (".env", "id_ed25519", ".netrc", "sa.json", "token.json", "passwd", "etc"):
+        assert f"{name} (" in out
+    assert "hunter2" not in out
+
+
+@pytest.mark.parametrize(
+    "build", ["../Dockerfile", "/etc/passwd", "docker/../../x/Dockerfile", "linked/Dockerfile"]
+)
+def test_a_build_outside_the_project_is_one_line(
+    project: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path, build: str
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "Dockerfile").write_text("FROM scratch\n")
+    (project.dir / "linked").symlink_to(elsewhere)  # inside by name, outside in fact
+    gce = GceClients(runner_for=lambda s, r: project.runner)
+    up = ["up", "--stack", STACK, "--yes", "--skip-preflight", "--build", build]
+    assert main(up, project.settings, gce) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gputrain: error: --build = {build!r}: ") and "\n" not in err
+    assert "outside the project" in err
+    assert project.runner.calls == [] and project.docker_calls() == []

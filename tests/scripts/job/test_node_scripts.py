@@ -81,7 +81,7 @@ def test_node_command_passes_arguments_verbatim_and_sets_env(tmp_path: Path) -> 
 
 
 def test_validate_job_rejects_bad_settings() -> None:
-    with pytest.raises(UserError, match=r"run id: 'a b'"):
+    with pytest.raises(UserError, match=r"run id 'a b'"):
         validate_job(Job(run_id="a b"))
     with pytest.raises(UserError, match=r"env: variable name 'A-B'"):
         validate_job(Job(run_id="ok", env={"A-B": "1"}))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from infra.base.errors import UserError
@@ -80,7 +82,9 @@ def test_the_out_dir_is_restored_only_on_relaunches_with_a_bucket() -> None:
     assert restore is not None
     again, stdin = restore
     assert "python3 - --restore --dir .gputrain/runs/r1/out" in again
-    assert "--uri gs://b/runs/r1/out/node-1/" in again and "export STORAGE_EMULATOR_HOST=" in again
+    assert "--uri gs://b/runs/r1/out/node-1/" in again
+    assert "http://h:1" not in again  # --env values come on stdin, never in an argv
+    assert stdin.startswith(b"#gputrain-secrets\nGPUTRAIN_OUT_URI ")
     assert b"def restore(" in stdin  # mirror_out, before the code is there
 
 
@@ -97,3 +101,25 @@ def test_nanogpt_lines_tell_the_step_reached_and_resumed_from() -> None:
     w.line("n1", "[rank1]:iter 100: loss 1.5, time 1321.44ms, mfu -100.00%")
     w.line("n1", "[rank1]:iter 110: loss 1.4, time 12.00ms, mfu 0.00%")
     assert (w.start_step, w.reached, fired) == (100, 110, [1])
+
+
+def test_the_restore_command_gets_its_variables_from_stdin_and_the_source_after(
+    tmp_path: Path,
+) -> None:
+    """The --env values are read off stdin by shell builtins; what follows is the interpreter's
+    script, whole (run here with a stand-in interpreter that prints both)."""
+    import subprocess
+
+    stand_in = tmp_path / "py"
+    stand_in.write_text('#!/bin/sh\necho "host=$STORAGE_EMULATOR_HOST"\nhead -c 200\n')
+    stand_in.chmod(0o755)
+    env = {"GPUTRAIN_OUT_URI": "gs://b/runs/r1/out/", "STORAGE_EMULATOR_HOST": "http://h:1"}
+    restore = build_restore_command(Job("r1", env=env, attempt=2), "node-1", str(stand_in))
+    assert restore is not None
+    cmd, stdin = restore
+    done = subprocess.run(
+        ["sh", "-c", cmd], input=stdin, cwd=tmp_path, capture_output=True, check=True
+    )
+    out = done.stdout.decode()
+    assert out.startswith("host=http://h:1\n")
+    assert out[len("host=http://h:1\n") :] == outputs.MIRROR_SOURCE.read_text()[:200]

@@ -48,11 +48,53 @@ def test_declarations() -> None:
     assert parse_secret("T=sm://hf-token/3", "s") == SecretRef("T", "hf-token", "3")
     full = parse_secret("T=sm://projects/p1/secrets/x/versions/2", "s")
     assert full == SecretRef("T", "x", "2", "p1")
-    for bad in ("1X", "A-B", "X=value", "X=sm://", "X=sm://a/b/c", "X=sm://a/v0"):
+    for bad in ("1X", "A-B", "X=sm://", "X=sm://a/b/c", "X=sm://a/v0"):
         with pytest.raises(UserError) as e:
             parse_secret(bad, "--secret")
         assert str(e.value).startswith(f"--secret: {bad!r} is not allowed")
     assert [r.name for r in parse_secrets(["A", "B", "A=sm://a"], "s")] == ["A", "B"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "X=sm://projects/../secrets/x",
+        "X=sm://projects/p1/../secrets/x",
+        "X=sm://../x",
+        "X=sm://projects/p1/secrets/../versions/1",
+        "X=sm://projects/a..b/secrets/x",
+        "X=sm://x/../../1",
+    ],
+)
+def test_sm_references_with_dot_dot_are_one_line(bad: str) -> None:
+    with pytest.raises(UserError, match=r"^--secret: 'X=sm://.*' is not allowed"):
+        parse_secret(bad, "--secret")
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("GPUTRAIN_SECRET_NAMES", "gputrain's own"),  # it turned the node's redaction off
+        ("GPUTRAIN_ANYTHING", "gputrain's own"),
+        ("IFS", "the shell's own"),
+        ("BASH_ENV", "the shell's own"),
+        ("RANK", "set on the node"),
+        ("HOME", "set on the node"),
+        ("PATH=sm://p", "set on the node"),
+    ],
+)
+def test_reserved_and_shell_names_are_refused_as_secrets(entry: str, why: str) -> None:
+    with pytest.raises(UserError, match=why) as e:
+        parse_secret(entry, "secrets")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("entry", ["HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz012345", "K=p@ss w0rd"])
+def test_a_value_pasted_where_a_reference_goes_is_never_echoed(entry: str) -> None:
+    with pytest.raises(UserError) as e:
+        parse_secret(entry, "secrets")
+    assert entry.split("=", 1)[1] not in str(e.value)
+    assert str(e.value).startswith(f"secrets: '{entry.split('=')[0]}=...' is not allowed")
 
 
 def test_unset_secret_is_one_line_naming_it() -> None:
@@ -166,3 +208,26 @@ def test_local_run_reads_the_secret_and_it_is_nowhere(tmp_path: Path) -> None:
     assert not _everything_on_disk([node_root, tmp_path / "results"], first_line)
     log = next((tmp_path / "results").rglob("torchrun.log")).read_text()
     assert "the token is ***" in log  # the node's own log was filtered before it was written
+
+
+def test_every_secret_name_arrives_whole_on_the_node() -> None:
+    """The start script's own variables are GPUTRAIN_* (no secret may take one): secrets named
+    like them before (h, n, v) arrived empty; they arrive whole now, and nothing else is left."""
+    import subprocess
+
+    from scripts.job.secrets import READ_SECRETS_SH, secret_stdin
+
+    values = {"n": "one", "v": "two words", "h": "th=ree\nlines", "HF_TOKEN": "hf_x"}
+    script = READ_SECRETS_SH.format(failed=9) + 'for k in n v h HF_TOKEN; do printenv "$k"; done; '
+    script += 'echo "names:$GPUTRAIN_SECRET_NAMES left:${GPUTRAIN_N-}${GPUTRAIN_V-}"'
+    done = subprocess.run(
+        ["bash", "-c", script], input=secret_stdin(values), capture_output=True, check=True
+    )
+    assert done.stdout.decode().splitlines() == [
+        "one",
+        "two words",
+        "th=ree",
+        "lines",
+        "hf_x",
+        "names: n v h HF_TOKEN left:",
+    ]

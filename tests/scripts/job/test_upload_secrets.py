@@ -46,6 +46,19 @@ SECRETS = {
     ".ENV": "TOKEN=2\n",
     "infra/terraform.tfstate": "{}",
     "store.p12": "x",
+    # OAuth and token files, by contents (any name) and by name
+    "auth/token.json": json.dumps(
+        {"token": "ya29.a0AfH6SMBx", "refresh_token": "1//0gLongRefresh", "client_id": "c"}
+    ),
+    "oauth/renamed.json": '{"web": {"client_id": "c", "client_secret": "GOCSPX-abcdefghijk"}}',
+    "client_secret_123.apps.googleusercontent.com.json": "{}",
+    "settings.yaml": "oauth:\n  client_secret: 'GOCSPX-abcdefghijk'\n",
+    ".cache/huggingface/token": "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"[:34] + "\n",
+    "notes/hf.txt": "mine: hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567 (read)\n",
+    ".streamlit/secrets.toml": 'db_password = "x"\n',
+    "scripts/env.sh": "#!/bin/sh\nexport OPENAI_API_KEY=sk-proj-abcdef123\n",
+    "setup_env.bash": "  export WANDB_API_KEY='0123456789abcdef'\n",
+    "deploy/vars": 'export GITHUB_TOKEN="ghp_abcdefghijkl"\n',
 }
 KEPT = {
     "train.py": "print('hi')\n",
@@ -53,6 +66,10 @@ KEPT = {
     "keyboard.py": "K = 1\n",
     "config.json": json.dumps({"type": "model"}),
     "docs/secrets.md": 'never commit .env, *.pem or JSON with "type": "service_account"\n',
+    "docs/oauth.md": 'token.json holds "refresh_token": "..." and "client_secret": ""\n',
+    "tokenizer.json": json.dumps({"model": {"vocab": {"hf_": 1, "token": 2}}}),
+    "train.sh": 'export PAD_TOKEN=0\nexport MAX_TOKENS=512\nexport HF_TOKEN="$(cat ~/.hf)"\n'
+    "export WANDB_API_KEY=$WANDB_API_KEY\n",
 }
 
 

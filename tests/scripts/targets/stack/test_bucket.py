@@ -139,6 +139,71 @@ def test_a_failed_download_keeps_the_bucket_and_fails_loudly(
     assert cloud.runner.existing == []  # everything that bills by the hour is gone
 
 
+def hostile_names(outside: Path) -> list[str]:
+    """What code with the nodes' storage role can name (objects.insert takes any UTF-8 name; the
+    emulator refuses `..` parts on its own disk, so those are in the pure test below)."""
+    return [
+        f"runs/r1/{outside}/abs-escape",  # runs/r1//tmp/...: run_dir / "/tmp/..." is absolute
+        f"runs/r1/model/{outside}/deep-escape",
+        "runs/r1/sub\\escape-backslash",
+        "runs/r1/term\x1b]52;c;ZXZpbA==\x07",
+    ]
+
+
+def test_down_writes_no_bucket_object_outside_the_results(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each hostile name is left behind with one line; the run's plain files still come home."""
+    outside = tmp_path_factory.mktemp("outside")
+    cloud.put("runs/r1/model/summary.json", b"{}")
+    hostile = hostile_names(outside)
+    for name in hostile:
+        cloud.put(name, b"pwned")
+    assert cloud.main("down", "--stack", "lab") == 0
+    home = cloud.runs / "stack-lab" / "r1"
+    assert (home / "model" / "summary.json").read_bytes() == b"{}"
+    assert list(outside.rglob("*")) == []
+    written = [p for p in cloud.runs.rglob("*") if p.is_file() and b"pwned" in p.read_bytes()]
+    assert written == []
+    err = capsys.readouterr().err
+    assert err.count("not bringing home") == len(hostile)
+    assert "\x1b]52" not in err  # the name is shown escaped, never as a terminal sequence
+
+
+def test_vertex_results_share_the_rule(
+    cloud: Cloud, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from infra.outputs import VertexOutputs
+    from scripts.targets.vertex.session import bring_home
+
+    outside = tmp_path_factory.mktemp("outside")
+    cloud.put("runs/r1/model/summary.json", b"{}")
+    for name in hostile_names(outside):
+        cloud.put(name, b"pwned")
+    out = VertexOutputs("gputrain-test", "us-central1", BUCKET, "", "sa@x")
+    results = tmp_path_factory.mktemp("results") / "r1"
+    bring_home(StorageApi(), out, "r1", results)
+    assert (results / "model" / "summary.json").read_bytes() == b"{}"
+    assert list(outside.rglob("*")) == []
+    assert [p.name for p in results.rglob("*") if p.is_file()] == ["summary.json"]
+
+
+def test_object_names_that_escape_are_left_out_and_said() -> None:
+    objs = [
+        ObjectInfo("p/runs/r1/model/x.pt", 1),
+        ObjectInfo("p/runs/r1/../../../.bashrc", 1),
+        ObjectInfo("p/runs/r1/model/../../../../x", 1),
+        ObjectInfo("p/runs/../escape/x", 1),
+        ObjectInfo("p/runs/r1//home/u/.bashrc", 1),
+        ObjectInfo("p/runs/r1/a\x00b", 1),
+        ObjectInfo("p/runs/../..", 1),
+        ObjectInfo("p/runs/r1/folder/", 0),  # a console's folder placeholder: nothing to fetch
+    ]
+    refused: list[str] = []
+    assert run_objects(objs, "p/", refused) == {"r1": {"model/x.pt": objs[0]}}
+    assert len(refused) == 6
+
+
 def test_the_users_bucket_is_never_touched(cloud: Cloud) -> None:
     """As with `bucket: gs://...`: the stack did not create it, so it has no stack label."""
     cloud.runner._outputs["bucketOwned"] = False
