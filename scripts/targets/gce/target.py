@@ -73,6 +73,18 @@ class GceTarget(StackTarget[GceClients, Provision]):
             f"status: stack {self.stack}", ["node", "zone", "state", "deleted by GCE in"], rows
         )
 
+    def reconcile(self, run_id: str | None, opts: RunOptions) -> str:
+        """`gputrain reconcile`: one pass of recovery for the stack's run."""
+        from scripts.notify import notifier_for
+        from scripts.targets.gce.reconcile import reconcile
+
+        limit = None if opts.max_recoveries is None else recoveries_allowed(opts, self.spec())
+        notifier = notifier_for(self, opts)
+        try:
+            return reconcile(self, run_id, opts, notifier=notifier, max_recoveries=limit)
+        finally:
+            notifier.close()
+
     def sweep(self) -> bool:
         leftovers = self.leftovers(self.spec())
         if not leftovers:
@@ -270,6 +282,28 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ):
             yield session
 
+    @contextmanager
+    def session_for(
+        self, spec: ClusterSpec, outputs: dict[str, Any], max_recoveries: int
+    ) -> Iterator[FleetSession]:
+        """The session of a cluster `gputrain reconcile` re-created: pinned, kept (the run goes
+        on without this process), its autodown as the stack declares it."""
+        from scripts.targets.gce.keys import private_key_file
+
+        with (
+            private_key_file(self.runner, self.stack) as key,
+            self._session(
+                spec,
+                outputs,
+                key,
+                max_recoveries,
+                keep=True,
+                connect_deadline_s=self.settings.connect_deadline_s,
+                opts=RunOptions(),
+            ) as session,
+        ):
+            yield session
+
     def _session(
         self,
         spec: ClusterSpec,
@@ -299,6 +333,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
             ttl_s=spec.max_run_duration_s,
             recreate=recreate,
             bucket=out.bucket.uri if out.bucket else None,
+            stack=self.stack,
         )
         return RecoveringSession(
             self._fleet(out, key),
