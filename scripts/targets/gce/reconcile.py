@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +58,8 @@ def reconcile(
     *,
     notifier: Notifier,
     max_recoveries: int | None = None,
-    hooks: Callable[[str], None] | None = None,
 ) -> str:
-    """One pass; its outcome. `hooks(stage)` lets tests stop a pass at a stage (killed mid-way)."""
+    """One pass; its outcome."""
     spec = target.spec()
     if not spec.project or not spec.bucket_name:
         raise GputrainError(
@@ -92,7 +90,7 @@ def reconcile(
         manifest = manifests.find(target.stack, manifest.run_id)  # as of the lease
         if max_recoveries is not None:
             manifest.max_recoveries = max_recoveries
-        step = Pass(target, spec, manifests, manifest, lease, notifier, hooks or (lambda _: None))
+        step = Pass(target, spec, manifests, manifest, lease, notifier)
         outcome = step.run()
         if lease.token is not None and not lease.lost.is_set():
             manifest.last_pass = {
@@ -122,10 +120,9 @@ class Pass:
         manifest: RunManifest,
         lease: Lease,
         notifier: Notifier,
-        hook: Callable[[str], None],
     ) -> None:
         self.target, self.spec, self.manifests, self.m = target, spec, manifests, manifest
-        self.lease, self.notifier, self.hook = lease, notifier, hook
+        self.lease, self.notifier = lease, notifier
         self.compute = target.clients.compute()
 
     def save(self) -> None:
@@ -137,15 +134,18 @@ class Pass:
         from infra.outputs import parse_stack_outputs
 
         out = parse_stack_outputs(self.target.runner.outputs())
-        if self.m.state == WAITING:  # the last pass deleted what was left: bring it all back
-            return self.recover(out, {n.name: None for n in out.nodes})
+        if self.m.state in (WAITING, RECOVERING):  # the last pass deleted what was left (no
+            # capacity) or died mid-way: re-create what is missing, relaunch on all of it
+            lost = self.lost(out)
+            return self.recover(out, {n.name: lost.get(n.name) for n in out.nodes})
+        if time.time() >= self.m.deadline:  # a re-created VM lives no longer than the first
+            return self.give_up(out, "the stack's TTL is spent")
         ended = self.head_ended(out)
         lost = self.lost(out)
-        if ended is not None and not lost:
+        if ended == "0" or (ended is not None and not lost):  # autodown may have run already
             return self.finish(out, ended)
         if not lost:
-            if self.m.state != RUNNING:
-                self.m.state = RUNNING
+            self.m.state = RUNNING
             return ADVANCING
         return self.recover(out, lost)
 
@@ -229,7 +229,6 @@ class Pass:
         self.m.state = RECOVERING
         self.m.note("recovering", nodes=names)
         self.save()
-        self.hook("recovering")
         try:
             outputs = self.recreate(out, lost)
         except ProvisioningError as e:
@@ -244,7 +243,6 @@ class Pass:
                 "deleted, nothing bills; the next pass tries again"
             )
             return WAITING
-        self.hook("recreated")
         self.relaunch(outputs)
         return RECOVERED
 
@@ -297,11 +295,11 @@ class Pass:
                 signal_guard() as guard,
                 self.target.session_for(self.spec, outputs, self.m.max_recoveries) as session,
             ):
+                session.holds_lease = False  # this pass holds it (a reconciler's lease)
                 session.verify(fabric=True)
                 from scripts.job.launch import stop_job
 
                 stop_job(session.transports, job.run_id)  # the survivors' old attempt
-                self.hook("verified")
                 began = time.time()
                 self.m.attempt, self.m.attempt_started_at = job.attempt, began
                 session.run_detached(replace(job), guard)

@@ -321,6 +321,7 @@ class RecoveringSession(FleetSession):
             stall_timeout_s=stall_timeout_s,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
+        self.holds_lease = True  # the laptop's controller; a reconciler's pass holds its own
         head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
         self.notifier: Notifier | None = None  # set by the lifecycle: preempted / recovered
         self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
@@ -347,7 +348,7 @@ class RecoveringSession(FleetSession):
     def _hold(self, job: Job) -> ControllerHold | None:
         """The stack's lease for this controller and the run's manifest (a stack with a
         bucket; `job` as the user gave it: a relaunch adds the bucket's env itself)."""
-        if not self.nodes.bucket:
+        if not self.nodes.bucket or not self.holds_lease:
             return None
         from infra.gcp.gcs import StorageApi
         from scripts.job.launch import collect_code

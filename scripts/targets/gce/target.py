@@ -285,14 +285,13 @@ class GceTarget(StackTarget[GceClients, Provision]):
     @contextmanager
     def session_for(
         self, spec: ClusterSpec, outputs: dict[str, Any], max_recoveries: int
-    ) -> Iterator[FleetSession]:
+    ) -> Iterator[RecoveringSession]:
         """The session of a cluster `gputrain reconcile` re-created: pinned, kept (the run goes
         on without this process), its autodown as the stack declares it."""
         from scripts.targets.gce.keys import private_key_file
 
-        with (
-            private_key_file(self.runner, self.stack) as key,
-            self._session(
+        with private_key_file(self.runner, self.stack) as key:
+            session = self._session(
                 spec,
                 outputs,
                 key,
@@ -300,9 +299,9 @@ class GceTarget(StackTarget[GceClients, Provision]):
                 keep=True,
                 connect_deadline_s=self.settings.connect_deadline_s,
                 opts=RunOptions(),
-            ) as session,
-        ):
-            yield session
+            )
+            with session:
+                yield session
 
     def _session(
         self,
