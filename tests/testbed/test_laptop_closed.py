@@ -59,13 +59,34 @@ def wait_for(what: str, ready: Callable[[], bool], timeout: float = 120) -> None
         time.sleep(0.1)
 
 
-def head_ended(w: World, rid: str) -> bool:
-    """The head's end marker for the newest attempt is in the bucket (its watchdog's upload)."""
-    assert w.gcs is not None
-    names = w.gcs.names(f"runs/{rid}/e2e-node-0/")
-    return f"runs/{rid}/e2e-node-0/.gputrain-ended.json" in names and (
-        b'"0"' in w.gcs.read(f"runs/{rid}/e2e-node-0/.gputrain-ended.json")
+def head_log(w: World, rid: str) -> str:
+    """The head's torchrun and watchdog logs (what a failing wait shows)."""
+    d = w.node_hosts["e2e-node-0"].dir / "home" / ".gputrain" / "runs" / rid
+    return "\n".join(
+        f"--- {n}\n" + (d / n).read_text(errors="replace")[-1500:]
+        for n in ("torchrun.log", "watchdog.log", "exitcode")
+        if (d / n).is_file()
     )
+
+
+def wait_end(w: World, rid: str) -> None:
+    try:
+        wait_for("the end", lambda: head_ended(w, rid), timeout=180)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{head_log(w, rid)}") from None
+
+
+def names(w: World, prefix: str) -> list[str]:
+    """What the stack's bucket holds under `prefix`."""
+    assert w.gcs is not None
+    return [b.name for b in w.gcs.client().list_blobs(BUCKET, prefix=prefix)]
+
+
+def head_ended(w: World, rid: str) -> bool:
+    """The head's end marker says exit code 0 (its watchdog's upload at the job's end)."""
+    assert w.gcs is not None
+    blob = w.gcs.client().bucket(BUCKET).blob(f"runs/{rid}/e2e-node-0/.gputrain-ended.json")
+    return bool(blob.exists()) and b'"exit_code": "0"' in blob.download_as_bytes()
 
 
 def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
@@ -109,12 +130,12 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     assert (m.state, m.attempt, m.recoveries_done) == ("running", 2, 1), m.history
     print(f"laptop closed: reconcile start -> first resumed step {max(took):.1f} s")
 
-    wait_for("the end", lambda: head_ended(w, rid), timeout=180)
+    wait_end(w, rid)
     out = reconcile(w, capsys)
     assert "ended (exit code 0)" in out, out
     assert not w.compute.instances  # nothing billing
     assert w.gcs is not None
-    assert f"runs/{rid}/e2e-node-0/summary.json" in w.gcs.names(f"runs/{rid}/")
+    assert f"runs/{rid}/e2e-node-0/summary.json" in names(w, f"runs/{rid}/")
     assert manifest(rid).state == "finished"
     assert "nothing to do" in reconcile(w, capsys)  # idempotent
 
@@ -162,7 +183,7 @@ def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(
     m = manifest(rid)
     assert (m.state, m.recoveries_done) == ("running", 1)
     assert [h["what"] for h in m.history].count("waiting for capacity") == 2
-    wait_for("the end", lambda: head_ended(w, rid), timeout=180)
+    wait_end(w, rid)
     assert "ended (exit code 0)" in reconcile(w, capsys)
     assert not w.compute.instances
 
@@ -196,7 +217,7 @@ def test_a_live_controller_is_left_alone(
     )
     t.start()
     try:
-        wait_for("the run's manifest", lambda: bool(w.gcs and w.gcs.names("runs/")), 120)
+        wait_for("the run's manifest", lambda: bool(names(w, "runs/")), 120)
         calls = len(w.runner.calls)
         out = reconcile(w, capsys)
         assert "the controller" in out and "holds the lease" in out, out[-2000:]
