@@ -212,7 +212,7 @@ def test_a_live_controller_is_left_alone(
                 f"STORAGE_EMULATOR_HOST={w.gcs.url if w.gcs else ''}",
                 "--",
                 "wait.py",
-            )  # fmt: skip
+            )
         )
     )
     t.start()

@@ -135,9 +135,9 @@ class Pass:
 
         out = parse_stack_outputs(self.target.runner.outputs())
         if self.m.state in (WAITING, RECOVERING):  # the last pass deleted what was left (no
-            # capacity) or died mid-way: re-create what is missing, relaunch on all of it
-            lost = self.lost(out)
-            return self.recover(out, {n.name: lost.get(n.name) for n in out.nodes})
+            # capacity) or died mid-way: `up` re-creates what is missing (this attempt's
+            # preemption records name VMs that may stand again), relaunch on all of it
+            return self.recover(out, {n.name: None for n in out.nodes})
         if time.time() >= self.m.deadline:  # a re-created VM lives no longer than the first
             return self.give_up(out, "the stack's TTL is spent")
         ended = self.head_ended(out)
