@@ -79,7 +79,10 @@ def wait_end(w: World, rid: str) -> None:
 def names(w: World, prefix: str) -> list[str]:
     """What the stack's bucket holds under `prefix`."""
     assert w.gcs is not None
-    return [b.name for b in w.gcs.client().list_blobs(BUCKET, prefix=prefix)]
+    client = w.gcs.client()
+    if not client.bucket(BUCKET).exists():  # before `up` made it
+        return []
+    return [b.name for b in client.list_blobs(BUCKET, prefix=prefix)]
 
 
 def head_ended(w: World, rid: str) -> bool:
