@@ -78,6 +78,8 @@ DEFAULTS: dict[str, str] = {
     "build": "",
     "stallTimeout": "",
     "autodown": "10m",
+    "recover": "never",  # auto once `up` builds the reconciler's image (docs/incoming/laptop.md)
+    "reconcileEvery": "2m",
     "notify": "[]",
 }
 
@@ -111,6 +113,8 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "localSsdCount",
         "stallTimeout",
         "autodown",
+        "recover",
+        "reconcileEvery",
     ),
     "vertex": ("executorImage",),
 }

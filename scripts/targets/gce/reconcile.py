@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from scripts.notify import Notifier
     from scripts.targets.base import RunOptions
     from scripts.targets.gce.recovery import NodeCloudState
-    from scripts.targets.gce.target import GceTarget
 
 ENDED_MARKER = ".gputrain-ended.json"  # trainer/watchdog.py's ENDED, beside each node's results
 #: what one pass did (its `last_pass.outcome` and the command's last line)
@@ -52,7 +51,7 @@ LEASED, ADVANCING, DONE, RECOVERED = "leased elsewhere", "running", "ended", "re
 
 
 def reconcile(
-    target: GceTarget,
+    target: Any,  # GceTarget (which imports this module)
     run_id: str | None,
     opts: RunOptions,
     *,
@@ -114,7 +113,7 @@ class Pass:
 
     def __init__(
         self,
-        target: GceTarget,
+        target: Any,  # GceTarget (which imports this module)
         spec: ClusterSpec,
         manifests: Manifests,
         manifest: RunManifest,

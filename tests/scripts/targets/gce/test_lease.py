@@ -86,12 +86,12 @@ def test_two_writers_started_together_exactly_one_wins(storage: StorageApi) -> N
         gate = threading.Barrier(len(leases))
         won: list[Lease] = []
 
-        def go(mine: Lease) -> None:
+        def go(mine: Lease, gate: threading.Barrier, won: list[Lease]) -> None:
             gate.wait()
             if mine.acquire() is None:
                 won.append(mine)
 
-        threads = [threading.Thread(target=go, args=(x,)) for x in leases]
+        threads = [threading.Thread(target=go, args=(x, gate, won)) for x in leases]
         for t in threads:
             t.start()
         for t in threads:
@@ -107,7 +107,7 @@ def test_the_controller_writes_the_manifest_and_the_code(
     hold = ControllerHold(storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9)
     hold.start(job, {"job.py": tmp_path / "job.py", "trainer/train.py": tmp_path / "job.py"})
     again = ControllerHold(storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9)
-    with pytest.raises(Exception, match="the controller .* holds the lease"):
+    with pytest.raises(Exception, match=r"the controller .* holds the lease"):
         again.start(job, {})
     hold.record(attempt=2)
     hold.release()
