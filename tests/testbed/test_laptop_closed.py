@@ -141,6 +141,10 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     assert f"runs/{rid}/e2e-node-0/summary.json" in names(w, f"runs/{rid}/")
     assert manifest(rid).state == "finished"
     assert "nothing to do" in reconcile(w, capsys)  # idempotent
+    assert w.run("status", "--stack", "e2e") == 0  # from any machine that reads the bucket
+    out = capsys.readouterr().out
+    assert f"status: run {rid}: finished, attempt 2, recoveries 1/3" in out, out
+    assert "last reconcile pass" in out and "recovered" in out
 
 
 def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(

@@ -287,3 +287,24 @@ class ControllerHold:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+
+
+def status_lines(m: RunManifest, now: float) -> list[str]:
+    """`status`: the run's recovery state, its last pass and newest history. Pure."""
+
+    def at(t: object) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(float(t))) if t else "?"  # type: ignore[arg-type]
+
+    lines = [
+        f"run {m.run_id}: {m.state}, attempt {m.attempt}, recoveries {m.recoveries_done}/"
+        f"{m.max_recoveries} ({m.recoveries_left} left)"
+    ]
+    if m.last_pass:
+        p = m.last_pass
+        ago = now - float(p.get("at") or now)
+        lines.append(
+            f"  last reconcile pass {ago:.0f} s ago at {at(p.get('at'))}: {p.get('outcome')} "
+            f"({p.get('wall_s')} s)"
+        )
+    lines += [f"  {at(h.get('at'))}  {h.get('what')}" for h in m.history[-5:]]
+    return lines

@@ -60,6 +60,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
         spec = self.spec_with_project()
         instances = self.clients.compute().list_stack_instances(spec.project or "", self.stack)
         say_last_autodown(spec, self.clients)
+        self._say_recovery(spec)
         if not instances:
             ui.say(f"status: stack {self.stack} has no instances (nothing is billing)")
             return
@@ -72,6 +73,23 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ui.table(
             f"status: stack {self.stack}", ["node", "zone", "state", "deleted by GCE in"], rows
         )
+
+    def _say_recovery(self, spec: ClusterSpec) -> None:
+        """The newest run's manifest (laptop-closed recovery), when the bucket has one."""
+        if not spec.bucket_name or not spec.project:
+            return
+        from scripts.targets.gce.manifest import Manifests, status_lines
+
+        try:
+            storage = self.clients.storage(spec.project)
+            if not storage.bucket_exists(spec.bucket_name):
+                return
+            manifest = Manifests(storage, spec.bucket_name, spec.bucket_prefix).latest()
+        except GputrainError as e:  # status is a report: one line
+            ui.warn(f"status: could not read the run's manifest: {e}")
+            return
+        for line in status_lines(manifest, time.time()) if manifest else []:
+            ui.say(f"status: {line}")
 
     def reconcile(self, run_id: str | None, opts: RunOptions) -> str:
         """`gputrain reconcile`: one pass of recovery for the stack's run."""

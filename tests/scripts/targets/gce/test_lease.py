@@ -125,3 +125,16 @@ def test_the_controller_writes_the_manifest_and_the_code(
     assert sorted(p.name for p in code.iterdir()) == ["job.py"]  # not the trainer package
     with pytest.raises(Exception, match="no run with a manifest"):
         Manifests(storage, BUCKET, "none/").find("s", None)
+
+
+def test_status_tells_the_recovery_history() -> None:
+    from scripts.targets.gce.manifest import RunManifest, status_lines
+
+    m = RunManifest("r9", "s", ("x.py",), {}, max_recoveries=3, recoveries_done=1, attempt=2)
+    m.note("recovering", now=1000.0)
+    m.note("recovered", now=1030.0)
+    m.last_pass = {"at": 1030.0, "outcome": "recovered", "wall_s": 21.5}
+    lines = status_lines(m, 1090.0)
+    assert lines[0] == "run r9: running, attempt 2, recoveries 1/3 (2 left)"
+    assert "last reconcile pass 60 s ago" in lines[1] and "recovered (21.5 s)" in lines[1]
+    assert [ln.split()[-1] for ln in lines[2:]] == ["recovering", "recovered"]
