@@ -209,6 +209,7 @@ class GpuCluster(pulumi.ComponentResource):
                 bucket=self.bucket.name,
                 node_account_id=self.identity.account.name,
                 instance_condition=instance_condition(str(spec.project), spec.stack),
+                labels=cluster_labels(spec, pulumi.get_project()),
             ),
             pulumi.ResourceOptions(parent=self, depends_on=self.instances),
         )

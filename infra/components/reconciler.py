@@ -45,6 +45,7 @@ class StackReconcilerArgs:
     bucket: pulumi.Input[str]
     node_account_id: pulumi.Input[str]  # the nodes' service account (its `name`)
     instance_condition: str  # CEL: the stack's own VMs and disks
+    labels: dict[str, str]  # the stack's labels (what `sweep` looks for)
 
 
 def job_name(stack: str) -> str:
@@ -124,6 +125,7 @@ class StackReconciler(pulumi.ComponentResource):
             project=args.project,
             location=args.region,
             deletion_protection=False,  # `down` removes it with the stack
+            labels=args.labels,
             template=gcp.cloudrunv2.JobTemplateArgs(
                 task_count=1,
                 parallelism=1,

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
     from scripts.notify import Notifier
-    from scripts.targets.base import RunOptions
     from scripts.targets.gce.recovery import NodeCloudState
 
 ENDED_MARKER = ".gputrain-ended.json"  # trainer/watchdog.py's ENDED, beside each node's results
@@ -53,7 +52,6 @@ LEASED, ADVANCING, DONE, RECOVERED = "leased elsewhere", "running", "ended", "re
 def reconcile(
     target: Any,  # GceTarget (which imports this module)
     run_id: str | None,
-    opts: RunOptions,
     *,
     notifier: Notifier,
     max_recoveries: int | None = None,

@@ -99,7 +99,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
         limit = None if opts.max_recoveries is None else recoveries_allowed(opts, self.spec())
         notifier = notifier_for(self, opts)
         try:
-            return reconcile(self, run_id, opts, notifier=notifier, max_recoveries=limit)
+            return reconcile(self, run_id, notifier=notifier, max_recoveries=limit)
         finally:
             notifier.close()
 

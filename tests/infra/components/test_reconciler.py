@@ -51,6 +51,7 @@ def test_a_spot_stack_with_recover_auto_declares_the_job_and_its_schedule(mocks:
         assert container["args"] == ["reconcile", "--stack", "dev"]
         assert container["image"].startswith("us-central1-docker.pkg.dev/gputrain-test-1/")
         assert t["maxRetries"] == 0 and job.inputs["location"] == spec.region
+        assert job.inputs["labels"]["gputrain-stack"] == "dev"  # what `sweep` matches
         [nic] = t["vpcAccess"]["networkInterfaces"]
         assert t["vpcAccess"]["egress"] == "PRIVATE_RANGES_ONLY" and nic["subnetwork"]
         [sched] = mocks.of_type(SCHEDULER)
