@@ -146,7 +146,7 @@ def test_schedule_cost_and_plan_line() -> None:
     assert [schedule(s) for s in (60, 120, 3600, 7200, 86400)] == [
         "*/1 * * * *", "*/2 * * * *", "0 */1 * * *", "0 */2 * * *", "0 0 * * *",
     ]  # fmt: skip
-    # 720 passes a day x 10 s x (1 vCPU x $0.000018 + 0.5 GiB x $0.000002)
-    assert idle_cost_per_day(120) == pytest.approx(720 * 10 * 0.000019)
+    # 720 passes a day x 5 s x (1 vCPU x $0.000018 + 0.5 GiB x $0.000002)
+    assert idle_cost_per_day(120) == pytest.approx(720 * 5 * 0.000019)
     assert "every 2m" in plan_line("auto", "spot", 120) and "/day" in plan_line("auto", "spot", 120)
     assert "off (on-demand VMs are not preempted" in plan_line("auto", "on-demand", 120)
