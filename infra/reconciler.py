@@ -23,6 +23,16 @@ JOB_CPU, JOB_MEMORY_GIB = 1.0, 0.5  # the job's limits: 1 vCPU, 512 MiB
 IDLE_PASS_S = 5.0
 
 
+def job_name(stack: str) -> str:
+    """The stack's Cloud Run job (and its Scheduler job)."""
+    return f"{stack}-reconcile"
+
+
+def run_uri(project: str, region: str, job: str) -> str:
+    """Cloud Run Admin API v2 `jobs.run`: what the Scheduler job POSTs to."""
+    return f"https://run.googleapis.com/v2/projects/{project}/locations/{region}/jobs/{job}:run"
+
+
 def parse_recover(text: str, setting: str = "gputrain:recover") -> str:
     value = text.strip().lower() or "never"
     if value not in RECOVER:

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.components import child_options
-from infra.reconciler import schedule
+from infra.reconciler import job_name, run_uri, schedule
 
 COMPONENT_TYPE = "gputrain:infra:StackReconciler"
 #: What the pass does, as predefined roles: read the stack (Pulumi refresh), re-create its VMs
@@ -46,10 +46,6 @@ class StackReconcilerArgs:
     node_account_id: pulumi.Input[str]  # the nodes' service account (its `name`)
     instance_condition: str  # CEL: the stack's own VMs and disks
     labels: dict[str, str]  # the stack's labels (what `sweep` looks for)
-
-
-def job_name(stack: str) -> str:
-    return f"{stack}-reconcile"
 
 
 def account_id(stack: str) -> str:
@@ -167,15 +163,10 @@ class StackReconciler(pulumi.ComponentResource):
             member=member,
             opts=child,
         )
-        uri = self.job.name.apply(
-            lambda n: (
-                f"https://run.googleapis.com/v2/projects/{args.project}/locations/"
-                f"{args.region}/jobs/{n}:run"
-            )
-        )
+        uri = self.job.name.apply(lambda n: run_uri(args.project, args.region, n))
         self.scheduler = gcp.cloudscheduler.Job(
             f"{s}-reconcile-every",
-            name=f"{s}-reconcile",
+            name=job_name(s),
             project=args.project,
             region=args.region,
             schedule=schedule(args.every_s),
