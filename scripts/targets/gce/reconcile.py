@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
     from scripts.notify import Notifier
-    from scripts.targets.gce.recovery import NodeCloudState
+    from scripts.targets.gce.recovery import NodeCloudState, StackNodes
 
 ENDED_MARKER = ".gputrain-ended.json"  # trainer/watchdog.py's ENDED, beside each node's results
 #: what one pass did (its `last_pass.outcome` and the command's last line)
@@ -121,6 +121,7 @@ class Pass:
         self.target, self.spec, self.manifests, self.m = target, spec, manifests, manifest
         self.lease, self.notifier = lease, notifier
         self.compute = target.clients.compute()
+        self.recreated: dict[str, Any] = {}  # the stack outputs after a re-creation
 
     def save(self) -> None:
         if self.lease.lost.is_set() or self.lease.token is None:
@@ -163,16 +164,28 @@ class Pass:
             return None  # an earlier attempt's
         return str(marker.get("exit_code"))
 
-    def lost(self, out: StackOutputs) -> dict[str, NodeCloudState | None]:
-        """The nodes GCE took away during this attempt (recovery.py's detection)."""
+    def nodes(self, out: StackOutputs) -> StackNodes:
+        """recovery.py's view of the stack's VMs: its detection, its wait and re-creation
+        (the controller's own `refresh` + `up`, with no waiting for capacity: a stock-out is
+        the next pass's to retry). The TTL counts from the first launch."""
+        from infra.outputs import parse_stack_outputs
         from scripts.targets.gce.recovery import StackNodes
+
+        def recreate(zone: str) -> tuple[Any, StackOutputs]:
+            self.target._wait_s = 0
+            self.recreated = self.target._recreate(self.spec, zone)
+            return None, parse_stack_outputs(self.recreated)
 
         nodes = StackNodes(
             self.compute, out, spot=self.spec.spot, ttl_s=out.max_run_duration_s,
-            recreate=lambda zone: (_ for _ in ()).throw(AssertionError(zone)),
+            recreate=recreate,
         )  # fmt: skip
-        nodes.created_at = self.m.created_at  # the TTL counts from the first launch
-        return dict(nodes.preempted(self.m.attempt_started_at, wait_s=0))
+        nodes.created_at = self.m.created_at
+        return nodes
+
+    def lost(self, out: StackOutputs) -> dict[str, NodeCloudState | None]:
+        """The nodes GCE took away during this attempt."""
+        return dict(self.nodes(out).preempted(self.m.attempt_started_at, wait_s=0))
 
     # ---- outcomes
 
@@ -244,33 +257,14 @@ class Pass:
         return RECOVERED
 
     def recreate(self, out: StackOutputs, lost: dict[str, NodeCloudState | None]) -> dict[str, Any]:
-        """Wait until GCE has deleted the lost VMs, then the controller's own re-creation
-        (`refresh`, `up` in the cluster's zone first), with no waiting for capacity: a stock-out
-        is the next pass's to retry."""
-        from scripts.targets.gce.recovery import StackNodes
-
-        result: dict[str, Any] = {}
-
-        def recreate(zone: str) -> tuple[Any, StackOutputs]:
-            from infra.outputs import parse_stack_outputs
-
-            self.target._wait_s = 0
-            result.update(self.target._recreate(self.spec, zone))
-            return None, parse_stack_outputs(result)
-
-        nodes = StackNodes(
-            self.compute, out, spot=self.spec.spot, ttl_s=out.max_run_duration_s,
-            recreate=recreate,
-        )  # fmt: skip
-        known = {n: s for n, s in lost.items() if s is not None}
-        nodes.recreate(known)
-        return result
+        """Wait until GCE has deleted the lost VMs, then re-create the cluster; its outputs."""
+        self.nodes(out).recreate({n: s for n, s in lost.items() if s is not None})
+        return self.recreated
 
     def relaunch(self, outputs: dict[str, Any]) -> None:
         """The same run on the new cluster, from its checkpoints; returns at its first step."""
-        from dataclasses import replace
-
         from scripts.guard import signal_guard
+        from scripts.job.launch import stop_job
         from scripts.job.records import Job
 
         with tempfile.TemporaryDirectory(prefix="gputrain-reconcile-") as tmp:
@@ -294,12 +288,10 @@ class Pass:
             ):
                 session.holds_lease = False  # this pass holds it (a reconciler's lease)
                 session.verify(fabric=True)
-                from scripts.job.launch import stop_job
-
                 stop_job(session.transports, job.run_id)  # the survivors' old attempt
                 began = time.time()
                 self.m.attempt, self.m.attempt_started_at = job.attempt, began
-                session.run_detached(replace(job), guard)
+                session.run_detached(job, guard)
                 session.keep = True
         downtime = time.time() - began
         self.m.recoveries_done += 1
