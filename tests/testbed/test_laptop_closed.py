@@ -232,14 +232,14 @@ def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(
 
     with pytest.MonkeyPatch.context() as dying:
         dying.setattr(reconcile_module.Pass, "relaunch", die)
-        dying.setattr(reconcile_module, "RECONCILER_TTL_S", 3.0)
+        dying.setattr(reconcile_module, "RECONCILER_TTL_S", 8.0)
         dying.setattr(lease_module.Lease, "release", lambda self: self._stop.set())
         with pytest.raises(Killed):
             w.run("reconcile", "--stack", "e2e")
     assert len(w.compute.instances) == 2 and manifest(rid).state == "recovering"
     capsys.readouterr()
     assert "holds the lease" in reconcile(w, capsys)  # the dead pass's lease still runs
-    time.sleep(3.5)
+    time.sleep(8.5)  # the dead pass's lease expires
     out = reconcile(w, capsys)
     assert "trains again (attempt 2)" in out, out[-3000:]
     m = manifest(rid)

@@ -5,6 +5,7 @@ race, a writer that lost the lease is fenced out of the manifest, the code bundl
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +30,13 @@ def storage(gcs: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> StorageApi:
     return StorageApi("test")
 
 
-def lease(storage: StorageApi, prefix: str, kind: str = "reconciler", ttl: float = 60) -> Lease:
-    return Lease(storage, BUCKET, prefix, kind=kind, run_id="r1", ttl_s=ttl)
+def lease(
+    storage: StorageApi, prefix: str, kind: str = "reconciler", ttl: float = 60, ago: float = 0
+) -> Lease:
+    """`ago`: the holder's clock runs that far behind (its lease is expired that long)."""
+    return Lease(
+        storage, BUCKET, prefix, kind=kind, run_id="r1", ttl_s=ttl, clock=lambda: time.time() - ago
+    )
 
 
 def test_the_precondition_is_honoured(storage: StorageApi) -> None:
@@ -58,7 +64,7 @@ def test_a_live_holder_keeps_it_a_released_one_lets_go(storage: StorageApi) -> N
 
 
 def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(storage: StorageApi) -> None:
-    old = lease(storage, "b/", ttl=0.01)
+    old = lease(storage, "b/", ttl=60, ago=120)  # taken 2 min ago for 1 min: expired
     assert old.acquire() is None
     new = lease(storage, "b/")
     assert new.acquire() is None  # expired: taken over
