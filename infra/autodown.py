@@ -61,7 +61,8 @@ def plan_line(autodown_s: int | None, ttl: str) -> str:
     return (
         f"if this machine goes away: VMs deleted <= {describe(autodown_s)} after the job ends "
         f"(autodown); the TTL ({ttl}) bounds a job that never ends. A detached spot run that is "
-        "preempted stops, its last checkpoint kept in the bucket: `gputrain train --stack STACK "
+        "preempted stops unless laptop-closed recovery is on (next line), its last checkpoint kept "
+        "in the bucket: `gputrain reconcile --stack STACK` or `gputrain train --stack STACK "
         "--resume RUN` continues it"
     )
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import capacity, catalog, vertex
+from infra import capacity, catalog, reconciler, vertex
 from infra.autodown import plan_line
 from infra.fabric import FABRICS
 from infra.fields import IPV4_ADDRESSES, covered_addresses, format_duration
@@ -76,6 +76,11 @@ class Plan:
         lines += data_notes(self.spec)
         if not self.spec.on_vertex:
             lines.append(plan_line(self.spec.autodown_s, self.spec.max_run_duration))
+            lines.append(
+                reconciler.plan_line(
+                    self.spec.recover, self.spec.capacity, self.spec.reconcile_every_s
+                )
+            )
         lines += [n for n in (self.capacity_note, self.fabric_note) if n]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.missing:

@@ -117,6 +117,9 @@ class StackSettings(BaseModel):
     build: StrictStr = Field("", json_schema_extra=_kind("text"))
     stallTimeout: StrictStr = Field("", json_schema_extra=_kind("text"))
     autodown: StrictStr = Field("10m", json_schema_extra=_kind("text"))
+    #: auto once `up` builds the reconciler's image (docs/guides/detached-runs.md)
+    recover: StrictStr = Field("never", json_schema_extra=_kind("text"))
+    reconcileEvery: StrictStr = Field("2m", json_schema_extra=_kind("text"))
     notify: Texts = Field([], json_schema_extra=_kind("texts"))
 
 

@@ -27,6 +27,7 @@ from infra.notify_urls import parse_notify
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
+from infra.reconciler import parse_every, parse_recover
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
@@ -116,6 +117,8 @@ class ClusterSpec:
     datasets: tuple[Dataset, ...] = ()  # `data`: what every job reads (the nodes may read these)
     scratch: Scratch = NO_SCRATCH  # local SSD (bundled, or localSsdCount)
     autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
+    recover: str = "never"  # laptop-closed recovery: auto, always, never (infra/reconciler.py)
+    reconcile_every_s: int = 120  # reconcileEvery: Cloud Scheduler's period for the job
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
     # vertex: (project, secret id) of each `secrets` entry from Secret Manager: the jobs' service
@@ -374,6 +377,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
         stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
         autodown_s=None if backend == "vertex" else read_autodown(cfg.text("autodown"), ttl),
+        recover=parse_recover(cfg.text("recover")) if backend == "gce" else "never",
+        reconcile_every_s=parse_every(cfg.text("reconcileEvery")) if backend == "gce" else 120,
         notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
         build=build_setting(cfg.text("build"), cfg.text("image")),
         secret_access=_secret_access(cfg, project) if backend == "vertex" else (),

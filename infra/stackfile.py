@@ -60,6 +60,8 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "localSsdCount",
         "stallTimeout",
         "autodown",
+        "recover",
+        "reconcileEvery",
     ),
     "vertex": ("executorImage", "chief", "reductionServer", "vertexJobSpec"),
 }

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.vertex.clients import VertexClients
 
-STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
+STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep", "reconcile"}
 NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
@@ -225,6 +225,18 @@ def cmd_stop(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_reconcile(ctx: Context) -> int:
+    """One pass of recovery for a stack's run (scripts/targets/gce/reconcile.py)."""
+    reconcile = getattr(ctx.target, "reconcile", None)
+    if reconcile is None:
+        raise UserError(
+            f"reconcile: stack {ctx.args.stack} runs on Vertex AI, which restarts its own "
+            "replicas; reconcile is for stacks of Compute Engine VMs"
+        )
+    reconcile(ctx.args.run, ctx.opts)
+    return EXIT_OK
+
+
 def cmd_ssh(ctx: Context) -> int:
     command = list(ctx.args.remote_command or ())
     if command and command[0] == "--":
@@ -292,6 +304,12 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     ),
     "stop": (cmd_stop, "stop a run on every node (default: the last), then bring results home"),
     "sweep": (cmd_sweep, "list every resource still carrying the stack's labels; fails if any"),
+    "reconcile": (
+        cmd_reconcile,
+        "one pass of spot recovery for the stack's run, from any machine (what the stack's "
+        "Cloud Run job runs while the laptop is closed): nothing to do, re-create and resume, "
+        "or record the end",
+    ),
 }
 
 
@@ -398,6 +416,14 @@ def _parser() -> argparse.ArgumentParser:
                 nargs=argparse.REMAINDER,
                 help="--export: after `--`, the job's entry, as `run` takes it (default: "
                 f"{' '.join(DEFAULT_ENTRY)})",
+            )
+        if name == "reconcile":
+            c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the newest)")
+            c.add_argument(
+                "--max-recoveries",
+                type=int,
+                metavar="N",
+                help="recoveries the run may have in all (default: what its launch said)",
             )
         if name in TAKES_ENTRY | {"verify", "ssh", "logs", "top", "results", "stop"}:
             c.add_argument(

@@ -20,10 +20,13 @@ from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
+from infra.components.reconciler import IMAGE_NAME, StackReconciler, StackReconcilerArgs
 from infra.components.registry import ImageRegistry
 from infra.datasets import data_buckets
+from infra.image_build import repository_path
 from infra.outputs import Key, NodeKey
 from infra.prices import price_table
+from infra.reconciler import wanted
 from infra.scratch import startup_script
 from infra.spec import ClusterSpec
 from infra.stackfile import SpecError, service_account_id
@@ -178,8 +181,42 @@ class GpuCluster(pulumi.ComponentResource):
             child,
         )
         self.instances = self.nodes.instances
+        self.reconciler = self._reconciler(
+            spec, tag, fabric.primary_cidr if fabric else SUBNET_CIDR
+        )
         self._exports = self._build_exports()
         self.register_outputs(self._exports)
+
+    def _reconciler(self, spec: ClusterSpec, tag: str, cidr: str) -> StackReconciler | None:
+        """Laptop-closed recovery (infra/reconciler.py): only where the stack asks for it."""
+        if not wanted(spec.recover, spec.capacity):
+            return None
+        if spec.network:
+            raise SpecError(
+                f"gputrain:recover {spec.recover!r} with gputrain:network {spec.network!r}: the "
+                "reconcile job needs the stack's own subnet for its VPC egress; allowed: "
+                "recover: never with an existing network"
+            )
+        assert spec.project is not None and self.bucket is not None
+        return StackReconciler(
+            f"{spec.stack}-reconciler",
+            StackReconcilerArgs(
+                stack=spec.stack,
+                project=spec.project,
+                region=spec.region,
+                image=f"{repository_path(spec.region, spec.project, spec.stack)}/{IMAGE_NAME}",
+                every_s=spec.reconcile_every_s,
+                network=self.network.network_ref,
+                subnetwork=self.network.subnetwork_ref,
+                subnet_cidr=cidr,
+                tag=tag,
+                bucket=self.bucket.name,
+                node_account_id=self.identity.account.name,
+                instance_condition=instance_condition(str(spec.project), spec.stack),
+                labels=cluster_labels(spec, pulumi.get_project()),
+            ),
+            pulumi.ResourceOptions(parent=self, depends_on=self.instances),
+        )
 
     def exports(self) -> dict[str, Any]:
         """The stack outputs the controller reads (never the private key): infra/outputs.py."""

@@ -138,3 +138,38 @@ class StorageApi:
             )
             count += 1
         return count
+
+    def read_versioned(self, bucket: str, name: str) -> tuple[bytes, int] | None:
+        """The object and its generation (None: it does not exist). The bytes are read under
+        `ifGenerationMatch` of that generation, so the pair is consistent."""
+
+        def fetch() -> tuple[bytes, int] | None:
+            blob = self.client().bucket(bucket).get_blob(name)
+            if blob is None:
+                return None
+            generation = int(blob.generation)
+            return bytes(blob.download_as_bytes(if_generation_match=generation)), generation
+
+        result = self._call(f"objects.get gs://{bucket}/{name}", fetch, not_found=None)
+        return result if result is None else (result[0], result[1])
+
+    def write_if_generation(
+        self, bucket: str, name: str, data: bytes, generation: int | None
+    ) -> int | None:
+        """Write the object only if its live generation is still `generation` (0: only if it
+        does not exist; None: unconditionally): Cloud Storage's `ifGenerationMatch`
+        precondition. The new generation, or None when another writer got there first (412)."""
+        from google.api_core import exceptions as gexc
+
+        def put() -> int | None:
+            blob = self.client().bucket(bucket).blob(name)
+            try:
+                blob.upload_from_string(
+                    data, content_type="application/json", if_generation_match=generation
+                )
+            except gexc.PreconditionFailed:
+                return None
+            return int(blob.generation)
+
+        result = self._call(f"objects.insert gs://{bucket}/{name}", put)
+        return None if result is None else int(result)

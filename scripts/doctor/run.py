@@ -29,6 +29,7 @@ def run_doctor(
     does not parse is a UserError, as for every command."""
     from infra.fields import whole_internet
     from infra.permissions import all_permissions, required_permissions, spec_resource_types
+    from infra.reconciler import wanted
     from infra.spec import parse_spec
     from scripts.doctor import machine, project, settings
 
@@ -90,6 +91,7 @@ def run_doctor(
 
     rows: list[Row] = []
     found = _result(pulumi, lambda e: _unknown("Pulumi CLI", e))
+    url: str | None = None
     if isinstance(found, Row):
         rows.append(found)
     else:
@@ -104,6 +106,8 @@ def run_doctor(
     if spec is not None and secrets is not None and not vertex:
         rows.append(settings.ssh_key_row(spec, secrets))
         rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
+        if wanted(spec.recover, spec.capacity):  # laptop-closed recovery is on
+            rows.append(settings.reconcile_state_row(spec, url, secrets))
     if vertex:
         from scripts.targets.vertex.preflight import AIPLATFORM, aiplatform_problem
 

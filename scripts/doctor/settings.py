@@ -75,3 +75,29 @@ def source_ranges_row(spec: ClusterSpec, address: str | None) -> Row:
     if inside:
         return Row(name, "ok", f"this machine ({address}) is in {inside}")
     return Row(name, "fail", f"this machine ({address}) is not in {listed}", add)
+
+
+def reconcile_state_row(spec: ClusterSpec, backend: str | None, secrets: StackSecrets) -> Row:
+    """Laptop-closed recovery runs `pulumi refresh/up` in a Cloud Run job: the stack's state must
+    be in a `gs://` backend and its secrets under a cloud KMS provider the job's account can
+    use (a local backend or a passphrase stays on this machine). Asked only where `recover` is
+    on."""
+    name = "reconcile job's state"
+    fix = (
+        f"pulumi login gs://BUCKET and `pulumi stack change-secrets-provider --stack {spec.stack} "
+        "gcpkms://projects/P/locations/L/keyRings/R/cryptoKeys/K`, or recover: never"
+    )
+    if backend is None:
+        return Row(name, "unknown", "the Pulumi backend is unknown (see the row above)", fix)
+    if not backend.startswith("gs://"):
+        return Row(
+            name, "fail", f"the state is in {backend}, which the Cloud Run job cannot read", fix
+        )
+    if not (secrets.provider or "").startswith("gcpkms://"):
+        return Row(
+            name,
+            "fail",
+            f"the stack's secrets use {secrets.provider or 'a passphrase'}, which the job lacks",
+            fix,
+        )
+    return Row(name, "ok", f"state in {backend}, secrets under gcpkms://")

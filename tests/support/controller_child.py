@@ -1,6 +1,7 @@
 """A `gputrain` controller in its own process, for a test that kills it with SIGKILL: the
 stack's state (its outputs and config, as the test's fake stack left them after `up`) comes from
-a JSON file, the clouds are the test's fakes. `python controller_child.py STATE.json`."""
+a JSON file, the clouds are the test's fakes. `python controller_child.py STATE.json [ARGV...]`
+(ARGV: the command line, else the state's `argv`; the fake Cloud Run job's container gives it)."""
 
 from __future__ import annotations
 
@@ -39,4 +40,4 @@ if __name__ == "__main__":
         autodown_s=state["autodown_s"],
     )
     settings = Settings(root=Path(state["root"]), runs_dir=Path(state["runs"]))
-    sys.exit(main(state["argv"], settings, clients))
+    sys.exit(main(sys.argv[2:] or state["argv"], settings, clients))

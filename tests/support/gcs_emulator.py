@@ -7,11 +7,54 @@ STORAGE_EMULATOR_HOST; child processes (torchrun, the Vertex entry point) inheri
 
 from __future__ import annotations
 
+import threading
+from http import HTTPStatus
 from typing import Any
 
 from gcp_storage_emulator.server import create_server
 
 BUCKET = "gputrain-ckpt-test"
+_WRITES = threading.Lock()
+
+
+def _with_generation_preconditions() -> None:
+    """gcp-storage-emulator ignores `ifGenerationMatch` on object inserts; Cloud Storage honours
+    it (0: only if the object does not exist; else only if the live generation is that one) and
+    answers 412 Precondition Failed otherwise. This adds exactly that to the emulator's insert
+    handler, atomically (one lock around check and write), so the lease's one-writer rule is
+    tested against the real client's request. Idempotent."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    original = objects.insert
+    if getattr(original, "checks_generation", False):
+        return
+
+    def insert(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        wanted = request.query.get("ifGenerationMatch")
+        if not wanted:
+            return original(request, response, storage, *args, **kwargs)
+        name = (request.query.get("name") or [None])[0]
+        if name is None and isinstance(request.data, dict):
+            name = request.data.get("meta", {}).get("name")
+        with _WRITES:
+            try:
+                live = str(storage.get_file_obj(request.params["bucket_name"], name)["generation"])
+            except NotFound:
+                live = "0"
+            if live != wanted[0]:
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                response.json({"error": {"code": 412, "message": "Precondition Failed"}})
+                return None
+            return original(request, response, storage, *args, **kwargs)
+
+    insert.checks_generation = True  # type: ignore[attr-defined]
+    objects.insert = insert
+    for _, handlers in server.HANDLERS:
+        for method, handler in list(handlers.items()):
+            if handler is original:
+                handlers[method] = insert
 
 
 class GcsEmulator:
@@ -19,6 +62,7 @@ class GcsEmulator:
 
     def __init__(self, bucket: str = BUCKET, host: str = "127.0.0.1") -> None:
         self.bucket_name, self.host = bucket, host
+        _with_generation_preconditions()
         self._server = create_server(host, 0, in_memory=True, default_bucket=bucket)
         self.url = ""
 

@@ -54,6 +54,7 @@ from scripts.settings import Settings
 
 if TYPE_CHECKING:
     from scripts.notify import Notifier
+    from scripts.targets.gce.manifest import ControllerHold
     from scripts.verify.fabric import FabricCheck
 from infra.outputs import StackOutputs
 from scripts.targets.session import FleetSession
@@ -161,9 +162,10 @@ class StackNodes:
         bucket: str | None = None,  # gs://<bucket>/<prefix>, where runs/<run-id>/ go
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        stack: str = "",
     ) -> None:
         self.api, self.outputs, self.spot, self.ttl_s = api, outputs, spot, ttl_s
-        self.bucket = bucket
+        self.bucket, self.stack = bucket, stack
         self._recreate, self.clock, self.sleep = recreate, clock, sleep
         self.created_at = clock()  # the TTL runs from here (the survivors' start, conservatively)
 
@@ -319,6 +321,7 @@ class RecoveringSession(FleetSession):
             stall_timeout_s=stall_timeout_s,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
+        self.holds_lease = True  # the laptop's controller; a reconciler's pass holds its own
         head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
         self.notifier: Notifier | None = None  # set by the lifecycle: preempted / recovered
         self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
@@ -331,10 +334,35 @@ class RecoveringSession(FleetSession):
 
     def run_detached(self, job: Job, guard: SignalGuard) -> float:
         """`--detach`: the job with the bucket's env and the watchdogs armed, left running once
-        it trains (no spot recovery while detached: a preempted run stops, its checkpoint kept)."""
+        it trains; its manifest in the bucket and the lease let go, so `gputrain reconcile`
+        (the stack's Cloud Run job, or any machine) recovers it from then on."""
+        hold = self._hold(job)
         job = replace(job, env={**self.nodes.job_env(job.run_id), **job.env})
-        self._arm(job)  # before the job starts: nothing to stop if it fails
-        return super().run_detached(job, guard)
+        try:
+            self._arm(job)  # before the job starts: nothing to stop if it fails
+            return super().run_detached(job, guard)
+        finally:
+            if hold is not None:
+                hold.release()
+
+    def _hold(self, job: Job) -> ControllerHold | None:
+        """The stack's lease for this controller and the run's manifest (a stack with a
+        bucket; `job` as the user gave it: a relaunch adds the bucket's env itself)."""
+        if not self.nodes.bucket or not self.holds_lease:
+            return None
+        from infra.gcp.gcs import StorageApi
+        from scripts.job.launch import collect_code
+        from scripts.targets.gce.manifest import ControllerHold
+
+        hold = ControllerHold(
+            StorageApi(self.nodes.outputs.project),
+            self.nodes.bucket,
+            self.nodes.stack,
+            max_recoveries=self.max_recoveries,
+            deadline=self.nodes.created_at + self.nodes.ttl_s,
+        )
+        hold.start(job, collect_code(job) if job.workdir is not None else {})
+        return hold
 
     def has_run(self, run_id: str) -> bool:
         """Its checkpoints (or results) in the stack's bucket, or its directory on the head."""
@@ -351,10 +379,12 @@ class RecoveringSession(FleetSession):
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.watch.launch import watched_launch, with_stall_default
 
+        given = job
         job = replace(
             job,
             env={**self.nodes.job_env(job.run_id), **output_env(self.nodes.bucket, job), **job.env},
         )
+        hold = self._hold(given)
         job = with_stall_default(job, self.stall_timeout_s)
         watch = StepWatch()
         done: list[Recovery] = []
@@ -377,6 +407,8 @@ class RecoveringSession(FleetSession):
                     if done:
                         result = replace(result, recoveries=tuple(done))
                         write_job_record(result)
+                    if hold is not None:
+                        hold.record(state="finished")
                     return result
                 except TrainingError as e:
                     if pending is not None:
@@ -405,9 +437,16 @@ class RecoveringSession(FleetSession):
                     watch.new_attempt(functools.partial(pending.finish, watch))
                     pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
                     job = replace(job, attempt=job.attempt + 1)  # --resume-args from now on
-        except BaseException:
+                    if hold is not None:
+                        hold.record(attempt=job.attempt, nodes=list(preempted))
+        except BaseException as e:
+            if hold is not None and isinstance(e, GputrainError):
+                hold.record(state="failed", error=str(e).splitlines()[0][:300])
             self._stop(guard, job.run_id)
             raise
+        finally:
+            if hold is not None:
+                hold.release()
 
     def _lost(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
         """The nodes to replace: the node of a GPU fault during training, else the preempted."""

@@ -60,6 +60,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
         spec = self.spec_with_project()
         instances = self.clients.compute().list_stack_instances(spec.project or "", self.stack)
         say_last_autodown(spec, self.clients)
+        self._say_recovery(spec)
         if not instances:
             ui.say(f"status: stack {self.stack} has no instances (nothing is billing)")
             return
@@ -72,6 +73,35 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ui.table(
             f"status: stack {self.stack}", ["node", "zone", "state", "deleted by GCE in"], rows
         )
+
+    def _say_recovery(self, spec: ClusterSpec) -> None:
+        """The newest run's manifest (laptop-closed recovery), when the bucket has one."""
+        if not spec.bucket_name or not spec.project:
+            return
+        from scripts.targets.gce.manifest import Manifests, status_lines
+
+        try:
+            storage = self.clients.storage(spec.project)
+            if not storage.bucket_exists(spec.bucket_name):
+                return
+            manifest = Manifests(storage, spec.bucket_name, spec.bucket_prefix).latest()
+        except GputrainError as e:  # status is a report: one line
+            ui.warn(f"status: could not read the run's manifest: {e}")
+            return
+        for line in status_lines(manifest, time.time()) if manifest else []:
+            ui.say(f"status: {line}")
+
+    def reconcile(self, run_id: str | None, opts: RunOptions) -> str:
+        """`gputrain reconcile`: one pass of recovery for the stack's run."""
+        from scripts.notify import notifier_for
+        from scripts.targets.gce.reconcile import reconcile
+
+        limit = None if opts.max_recoveries is None else recoveries_allowed(opts, self.spec())
+        notifier = notifier_for(self, opts)
+        try:
+            return reconcile(self, run_id, notifier=notifier, max_recoveries=limit)
+        finally:
+            notifier.close()
 
     def sweep(self) -> bool:
         leftovers = self.leftovers(self.spec())
@@ -270,6 +300,27 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ):
             yield session
 
+    @contextmanager
+    def session_for(
+        self, spec: ClusterSpec, outputs: dict[str, Any], max_recoveries: int
+    ) -> Iterator[RecoveringSession]:
+        """The session of a cluster `gputrain reconcile` re-created: pinned, kept (the run goes
+        on without this process), its autodown as the stack declares it."""
+        from scripts.targets.gce.keys import private_key_file
+
+        with private_key_file(self.runner, self.stack) as key:
+            session = self._session(
+                spec,
+                outputs,
+                key,
+                max_recoveries,
+                keep=True,
+                connect_deadline_s=self.settings.connect_deadline_s,
+                opts=RunOptions(),
+            )
+            with session:
+                yield session
+
     def _session(
         self,
         spec: ClusterSpec,
@@ -299,6 +350,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
             ttl_s=spec.max_run_duration_s,
             recreate=recreate,
             bucket=out.bucket.uri if out.bucket else None,
+            stack=self.stack,
         )
         return RecoveringSession(
             self._fleet(out, key),

@@ -1,0 +1,310 @@
+"""A stack run's manifest in the stack's bucket (`<prefix>runs/<run-id>/manifest.json`): what a
+`gputrain reconcile` pass on another machine needs to relaunch the same run (entry, resume args,
+`--env` pairs, the names of its secrets, where its code bundle is), and the recovery state every
+pass reads and writes (attempt, recoveries left, state, history, the last pass).
+
+Writes are fenced: each carries the lease token it was made under and is conditioned on the
+manifest's generation as read, so a writer that lost the lease (scripts/targets/gce/lease.py)
+cannot overwrite what the new holder wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import tarfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infra.base.errors import GputrainError, UserError
+from scripts.targets.gce.lease import LeaseLost
+
+if TYPE_CHECKING:
+    from infra.gcp.gcs import StorageApi
+    from scripts.job.records import Job
+
+MANIFEST = "manifest.json"
+CODE_BUNDLE = "code.tar.gz"
+#: manifest states
+RUNNING, RECOVERING, WAITING = "running", "recovering", "waiting for capacity"
+FINISHED, FAILED, EXHAUSTED = "finished", "failed", "out of recoveries"
+ENDED = (FINISHED, FAILED, EXHAUSTED)
+HISTORY_KEPT = 50
+
+
+@dataclass
+class RunManifest:
+    run_id: str
+    stack: str
+    entry: tuple[str, ...]
+    env: dict[str, str]
+    resume_args: tuple[str, ...] = ()
+    max_restarts: int = 0
+    secret_names: tuple[
+        str, ...
+    ] = ()  # values never leave the laptop: such a run is not relaunched
+    not_relaunchable: str | None = None  # why a reconciler may not relaunch it (None: it may)
+    code: str | None = None  # gs:// URI of the code bundle (the user's files, without trainer/)
+    created_at: float = 0.0
+    deadline: float = 0.0  # the stack's TTL from the first VM's start: never extended
+    attempt: int = 1
+    attempt_started_at: float = 0.0
+    max_recoveries: int = 3
+    recoveries_done: int = 0
+    state: str = RUNNING
+    history: list[dict[str, Any]] = field(default_factory=list)
+    last_pass: dict[str, Any] = field(default_factory=dict)
+    fence: int = 0  # the lease token of the last write
+    generation: int = 0  # of the object as read (not stored)
+
+    @property
+    def recoveries_left(self) -> int:
+        return max(0, self.max_recoveries - self.recoveries_done)
+
+    def note(self, what: str, now: float | None = None, **fields: Any) -> None:
+        """One line of the run's recovery history (newest last)."""
+        self.history.append({"at": now or time.time(), "what": what, **fields})
+        del self.history[:-HISTORY_KEPT]
+
+    def to_json(self) -> bytes:
+        d = dataclasses.asdict(self)
+        d.pop("generation")
+        d["recoveries_left"] = self.recoveries_left
+        return json.dumps(d, indent=1).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, generation: int) -> RunManifest:
+        d = json.loads(data)
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        for key in ("entry", "resume_args", "secret_names"):
+            d[key] = tuple(d.get(key) or ())
+        return cls(**d, generation=generation)
+
+
+def manifest_name(prefix: str, run_id: str) -> str:
+    return f"{prefix}runs/{run_id}/{MANIFEST}"
+
+
+def not_relaunchable(job: Job) -> str | None:
+    """What a reconciler on another machine could not give a relaunch. Pure."""
+    if job.secrets:
+        return f"its secrets ({', '.join(sorted(job.secrets))}) stay on the machine that started it"
+    if job.environment is not None or job.image is not None:
+        return "its environment or image is prepared by the machine that started it"
+    if job.datasets:
+        return "its datasets are staged by the machine that started it"
+    return None
+
+
+def manifest_for(
+    job: Job, stack: str, *, max_recoveries: int, deadline: float, code: str | None
+) -> RunManifest:
+    """The manifest a launch writes. Pure."""
+    now = time.time()
+    return RunManifest(
+        run_id=job.run_id,
+        stack=stack,
+        entry=tuple(job.entry),
+        env=dict(job.env),
+        resume_args=tuple(job.resume_args),
+        max_restarts=job.max_restarts,
+        secret_names=tuple(sorted(job.secrets)),
+        not_relaunchable=not_relaunchable(job),
+        code=code,
+        created_at=now,
+        deadline=deadline,
+        attempt=job.attempt,
+        attempt_started_at=now,
+        max_recoveries=max_recoveries,
+    )
+
+
+class Manifests:
+    """The stack's run manifests in its bucket."""
+
+    def __init__(self, storage: StorageApi, bucket: str, prefix: str) -> None:
+        self.storage, self.bucket, self.prefix = storage, bucket, prefix
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
+    def load(self, run_id: str) -> RunManifest | None:
+        found = self.storage.read_versioned(self.bucket, manifest_name(self.prefix, run_id))
+        if found is None:
+            return None
+        try:
+            return RunManifest.parse(*found)
+        except (ValueError, TypeError) as e:
+            raise GputrainError(f"{self.uri}runs/{run_id}/{MANIFEST} is unreadable: {e}") from e
+
+    def latest(self) -> RunManifest | None:
+        """The newest run of the stack that has a manifest."""
+        names = [
+            o.name
+            for o in self.storage.list_objects(self.bucket, f"{self.prefix}runs/")
+            if o.name.endswith("/" + MANIFEST)
+        ]
+        found = [m for n in names if (m := self.load(n.split("/")[-2])) is not None]
+        return max(found, key=lambda m: m.created_at, default=None)
+
+    def find(self, stack: str, run_id: str | None) -> RunManifest:
+        """`--run ID` or the newest run; one line when there is none."""
+        manifest = self.load(run_id) if run_id else self.latest()
+        if manifest is None:
+            what = f"run {run_id}" if run_id else "no run"
+            raise UserError(
+                f"reconcile: stack {stack} has {what} with a manifest in {self.uri}runs/ (a run "
+                f"started with `gputrain run --stack {stack}` writes one)"
+                if not run_id
+                else f"reconcile --run {run_id}: no manifest at {self.uri}runs/{run_id}/{MANIFEST}"
+            )
+        return manifest
+
+    def write(self, manifest: RunManifest, token: int) -> None:
+        """Fenced: only under a lease token at least as new as the last write's, and only over
+        the generation read. LeaseLost otherwise (another writer acted meanwhile)."""
+        current = self.load(manifest.run_id)
+        if current is not None and (
+            current.fence > token or current.generation != manifest.generation
+        ):
+            raise LeaseLost(
+                f"run {manifest.run_id}: its manifest was written by a newer lease holder"
+            )
+        manifest.fence = token
+        generation = self.storage.write_if_generation(
+            self.bucket,
+            manifest_name(self.prefix, manifest.run_id),
+            manifest.to_json(),
+            manifest.generation,
+        )
+        if generation is None:
+            raise LeaseLost(f"run {manifest.run_id}: its manifest changed under this writer")
+        manifest.generation = generation
+
+    def put_code(self, run_id: str, files: Mapping[str, Path]) -> str:
+        """The user's files (not the trainer package, which every gputrain has) as one tar.gz."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for rel, path in sorted(files.items()):
+                tar.add(str(path), arcname=rel, recursive=False)
+        name = f"{self.prefix}runs/{run_id}/{CODE_BUNDLE}"
+        self.storage.write_if_generation(self.bucket, name, buf.getvalue(), None)
+        return f"gs://{self.bucket}/{name}"
+
+    def get_code(self, uri: str, dest: Path) -> Path:
+        """The bundle unpacked into `dest` (the relaunch's workdir)."""
+        bucket, _, name = uri.removeprefix("gs://").partition("/")
+        data = self.storage.read(bucket, name)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar.getmembers():  # plain files under dest only (what put_code wrote)
+                path = (dest / member.name).resolve()
+                if not member.isfile() or not path.is_relative_to(dest.resolve()):
+                    raise GputrainError(f"{uri}: {member.name!r} is not a file of the bundle")
+                source = tar.extractfile(member)
+                assert source is not None
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(source.read())
+                path.chmod(member.mode & 0o755 | 0o600)
+        return dest
+
+
+class ControllerHold:
+    """The laptop controller's side: at launch it takes the stack's lease (renewed while it
+    lives, so no reconciler acts under it) and writes the run's manifest and code bundle; a
+    relaunch after its own recovery and the run's end are recorded; `release` lets go (after
+    `--detach` at once: the reconcilers take over)."""
+
+    def __init__(
+        self,
+        storage: StorageApi,
+        bucket_uri: str,
+        stack: str,
+        *,
+        max_recoveries: int,
+        deadline: float,
+    ) -> None:
+        from scripts.targets.gce.lease import CONTROLLER_TTL_S, Lease
+
+        bucket, _, prefix = bucket_uri.removeprefix("gs://").partition("/")
+        self.manifests = Manifests(storage, bucket, prefix)
+        self.stack, self.max_recoveries, self.deadline = stack, max_recoveries, deadline
+        self._lease_of = lambda run_id: Lease(
+            storage, bucket, prefix, kind="controller", run_id=run_id, ttl_s=CONTROLLER_TTL_S
+        )
+        self.lease: Any = None
+        self.manifest: RunManifest | None = None
+
+    def start(self, job: Job, code_files: Mapping[str, Path]) -> None:
+        """Lease, code bundle, manifest; a live reconciler holding the lease is one line."""
+        lease = self._lease_of(job.run_id)
+        held = lease.acquire()
+        if held is not None:
+            raise GputrainError(
+                f"stack {self.stack}: {held.line(time.time())}; wait for it (or "
+                f"`gputrain down --stack {self.stack}`) before starting another run"
+            )
+        self.lease = lease
+        lease.keep_renewing()
+        user_files = {k: v for k, v in code_files.items() if not k.startswith("trainer/")}
+        code = self.manifests.put_code(job.run_id, user_files) if user_files else None
+        fresh = manifest_for(
+            job, self.stack, max_recoveries=self.max_recoveries, deadline=self.deadline, code=code
+        )
+        old = self.manifests.load(job.run_id)  # `--resume RUN`: its history goes on
+        if old is not None:
+            fresh.history, fresh.generation = old.history, old.generation
+            fresh.created_at = old.created_at
+        fresh.note(f"launched attempt {job.attempt} from {lease.holder}")
+        self.manifest = fresh
+        self.manifests.write(fresh, lease.renew())
+
+    def record(self, *, state: str | None = None, attempt: int | None = None, **note: Any) -> None:
+        """A relaunch (attempt, recoveries) or the end; best effort: the run matters more."""
+        m, lease = self.manifest, self.lease
+        if m is None or lease is None or lease.token is None:
+            return
+        if attempt is not None:
+            m.attempt, m.attempt_started_at = attempt, time.time()
+            m.recoveries_done += 1
+        if state is not None:
+            m.state = state
+        m.note(state or f"relaunched attempt {attempt}", **note)
+        try:
+            self.manifests.write(m, lease.token)
+        except GputrainError as e:
+            from scripts import ui
+
+            ui.warn(f"could not record run {m.run_id} in its manifest: {e}")
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+
+def status_lines(m: RunManifest, now: float) -> list[str]:
+    """`status`: the run's recovery state, its last pass and newest history. Pure."""
+
+    def at(t: object) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(float(t))) if t else "?"  # type: ignore[arg-type]
+
+    lines = [
+        f"run {m.run_id}: {m.state}, attempt {m.attempt}, recoveries {m.recoveries_done}/"
+        f"{m.max_recoveries} ({m.recoveries_left} left)"
+    ]
+    if m.last_pass:
+        p = m.last_pass
+        ago = now - float(p.get("at") or now)
+        lines.append(
+            f"  last reconcile pass {ago:.0f} s ago at {at(p.get('at'))}: {p.get('outcome')} "
+            f"({p.get('wall_s')} s)"
+        )
+    lines += [f"  {at(h.get('at'))}  {h.get('what')}" for h in m.history[-5:]]
+    return lines

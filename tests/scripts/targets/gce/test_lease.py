@@ -1,0 +1,146 @@
+"""The stack's lease and the run's manifest against the real Cloud Storage emulator (with Cloud
+Storage's `ifGenerationMatch`, which tests/support/gcs_emulator.py adds to it): one writer wins a
+race, a writer that lost the lease is fenced out of the manifest, the code bundle round-trips."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.gcp.gcs import StorageApi
+from scripts.job.records import Job
+from scripts.targets.gce.lease import Lease, LeaseLost
+from scripts.targets.gce.manifest import ControllerHold, Manifests, manifest_for
+from tests.support.gcs_emulator import BUCKET, GcsEmulator
+
+
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[GcsEmulator]:
+    with GcsEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def storage(gcs: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> StorageApi:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+    return StorageApi("test")
+
+
+def lease(
+    storage: StorageApi, prefix: str, kind: str = "reconciler", ttl: float = 60, ago: float = 0
+) -> Lease:
+    """`ago`: the holder's clock runs that far behind (its lease is expired that long)."""
+    return Lease(
+        storage, BUCKET, prefix, kind=kind, run_id="r1", ttl_s=ttl, clock=lambda: time.time() - ago
+    )
+
+
+def test_the_precondition_is_honoured(storage: StorageApi) -> None:
+    first = storage.write_if_generation(BUCKET, "pre/x", b"1", 0)
+    assert first is not None
+    assert storage.write_if_generation(BUCKET, "pre/x", b"2", 0) is None  # exists already
+    assert storage.write_if_generation(BUCKET, "pre/x", b"2", first + 1) is None  # not that one
+    second = storage.write_if_generation(BUCKET, "pre/x", b"3", first)
+    assert second is not None and second != first
+    assert storage.read_versioned(BUCKET, "pre/x") == (b"3", second)
+    assert storage.read_versioned(BUCKET, "pre/none") is None
+
+
+def test_a_live_holder_keeps_it_a_released_one_lets_go(storage: StorageApi) -> None:
+    controller, reconciler = lease(storage, "a/", "controller"), lease(storage, "a/")
+    assert controller.acquire() is None
+    held = reconciler.acquire()
+    assert held is not None and held.kind == "controller" and held.holder == controller.holder
+    assert "the controller" in held.line(held.expires_at - 30) and "30 s more" in held.line(
+        held.expires_at - 30
+    )
+    controller.renew()
+    controller.release()
+    assert reconciler.acquire() is None  # released: no TTL to wait out
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(storage: StorageApi) -> None:
+    old = lease(storage, "b/", ttl=60, ago=120)  # taken 2 min ago for 1 min: expired
+    assert old.acquire() is None
+    new = lease(storage, "b/")
+    assert new.acquire() is None  # expired: taken over
+    with pytest.raises(LeaseLost):
+        old.renew()
+    manifests = Manifests(storage, BUCKET, "b/")
+    m = manifest_for(Job("r1", entry=("x.py",)), "s", max_recoveries=3, deadline=1e12, code=None)
+    assert new.token is not None
+    manifests.write(m, new.token)
+    stale = manifests.load("r1")
+    assert stale is not None
+    stale.state = "finished"
+    with pytest.raises(LeaseLost):  # the old holder's token is older than the last write's
+        manifests.write(stale, 1)
+    newer = manifests.load("r1")
+    assert newer is not None and newer.state == "running"
+    manifests.write(newer, new.token)
+    with pytest.raises(LeaseLost):  # written meanwhile: the generation read is not the live one
+        manifests.write(m, new.token)
+
+
+def test_two_writers_started_together_exactly_one_wins(storage: StorageApi) -> None:
+    for round_ in range(8):
+        leases = [lease(storage, f"race{round_}/") for _ in range(4)]
+        gate = threading.Barrier(len(leases))
+        won: list[Lease] = []
+
+        def go(mine: Lease, gate: threading.Barrier, won: list[Lease]) -> None:
+            gate.wait()
+            if mine.acquire() is None:
+                won.append(mine)
+
+        threads = [threading.Thread(target=go, args=(x, gate, won)) for x in leases]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1, round_
+
+
+def test_the_controller_writes_the_manifest_and_the_code(
+    storage: StorageApi, tmp_path: Path
+) -> None:
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    job = Job("r2", entry=("job.py", "--x"), env={"A": "1"}, resume_args=("--resume",))
+    hold = ControllerHold(storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9)
+    hold.start(job, {"job.py": tmp_path / "job.py", "trainer/train.py": tmp_path / "job.py"})
+    again = ControllerHold(storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9)
+    with pytest.raises(Exception, match=r"the controller .* holds the lease"):
+        again.start(job, {})
+    hold.record(attempt=2)
+    hold.release()
+    manifests = Manifests(storage, BUCKET, "c/")
+    m = manifests.find("s", None)
+    assert (m.run_id, m.entry, m.env, m.resume_args) == (
+        "r2",
+        ("job.py", "--x"),
+        {"A": "1"},
+        ("--resume",),
+    )
+    assert (m.attempt, m.recoveries_done, m.recoveries_left) == (2, 1, 1)
+    assert m.code is not None
+    code = manifests.get_code(m.code, tmp_path / "out")
+    assert sorted(p.name for p in code.iterdir()) == ["job.py"]  # not the trainer package
+    with pytest.raises(Exception, match="no run with a manifest"):
+        Manifests(storage, BUCKET, "none/").find("s", None)
+
+
+def test_status_tells_the_recovery_history() -> None:
+    from scripts.targets.gce.manifest import RunManifest, status_lines
+
+    m = RunManifest("r9", "s", ("x.py",), {}, max_recoveries=3, recoveries_done=1, attempt=2)
+    m.note("recovering", now=1000.0)
+    m.note("recovered", now=1030.0)
+    m.last_pass = {"at": 1030.0, "outcome": "recovered", "wall_s": 21.5}
+    lines = status_lines(m, 1090.0)
+    assert lines[0] == "run r9: running, attempt 2, recoveries 1/3 (2 left)"
+    assert "last reconcile pass 60 s ago" in lines[1] and "recovered (21.5 s)" in lines[1]
+    assert [ln.split()[-1] for ln in lines[2:]] == ["recovering", "recovered"]

@@ -1,0 +1,291 @@
+"""Runs that finish with the laptop closed, on the sshd test bed: `gputrain run --stack --detach`
+returns (the controller lets go of the stack's lease), GCE takes VMs away, and `gputrain
+reconcile` passes — the production command, as the stack's Cloud Run job would run it — bring
+the run back from its checkpoints in the bucket (the Cloud Storage emulator on the bridge), wait
+out a stock-out with nothing billing, keep to one writer, leave a live controller alone, and
+end a finished run: results in the bucket, VMs gone.
+
+Scenarios share runs where one run can show several: (a) + (d) + (g) in one, (b) + (c) + (e) in
+another, (f) in a third (one node, no trainer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from infra.gcp.gcs import StorageApi
+from infra.reconciler import job_name, run_uri
+from scripts.targets.gce import lease as lease_module
+from scripts.targets.gce import reconcile as reconcile_module
+from scripts.targets.gce.manifest import Manifests, RunManifest
+from tests.support import ROOT
+from tests.support.fake_cloud_run import TOKEN, FakeCloudRun
+from tests.support.stack_world import BUCKET, ZONES, World
+
+pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
+TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "10"]
+TRAIN += ["--log-every", "1", "--eval-batches", "0"]
+
+
+def detach(w: World) -> str:
+    """The laptop's `run --detach`: it returns once the job trains, letting go of the lease."""
+    assert w.gcs is not None
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", *TRAIN,
+    )  # fmt: skip
+    assert rc == 0
+    return (w.dir / "runs" / "stack-e2e" / "LAST_RUN").read_text().strip()
+
+
+def manifest(rid: str) -> RunManifest:
+    m = Manifests(StorageApi("gputrain-test"), BUCKET, "").load(rid)
+    assert m is not None
+    return m
+
+
+def reconcile(w: World, capsys: pytest.CaptureFixture[str]) -> str:
+    rc = w.run("reconcile", "--stack", "e2e")
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    return out
+
+
+def wait_for(what: str, ready: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.1)
+
+
+def head_log(w: World, rid: str) -> str:
+    """The head's torchrun and watchdog logs (what a failing wait shows)."""
+    d = w.node_hosts["e2e-node-0"].dir / "home" / ".gputrain" / "runs" / rid
+    return "\n".join(
+        f"--- {n}\n" + (d / n).read_text(errors="replace")[-1500:]
+        for n in ("torchrun.log", "watchdog.log", "exitcode")
+        if (d / n).is_file()
+    )
+
+
+def wait_end(w: World, rid: str) -> None:
+    try:
+        wait_for("the end", lambda: head_ended(w, rid), timeout=180)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{head_log(w, rid)}") from None
+
+
+def names(w: World, prefix: str) -> list[str]:
+    """What the stack's bucket holds under `prefix`."""
+    assert w.gcs is not None
+    client = w.gcs.client()
+    if not client.bucket(BUCKET).exists():  # before `up` made it
+        return []
+    return [b.name for b in client.list_blobs(BUCKET, prefix=prefix)]
+
+
+def head_ended(w: World, rid: str) -> bool:
+    """The head's end marker says exit code 0 (its watchdog's upload at the job's end)."""
+    assert w.gcs is not None
+    blob = w.gcs.client().bucket(BUCKET).blob(f"runs/{rid}/e2e-node-0/.gputrain-ended.json")
+    return bool(blob.exists()) and b'"exit_code": "0"' in blob.download_as_bytes()
+
+
+CHILD = ROOT / "tests" / "support" / "controller_child.py"
+IMAGE = "us-central1-docker.pkg.dev/gputrain-test/gputrain-e2e/gputrain-reconcile:latest"
+
+
+def scheduled_pass(w: World, state: Path) -> tuple[dict[str, object], str]:
+    """One Scheduler tick: Cloud Scheduler POSTs to the Cloud Run job's `jobs.run`, the job's
+    container (`gputrain reconcile --stack e2e`, the production CLI) runs in its own process
+    against the stack as it is now. (The execution, its output.)"""
+    state.write_text(
+        json.dumps(
+            {
+                "outputs": w.runner.outputs(),
+                "config": w.runner.config,
+                "root": str(w.dir),
+                "runs": str(w.dir / "runs"),
+                "compute": w.compute.url,
+                "python": w.bed.python,
+                "autodown_s": None,
+                "argv": [],
+            }
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with FakeCloudRun({IMAGE: [sys.executable, str(CHILD), str(state)]}, env) as run:
+        base, job = "projects/gputrain-test/locations/us-central1", job_name("e2e")
+
+        def post(path: str, body: dict[str, object]) -> None:
+            request = urllib.request.Request(
+                run.url + path,
+                data=json.dumps(body).encode(),
+                method="POST",
+                headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+            )
+            urllib.request.urlopen(request, timeout=10).close()
+
+        container = {"image": IMAGE, "args": ["reconcile", "--stack", "e2e"]}
+        post(
+            f"/v2/{base}/jobs?jobId={job}", {"template": {"template": {"containers": [container]}}}
+        )
+        target = {"uri": run_uri("gputrain-test", "us-central1", job), "httpMethod": "POST"}
+        post(f"/v1/{base}/jobs", {"name": f"{base}/jobs/{job}", "httpTarget": target})
+        [execution] = run.tick()
+        done = run.wait(execution)
+        assert any(p.endswith(f"{job}:run") and a == f"Bearer {TOKEN}" for _, p, a in run.requests)
+        return done, run.output[execution]
+
+
+def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(a) a worker preempted, (d) two reconcilers started together, (g) the job finishes with
+    no controller: results in the bucket, VMs gone."""
+    w = world(bucket=True)
+    rid = detach(w)
+    m = manifest(rid)
+    assert (m.state, m.attempt, m.recoveries_left, m.entry) == ("running", 1, 3, tuple(TRAIN))
+    assert m.code == f"gs://{BUCKET}/runs/{rid}/code.tar.gz" and "STORAGE_EMULATOR_HOST" in m.env
+    capsys.readouterr()
+    assert "running" in reconcile(w, capsys)  # every VM up, nothing taken: exits at once
+    ups = w.runner.call_names().count("up")
+
+    wait_for("a checkpoint", lambda: any(s >= 10 for s in w.checkpoints_in_bucket()))
+    old_key = w.node_hosts["e2e-node-1"].host_key
+    w.preempt("e2e-node-1")
+    gate = threading.Barrier(2)
+    codes: list[int] = []
+    took: list[float] = []
+
+    def one() -> None:
+        gate.wait()
+        start = time.time()
+        codes.append(w.run("reconcile", "--stack", "e2e"))
+        took.append(time.time() - start)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    out = capsys.readouterr().out
+    assert codes == [0, 0], out[-3000:]
+    assert out.count("holds the lease") + out.count("was taken over") == 1, out[-3000:]
+    assert w.runner.call_names().count("up") == ups + 1  # one re-creation, not two
+    assert w.node_hosts["e2e-node-1"].host_key != old_key  # a new VM, its new key pinned
+    m = manifest(rid)
+    assert (m.state, m.attempt, m.recoveries_done) == ("running", 2, 1), m.history
+    print(f"laptop closed: reconcile start -> first resumed step {max(took):.1f} s")
+
+    wait_end(w, rid)
+    execution, out = scheduled_pass(w, w.marker.parent / "state.json")  # no controller lives
+    assert execution["succeededCount"] == 1 and "ended (exit code 0)" in out, out[-3000:]
+    assert not w.compute.instances  # nothing billing
+    assert w.gcs is not None
+    assert f"runs/{rid}/e2e-node-0/summary.json" in names(w, f"runs/{rid}/")
+    assert manifest(rid).state == "finished"
+    assert "nothing to do" in reconcile(w, capsys)  # idempotent
+    assert w.run("status", "--stack", "e2e") == 0  # from any machine that reads the bucket
+    out = capsys.readouterr().out
+    assert f"status: run {rid}: finished, attempt 2, recoveries 1/3" in out, out
+    assert "last reconcile pass" in out and "recovered" in out
+
+
+def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(
+    world: Callable[..., World],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(b) head and worker preempted, (c) every zone stocked out for two passes (nothing bills
+    between them), then capacity returns, (e) that pass killed after re-creating the VMs: the
+    next pass, once the dead one's lease expires, finishes the recovery."""
+    w = world(bucket=True)
+    rid = detach(w)
+    wait_for("a checkpoint", lambda: any(s >= 10 for s in w.checkpoints_in_bucket()))
+    for zone in ZONES:
+        w.runner.fail_stockout(zone, times=2)
+    w.preempt("e2e-node-1")
+    w.preempt("e2e-node-0")
+    capsys.readouterr()
+    for _ in range(2):
+        out = reconcile(w, capsys)
+        assert "no capacity in any zone" in out, out[-3000:]
+        assert not w.compute.instances  # between passes nothing bills
+        assert manifest(rid).state == "waiting for capacity"
+
+    class Killed(BaseException):
+        """The pass's process dies: no cleanup, its lease left to expire."""
+
+    def die(self: object, outputs: object) -> None:
+        raise Killed
+
+    with pytest.MonkeyPatch.context() as dying:
+        dying.setattr(reconcile_module.Pass, "relaunch", die)
+        dying.setattr(reconcile_module, "RECONCILER_TTL_S", 8.0)
+        dying.setattr(lease_module.Lease, "release", lambda self: self._stop.set())
+        with pytest.raises(Killed):
+            w.run("reconcile", "--stack", "e2e")
+    assert len(w.compute.instances) == 2 and manifest(rid).state == "recovering"
+    capsys.readouterr()
+    assert "holds the lease" in reconcile(w, capsys)  # the dead pass's lease still runs
+    time.sleep(8.5)  # the dead pass's lease expires
+    out = reconcile(w, capsys)
+    assert "trains again (attempt 2)" in out, out[-3000:]
+    m = manifest(rid)
+    assert (m.state, m.recoveries_done) == ("running", 1)
+    assert [h["what"] for h in m.history].count("waiting for capacity") == 2
+    wait_end(w, rid)
+    assert "ended (exit code 0)" in reconcile(w, capsys)
+    assert not w.compute.instances
+
+
+def test_a_live_controller_is_left_alone(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(f) the laptop's controller follows its run and holds the lease: a pass changes nothing."""
+    w = world(nodes=1, bucket=True)
+    assert w.gcs is not None
+    finish = w.marker.parent / "finish"
+    (w.dir / "wait.py").write_text(
+        "import pathlib, time\nprint('waiting', flush=True)\n"
+        f"while not pathlib.Path({str(finish)!r}).exists(): time.sleep(0.1)\n"
+    )
+    rc: list[int] = []
+    t = threading.Thread(
+        target=lambda: rc.append(
+            w.run(
+                "run",
+                "--stack",
+                "e2e",
+                "--yes",
+                "--skip-preflight",
+                "--env",
+                f"STORAGE_EMULATOR_HOST={w.gcs.url if w.gcs else ''}",
+                "--",
+                "wait.py",
+            )
+        )
+    )
+    t.start()
+    try:
+        wait_for("the run's manifest", lambda: bool(names(w, "runs/")), 120)
+        calls = len(w.runner.calls)
+        out = reconcile(w, capsys)
+        assert "the controller" in out and "holds the lease" in out, out[-2000:]
+        touched = [c[0] for c in w.runner.calls[calls:] if c[0] in ("up", "refresh", "outputs")]
+        assert touched == []  # not even the stack's outputs read
+    finally:
+        finish.touch()
+        t.join(timeout=120)
+    assert rc == [0]
