@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from infra.datasets import parse_data_flags
 from scripts import lifecycle, run_flags
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
 NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
-HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
+HEALTHCHECK_ENTRY = contract.HEALTHCHECK_ENTRY
 
 
 @dataclass
@@ -434,7 +435,7 @@ RESERVED_ENV = frozenset(
         "PATH", "HOME", "SHELL", "USER", "PWD",
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-        "GPUTRAIN_OUT", "GPUTRAIN_RUN_ID", "GPUTRAIN_NODE_ROOT",
+        contract.OUT_ENV, contract.RUN_ID_ENV, contract.NODE_ROOT_ENV,
     }
 )  # fmt: skip
 

@@ -80,6 +80,9 @@ if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout
     # --force-setup: no reuse, whatever the marker says
     reuse = "false" if env.force else '[ -f "$ENV/ready" ] && [ "$(cat "$ENV/ready")" = "$WANT" ]'
     need_pip = "1" if install else ""
+    installing = (
+        f": installing {' + '.join(env.sources)} (pip's output: setup.log)" if install else ""
+    )
     return f"""set -u
 ROOT=$(pwd)
 PY={q(python)}
@@ -91,10 +94,12 @@ RUNDIR="$ROOT"/{q(run_dir)}
 prefix() {{ while IFS= read -r l || [ -n "$l" ]; do printf '%s\\n' "{_MARK} $1 $l"; done; }}
 keep_log() {{ if [ -f "$ENV/setup.log" ]; then cp "$ENV/setup.log" "$RUNDIR/setup.log"; fi; }}
 fail() {{ say "$1" "failed: $2"; keep_log; rm -f "$ENV/ready"; exit 1; }}
+# pip's output goes to setup.log alone (the run's results get it); its last lines are shown
+# only when it fails
 pip_install() {{
-  {{ "$ENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-input \\
-      "$@" 2>&1; echo "$?" > "$ENV/pip.rc"; }} | tee -a "$ENV/setup.log" | prefix requirements
-  return "$(cat "$ENV/pip.rc" 2>/dev/null || echo 1)"
+  "$ENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-input \\
+      "$@" >> "$ENV/setup.log" 2>&1 && return 0
+  tail -n 8 "$ENV/setup.log" | prefix requirements; return 1
 }}
 mkdir -p "$ROOT"/{q(ENVS_DIR)} "$RUNDIR"
 exec 9>"$ROOT"/{q(ENVS_DIR)}/.lock
@@ -107,7 +112,7 @@ if {reuse}; then
 fi
 rm -rf "$ENV"
 mkdir -p "$ENV"
-say requirements "building environment {env.key} for python $WANT"
+say requirements "building environment {env.key} for python $WANT{installing}"
 "$PY" -m venv --without-pip --system-site-packages "$ENV" >/dev/null 2>&1 || fail requirements "cannot create a venv with $PY"
 # the interpreter's own package dirs (a venv's too) after the new venv's: torch stays visible
 SITE=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -117,7 +122,8 @@ if [ -n "{need_pip}" ] && ! "$ENV/bin/python" -m pip --version >/dev/null 2>&1; 
 fi
 {"".join(install)}{setup}echo "$WANT" > "$ENV/ready"
 keep_log
-say done "{env.key}"
+INSTALLED=$(grep '^Successfully installed ' "$ENV/setup.log" 2>/dev/null | cut -d' ' -f3- | tr '\n' ' ')
+say done "{env.key}${{INSTALLED:+ (Successfully installed ${{INSTALLED% }})}}"
 """
 
 
@@ -171,8 +177,9 @@ def prepare_node(
         elif phase == "cached":
             cached.append(True)
             on_line(transport.name, f"[setup] environment {rest} is ready: skipped (cached)")
-        elif phase == "done":
-            on_line(transport.name, f"[setup] environment {rest} built")
+        elif phase == "done":  # "KEY" or "KEY (Successfully installed ...)"
+            key, _, installed = rest.partition(" ")
+            on_line(transport.name, f"[setup] environment {key} built {installed}".rstrip())
         else:
             if phase in PHASES:
                 tail.append(rest)

@@ -16,6 +16,7 @@ from infra.base.errors import UserError
 from scripts.job.environment import EnvironmentSetupError, plan_environment
 from scripts.job.environment_node import prepare_environment
 from scripts.transport.local import LocalTransport
+from tests.support import ROOT
 from tests.support.wheelhouse import PackageIndex, build_wheel
 
 CODE = ".gputrain/code"
@@ -105,6 +106,14 @@ def test_installs_once_then_cached_and_torch_stays_visible(
     assert "[n0] [setup] probe 1.0" in lines  # setup runs after, with the venv first on PATH
     log = tmp_path / "node/.gputrain/runs/r1/setup.log"
     assert "probe 1.0" in log.read_text()  # kept for the run's results
+    # pip's own lines are in setup.log alone; the console has one line per node for them
+    assert "Collecting gputrain-probe" in log.read_text()
+    assert not any("Collecting" in ln or "Installing collected" in ln for ln in lines)
+    assert [ln for ln in lines if ln.startswith("[n0] [requirements]")] == [
+        f"[n0] [requirements] building environment {first_key(t)} for python "
+        f"{sys.version.split()[0]} {sys.executable}: installing requirements.txt "
+        "(pip's output: setup.log)"
+    ]
     lines.clear()
     second = _prepare(t, index, lines, setup=setup)
     assert second.cached and second.seconds < first.seconds / 10
@@ -117,6 +126,27 @@ def test_installs_once_then_cached_and_torch_stays_visible(
     snapshot.mkdir(parents=True)
     py = Path(os.path.normpath(snapshot / env.python_rel))
     assert py == tmp_path / "node/.gputrain/envs" / env.key / "bin/python" and py.exists()
+
+
+def first_key(t: LocalTransport) -> str:
+    return next(p.name for p in (t.node_root / ".gputrain/envs").iterdir() if p.is_dir())
+
+
+def test_gputrain_own_checkout_sends_none_of_its_dependencies_to_the_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make run` from gputrain's checkout: its pyproject.toml lists the controller's Pulumi and
+    Google clients, which no node needs; nothing is planned from it."""
+    assert plan_environment(ROOT) is None
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    assert plan_environment(tmp_path) is None
+    assert "gputrain's own project" in capsys.readouterr().out
+    with_setup = plan_environment(tmp_path, setup="echo hi")
+    assert with_setup is not None
+    assert (with_setup.pyproject_deps, with_setup.sources) == ((), ())
+    # a user's project of another name keeps its dependencies
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='mine'\ndependencies=['tqdm']\n")
+    assert plan_environment(tmp_path).pyproject_deps == ("tqdm",)  # type: ignore[union-attr]
 
 
 def test_a_package_that_does_not_exist_names_the_node(tmp_path: Path, index: PackageIndex) -> None:
