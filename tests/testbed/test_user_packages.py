@@ -90,10 +90,10 @@ def test_a_users_package_named_like_ours_keeps_its_out_dir_through_a_preemption(
     assert preempted_at, "the run ended before node 2's state reached the bucket: " + out[-3000:]
     split = out.index("e2e-node-1 preempted (compute.instances.preempted at")
     before, after = out[:split], out[split:]
-    assert re.search(r"\[e2e-node-1\] \[rank0\]:step 0\b", before)  # the first attempt: from 0
+    assert re.search(r"\[e2e-node-1\] \[rank\d\]:step 0\b", before)  # the first attempt: from 0
     # the re-created node got its out dir back and the user's loop resumed from it
     assert "e2e-node-1: restored 1 file(s) from gs://" in after
-    resumed = re.search(r"\[e2e-node-1\] \[rank0\]:resumed from step (\d+)", after)
+    resumed = re.search(r"\[e2e-node-1\] \[rank\d\]:resumed from step (\d+)", after)
     assert resumed and int(resumed.group(1)) >= preempted_at[0], after[-3000:]
     # both nodes' helpers ran from gputrain's own copy: the sampler too
     target = w.dir / "runs" / "stack-e2e"
