@@ -83,6 +83,13 @@ if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout
     installing = (
         f": installing {' + '.join(env.sources)} (pip's output: setup.log)" if install else ""
     )
+    if install:  # pip's verdict in one line: what it installed, from every source
+        install.append(
+            "INSTALLED=$(grep '^Successfully installed ' \"$ENV/setup.log\" 2>/dev/null | "
+            "cut -d' ' -f3- | tr '\\n' ' ')\n"
+            'if [ -n "$INSTALLED" ]; then say requirements "Successfully installed ${INSTALLED% }"; '
+            'else say requirements "nothing new to install"; fi\n'
+        )
     return f"""set -u
 ROOT=$(pwd)
 PY={q(python)}
@@ -122,8 +129,7 @@ if [ -n "{need_pip}" ] && ! "$ENV/bin/python" -m pip --version >/dev/null 2>&1; 
 fi
 {"".join(install)}{setup}echo "$WANT" > "$ENV/ready"
 keep_log
-INSTALLED=$(grep '^Successfully installed ' "$ENV/setup.log" 2>/dev/null | cut -d' ' -f3- | tr '\n' ' ')
-say done "{env.key}${{INSTALLED:+ (Successfully installed ${{INSTALLED% }})}}"
+say done "{env.key}"
 """
 
 
@@ -177,9 +183,8 @@ def prepare_node(
         elif phase == "cached":
             cached.append(True)
             on_line(transport.name, f"[setup] environment {rest} is ready: skipped (cached)")
-        elif phase == "done":  # "KEY" or "KEY (Successfully installed ...)"
-            key, _, installed = rest.partition(" ")
-            on_line(transport.name, f"[setup] environment {key} built {installed}".rstrip())
+        elif phase == "done":
+            on_line(transport.name, f"[setup] environment {rest} built")
         else:
             if phase in PHASES:
                 tail.append(rest)

@@ -106,13 +106,14 @@ def test_installs_once_then_cached_and_torch_stays_visible(
     assert "[n0] [setup] probe 1.0" in lines  # setup runs after, with the venv first on PATH
     log = tmp_path / "node/.gputrain/runs/r1/setup.log"
     assert "probe 1.0" in log.read_text()  # kept for the run's results
-    # pip's own lines are in setup.log alone; the console has one line per node for them
+    # pip's own lines are in setup.log alone; the console has its verdict in one line per node
     assert "Collecting gputrain-probe" in log.read_text()
     assert not any("Collecting" in ln or "Installing collected" in ln for ln in lines)
     assert [ln for ln in lines if ln.startswith("[n0] [requirements]")] == [
         f"[n0] [requirements] building environment {first_key(t)} for python "
         f"{sys.version.split()[0]} {sys.executable}: installing requirements.txt "
-        "(pip's output: setup.log)"
+        "(pip's output: setup.log)",
+        "[n0] [requirements] Successfully installed gputrain-probe-1.0",
     ]
     lines.clear()
     second = _prepare(t, index, lines, setup=setup)
