@@ -30,7 +30,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 typecheck: venv
-	$(VENV)/bin/mypy infra scripts trainer
+	$(VENV)/bin/mypy infra scripts trainer gputrain_node
 
 # The test bed's tests in three parts, each on its own test bed slot (tests/support/testbed.py:
 # three per machine), beside the rest: the first two lists are a third of the bed's time each

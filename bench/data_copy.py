@@ -1,6 +1,6 @@
 """Dataset copy (`copy` mode): a generated dataset of >= 1 GiB in many objects plus one object of
 >= 256 MiB in the Cloud Storage emulator (gcp-storage-emulator, its own process), copied by
-`python -m trainer.fetch_data` into two node directories at once (two processes, as two nodes
+`python -m gputrain_node.fetch_data` into two node directories at once (two processes, as two nodes
 would run it; `--hosts-dirs` names where), then again (cached), then compared in the same run
 with a single-stream download of the same data (one object after another, each in one request).
 
@@ -25,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from gputrain_node import contract  # noqa: E402
 
 BUCKET = "bench-data"
 SERVER = """
@@ -59,11 +61,11 @@ def fill(url: str, objects: int, small_mib: int, big_mib: int) -> int:
 
 
 def fetch_nodes(url: str, dirs: list[Path], spec: str) -> list[dict[str, float]]:
-    """trainer.fetch_data in one process per node directory, all at once."""
+    """gputrain_node.fetch_data in one process per node directory, all at once."""
     env = {**os.environ, "STORAGE_EMULATOR_HOST": url, "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "trainer.fetch_data", "--root", str(d), "--node", d.name, spec],
+            [sys.executable, "-m", contract.FETCH_DATA, "--root", str(d), "--node", d.name, spec],
             env=env,
             stdout=subprocess.PIPE,
             text=True,

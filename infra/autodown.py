@@ -1,5 +1,5 @@
 """Autodown: the head node's dead man's switch. Once the job has ended on every node and the
-controller has been silent this long, the head's watchdog (trainer/watchdog.py) puts each node's out
+controller has been silent this long, the head's watchdog (gputrain_node/watchdog.py) puts each node's out
 dir in the stack's bucket and deletes the stack's VMs. Pure: the setting, the bound `plan` states,
 and the IAM condition that lets the nodes' account delete its own stack's VMs and nothing else.
 """

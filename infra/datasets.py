@@ -11,12 +11,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gputrain_node import contract
 from infra.base.errors import UserError
 
 Mode = Literal["copy", "mount"]
 MODES: tuple[Mode, ...] = ("copy", "mount")
-DATA_DIR_ENV = "GPUTRAIN_DATA_DIR"
-DATA_COPY_ENV = "GPUTRAIN_DATA_COPY"  # Vertex AI: the `copy` datasets each replica downloads
+DATA_DIR_ENV = contract.DATA_DIR_ENV
+DATA_COPY_ENV = contract.DATA_COPY_ENV  # Vertex AI: the `copy` datasets each replica downloads
 #: on every node, relative to its gputrain root: one directory per dataset (a link to the local
 #: SSD's `gputrain-data` where one is mounted)
 NODE_DATA_DIR = ".gputrain/data"
@@ -162,7 +163,7 @@ def data_env_names(datasets: Iterable[Dataset]) -> list[str]:
 
 def vertex_data_env(datasets: Iterable[Dataset]) -> dict[str, str]:
     """On Vertex AI: a `mount` dataset is its path under Vertex's own /gcs/ mount; the `copy`
-    ones go in DATA_COPY_ENV, and every replica's trainer.vertex_entry downloads them to its disk
+    ones go in DATA_COPY_ENV, and every replica's Vertex entry (the node package's) downloads them to its disk
     before torchrun (and sets their variables and GPUTRAIN_DATA_DIR there). Pure."""
     found = list(datasets)
     env = {d.env_name: d.vertex_path for d in found if d.mode == "mount"}

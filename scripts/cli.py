@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from infra.datasets import parse_data_flags
 from scripts import lifecycle, run_flags, ui
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep", "reconcile"}
 NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
-HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
+HEALTHCHECK_ENTRY = contract.HEALTHCHECK_ENTRY
 
 
 @dataclass

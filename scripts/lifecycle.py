@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gputrain_node.contract import HEALTHCHECK_ENTRY
 from infra.base.errors import GputrainError, UserError
 from infra.datasets import merge_datasets
 from scripts import ui
@@ -40,7 +41,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     spec = getattr(target, "spec", None)
     if opts.detach and spec is not None and spec().on_vertex:  # before anything is created
         raise UserError("--detach: a Vertex AI stack's jobs are followed, not detached (yet)")
-    healthcheck = tuple(opts.entry[:2]) == ("-m", "trainer.healthcheck")  # reads no data
+    healthcheck = tuple(opts.entry[:2]) == HEALTHCHECK_ENTRY  # reads no data
     datasets = () if healthcheck else merge_datasets(target.datasets(), opts.data)
     check_prefixes(datasets)  # before anything is created: a typo costs nothing
     environment, secrets, image = job_environment(target, opts)  # bad input: before anything

@@ -1,15 +1,20 @@
 """The layer rules, on the import graph read from the source (module-level and lazy imports alike):
 no import circle; `infra` (the Pulumi program's side) never imports the controller; the trainer
-stands alone; each backend folder under scripts/targets/ imports no other, and the shared stack
+stands alone; the node package (gputrain_node) imports nothing of the controller's, which starts
+it only through its contract module; each backend folder under scripts/targets/ imports no other, and the shared stack
 layer none of them; the CLI's --help loads nothing heavy."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from gputrain_node import contract
 from tests.support import ROOT
 from tests.support.imports import PACKAGES, edges, find_cycle, import_graph, module_files
 
@@ -42,6 +47,10 @@ def test_no_import_circle(graph: dict[str, set[str]]) -> None:
         ("trainer", "scripts"),
         ("scripts", "tests"),
         ("trainer", "tests"),
+        ("trainer", "gputrain_node"),
+        ("gputrain_node", "scripts"),
+        ("gputrain_node", "infra"),
+        ("gputrain_node", "tests"),
     ],
 )
 def test_a_lower_layer_never_imports_a_higher_one(
@@ -106,3 +115,92 @@ def test_help_of_every_command_loads_no_heavy_module() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+#: what would start a node module by a string of its own: `-m gputrain_node.x`, `trainer.x` or a
+#: path to one of its files
+_NAMES = "|".join(
+    m.split(".")[1]
+    for m in (*contract.STANDALONE, contract.TELEMETRY, contract.HEALTHCHECK, contract.VERTEX_ENTRY)
+)
+NODE_MODULE_TEXT = re.compile(
+    rf"gputrain_node[./]|\btrainer[./](?:{_NAMES}|vertex_\w+|watch_hook)|\b(?:{_NAMES}|vertex_\w+)\.py\b"
+)
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """Every string constant of a file but its docstrings (prose may name the modules)."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+    ]
+
+
+def test_the_controller_starts_the_node_package_only_through_its_contract(
+    graph: dict[str, set[str]],
+) -> None:
+    """Outside the package (and its tests) only gputrain_node.contract is imported, and no
+    string names a node module or its file: every start goes through the contract's names."""
+    imported = {
+        (m, i)
+        for m, deps in graph.items()
+        if m.split(".")[0] in ("scripts", "infra", "trainer")
+        for i in deps
+        if i.split(".")[0] == contract.PACKAGE and i not in (contract.PACKAGE, contract.__name__)
+    }
+    assert imported == set()
+    assert "scripts.job.outputs -> gputrain_node.contract" in edges(
+        graph, "scripts", "gputrain_node"
+    )
+    spelled = [
+        f"{path.relative_to(ROOT)}:{line}: {text!r}"
+        for package in ("scripts", "infra")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, text in _strings(path)
+        if NODE_MODULE_TEXT.search(text)
+    ]
+    assert spelled == []
+
+
+def test_the_pattern_finds_the_strings_it_forbids() -> None:
+    for text in ("-m gputrain_node.mirror_out", "trainer.telemetry", "trainer/watchdog.py",
+                 "mirror_out.py", "gputrain_node/watch_hook", "trainer.vertex_entry"):  # fmt: skip
+        assert NODE_MODULE_TEXT.search(text), text
+    assert not NODE_MODULE_TEXT.search("trainer.train")
+    assert not NODE_MODULE_TEXT.search("healthcheck")  # the command's name
+
+
+def test_the_standalone_helpers_import_nothing_of_ours_and_spell_the_contracts_names(
+    graph: dict[str, set[str]],
+) -> None:
+    """fetch_data, mirror_out and watchdog are sent on stdin before the code is uploaded: alone,
+    so their top-level imports are the standard library's (and Google's) only, and the names
+    they spell are the contract's."""
+    from gputrain_node import fetch_data, watchdog
+
+    for module in contract.STANDALONE:
+        tree = ast.parse(contract.source_of(module).read_text())
+        ours = [
+            name
+            for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for name in (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            )
+            if name and name.split(".")[0] in (contract.PACKAGE, "trainer", "scripts", "infra")
+        ]
+        assert ours == [], module
+    assert (fetch_data.EXIT_NO_SPACE, fetch_data.EXIT_UNREADABLE) == contract.FETCH_USER_ERRORS
+    assert fetch_data.RESULT_PREFIX == contract.FETCH_RESULT_PREFIX
+    assert watchdog.RECORD == contract.AUTODOWN_RECORD
+    assert watchdog.COMPUTE_ENDPOINT_ENV == contract.COMPUTE_ENDPOINT_ENV

@@ -26,6 +26,7 @@ from trainer.config import TrainConfig, parse_config
 from trainer.data import EVAL, TRAIN, DataSource, open_data, uniform_loss
 from trainer.dist import DistEnv, all_gather, max_rank, setup, teardown
 from trainer.errors import DivergedError, InputError
+from trainer.heartbeat import Heartbeat
 from trainer.memory import check_fits
 from trainer.metrics import (
     Metrics,
@@ -51,7 +52,6 @@ from trainer.step import (
     make_optimizer,
     prefetching,
 )
-from trainer.telemetry import Heartbeat
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: stopped early on purpose, with a checkpoint to resume from
 FINAL_UPLOAD_WAIT_S = 600.0  # at the normal end nothing kills us: wait for the last upload

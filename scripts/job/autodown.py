@@ -1,4 +1,4 @@
-"""Autodown from the controller's side: arm the watchdog (trainer/watchdog.py) on every node of a
+"""Autodown from the controller's side: arm the watchdog (the node package's) on every node of a
 stack run, and feed the head's dead man's switch — a `touch` over the SSH connection the session
 holds anyway, every few seconds, for as long as the controller lives. A controller that is gone
 (a closed laptop, `kill -9`, a detached run) stops touching; the head then ends the cluster
@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gputrain_node import contract
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.node_scripts import (
@@ -32,12 +32,13 @@ from scripts.transport.base import Transport, TransportError
 if TYPE_CHECKING:
     from infra.gcs import StorageApi
 
-WATCHDOG_SOURCE = Path(__file__).resolve().parents[2] / "trainer" / "watchdog.py"
+WATCHDOG_SOURCE = contract.source_of(contract.WATCHDOG)
+WATCHDOG_FILE = WATCHDOG_SOURCE.name  # its copy in the run dir, run from there
 #: what the head's watchdog imports to delete VMs (every node's needs the storage client)
 COMPUTE_PACKAGES: tuple[Requirement, ...] = (
     ("google.cloud.compute_v1", "google-cloud-compute>=1.14,<2"),
 )
-RECORD = ".gputrain/autodown.json"  # as trainer/watchdog.py writes it
+RECORD = contract.AUTODOWN_RECORD
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,9 @@ def build_watchdog_start(run_id: str, python: str) -> str:
         f"mkdir -p {d} && cd {d} || exit 1; "
         # one watchdog per node: an earlier run's (or attempt's) would count a silence of its own
         'for f in ../*/watchdog.pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
-        'grep -q watchdog.py "/proc/$p/cmdline" 2>/dev/null && kill "$p"; rm -f "$f"; done; '
+        f'grep -q {WATCHDOG_FILE} "/proc/$p/cmdline" 2>/dev/null && kill "$p"; rm -f "$f"; done; '
         "rm -f watchdog.disarm; touch heartbeat; exec 3<&0; "
-        f"nohup setsid {shlex.quote(python)} watchdog.py <&3 >> watchdog.log 2>&1 & "
+        f"nohup setsid {shlex.quote(python)} {WATCHDOG_FILE} <&3 >> watchdog.log 2>&1 & "
         "i=0; while [ ! -s watchdog.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
         "cat watchdog.pid"
     )
@@ -134,7 +135,7 @@ def arm(
 
     def one(name: str) -> str:
         t = transports[name]
-        r = t.run(f"mkdir -p {d} && cat > {d}/watchdog.py", 60, stdin=source)
+        r = t.run(f"mkdir -p {d} && cat > {d}/{WATCHDOG_FILE}", 60, stdin=source)
         if r.ok:
             r = t.run(
                 build_watchdog_start(run_id, fleet.python), 60, stdin=plan.config(run_id, name, env)

@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gputrain_node import contract
 from infra.base.errors import UserError
 from infra.datasets import DATA_DIR_ENV
 from scripts.node_layout import NODE_STATE
@@ -287,8 +288,8 @@ RUN_ENV_NAMES = (
     "NCCL_SOCKET_IFNAME",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "PYTHONUNBUFFERED",
-    "GPUTRAIN_OUT",
-    "GPUTRAIN_RUN_ID",
+    contract.OUT_ENV,
+    contract.RUN_ID_ENV,
     "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
 )
 

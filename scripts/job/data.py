@@ -1,4 +1,4 @@
-"""A job's datasets on every node before torchrun: `copy` runs trainer.fetch_data on each node at
+"""A job's datasets on every node before torchrun: `copy` runs the node package's fetch on each node at
 once (progress streamed, a summary line per node), `mount` mounts the prefix with Cloud Storage
 FUSE (scripts/job/gcsfuse.py). Also the controller's own check that each prefix can be listed,
 run before anything is created.
@@ -11,9 +11,10 @@ import shlex
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from gputrain_node import contract
+from gputrain_node.contract import FETCH_RESULT_PREFIX, FETCH_USER_ERRORS
 from infra.base.errors import UserError
 from infra.base.records import Fleet
 from infra.datasets import NODE_DATA_DIR, Dataset, data_env
@@ -24,11 +25,8 @@ from scripts.node_layout import NODE_ROOT_SH
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
-#: trainer/fetch_data.py's exit codes for what the user must fix (no space; unreadable prefix)
-FETCH_USER_ERRORS = (3, 4)
-FETCH_RESULT_PREFIX = "gputrain-data: "
 #: the node-side copy, standalone: sent with the command (the code is uploaded after it)
-FETCH_DATA_SOURCE = Path(__file__).resolve().parent.parent.parent / "trainer" / "fetch_data.py"
+FETCH_DATA_SOURCE = contract.source_of(contract.FETCH_DATA)
 #: what run.sh exports: the node's data dir (the same path on every node)
 NODE_DATA_DIR_SH = f"${{GPUTRAIN_NODE_ROOT:-$HOME}}/{NODE_DATA_DIR}"
 
@@ -124,7 +122,7 @@ def check_prefixes(datasets: Sequence[Dataset], client: Any = None) -> list[Pref
 def build_fetch_command(
     datasets: Sequence[Dataset], node: str, python: str, env: Mapping[str, str]
 ) -> tuple[str, bytes | None]:
-    """The node's copy step before the code upload: trainer/fetch_data.py (standalone) sent in
+    """The node's copy step before the code upload: the node package's fetch (standalone) sent in
     the command itself, run with the job's env (an emulator host or credentials the user
     passed), whose values come on stdin (never in an argv). (command, stdin). Pure but for
     reading that file."""

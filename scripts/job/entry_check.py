@@ -8,6 +8,7 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
+from gputrain_node import contract
 from infra.base.errors import UserError
 from scripts import ui
 from scripts.job.sync import list_workdir_files, never_upload
@@ -21,7 +22,9 @@ def check_entry(entry: Sequence[str], workdir: Path) -> None:
     listed = set(list_workdir_files(workdir))
     if not entry:
         return
-    if entry[0] == "-m":
+    if contract.is_node_entry(entry):  # gputrain's own copy runs it, never the user's code
+        args = entry[2:]
+    elif entry[0] == "-m":
         if len(entry) < 2 or not entry[1]:
             raise UserError("ENTRY -m: give the module to run, e.g. -m trainer.train")
         _check_module(entry[1], workdir, listed)

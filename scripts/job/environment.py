@@ -25,6 +25,9 @@ REQUIREMENTS_TXT = "requirements.txt"
 PYPROJECT = "pyproject.toml"
 UV_LOCK = "uv.lock"
 REQUIREMENT_FILES = (REQUIREMENTS_TXT, PYPROJECT, UV_LOCK)
+#: gputrain's own distribution name: a pyproject.toml of that name is gputrain's own checkout,
+#: whose dependencies (Pulumi, the Google clients...) are the controller's, never the nodes'
+OWN_PROJECT = "gputrain"
 #: Bumped when the node script changes what a cached environment holds.
 _LAYOUT = "1"
 
@@ -84,7 +87,15 @@ def plan_environment(
                 except (OSError, UnicodeDecodeError) as e:
                     raise UserError(f"{name}: cannot read it ({type(e).__name__})") from None
     deps: tuple[str, ...] = ()
-    if PYPROJECT in texts:
+    if PYPROJECT in texts and is_own_project(texts[PYPROJECT]):
+        from scripts import ui
+
+        ui.say(
+            f"{PYPROJECT}: gputrain's own project; its dependencies are the controller's and "
+            "are not installed on the nodes"
+        )
+        del texts[PYPROJECT]
+    elif PYPROJECT in texts:
         deps = pyproject_dependencies(texts[PYPROJECT])
         for dep in deps:
             for named in re.findall(r"file:\S+", dep):
@@ -183,20 +194,30 @@ def _logical_lines(text: str) -> list[str]:
     return out
 
 
-def pyproject_dependencies(text: str) -> tuple[str, ...]:
-    """`[project].dependencies` of a pyproject.toml (empty when it declares none); UserError for a
-    file that is not TOML or a dependency that does not parse."""
+def _toml(text: str) -> dict[str, object]:
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
-    from packaging.requirements import InvalidRequirement, Requirement
-
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{PYPROJECT}: not valid TOML ({_first_line(e)})") from None
-    project = data.get("project")
+
+
+def is_own_project(text: str) -> bool:
+    """The pyproject.toml is gputrain's own (`make run` from its checkout): nothing of it goes
+    to the nodes (the reference trainer's needs are installed where the image lacks them)."""
+    project = _toml(text).get("project")
+    return isinstance(project, dict) and project.get("name") == OWN_PROJECT
+
+
+def pyproject_dependencies(text: str) -> tuple[str, ...]:
+    """`[project].dependencies` of a pyproject.toml (empty when it declares none); UserError for a
+    file that is not TOML or a dependency that does not parse."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    project = _toml(text).get("project")
     deps = project.get("dependencies", []) if isinstance(project, dict) else []
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         raise UserError(f"{PYPROJECT}: [project].dependencies must be a list of strings")

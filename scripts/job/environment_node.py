@@ -113,6 +113,16 @@ if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout
   set -- $PINNED; say torch "$1 $2"
 fi
 """
+    installing = (
+        f": installing {' + '.join(env.sources)} (pip's output: setup.log)" if install else ""
+    )
+    if install:  # pip's verdict in one line: what it installed, from every source
+        install.append(
+            "INSTALLED=$(grep '^Successfully installed ' \"$ENV/setup.log\" 2>/dev/null | "
+            "cut -d' ' -f3- | tr '\\n' ' ')\n"
+            'if [ -n "$INSTALLED" ]; then say requirements "Successfully installed ${INSTALLED% }"; '
+            'else say requirements "nothing new to install"; fi\n'
+        )
     return f"""set -u
 ROOT=$(pwd)
 PY={q(python)}
@@ -129,11 +139,13 @@ PINS="$ENV/node-pins.txt"
 conflict() {{
   if [ -s "$PINS" ] && [ -f "$ENV/setup.log" ]; then "$PY" -c {q(CONFLICT_PY)} "$ENV/setup.log"; fi
 }}
+# pip's output goes to setup.log alone (the run's results get it); its last lines are shown
+# only when it fails
 pip_install() {{
   if [ -s "$PINS" ]; then set -- -c "$PINS" "$@"; fi
-  {{ "$ENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-input \\
-      "$@" 2>&1; echo "$?" > "$ENV/pip.rc"; }} | tee -a "$ENV/setup.log" | prefix requirements
-  return "$(cat "$ENV/pip.rc" 2>/dev/null || echo 1)"
+  "$ENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-input \\
+      "$@" >> "$ENV/setup.log" 2>&1 && return 0
+  tail -n 8 "$ENV/setup.log" | prefix requirements; return 1
 }}
 mkdir -p "$ROOT"/{q(ENVS_DIR)} "$RUNDIR"
 exec 9>"$ROOT"/{q(ENVS_DIR)}/.lock
@@ -147,7 +159,7 @@ if {reuse}; then
 fi
 rm -rf "$ENV"
 mkdir -p "$ENV"
-say requirements "building environment {env.key} for python $WANT"
+say requirements "building environment {env.key} for python $WANT{installing}"
 "$PY" -m venv --without-pip --system-site-packages "$ENV" >/dev/null 2>&1 || fail requirements "cannot create a venv with $PY"
 # the interpreter's own package dirs (a venv's too) after the new venv's: torch stays visible
 SITE=$("$ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gputrain_node import contract
 from infra.base.records import Fleet
 from infra.datasets import data_env_names
 from scripts import ui
@@ -214,7 +215,9 @@ def prepare_image_and_environment(
 
 
 def collect_code(job: Job) -> dict[str, Path]:
-    """The files the nodes get (relative path -> local file), once per launch, size-checked."""
+    """The files the nodes get (relative path -> local file), once per launch, size-checked:
+    the working directory (with the reference trainer where it has no `trainer/`), and always
+    gputrain's own copy of its node package under LIB_DIR, which no user file can take."""
     packages = {"trainer": TRAINER_DIR} if job.include_trainer else {}
     if job.workdir is None:
         files = {}
@@ -224,8 +227,22 @@ def collect_code(job: Job) -> dict[str, Path]:
     else:
         files = collect_sources(job.workdir, packages)
         base = job.workdir
+    files.update(node_lib_files())
     check_size(files, job.max_upload_mib, base)
     return files
+
+
+def node_lib_files() -> dict[str, Path]:
+    """gputrain's copy on the node (contract.LIB_DIR/<package>/...): the node package and the
+    reference trainer it builds on, Python sources only."""
+    sources = {contract.PACKAGE: contract.PACKAGE_DIR, "trainer": TRAINER_DIR}
+    assert tuple(sources) == contract.LIB_PACKAGES
+    return {
+        f"{contract.LIB_DIR}/{name}/{p.relative_to(src).as_posix()}": p
+        for name, src in sources.items()
+        for p in sorted(src.rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
 
 
 @dataclasses.dataclass(frozen=True)

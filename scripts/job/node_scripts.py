@@ -9,6 +9,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gputrain_node import contract
+from gputrain_node.contract import OUT_ENV, RUN_ID_ENV
 from scripts.job.container import container_name
 from scripts.job.data import data_env_lines
 from scripts.job.outputs import MIRROR_STOP_LINES, attempt_entry, mirror_start_lines
@@ -63,6 +65,8 @@ def build_node_command(
     ]  # fmt: skip
     argv = " ".join(q(a) for a in torchrun) + ' --log-dir "$RUN/logs" '
     argv += " ".join(entry_argument(a) for a in attempt_entry(job))
+    # the health check (a node module) runs from gputrain's own copy, never the user's code
+    workdir = f"$RUN/code/{contract.LIB_DIR}" if contract.is_node_entry(job.entry) else "$RUN/code"
     if container:  # the stop command removes it by name (a KILLed docker CLI leaves it running)
         argv = f'echo {q(container_name(job.run_id))} > "$RUN/container"\n{container} {argv}'
     return f"""#!/bin/sh
@@ -85,12 +89,12 @@ if [ -n "$IFACE" ]; then export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="
 NCCL_ENV_FILE="${{GPUTRAIN_NODE_ROOT:-$HOME}}/{NCCL_ENV_FILE}"
 if [ -f "$NCCL_ENV_FILE" ]; then . "$NCCL_ENV_FILE"; else NCCL_ENV_FILE=/dev/null; fi
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
-export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
+export {OUT_ENV}="$RUN/out" {RUN_ID_ENV}={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
 {MAKE_RUN_SUBDIRS_SH}
 {watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}{mirror_start_lines(job, helper)}HOST=; read -r HOST 2>/dev/null < /proc/sys/kernel/hostname || HOST=$(hostname)
 echo "gputrain: $HOST starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
-cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
+cd "{workdir}" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
 {argv} &
 JOB=$!
 echo $JOB > "$RUN/jobpid"

@@ -1,5 +1,5 @@
 """Outputs that survive a preemption, for any trainer: each node's out dir (GPUTRAIN_OUT) is
-mirrored to the stack's bucket while training runs (trainer/mirror_out.py, started by run.sh) and
+mirrored to the stack's bucket while training runs (the node package's mirror, started by run.sh) and
 restored onto a re-created node before the relaunch; relaunches after the first attempt get
 `--resume-args` appended to ENTRY and every attempt is told its number (GPUTRAIN_ATTEMPT).
 """
@@ -9,26 +9,33 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
-from pathlib import Path
 
+from gputrain_node import contract
+from gputrain_node.contract import ATTEMPT_ENV, MIRROR_INTERVAL_ENV, OUT_URI_ENV, RESUME_ARGS_ENV
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.records import Job
-from scripts.node_layout import run_dir
+from scripts.node_layout import node_helper, run_dir
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
 #: the node side, standalone for --restore (sent on stdin before the code is uploaded)
-MIRROR_SOURCE = Path(__file__).resolve().parent.parent.parent / "trainer" / "mirror_out.py"
-OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # gs://BUCKET/PREFIX/: each node's files under <node>/
-ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"
-MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"  # seconds between passes (default 10)
-#: Vertex AI: --resume-args as a JSON list, appended by the replica itself when it starts again
-#: (trainer/vertex_mirror.py); on GCE the controller appends them (attempt_entry)
-RESUME_ARGS_ENV = "GPUTRAIN_RESUME_ARGS"
-#: no mirror beside these: the reference trainer uploads its own checkpoints
-#: (GPUTRAIN_CHECKPOINT_URI), the health check has nothing to keep
-NOT_MIRRORED = (("-m", "trainer.train"), ("-m", "trainer.healthcheck"))
+MIRROR_SOURCE = contract.source_of(contract.MIRROR_OUT)
+#: the reference trainer uploads its own checkpoints (GPUTRAIN_CHECKPOINT_URI): no mirror beside
+#: it, nor beside the health check (nothing to keep). RESUME_ARGS_ENV: on Vertex AI the replica
+#: appends --resume-args itself; on GCE the controller does (attempt_entry)
+REFERENCE_TRAINER = ("-m", "trainer.train")
+
+
+def is_mirrored(job: Job) -> bool:
+    """Whether the job's out dir goes to the bucket: always but for the health check and our
+    reference trainer (a `-m trainer.train` of the user's own `trainer/` package is theirs). Pure
+    but for looking whether the working directory has a trainer/."""
+    entry = tuple(job.entry[:2])
+    if entry == contract.HEALTHCHECK_ENTRY:
+        return False
+    users_own = job.workdir is not None and (job.workdir / "trainer").is_dir()
+    return entry != REFERENCE_TRAINER or users_own
 
 
 def out_uri(bucket: str | None, run_id: str) -> str | None:
@@ -37,9 +44,9 @@ def out_uri(bucket: str | None, run_id: str) -> str | None:
 
 
 def output_env(bucket: str | None, job: Job) -> dict[str, str]:
-    """The mirror's destination for a job on a stack (none for NOT_MIRRORED entries). Pure."""
+    """The mirror's destination for a job on a stack (none where it is not is_mirrored)."""
     uri = out_uri(bucket, job.run_id)
-    if uri is None or any(tuple(job.entry[: len(e)]) == e for e in NOT_MIRRORED):
+    if uri is None or not is_mirrored(job):
         return {}
     return {OUT_URI_ENV: uri}
 
@@ -58,13 +65,17 @@ def attempt_entry(job: Job) -> tuple[str, ...]:
 def mirror_start_lines(job: Job, python: str) -> str:
     """run.sh, before torchrun: the attempt number, the node's name (written by the start)
     and, with GPUTRAIN_OUT_URI, the mirror in the background. Pure."""
-    py = shlex.quote(python)
+    mirror = node_helper(
+        python,
+        contract.MIRROR_OUT,
+        f'--dir "$RUN/out" --uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" '
+        f'--interval "${{{MIRROR_INTERVAL_ENV}:-10}}"',
+    )
     return (
         f"export {ATTEMPT_ENV}={job.attempt}\n"
         'NODE_NAME=; read -r NODE_NAME 2>/dev/null < "$RUN/node" || NODE_NAME=$(hostname)\n'
         f'if [ -n "${{{OUT_URI_ENV}:-}}" ]; then\n'
-        f'  (cd "$RUN/code" && exec {py} -m trainer.mirror_out --dir "$RUN/out" '
-        f'--uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" --interval "${{{MIRROR_INTERVAL_ENV}:-10}}") &\n'
+        f"  ({mirror}) &\n"
         "  MIRROR=$!\n"
         "fi\n"
     )
@@ -78,7 +89,7 @@ MIRROR_STOP_LINES = (
 
 def build_restore_command(job: Job, node: str, python: str) -> tuple[str, bytes] | None:
     """On a relaunch, before the start: the out dir's files that the bucket holds and the node
-    lacks (a re-created VM lacks them all), by trainer/mirror_out.py (standalone for --restore)
+    lacks (a re-created VM lacks them all), by the node package's mirror (standalone for --restore)
     sent on stdin: the code is not there yet. The command and its stdin; None on a first attempt
     or without GPUTRAIN_OUT_URI. Pure but for reading that file."""
     uri = job.env.get(OUT_URI_ENV)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from gputrain_node import contract
 from infra.base.errors import GputrainError, UserError
 from infra.datasets import Dataset
 from scripts.job.sync import DEFAULT_MAX_UPLOAD_MIB
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
 CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"
-WATCH_PREEMPTION_ENV = "GPUTRAIN_WATCH_PREEMPTION"
+WATCH_PREEMPTION_ENV = contract.WATCH_PREEMPTION_ENV
 TENSORBOARD_DIR_ENV = "GPUTRAIN_TENSORBOARD_DIR"  # trainer/board.py
 WATCH_MAINTENANCE_ENV = "GPUTRAIN_WATCH_MAINTENANCE"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

@@ -14,6 +14,7 @@ import base64
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from gputrain_node.contract import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV
 from infra.base.errors import UserError
 from infra.secret_refs import SM_SCHEME as SM_SCHEME  # re-exported: parsing lives in infra
 from infra.secret_refs import SecretRef
@@ -21,7 +22,7 @@ from infra.secret_refs import parse_secret as parse_secret
 from infra.secret_refs import parse_secrets as parse_secrets
 
 #: Where the Secret Manager client goes instead of Google (a private endpoint; the tests' fake).
-ENDPOINT_ENV = "GPUTRAIN_SECRET_MANAGER_ENDPOINT"
+ENDPOINT_ENV = SECRET_ENDPOINT_ENV
 REDACTED = "***"
 NAMES_ENV = "GPUTRAIN_SECRET_NAMES"  # names only (never values): what run.sh's filter redacts
 
@@ -112,8 +113,8 @@ def fetch_secret_manager(
 SECRETS_HEADER = "#gputrain-secrets"
 
 
-#: Vertex: the job's body carries references only (trainer/vertex_entry.py resolves them).
-SECRET_REFS_ENV = "GPUTRAIN_SECRET_REFS"
+#: Vertex: the job's body carries references only (SECRET_REFS_ENV; the node package's Vertex
+#: entry resolves them).
 
 
 def secret_references(refs: Sequence[SecretRef], project: str | None) -> dict[str, str]:

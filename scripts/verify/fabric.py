@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from gputrain_node import contract
 from infra.base.records import Fleet
 from infra.fabric import FabricExpectation, FabricKind, FabricPlan
 from scripts import ui
@@ -34,7 +35,7 @@ from scripts.verify.fabric_setup import (
 from scripts.verify.gpus import VerificationError
 
 SETUP_TIMEOUT_S = 900.0  # apt, a DKMS build and two image pulls on a fresh node
-PROBE_ENTRY = ("-m", "trainer.healthcheck")
+PROBE_ENTRY = contract.HEALTHCHECK_ENTRY
 
 
 @dataclass(frozen=True)

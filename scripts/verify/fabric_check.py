@@ -4,7 +4,7 @@ starts with the name of the check (`nics`, `mtu`, `rdma`, `rxdm`, `nccl-plugin`,
 `nccl-network`, `nccl-socket`, `busbw`).
 
 `PROBE_COMMAND` gathers the node-side facts in one round trip; `parse_probe` splits them. The
-bandwidth comes from trainer.healthcheck's health.json (its `allreduce_busbw` check), run under
+bandwidth comes from gputrain_node.healthcheck's health.json (its `allreduce_busbw` check), run under
 torchrun with `NCCL_ENV` so the NCCL log shows which transport carried the traffic.
 
 Log shapes: NCCL's own lines ("Using network X", "NET/Plugin: Loaded net plugin X",
@@ -249,7 +249,7 @@ def check_nccl_log(log: NcclLog, expect: FabricExpectation) -> list[str]:
 
 @dataclass(frozen=True)
 class Busbw:
-    """The all-reduce result of trainer.healthcheck's health.json."""
+    """The all-reduce result of gputrain_node.healthcheck's health.json."""
 
     busbw_gbs: float
     hosts: tuple[str, ...]

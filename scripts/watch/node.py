@@ -1,6 +1,6 @@
 """The shell that watches a run on the nodes. Pure: strings only.
 
-In the run dir (scripts/node_layout.py) `watch/` holds telemetry.csv (trainer/telemetry.py's
+In the run dir (scripts/node_layout.py) `watch/` holds telemetry.csv (the node package's
 sampler), heartbeat files the job touches (GPUTRAIN_HEARTBEAT, per rank `.rank<R>`), the
 stack-dump hook's markers and stacks; it comes home with the results as <node>/watch/.
 """
@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import shlex
 
-from scripts.node_layout import run_dir
+from gputrain_node import contract
+from gputrain_node.contract import HEARTBEAT_ENV, WATCH_DIR_ENV
+from scripts.node_layout import node_helper, run_dir
 
 WATCH_DIR = "watch"
-HOOK_DIR = "trainer/watch_hook"  # in the run's code snapshot: the sitecustomize that dumps stacks
+#: in the run's code snapshot: the sitecustomize that dumps stacks (a folder with that file
+#: alone, so the ranks get the hook and nothing else of gputrain's)
+HOOK_DIR = f"{contract.LIB_DIR}/{contract.PACKAGE}/{contract.WATCH_HOOK_DIR}"
 
 
 def run_env_lines() -> str:
@@ -20,7 +24,7 @@ def run_env_lines() -> str:
     goes, the stack-dump hook first on PYTHONPATH, and no heartbeat left from an earlier attempt
     of the run (rm only when there is one)."""
     return (
-        'export GPUTRAIN_WATCH_DIR="$RUN/watch" GPUTRAIN_HEARTBEAT="$RUN/watch/heartbeat"\n'
+        f'export {WATCH_DIR_ENV}="$RUN/watch" {HEARTBEAT_ENV}="$RUN/watch/heartbeat"\n'
         f'export PYTHONPATH="$RUN/code/{HOOK_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
         'for f in "$RUN/watch/heartbeat"*; do [ ! -e "$f" ] || rm -f "$RUN/watch/heartbeat"*; '
         "break; done\n"
@@ -30,11 +34,9 @@ def run_env_lines() -> str:
 def sampler_line(python: str, interval_s: float) -> str:
     """run.sh line after torchrun started ($JOB): the GPU sampler, detached in the job's process
     group (a stop ends it too); it ends by itself once torchrun has."""
-    return (
-        f'(cd "$RUN/code" && exec {shlex.quote(python)} -m trainer.telemetry sample '
-        f'--out "$RUN/watch" --interval {interval_s:g} --until-pid $JOB) '
-        '>> "$RUN/watch/sampler.log" 2>&1 < /dev/null &'
-    )
+    args = f'sample --out "$RUN/watch" --interval {interval_s:g} --until-pid $JOB'
+    sampler = node_helper(python, contract.TELEMETRY, args)
+    return f'({sampler}) >> "$RUN/watch/sampler.log" 2>&1 < /dev/null &'
 
 
 POLL_TELEMETRY = "@@telemetry"
@@ -81,12 +83,13 @@ def parse_poll(text: str) -> tuple[float | None, int, str, dict[str, float]]:
 
 
 def build_dump_command(run_id: str, python: str, wait_s: float) -> str:
-    """Every rank's stack on this node, as trainer/telemetry.py's JSON."""
+    """Every rank's stack on this node, as the node package's telemetry dump prints it."""
     d = shlex.quote(run_dir(run_id))
-    return (
-        f"cd {d} 2>/dev/null || exit 3; R=$(pwd); [ -s jobpid ] || exit 4; "
-        f'cd code && exec {shlex.quote(python)} -m trainer.telemetry dump --watch "$R/watch" '
-        f'--jobpid "$(cat "$R/jobpid")" --wait {wait_s:g}'
+    return f"cd {d} 2>/dev/null || exit 3; R=$(pwd); [ -s jobpid ] || exit 4; " + node_helper(
+        python,
+        contract.TELEMETRY,
+        f'dump --watch "$R/watch" --jobpid "$(cat "$R/jobpid")" --wait {wait_s:g}',
+        code='"$R/code"',
     )
 
 

@@ -40,7 +40,7 @@ class StallClock:
 
 @dataclass(frozen=True)
 class RankState:
-    """One rank on one node at the time of the stall (trainer/telemetry.py's dump)."""
+    """One rank on one node at the time of the stall (gputrain_node/telemetry.py's dump)."""
 
     node: str
     rank: int

@@ -1,4 +1,4 @@
-"""What the nodes' GPU samples say (trainer/telemetry.py writes them): the latest per GPU, the
+"""What the nodes' GPU samples say (gputrain_node/telemetry.py writes them): the latest per GPU, the
 GPU faults that appeared during the run, a node that stays idle, the one-line summary. Pure."""
 
 from __future__ import annotations

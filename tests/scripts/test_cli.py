@@ -81,7 +81,7 @@ def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
     assert done.value.code == 0
     assert capsys.readouterr().out == f"gputrain {version('gputrain')}\n"
     for command, default in (
-        ("healthcheck", "-m trainer.healthcheck"),
+        ("healthcheck", "-m gputrain_node.healthcheck"),
         ("run", "-m trainer.train --preset tiny"),
     ):
         with pytest.raises(SystemExit):

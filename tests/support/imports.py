@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGES = ("infra", "scripts", "trainer")
+PACKAGES = ("infra", "scripts", "trainer", "gputrain_node")
 
 
 def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:

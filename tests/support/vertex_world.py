@@ -1,6 +1,6 @@
 """A `backend: vertex` stack world, offline: the fake stack runner is the Pulumi program (it makes
 the bucket in the storage emulator), tests/support/fake_vertex.py is Vertex AI and Cloud Logging,
-its runner starts one real `trainer.vertex_entry` process per replica. Shared by the end-to-end
+its runner starts one real `gputrain_node.vertex_entry` process per replica. Shared by the end-to-end
 tests in tests/scripts/targets/vertex/ (their `world` fixture is in that folder's conftest)."""
 
 from __future__ import annotations

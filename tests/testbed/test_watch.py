@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gputrain_node.telemetry import rank_processes
 from scripts.connect import close_all, connect
 from scripts.job.records import Job
 from scripts.watch.launch import GpuFaultError, watched_launch
@@ -24,7 +25,6 @@ from scripts.watch.stall import StallError
 from scripts.watch.top import TopView
 from tests.support.testbed import BUSY, IDLE, GpuConfig, GpuPhase, TestBed, TestHost
 from tests.support.trainer_helpers import child_env, free_port, node_argv, start
-from trainer.telemetry import rank_processes
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """A job's environment on Vertex AI (its requirements and `setup`), as data in the CustomJob's env:
-`trainer.vertex_entry` installs the requirements into a venv and runs the commands on every replica
-before torchrun (trainer/vertex_setup.py). The commands come from the stack file or the command
+The node package's Vertex entry installs the requirements into a venv and runs the commands on
+every replica before torchrun. The commands come from the stack file or the command
 line, never from secrets; they travel as the value of an environment variable and run as `sh -c`'s
 script, so nothing of them is parsed or quoted on the way. Replicas are fresh machines: nothing is
 cached from one job to the next.
@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import json
 
+from gputrain_node.contract import REQUIREMENTS_ENV, SETUP_ENV, SETUP_TIMEOUT_ENV
 from scripts.job.environment import Environment
-
-#: The names trainer/vertex_setup.py reads (a test holds the two sides together).
-SETUP_ENV = "GPUTRAIN_SETUP"
-SETUP_TIMEOUT_ENV = "GPUTRAIN_SETUP_TIMEOUT"
-REQUIREMENTS_ENV = "GPUTRAIN_REQUIREMENTS"
 
 
 def environment_env(env: Environment | None) -> dict[str, str]:

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gputrain_node import contract
 from infra import catalog, vertex
 from infra.base.errors import UserError
 from infra.vertex_pools import REDUCTION_SERVER_ENV, Chief, ReductionServer, reduction_server_image
 from scripts.job.sync import check_size, collect_sources
 
-DEFAULT_PYTHON_MODULE = "trainer.vertex_entry"
+DEFAULT_PYTHON_MODULE = contract.VERTEX_ENTRY
 CODE_PACKAGE = "gputrain_code"  # the working directory travels as this package's data, under files/
+NODE_DIR = "node"  # under CODE_PACKAGE: gputrain's node package (the job's entry)
 SDIST_NAME, SDIST_VERSION = "gputrain-job", "0"
 SDIST_FILE = f"{SDIST_NAME}-{SDIST_VERSION}.tar.gz"  # what build_sdist writes
 #: What pip installs with the package: the trainer's needs but torch, which the container brings
@@ -404,8 +406,10 @@ def build_sdist(
     extra_requires: tuple[str, ...] = (),
 ) -> tuple[Path, int]:
     """gputrain-job-0.tar.gz with the same files and size limit as the SSH upload; pip-installing
-    it gives `python -m trainer.*` and the working directory under gputrain_code/files/.
-    Byte-for-byte reproducible. Returns (archive, bytes of code)."""
+    it gives `python -m trainer.*`, gputrain's node package (the job's entry: gputrain's own
+    copy, under gputrain_code/node/, whatever the working directory holds) and the working
+    directory under gputrain_code/files/. Byte-for-byte reproducible. Returns (archive, bytes
+    of code)."""
     files = collect_sources(workdir, {"trainer": trainer_dir})
     total = check_size(files, limit_mib, workdir)
     trainer_pkgs = sorted(
@@ -419,8 +423,11 @@ def build_sdist(
         code=CODE_PACKAGE,
         name=SDIST_NAME,
         version=SDIST_VERSION,
-        packages=[CODE_PACKAGE, *trainer_pkgs],
-        package_dir={p: f"{CODE_PACKAGE}/files/{p.replace('.', '/')}" for p in trainer_pkgs},
+        packages=[CODE_PACKAGE, *trainer_pkgs, contract.PACKAGE],
+        package_dir={
+            **{p: f"{CODE_PACKAGE}/files/{p.replace('.', '/')}" for p in trainer_pkgs},
+            contract.PACKAGE: f"{CODE_PACKAGE}/{NODE_DIR}",
+        },
         data=[f"files/{glob.escape(rel)}" for rel in sorted(files)],
         requires=[*TRAINER_REQUIREMENTS, *extra_requires],
     )
@@ -433,6 +440,10 @@ def build_sdist(
         (f"{root}/setup.py", setup_py.encode()),
         (f"{root}/{CODE_PACKAGE}/__init__.py", init.encode()),
         *((f"{root}/{CODE_PACKAGE}/files/{rel}", files[rel]) for rel in sorted(files)),
+        *(
+            (f"{root}/{CODE_PACKAGE}/{NODE_DIR}/{p.name}", p)
+            for p in sorted(contract.PACKAGE_DIR.glob("*.py"))
+        ),
     ]
     out_dir.mkdir(parents=True, exist_ok=True)
     archive = out_dir / f"{root}.tar.gz"

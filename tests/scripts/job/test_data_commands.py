@@ -254,7 +254,7 @@ def test_the_install_script_finds_the_codename_once(tmp_path: Path) -> None:
 
 
 class NodeSaying:
-    """A node whose copy step prints `lines` and exits `rc` (the stream of trainer.fetch_data)."""
+    """A node whose copy step prints `lines` and exits `rc` (the stream of gputrain_node.fetch_data)."""
 
     def __init__(self, name: str, rc: int, lines: list[str]) -> None:
         self.name, self.rc, self.lines = name, rc, lines

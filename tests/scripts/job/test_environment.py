@@ -16,6 +16,7 @@ from infra.base.errors import UserError
 from scripts.job.environment import EnvironmentSetupError, plan_environment
 from scripts.job.environment_node import prepare_environment
 from scripts.transport.local import LocalTransport
+from tests.support import ROOT
 from tests.support.wheelhouse import PackageIndex, build_wheel
 
 CODE = ".gputrain/code"
@@ -133,6 +134,8 @@ def test_a_pyproject_file_dependency_outside_the_upload_is_one_line(tmp_path: Pa
 def test_installs_once_then_cached_and_torch_stays_visible(
     tmp_path: Path, index: PackageIndex
 ) -> None:
+    import torch
+
     t = _node(tmp_path, {"requirements.txt": "gputrain-probe==1.0\n"})
     setup = "python -c 'import gputrain_probe, torch; print(\"probe\", gputrain_probe.VERSION)'"
     lines: list[str] = []
@@ -142,6 +145,17 @@ def test_installs_once_then_cached_and_torch_stays_visible(
     assert "[n0] [setup] probe 1.0" in lines  # setup runs after, with the venv first on PATH
     log = tmp_path / "node/.gputrain/runs/r1/setup.log"
     assert "probe 1.0" in log.read_text()  # kept for the run's results
+    # pip's own lines are in setup.log alone; the console has its verdict in one line per node
+    assert "Collecting gputrain-probe" in log.read_text()
+    assert not any("Collecting" in ln or "Installing collected" in ln for ln in lines)
+    assert [ln for ln in lines if ln.startswith("[n0] [requirements]")] == [
+        f"[n0] [requirements] building environment {first_key(t)} for python "
+        f"{sys.version.split()[0]} {sys.executable}: installing requirements.txt "
+        "(pip's output: setup.log)",
+        f"[n0] [requirements] the node's torch {torch.__version__} stays (pinned with its 0 CUDA "
+        "runtime package(s)): pip picks what fits it",
+        "[n0] [requirements] Successfully installed gputrain-probe-1.0",
+    ]
     lines.clear()
     second = _prepare(t, index, lines, setup=setup)
     assert second.cached and second.seconds < first.seconds / 10
@@ -218,6 +232,27 @@ def test_a_requirement_that_needs_another_torch_fails_in_one_line(
     assert f"the node's torch {torch.__version__} stays: ask for versions built for it " in msg
     assert "(torchvision 0.28.*, torchaudio 2.13.*)" in msg
     assert not [r for r in vision_index.requests if r.endswith(".whl") and "/torch/" in r]
+
+
+def first_key(t: LocalTransport) -> str:
+    return next(p.name for p in (t.node_root / ".gputrain/envs").iterdir() if p.is_dir())
+
+
+def test_gputrain_own_checkout_sends_none_of_its_dependencies_to_the_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make run` from gputrain's checkout: its pyproject.toml lists the controller's Pulumi and
+    Google clients, which no node needs; nothing is planned from it."""
+    assert plan_environment(ROOT) is None
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    assert plan_environment(tmp_path) is None
+    assert "gputrain's own project" in capsys.readouterr().out
+    with_setup = plan_environment(tmp_path, setup="echo hi")
+    assert with_setup is not None
+    assert (with_setup.pyproject_deps, with_setup.sources) == ((), ())
+    # a user's project of another name keeps its dependencies
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='mine'\ndependencies=['tqdm']\n")
+    assert plan_environment(tmp_path).pyproject_deps == ("tqdm",)  # type: ignore[union-attr]
 
 
 def test_a_package_that_does_not_exist_names_the_node(tmp_path: Path, index: PackageIndex) -> None:

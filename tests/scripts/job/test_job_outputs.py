@@ -123,7 +123,7 @@ def test_good_entries_pass_and_data_the_upload_leaves_out_is_warned_about(
 
 
 def test_vertex_entry_expands_the_placeholder_alike() -> None:
-    from trainer.vertex_entry import expand_out
+    from gputrain_node.vertex_entry import expand_out
 
     assert expand_out("--out_dir={out}", "/w/out") == "--out_dir=/w/out"
     assert expand_out("{{out}} {out}", "/o") == "{out} /o"

@@ -25,10 +25,20 @@ def test_the_mirror_is_for_trainers_that_do_not_upload_their_own() -> None:
     assert output_env("gs://b/p/", nano) == {"GPUTRAIN_OUT_URI": "gs://b/p/runs/r1/out/"}
     assert output_env("gs://b/", Job("r1", entry=("-m", "trainer.train", "--preset", "tiny"))) == {}
     assert output_env(None, nano) == {}
+    assert output_env("gs://b/", Job("r1", entry=("-m", "gputrain_node.healthcheck"))) == {}
+
+
+def test_a_users_own_trainer_package_is_mirrored_like_any_trainer(tmp_path: Path) -> None:
+    """`-m trainer.train` is ours only where the upload adds our trainer: a project with its own
+    `trainer/` runs its own, which does not upload checkpoints by itself."""
+    job = Job("r1", entry=("-m", "trainer.train"), workdir=tmp_path)
+    assert output_env("gs://b/", job) == {}
+    (tmp_path / "trainer").mkdir()
+    assert output_env("gs://b/", job) == {"GPUTRAIN_OUT_URI": "gs://b/runs/r1/out/"}
 
 
 def test_a_vertex_job_carries_the_resume_args_its_replicas_append_themselves() -> None:
-    import trainer.vertex_mirror as replica  # the names the replica reads: the same
+    from gputrain_node import contract  # the names the replica reads: the same
 
     nano = Job("r1", entry=("train.py",), resume_args=("--init_from=resume", "a b"))
     assert vertex_output_env("gs://b/", nano) == {
@@ -37,7 +47,7 @@ def test_a_vertex_job_carries_the_resume_args_its_replicas_append_themselves() -
     }
     assert vertex_output_env("gs://b/", Job("r1", entry=("-m", "trainer.train"))) == {}
     for name in ("OUT_URI_ENV", "RESUME_ARGS_ENV", "ATTEMPT_ENV", "MIRROR_INTERVAL_ENV"):
-        assert getattr(outputs, name) == getattr(replica, name)
+        assert getattr(outputs, name) == getattr(contract, name)
 
 
 def test_resume_args_come_after_the_first_attempt() -> None:
@@ -51,7 +61,8 @@ def test_resume_args_come_after_the_first_attempt() -> None:
     assert "export GPUTRAIN_ATTEMPT=2\n" in script
     assert "train.py cfg.py --init_from=resume" in script
     assert (
-        '-m trainer.mirror_out --dir "$RUN/out" --uri "${GPUTRAIN_OUT_URI%/}/$NODE_NAME/"' in script
+        '-m gputrain_node.mirror_out --dir "$RUN/out" --uri "${GPUTRAIN_OUT_URI%/}/$NODE_NAME/"'
+        in script
     )
     assert script.index('kill -TERM "$MIRROR"') < script.index("> exitcode")  # flushed first
 

@@ -57,7 +57,10 @@ def test_the_job_body_names_the_image_and_the_staged_package() -> None:
         assert "pythonPackageSpec" not in pool
         spec = pool["containerSpec"]
         assert spec["imageUri"] == IMAGE
-        assert spec["command"][:2] == ["sh", "-c"] and "trainer.vertex_entry" in spec["command"][2]
+        assert (
+            spec["command"][:2] == ["sh", "-c"]
+            and "gputrain_node.vertex_entry" in spec["command"][2]
+        )
         assert spec["args"] == ["-m", "mypkg.train", "--lr", "3e-4"]
         env = {e["name"]: e["value"] for e in spec["env"]}
         assert env["GPUTRAIN_PACKAGE"] == "/gcs/b/staging/r1/gputrain-job-0.tar.gz"
@@ -97,8 +100,9 @@ def test_fake_vertex_runs_the_replicas_in_the_image(
         out = replicas.outputs[task]
         assert "pip installed gputrain-job-0.tar.gz" in out
         assert (
-            f"entry: -m trainer.vertex_entry -m mypkg.train --lr 3e-4 task={pool} mode=fast" in out
+            f"entry: -m gputrain_node.vertex_entry -m mypkg.train --lr 3e-4 task={pool} mode=fast"
+            in out
         )
         assert any("PKG-INFO" in line for line in out)  # the package's files, unpacked in there
     assert podman("ps", "-aq").stdout.strip() == ""
-    assert sum("entry: -m trainer.vertex_entry" in line for line in logged) == 2
+    assert sum("entry: -m gputrain_node.vertex_entry" in line for line in logged) == 2

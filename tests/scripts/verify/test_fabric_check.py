@@ -291,8 +291,8 @@ def test_fastrak_log_and_no_log() -> None:
 
 
 def health_json(busbw: float, on_gpu: bool = True, correct: bool = True) -> str:
-    """health.json as trainer.healthcheck writes it (its own judge_allreduce builds the check)."""
-    from trainer.healthcheck import judge_allreduce
+    """health.json as gputrain_node.healthcheck writes it (its own judge_allreduce builds the check)."""
+    from gputrain_node.healthcheck import judge_allreduce
 
     sweep = [(2**20, busbw / 10), (2**30, busbw)]
     device = "NVIDIA B200" if on_gpu else "cpu (vm)"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gputrain_node import telemetry
 from scripts.cli import main
 from scripts.job.download import write_job_record
 from scripts.job.records import JobResult, Recovery
@@ -21,7 +22,6 @@ from scripts.settings import Settings
 from scripts.watch.monitor import record_event
 from scripts.watch.report import record_cost, write_report
 from tests.support.testbed import BUSY, FAKE_NVIDIA_SMI, IDLE, GpuConfig
-from trainer import telemetry
 from trainer.train import main as train
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")

@@ -86,7 +86,7 @@ def test_create_sends_the_job_field_by_field(fv: FakeVertex, api: VertexApi) -> 
         assert pool["pythonPackageSpec"] == {
             "executorImageUri": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
             "packageUris": ["gs://dev-bkt/staging/r1/gputrain-job-0.tar.gz"],
-            "pythonModule": "trainer.vertex_entry",
+            "pythonModule": "gputrain_node.vertex_entry",
             "args": ["--preset", "tiny"],
             "env": [{"name": "GPUTRAIN_RUN_ID", "value": "r1"}],
         }

@@ -2,7 +2,7 @@
 is the Pulumi program (it makes the bucket in the storage emulator), tests/support/fake_vertex.py is
 Vertex AI and Cloud Logging (the real aiplatform and logging clients talk to it), and its runner
 "runs" each job like Vertex: the package pip-installed from the bucket, one real
-`trainer.vertex_entry` process per replica with its own CLUSTER_SPEC, gloo across them, outputs
+`gputrain_node.vertex_entry` process per replica with its own CLUSTER_SPEC, gloo across them, outputs
 and checkpoints written to the emulated bucket. Everything else is production code.
 """
 
@@ -56,7 +56,7 @@ def test_run_trains_on_two_replicas_follows_logs_brings_results_home_and_destroy
         assert pool["pythonPackageSpec"] == {
             "executorImageUri": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
             "packageUris": [f"gs://{BUCKET}/staging/{run_id}/gputrain-job-0.tar.gz"],
-            "pythonModule": "trainer.vertex_entry",
+            "pythonModule": "gputrain_node.vertex_entry",
             "args": list(TRAIN),
             "env": [{"name": "GPUTRAIN_RUN_ID", "value": run_id}],
         }

@@ -1,5 +1,5 @@
 """`setup` and requirements on `backend: vertex`, end to end and offline (the world of tests/support/vertex_world.py:
-the fake stack runner, the fake Vertex AI whose runner starts one real `trainer.vertex_entry`
+the fake stack runner, the fake Vertex AI whose runner starts one real `gputrain_node.vertex_entry`
 process per replica): the commands and the requirement list travel as data in the CustomJob's env,
 every replica installs and runs them in the job's working directory before torchrun, their lines
 reach the job's log as `[setup]`, and a failing setup fails the job naming the replica and its

@@ -1,14 +1,14 @@
 """What a CustomJob's env carries of the job's environment: the requirement files to install and the
-setup commands, as data, under the names trainer/vertex_setup.py reads."""
+setup commands, as data, under the names gputrain_node/vertex_setup.py reads."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from gputrain_node import vertex_setup as entry
 from scripts.job.environment import plan_environment
 from scripts.targets.vertex import environment as controller
-from trainer import vertex_setup as entry
 
 
 def test_both_sides_use_the_same_names() -> None:

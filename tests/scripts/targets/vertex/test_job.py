@@ -144,7 +144,7 @@ def test_body_has_a_chief_pool_and_a_worker_pool_and_parses_as_a_real_custom_job
         "acceleratorCount": 2,
     }
     pkg = chief["pythonPackageSpec"]
-    assert pkg["pythonModule"] == "trainer.vertex_entry"
+    assert pkg["pythonModule"] == "gputrain_node.vertex_entry"
     assert pkg["packageUris"] == ["gs://bkt/staging/r1/gputrain-job-0.tar.gz"]
     assert pkg["env"] == [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
     assert body["jobSpec"]["scheduling"] == {"timeout": "7200s", "strategy": "STANDARD"}
@@ -320,7 +320,7 @@ def test_sdist_installs_offline_and_brings_the_trainer_and_the_workdir(tmp_path:
     assert (code / "data.csv").exists() and (code / "odd[1]" / "f.txt").exists()
     assert (code / "trainer" / "train.py").exists()  # the trainer travels with the code
     env = {**os.environ, "PYTHONPATH": str(target)}
-    # trainer.vertex_entry comes from branch trainer-ckpt; the packaged trainer.train must resolve
+    # gputrain_node.vertex_entry comes from branch trainer-ckpt; the packaged trainer.train must resolve
     out = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--help"],
         cwd=tmp_path,

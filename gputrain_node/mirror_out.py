@@ -1,4 +1,4 @@
-"""`python -m trainer.mirror_out --dir OUT --uri gs://BUCKET/PREFIX/`: a node's out directory,
+"""`python -m gputrain_node.mirror_out --dir OUT --uri gs://BUCKET/PREFIX/`: a node's out directory,
 mirrored to Cloud Storage while any trainer runs, so its checkpoints outlive a preempted VM.
 
 Every `--interval` seconds the new and changed files go up, oldest first, whole files only: a file
@@ -177,7 +177,7 @@ def run(mirror: Mirror, interval_s: float, wake: Wake) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.mirror_out", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m gputrain_node.mirror_out", description=__doc__)
     p.add_argument("--dir", required=True, type=Path, help="the out dir (GPUTRAIN_OUT)")
     p.add_argument("--uri", required=True, help="gs://BUCKET/PREFIX/ for this node's files")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between passes")

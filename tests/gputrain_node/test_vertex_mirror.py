@@ -1,5 +1,5 @@
-"""A Vertex replica's out dir for a trainer other than ours (trainer/vertex_mirror.py, started by
-trainer.vertex_entry) against the real Cloud Storage emulator: its files reach the bucket while it
+"""A Vertex replica's out dir for a trainer other than ours (gputrain_node/vertex_mirror.py, started by
+gputrain_node.vertex_entry) against the real Cloud Storage emulator: its files reach the bucket while it
 runs and at a SIGTERM, a restart on a new disk gets them back with its attempt number and the
 resume args, and the reference trainer gets no mirror."""
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from gputrain_node.vertex_entry import TRAINER, replica_outputs
+from gputrain_node.vertex_mirror import ATTEMPT_FILE, ReplicaOutputs, replica_name, resume_args
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.trainer_helpers import child_env
 from trainer.errors import InputError
-from trainer.vertex_entry import TRAINER, replica_outputs
-from trainer.vertex_mirror import ATTEMPT_FILE, ReplicaOutputs, replica_name, resume_args
 
 JOB = """\
 import os, sys, time
@@ -96,7 +96,7 @@ def _replica(tmp_path: Path, vm: str, gcs: GcsEmulator, *args: str) -> subproces
         }
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "trainer.vertex_entry", "job.py", *args],
+        [sys.executable, "-m", "gputrain_node.vertex_entry", "job.py", *args],
         cwd=disk, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 

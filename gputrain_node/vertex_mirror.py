@@ -18,13 +18,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gputrain_node.contract import RESUME_ARGS_ENV
+from gputrain_node.mirror_out import Mirror, Target, Wake, run
 from trainer.errors import InputError
-from trainer.mirror_out import Mirror, Target, Wake, run
 
-OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # scripts/job/outputs.py sets it (same name)
-ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"
-MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"
-RESUME_ARGS_ENV = "GPUTRAIN_RESUME_ARGS"
 ATTEMPT_FILE = ".gputrain-attempt"  # in the out dir: how many times this replica has started
 
 

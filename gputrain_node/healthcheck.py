@@ -1,4 +1,4 @@
-"""`python -m trainer.healthcheck` under torchrun: are these GPUs and links as fast as they should be?
+"""`python -m gputrain_node.healthcheck` under torchrun: are these GPUs and links as fast as they should be?
 
 Per rank: matmul TFLOP/s and device-memory bandwidth. Across ranks: all-reduce bus bandwidth and
 whether a few DDP steps leave identical parameters everywhere. Results are compared with FLOORS,
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from gputrain_node.contract import OUT_ENV
 from trainer.dist import DistEnv, all_gather, setup, teardown
 from trainer.errors import InputError
 from trainer.model import GPT, GPTConfig, param_checksum
@@ -328,7 +329,7 @@ def fmt(x: float | None) -> str:
 
 @record
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.healthcheck", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m gputrain_node.healthcheck", description=__doc__)
     p.add_argument(
         "--out",
         type=Path,
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--pg-timeout-s", type=float, default=180.0, help="process-group timeout")
     args = p.parse_args(argv)
-    out = args.out or Path(os.environ.get("GPUTRAIN_OUT") or "out")
+    out = args.out or Path(os.environ.get(OUT_ENV) or "out")
     try:
         if args.max_bytes is not None and args.max_bytes < 32 * 2**10:
             raise InputError(f"--max-bytes {args.max_bytes}: must be at least 32768 (32 KiB)")

@@ -1,4 +1,4 @@
-"""The stack run's watchdog, on every node: `python -m trainer.watchdog` in the run's directory
+"""The stack run's watchdog, on every node: `python -m gputrain_node.watchdog` in the run's directory
 (`.gputrain/runs/<run-id>/`), started detached by the controller like torchrun, its settings as
 one JSON object on stdin (so a webhook URL is never in argv or a file on the node).
 

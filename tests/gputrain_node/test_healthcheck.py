@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.trainer_helpers import run, torchrun_argv
-from trainer.healthcheck import (
+from gputrain_node.healthcheck import (
     BUSBW_INTER_NODE,
     FAIL,
     PASS,
@@ -20,13 +19,14 @@ from trainer.healthcheck import (
     judge_ranks,
     main,
 )
+from tests.support.trainer_helpers import run, torchrun_argv
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
 H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_two_cpu_ranks_write_health_json_without_floors(tmp_path: Path) -> None:
-    done = run(torchrun_argv("trainer.healthcheck", []), out=tmp_path)
+    done = run(torchrun_argv("gputrain_node.healthcheck", []), out=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "health.json").read_text())
     assert report["overall"] == PASS and report["world_size"] == 2
@@ -108,7 +108,7 @@ def test_the_all_gather_probe_measures_the_collective_published_figures_measured
 ) -> None:
     """A3 Mega/Ultra's published 2-node figures are all_gather bus bandwidth: `verify --fabric`
     asks for that collective (gloo here, NCCL on GPUs)."""
-    argv = torchrun_argv("trainer.healthcheck", ["--collective", "all_gather"])
+    argv = torchrun_argv("gputrain_node.healthcheck", ["--collective", "all_gather"])
     done = run(argv, out=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     checks = json.loads((tmp_path / "health.json").read_text())["checks"]

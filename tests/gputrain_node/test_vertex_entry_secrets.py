@@ -1,4 +1,4 @@
-"""On Vertex the job's body names its secrets only as Secret Manager versions; trainer.vertex_entry
+"""On Vertex the job's body names its secrets only as Secret Manager versions; gputrain_node.vertex_entry
 reads the values inside the job (the real client against the fake Secret Manager) into its own
 environment, which torchrun and the ranks inherit."""
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from gputrain_node.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV, resolve_secrets
 from scripts.job.secrets import parse_secrets, secret_references, secret_refs_env
 from tests.support.fake_secretmanager import FakeSecretManager
 from trainer.errors import InputError
-from trainer.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV, resolve_secrets
 
 
 def test_the_body_carries_references_and_the_entry_resolves_them() -> None:

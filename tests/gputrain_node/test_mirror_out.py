@@ -1,4 +1,4 @@
-"""The out-dir mirror (trainer/mirror_out.py) against the real Cloud Storage emulator: new and
+"""The out-dir mirror (gputrain_node/mirror_out.py) against the real Cloud Storage emulator: new and
 changed files go up oldest first and only once they held still, a file rewritten while it was
 sent goes again, the last pass after SIGTERM sends what is settled, and a restore brings back
 what a re-created node lacks without touching what it has."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gputrain_node.mirror_out import Mirror, Target, due
 from tests.support.gcs_emulator import GcsEmulator
-from trainer.mirror_out import Mirror, Target, due
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -75,7 +75,7 @@ def test_sigterm_flushes_and_exits(gcs: GcsEmulator, tmp_path: Path) -> None:
     env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.url, "PYTHONPATH": str(ROOT)}
     uri = f"gs://{gcs.bucket_name}/runs/r2/out/n/"
     p = subprocess.Popen(
-        [sys.executable, "-m", "trainer.mirror_out", "--dir", str(out), "--uri", uri, "--interval", "60"],
+        [sys.executable, "-m", "gputrain_node.mirror_out", "--dir", str(out), "--uri", uri, "--interval", "60"],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(1.5)  # started, first scan done, long before its next pass
@@ -93,7 +93,7 @@ def test_the_preemption_notice_flushes_at_once_and_mirroring_goes_on(
 ) -> None:
     import threading
 
-    from trainer.mirror_out import Wake, run
+    from gputrain_node.mirror_out import Wake, run
 
     out = tmp_path / "out"
     out.mkdir()

@@ -1,4 +1,4 @@
-"""trainer.vertex_entry's setup step on one replica, as Vertex starts it (a real process, the real
+"""gputrain_node.vertex_entry's setup step on one replica, as Vertex starts it (a real process, the real
 Secret Manager client against the fake): the commands run in the job's working directory before
 torchrun, never with the job's secrets, which the training then has."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from gputrain_node import vertex_setup
+from gputrain_node.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV
+from gputrain_node.vertex_setup import SETUP_ENV, SETUP_TIMEOUT_ENV
 from tests.support.fake_secretmanager import FakeSecretManager
 from tests.support.trainer_helpers import ROOT, child_env
 from tests.support.vertex_replicas import alive
-from trainer import vertex_setup
-from trainer.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV
-from trainer.vertex_setup import SETUP_ENV, SETUP_TIMEOUT_ENV
 
 
 def test_setup_runs_in_the_code_dir_without_the_secrets_the_training_gets(tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_setup_runs_in_the_code_dir_without_the_secrets_the_training_gets(tmp_pa
         env[SETUP_ENV] = 'echo "setup sees HF=${HF:-unset}"\necho built > made.txt\n'
         env[SETUP_TIMEOUT_ENV] = "60"
         done = subprocess.run(
-            [sys.executable, "-m", "trainer.vertex_entry", "show.py"],
+            [sys.executable, "-m", "gputrain_node.vertex_entry", "show.py"],
             cwd=tmp_path,
             env=env,
             capture_output=True,

@@ -1,4 +1,4 @@
-"""Vertex AI's `pythonModule`: `python -m trainer.vertex_entry [ENTRY]` on every replica.
+"""Vertex AI's `pythonModule`: `python -m gputrain_node.vertex_entry [ENTRY]` on every replica.
 
 ENTRY is what `gputrain run -- ENTRY` names, as torchrun takes it: `-m MODULE [args]` (any module
 in the job's package: the trainer, the health check, the user's own), `SCRIPT.py [args]` (a file
@@ -12,9 +12,9 @@ replica's `task {type, index}`. That gives the node count and this node's rank; 
 chief at global rank 0, the one rank that writes to the bucket. AIP_CHECKPOINT_DIR becomes the
 checkpoint URI; the chief copies summary.json and metrics.jsonl to AIP_MODEL_DIR at the end.
 Before torchrun every replica installs the job's requirements and runs its `setup`
-(trainer/vertex_setup.py); its secrets (read first: a refused one fails at once) join the
+(gputrain_node/vertex_setup.py); its secrets (read first: a refused one fails at once) join the
 environment torchrun inherits only after setup. An entry other than the reference trainer gets
-its out dir mirrored to the bucket and back on a restart (trainer/vertex_mirror.py).
+its out dir mirrored to the bucket and back on a restart (gputrain_node/vertex_mirror.py).
 """
 
 from __future__ import annotations
@@ -31,19 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from trainer.config import CHECKPOINT_URI_ENV, parse_config
-from trainer.errors import InputError
-from trainer.fetch_data import FetchError, copy_on_vertex
-from trainer.storage import parse_gs_uri, upload_files
-from trainer.vertex_mirror import (
+from gputrain_node.contract import (
     ATTEMPT_ENV,
-    ATTEMPT_FILE,
     MIRROR_INTERVAL_ENV,
+    OUT_ENV,
     OUT_URI_ENV,
+    SECRET_ENDPOINT_ENV,
+    SECRET_REFS_ENV,
+)
+from gputrain_node.fetch_data import FetchError, copy_on_vertex
+from gputrain_node.vertex_mirror import (
+    ATTEMPT_FILE,
     ReplicaOutputs,
     resume_args,
 )
-from trainer.vertex_setup import SETUP_LOG, SetupFailed, prepare
+from gputrain_node.vertex_setup import SETUP_LOG, SetupFailed, prepare
+from trainer.config import CHECKPOINT_URI_ENV, parse_config
+from trainer.errors import InputError
+from trainer.storage import parse_gs_uri, upload_files
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
 OUTPUTS = ("summary.json", "metrics.jsonl")  # first; then every other file of the out dir
@@ -205,8 +210,6 @@ def torchrun_argv(
 
 #: The job's secrets as references, never values: {"NAME": "projects/P/secrets/S/versions/V"}
 #: (scripts/job/secrets.py writes it); resolved here, inside the job, into this process's memory.
-SECRET_REFS_ENV = "GPUTRAIN_SECRET_REFS"
-SECRET_ENDPOINT_ENV = "GPUTRAIN_SECRET_MANAGER_ENDPOINT"  # tests: the fake Secret Manager
 
 
 def resolve_secrets(environ: Mapping[str, str]) -> dict[str, str]:
@@ -324,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     entry = sys.argv[1:] if argv is None else argv
     workdir = code_root()
     # Every process of the job writes its results here: absolute, as it starts in `workdir`.
-    os.environ["GPUTRAIN_OUT"] = str(Path(os.environ.get("GPUTRAIN_OUT") or "out").absolute())
+    os.environ[OUT_ENV] = str(Path(os.environ.get(OUT_ENV) or "out").absolute())
     try:
         placement = placement_from_env(os.environ)
         if os.environ.get("AIP_CHECKPOINT_DIR"):
@@ -335,13 +338,13 @@ def main(argv: list[str] | None = None) -> None:
         program, args = split_entry(entry, workdir)
         secrets = resolve_secrets(os.environ)  # memory only: torchrun inherits them (not setup)
         os.environ.pop(SECRET_REFS_ENV, None)
-        args = [expand_out(a, os.environ["GPUTRAIN_OUT"]) for a in args]
-        out, cpu = Path(os.environ["GPUTRAIN_OUT"]), False
+        args = [expand_out(a, os.environ[OUT_ENV]) for a in args]
+        out, cpu = Path(os.environ[OUT_ENV]), False
         if program == TRAINER:
             cfg = parse_config(args)  # bad trainer flags fail here, before torchrun starts
             out, cpu = workdir / cfg.out, cfg.device == "cpu"
         mirrored = replica_outputs(os.environ, out, placement.node_rank, program)
-        extra = [expand_out(a, os.environ["GPUTRAIN_OUT"]) for a in resume_args(os.environ)]
+        extra = [expand_out(a, os.environ[OUT_ENV]) for a in resume_args(os.environ)]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)

@@ -2,8 +2,8 @@
 into <watch>/telemetry.csv beside torchrun until torchrun ends; `dump` prints every rank's Python
 stack (py-spy where it is installed, else the faulthandler our sitecustomize hook registered).
 
-    python -m trainer.telemetry sample --out DIR --interval 5 --until-pid PID
-    python -m trainer.telemetry dump --watch DIR --jobpid PID
+    python -m gputrain_node.telemetry sample --out DIR --interval 5 --until-pid PID
+    python -m gputrain_node.telemetry dump --watch DIR --jobpid PID
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-# The signal our sitecustomize hook (trainer/watch_hook/) registers faulthandler on; sent only to
+# The signal our sitecustomize hook (gputrain_node/watch_hook/) registers faulthandler on; sent only to
 # processes that left a marker saying so (its default action would end any other process).
 DUMP_SIGNAL = signal.SIGRTMIN + 5
 QUERY_FIELDS = (
@@ -169,28 +169,6 @@ def sample(out_dir: Path, interval_s: float, until_pid: int | None) -> int:
     return 0
 
 
-class Heartbeat:
-    """Touches $GPUTRAIN_HEARTBEAT.rank<RANK> after a step (at most once a second), so the
-    controller sees progress and, when the run stalls, which rank stopped first. A no-op where
-    the variable is unset (a run not started by gputrain)."""
-
-    def __init__(self, environ: dict[str, str] | None = None, every_s: float = 1.0) -> None:
-        env = os.environ if environ is None else environ
-        base = env.get("GPUTRAIN_HEARTBEAT")
-        self.path = Path(f"{base}.rank{env.get('RANK', '0')}") if base else None
-        self.every_s, self._last = every_s, 0.0
-
-    def beat(self) -> None:
-        now = time.monotonic()
-        if self.path is None or now - self._last < self.every_s:
-            return
-        self._last = now
-        try:
-            self.path.touch()
-        except OSError:
-            self.path = None  # the watch is a help, never a failure
-
-
 # -- stacks ------------------------------------------------------------------------------------
 
 
@@ -309,7 +287,7 @@ def dump(watch_dir: Path, jobpid: int, wait_s: float) -> list[dict[str, object]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.telemetry", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m gputrain_node.telemetry", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("sample", help="poll the GPUs into OUT/telemetry.csv")
     s.add_argument("--out", type=Path, required=True)

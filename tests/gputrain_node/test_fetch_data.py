@@ -1,4 +1,4 @@
-"""The node-side dataset copy (trainer/fetch_data.py) against the real Cloud Storage emulator:
+"""The node-side dataset copy (gputrain_node/fetch_data.py) against the real Cloud Storage emulator:
 many objects and a sliced big one arrive verified, a repeat downloads nothing, a changed object is
 fetched again, a deleted one removed, and a disk too small is refused before any byte moves."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gputrain_node import fetch_data
+from gputrain_node.fetch_data import EXIT_NO_SPACE, EXIT_UNREADABLE, FetchError, Remote, fetch
 from tests.support.gcs_emulator import GcsEmulator
-from trainer import fetch_data
-from trainer.fetch_data import EXIT_NO_SPACE, EXIT_UNREADABLE, FetchError, Remote, fetch
 
 
 @pytest.fixture

@@ -12,11 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.gcs_emulator import GcsEmulator
-from tests.support.trainer_helpers import ROOT, child_env, free_port
-from trainer.errors import InputError
-from trainer.storage import MANIFEST_SUFFIX
-from trainer.vertex_entry import (
+from gputrain_node.vertex_entry import (
     TRAINER,
     Placement,
     nproc_here,
@@ -26,6 +22,10 @@ from trainer.vertex_entry import (
     split_entry,
     torchrun_argv,
 )
+from tests.support.gcs_emulator import GcsEmulator
+from tests.support.trainer_helpers import ROOT, child_env, free_port
+from trainer.errors import InputError
+from trainer.storage import MANIFEST_SUFFIX
 
 
 def spec(task: str, index: object, workers: int = 0, **extra: Any) -> str:
@@ -39,7 +39,7 @@ def spec(task: str, index: object, workers: int = 0, **extra: Any) -> str:
             "cluster": cluster,
             "environment": "cloud",
             "task": {"type": task, "index": index, "trial": ""},
-            "job": '{"python_module":"trainer.vertex_entry"}',
+            "job": '{"python_module":"gputrain_node.vertex_entry"}',
             **extra,
         }
     )
@@ -181,7 +181,15 @@ def test_two_replicas_train_with_gloo_and_the_chief_puts_outputs_in_the_bucket(
             AIP_MODEL_DIR=f"{base}/model/",
             AIP_CHECKPOINT_DIR=f"{base}/checkpoints/",
         )
-        argv = [sys.executable, "-m", "trainer.vertex_entry", "--device", "cpu", "--steps", "60"]
+        argv = [
+            sys.executable,
+            "-m",
+            "gputrain_node.vertex_entry",
+            "--device",
+            "cpu",
+            "--steps",
+            "60",
+        ]
         argv += ["--checkpoint-every", "30", "--log-every", "10", "--eval-batches", "2"]
         procs.append(
             subprocess.Popen(
@@ -215,7 +223,7 @@ def test_bad_trainer_flags_fail_before_torchrun_in_one_line(tmp_path: Path) -> N
     env = child_env()
     env["CLUSTER_SPEC"] = spec("workerpool0", 0)
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.vertex_entry", "--steps", "0"],
+        [sys.executable, "-m", "gputrain_node.vertex_entry", "--steps", "0"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -306,7 +314,7 @@ def test_a_script_entry_runs_in_the_code_dir_and_its_outputs_reach_the_bucket(
     cwd = tmp_path / "replica"
     cwd.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.vertex_entry", "jobs/count.py", "two words"],
+        [sys.executable, "-m", "gputrain_node.vertex_entry", "jobs/count.py", "two words"],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -321,7 +329,7 @@ def test_a_script_entry_runs_in_the_code_dir_and_its_outputs_reach_the_bucket(
 
 
 _FORWARD = (
-    "import sys\nfrom trainer.vertex_entry import run_forwarding_signals\n"
+    "import sys\nfrom gputrain_node.vertex_entry import run_forwarding_signals\n"
     "print('started', flush=True)\nsys.exit(run_forwarding_signals(sys.argv[1:]))\n"
 )
 

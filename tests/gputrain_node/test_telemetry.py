@@ -1,5 +1,5 @@
-"""The node sampler (trainer/telemetry.py) against the test bed's fake nvidia-smi and dmesg, the
-heartbeat, and the stack-dump hook in a real Python process."""
+"""The node sampler (gputrain_node/telemetry.py) against the test bed's fake nvidia-smi and dmesg, and
+the stack-dump hook in a real Python process."""
 
 from __future__ import annotations
 
@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gputrain_node import contract, telemetry
 from tests.support.testbed import BUSY, FAKE_DMESG, FAKE_NVIDIA_SMI, GpuConfig, GpuPhase
-from trainer import telemetry
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _fake_gpus(tmp_path: Path, cfg: GpuConfig, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -75,16 +73,6 @@ def test_no_nvidia_smi_is_one_line_not_a_loop(
     assert "no GPU telemetry" in (tmp_path / "w" / "telemetry.err").read_text()
 
 
-def test_heartbeat_touches_the_ranks_file_at_most_once_a_second(tmp_path: Path) -> None:
-    hb = telemetry.Heartbeat({"GPUTRAIN_HEARTBEAT": str(tmp_path / "heartbeat"), "RANK": "3"})
-    hb.beat()
-    path = tmp_path / "heartbeat.rank3"
-    first = path.stat().st_mtime_ns
-    hb.beat()  # within the second: not touched again
-    assert path.stat().st_mtime_ns == first
-    assert telemetry.Heartbeat({}).path is None
-
-
 def test_dump_reads_each_ranks_stack_through_the_hook(tmp_path: Path) -> None:
     """A worker-like tree (a parent standing in for torchrun, a child with RANK) with the hook on
     PYTHONPATH: the dump finds the rank, signals it and returns its Python stack; a stopped rank
@@ -100,7 +88,7 @@ def test_dump_reads_each_ranks_stack_through_the_hook(tmp_path: Path) -> None:
     )
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO / "trainer" / "watch_hook"),
+        "PYTHONPATH": str(contract.PACKAGE_DIR / contract.WATCH_HOOK_DIR),
         "GPUTRAIN_WATCH_DIR": str(watch),
     }
     agent = subprocess.Popen([sys.executable, "-c", child], env=env)

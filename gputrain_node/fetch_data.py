@@ -1,4 +1,4 @@
-"""`python -m trainer.fetch_data --root DIR NAME=gs://BUCKET/PREFIX ...`: every node copies its
+"""`python -m gputrain_node.fetch_data --root DIR NAME=gs://BUCKET/PREFIX ...`: every node copies its
 datasets out of Cloud Storage before torchrun starts.
 
 Many objects at once and large objects in slices (google-cloud-storage's transfer_manager), each
@@ -330,7 +330,7 @@ def prepare_root(root: Path, scratch: str | None) -> Path:
 
 
 def copy_on_vertex(env: MutableMapping[str, str], workdir: Path, node: str) -> None:
-    """trainer.vertex_entry's step: the `copy` datasets Vertex AI's job names (GPUTRAIN_DATA_COPY)
+    """gputrain_node.vertex_entry's step: the `copy` datasets Vertex AI's job names (GPUTRAIN_DATA_COPY)
     onto this replica's disk, then their variables point there."""
     specs = env.get("GPUTRAIN_DATA_COPY", "").split()
     if not specs:
@@ -345,7 +345,7 @@ def copy_on_vertex(env: MutableMapping[str, str], workdir: Path, node: str) -> N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.fetch_data", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m gputrain_node.fetch_data", description=__doc__)
     p.add_argument("datasets", nargs="+", metavar="NAME=gs://BUCKET/PREFIX")
     p.add_argument("--root", required=True, type=Path, help="one directory per dataset here")
     p.add_argument("--node", default=socket.gethostname(), help="the node's name in messages")

@@ -22,9 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import cast
 
-SETUP_ENV = "GPUTRAIN_SETUP"
-SETUP_TIMEOUT_ENV = "GPUTRAIN_SETUP_TIMEOUT"
-REQUIREMENTS_ENV = "GPUTRAIN_REQUIREMENTS"
+from gputrain_node.contract import REQUIREMENTS_ENV, SETUP_ENV, SETUP_TIMEOUT_ENV
+
 DEFAULT_TIMEOUT_S = 1800
 KILL_GRACE_S = 10.0  # after the timeout's SIGTERM, as `timeout -k 10` on the nodes
 SETUP_LOG = "setup.log"  # in the out dir: the chief's reaches the run's results (AIP_MODEL_DIR)

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from gputrain_node import contract
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_metadata import FakeMetadata
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.http_sink import HttpSink
 
-WATCHDOG = Path(__file__).resolve().parents[2] / "trainer" / "watchdog.py"
+WATCHDOG = contract.source_of(contract.WATCHDOG)
 ZONE = "us-central1-a"
 NODES = [("wd-node-1", ZONE), ("wd-node-0", ZONE)]  # the head last
 
