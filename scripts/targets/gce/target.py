@@ -120,7 +120,6 @@ class GceTarget(StackTarget[GceClients, Provision]):
         spec = self.spec()
         if spec.capacity_ladder:  # every `up` starts at the top of the capacity list
             spec = self._use_capacity(spec.capacity_ladder[0])
-        recoveries_allowed(opts, spec)  # a bad --max-recoveries is refused before anything
         self._wait_s = self._wait_for_capacity(opts, spec)
         return spec
 
@@ -444,14 +443,10 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
 
 def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
-    """--max-recoveries, by default 3 on any capacity: spot VMs are preempted, and host errors and
-    maintenance terminate on-demand and reserved VMs too (recovered the same way)."""
-    n = opts.max_recoveries
-    if n is None:
-        return 3
-    if not 0 <= n <= 100:
-        raise UserError(f"--max-recoveries {n}: allowed 0..100")
-    return n
+    """--max-recoveries (checked by the run plan), by default 3 on any capacity."""
+    from scripts.run_plan import recoveries_allowed as allowed
+
+    return allowed(opts.max_recoveries)
 
 
 def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: float) -> float | None:

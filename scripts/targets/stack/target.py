@@ -15,11 +15,10 @@ from infra.base.errors import UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
-from scripts.targets.base import RunOptions, Session
+from scripts.targets.base import Capabilities, Declared, RunOptions, Session
 from scripts.targets.stack.clients import StackClients
 
 if TYPE_CHECKING:
-    from infra.datasets import Dataset
     from infra.offer_tables import Check
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
@@ -83,8 +82,23 @@ class StackTarget(Generic[C, P]):
             self._spec = parse_spec(self.stack_file.config, self.stack)
         return self._spec
 
-    def datasets(self) -> tuple[Dataset, ...]:
-        return self.spec().datasets
+    @property
+    def capabilities(self) -> Capabilities:
+        """Everything (a backend declares what it lacks)."""
+        return Capabilities()
+
+    def declared(self) -> Declared:
+        """What the stack file declares for a run: its spec, `data`, `notify` and the
+        environment keys (read once per command)."""
+        spec = self.spec()
+        return Declared(
+            name=self.name,
+            label=self.stack,
+            datasets=spec.datasets,
+            environment=self.environment_settings(),
+            notify=spec.notify,
+            spec=spec,
+        )
 
     def spec_at(self, chosen: Candidate) -> ClusterSpec:
         """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it. The

@@ -15,7 +15,7 @@ from infra.base.errors import UserError
 from infra.outputs import Key, VertexOutputs, parse_vertex_outputs
 from infra.stackfile import STACK_LABEL
 from scripts import ui
-from scripts.targets.base import RunOptions
+from scripts.targets.base import Capabilities, Feature, RunOptions
 from scripts.targets.stack.runner import pulumi_line
 from scripts.targets.stack.target import StackTarget
 from scripts.targets.vertex.clients import VertexClients
@@ -41,14 +41,21 @@ class VertexTarget(StackTarget[VertexClients, None]):
             )
         return parse_vertex_outputs(raw) if raw else None
 
-    def spec_for(self, opts: RunOptions) -> ClusterSpec:
-        """The spec, refusing the options that only mean something for VMs."""
-        if opts.max_recoveries is not None:
-            raise UserError(
-                f"--max-recoveries {opts.max_recoveries}: stack {self.stack} runs on Vertex AI, "
-                "where gputrain re-creates no VMs; allowed only for backend gce stacks"
-            )
-        return self.spec()
+    @property
+    def capabilities(self) -> Capabilities:
+        """Vertex AI runs the job on replicas of its own: gputrain has no VMs to log in to,
+        re-create or delete, and follows each job to its end."""
+        on_vertex = f"stack {self.stack} runs on Vertex AI"
+        return Capabilities(
+            {
+                Feature.DETACH: "a Vertex AI stack's jobs are followed, not detached (yet)",
+                Feature.RESUME: f"{on_vertex}, where gputrain keeps no run to resume (yet)",
+                Feature.RECREATE_NODES: f"{on_vertex}, where gputrain re-creates no VMs; "
+                "allowed only for backend gce stacks",
+                Feature.AUTODOWN: f"{on_vertex}: a job's replicas end with it, nothing to delete",
+                Feature.SSH: f"{on_vertex}, which gives no SSH to its replicas",
+            }
+        )
 
     # ---- commands that need no stack
 
@@ -113,7 +120,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
 
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
-        spec = self.spec_for(opts)
+        spec = self.spec()
         outputs = self._outputs()
         if outputs is None:
             raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
