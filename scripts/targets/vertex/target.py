@@ -17,12 +17,14 @@ from infra.stackfile import STACK_LABEL
 from scripts import ui
 from scripts.targets.base import Capabilities, Feature, RunOptions
 from scripts.targets.stack.runner import pulumi_line
-from scripts.targets.stack.target import StackTarget
+from scripts.targets.stack.target import StackContext, StackTarget
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.session import RUN_LABEL, VertexSession
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
+
+Context = StackContext[VertexClients]
 
 
 class VertexTarget(StackTarget[VertexClients, None]):
@@ -91,31 +93,29 @@ class VertexTarget(StackTarget[VertexClients, None]):
         )
 
     def sweep(self) -> bool:
-        leftovers = self.leftovers(self.spec())
+        leftovers = self.leftovers(self.context(self.spec(), RunOptions()))
         if not leftovers:
             ui.say(f"sweep: nothing of stack {self.stack} is left (no job running, no bucket)")
         return bool(leftovers)
 
     # ---- creating and destroying: StackTarget's skeleton, these hooks
 
-    def prepare(self, spec: ClusterSpec, opts: RunOptions) -> None:
-        if not opts.skip_preflight:
+    def prepare(self, ctx: Context) -> None:
+        if not ctx.opts.skip_preflight:
             from scripts.targets.vertex.preflight import preflight_region
 
-            preflight_region(spec, self.clients.compute())
+            preflight_region(ctx.spec, ctx.clients.compute())
 
     @contextmanager
-    def create(
-        self, spec: ClusterSpec, prepared: None, opts: RunOptions
-    ) -> Iterator[VertexSession]:
-        ui.say(f"up: stack {self.stack}: the Vertex AI API, a service account, the bucket")
-        outputs = parse_vertex_outputs(self.runner.up(on_output=pulumi_line))
-        yield VertexSession(spec, outputs, self.clients, self.settings, keep=opts.keep)
+    def create(self, ctx: Context, prepared: None) -> Iterator[VertexSession]:
+        ui.say(f"up: stack {ctx.stack}: the Vertex AI API, a service account, the bucket")
+        outputs = parse_vertex_outputs(ctx.runner.up(on_output=pulumi_line))
+        yield VertexSession(ctx.spec, outputs, ctx.clients, ctx.settings, keep=ctx.opts.keep)
 
-    def kept_message(self, spec: ClusterSpec) -> str:
+    def kept_message(self, ctx: Context) -> str:
         return (
-            f"stack {self.stack} stays up (its bucket and service account cost "
-            f"nothing while no job runs); `gputrain down --stack {self.stack}` ends it"
+            f"stack {ctx.stack} stays up (its bucket and service account cost "
+            f"nothing while no job runs); `gputrain down --stack {ctx.stack}` ends it"
         )
 
     @contextmanager
@@ -126,35 +126,37 @@ class VertexTarget(StackTarget[VertexClients, None]):
             raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
         yield VertexSession(spec, outputs, self.clients, self.settings)
 
-    def before_destroy(self, spec: ClusterSpec) -> None:
+    def before_destroy(self, ctx: Context) -> None:
         """The stack's jobs cancelled, and waited for, before their bucket is settled."""
+        spec = ctx.spec
         assert spec.project is not None  # down and provisioned checked it
         bare = VertexOutputs(spec.project, spec.region, "", "", "")
-        VertexSession(spec, bare, self.clients, self.settings).cancel(None)
+        VertexSession(spec, bare, ctx.clients, ctx.settings).cancel(None)
 
-    def leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
+    def leftovers(self, ctx: Context, *, kept: str | None = None) -> list[list[str]]:
         """Jobs of the stack not ended, and buckets carrying its label (but one kept on purpose),
         printed loudly."""
+        spec, clients, stack = ctx.spec, ctx.clients, ctx.stack
         if not spec.project:
-            raise UserError(f"gcp:project is not set for stack {self.stack}")
-        api = self.clients.api(spec.project, spec.region)
+            raise UserError(f"gcp:project is not set for stack {stack}")
+        api = clients.api(spec.project, spec.region)
         rows = [
             ["Vertex job", j.job_id, spec.region, j.short_state]
-            for j in api.list_jobs({STACK_LABEL: self.stack})
+            for j in api.list_jobs({STACK_LABEL: stack})
             if not j.done
         ]
         rows += [
-            ["bucket", b.name, b.location, f"label {STACK_LABEL}={self.stack}"]
-            for b in self.clients.storage(spec.project).list_buckets(spec.project)
-            if b.labels.get(STACK_LABEL) == self.stack and b.name != kept
+            ["bucket", b.name, b.location, f"label {STACK_LABEL}={stack}"]
+            for b in clients.storage(spec.project).list_buckets(spec.project)
+            if b.labels.get(STACK_LABEL) == stack and b.name != kept
         ]
         if spec.build:
             from infra.gcp.sweep import repository_leftovers
 
             found = repository_leftovers(
-                self.clients.artifact_registry(), spec.project, spec.region, self.stack
+                clients.artifact_registry(), spec.project, spec.region, stack
             )
             rows += [["repository", r.name, r.location, r.matched_by] for r in found]
         if rows:
-            ui.table(f"LEFT BEHIND by stack {self.stack}", ["kind", "name", "where", "state"], rows)
+            ui.table(f"LEFT BEHIND by stack {stack}", ["kind", "name", "where", "state"], rows)
         return rows
