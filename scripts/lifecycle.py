@@ -1,6 +1,7 @@
-"""The lifecycle of a job, on any target: [create ->] verify -> run -> collect [-> destroy], then the
-summary. It talks to targets only through the `Target`/`Session` protocol (targets/base.py); every
-step after the first resource exists runs under a teardown no failure or signal can skip.
+"""The lifecycle of a job, on any target: plan -> provision -> verify -> run -> summary. The plan
+(run_plan.py) checks every input before anything exists; the lifecycle talks to targets only
+through the `Target`/`Session` protocol (targets/base.py), and every step after the first resource
+exists runs under a teardown no failure or signal can skip.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     notifier = Notifier(plan.notify, {"stack": plan.label})
     try:
         with signal_guard() as guard, provisioned(plan, guard) as session:
-            job = prepared_job(plan, session, settings, notifier)
+            job = verified_job(plan, session, settings, notifier)
             if opts.detach:
                 detach(plan, session, job, guard)
                 return None
@@ -54,7 +55,7 @@ def provisioned(plan: RunPlan, guard: SignalGuard) -> AbstractContextManager[Ses
     return plan.target.attached(plan.opts)
 
 
-def prepared_job(plan: RunPlan, session: Session, settings: Settings, notifier: Notifier) -> Job:
+def verified_job(plan: RunPlan, session: Session, settings: Settings, notifier: Notifier) -> Job:
     """What must hold on the machines before the job starts (proven, not busy, the run to
     resume there), the job in its image, its results dir (recorded as the target's last run:
     `logs` reattaches to it) and the `started` event."""
