@@ -27,7 +27,7 @@ from scripts.job.env_options import (
 )
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
-from scripts.targets.base import RunOptions
+from scripts.targets.base import Feature, RunOptions
 from scripts.watch.commands import add_watch_arguments, stall_timeout_option
 
 if TYPE_CHECKING:
@@ -123,21 +123,23 @@ def cmd_doctor(ctx: Context) -> int:
 def cmd_plan(ctx: Context) -> int:
     export = Path(ctx.args.export) if getattr(ctx.args, "export", None) else None
     if export is not None:
-        if not hasattr(ctx.target, "export_job"):
-            raise UserError(f"--export {export}: only for --stack targets with backend vertex")
+        ctx.target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")
         if export.exists() and not ctx.args.force:
             raise UserError(f"--export {export}: the file exists; add --force to replace it")
     lifecycle.plan(ctx.target)
     if export is not None:
         from scripts.job.records import Job
+        from scripts.run_plan import declared_image, job_environment
         from scripts.settings import new_run_id
 
-        environment, secrets, image = lifecycle.job_environment(ctx.target, ctx.opts)
+        env = ctx.target.declared().environment
+        environment, secrets = job_environment(env, ctx.opts)
+        image = declared_image(env, ctx.opts)
         job = Job(
             run_id=new_run_id(),
             entry=ctx.opts.entry or DEFAULT_ENTRY,
             workdir=Path.cwd(),
-            datasets=ctx.target.datasets(),
+            datasets=ctx.target.declared().datasets,
             environment=environment,
             secret_refs=secrets.refs,
             image=image,
@@ -228,13 +230,8 @@ def cmd_stop(ctx: Context) -> int:
 
 def cmd_reconcile(ctx: Context) -> int:
     """One pass of recovery for a stack's run (scripts/targets/gce/reconcile.py)."""
-    reconcile = getattr(ctx.target, "reconcile", None)
-    if reconcile is None:
-        raise UserError(
-            f"reconcile: stack {ctx.args.stack} runs on Vertex AI, which restarts its own "
-            "replicas; reconcile is for stacks of Compute Engine VMs"
-        )
-    reconcile(ctx.args.run, ctx.opts)
+    ctx.target.capabilities.require(Feature.RECREATE_NODES, "reconcile")
+    ctx.target.reconcile(ctx.args.run, ctx.opts)  # type: ignore[attr-defined]
     return EXIT_OK
 
 

@@ -1,6 +1,7 @@
-"""The lifecycle of a job, on any target: [create ->] verify -> run -> collect [-> destroy], then the
-summary. It talks to targets only through the `Target`/`Session` protocol (targets/base.py); every
-step after the first resource exists runs under a teardown no failure or signal can skip.
+"""The lifecycle of a job, on any target: plan -> provision -> verify -> run -> summary. The plan
+(run_plan.py) checks every input before anything exists; the lifecycle talks to targets only
+through the `Target`/`Session` protocol (targets/base.py), and every step after the first resource
+exists runs under a teardown no failure or signal can skip.
 """
 
 from __future__ import annotations
@@ -8,92 +9,93 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gputrain_node.contract import HEALTHCHECK_ENTRY
 from infra.base.errors import GputrainError, UserError
-from infra.datasets import merge_datasets
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
-from scripts.job.entry_check import check_entry
-from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery, TrainingError
-from scripts.settings import Settings, new_run_id
-from scripts.targets.base import RunOptions, Session, Target
+from scripts.job.records import Job, JobResult, Recovery, TrainingError
+from scripts.notify import Notifier
+from scripts.run_plan import RunPlan, declared_image, plan_run
+from scripts.settings import Settings
+from scripts.targets.base import Feature, RunOptions, Session, Target
 from scripts.watch.report import report_after_run
-from scripts.watch.settings import watch_settings
-
-if TYPE_CHECKING:
-    from scripts.job.container import ImageRef
-    from scripts.job.environment import Environment, EnvironmentSettings
 
 
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult | None:
     """`run` (create: the target exists only for this job, unless --keep) and `train`/
-    `healthcheck` (on what exists): verify, run the job, collect; then the summary. With
+    `healthcheck` (on what exists): plan -> provision -> verify -> run -> summary. With
     `opts.detach` it returns once the job trains (None), leaving it and its machines running.
     Each event goes to the `notify` webhooks (scripts/notify.py), never holding the run up."""
-    from scripts.job.data import check_prefixes
-    from scripts.notify import notifier_for, summary_fields
-
     started = time.monotonic()
-    spec = getattr(target, "spec", None)
-    if opts.detach and spec is not None and spec().on_vertex:  # before anything is created
-        raise UserError("--detach: a Vertex AI stack's jobs are followed, not detached (yet)")
-    healthcheck = tuple(opts.entry[:2]) == HEALTHCHECK_ENTRY  # reads no data
-    datasets = () if healthcheck else merge_datasets(target.datasets(), opts.data)
-    check_prefixes(datasets)  # before anything is created: a typo costs nothing
-    environment, secrets, image = job_environment(target, opts)  # bad input: before anything
-    check_entry(opts.entry or DEFAULT_ENTRY, Path.cwd())  # before anything is created
-    notifier = notifier_for(target, opts)
+    plan = plan_run(target, opts, settings, create=create)  # every check before anything exists
+    notifier = Notifier(plan.notify, {"stack": plan.label})
     try:
-        with signal_guard() as guard:
-            session_of = target.provisioned(opts, guard) if create else target.attached(opts)
-            with session_of as session:
-                session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network
-                refuse_if_busy(session, opts, opts.selector or target.name)
-                if opts.resume is not None:
-                    require_run(session, opts.resume, opts.selector or target.name)
-                built = getattr(target, "built_image", None)
-                if image is None and built is not None:  # `build`: made before any GPU
-                    image = built(opts)
-                job = Job(
-                    run_id=opts.resume or new_run_id(),
-                    entry=opts.entry or DEFAULT_ENTRY,
-                    env=opts.env,
-                    max_restarts=opts.max_restarts,
-                    workdir=Path.cwd(),
-                    datasets=datasets,
-                    resume_args=opts.resume_args,
-                    environment=environment,
-                    secrets=secrets.values,
-                    secret_refs=secrets.refs,
-                    image=image,
-                    watch=watch_settings(opts.stall_timeout_s),
-                )
-                results_dir = settings.results_dir(target.name, job.run_id)
-                fleet = getattr(session, "fleet", None)
-                notifier.base |= {"run_id": job.run_id, "nodes": fleet and len(fleet.nodes)}
-                if hasattr(session, "notifier"):
-                    session.notifier = notifier  # preempted / recovered
-                notifier.send("started")
-                if opts.detach:
-                    detach(session, job, guard, opts.selector or target.name)
-                    return None
-                try:
-                    result = session.run_job(job, results_dir, guard)
-                finally:  # runs/<target>/<run-id>/report.html, also for a failed run
-                    report_after_run(results_dir, session.hourly_usd, time.monotonic() - started)
-        cost = summarize(result, hourly_usd=session.hourly_usd, started=started)
-        found = _find_summary(result.results_dir) or {}
-        notifier.send("finished", **summary_fields(found, cost))
+        with signal_guard() as guard, provisioned(plan, guard) as session:
+            job = verified_job(plan, session, settings, notifier)
+            if opts.detach:
+                detach(plan, session, job, guard)
+                return None
+            result = run_job(plan, session, job, guard, started)
+        summary(plan, result, session.hourly_usd, started, notifier)
         return result
     except GputrainError as e:
         notifier.send("failed", root_cause=root_cause_line(e))
         raise
     finally:
         notifier.close()
+
+
+def provisioned(plan: RunPlan, guard: SignalGuard) -> AbstractContextManager[Session]:
+    """The target's session: made for this run (torn down after it unless kept) or attached."""
+    if plan.create:
+        return plan.target.provisioned(plan.opts, guard)
+    return plan.target.attached(plan.opts)
+
+
+def verified_job(plan: RunPlan, session: Session, settings: Settings, notifier: Notifier) -> Job:
+    """What must hold on the machines before the job starts (proven, not busy, the run to
+    resume there), the job in its image, its results dir (recorded as the target's last run:
+    `logs` reattaches to it) and the `started` event."""
+    session.verify(fabric=True)  # a multi-node GPUDirect stack proves its network
+    refuse_if_busy(session, plan.opts, plan.selector)
+    if plan.opts.resume is not None:
+        require_run(session, plan.opts.resume, plan.selector)
+    image = plan.image  # `build`: made before any GPU (on a stack that is up: now)
+    if plan.build is not None:
+        image = plan.target.built_image(plan.opts)
+    settings.results_dir(plan.target.name, plan.run_id)
+    notifier.base |= {"run_id": plan.run_id, "nodes": session.node_count}
+    session.notifier = notifier  # preempted / recovered
+    notifier.send("started")
+    return plan.job(image)
+
+
+def run_job(
+    plan: RunPlan, session: Session, job: Job, guard: SignalGuard, started: float
+) -> JobResult:
+    """Launch, follow, collect into runs/<target>/<run-id>/; its report, also for a failed run."""
+    try:
+        return session.run_job(job, plan.results_dir, guard)
+    finally:
+        report_after_run(plan.results_dir, session.hourly_usd, time.monotonic() - started)
+
+
+def summary(
+    plan: RunPlan,
+    result: JobResult,
+    hourly_usd: float | None,
+    started: float,
+    notifier: Notifier,
+) -> None:
+    """The closing table, and `finished` with its figures."""
+    from scripts.notify import summary_fields
+
+    cost = summarize(result, hourly_usd=hourly_usd, started=started)
+    found = _find_summary(result.results_dir) or {}
+    notifier.send("finished", **summary_fields(found, cost))
 
 
 def root_cause_line(error: GputrainError) -> str:
@@ -106,8 +108,7 @@ def root_cause_line(error: GputrainError) -> str:
 
 def require_run(session: Session, run_id: str, selector: str) -> None:
     """`--resume RUN`: one line when nothing of that run is where its checkpoints would be."""
-    known = getattr(session, "has_run", None)
-    if known is None or not known(run_id):
+    if not session.has_run(run_id):
         raise UserError(
             f"--resume {run_id}: no such run on {selector} (neither its checkpoints in the "
             f"stack's bucket nor its directory on the nodes); `gputrain logs {selector}` names "
@@ -115,19 +116,16 @@ def require_run(session: Session, run_id: str, selector: str) -> None:
         )
 
 
-def detach(session: Session, job: Job, guard: SignalGuard, selector: str) -> None:
+def detach(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> None:
     """Start the job, return once it trains; the machines stay (autodown ends a stack's)."""
-    start = getattr(session, "run_detached", None)
-    if start is None:
-        raise UserError(f"--detach: {session.name} cannot leave a job running on its own")
-    start(job, guard)
+    session.run_detached(job, guard)
     session.keep = True
+    selector = plan.selector
     lines = [f"  reattach:  gputrain logs {selector} --run {job.run_id}"]
-    if selector.startswith("--stack"):
+    if Feature.AUTODOWN in plan.target.capabilities:
         from infra.autodown import describe
 
-        plan = getattr(getattr(session, "watchdogs", None), "plan", None)
-        seconds = getattr(plan, "autodown_s", None)
+        seconds = plan.autodown_s
         lines += [
             f"  state:     gputrain status {selector}",
             f"  end it:    gputrain down {selector}  (results home from the bucket, then teardown)",
@@ -140,105 +138,34 @@ def detach(session: Session, job: Job, guard: SignalGuard, selector: str) -> Non
     ui.say(f"run {job.run_id} detached: it trains on without this command.\n" + "\n".join(lines))
 
 
-@dataclass(frozen=True)
-class JobSecrets:
-    values: dict[str, str] = field(default_factory=dict, repr=False)  # sent to SSH nodes
-    refs: dict[str, str] = field(default_factory=dict)  # resolved by a Vertex job itself
-
-
-def job_environment(
-    target: Target, opts: RunOptions
-) -> tuple[Environment | None, JobSecrets, ImageRef | None]:
-    """The environment the nodes prepare, the secrets' values and the image (at its digest): the
-    target file's `setup`, `secrets` and `image` with the command line's; every bad input is a
-    UserError here, before any resource."""
-    from infra.base.errors import UserError
-    from scripts.job.environment import EnvironmentSettings, plan_environment
-    from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
-
-    read = getattr(target, "environment_settings", None)
-    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
-    setup = declared.setup if opts.setup is None else opts.setup
-    refs = parse_secrets(declared.secrets, f"{declared.source}secrets") + parse_secrets(
-        opts.secrets, "--secret"
-    )
-    image_text = opts.image or declared.image  # on Vertex: containerSpec.imageUri
-    build = opts.build or declared.build  # the stack target builds it (built_image)
-    if build and image_text:
-        from scripts.job.image_build import image_conflict
-
-        build_key = "--build" if opts.build else f"{declared.source}build"
-        raise image_conflict(build_key, "--image" if opts.image else f"{declared.source}image")
-    if build and getattr(target, "built_image", None) is None:
-        raise UserError(
-            f"--build {build}: only for --stack targets (the image goes to the stack's "
-            "Artifact Registry repository); build and push it yourself and pass --image"
-        )
-    # with an image: built inside it, on every node; on Vertex by the entry on every replica
-    environment = plan_environment(
-        Path.cwd(),
-        requirements=opts.requirements,
-        setup=setup,
-        setup_timeout_s=opts.setup_timeout_s,
-        force=opts.force_setup,
-    )
-    secrets: dict[str, str] = {}
-    if declared.backend_without_ssh:  # the job resolves them itself: references only
-        secret_refs = secret_references(refs, declared.project)
-    else:
-        secret_refs, secrets = {}, resolve_secrets(refs, project=declared.project)
-    return environment, JobSecrets(secrets, secret_refs), declared_image(declared, opts)
-
-
-def declared_image(declared: EnvironmentSettings, opts: RunOptions) -> ImageRef | None:
-    """The image the target's file or --image names, at its digest (UserError for a bad
-    reference, a missing image or a registry that refuses us); None without one."""
-    image_text = opts.image or declared.image
-    if not image_text:
-        return None
-    from scripts.job.container import parse_image, resolve_image
-
-    setting = "--image" if opts.image else f"{declared.source}image"
-    image = resolve_image(parse_image(image_text, setting))
-    ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
-    return image
-
-
 def plan(target: Target) -> None:
     """`plan`: what `run` refuses about the target file's `secrets` is refused here too (names,
     references, a NAME unset here; Secret Manager is not asked), then the target's own plan."""
-    from scripts.job.environment import EnvironmentSettings
     from scripts.job.secrets import parse_secrets, resolve_secrets
 
-    read = getattr(target, "environment_settings", None)
-    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
-    refs = parse_secrets(declared.secrets, f"{declared.source}secrets")
-    if not declared.backend_without_ssh:  # a Vertex job reads its secrets itself
-        resolve_secrets([r for r in refs if r.sm_secret is None], project=declared.project)
+    env = target.declared().environment
+    refs = parse_secrets(env.secrets, f"{env.source}secrets")
+    if not env.backend_without_ssh:  # a Vertex job reads its secrets itself
+        resolve_secrets([r for r in refs if r.sm_secret is None], project=env.project)
     target.plan()
 
 
 def verify(target: Target, opts: RunOptions) -> None:
     """The GPUs (and with --fabric the GPU network); with an image, every node can run it and
     nvidia-smi inside it sees the node's GPUs."""
-    from scripts.job.environment import EnvironmentSettings
-
-    read = getattr(target, "environment_settings", None)
-    declared: EnvironmentSettings = read() if read is not None else EnvironmentSettings()
-    image = None if declared.backend_without_ssh else declared_image(declared, opts)
+    env = target.declared().environment
+    image = declared_image(env, opts) if Feature.SSH in target.capabilities else None
     with target.attached(opts) as session:
         session.verify(fabric=opts.fabric)
-        check = getattr(session, "verify_image", None)
-        if image is not None and check is not None:
-            check(image)
+        if image is not None:
+            session.verify_image(image)
 
 
 def logs(target: Target, run_id: str | None, opts: RunOptions, settings: Settings) -> None:
     """Follow a run's logs (default: the target's last run); reattaches to a running job."""
     with target.attached(opts) as session:
         if run_id is None and not settings.has_last_run(target.name):
-            latest = getattr(session, "latest_run", None)  # another machine: ask the head
-            run_id = latest() if latest is not None else None
+            run_id = session.latest_run()  # another machine: ask the head
         session.logs(run_id or settings.last_run(target.name))
 
 

@@ -131,18 +131,11 @@ class Notifier:
             )
 
 
-def notifier_for(target: object, opts: Any) -> Notifier:
-    """The run's notifier: `--notify` and $GPUTRAIN_NOTIFY URLs, then the target's own (`notify`
-    in the stack or hosts file); it sends nothing when there are none."""
-    from_env = os.environ.get(NOTIFY_ENV, "").split()  # kept out of argv and shell history
-    urls = [*opts.notify, *check_urls(from_env, NOTIFY_ENV)]
-    own = getattr(target, "notify_urls", None)
-    if own is not None:
-        urls += own()
-    elif hasattr(target, "spec"):
-        urls += target.spec().notify
-    stack = getattr(target, "stack", None) or getattr(target, "name", "")
-    return Notifier(list(dict.fromkeys(urls)), {"stack": stack})
+def run_notify_urls(given: Sequence[str], declared: Sequence[str]) -> tuple[str, ...]:
+    """A run's webhook URLs: `--notify`, then $GPUTRAIN_NOTIFY (kept out of argv and shell
+    history; checked here), then the target's own (`notify` in the stack or hosts file)."""
+    from_env = os.environ.get(NOTIFY_ENV, "").split()
+    return tuple(dict.fromkeys([*given, *check_urls(from_env, NOTIFY_ENV), *declared]))
 
 
 def summary_fields(summary: Mapping[str, Any], cost_usd: float | None) -> dict[str, Any]:

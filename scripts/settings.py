@@ -46,6 +46,10 @@ class Settings:
         override = os.environ.get(NODE_ROOT_ENV)
         return Path(override) if override else self.runs_dir / "local" / "node"
 
+    def results_path(self, target: str, run_id: str) -> Path:
+        """runs/<target>/<run-id>/, not made yet. Pure."""
+        return self.runs_dir / target / run_id
+
     def results_dir(self, target: str, run_id: str) -> Path:
         """runs/<target>/<run-id>/ (private to the user: 0700), recorded as the target's last run;
         runs/ carries the marker that keeps it out of every upload (job/sync.py)."""

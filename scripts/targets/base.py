@@ -9,15 +9,66 @@ shell — raising UserError for whatever does not apply to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from infra.base.errors import UserError
 from infra.datasets import Dataset
 from scripts.guard import SignalGuard
+from scripts.job.environment import EnvironmentSettings
 from scripts.job.records import Job, JobResult
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+    from scripts.job.container import ImageRef
+    from scripts.job.image_build import PlannedBuild
+    from scripts.notify import Notifier
+    from scripts.transport.base import Transport
+
+
+class Feature(enum.Enum):
+    """What a target may be able to do (SkyPilot's CloudImplementationFeatures). A target
+    declares the ones it lacks, with why; the run plan refuses an option needing one of them."""
+
+    DETACH = "detach"  # --detach: leave the job running on its own
+    RESUME = "resume"  # train --resume RUN: find the run's checkpoints (bucket or nodes)
+    BUILD = "build"  # --build / `build`: an image built into the target's own registry
+    RECREATE_NODES = "recreate nodes"  # --max-recoveries: re-create nodes the cloud took away
+    AUTODOWN = "autodown"  # --autodown: delete the machines once the job ends
+    SSH = "ssh"  # a shell on a node, `top`, an image checked on the nodes
+    EXPORT_JOB = "export the job"  # plan --export: the job as a file another tool submits
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A target's features, as data: every Feature but those in `lacking` (-> why, in the
+    user's words, the end of a one-line refusal)."""
+
+    lacking: Mapping[Feature, str] = field(default_factory=dict)
+
+    def __contains__(self, feature: object) -> bool:
+        return feature not in self.lacking
+
+    def require(self, feature: Feature, option: str) -> None:
+        """UserError `OPTION: why` when the target lacks `feature`."""
+        if feature in self.lacking:
+            raise UserError(f"{option}: {self.lacking[feature]}")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a target's own file declares for a run, read once before anything is created."""
+
+    name: str  # runs/<name>/<run-id>/ holds the results
+    label: str  # what notifications call the target: the stack's name, else `name`
+    datasets: tuple[Dataset, ...] = ()  # the file's `data`
+    environment: EnvironmentSettings = field(default_factory=EnvironmentSettings)  # setup...
+    notify: tuple[str, ...] = ()  # the file's `notify` webhook URLs
+    spec: ClusterSpec | None = None  # a stack's validated spec
 
 
 @dataclass(frozen=True)
@@ -62,6 +113,12 @@ class Session(Protocol):
     name: str  # the target's name: results go to runs/<name>/<run-id>/
     hourly_usd: float | None  # what it costs while it exists; None: nothing billed by us
     keep: bool  # a created target outlives the command (set by `up` once it is proven)
+    notifier: Notifier | None  # set by the lifecycle: a recovery's events go to it
+
+    @property
+    def node_count(self) -> int | None:
+        """The machines it runs on (None: not ours to count, e.g. Vertex's replicas)."""
+        ...
 
     def verify(self, fabric: bool = False) -> None:
         """Prove the hardware is what was asked for (GPUs, driver, torch); with `fabric`, also
@@ -92,11 +149,49 @@ class Session(Protocol):
         """Stop a run on every node (or cancel its job)."""
         ...
 
+    def run_detached(self, job: Job, guard: SignalGuard) -> float:
+        """Start the job, return once it trains (Feature.DETACH)."""
+        ...
+
+    def has_run(self, run_id: str) -> bool:
+        """Anything of the run where its checkpoints would be (Feature.RESUME)."""
+        ...
+
+    def latest_run(self) -> str | None:
+        """The last run the target knows of (another machine's `run`), if it can tell."""
+        ...
+
+    def verify_image(self, image: ImageRef) -> None:
+        """Every node can run the image and sees its GPUs in it (Feature.SSH)."""
+        ...
+
+    @property
+    def transports(self) -> Mapping[str, Transport]:
+        """A connection to each node (Feature.SSH)."""
+        ...
+
 
 class Target(Protocol):
     """Where jobs run; one implementation per module in scripts/targets/."""
 
     name: str
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the target can do (the rest it lacks, with why): data, no I/O."""
+        ...
+
+    def declared(self) -> Declared:
+        """What the target's file declares for a run (the file read once)."""
+        ...
+
+    def planned_build(self, opts: RunOptions) -> PlannedBuild | None:
+        """The image to build (`--build`, a stack's `build`), checked; None: nothing to build."""
+        ...
+
+    def built_image(self, opts: RunOptions) -> ImageRef | None:
+        """The planned build's image in the registry (built now if it is not there yet)."""
+        ...
 
     def plan(self) -> None:
         """Show what would be used and what it costs; creates nothing."""
@@ -113,10 +208,6 @@ class Target(Protocol):
         ...
 
     def status(self) -> None: ...
-
-    def datasets(self) -> tuple[Dataset, ...]:
-        """The datasets the target's own file names (stack `data`, hosts file `data`)."""
-        ...
 
     def sweep(self) -> bool:
         """List whatever the target left behind; True if anything is."""

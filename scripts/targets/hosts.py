@@ -5,10 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.base.records import Fleet
-from infra.datasets import Dataset
-from scripts.job.environment import EnvironmentSettings
 from scripts.settings import Settings
-from scripts.targets.base import RunOptions
+from scripts.targets.base import Declared, RunOptions
 from scripts.targets.machines import MachinesTarget
 
 
@@ -20,24 +18,22 @@ class HostsTarget(MachinesTarget):
         self.path = Path(path)
         self.name = target_name(self.path)
 
-    def datasets(self) -> tuple[Dataset, ...]:
-        from scripts.targets.hosts_file import hosts_file_datasets
-
-        return hosts_file_datasets(self.path)
-
-    def notify_urls(self) -> tuple[str, ...]:
+    def declared(self) -> Declared:
+        """The hosts file's `data`, `setup`, `secrets`, `image` and `notify` (read once, before
+        anything runs; host keys are checked when the session connects)."""
         from scripts.targets.hosts_file import load_hosts_file
 
-        return load_hosts_file(self.path, trust_new_hosts=True).notify
+        hosts = load_hosts_file(self.path, trust_new_hosts=True)
+        return Declared(
+            name=self.name,
+            label=self.name,
+            datasets=hosts.datasets,
+            environment=hosts.environment,
+            notify=hosts.notify,
+        )
 
     def fleet(self, opts: RunOptions) -> tuple[Fleet, Path | None]:
         from scripts.targets.hosts_file import load_hosts_file
 
         hosts = load_hosts_file(self.path, trust_new_hosts=opts.trust_new_hosts)
         return hosts.fleet, hosts.known_hosts if opts.trust_new_hosts else None
-
-    def environment_settings(self) -> EnvironmentSettings:
-        """The hosts file's `setup` and `secrets` (read before anything runs)."""
-        from scripts.targets.hosts_file import load_hosts_file
-
-        return load_hosts_file(self.path, trust_new_hosts=True).environment

@@ -94,19 +94,6 @@ def target_name(path: Path) -> str:
     return f"hosts-{path.stem}"
 
 
-def hosts_file_datasets(path: Path) -> tuple[Dataset, ...]:
-    """The file's `data` key alone (the whole file is checked when the fleet is loaded)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return ()  # load_hosts_file says what is wrong with it
-    if not isinstance(data, Mapping):
-        return ()
-    return tuple(parse_datasets(data.get("data"), f"{path}: data"))
-
-
 def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsFile:
     """Reads and checks a hosts file."""
     import yaml

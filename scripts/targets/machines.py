@@ -6,21 +6,38 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet
-from infra.datasets import Dataset
 from scripts import ui
 from scripts.guard import SignalGuard
 from scripts.settings import Settings
-from scripts.targets.base import RunOptions
+from scripts.targets.base import Capabilities, Declared, Feature, RunOptions
 from scripts.targets.session import FleetSession
+
+if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
+    from scripts.job.image_build import PlannedBuild
+
+
+#: what machines that exist already cannot do: they are not ours to build for, re-create or delete
+MACHINES_LACK = Capabilities(
+    {
+        Feature.BUILD: "only for --stack targets (the image goes to the stack's Artifact Registry "
+        "repository); build and push it yourself and pass --image",
+        Feature.RECREATE_NODES: "only --stack targets have a bucket and re-create VMs",
+        Feature.AUTODOWN: "only --stack targets have VMs gputrain may delete",
+        Feature.EXPORT_JOB: "only for --stack targets with backend vertex",
+    }
+)
 
 
 class MachinesTarget:
     """Subclasses say which machines (`fleet`) and where first-seen host keys go."""
 
     name: str
+    capabilities = MACHINES_LACK
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -29,8 +46,14 @@ class MachinesTarget:
         """The machines, and the known_hosts file to record first-seen keys in (or None)."""
         raise NotImplementedError
 
-    def datasets(self) -> tuple[Dataset, ...]:
-        return ()
+    def declared(self) -> Declared:
+        return Declared(name=self.name, label=self.name)
+
+    def planned_build(self, opts: RunOptions) -> PlannedBuild | None:
+        return None  # Feature.BUILD is lacking: the plan refused it
+
+    def built_image(self, opts: RunOptions) -> ImageRef | None:
+        return None
 
     def plan(self) -> None:
         fleet, _ = self.fleet(RunOptions())

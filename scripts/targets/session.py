@@ -23,6 +23,7 @@ from scripts.transport.base import Transport
 
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
+    from scripts.notify import Notifier
     from scripts.verify.fabric import FabricCheck
 
 
@@ -53,7 +54,12 @@ class FleetSession:
         )
         self.fabric = fabric
         self.stall_timeout_s = stall_timeout_s
+        self.notifier: Notifier | None = None  # set by the lifecycle: preempted / recovered
         self._transports: dict[str, Transport] | None = None
+
+    @property
+    def node_count(self) -> int:
+        return len(self.fleet.nodes)
 
     @property
     def transports(self) -> dict[str, Transport]:

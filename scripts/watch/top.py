@@ -10,7 +10,7 @@ from infra.base.errors import UserError
 from scripts import ui
 from scripts.parallel import parallel
 from scripts.settings import Settings
-from scripts.targets.base import RunOptions, Target
+from scripts.targets.base import Feature, RunOptions, Target
 from scripts.transport.base import Transport
 from scripts.watch.node import TAIL_BYTES, build_top_command
 from scripts.watch.telemetry import (
@@ -83,13 +83,13 @@ def top(
     interval_s: float,
 ) -> None:
     run = run_id or _last_run(settings, target.name)
+    if Feature.SSH not in target.capabilities:
+        raise UserError(
+            f"top: {target.name} runs Vertex AI jobs, which have no SSH to read GPUs over; "
+            "see the job's page in the console"
+        )
     with target.attached(opts) as session:
-        transports = getattr(session, "transports", None)
-        if transports is None:
-            raise UserError(
-                f"top: {target.name} runs Vertex AI jobs, which have no SSH to read GPUs over; "
-                "see the job's page in the console"
-            )
+        transports = session.transports
         view = TopView(transports, run)
         view.refresh()
         if view.missing == set(transports):

@@ -139,18 +139,16 @@ def test_a_run_that_fails_before_training_notifies_failed_with_its_last_line(
     from infra.base.errors import GputrainError
     from scripts import lifecycle
     from scripts.job.records import JobResult, NodeFailure, TrainingError
-    from scripts.targets.base import RunOptions
+    from scripts.targets.base import Capabilities, Declared, RunOptions
 
     ok = sinks[0]
 
     class NoCapacity:
-        name = stack = "lab"
+        name = "stack-lab"
+        capabilities = Capabilities()
 
-        def notify_urls(self) -> tuple[str, ...]:
-            return (ok.url + SECRET,)
-
-        def datasets(self) -> tuple[()]:
-            return ()
+        def declared(self) -> Declared:
+            return Declared(name=self.name, label="lab", notify=(ok.url + SECRET,))
 
         @contextmanager
         def provisioned(self, opts: object, guard: object) -> Iterator[None]:

@@ -53,11 +53,8 @@ def test_a_capacity_list_steps_from_spot_to_on_demand_with_its_line(
     [step] = [line for line in out.splitlines() if line.startswith("no spot capacity")]
     assert step.startswith("no spot capacity anywhere tried: trying on-demand next, $")
     assert "/h instead of $" in step and "% per hour)" in step
-    assert [c[2] for c in w.runner.calls if c[:2] == ("set_config", "gputrain:capacityInUse")] == [
-        "spot",
-        "spot",
-        "on-demand",
-    ]
+    written = [c[2] for c in w.runner.calls if c[:2] == ("set_config", "gputrain:capacityInUse")]
+    assert written == ["spot", "on-demand"]  # once per mode tried, just before its `up`
     assert_torn_down(w)
 
 

@@ -35,11 +35,6 @@ def stack_autodown(
     if bucket is None:
         return None
     seconds: float | None = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
-    if seconds is not None and seconds >= spec.max_run_duration_s:  # the stack's: refused at parse
-        ui.warn(
-            f"--autodown {opts.autodown}: not below maxRunDuration "
-            f"({spec.max_run_duration}): the VMs' TTL deletes them first"
-        )
     if seconds is not None and clients.autodown_s is not None:
         seconds = clients.autodown_s  # tests: shorter than the floor
     beat = HEARTBEAT_S if seconds is None else min(HEARTBEAT_S, seconds / 6)

@@ -53,7 +53,6 @@ from scripts.job.records import (
 from scripts.settings import Settings
 
 if TYPE_CHECKING:
-    from scripts.notify import Notifier
     from scripts.targets.gce.manifest import ControllerHold
     from scripts.verify.fabric import FabricCheck
 from infra.outputs import StackOutputs
@@ -323,7 +322,6 @@ class RecoveringSession(FleetSession):
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
         self.holds_lease = True  # the laptop's controller; a reconciler's pass holds its own
         head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
-        self.notifier: Notifier | None = None  # set by the lifecycle: preempted / recovered
         self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
 
     def __exit__(self, *exc: Any) -> None:

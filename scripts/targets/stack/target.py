@@ -1,25 +1,28 @@
 """What every target made of a Pulumi stack shares — GCE VMs (gce/) or Vertex AI jobs (vertex/):
 the stack file read and parsed once per command, ONE provisioning skeleton (check -> prepare ->
 confirm -> create -> session -> keep or tear down) with backend hooks, ONE teardown sequence, and
-`plan`. A backend implements the hooks; see each hook's docstring for its contract.
+`plan`. A backend implements the hooks; each takes one `StackContext` and returns what it made,
+keeping nothing on the target between calls (see each hook's docstring for its contract). `pin`
+is the pure spec of a pinned candidate or capacity mode; writing the config is the caller's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infra.base.errors import UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
-from scripts.targets.base import RunOptions, Session
+from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Session
 from scripts.targets.stack.clients import StackClients
 
 if TYPE_CHECKING:
-    from infra.datasets import Dataset
     from infra.offer_tables import Check
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
@@ -37,6 +40,55 @@ P = TypeVar("P")  # what a backend's `prepare` hands to its `create`
 def target_name(stack: str) -> str:
     """The target a stack is: results go to runs/stack-<name>/."""
     return f"stack-{stack}"
+
+
+@dataclass(frozen=True)
+class StackContext(Generic[C]):
+    """What a backend's hook works with, as one argument (SkyPilot's provision verbs take the
+    cluster and its provider config): the stack, its file and the spec of this step, the
+    Automation runner, the clients, the settings and the command's options. Hooks keep nothing
+    on the target between calls and call nothing of the base class."""
+
+    stack: str
+    name: str  # the target's name: runs/<name>/
+    stack_file: StackFile
+    spec: ClusterSpec
+    runner: StackRunner
+    clients: C
+    settings: Settings
+    opts: RunOptions
+
+    def at(self, spec: ClusterSpec) -> StackContext[C]:
+        """The same context for another spec (a pinned candidate or capacity mode)."""
+        return dataclasses.replace(self, spec=spec)
+
+
+def pin(
+    spec: ClusterSpec,
+    config: Mapping[str, Any],
+    *,
+    candidate: Candidate | None = None,
+    capacity: str | None = None,
+) -> ClusterSpec:
+    """The spec `up` creates: a `gpus` candidate (`candidate` + `zone`) and a capacity list's
+    mode (`capacityInUse`) pinned on the stack file's config. The spec itself when that changes
+    nothing (the stack's own choice: no second parse). Pure: writing the config is the caller's."""
+    from infra.placement import candidate_label
+    from infra.spec import parse_spec
+    from infra.stackfile import NS
+
+    moved = candidate is not None and (candidate.machine_type, candidate.nodes, candidate.zone) != (
+        spec.machine_type,
+        spec.nodes,
+        spec.zone,
+    )
+    mode = capacity or spec.capacity
+    if not moved and mode == spec.capacity:
+        return spec
+    pinned: dict[str, Any] = {NS + "capacityInUse": mode} if spec.capacity_ladder else {}
+    if candidate is not None:
+        pinned |= {NS + "candidate": candidate_label(candidate), NS + "zone": candidate.zone}
+    return parse_spec(dict(config) | pinned, spec.stack)
 
 
 class StackTarget(Generic[C, P]):
@@ -83,25 +135,41 @@ class StackTarget(Generic[C, P]):
             self._spec = parse_spec(self.stack_file.config, self.stack)
         return self._spec
 
-    def datasets(self) -> tuple[Dataset, ...]:
-        return self.spec().datasets
+    @property
+    def capabilities(self) -> Capabilities:
+        """Everything but the job as a file (a backend declares what it lacks)."""
+        return Capabilities({Feature.EXPORT_JOB: "only for --stack targets with backend vertex"})
+
+    def declared(self) -> Declared:
+        """What the stack file declares for a run: its spec, `data`, `notify` and the
+        environment keys (read once per command)."""
+        spec = self.spec()
+        return Declared(
+            name=self.name,
+            label=self.stack,
+            datasets=spec.datasets,
+            environment=self.environment_settings(),
+            notify=spec.notify,
+            spec=spec,
+        )
 
     def spec_at(self, chosen: Candidate) -> ClusterSpec:
         """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it. The
         stack's own choice is the spec already parsed (pinning it changes nothing)."""
-        from infra.placement import candidate_label
-        from infra.spec import parse_spec
-        from infra.stackfile import NS
+        return pin(self.spec(), self.stack_file.config, candidate=chosen)
 
-        spec = self.spec()
-        if (chosen.machine_type, chosen.nodes, chosen.zone) == (
-            spec.machine_type,
-            spec.nodes,
-            spec.zone,
-        ):
-            return spec
-        pinned = {NS + "candidate": candidate_label(chosen), NS + "zone": chosen.zone}
-        return parse_spec(self.stack_file.config | pinned, self.stack)
+    def context(self, spec: ClusterSpec, opts: RunOptions) -> StackContext[C]:
+        """The one argument of the backend's hooks."""
+        return StackContext(
+            self.stack,
+            self.name,
+            self.stack_file,
+            spec,
+            self.runner,
+            self.clients,
+            self.settings,
+            opts,
+        )
 
     def spec_with_project(self) -> ClusterSpec:
         """The spec of a stack that can have resources: gcp:project must be set."""
@@ -134,34 +202,32 @@ class StackTarget(Generic[C, P]):
             backend_without_ssh="vertex" if vertex else None,
         )
 
-    # ---- the backend's hooks
+    # ---- the backend's hooks: each takes the context, returns what it made
 
-    def spec_for(self, opts: RunOptions) -> ClusterSpec:
-        """The spec, with the command's options checked against it (before anything is made)."""
-        return self.spec()
+    def spec_for(self, ctx: StackContext[C]) -> ClusterSpec:
+        """The spec `up` starts from (pure: nothing is written)."""
+        return ctx.spec
 
-    def prepare(self, spec: ClusterSpec, opts: RunOptions) -> P:
+    def prepare(self, ctx: StackContext[C]) -> P:
         """Preflight: prove the request can be created; what `create` needs. Nothing bills."""
         raise NotImplementedError
 
-    def create(
-        self, spec: ClusterSpec, prepared: P, opts: RunOptions
-    ) -> AbstractContextManager[Any]:
+    def create(self, ctx: StackContext[C], prepared: P) -> AbstractContextManager[Any]:
         """`pulumi up`, then a session on what it made (a context: it closes what it opened)."""
         raise NotImplementedError
 
-    def kept_message(self, spec: ClusterSpec) -> str:
+    def kept_message(self, ctx: StackContext[C]) -> str:
         """What `run --keep`/`up` say about a stack that stays up: what still bills, and until
         when."""
         raise NotImplementedError
 
-    def before_destroy(self, spec: ClusterSpec) -> None:
+    def before_destroy(self, ctx: StackContext[C]) -> None:
         """Teardown's first step (Vertex: cancel the stack's jobs and wait for them)."""
 
-    def after_destroy(self, spec: ClusterSpec) -> None:
+    def after_destroy(self, ctx: StackContext[C]) -> None:
         """Teardown's step after the destroy (GCE: clear the failover's picks)."""
 
-    def leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
+    def leftovers(self, ctx: StackContext[C], *, kept: str | None = None) -> list[list[str]]:
         """Whatever of the stack still exists (but the bucket `kept` on purpose), printed loudly:
         one row per resource."""
         raise NotImplementedError
@@ -175,24 +241,26 @@ class StackTarget(Generic[C, P]):
         the teardown (unless the user keeps it)."""
         from infra.spec import require_deployable
 
-        spec = self.spec_for(opts)
+        ctx = self.context(self.spec(), opts)
+        ctx = ctx.at(self.spec_for(ctx))
+        spec = ctx.spec
         planned = self.planned_build(opts)  # a missing Dockerfile: one line, first
         self.check_before_spending(spec, opts)
         require_deployable(spec)
-        prepared = self.prepare(spec, opts)
+        prepared = self.prepare(ctx)
         confirm(spec, yes=opts.yes)
         pending = self._local_build(planned)  # a Dockerfile that fails: nothing exists yet
         session: Session | None = None
         try:
             if pending is not None:  # the repository and the image, before any GPU
                 self._built = self._publish(spec, pending)
-            with self.create(spec, prepared, opts) as session:
+            with self.create(ctx, prepared) as session:
                 yield session
         finally:
             keep = session.keep if session is not None else opts.keep
             with guard.teardown():
                 if keep:
-                    ui.say(self.kept_message(spec))
+                    ui.say(self.kept_message(ctx))
                 else:
                     self.teardown(spec, keep_bucket=opts.keep_bucket, keep_images=opts.keep_images)
 
@@ -222,8 +290,6 @@ class StackTarget(Generic[C, P]):
         planned = self._planned[0] if self._planned else None
         if planned is None or spec.build:
             return spec
-        import dataclasses
-
         return dataclasses.replace(spec, build=planned.context.dockerfile.as_posix())
 
     def _local_build(self, planned: PlannedBuild | None) -> PendingBuild | None:
@@ -279,15 +345,14 @@ class StackTarget(Generic[C, P]):
         died is cleared with `pulumi cancel`, said out loud, and destroy goes on. `keep_images`
         (`run --keep-images`, never `down`): the image repository of `build` stays, the build
         cache of the next run."""
-        import dataclasses
-
         from infra.image_build import REPOSITORY_TYPE, repository_id
         from scripts.targets.stack.bucket import BUCKET_TYPE
         from scripts.targets.stack.teardown import destroy_stack, end_teardown
 
         spec = self._with_build(spec)
+        ctx = self.context(spec, RunOptions(keep_bucket=keep_bucket, keep_images=keep_images))
         images = keep_images and bool(spec.build)
-        self.before_destroy(spec)
+        self.before_destroy(ctx)
         kept = self._settle_bucket(spec, keep_bucket)
         failure = destroy_stack(
             self.runner,
@@ -299,9 +364,9 @@ class StackTarget(Generic[C, P]):
             # a late writer (a node's last upload) refilled the bucket: home and empty it again
             before_retry=None if kept else lambda: self._settle_bucket(spec, False),
         )
-        self.after_destroy(spec)
+        self.after_destroy(ctx)
         swept = dataclasses.replace(spec, build="") if images else spec  # the kept one aside
-        leftovers = self.leftovers(swept, kept=kept.name if kept else None)
+        leftovers = self.leftovers(ctx.at(swept), kept=kept.name if kept else None)
         end_teardown(self.stack, failure, len(leftovers), kept)
         if images:
             ui.say(
@@ -331,7 +396,7 @@ class StackTarget(Generic[C, P]):
 
     # ---- plan
 
-    def candidate_checks(self, spec: ClusterSpec) -> Mapping[Candidate, Check] | None:
+    def candidate_checks(self, ctx: StackContext[C]) -> Mapping[Candidate, Check] | None:
         """Preflight verdicts on a `gpus` stack's candidates; None where none can be had."""
         return None
 
@@ -339,7 +404,7 @@ class StackTarget(Generic[C, P]):
         from infra.plan import HEADERS, build_plan
 
         spec = self.spec()
-        checks = self.candidate_checks(spec)
+        checks = self.candidate_checks(self.context(spec, RunOptions()))
         plan = build_plan(spec, checks)
         chosen = plan.candidates.chosen if plan.candidates else None
         if chosen is not None and (chosen.machine_type, chosen.zone) != (

@@ -55,7 +55,10 @@ from scripts.targets.vertex.jobfile import job_spec_for_run, read_job_file, stac
 from scripts.transport.safe_path import SafeTree
 
 if TYPE_CHECKING:
+    from scripts.job.container import ImageRef
+    from scripts.notify import Notifier
     from scripts.targets.vertex.api import Followed
+    from scripts.transport.base import Transport
 
 RUN_LABEL = "gputrain-run"  # on every job: how a run's job is found again (logs, a lost create)
 JOB_RECORD = "vertex-job.json"  # runs/<target>/<run-id>/: which job a run was
@@ -99,6 +102,7 @@ class VertexSession:
         self.name = target_name(spec.stack)
         self.hourly_usd: float | None = spec.hourly_price
         self.keep = keep
+        self.notifier: Notifier | None = None  # nothing is preempted under us
         self.api = clients.api(outputs.project, outputs.region)
 
     def verify(self, fabric: bool = False) -> None:
@@ -327,6 +331,31 @@ class VertexSession:
 
     def stop(self, run_id: str) -> None:
         self.cancel(None, run_id)
+
+    @property
+    def node_count(self) -> int | None:
+        return None  # Vertex's replicas, not machines of ours
+
+    def latest_run(self) -> str | None:
+        return None  # LAST_RUN of this machine, or the run named
+
+    # What the target's Capabilities say Vertex lacks (the run plan refuses it first).
+
+    def run_detached(self, job: Job, guard: SignalGuard) -> float:
+        raise self._lacks("--detach")
+
+    def has_run(self, run_id: str) -> bool:
+        raise self._lacks(f"--resume {run_id}")
+
+    def verify_image(self, image: ImageRef) -> None:
+        raise self._lacks("verify: an image on the nodes")
+
+    @property
+    def transports(self) -> dict[str, Transport]:
+        raise self._lacks("SSH to the nodes")
+
+    def _lacks(self, what: str) -> UserError:
+        return UserError(f"{what}: stack {self.spec.stack} runs on Vertex AI (no SSH, no VMs)")
 
     def ssh(self, node: str, command: Sequence[str]) -> int:
         raise UserError(

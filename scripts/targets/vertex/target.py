@@ -17,9 +17,9 @@ from infra.outputs import Key, VertexOutputs, parse_vertex_outputs
 from infra.stackfile import STACK_LABEL
 from infra.vertex_pools import PoolShape, env_names
 from scripts import ui
-from scripts.targets.base import RunOptions
+from scripts.targets.base import Capabilities, Feature, RunOptions
 from scripts.targets.stack.runner import pulumi_line
-from scripts.targets.stack.target import StackTarget
+from scripts.targets.stack.target import StackContext, StackTarget
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.session import RUN_LABEL, VertexSession
 
@@ -49,6 +49,9 @@ def reduction_server_lines(
     ]
 
 
+Context = StackContext[VertexClients]
+
+
 class VertexTarget(StackTarget[VertexClients, None]):
     """A stack of what Vertex AI jobs need; its sessions submit and follow the jobs."""
 
@@ -65,14 +68,21 @@ class VertexTarget(StackTarget[VertexClients, None]):
             )
         return parse_vertex_outputs(raw) if raw else None
 
-    def spec_for(self, opts: RunOptions) -> ClusterSpec:
-        """The spec, refusing the options that only mean something for VMs."""
-        if opts.max_recoveries is not None:
-            raise UserError(
-                f"--max-recoveries {opts.max_recoveries}: stack {self.stack} runs on Vertex AI, "
-                "where gputrain re-creates no VMs; allowed only for backend gce stacks"
-            )
-        return self.spec()
+    @property
+    def capabilities(self) -> Capabilities:
+        """Vertex AI runs the job on replicas of its own: gputrain has no VMs to log in to,
+        re-create or delete, and follows each job to its end."""
+        on_vertex = f"stack {self.stack} runs on Vertex AI"
+        return Capabilities(
+            {
+                Feature.DETACH: "a Vertex AI stack's jobs are followed, not detached (yet)",
+                Feature.RESUME: f"{on_vertex}, where gputrain keeps no run to resume (yet)",
+                Feature.RECREATE_NODES: f"{on_vertex}, where gputrain re-creates no VMs; "
+                "allowed only for backend gce stacks",
+                Feature.AUTODOWN: f"{on_vertex}: a job's replicas end with it, nothing to delete",
+                Feature.SSH: f"{on_vertex}, which gives no SSH to its replicas",
+            }
+        )
 
     # ---- commands that need no stack
 
@@ -108,7 +118,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
         )
 
     def sweep(self) -> bool:
-        leftovers = self.leftovers(self.spec())
+        leftovers = self.leftovers(self.context(self.spec(), RunOptions()))
         if not leftovers:
             ui.say(f"sweep: nothing of stack {self.stack} is left (no job running, no bucket)")
         return bool(leftovers)
@@ -194,9 +204,10 @@ class VertexTarget(StackTarget[VertexClients, None]):
 
     # ---- creating and destroying: StackTarget's skeleton, these hooks
 
-    def prepare(self, spec: ClusterSpec, opts: RunOptions) -> None:
+    def prepare(self, ctx: Context) -> None:
         from scripts.targets.vertex.preflight import aiplatform_problem
 
+        spec = ctx.spec
         problem = aiplatform_problem()  # even with --skip-preflight: nothing would submit
         if problem:
             raise UserError(f"{problem}; nothing was created")
@@ -206,62 +217,62 @@ class VertexTarget(StackTarget[VertexClients, None]):
                 f"preflight: {spec.vertex_job_spec}: {len(shapes)} pool(s) of machine types "
                 "Vertex runs; the stack's own machineType is not used, so not checked"
             )
-        elif not opts.skip_preflight:
+        elif not ctx.opts.skip_preflight:
             from scripts.targets.vertex.preflight import preflight_region
 
-            preflight_region(spec, self.clients.compute())
+            preflight_region(ctx.spec, ctx.clients.compute())
 
     @contextmanager
-    def create(
-        self, spec: ClusterSpec, prepared: None, opts: RunOptions
-    ) -> Iterator[VertexSession]:
-        ui.say(f"up: stack {self.stack}: the Vertex AI API, a service account, the bucket")
-        outputs = parse_vertex_outputs(self.runner.up(on_output=pulumi_line))
-        yield VertexSession(spec, outputs, self.clients, self.settings, keep=opts.keep)
+    def create(self, ctx: Context, prepared: None) -> Iterator[VertexSession]:
+        ui.say(f"up: stack {ctx.stack}: the Vertex AI API, a service account, the bucket")
+        outputs = parse_vertex_outputs(ctx.runner.up(on_output=pulumi_line))
+        yield VertexSession(ctx.spec, outputs, ctx.clients, ctx.settings, keep=ctx.opts.keep)
 
-    def kept_message(self, spec: ClusterSpec) -> str:
+    def kept_message(self, ctx: Context) -> str:
         return (
-            f"stack {self.stack} stays up (its bucket and service account cost "
-            f"nothing while no job runs); `gputrain down --stack {self.stack}` ends it"
+            f"stack {ctx.stack} stays up (its bucket and service account cost "
+            f"nothing while no job runs); `gputrain down --stack {ctx.stack}` ends it"
         )
 
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
-        spec = self.spec_for(opts)
+        spec = self.spec()
         outputs = self._outputs()
         if outputs is None:
             raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
         yield VertexSession(spec, outputs, self.clients, self.settings)
 
-    def before_destroy(self, spec: ClusterSpec) -> None:
+    def before_destroy(self, ctx: Context) -> None:
         """The stack's jobs cancelled, and waited for, before their bucket is settled."""
+        spec = ctx.spec
         assert spec.project is not None  # down and provisioned checked it
         bare = VertexOutputs(spec.project, spec.region, "", "", "")
-        VertexSession(spec, bare, self.clients, self.settings).cancel(None)
+        VertexSession(spec, bare, ctx.clients, ctx.settings).cancel(None)
 
-    def leftovers(self, spec: ClusterSpec, *, kept: str | None = None) -> list[list[str]]:
+    def leftovers(self, ctx: Context, *, kept: str | None = None) -> list[list[str]]:
         """Jobs of the stack not ended, and buckets carrying its label (but one kept on purpose),
         printed loudly."""
+        spec, clients, stack = ctx.spec, ctx.clients, ctx.stack
         if not spec.project:
-            raise UserError(f"gcp:project is not set for stack {self.stack}")
-        api = self.clients.api(spec.project, spec.region)
+            raise UserError(f"gcp:project is not set for stack {stack}")
+        api = clients.api(spec.project, spec.region)
         rows = [
             ["Vertex job", j.job_id, spec.region, j.short_state]
-            for j in api.list_jobs({STACK_LABEL: self.stack})
+            for j in api.list_jobs({STACK_LABEL: stack})
             if not j.done
         ]
         rows += [
-            ["bucket", b.name, b.location, f"label {STACK_LABEL}={self.stack}"]
-            for b in self.clients.storage(spec.project).list_buckets(spec.project)
-            if b.labels.get(STACK_LABEL) == self.stack and b.name != kept
+            ["bucket", b.name, b.location, f"label {STACK_LABEL}={stack}"]
+            for b in clients.storage(spec.project).list_buckets(spec.project)
+            if b.labels.get(STACK_LABEL) == stack and b.name != kept
         ]
         if spec.build:
             from infra.gcp.sweep import repository_leftovers
 
             found = repository_leftovers(
-                self.clients.artifact_registry(), spec.project, spec.region, self.stack
+                clients.artifact_registry(), spec.project, spec.region, stack
             )
             rows += [["repository", r.name, r.location, r.matched_by] for r in found]
         if rows:
-            ui.table(f"LEFT BEHIND by stack {self.stack}", ["kind", "name", "where", "state"], rows)
+            ui.table(f"LEFT BEHIND by stack {stack}", ["kind", "name", "where", "state"], rows)
         return rows

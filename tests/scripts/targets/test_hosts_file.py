@@ -344,7 +344,7 @@ def test_the_data_key_names_datasets_and_a_bad_entry_is_one_line(site: dict[str,
         "train=gs://lab-data/owt/:copy",
         "web=gs://lab-data/fw/:mount",
     ]
-    assert HostsTarget(str(path), Settings(root=path.parent)).datasets() == hosts.datasets
+    assert HostsTarget(str(path), Settings(root=path.parent)).declared().datasets == hosts.datasets
     bad = write(site, GOOD + "data:\n  train: gs://lab-data/owt:fast\n", "bad.yaml")
     with pytest.raises(UserError) as e:
         load_hosts_file(bad)

@@ -206,7 +206,8 @@ def test_spot_recovery_reups_the_same_shape_its_zone_first(
 ) -> None:
     """After a preemption the run keeps its GPUs per node and nodes: the same machine type x
     nodes, in its zone first, then the other zones in rank order; nothing is destroyed."""
-    from scripts.targets.gce.target import GceTarget
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.target import GceTarget, recreate
 
     root = _project(tmp_path, "  gputrain:gpus: H100:16\n  gputrain:regions: [us-central1]\n")
     runner = FakeStackRunner("g", compute=fake, project="gputrain-test")
@@ -216,7 +217,7 @@ def test_spot_recovery_reups_the_same_shape_its_zone_first(
     spec = target.spec_at(running)
     assert (spec.machine_type, spec.zone) == (running.machine_type, running.zone)
     runner.fail_stockout(running.zone)
-    target._recreate(spec, running.zone)
+    recreate(target.context(spec, RunOptions()), running.zone)
     label = candidate_label(running)
     assert _ups(runner) == [(label, running.zone), (label, ranked[0].zone)]
     assert "destroy" not in runner.call_names()

@@ -1,0 +1,223 @@
+"""The run plan: every check that must pass before anything is created, in one function and the
+README's order, and one frozen record of everything the run needs (dstack's RunSpec ->
+validate_run_spec_and_set_defaults -> RunPlan). `lifecycle.run` plans, then provisions, verifies,
+runs and sums up; nothing after the plan checks the user's input again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gputrain_node.contract import HEALTHCHECK_ENTRY
+from infra.base.errors import UserError
+from infra.datasets import Dataset, merge_datasets
+from scripts import ui
+from scripts.job.records import DEFAULT_ENTRY, Job
+from scripts.settings import Settings, new_run_id
+from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Target
+from scripts.watch.settings import WatchSettings, watch_settings
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+    from scripts.job.container import ImageRef
+    from scripts.job.environment import Environment, EnvironmentSettings
+    from scripts.job.image_build import PlannedBuild
+
+DEFAULT_RECOVERIES = 3  # --max-recoveries' default, on any capacity (see recoveries_allowed)
+
+
+@dataclass(frozen=True)
+class JobSecrets:
+    values: dict[str, str] = field(default_factory=dict, repr=False)  # sent to SSH nodes
+    refs: dict[str, str] = field(default_factory=dict)  # resolved by a Vertex job itself
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything one `run`/`train` needs, checked; nothing of it exists yet."""
+
+    target: Target
+    opts: RunOptions
+    create: bool  # `run`: the target exists for this job only (unless --keep)
+    selector: str  # the target as the user named it (`--stack dev`), for the way back
+    label: str  # what notifications call the target
+    spec: ClusterSpec | None  # a stack's validated spec
+    datasets: tuple[Dataset, ...]  # listed once, here
+    environment: Environment | None  # requirements + setup the nodes prepare
+    secrets: JobSecrets  # values (SSH nodes) or references (a Vertex job)
+    image: ImageRef | None  # the image named, at its digest
+    build: PlannedBuild | None  # or the image to build before any GPU (a stack's registry)
+    entry: tuple[str, ...]
+    notify: tuple[str, ...]  # webhook URLs (secrets: never printed)
+    watch: WatchSettings
+    max_recoveries: int  # nodes the cloud takes away to recover from
+    autodown_s: int | None  # a detached stack run's VMs go this long after the job ends
+    run_id: str
+    results_dir: Path  # runs/<target>/<run-id>/ (made when the job starts)
+
+    def job(self, image: ImageRef | None) -> Job:
+        """The job to launch, in `image` (the named one, or the one built for this run)."""
+        opts = self.opts
+        return Job(
+            run_id=self.run_id,
+            entry=self.entry,
+            env=opts.env,
+            max_restarts=opts.max_restarts,
+            workdir=Path.cwd(),
+            datasets=self.datasets,
+            resume_args=opts.resume_args,
+            environment=self.environment,
+            secrets=self.secrets.values,
+            secret_refs=self.secrets.refs,
+            image=image,
+            watch=self.watch,
+        )
+
+
+def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> RunPlan:
+    """Every "before anything is created" check, in the README's order: what the target cannot
+    do, the image or build, the data, the environment and secrets, the entry, the webhooks and
+    the watch settings. A bad input is one UserError line; nothing is created here."""
+    from scripts.job.entry_check import check_entry
+    from scripts.notify import run_notify_urls
+
+    declared = target.declared()
+    env = declared.environment
+    build = opts.build or env.build
+    image_conflict_check(env, opts)
+    refuse_missing_features(target.capabilities, opts, build)
+    max_recoveries = recoveries_allowed(opts.max_recoveries)
+    datasets = planned_datasets(declared, opts)
+    environment, secrets = job_environment(env, opts)
+    image = declared_image(env, opts)
+    planned_build = target.planned_build(opts) if build else None  # a missing Dockerfile
+    entry = opts.entry or DEFAULT_ENTRY
+    check_entry(entry, Path.cwd())
+    notify = run_notify_urls(opts.notify, declared.notify)
+    watch = watch_settings(opts.stall_timeout_s)
+    autodown_s = planned_autodown(target.capabilities, declared, opts)
+    run_id = opts.resume or new_run_id()
+    return RunPlan(
+        target=target,
+        opts=opts,
+        create=create,
+        selector=opts.selector or declared.name,
+        label=declared.label,
+        spec=declared.spec,
+        datasets=datasets,
+        environment=environment,
+        secrets=secrets,
+        image=image,
+        build=planned_build,
+        entry=entry,
+        notify=notify,
+        watch=watch,
+        max_recoveries=max_recoveries,
+        autodown_s=autodown_s,
+        run_id=run_id,
+        results_dir=settings.results_path(declared.name, run_id),
+    )
+
+
+def refuse_missing_features(can: Capabilities, opts: RunOptions, build: str) -> None:
+    """An option the target cannot honour: one line naming it and why (one row per option)."""
+    wanted = [
+        (opts.detach, Feature.DETACH, "--detach"),
+        (opts.resume is not None, Feature.RESUME, f"--resume {opts.resume}"),
+        (opts.max_recoveries is not None, Feature.RECREATE_NODES, f"--max-recoveries {opts.max_recoveries}"),
+        (opts.autodown is not None, Feature.AUTODOWN, f"--autodown {opts.autodown}"),
+        (bool(build), Feature.BUILD, f"--build {build}"),
+    ]  # fmt: skip
+    for asked, feature, option in wanted:
+        if asked:
+            can.require(feature, option)
+
+
+def recoveries_allowed(given: int | None) -> int:
+    """--max-recoveries, by default 3 on any capacity: spot VMs are preempted, and host errors and
+    maintenance terminate on-demand and reserved VMs too (recovered the same way)."""
+    if given is None:
+        return DEFAULT_RECOVERIES
+    if not 0 <= given <= 100:
+        raise UserError(f"--max-recoveries {given}: allowed 0..100")
+    return given
+
+
+def planned_datasets(declared: Declared, opts: RunOptions) -> tuple[Dataset, ...]:
+    """The target's `data` with `--data` over it, each prefix listed once (it must exist and be
+    readable: a typo costs nothing); none for `healthcheck`, which reads no data."""
+    from scripts.job.data import check_prefixes
+
+    if tuple(opts.entry[:2]) == HEALTHCHECK_ENTRY:
+        return ()
+    datasets = merge_datasets(declared.datasets, opts.data)
+    check_prefixes(datasets)
+    return datasets
+
+
+def image_conflict_check(env: EnvironmentSettings, opts: RunOptions) -> None:
+    """`build` and `image` (from the file or the command line) together: one line naming both."""
+    if (opts.build or env.build) and (opts.image or env.image):
+        from scripts.job.image_build import image_conflict
+
+        build_key = "--build" if opts.build else f"{env.source}build"
+        raise image_conflict(build_key, "--image" if opts.image else f"{env.source}image")
+
+
+def job_environment(
+    env: EnvironmentSettings, opts: RunOptions
+) -> tuple[Environment | None, JobSecrets]:
+    """The environment the nodes prepare and the secrets (values, or references a Vertex job
+    resolves itself): the target file's `setup` and `secrets` with the command line's."""
+    from scripts.job.environment import plan_environment
+    from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
+
+    setup = env.setup if opts.setup is None else opts.setup
+    refs = parse_secrets(env.secrets, f"{env.source}secrets") + parse_secrets(
+        opts.secrets, "--secret"
+    )
+    # with an image: built inside it, on every node; on Vertex by the entry on every replica
+    environment = plan_environment(
+        Path.cwd(),
+        requirements=opts.requirements,
+        setup=setup,
+        setup_timeout_s=opts.setup_timeout_s,
+        force=opts.force_setup,
+    )
+    if env.backend_without_ssh:  # the job resolves them itself: references only
+        return environment, JobSecrets({}, secret_references(refs, env.project))
+    return environment, JobSecrets(resolve_secrets(refs, project=env.project), {})
+
+
+def declared_image(env: EnvironmentSettings, opts: RunOptions) -> ImageRef | None:
+    """The image the target's file or --image names, at its digest (UserError for a bad
+    reference, a missing image or a registry that refuses us); None without one."""
+    image_text = opts.image or env.image
+    if not image_text:
+        return None
+    from scripts.job.container import parse_image, resolve_image
+
+    setting = "--image" if opts.image else f"{env.source}image"
+    image = resolve_image(parse_image(image_text, setting))
+    ui.say(f"image {image.repository}:{image.tag} is {image.digest}")
+    return image
+
+
+def planned_autodown(can: Capabilities, declared: Declared, opts: RunOptions) -> int | None:
+    """`--autodown` over the stack's `autodown`; none with --keep or where nothing autodowns."""
+    if Feature.AUTODOWN not in can or declared.spec is None:
+        return None
+    from infra.fields import format_duration
+    from scripts.job.autodown import resolve_autodown
+
+    spec = declared.spec
+    seconds = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
+    if opts.autodown is not None and seconds is not None and seconds >= spec.max_run_duration_s:
+        ttl = format_duration(spec.max_run_duration_s)
+        raise UserError(
+            f"--autodown {opts.autodown}: not below gputrain:maxRunDuration ({ttl}), which "
+            f"deletes the VMs first; allowed: off or a duration from 1m to below {ttl}"
+        )
+    return seconds

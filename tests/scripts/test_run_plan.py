@@ -1,0 +1,181 @@
+"""`plan_run`: every bad input is one line before anything exists, in the README's order, and a
+good plan holds what the run needs. Real targets (a stack file, a hosts file, this machine) and
+no sshd, no cloud: nothing here may reach either."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.base.errors import UserError
+from scripts.run_plan import RunPlan, plan_run
+from scripts.settings import Settings
+from scripts.targets import open_target
+from scripts.targets.base import Feature, RunOptions, Target
+from tests.support import ROOT
+
+GCE = "  gcp:project: proj-test\n  gputrain:machineType: g2-standard-8\n  gputrain:zones: [us-central1-a]\n"
+VERTEX = GCE + "  gputrain:backend: vertex\n"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project directory with a job script (the entry), and the working directory."""
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    for var in ("GPUTRAIN_NOTIFY", "GPUTRAIN_WATCH_POLL_S", "GPUTRAIN_UNSET_SECRET_X"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def target(project: Path, *, stack: str | None = None, config: str = GCE) -> Target:
+    """`--stack NAME` (the stack file written from `config`), else `--local`."""
+    if stack:
+        (project / f"Pulumi.{stack}.yaml").write_text("config:\n" + config)
+    settings = Settings(root=project, runs_dir=project / "runs")
+    return open_target(stack=stack, hosts=None, settings=settings)
+
+
+def plan(t: Target, project: Path, *, create: bool = True, **options: object) -> RunPlan:
+    opts = RunOptions(**{"entry": ("job.py",), **options})  # type: ignore[arg-type]
+    return plan_run(t, opts, Settings(root=project, runs_dir=project / "runs"), create=create)
+
+
+def refused(t: Target, project: Path, **options: object) -> str:
+    with pytest.raises(UserError) as e:
+        plan(t, project, **options)
+    assert "\n" not in str(e.value)  # one line
+    assert not (project / "runs").exists()  # nothing was made
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"detach": True}, "--detach: a Vertex AI stack's jobs are followed, not detached (yet)"),
+        (
+            {"max_recoveries": 2},
+            "--max-recoveries 2: stack v runs on Vertex AI, where gputrain re-creates no VMs; "
+            "allowed only for backend gce stacks",
+        ),
+        ({"resume": "20261124-183000-ab12"}, "--resume 20261124-183000-ab12: stack v runs on"),
+        ({"autodown": "5m"}, "--autodown 5m: stack v runs on Vertex AI"),
+    ],
+)
+def test_an_option_vertex_lacks_is_refused_naming_it(
+    project: Path, options: dict[str, object], expected: str
+) -> None:
+    assert refused(target(project, stack="v", config=VERTEX), project, **options).startswith(
+        expected
+    )
+
+
+def test_machines_that_exist_lack_build_recreate_and_autodown(project: Path) -> None:
+    local = target(project)
+    assert {Feature.DETACH, Feature.RESUME, Feature.SSH} <= {
+        f for f in Feature if f in local.capabilities
+    }
+    (project / "Dockerfile").write_text("FROM x\n")
+    assert refused(local, project, build="Dockerfile").startswith(
+        "--build Dockerfile: only for --stack targets"
+    )
+    assert "only --stack targets" in refused(local, project, max_recoveries=1)
+    assert "only --stack targets" in refused(local, project, autodown="5m")
+
+
+def test_gce_can_do_everything_a_target_can(project: Path) -> None:
+    gce = target(project, stack="dev")
+    assert all(f in gce.capabilities for f in Feature)
+
+
+@pytest.mark.parametrize(
+    ("files", "options", "env", "expected"),
+    [
+        ({}, {"max_recoveries": 101}, {}, "--max-recoveries 101: allowed 0..100"),
+        ({}, {"build": "Dockerfile", "image": "r.io/a:1"}, {}, "--build and --image are both set"),
+        ({"requirements.txt": "torch\nnot valid ==\n"}, {}, {}, "requirements.txt line 2"),
+        ({}, {"secrets": ("GPUTRAIN_UNSET_SECRET_X",)}, {}, "secret GPUTRAIN_UNSET_SECRET_X"),
+        ({}, {"setup_timeout_s": 0.0}, {}, "--setup-timeout 0: not allowed"),
+        ({}, {"image": "ubuntu:22.04"}, {}, "--image: 'ubuntu:22.04' is not allowed"),
+        ({}, {"entry": ("missing.py",)}, {}, "missing.py"),
+        ({}, {}, {"GPUTRAIN_NOTIFY": "ftp://x"}, "GPUTRAIN_NOTIFY"),
+        ({}, {}, {"GPUTRAIN_WATCH_POLL_S": "soon"}, "GPUTRAIN_WATCH_POLL_S='soon'"),
+    ],
+)
+def test_bad_input_is_one_line_before_anything(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    files: dict[str, str],
+    options: dict[str, object],
+    env: dict[str, str],
+    expected: str,
+) -> None:
+    for name, text in files.items():
+        (project / name).write_text(text)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert expected in refused(target(project, stack="dev"), project, **options)
+
+
+def test_a_stack_file_error_and_a_missing_dockerfile_come_before_the_run(project: Path) -> None:
+    bad = target(project, stack="bad", config=GCE + "  gputrain:data: {train: 'gs://b/x:fast'}\n")
+    assert "mode 'fast'" in refused(bad, project)
+    assert "nope/Dockerfile" in refused(
+        target(project, stack="dev"), project, build="nope/Dockerfile"
+    )
+
+
+def test_the_first_bad_input_in_the_readme_order_is_the_one_named(project: Path) -> None:
+    """What the target lacks comes before the environment, the environment before the entry."""
+    (project / "requirements.txt").write_text("not valid ==\n")
+    vertex = target(project, stack="v", config=VERTEX)
+    assert refused(vertex, project, detach=True).startswith("--detach")
+    gce = target(project, stack="dev")
+    assert "requirements.txt" in refused(gce, project, entry=("missing.py",))
+
+
+def test_a_good_plan_holds_what_the_run_needs_and_makes_nothing(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUTRAIN_NOTIFY", "https://hooks.example/env")
+    config = GCE + "  gputrain:notify: [https://hooks.example/file]\n"
+    p = plan(
+        target(project, stack="dev", config=config),
+        project,
+        notify=("https://hooks.example/flag", "https://hooks.example/file"),
+        env={"A": "1"},
+    )
+    assert p.notify == (
+        "https://hooks.example/flag",
+        "https://hooks.example/file",
+        "https://hooks.example/env",
+    )  # the flag's, the environment's, the file's: each once
+    assert p.spec is not None and p.spec.stack == "dev" and p.label == "dev"
+    assert p.selector == "stack-dev" and p.entry == ("job.py",) and p.max_recoveries == 3
+    assert p.autodown_s == p.spec.autodown_s and p.autodown_s
+    assert p.results_dir == project / "runs" / "stack-dev" / p.run_id
+    assert not (project / "runs").exists()  # made when the job starts
+    job = p.job(None)
+    assert (job.run_id, job.entry, dict(job.env), job.watch) == (
+        p.run_id,
+        p.entry,
+        {"A": "1"},
+        p.watch,
+    )
+    kept = plan(target(project, stack="dev"), project, keep=True)
+    assert kept.autodown_s is None  # --keep: nothing deletes the VMs
+    assert plan(target(project, stack="dev"), project, autodown="5m").autodown_s == 300
+    resumed = plan(target(project), project, resume="20261124-183000-ab12", create=False)
+    assert resumed.run_id == "20261124-183000-ab12" and resumed.autodown_s is None
+
+
+def test_healthcheck_plans_no_data(project: Path) -> None:
+    """`healthcheck` reads no data: the stack's datasets are not listed (nor needed)."""
+    config = GCE + "  gputrain:data: {train: 'gs://no-such-bucket-here/x'}\n"
+    t = target(project, stack="dev", config=config)
+    (project / "trainer").mkdir()
+    (project / "trainer" / "__init__.py").write_text("")
+    (project / "trainer" / "healthcheck.py").write_text("")
+    assert plan(t, project, entry=("-m", "trainer.healthcheck")).datasets == ()
