@@ -17,6 +17,7 @@ from infra.datasets import merge_datasets
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.job.entry_check import check_entry
+from scripts.job.progress import log_progress
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery, TrainingError
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import RunOptions, Session, Target
@@ -286,6 +287,8 @@ def summarize(result: JobResult, *, hourly_usd: float | None, started: float) ->
     ):
         if isinstance(summary.get(key), int | float):
             rows.append([label, fmt.format(summary[key])])
+    if not rows:  # not our trainer's summary: what its log shows
+        rows += [list(r) for r in log_progress(result.results_dir, result.exit_codes)]
     rows += recovery_rows(result.recoveries)
     rows += [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
     cost = None
