@@ -340,6 +340,11 @@ def _parser() -> argparse.ArgumentParser:
             metavar="DIR",
             help="the Pulumi project directory (default: nearest with Pulumi.yaml upwards)",
         )
+        c.add_argument(
+            "--runs-dir",
+            metavar="DIR",
+            help="where results go (default: $GPUTRAIN_RUNS_DIR, else ./runs, ignored by git)",
+        )
         if name in {"up", "run"}:
             c.add_argument("--yes", action="store_true", help="do not ask before spending money")
             c.add_argument(
@@ -563,6 +568,8 @@ def main(
         settings = settings or Settings()
         if args.dir:
             settings.root = _project_dir(Path(args.dir))
+        if getattr(args, "runs_dir", None):
+            settings.runs_dir = Path(args.runs_dir).expanduser().absolute()
         return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
         print(f"gputrain: error: {ui.terminal_safe(str(exc))}", file=sys.stderr, flush=True)

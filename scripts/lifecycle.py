@@ -16,6 +16,7 @@ from typing import Any
 from infra.base.errors import GputrainError, UserError
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
+from scripts.job.progress import log_progress
 from scripts.job.records import Job, JobResult, Recovery, TrainingError
 from scripts.notify import Notifier
 from scripts.run_plan import RunPlan, declared_image, plan_run
@@ -228,6 +229,8 @@ def summarize(result: JobResult, *, hourly_usd: float | None, started: float) ->
     ):
         if isinstance(summary.get(key), int | float):
             rows.append([label, fmt.format(summary[key])])
+    if not rows:  # not our trainer's summary: what its log shows
+        rows += [list(r) for r in log_progress(result.results_dir, result.exit_codes)]
     rows += recovery_rows(result.recoveries)
     rows += [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
     cost = None

@@ -3,6 +3,7 @@ machines, and the run ids results are filed under."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
@@ -10,11 +11,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.base.errors import UserError
+from scripts import ui
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 RESULTS_MARKER = ".gputrain-results"  # in runs/: gputrain's results, never uploaded as code
 LAST_RUN = "LAST_RUN"  # runs/<target>/LAST_RUN: the id `gputrain logs` follows by default
 NODE_ROOT_ENV = "GPUTRAIN_NODE_ROOT"  # where a node keeps its code and runs (see transport/base.py)
+RUNS_DIR_ENV = "GPUTRAIN_RUNS_DIR"  # where results go (`--runs-dir`): default runs/ here
+RUNS_GITIGNORE = "*\n"  # runs/.gitignore: git, the upload and build contexts pass it by
+
+
+def default_runs_dir() -> Path:
+    """$GPUTRAIN_RUNS_DIR, else runs/ in the working directory (git ignores it: results_dir)."""
+    override = os.environ.get(RUNS_DIR_ENV)
+    return Path(override).expanduser().absolute() if override else Path.cwd() / "runs"
+
+
+def state_home() -> Path:
+    """$XDG_STATE_HOME, else ~/.local/state: a user's own state, outside any project."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
 
 
 def find_project_root(start: Path | None = None) -> Path:
@@ -33,18 +48,22 @@ def new_run_id() -> str:
 @dataclass
 class Settings:
     root: Path = field(default_factory=find_project_root)  # the Pulumi project
-    runs_dir: Path = field(default_factory=lambda: Path.cwd() / "runs")
+    runs_dir: Path = field(default_factory=default_runs_dir)
     connect_deadline_s: float = 900.0  # SSH to new cloud VMs (boot, sshd, login key)
     existing_wait_s: float = 30.0  # SSH to machines that exist: a refusal after this is final
     verify_deadline_s: float = 900.0  # the GPU driver answering nvidia-smi
 
     @property
     def local_node_root(self) -> Path:
-        """Where `--local` keeps the node's code and runs (checkpoints included): $GPUTRAIN_NODE_ROOT,
-        else runs/local/node/ beside the results, so every checkout keeps its own and the paths the
-        trainer prints are where the user looks."""
+        """Where `--local` keeps the node's code, runs and environments: $GPUTRAIN_NODE_ROOT,
+        else one per results directory in the user's state home (never inside the project, where
+        git, editors, test collectors and build contexts would walk its venvs)."""
         override = os.environ.get(NODE_ROOT_ENV)
-        return Path(override) if override else self.runs_dir / "local" / "node"
+        if override:
+            return Path(override)
+        runs = self.runs_dir.absolute()
+        key = hashlib.sha256(str(runs).encode()).hexdigest()[:10]
+        return state_home() / "gputrain" / "local" / f"{runs.parent.name or 'root'}-{key}"
 
     def results_path(self, target: str, run_id: str) -> Path:
         """runs/<target>/<run-id>/, not made yet. Pure."""
@@ -52,11 +71,19 @@ class Settings:
 
     def results_dir(self, target: str, run_id: str) -> Path:
         """runs/<target>/<run-id>/ (private to the user: 0700), recorded as the target's last run;
-        runs/ carries the marker that keeps it out of every upload (job/sync.py)."""
+        runs/ carries the marker that keeps it out of every upload (job/sync.py) and a
+        .gitignore that keeps it out of git (said once, when it is made)."""
         target_dir = self.runs_dir / target
         for d in (self.runs_dir, target_dir, target_dir / run_id):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
             d.chmod(0o700)
+        ignore = self.runs_dir / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text(RUNS_GITIGNORE)
+            ui.say(
+                f"results go to {self.runs_dir} (git ignores it: its .gitignore); "
+                f"--runs-dir or {RUNS_DIR_ENV} puts them elsewhere"
+            )
         (self.runs_dir / RESULTS_MARKER).touch(mode=0o600)
         (target_dir / LAST_RUN).write_text(run_id + "\n")
         return target_dir / run_id

@@ -27,10 +27,10 @@ _SESSION = pytest.StashKey[
 
 def _traces() -> set[str]:
     """What a test run must not leave behind on the machine."""
-    cache = Path.home() / ".cache" / "gputrain"
-    return {str(p) for p in Path("/tmp").glob("torchelastic_*")} | (
-        {str(cache)} if cache.exists() else set()
-    )
+    ours = (Path.home() / ".cache" / "gputrain", Path.home() / ".local" / "state" / "gputrain")
+    return {str(p) for p in Path("/tmp").glob("torchelastic_*")} | {
+        str(d) for d in ours if d.exists()
+    }
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,6 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.chmod(session_tmp, 0o1777)  # like /tmp: the test hosts' login users write there too
     config.stash[_SESSION] = (session_tmp, os.environ.get("TMPDIR"), _traces())
     os.environ["TMPDIR"] = session_tmp
+    # `--local` node roots (scripts/settings.py state_home) go with the session's temp dir
+    os.environ["XDG_STATE_HOME"] = str(Path(session_tmp) / "state")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

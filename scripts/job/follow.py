@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,8 +31,18 @@ LineSink = Callable[[str, str], None]  # (node, line)
 StopNodes = Callable[[list[str]], None]  # stop the job on these nodes (in the background)
 
 
+# our torchrun prefix ([rankN]:, node_scripts) and torch's own "[rankN]: " on an exception's lines
+_DOUBLED_RANK = re.compile(r"^(\[rank\d+\]:) ?\1 ?")
+
+
+def console_line(line: str) -> str:
+    """A worker's line as the console shows it: torch's own `[rankN]:` inside ours once. Pure."""
+    return _DOUBLED_RANK.sub(lambda m: m.group(1) + " ", line, count=1)
+
+
 def say_line(node: str, line: str) -> None:
-    ui.say(f"[{node}] {ui.terminal_safe(line)}")  # a redrawn progress bar: its last state
+    # torch's [rankN]: once; a redrawn progress bar: its last state; no control sequences
+    ui.say(f"[{node}] {ui.terminal_safe(console_line(line))}")
 
 
 @dataclass

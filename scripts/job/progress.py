@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 _STEP = re.compile(r"\bstep\s+(\d+)/(\d+) \|")
 _START = re.compile(r"\bstart step (\d+)/(\d+)")
@@ -52,3 +53,42 @@ class StepWatch:
                     fire, self._on_first_step = self._on_first_step, None
         if fire is not None:
             fire()
+
+
+# a loss with its value: `loss 1.23` (nanoGPT), `Loss: 0.5` (mnist), `train_loss=0.12` (Lightning)
+_LOSS_VALUE = re.compile(r"loss\w*\s*[:=]?\s*[-+]?\.?\d", re.IGNORECASE)
+_PROGRESS = re.compile(r"\b(?:step|steps|iter|epoch|batch)\b", re.IGNORECASE)
+_RANK_PREFIX = re.compile(r"^(?:\[(?:rank\d+|default\d+)\]: ?)+")
+_TAIL_BYTES = 256 * 1024
+
+
+def last_progress(lines: Iterable[str], width: int = 140) -> list[tuple[str, str]]:
+    """What a trainer's log says of how far it got, for a summary when it wrote none of ours:
+    its last line with a loss and its last step/epoch/iter line, if another. Pure."""
+    loss = step = None
+    for raw in lines:
+        line = _RANK_PREFIX.sub("", raw.rsplit("\r", 1)[-1]).strip()  # a progress bar's last draw
+        if not line or line.startswith("gputrain:"):
+            continue
+        if _LOSS_VALUE.search(line):
+            loss = line
+        if _PROGRESS.search(line):
+            step = line
+    clip = lambda s: s if len(s) <= width else s[: width - 3] + "..."  # noqa: E731
+    rows = [("last loss line", clip(loss))] if loss else []
+    return rows + ([("last step line", clip(step))] if step and step != loss else [])
+
+
+def log_progress(results_dir: Path, nodes: Iterable[str]) -> list[tuple[str, str]]:
+    """last_progress of the first of `nodes` (the head first) whose downloaded torchrun.log
+    says anything: the tail of it only."""
+    for node in nodes:
+        try:
+            with (results_dir / node / "torchrun.log").open("rb") as f:
+                f.seek(max(0, f.seek(0, 2) - _TAIL_BYTES))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if rows := last_progress(text.splitlines()):
+            return rows
+    return []

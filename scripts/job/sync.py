@@ -71,7 +71,11 @@ def list_workdir_files(workdir: Path) -> list[str]:
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(workdir):
         dirnames[:] = sorted(
-            d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS
+            and not d.endswith(".egg-info")
+            and not (Path(dirpath) / d / RESULTS_MARKER).exists()  # results, wherever they are
         )
         for fn in sorted(filenames):
             p = Path(dirpath) / fn

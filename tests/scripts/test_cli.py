@@ -245,7 +245,8 @@ def test_ttl_left_counts_from_the_latest_start() -> None:
 
 def test_run_local_end_to_end(tmp_path: Path) -> None:
     """The README's main job, as a user runs it: the console script, a fresh directory. The node
-    state stays in the project's runs/ (nothing under ~/.cache), where the printed paths point."""
+    state (its code, environments, checkpoints) stays out of the project, in the user's state
+    home, where the printed paths point; runs/ is ignored by git, said once."""
     env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
     env["HOME"] = str(tmp_path / "home")
     t = time.monotonic()
@@ -266,19 +267,27 @@ def test_run_local_end_to_end(tmp_path: Path) -> None:
     data = json.loads(summary.read_text())
     assert data["final_loss"] < data["initial_loss"] - 1.0
     assert data["mfu"] is None
-    node_out = tmp_path / "runs" / "local" / "node" / ".gputrain" / "runs" / run_id / "out"
+    node_root = Settings(root=tmp_path, runs_dir=tmp_path / "runs").local_node_root
+    assert not node_root.is_relative_to(tmp_path)
+    node_out = node_root / ".gputrain" / "runs" / run_id / "out"
+    assert (tmp_path / "runs" / ".gitignore").read_text() == "*\n"
+    assert r.stdout.count("git ignores it") == 1
     assert f"out {node_out}," in r.stdout  # the trainer's banner names where its checkpoints are
     assert list(node_out.glob("ckpt-*.pt"))
     assert not (tmp_path / "home" / ".cache" / "gputrain").exists()
     assert "floor 1.3863)" in r.stdout
 
 
-def test_local_node_root_is_the_projects_runs_or_gputrain_node_root(
+def test_local_node_root_is_one_per_results_dir_outside_the_project_or_gputrain_node_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
-    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
-    assert settings.local_node_root == tmp_path / "runs" / "local" / "node"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    settings = Settings(root=tmp_path / "a", runs_dir=tmp_path / "a" / "runs")
+    other = Settings(root=tmp_path / "b", runs_dir=tmp_path / "b" / "runs")
+    assert settings.local_node_root.parent == tmp_path / "state" / "gputrain" / "local"
+    assert settings.local_node_root.name.startswith("a-")
+    assert settings.local_node_root != other.local_node_root  # every checkout its own
     monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "elsewhere"))
     assert settings.local_node_root == tmp_path / "elsewhere"
 
@@ -316,16 +325,15 @@ def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:
     assert second.returncode == 0, out_second[-3000:]
     ports = {re.search(r"rendezvous on port (\d+)", o).group(1) for o in (out_first, out_second)}  # type: ignore[union-attr]
     assert len(ports) == 2
-    local = work / "runs" / "local"  # one node root for both runs: runs/local/node/
-    results = sorted(
-        p for p in local.rglob("result-rank0.json") if not p.is_relative_to(local / "node")
-    )
+    local = work / "runs" / "local"
+    results = sorted(local.rglob("result-rank0.json"))
     assert [json.loads(p.read_text())["argv"] for p in results] in (
         [["0.2"], ["0.5"]],
         [["0.5"], ["0.2"]],
     )
     assert all(json.loads(p.read_text())["world"] == 1 for p in results)
-    node_dot = local / "node" / ".gputrain"
+    # one node root for both runs, outside the project
+    node_dot = Settings(root=work, runs_dir=work / "runs").local_node_root / ".gputrain"
     assert not [p.name for p in node_dot.iterdir() if p.name.startswith("code")]  # removed
 
 

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.settings import Settings
+
 VENV_BIN = Path(sys.executable).parent
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "400", "--log-every", "1"]
 TRAIN += ["--eval-batches", "0"]
@@ -34,7 +36,8 @@ def test_local_detach_returns_while_the_job_trains_and_logs_reattaches(tmp_path:
     r = gputrain(tmp_path, "train", "--local", "--detach", "--", *TRAIN)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_id = (tmp_path / "runs" / "local" / "LAST_RUN").read_text().strip()
-    run = tmp_path / "runs" / "local" / "node" / ".gputrain" / "runs" / run_id
+    node_root = Settings(root=tmp_path, runs_dir=tmp_path / "runs").local_node_root
+    run = node_root / ".gputrain" / "runs" / run_id
     assert " | loss " in r.stdout  # it showed the first step before letting go
     assert f"gputrain logs --local --run {run_id}" in r.stdout, r.stdout[-2000:]
     assert not (run / "exitcode").exists()  # still training after the command returned

@@ -209,6 +209,9 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
             )
         }
         self.operations: dict[str, list[dict[str, Any]]] = {}  # zone -> operations, oldest first
+        # GCE's clock minus the controller's: its operations' times are written by GCE's clock
+        # (a laptop whose clock lags sees them in its future)
+        self.clock_offset_s = 0.0
         self.reservations: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> body
         self.reservation_owners: dict[tuple[str, str], str] = {}  # (zone, name) -> its project
         self.readable_projects: set[str] = set()  # other projects whose reservations we may get
@@ -505,7 +508,7 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         with self._lock:
             inst = self.instances[(zone, name)]
             inst.body["status"] = "STOPPING"
-            now = _rfc3339_now()
+            now = _rfc3339_now(self.clock_offset_s)
             op_id = str(next(self._ids))
             self.operations.setdefault(zone, []).append(
                 {
@@ -906,6 +909,7 @@ def _filtered(items: Iterable[dict[str, Any]], expr: str | None) -> list[dict[st
     return [i for i in items if i.get("labels", {}).get(key) == value]
 
 
-def _rfc3339_now() -> str:
-    """Now, as GCE writes timestamps (with a UTC offset)."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+def _rfc3339_now(offset_s: float = 0.0) -> str:
+    """Now (plus `offset_s`), as GCE writes timestamps (with a UTC offset)."""
+    now = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset_s)
+    return now.isoformat(timespec="milliseconds")

@@ -172,3 +172,57 @@ def test_a_failed_recreation_ends_destroyed_with_the_reason(
     assert [c[1] for c in w.runner.calls if c[0] == "up"] == [ZONES[0], ZONES[0]]  # quota: stop
     assert list(last_run(w).rglob("ckpt-*.pt"))  # the checkpoints came home first
     assert_torn_down(w)
+
+
+#: A third-party job: attempt 1 trains (sleeps) until GCE takes its worker; the relaunch fails
+#: for its own reason, a missing file, on every rank.
+FAILS_AFTER_RELAUNCH = """import os, sys, time
+from pathlib import Path
+attempt, rank = os.environ.get("GPUTRAIN_ATTEMPT", "1"), os.environ.get("RANK", "0")
+(Path(sys.argv[1]) / f"attempt-{attempt}-rank-{rank}").write_text(str(os.getpid()))
+print(f"attempt {attempt} rank {rank} started", flush=True)
+if attempt == "1":
+    time.sleep(120)
+open("data/missing-shard.bin")
+"""
+
+
+def test_an_application_failure_after_a_recovery_is_not_a_second_preemption(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GCE's clock runs 10 minutes ahead of the controller's (a laptop's clock lags): the first
+    preemption's operation looks recent after the relaunch, but it is counted once. The
+    relaunch's own failure ends the run with its root cause, at once."""
+    w = world()
+    w.compute.clock_offset_s = 600.0
+    (w.dir / "flaky.py").write_text(FAILS_AFTER_RELAUNCH)
+    w.marker.mkdir(parents=True, exist_ok=True)
+    w.marker.chmod(0o777)
+
+    def preempt_when_training() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (w.marker / "attempt-1-rank-1").exists():
+                w.preempt("e2e-node-1")
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=preempt_when_training, daemon=True)
+    t.start()
+    began = time.monotonic()
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "flaky.py", str(w.marker)
+    )
+    took = time.monotonic() - began
+    t.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert rc == 1, out[-3000:] + err[-3000:]
+    assert (w.marker / "attempt-2-rank-1").exists()  # the relaunch ran
+    assert "recovering (1/3)" in out + err
+    assert "recovering (2/3)" not in out + err, err[-3000:]
+    [line] = [ln for ln in out.splitlines() if ln.startswith("recovery 1/3: ")]
+    assert "training again -" not in line, line  # GCE's clock is not ours
+    assert w.runner.call_names().count("up") == 2  # one re-creation
+    assert "FileNotFoundError" in err and "missing-shard.bin" in err, err[-3000:]
+    assert took < 240, took  # not 300 s waiting for a running VM to go
+    assert_torn_down(w)

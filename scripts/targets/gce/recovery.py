@@ -167,6 +167,9 @@ class StackNodes:
         self.bucket, self.stack = bucket, stack
         self._recreate, self.clock, self.sleep = recreate, clock, sleep
         self.created_at = clock()  # the TTL runs from here (the survivors' start, conservatively)
+        # (instance, insertTime, type) of the terminations a recovery was started for: each is
+        # counted once, whatever GCE's clock says against ours
+        self.counted: set[tuple[str, str, str]] = set()
 
     def job_env(self, run_id: str) -> dict[str, str]:
         env = {WATCH_MAINTENANCE_ENV: "1"}  # any GCE VM: checkpoint on a maintenance notice
@@ -183,6 +186,8 @@ class StackNodes:
         ops: dict[str, tuple[str, str]] = {}
         for zone in sorted({n.zone for n in self.outputs.nodes}):
             for t in self.api.terminations(project, zone):
+                if (t.instance, t.at, t.kind) in self.counted:
+                    continue  # a VM of that name ended before: its new one may run fine
                 if unix_time(t.at, 0.0) >= since - 5:
                     ops[t.instance] = (t.at, t.kind)
         return [
@@ -197,12 +202,17 @@ class StackNodes:
     def preempted(
         self, since: float, *, wait_s: float, poll_s: float = 2.0
     ) -> dict[str, NodeCloudState]:
-        """The preempted nodes; asks again for up to `wait_s` while there are none yet."""
+        """The preempted nodes; asks again for up to `wait_s` while there are none yet. An
+        operation found once is not found again: `since` is our clock, the operation's time
+        GCE's, and a lagging laptop clock made the first preemption look like a second one."""
         end = self.clock() + wait_s
         while True:
             ttl_over = self.clock() - self.created_at >= self.ttl_s - TTL_MARGIN_S
             found = preempted_nodes(self.states(since), ttl_over=ttl_over, spot=self.spot)
             if found or self.clock() >= end:
+                self.counted |= {
+                    (s.name, s.preempted_at, s.event) for s in found.values() if s.preempted_at
+                }
                 return found
             self.sleep(poll_s)
 
@@ -419,7 +429,8 @@ class RecoveringSession(FleetSession):
                     if len(done) >= self.max_recoveries:
                         raise self._exhausted(job, preempted, len(done)) from e
                     now = time.time()
-                    at = min(unix_time(s.preempted_at, now) for s in preempted.values())
+                    # GCE's clock, not ours: never later than we noticed it
+                    at = min(now, *(unix_time(s.preempted_at, now) for s in preempted.values()))
                     pending = _Pending(
                         len(done) + 1,
                         self.max_recoveries,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from scripts.job.diagnosis import root_cause_lines, worker_traceback
 from scripts.job.follow import NodeState
 
@@ -63,3 +65,25 @@ def test_torchs_own_rank_prefix_inside_torchruns_is_understood() -> None:
     got = root_cause_lines([], log)
     assert got[0].endswith("Traceback (most recent call last):")
     assert got[-1].endswith("AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'")
+
+
+def test_the_console_shows_torchs_own_rank_prefix_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun 2.13's real output for a rank that raises after init_process_group, under our
+    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: torch's `[rank0]: ` inside ours."""
+    from scripts.job.follow import say_line
+
+    for line in (
+        "[rank0]:[rank0]: Traceback (most recent call last):",
+        '[rank0]:[rank0]:   File "/tmp/boom.py", line 3, in <module>',
+        "[rank0]:[rank0]: FileNotFoundError: data/missing-shard.bin",
+        "[rank1]:step 10 | loss 2.0",  # ours alone stays as it is
+        "[rank1]:[rank0]: not the same rank: both kept",
+    ):
+        say_line("n0", line)
+    assert capsys.readouterr().out.splitlines() == [
+        "[n0] [rank0]: Traceback (most recent call last):",
+        '[n0] [rank0]:   File "/tmp/boom.py", line 3, in <module>',
+        "[n0] [rank0]: FileNotFoundError: data/missing-shard.bin",
+        "[n0] [rank1]:step 10 | loss 2.0",
+        "[n0] [rank1]:[rank0]: not the same rank: both kept",
+    ]

@@ -130,7 +130,8 @@ def test_symbolic_links_are_named_never_followed(
 def test_earlier_results_are_never_uploaded_as_code(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A git project whose .gitignore lacks runs/: the results of earlier runs stay home."""
+    """A git project whose .gitignore lacks runs/: the results of earlier runs stay home —
+    ignored by git through runs/.gitignore, else left out by their marker, said."""
     root = _tree(tmp_path / "w", {"train.py": "x\n", ".gitignore": "*.pyc\n"})
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     settings = Settings(root=root, runs_dir=root / "runs")
@@ -138,6 +139,9 @@ def test_earlier_results_are_never_uploaded_as_code(
         run = settings.results_dir("local", f"run{i}")
         (run / "node0").mkdir()
         (run / "node0" / "ckpt.pt").write_bytes(os.urandom(1 << 16))
+    assert sorted(collect_sources(root)) == [".gitignore", "train.py"]
+    assert _upload_lines(capsys) == []  # git ignores runs/ (its own .gitignore): nothing to say
+    (root / "runs" / ".gitignore").unlink()  # as runs/ made by a version before it
     assert sorted(collect_sources(root)) == [".gitignore", "train.py"]
     [line] = _upload_lines(capsys)
     assert line.startswith("upload: not sending runs/ (") and "gputrain's own results" in line
@@ -147,6 +151,18 @@ def test_earlier_results_are_never_uploaded_as_code(
     # and the results directories are the user's alone
     for d in (root / "runs", root / "runs" / "local", root / "runs" / "local" / "run0"):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_results_under_another_name_are_not_walked_into(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No git, GPUTRAIN_RUNS_DIR inside the project under a name of its own: left out, silently."""
+    root = _tree(tmp_path / "w", {"train.py": "x\n"})
+    run = Settings(root=root, runs_dir=root / "results").results_dir("local", "r1")
+    (run / "ckpt.pt").write_bytes(b"x")
+    capsys.readouterr()
+    assert sorted(collect_sources(root)) == ["train.py"]
+    assert _upload_lines(capsys) == []
 
 
 def test_what_gputrain_writes_on_a_node_and_brings_home_is_private(tmp_path: Path) -> None:

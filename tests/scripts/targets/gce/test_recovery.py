@@ -340,3 +340,32 @@ def test_the_end_of_recoveries_names_what_gce_did_to_each_node() -> None:
     assert err.ended("n2") == "a host error ended n2"
     mnt = NodeCloudState("n3", None, at, "compute.instances.terminateOnHostMaintenance")
     assert mnt.ended("n3") == "host maintenance ended n3"
+
+
+def test_a_preemption_is_counted_once_whatever_gces_clock_says() -> None:
+    """GCE's clock 10 minutes ahead of ours: the first preemption's operation is newer than the
+    relaunch by our clock; once a recovery counted it, the re-created VM running under the same
+    name is not preempted again — a new operation is."""
+    out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=2))
+    with FakeCompute() as fake:
+        fake.clock_offset_s = 600.0
+        for n in out.nodes:
+            fake.add_instance(n.name, ZONE)
+        nodes = StackNodes(
+            ComputeApi(fake.url),
+            out,
+            spot=True,
+            ttl_s=3600,
+            recreate=lambda zone: ("fleet", out),  # type: ignore[arg-type,return-value]
+            sleep=lambda _s: None,
+        )
+        fake.preempt_instance("dev-node-1", ZONE, delete_after_s=60)
+        first = nodes.preempted(time.time(), wait_s=0)
+        assert first["dev-node-1"].preempted_at  # the operation
+        fake.remove_instance("dev-node-1", ZONE)
+        fake.add_instance("dev-node-1", ZONE)  # re-created, running; the relaunch begins
+        relaunch = time.time()
+        assert nodes.preempted(relaunch, wait_s=0) == {}
+        fake.preempt_instance("dev-node-1", ZONE, delete_after_s=60)
+        again = nodes.preempted(relaunch, wait_s=0)
+        assert again["dev-node-1"].preempted_at != first["dev-node-1"].preempted_at

@@ -1,0 +1,65 @@
+"""A third-party trainer's run summary shows how far its log says it got: the lines are what
+pytorch/examples' mnist and multinode.py, nanoGPT and a Lightning progress bar print."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.job.progress import last_progress
+from scripts.job.records import JobResult
+from scripts.lifecycle import summarize
+
+MNIST = [
+    "[rank0]:Train Epoch: 3 [59520/60000 (99%)]\tLoss: 0.031245",
+    "[rank0]:",
+    "[rank0]:Test set: Average loss: 0.0326, Accuracy: 9893/10000 (99%)",
+    "gputrain: n0 run r1 ended",
+]
+MULTINODE = [
+    "[rank0]:[GPU0] Epoch 49 | Batchsize: 32 | Steps: 64",
+    "[rank0]:Epoch 49 | Training snapshot saved at snapshot.pt",
+]
+NANOGPT = ["[rank0]:iter 2990: loss 1.0412, time 31.02ms, mfu 12.3%", "[rank0]:saving checkpoint"]
+LIGHTNING = [
+    "[rank0]:Epoch 9:  50%|#####     | 16/32 [00:00<00:00, v_num=0, train_loss=0.412]"
+    "\rEpoch 9: 100%|##########| 32/32 [00:00<00:00, v_num=0, train_loss=0.123]",
+    "[rank0]:`Trainer.fit` stopped: `max_epochs=10` reached.",
+]
+
+
+def test_the_last_loss_and_step_lines_of_known_trainers() -> None:
+    assert last_progress(MNIST) == [
+        ("last loss line", "Test set: Average loss: 0.0326, Accuracy: 9893/10000 (99%)"),
+        ("last step line", "Train Epoch: 3 [59520/60000 (99%)]\tLoss: 0.031245"),
+    ]
+    assert last_progress(MULTINODE) == [
+        ("last step line", "Epoch 49 | Training snapshot saved at snapshot.pt")
+    ]
+    assert last_progress(NANOGPT) == [
+        ("last loss line", "iter 2990: loss 1.0412, time 31.02ms, mfu 12.3%")
+    ]
+    [(label, line)] = last_progress(LIGHTNING)  # the bar's last draw; one line says both
+    assert label == "last loss line" and line.startswith("Epoch 9: 100%")
+    assert line.endswith("train_loss=0.123]") or line.endswith("...")
+    assert last_progress(["hello", "[rank0]:done"]) == []
+    assert last_progress(["loss 1" + "0" * 300])[0][1].endswith("...")
+
+
+def test_a_third_party_run_summary_shows_its_log_ours_shows_its_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for node, lines in (("n0", NANOGPT), ("n1", MNIST)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "torchrun.log").write_text("\n".join(["x" * 100] * 5000 + lines))
+    result = JobResult("r", True, {"n0": 0, "n1": 0}, 1.0, tmp_path)
+    summarize(result, hourly_usd=None, started=time.monotonic())
+    out = capsys.readouterr().out
+    assert "last loss line" in out and "iter 2990: loss 1.0412" in out  # the head's log
+    assert "Test set" not in out
+    (tmp_path / "n0" / "summary.json").write_text('{"final_loss": 1.5}')
+    summarize(result, hourly_usd=None, started=time.monotonic())
+    out = capsys.readouterr().out
+    assert "final loss" in out and "last loss line" not in out
