@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from scripts.targets.vertex.clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep"}
-NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
+NO_TARGET_NEEDED = {"doctor", "gpus", "report", "cost"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = ("-m", "trainer.healthcheck")
 
@@ -214,6 +214,27 @@ def cmd_report(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_cost(ctx: Context) -> int:
+    from scripts.cost.command import cost_command
+    from scripts.cost.ledger import read
+
+    args = ctx.args
+    target = (
+        f"stack-{args.stack}"
+        if args.stack
+        else "local"
+        if getattr(args, "local", False)
+        else ctx.target.name
+        if getattr(args, "hosts", None)
+        else None
+    )
+    cost_command(
+        read(ctx.settings.runs_dir), target=target, since=args.since, by=args.by,
+        as_json=args.json,
+    )  # fmt: skip
+    return EXIT_OK
+
+
 def cmd_results(ctx: Context) -> int:
     lifecycle.results(ctx.target, ctx.args.run_id, ctx.opts, ctx.settings)
     return EXIT_OK
@@ -278,6 +299,11 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
         cmd_top,
         "a live per-node, per-GPU table of a run (utilization, memory, power, temperature, "
         "clocks, Xid/ECC) with its step, loss and tokens/s",
+    ),
+    "cost": (
+        cmd_cost,
+        "what runs cost: the ledger (runs/ledger.jsonl) as a table with totals, per run, stack "
+        "or day; estimated from the price table, billed from the Cloud Billing export",
     ),
     "report": (
         cmd_report,
@@ -382,6 +408,19 @@ def _parser() -> argparse.ArgumentParser:
                 "Ultra or A4 stack: NICs, MTU, RDMA devices or the TCPXO daemon, a 2-node "
                 "all-reduce (run/train/up do this by themselves)",
             )
+        if name == "cost":
+            c.add_argument(
+                "--since",
+                metavar="WHEN",
+                help="only runs that ended since: 30m, 12h, 7d, 2w back, or a date YYYY-MM-DD (UTC)",
+            )
+            c.add_argument(
+                "--by",
+                choices=("run", "stack", "day"),
+                default="run",
+                help="one row per run (default), per stack (or target) or per day",
+            )
+            c.add_argument("--json", action="store_true", help="the records and totals as JSON")
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
         if name == "plan":

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from infra.base.errors import GputrainError, UserError
 from infra.datasets import merge_datasets
 from scripts import ui
+from scripts.cost.ledger import record_run
 from scripts.guard import SignalGuard, signal_guard
 from scripts.job.entry_check import check_entry
 from scripts.job.records import DEFAULT_ENTRY, Job, JobResult, Recovery, TrainingError
@@ -83,6 +84,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 try:
                     result = session.run_job(job, results_dir, guard)
                 finally:  # runs/<target>/<run-id>/report.html, also for a failed run
+                    record_run(target, session, job.run_id, results_dir, time.monotonic() - started)
                     report_after_run(results_dir, session.hourly_usd, time.monotonic() - started)
         cost = summarize(result, hourly_usd=session.hourly_usd, started=started)
         found = _find_summary(result.results_dir) or {}
