@@ -118,6 +118,7 @@ class StackSettings(BaseModel):
     stallTimeout: StrictStr = Field("", json_schema_extra=_kind("text"))
     autodown: StrictStr = Field("10m", json_schema_extra=_kind("text"))
     notify: Texts = Field([], json_schema_extra=_kind("texts"))
+    billingExport: StrictStr = Field("", json_schema_extra=_kind("text"))
 
 
 def kind(key: str) -> str:

@@ -18,6 +18,7 @@ from infra import catalog, fields, offers, vertex
 from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
+from infra.billing import parse_table
 from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
@@ -117,6 +118,7 @@ class ClusterSpec:
     scratch: Scratch = NO_SCRATCH  # local SSD (bundled, or localSsdCount)
     autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
+    billing_export: str | None = None  # the Cloud Billing export table `cost` reads billed from
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
     # vertex: (project, secret id) of each `secrets` entry from Secret Manager: the jobs' service
     # account gets secretAccessor on these secrets only (the job reads them itself)
@@ -375,6 +377,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
         autodown_s=None if backend == "vertex" else read_autodown(cfg.text("autodown"), ttl),
         notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
+        billing_export=billing_export(cfg.text("billingExport")),
         build=build_setting(cfg.text("build"), cfg.text("image")),
         secret_access=_secret_access(cfg, project) if backend == "vertex" else (),
         backend=backend,
@@ -466,3 +469,8 @@ def require_deployable(spec: ClusterSpec) -> None:
     if missing:
         m = missing[0]
         raise SpecError(f"{m.key} is not set ({m.why}); run: {m.command}")
+
+
+def billing_export(text: str) -> str | None:
+    """billingExport: PROJECT.DATASET.TABLE, or None when unset."""
+    return parse_table(text, f"{NS}billingExport") if text else None

@@ -215,23 +215,9 @@ def cmd_report(ctx: Context) -> int:
 
 
 def cmd_cost(ctx: Context) -> int:
-    from scripts.cost.command import cost_command
-    from scripts.cost.ledger import read
+    from scripts.cost.command import cost_from_args
 
-    args = ctx.args
-    target = (
-        f"stack-{args.stack}"
-        if args.stack
-        else "local"
-        if getattr(args, "local", False)
-        else ctx.target.name
-        if getattr(args, "hosts", None)
-        else None
-    )
-    cost_command(
-        read(ctx.settings.runs_dir), target=target, since=args.since, by=args.by,
-        as_json=args.json,
-    )  # fmt: skip
+    cost_from_args(ctx.args, ctx.settings, lambda: ctx.target)
     return EXIT_OK
 
 
@@ -409,18 +395,9 @@ def _parser() -> argparse.ArgumentParser:
                 "all-reduce (run/train/up do this by themselves)",
             )
         if name == "cost":
-            c.add_argument(
-                "--since",
-                metavar="WHEN",
-                help="only runs that ended since: 30m, 12h, 7d, 2w back, or a date YYYY-MM-DD (UTC)",
-            )
-            c.add_argument(
-                "--by",
-                choices=("run", "stack", "day"),
-                default="run",
-                help="one row per run (default), per stack (or target) or per day",
-            )
-            c.add_argument("--json", action="store_true", help="the records and totals as JSON")
+            from scripts.cost.command import add_arguments
+
+            add_arguments(c)
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
         if name == "plan":

@@ -3,17 +3,20 @@ time; `--json` for scripts; `--billing TABLE` adds what Cloud Billing charged (b
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from infra.base.errors import UserError
 from scripts import ui
+from scripts.cost.billing import BillingExport, parse_table
 from scripts.cost.ledger import LedgerRecord
+from scripts.settings import Settings
 
 GROUPINGS = ("run", "stack", "day")
 SINCE = re.compile(r"^(\d+)([mhdw])$")
@@ -127,13 +130,18 @@ def cost_command(
     since: str | None,
     by: str,
     as_json: bool,
-    billed: dict[str, float] | None = None,
-    billing_note: str | None = None,
+    billing: str | None = None,
 ) -> None:
-    """Print the table and totals (or the JSON) of the ledger's runs."""
-    chosen = select(
-        records, target=target, since=parse_since(since, time.time()) if since else None
-    )
+    """Print the table and totals (or the JSON) of the ledger's runs; with `billing` (the
+    export table) what Cloud Billing charged next to the estimate."""
+    start = parse_since(since, time.time()) if since else None
+    table_name = parse_table(billing, "--billing") if billing else None
+    chosen = select(records, target=target, since=start)
+    billed: dict[str, float] | None = None
+    billing_note = None
+    if table_name is not None:
+        found = BillingExport(table_name).billed(chosen)
+        billed, billing_note = found.by_run, found.note()
     rows, total = group(chosen, by, billed)
     if as_json:
         doc: dict[str, Any] = {
@@ -150,16 +158,15 @@ def cost_command(
         ui.say("cost: no runs in the ledger" + (f" for {target}" if target else "") +
                (f" since {since}" if since else "") + " (runs/ledger.jsonl)")  # fmt: skip
         return
-    billing = billed is not None
     header = [by, "when (UTC)" if by == "run" else "runs", "nodes x machine", "GPU-h",
-              "recoveries", "estimated"] + (["billed"] if billing else [])  # fmt: skip
+              "recoveries", "estimated"] + (["billed"] if billed is not None else [])  # fmt: skip
     by_key = {group_key(r, by): r for r in chosen}
 
     def row(g: Group, first: str, shape: str) -> list[object]:
         recovered = f"{g.recoveries} ({g.downtime_s:.0f} s)" if g.recoveries else "0"
         cells: list[object] = [g.key, first, shape, f"{g.gpu_hours:.2f}", recovered]
         cells.append(usd(g.estimated_usd))
-        return cells + ([usd(g.billed_usd)] if billing else [])
+        return cells + ([usd(g.billed_usd)] if billed is not None else [])
 
     table: list[list[object]] = []
     for g in rows:
@@ -178,3 +185,52 @@ def cost_command(
     if billing_note:
         notes.append(billing_note)
     ui.say("; ".join(notes))
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    """`cost`'s options (the target's --stack/--hosts/--local: the parser's own)."""
+    c.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only runs that ended since: 30m, 12h, 7d, 2w back, or a date YYYY-MM-DD (UTC)",
+    )
+    c.add_argument(
+        "--by",
+        choices=GROUPINGS,
+        default="run",
+        help="one row per run (default), per stack (or target) or per day",
+    )
+    c.add_argument("--json", action="store_true", help="the records and totals as JSON")
+    c.add_argument(
+        "--billing",
+        metavar="PROJECT.DATASET.TABLE",
+        help="also what Cloud Billing charged, per run, from its BigQuery export (the standard "
+        "usage cost table; default with --stack: its billingExport)",
+    )
+
+
+def cost_from_args(args: argparse.Namespace, settings: Settings, target: Callable[[], Any]) -> None:
+    """`gputrain cost`: the runs of the target given (--stack, --hosts, --local; else all),
+    billed from --billing or the stack's billingExport. `target` opens the target (only for
+    --hosts, or a --stack whose file is here: a stack that is gone still has its runs)."""
+    from scripts.cost.ledger import read
+
+    hosts = getattr(args, "hosts", None)
+    name = (
+        f"stack-{args.stack}"
+        if args.stack
+        else "local"
+        if getattr(args, "local", False)
+        else target().name
+        if hosts
+        else None
+    )
+    billing = args.billing
+    stack_file = settings.root / f"Pulumi.{args.stack}.yaml" if args.stack else None
+    if billing is None and stack_file is not None and stack_file.is_file():
+        spec_of = getattr(target(), "spec", None)  # the stack target's file
+        billing = spec_of().billing_export if spec_of is not None else None
+    cost_command(
+        read(settings.runs_dir), target=name, since=args.since, by=args.by, as_json=args.json,
+        billing=billing,
+    )  # fmt: skip
