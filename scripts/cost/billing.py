@@ -55,7 +55,7 @@ class Billed:
             else "never (no rows exported yet)"
         )
         text = f"billed: the Cloud Billing export, billing data up to {when}"
-        text += " (it lags usage by hours; later usage is not billed yet)"
+        text += " (the export lags usage, with no latency guarantee: later usage is not in it yet)"
         other = sorted(self.currencies - {"USD"})
         if other:
             text += f"; billed in {', '.join(other)}, not USD"

@@ -80,7 +80,7 @@ def test_billed_next_to_estimated_per_run_with_the_exports_lag(
     # the table, for people
     assert main(["cost", "--billing", TABLE], settings) == 0
     out = capsys.readouterr().out
-    assert "billed" in out and "$4.25" in out and "$1.30" in out and "lags usage" in out
+    assert "billed" in out and "$4.25" in out and "$1.30" in out and "the export lags usage" in out
 
 
 def test_a_slow_query_waits_on_get_query_results(
