@@ -1,8 +1,10 @@
-"""The Cloud Billing export table a stack's or `gputrain cost`'s billed figures come from:
-PROJECT.DATASET.TABLE, checked before anything asks BigQuery. Pure."""
+"""Money settings, checked before anything is asked or created: the Cloud Billing export table
+(PROJECT.DATASET.TABLE) `gputrain cost` reads billed figures from, and amounts in US dollars
+(`budget`, `maxHourlyCost`). Pure."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from infra.base.errors import UserError
@@ -23,3 +25,16 @@ def parse_table(text: str, setting: str) -> str:
             "standard usage cost export)"
         )
     return text.strip()
+
+
+def parse_usd(text: str, setting: str) -> float | None:
+    """A positive amount of US dollars ("" = unset), else one line naming the setting."""
+    if not text.strip():
+        return None
+    try:
+        value = float(text.strip().removeprefix("$"))
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{setting} {text!r}: not an amount; allowed: US dollars above 0, e.g. 300")
+    return value

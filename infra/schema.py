@@ -119,6 +119,8 @@ class StackSettings(BaseModel):
     autodown: StrictStr = Field("10m", json_schema_extra=_kind("text"))
     notify: Texts = Field([], json_schema_extra=_kind("texts"))
     billingExport: StrictStr = Field("", json_schema_extra=_kind("text"))
+    budget: StrictStr = Field("", json_schema_extra=_kind("text"))
+    maxHourlyCost: StrictStr = Field("", json_schema_extra=_kind("text"))
 
 
 def kind(key: str) -> str:

@@ -38,7 +38,8 @@ MAP_KEYS: tuple[str, ...] = ("data", "chief", "reductionServer")
 #: (`secrets` it reads: a Vertex stack grants its jobs' account access to the Secret Manager
 #: secrets named there; names and references only, never a value.)
 CONTROLLER_KEYS: tuple[str, ...] = (
-    "setup", "image", "chief", "reductionServer", "vertexJobSpec", "billingExport",
+    "setup", "image", "chief", "reductionServer", "vertexJobSpec", "billingExport", "budget",
+    "maxHourlyCost",
 )  # fmt: skip
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and

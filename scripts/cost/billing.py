@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.billing import parse_table as parse_table
 from infra.stackfile import STACK_LABEL
 from scripts.cost.ledger import LedgerRecord
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from infra.base.errors import UserError
 from scripts import ui
-from scripts.cost.billing import BillingExport, parse_table
 from scripts.cost.ledger import LedgerRecord
 from scripts.settings import Settings
 
@@ -134,12 +133,16 @@ def cost_command(
 ) -> None:
     """Print the table and totals (or the JSON) of the ledger's runs; with `billing` (the
     export table) what Cloud Billing charged next to the estimate."""
+    from infra.billing import parse_table
+
     start = parse_since(since, time.time()) if since else None
     table_name = parse_table(billing, "--billing") if billing else None
     chosen = select(records, target=target, since=start)
     billed: dict[str, float] | None = None
     billing_note = None
     if table_name is not None:
+        from scripts.cost.billing import BillingExport
+
         found = BillingExport(table_name).billed(chosen)
         billed, billing_note = found.by_run, found.note()
     rows, total = group(chosen, by, billed)

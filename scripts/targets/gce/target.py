@@ -20,7 +20,7 @@ from scripts import ui
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
 from scripts.targets.stack.runner import pulumi_line
-from scripts.targets.stack.target import StackTarget
+from scripts.targets.stack.target import StackTarget, check_spending_caps
 
 if TYPE_CHECKING:
     from infra.base.records import Fleet
@@ -249,6 +249,8 @@ class GceTarget(StackTarget[GceClients, Provision]):
         from scripts.targets.gce.keys import private_key_file
 
         spec = self.spec()  # a broken stack file is still a one-line error
+        if opts.budget is not None:  # `train --budget`: the stack's own was checked at `up`
+            check_spending_caps(spec, opts)
         max_recoveries = recoveries_allowed(opts, spec)
         self._wait_s = self._wait_for_capacity(opts, spec)
         outputs = self.runner.outputs()

@@ -179,6 +179,7 @@ class StackTarget(Generic[C, P]):
         planned = self.planned_build(opts)  # a missing Dockerfile: one line, first
         self.check_before_spending(spec, opts)
         require_deployable(spec)
+        check_spending_caps(spec, opts)
         prepared = self.prepare(spec, opts)
         confirm(spec, yes=opts.yes)
         pending = self._local_build(planned)  # a Dockerfile that fails: nothing exists yet
@@ -339,6 +340,7 @@ class StackTarget(Generic[C, P]):
         from infra.plan import HEADERS, build_plan
 
         spec = self.spec()
+        check_spending_caps(spec, RunOptions())
         checks = self.candidate_checks(spec)
         plan = build_plan(spec, checks)
         chosen = plan.candidates.chosen if plan.candidates else None
@@ -367,6 +369,10 @@ class StackTarget(Generic[C, P]):
                 ui.warn("no candidate passed preflight: see the reasons above")
         for line in plan.footer_lines():
             ui.say(line)
+        if spec.budget is not None or spec.max_hourly_cost is not None:
+            from infra.cost_caps import caps_line
+
+            ui.say(caps_line(spec))
         self._plan_build(spec)
 
     def _plan_build(self, spec: ClusterSpec) -> None:
@@ -409,3 +415,16 @@ def confirm(spec: ClusterSpec, *, yes: bool) -> None:
     ui.say(f"About to {what}.")
     if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
         raise UserError("cancelled; nothing was created")
+
+
+def check_spending_caps(spec: ClusterSpec, opts: RunOptions) -> None:
+    """maxHourlyCost and the run's budget (--budget, else the stack's), before anything bills."""
+    from infra.cost_caps import check_caps
+    from infra.stackfile import NS
+
+    given = opts.budget is not None
+    check_caps(
+        spec,
+        budget=opts.budget if given else spec.budget,
+        budget_setting="--budget" if given else f"{NS}budget",
+    )

@@ -19,7 +19,7 @@ from infra.vertex_pools import PoolShape, env_names
 from scripts import ui
 from scripts.targets.base import RunOptions
 from scripts.targets.stack.runner import pulumi_line
-from scripts.targets.stack.target import StackTarget
+from scripts.targets.stack.target import StackTarget, check_spending_caps
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.session import RUN_LABEL, VertexSession
 
@@ -228,6 +228,8 @@ class VertexTarget(StackTarget[VertexClients, None]):
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
         spec = self.spec_for(opts)
+        if opts.budget is not None:  # `train --budget`: the stack's own was checked at `up`
+            check_spending_caps(spec, opts)
         outputs = self._outputs()
         if outputs is None:
             raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")

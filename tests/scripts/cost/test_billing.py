@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
+from infra.billing import parse_table
 from scripts.cli import main
-from scripts.cost.billing import ENDPOINT_ENV, UsageRow, attribute, parse_table
+from scripts.cost.billing import ENDPOINT_ENV, UsageRow, attribute
 from scripts.cost.ledger import LedgerRecord, append
 from scripts.settings import Settings
 from tests.support.fake_bigquery import FakeBigQuery, export_row
