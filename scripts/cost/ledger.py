@@ -177,7 +177,7 @@ def record_of(
             **common,  # type: ignore[arg-type]
             nodes=spec.nodes,
             machine=spec.machine_type,
-            gpus_per_node=spec.gpus_per_node if spec.attach_gpus else 0,
+            gpus_per_node=spec.gpus_per_node,  # built into G2/A2/A3 or attached (N1)
             stack=spec.stack,
             backend=spec.backend,
             capacity=spec.capacity,
