@@ -111,7 +111,7 @@ def budget_option(args: argparse.Namespace) -> float | None:
     raw = getattr(args, "budget", None)
     if raw is None:
         return None
-    from infra.cost_caps import parse_usd
+    from infra.billing import parse_usd
 
     if not args.stack:
         raise UserError(f"--budget {raw}: only --stack targets are billed by gputrain")

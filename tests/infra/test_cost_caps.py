@@ -4,6 +4,7 @@ capacity rung and GPU candidate, a budget against rate x maxRunDuration; bad amo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -12,6 +13,7 @@ from infra.cost_caps import caps_line, check_caps, parse_usd, worst_hourly
 from infra.spec import ClusterSpec, parse_spec
 from scripts.cli import main
 from scripts.settings import Settings
+from scripts.targets.gce.clients import GceClients
 from tests.support.pulumi_mocks import ROOT, deployable_config
 
 
@@ -82,7 +84,23 @@ def test_plan_refuses_and_run_takes_budget_only_on_a_stack(
     assert main(["plan", "--stack", "dev"], settings) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "gputrain:maxHourlyCost 0.05: 1 x g2-standard-8" in err
+    (tmp_path / "Pulumi.cap.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+    )
+    argv = ["run", "--stack", "cap", "--yes", "--skip-preflight", "--budget", "0.01"]
+    assert main(argv, settings, gce_nothing()) == 2  # refused before anything is asked or made
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("gputrain: error: --budget 0.01: 1 x g2-standard-8")
     assert main(["run", "--local", "--budget", "5"], settings) == 2
     assert "--budget 5: only --stack targets" in capsys.readouterr().err
     assert main(["run", "--stack", "dev", "--budget", "zero"], settings) == 2
     assert "--budget 'zero': not an amount" in capsys.readouterr().err
+
+
+def gce_nothing() -> GceClients:
+    """Clients whose every use fails the test: the caps come before any Google or Pulumi call."""
+
+    def refuse(*_: object) -> NoReturn:
+        raise AssertionError("a Google or Pulumi client was used before the caps were checked")
+
+    return GceClients(runner_for=refuse, compute_endpoint="http://127.0.0.1:9", retry_pause_s=0)

@@ -177,9 +177,9 @@ class StackTarget(Generic[C, P]):
 
         spec = self.spec_for(opts)
         planned = self.planned_build(opts)  # a missing Dockerfile: one line, first
+        check_spending_caps(spec, opts)  # pure: before the doctor asks Google anything
         self.check_before_spending(spec, opts)
         require_deployable(spec)
-        check_spending_caps(spec, opts)
         prepared = self.prepare(spec, opts)
         confirm(spec, yes=opts.yes)
         pending = self._local_build(planned)  # a Dockerfile that fails: nothing exists yet
