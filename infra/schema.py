@@ -121,6 +121,9 @@ class StackSettings(BaseModel):
     recover: StrictStr = Field("never", json_schema_extra=_kind("text"))
     reconcileEvery: StrictStr = Field("2m", json_schema_extra=_kind("text"))
     notify: Texts = Field([], json_schema_extra=_kind("texts"))
+    billingExport: StrictStr = Field("", json_schema_extra=_kind("text"))
+    budget: StrictStr = Field("", json_schema_extra=_kind("text"))
+    maxHourlyCost: StrictStr = Field("", json_schema_extra=_kind("text"))
 
 
 def kind(key: str) -> str:

@@ -18,6 +18,7 @@ from infra import catalog, fields, offers, vertex
 from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
+from infra.billing import parse_table, parse_usd
 from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
@@ -120,6 +121,9 @@ class ClusterSpec:
     recover: str = "never"  # laptop-closed recovery: auto, always, never (infra/reconciler.py)
     reconcile_every_s: int = 120  # reconcileEvery: Cloud Scheduler's period for the job
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
+    billing_export: str | None = None  # the Cloud Billing export table `cost` reads billed from
+    budget: float | None = None  # USD one run may cost (infra/cost_caps.py)
+    max_hourly_cost: float | None = None  # USD per hour the cluster may cost at most
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
     # vertex: (project, secret id) of each `secrets` entry from Secret Manager: the jobs' service
     # account gets secretAccessor on these secrets only (the job reads them itself)
@@ -380,6 +384,9 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         recover=parse_recover(cfg.text("recover")) if backend == "gce" else "never",
         reconcile_every_s=parse_every(cfg.text("reconcileEvery")) if backend == "gce" else 120,
         notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
+        billing_export=billing_export(cfg.text("billingExport")),
+        budget=parse_usd(cfg.text("budget"), f"{NS}budget"),
+        max_hourly_cost=parse_usd(cfg.text("maxHourlyCost"), f"{NS}maxHourlyCost"),
         build=build_setting(cfg.text("build"), cfg.text("image")),
         secret_access=_secret_access(cfg, project) if backend == "vertex" else (),
         backend=backend,
@@ -471,3 +478,8 @@ def require_deployable(spec: ClusterSpec) -> None:
     if missing:
         m = missing[0]
         raise SpecError(f"{m.key} is not set ({m.why}); run: {m.command}")
+
+
+def billing_export(text: str) -> str | None:
+    """billingExport: PROJECT.DATASET.TABLE, or None when unset."""
+    return parse_table(text, f"{NS}billingExport") if text else None

@@ -37,7 +37,10 @@ MAP_KEYS: tuple[str, ...] = ("data", "chief", "reductionServer")
 #: Keys only the controller reads (the job's environment): the Pulumi program never sees them.
 #: (`secrets` it reads: a Vertex stack grants its jobs' account access to the Secret Manager
 #: secrets named there; names and references only, never a value.)
-CONTROLLER_KEYS: tuple[str, ...] = ("setup", "image", "chief", "reductionServer", "vertexJobSpec")
+CONTROLLER_KEYS: tuple[str, ...] = (
+    "setup", "image", "chief", "reductionServer", "vertexJobSpec", "billingExport", "budget",
+    "maxHourlyCost",
+)  # fmt: skip
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
 #: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).

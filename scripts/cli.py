@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from scripts.targets.vertex.clients import VertexClients
 
 STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep", "reconcile"}
-NO_TARGET_NEEDED = {"doctor", "gpus", "report"}
+NO_TARGET_NEEDED = {"doctor", "gpus", "report", "cost"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = contract.HEALTHCHECK_ENTRY
 
@@ -218,6 +218,13 @@ def cmd_report(ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_cost(ctx: Context) -> int:
+    from scripts.cost.command import cost_from_args
+
+    cost_from_args(ctx.args, ctx.settings, lambda: ctx.target)
+    return EXIT_OK
+
+
 def cmd_results(ctx: Context) -> int:
     lifecycle.results(ctx.target, ctx.args.run_id, ctx.opts, ctx.settings)
     return EXIT_OK
@@ -289,6 +296,11 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
         cmd_top,
         "a live per-node, per-GPU table of a run (utilization, memory, power, temperature, "
         "clocks, Xid/ECC) with its step, loss and tokens/s",
+    ),
+    "cost": (
+        cmd_cost,
+        "what runs cost: the ledger (runs/ledger.jsonl) as a table with totals, per run, stack "
+        "or day; estimated from the price table, billed from the Cloud Billing export",
     ),
     "report": (
         cmd_report,
@@ -404,6 +416,10 @@ def _parser() -> argparse.ArgumentParser:
                 "Ultra or A4 stack: NICs, MTU, RDMA devices or the TCPXO daemon, a 2-node "
                 "all-reduce (run/train/up do this by themselves)",
             )
+        if name == "cost":
+            from scripts.cost.command import add_arguments
+
+            add_arguments(c)
         if name == "keygen":
             c.add_argument("--force", action="store_true", help="replace an existing key pair")
         if name == "plan":

@@ -15,6 +15,7 @@ from typing import Any
 
 from infra.base.errors import GputrainError, UserError
 from scripts import ui
+from scripts.cost.ledger import record_run
 from scripts.guard import SignalGuard, signal_guard
 from scripts.job.progress import log_progress
 from scripts.job.records import Job, JobResult, Recovery, TrainingError
@@ -81,7 +82,9 @@ def run_job(
     try:
         return session.run_job(job, plan.results_dir, guard)
     finally:
-        report_after_run(plan.results_dir, session.hourly_usd, time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        record_run(plan.target, session, plan.run_id, plan.results_dir, elapsed)  # the ledger
+        report_after_run(plan.results_dir, session.hourly_usd, elapsed)
 
 
 def summary(

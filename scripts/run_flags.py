@@ -44,6 +44,12 @@ def add_flags(c: argparse.ArgumentParser, command: str) -> None:
         "on a stack, autodown deletes the VMs after the job)",
     )
     c.add_argument(
+        "--budget",
+        metavar="USD",
+        help="(--stack) what this run may cost: refused before anything is created when the "
+        "cluster's rate x maxRunDuration exceeds it (default: the stack's `budget`)",
+    )
+    c.add_argument(
         "--autodown",
         metavar="DURATION",
         help="(--stack) delete the VMs this long after the job ends once this controller is gone "
@@ -105,5 +111,18 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "autodown": getattr(args, "autodown", None),
         "resume": getattr(args, "resume", None),
         "notify": tuple(getattr(args, "notify", None) or ()),
+        "budget": budget_option(args),
         "selector": selector(args),
     }
+
+
+def budget_option(args: argparse.Namespace) -> float | None:
+    """--budget USD: a positive amount, for --stack targets only (one line otherwise)."""
+    raw = getattr(args, "budget", None)
+    if raw is None:
+        return None
+    from infra.billing import parse_usd
+
+    if not args.stack:
+        raise UserError(f"--budget {raw}: only --stack targets are billed by gputrain")
+    return parse_usd(raw, "--budget") if raw.strip() else None

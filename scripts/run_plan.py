@@ -88,6 +88,10 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     build = opts.build or env.build
     image_conflict_check(env, opts)
     refuse_missing_features(target.capabilities, opts, build)
+    if declared.spec is not None:  # maxHourlyCost and the budget: pure, before Google is asked
+        from infra.cost_caps import check_spending_caps
+
+        check_spending_caps(declared.spec, opts.budget)
     max_recoveries = recoveries_allowed(opts.max_recoveries)
     datasets = planned_datasets(declared, opts)
     environment, secrets = job_environment(env, opts)

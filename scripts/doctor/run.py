@@ -123,6 +123,10 @@ def run_doctor(
         unknown = spec.on_vertex or (spec.scratch.present and spec.scratch.gib is None)
         room = None if unknown else (spec.scratch.gib or spec.boot_disk_gb)
         rows += data_rows(spec.datasets, room_gib=room)
+    if spec is not None and spec.billing_export:
+        from scripts.cost.billing import billing_row
+
+        rows.append(billing_row(spec.billing_export))
     title = f"doctor: stack {stack}" if stack else "doctor (no --stack: this machine only)"
     return DoctorReport(title, tuple(rows))
 

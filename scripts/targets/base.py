@@ -105,6 +105,7 @@ class RunOptions:
     resume: str | None = None  # `train --resume RUN`: that run again, from its checkpoints
     notify: tuple[str, ...] = ()  # --notify webhook URLs (secrets), beside the target's own
     force: bool = False  # `run`/`train`: start even where another gputrain run is training
+    budget: float | None = None  # --budget USD: what the run may cost (None: the stack's `budget`)
 
 
 class Session(Protocol):

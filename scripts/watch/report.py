@@ -37,6 +37,7 @@ class RunData:
     events: list[dict[str, Any]] = field(default_factory=list)  # time, kind, label
     job: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)
+    ledger: dict[str, Any] = field(default_factory=dict)  # the run's cost-ledger record
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
@@ -105,6 +106,7 @@ def load_run(results_dir: Path) -> RunData:
             data.telemetry[n.name] = sorted(seen.values(), key=lambda s: (s.time, s.gpu))
     data.job = _json(results_dir / "job.json")
     data.cost = _json(results_dir / COST)
+    data.ledger = _json(results_dir / "ledger.json")  # scripts/cost/ledger.py RUN_RECORD
     for e in _json_lines(results_dir / "watch-events.jsonl"):
         if e.get("kind") in ("stall", "restart", "gpu_fault") and _number(e.get("time")):
             where = " ".join(
@@ -264,6 +266,13 @@ def summary_rows(data: RunData) -> list[tuple[str, str]]:
         util = [x.util_pct for x in samples if x.util_pct is not None]
         if util:
             rows.append((f"{node} mean GPU utilization", f"{sum(util) / len(util):.0f} %"))
+    gpu_hours, estimated = _number(data.ledger.get("gpu_hours")), data.ledger.get("estimated_usd")
+    if gpu_hours is not None:  # the figures `gputrain cost` shows for this run
+        rows.append(("GPU-hours", f"{gpu_hours:.2f}"))
+        if _number(data.ledger.get("downtime_s")):
+            rows.append(("recovery downtime", f"{data.ledger['downtime_s']:.0f} s"))
+        if _number(estimated) is not None:
+            rows.append(("estimated cost (ledger)", f"${estimated:.2f}"))
     hourly, elapsed = _number(data.cost.get("hourly_usd")), _number(data.cost.get("elapsed_s"))
     if hourly is not None and elapsed is not None:
         rows.append(("cost so far", f"${hourly * elapsed / 3600:.2f} at ${hourly:.2f}/h"))

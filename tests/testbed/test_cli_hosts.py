@@ -4,6 +4,7 @@ host key refused."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,13 @@ def test_run_hosts_end_to_end_and_ssh(
     out = capsys.readouterr().out
     assert "hello from" in out and "run summary" in out
     assert (tmp_path / "runs" / "hosts-lab" / "LAST_RUN").is_file()
+    # the cost ledger has the run: 2 hosts of 1 GPU, nothing billed by gputrain
+    assert main(["cost", "--hosts", str(path), "--json"], settings) == 0
+    ledger = json.loads(capsys.readouterr().out)
+    (record,) = ledger["runs"]
+    assert record["target"] == "hosts-lab" and record["machine"] == "hosts" and record["ok"]
+    assert record["nodes"] == 2 and record["gpus_per_node"] == 1 and record["gpu_hours"] > 0
+    assert record["estimated_usd"] is None and ledger["total"]["unpriced_runs"] == 1
     # ssh: OpenSSH with only the pinned keys; the user's command arrives verbatim.
     assert ssh_echo(path, settings) == "a b;c"
 

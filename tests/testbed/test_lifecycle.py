@@ -43,6 +43,14 @@ def test_run_stack_end_to_end(
     assert "preflight" in out and "run summary" in out
     assert "doctor: stack e2e" in out and " fail " not in out  # the checks ran first, all passed
     assert_torn_down(w)
+    # the cost ledger: the run's record, priced, at home and (brought home by down) from the bucket
+    assert w.run("cost", "--stack", "e2e", "--json") == 0
+    (record,) = json.loads(capsys.readouterr().out)["runs"]
+    assert record["run_id"] == run_dir.name and record["stack"] == "e2e" and record["ok"]
+    assert record["nodes"] == 2 and record["machine"] == "g2-standard-8"
+    assert record["hourly_usd"] > 0 and record["estimated_usd"] > 0 and record["price_source"]
+    assert record["gpus_per_node"] == 1 and record["gpu_hours"] > 0  # the L4 built into G2
+    assert json.loads((run_dir / "ledger.json").read_text())["run_id"] == run_dir.name
 
 
 def test_preflight_failure_creates_nothing(

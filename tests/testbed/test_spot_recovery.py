@@ -77,6 +77,8 @@ def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
     assert recovery["nodes"] == ["e2e-node-1"] and recovery["resumed_from"] >= 20
     assert recovery["steps_repeated"] >= 0 and recovery["downtime_s"] > 0
     assert "recoveries" in out and "1 (e2e-node-1)" in out and "steps repeated" in out
+    ledger = json.loads((run_dir / "ledger.json").read_text())  # its cost-ledger record
+    assert ledger["recoveries"] == 1 and ledger["downtime_s"] == round(recovery["downtime_s"], 1)
     assert (run_dir / "e2e-node-0" / "torchrun.attempt1.log").is_file()  # the first attempt's log
     # Same end as an uninterrupted run: loss and every parameter, bit for bit.
     summary = json.loads((run_dir / "e2e-node-0" / "summary.json").read_text())

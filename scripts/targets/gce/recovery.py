@@ -340,6 +340,15 @@ class RecoveringSession(FleetSession):
             self.watchdogs.stop(None if self.keep else self._transports)
         super().__exit__(*exc)
 
+    def ledger_bucket(self) -> tuple[Any, str, str] | None:
+        """(storage, bucket, prefix) where the run's cost-ledger record goes (scripts/cost)."""
+        if not self.nodes.bucket:
+            return None
+        from infra.gcp.gcs import StorageApi
+
+        bucket, _, prefix = self.nodes.bucket.removeprefix("gs://").partition("/")
+        return StorageApi(self.nodes.outputs.project), bucket, prefix
+
     def run_detached(self, job: Job, guard: SignalGuard) -> float:
         """`--detach`: the job with the bucket's env and the watchdogs armed, left running once
         it trains; its manifest in the bucket and the lease let go, so `gputrain reconcile`

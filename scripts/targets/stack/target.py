@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infra.base.errors import UserError
+from infra.cost_caps import check_spending_caps
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
@@ -245,6 +246,7 @@ class StackTarget(Generic[C, P]):
         ctx = ctx.at(self.spec_for(ctx))
         spec = ctx.spec
         planned = self.planned_build(opts)  # a missing Dockerfile: one line, first
+        check_spending_caps(spec, opts.budget)  # pure: before the doctor asks Google anything
         self.check_before_spending(spec, opts)
         require_deployable(spec)
         prepared = self.prepare(ctx)
@@ -404,6 +406,7 @@ class StackTarget(Generic[C, P]):
         from infra.plan import HEADERS, build_plan
 
         spec = self.spec()
+        check_spending_caps(spec, None)
         checks = self.candidate_checks(self.context(spec, RunOptions()))
         plan = build_plan(spec, checks)
         chosen = plan.candidates.chosen if plan.candidates else None
@@ -432,6 +435,10 @@ class StackTarget(Generic[C, P]):
                 ui.warn("no candidate passed preflight: see the reasons above")
         for line in plan.footer_lines():
             ui.say(line)
+        if spec.budget is not None or spec.max_hourly_cost is not None:
+            from infra.cost_caps import caps_line
+
+            ui.say(caps_line(spec))
         self._plan_build(spec)
 
     def _plan_build(self, spec: ClusterSpec) -> None:

@@ -208,6 +208,10 @@ class VertexSession:
         priced = price_pools(shapes, self.out.region, spot=self.spec.spot)
         self.hourly_usd = total_hourly(priced)
 
+    def ledger_bucket(self) -> tuple[Any, str, str]:
+        """(storage, bucket, prefix) where the run's cost-ledger record goes (scripts/cost)."""
+        return self.clients.storage(self.out.project), self.out.bucket, self.out.bucket_prefix
+
     def package_uri(self, run_id: str) -> str:
         """Where _stage puts the run's code package."""
         return staging_dir(self.out.bucket, run_id, self.out.bucket_prefix) + SDIST_FILE

@@ -274,3 +274,27 @@ def test_destroy_targets_spare_the_kept_type_and_its_parents() -> None:
         {"urn": vm, "type": "gcp:compute/instance:Instance", "parent": cluster},
     ]
     assert destroy_targets(resources, ["gcp:storage/bucket:Bucket"]) == [grant, vm]
+
+
+def test_a_run_another_machine_recorded_in_the_bucket_comes_home_into_the_ledger(
+    cloud: Cloud, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run's record goes into the stack's bucket (scripts/cost/ledger.py record_run); `down`
+    on this machine brings it home and `gputrain cost` counts it."""
+    from types import SimpleNamespace
+
+    from scripts.cost.ledger import record_run
+
+    elsewhere = tmp_path / "other-machine" / "runs" / "stack-lab" / "r9"
+    session = SimpleNamespace(
+        name="stack-lab",
+        hourly_usd=3.0,
+        ledger_bucket=lambda: (StorageApi("gputrain-test"), BUCKET, ""),
+    )
+    record_run(SimpleNamespace(name="stack-lab"), session, "r9", elsewhere, 1800.0)
+    assert "runs/r9/ledger.json" in cloud.names()
+    assert cloud.main("down", "--stack", "lab") == 0
+    capsys.readouterr()
+    assert cloud.main("cost", "--stack", "lab", "--json") == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["run_id"] == "r9" and run["estimated_usd"] == pytest.approx(1.5, abs=0.01)

@@ -84,6 +84,11 @@ def test_run_trains_on_two_replicas_follows_logs_brings_results_home_and_destroy
     assert record["ok"] is True and record["run_id"] == run_id
     assert "run summary" in out and "final loss" in out and "estimated cost" in out
     assert_torn_down(w)
+    # the cost ledger: the Vertex run's record (its copy in the bucket came home with `down`)
+    assert w.run("cost", "--stack", "vtest", "--json") == 0
+    (ledger,) = json.loads(capsys.readouterr().out)["runs"]
+    assert ledger["run_id"] == run_id and ledger["backend"] == "vertex" and ledger["ok"]
+    assert ledger["hourly_usd"] > 0 and ledger["estimated_usd"] > 0 and ledger["gpu_hours"] > 0
 
 
 def test_a_module_of_the_working_directory_runs_and_a_failure_names_the_job_error(

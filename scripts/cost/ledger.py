@@ -1,0 +1,214 @@
+"""runs/ledger.jsonl: one JSON record per run, appended when the run ends (success or failure), on
+every target. A stack's run also writes its record into the stack's bucket
+(`runs/<run-id>/ledger.json`), so `down` brings it home with the run's other small files and
+`gputrain cost` counts it even when another machine ran it."""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from scripts import ui
+
+LEDGER = "ledger.jsonl"  # under runs/
+RUN_RECORD = "ledger.json"  # a run's own record, in the stack's bucket under runs/<run-id>/
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One run: where, who, when, on what, at which price, and what it cost (an estimate: the
+    price table's rate times the wall clock, recoveries' downtime included)."""
+
+    target: str  # runs/<target>/: "local", "hosts-<name>", "stack-<name>"
+    run_id: str
+    user: str
+    start: float  # unix time
+    end: float
+    ok: bool | None  # None: the run left no job.json (interrupted before its results came home)
+    nodes: int
+    machine: str  # a machine type, else "local" / "hosts"
+    gpus_per_node: int
+    stack: str | None = None
+    backend: str | None = None  # "gce", "vertex"; None off a stack
+    capacity: str | None = None  # spot, on-demand, flex-start, reservation
+    hourly_usd: float | None = None  # None: machines gputrain does not bill
+    price_source: str | None = None
+    recoveries: int = 0
+    downtime_s: float = 0.0
+    v: int = VERSION
+
+    @property
+    def elapsed_s(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.nodes * self.gpus_per_node * self.elapsed_s / 3600
+
+    @property
+    def estimated_usd(self) -> float | None:
+        return None if self.hourly_usd is None else self.hourly_usd * self.elapsed_s / 3600
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written: its fields plus the derived figures scripts read."""
+        cost = self.estimated_usd
+        return asdict(self) | {
+            "elapsed_s": round(self.elapsed_s, 1),
+            "gpu_hours": round(self.gpu_hours, 4),
+            "estimated_usd": None if cost is None else round(cost, 4),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> LedgerRecord | None:
+        """A record, or None for a line that is not one of ours (never a crash). Pure."""
+        if not isinstance(data, dict):
+            return None
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        try:
+            record = cls(**fields)
+        except TypeError:
+            return None
+        numbers = (record.start, record.end, record.nodes, record.gpus_per_node, record.downtime_s)
+        if not all(isinstance(n, int | float) and math.isfinite(n) for n in numbers):
+            return None
+        if not isinstance(record.run_id, str) or not isinstance(record.target, str):
+            return None
+        return record
+
+
+def append(runs_dir: Path, record: LedgerRecord) -> Path:
+    """One line onto runs/ledger.jsonl: one write of the whole line under an exclusive lock with
+    O_APPEND, so two runs ending at once never interleave or lose a record."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    path = runs_dir / LEDGER
+    line = (json.dumps(record.to_json(), sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+    finally:
+        os.close(fd)  # releases the lock
+    return path
+
+
+def read(runs_dir: Path) -> list[LedgerRecord]:
+    """Every run's record: runs/ledger.jsonl, plus the records `down` (or `results`) brought home
+    from a stack's bucket that this machine's ledger lacks (runs/<target>/<run-id>/ledger.json).
+    One record per (target, run id): the later line wins (a resumed run ends again)."""
+    found: dict[tuple[str, str], LedgerRecord] = {}
+    path = runs_dir / LEDGER
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    for record in _parse(lines):
+        found[(record.target, record.run_id)] = record
+    for p in sorted(runs_dir.glob(f"*/*/{RUN_RECORD}")):
+        for record in _parse([p.read_text(errors="replace")]):
+            found.setdefault((record.target, record.run_id), record)
+    return sorted(found.values(), key=lambda r: r.start)
+
+
+def _parse(lines: Iterable[str]) -> Iterable[LedgerRecord]:
+    for line in lines:
+        try:
+            record = LedgerRecord.from_json(json.loads(line))
+        except ValueError:
+            continue
+        if record is not None:
+            yield record
+
+
+def _job_outcome(results_dir: Path) -> tuple[bool | None, int, float]:
+    """(ok, recoveries, their downtime) from the run's job.json; (None, 0, 0) without one."""
+    try:
+        job = json.loads((results_dir / "job.json").read_text())
+    except (OSError, ValueError):
+        return None, 0, 0.0
+    if not isinstance(job, dict):
+        return None, 0, 0.0
+    found = job.get("recoveries")
+    recoveries = [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+    downtime = sum(
+        float(r["downtime_s"]) for r in recoveries if isinstance(r.get("downtime_s"), int | float)
+    )
+    ok = job.get("ok")
+    return ok if isinstance(ok, bool) else None, len(recoveries), downtime
+
+
+def record_of(
+    target: Any, session: Any, run_id: str, results_dir: Path, elapsed_s: float
+) -> LedgerRecord:
+    """The run's record from what the target and session know (a stack's spec: the machine, its
+    capacity and price; a fleet: its nodes) and the job.json it left."""
+    end = time.time()
+    spec = getattr(session, "spec", None)
+    if spec is None and getattr(target, "spec", None) is not None:
+        try:
+            spec = target.spec()
+        except Exception:  # the record never fails a run
+            spec = None
+    fleet = getattr(session, "fleet", None)
+    ok, recoveries, downtime = _job_outcome(results_dir)
+    hourly = getattr(session, "hourly_usd", None)
+    common = dict(
+        target=str(getattr(session, "name", None) or target.name),
+        run_id=run_id,
+        user=_user(),
+        start=round(end - elapsed_s, 3),
+        end=round(end, 3),
+        ok=ok,
+        hourly_usd=hourly,
+        recoveries=recoveries,
+        downtime_s=round(downtime, 1),
+    )
+    if spec is not None:
+        from infra.plan import price_basis
+        from infra.prices import price_table
+
+        source = price_table().source.split(",")[0]
+        return LedgerRecord(
+            **common,  # type: ignore[arg-type]
+            nodes=spec.nodes,
+            machine=spec.machine_type,
+            gpus_per_node=spec.gpus_per_node,  # built into G2/A2/A3 or attached (N1)
+            stack=spec.stack,
+            backend=spec.backend,
+            capacity=spec.capacity,
+            price_source=f"{source}; {price_basis(spec)}" if hourly is not None else None,
+        )
+    nodes = len(fleet.nodes) if fleet is not None else 1
+    gpus = fleet.expect.count if fleet is not None else 0
+    machine = "local" if fleet is None or fleet.local else "hosts"
+    return LedgerRecord(**common, nodes=nodes, machine=machine, gpus_per_node=gpus)  # type: ignore[arg-type]
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def record_run(target: Any, session: Any, run_id: str, results_dir: Path, elapsed_s: float) -> None:
+    """The lifecycle's one call when a run ends, success or failure: the record onto
+    runs/ledger.jsonl and, for a stack, into its bucket. A failure here is a warning, never the
+    run's."""
+    try:
+        record = record_of(target, session, run_id, results_dir, elapsed_s)
+        append(results_dir.parent.parent, record)
+        results_dir.mkdir(parents=True, exist_ok=True)
+        (results_dir / RUN_RECORD).write_text(json.dumps(record.to_json(), sort_keys=True) + "\n")
+        home = getattr(session, "ledger_bucket", None)
+        where = home() if home is not None else None
+        if where is not None:
+            storage, bucket, prefix = where
+            storage.upload(bucket, f"{prefix}runs/{run_id}/{RUN_RECORD}", results_dir / RUN_RECORD)
+    except Exception as e:
+        ui.warn(f"could not add run {run_id} to the cost ledger: {e}")

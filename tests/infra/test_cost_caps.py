@@ -1,0 +1,106 @@
+"""Spending caps before anything is created: maxHourlyCost against the dearest rate of every
+capacity rung and GPU candidate, a budget against rate x maxRunDuration; bad amounts one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from infra.base.errors import UserError
+from infra.cost_caps import caps_line, check_caps, parse_usd, worst_hourly
+from infra.spec import ClusterSpec, parse_spec
+from scripts.cli import main
+from scripts.settings import Settings
+from scripts.targets.gce.clients import GceClients
+from tests.support.pulumi_mocks import ROOT, deployable_config
+
+
+def spec(**overrides: str) -> ClusterSpec:
+    return parse_spec(deployable_config("dev", **overrides), "dev")
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "abc", "nan", "inf", "1e999"])
+def test_a_bad_amount_is_one_line(bad: str) -> None:
+    with pytest.raises(UserError, match=rf"gputrain:budget '{bad}': not an amount; allowed"):
+        spec(budget=bad)
+    with pytest.raises(UserError, match=r"gputrain:maxHourlyCost .*US dollars above 0"):
+        spec(maxHourlyCost=bad)
+    assert parse_usd("$12.5", "--budget") == 12.5 and parse_usd(" ", "--budget") is None
+
+
+def test_the_hourly_cap_takes_the_dearest_capacity_rung() -> None:
+    ladder = spec(machineType="g2-standard-8", nodes="2", capacity='["spot", "on-demand"]')
+    assert ladder.price is not None and ladder.price.on_demand and ladder.price.spot
+    dearest = ladder.price.on_demand * 2
+    assert worst_hourly(ladder) == pytest.approx(dearest)
+    check_caps(spec(machineType="g2-standard-8", nodes="2", capacity='["spot", "on-demand"]',
+                    maxHourlyCost=f"{dearest + 0.01}"), budget=None, budget_setting="x")  # fmt: skip
+    cap = round(dearest - 0.01, 2)
+    capped = spec(machineType="g2-standard-8", nodes="2", capacity='["spot", "on-demand"]',
+                  maxHourlyCost=f"{cap}")  # fmt: skip
+    with pytest.raises(UserError) as e:
+        check_caps(capped, budget=None, budget_setting="x")
+    assert str(e.value).startswith(f"gputrain:maxHourlyCost {cap:g}: 2 x ")
+    assert f"costs up to ${dearest:.2f}/h" in str(e.value) and "(spot/on-demand)" in str(e.value)
+
+
+def test_below_the_cheapest_gpu_candidate_names_it() -> None:
+    many = spec(gpus="L4:1", maxHourlyCost="0.01")
+    priced = sorted((c for c in many.candidates if c.hourly), key=lambda c: c.hourly or 0)
+    cheapest = priced[0]
+    with pytest.raises(UserError) as e:
+        check_caps(many, budget=None, budget_setting="x")
+    text = str(e.value)
+    assert text.startswith("gputrain:maxHourlyCost 0.01: below the cheapest candidate, ")
+    assert f"{cheapest.machine_type} in {cheapest.zone} at ${cheapest.hourly:.2f}/h" in text
+
+
+def test_a_budget_is_held_by_max_run_duration() -> None:
+    s = spec(machineType="g2-standard-8", maxRunDuration="6h")
+    rate = worst_hourly(s)
+    assert rate is not None
+    check_caps(s, budget=rate * 6 + 0.01, budget_setting="--budget")
+    with pytest.raises(UserError) as e:
+        check_caps(s, budget=rate * 3, budget_setting="--budget")
+    text = str(e.value)
+    assert text.startswith(f"--budget {rate * 3:g}: 1 x g2-standard-8")
+    assert f"may cost ${rate * 6:.2f}" in text and "gputrain:maxRunDuration to at most 3h" in text
+    fine = spec(machineType="g2-standard-8", maxRunDuration="2h", budget="1000",
+                maxHourlyCost="1000")  # fmt: skip
+    assert "budget $1,000.00 per run >= worst case" in caps_line(fine)
+
+
+def test_plan_refuses_and_run_takes_budget_only_on_a_stack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.dev.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+        "  gputrain:maxHourlyCost: '0.05'\n"
+    )
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main(["plan", "--stack", "dev"], settings) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "gputrain:maxHourlyCost 0.05: 1 x g2-standard-8" in err
+    (tmp_path / "Pulumi.cap.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+    )
+    argv = ["run", "--stack", "cap", "--yes", "--skip-preflight", "--budget", "0.01"]
+    assert main(argv, settings, gce_nothing()) == 2  # refused before anything is asked or made
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("gputrain: error: --budget 0.01: 1 x g2-standard-8")
+    assert main(["run", "--local", "--budget", "5"], settings) == 2
+    assert "--budget 5: only --stack targets" in capsys.readouterr().err
+    assert main(["run", "--stack", "dev", "--budget", "zero"], settings) == 2
+    assert "--budget 'zero': not an amount" in capsys.readouterr().err
+
+
+def gce_nothing() -> GceClients:
+    """Clients whose every use fails the test: the caps come before any Google or Pulumi call."""
+
+    def refuse(*_: object) -> NoReturn:
+        raise AssertionError("a Google or Pulumi client was used before the caps were checked")
+
+    return GceClients(runner_for=refuse, compute_endpoint="http://127.0.0.1:9", retry_pause_s=0)

@@ -1,0 +1,115 @@
+"""The cost ledger: records appended by real `--local` runs (a success and a failure) read back
+through `gputrain cost --json`; two processes appending at once lose nothing; grouping by run,
+stack and day with recoveries' downtime counted; bad `--since` is one line."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.base.errors import UserError
+from scripts.cli import main
+from scripts.cost.command import group, parse_since, select
+from scripts.cost.ledger import LEDGER, LedgerRecord, append, read
+from scripts.settings import Settings
+
+TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "20", "--log-every", "10"]
+TRAIN += ["--eval-batches", "0"]
+
+
+def record(run_id: str, **kw: object) -> LedgerRecord:
+    fields: dict[str, object] = dict(
+        target="stack-dev", run_id=run_id, user="me", start=1_000_000.0, end=1_003_600.0,
+        ok=True, nodes=2, machine="g2-standard-8", gpus_per_node=1, stack="dev",
+        hourly_usd=2.0, capacity="spot",
+    )  # fmt: skip
+    return LedgerRecord(**(fields | kw))  # type: ignore[arg-type]
+
+
+def test_local_runs_success_and_failure_are_in_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main(["train", "--local", "--", *TRAIN], settings) == 0
+    (tmp_path / "boom.py").write_text("raise SystemExit(3)\n")
+    assert main(["train", "--local", "--", "boom.py"], settings) == 1
+    capsys.readouterr()
+    assert main(["cost", "--local", "--json", "--since", "1h"], settings) == 0
+    ledger = json.loads(capsys.readouterr().out)
+    good, bad = ledger["runs"]
+    assert good["target"] == "local" and good["machine"] == "local" and good["nodes"] == 1
+    assert good["ok"] is True and bad["ok"] is False and good["run_id"] != bad["run_id"]
+    assert 0 < good["elapsed_s"] < 600 and good["end"] <= bad["start"] + 1
+    assert good["estimated_usd"] is None and ledger["total"]["unpriced_runs"] == 2
+    assert ledger["total"]["runs"] == 2 and len(ledger["groups"]) == 2
+    # the run report shows the ledger's figures
+    report = (tmp_path / "runs" / "local" / good["run_id"] / "report.html").read_text()
+    assert "GPU-hours" in report
+    # the table, and another target's view is empty
+    assert main(["cost", "--by", "day"], settings) == 0
+    out = capsys.readouterr().out
+    assert "total" in out and "2 run(s) on machines gputrain does not bill" in out
+    assert main(["cost", "--stack", "dev"], settings) == 0
+    assert "no runs in the ledger for stack-dev" in capsys.readouterr().out
+
+
+def _append_many(runs_dir: Path, tag: str) -> None:
+    for i in range(200):
+        append(runs_dir, record(f"{tag}-{i}", user="x" * 3000))  # lines beyond one pipe buffer
+
+
+def test_two_processes_appending_at_once_lose_nothing(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(tmp_path, t)) for t in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    lines = (tmp_path / LEDGER).read_text().splitlines()
+    assert len(lines) == 400 and all(json.loads(ln)["v"] == 1 for ln in lines)
+    assert len(read(tmp_path)) == 400
+
+
+def test_grouping_counts_gpu_hours_cost_and_recovery_downtime() -> None:
+    day2 = 1_000_000.0 + 86400
+    runs = [
+        record("r1"),
+        record("r2", recoveries=2, downtime_s=300.0, start=day2, end=day2 + 1800),
+        record("r3", target="stack-big", stack="big", hourly_usd=None),
+    ]
+    rows, total = group(runs, "stack")
+    assert [(g.key, g.runs) for g in rows] == [("dev", 2), ("big", 1)]
+    assert rows[0].estimated_usd == pytest.approx(2.0 + 1.0)
+    assert rows[0].gpu_hours == pytest.approx(2 * 1.0 + 2 * 0.5)
+    assert rows[0].recoveries == 2 and rows[0].downtime_s == 300.0
+    assert total.estimated_usd == pytest.approx(3.0) and total.unpriced == 1
+    days, _ = group(runs, "day")
+    assert [(g.key, g.runs) for g in days] == [("1970-01-12", 2), ("1970-01-13", 1)]
+    assert select(runs, target="stack-dev", since=day2) == [runs[1]]
+    billed_rows, billed_total = group(runs, "run", {"r1": 1.75})
+    assert billed_rows[0].billed_usd == 1.75 and billed_total.billed_usd == 1.75
+
+
+def test_since_and_malformed_lines() -> None:
+    now = time.time()
+    assert parse_since("7d", now) == now - 7 * 86400
+    assert parse_since("2026-11-20", now) == 1_795_132_800.0
+    for bad in ("7", "7x", "-1d", "0d", "yesterday", "2026-13-01"):
+        with pytest.raises(UserError, match=r"--since .*allowed: a count and a unit"):
+            parse_since(bad, now)
+    for line in ("{", "[]", '{"run_id": 1}', '{"target": "x", "run_id": "y", "start": "a"}'):
+        assert LedgerRecord.from_json(json.loads(line) if line != "{" else None) is None
+
+
+def test_cost_bad_since_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main(["cost", "--since", "last week"], settings) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--since 'last week'" in err
