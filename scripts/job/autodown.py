@@ -30,7 +30,7 @@ from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
 if TYPE_CHECKING:
-    from infra.gcs import StorageApi
+    from infra.gcp.gcs import StorageApi
 
 WATCHDOG_SOURCE = contract.source_of(contract.WATCHDOG)
 WATCHDOG_FILE = WATCHDOG_SOURCE.name  # its copy in the run dir, run from there

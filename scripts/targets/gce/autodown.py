@@ -66,7 +66,7 @@ def bucket_has_run(bucket_uri: str | None, project: str, run_id: str) -> bool:
     """Anything of the run (checkpoints, results) in the stack's bucket (`--resume`)."""
     if not bucket_uri:
         return False
-    from infra.gcs import StorageApi
+    from infra.gcp.gcs import StorageApi
 
     bucket, _, prefix = bucket_uri.removeprefix("gs://").partition("/")
     storage = StorageApi(project)

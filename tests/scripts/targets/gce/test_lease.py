@@ -144,3 +144,14 @@ def test_status_tells_the_recovery_history() -> None:
     assert lines[0] == "run r9: running, attempt 2, recoveries 1/3 (2 left)"
     assert "last reconcile pass 60 s ago" in lines[1] and "recovered (21.5 s)" in lines[1]
     assert [ln.split()[-1] for ln in lines[2:]] == ["recovering", "recovered"]
+
+
+def test_resume_finds_a_run_in_the_stacks_bucket(gcs: GcsEmulator, storage: StorageApi) -> None:
+    """`train --resume RUN` on a stack asks the bucket (it imported a module that did not exist:
+    every --resume on a stack with a bucket ended in ModuleNotFoundError)."""
+    from scripts.targets.gce.autodown import bucket_has_run
+
+    gcs.write("p/runs/20261127-101500-ab12/out/node-0/ckpt-00000010.pt", b"state")
+    assert bucket_has_run(f"gs://{BUCKET}/p/", "test", "20261127-101500-ab12")
+    assert not bucket_has_run(f"gs://{BUCKET}/p/", "test", "20261127-101500-cd34")
+    assert not bucket_has_run(None, "test", "20261127-101500-ab12")
