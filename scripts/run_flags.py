@@ -75,6 +75,10 @@ def check(args: argparse.Namespace) -> None:
                 f"--autodown {autodown} with --keep: keep the cluster, or delete it after the "
                 "job? Drop one of them"
             )
+    if getattr(args, "detach", False):
+        from scripts.job.detach import detach_wait_s
+
+        detach_wait_s()  # GPUTRAIN_DETACH_WAIT_S: a bad value is one line before anything exists
     if getattr(args, "detach", False) and getattr(args, "keep", False):
         ui.warn(
             "--detach with --keep: --keep wins: the cluster stays up after the job (no "
