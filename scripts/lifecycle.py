@@ -57,14 +57,16 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                 built = getattr(target, "built_image", None)
                 if image is None and built is not None:  # `build`: made before any GPU
                     image = built(opts)
+                entry = tuple(opts.entry or DEFAULT_ENTRY)
+                resuming = opts.resume is not None  # started as a relaunch is: --resume-args on
                 job = Job(
                     run_id=opts.resume or new_run_id(),
-                    entry=opts.entry or DEFAULT_ENTRY,
+                    entry=(*entry, *opts.resume_args) if resuming else entry,
                     env=opts.env,
                     max_restarts=opts.max_restarts,
                     workdir=Path.cwd(),
                     datasets=datasets,
-                    resume_args=opts.resume_args,
+                    resume_args=() if resuming else opts.resume_args,
                     environment=environment,
                     secrets=secrets.values,
                     secret_refs=secrets.refs,

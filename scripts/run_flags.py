@@ -28,6 +28,8 @@ def add_flags(c: argparse.ArgumentParser, command: str) -> None:
             help="continue that run (its id, its checkpoints: a detached spot run that was "
             "preempted), instead of starting a new one",
         )
+    else:  # `run --resume X`: one line saying where resuming is, not read as anything else
+        c.add_argument("--resume", metavar="RUN_ID", dest="run_resume", help=argparse.SUPPRESS)
     c.add_argument(
         "--notify",
         action="append",
@@ -54,6 +56,12 @@ def check(args: argparse.Namespace) -> None:
     """Contradictions: one line each. `--keep` with `--detach`: --keep wins (said once)."""
     autodown = getattr(args, "autodown", None)
     resume = getattr(args, "resume", None)
+    if getattr(args, "run_resume", None) is not None:
+        raise UserError(
+            f"--resume {args.run_resume}: `run` starts a new run; continue that one with "
+            f"`gputrain train {selector(args)} --resume {args.run_resume}` (on a stack that is "
+            "up: `gputrain up` first)"
+        )
     check_urls(getattr(args, "notify", None) or [], "--notify")
     if resume is not None and not RUN_ID.match(resume):
         raise UserError(
