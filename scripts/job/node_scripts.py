@@ -206,7 +206,10 @@ def build_upload_and_start_command(
         + f"{unpack_command(code_dir, also_make=run_subdirs, codec=codec)} && "
         f"[ -f {c}/{RUN_SCRIPT} ] || exit {UNPACK_FAILED}; "
         f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
-        f"{{ cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code; }} && cd {d} || exit 1; "
+        # hard links where the runs dir shares the code's file system, else a copy (a failed
+        # `cp -al` leaves a partial code/ that `cp -a` would copy into, as code/code)
+        f"{{ cp -al {c} {d}/code 2>/dev/null || {{ rm -rf {d}/code; cp -a {c} {d}/code; }}; }} "
+        f"&& cd {d} || exit 1; "
         + (f"printf '%s\\n' {shlex.quote(node)} > node; " if node else "")
         + "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
         f"(trap '' HUP; exec setsid sh code/{RUN_SCRIPT}) > torchrun.log 2>&1 < /dev/null & "
