@@ -88,6 +88,7 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export GPUTRAIN_OUT="$RUN/out" GPUTRAIN_RUN_ID={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
 {MAKE_RUN_SUBDIRS_SH}
+{RESERVE_EXITCODE_SH}
 {watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}{mirror_start_lines(job, helper)}HOST=; read -r HOST 2>/dev/null < /proc/sys/kernel/hostname || HOST=$(hostname)
 echo "gputrain: $HOST starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "$RUN/code" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
@@ -100,9 +101,19 @@ trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 # one short write: readers wait for a non-empty file ([ -s ]), so no temporary file is needed
-{MIRROR_STOP_LINES}cd "$RUN" && T=$(date +%s.%N) && echo "$rc $T" > exitcode
+{MIRROR_STOP_LINES}cd "$RUN" && T=$(date +%s.%N) && {{ echo "$rc $T" > exitcode || {WRITE_RESERVED_EXITCODE_SH}; }}
 exit $rc
 """
+
+
+DISK_FULL = "disk-full"  # the exit code's third word when only the reserved block held it
+# A full disk must not cost the job's exit code: run.sh holds a block for it from the start, and
+# overwrites it in place (no new block) when the plain write fails, then renames it over.
+RESERVE_EXITCODE_SH = "printf '%64s\\n' '' > \"$RUN/exitcode.reserve\""
+WRITE_RESERVED_EXITCODE_SH = (
+    f'{{ printf \'%s %s {DISK_FULL}\\n\' "$rc" "$T" 1<> exitcode.reserve && '
+    "mv -f exitcode.reserve exitcode; }"
+)
 
 
 def forget_run_script_line(code_dir: str = CODE_DIR) -> str:
