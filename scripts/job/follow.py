@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from scripts import ui
 from scripts.job.diagnosis import FailureFacts, first_failure, root_cause_lines, split_error_files
 from scripts.job.node_scripts import (
+    DISK_FULL,
     EXIT_CODE_PENDING,
     build_error_files_command,
-    DISK_FULL,
     build_follow_command,
     parse_exitcode,
     split_follow_line,
