@@ -101,10 +101,30 @@ trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 # one short write: readers wait for a non-empty file ([ -s ]), so no temporary file is needed
-{MIRROR_STOP_LINES}cd "$RUN" && T=$(date +%s.%N) && {{ echo "$rc $T" > exitcode || {WRITE_RESERVED_EXITCODE_SH}; }}
+{MIRROR_STOP_LINES}{KILL_LEFTOVERS_SH}
+cd "$RUN" && T=$(date +%s.%N) && {{ echo "$rc $T" > exitcode || {WRITE_RESERVED_EXITCODE_SH}; }}
 exit $rc
 """
 
+
+def kill_tagged_sh(name: str, value: str) -> str:
+    """Shell: TERM, then KILL a second later, every process whose environment holds NAME=VALUE
+    (`value` is shell-expanded): whatever a job or a setup left running, also a daemon that left
+    its process group and session. The searching processes themselves are untagged."""
+    find = (
+        f"env -u {name} sh -c 'grep -lzx \"$1\" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3' "
+        f'_ "{name}={value}"'
+    )
+    return (
+        f'L=$({find}); if [ -n "$L" ]; then kill -TERM $L 2>/dev/null; i=0; '
+        f'while [ $i -lt 10 ] && L=$({find}) && [ -n "$L" ]; do sleep 0.1; i=$((i+1)); done; '
+        '[ -z "$L" ] || kill -KILL $L 2>/dev/null; fi'
+    )
+
+
+#: run.sh's line after torchrun ended: what the job left running (a double-forked daemon keeps
+#: GPUTRAIN_RUN_ID in its environment) does not outlive the run
+KILL_LEFTOVERS_SH = kill_tagged_sh("GPUTRAIN_RUN_ID", "$GPUTRAIN_RUN_ID")
 
 DISK_FULL = "disk-full"  # the exit code's third word when only the reserved block held it
 # A full disk must not cost the job's exit code: run.sh holds a block for it from the start, and
@@ -283,7 +303,8 @@ def build_running_command() -> str:
 
 def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
     """TERM the job's process group (torchrun forwards it to its workers), SIGKILL what is left
-    of the whole process tree after the grace period (workers live in their own sessions)."""
+    of the whole process tree after the grace period (workers live in their own sessions), then
+    anything else of the run's (a daemon it double-forked: kill_tagged_sh)."""
     d = shlex.quote(run_dir(run_id))
     ticks = max(1, int(grace_s * 5))
     return f"""cd {d} 2>/dev/null || exit 0
@@ -294,7 +315,7 @@ alive() {{ for p in $1; do kill -0 "$p" 2>/dev/null && return 0; done; return 1;
 # a container outlives a killed docker CLI: removed by name once its CLI is gone (or killed)
 rmc() {{ if [ -s container ]; then docker rm -f "$(cat container)" >/dev/null 2>&1; fi; }}
 T0=$(tree)
-alive "$T0" || {{ rmc; echo stopped-already; exit 0; }}
+alive "$T0" || {{ rmc; {kill_tagged_sh("GPUTRAIN_RUN_ID", run_id)}; echo stopped-already; exit 0; }}
 kill -TERM -"$P" 2>/dev/null
 i=0; while alive "$T0 $(tree)" && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done
 ALL="$T0 $(tree)"
@@ -304,6 +325,7 @@ if alive "$ALL"; then
 else
   rmc; echo terminated
 fi
+{kill_tagged_sh("GPUTRAIN_RUN_ID", run_id)}
 """
 
 
