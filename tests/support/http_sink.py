@@ -55,14 +55,14 @@ class HttpSink(FakeHttpServer):
                         sink.received.append((time.time(), self.path, json.loads(data)))
                 if sink.mode == "trickle":
                     end = time.monotonic() + sink.hang_s
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-                    while time.monotonic() < end:
-                        try:
+                    try:
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                        while time.monotonic() < end:
                             self.wfile.write(b"a")
                             self.wfile.flush()
-                        except OSError:
-                            return
-                        time.sleep(1.0)
+                            time.sleep(1.0)
+                    except OSError:  # the client gave up
+                        pass
                     return
                 status = 200 if sink.mode == "ok" else 500
                 body = b"ok" if status == 200 else b"internal error"

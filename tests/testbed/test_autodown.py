@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fake_metadata import FakeMetadata
+from tests.support.http_sink import HttpSink
 from tests.support.stack_world import BUCKET, FirstStep, World, assert_torn_down
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
@@ -232,3 +233,29 @@ def test_a_live_controller_keeps_its_cluster_through_a_link_drop(
     assert w.compute.deletes == []  # the watchdog never deleted anything
     assert_torn_down(w)  # the controller did, after bringing the results home
     assert (w.dir / "runs" / "stack-e2e" / run_id(w) / "e2e-node-0" / "summary.json").is_file()
+
+
+def test_a_webhook_that_trickles_its_answer_delays_no_autodown(
+    cloud_world: tuple[World, FakeMetadata, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A webhook that answers a byte a second (no read ever times out) held the head's autodown
+    forever; now the VMs are deleted within autodown of the job's end all the same, and the
+    webhook still got its events."""
+    w, _, env = cloud_world
+    sink = HttpSink("trickle", host=w.bed.bridge_address, hang_s=900).start()
+    try:
+        rc = w.run(
+            "run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach",
+            "--notify", sink.url + "/hook", *env, "--", *TRAIN,
+        )  # fmt: skip
+        assert rc == 0, capsys.readouterr().err[-3000:]
+        rid = run_id(w)
+        ended = job_end(w, rid)
+        gone = deleted_by(w, AUTODOWN_S + 90)
+        print(f"autodown with a trickling webhook: VMs gone {gone - ended:.1f} s after the job")
+        assert gone - ended <= AUTODOWN_S + 5, (gone - ended, w.compute.deletes)
+        assert {"finished", "autodown"} <= set(sink.events()), sink.events()
+    finally:
+        sink.stop()
+    assert w.run("down", "--stack", "e2e") == 0
+    assert_torn_down(w)
