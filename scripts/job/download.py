@@ -24,6 +24,7 @@ COLLECT_ERRORS = ".collect-errors"  # in the run dir on the node: why workdir/ i
 NOT_DOWNLOADED = ("./code", "./pgid", "./jobpid", "./node", "./container")
 DOWNLOAD_TRIES = 3  # a transient SSH error (a dropped channel, a reset) is tried again
 RETRY_PAUSE_S = 2.0  # before the second try; doubled before the third
+RECONNECT_S = 15.0  # after a lost connection: a node that does not answer by then is given up
 
 
 class ResultsNotHomeError(GputrainError):
@@ -53,7 +54,8 @@ def download_results(
 ) -> dict[str, str]:
     """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode, setup.log and workdir/
     (what the job created or changed in its working directory) under results_dir/<node>/. A node
-    that fails is tried DOWNLOAD_TRIES times (reconnected after a lost connection); returns the
+    that fails is tried DOWNLOAD_TRIES times (reconnected after a lost connection; one that
+    cannot be reconnected is not tried again); returns the
     nodes whose results did not come home, with why (said here too): the caller must not call
     that a success."""
     d = run_dir(run_id)
@@ -75,9 +77,9 @@ def download_results(
                 time.sleep(retry_pause_s * 2 ** (attempt - 1))
                 if isinstance(e, ConnectionLostError):
                     try:
-                        transports[name].reconnect(30)
-                    except Exception as again:
-                        ui.warn(f"{name}: reconnecting failed ({again})")
+                        transports[name].reconnect(RECONNECT_S)
+                    except Exception as again:  # unreachable: another try cannot succeed
+                        raise e from again
 
     def fetch(name: str) -> None:
         dest = results_dir / name

@@ -68,6 +68,7 @@ def build_node_command(
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
+{JOB_TAG_SH}
 RUN=$PWD
 {forget_run_script_line(job.code_dir)}
 {REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
@@ -122,9 +123,19 @@ def kill_tagged_sh(name: str, value: str) -> str:
     )
 
 
+#: run.sh's tag for every process of the job, also kept in `jobtag` for `stop`: unique to this
+#: start on this node (run.sh's pid and the time), so nodes that share a machine or a PID
+#: namespace (the test bed) never end each other's job, as a run id or a path could
+JOB_TAG_SH = 'export GPUTRAIN_JOB_TAG="$$-$(date +%s%N)"; echo "$GPUTRAIN_JOB_TAG" > jobtag'
 #: run.sh's line after torchrun ended: what the job left running (a double-forked daemon keeps
-#: GPUTRAIN_RUN_ID in its environment) does not outlive the run
-KILL_LEFTOVERS_SH = kill_tagged_sh("GPUTRAIN_RUN_ID", "$GPUTRAIN_RUN_ID")
+#: the tag in its environment) does not outlive the run
+KILL_LEFTOVERS_SH = kill_tagged_sh("GPUTRAIN_JOB_TAG", "$GPUTRAIN_JOB_TAG")
+#: `stop`'s line in the run dir: the same, for the tag run.sh wrote
+STOP_LEFTOVERS_SH = (
+    'JT=; [ ! -s jobtag ] || read -r JT < jobtag; [ -z "$JT" ] || { '
+    + kill_tagged_sh("GPUTRAIN_JOB_TAG", "$JT")
+    + "; }"
+)
 
 DISK_FULL = "disk-full"  # the exit code's third word when only the reserved block held it
 # A full disk must not cost the job's exit code: run.sh holds a block for it from the start, and
@@ -315,7 +326,7 @@ alive() {{ for p in $1; do kill -0 "$p" 2>/dev/null && return 0; done; return 1;
 # a container outlives a killed docker CLI: removed by name once its CLI is gone (or killed)
 rmc() {{ if [ -s container ]; then docker rm -f "$(cat container)" >/dev/null 2>&1; fi; }}
 T0=$(tree)
-alive "$T0" || {{ rmc; {kill_tagged_sh("GPUTRAIN_RUN_ID", run_id)}; echo stopped-already; exit 0; }}
+alive "$T0" || {{ rmc; {STOP_LEFTOVERS_SH}; echo stopped-already; exit 0; }}
 kill -TERM -"$P" 2>/dev/null
 i=0; while alive "$T0 $(tree)" && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done
 ALL="$T0 $(tree)"
@@ -325,7 +336,7 @@ if alive "$ALL"; then
 else
   rmc; echo terminated
 fi
-{kill_tagged_sh("GPUTRAIN_RUN_ID", run_id)}
+{STOP_LEFTOVERS_SH}
 """
 
 
