@@ -28,7 +28,8 @@ RECONNECT_S = 15.0  # after a lost connection: a node that does not answer by th
 
 
 class ResultsNotHomeError(GputrainError):
-    """Some node's results could not be brought home: never a success. `missing`: node -> why."""
+    """Some node's results could not be brought home: never a success. `results_missing`: node
+    -> why (a TrainingError carries the same attribute)."""
 
     def __init__(self, message: str, missing: Mapping[str, str]) -> None:
         super().__init__(message)
@@ -55,9 +56,8 @@ def download_results(
     """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode, setup.log and workdir/
     (what the job created or changed in its working directory) under results_dir/<node>/. A node
     that fails is tried DOWNLOAD_TRIES times (reconnected after a lost connection; one that
-    cannot be reconnected is not tried again); returns the
-    nodes whose results did not come home, with why (said here too): the caller must not call
-    that a success."""
+    cannot be reconnected is not tried again). Returns the nodes whose results did not come
+    home, with why (said here too): the caller must not call that a success."""
     d = run_dir(run_id)
     # on the download's own channel, first: what the job wrote beside its code into workdir/
     # (what went wrong doing so travels in the tar as COLLECT_ERRORS)
