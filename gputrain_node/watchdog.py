@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ DISARM = "watchdog.disarm"  # the controller ends this run's watchdog (a relaunc
 ENDED = ".gputrain-ended.json"  # a node's marker beside its results in the bucket
 RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputrain status`
 COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
+NOTIFY_DEADLINE_S = 20.0  # all of one event's webhooks: a slow one never holds a delete longer
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,29 @@ def notify(cfg: Config, event: str, text: str, **fields: Any) -> None:
                 log(f"notify: {redact(url)} did not take {event!r} ({why})")
             else:
                 time.sleep(1.0 + 2 * attempt)
+
+
+_sending: list[tuple[threading.Thread, float]] = []  # (notification thread, its deadline)
+
+
+def notify_later(cfg: Config, event: str, text: str, **fields: Any) -> None:
+    """`notify` in a daemon thread: a webhook that trickles its answer (urllib's timeout is per
+    read, not in all) holds nothing up; `notifications_done` gives it NOTIFY_DEADLINE_S in all."""
+    thread = threading.Thread(
+        target=notify, args=(cfg, event, text), kwargs=fields, name=f"notify-{event}", daemon=True
+    )
+    thread.start()
+    _sending.append((thread, time.monotonic() + NOTIFY_DEADLINE_S))
+
+
+def notifications_done() -> None:
+    """Wait for the notifications under way, each until its deadline at most (then it is left:
+    a daemon thread, gone with the process)."""
+    for thread, deadline in _sending:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            log(f"notify: {thread.name.removeprefix('notify-')!r} not sent within its deadline")
+    _sending.clear()
 
 
 def summary_of(run_dir: Path) -> dict[str, Any]:
@@ -228,7 +253,9 @@ def autodown(
     gone_deadline_s: float = 300.0,
 ) -> None:
     """The record first (the head's delete ends this process), then the workers, waiting until
-    they are gone, then the head."""
+    they are gone, then the head. The notification goes out meanwhile, in the background, and
+    delays no delete: after the head's, this process waits for it until its deadline at most
+    (while GCE shuts the VM down)."""
     now = clock()
     record = {
         "stack": cfg.stack,
@@ -240,7 +267,9 @@ def autodown(
     }
     bucket.blob(cfg.prefix + RECORD).upload_from_string(json.dumps(record))
     ended = time.strftime("%H:%M:%S", time.localtime(job_end))
-    notify(cfg, "autodown", f"the job ended at {ended}; deleting the stack's VMs", deleted_at=now)
+    notify_later(
+        cfg, "autodown", f"the job ended at {ended}; deleting the stack's VMs", deleted_at=now
+    )
     *workers, (head, head_zone) = cfg.instances
     for name, zone in workers:
         log(f"deleting {name}")
@@ -250,6 +279,7 @@ def autodown(
         sleep(1.0)
     log(f"deleting {head} (this VM)")
     compute.delete(head, head_zone)
+    notifications_done()
 
 
 def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time) -> int:
@@ -275,10 +305,11 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                     figures = summary_of(run_dir)  # the controller is gone: say it ourselves
                     code = (run_dir / EXITCODE).read_text().split()[:1]
                     event = "finished" if code == ["0"] else "failed"
-                    notify(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
+                    notify_later(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
             except Exception as e:  # the network: try again next round
                 log(f"could not upload the results yet: {type(e).__name__}: {e}")
         if uploaded and (not cfg.head or cfg.autodown_s is None):
+            notifications_done()
             return 0
         if uploaded and cfg.autodown_s is not None:
             quiet = silence_s(run_dir, clock())

@@ -326,6 +326,7 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputrain",
+        allow_abbrev=False,
         description="A GPU training cluster on Google Compute Engine (or Vertex AI jobs: "
         "backend: vertex) for exactly as long as the training needs it.",
         epilog="Exit codes: 0 success, 2 bad input, 1 anything else. Examples: gputrain run "
@@ -334,7 +335,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version, help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (handler, help_text) in COMMANDS.items():
-        c = sub.add_parser(name, help=help_text, description=help_text)
+        # no abbreviations: `run --resume X` must not be read as `--resume-args X`
+        c = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         c.set_defaults(handler=handler)
         if name == "gpus":
             c.add_argument("what", nargs="?", help="a MODEL (H100, A100-80GB) or MEMORY+ (40GB+)")
@@ -567,6 +569,12 @@ def main(
             raise UserError(
                 f"{args.command}: choose a target: --stack NAME"
                 + ("" if args.command in STACK_ONLY else ", --hosts FILE or --local")
+            )
+        if opts.resume_args and not args.stack and getattr(args, "resume", None) is None:
+            raise UserError(
+                "--resume-args: only a --stack run is relaunched (spot recovery); on "
+                "--hosts/--local, continue a run with `gputrain train --resume RUN "
+                '--resume-args "ARGS"`'
             )
         for flag, given in (
             ("--max-recoveries", opts.max_recoveries is not None),

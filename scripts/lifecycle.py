@@ -103,10 +103,15 @@ def summary(
 
 
 def root_cause_line(error: GputrainError) -> str:
-    """The one line a `failed` notification carries: the failing node's root cause, else the
-    error's last line. Pure."""
+    """The one line a `failed` notification carries: the failing rank's exception (the rule of
+    scripts/job/diagnosis.py), else the root cause's or the error's last line. Pure."""
+    from scripts.job.diagnosis import exception_line
+
     failure = error.failure if isinstance(error, TrainingError) else None
     lines = list(failure.root_cause) if failure and failure.root_cause else str(error).splitlines()
+    found = exception_line(lines) if failure else None
+    if found:
+        return found[:500]
     return next((ln.strip()[:500] for ln in reversed(lines) if ln.strip()), type(error).__name__)
 
 

@@ -29,6 +29,8 @@ def add_flags(c: argparse.ArgumentParser, command: str) -> None:
             help="continue that run (its id, its checkpoints: a detached spot run that was "
             "preempted), instead of starting a new one",
         )
+    else:  # `run --resume X`: one line saying where resuming is, not read as anything else
+        c.add_argument("--resume", metavar="RUN_ID", dest="run_resume", help=argparse.SUPPRESS)
     c.add_argument(
         "--notify",
         action="append",
@@ -61,6 +63,12 @@ def check(args: argparse.Namespace) -> None:
     """Contradictions: one line each. `--keep` with `--detach`: --keep wins (said once)."""
     autodown = getattr(args, "autodown", None)
     resume = getattr(args, "resume", None)
+    if getattr(args, "run_resume", None) is not None:
+        raise UserError(
+            f"--resume {args.run_resume}: `run` starts a new run; continue that one with "
+            f"`gputrain train {selector(args)} --resume {args.run_resume}` (on a stack that is "
+            "up: `gputrain up` first)"
+        )
     check_urls(getattr(args, "notify", None) or [], "--notify")
     run = getattr(args, "run", None)
     if getattr(args, "command", None) == "report":
@@ -91,6 +99,10 @@ def check(args: argparse.Namespace) -> None:
                 f"--autodown {autodown} with --keep: keep the cluster, or delete it after the "
                 "job? Drop one of them"
             )
+    if getattr(args, "detach", False):
+        from scripts.job.detach import detach_wait_s
+
+        detach_wait_s()  # GPUTRAIN_DETACH_WAIT_S: a bad value is one line before anything exists
     if getattr(args, "detach", False) and getattr(args, "keep", False):
         ui.warn(
             "--detach with --keep: --keep wins: the cluster stays up after the job (no "

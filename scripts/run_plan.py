@@ -60,14 +60,15 @@ class RunPlan:
     def job(self, image: ImageRef | None) -> Job:
         """The job to launch, in `image` (the named one, or the one built for this run)."""
         opts = self.opts
+        resuming = opts.resume is not None  # started as a relaunch is: --resume-args on
         return Job(
             run_id=self.run_id,
-            entry=self.entry,
+            entry=(*self.entry, *opts.resume_args) if resuming else self.entry,
             env=opts.env,
             max_restarts=opts.max_restarts,
             workdir=Path.cwd(),
             datasets=self.datasets,
-            resume_args=opts.resume_args,
+            resume_args=() if resuming else opts.resume_args,
             environment=self.environment,
             secrets=self.secrets.values,
             secret_refs=self.secrets.refs,
@@ -97,7 +98,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     environment, secrets = job_environment(env, opts)
     image = declared_image(env, opts)
     planned_build = target.planned_build(opts) if build else None  # a missing Dockerfile
-    entry = opts.entry or DEFAULT_ENTRY
+    entry = tuple(opts.entry or DEFAULT_ENTRY)
     check_entry(entry, Path.cwd())
     notify = run_notify_urls(opts.notify, declared.notify)
     watch = watch_settings(opts.stall_timeout_s)

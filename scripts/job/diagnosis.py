@@ -94,6 +94,23 @@ def worker_traceback(lines: Sequence[str]) -> list[str]:
     return block
 
 
+# an exception's own line, `ValueError: bad` or `torch.OutOfMemoryError: ...`, behind any
+# [rankN]: prefixes; torchrun's report of a child's failure is not the child's exception
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\[rank\d+\]: ?)*\s*(?:[A-Za-z_]\w*\.)*"
+    r"[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault|Warning)(?::.*)?$"
+)
+
+
+def exception_line(lines: Sequence[str]) -> str | None:
+    """The failing rank's exception line among a root cause's lines (the last one that is an
+    exception's, not torchrun's ChildFailedError or its log lines after it); None if none is."""
+    for ln in reversed(lines):
+        if _EXCEPTION_LINE.match(ln) and "ChildFailedError" not in ln:
+            return ln.strip()
+    return None
+
+
 CONSEQUENCE_HINTS = (
     "connection closed by peer",
     "connection reset",

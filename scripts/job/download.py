@@ -6,26 +6,58 @@ import json
 import shlex
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
+from infra.base.errors import GputrainError
 from scripts import ui
 from scripts.job.node_scripts import build_collect_workdir_command
 from scripts.job.records import JobResult
 from scripts.node_layout import run_dir
 from scripts.parallel import parallel
-from scripts.transport.base import Transport
+from scripts.transport.base import ConnectionLostError, Transport
 
 COLLECT_ERRORS = ".collect-errors"  # in the run dir on the node: why workdir/ is incomplete
 #: the run dir's entries that stay on the node: the code snapshot and run.sh's bookkeeping
 NOT_DOWNLOADED = ("./code", "./pgid", "./jobpid", "./node", "./container")
+DOWNLOAD_TRIES = 3  # a transient SSH error (a dropped channel, a reset) is tried again
+RETRY_PAUSE_S = 2.0  # before the second try; doubled before the third
+RECONNECT_S = 15.0  # after a lost connection: a node that does not answer by then is given up
 
 
-def download_results(transports: Mapping[str, Transport], run_id: str, results_dir: Path) -> None:
+class ResultsNotHomeError(GputrainError):
+    """Some node's results could not be brought home: never a success. `results_missing`: node
+    -> why (a TrainingError carries the same attribute)."""
+
+    def __init__(self, message: str, missing: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.results_missing = dict(missing)
+
+
+def not_home_message(run_id: str, missing: Mapping[str, str], results_dir: Path) -> str:
+    """What could not come home and where it still is. Pure."""
+    why = "; ".join(f"{n}: {reason}" for n, reason in missing.items())
+    return (
+        f"the results of {', '.join(missing)} could not be brought home ({why}); they stay on "
+        f"the node in .gputrain/runs/{run_id}/ while it exists: `gputrain results {run_id}` "
+        f"with the run's target tries again (the other nodes' are in {results_dir})"
+    )
+
+
+def download_results(
+    transports: Mapping[str, Transport],
+    run_id: str,
+    results_dir: Path,
+    *,
+    retry_pause_s: float = RETRY_PAUSE_S,
+) -> dict[str, str]:
     """Every node's out dir's files, torchrun.log, torchrun-logs/, exitcode, setup.log and workdir/
-    (what the job created or changed in its working directory) under results_dir/<node>/; a node
-    that cannot be reached is reported, not fatal."""
+    (what the job created or changed in its working directory) under results_dir/<node>/. A node
+    that fails is tried DOWNLOAD_TRIES times (reconnected after a lost connection; one that
+    cannot be reconnected is not tried again). Returns the nodes whose results did not come
+    home, with why (said here too): the caller must not call that a success."""
     d = run_dir(run_id)
     # on the download's own channel, first: what the job wrote beside its code into workdir/
     # (what went wrong doing so travels in the tar as COLLECT_ERRORS)
@@ -35,11 +67,26 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
     )
 
     def one(name: str) -> None:
+        for attempt in range(1, DOWNLOAD_TRIES + 1):
+            try:
+                return fetch(name)
+            except Exception as e:
+                if attempt == DOWNLOAD_TRIES:
+                    raise
+                ui.warn(f"{name}: downloading results failed ({e}); trying again")
+                time.sleep(retry_pause_s * 2 ** (attempt - 1))
+                if isinstance(e, ConnectionLostError):
+                    try:
+                        transports[name].reconnect(RECONNECT_S)
+                    except Exception as again:  # unreachable: another try cannot succeed
+                        raise e from again
+
+    def fetch(name: str) -> None:
         dest = results_dir / name
         with tempfile.TemporaryDirectory(dir=results_dir, prefix=f".{name}-") as tmp:
             got = Path(tmp)
             if not transports[name].download(d, got, exclude=NOT_DOWNLOADED, before=collect):
-                return
+                raise LookupError(f"the node has no run {run_id}")
             errors = got / COLLECT_ERRORS
             if errors.is_file() and errors.read_text(errors="replace").strip():
                 ui.warn(
@@ -63,8 +110,10 @@ def download_results(transports: Mapping[str, Transport], run_id: str, results_d
 
     results_dir.mkdir(parents=True, exist_ok=True)
     _, errors = parallel(list(transports), one)
-    for name, e in errors.items():
-        ui.warn(f"{name}: could not download results: {e}")
+    missing = {name: str(e) or type(e).__name__ for name, e in errors.items()}
+    for name, why in missing.items():
+        ui.warn(f"{name}: could not download results: {why}")
+    return missing
 
 
 def move_into(src: Path, dest: Path) -> None:
@@ -79,8 +128,9 @@ def move_into(src: Path, dest: Path) -> None:
     src.replace(dest)
 
 
-def write_job_record(result: JobResult) -> None:
-    """results_dir/job.json: how the run ended, for people and scripts."""
+def write_job_record(result: JobResult, results_missing: Mapping[str, str] | None = None) -> None:
+    """results_dir/job.json: how the run ended, for people and scripts (and whose results did
+    not come home)."""
     data = {
         "run_id": result.run_id,
         "ok": result.ok,
@@ -90,4 +140,6 @@ def write_job_record(result: JobResult) -> None:
         "root_cause": list(result.root_cause),
         "recoveries": [asdict(r) for r in result.recoveries],
     }
+    if results_missing:
+        data["results_missing"] = dict(results_missing)
     (result.results_dir / "job.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -20,6 +20,7 @@ from scripts.job.environment import (
     Environment,
     EnvironmentSetupError,
 )
+from scripts.job.node_scripts import kill_tagged_sh
 from scripts.job.secrets import READ_SECRETS_SH, redact, secret_stdin
 from scripts.transport.base import Transport, TransportError
 
@@ -97,8 +98,12 @@ def build_prepare_command(
 GPUTRAIN_SETUP_EOF
 SH=sh; command -v bash >/dev/null 2>&1 && SH=bash
 say setup "running setup in the working directory (timeout {timeout_s} s)"
-( cd "$CODE" && PATH="$ENV/bin:$PATH" VIRTUAL_ENV="$ENV" \\
-  timeout -k 10 {timeout_s} "$SH" -e "$ENV/setup.sh" < /dev/null 2>&1; echo "$?" > "$ENV/setup.rc" ) \\
+# every process setup starts carries the tag: what it leaves running (`cmd &`, a daemon) is
+# ended with it, so it can neither hold this step's output open past the timeout nor linger
+TAG="$$-$(date +%s%N)"
+( cd "$CODE" && PATH="$ENV/bin:$PATH" VIRTUAL_ENV="$ENV" GPUTRAIN_SETUP_TAG="$TAG" \\
+  timeout -k 10 {timeout_s} "$SH" -e "$ENV/setup.sh" < /dev/null 2>&1; echo "$?" > "$ENV/setup.rc"
+  {kill_tagged_sh("GPUTRAIN_SETUP_TAG", "$TAG")} ) \\
   | tee -a "$ENV/setup.log" | prefix setup
 rc=$(cat "$ENV/setup.rc" 2>/dev/null || echo 1)
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail setup "timed out after {timeout_s} s"; fi

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from scripts import ui
 from scripts.job.diagnosis import FailureFacts, first_failure, root_cause_lines, split_error_files
 from scripts.job.node_scripts import (
+    DISK_FULL,
     EXIT_CODE_PENDING,
     build_error_files_command,
     build_follow_command,
@@ -56,6 +57,7 @@ class NodeState:
     ended_at: float | None = None  # wall clock, node side when known
     lost: BaseException | None = None  # why the node could not be followed
     error_files: list[str] = field(default_factory=list)  # torchrun error.json texts
+    disk_full: bool = False  # run.sh could write its exit code only into its reserved block
 
     @property
     def failed(self) -> bool:
@@ -67,8 +69,16 @@ class NodeState:
             why = f"lost contact with node {self.name}: {self.lost}"
             return NodeFailure(self.name, "lost", self.exit_code, (why,), self.lost)
         kind: FailureKind = "killed" if self.exit_code is None else "exited"
-        root = root_cause_lines(self.error_files, list(self.tail))
-        return NodeFailure(self.name, kind, self.exit_code, tuple(root or ["(no output)"]))
+        root = root_cause_lines(self.error_files, list(self.tail)) or ["(no output)"]
+        if self.disk_full:
+            root.append(DISK_FULL_LINE.format(node=self.name))
+        return NodeFailure(self.name, kind, self.exit_code, tuple(root))
+
+
+DISK_FULL_LINE = (
+    "OSError: [Errno 28] No space left on device (ENOSPC): node {node}'s disk is full; the job's "
+    "last output is missing from its log (free space on the node, or write less into the run)"
+)
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,9 @@ def follow_node(
                 ui.say(f"{state.name}: reconnected")
         state.exit_code, node_time = parse_exitcode(recorded[-1] if recorded else "")
         state.ended_at = node_time if node_time is not None else time.time()
+        state.disk_full = bool(recorded) and DISK_FULL in recorded[-1].split()
+        if state.disk_full:
+            ui.warn(DISK_FULL_LINE.format(node=state.name))
     except Exception as e:
         state.lost = e
         state.ended_at = time.time()

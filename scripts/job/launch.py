@@ -32,7 +32,12 @@ from scripts.job.container import (
     image_key,
 )
 from scripts.job.data import stage_data
-from scripts.job.download import download_results, write_job_record
+from scripts.job.download import (
+    ResultsNotHomeError,
+    download_results,
+    not_home_message,
+    write_job_record,
+)
 from scripts.job.environment import ENVS_DIR
 from scripts.job.environment_node import prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
@@ -126,7 +131,8 @@ def launch_torchrun(
     names = [n.name for n in fleet.nodes]
     exit_codes = {n: outcome.states[n].exit_code for n in names}
     failure = outcome.failure
-    download_results(transports, job.run_id, results_dir)
+    missing = download_results(transports, job.run_id, results_dir)
+    lost = f"\n{not_home_message(job.run_id, missing, results_dir)}" if missing else ""
     ok = failure is None and all(c == 0 for c in exit_codes.values())
     result = JobResult(
         job.run_id,
@@ -137,24 +143,34 @@ def launch_torchrun(
         failure.node if failure else None,
         failure.root_cause if failure else (),
     )
-    write_job_record(result)
+    write_job_record(result, missing)
     if failure is not None:
-        raise TrainingError(
+        error = TrainingError(
             f"run {job.run_id} failed on node {failure.node} (exit code {failure.code_text}); "
             f"{_stop_summary(stopped, failure.node, exit_codes)}. Root cause:\n"
             + "\n".join(f"  {ln}" for ln in failure.root_cause)
-            + f"\nlogs and results: {results_dir}",
+            + f"\nlogs and results: {results_dir}{lost}",
             failure=failure,
             result=result,
         )
+        error.results_missing = missing
+        raise error
     if not ok:
         bad = {n: c for n, c in exit_codes.items() if c != 0}
         node = next(iter(bad))
-        raise TrainingError(
+        error = TrainingError(
             f"run {job.run_id} did not complete ({', '.join(f'{n}={c}' for n, c in bad.items())}); "
-            f"results: {results_dir}",
+            f"results: {results_dir}{lost}",
             failure=outcome.states[node].failure(),
             result=result,
+        )
+        error.results_missing = missing
+        raise error
+    if missing:
+        raise ResultsNotHomeError(
+            f"run {job.run_id} completed on {len(names)} node(s) in {duration:.1f} s, but "
+            + not_home_message(job.run_id, missing, results_dir),
+            missing,
         )
     from scripts.watch.world import not_distributed_warning
 

@@ -72,6 +72,7 @@ def build_node_command(
     return f"""#!/bin/sh
 # gputrain run {job.run_id}: started detached by the controller (setsid), see torchrun.log
 echo $$ > pgid
+{JOB_TAG_SH}
 RUN=$PWD
 {forget_run_script_line(job.code_dir)}
 {REDACT_OUTPUT_SH if job.secrets else ""}PATH="$PATH:/usr/sbin:/sbin"
@@ -92,6 +93,7 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTHONUNBUFFERED=1
 export {OUT_ENV}="$RUN/out" {RUN_ID_ENV}={q(job.run_id)}
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:'
 {MAKE_RUN_SUBDIRS_SH}
+{RESERVE_EXITCODE_SH}
 {watch.run_env_lines()}{data_env_lines(job.datasets)}{env_lines}{mirror_start_lines(job, helper)}HOST=; read -r HOST 2>/dev/null < /proc/sys/kernel/hostname || HOST=$(hostname)
 echo "gputrain: $HOST starts run {job.run_id}; interface toward head $HEAD: ${{IFACE:-unknown}}"
 cd "{workdir}" || {{ echo "111 $(date +%s.%N)" > "$RUN/exitcode"; exit 111; }}
@@ -104,9 +106,49 @@ trap : TERM INT HUP
 wait $JOB; rc=$?
 while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 # one short write: readers wait for a non-empty file ([ -s ]), so no temporary file is needed
-{MIRROR_STOP_LINES}cd "$RUN" && T=$(date +%s.%N) && echo "$rc $T" > exitcode
+{MIRROR_STOP_LINES}{KILL_LEFTOVERS_SH}
+cd "$RUN" && T=$(date +%s.%N) && {{ echo "$rc $T" > exitcode || {WRITE_RESERVED_EXITCODE_SH}; }}
 exit $rc
 """
+
+
+def kill_tagged_sh(name: str, value: str) -> str:
+    """Shell: TERM, then KILL a second later, every process whose environment holds NAME=VALUE
+    (`value` is shell-expanded): whatever a job or a setup left running, also a daemon that left
+    its process group and session. The searching processes themselves are untagged."""
+    find = (
+        f"env -u {name} sh -c 'grep -lzx \"$1\" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3' "
+        f'_ "{name}={value}"'
+    )
+    return (
+        f'L=$({find}); if [ -n "$L" ]; then kill -TERM $L 2>/dev/null; i=0; '
+        f'while [ $i -lt 10 ] && L=$({find}) && [ -n "$L" ]; do sleep 0.1; i=$((i+1)); done; '
+        '[ -z "$L" ] || kill -KILL $L 2>/dev/null; fi'
+    )
+
+
+#: run.sh's tag for every process of the job, also kept in `jobtag` for `stop`: unique to this
+#: start on this node (run.sh's pid and the time), so nodes that share a machine or a PID
+#: namespace (the test bed) never end each other's job, as a run id or a path could
+JOB_TAG_SH = 'export GPUTRAIN_JOB_TAG="$$-$(date +%s%N)"; echo "$GPUTRAIN_JOB_TAG" > jobtag'
+#: run.sh's line after torchrun ended: what the job left running (a double-forked daemon keeps
+#: the tag in its environment) does not outlive the run
+KILL_LEFTOVERS_SH = kill_tagged_sh("GPUTRAIN_JOB_TAG", "$GPUTRAIN_JOB_TAG")
+#: `stop`'s line in the run dir: the same, for the tag run.sh wrote
+STOP_LEFTOVERS_SH = (
+    'JT=; [ ! -s jobtag ] || read -r JT < jobtag; [ -z "$JT" ] || { '
+    + kill_tagged_sh("GPUTRAIN_JOB_TAG", "$JT")
+    + "; }"
+)
+
+DISK_FULL = "disk-full"  # the exit code's third word when only the reserved block held it
+# A full disk must not cost the job's exit code: run.sh holds a block for it from the start, and
+# overwrites it in place (no new block) when the plain write fails, then renames it over.
+RESERVE_EXITCODE_SH = "printf '%64s\\n' '' > \"$RUN/exitcode.reserve\""
+WRITE_RESERVED_EXITCODE_SH = (
+    f'{{ printf \'%s %s {DISK_FULL}\\n\' "$rc" "$T" 1<> exitcode.reserve && '
+    "mv -f exitcode.reserve exitcode; }"
+)
 
 
 def forget_run_script_line(code_dir: str = CODE_DIR) -> str:
@@ -210,7 +252,10 @@ def build_upload_and_start_command(
         + f"{unpack_command(code_dir, also_make=run_subdirs, codec=codec)} && "
         f"[ -f {c}/{RUN_SCRIPT} ] || exit {UNPACK_FAILED}; "
         f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
-        f"{{ cp -al {c} {d}/code 2>/dev/null || cp -a {c} {d}/code; }} && cd {d} || exit 1; "
+        # hard links where the runs dir shares the code's file system, else a copy (a failed
+        # `cp -al` leaves a partial code/ that `cp -a` would copy into, as code/code)
+        f"{{ cp -al {c} {d}/code 2>/dev/null || {{ rm -rf {d}/code; cp -a {c} {d}/code; }}; }} "
+        f"&& cd {d} || exit 1; "
         + (f"printf '%s\\n' {shlex.quote(node)} > node; " if node else "")
         + "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
         f"(trap '' HUP; exec setsid sh code/{RUN_SCRIPT}) > torchrun.log 2>&1 < /dev/null & "
@@ -273,7 +318,8 @@ def build_running_command() -> str:
 
 def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
     """TERM the job's process group (torchrun forwards it to its workers), SIGKILL what is left
-    of the whole process tree after the grace period (workers live in their own sessions)."""
+    of the whole process tree after the grace period (workers live in their own sessions), then
+    anything else of the run's (a daemon it double-forked: kill_tagged_sh)."""
     d = shlex.quote(run_dir(run_id))
     ticks = max(1, int(grace_s * 5))
     return f"""cd {d} 2>/dev/null || exit 0
@@ -284,7 +330,7 @@ alive() {{ for p in $1; do kill -0 "$p" 2>/dev/null && return 0; done; return 1;
 # a container outlives a killed docker CLI: removed by name once its CLI is gone (or killed)
 rmc() {{ if [ -s container ]; then docker rm -f "$(cat container)" >/dev/null 2>&1; fi; }}
 T0=$(tree)
-alive "$T0" || {{ rmc; echo stopped-already; exit 0; }}
+alive "$T0" || {{ rmc; {STOP_LEFTOVERS_SH}; echo stopped-already; exit 0; }}
 kill -TERM -"$P" 2>/dev/null
 i=0; while alive "$T0 $(tree)" && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done
 ALL="$T0 $(tree)"
@@ -294,6 +340,7 @@ if alive "$ALL"; then
 else
   rmc; echo terminated
 fi
+{STOP_LEFTOVERS_SH}
 """
 
 

@@ -17,6 +17,13 @@ _STEP = re.compile(r"\bstep\s+(\d+)/(\d+) \|")
 _START = re.compile(r"\bstart step (\d+)/(\d+)")
 _SAVED = re.compile(r"\bcheckpoint \S*ckpt-(\d{8})\.pt\b")
 _ITER = re.compile(r"\biter (\d+): loss ")  # nanoGPT's (and scripts like it) per-step line
+_HF_LOGS = re.compile(r"\{'loss': ")  # Hugging Face Trainer's logging line, a dict
+
+
+def is_training_step(line: str) -> bool:
+    """Does this log line show a trained step: ours (`step N/M |`), nanoGPT's (`iter N: loss`) or
+    the Hugging Face Trainer's (`{'loss': ...}`)? (`--detach`'s first step; a heartbeat too.)"""
+    return bool(_STEP.search(line) or _ITER.search(line) or _HF_LOGS.search(line))
 
 
 class StepWatch:

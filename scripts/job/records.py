@@ -127,6 +127,7 @@ class TrainingError(GputrainError):
         super().__init__(message)
         self.failure = failure
         self.result = result
+        self.results_missing: dict[str, str] = {}  # node -> why its results are not home
 
     @property
     def node(self) -> str:

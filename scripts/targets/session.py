@@ -210,10 +210,12 @@ class FleetSession:
 
     def results(self, run_id: str) -> Path:
         """Every node's results of the run (the same files a run brings home at its end)."""
-        from scripts.job.download import download_results
+        from scripts.job.download import ResultsNotHomeError, download_results, not_home_message
 
         results_dir = self.settings.results_dir(self.name, run_id)
-        download_results(self.transports, run_id, results_dir)
+        missing = download_results(self.transports, run_id, results_dir)
+        if missing:  # never "results in ..." over a node's lost results
+            raise ResultsNotHomeError(not_home_message(run_id, missing, results_dir), missing)
         return results_dir
 
     def stop(self, run_id: str) -> None:

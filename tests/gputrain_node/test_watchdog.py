@@ -227,3 +227,33 @@ def test_no_autodown_while_another_run_still_trains_on_the_node(
         assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"], out
     finally:
         sleeper.kill()
+
+
+def test_a_webhook_that_trickles_its_answer_delays_no_delete(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    """A byte a second never trips urllib's per-read timeout: the deletes go on regardless, and
+    the watchdog gives the notifications their total deadline, not forever."""
+    compute, _, _ = cloud
+    head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
+    sink = HttpSink("trickle", hang_s=300).start()
+    try:
+        head = start(head_dir, "wd-node-0", 1.0, cloud, [sink.url + "/hook"])
+        worker = start(worker_dir, "wd-node-1", 1.0, cloud)
+        assert head.stdout is not None and "armed" in head.stdout.readline()
+        time.sleep(3)  # its clock read after the imports: an exit code older is an earlier one's
+        end_job(worker_dir, rc=1)
+        end_job(head_dir, rc=1)
+        ended = time.monotonic()
+        deadline = ended + 60
+        while len(compute.deletes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        deleted = time.monotonic()
+        assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"]
+        assert deleted - ended < 20, deleted - ended  # autodown 1 s + the uploads, no webhook
+        out = wait(head, 60) + wait(worker, 10)  # its notifications' deadline, then it ends
+        assert time.monotonic() - ended < 60
+        assert "not sent within its deadline" in out, out
+        assert sink.events()[:2] == ["failed", "autodown"]  # both were sent, in that order
+    finally:
+        sink.stop()

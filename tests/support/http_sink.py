@@ -1,6 +1,7 @@
 """A local webhook for notification tests: real HTTP on loopback (or the test bed's bridge), every
 POST's JSON body recorded with its arrival time; it answers 200, or 500, or hangs (never answers
-within the client's timeout)."""
+within the client's timeout), or trickles (records the body, then sends its answer a byte every
+second for `hang_s`: no single read ever times out)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,20 @@ class HttpSink(FakeHttpServer):
                 if sink.mode == "hang":
                     time.sleep(sink.hang_s)
                     return
-                if sink.mode == "ok":
+                if sink.mode in ("ok", "trickle"):
                     with sink._lock:
                         sink.received.append((time.time(), self.path, json.loads(data)))
+                if sink.mode == "trickle":
+                    end = time.monotonic() + sink.hang_s
+                    try:
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                        while time.monotonic() < end:
+                            self.wfile.write(b"a")
+                            self.wfile.flush()
+                            time.sleep(1.0)
+                    except OSError:  # the client gave up
+                        pass
+                    return
                 status = 200 if sink.mode == "ok" else 500
                 body = b"ok" if status == 200 else b"internal error"
                 self.send_response(status)

@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.fake_metadata import FakeMetadata
+from tests.support.http_sink import HttpSink
 from tests.support.stack_world import BUCKET, FirstStep, World, assert_torn_down
+from tests.support.testbed_faults import cut_during_download
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 AUTODOWN_S = 30.0
@@ -232,3 +234,71 @@ def test_a_live_controller_keeps_its_cluster_through_a_link_drop(
     assert w.compute.deletes == []  # the watchdog never deleted anything
     assert_torn_down(w)  # the controller did, after bringing the results home
     assert (w.dir / "runs" / "stack-e2e" / run_id(w) / "e2e-node-0" / "summary.json").is_file()
+
+
+def test_a_webhook_that_trickles_its_answer_delays_no_autodown(
+    cloud_world: tuple[World, FakeMetadata, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A webhook that answers a byte a second (no read ever times out) held the head's autodown
+    forever; now the VMs are deleted within autodown of the job's end all the same, and the
+    webhook still got its events."""
+    w, _, env = cloud_world
+    sink = HttpSink("trickle", host=w.bed.bridge_address, hang_s=900).start()
+    try:
+        rc = w.run(
+            "run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach",
+            "--notify", sink.url + "/hook", *env, "--", *TRAIN,
+        )  # fmt: skip
+        assert rc == 0, capsys.readouterr().err[-3000:]
+        rid = run_id(w)
+        ended = job_end(w, rid)
+        gone = deleted_by(w, AUTODOWN_S + 90)
+        print(f"autodown with a trickling webhook: VMs gone {gone - ended:.1f} s after the job")
+        assert gone - ended <= AUTODOWN_S + 5, (gone - ended, w.compute.deletes)
+        assert {"finished", "autodown"} <= set(sink.events()), sink.events()
+    finally:
+        sink.stop()
+    assert w.run("down", "--stack", "e2e") == 0
+    assert_torn_down(w)
+
+
+def test_a_stack_run_whose_download_is_cut_keeps_the_bucket_and_fails(
+    cloud_world: tuple[World, FakeMetadata, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The controller's download from a node is cut for good (its SSH sessions dropped while
+    its tar streams, its sshd no longer listening): the run exits 1 naming the node, the VMs
+    are deleted, the bucket (what the node's watchdog uploaded) is kept and said so, and `down`
+    brings that node's results home from it before deleting it."""
+    w, _, env = cloud_world
+    (w.dir / "big.py").write_text(  # a download that takes a while: time to cut it
+        "import os, pathlib\nout = pathlib.Path(os.environ['GPUTRAIN_OUT'])\n"
+        "(out / 'big.bin').write_bytes(os.urandom(48 << 20))\n"
+    )
+    rc_holder: list[int] = []
+
+    def run() -> None:
+        rc_holder.append(
+            w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", *env, "--", "big.py")
+        )
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 180
+    while "e2e-node-1" not in w.node_hosts and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lost = w.node_hosts["e2e-node-1"]
+    cut = cut_during_download(w.bed, lost, for_good=True)
+    t.join(600)
+    cut.join(5)
+    out = capsys.readouterr()
+    assert rc_holder == [1], out.err[-3000:]
+    rid = run_id(w)
+    assert "the results of e2e-node-1 could not be brought home" in out.err, out.err[-3000:]
+    assert "the stack's bucket is kept" in out.err and "results in" not in out.out
+    assert w.gcs is not None
+    kept = {b.name for b in w.gcs.client().list_blobs(BUCKET, prefix=f"runs/{rid}/")}
+    assert f"runs/{rid}/e2e-node-1/big.bin" in kept, sorted(kept)
+    assert w.run("down", "--stack", "e2e") == 0
+    home = w.dir / "runs" / "stack-e2e" / rid / "e2e-node-1"
+    assert (home / "big.bin").stat().st_size == 48 << 20 and (home / "torchrun.log").is_file()
+    assert_torn_down(w)

@@ -81,14 +81,20 @@ def is_checkpoint_file(relative: str) -> bool:
     return bool(CHECKPOINT.search(relative.removesuffix(MANIFEST_SUFFIX)))
 
 
-def local_copy(run_dir: Path, relative: str, size: int) -> Path | None:
-    """A file already home: the same path, or (a node's out dir) the same name and size."""
+def local_copy(
+    run_dir: Path, relative: str, size: int, nodes: frozenset[str] = frozenset()
+) -> Path | None:
+    """A file already home: the same path, or (a node's out dir) the same name and size — in
+    the same node's folder when `relative` is under one of `nodes` (never another node's file
+    that happens to match, as every node's `model.bin` of one size does)."""
     exact = run_dir / relative
     if exact.is_file() and exact.stat().st_size == size:
         return exact
-    if run_dir.is_dir():
+    node = relative.split("/", 1)[0]
+    where = run_dir / node if node in nodes else run_dir
+    if where.is_dir():
         name = relative.rsplit("/", 1)[-1]
-        for p in run_dir.rglob(name):
+        for p in where.rglob(name):
             if p.is_file() and p.stat().st_size == size:
                 return p
     return None
@@ -108,8 +114,14 @@ def to_fetch(
         run_dir = run_dir_of.get(run_id)
         if run_dir is None:
             continue
+        # a node's folder: its watchdog put the job's exit code there (checkpoints/ has none)
+        nodes = frozenset(
+            r.split("/")[0] for r in files if r.count("/") == 1 and r.endswith("/exitcode")
+        )
         for relative, obj in sorted(files.items()):
-            if not is_checkpoint_file(relative) and not local_copy(run_dir, relative, obj.size):
+            if not is_checkpoint_file(relative) and not local_copy(
+                run_dir, relative, obj.size, nodes
+            ):
                 fetch.append(Fetch(run_id, obj, relative))
         for ckpt, manifest in checkpoint_candidates(files):
             obj = files[ckpt]

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from infra.base.errors import UserError
+from infra.base.errors import GputrainError, UserError
 from infra.cost_caps import check_spending_caps
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
@@ -253,18 +253,32 @@ class StackTarget(Generic[C, P]):
         confirm(spec, yes=opts.yes)
         pending = self._local_build(planned)  # a Dockerfile that fails: nothing exists yet
         session: Session | None = None
+        results_lost: dict[str, str] = {}  # nodes whose results SSH could not bring home
         try:
             if pending is not None:  # the repository and the image, before any GPU
                 self._built = self._publish(spec, pending)
             with self.create(ctx, prepared) as session:
                 yield session
+        except GputrainError as e:
+            results_lost = dict(getattr(e, "results_missing", None) or {})
+            raise
         finally:
             keep = session.keep if session is not None else opts.keep
             with guard.teardown():
                 if keep:
                     ui.say(self.kept_message(ctx))
                 else:
-                    self.teardown(spec, keep_bucket=opts.keep_bucket, keep_images=opts.keep_images)
+                    if results_lost:
+                        ui.warn(
+                            f"results of {', '.join(results_lost)} not brought home over SSH: "
+                            f"the stack's bucket is kept with what its watchdogs uploaded; "
+                            f"`gputrain down --stack {self.stack}` brings it home, then deletes it"
+                        )
+                    self.teardown(
+                        spec,
+                        keep_bucket=opts.keep_bucket or bool(results_lost),
+                        keep_images=opts.keep_images,
+                    )
 
     # ---- `build`: the image, before any GPU (scripts/targets/stack/image.py)
 

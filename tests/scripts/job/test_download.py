@@ -79,3 +79,56 @@ def test_a_workdir_that_cannot_be_collected_is_said_and_the_rest_comes_home(
     err = capsys.readouterr().err
     assert "n: could not collect the job's working-directory files: find: " in err
     assert (tmp_path / "results" / "n" / "summary.json").is_file()
+
+
+def _node_with_tar(tmp_path: Path, tar_script: str) -> LocalTransport:
+    """This machine as a node whose `tar` is `tar_script` (bash; $REAL_TAR the real one): a
+    node that fails the download the way a real one does, through its own shell."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "tar").write_text(f"#!/bin/bash\nREAL_TAR={shutil.which('tar')}\n{tar_script}\n")
+    (fake / "tar").chmod(0o755)
+    t = LocalTransport("n", tmp_path / "node")
+    t._env["PATH"] = f"{fake}:{t._env['PATH']}"
+    t._env["FAILS_FILE"] = str(tmp_path / "fails")
+    _run_dir(tmp_path / "node")
+    return t
+
+
+def test_a_transient_failure_is_tried_again_and_the_results_come_home(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = _node_with_tar(
+        tmp_path,  # the first download breaks off mid-stream, as a reset connection does
+        'if [ ! -e "$FAILS_FILE" ]; then touch "$FAILS_FILE"; echo "broken pipe" >&2; exit 2; fi\n'
+        'exec "$REAL_TAR" "$@"',
+    )
+    missing = download_results({"n": t}, "r1", tmp_path / "results", retry_pause_s=0.01)
+    assert missing == {}
+    assert (tmp_path / "results" / "n" / "summary.json").is_file()
+    assert "n: downloading results failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "tar_script",
+    [
+        'echo "tar: out/big: Cannot open: Permission denied" >&2; exit 2',  # fails every time
+        # a hostile node: a member outside the results (the controller refuses the tar)
+        "exec python3 -c 'import io, sys, tarfile\n"
+        't = tarfile.open(fileobj=sys.stdout.buffer, mode="w|")\n'
+        'i = tarfile.TarInfo("../evil"); i.size = 1; t.addfile(i, io.BytesIO(b"x")); t.close()\'',
+    ],
+)
+def test_a_node_whose_results_never_come_home_is_named(
+    tmp_path: Path, tar_script: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = _node_with_tar(tmp_path, tar_script)
+    missing = download_results({"n": t}, "r1", tmp_path / "results", retry_pause_s=0.01)
+    assert list(missing) == ["n"]
+    assert "n: could not download results" in capsys.readouterr().err
+
+
+def test_a_node_without_the_run_is_named_too(tmp_path: Path) -> None:
+    t = LocalTransport("n", tmp_path / "node")
+    missing = download_results({"n": t}, "r1", tmp_path / "results", retry_pause_s=0.01)
+    assert missing == {"n": "the node has no run r1"}

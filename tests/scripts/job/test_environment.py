@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -390,3 +391,31 @@ def test_a_local_launch_builds_the_environment_then_runs_with_it(
     probe = [ln for ln in lines if "probe 1.0" in ln]
     assert len(probe) == 2 and all("/.gputrain/envs/" in ln for ln in probe)  # the venv's python
     assert (tmp_path / "env-run" / "local" / "setup.log").is_file()
+
+
+@pytest.mark.parametrize(
+    "leftover",
+    [
+        "sleep 45 &",  # a background process: it held the step's output open
+        "setsid sh -c 'sleep 45 & echo $! > daemon.pid' < /dev/null > /dev/null 2>&1 &",  # a daemon
+    ],
+)
+def test_what_setup_leaves_running_ends_with_it(
+    tmp_path: Path, index: PackageIndex, leftover: str
+) -> None:
+    t = _node(tmp_path, {})
+    started = time.monotonic()
+    _prepare(t, index, [], setup=f"{leftover}\nsleep 0.5\necho done", setup_timeout_s=30)
+    assert time.monotonic() - started < 20  # not the 45 s of what it left behind
+    leftovers = subprocess.run(
+        ["pgrep", "-f", "^sleep 45$"], capture_output=True, text=True
+    ).stdout.split()
+    mine = [p for p in leftovers if f"{tmp_path}" in _cwd(p)]
+    assert mine == [], mine
+
+
+def _cwd(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""

@@ -87,3 +87,49 @@ def test_the_console_shows_torchs_own_rank_prefix_once(capsys: pytest.CaptureFix
         "[n0] [rank1]:step 10 | loss 2.0",
         "[n0] [rank1]:[rank0]: not the same rank: both kept",
     ]
+
+
+TORCHRUN_REPORT = [
+    "E1127 09:00:01.123000 4242 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+    "(exitcode: 1) local_rank: 0 (pid: 4243) of binary: /usr/bin/python3",
+    "Traceback (most recent call last):",
+    '  File "/usr/local/bin/torchrun", line 8, in <module>',
+    "    sys.exit(main())",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "============================================================",
+    "train.py FAILED",
+    "Root Cause (first observed failure):",
+    "  exitcode  : 1 (pid: 4243)",
+    "============================================================",
+]
+
+
+def test_the_failed_webhooks_root_cause_is_the_exception_not_torchruns_last_line() -> None:
+    """An entry point whose output torchrun does not prefix (no [rankN]:): the exception is the
+    worker's, torchrun's own report and log lines after it are not."""
+    from scripts.job.records import JobResult, TrainingError
+    from scripts.lifecycle import root_cause_line
+
+    worker = [
+        "loading data",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 12, in <module>',
+        "    model = build(cfg)",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    ]
+    state = NodeState("n0", exit_code=1, done=True)
+    state.tail.extend([*worker, *TORCHRUN_REPORT])
+    failure = state.failure()
+    error = TrainingError(
+        "run r1 failed", failure=failure, result=JobResult("r1", False, {"n0": 1}, 1.0, Path("."))
+    )
+    assert root_cause_line(error) == worker[-1]
+    # a prefixed worker, more agent logging after its report: the same rule
+    state = NodeState("n1", exit_code=1, done=True)
+    state.tail.extend([*LOG, "I1127 09:00:02 agent: shutting down"])
+    error = TrainingError(
+        "run r1 failed",
+        failure=state.failure(),
+        result=JobResult("r1", False, {"n1": 1}, 1.0, Path(".")),
+    )
+    assert root_cause_line(error) == EXCEPTION
