@@ -148,11 +148,15 @@ def detach(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> Non
 
 
 def plan(target: Target) -> None:
-    """`plan`: what `run` refuses about the target file's `secrets` is refused here too (names,
-    references, a NAME unset here; Secret Manager is not asked), then the target's own plan."""
+    """`plan`: what `run` refuses about the target file's `secrets` and `image` is refused here
+    too (names, references, a NAME unset here, an image reference's form; neither Secret
+    Manager nor the registry is asked), then the target's own plan."""
+    from scripts.job.container import parse_image
     from scripts.job.secrets import parse_secrets, resolve_secrets
 
     env = target.declared().environment
+    if env.image:
+        parse_image(env.image, f"{env.source}image")
     refs = parse_secrets(env.secrets, f"{env.source}secrets")
     if not env.backend_without_ssh:  # a Vertex job reads its secrets itself
         resolve_secrets([r for r in refs if r.sm_secret is None], project=env.project)

@@ -147,3 +147,24 @@ def test_plan_refuses_the_secrets_run_refuses(
         assert expected in err and err.count("\n") == 1, err
         lines.append(err)
     assert lines[0] == lines[1]
+
+
+def test_plan_refuses_the_image_run_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An image reference run would refuse: plan says the same line (the registry not asked)."""
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "Pulumi.yaml").write_text((root / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text(
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+        "  gputrain:image: 'Not An Image!!'\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    lines = []
+    for command in (["plan", "--stack", "lab"], ["run", "--stack", "lab", "--yes"]):
+        assert main(command, settings) == 2
+        err = capsys.readouterr().err
+        assert "gputrain:image: 'Not An Image!!' is not allowed" in err and err.count("\n") == 1
+        lines.append(err)
+    assert lines[0] == lines[1]
