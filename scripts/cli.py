@@ -122,29 +122,7 @@ def cmd_doctor(ctx: Context) -> int:
 
 def cmd_plan(ctx: Context) -> int:
     export = Path(ctx.args.export) if getattr(ctx.args, "export", None) else None
-    if export is not None:
-        ctx.target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")
-        if export.exists() and not ctx.args.force:
-            raise UserError(f"--export {export}: the file exists; add --force to replace it")
-    lifecycle.plan(ctx.target)
-    if export is not None:
-        from scripts.job.records import Job
-        from scripts.run_plan import declared_image, job_environment
-        from scripts.settings import new_run_id
-
-        env = ctx.target.declared().environment
-        environment, secrets = job_environment(env, ctx.opts)
-        image = declared_image(env, ctx.opts)
-        job = Job(
-            run_id=new_run_id(),
-            entry=ctx.opts.entry or DEFAULT_ENTRY,
-            workdir=Path.cwd(),
-            datasets=ctx.target.declared().datasets,
-            environment=environment,
-            secret_refs=secrets.refs,
-            image=image,
-        )
-        ctx.target.export_job(job, export, force=ctx.args.force)  # type: ignore[attr-defined]
+    lifecycle.plan(ctx.target, ctx.opts, export=export, force=ctx.args.force)
     return EXIT_OK
 
 

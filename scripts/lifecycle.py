@@ -147,20 +147,45 @@ def detach(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> Non
     ui.say(f"run {job.run_id} detached: it trains on without this command.\n" + "\n".join(lines))
 
 
-def plan(target: Target) -> None:
+def plan(
+    target: Target, opts: RunOptions, *, export: Path | None = None, force: bool = False
+) -> None:
     """`plan`: what `run` refuses about the target file's `secrets` and `image` is refused here
     too (names, references, a NAME unset here, an image reference's form; neither Secret
-    Manager nor the registry is asked), then the target's own plan."""
+    Manager nor the registry is asked), then the target's own plan; with `export`, the job the
+    next run submits, as a file (Feature.EXPORT_JOB: a Vertex job spec for gcloud)."""
     from scripts.job.container import parse_image
     from scripts.job.secrets import parse_secrets, resolve_secrets
 
-    env = target.declared().environment
+    if export is not None:
+        target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")
+        if export.exists() and not force:
+            raise UserError(f"--export {export}: the file exists; add --force to replace it")
+    declared = target.declared()
+    env = declared.environment
     if env.image:
         parse_image(env.image, f"{env.source}image")
     refs = parse_secrets(env.secrets, f"{env.source}secrets")
     if not env.backend_without_ssh:  # a Vertex job reads its secrets itself
         resolve_secrets([r for r in refs if r.sm_secret is None], project=env.project)
     target.plan()
+    if export is None:
+        return
+    from scripts.job.records import DEFAULT_ENTRY
+    from scripts.run_plan import job_environment
+    from scripts.settings import new_run_id
+
+    environment, secrets = job_environment(env, opts)
+    job = Job(
+        run_id=new_run_id(),
+        entry=opts.entry or DEFAULT_ENTRY,
+        workdir=Path.cwd(),
+        datasets=declared.datasets,
+        environment=environment,
+        secret_refs=secrets.refs,
+        image=declared_image(env, opts),
+    )
+    target.export_job(job, export, force=force)  # type: ignore[attr-defined]
 
 
 def verify(target: Target, opts: RunOptions) -> None:

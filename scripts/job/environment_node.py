@@ -20,7 +20,7 @@ from scripts.job.environment import (
     Environment,
     EnvironmentSetupError,
 )
-from scripts.job.node_scripts import kill_tagged_sh
+from scripts.job.leftovers import kill_tagged_sh
 from scripts.job.secrets import READ_SECRETS_SH, redact, secret_stdin
 from scripts.transport.base import Transport, TransportError
 

@@ -13,6 +13,7 @@ from gputrain_node import contract
 from gputrain_node.contract import OUT_ENV, RUN_ID_ENV
 from scripts.job.container import container_name
 from scripts.job.data import data_env_lines
+from scripts.job.leftovers import kill_tagged_sh
 from scripts.job.outputs import MIRROR_STOP_LINES, attempt_entry, mirror_start_lines
 from scripts.job.records import Job
 from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
@@ -110,21 +111,6 @@ while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done
 cd "$RUN" && T=$(date +%s.%N) && {{ echo "$rc $T" > exitcode || {WRITE_RESERVED_EXITCODE_SH}; }}
 exit $rc
 """
-
-
-def kill_tagged_sh(name: str, value: str) -> str:
-    """Shell: TERM, then KILL a second later, every process whose environment holds NAME=VALUE
-    (`value` is shell-expanded): whatever a job or a setup left running, also a daemon that left
-    its process group and session. The searching processes themselves are untagged."""
-    find = (
-        f"env -u {name} sh -c 'grep -lzx \"$1\" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3' "
-        f'_ "{name}={value}"'
-    )
-    return (
-        f'L=$({find}); if [ -n "$L" ]; then kill -TERM $L 2>/dev/null; i=0; '
-        f'while [ $i -lt 10 ] && L=$({find}) && [ -n "$L" ]; do sleep 0.1; i=$((i+1)); done; '
-        '[ -z "$L" ] || kill -KILL $L 2>/dev/null; fi'
-    )
 
 
 #: run.sh's tag for every process of the job, also kept in `jobtag` for `stop`: unique to this

@@ -25,6 +25,7 @@ time.sleep(float(sys.argv[1]))
 
 def gputrain(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
+    env["GPUTRAIN_NODE_ROOT"] = str(tmp_path / "runs" / "local" / "node")  # read below
     env["HOME"] = str(tmp_path / "home")
     return subprocess.run(
         [str(VENV_BIN / "gputrain"), *argv],

@@ -23,6 +23,7 @@ def gputrain(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     )
     (fake / "tar").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
+    env["GPUTRAIN_NODE_ROOT"] = str(tmp_path / "runs" / "local" / "node")  # read below
     env["HOME"] = str(tmp_path / "home")
     env["PATH"] = f"{fake}:{env['PATH']}"
     return subprocess.run(

@@ -172,8 +172,7 @@ class Pass:
         from scripts.targets.gce.recovery import StackNodes
 
         def recreate(zone: str) -> tuple[Any, StackOutputs]:
-            self.target._wait_s = 0
-            self.recreated = self.target._recreate(self.spec, zone)
+            self.recreated = self.target.recreated(self.spec, zone)
             return None, parse_stack_outputs(self.recreated)
 
         nodes = StackNodes(

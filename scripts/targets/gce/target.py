@@ -221,6 +221,11 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ):
             yield session
 
+    def recreated(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
+        """`gputrain reconcile`'s re-creation: the controller's own refresh + up, with no
+        waiting for capacity (a stock-out is the next pass's to retry); the stack outputs."""
+        return recreate(self.context(spec, RunOptions(wait_for_capacity_s=0)), zone)
+
     @contextmanager
     def session_for(
         self, spec: ClusterSpec, outputs: dict[str, Any], max_recoveries: int
