@@ -105,6 +105,7 @@ class StackSettings(BaseModel):
     chief: dict[StrictStr, Any] | None = Field(None, json_schema_extra=_kind("mapping"))
     reductionServer: dict[StrictStr, Any] | None = Field(None, json_schema_extra=_kind("mapping"))
     vertexJobSpec: StrictStr = Field("", json_schema_extra=_kind("text"))
+    restartJobOnWorkerRestart: Flag = Field(False, json_schema_extra=_kind("flag"))
     gpuDirect: StrictStr = Field("auto", json_schema_extra=_kind("text"))
     subnetRange: StrictStr = Field("10.42.0.0/16", json_schema_extra=_kind("text"))
     localSsdCount: Whole = Field(0, json_schema_extra=_kind("whole"))

@@ -132,6 +132,7 @@ class ClusterSpec:
     chief: Chief | None = None
     reduction_server: ReductionServer | None = None
     vertex_job_spec: str = ""  # a path relative to the project directory; "" = the stack keys
+    restart_job_on_worker_restart: bool = False  # vertex: one replica restarted restarts them all
 
     @property
     def instance_capacity(self) -> modes.InstanceCapacity:
@@ -394,6 +395,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         chief=pools[0],
         reduction_server=pools[1],
         vertex_job_spec=pools[2],
+        restart_job_on_worker_restart=backend == "vertex"
+        and cfg.boolean("restartJobOnWorkerRestart"),
         ignored=ignored,
         gpus_request=where.request,
         candidates=where.candidates,

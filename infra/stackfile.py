@@ -39,7 +39,7 @@ MAP_KEYS: tuple[str, ...] = ("data", "chief", "reductionServer")
 #: secrets named there; names and references only, never a value.)
 CONTROLLER_KEYS: tuple[str, ...] = (
     "setup", "image", "chief", "reductionServer", "vertexJobSpec", "billingExport", "budget",
-    "maxHourlyCost",
+    "maxHourlyCost", "restartJobOnWorkerRestart",
 )  # fmt: skip
 
 #: Keys only one backend reads. On the other they are ignored: not validated, not required, and
@@ -66,7 +66,13 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "recover",
         "reconcileEvery",
     ),
-    "vertex": ("executorImage", "chief", "reductionServer", "vertexJobSpec"),
+    "vertex": (
+        "executorImage",
+        "chief",
+        "reductionServer",
+        "vertexJobSpec",
+        "restartJobOnWorkerRestart",
+    ),
 }
 
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.

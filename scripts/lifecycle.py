@@ -142,6 +142,13 @@ def detach(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> Non
             if seconds
             else "  autodown:  off: the VMs run until `down` or their TTL",
         ]
+    elif Feature.SSH not in plan.target.capabilities:  # a managed job (Vertex AI): no machines
+        lines += [
+            f"  state:     gputrain status {selector}",
+            "  results:   the reattached `logs` brings them home once the job ends",
+            f"  cancel:    gputrain stop {selector} {job.run_id}  (`gputrain down {selector}`: "
+            "cancels it, results home, then teardown)",
+        ]
     else:
         lines.append(f"  results:   on the machines, in .gputrain/runs/{job.run_id}/out/")
     ui.say(f"run {job.run_id} detached: it trains on without this command.\n" + "\n".join(lines))

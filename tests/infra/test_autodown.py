@@ -146,17 +146,21 @@ def test_detach_with_keep_says_keep_wins(capsys: pytest.CaptureFixture[str]) -> 
     assert len(said) == 1 and "--detach with --keep: --keep wins" in said[0], said
 
 
-def test_detach_on_a_vertex_stack_is_one_line_before_anything_is_created(
+def test_autodown_on_a_vertex_stack_is_one_line_before_anything_is_created(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     for name in ("Pulumi.yaml", "Pulumi.vertex.yaml"):
         (tmp_path / name).write_text((ROOT / name).read_text())
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
-    assert main(["run", "--stack", "vertex", "--yes", "--detach"], settings) == 2
+    assert (
+        main(["run", "--stack", "vertex", "--yes", "--detach", "--autodown", "5m"], settings) == 2
+    )
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert err == [
-        "gputrain: error: --detach: a Vertex AI stack's jobs are followed, not detached (yet)"
+        "gputrain: error: --autodown 5m: stack vertex runs on Vertex AI: a job's replicas end "
+        "with it, nothing to delete"
     ]
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(("autodown", "ttl"), [("7h", "3h"), ("3h", "3h"), ("1d", "6h")])

@@ -473,3 +473,17 @@ def test_an_empty_capacity_list_names_capacity_not_another_key(written: str) -> 
     with pytest.raises(SpecError) as e:
         parse_spec(config, "dev")
     assert str(e.value).startswith(f"gputrain:capacity = {written!r}: an empty list; allowed:")
+
+
+def test_restart_job_on_worker_restart_is_a_vertex_flag_one_line_when_bad() -> None:
+    key = "restartJobOnWorkerRestart"
+    assert parse_spec(deployable_config("vertex"), "vertex").restart_job_on_worker_restart is False
+    spec = parse_spec(deployable_config("vertex", **{key: "true"}), "vertex")
+    assert spec.restart_job_on_worker_restart is True
+    with pytest.raises(SpecError) as e:
+        parse_spec(deployable_config("vertex", **{key: "often"}), "vertex")
+    assert "\n" not in str(e.value) and f"gputrain:{key}" in str(e.value) and "'often'" in str(
+        e.value
+    ) and "true or false" in str(e.value)  # fmt: skip
+    gce = parse_spec(deployable_config("dev", **{key: "true"}), "dev")  # ignored, named by plan
+    assert gce.restart_job_on_worker_restart is False and key in gce.ignored

@@ -55,7 +55,6 @@ def refused(t: Target, project: Path, **options: object) -> str:
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        ({"detach": True}, "--detach: a Vertex AI stack's jobs are followed, not detached (yet)"),
         (
             {"max_recoveries": 2},
             "--max-recoveries 2: stack v runs on Vertex AI, where gputrain re-creates no VMs; "
@@ -132,7 +131,7 @@ def test_the_first_bad_input_in_the_readme_order_is_the_one_named(project: Path)
     """What the target lacks comes before the environment, the environment before the entry."""
     (project / "requirements.txt").write_text("not valid ==\n")
     vertex = target(project, stack="v", config=VERTEX)
-    assert refused(vertex, project, detach=True).startswith("--detach")
+    assert refused(vertex, project, autodown="5m").startswith("--autodown 5m")
     gce = target(project, stack="dev")
     assert "requirements.txt" in refused(gce, project, entry=("missing.py",))
 

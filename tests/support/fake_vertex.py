@@ -116,11 +116,13 @@ class FakeVertex(FakeHttpServer):
         self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
         self._injected: list[tuple[str, re.Pattern[str], int, str, str, list[int]]] = []
         self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
         self._serve()
 
     # -- lifecycle
 
     def stop(self) -> None:
+        self._stopping.set()
         for job in self.jobs.values():
             job.cancelled.set()
         for t in self._threads:
@@ -128,6 +130,20 @@ class FakeVertex(FakeHttpServer):
         super().stop()
 
     # -- the API tests use
+
+    def advance_on_its_own(self, every_s: float = 0.3) -> None:
+        """From now on every job moves along its progression as Vertex moves it, with no client
+        asking (a detached job): one step each `every_s`, besides the step of each GET."""
+
+        def tick() -> None:
+            while not self._stopping.wait(every_s):
+                with self._lock:
+                    for job in list(self.jobs.values()):
+                        self._advance(job)
+
+        t = threading.Thread(target=tick, daemon=True)
+        self._threads.append(t)
+        t.start()
 
     def job(self, job_id: str) -> dict[str, Any]:
         with self._lock:

@@ -87,6 +87,7 @@ class JobRequest:
     flex_start_wait_s: int = 0  # > 0: Flex-start (DWS) capacity, waiting at most this long
     chief: Chief | None = None  # pool 0's own machine; None: machine_type's
     reduction_server: ReductionServer | None = None  # worker pool 2; None: no pool 2
+    restart_job_on_worker_restart: bool = False  # a restarted worker restarts the whole job
 
 
 #: containerSpec's command: the staged sdist, read where Vertex mounts the bucket (/gcs/BUCKET/...),
@@ -127,11 +128,14 @@ DEFAULT_FLEX_START_WAIT_S = 2 * 3600
 def scheduling(req: JobRequest) -> dict[str, Any]:
     """The job's Scheduling: a server-side timeout and the strategy. Flex-start is
     `Scheduling.Strategy.FLEX_START` (it queues through the Dynamic Workload Scheduler, unlike a
-    GCE Flex-start create here), bounded by `maxWaitDuration`."""
+    GCE Flex-start create here), bounded by `maxWaitDuration`. `restartJobOnWorkerRestart`
+    (sent only when true, its default being false) restarts every replica when one restarts."""
     strategy = "FLEX_START" if req.flex_start_wait_s else "SPOT" if req.spot else "STANDARD"
-    body = {"timeout": f"{req.max_run_duration_s}s", "strategy": strategy}
+    body: dict[str, Any] = {"timeout": f"{req.max_run_duration_s}s", "strategy": strategy}
     if req.flex_start_wait_s:
         body["maxWaitDuration"] = f"{req.flex_start_wait_s}s"
+    if req.restart_job_on_worker_restart:
+        body["restartJobOnWorkerRestart"] = True
     return body
 
 

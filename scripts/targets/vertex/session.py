@@ -139,18 +139,9 @@ class VertexSession:
         if job.environment is not None and job.environment.force:
             ui.warn("--force-setup changes nothing on Vertex AI: every job's replicas are new")
         started = time.monotonic()
-        results_dir.mkdir(parents=True, exist_ok=True)
-        body = self.job_body(job, stage=True)
         created: JobStatus | None = None
         try:
-            created = self.api.create_job(body)
-            (results_dir / JOB_RECORD).write_text(
-                json.dumps({"name": created.name, "run_id": job.run_id}, indent=2) + "\n"
-            )
-            ui.say(
-                f"vertex: job {created.job_id} submitted: {describe_pools(body['jobSpec'])}, "
-                f"cut off after {body['jobSpec']['scheduling'].get('timeout', '?')}"
-            )
+            created = self._submit(job, results_dir)
             with (results_dir / LOG_FILE).open("a") as log:
                 followed = self._follow(created.name, log)
         except BaseException:
@@ -177,6 +168,38 @@ class VertexSession:
                 result=result,
             )
         return result
+
+    def _submit(self, job: Job, results_dir: Path) -> JobStatus:
+        """Stage and create the job; which job the run is, recorded in results_dir."""
+        results_dir.mkdir(parents=True, exist_ok=True)
+        body = self.job_body(job, stage=True)
+        created = self.api.create_job(body)
+        (results_dir / JOB_RECORD).write_text(
+            json.dumps({"name": created.name, "run_id": job.run_id}, indent=2) + "\n"
+        )
+        ui.say(
+            f"vertex: job {created.job_id} submitted: {describe_pools(body['jobSpec'])}, "
+            f"cut off after {body['jobSpec']['scheduling'].get('timeout', '?')}"
+        )
+        return created
+
+    def run_detached(self, job: Job, guard: SignalGuard) -> float:
+        """`--detach`: submit the job and return; Vertex runs it to its end with nothing of
+        ours alive (its scheduling.timeout bounds it). A failed or interrupted submit cancels
+        whatever was created. The seconds it took to submit."""
+        validate_job(job)
+        started = time.monotonic()
+        try:
+            created = self._submit(job, self.settings.results_dir(self.name, job.run_id))
+        except BaseException:
+            with guard.teardown():  # the create may have gone through unseen: find it by label
+                self.cancel(None, job.run_id)
+            raise
+        ui.say(
+            f"vertex: job {created.name} is {created.short_state}; Vertex AI runs it to its end "
+            "on its own"
+        )
+        return time.monotonic() - started
 
     def job_body(self, job: Job, *, stage: bool) -> dict[str, Any]:
         """The CustomJob this run submits: the stack keys' job, or the `vertexJobSpec` file's.
@@ -265,6 +288,7 @@ class VertexSession:
             else 0,
             chief=spec.chief,
             reduction_server=spec.reduction_server,
+            restart_job_on_worker_restart=spec.restart_job_on_worker_restart,
         )
 
     def _follow(self, name: str, log: IO[str] | None = None) -> Followed:
@@ -311,8 +335,18 @@ class VertexSession:
     # ---- what does not need a new job
 
     def logs(self, run_id: str) -> None:
-        """Follow a run's job: its states and every log line so far, then on until it ends."""
-        self._follow(self._job_of(run_id))
+        """Follow a run's job: its states and every log line so far, then on until it ends;
+        then its results home (a detached run's way back). A job that did not succeed: its
+        failure, as `run` would say it."""
+        followed = self._follow(self._job_of(run_id))
+        results_dir = self.results(run_id)
+        status = followed.status
+        if not status.succeeded:
+            raise GputrainError(
+                failure_message(status, followed.last_lines) + f"\nlogs and results: {results_dir}"
+            )
+        ui.say(f"run {run_id}: Vertex job {status.job_id} {status.short_state}; results in "
+               f"{results_dir}")  # fmt: skip
 
     def _job_of(self, run_id: str) -> str:
         path = self.settings.runs_dir / self.name / run_id / JOB_RECORD
@@ -341,12 +375,13 @@ class VertexSession:
         return None  # Vertex's replicas, not machines of ours
 
     def latest_run(self) -> str | None:
-        return None  # LAST_RUN of this machine, or the run named
+        """The run of the stack's newest job (another machine's `run`), by its label."""
+        jobs = self.api.list_jobs({STACK_LABEL: self.spec.stack})
+        dated = [(j.create_time, j) for j in jobs if j.create_time is not None]
+        newest = max(dated, key=lambda pair: pair[0], default=None)
+        return newest[1].labels.get(RUN_LABEL) if newest else None
 
     # What the target's Capabilities say Vertex lacks (the run plan refuses it first).
-
-    def run_detached(self, job: Job, guard: SignalGuard) -> float:
-        raise self._lacks("--detach")
 
     def has_run(self, run_id: str) -> bool:
         raise self._lacks(f"--resume {run_id}")

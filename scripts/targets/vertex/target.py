@@ -71,11 +71,10 @@ class VertexTarget(StackTarget[VertexClients, None]):
     @property
     def capabilities(self) -> Capabilities:
         """Vertex AI runs the job on replicas of its own: gputrain has no VMs to log in to,
-        re-create or delete, and follows each job to its end."""
+        re-create or delete; a detached job runs on server-side, `logs` follows it again."""
         on_vertex = f"stack {self.stack} runs on Vertex AI"
         return Capabilities(
             {
-                Feature.DETACH: "a Vertex AI stack's jobs are followed, not detached (yet)",
                 Feature.RESUME: f"{on_vertex}, where gputrain keeps no run to resume (yet)",
                 Feature.RECREATE_NODES: f"{on_vertex}, where gputrain re-creates no VMs; "
                 "allowed only for backend gce stacks",

@@ -368,3 +368,15 @@ def test_flex_start_body_uses_the_flex_start_strategy_with_a_max_wait() -> None:
     job = aiplatform_v1.CustomJob.from_json(json.dumps(body))
     assert job.job_spec.scheduling.strategy == aiplatform_v1.Scheduling.Strategy.FLEX_START
     assert job.job_spec.scheduling.max_wait_duration.total_seconds() == 1800
+
+
+def test_restart_job_on_worker_restart_is_sent_only_when_asked_and_parses() -> None:
+    """`restartJobOnWorkerRestart: true` -> Scheduling.restartJobOnWorkerRestart; false (the
+    default) leaves the field out, as a proto3 bool false would travel anyway."""
+    from google.cloud import aiplatform_v1
+
+    assert "restartJobOnWorkerRestart" not in vj.scheduling(_request())
+    body = vj.custom_job_body(_request(restart_job_on_worker_restart=True))
+    assert body["jobSpec"]["scheduling"]["restartJobOnWorkerRestart"] is True
+    job = aiplatform_v1.CustomJob.from_json(json.dumps(body))
+    assert job.job_spec.scheduling.restart_job_on_worker_restart is True
