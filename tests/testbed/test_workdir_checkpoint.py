@@ -93,6 +93,9 @@ def test_a_trainer_checkpointing_beside_its_code_resumes_after_a_preemption(
         )
         assert resumed and int(resumed.group(1)) >= preempted_at[0], (node, after[-3000:])
     assert not re.search(r"\[GPU\d\] Epoch 0 \|", after), after[-3000:]
+    # the recovery line says where the trainer resumed, from its own lines
+    line = re.search(r"recovery 1/\d+: e2e-node-1 preempted .* resumed from epoch (\d+)", after)
+    assert line and int(line.group(1)) >= preempted_at[0], after[-3000:]
     # what the job wrote beside its code came home; the code it was given did not
     target = w.dir / "runs" / "stack-e2e"
     run_dir = target / (target / "LAST_RUN").read_text().strip()
