@@ -8,7 +8,7 @@ GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once; SIGTERM (a stop, the notice r
 node's processes) or the end of training (run.sh sends it) makes the last one, then it exits. `--restore` is the other way: before a relaunch, what the bucket holds of this
 node's out dir and the node lacks comes back. `--changed-dir DIR --changed-uri URI --newer FILE`
 does the same, in the same process, for the job's working directory: only the files created or
-changed there since FILE (the run's start), never the uploaded code (a trainer that checkpoints
+changed there since FILE (the attempt's start), never the uploaded code (a trainer that checkpoints
 beside its code, like pytorch/examples' `snapshot.pt`). Stands alone; honours
 STORAGE_EMULATOR_HOST.
 """

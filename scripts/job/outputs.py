@@ -1,8 +1,9 @@
 """Outputs that survive a preemption, for any trainer: each node's out dir (GPUTRAIN_OUT) is
 mirrored to the stack's bucket while training runs (the node package's mirror, started by run.sh) and
 restored onto a re-created node before the relaunch, and so are the files the job created or
-changed in its working directory (a trainer that checkpoints beside its code); relaunches after the first attempt get
-`--resume-args` appended to ENTRY and every attempt is told its number (GPUTRAIN_ATTEMPT).
+changed in its working directory (a trainer that checkpoints beside its code); relaunches after
+the first attempt get `--resume-args` appended to ENTRY and every attempt is told its number
+(GPUTRAIN_ATTEMPT).
 """
 
 from __future__ import annotations
