@@ -6,7 +6,11 @@ is sent once its size and modification time held still since the previous scan, 
 if it changed while it was read. GCE's preemption notice (the metadata server, where
 GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once; SIGTERM (a stop, the notice reaching the
 node's processes) or the end of training (run.sh sends it) makes the last one, then it exits. `--restore` is the other way: before a relaunch, what the bucket holds of this
-node's out dir and the node lacks comes back. Stands alone; honours STORAGE_EMULATOR_HOST.
+node's out dir and the node lacks comes back. `--changed-dir DIR --changed-uri URI --newer FILE`
+does the same, in the same process, for the job's working directory: only the files created or
+changed there since FILE (the attempt's start), never the uploaded code (a trainer that checkpoints
+beside its code, like pytorch/examples' `snapshot.pt`). Stands alone; honours
+STORAGE_EMULATOR_HOST.
 """
 
 from __future__ import annotations
@@ -44,15 +48,21 @@ class Target:
         return f"gs://{self.bucket}/{self.prefix}"
 
 
-def scan(root: Path) -> dict[str, Stamp]:
-    """Every regular file under root (relative path -> stamp); files vanishing mid-scan skipped."""
+def scan(root: Path, newer_ns: int | None = None) -> dict[str, Stamp]:
+    """Every regular file under root (relative path -> stamp); files vanishing mid-scan skipped.
+    `newer_ns`: only files modified after it, Python's caches left out (the job's own files in
+    its working directory, not the code it was given)."""
     found: dict[str, Stamp] = {}
-    for dirpath, _, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        if newer_ns is not None:
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
         for f in files:
             p = Path(dirpath) / f
             try:
                 st = p.stat()
             except OSError:
+                continue
+            if newer_ns is not None and (st.st_mtime_ns <= newer_ns or f.endswith(".pyc")):
                 continue
             found[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
     return found
@@ -76,12 +86,13 @@ class Mirror:
         target: Target,
         client: Any = None,
         say: Callable[[str], None] = lambda s: print(s, flush=True),
+        newer_ns: int | None = None,
     ) -> None:
         if client is None:
             import google.cloud.storage as storage
 
             client = storage.Client()
-        self.root, self.target, self.say = root, target, say
+        self.root, self.target, self.say, self.newer_ns = root, target, say, newer_ns
         self.bucket = client.bucket(target.bucket)
         self.sent: dict[str, Stamp] = {}
         self.before: dict[str, Stamp] = {}
@@ -92,9 +103,9 @@ class Mirror:
         `final`: the last pass, after a short look for files still being written (a trainer
         stopped mid-save must not replace its last good checkpoint with half of the next)."""
         if final:
-            self.before = scan(self.root)
+            self.before = scan(self.root, self.newer_ns)
             time.sleep(settle_s)
-        now = scan(self.root)
+        now = scan(self.root, self.newer_ns)
         sent = [rel for rel in due(now, self.before, self.sent) if self.send(rel, now[rel])]
         self.before = now
         if sent:
@@ -151,7 +162,7 @@ class Wake:
         self.any.set()
 
 
-def run(mirror: Mirror, interval_s: float, wake: Wake) -> None:
+def run(mirrors: Sequence[Mirror], interval_s: float, wake: Wake) -> None:
     """Passes every interval until the stop, then the final pass; the preemption notice makes a
     final-style pass at once (errors are said, not fatal: the training must not die because an
     upload failed)."""
@@ -163,17 +174,21 @@ def run(mirror: Mirror, interval_s: float, wake: Wake) -> None:
             break
         flush = wake.notice.is_set() and not noticed
         noticed = noticed or flush
+        for mirror in mirrors:
+            try:
+                sent = mirror.run_once(final=flush)
+                if flush:
+                    mirror.say(f"mirror: preemption notice: flushed ({len(sent)} file(s))")
+            except Exception as e:
+                mirror.say(
+                    f"mirror: upload failed, trying again next pass: {type(e).__name__}: {e}"
+                )
+    for mirror in mirrors:
         try:
-            sent = mirror.run_once(final=flush)
-            if flush:
-                mirror.say(f"mirror: preemption notice: flushed ({len(sent)} file(s))")
+            mirror.run_once(final=True)
+            mirror.say(f"mirror: flushed, {mirror.uploaded_bytes / (1 << 20):,.1f} MiB sent in all")
         except Exception as e:
-            mirror.say(f"mirror: upload failed, trying again next pass: {type(e).__name__}: {e}")
-    try:
-        mirror.run_once(final=True)
-        mirror.say(f"mirror: flushed, {mirror.uploaded_bytes / (1 << 20):,.1f} MiB sent in all")
-    except Exception as e:
-        mirror.say(f"mirror: the last upload failed: {type(e).__name__}: {e}")
+            mirror.say(f"mirror: the last upload failed: {type(e).__name__}: {e}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,12 +197,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--uri", required=True, help="gs://BUCKET/PREFIX/ for this node's files")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between passes")
     p.add_argument("--restore", action="store_true", help="download what the dir lacks, exit")
+    p.add_argument("--changed-dir", type=Path, help="the job's working directory (its files)")
+    p.add_argument("--changed-uri", help="gs://BUCKET/PREFIX/ for the --changed-dir files")
+    p.add_argument("--newer", type=Path, help="--changed-dir: only files newer than this one")
     args = p.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     mirror = Mirror(args.dir, Target.parse(args.uri))
+    mirrors = [mirror]
+    if args.changed_dir is not None and args.changed_uri:
+        args.changed_dir.mkdir(parents=True, exist_ok=True)
+        since = None if args.restore or args.newer is None else args.newer.stat().st_mtime_ns
+        # one storage client for both (each makes its own session and token)
+        client = mirror.bucket.client
+        mirrors.append(
+            Mirror(args.changed_dir, Target.parse(args.changed_uri), client, newer_ns=since)
+        )
     if args.restore:
-        got = mirror.restore()
-        print(f"restored {len(got)} file(s) from {args.uri}", flush=True)
+        for m in mirrors:
+            got = m.restore()
+            print(f"restored {len(got)} file(s) from {m.target.uri}", flush=True)
         return 0
     wake = Wake()
 
@@ -200,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if watch_requested():  # GCE spot nodes (GPUTRAIN_WATCH_PREEMPTION=1): the metadata server
         PreemptionWatcher(lambda: wake.set(wake.notice)).start()
-    run(mirror, args.interval, wake)
+    run(mirrors, args.interval, wake)
     return 0
 
 

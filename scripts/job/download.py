@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infra.base.errors import GputrainError
 from scripts import ui
-from scripts.job.node_scripts import build_collect_workdir_command
+from scripts.job.outputs import build_collect_workdir_command
 from scripts.job.records import JobResult
 from scripts.node_layout import run_dir
 from scripts.parallel import parallel

@@ -14,7 +14,12 @@ from gputrain_node.contract import OUT_ENV, RUN_ID_ENV
 from scripts.job.container import container_name
 from scripts.job.data import data_env_lines
 from scripts.job.leftovers import kill_tagged_sh
-from scripts.job.outputs import MIRROR_STOP_LINES, attempt_entry, mirror_start_lines
+from scripts.job.outputs import (
+    MIRROR_STOP_LINES,
+    attempt_entry,
+    build_collect_workdir_command,
+    mirror_start_lines,
+)
 from scripts.job.records import Job
 from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
@@ -199,19 +204,14 @@ def entry_argument(arg: str) -> str:
     return '"$GPUTRAIN_OUT"'.join(shlex.quote(p.replace(literal, OUT_PLACEHOLDER)) for p in pieces)
 
 
-def build_collect_workdir_command(run_id: str) -> str:
-    """Hard-link into the run's workdir/ every file the job created or changed in its working
-    directory (the code snapshot, newer than the run's start), so third-party trainers that
-    write `out/ckpt.pt` beside their code have it come home; Python's caches are left out."""
-    d = shlex.quote(run_dir(run_id))
-    return (
-        f"cd {d} 2>/dev/null && [ -f pgid ] || exit 0; [ ! -e workdir ] || rm -rf workdir; "
-        "find code -newer pgid -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -exec sh -c '"
-        'for f; do t="workdir/${f#code/}"; mkdir -p "$(dirname "$t")" && '
-        '{ ln -f "$f" "$t" 2>/dev/null || cp -p "$f" "$t"; }; done'
-        "' sh {} +"
-    )
-
+#: in the run dir, after the new code snapshot: workdir/'s files (an earlier attempt's, or the
+#: bucket's after a re-created node) linked into code/ where it has none of that name
+RESTORE_WORKDIR_SH = (
+    "[ ! -d workdir ] || (cd workdir && find . -type f -exec sh -c '"
+    'for f; do t="../code/${f#./}"; [ -e "$t" ] || { mkdir -p "$(dirname "$t")" && '
+    '{ ln "$f" "$t" 2>/dev/null || cp -p "$f" "$t"; }; }; done'
+    "' sh {} +) || exit 1; "
+)
 
 UNPACK_FAILED = 112  # the exit status of build_upload_and_start_command when the code did not land
 
@@ -237,11 +237,15 @@ def build_upload_and_start_command(
         (READ_SECRETS_SH.format(failed=UNPACK_FAILED) if secrets else "")
         + f"{unpack_command(code_dir, also_make=run_subdirs, codec=codec)} && "
         f"[ -f {c}/{RUN_SCRIPT} ] || exit {UNPACK_FAILED}; "
-        f"{{ [ ! -e {d}/code ] || rm -rf {d}/code; }} && "
+        # what an earlier attempt wrote beside the code is kept in workdir/ and put back into
+        # the new snapshot, where the code uploaded now has no file of that name
+        f"{{ [ ! -e {d}/code ] || {{ ({build_collect_workdir_command(run_id)}) && "
+        f"rm -rf {d}/code; }}; }} && "
         # hard links where the runs dir shares the code's file system, else a copy (a failed
         # `cp -al` leaves a partial code/ that `cp -a` would copy into, as code/code)
         f"{{ cp -al {c} {d}/code 2>/dev/null || {{ rm -rf {d}/code; cp -a {c} {d}/code; }}; }} "
         f"&& cd {d} || exit 1; "
+        f"{RESTORE_WORKDIR_SH}"
         + (f"printf '%s\\n' {shlex.quote(node)} > node; " if node else "")
         + "for f in exitcode pgid jobpid; do [ ! -e $f ] || rm -f $f; done; "
         f"(trap '' HUP; exec setsid sh code/{RUN_SCRIPT}) > torchrun.log 2>&1 < /dev/null & "

@@ -1,7 +1,9 @@
 """Outputs that survive a preemption, for any trainer: each node's out dir (GPUTRAIN_OUT) is
 mirrored to the stack's bucket while training runs (the node package's mirror, started by run.sh) and
-restored onto a re-created node before the relaunch; relaunches after the first attempt get
-`--resume-args` appended to ENTRY and every attempt is told its number (GPUTRAIN_ATTEMPT).
+restored onto a re-created node before the relaunch, and so are the files the job created or
+changed in its working directory (a trainer that checkpoints beside its code); relaunches after
+the first attempt get `--resume-args` appended to ENTRY and every attempt is told its number
+(GPUTRAIN_ATTEMPT).
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ def out_uri(bucket: str | None, run_id: str) -> str | None:
     return f"{bucket}runs/{run_id}/out/" if bucket else None
 
 
+def workdir_uri(out: str) -> str:
+    """Where the nodes' working-directory files go: beside the out dirs (`.../RUN/workdir/`), not
+    inside them, so nothing that lists the out dirs sees them. Pure."""
+    parent = out.rstrip("/").rpartition("/")[0]
+    return f"{parent}/workdir/"
+
+
 def output_env(bucket: str | None, job: Job) -> dict[str, str]:
     """The mirror's destination for a job on a stack (none where it is not is_mirrored)."""
     uri = out_uri(bucket, job.run_id)
@@ -64,11 +73,17 @@ def attempt_entry(job: Job) -> tuple[str, ...]:
 
 def mirror_start_lines(job: Job, python: str) -> str:
     """run.sh, before torchrun: the attempt number, the node's name (written by the start)
-    and, with GPUTRAIN_OUT_URI, the mirror in the background. Pure."""
+    and, with GPUTRAIN_OUT_URI, the mirror in the background: the out dir, and what the job
+    writes in its working directory after the start (pgid's time). Pure."""
+    uri = job.env.get(OUT_URI_ENV)
+    changed = ""
+    if uri:
+        wd = shlex.quote(workdir_uri(uri))
+        changed = f'--changed-dir "$RUN/code" --changed-uri {wd}"$NODE_NAME/" --newer "$RUN/pgid" '
     mirror = node_helper(
         python,
         contract.MIRROR_OUT,
-        f'--dir "$RUN/out" --uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" '
+        f'--dir "$RUN/out" --uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" {changed}'
         f'--interval "${{{MIRROR_INTERVAL_ENV}:-10}}"',
     )
     return (
@@ -87,11 +102,28 @@ MIRROR_STOP_LINES = (
 )
 
 
+def build_collect_workdir_command(run_id: str) -> str:
+    """Hard-link into the run's workdir/ every file the job created or changed in its working
+    directory (the code snapshot, newer than the attempt's start), so third-party trainers that
+    write `out/ckpt.pt` beside their code have it come home; Python's caches are left out.
+    workdir/ keeps what earlier attempts of the run wrote: the start puts it back (a relaunch)."""
+    d = shlex.quote(run_dir(run_id))
+    return (
+        f"cd {d} 2>/dev/null && [ -f pgid ] || exit 0; "
+        "find code -newer pgid -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -exec sh -c '"
+        'for f; do t="workdir/${f#code/}"; mkdir -p "$(dirname "$t")" && '
+        '{ ln -f "$f" "$t" 2>/dev/null || cp -p "$f" "$t"; }; done'
+        "' sh {} +"
+    )
+
+
 def build_restore_command(job: Job, node: str, python: str) -> tuple[str, bytes] | None:
     """On a relaunch, before the start: the out dir's files that the bucket holds and the node
     lacks (a re-created VM lacks them all), by the node package's mirror (standalone for --restore)
-    sent on stdin: the code is not there yet. The command and its stdin; None on a first attempt
-    or without GPUTRAIN_OUT_URI. Pure but for reading that file."""
+    sent on stdin: the code is not there yet. The working directory's files go to the run's
+    workdir/ (the start puts them back into the new code snapshot), after the node's own newer
+    ones were collected there. The command and its stdin; None on a first attempt or without
+    GPUTRAIN_OUT_URI. Pure but for reading that file."""
     uri = job.env.get(OUT_URI_ENV)
     if job.attempt == 1 or not uri:
         return None
@@ -101,8 +133,10 @@ def build_restore_command(job: Job, node: str, python: str) -> tuple[str, bytes]
     d = q(run_dir(job.run_id))
     read_values, values = values_channel(job.env)  # on stdin before the source: never in argv
     cmd = (
+        f"({build_collect_workdir_command(job.run_id)}) && "
         f"mkdir -p {d}/out && {read_values}{q(python)} - --restore --dir {d}/out "
-        f"--uri {q(uri.rstrip('/') + '/' + node + '/')}"
+        f"--uri {q(uri.rstrip('/') + '/' + node + '/')} "
+        f"--changed-dir {d}/workdir --changed-uri {q(workdir_uri(uri) + node + '/')}"
     )
     return cmd, (values or b"") + MIRROR_SOURCE.read_bytes()
 
@@ -128,6 +162,7 @@ def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job)
     results, errors = parallel(list(commands), one)
     if errors:
         raise TransportError("\n".join(str(e) for e in errors.values()))
-    for name in commands:
-        if results[name]:
-            ui.say(f"{name}: {results[name].splitlines()[-1]}")
+    for name in commands:  # a line per place restored: the out dir, the working directory
+        for line in results[name].splitlines():
+            if line.startswith("restored "):
+                ui.say(f"{name}: {line}")

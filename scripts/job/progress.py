@@ -2,7 +2,9 @@
 run starts from, and when the first step of an attempt shows up. The trainer prints them
 (`start step 20/300` in its banner, `step 30/300 | loss ...` per interval, `checkpoint
 .../ckpt-00000030.pt` per save); nanoGPT prints `iter 30: loss ...` (its first one after a
-resume is the step it resumed from); an entry point that prints neither leaves them unknown.
+resume is the step it resumed from); pytorch/examples' ddp-tutorial-series prints `Resuming
+training from snapshot at Epoch 4` and `[GPU0] Epoch 4 | Batchsize: 32 | Steps: 64` (counted in
+epochs); an entry point that prints none of them leaves them unknown.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ _HF_LOGS = re.compile(r"\{'loss': ")  # Hugging Face Trainer's logging line, a d
 
 
 def is_training_step(line: str) -> bool:
-    """Does this log line show a trained step: ours (`step N/M |`), nanoGPT's (`iter N: loss`) or
-    the Hugging Face Trainer's (`{'loss': ...}`)? (`--detach`'s first step; a heartbeat too.)"""
-    return bool(_STEP.search(line) or _ITER.search(line) or _HF_LOGS.search(line))
+    """Does this log line show a trained step: ours (`step N/M |`), nanoGPT's (`iter N: loss`),
+    the Hugging Face Trainer's (`{'loss': ...}`) or pytorch/examples' epoch line? (`--detach`'s
+    first step; a heartbeat too.)"""
+    return any(r.search(line) for r in (_STEP, _ITER, _HF_LOGS, _EPOCH))
+
+
+_RESUMING = re.compile(r"\bResuming training from snapshot at Epoch (\d+)")  # pytorch/examples'
+_EPOCH = re.compile(r"\bEpoch (\d+) \| Batchsize")  # its per-epoch line (multinode.py and kin)
 
 
 class StepWatch:
@@ -35,27 +42,33 @@ class StepWatch:
         self.reached: int | None = None  # the highest step any line of this attempt showed
         self.start_step: int | None = None  # this attempt's `start step N`
         self.first_step_at: float | None = None  # when this attempt's first step line came
+        self.unit = "step"  # what the numbers count: "epoch" for a trainer that prints epochs
         self._on_first_step: Callable[[], object] | None = None
 
     def new_attempt(self, on_first_step: Callable[[], object] | None = None) -> None:
         """A relaunch: forget the attempt before; call `on_first_step` once, at its first step."""
         with self._lock:
             self.reached = self.start_step = self.first_step_at = None
+            self.unit = "step"
             self._on_first_step = on_first_step
 
     def line(self, node: str, text: str) -> None:
         fire = None
         with self._lock:
-            if m := _START.search(text):
+            if m := _START.search(text) or _RESUMING.search(text):
                 self.start_step = int(m.group(1))
-            trained = _STEP.search(text) or _ITER.search(text)
+                if m.re is _RESUMING:
+                    self.unit = "epoch"
+            trained = _STEP.search(text) or _ITER.search(text) or _EPOCH.search(text)
+            if trained is not None and trained.re is _EPOCH:
+                self.unit = "epoch"
             step = trained or _SAVED.search(text)
             if step:
                 n = int(step.group(1))
                 self.reached = n if self.reached is None else max(self.reached, n)
                 if self.first_step_at is None and trained:
                     self.first_step_at = self.clock()
-                    if self.start_step is None and trained.re is _ITER:  # no banner: its first
+                    if self.start_step is None and trained.re is not _STEP:  # no banner
                         self.start_step = n
                     fire, self._on_first_step = self._on_first_step, None
         if fire is not None:

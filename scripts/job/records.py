@@ -105,6 +105,7 @@ class Recovery:
     resumed_from: int | None  # the step training resumed from (None: the entry prints no steps)
     steps_repeated: int | None  # steps trained before the preemption that were trained again
     cause: str = "preempted"  # or "lost to a GPU fault" (scripts/watch: an Xid, ECC errors)
+    unit: str = "step"  # what resumed_from and steps_repeated count ("epoch": the trainer's own)
 
 
 @dataclass(frozen=True)

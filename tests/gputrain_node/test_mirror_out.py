@@ -103,7 +103,7 @@ def test_the_preemption_notice_flushes_at_once_and_mirroring_goes_on(
         out, Target.parse(f"gs://{gcs.bucket_name}/runs/r3/out/n/"), gcs.client(), lines.append
     )
     wake = Wake()
-    t = threading.Thread(target=run, args=(m, 3600.0, wake), daemon=True)  # no pass on its own
+    t = threading.Thread(target=run, args=([m], 3600.0, wake), daemon=True)  # no pass on its own
     t.start()
     wake.set(wake.notice)
     deadline = time.monotonic() + 20
@@ -115,3 +115,26 @@ def test_the_preemption_notice_flushes_at_once_and_mirroring_goes_on(
     wake.set(wake.stop)
     t.join(timeout=20)
     assert not t.is_alive() and "mirror: flushed" in lines[-1]
+
+
+def test_a_working_directory_mirror_sends_only_what_the_job_wrote(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """`--changed-dir`: the code the job was given stays home; its snapshot.pt goes up."""
+    code = tmp_path / "code"
+    (code / "__pycache__").mkdir(parents=True)
+    (code / "multinode.py").write_text("uploaded")
+    start = tmp_path / "pgid"
+    start.write_text("1")
+    started_ns = start.stat().st_mtime_ns
+    os.utime(code / "multinode.py", ns=(started_ns - 10**9, started_ns - 10**9))
+    (code / "snapshot.pt").write_bytes(b"epoch 3")
+    (code / "__pycache__" / "multinode.cpython-311.pyc").write_bytes(b"cache")
+    os.utime(code / "snapshot.pt", ns=(started_ns + 10**9, started_ns + 10**9))
+    uri = f"gs://{gcs.bucket_name}/runs/r4/workdir/n/"
+    m = Mirror(code, Target.parse(uri), gcs.client(), lambda s: None, newer_ns=started_ns)
+    m.run_once()
+    assert m.run_once() == ["snapshot.pt"]
+    assert gcs.read("runs/r4/workdir/n/snapshot.pt") == b"epoch 3"
+    back = Mirror(tmp_path / "back", Target.parse(uri), gcs.client(), lambda s: None)
+    assert back.restore() == ["snapshot.pt"]

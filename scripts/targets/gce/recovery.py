@@ -272,8 +272,9 @@ class _Pending:
                     else None
                 )
                 self.record = Recovery(
-                    self.nodes, self.at, end - self.at, self.zone, start, repeated, self.cause
-                )
+                    self.nodes, self.at, end - self.at, self.zone, start, repeated, self.cause,
+                    unit=watch.unit,
+                )  # fmt: skip
                 ui.say(line := recovery_line(self.record, self.number, self.limit, self.cause))
                 if self.announce is not None:
                     self.announce(line)
@@ -283,8 +284,8 @@ class _Pending:
 def recovery_line(r: Recovery, number: int, limit: int, cause: str = "preempted") -> str:
     """The one line a recovery prints. Pure."""
     when = time.strftime("%H:%M:%S", time.localtime(r.preempted_at))
-    step = "an unknown step" if r.resumed_from is None else f"step {r.resumed_from}"
-    again = "" if r.steps_repeated is None else f" ({r.steps_repeated} step(s) trained again)"
+    step = "an unknown step" if r.resumed_from is None else f"{r.unit} {r.resumed_from}"
+    again = "" if r.steps_repeated is None else f" ({r.steps_repeated} {r.unit}(s) trained again)"
     return (
         f"recovery {number}/{limit}: {', '.join(r.nodes)} {cause} at {when}; training again "
         f"{r.downtime_s:.0f} s later in {r.zone}, resumed from {step}{again}"

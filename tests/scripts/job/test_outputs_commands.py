@@ -94,6 +94,13 @@ def test_the_out_dir_is_restored_only_on_relaunches_with_a_bucket() -> None:
     again, stdin = restore
     assert "python3 - --restore --dir .gputrain/runs/r1/out" in again
     assert "--uri gs://b/runs/r1/out/node-1/" in again
+    # the working directory's files: beside the out dirs, into the run's workdir/ (the start
+    # links them into the new code snapshot), after this node's own newer ones were kept there
+    assert (
+        "--changed-dir .gputrain/runs/r1/workdir --changed-uri gs://b/runs/r1/workdir/node-1/"
+        in again
+    )
+    assert again.index("find code -newer pgid") < again.index("--restore")
     assert "http://h:1" not in again  # --env values come on stdin, never in an argv
     assert stdin.startswith(b"#gputrain-secrets\nGPUTRAIN_OUT_URI ")
     assert b"def restore(" in stdin  # mirror_out, before the code is there

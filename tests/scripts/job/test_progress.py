@@ -63,3 +63,23 @@ def test_a_third_party_run_summary_shows_its_log_ours_shows_its_figures(
     summarize(result, hourly_usd=None, started=time.monotonic())
     out = capsys.readouterr().out
     assert "final loss" in out and "last loss line" not in out
+
+
+def test_a_relaunch_of_multinode_py_resumes_from_the_epoch_it_says() -> None:
+    """The recovery line's figures for a trainer that counts epochs: where it resumed (its
+    `Resuming ... at Epoch N` line) and when it trained again (its first epoch line)."""
+    from scripts.job.progress import StepWatch
+
+    clock = iter([100.0, 101.0])  # the first epoch line of each attempt
+    watch = StepWatch(clock=lambda: next(clock))
+    for line in MULTINODE:  # the attempt before the preemption
+        watch.line("n0", line)
+    assert (watch.reached, watch.unit) == (49, "epoch")
+    fired: list[bool] = []
+    watch.new_attempt(lambda: fired.append(True))
+    assert watch.unit == "step"
+    watch.line("n0", "[rank0]:Resuming training from snapshot at Epoch 47")
+    assert watch.first_step_at is None and not fired  # no progress yet
+    watch.line("n0", "[rank0]:[GPU0] Epoch 47 | Batchsize: 32 | Steps: 64")
+    assert (watch.start_step, watch.unit, fired) == (47, "epoch", [True])
+    assert watch.first_step_at == 101.0

@@ -140,6 +140,8 @@ def test_the_recovery_line_and_summary_rows() -> None:
     )
     unknown = Recovery(("dev-node-1",), 1_700_000_000.0, 5.0, ZONE, None, None)
     assert "resumed from an unknown step" in recovery_line(unknown, 2, 3)
+    epochs = Recovery(("dev-node-1",), 1_700_000_000.0, 5.0, ZONE, 4, 1, unit="epoch")
+    assert recovery_line(epochs, 1, 3).endswith("resumed from epoch 4 (1 epoch(s) trained again)")
     assert recovery_rows([r, r]) == [
         ["recoveries", "2 (dev-node-1, dev-node-1)"],
         ["downtime", "83 s"],

@@ -1,0 +1,106 @@
+"""A trainer that checkpoints beside its code (pytorch/examples' `multinode.py` writes `snapshot.pt`
+into its working directory, no flag changes that) under `run --stack` on 2 test hosts: node 2 is
+preempted once its snapshot is in the bucket; on the relaunch the head keeps its own snapshot
+(the new code snapshot gets it back) and the re-created node gets its one from the bucket, so
+both resume from it, not from epoch 0, and the snapshot comes home with the results."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.support.stack_world import BUCKET, World, assert_torn_down
+
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(600)]
+
+EPOCHS = 30
+#: written for this test, in the shape of multinode.py: its lines, its snapshot in the cwd, loaded
+#: at the start if present; saved by each node's first rank (every node has its own)
+MULTINODE = f'''"""A stand-in for pytorch/examples' distributed/ddp-tutorial-series/multinode.py."""
+import os, time
+
+snapshot_path = "snapshot.pt"
+rank = int(os.environ["RANK"])
+epochs_run = 0
+if os.path.exists(snapshot_path):
+    with open(snapshot_path) as f:
+        epochs_run = int(f.read())
+    print(f"Resuming training from snapshot at Epoch {{epochs_run}}", flush=True)
+for epoch in range(epochs_run, {EPOCHS}):
+    print(f"[GPU{{rank}}] Epoch {{epoch}} | Batchsize: 32 | Steps: 4", flush=True)
+    time.sleep(0.2)
+    if int(os.environ["LOCAL_RANK"]) == 0:
+        with open(snapshot_path, "w") as f:  # in place, as torch.save does
+            f.write(str(epoch + 1))
+        print(f"Epoch {{epoch}} | Training snapshot saved at {{snapshot_path}}", flush=True)
+'''
+
+
+def snapshot_in_bucket(w: World, node: str) -> int | None:
+    """The epoch count of the node's snapshot.pt as the bucket holds it now (None: none yet)."""
+    assert w.gcs is not None
+    client = w.gcs.client()
+    if not client.bucket(BUCKET).exists():  # not before the stack's `up`
+        return None
+    for blob in client.list_blobs(BUCKET, prefix="runs/"):
+        if blob.name.endswith(f"/workdir/{node}/snapshot.pt"):
+            return int(blob.download_as_bytes())
+    return None
+
+
+def test_a_trainer_checkpointing_beside_its_code_resumes_after_a_preemption(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(bucket=True)
+    assert w.gcs is not None
+    (w.dir / "multinode.py").write_text(MULTINODE)
+    preempted_at: list[int] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if w.runner.call_names().count("up") == 1:
+                epoch = snapshot_in_bucket(w, "e2e-node-1")
+                if epoch is not None and epoch >= 3:
+                    w.preempt("e2e-node-1")
+                    preempted_at.append(epoch)
+                    return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--env", "GPUTRAIN_MIRROR_INTERVAL_S=0.3",
+        "--", "multinode.py",
+    )  # fmt: skip
+    t.join(timeout=5)
+    out = capsys.readouterr().out
+    assert rc == 0, out[-4000:]
+    assert preempted_at, "node 2's snapshot.pt never reached the bucket: " + out[-3000:]
+    split = out.index("e2e-node-1 preempted (compute.instances.preempted at")
+    before, after = out[:split], out[split:]
+    assert re.search(r"\[e2e-node-1\] \[rank\d\]:\[GPU1\] Epoch 0 \|", before)
+    # the re-created node got its snapshot back from the bucket, beside the new code
+    assert re.search(r"e2e-node-1: restored 1 file\(s\) from gs://\S+/workdir/e2e-node-1/", after)
+    for node in ("e2e-node-0", "e2e-node-1"):  # the head kept its own
+        resumed = re.search(
+            rf"\[{node}\] \[rank\d\]:Resuming training from snapshot at Epoch (\d+)", after
+        )
+        assert resumed and int(resumed.group(1)) >= preempted_at[0], (node, after[-3000:])
+    assert not re.search(r"\[GPU\d\] Epoch 0 \|", after), after[-3000:]
+    # the recovery line says where the trainer resumed, from its own lines
+    line = re.search(r"recovery 1/\d+: e2e-node-1 preempted .* resumed from epoch (\d+)", after)
+    assert line and int(line.group(1)) >= preempted_at[0], after[-3000:]
+    # what the job wrote beside its code came home; the code it was given did not
+    target = w.dir / "runs" / "stack-e2e"
+    run_dir = target / (target / "LAST_RUN").read_text().strip()
+    for node in ("e2e-node-0", "e2e-node-1"):
+        workdir = run_dir / node / "workdir"
+        assert (workdir / "snapshot.pt").read_text() == str(EPOCHS), node
+        assert not (workdir / "multinode.py").exists()
+    assert_torn_down(w)
