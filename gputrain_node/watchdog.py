@@ -282,6 +282,15 @@ def autodown(
     notifications_done()
 
 
+def tell_end(cfg: Config, run_dir: Path) -> bool:
+    """`finished` or `failed` with the run's figures, queued for the webhooks; True once sent."""
+    figures = summary_of(run_dir)
+    code = (run_dir / EXITCODE).read_text().split()[:1]
+    event = "finished" if code == ["0"] else "failed"
+    notify_later(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
+    return True
+
+
 def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time) -> int:
     """The watchdog's life: results in the bucket at the end, then (head) autodown."""
     from google.cloud import storage
@@ -291,6 +300,7 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
     uploaded = False
     compute: Compute | None = None
     said_busy: str | None = None
+    said_end = False  # finished/failed sent (only when the controller is not there to say it)
     while True:
         if (run_dir / DISARM).exists():
             log("disarmed by the controller")
@@ -302,10 +312,7 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                 uploaded = True
                 log(f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/")
                 if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
-                    figures = summary_of(run_dir)  # the controller is gone: say it ourselves
-                    code = (run_dir / EXITCODE).read_text().split()[:1]
-                    event = "finished" if code == ["0"] else "failed"
-                    notify_later(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
+                    said_end = tell_end(cfg, run_dir)  # the controller is gone: say it ourselves
             except Exception as e:  # the network: try again next round
                 log(f"could not upload the results yet: {type(e).__name__}: {e}")
         if uploaded and (not cfg.head or cfg.autodown_s is None):
@@ -314,6 +321,8 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
         if uploaded and cfg.autodown_s is not None:
             quiet = silence_s(run_dir, clock())
             if quiet >= cfg.autodown_s:
+                if not said_end:  # the controller went away after the job's end: say it now
+                    said_end = tell_end(cfg, run_dir)
                 try:
                     compute = compute or Compute(cfg.project)
                     ends = node_ends(cfg, bucket)
