@@ -87,7 +87,7 @@ class ReplicaOutputs:
 
     def start(self) -> None:
         self.thread = threading.Thread(
-            target=run, args=(self.mirror, self.interval_s, self.wake), daemon=True
+            target=run, args=([self.mirror], self.interval_s, self.wake), daemon=True
         )
         self.thread.start()
 

@@ -285,7 +285,10 @@ def autodown(
 def tell_end(cfg: Config, run_dir: Path) -> bool:
     """`finished` or `failed` with the run's figures, queued for the webhooks; True once sent."""
     figures = summary_of(run_dir)
-    code = (run_dir / EXITCODE).read_text().split()[:1]
+    try:
+        code = (run_dir / EXITCODE).read_text().split()[:1]
+    except OSError:  # never this watchdog's failure: say what it knows
+        code = []
     event = "finished" if code == ["0"] else "failed"
     notify_later(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
     return True
