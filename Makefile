@@ -38,7 +38,8 @@ typecheck: venv
 # every other file in tests/testbed (a new one lands there). With two halves the machine sat half
 # idle for the last ~3 minutes, the halves waiting on their sleeps and timeouts.
 BED_A := $(addprefix tests/testbed/,test_autodown.py test_lifecycle.py test_fabric.py \
-	test_data.py test_verify_gpus.py test_connect.py test_environment.py test_results_dir.py)
+	test_data.py test_verify_gpus.py test_connect.py test_environment.py test_results_dir.py \
+	test_laptop_closed.py)
 BED_B := $(addprefix tests/testbed/,test_spot_recovery.py test_watch_stack.py test_nanogpt.py \
 	test_outputs.py test_fleet_scale.py test_cli_hosts.py test_user_packages.py)
 
