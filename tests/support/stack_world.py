@@ -325,3 +325,39 @@ def assert_torn_down(w: World) -> None:
 
     storage = StorageApi() if w.gcs else None
     assert sweep("gputrain-test", "e2e", api=ComputeApi(w.compute.url), storage=storage) == []
+
+
+def bucket_object(w: World, suffix: str) -> bytes | None:
+    """The first object under the bucket's runs/ whose name ends with `suffix` (None: none yet,
+    or no bucket before the stack's `up`)."""
+    assert w.gcs is not None
+    client = w.gcs.client()
+    if not client.bucket(BUCKET).exists():
+        return None
+    for blob in client.list_blobs(BUCKET, prefix="runs/"):
+        if blob.name.endswith(suffix):
+            return bytes(blob.download_as_bytes())
+    return None
+
+
+def preempt_when(
+    w: World, node: str, progress: Callable[[], int | None], at_least: int, within_s: float = 240
+) -> tuple[threading.Thread, list[int]]:
+    """A thread that preempts `node` once, after the first `up`, as soon as `progress()` (what
+    the bucket holds of the node's state) reaches `at_least`; the list gets the progress seen."""
+    seen: list[int] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if w.runner.call_names().count("up") == 1:
+                reached = progress()
+                if reached is not None and reached >= at_least:
+                    w.preempt(node)
+                    seen.append(reached)
+                    return
+            time.sleep(0.2)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t, seen

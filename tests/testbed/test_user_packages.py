@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-import time
 from collections.abc import Callable
 
 import pytest
 
-from tests.support.stack_world import BUCKET, World, assert_torn_down
+from tests.support.stack_world import World, assert_torn_down, bucket_object, preempt_when
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(600)]
 
@@ -43,18 +41,6 @@ for step in range(start, 120):
 '''
 
 
-def state_in_bucket(w: World, node: str) -> int | None:
-    """The step of the node's state.json as the bucket holds it now (None: none yet)."""
-    assert w.gcs is not None
-    client = w.gcs.client()
-    if not client.bucket(BUCKET).exists():  # not before the stack's `up`
-        return None
-    for blob in client.list_blobs(BUCKET, prefix="runs/"):
-        if blob.name.endswith(f"/out/{node}/state.json"):
-            return int(json.loads(blob.download_as_bytes())["step"])
-    return None
-
-
 @pytest.mark.parametrize("package", ["trainer", "gputrain_node"])
 def test_a_users_package_named_like_ours_keeps_its_out_dir_through_a_preemption(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str], package: str
@@ -64,21 +50,12 @@ def test_a_users_package_named_like_ours_keeps_its_out_dir_through_a_preemption(
     (w.dir / package).mkdir()
     (w.dir / package / "__init__.py").write_text(INIT)
     (w.dir / package / "train.py").write_text(TRAIN.format(package=package))
-    preempted_at: list[int] = []
 
-    def watch() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if w.runner.call_names().count("up") == 1:
-                step = state_in_bucket(w, "e2e-node-1")
-                if step is not None and step >= 20:
-                    w.preempt("e2e-node-1")
-                    preempted_at.append(step)
-                    return
-            time.sleep(0.2)
+    def state() -> int | None:  # the step of node 2's state.json as the bucket holds it now
+        found = bucket_object(w, "/out/e2e-node-1/state.json")
+        return None if found is None else int(json.loads(found)["step"])
 
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
+    t, preempted_at = preempt_when(w, "e2e-node-1", state, at_least=20)
     rc = w.run(
         "run", "--stack", "e2e", "--yes", "--skip-preflight",
         "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--env", "GPUTRAIN_MIRROR_INTERVAL_S=0.3",

@@ -7,13 +7,11 @@ both resume from it, not from epoch 0, and the snapshot comes home with the resu
 from __future__ import annotations
 
 import re
-import threading
-import time
 from collections.abc import Callable
 
 import pytest
 
-from tests.support.stack_world import BUCKET, World, assert_torn_down
+from tests.support.stack_world import World, assert_torn_down, bucket_object, preempt_when
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(600)]
 
@@ -40,39 +38,18 @@ for epoch in range(epochs_run, {EPOCHS}):
 '''
 
 
-def snapshot_in_bucket(w: World, node: str) -> int | None:
-    """The epoch count of the node's snapshot.pt as the bucket holds it now (None: none yet)."""
-    assert w.gcs is not None
-    client = w.gcs.client()
-    if not client.bucket(BUCKET).exists():  # not before the stack's `up`
-        return None
-    for blob in client.list_blobs(BUCKET, prefix="runs/"):
-        if blob.name.endswith(f"/workdir/{node}/snapshot.pt"):
-            return int(blob.download_as_bytes())
-    return None
-
-
 def test_a_trainer_checkpointing_beside_its_code_resumes_after_a_preemption(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world(bucket=True)
     assert w.gcs is not None
     (w.dir / "multinode.py").write_text(MULTINODE)
-    preempted_at: list[int] = []
 
-    def watch() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if w.runner.call_names().count("up") == 1:
-                epoch = snapshot_in_bucket(w, "e2e-node-1")
-                if epoch is not None and epoch >= 3:
-                    w.preempt("e2e-node-1")
-                    preempted_at.append(epoch)
-                    return
-            time.sleep(0.2)
+    def epochs() -> int | None:  # the epoch count of node 2's snapshot.pt in the bucket now
+        found = bucket_object(w, "/workdir/e2e-node-1/snapshot.pt")
+        return None if found is None else int(found)
 
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
+    t, preempted_at = preempt_when(w, "e2e-node-1", epochs, at_least=3)
     rc = w.run(
         "run", "--stack", "e2e", "--yes", "--skip-preflight",
         "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--env", "GPUTRAIN_MIRROR_INTERVAL_S=0.3",
