@@ -19,6 +19,23 @@ TRAIN = ["--preset", "tiny", "--steps", "120", "--checkpoint-every", "10", "--lo
 TRAIN += ["--eval-batches", "0"]
 
 
+def run_with_fault_at_checkpoint(
+    w: World, fault: Callable[[], None], capsys: pytest.CaptureFixture[str]
+) -> tuple[str, str]:
+    """`run --stack` of the reference trainer, `fault` injected once its step-20 checkpoint is
+    in the bucket; the run must succeed. Its stdout and stderr."""
+    t = w.at_checkpoint(20, fault)
+    assert w.gcs is not None
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", "-m", "trainer.train", *TRAIN,
+    )  # fmt: skip
+    t.join(timeout=5)
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-4000:] + err[-2000:]
+    return out, err
+
+
 def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
     world: Callable[..., World],
     capsys: pytest.CaptureFixture[str],
@@ -36,15 +53,7 @@ def test_an_xid_on_a_stack_replaces_the_node_and_the_run_resumes(
         keys.append(host.host_key)
         w.bed.set_gpus(host.name, GpuConfig(count=1, timeline=(BUSY, GpuPhase(util_pct=0, xid=79))))
 
-    t = w.at_checkpoint(20, xid)
-    assert w.gcs is not None
-    rc = w.run(
-        "run", "--stack", "e2e", "--yes", "--skip-preflight",
-        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", "-m", "trainer.train", *TRAIN,
-    )  # fmt: skip
-    t.join(timeout=5)
-    out, err = capsys.readouterr()
-    assert rc == 0, out[-4000:] + err[-2000:]
+    out, err = run_with_fault_at_checkpoint(w, xid, capsys)
     assert faulty and "GPU fault during the run: node e2e-node-1 GPU 0: Xid 79" in err
     assert "e2e-node-1 lost to a GPU fault (GPU 0: Xid 79): recovering (1/3)" in out
     assert "recovery 1/3: e2e-node-1 lost to a GPU fault at" in out
@@ -83,15 +92,7 @@ def test_an_xid_the_job_caused_is_reported_and_buys_no_new_node(
             host.name, GpuConfig(count=1, timeline=(BUSY, GpuPhase(util_pct=97, xid=13)))
         )
 
-    t = w.at_checkpoint(20, xid)
-    assert w.gcs is not None
-    rc = w.run(
-        "run", "--stack", "e2e", "--yes", "--skip-preflight",
-        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", "-m", "trainer.train", *TRAIN,
-    )  # fmt: skip
-    t.join(timeout=5)
-    out, err = capsys.readouterr()
-    assert rc == 0, out[-4000:] + err[-2000:]
+    out, err = run_with_fault_at_checkpoint(w, xid, capsys)
     assert "node e2e-node-1 GPU 0: Xid 13 (graphics engine exception" in err
     assert "caused by the job's own GPU code, not by the GPU (no node is replaced)" in err
     assert "recovering" not in out and "GPU fault during the run" not in err
