@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
@@ -162,20 +163,36 @@ class SettingTypeError(ValueError):
         self.key, self.value, self.allowed = key, value, allowed_text
 
 
-def check_types(settings: dict[str, Any]) -> None:
-    """Refuse the first setting whose YAML shape its key does not take (`setup: 5`, `secrets:
-    NAME`, `nodes: ٣`). Keys it does not know are left to parse_spec's "did you mean" line;
-    `secure:` values are skipped (only the CLI decrypts them)."""
-    known = {
+def ours(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The values the model takes of a `gputrain:` mapping (unqualified keys): keys it does not
+    know are left to parse_spec's "did you mean" line, unset (null) values to their defaults,
+    and `secure:` values out (only the CLI decrypts them)."""
+    return {
         k: v
         for k, v in settings.items()
         if k in StackSettings.model_fields
         and v is not None
         and not (isinstance(v, dict) and "secure" in v and k == "sshPrivateKey")
     }
+
+
+def load_settings(settings: Mapping[str, Any]) -> StackSettings:
+    """The typed settings, validated once: SettingTypeError for the first value whose YAML
+    shape its key does not take (`setup: 5`, `secrets: NAME`, `nodes: ٣`)."""
+    known = ours(settings)
     try:
-        StackSettings.model_validate(known)
+        return StackSettings.model_validate(known)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = str(first["loc"][0])
         raise SettingTypeError(key, known[key], allowed(key)) from None
+
+
+def check_types(settings: dict[str, Any]) -> None:
+    """Refuse the first setting whose YAML shape its key does not take (see load_settings)."""
+    load_settings(settings)
+
+
+def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
+    """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
+    return {key: config_string(value) for key, value in values.items()}

@@ -20,7 +20,7 @@ from infra.schema import DEFAULT_IMAGE_FAMILY as DEFAULT_IMAGE_FAMILY
 from infra.schema import DEFAULT_IMAGE_PROJECT as DEFAULT_IMAGE_PROJECT
 from infra.schema import DEFAULTS as DEFAULTS
 from infra.schema import FALLBACK_IMAGE_FAMILY as FALLBACK_IMAGE_FAMILY
-from infra.schema import SettingTypeError, check_types, config_string
+from infra.schema import SettingTypeError, StackSettings, config_strings, load_settings
 
 PROJECT = "gputrain"
 NS = f"{PROJECT}:"
@@ -175,6 +175,7 @@ class StackFile:
     stack: str
     config: dict[str, str]  # Pulumi.yaml defaults merged with Pulumi.<stack>.yaml
     secrets: StackSecrets
+    settings: StackSettings  # the `gputrain:` keys typed (infra/schema.py), checked once
 
 
 STACK_NAME = re.compile(r"^[a-z](?:[a-z0-9-]{0,19}[a-z0-9])?$")
@@ -208,23 +209,23 @@ def read_stack_file(root: Path, stack: str) -> StackFile:
     stack_doc = _read_yaml(stack_file, stack)
     stack_section = _config_section(stack_doc, stack_file, stack)
     check_stack_section(stack_section, stack_file.name, stack)
-    check_setting_types(stack_section, stack_file.name, stack)
-    merged: dict[str, str] = {}
+    values: dict[str, Any] = {}  # qualified key -> YAML value: the project's, then the stack's
     for key, decl in project.items():
         if isinstance(decl, dict):
             if "secure" in decl:
                 continue
             if "value" in decl:
-                merged[qualify(key)] = config_string(decl["value"])
+                values[qualify(key)] = decl["value"]
             elif "default" in decl:
-                merged[qualify(key)] = config_string(decl["default"])
+                values[qualify(key)] = decl["default"]
         else:
-            merged[qualify(key)] = config_string(decl)
+            values[qualify(key)] = decl
     for key, value in stack_section.items():
-        if isinstance(value, dict) and "secure" in value:
-            continue
-        merged[qualify(key)] = config_string(value)
-    return StackFile(stack, merged, _secrets_of(stack_doc))
+        if not (isinstance(value, dict) and "secure" in value):
+            values[qualify(key)] = value
+    given = {qualify(k) for k in stack_section}
+    settings = typed_settings(values, given, stack_file.name, stack)
+    return StackFile(stack, config_strings(values), _secrets_of(stack_doc), settings)
 
 
 def load_stack_config(root: Path, stack: str) -> dict[str, str]:
@@ -313,17 +314,17 @@ def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:
         )
 
 
-def check_setting_types(section: dict[str, Any], file: str, stack: str) -> None:
-    """A value whose YAML shape its key does not take (infra/schema.py), one line naming the
-    file, the key, the value and what the key takes."""
-    ours = {k[len(NS) :]: v for k, v in section.items() if qualify(k).startswith(NS)}
-    ours = {k: v for k, v in ours.items() if ":" not in k}
+def typed_settings(values: dict[str, Any], given: set[str], file: str, stack: str) -> StackSettings:
+    """The typed model of the merged settings (infra/schema.py), validated once; a value whose
+    YAML shape its key does not take is one line naming the file (the stack's where it set the
+    key, else Pulumi.yaml), the key, the value and what the key takes."""
+    ours = {k[len(NS) :]: v for k, v in values.items() if k.startswith(NS)}
     try:
-        check_types(ours)
+        return load_settings({k: v for k, v in ours.items() if ":" not in k})
     except SettingTypeError as e:
-        shown = _shown(e.value)
+        where = file if NS + e.key in given else "Pulumi.yaml"
         raise SpecError(
-            f"stack = {stack!r}: {file}: {NS}{e.key} = {shown}: allowed: {e.allowed}"
+            f"stack = {stack!r}: {where}: {NS}{e.key} = {_shown(e.value)}: allowed: {e.allowed}"
         ) from None
 
 

@@ -20,6 +20,7 @@ from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Ta
 from scripts.watch.settings import WatchSettings, watch_settings
 
 if TYPE_CHECKING:
+    from infra.schema import StackSettings
     from infra.spec import ClusterSpec
     from scripts.job.container import ImageRef
     from scripts.job.environment import Environment, EnvironmentSettings
@@ -44,6 +45,7 @@ class RunPlan:
     selector: str  # the target as the user named it (`--stack dev`), for the way back
     label: str  # what notifications call the target
     spec: ClusterSpec | None  # a stack's validated spec
+    stack_settings: StackSettings | None  # its stack file's keys, typed: read and checked once
     datasets: tuple[Dataset, ...]  # listed once, here
     environment: Environment | None  # requirements + setup the nodes prepare
     secrets: JobSecrets  # values (SSH nodes) or references (a Vertex job)
@@ -111,6 +113,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
         selector=opts.selector or declared.name,
         label=declared.label,
         spec=declared.spec,
+        stack_settings=declared.stack_settings,
         datasets=datasets,
         environment=environment,
         secrets=secrets,

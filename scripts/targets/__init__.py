@@ -25,13 +25,13 @@ def open_target(
     """The target the command line chose: --stack NAME (its `backend` picks GCE or Vertex AI),
     --hosts FILE, else --local."""
     if stack:
-        from infra.fields import ConfigReader
+        from infra.fields import CHECK
         from infra.stackfile import BACKENDS, read_stack_file
         from scripts.targets.gce.clients import GceClients
 
         gce = gce or GceClients()
-        stack_file = read_stack_file(settings.root, stack)  # once: the target parses it once
-        if ConfigReader(stack_file.config).choice("backend", BACKENDS) == "vertex":
+        stack_file = read_stack_file(settings.root, stack)  # once: typed, checked, handed on
+        if CHECK.one_of("backend", stack_file.settings.backend.strip(), BACKENDS) == "vertex":
             from scripts.targets.vertex import VertexTarget
             from scripts.targets.vertex.clients import VertexClients
 

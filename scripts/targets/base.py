@@ -23,6 +23,7 @@ from scripts.job.environment import EnvironmentSettings
 from scripts.job.records import Job, JobResult
 
 if TYPE_CHECKING:
+    from infra.schema import StackSettings
     from infra.spec import ClusterSpec
     from scripts.job.container import ImageRef
     from scripts.job.image_build import PlannedBuild
@@ -69,6 +70,7 @@ class Declared:
     environment: EnvironmentSettings = field(default_factory=EnvironmentSettings)  # setup...
     notify: tuple[str, ...] = ()  # the file's `notify` webhook URLs
     spec: ClusterSpec | None = None  # a stack's validated spec
+    stack_settings: StackSettings | None = None  # a stack file's keys, typed (infra/schema.py)
 
 
 @dataclass(frozen=True)

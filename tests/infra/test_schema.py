@@ -81,6 +81,28 @@ def test_the_shapes_a_key_takes_load_as_the_cli_hands_them_on(
     assert _load(tmp_path, f"config:\n  {line}\n")[key] == value
 
 
+def test_one_load_gives_the_typed_settings_beside_the_strings(tmp_path: Path) -> None:
+    """Each key typed once at load (the project's defaults, then the stack's values): readers
+    take `secrets` as a list and `nodes` as a number, never parsing the CLI's strings again."""
+    _load(tmp_path, "config:\n  gputrain:nodes: '2'\n  gputrain:secrets: [HF_TOKEN]\n")
+    loaded = stackfile.read_stack_file(tmp_path, "s")
+    typed = loaded.settings
+    assert (typed.nodes, typed.secrets, typed.spot) == (2, ["HF_TOKEN"], None)
+    assert (typed.maxRunDuration, typed.backend) == ("6h", "gce")  # Pulumi.yaml's defaults
+    assert loaded.config["gputrain:secrets"] == '["HF_TOKEN"]'  # the program's string view
+
+
+def test_a_bad_default_in_pulumi_yaml_names_that_file(tmp_path: Path) -> None:
+    project = (ROOT / "Pulumi.yaml").read_text().replace("default: L4:1", "default: 5", 1)
+    (tmp_path / "Pulumi.yaml").write_text(project)
+    (tmp_path / "Pulumi.s.yaml").write_text("config:\n  gputrain:nodes: 1\n")
+    with pytest.raises(SpecError) as err:
+        stackfile.read_stack_file(tmp_path, "s")
+    assert str(err.value) == (
+        "stack = 's': Pulumi.yaml: gputrain:gpus = 5: allowed: a string or a list of strings"
+    )
+
+
 def test_an_unknown_key_is_left_to_the_did_you_mean_line(tmp_path: Path) -> None:
     config = deployable_config("dev") | _load(tmp_path, "config:\n  gputrain:node: 5\n")
     with pytest.raises(SpecError, match=r"gputrain:node: not a gputrain setting.*did you mean"):

@@ -153,6 +153,9 @@ def test_a_good_plan_holds_what_the_run_needs_and_makes_nothing(
         "https://hooks.example/env",
     )  # the flag's, the environment's, the file's: each once
     assert p.spec is not None and p.spec.stack == "dev" and p.label == "dev"
+    assert p.stack_settings is not None and p.stack_settings.notify == [
+        "https://hooks.example/file"
+    ]  # the stack file's keys, typed at its one load
     assert p.selector == "stack-dev" and p.entry == ("job.py",) and p.max_recoveries == 3
     assert p.autodown_s == p.spec.autodown_s and p.autodown_s
     assert p.results_dir == project / "runs" / "stack-dev" / p.run_id

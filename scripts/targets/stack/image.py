@@ -6,7 +6,6 @@ so no GPU is created before the image is in the registry. See scripts/job/image_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def plan_stack_build(
-    spec: ClusterSpec, config: Mapping[str, str], opts: RunOptions, root: Path
+    spec: ClusterSpec, stack_image: str, opts: RunOptions, root: Path
 ) -> PlannedBuild | None:
     """The Dockerfile to build (`--build` relative to this directory, the stack's `build`
     relative to the project directory) read and hashed; None: nothing to build. One line for
@@ -33,7 +32,7 @@ def plan_stack_build(
     if not path:
         return None
     setting = "--build" if opts.build else f"{NS}build"
-    image = opts.image or config.get(NS + "image", "").strip()
+    image = opts.image or stack_image.strip()
     if image:
         from scripts.job.image_build import image_conflict
 

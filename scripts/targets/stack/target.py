@@ -152,6 +152,7 @@ class StackTarget(Generic[C, P]):
             environment=self.environment_settings(),
             notify=spec.notify,
             spec=spec,
+            stack_settings=self.stack_file.settings,
         )
 
     def spec_at(self, chosen: Candidate) -> ClusterSpec:
@@ -184,23 +185,18 @@ class StackTarget(Generic[C, P]):
     def environment_settings(self) -> EnvironmentSettings:
         """The stack's `setup`, `secrets` and `image` keys (gputrain reads them; the program
         does not)."""
-        from infra.stackfile import GCP_PROJECT_KEY, NS
-        from scripts.job.environment import (
-            EnvironmentSettings,
-            file_setting_names,
-            file_setting_text,
-        )
+        from infra.stackfile import GCP_PROJECT_KEY
+        from scripts.job.environment import EnvironmentSettings
 
-        config = self.stack_file.config
-        vertex = config.get(NS + "backend") == "vertex"
+        typed = self.stack_file.settings  # shapes checked at load: `setup` a string, ...
         return EnvironmentSettings(
-            setup=file_setting_text(config.get(NS + "setup"), "gputrain:setup"),
-            secrets=file_setting_names(config.get(NS + "secrets"), "gputrain:secrets"),
-            image=config.get(NS + "image", "").strip(),  # vertex: the job's container
+            setup=typed.setup,
+            secrets=tuple(typed.secrets),
+            image=typed.image.strip(),  # vertex: the job's container
             build=self.spec().build,
-            project=config.get(GCP_PROJECT_KEY) or None,
+            project=self.stack_file.config.get(GCP_PROJECT_KEY) or None,
             source="gputrain:",
-            backend_without_ssh="vertex" if vertex else None,
+            backend_without_ssh="vertex" if typed.backend.strip() == "vertex" else None,
         )
 
     # ---- the backend's hooks: each takes the context, returns what it made
@@ -287,7 +283,9 @@ class StackTarget(Generic[C, P]):
         if self._planned is None:
             from scripts.targets.stack.image import plan_stack_build
 
-            built = plan_stack_build(self.spec(), self.stack_file.config, opts, self.settings.root)
+            built = plan_stack_build(
+                self.spec(), self.stack_file.settings.image, opts, self.settings.root
+            )
             self._planned = (built,)
         return self._planned[0]
 
