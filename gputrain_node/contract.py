@@ -61,6 +61,7 @@ OUT_URI_ENV = "GPUTRAIN_OUT_URI"  # gs://BUCKET/PREFIX/: each node's out dir und
 ATTEMPT_ENV = "GPUTRAIN_ATTEMPT"  # this attempt's number (1 = the first)
 MIRROR_INTERVAL_ENV = "GPUTRAIN_MIRROR_INTERVAL_S"  # seconds between the mirror's passes
 RESUME_ARGS_ENV = "GPUTRAIN_RESUME_ARGS"  # Vertex: --resume-args as a JSON list
+CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"  # the reference trainer's checkpoints: gs://...
 WATCH_DIR_ENV = "GPUTRAIN_WATCH_DIR"  # the run's watch/ dir: telemetry, stacks, markers
 HEARTBEAT_ENV = "GPUTRAIN_HEARTBEAT"  # the trainer touches <this>.rank<RANK> after a step
 WATCH_PREEMPTION_ENV = "GPUTRAIN_WATCH_PREEMPTION"  # spot nodes: watch the metadata server

@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from types import FrameType
 
 from gputrain_node.contract import (
     ATTEMPT_ENV,
+    CHECKPOINT_URI_ENV,
     MIRROR_INTERVAL_ENV,
     OUT_ENV,
     OUT_URI_ENV,
@@ -40,21 +42,77 @@ from gputrain_node.contract import (
     SECRET_REFS_ENV,
 )
 from gputrain_node.fetch_data import FetchError, copy_on_vertex
+from gputrain_node.mirror_out import Target
 from gputrain_node.vertex_mirror import (
     ATTEMPT_FILE,
+    InputError,
     ReplicaOutputs,
     resume_args,
 )
 from gputrain_node.vertex_setup import SETUP_LOG, SetupFailed, prepare
-from trainer.config import CHECKPOINT_URI_ENV, parse_config
-from trainer.errors import InputError
-from trainer.storage import parse_gs_uri, upload_files
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
 OUTPUTS = ("summary.json", "metrics.jsonl")  # first; then every other file of the out dir
 TRAINER = ("-m", "trainer.train")
 BARRIER_GRACE_S = 3.0  # after a stop signal: how long torchrun may outlive all its workers
 CHECKPOINT_FILE = "ckpt-"  # local checkpoint copies: the bucket has them under AIP_CHECKPOINT_DIR
+#: GCS bucket names (the dotted 222-character form is not used here).
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
+
+
+def parse_gs_uri(value: str, setting: str) -> Target:
+    """`gs://BUCKET[/PREFIX]`; anything else is one line naming the setting."""
+    bucket, _, prefix = value.removeprefix("gs://").partition("/")
+    if (
+        not value.startswith("gs://")
+        or not BUCKET.match(bucket)
+        or bucket.startswith("goog")
+        or "google" in bucket
+        or "//" in prefix
+    ):
+        raise InputError(
+            f"{setting} {value}: must be gs://BUCKET[/PREFIX], BUCKET 3-63 of a-z 0-9 - _ . "
+            "starting and ending with a letter or digit, without 'goog' as prefix or 'google'"
+        )
+    return Target.parse(value)
+
+
+def upload_files(paths: list[Path], where: Target) -> list[str]:
+    """Plain copies of the run's outputs under `where`; missing files are skipped."""
+    from google.cloud import storage
+
+    bucket = storage.Client().bucket(where.bucket)
+    sent = []
+    for path in paths:
+        if path.is_file():
+            bucket.blob(where.prefix + path.name).upload_from_filename(str(path), checksum="crc32c")
+            sent.append(path.name)
+    return sent
+
+
+def reference_trainer(program: tuple[str, ...]) -> bool:
+    """Whether the entry is gputrain's reference trainer: `-m trainer.train` (or bare flags)
+    where the job's package carries gputrain's `trainer`, not a `trainer/` of the user's own."""
+    if program != TRAINER:
+        return False
+    try:
+        import gputrain_code  # only in the job's package (scripts/targets/vertex/job.py)
+    except ImportError:
+        return True  # run from a checkout of gputrain: its own trainer
+    return bool(getattr(gputrain_code, "REFERENCE_TRAINER", True))
+
+
+def reference_config(args: list[str]) -> tuple[str, bool]:
+    """(the out dir, whether on CPU) from the reference trainer's flags: bad flags fail here,
+    in one line, before torchrun starts. Imported only for it: `trainer` is gputrain's then."""
+    from trainer.config import parse_config
+    from trainer.errors import InputError as TrainerInputError
+
+    try:
+        cfg = parse_config(args)
+    except TrainerInputError as e:
+        raise InputError(str(e)) from None
+    return cfg.out, cfg.device == "cpu"
 
 
 @dataclass(frozen=True)
@@ -251,7 +309,7 @@ def replica_outputs(
     """The out dir's mirror where the session asked for one (GPUTRAIN_OUT_URI) and the entry is
     not the reference trainer (bare flags are its flags: it checkpoints to the bucket itself)."""
     uri = env.get(OUT_URI_ENV)
-    if not uri or program == TRAINER:
+    if not uri or reference_trainer(program):
         return None
     parse_gs_uri(uri, OUT_URI_ENV)
     interval = env.get(MIRROR_INTERVAL_ENV) or "10"
@@ -340,9 +398,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.pop(SECRET_REFS_ENV, None)
         args = [expand_out(a, os.environ[OUT_ENV]) for a in args]
         out, cpu = Path(os.environ[OUT_ENV]), False
-        if program == TRAINER:
-            cfg = parse_config(args)  # bad trainer flags fail here, before torchrun starts
-            out, cpu = workdir / cfg.out, cfg.device == "cpu"
+        if reference_trainer(program):
+            out_dir, cpu = reference_config(args)
+            out = workdir / out_dir
         mirrored = replica_outputs(os.environ, out, placement.node_rank, program)
         extra = [expand_out(a, os.environ[OUT_ENV]) for a in resume_args(os.environ)]
     except InputError as e:
@@ -355,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{processes}, rendezvous {placement.master_addr}:{placement.master_port}, "
         f"runs {' '.join(program)} in {workdir}, "
         f"checkpoints {os.environ.get(CHECKPOINT_URI_ENV) or 'local only'}, "
-        f"outputs {model_dir or 'local only'}",
+        f"outputs {model_dir.uri if model_dir else 'local only'}",
         flush=True,
     )
     if mirrored is not None:  # a restart's files come back before anything writes there
@@ -388,10 +446,12 @@ def main(argv: list[str] | None = None) -> None:
     if placement.node_rank == 0 and model_dir is not None:  # on failure too: the results so far
         try:
             sent = upload_files(output_files(out), model_dir)
-            print(f"vertex: copied {', '.join(sent) or 'nothing'} to {model_dir}", flush=True)
+            print(f"vertex: copied {', '.join(sent) or 'nothing'} to {model_dir.uri}", flush=True)
         except Exception as e:  # the training's own status still decides the exit code
             print(
-                f"vertex: copying outputs to {model_dir} failed: {e}", file=sys.stderr, flush=True
+                f"vertex: copying outputs to {model_dir.uri} failed: {e}",
+                file=sys.stderr,
+                flush=True,
             )
             status = status or 1
     sys.exit(status)

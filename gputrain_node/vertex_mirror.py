@@ -20,9 +20,15 @@ from typing import Any
 
 from gputrain_node.contract import RESUME_ARGS_ENV
 from gputrain_node.mirror_out import Mirror, Target, Wake, run
-from trainer.errors import InputError
 
 ATTEMPT_FILE = ".gputrain-attempt"  # in the out dir: how many times this replica has started
+
+
+class InputError(Exception):
+    """A malformed setting of the job's environment or entry; the message names it. The node
+    package's own: the job's `trainer` may be the user's, not gputrain's."""
+
+    exit_code = 2
 
 
 def replica_name(node_rank: int) -> str:

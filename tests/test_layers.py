@@ -204,3 +204,34 @@ def test_the_standalone_helpers_import_nothing_of_ours_and_spell_the_contracts_n
     assert fetch_data.RESULT_PREFIX == contract.FETCH_RESULT_PREFIX
     assert watchdog.RECORD == contract.AUTODOWN_RECORD
     assert watchdog.COMPUTE_ENDPOINT_ENV == contract.COMPUTE_ENDPOINT_ENV
+
+
+def test_the_vertex_entry_imports_no_trainer_but_for_the_reference_trainers_flags(
+    graph: dict[str, set[str]],
+) -> None:
+    """A Vertex job's package carries the user's `trainer/` when the project has one, in place
+    of gputrain's: the entry and every node module it reaches import nothing of `trainer` at
+    module level, and inside functions only where the Vertex side never goes that way (the
+    reference trainer's own flags; mirror_out's command line, which runs on GCE nodes)."""
+    reached, todo = set(), [contract.VERTEX_ENTRY]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += [m for m in graph[module] if m.startswith(contract.PACKAGE + ".")]
+    assert {"gputrain_node.vertex_setup", "gputrain_node.vertex_mirror"} <= reached
+    found = set()
+    for module in reached:
+        tree = ast.parse(contract.source_of(module).read_text())
+        for node in tree.body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.split(".")[0] == "trainer"], module
+        found |= {
+            (module.split(".")[1], fn.name)
+            for fn in ast.walk(tree)
+            if isinstance(fn, ast.FunctionDef)
+            for node in ast.walk(fn)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "trainer"
+        }
+    assert found == {("vertex_entry", "reference_config"), ("mirror_out", "main")}

@@ -24,7 +24,7 @@ from gputrain_node.vertex_entry import (
 )
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.trainer_helpers import ROOT, child_env, free_port
-from trainer.errors import InputError
+from gputrain_node.vertex_mirror import InputError
 from trainer.storage import MANIFEST_SUFFIX
 
 
@@ -363,3 +363,53 @@ def test_a_torchrun_deaf_to_the_stop_is_killed_only_once_its_workers_are_gone(
         assert proc.returncode == 128 + signal.SIGKILL
         assert "torchrun's workers have ended and it still waits for other nodes" in out
         assert took < 10
+
+
+def test_a_project_with_its_own_trainer_package_runs_and_mirrors_its_out_dir(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """A user project whose code lives in `trainer/` (one of ML's most common package names):
+    the job's package carries it instead of gputrain's, so the entry imports nothing of
+    `trainer` for itself, runs `-m trainer.train` as the user's own code and mirrors its out
+    dir (gputrain's reference trainer would checkpoint on its own). Installed as Vertex
+    installs it: pip, offline, into a directory that alone is on the path."""
+    from scripts.targets.vertex.job import build_sdist
+
+    work = tmp_path / "work"
+    (work / "trainer").mkdir(parents=True)
+    (work / "trainer" / "__init__.py").write_text("")
+    (work / "trainer" / "train.py").write_text(
+        "import os, sys\nfrom pathlib import Path\nimport trainer\n"
+        "out = Path(os.environ['GPUTRAIN_OUT']); out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'weights.txt').write_text(f'{sys.argv[1]} from {trainer.__file__}')\n"
+    )
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    archive, _ = build_sdist(work, tmp_path / "dist", trainer_dir=ROOT / "trainer", limit_mib=10)
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation",
+         "--no-deps", "--target", str(site), str(archive)],
+        check=True,
+    )  # fmt: skip
+    assert not (site / "trainer" / "config.py").exists()  # gputrain's trainer did not travel
+    env = child_env()
+    env["PYTHONPATH"] = str(site)  # the job's package alone, as on Vertex
+    env.update(
+        CLUSTER_SPEC=spec("workerpool0", 0).replace(CHIEF, "127.0.0.1"),
+        AIP_MODEL_DIR=f"gs://{gcs.bucket_name}/runs/u1/model/",
+        GPUTRAIN_OUT_URI=f"gs://{gcs.bucket_name}/runs/u1/out/",
+    )
+    cwd = tmp_path / "replica"
+    cwd.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "gputrain_node.vertex_entry", "-m", "trainer.train", "v1"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    user_trainer = site / "gputrain_code" / "files" / "trainer" / "__init__.py"  # the code dir
+    assert gcs.read("runs/u1/model/weights.txt") == f"v1 from {user_trainer}".encode()
+    assert "runs/u1/out/chief/weights.txt" in gcs.names("runs/u1/out/")  # mirrored

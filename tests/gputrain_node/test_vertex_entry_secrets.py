@@ -11,7 +11,7 @@ import pytest
 from gputrain_node.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV, resolve_secrets
 from scripts.job.secrets import parse_secrets, secret_references, secret_refs_env
 from tests.support.fake_secretmanager import FakeSecretManager
-from trainer.errors import InputError
+from gputrain_node.vertex_mirror import InputError
 
 
 def test_the_body_carries_references_and_the_entry_resolves_them() -> None:

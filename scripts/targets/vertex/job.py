@@ -438,6 +438,10 @@ def build_sdist(
     pkg_info = f"Metadata-Version: 2.1\nName: {SDIST_NAME}\nVersion: {SDIST_VERSION}\n"
     init = '"""gputrain job code; the working directory is ROOT."""\nfrom pathlib import Path\n\n'
     init += 'ROOT = Path(__file__).resolve().parent / "files"\n'
+    # gputrain's reference trainer travels only when the working directory has no `trainer/`:
+    # the entry then runs `-m trainer.train` as the user's own code (gputrain_node.vertex_entry)
+    reference = files.get("trainer/__init__.py") == trainer_dir / "__init__.py"
+    init += f"REFERENCE_TRAINER = {reference}\n"
     root = f"{SDIST_NAME}-{SDIST_VERSION}"
     members: list[tuple[str, bytes | Path]] = [
         (f"{root}/PKG-INFO", pkg_info.encode()),
