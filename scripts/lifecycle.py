@@ -83,7 +83,7 @@ def run_job(
         return session.run_job(job, plan.results_dir, guard)
     finally:
         elapsed = time.monotonic() - started
-        record_run(plan.target, session, plan.run_id, plan.results_dir, elapsed)  # the ledger
+        record_run(plan.spec, session, plan.run_id, plan.results_dir, elapsed)  # the ledger
         report_after_run(plan.results_dir, session.hourly_usd, elapsed)
 
 

@@ -231,8 +231,8 @@ def cost_from_args(args: argparse.Namespace, settings: Settings, target: Callabl
     billing = args.billing
     stack_file = settings.root / f"Pulumi.{args.stack}.yaml" if args.stack else None
     if billing is None and stack_file is not None and stack_file.is_file():
-        spec_of = getattr(target(), "spec", None)  # the stack target's file
-        billing = spec_of().billing_export if spec_of is not None else None
+        spec = target().declared().spec  # the stack file's billingExport
+        billing = spec.billing_export if spec is not None else None
     cost_command(
         read(settings.runs_dir), target=name, since=args.since, by=args.by, as_json=args.json,
         billing=billing,

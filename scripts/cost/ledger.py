@@ -14,9 +14,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scripts import ui
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
+    from scripts.targets.base import Session
 
 LEDGER = "ledger.jsonl"  # under runs/
 RUN_RECORD = "ledger.json"  # a run's own record, in the stack's bucket under runs/<run-id>/
@@ -143,22 +147,15 @@ def _job_outcome(results_dir: Path) -> tuple[bool | None, int, float]:
 
 
 def record_of(
-    target: Any, session: Any, run_id: str, results_dir: Path, elapsed_s: float
+    spec: ClusterSpec | None, session: Session, run_id: str, results_dir: Path, elapsed_s: float
 ) -> LedgerRecord:
-    """The run's record from what the target and session know (a stack's spec: the machine, its
-    capacity and price; a fleet: its nodes) and the job.json it left."""
+    """The run's record from the run plan's spec (a stack: the machine, its capacity and price)
+    or what the session occupies (machines that exist), and the job.json it left."""
     end = time.time()
-    spec = getattr(session, "spec", None)
-    if spec is None and getattr(target, "spec", None) is not None:
-        try:
-            spec = target.spec()
-        except Exception:  # the record never fails a run
-            spec = None
-    fleet = getattr(session, "fleet", None)
     ok, recoveries, downtime = _job_outcome(results_dir)
-    hourly = getattr(session, "hourly_usd", None)
+    hourly = session.hourly_usd
     common = dict(
-        target=str(getattr(session, "name", None) or target.name),
+        target=session.name,
         run_id=run_id,
         user=_user(),
         start=round(end - elapsed_s, 3),
@@ -183,10 +180,13 @@ def record_of(
             capacity=spec.capacity,
             price_source=f"{source}; {price_basis(spec)}" if hourly is not None else None,
         )
-    nodes = len(fleet.nodes) if fleet is not None else 1
-    gpus = fleet.expect.count if fleet is not None else 0
-    machine = "local" if fleet is None or fleet.local else "hosts"
-    return LedgerRecord(**common, nodes=nodes, machine=machine, gpus_per_node=gpus)  # type: ignore[arg-type]
+    used = session.footprint()
+    return LedgerRecord(
+        **common,  # type: ignore[arg-type]
+        nodes=used.nodes,
+        machine=used.machine,
+        gpus_per_node=used.gpus_per_node,
+    )
 
 
 def _user() -> str:
@@ -196,17 +196,18 @@ def _user() -> str:
         return "unknown"
 
 
-def record_run(target: Any, session: Any, run_id: str, results_dir: Path, elapsed_s: float) -> None:
+def record_run(
+    spec: ClusterSpec | None, session: Session, run_id: str, results_dir: Path, elapsed_s: float
+) -> None:
     """The lifecycle's one call when a run ends, success or failure: the record onto
     runs/ledger.jsonl and, for a stack, into its bucket. A failure here is a warning, never the
     run's."""
     try:
-        record = record_of(target, session, run_id, results_dir, elapsed_s)
+        record = record_of(spec, session, run_id, results_dir, elapsed_s)
         append(results_dir.parent.parent, record)
         results_dir.mkdir(parents=True, exist_ok=True)
         (results_dir / RUN_RECORD).write_text(json.dumps(record.to_json(), sort_keys=True) + "\n")
-        home = getattr(session, "ledger_bucket", None)
-        where = home() if home is not None else None
+        where = session.ledger_bucket()
         if where is not None:
             storage, bucket, prefix = where
             storage.upload(bucket, f"{prefix}runs/{run_id}/{RUN_RECORD}", results_dir / RUN_RECORD)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.base.errors import UserError
 from infra.datasets import Dataset
@@ -110,6 +110,16 @@ class RunOptions:
     budget: float | None = None  # --budget USD: what the run may cost (None: the stack's `budget`)
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """The machines a session's run occupies, as the cost ledger records a run that has no
+    stack spec to tell them (scripts/cost/ledger.py)."""
+
+    nodes: int
+    machine: str  # a machine type; "local" or "hosts" for machines gputrain did not make
+    gpus_per_node: int
+
+
 class Session(Protocol):
     """Work on a target that exists."""
 
@@ -121,6 +131,15 @@ class Session(Protocol):
     @property
     def node_count(self) -> int | None:
         """The machines it runs on (None: not ours to count, e.g. Vertex's replicas)."""
+        ...
+
+    def footprint(self) -> Footprint:
+        """What a run here occupies, for the cost ledger."""
+        ...
+
+    def ledger_bucket(self) -> tuple[Any, str, str] | None:
+        """(storage, bucket, prefix) the run's cost-ledger record also goes to; None: runs/
+        on this machine only."""
         ...
 
     def verify(self, fabric: bool = False) -> None:

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet, Node
@@ -19,6 +19,7 @@ from scripts import ui
 from scripts.guard import SignalGuard
 from scripts.job.records import Job, JobResult
 from scripts.settings import Settings
+from scripts.targets.base import Footprint
 from scripts.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -60,6 +61,15 @@ class FleetSession:
     @property
     def node_count(self) -> int:
         return len(self.fleet.nodes)
+
+    def footprint(self) -> Footprint:
+        """The fleet's machines: this one (`--local`) or a hosts file's."""
+        machine = "local" if self.fleet.local else "hosts"
+        return Footprint(len(self.fleet.nodes), machine, self.fleet.expect.count)
+
+    def ledger_bucket(self) -> tuple[Any, str, str] | None:
+        """Machines that exist have no bucket of ours: the record stays in runs/."""
+        return None
 
     @property
     def transports(self) -> dict[str, Transport]:

@@ -31,6 +31,7 @@ from scripts.job.outputs import vertex_output_env
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
 from scripts.job.secrets import secret_refs_env
 from scripts.settings import Settings
+from scripts.targets.base import Footprint
 from scripts.targets.stack.bucket import to_fetch
 from scripts.targets.stack.target import target_name
 from scripts.targets.vertex.clients import VertexClients
@@ -230,6 +231,10 @@ class VertexSession:
         """The job's $/h: every pool's replicas (the summary's cost)."""
         priced = price_pools(shapes, self.out.region, spot=self.spec.spot)
         self.hourly_usd = total_hourly(priced)
+
+    def footprint(self) -> Footprint:
+        """The job's shape as the stack asks for it (Vertex's replicas, not machines of ours)."""
+        return Footprint(self.spec.nodes, self.spec.machine_type, self.spec.gpus_per_node)
 
     def ledger_bucket(self) -> tuple[Any, str, str]:
         """(storage, bucket, prefix) where the run's cost-ledger record goes (scripts/cost)."""

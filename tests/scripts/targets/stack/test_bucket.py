@@ -284,14 +284,16 @@ def test_a_run_another_machine_recorded_in_the_bucket_comes_home_into_the_ledger
     from types import SimpleNamespace
 
     from scripts.cost.ledger import record_run
+    from scripts.targets.base import Footprint
 
     elsewhere = tmp_path / "other-machine" / "runs" / "stack-lab" / "r9"
     session = SimpleNamespace(
         name="stack-lab",
         hourly_usd=3.0,
         ledger_bucket=lambda: (StorageApi("gputrain-test"), BUCKET, ""),
+        footprint=lambda: Footprint(2, "g2-standard-8", 1),
     )
-    record_run(SimpleNamespace(name="stack-lab"), session, "r9", elsewhere, 1800.0)
+    record_run(None, session, "r9", elsewhere, 1800.0)  # type: ignore[arg-type]
     assert "runs/r9/ledger.json" in cloud.names()
     assert cloud.main("down", "--stack", "lab") == 0
     capsys.readouterr()
