@@ -301,7 +301,9 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with `only` (the command argv names), only that command's
+    arguments are built: the others are listed by `--help`, never parsed."""
     p = argparse.ArgumentParser(
         prog="gputrain",
         allow_abbrev=False,
@@ -316,6 +318,8 @@ def _parser() -> argparse.ArgumentParser:
         # no abbreviations: `run --resume X` must not be read as `--resume-args X`
         c = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         c.set_defaults(handler=handler)
+        if only is not None and name != only:
+            continue
         if name == "gpus":
             c.add_argument("what", nargs="?", help="a MODEL (H100, A100-80GB) or MEMORY+ (40GB+)")
             c.add_argument("--spot", action="store_true", help="Spot prices (default: on demand)")
@@ -539,7 +543,8 @@ def main(
 ) -> int:
     """Parse, run one handler, and turn every known failure into one line and an exit code.
     `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
-    args = _parser().parse_args(glue_resume_args(sys.argv[1:] if argv is None else argv))
+    given = glue_resume_args(sys.argv[1:] if argv is None else argv)
+    args = _parser(given[0] if given and given[0] in COMMANDS else None).parse_args(given)
     try:
         opts = _options(args)
         chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)

@@ -367,3 +367,22 @@ def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
             finished = True
     assert finished and guard.received == [signal.SIGTERM, signal.SIGINT]
     assert "teardown is in progress" in capsys.readouterr().err
+
+
+def test_the_parser_built_for_one_command_parses_and_helps_as_the_whole_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """main builds only the named command's arguments: that command's help and parse are the
+    whole parser's, and `gputrain --help` still lists every command."""
+    from scripts.cli import COMMANDS, _parser
+
+    def helped(parser: object, argv: list[str]) -> str:
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)  # type: ignore[attr-defined]
+        return capsys.readouterr().out
+
+    for name in COMMANDS:
+        assert helped(_parser(name), [name, "--help"]) == helped(_parser(), [name, "--help"])
+    assert helped(_parser("run"), ["--help"]) == helped(_parser(), ["--help"])
+    argv = ["run", "--stack", "dev", "--yes", "--env", "A=1", "--", "-m", "trainer.train"]
+    assert vars(_parser("run").parse_args(argv)) == vars(_parser().parse_args(argv))
