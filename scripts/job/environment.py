@@ -245,31 +245,3 @@ class EnvironmentSettings:
     source: str = ""  # how error lines name the file's keys, e.g. "gputrain:" or "hosts.yaml: "
     # "vertex": no SSH; the job resolves its secrets and runs the setup itself
     backend_without_ssh: str | None = None
-
-
-def file_setting_text(value: object, setting: str) -> str:
-    """A `setup` value: a (multi-line) string; UserError otherwise."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise UserError(f"{setting}: {value!r} is not allowed; expected shell commands (a string)")
-    return value
-
-
-def file_setting_names(value: object, setting: str) -> tuple[str, ...]:
-    """A `secrets` value: a list of strings (also from the JSON the Pulumi CLI hands over)."""
-    if isinstance(value, str):
-        import json
-
-        try:
-            value = json.loads(value) if value.strip() else []
-        except ValueError:
-            value = [value]
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise UserError(
-            f"{setting}: {value!r} is not allowed; expected a list like [WANDB_API_KEY, "
-            "HF_TOKEN=sm://hf-token]"
-        )
-    return tuple(value)

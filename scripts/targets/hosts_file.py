@@ -24,28 +24,34 @@ Every bad input is one UserError line naming the field, the bad value and what i
 from __future__ import annotations
 
 import ipaddress
-import math
+import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.base.validate import Checker
 from infra.datasets import Dataset, parse_datasets
 from infra.notify_urls import check_urls
-from scripts.job.environment import EnvironmentSettings, file_setting_names, file_setting_text
+from scripts.job.environment import EnvironmentSettings
 from scripts.transport.hostkeys import KnownHosts
 
-TOP_KEYS = (
-    "user", "identity_file", "known_hosts", "port", "python", "gpus", "cpu", "hosts", "data",
-    "setup", "secrets", "image", "notify",
-)  # fmt: skip
-HOST_KEYS = ("address", "internal_address", "name", "port")
-GPU_KEYS = ("model", "count", "min_memory_gb")
 MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
 MAX_GPUS_PER_HOST = 16
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -55,6 +61,130 @@ _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _names(value: Any) -> Any:
+    """`secrets`: a list, or one name (also the JSON of a list) as a string."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except ValueError:
+            value = [value]
+    return value
+
+
+def _allowed(text: str) -> Any:
+    """A field's 'what is allowed', read back for the one-line error."""
+    return {"allowed": text}
+
+
+_PORT = _allowed("expected a port number 1-65535")
+
+
+class GpusEntry(BaseModel):
+    """`gpus:` — what every host must show (nvidia-smi's name, GPUs per host, memory)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: StrictStr = Field(
+        pattern=r"\S",
+        json_schema_extra=_allowed("expected the name nvidia-smi prints, e.g. 'NVIDIA L4'"),
+    )
+    count: StrictInt = Field(
+        ge=1,
+        le=MAX_GPUS_PER_HOST,
+        json_schema_extra=_allowed(f"expected GPUs per host, 1-{MAX_GPUS_PER_HOST}"),
+    )
+    min_memory_gb: StrictInt | StrictFloat = Field(
+        0,
+        ge=0,
+        le=MAX_GPU_MEMORY_GB,
+        allow_inf_nan=False,
+        json_schema_extra=_allowed(f"expected a number of GB, 0-{MAX_GPU_MEMORY_GB}"),
+    )
+
+
+class HostEntry(BaseModel):
+    """One of `hosts:` (a bare address is `{address: ...}`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: StrictStr = Field(json_schema_extra=_allowed("expected an IP address or host name"))
+    internal_address: StrictStr | None = Field(
+        None, json_schema_extra=_allowed("expected an IP address or host name")
+    )
+    name: StrictStr | None = Field(
+        None,
+        pattern=_NAME.pattern,
+        json_schema_extra=_allowed("expected letters, digits, '.', '_' or '-' (≤ 63)"),
+    )
+    port: StrictInt | None = Field(None, ge=1, le=65535, json_schema_extra=_PORT)
+
+
+class HostsSettings(BaseModel):
+    """A hosts file's keys, their YAML shapes and defaults, checked once at load; the rules
+    between keys and what needs the disk (the key file, known_hosts) come after."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: StrictStr = Field(
+        pattern=_USER.pattern,
+        json_schema_extra=_allowed("expected a login name like 'ubuntu' (lower case, ≤ 32 chars)"),
+    )
+    identity_file: StrictStr = Field(
+        pattern=r"\S", json_schema_extra=_allowed("expected the path of the SSH private key")
+    )
+    known_hosts: StrictStr = Field(
+        DEFAULT_KNOWN_HOSTS, pattern=r"\S", json_schema_extra=_allowed("expected a file path")
+    )
+    port: StrictInt = Field(22, ge=1, le=65535, json_schema_extra=_PORT)
+    python: StrictStr = Field(
+        "python3",
+        pattern=r"^[^\n]*\S[^\n]*$",
+        json_schema_extra=_allowed("expected the path or name of the interpreter with torch"),
+    )
+    gpus: dict[StrictStr, Any] | None = Field(  # GpusEntry's keys, checked by it
+        None, json_schema_extra=_allowed("expected a mapping {model, count, min_memory_gb}")
+    )
+    cpu: StrictBool | None = Field(
+        None, json_schema_extra=_allowed("expected true (or give gpus: {model, count} instead)")
+    )
+    hosts: list[Any] = Field(
+        min_length=1,
+        json_schema_extra=_allowed("expected a non-empty list of hosts (the first is the head)"),
+    )
+    data: Any = None  # infra/datasets.py parse_datasets: its own one-line errors
+    setup: StrictStr | None = Field(
+        None, json_schema_extra=_allowed("expected shell commands (a string)")
+    )
+    secrets: Annotated[list[StrictStr], BeforeValidator(_names)] = Field(
+        [],
+        json_schema_extra=_allowed("expected a list like [WANDB_API_KEY, HF_TOKEN=sm://hf-token]"),
+    )
+    image: StrictStr | None = Field(
+        None, json_schema_extra=_allowed("expected a container image (a string)")
+    )
+    notify: Any = None  # infra/notify_urls.py check_urls: its own one-line errors
+
+
+#: The keys each mapping takes, in the order its one-line errors list them.
+TOP_KEYS = tuple(HostsSettings.model_fields)
+HOST_KEYS = tuple(HostEntry.model_fields)
+GPU_KEYS = tuple(GpusEntry.model_fields)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(w: _Checker, model: type[M], data: Mapping[str, Any], where: str = "") -> M:
+    """`data` as `model`, or the first bad value's one line: '<where><field>: <value> is not
+    allowed; <what the field allows>'."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        key = str(exc.errors()[0]["loc"][0])
+        extra = model.model_fields[key].json_schema_extra
+        assert isinstance(extra, dict)
+        raise w.fail(where + key, data.get(key), str(extra["allowed"])) from None
 
 
 @dataclass(frozen=True)
@@ -67,6 +197,7 @@ class HostsFile:
     datasets: tuple[Dataset, ...] = ()  # `data`: NAME: gs://BUCKET/PREFIX[:copy|:mount]
     environment: EnvironmentSettings = field(default_factory=EnvironmentSettings)
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
+    settings: HostsSettings | None = None  # the file's keys, typed: read and checked once
 
 
 @dataclass(frozen=True)
@@ -141,20 +272,13 @@ def parse_hosts(
         "expected a mapping with user, identity_file, hosts and gpus or cpu",
     )
     w.known_keys(data, TOP_KEYS, lambda k: f"key {k!r}")
+    typed = _validated(w, HostsSettings, data)  # the shapes, once; then the rules between keys
+    identity = _identity_file(w, typed.identity_file, base_dir)
+    expect = _expectation(w, typed, data)
+    nodes_spec = _hosts(w, typed.hosts, typed.port)
+    user, python = typed.user, typed.python
 
-    user = data.get("user")
-    if not isinstance(user, str) or not _USER.match(user):
-        raise w.fail("user", user, "expected a login name like 'ubuntu' (lower case, ≤ 32 chars)")
-    port = _port(w, "port", data.get("port", 22))
-    python = data.get("python", "python3")
-    if not isinstance(python, str) or not python.strip() or "\n" in python:
-        raise w.fail("python", python, "expected the path or name of the interpreter with torch")
-
-    identity = _identity_file(w, data.get("identity_file"), base_dir)
-    expect = _expectation(w, data)
-    nodes_spec = _hosts(w, data.get("hosts"), port)
-
-    known_hosts = _resolve(data.get("known_hosts", DEFAULT_KNOWN_HOSTS), base_dir, w, "known_hosts")
+    known_hosts = _resolve(typed.known_hosts, base_dir)
     keys_for = _known_hosts_lookup(w, known_hosts, trust_new_hosts)
     nodes: list[Node] = []
     unpinned: list[str] = []
@@ -187,16 +311,16 @@ def parse_hosts(
         identity_file=identity,
         python=python.strip(),
     )
-    datasets = tuple(parse_datasets(data.get("data"), f"{source}: data"))
+    datasets = tuple(parse_datasets(typed.data, f"{source}: data"))
     environment = EnvironmentSettings(
-        setup=file_setting_text(data.get("setup"), f"{source}: setup"),
-        secrets=file_setting_names(data.get("secrets"), f"{source}: secrets"),
-        image=file_setting_text(data.get("image"), f"{source}: image").strip(),
+        setup=typed.setup or "",
+        secrets=tuple(typed.secrets),
+        image=(typed.image or "").strip(),
         source=f"{source}: ",
     )
-    notify = data.get("notify") or []
+    notify = typed.notify or []
     urls = check_urls(notify if isinstance(notify, list) else [notify], f"{source}: notify")
-    return HostsFile(fleet, known_hosts, tuple(unpinned), datasets, environment, urls)
+    return HostsFile(fleet, known_hosts, tuple(unpinned), datasets, environment, urls, typed)
 
 
 # ---- fields ------------------------------------------------------------------------------------
@@ -208,21 +332,13 @@ def _short(value: Any) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _port(w: _Checker, field: str, value: Any) -> int:
-    return w.integer(field, value, 1, 65535, "expected a port number 1-65535")
-
-
-def _resolve(value: Any, base_dir: Path, w: _Checker, field: str) -> Path:
-    if not isinstance(value, str) or not value.strip():
-        raise w.fail(field, value, "expected a file path")
+def _resolve(value: str, base_dir: Path) -> Path:
     path = Path(os.path.expanduser(value.strip()))
     return path if path.is_absolute() else base_dir / path
 
 
-def _identity_file(w: _Checker, value: Any, base_dir: Path) -> Path:
-    if value is None:
-        raise w.fail("identity_file", value, "expected the path of the SSH private key")
-    path = _resolve(value, base_dir, w, "identity_file")
+def _identity_file(w: _Checker, value: str, base_dir: Path) -> Path:
+    path = _resolve(value, base_dir)
     if not path.is_file():
         raise w.fail("identity_file", str(path), "the private key file does not exist")
     try:
@@ -251,8 +367,8 @@ def _identity_file(w: _Checker, value: Any, base_dir: Path) -> Path:
     return path
 
 
-def _expectation(w: _Checker, data: Mapping[str, Any]) -> GpuExpectation:
-    has_gpus, cpu = "gpus" in data, data.get("cpu")
+def _expectation(w: _Checker, typed: HostsSettings, data: Mapping[str, Any]) -> GpuExpectation:
+    has_gpus, cpu = "gpus" in data, typed.cpu
     if has_gpus and "cpu" in data:
         raise w.plain("gpus/cpu", "both are given; give either gpus: {model, count} or cpu: true")
     if not has_gpus:
@@ -261,29 +377,12 @@ def _expectation(w: _Checker, data: Mapping[str, Any]) -> GpuExpectation:
         if "cpu" in data:
             raise w.fail("cpu", cpu, "expected true (or give gpus: {model, count} instead)")
         raise w.plain("gpus/cpu", "neither is given; give gpus: {model, count} or cpu: true")
-    gpus = data["gpus"]
-    if not isinstance(gpus, Mapping):
-        raise w.fail("gpus", gpus, "expected a mapping {model, count, min_memory_gb}")
-    w.known_keys(gpus, GPU_KEYS, lambda k: f"gpus.{k}")
-    model = gpus.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise w.fail("gpus.model", model, "expected the name nvidia-smi prints, e.g. 'NVIDIA L4'")
-    count = w.integer(
-        "gpus.count",
-        gpus.get("count"),
-        1,
-        MAX_GPUS_PER_HOST,
-        f"expected GPUs per host, 1-{MAX_GPUS_PER_HOST}",
-    )
-    mem = gpus.get("min_memory_gb", 0)
-    if (
-        isinstance(mem, bool)
-        or not isinstance(mem, (int, float))
-        or not math.isfinite(mem)  # .inf / .nan: no GPU has them, and int() would raise
-        or not 0 <= mem <= MAX_GPU_MEMORY_GB
-    ):
-        raise w.fail("gpus.min_memory_gb", mem, f"expected a number of GB, 0-{MAX_GPU_MEMORY_GB}")
-    return GpuExpectation(model=model.strip(), count=count, min_memory_mib=int(mem * 1024))
+    if typed.gpus is None:
+        raise w.fail("gpus", None, "expected a mapping {model, count, min_memory_gb}")
+    w.known_keys(typed.gpus, GPU_KEYS, lambda k: f"gpus.{k}")
+    gpus = _validated(w, GpusEntry, typed.gpus, "gpus.")
+    mib = int(gpus.min_memory_gb * 1024)
+    return GpuExpectation(model=gpus.model.strip(), count=gpus.count, min_memory_mib=mib)
 
 
 def _address(w: _Checker, field: str, value: Any) -> str:
@@ -304,10 +403,8 @@ def _address(w: _Checker, field: str, value: Any) -> str:
     return text
 
 
-def _hosts(w: _Checker, hosts: Any, default_port: int) -> list[tuple[str, str, str, int]]:
+def _hosts(w: _Checker, hosts: list[Any], default_port: int) -> list[tuple[str, str, str, int]]:
     """(address, internal address, name, port) per host, checked and de-duplicated."""
-    if not isinstance(hosts, list) or not hosts:
-        raise w.fail("hosts", hosts, "expected a non-empty list of hosts (the first is the head)")
     out: list[tuple[str, str, str, int]] = []
     seen_addr: dict[tuple[str, int], int] = {}
     seen_name: dict[str, int] = {}
@@ -318,16 +415,15 @@ def _hosts(w: _Checker, hosts: Any, default_port: int) -> list[tuple[str, str, s
         if not isinstance(entry, Mapping):
             raise w.fail(field, entry, "expected an address or a mapping with address")
         w.known_keys(entry, HOST_KEYS, lambda k: f"{field}.{k}")  # noqa: B023 (used at once)
-        address = _address(w, f"{field}.address", entry.get("address"))
+        host = _validated(w, HostEntry, entry, f"{field}.")
+        address = _address(w, f"{field}.address", host.address)
         internal = (
-            _address(w, f"{field}.internal_address", entry["internal_address"])
-            if entry.get("internal_address") is not None
+            _address(w, f"{field}.internal_address", host.internal_address)
+            if host.internal_address is not None
             else address
         )
-        port = _port(w, f"{field}.port", entry.get("port", default_port))
-        name = entry.get("name", address if _NAME.match(address) else f"host-{i}")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise w.fail(f"{field}.name", name, "expected letters, digits, '.', '_' or '-' (≤ 63)")
+        port = default_port if host.port is None else host.port
+        name = host.name or (address if _NAME.match(address) else f"host-{i}")
         if (address, port) in seen_addr:
             raise w.fail(
                 f"{field}.address", address, f"it duplicates hosts[{seen_addr[(address, port)]}]"

@@ -90,6 +90,8 @@ def test_good_file_builds_the_fleet(site: dict[str, object]) -> None:
     assert isinstance(worker_keys, dict)
     assert worker.host_keys == (f"ssh-ed25519 {worker_keys['ssh-ed25519']}",)  # hashed entry
     assert target.unpinned == ()
+    typed = target.settings  # the file's keys, typed at its one load, defaults filled in
+    assert typed is not None and (typed.user, typed.port, typed.secrets) == ("ubuntu", 22, [])
 
 
 def test_cpu_hosts_with_trust_new_hosts_and_no_known_hosts_yet(site: dict[str, object]) -> None:
