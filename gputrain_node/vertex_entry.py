@@ -102,7 +102,7 @@ def reference_trainer(program: tuple[str, ...]) -> bool:
     return bool(getattr(gputrain_code, "REFERENCE_TRAINER", True))
 
 
-def reference_config(args: list[str]) -> tuple[str, bool]:
+def reference_config(args: list[str]) -> tuple[Path, bool]:
     """(the out dir, whether on CPU) from the reference trainer's flags: bad flags fail here,
     in one line, before torchrun starts. Imported only for it: `trainer` is gputrain's then."""
     from trainer.config import parse_config

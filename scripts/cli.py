@@ -543,8 +543,8 @@ def main(
 ) -> int:
     """Parse, run one handler, and turn every known failure into one line and an exit code.
     `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
-    given = glue_resume_args(sys.argv[1:] if argv is None else argv)
-    args = _parser(given[0] if given and given[0] in COMMANDS else None).parse_args(given)
+    words = glue_resume_args(sys.argv[1:] if argv is None else argv)
+    args = _parser(words[0] if words and words[0] in COMMANDS else None).parse_args(words)
     try:
         opts = _options(args)
         chosen = args.stack or getattr(args, "hosts", None) or getattr(args, "local", False)

@@ -22,9 +22,9 @@ from gputrain_node.vertex_entry import (
     split_entry,
     torchrun_argv,
 )
+from gputrain_node.vertex_mirror import InputError
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.trainer_helpers import ROOT, child_env, free_port
-from gputrain_node.vertex_mirror import InputError
 from trainer.storage import MANIFEST_SUFFIX
 
 

@@ -15,10 +15,15 @@ from pathlib import Path
 import pytest
 
 from gputrain_node.vertex_entry import TRAINER, replica_outputs
-from gputrain_node.vertex_mirror import ATTEMPT_FILE, ReplicaOutputs, replica_name, resume_args
+from gputrain_node.vertex_mirror import (
+    ATTEMPT_FILE,
+    InputError,
+    ReplicaOutputs,
+    replica_name,
+    resume_args,
+)
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.trainer_helpers import child_env
-from gputrain_node.vertex_mirror import InputError
 
 JOB = """\
 import os, sys, time
