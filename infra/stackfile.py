@@ -192,7 +192,8 @@ def check_stack_name(stack: str) -> None:
 
 
 def read_stack_file(root: Path, stack: str) -> StackFile:
-    """Pulumi.yaml defaults merged with Pulumi.<stack>.yaml: fully qualified keys, string values.
+    """Pulumi.yaml defaults merged with Pulumi.<stack>.yaml, validated once into the typed
+    settings (infra/schema.py) and as the CLI's strings (fully qualified keys).
 
     Secure (encrypted) values are skipped: only the CLI can decrypt them, and the program never
     needs the one we store (sshPrivateKey); `secrets` says which keys hold them.
