@@ -163,7 +163,7 @@ class SettingTypeError(ValueError):
         self.key, self.value, self.allowed = key, value, allowed_text
 
 
-def ours(settings: Mapping[str, Any]) -> dict[str, Any]:
+def _known(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The values the model takes of a `gputrain:` mapping (unqualified keys): keys it does not
     know are left to parse_spec's "did you mean" line, unset (null) values to their defaults,
     and `secure:` values out (only the CLI decrypts them)."""
@@ -179,18 +179,13 @@ def ours(settings: Mapping[str, Any]) -> dict[str, Any]:
 def load_settings(settings: Mapping[str, Any]) -> StackSettings:
     """The typed settings, validated once: SettingTypeError for the first value whose YAML
     shape its key does not take (`setup: 5`, `secrets: NAME`, `nodes: ٣`)."""
-    known = ours(settings)
+    known = _known(settings)
     try:
         return StackSettings.model_validate(known)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = str(first["loc"][0])
         raise SettingTypeError(key, known[key], allowed(key)) from None
-
-
-def check_types(settings: dict[str, Any]) -> None:
-    """Refuse the first setting whose YAML shape its key does not take (see load_settings)."""
-    load_settings(settings)
 
 
 def config_strings(values: Mapping[str, Any]) -> dict[str, str]:

@@ -145,7 +145,7 @@ def test_pulumi_yaml_declares_each_key_with_the_schemas_type_and_default() -> No
 
 
 def test_every_default_passes_the_schema() -> None:
-    schema.check_types(
+    schema.load_settings(
         {
             k: f.default
             for k, f in schema.StackSettings.model_fields.items()
