@@ -64,7 +64,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 def _names(value: Any) -> Any:
-    """`secrets`: a list, or one name (also the JSON of a list) as a string."""
+    """`secrets`: a list, or one name (also the JSON of a list) as a string; empty: none."""
+    if value is None:
+        return []
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else []

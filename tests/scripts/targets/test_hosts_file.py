@@ -94,6 +94,12 @@ def test_good_file_builds_the_fleet(site: dict[str, object]) -> None:
     assert typed is not None and (typed.user, typed.port, typed.secrets) == ("ubuntu", 22, [])
 
 
+def test_an_empty_secrets_key_is_none_and_one_name_is_a_list(site: dict[str, object]) -> None:
+    assert load_hosts_file(write(site, GOOD + "secrets:\n")).environment.secrets == ()
+    one = load_hosts_file(write(site, GOOD + "secrets: WANDB_API_KEY\n"))
+    assert one.environment.secrets == ("WANDB_API_KEY",)
+
+
 def test_cpu_hosts_with_trust_new_hosts_and_no_known_hosts_yet(site: dict[str, object]) -> None:
     path = write(
         site,
