@@ -47,7 +47,7 @@ def is_node_entry(entry: Sequence[str]) -> bool:
 
 # -- where gputrain's own copy lives on a node -------------------------------------------------
 #: Under the code dir, in every code bundle: gputrain's copy of this package and of the reference
-#: trainer it builds on (the health check's model, the preemption watcher). `.gputrain/` is a
+#: trainer that mirror_out's preemption watcher builds on. `.gputrain/` is a
 #: name the upload never takes from the user's directory, so nothing of theirs is ever here, and
 #: it is no importable name, so their processes never import from it.
 LIB_DIR = ".gputrain/lib"

@@ -4,12 +4,16 @@ Per rank: matmul TFLOP/s and device-memory bandwidth. Across ranks: all-reduce b
 whether a few DDP steps leave identical parameters everywhere. Results are compared with FLOORS,
 printed as a table and written to health.json (by local rank 0 of every node). Exit status 1 when a
 check FAILs. On CPU (gloo) everything runs but the floors are not applied.
+
+It imports only this package, the standard library and torch: on a Vertex job or beside a user
+project with its own `trainer/` package, that name is theirs (tests/test_layers.py holds this).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import socket
@@ -18,20 +22,106 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from gputrain_node.contract import OUT_ENV
-from trainer.dist import DistEnv, all_gather, setup, teardown
-from trainer.errors import InputError
-from trainer.model import GPT, GPTConfig, param_checksum
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+T = TypeVar("T")
+
+
+class InputError(Exception):
+    """A bad flag: one line on stderr, exit status 2 (as the trainer's and the controller's)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This rank in torchrun's group (one process alone when WORLD_SIZE is unset or 1)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    # CPU collectives (gathering figures, barriers) that must not sync the GPU; the default
+    # group itself when that is gloo already. None in a single process.
+    control: Any = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def writes_files(self) -> bool:
+        """Local rank 0 of every node writes, since nodes share no filesystem."""
+        return self.local_rank == 0
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return f"cpu ({socket.gethostname()})"
+
+
+def pick_device(flag: str, local_rank: int) -> torch.device:
+    if flag not in ("auto", "cpu", "cuda"):
+        raise InputError(f"--device {flag}: must be auto, cpu or cuda")
+    if flag == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is visible to this process")
+    if flag == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank)
+
+
+def setup(device_flag: str, timeout_s: float) -> DistEnv:
+    """Join torchrun's group when WORLD_SIZE > 1 (NCCL on GPU with a gloo group beside it, gloo
+    on CPU), with an explicit timeout."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_flag, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world == 1:
+        return DistEnv(0, 0, 1, device)
+    timeout = timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+        control = dist.new_group(backend="gloo", timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+        control = dist.group.WORLD
+    return DistEnv(dist.get_rank(), local_rank, world, device, control)
+
+
+def teardown(env: DistEnv) -> None:
+    """Barrier, then destroy: ending right after the last collective crashed a rank in 7 of 30
+    runs."""
+    if env.distributed and dist.is_initialized():
+        if env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)  # no NCCL kernel still queued
+        dist.barrier(group=env.control)
+        dist.destroy_process_group()
+
+
+def all_gather(env: DistEnv, obj: T) -> list[T]:
+    """Every rank's `obj` (picklable), in rank order."""
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj, group=env.control)
+    return out
 
 
 @dataclass(frozen=True)
@@ -159,11 +249,33 @@ def allreduce_is_correct(env: DistEnv) -> bool:
     return bool((t == env.world_size * (env.world_size + 1) / 2).all())
 
 
+VOCAB = 64
+
+
+def tiny_model() -> torch.nn.Module:
+    """Next-token logits from an embedding and two linear layers: a few parameter tensors for
+    DDP to keep equal, nothing a health check needs more."""
+    return torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, 64),
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, VOCAB),
+    )
+
+
+def param_checksum(model: torch.nn.Module) -> str:
+    """A bitwise hash of every parameter: equal across ranks iff DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def ddp_checksum(env: DistEnv) -> str:
-    """A few DDP steps of a tiny GPT on rank-specific data: every rank must end bit-identical."""
+    """A few DDP steps of a tiny model on rank-specific data: every rank must end bit-identical."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=64))
-    model = model.to(env.device)
+    model = tiny_model().to(env.device)
     ids = [env.device.index] if env.device.type == "cuda" else None
     ddp = (
         torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -173,8 +285,11 @@ def ddp_checksum(env: DistEnv) -> str:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1000 + env.rank)
     for _ in range(3):
-        x = torch.randint(0, 64, (8, 33), generator=gen).to(env.device)
-        ddp(x[:, :-1], x[:, 1:]).backward()
+        x = torch.randint(0, VOCAB, (8, 33), generator=gen).to(env.device)
+        logits = ddp(x[:, :-1])
+        torch.nn.functional.cross_entropy(
+            logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1)
+        ).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     del ddp  # no DDP reducer may outlive the process group (gloo aborted at exit once)

@@ -235,3 +235,51 @@ def test_the_vertex_entry_imports_no_trainer_but_for_the_reference_trainers_flag
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "trainer"
         }
     assert found == {("vertex_entry", "reference_config"), ("mirror_out", "main")}
+
+
+def _imports(module: str) -> set[tuple[str | None, str]]:
+    """(the function it is in, or None at module level; the top-level name) of each import."""
+    tree = ast.parse(contract.source_of(module).read_text())
+    found: set[tuple[str | None, str]] = set()
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, function or child.name)
+                continue
+            if isinstance(child, ast.Import):
+                found.update((function, a.name.split(".")[0]) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                own = child.level > 0 or not child.module
+                found.add(
+                    (function, contract.PACKAGE if own else (child.module or "").split(".")[0])
+                )
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def test_the_node_entries_import_only_their_package_the_standard_library_and_torch() -> None:
+    """The health check runs from a Vertex job's package or beside a user project, where
+    `trainer` (and any other name) may be the user's: it builds only on what is always there."""
+    allowed = {*sys.stdlib_module_names, contract.PACKAGE, "torch"}
+    assert contract.NODE_ENTRIES  # the rule holds for real modules, not an empty list
+    for module in contract.NODE_ENTRIES:
+        names = {name for _, name in _imports(module)}
+        assert "torch" in names and names - allowed == set(), module
+
+
+def test_the_node_package_imports_the_reference_trainer_only_where_it_is_gputrains_copy() -> None:
+    """Only inside two functions: the reference trainer's own flags (vertex_entry, only for
+    gputrain's trainer) and mirror_out's preemption watcher (GCE nodes, run from LIB_DIR beside
+    gputrain's copy of `trainer`)."""
+    modules = sorted(p.stem for p in contract.PACKAGE_DIR.glob("*.py") if p.stem != "__init__")
+    assert "healthcheck" in modules
+    found = {
+        (module, function)
+        for module in modules
+        for function, name in _imports(f"{contract.PACKAGE}.{module}")
+        if name == "trainer"
+    }
+    assert found == {("vertex_entry", "reference_config"), ("mirror_out", "main")}

@@ -1,4 +1,4 @@
-"""Process-group setup and teardown shared by the trainer and the health check (torchrun or alone)."""
+"""The trainer's process-group setup and teardown (torchrun or alone)."""
 
 from __future__ import annotations
 

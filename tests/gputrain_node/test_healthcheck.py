@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from gputrain_node import contract
 from gputrain_node.healthcheck import (
     BUSBW_INTER_NODE,
     FAIL,
@@ -26,7 +28,15 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_two_cpu_ranks_write_health_json_without_floors(tmp_path: Path) -> None:
-    done = run(torchrun_argv("gputrain_node.healthcheck", []), out=tmp_path)
+    """Run as in a Vertex job's package or beside a user project with its own `trainer/`:
+    gputrain's node package next to the user's `trainer`, first on the path, and no gputrain
+    trainer anywhere."""
+    package = tmp_path / "package"
+    shutil.copytree(contract.PACKAGE_DIR, package / contract.PACKAGE)
+    (package / "trainer").mkdir()
+    (package / "trainer" / "__init__.py").write_text("raise SystemExit('the user package')\n")
+    argv = torchrun_argv(contract.HEALTHCHECK, [])
+    done = run(argv, out=tmp_path, env={"PYTHONPATH": str(package)}, cwd=package)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "health.json").read_text())
     assert report["overall"] == PASS and report["world_size"] == 2

@@ -88,9 +88,10 @@ def run(
     out: Path | None = None,
     timeout: float = 150,
     env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, cwd=ROOT, env=child_env(out, env), capture_output=True, text=True, timeout=timeout
+        argv, cwd=cwd, env=child_env(out, env), capture_output=True, text=True, timeout=timeout
     )
 
 
