@@ -31,6 +31,11 @@ def job_name(stack: str) -> str:
     return f"{stack}-reconcile"
 
 
+def account_id(stack: str) -> str:
+    """The job's service account: `gputrain-rc-<stack>`, cut to IAM's 30 characters."""
+    return f"gputrain-rc-{stack}"[:30].rstrip("-")
+
+
 def run_uri(project: str, region: str, job: str) -> str:
     """Cloud Run Admin API v2 `jobs.run`: what the Scheduler job POSTs to."""
     return f"https://run.googleapis.com/v2/projects/{project}/locations/{region}/jobs/{job}:run"

@@ -24,6 +24,7 @@ from infra.reconciler import (
     BACKEND_ENV,
     STACK_FILE_ENV,
     JobReach,
+    account_id,
     job_name,
     job_reach,
     run_uri,
@@ -110,11 +111,6 @@ class StackReconcilerArgs:
     environment: dict[str, str]  # the container's: the state backend, the stack file
     state_bucket: str | None = None  # the gs:// backend's bucket: the job reads and writes it
     kms_key: str | None = None  # the stack's gcpkms:// key: the job decrypts with it
-
-
-def account_id(stack: str) -> str:
-    """`gputrain-rc-<stack>`, cut to IAM's 30 characters."""
-    return f"gputrain-rc-{stack}"[:30].rstrip("-")
 
 
 class StackReconciler(pulumi.ComponentResource):
