@@ -110,8 +110,8 @@ def publish_stack_image(
 def plan_reconciler_build(spec: ClusterSpec, root: Path, dest: Path) -> PlannedBuild:
     """The reconcile job's image (infra/reconciler_image.py): its context written under `dest`
     (what a local docker or Cloud Build gets) and its reference, the one the program names."""
-    from infra.image_build import BuildContext, context_tag, registry_host, repository_id
-    from infra.reconciler_image import IMAGE_NAME, context_entries, write_context
+    from infra.image_build import BuildContext, context_tag
+    from infra.reconciler_image import context_entries, image_repository, write_context
     from scripts.job.container import ImageRef
     from scripts.job.image_build import REGISTRY_HOST_ENV, PlannedBuild
 
@@ -120,6 +120,9 @@ def plan_reconciler_build(spec: ClusterSpec, root: Path, dest: Path) -> PlannedB
     write_context(entries, dest)
     files = tuple(sorted(rel for rel, _, _ in entries))
     ctx = BuildContext(dest / "Dockerfile", files, context_tag(entries))
-    host = os.environ.get(REGISTRY_HOST_ENV) or registry_host(spec.region)
-    image = ImageRef(host, f"{spec.project}/{repository_id(spec.stack)}/{IMAGE_NAME}", ctx.tag)
+    repository = image_repository(
+        spec.region, spec.project, spec.stack, os.environ.get(REGISTRY_HOST_ENV)
+    )
+    host, path = repository.split("/", 1)
+    image = ImageRef(host, path, ctx.tag)
     return PlannedBuild(ctx, image, f"{NS}recover", spec.stack)
