@@ -1,6 +1,9 @@
 """Pulumi program: stack config -> validated ClusterSpec -> its backend's resources -> stack outputs:
 GPU VMs on Compute Engine (GpuCluster), or what Vertex AI jobs need (VertexStack)."""
 
+import os
+from pathlib import Path
+
 import pulumi
 
 from infra.spec import parse_spec, require_deployable
@@ -8,8 +11,13 @@ from infra.stackfile import stack_config_from_pulumi
 
 spec = parse_spec(stack_config_from_pulumi(), pulumi.get_stack())
 require_deployable(spec)
+reconcile = None
+if not spec.on_vertex:  # laptop-closed recovery: its job's image and stack file
+    from infra.components.reconciler import program_source
+
+    spec, reconcile = program_source(spec, Path.cwd(), os.environ)
 registry = None
-if spec.build:  # a top-level component: `up` creates it alone first, to push the image to
+if spec.build or reconcile:  # a top-level component: `up` creates it alone first, to push to
     from infra.components.registry import stack_registry
 
     registry = stack_registry(spec)
@@ -20,6 +28,6 @@ if spec.on_vertex:
 else:
     from infra.components.cluster import GpuCluster
 
-    cluster = GpuCluster(spec.stack, spec, registry=registry)
+    cluster = GpuCluster(spec.stack, spec, registry=registry, reconcile=reconcile)
 for key, value in cluster.exports().items():
     pulumi.export(key, value)

@@ -78,7 +78,10 @@ class Plan:
             lines.append(plan_line(self.spec.autodown_s, self.spec.max_run_duration))
             lines.append(
                 reconciler.plan_line(
-                    self.spec.recover, self.spec.capacity, self.spec.reconcile_every_s
+                    self.spec.recover,
+                    self.spec.capacity,
+                    self.spec.reconcile_every_s,
+                    self.spec.job_reach,
                 )
             )
         lines += [n for n in (self.capacity_note, self.fabric_note) if n]

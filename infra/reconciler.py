@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from infra.fields import format_duration, parse_duration
 from infra.stackfile import SpecError
 
@@ -28,13 +31,67 @@ def job_name(stack: str) -> str:
     return f"{stack}-reconcile"
 
 
+def account_id(stack: str) -> str:
+    """The job's service account: `gputrain-rc-<stack>`, cut to IAM's 30 characters."""
+    return f"gputrain-rc-{stack}"[:30].rstrip("-")
+
+
 def run_uri(project: str, region: str, job: str) -> str:
     """Cloud Run Admin API v2 `jobs.run`: what the Scheduler job POSTs to."""
     return f"https://run.googleapis.com/v2/projects/{project}/locations/{region}/jobs/{job}:run"
 
 
+#: The environment variable the Pulumi CLI reads its state backend from (also the job's own)
+BACKEND_ENV = "PULUMI_BACKEND_URL"
+KMS_SCHEME = "gcpkms://"
+#: The job's container gets the stack file (its text: secure values stay ciphertext) here;
+#: `gputrain reconcile` writes it into the project directory before it reads the stack
+STACK_FILE_ENV = "GPUTRAIN_STACK_FILE"
+
+
+@dataclass(frozen=True)
+class JobReach:
+    """Whether a Cloud Run job could run a pass: it needs the stack's Pulumi state (a `gs://`
+    backend, named by PULUMI_BACKEND_URL where `up` runs, so the program can hand it on) and its
+    secrets (the SSH key) under a Cloud KMS key its account may use. A passphrase or a local
+    state stays on the machine that has them."""
+
+    backend: str | None  # PULUMI_BACKEND_URL, e.g. gs://my-state; None: not set
+    secrets_provider: str | None  # the stack file's `secretsprovider`; None: a passphrase
+
+    @property
+    def state_bucket(self) -> str | None:
+        """The backend's bucket (gs://BUCKET[/path]); None: not a gs:// backend."""
+        if not (self.backend or "").startswith("gs://"):
+            return None
+        return (self.backend or "")[5:].split("/", 1)[0].split("?", 1)[0] or None
+
+    @property
+    def kms_key(self) -> str | None:
+        """projects/P/locations/L/keyRings/R/cryptoKeys/K of a gcpkms:// provider."""
+        provider = self.secrets_provider or ""
+        if not provider.startswith(KMS_SCHEME):
+            return None
+        return provider[len(KMS_SCHEME) :].split("?", 1)[0] or None
+
+    @property
+    def missing(self) -> str | None:
+        """What keeps a job from running a pass; None: nothing."""
+        if self.backend is None:
+            return f"{BACKEND_ENV} does not name the stack's Pulumi state (a gs:// backend)"
+        if self.state_bucket is None:
+            return f"the Pulumi state is in {self.backend}, not in a gs:// bucket"
+        if self.kms_key is None:
+            return "the stack's secrets are not under a gcpkms:// secrets provider"
+        return None
+
+
+def job_reach(environ: Mapping[str, str], secrets_provider: str | None) -> JobReach:
+    return JobReach((environ.get(BACKEND_ENV) or "").strip() or None, secrets_provider)
+
+
 def parse_recover(text: str, setting: str = "gputrain:recover") -> str:
-    value = text.strip().lower() or "never"
+    value = text.strip().lower() or "auto"
     if value not in RECOVER:
         raise SpecError(
             f"{setting} {text!r}: allowed: auto (when the VMs can be preempted: spot or "
@@ -57,12 +114,23 @@ def parse_every(text: str, setting: str = "gputrain:reconcileEvery") -> int:
     return seconds
 
 
-def wanted(recover: str, capacity: str) -> bool:
-    """Whether the stack declares the reconciler: `auto` only where GCE may take VMs away by
-    design (spot, flex-start); host errors on other capacity are the laptop's to recover."""
+def wanted(recover: str, capacity: str, reach: JobReach | None = None) -> bool:
+    """Whether the stack declares the reconciler: `always`, or `auto` where GCE may take VMs
+    away by design (spot, flex-start; host errors on other capacity are the laptop's to recover)
+    and a job could act (`reach`; None: unknown, so not)."""
+    return why_off(recover, capacity, reach) is None
+
+
+def why_off(recover: str, capacity: str, reach: JobReach | None) -> str | None:
+    """Why the stack declares no reconciler; None: it declares one."""
+    if recover == "always":
+        return None
     if recover == "never":
-        return False
-    return recover == "always" or capacity in ("spot", "flex-start")
+        return "recover: never"
+    if capacity not in ("spot", "flex-start"):
+        return f"{capacity} VMs are not preempted"
+    missing = reach.missing if reach is not None else "the Pulumi state backend is unknown"
+    return f"{missing}, so a Cloud Run job could not act" if missing else None
 
 
 def schedule(every_s: int) -> str:
@@ -80,10 +148,10 @@ def idle_cost_per_day(every_s: int, pass_s: float = IDLE_PASS_S) -> float:
     return 86400 / every_s * pass_s * per_second
 
 
-def plan_line(recover: str, capacity: str, every_s: int) -> str:
+def plan_line(recover: str, capacity: str, every_s: int, reach: JobReach | None = None) -> str:
     """What `plan` says about it."""
-    if not wanted(recover, capacity):
-        why = "recover: never" if recover == "never" else f"{capacity} VMs are not preempted"
+    why = why_off(recover, capacity, reach)
+    if why is not None:
         return f"laptop-closed recovery: off ({why}; `recover: always` turns it on)"
     return (
         f"laptop-closed recovery: a Cloud Run job runs `gputrain reconcile` every "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, cast
 
@@ -28,7 +28,7 @@ from infra.notify_urls import parse_notify
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
-from infra.reconciler import parse_every, parse_recover
+from infra.reconciler import JobReach, parse_every, parse_recover
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
@@ -118,8 +118,12 @@ class ClusterSpec:
     datasets: tuple[Dataset, ...] = ()  # `data`: what every job reads (the nodes may read these)
     scratch: Scratch = NO_SCRATCH  # local SSD (bundled, or localSsdCount)
     autodown_s: int | None = 600  # the head's watchdog deletes the VMs this long after the end
-    recover: str = "never"  # laptop-closed recovery: auto, always, never (infra/reconciler.py)
+    recover: str = "auto"  # laptop-closed recovery: auto, always, never (infra/reconciler.py)
     reconcile_every_s: int = 120  # reconcileEvery: Cloud Scheduler's period for the job
+    # where a reconcile job would find the stack's state and secrets (not a stack key: the
+    # environment's PULUMI_BACKEND_URL and the stack file's secretsprovider); None: unknown.
+    # Not part of what the stack is: two specs of the same stack compare equal without it.
+    job_reach: JobReach | None = field(default=None, compare=False)
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
     billing_export: str | None = None  # the Cloud Billing export table `cost` reads billed from
     budget: float | None = None  # USD one run may cost (infra/cost_caps.py)

@@ -215,6 +215,11 @@ def cmd_stop(ctx: Context) -> int:
 
 def cmd_reconcile(ctx: Context) -> int:
     """One pass of recovery for a stack's run (scripts/targets/gce/reconcile.py)."""
+    import os
+
+    from scripts.targets.gce.reconcile import stack_file_from_environment
+
+    stack_file_from_environment(ctx.settings.root, ctx.args.stack, os.environ)  # in its job
     ctx.target.capabilities.require(Feature.RECREATE_NODES, "reconcile")
     ctx.target.reconcile(ctx.args.run, ctx.opts)  # type: ignore[attr-defined]
     return EXIT_OK

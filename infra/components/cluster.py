@@ -20,10 +20,13 @@ from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
 from infra.components.nodes import GpuNodes, GpuNodesArgs, resolve_image
-from infra.components.reconciler import IMAGE_NAME, StackReconciler, StackReconcilerArgs
+from infra.components.reconciler import (
+    ReconcileSource,
+    StackReconciler,
+    StackReconcilerArgs,
+)
 from infra.components.registry import ImageRegistry
 from infra.datasets import data_buckets
-from infra.image_build import repository_path
 from infra.outputs import Key, NodeKey
 from infra.prices import price_table
 from infra.reconciler import wanted
@@ -87,6 +90,7 @@ class GpuCluster(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
         *,
         registry: ImageRegistry | None = None,  # `build`: the nodes pull the stack's image
+        reconcile: ReconcileSource | None = None,  # the reconcile job's image and stack file
     ) -> None:
         # The image is an invoke that can fail on the user's input: before any resource exists.
         image_self_link = resolve_image(spec)
@@ -134,7 +138,9 @@ class GpuCluster(pulumi.ComponentResource):
         labels = cluster_labels(spec, pulumi.get_project())
         self.bucket = stack_bucket(spec, self.identity, child)
         self.registry_reader = (
-            registry.grant_reader(self.identity.member, child) if registry is not None else None
+            registry.grant_reader(self.identity.member, child)
+            if registry is not None and spec.build
+            else None
         )
         # Cloud Build (`build:` without a local docker) runs as this account and pushes
         self.registry_builder = (
@@ -182,14 +188,16 @@ class GpuCluster(pulumi.ComponentResource):
         )
         self.instances = self.nodes.instances
         self.reconciler = self._reconciler(
-            spec, tag, fabric.primary_cidr if fabric else SUBNET_CIDR
+            spec, tag, fabric.primary_cidr if fabric else SUBNET_CIDR, reconcile
         )
         self._exports = self._build_exports()
         self.register_outputs(self._exports)
 
-    def _reconciler(self, spec: ClusterSpec, tag: str, cidr: str) -> StackReconciler | None:
+    def _reconciler(
+        self, spec: ClusterSpec, tag: str, cidr: str, source: ReconcileSource | None
+    ) -> StackReconciler | None:
         """Laptop-closed recovery (infra/reconciler.py): only where the stack asks for it."""
-        if not wanted(spec.recover, spec.capacity):
+        if not wanted(spec.recover, spec.capacity, spec.job_reach):
             return None
         if spec.network:
             raise SpecError(
@@ -198,13 +206,19 @@ class GpuCluster(pulumi.ComponentResource):
                 "recover: never with an existing network"
             )
         assert spec.project is not None and self.bucket is not None
+        if source is None:
+            raise SpecError(
+                f"gputrain:recover {spec.recover!r}: the reconcile job's image and stack file "
+                "were not given to the program (infra/components/reconciler.py program_source)"
+            )
+        reach = spec.job_reach
         return StackReconciler(
             f"{spec.stack}-reconciler",
             StackReconcilerArgs(
                 stack=spec.stack,
                 project=spec.project,
                 region=spec.region,
-                image=f"{repository_path(spec.region, spec.project, spec.stack)}/{IMAGE_NAME}",
+                image=source.image,
                 every_s=spec.reconcile_every_s,
                 network=self.network.network_ref,
                 subnetwork=self.network.subnetwork_ref,
@@ -214,6 +228,9 @@ class GpuCluster(pulumi.ComponentResource):
                 node_account_id=self.identity.account.name,
                 instance_condition=instance_condition(str(spec.project), spec.stack),
                 labels=cluster_labels(spec, pulumi.get_project()),
+                environment=source.environment(reach),
+                state_bucket=reach.state_bucket if reach else None,
+                kms_key=reach.kms_key if reach else None,
             ),
             pulumi.ResourceOptions(parent=self, depends_on=self.instances),
         )

@@ -2,20 +2,37 @@
 Run job whose container runs `gputrain reconcile --stack S`, a Cloud Scheduler job that starts it
 every `reconcileEvery` (an HTTP POST to the Cloud Run Admin API's `jobs:run`, with an OAuth token
 of the job's own service account), that account with grants on the stack's own resources, Direct
-VPC egress into the stack's subnet, and SSH opened to that subnet's range only.
+VPC egress into the stack's subnet, and SSH opened to that subnet's range only. The job's
+container is infra/reconciler_image.py's, which the controller builds into the stack's own
+repository before `up`; it finds the stack's Pulumi state and its stack file in its environment.
 
 Nothing of it runs between passes: a job execution bills only while the pass runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulumi
 import pulumi_gcp as gcp
 
 from infra.components import child_options
-from infra.reconciler import job_name, run_uri, schedule
+from infra.reconciler import (
+    BACKEND_ENV,
+    STACK_FILE_ENV,
+    JobReach,
+    account_id,
+    job_name,
+    job_reach,
+    run_uri,
+    schedule,
+    wanted,
+)
+from infra.spec import ClusterSpec
+from infra.stackfile import SpecError, read_stack_file
 
 COMPONENT_TYPE = "gputrain:infra:StackReconciler"
 #: What the pass does, as predefined roles: read the stack (Pulumi refresh), re-create its VMs
@@ -26,9 +43,54 @@ INSTANCE_ROLE = "roles/compute.instanceAdmin.v1"
 ACT_AS_ROLE = "roles/iam.serviceAccountUser"
 BUCKET_ROLE = "roles/storage.objectAdmin"
 INVOKER_ROLE = "roles/run.invoker"  # Cloud Scheduler's token calls jobs:run as this account
+#: The pass's Pulumi CLI reads and writes the stack's state (a gs:// backend: objects and their
+#: lock in that bucket) and decrypts the stack's secrets with its gcpkms:// key
+STATE_ROLE = "roles/storage.objectAdmin"
+DECRYPT_ROLE = "roles/cloudkms.cryptoKeyDecrypter"
 OAUTH_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-#: The image in the stack's Artifact Registry repository: gputrain with the Pulumi CLI
-IMAGE_NAME = "gputrain-reconcile:latest"
+
+
+#: Cloud Run's limit on one environment variable's value (the v2 Job's `env.value`)
+ENV_VALUE_MAX = 32768
+
+
+@dataclass(frozen=True)
+class ReconcileSource:
+    """What the job runs and reads: its image (reconciler_image.py's reference) and the stack
+    file's text (its secure values stay ciphertext, which the job decrypts with the KMS key)."""
+
+    image: str
+    stack_file: str
+    stack: str
+
+    def environment(self, reach: JobReach | None) -> dict[str, str]:
+        if len(self.stack_file) > ENV_VALUE_MAX:
+            raise SpecError(
+                f"Pulumi.{self.stack}.yaml is {len(self.stack_file)} characters: the reconcile "
+                f"job gets it in one environment variable, at most {ENV_VALUE_MAX}; allowed: a "
+                "smaller stack file, or recover: never"
+            )
+        env = {STACK_FILE_ENV: self.stack_file}
+        if reach is not None and reach.backend:
+            env[BACKEND_ENV] = reach.backend
+        return env
+
+
+def program_source(
+    spec: ClusterSpec, root: Path, environ: Mapping[str, str]
+) -> tuple[ClusterSpec, ReconcileSource | None]:
+    """In the program: the spec with where a job would find the state (the environment's
+    PULUMI_BACKEND_URL, the stack file's secrets provider) and, where the stack then declares the
+    reconciler, its image and stack file."""
+    from infra.reconciler_image import image_reference
+
+    stack_file = root / f"Pulumi.{spec.stack}.yaml"
+    provider = read_stack_file(root, spec.stack).secrets.provider if stack_file.is_file() else None
+    spec = dataclasses.replace(spec, job_reach=job_reach(environ, provider))
+    if not wanted(spec.recover, spec.capacity, spec.job_reach) or spec.project is None:
+        return spec, None
+    image = image_reference(root, spec.region, spec.project, spec.stack)
+    return spec, ReconcileSource(image, stack_file.read_text(), spec.stack)
 
 
 @dataclass(frozen=True)
@@ -36,7 +98,7 @@ class StackReconcilerArgs:
     stack: str
     project: str
     region: str
-    image: str  # the container with gputrain (and the Pulumi CLI) in it
+    image: str  # the container with gputrain (and the Pulumi CLI) in it: reconciler_image.py
     every_s: int
     network: pulumi.Input[str]
     subnetwork: pulumi.Input[str] | None
@@ -46,11 +108,9 @@ class StackReconcilerArgs:
     node_account_id: pulumi.Input[str]  # the nodes' service account (its `name`)
     instance_condition: str  # CEL: the stack's own VMs and disks
     labels: dict[str, str]  # the stack's labels (what `sweep` looks for)
-
-
-def account_id(stack: str) -> str:
-    """`gputrain-rc-<stack>`, cut to IAM's 30 characters."""
-    return f"gputrain-rc-{stack}"[:30].rstrip("-")
+    environment: dict[str, str]  # the container's: the state backend, the stack file
+    state_bucket: str | None = None  # the gs:// backend's bucket: the job reads and writes it
+    kms_key: str | None = None  # the stack's gcpkms:// key: the job decrypts with it
 
 
 class StackReconciler(pulumi.ComponentResource):
@@ -103,6 +163,26 @@ class StackReconciler(pulumi.ComponentResource):
                 opts=child,
             ),
         ]
+        if args.state_bucket:
+            self.grants.append(
+                gcp.storage.BucketIAMMember(
+                    f"{s}-reconcile-state",
+                    bucket=args.state_bucket,
+                    role=STATE_ROLE,
+                    member=member,
+                    opts=child,
+                )
+            )
+        if args.kms_key:
+            self.grants.append(
+                gcp.kms.CryptoKeyIAMMember(
+                    f"{s}-reconcile-decrypt",
+                    crypto_key_id=args.kms_key,
+                    role=DECRYPT_ROLE,
+                    member=member,
+                    opts=child,
+                )
+            )
         self.firewall = gcp.compute.Firewall(
             f"{s}-reconcile-ssh",
             name=f"{s}-reconcile-ssh",
@@ -133,6 +213,10 @@ class StackReconciler(pulumi.ComponentResource):
                         gcp.cloudrunv2.JobTemplateTemplateContainerArgs(
                             image=args.image,
                             args=["reconcile", "--stack", s],
+                            envs=[
+                                gcp.cloudrunv2.JobTemplateTemplateContainerEnvArgs(name=k, value=v)
+                                for k, v in sorted(args.environment.items())
+                            ],
                             resources=gcp.cloudrunv2.JobTemplateTemplateContainerResourcesArgs(
                                 limits={"cpu": "1", "memory": "512Mi"}
                             ),

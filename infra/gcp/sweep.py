@@ -4,13 +4,16 @@ It lists, never deletes; `down` and `sweep` print what it finds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from infra.gcp.artifact_registry import ArtifactRegistryApi
+from infra.gcp.cloud_run import JobInfo, ReconcileJobsApi
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
 from infra.gcp.iam import IamApi
+from infra.reconciler import account_id as reconcile_account_id
+from infra.reconciler import job_name
 from infra.stackfile import STACK_LABEL, service_account_id
 
 #: The kinds the sweep lists: Compute kinds from ComputeApi.stack_resource_candidates, and the
@@ -24,7 +27,7 @@ class Leftover:
     """A resource of the stack that still exists (and may bill)."""
 
     kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy, bucket,
-    # service-account, iam-binding
+    # service-account, iam-binding, repository, cloud-run-job, scheduler-job
     name: str
     location: str  # zone, region, "global", or a bucket's location
     matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
@@ -56,6 +59,12 @@ SWEPT_TYPES: dict[str, str] = {
     "gcp:artifactregistry/repository:Repository": "repository",  # `build`: found by its label
     # the reader grant lives and dies with its repository
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": "repository",
+    # laptop-closed recovery: the reconcile job (by its label), its invoker grant with it, the
+    # Scheduler job (by its name), its account's grant on the nodes' account with the accounts
+    "gcp:cloudrunv2/job:Job": "cloud-run-job",
+    "gcp:cloudrunv2/jobIamMember:JobIamMember": "cloud-run-job",
+    "gcp:cloudscheduler/job:Job": "scheduler-job",
+    "gcp:serviceaccount/iAMMember:IAMMember": "service-account",
 }
 
 #: Declared but never a leftover: the Vertex AI API stays enabled on destroy (disable_on_destroy
@@ -65,6 +74,9 @@ NOT_SWEPT: dict[str, str] = {
     # a member of the user's own secret's policy: costs nothing, grants nothing once the stack's
     # service account (swept) is deleted, and the secret is not the stack's to delete
     "gcp:secretmanager/secretIamMember:SecretIamMember": "goes with the service account",
+    # the reconcile job's account on the user's own KMS key (the Pulumi secrets provider): the
+    # same, a member of the key's policy, which is not the stack's
+    "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": "goes with the service account",
 }
 
 
@@ -76,6 +88,7 @@ def sweep(
     iam: IamApi | None = None,
     storage: StorageApi | None = None,
     registry: ArtifactRegistryApi | None = None,
+    jobs: ReconcileJobsApi | None = None,
     region: str | None = None,
 ) -> list[Leftover]:
     """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
@@ -83,7 +96,8 @@ def sweep(
     boot disks only carry labels when the program copies them), the stack's service account and
     the project role bindings that name it, and (given a `storage` adapter, as the controller always
     does) the stack's bucket by its label, and (given `registry` and the stack's `region`) its
-    image repository by its label. Lists, never deletes."""
+    image repository by its label, and (given `jobs` and the region) the reconcile job and its
+    Scheduler job. Lists, never deletes."""
     api = api or ComputeApi()
     iam = iam or IamApi(api.api_endpoint)
     leftovers: list[Leftover] = []
@@ -98,24 +112,55 @@ def sweep(
         leftovers += bucket_leftovers(storage, project, stack)
     if registry is not None and region:
         leftovers += repository_leftovers(registry, project, region, stack)
+    if jobs is not None and region:
+        leftovers += reconcile_job_leftovers(jobs, project, region, stack)
     return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))
 
 
 def identity_leftovers(iam: IamApi, project: str, stack: str) -> list[Leftover]:
-    """The stack's service account (exact account id) and every project role binding of it,
-    also the `deleted:serviceAccount:` members IAM keeps when the account went first."""
-    account_id = service_account_id(stack)
-    email = f"{account_id}@{project}.iam.gserviceaccount.com"
-    matched = f"account id {account_id}"
+    """The stack's service accounts (the nodes' and the reconcile job's, by exact account id)
+    and every project role binding of them, also the `deleted:serviceAccount:` members IAM
+    keeps when the account went first."""
+    ids = (service_account_id(stack), reconcile_account_id(stack))
     out = [
-        Leftover("service-account", sa.email, "project", matched)
+        Leftover("service-account", sa.email, "project", f"account id {sa.account_id}")
         for sa in iam.service_accounts(project)
-        if sa.account_id == account_id
+        if sa.account_id in ids
     ]
-    member = f"serviceAccount:{email}"
+    members = {f"serviceAccount:{i}@{project}.iam.gserviceaccount.com": i for i in ids}
     for role, who in iam.role_bindings(project):
-        if who == member or who.startswith(f"deleted:{member}?uid="):
-            out.append(Leftover("iam-binding", f"{role} {who}", "project", matched))
+        for member, i in members.items():
+            if who == member or who.startswith(f"deleted:{member}?uid="):
+                out.append(Leftover("iam-binding", f"{role} {who}", "project", f"account id {i}"))
+    return out
+
+
+def reconcile_job_leftovers(
+    jobs: ReconcileJobsApi, project: str, region: str, stack: str
+) -> list[Leftover]:
+    """Laptop-closed recovery's Cloud Run job (by its label) and its Cloud Scheduler job (by its
+    exact name: Scheduler jobs carry no labels); none where an API is off (then none exists)."""
+    from infra.gcp.api import GoogleApiError
+
+    def listed(read: Callable[[str, str], list[JobInfo]]) -> list[JobInfo]:
+        try:
+            return read(project, region)
+        except GoogleApiError as e:
+            if e.api_disabled:
+                return []
+            raise
+
+    name = job_name(stack)
+    out = [
+        Leftover("cloud-run-job", j.name, j.location, f"label {STACK_LABEL}={stack}")
+        for j in listed(jobs.run_jobs)
+        if j.labels.get(STACK_LABEL) == stack
+    ]
+    out += [
+        Leftover("scheduler-job", j.name, j.location, f"name {name}")
+        for j in listed(jobs.scheduler_jobs)
+        if j.name == name
+    ]
     return out
 
 

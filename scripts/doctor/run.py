@@ -8,6 +8,7 @@ project's APIs and permissions, the GPU quota and the public-address lookup.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,7 +37,10 @@ def run_doctor(
     stack = stack_file.stack if stack_file else None
     secrets = stack_file.secrets if stack_file else None
     if stack_file is not None and spec is None:
-        spec = parse_spec(stack_file.config, stack_file.stack)
+        from infra.reconciler import job_reach
+
+        reach = job_reach(os.environ, stack_file.secrets.provider)
+        spec = dataclasses.replace(parse_spec(stack_file.config, stack_file.stack), job_reach=reach)
     vertex = spec is not None and spec.on_vertex
     builder = None  # `build`: "local" (docker/podman here) or "cloud" (Cloud Build)
     if spec is not None and spec.build:
@@ -106,7 +110,7 @@ def run_doctor(
     if spec is not None and secrets is not None and not vertex:
         rows.append(settings.ssh_key_row(spec, secrets))
         rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
-        if wanted(spec.recover, spec.capacity):  # laptop-closed recovery is on
+        if wanted(spec.recover, spec.capacity, spec.job_reach):  # laptop-closed recovery is on
             rows.append(settings.reconcile_state_row(spec, url, secrets))
     if vertex:
         from scripts.targets.vertex.preflight import AIPLATFORM, aiplatform_problem

@@ -1,7 +1,9 @@
 """A `gputrain` controller in its own process, for a test that kills it with SIGKILL: the
 stack's state (its outputs and config, as the test's fake stack left them after `up`) comes from
 a JSON file, the clouds are the test's fakes. `python controller_child.py STATE.json [ARGV...]`
-(ARGV: the command line, else the state's `argv`; the fake Cloud Run job's container gives it)."""
+(ARGV: the command line, else the state's `argv`; the fake Cloud Run job's container gives it).
+With `runner` in the state, the stack is the test's own runner, served to this process
+(tests/support/runner_proxy.py): a reconcile pass here re-creates VMs through it."""
 
 from __future__ import annotations
 
@@ -31,13 +33,18 @@ class FrozenStack:
 
 if __name__ == "__main__":
     state = json.loads(Path(sys.argv[1]).read_text())
-    stack = FrozenStack(state)
+    stack: Any = FrozenStack(state)
+    if state.get("runner"):
+        from tests.support.runner_proxy import RunnerProxy
+
+        stack = RunnerProxy(state["runner"])
     clients = GceClients(
-        runner_for=lambda _stack, _root: stack,  # type: ignore[arg-type,return-value]
+        runner_for=lambda _stack, _root: stack,
         compute_endpoint=state["compute"],
         hostkey_deadline_s=30,
         node_python=state["python"],
         autodown_s=state["autodown_s"],
+        **state.get("clients", {}),
     )
     settings = Settings(root=Path(state["root"]), runs_dir=Path(state["runs"]))
     sys.exit(main(sys.argv[2:] or state["argv"], settings, clients))

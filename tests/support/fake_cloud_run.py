@@ -1,8 +1,9 @@
 """A local fake of the two managed services that run `gputrain reconcile` while the laptop is
-closed: Cloud Run Admin API v2 jobs (`jobs.create`, `jobs.get`, `jobs.run`, `executions.get`,
-answering with long-running Operations and Execution bodies) and Cloud Scheduler v1 jobs
-(`jobs.create`, `jobs.get`) whose HTTP target the test fires with `tick()`, as Scheduler does on
-its schedule: a POST to the target's URI with an OAuth bearer token.
+closed: Cloud Run Admin API v2 jobs (`jobs.create`, `jobs.get`, `jobs.list`, `jobs.run`,
+`executions.get`, answering with long-running Operations and Execution bodies) and Cloud
+Scheduler v1 jobs (`jobs.create`, `jobs.list`) whose HTTP target the test fires with `tick()`, as
+Scheduler does on its schedule: a POST to the target's URI with an OAuth bearer token. Lists come
+in pages of `page_size` with a `nextPageToken`, as both APIs page.
 
 A run starts the job's container for real, in its own process: the test maps each image to the
 argv that stands for its entrypoint (tests/support/controller_child.py for gputrain's image), and
@@ -52,6 +53,7 @@ class FakeCloudRun(FakeHttpServer):
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}  # execution name -> its task
+        self.page_size = 2
         self._serve()
 
     # ---- what the test does
@@ -114,6 +116,22 @@ class FakeCloudRun(FakeHttpServer):
         self._threads[name].start()
         return execution
 
+    def _page(
+        self,
+        handler: BaseHTTPRequestHandler,
+        key: str,
+        items: Mapping[str, dict[str, Any]],
+        parent: str,
+        query: Mapping[str, list[str]],
+    ) -> None:
+        """One page of `items` under `parent`, in name order."""
+        mine = [items[n] for n in sorted(items) if n.startswith(f"{parent}/jobs/")]
+        start = int((query.get("pageToken") or ["0"])[0])
+        body: dict[str, Any] = {key: mine[start : start + self.page_size]}
+        if start + self.page_size < len(mine):
+            body["nextPageToken"] = str(start + self.page_size)
+        send_json(handler, 200, body)
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -131,7 +149,8 @@ class FakeCloudRun(FakeHttpServer):
                 auth = self.headers.get("Authorization", "")
                 with fake._lock:
                     fake.requests.append((method, path, auth))
-                if not auth.startswith("Bearer "):
+                listing = method == "GET" and bool(_JOBS.match(path) or _SCHEDULER_JOBS.match(path))
+                if not auth.startswith("Bearer ") and not listing:  # the sweep's anonymous reads
                     send_json(self, 401, {"error": {"code": 401, "status": "UNAUTHENTICATED"}})
                     return
                 body = self._body() if method == "POST" else {}
@@ -163,6 +182,10 @@ class FakeCloudRun(FakeHttpServer):
                     send_json(self, 200, fake.executions[m[1]])
                 elif method == "GET" and (m := _JOB.match(path)) and m[1] in fake.jobs:
                     send_json(self, 200, fake.jobs[m[1]])
+                elif method == "GET" and (m := _JOBS.match(path)):
+                    fake._page(self, "jobs", fake.jobs, m[1], query)
+                elif method == "GET" and (m := _SCHEDULER_JOBS.match(path)):
+                    fake._page(self, "jobs", fake.schedules, m[1], query)
                 elif method == "POST" and (m := _SCHEDULER_JOBS.match(path)):
                     fake.schedules[body["name"]] = {**body, "state": "ENABLED"}
                     send_json(self, 200, fake.schedules[body["name"]])

@@ -17,34 +17,49 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from infra.gcp.gcs import StorageApi
 from infra.reconciler import job_name, run_uri
+from infra.reconciler_image import image_reference
 from scripts.targets.gce import lease as lease_module
 from scripts.targets.gce import reconcile as reconcile_module
 from scripts.targets.gce.manifest import Manifests, RunManifest
 from tests.support import ROOT
 from tests.support.fake_cloud_run import TOKEN, FakeCloudRun
+from tests.support.runner_proxy import serving
 from tests.support.stack_world import BUCKET, ZONES, World
+from tests.support.trainer_helpers import child_env, free_port, node_argv, start
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "10"]
 TRAIN += ["--log-every", "1", "--eval-batches", "0"]
 
 
-def detach(w: World) -> str:
+def detach(w: World, *options: str, entry: tuple[str, ...] = tuple(TRAIN)) -> str:
     """The laptop's `run --detach`: it returns once the job trains, letting go of the lease."""
     assert w.gcs is not None
     rc = w.run(
-        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach",
-        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", *TRAIN,
+        "run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach", *options,
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--", *entry,
     )  # fmt: skip
     assert rc == 0
     return (w.dir / "runs" / "stack-e2e" / "LAST_RUN").read_text().strip()
+
+
+def run_uninterrupted(out: Path, args: tuple[str, ...]) -> dict[str, object]:
+    """The same training on two torchrun agents on this machine, one worker each (the bed's two
+    nodes, the same split), never interrupted: its summary."""
+    port, env = free_port(), child_env(out)
+    procs = [start(node_argv(port, "ref", list(args)), env) for _ in range(2)]
+    for p in procs:
+        output, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, output[-3000:]
+    return dict(json.loads((out / "summary.json").read_text()))
 
 
 def manifest(rid: str) -> RunManifest:
@@ -101,61 +116,80 @@ def head_ended(w: World, rid: str) -> bool:
 
 
 CHILD = ROOT / "tests" / "support" / "controller_child.py"
-IMAGE = "us-central1-docker.pkg.dev/gputrain-test/gputrain-e2e/gputrain-reconcile:latest"
+#: the image the program names for the stack's reconcile job (infra/reconciler_image.py)
+IMAGE = image_reference(ROOT, "us-central1", "gputrain-test", "e2e")
 
 
-def scheduled_pass(w: World, state: Path) -> tuple[dict[str, object], str]:
-    """One Scheduler tick: Cloud Scheduler POSTs to the Cloud Run job's `jobs.run`, the job's
-    container (`gputrain reconcile --stack e2e`, the production CLI) runs in its own process
-    against the stack as it is now. (The execution, its output.)"""
-    state.write_text(
-        json.dumps(
-            {
-                "outputs": w.runner.outputs(),
-                "config": w.runner.config,
-                "root": str(w.dir),
-                "runs": str(w.dir / "runs"),
-                "compute": w.compute.url,
-                "python": w.bed.python,
-                "autodown_s": None,
-                "argv": [],
-            }
-        )
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with FakeCloudRun({IMAGE: [sys.executable, str(CHILD), str(state)]}, env) as run:
-        base, job = "projects/gputrain-test/locations/us-central1", job_name("e2e")
-
-        def post(path: str, body: dict[str, object]) -> None:
-            request = urllib.request.Request(
-                run.url + path,
-                data=json.dumps(body).encode(),
-                method="POST",
-                headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+@contextmanager
+def reconcile_job(w: World, state: Path) -> Iterator[FakeCloudRun]:
+    """The stack's Cloud Run job and its Cloud Scheduler job, created through their REST APIs;
+    each `tick()` starts an execution whose container (`gputrain reconcile --stack e2e`, the
+    production CLI) runs in its own process. Its stack is the test's runner, served to it (what
+    the Pulumi CLI and state backend are to the real job): a pass re-creates VMs through it."""
+    with serving(w.runner) as address:
+        state.write_text(
+            json.dumps(
+                {
+                    "outputs": {},
+                    "config": {},
+                    "runner": address,
+                    "clients": {"retry_pause_s": 0, "preemption_confirm_s": 2},
+                    "root": str(w.dir),
+                    "runs": str(w.dir / "runs"),
+                    "compute": w.compute.url,
+                    "python": w.bed.python,
+                    "autodown_s": None,
+                    "argv": [],
+                }
             )
-            urllib.request.urlopen(request, timeout=10).close()
-
-        container = {"image": IMAGE, "args": ["reconcile", "--stack", "e2e"]}
-        post(
-            f"/v2/{base}/jobs?jobId={job}", {"template": {"template": {"containers": [container]}}}
         )
-        target = {"uri": run_uri("gputrain-test", "us-central1", job), "httpMethod": "POST"}
-        post(f"/v1/{base}/jobs", {"name": f"{base}/jobs/{job}", "httpTarget": target})
-        [execution] = run.tick()
-        done = run.wait(execution)
-        assert any(p.endswith(f"{job}:run") and a == f"Bearer {TOKEN}" for _, p, a in run.requests)
-        return done, run.output[execution]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with FakeCloudRun({IMAGE: [sys.executable, str(CHILD), str(state)]}, env) as run:
+            base, job = "projects/gputrain-test/locations/us-central1", job_name("e2e")
+
+            def post(path: str, body: dict[str, object]) -> None:
+                request = urllib.request.Request(
+                    run.url + path,
+                    data=json.dumps(body).encode(),
+                    method="POST",
+                    headers={
+                        "Authorization": f"Bearer {TOKEN}",
+                        "Content-Type": "application/json",
+                    },
+                )
+                urllib.request.urlopen(request, timeout=10).close()
+
+            container = {"image": IMAGE, "args": ["reconcile", "--stack", "e2e"]}
+            post(
+                f"/v2/{base}/jobs?jobId={job}",
+                {"template": {"template": {"containers": [container]}}},
+            )
+            target = {"uri": run_uri("gputrain-test", "us-central1", job), "httpMethod": "POST"}
+            post(f"/v1/{base}/jobs", {"name": f"{base}/jobs/{job}", "httpTarget": target})
+            yield run
+            assert all(a == f"Bearer {TOKEN}" for m, p, a in run.requests if p.endswith(":run"))
 
 
 def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """(a) a worker preempted, (d) two reconcilers started together, (g) the job finishes with
-    no controller: results in the bucket, VMs gone."""
+    """(a) a worker preempted, recovered by the stack's Cloud Run job (a Scheduler tick, the
+    production `gputrain reconcile` in its own process), (d) two executions started together
+    (the Scheduler fired twice): one acts, (g) the job finishes with no controller: results in
+    the bucket, VMs gone. The losses after recovery are an uninterrupted run's."""
     w = world(bucket=True)
-    rid = detach(w)
+    # as a trainer that resumes only when told: the first attempt starts over, the relaunch
+    # gets --resume-args (the reference trainer takes the last --resume)
+    entry = (*TRAIN, "--resume", "never")
+    rid = detach(w, "--resume-args", "--resume auto", entry=entry)
+    reference: list[dict[str, object]] = []  # the same training, never interrupted, meanwhile
+    uninterrupted = threading.Thread(
+        target=lambda: reference.append(run_uninterrupted(w.marker.parent / "ref", entry[2:]))
+    )
+    uninterrupted.start()
     m = manifest(rid)
-    assert (m.state, m.attempt, m.recoveries_left, m.entry) == ("running", 1, 3, tuple(TRAIN))
+    assert (m.state, m.attempt, m.recoveries_left, m.entry) == ("running", 1, 3, entry)
+    assert m.resume_args == ("--resume", "auto")
     assert m.code == f"gs://{BUCKET}/runs/{rid}/code.tar.gz" and "STORAGE_EMULATOR_HOST" in m.env
     capsys.readouterr()
     assert "running" in reconcile(w, capsys)  # every VM up, nothing taken: exits at once
@@ -164,37 +198,37 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     wait_for("a checkpoint", lambda: any(s >= 10 for s in w.checkpoints_in_bucket()))
     old_key = w.node_hosts["e2e-node-1"].host_key
     w.preempt("e2e-node-1")
-    gate = threading.Barrier(2)
-    codes: list[int] = []
-    took: list[float] = []
-
-    def one() -> None:
-        gate.wait()
+    with reconcile_job(w, w.marker.parent / "state.json") as run:
         start = time.time()
-        codes.append(w.run("reconcile", "--stack", "e2e"))
-        took.append(time.time() - start)
+        executions = [*run.tick(), *run.tick()]  # two passes at once
+        done = [run.wait(e, timeout=240) for e in executions]
+        took = time.time() - start
+        out = "\n".join(run.output[e] for e in executions)
+        assert [d["succeededCount"] for d in done] == [1, 1], out[-3000:]
+        assert out.count("holds the lease") + out.count("was taken over") == 1, out[-3000:]
+        assert w.runner.call_names().count("up") == ups + 1  # one re-creation, not two
+        assert w.node_hosts["e2e-node-1"].host_key != old_key  # a new VM, its new key pinned
+        m = manifest(rid)
+        assert (m.state, m.attempt, m.recoveries_done) == ("running", 2, 1), m.history
+        print(f"laptop closed: Scheduler tick -> first resumed step {took:.1f} s (own process)")
 
-    threads = [threading.Thread(target=one) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
-    out = capsys.readouterr().out
-    assert codes == [0, 0], out[-3000:]
-    assert out.count("holds the lease") + out.count("was taken over") == 1, out[-3000:]
-    assert w.runner.call_names().count("up") == ups + 1  # one re-creation, not two
-    assert w.node_hosts["e2e-node-1"].host_key != old_key  # a new VM, its new key pinned
-    m = manifest(rid)
-    assert (m.state, m.attempt, m.recoveries_done) == ("running", 2, 1), m.history
-    print(f"laptop closed: reconcile start -> first resumed step {max(took):.1f} s")
-
-    wait_end(w, rid)
-    execution, out = scheduled_pass(w, w.marker.parent / "state.json")  # no controller lives
-    assert execution["succeededCount"] == 1 and "ended (exit code 0)" in out, out[-3000:]
+        wait_end(w, rid)
+        [execution] = run.tick()  # no controller lives
+        done = [run.wait(execution)]
+        out = run.output[execution]
+    assert done[0]["succeededCount"] == 1 and "ended (exit code 0)" in out, out[-3000:]
     assert not w.compute.instances  # nothing billing
     assert w.gcs is not None
     assert f"runs/{rid}/e2e-node-0/summary.json" in names(w, f"runs/{rid}/")
     assert manifest(rid).state == "finished"
+    # resumed from its checkpoint through --resume-args, and ended as if never interrupted
+    blob = w.gcs.client().bucket(BUCKET).blob(f"runs/{rid}/e2e-node-0/summary.json")
+    summary = json.loads(blob.download_as_bytes())
+    uninterrupted.join(timeout=240)
+    [ref] = reference
+    assert int(summary["resumed_from"]) >= 10, summary
+    assert summary["final_loss"] == ref["final_loss"]
+    assert summary["param_checksums"] == ref["param_checksums"]
     assert "nothing to do" in reconcile(w, capsys)  # idempotent
     assert w.run("status", "--stack", "e2e") == 0  # from any machine that reads the bucket
     out = capsys.readouterr().out

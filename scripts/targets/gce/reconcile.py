@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,23 @@ if TYPE_CHECKING:
 ENDED_MARKER = ".gputrain-ended.json"  # trainer/watchdog.py's ENDED, beside each node's results
 #: what one pass did (its `last_pass.outcome` and the command's last line)
 LEASED, ADVANCING, DONE, RECOVERED = "leased elsewhere", "running", "ended", "recovered"
+
+
+def stack_file_from_environment(root: Path, stack: str, environ: Mapping[str, str]) -> bool:
+    """In the stack's Cloud Run job: the stack file the program handed the job (its text, in
+    GPUTRAIN_STACK_FILE) written into the project directory, where the pass and its Pulumi CLI
+    read it. A project that has the file keeps it. Whether it was written."""
+    from infra.reconciler import STACK_FILE_ENV
+    from infra.stackfile import check_stack_name
+
+    text = environ.get(STACK_FILE_ENV)
+    check_stack_name(stack)
+    path = root / f"Pulumi.{stack}.yaml"
+    if not text or path.exists():
+        return False
+    path.write_text(text)
+    path.chmod(0o600)
+    return True
 
 
 def reconcile(

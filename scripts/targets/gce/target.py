@@ -116,17 +116,20 @@ class GceTarget(StackTarget[GceClients, Provision]):
         """Whatever still carries the stack's labels or name prefix, printed loudly; a bucket
         kept on purpose is not a leftover."""
         from infra.gcp.sweep import sweep
+        from infra.reconciler import wanted
 
         spec, clients = ctx.spec, ctx.clients
         project = spec.project
         if not project:
             raise UserError(f"gcp:project is not set for stack {spec.stack}")
+        recovery = wanted(spec.recover, spec.capacity, spec.job_reach)  # its job and image
         found = sweep(
             project,
             spec.stack,
             api=clients.compute(),
             storage=clients.storage(project),
-            registry=clients.artifact_registry() if spec.build else None,
+            registry=clients.artifact_registry() if spec.build or recovery else None,
+            jobs=clients.reconcile_jobs() if recovery else None,
             region=spec.region,
         )
         rows = [

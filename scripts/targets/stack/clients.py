@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from infra.gcp.artifact_registry import ArtifactRegistryApi
+    from infra.gcp.cloud_run import ReconcileJobsApi
     from infra.gcp.cloudbuild import CloudBuildApi
     from infra.gcp.compute import ComputeApi
     from infra.gcp.gcs import StorageApi
@@ -38,6 +39,8 @@ class StackClients:
     artifacts_endpoint: str | None = field(
         default_factory=from_env("GPUTRAIN_ARTIFACTREGISTRY_ENDPOINT")
     )
+    run_endpoint: str | None = field(default_factory=from_env("GPUTRAIN_RUN_ENDPOINT"))
+    scheduler_endpoint: str | None = field(default_factory=from_env("GPUTRAIN_SCHEDULER_ENDPOINT"))
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     destroy_attempts: int = 3
     build_poll_s: float = 5.0  # between reads of a Cloud Build build
@@ -83,6 +86,12 @@ class StackClients:
         from infra.gcp.artifact_registry import ArtifactRegistryApi
 
         return ArtifactRegistryApi(self.artifacts_endpoint)
+
+    def reconcile_jobs(self) -> ReconcileJobsApi:
+        """Cloud Run and Cloud Scheduler jobs (the sweep of laptop-closed recovery)."""
+        from infra.gcp.cloud_run import ReconcileJobsApi
+
+        return ReconcileJobsApi(self.run_endpoint, self.scheduler_endpoint)
 
     def storage(self, project: str | None) -> StorageApi:
         """Cloud Storage for the stack's bucket (STORAGE_EMULATOR_HOST redirects it)."""

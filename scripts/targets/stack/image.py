@@ -6,6 +6,7 @@ so no GPU is created before the image is in the registry. See scripts/job/image_
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,3 +104,24 @@ def publish_stack_image(
         project=project,
         account=service_account_email(spec.stack, project),
     )
+
+
+def plan_reconciler_build(spec: ClusterSpec, root: Path, dest: Path) -> PlannedBuild:
+    """The reconcile job's image (infra/reconciler_image.py): its context written under `dest`
+    (what a local docker or Cloud Build gets) and its reference, the one the program names."""
+    from infra.image_build import BuildContext, context_tag
+    from infra.reconciler_image import context_entries, image_repository, write_context
+    from scripts.job.container import ImageRef
+    from scripts.job.image_build import REGISTRY_HOST_ENV, PlannedBuild
+
+    assert spec.project is not None  # require_deployable ran
+    entries = context_entries(root)
+    write_context(entries, dest)
+    files = tuple(sorted(rel for rel, _, _ in entries))
+    ctx = BuildContext(dest / "Dockerfile", files, context_tag(entries))
+    repository = image_repository(
+        spec.region, spec.project, spec.stack, os.environ.get(REGISTRY_HOST_ENV)
+    )
+    host, path = repository.split("/", 1)
+    image = ImageRef(host, path, ctx.tag)
+    return PlannedBuild(ctx, image, f"{NS}recover", spec.stack)

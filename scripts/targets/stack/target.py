@@ -9,10 +9,13 @@ is the pure spec of a pinned candidate or capacity mode; writing the config is t
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infra.base.errors import GputrainError, UserError
@@ -89,7 +92,9 @@ def pin(
     pinned: dict[str, Any] = {NS + "capacityInUse": mode} if spec.capacity_ladder else {}
     if candidate is not None:
         pinned |= {NS + "candidate": candidate_label(candidate), NS + "zone": candidate.zone}
-    return parse_spec(dict(config) | pinned, spec.stack)
+    return dataclasses.replace(
+        parse_spec(dict(config) | pinned, spec.stack), job_reach=spec.job_reach
+    )
 
 
 class StackTarget(Generic[C, P]):
@@ -131,9 +136,12 @@ class StackTarget(Generic[C, P]):
     def spec(self) -> ClusterSpec:
         """The validated spec, parsed once per command."""
         if self._spec is None:
+            from infra.reconciler import job_reach
             from infra.spec import parse_spec
 
-            self._spec = parse_spec(self.stack_file.config, self.stack)
+            spec = parse_spec(self.stack_file.config, self.stack)
+            reach = job_reach(os.environ, self.stack_file.secrets.provider)
+            self._spec = dataclasses.replace(spec, job_reach=reach)
         return self._spec
 
     @property
@@ -248,17 +256,23 @@ class StackTarget(Generic[C, P]):
         prepared = self.prepare(ctx)
         confirm(spec, yes=opts.yes)
         pending = self._local_build(planned)  # a Dockerfile that fails: nothing exists yet
+        context = tempfile.TemporaryDirectory(prefix="gputrain-reconcile-")
+        reconcile = self._reconciler_build(spec, Path(context.name))
         session: Session | None = None
         results_lost: dict[str, str] = {}  # nodes whose results SSH could not bring home
         try:
             if pending is not None:  # the repository and the image, before any GPU
                 self._built = self._publish(spec, pending)
+            if reconcile is not None:  # the reconcile job's image, which `up` names
+                self._publish(spec, reconcile, build_in_config=True)
+            context.cleanup()
             with self.create(ctx, prepared) as session:
                 yield session
         except GputrainError as e:
             results_lost = dict(getattr(e, "results_missing", None) or {})
             raise
         finally:
+            context.cleanup()
             keep = session.keep if session is not None else opts.keep
             with guard.teardown():
                 if keep:
@@ -311,7 +325,9 @@ class StackTarget(Generic[C, P]):
 
         return local_build(planned, ui.say) if planned is not None else None
 
-    def _publish(self, spec: ClusterSpec, pending: PendingBuild) -> ImageRef:
+    def _publish(
+        self, spec: ClusterSpec, pending: PendingBuild, *, build_in_config: bool = False
+    ) -> ImageRef:
         from scripts.targets.stack.image import publish_stack_image
 
         return publish_stack_image(
@@ -319,8 +335,19 @@ class StackTarget(Generic[C, P]):
             pending,
             runner=self.runner,
             clients=self.clients,
-            build_in_config=bool(self.spec().build),
+            build_in_config=build_in_config or bool(self.spec().build),
         )
+
+    def _reconciler_build(self, spec: ClusterSpec, dest: Path) -> PendingBuild | None:
+        """Where the stack declares the reconcile job (infra/reconciler.py): its image, looked
+        up and, if the registry lacks its tag, built here (a failure: nothing exists yet)."""
+        from infra.reconciler import wanted
+
+        if not wanted(spec.recover, spec.capacity, spec.job_reach):
+            return None
+        from scripts.targets.stack.image import plan_reconciler_build
+
+        return self._local_build(plan_reconciler_build(spec, self.settings.root, dest))
 
     def check_before_spending(self, spec: ClusterSpec, opts: RunOptions) -> None:
         """Before anything is created: a money prompt someone can answer (or --yes), then

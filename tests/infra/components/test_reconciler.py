@@ -1,20 +1,43 @@
 """The laptop-closed recovery the program declares (infra/components/reconciler.py) under the SDK
-mocks: on a spot or flex-start stack with `recover: auto` (or any stack with `always`) a Cloud
-Run job that runs `gputrain reconcile`, a Cloud Scheduler job POSTing to its `jobs:run` with an
-OAuth token, a service account with grants on the stack's own resources, Direct VPC egress into
-the stack's subnet and SSH open to that range only; nothing of it otherwise."""
+mocks: on a spot or flex-start stack with `recover: auto` (the default) whose state a job can
+reach (or any stack with `always`) a Cloud Run job that runs `gputrain reconcile` from the image
+the controller builds into the stack's repository, a Cloud Scheduler job POSTing to its
+`jobs:run` with an OAuth token, a service account with grants on the stack's own resources (and
+its state and KMS key), Direct VPC egress into the stack's subnet and SSH open to that range
+only; nothing of it otherwise."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import runpy
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
+import yaml
 
-from infra.reconciler import idle_cost_per_day, parse_every, parse_recover, plan_line, schedule
+from infra.components.reconciler import ReconcileSource
+from infra.reconciler import (
+    JobReach,
+    idle_cost_per_day,
+    parse_every,
+    parse_recover,
+    plan_line,
+    schedule,
+)
+from infra.reconciler_image import image_reference
 from infra.spec import ClusterSpec, parse_spec
-from infra.stackfile import SpecError
-from tests.support.pulumi_mocks import FIREWALL, TEST_PROJECT, GcpMocks, deployable_config
+from infra.stackfile import SpecError, load_stack_config
+from tests.support import ROOT
+from tests.support.pulumi_mocks import (
+    FIREWALL,
+    TEST_PROJECT,
+    GcpMocks,
+    deployable_config,
+    pulumi_mocks,
+)
 
 JOB = "gcp:cloudrunv2/job:Job"
 SCHEDULER = "gcp:cloudscheduler/job:Job"
@@ -23,10 +46,18 @@ PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
 SA_MEMBER = "gcp:serviceaccount/iAMMember:IAMMember"
 BUCKET_MEMBER = "gcp:storage/bucketIAMMember:BucketIAMMember"
 INVOKER = "gcp:cloudrunv2/jobIamMember:JobIamMember"
+REPOSITORY = "gcp:artifactregistry/repository:Repository"
+REPO_MEMBER = "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
+KMS_MEMBER = "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
+KEY = "projects/gputrain-test-1/locations/global/keyRings/gputrain/cryptoKeys/state"
+REACH = JobReach("gs://my-pulumi-state/gputrain", f"gcpkms://{KEY}")
+IMAGE = f"us-central1-docker.pkg.dev/{TEST_PROJECT}/gputrain-dev/gputrain-reconcile:ctx-0"
+SOURCE = ReconcileSource(IMAGE, "config:\n  gputrain:capacity: spot\n", "dev")
 
 
-def _spec(**overrides: str) -> ClusterSpec:
-    return parse_spec(deployable_config("dev", **overrides), "dev")
+def _spec(reach: JobReach | None = REACH, **overrides: str) -> ClusterSpec:
+    spec = parse_spec(deployable_config("dev", **overrides), "dev")
+    return dataclasses.replace(spec, job_reach=reach)
 
 
 def declared(cluster: Any) -> pulumi.Output[Any]:
@@ -42,14 +73,19 @@ def test_a_spot_stack_with_recover_auto_declares_the_job_and_its_schedule(mocks:
     from infra.components.cluster import GpuCluster
 
     spec = _spec(recover="auto", reconcileEvery="5m")
-    cluster = GpuCluster(spec.stack, spec)
+    cluster = GpuCluster(spec.stack, spec, reconcile=SOURCE)
 
     def check(_: Any) -> None:
         [job] = mocks.of_type(JOB)
         t = job.inputs["template"]["template"]
         [container] = t["containers"]
         assert container["args"] == ["reconcile", "--stack", "dev"]
-        assert container["image"].startswith("us-central1-docker.pkg.dev/gputrain-test-1/")
+        assert container["image"] == IMAGE
+        env = {e["name"]: e["value"] for e in container["envs"]}
+        assert env == {
+            "GPUTRAIN_STACK_FILE": SOURCE.stack_file,
+            "PULUMI_BACKEND_URL": "gs://my-pulumi-state/gputrain",
+        }
         assert t["maxRetries"] == 0 and job.inputs["location"] == spec.region
         assert job.inputs["labels"]["gputrain-stack"] == "dev"  # what `sweep` matches
         [nic] = t["vpcAccess"]["networkInterfaces"]
@@ -78,6 +114,15 @@ def test_a_spot_stack_with_recover_auto_declares_the_job_and_its_schedule(mocks:
             m for m in mocks.of_type(BUCKET_MEMBER) if m.name == "dev-reconcile-bucket"
         ]
         assert bucket_grant.inputs["role"] == "roles/storage.objectAdmin"
+        # the Pulumi state: objects of the backend's bucket, and decrypting with its KMS key
+        [state] = [m for m in mocks.of_type(BUCKET_MEMBER) if m.name == "dev-reconcile-state"]
+        assert (state.inputs["bucket"], state.inputs["role"]) == (
+            "my-pulumi-state",
+            "roles/storage.objectAdmin",
+        )
+        [decrypt] = mocks.of_type(KMS_MEMBER)
+        assert decrypt.inputs["cryptoKeyId"] == KEY
+        assert decrypt.inputs["role"] == "roles/cloudkms.cryptoKeyDecrypter"
         [act_as] = mocks.of_type(SA_MEMBER)
         assert act_as.inputs["role"] == "roles/iam.serviceAccountUser"
         [invoker] = mocks.of_type(INVOKER)
@@ -91,18 +136,32 @@ def test_a_spot_stack_with_recover_auto_declares_the_job_and_its_schedule(mocks:
 
 
 @pytest.mark.parametrize(
-    "overrides",
-    [{"capacity": "on-demand", "recover": "auto"}, {"recover": "never"}, {}],
-    ids=["on-demand-auto", "spot-never", "spot-default"],
+    ("reach", "overrides"),
+    [
+        (REACH, {"capacity": "on-demand", "recover": "auto"}),
+        (REACH, {"capacity": "on-demand"}),
+        (REACH, {"recover": "never"}),
+        (None, {}),
+        (JobReach("file:///home/me/.pulumi", f"gcpkms://{KEY}"), {}),
+        (JobReach("gs://my-pulumi-state", None), {}),
+    ],
+    ids=[
+        "on-demand-auto",
+        "on-demand-default",
+        "spot-never",
+        "spot-state-unknown",
+        "spot-local-state",
+        "spot-passphrase",
+    ],
 )
 @pulumi.runtime.test
-def test_nothing_is_declared_unless_asked_or_preemptible(
-    mocks: GcpMocks, overrides: dict[str, str]
+def test_nothing_is_declared_unless_asked_or_preemptible_and_reachable(
+    mocks: GcpMocks, reach: JobReach | None, overrides: dict[str, str]
 ) -> Any:
     from infra.components.cluster import GpuCluster
 
-    spec = _spec(**overrides)
-    cluster = GpuCluster(spec.stack, spec)
+    spec = _spec(reach, **overrides)
+    cluster = GpuCluster(spec.stack, spec, reconcile=SOURCE)
 
     def check(_: Any) -> None:
         assert mocks.of_type(JOB) == [] and mocks.of_type(SCHEDULER) == []
@@ -116,7 +175,7 @@ def test_recover_always_declares_it_on_demand_too(mocks: GcpMocks) -> Any:
     from infra.components.cluster import GpuCluster
 
     spec = _spec(capacity="on-demand", recover="always")
-    cluster = GpuCluster(spec.stack, spec)
+    cluster = GpuCluster(spec.stack, spec, reconcile=SOURCE)
     return declared(cluster).apply(
         lambda _: len(mocks.of_type(JOB)) == len(mocks.of_type(SCHEDULER)) == 1 or pytest.fail("")
     )
@@ -133,7 +192,7 @@ def test_recover_always_declares_it_on_demand_too(mocks: GcpMocks) -> Any:
 )
 def test_bad_settings_are_one_line(key: str, value: str, message: str) -> None:
     with pytest.raises(SpecError) as e:
-        _spec(**{key: value})
+        _spec(REACH, **{key: value})
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
@@ -148,5 +207,82 @@ def test_schedule_cost_and_plan_line() -> None:
     ]  # fmt: skip
     # 720 passes a day x 5 s x (1 vCPU x $0.000018 + 0.5 GiB x $0.000002)
     assert idle_cost_per_day(120) == pytest.approx(720 * 5 * 0.000019)
-    assert "every 2m" in plan_line("auto", "spot", 120) and "/day" in plan_line("auto", "spot", 120)
-    assert "off (on-demand VMs are not preempted" in plan_line("auto", "on-demand", 120)
+    on = plan_line("auto", "spot", 120, REACH)
+    assert "every 2m" in on and "$0.068/day" in on
+    assert "off (on-demand VMs are not preempted" in plan_line("auto", "on-demand", 120, REACH)
+    assert plan_line("auto", "spot", 120, JobReach(None, None)) == (
+        "laptop-closed recovery: off (PULUMI_BACKEND_URL does not name the stack's Pulumi "
+        "state (a gs:// backend), so a Cloud Run job could not act; `recover: always` turns it "
+        "on)"
+    )
+    assert "not under a gcpkms:// secrets provider" in plan_line(
+        "auto", "flex-start", 120, JobReach("gs://state", "passphrase")
+    )
+    assert parse_recover("") == "auto"  # the default
+
+
+def _program(project: Path, **overrides: str) -> GcpMocks:
+    """__main__.py under mocks, run from `project` (its stack file, its files hashed)."""
+    cfg = deployable_config("dev", **overrides)
+    with pulumi_mocks(load_stack_config(ROOT, "dev"), stack="dev") as mocks:
+
+        @pulumi.runtime.test
+        def program() -> Any:
+            pulumi.runtime.set_all_config(cfg, secret_keys=["gputrain:sshPrivateKey"])
+            ns = runpy.run_path(str(ROOT / "__main__.py"))
+            rc = ns["cluster"].reconciler
+            more = [] if rc is None else [rc.job.urn, rc.scheduler.urn]
+            if ns["registry"] is not None:
+                more.append(ns["registry"].repository.urn)
+            return pulumi.Output.all(pulumi.Output.all(**ns["cluster"].exports()), *more)
+
+        program()
+    return mocks
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project directory whose stack keeps its state in gs:// and its secrets under KMS."""
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text()) or {}
+    doc["secretsprovider"] = f"gcpkms://{KEY}"
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PULUMI_BACKEND_URL", "gs://my-pulumi-state")
+    return tmp_path
+
+
+def test_the_program_points_the_job_at_the_image_the_controller_builds(project: Path) -> None:
+    """The whole program on a spot stack: the stack's repository (where the controller pushes
+    the image before `up`; the nodes' account may write to it, for Cloud Build, and not read
+    it), the job on the image named by the hash of this project's files, with its stack file."""
+    mocks = _program(project)
+    [job] = mocks.of_type(JOB)
+    [container] = job.inputs["template"]["template"]["containers"]
+    assert container["image"] == image_reference(project, "us-central1", TEST_PROJECT, "dev")
+    env = {e["name"]: e["value"] for e in container["envs"]}
+    assert env["GPUTRAIN_STACK_FILE"] == (project / "Pulumi.dev.yaml").read_text()
+    assert env["PULUMI_BACKEND_URL"] == "gs://my-pulumi-state"
+    [repo] = mocks.of_type(REPOSITORY)
+    assert repo.inputs["repositoryId"] == "gputrain-dev" and repo.inputs["format"] == "DOCKER"
+    roles = [m.inputs["role"] for m in mocks.of_type(REPO_MEMBER)]
+    assert roles == ["roles/artifactregistry.writer"]  # Cloud Build runs as the stack's account
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"capacity": "on-demand"}, {"recover": "never"}], ids=["on-demand", "never"]
+)
+def test_the_program_builds_and_declares_nothing_for_it_on_demand(
+    project: Path, overrides: dict[str, str]
+) -> None:
+    mocks = _program(project, **overrides)
+    assert mocks.of_type(JOB) == mocks.of_type(SCHEDULER) == mocks.of_type(REPOSITORY) == []
+
+
+def test_the_program_without_a_state_a_job_could_reach_declares_nothing(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PULUMI_BACKEND_URL")
+    assert os.environ.get("PULUMI_BACKEND_URL") is None
+    mocks = _program(project)
+    assert mocks.of_type(JOB) == mocks.of_type(REPOSITORY) == []

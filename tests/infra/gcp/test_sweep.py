@@ -4,20 +4,24 @@ real IAM / Cloud Resource Manager REST shapes, and other stacks' accounts are le
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
+import yaml
 
 from infra.components.identity import NODE_ROLES
 from infra.gcp.api import GoogleApiError
 from infra.gcp.artifact_registry import ArtifactRegistryApi
+from infra.gcp.cloud_run import ReconcileJobsApi
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
 from infra.gcp.iam import IamApi
 from infra.gcp.sweep import NOT_SWEPT, SWEPT_TYPES, repository_leftovers, sweep
 from infra.stackfile import STACK_LABEL, load_stack_config, service_account_id
 from tests.support.fake_artifact_registry import FakeArtifactRegistry
+from tests.support.fake_cloud_run import FakeCloudRun
 from tests.support.fake_compute import FakeCompute
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.program import FAMILIES
@@ -65,10 +69,23 @@ def _declared(stack: str, overrides: dict[str, str]) -> list[Any]:
         return [r for r in mocks.resources if r.custom]
 
 
+def _with_recovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """A spot stack whose state a reconcile job can reach: what laptop-closed recovery adds."""
+    doc = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text()) or {}
+    doc["secretsprovider"] = "gcpkms://projects/p/locations/global/keyRings/r/cryptoKeys/k"
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    with monkeypatch.context() as m:
+        m.chdir(tmp_path)
+        m.setenv("PULUMI_BACKEND_URL", "gs://state")
+        return _declared_types("dev", {})
+
+
 def test_every_resource_type_the_program_declares_is_swept(
-    fake: FakeCompute, gcs: GcsEmulator
+    fake: FakeCompute, gcs: GcsEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    declared: set[str] = set()
+    declared: set[str] = _with_recovery(tmp_path, monkeypatch)
+    assert "gcp:cloudrunv2/job:Job" in declared
     for _, stack, overrides in STACKS:
         declared |= _declared_types(stack, overrides)
     missing = sorted(declared - set(SWEPT_TYPES) - set(NOT_SWEPT))
@@ -91,8 +108,11 @@ def test_every_resource_type_the_program_declares_is_swept(
     bucket.labels = {STACK_LABEL: dev}  # the emulator drops labels on insert
     bucket.patch()
     storage = StorageApi(fake.project)
-    with FakeArtifactRegistry(fake.project) as artifacts:
+    job = f"projects/{fake.project}/locations/us-central1/jobs/{dev}-reconcile"
+    with FakeArtifactRegistry(fake.project) as artifacts, FakeCloudRun({}, {}) as run:
         artifacts.add(fake.project, "us-central1", "gputrain-dev", {STACK_LABEL: dev})
+        run.jobs[job] = {"name": job, "labels": {STACK_LABEL: dev}}
+        run.schedules[job] = {"name": job}
         found = {
             x.kind
             for x in sweep(
@@ -101,6 +121,7 @@ def test_every_resource_type_the_program_declares_is_swept(
                 api=ComputeApi(fake.url),
                 storage=storage,
                 registry=ArtifactRegistryApi(artifacts.url),
+                jobs=ReconcileJobsApi(run.url, run.url),
                 region="us-central1",
             )
         }
@@ -195,3 +216,42 @@ def test_iam_reads_page_and_fail_in_one_line(fake: FakeCompute) -> None:
         iam.service_accounts("someone-else")
     with pytest.raises(ComputeApiError, match=r"projects.getIamPolicy: 403"):
         iam.role_bindings("someone-else")
+
+
+def test_the_reconcile_job_and_its_schedule_are_found_by_label_and_name() -> None:
+    """Laptop-closed recovery's Cloud Run job (by its gputrain-stack label) and Cloud Scheduler
+    job (by its exact name `<stack>-reconcile`: Scheduler jobs have no labels), through the real
+    REST list shapes on every page; other stacks' and the user's own jobs are not listed."""
+    from infra.gcp.sweep import reconcile_job_leftovers
+
+    base = "projects/p-1/locations/us-central1"
+    with FakeCloudRun({}, {}) as fake:
+        for job, stack in [("a-job", None), ("dev-2-reconcile", "dev-2"), ("dev-reconcile", "dev"),
+                           ("nightly", None), ("zz", "dev")]:  # fmt: skip
+            labels = {STACK_LABEL: stack} if stack else {}
+            fake.jobs[f"{base}/jobs/{job}"] = {"name": f"{base}/jobs/{job}", "labels": labels}
+            fake.schedules[f"{base}/jobs/{job}"] = {"name": f"{base}/jobs/{job}"}
+        api = ReconcileJobsApi(fake.url, fake.url)
+        assert len(api.run_jobs("p-1", "us-central1")) == 5  # three pages of two
+        found = reconcile_job_leftovers(api, "p-1", "us-central1", "dev")
+        assert [(x.kind, x.name, x.location, x.matched_by) for x in found] == [
+            ("cloud-run-job", "dev-reconcile", "us-central1", "label gputrain-stack=dev"),
+            ("cloud-run-job", "zz", "us-central1", "label gputrain-stack=dev"),
+            ("scheduler-job", "dev-reconcile", "us-central1", "name dev-reconcile"),
+        ]
+        assert reconcile_job_leftovers(api, "p-1", "europe-west4", "dev") == []
+        fake.jobs.clear()
+        fake.schedules.clear()
+        assert reconcile_job_leftovers(api, "p-1", "us-central1", "dev") == []
+        assert ("GET", f"/v1/{base}/jobs", "") in fake.requests  # Scheduler's own path
+
+
+def test_the_reconcile_jobs_account_and_its_bindings_are_found(fake: FakeCompute) -> None:
+    rc = fake.add_service_account("gputrain-rc-dev", "gputrain reconcile of stack dev")
+    fake.add_service_account("gputrain-rc-dev-2")  # another stack's
+    fake.add_role_binding("roles/compute.viewer", f"serviceAccount:{rc}")
+    found = sweep(fake.project, "dev", api=ComputeApi(fake.url))
+    assert [(x.kind, x.name, x.matched_by) for x in found] == [
+        ("iam-binding", f"roles/compute.viewer serviceAccount:{rc}", "account id gputrain-rc-dev"),
+        ("service-account", rc, "account id gputrain-rc-dev"),
+    ]

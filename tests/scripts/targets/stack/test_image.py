@@ -189,3 +189,53 @@ def test_a_runs_teardown_keeps_the_repository_and_what_holds_it() -> None:
     ]
     assert destroy_targets(resources, [REPOSITORY_TYPE]) == [cluster, reader]
     assert destroy_targets(resources, []) == [registry, repo, cluster, reader]
+
+
+def test_the_reconcile_jobs_image_goes_through_cloud_build_as_the_program_names_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    registry: Registry,
+    cloud: FakeCloudBuild,
+    gcs: GcsEmulator,
+) -> None:
+    """Laptop-closed recovery on (a gs:// state, KMS secrets): before `up`, the controller builds
+    the reconcile job's image from gputrain's own files and a generated Dockerfile through the
+    same path as `build:` (here Cloud Build, as the stack's account), under the tag the program
+    computes for the job; the stack file's `build` stays unset."""
+    from infra.reconciler_image import image_reference
+    from infra.stackfile import read_stack_file
+
+    proj = _project(tmp_path, monkeypatch)
+    text = (
+        (proj / f"Pulumi.{STACK}.yaml")
+        .read_text()
+        .replace("  gputrain:build: img/Dockerfile\n", "")
+    )
+    key = "projects/p/locations/global/keyRings/r/cryptoKeys/k"
+    (proj / f"Pulumi.{STACK}.yaml").write_text(f"secretsprovider: gcpkms://{key}\n{text}")
+    monkeypatch.setenv("PULUMI_BACKEND_URL", "gs://state")
+    stack_file = read_stack_file(proj, STACK)
+    spec = parse_spec(stack_file.config, STACK)
+    runner = FakeStackRunner(stack_name=STACK, project=PROJECT, bucket=spec.bucket_name)
+    clients = GceClients(
+        runner_for=lambda s, r: runner, cloudbuild_endpoint=cloud.url, build_poll_s=0.01
+    )
+    settings = Settings(root=ROOT, runs_dir=proj / "runs")  # gputrain's own project files
+    target = GceTarget(STACK, settings, clients, stack_file=stack_file)
+    spec = target.spec()
+    assert spec.job_reach is not None and spec.job_reach.missing is None
+    pending = target._reconciler_build(spec, tmp_path / "context")
+    assert pending is not None and pending.found is None  # the registry lacks it
+    image = target._publish(spec, pending, build_in_config=True)
+
+    named = image_reference(ROOT, spec.region, PROJECT, STACK)  # what the program names
+    assert f"{image.repository}:{image.tag}".split("/", 1)[1] == named.split("/", 1)[1]
+    assert runner.calls == [("up-targets", *target_urns(spec, with_bucket=True))]
+    [(build_id, build)] = cloud.builds.items()
+    files = cloud.sources[build_id]
+    assert "Dockerfile" in files and "__main__.py" in files and "scripts/cli.py" in files
+    assert not [f for f in files if "__pycache__" in f or f.startswith((".venv", "tests/"))]
+    assert build["serviceAccount"].endswith(f"gputrain-{STACK}@{PROJECT}.iam.gserviceaccount.com")
+    assert "gputrain:build" not in runner.config
+    assert f"Cloud Build builds it ({len(files)} files" in capsys.readouterr().out
