@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gputrain_node import contract
 from infra.base.errors import GputrainError
 from scripts.job.environment import (
     ENVS_DIR,
@@ -27,22 +28,9 @@ from scripts.transport.base import Transport, TransportError
 #: What the node script prints before its own lines; the launcher shows `[node] [PHASE] ...`.
 PHASES = ("requirements", "setup")
 _MARK = "gputrain-env:"
-#: The node's torch and the CUDA runtime it came with, as pip constraints (`NAME==VERSION`) in
-#: the file argv[1]; prints the torch version (nothing without torch). The user's requirements
-#: are installed under them: pip picks a torchvision/torchaudio built for this torch, or fails
-#: naming the conflict, instead of replacing torch (gigabytes) under the node's drivers.
-NODE_PINS_PY = """import importlib.metadata as m, sys
-keep = {}
-for d in m.distributions():
-    n = (d.metadata.get("Name") or "").lower().replace("_", "-")
-    if n in ("torch", "triton", "pytorch-triton") or n.startswith("nvidia-"):
-        keep.setdefault(n, d.version)
-if "torch" not in keep:
-    keep = {}
-open(sys.argv[1], "w").write("".join(f"{n}=={v}\\n" for n, v in sorted(keep.items())))
-if keep:
-    print(keep["torch"], len(keep) - 1)
-"""
+#: The node's torch and the CUDA runtime it came with, as pip constraints in the file argv[1]
+#: (the node package's, run by its source: the code is not there yet); prints the torch version
+NODE_PINS_PY = contract.source_of(contract.TORCH_PINS).read_text()
 
 #: pip's reasons for a ResolutionImpossible in setup.log (argv[1]), as ": A; B" (nothing without)
 CONFLICT_PY = """import sys
