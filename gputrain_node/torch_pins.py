@@ -28,7 +28,7 @@ def installed() -> list[tuple[str, str]]:
     """This interpreter's distributions, as (name, version)."""
     import importlib.metadata as metadata
 
-    return [(d.metadata.get("Name") or "", d.version) for d in metadata.distributions()]
+    return [(d.metadata.get("Name") or "", d.version) for d in metadata.distributions()]  # type: ignore[attr-defined]
 
 
 def constraints(keep: dict[str, str]) -> str:
