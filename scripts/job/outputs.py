@@ -33,12 +33,14 @@ REFERENCE_TRAINER = ("-m", "trainer.train")
 
 #: in the run dir on the node: what rank 0's node's state gave this node (mirror_out --filled)
 FILLED_RECORD = "filled"
-#: the download's first step, once the job is over: the files a fill gave this node and its job
-#: left unchanged are rank 0's (they come home from its node), not this node's results
+#: the download's first step, once the job is over: the files a fill gave this node that are
+#: still as the fill left them (size, mtime) are rank 0's (they come home from its node), not
+#: this node's results
 FORGET_FILLED_SH = (
     f"[ ! -s exitcode ] || [ ! -f {FILLED_RECORD} ] || "
-    "while IFS=\"$(printf '\\t')\" read -r f rest; do "
-    f'[ ! -e "$f" ] || [ "$f" -nt pgid ] || rm -f "$f"; done < {FILLED_RECORD}'
+    "while IFS=\"$(printf '\\t')\" read -r f s m g; do "
+    '[ "$(stat -c \'%s %Y\' "$f" 2>/dev/null)" != "$s ${m%?????????}" ] || rm -f "$f"; '
+    f"done < {FILLED_RECORD}"
 )
 
 

@@ -166,25 +166,25 @@ def test_nodes_but_rank_0s_get_its_files_on_relaunches_and_resumes() -> None:
 
 
 def test_the_files_a_fill_gave_a_node_do_not_come_home_as_its_own(tmp_path: Path) -> None:
-    """Once the job is over, a fill its job left unchanged is removed before the download (rank
-    0's node brings it home); one the job rewrote after its start is kept."""
-    import os
+    """Once the job is over, a fill still as the fill left it is removed before the download
+    (rank 0's node brings it home); one the node's job rewrote since is its own and kept."""
     import subprocess
 
     (tmp_path / "out").mkdir()
     (tmp_path / "workdir").mkdir()
     (tmp_path / "out" / "ckpt.pt").write_text("rank 0's")
-    (tmp_path / "workdir" / "snapshot.pt").write_text("rewritten by this node's job")
+    (tmp_path / "workdir" / "snapshot.pt").write_text("3")
     (tmp_path / "workdir" / "own.txt").write_text("its own")
-    (tmp_path / "filled").write_text("out/ckpt.pt\t8\t1\t5\nworkdir/snapshot.pt\t1\t1\t7\n")
-    (tmp_path / "pgid").write_text("1")
-    for name, age in (("out/ckpt.pt", 10), ("pgid", 5), ("workdir/snapshot.pt", 0)):
-        t = 1_700_000_000 - age
-        os.utime(tmp_path / name, (t, t))
+    record = ""
+    for rel in ("out/ckpt.pt", "workdir/snapshot.pt"):
+        st = (tmp_path / rel).stat()
+        record += f"{rel}\t{st.st_size}\t{st.st_mtime_ns}\t7\n"
+    (tmp_path / "filled").write_text(record)
+    (tmp_path / "workdir" / "snapshot.pt").write_text("12")  # the node's job saved it again
     running = subprocess.run(["sh", "-c", outputs.FORGET_FILLED_SH], cwd=tmp_path)
     assert running.returncode == 0 and (tmp_path / "out" / "ckpt.pt").exists()  # still running
     (tmp_path / "exitcode").write_text("0 1.0")
     subprocess.run(["sh", "-c", outputs.FORGET_FILLED_SH], cwd=tmp_path, check=True)
     assert not (tmp_path / "out" / "ckpt.pt").exists()
-    assert (tmp_path / "workdir" / "snapshot.pt").exists()
+    assert (tmp_path / "workdir" / "snapshot.pt").read_text() == "12"
     assert (tmp_path / "workdir" / "own.txt").exists()
