@@ -1,6 +1,7 @@
 """`python torch_pins.py FILE`: the interpreter's torch and the CUDA runtime it came with, as pip
 constraints (`NAME==VERSION`) in FILE; prints the torch version and how many packages came with
-it (nothing without torch). The user's requirements are installed under them, on GCE nodes (run
+it (nothing without torch); `python torch_pins.py --conflict LOG`: pip's reasons for a
+ResolutionImpossible in LOG as ": A; B" (nothing without). The user's requirements are installed under them, on GCE nodes (run
 as `python -c` before the code is there) and on Vertex AI replicas (vertex_setup): pip picks a
 torchvision/torchaudio built for this torch, or fails naming the conflict, instead of replacing
 torch (gigabytes) under the node's drivers. Stands alone: the standard library only.
@@ -51,7 +52,15 @@ def write(path: str) -> dict[str, str]:
     return keep
 
 
+def conflict_reasons(lines: Iterable[str]) -> list[str]:
+    """Every conflict_reason of pip's output, once each, in order. Pure."""
+    return list(dict.fromkeys(r for r in map(conflict_reason, lines) if r))
+
+
 if __name__ == "__main__":
-    kept = write(sys.argv[1])
-    if kept:
+    if sys.argv[1] == "--conflict":
+        with open(sys.argv[2], errors="replace") as log:
+            if found := conflict_reasons(log):
+                print(": " + "; ".join(found), end="")
+    elif kept := write(sys.argv[1]):
         print(kept["torch"], len(kept) - 1)

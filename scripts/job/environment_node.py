@@ -29,19 +29,9 @@ from scripts.transport.base import Transport, TransportError
 PHASES = ("requirements", "setup")
 _MARK = "gputrain-env:"
 #: The node's torch and the CUDA runtime it came with, as pip constraints in the file argv[1]
-#: (the node package's, run by its source: the code is not there yet); prints the torch version
+#: (the node package's, run by its source: the code is not there yet); prints the torch version.
+#: `--conflict LOG`: pip's reasons for a ResolutionImpossible in LOG, as ": A; B"
 NODE_PINS_PY = contract.source_of(contract.TORCH_PINS).read_text()
-
-#: pip's reasons for a ResolutionImpossible in setup.log (argv[1]), as ": A; B" (nothing without)
-CONFLICT_PY = """import sys
-seen = []
-for line in open(sys.argv[1], errors="replace"):
-    line = line.strip().replace("The user requested (constraint) ", "the node has ")
-    if (" depends on " in line or line.startswith("the node has ")) and line not in seen:
-        seen.append(line)
-if seen:
-    print(": " + "; ".join(seen), end="")
-"""
 
 
 def build_prepare_command(
@@ -130,7 +120,7 @@ fail() {{ say "$1" "failed: $2"; keep_log; rm -f "$ENV/ready"; exit 1; }}
 PINS="$ENV/node-pins.txt"
 # pip's ResolutionImpossible reasons ("X depends on torch==..."), for the failure's one line
 conflict() {{
-  if [ -s "$PINS" ] && [ -f "$ENV/setup.log" ]; then "$PY" -c {q(CONFLICT_PY)} "$ENV/setup.log"; fi
+  if [ -s "$PINS" ] && [ -f "$ENV/setup.log" ]; then "$PY" -c {q(NODE_PINS_PY)} --conflict "$ENV/setup.log"; fi
 }}
 # pip's output goes to setup.log alone (the run's results get it); its last lines are shown
 # only when it fails
