@@ -188,3 +188,20 @@ def test_the_files_a_fill_gave_a_node_do_not_come_home_as_its_own(tmp_path: Path
     assert not (tmp_path / "out" / "ckpt.pt").exists()
     assert (tmp_path / "workdir" / "snapshot.pt").read_text() == "12"
     assert (tmp_path / "workdir" / "own.txt").exists()
+
+
+def test_a_relaunch_without_a_bucket_says_what_rank_0_alone_has(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from infra.base.records import Fleet, Node
+    from scripts.job.outputs import prepare_outputs
+
+    fleet = Fleet("t", (Node("n0", "head", "10.0.0.1"), Node("n1", "worker", "10.0.0.2")))
+    prepare_outputs(fleet, {}, Job("r1", entry=("multinode.py",), attempt=2))
+    assert capsys.readouterr().err == (
+        "warning: no bucket mirrors this run's files: every node resumes from what it kept "
+        "itself; what rank 0 alone wrote is only on n0\n"
+    )
+    prepare_outputs(fleet, {}, Job("r1", entry=("multinode.py",)))  # a first attempt: nothing
+    prepare_outputs(Fleet("t", fleet.nodes[:1]), {}, Job("r1", resumed=True))  # one node
+    assert capsys.readouterr().err == ""
