@@ -157,7 +157,7 @@ def test_a_trainer_checkpointing_on_rank_0_only_resumes_on_every_rank(
     target = w.dir / "runs" / "stack-e2e"
     run_dir = target / (target / "LAST_RUN").read_text().strip()
     head = re.search(
-        r"\[e2e-node-0\] \[rank0\]:Resuming training from snapshot at Epoch (\d+)", after
+        r"\[e2e-node-0\] \[rank\d\]:Resuming training from snapshot at Epoch (\d+)", after
     )
     assert head is not None
     assert (run_dir / "e2e-node-0" / "workdir" / "snapshot.pt").read_text() == str(
