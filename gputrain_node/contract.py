@@ -22,7 +22,8 @@ WATCHDOG = f"{PACKAGE}.watchdog"  # stack runs: results to the bucket, autodown 
 TELEMETRY = f"{PACKAGE}.telemetry"  # GPU samples and rank stacks beside torchrun
 HEALTHCHECK = f"{PACKAGE}.healthcheck"  # a torchrun ENTRY: are these GPUs and links healthy?
 VERTEX_ENTRY = f"{PACKAGE}.vertex_entry"  # Vertex AI's pythonModule on every replica
-STANDALONE = (FETCH_DATA, MIRROR_OUT, WATCHDOG)  # run as `python -` with their source on stdin
+TORCH_PINS = f"{PACKAGE}.torch_pins"  # the node's torch as pip constraints (standalone, -c)
+STANDALONE = (FETCH_DATA, MIRROR_OUT, WATCHDOG, TORCH_PINS)  # run by their source, not the code
 HEALTHCHECK_ENTRY = ("-m", HEALTHCHECK)
 WATCH_HOOK_DIR = "watch_hook"  # in the package: a sitecustomize put first on the ranks' path
 

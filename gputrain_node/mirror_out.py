@@ -9,8 +9,11 @@ node's processes) or the end of training (run.sh sends it) makes the last one, t
 node's out dir and the node lacks comes back. `--changed-dir DIR --changed-uri URI --newer FILE`
 does the same, in the same process, for the job's working directory: only the files created or
 changed there since FILE (the attempt's start), never the uploaded code (a trainer that checkpoints
-beside its code, like pytorch/examples' `snapshot.pt`). Stands alone; honours
-STORAGE_EMULATOR_HOST.
+beside its code, like pytorch/examples' `snapshot.pt`). `--fill-uri`/`--fill-changed-uri` with
+`--restore`: then what rank 0's node has there and this node still lacks comes too (a job that
+checkpoints on rank 0 only, assuming a shared file system), noted in `--filled FILE` so that a
+later fill replaces it with rank 0's newer copy and the mirror never sends it as this node's own.
+Stands alone; honours STORAGE_EMULATOR_HOST.
 """
 
 from __future__ import annotations
@@ -28,6 +31,30 @@ from types import FrameType
 from typing import Any
 
 Stamp = tuple[int, int]  # (size, mtime_ns)
+#: --filled's record: a line per file another node's state gave this one, "PATH\tSIZE\tMTIME_NS
+#: \tGENERATION", PATH relative to the record's folder (the run dir: out/..., workdir/...)
+Filled = dict[str, tuple[int, int, str]]
+
+
+def read_filled(path: Path | None) -> Filled:
+    """--filled's record (empty when there is none). Pure but for reading it."""
+    found: Filled = {}
+    try:
+        text = path.read_text() if path is not None else ""
+    except FileNotFoundError:
+        return found
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
+            found[parts[0]] = (int(parts[1]), int(parts[2]), parts[3])
+    return found
+
+
+def write_filled(path: Path, filled: Filled) -> None:
+    """The record, replaced whole (a half-written one would lose what the fills were)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text("".join(f"{k}\t{s}\t{m}\t{g}\n" for k, (s, m, g) in sorted(filled.items())))
+    os.replace(part, path)
 
 
 @dataclass(frozen=True)
@@ -136,7 +163,7 @@ class Mirror:
         got = []
         for blob in self.bucket.client.list_blobs(self.target.bucket, prefix=self.target.prefix):
             rel = blob.name[len(self.target.prefix) :]
-            if not rel or rel.endswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
+            if not safe_rel(rel):
                 continue
             path = self.root / rel
             if path.exists():
@@ -148,6 +175,49 @@ class Mirror:
             got.append(rel)
         self.sent.update({rel: stamp for rel, stamp in scan(self.root).items() if rel in got})
         return got
+
+    def fill(self, source: Target, filled: Filled, key: Callable[[str], str]) -> list[str]:
+        """What `source` (rank 0's node's prefix) holds and this dir lacks, downloaded and noted
+        in `filled` (under `key(rel)`, with its stamp and generation). A file of this node's own
+        is never touched; one an earlier fill gave it, unchanged since, is replaced when the
+        source has a newer generation of it."""
+        got = []
+        for blob in self.bucket.client.list_blobs(source.bucket, prefix=source.prefix):
+            rel = blob.name[len(source.prefix) :]
+            if not safe_rel(rel) or "\t" in rel or "\n" in rel:
+                continue
+            path, before = self.root / rel, filled.get(key(rel))
+            generation = str(blob.generation)
+            if path.exists():  # its own, or rank 0's newest already: kept
+                st = path.stat()
+                if before is None or (st.st_size, st.st_mtime_ns) != before[:2]:
+                    continue
+                if before[2] == generation:
+                    continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + ".restoring")
+            blob.download_to_filename(str(part))
+            os.replace(part, path)
+            st = path.stat()
+            filled[key(rel)] = (st.st_size, st.st_mtime_ns, generation)
+            got.append(rel)
+        return got
+
+    def seed(self, filled: Filled, key: Callable[[str], str]) -> None:
+        """The files a fill gave this dir count as sent while unchanged: they are rank 0's, never
+        this node's own state (changed by this node's job, they are its own and go up)."""
+        for rel in scan(self.root):
+            if (stamp := filled.get(key(rel))) is not None:
+                self.sent[rel] = stamp[:2]
+
+
+def safe_rel(rel: str) -> bool:
+    """A bucket name's rest as a relative path that stays inside the dir. Pure."""
+    return (
+        bool(rel)
+        and not rel.endswith("/")
+        and all(p not in ("", ".", "..") for p in rel.split("/"))
+    )
 
 
 class Wake:
@@ -200,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--changed-dir", type=Path, help="the job's working directory (its files)")
     p.add_argument("--changed-uri", help="gs://BUCKET/PREFIX/ for the --changed-dir files")
     p.add_argument("--newer", type=Path, help="--changed-dir: only files newer than this one")
+    p.add_argument("--fill-uri", help="--restore: rank 0's node's --uri, for what --dir lacks")
+    p.add_argument("--fill-changed-uri", help="the same for --changed-dir")
+    p.add_argument("--filled", type=Path, help="the record of what fills gave this node")
     args = p.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     mirror = Mirror(args.dir, Target.parse(args.uri))
@@ -212,11 +285,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         mirrors.append(
             Mirror(args.changed_dir, Target.parse(args.changed_uri), client, newer_ns=since)
         )
+    filled = read_filled(args.filled)
+
+    def key(m: Mirror) -> Callable[[str], str]:  # a path in the record: beside the record
+        base = Path(os.path.relpath(m.root, args.filled.parent)) if args.filled else m.root
+        return lambda rel: str(base / rel)
+
     if args.restore:
         for m in mirrors:
             got = m.restore()
             print(f"restored {len(got)} file(s) from {m.target.uri}", flush=True)
+        sources = zip(mirrors, (args.fill_uri, args.fill_changed_uri), strict=False)
+        for m, uri in [(m, uri) for m, uri in sources if uri]:
+            source = Target.parse(uri)
+            got = m.fill(source, filled, key(m))
+            shown = f" ({', '.join(got[:3])}{', ...' if len(got) > 3 else ''})" if got else ""
+            print(f"filled {len(got)} file(s) it lacked from {source.uri}{shown}", flush=True)
+        if args.filled is not None:
+            write_filled(args.filled, filled)
         return 0
+    for m in mirrors:
+        m.seed(filled, key(m))
     wake = Wake()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

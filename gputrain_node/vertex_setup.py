@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import cast
 
+from gputrain_node import torch_pins
 from gputrain_node.contract import REQUIREMENTS_ENV, SETUP_ENV, SETUP_TIMEOUT_ENV
 
 DEFAULT_TIMEOUT_S = 1800
@@ -143,8 +144,10 @@ def _make_venv(python: str, env: Mapping[str, str], task: str) -> Path:
 def install_requirements(
     spec: Mapping[str, object], workdir: Path, env: dict[str, str], task: str, say: Say = print_line
 ) -> Path:
-    """The requirements into a new venv; its directory (SetupFailed naming the
-    file and pip's last lines on failure)."""
+    """The requirements into a new venv, under the container's torch and the CUDA runtime it came
+    with as pip constraints (as on GCE nodes: pip picks a matching torchvision or fails naming
+    the conflict, never replaces torch); its directory (SetupFailed naming the file, the
+    conflict and pip's last lines on failure)."""
     venv = _make_venv(sys.executable, env, task)
     env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")
     pip = [
@@ -157,6 +160,17 @@ def install_requirements(
         "off",
         "--no-input",
     ]
+    kept = torch_pins.write(str(venv / "node-pins.txt"))
+    if kept:
+        say("requirements", f"torch {kept['torch']} stays ({len(kept) - 1} package(s) with it)")
+        pip += ["-c", str(venv / "node-pins.txt")]
+    reasons: list[str] = []
+
+    def saying(phase: str, text: str) -> None:  # pip's reasons, for the failure's one line
+        if (reason := torch_pins.conflict_reason(text)) and reason not in reasons:
+            reasons.append(reason)
+        say(phase, text)
+
     steps: list[tuple[str, list[str]]] = []
     if spec.get("uv_lock"):
         if shutil.which("uv", path=env.get("PATH")):
@@ -187,13 +201,14 @@ def install_requirements(
     if deps:
         steps.append(("pyproject.toml dependencies", [*pip, *deps]))
     for what, argv in steps:
-        status, _, last = _stream(argv, "requirements", workdir, env, None, say)
+        status, _, last = _stream(argv, "requirements", workdir, env, None, saying)
         if status:
             errors = [x.strip() for x in last if x.startswith("ERROR")] or [
                 x.strip() for x in last if x.strip()
             ]
             raise SetupFailed(
                 f"requirements on {task}: installing {what} failed (pip exit code {status})"
+                + (f": {'; '.join(reasons)}" if reasons else "")
                 + (f"; last lines: {' | '.join(errors)}" if errors else ""),
                 status,
             )

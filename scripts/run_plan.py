@@ -71,6 +71,7 @@ class RunPlan:
             workdir=Path.cwd(),
             datasets=self.datasets,
             resume_args=() if resuming else opts.resume_args,
+            resumed=resuming,
             environment=self.environment,
             secrets=self.secrets.values,
             secret_refs=self.secrets.refs,

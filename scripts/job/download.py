@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infra.base.errors import GputrainError
 from scripts import ui
-from scripts.job.outputs import build_collect_workdir_command
+from scripts.job.outputs import FILLED_RECORD, FORGET_FILLED_SH, build_collect_workdir_command
 from scripts.job.records import JobResult
 from scripts.node_layout import run_dir
 from scripts.parallel import parallel
@@ -21,7 +21,7 @@ from scripts.transport.base import ConnectionLostError, Transport
 
 COLLECT_ERRORS = ".collect-errors"  # in the run dir on the node: why workdir/ is incomplete
 #: the run dir's entries that stay on the node: the code snapshot and run.sh's bookkeeping
-NOT_DOWNLOADED = ("./code", "./pgid", "./jobpid", "./node", "./container")
+NOT_DOWNLOADED = ("./code", "./pgid", "./jobpid", "./node", "./container", f"./{FILLED_RECORD}")
 DOWNLOAD_TRIES = 3  # a transient SSH error (a dropped channel, a reset) is tried again
 RETRY_PAUSE_S = 2.0  # before the second try; doubled before the third
 RECONNECT_S = 15.0  # after a lost connection: a node that does not answer by then is given up
@@ -63,7 +63,8 @@ def download_results(
     # (what went wrong doing so travels in the tar as COLLECT_ERRORS)
     collect = (
         f"({build_collect_workdir_command(run_id)}) >/dev/null "
-        f"2> {shlex.quote(d)}/{COLLECT_ERRORS} || true"
+        f"2> {shlex.quote(d)}/{COLLECT_ERRORS} || true\n"
+        f"(cd {shlex.quote(d)} && {FORGET_FILLED_SH}) >/dev/null 2>&1 || true"
     )
 
     def one(name: str) -> None:

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gputrain_node import contract
 from infra.base.errors import GputrainError
 from scripts.job.environment import (
     ENVS_DIR,
@@ -27,33 +28,10 @@ from scripts.transport.base import Transport, TransportError
 #: What the node script prints before its own lines; the launcher shows `[node] [PHASE] ...`.
 PHASES = ("requirements", "setup")
 _MARK = "gputrain-env:"
-#: The node's torch and the CUDA runtime it came with, as pip constraints (`NAME==VERSION`) in
-#: the file argv[1]; prints the torch version (nothing without torch). The user's requirements
-#: are installed under them: pip picks a torchvision/torchaudio built for this torch, or fails
-#: naming the conflict, instead of replacing torch (gigabytes) under the node's drivers.
-NODE_PINS_PY = """import importlib.metadata as m, sys
-keep = {}
-for d in m.distributions():
-    n = (d.metadata.get("Name") or "").lower().replace("_", "-")
-    if n in ("torch", "triton", "pytorch-triton") or n.startswith("nvidia-"):
-        keep.setdefault(n, d.version)
-if "torch" not in keep:
-    keep = {}
-open(sys.argv[1], "w").write("".join(f"{n}=={v}\\n" for n, v in sorted(keep.items())))
-if keep:
-    print(keep["torch"], len(keep) - 1)
-"""
-
-#: pip's reasons for a ResolutionImpossible in setup.log (argv[1]), as ": A; B" (nothing without)
-CONFLICT_PY = """import sys
-seen = []
-for line in open(sys.argv[1], errors="replace"):
-    line = line.strip().replace("The user requested (constraint) ", "the node has ")
-    if (" depends on " in line or line.startswith("the node has ")) and line not in seen:
-        seen.append(line)
-if seen:
-    print(": " + "; ".join(seen), end="")
-"""
+#: The node's torch and the CUDA runtime it came with, as pip constraints in the file argv[1]
+#: (the node package's, run by its source: the code is not there yet); prints the torch version.
+#: `--conflict LOG`: pip's reasons for a ResolutionImpossible in LOG, as ": A; B"
+NODE_PINS_PY = contract.source_of(contract.TORCH_PINS).read_text()
 
 
 def build_prepare_command(
@@ -142,7 +120,7 @@ fail() {{ say "$1" "failed: $2"; keep_log; rm -f "$ENV/ready"; exit 1; }}
 PINS="$ENV/node-pins.txt"
 # pip's ResolutionImpossible reasons ("X depends on torch==..."), for the failure's one line
 conflict() {{
-  if [ -s "$PINS" ] && [ -f "$ENV/setup.log" ]; then "$PY" -c {q(CONFLICT_PY)} "$ENV/setup.log"; fi
+  if [ -s "$PINS" ] && [ -f "$ENV/setup.log" ]; then "$PY" -c {q(NODE_PINS_PY)} --conflict "$ENV/setup.log"; fi
 }}
 # pip's output goes to setup.log alone (the run's results get it); its last lines are shown
 # only when it fails

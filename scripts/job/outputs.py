@@ -1,9 +1,11 @@
 """Outputs that survive a preemption, for any trainer: each node's out dir (GPUTRAIN_OUT) is
 mirrored to the stack's bucket while training runs (the node package's mirror, started by run.sh) and
 restored onto a re-created node before the relaunch, and so are the files the job created or
-changed in its working directory (a trainer that checkpoints beside its code); relaunches after
-the first attempt get `--resume-args` appended to ENTRY and every attempt is told its number
-(GPUTRAIN_ATTEMPT).
+changed in its working directory (a trainer that checkpoints beside its code). Before a relaunch
+(and `train --resume`) every other node also gets what rank 0's node has there and it lacks: a
+job that checkpoints on rank 0 only (assuming a shared file system) resumes on every rank.
+Relaunches after the first attempt get `--resume-args` appended to ENTRY and every attempt is
+told its number (GPUTRAIN_ATTEMPT).
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ MIRROR_SOURCE = contract.source_of(contract.MIRROR_OUT)
 #: it, nor beside the health check (nothing to keep). RESUME_ARGS_ENV: on Vertex AI the replica
 #: appends --resume-args itself; on GCE the controller does (attempt_entry)
 REFERENCE_TRAINER = ("-m", "trainer.train")
+
+
+#: in the run dir on the node: what rank 0's node's state gave this node (mirror_out --filled)
+FILLED_RECORD = "filled"
+#: the download's first step, once the job is over: the files a fill gave this node that are
+#: still as the fill left them (size, mtime) are rank 0's (they come home from its node), not
+#: this node's results
+FORGET_FILLED_SH = (
+    f"[ ! -s exitcode ] || [ ! -f {FILLED_RECORD} ] || "
+    "while IFS=\"$(printf '\\t')\" read -r f s m g; do "
+    '[ "$(stat -c \'%s %Y\' "$f" 2>/dev/null)" != "$s ${m%?????????}" ] || rm -f "$f"; '
+    f"done < {FILLED_RECORD}"
+)
 
 
 def is_mirrored(job: Job) -> bool:
@@ -84,6 +99,7 @@ def mirror_start_lines(job: Job, python: str) -> str:
         python,
         contract.MIRROR_OUT,
         f'--dir "$RUN/out" --uri "${{{OUT_URI_ENV}%/}}/$NODE_NAME/" {changed}'
+        f'--filled "$RUN/{FILLED_RECORD}" '
         f'--interval "${{{MIRROR_INTERVAL_ENV}:-10}}"',
     )
     return (
@@ -117,15 +133,19 @@ def build_collect_workdir_command(run_id: str) -> str:
     )
 
 
-def build_restore_command(job: Job, node: str, python: str) -> tuple[str, bytes] | None:
+def build_restore_command(
+    job: Job, node: str, python: str, rank0_node: str | None = None
+) -> tuple[str, bytes] | None:
     """On a relaunch, before the start: the out dir's files that the bucket holds and the node
     lacks (a re-created VM lacks them all), by the node package's mirror (standalone for --restore)
     sent on stdin: the code is not there yet. The working directory's files go to the run's
     workdir/ (the start puts them back into the new code snapshot), after the node's own newer
-    ones were collected there. The command and its stdin; None on a first attempt or without
-    GPUTRAIN_OUT_URI. Pure but for reading that file."""
+    ones were collected there. On a node that is not `rank0_node`, then what rank 0's node's
+    state has and this node still lacks (noted in FILLED_RECORD). The command and its stdin;
+    None on a first attempt that is no `train --resume`, or without GPUTRAIN_OUT_URI. Pure but
+    for reading that file."""
     uri = job.env.get(OUT_URI_ENV)
-    if job.attempt == 1 or not uri:
+    if (job.attempt == 1 and not job.resumed) or not uri:
         return None
     from scripts.job.environment_node import values_channel
 
@@ -138,15 +158,29 @@ def build_restore_command(job: Job, node: str, python: str) -> tuple[str, bytes]
         f"--uri {q(uri.rstrip('/') + '/' + node + '/')} "
         f"--changed-dir {d}/workdir --changed-uri {q(workdir_uri(uri) + node + '/')}"
     )
+    if rank0_node is not None and rank0_node != node:
+        cmd += (
+            f" --fill-uri {q(uri.rstrip('/') + '/' + rank0_node + '/')}"
+            f" --fill-changed-uri {q(workdir_uri(uri) + rank0_node + '/')}"
+            f" --filled {d}/{FILLED_RECORD}"
+        )
     return cmd, (values or b"") + MIRROR_SOURCE.read_bytes()
 
 
 def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
-    """On a relaunch, the out dirs are back from the bucket (said per node); a first attempt's
-    out dir is made by the start (scripts/job/node_scripts.build_upload_and_start_command)."""
-    restores = {n.name: build_restore_command(job, n.name, fleet.python) for n in fleet.nodes}
+    """On a relaunch (and `train --resume`), the out dirs are back from the bucket and every
+    node has what rank 0's node (the head: c10d numbers the nodes in the order of their host
+    names, and the head's sorts first) wrote that it lacks (said per node); a first attempt's out
+    dir is made by the start (scripts/job/node_scripts.build_upload_and_start_command)."""
+    head = fleet.nodes[0].name
+    restores = {n.name: build_restore_command(job, n.name, fleet.python, head) for n in fleet.nodes}
     commands = {name: c for name, c in restores.items() if c is not None}
     if not commands:
+        if (job.attempt > 1 or job.resumed) and len(fleet.nodes) > 1 and is_mirrored(job):
+            ui.warn(
+                "no bucket mirrors this run's files: every node resumes from what it kept "
+                f"itself; what rank 0 alone wrote is only on {head}"
+            )
         return
 
     def one(name: str) -> str:
@@ -164,5 +198,5 @@ def prepare_outputs(fleet: Fleet, transports: Mapping[str, Transport], job: Job)
         raise TransportError("\n".join(str(e) for e in errors.values()))
     for name in commands:  # a line per place restored: the out dir, the working directory
         for line in results[name].splitlines():
-            if line.startswith("restored "):
+            if line.startswith(("restored ", "filled ")):
                 ui.say(f"{name}: {line}")

@@ -4,7 +4,8 @@ run starts from, and when the first step of an attempt shows up. The trainer pri
 .../ckpt-00000030.pt` per save); nanoGPT prints `iter 30: loss ...` (its first one after a
 resume is the step it resumed from); pytorch/examples' ddp-tutorial-series prints `Resuming
 training from snapshot at Epoch 4` and `[GPU0] Epoch 4 | Batchsize: 32 | Steps: 64` (counted in
-epochs); an entry point that prints none of them leaves them unknown.
+epochs); an entry point that prints none of them leaves them unknown. When an attempt's first
+progress came is also read from any other trainer's lines (is_any_progress).
 """
 
 from __future__ import annotations
@@ -33,6 +34,29 @@ _RESUMING = re.compile(r"\bResuming training from snapshot at Epoch (\d+)")  # p
 _EPOCH = re.compile(r"\bEpoch (\d+) \| Batchsize")  # its per-epoch line (multinode.py and kin)
 
 
+# any trainer's progress: a step, epoch, iteration or batch with its number (not "micro-batch"),
+# a loss with its value, or a progress bar's `n/total`; never a line about resuming or saving
+_ANY_STEP = re.compile(r"(?<![\w-])(?:step|iter|iteration|it|epoch|batch)\W{0,3}\d", re.I)
+_BAR = re.compile(r"\d+%\|.*\|\s*\d+/\d+")
+_NOT_TRAINING = re.compile(
+    r"(?<![\w-])(?:resum\w*|load\w*|restor\w*|download\w*|sav\w*|checkpoint\w*|snapshot)\b", re.I
+)
+_TORCH_LOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d")  # torch's own glog-style lines
+
+
+def is_any_progress(line: str) -> bool:
+    """Does this line of a trainer whose lines we do not know show it training? A line of the
+    job's own (not gputrain's `gputrain:` lines, nor torch's log lines) naming a step, epoch,
+    iteration or batch with its number, a loss with its value, or drawing a progress bar, and
+    not speaking of resuming, loading or saving (that comes before the first step). Pure."""
+    text = _RANK_PREFIX.sub("", line.rsplit("\r", 1)[-1]).strip()
+    if not text or text.startswith("gputrain:") or _TORCH_LOG.match(text):
+        return False
+    if _NOT_TRAINING.search(text) or _START.search(text):
+        return False
+    return any(r.search(text) for r in (_ANY_STEP, _LOSS_VALUE, _BAR))
+
+
 class StepWatch:
     """Fed every node's lines (from the follower threads); one attempt at a time."""
 
@@ -41,15 +65,17 @@ class StepWatch:
         self._lock = threading.Lock()
         self.reached: int | None = None  # the highest step any line of this attempt showed
         self.start_step: int | None = None  # this attempt's `start step N`
-        self.first_step_at: float | None = None  # when this attempt's first step line came
+        # when this attempt's first step line came (any trainer's first progress line: is_any_progress)
+        self.first_step_at: float | None = None
         self.unit = "step"  # what the numbers count: "epoch" for a trainer that prints epochs
+        self._trained = False  # whether a line of a trainer we know showed a trained step
         self._on_first_step: Callable[[], object] | None = None
 
     def new_attempt(self, on_first_step: Callable[[], object] | None = None) -> None:
         """A relaunch: forget the attempt before; call `on_first_step` once, at its first step."""
         with self._lock:
             self.reached = self.start_step = self.first_step_at = None
-            self.unit = "step"
+            self.unit, self._trained = "step", False
             self._on_first_step = on_first_step
 
     def line(self, node: str, text: str) -> None:
@@ -66,11 +92,13 @@ class StepWatch:
             if step:
                 n = int(step.group(1))
                 self.reached = n if self.reached is None else max(self.reached, n)
-                if self.first_step_at is None and trained:
-                    self.first_step_at = self.clock()
+                if trained and not self._trained:
+                    self._trained = True
                     if self.start_step is None and trained.re is not _STEP:  # no banner
                         self.start_step = n
-                    fire, self._on_first_step = self._on_first_step, None
+            if self.first_step_at is None and (self._trained or is_any_progress(text)):
+                self.first_step_at = self.clock()
+                fire, self._on_first_step = self._on_first_step, None
         if fire is not None:
             fire()
 

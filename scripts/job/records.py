@@ -61,6 +61,7 @@ class Job:
     datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data.py)
     resume_args: tuple[str, ...] = ()  # appended to entry on attempts after the first
     attempt: int = 1  # 2, 3, ...: relaunches after spot recoveries (GPUTRAIN_ATTEMPT)
+    resumed: bool = False  # `train --resume`: the run's mirrored state comes back as on a relaunch
     environment: Environment | None = None  # requirements + setup, prepared before torchrun
     # name -> value: only in memory, to the nodes on stdin (scripts/job/secrets.py); never shown
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)

@@ -1,7 +1,10 @@
 """Whether a multi-node job was one distributed job: each rank's process group size, as the
 stack-dump hook (trainer/watch_hook/sitecustomize.py) recorded it in <node>/watch/world/<RANK>
 (0: the rank ended without joining one). Ranks that never join one train independent copies:
-Lightning's default Trainer(num_nodes=1) under torchrun does. Reads files; no I/O beyond."""
+Lightning's default Trainer(num_nodes=1) under torchrun does. The group size, not the per-node
+losses: a healthy DDP job's ranks print different local losses from step 1 (each its own data
+shard), so losses tell the two apart no better than chance (docs/recipes.md). Reads files; no I/O
+beyond."""
 
 from __future__ import annotations
 

@@ -138,3 +138,57 @@ def test_a_working_directory_mirror_sends_only_what_the_job_wrote(
     assert gcs.read("runs/r4/workdir/n/snapshot.pt") == b"epoch 3"
     back = Mirror(tmp_path / "back", Target.parse(uri), gcs.client(), lambda s: None)
     assert back.restore() == ["snapshot.pt"]
+
+
+def test_a_fill_gives_a_node_what_rank_0_wrote_and_it_lacks(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """A job that checkpoints on rank 0 only: before a relaunch, every other node gets rank 0's
+    node's files it lacks (out dir and working directory), a newer copy replaces an earlier fill
+    it left alone, its own files are never touched, and the mirror never sends a fill as its own."""
+    from gputrain_node.mirror_out import read_filled
+
+    gcs.write("runs/r5/out/node-0/ckpt.pt", b"rank 0 at step 10")
+    gcs.write("runs/r5/workdir/node-0/snapshot.pt", b"3")
+    gcs.write("runs/r5/workdir/node-0/notes.txt", b"rank 0's notes")
+    gcs.write("runs/r5/workdir/node-1/mine.txt", b"node 1's own, mirrored")
+    run = tmp_path / "run"
+    (run / "workdir").mkdir(parents=True)
+    (run / "workdir" / "notes.txt").write_text("node 1's own notes")
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.url, "PYTHONPATH": str(ROOT)}
+    uri = f"gs://{gcs.bucket_name}/runs/r5"
+    argv = [
+        sys.executable, "-m", "gputrain_node.mirror_out", "--restore",
+        "--dir", str(run / "out"), "--uri", f"{uri}/out/node-1/",
+        "--changed-dir", str(run / "workdir"), "--changed-uri", f"{uri}/workdir/node-1/",
+        "--fill-uri", f"{uri}/out/node-0/", "--fill-changed-uri", f"{uri}/workdir/node-0/",
+        "--filled", str(run / "filled"),
+    ]  # fmt: skip
+
+    def restore() -> str:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    said = restore()
+    assert f"filled 1 file(s) it lacked from {uri}/out/node-0/ (ckpt.pt)" in said
+    assert f"filled 1 file(s) it lacked from {uri}/workdir/node-0/ (snapshot.pt)" in said
+    assert (run / "out" / "ckpt.pt").read_bytes() == b"rank 0 at step 10"
+    assert (run / "workdir" / "snapshot.pt").read_bytes() == b"3"
+    assert (run / "workdir" / "mine.txt").read_bytes() == b"node 1's own, mirrored"
+    assert (run / "workdir" / "notes.txt").read_text() == "node 1's own notes"  # never replaced
+    assert set(read_filled(run / "filled")) == {"out/ckpt.pt", "workdir/snapshot.pt"}
+    # the mirror on the node: the fill is rank 0's, not sent as this node's own
+    m = Mirror(run / "out", Target.parse(f"{uri}/out/node-1/"), gcs.client(), lambda s: None)
+    m.seed(read_filled(run / "filled"), lambda rel: f"out/{rel}")
+    assert m.run_once() == [] and m.run_once() == []
+    # rank 0 saved again: the fill it left alone is replaced; one its job changed is its own now
+    gcs.write("runs/r5/out/node-0/ckpt.pt", b"rank 0 at step 20")
+    gcs.write("runs/r5/workdir/node-0/snapshot.pt", b"5")
+    (run / "workdir" / "snapshot.pt").write_bytes(b"node 1 wrote this")
+    said = restore()
+    assert f"filled 1 file(s) it lacked from {uri}/out/node-0/ (ckpt.pt)" in said
+    assert f"filled 0 file(s) it lacked from {uri}/workdir/node-0/" in said
+    assert (run / "out" / "ckpt.pt").read_bytes() == b"rank 0 at step 20"
+    assert (run / "workdir" / "snapshot.pt").read_bytes() == b"node 1 wrote this"
+    assert restore().count("filled 0 file(s)") == 2  # nothing newer: nothing downloaded

@@ -102,3 +102,47 @@ def test_a_package_pip_cannot_find_is_one_line_with_pips_verdict(tmp_path: Path)
     )
     assert "no-such-package-gputrain" in message
     assert any(line.startswith("[requirements] ERROR: ") for line in lines)
+
+
+def test_the_constraints_keep_torch_and_the_cuda_runtime_it_came_with() -> None:
+    from gputrain_node.torch_pins import constraints, pins
+
+    found = pins(
+        [("torch", "2.13.0+cu128"), ("nvidia_cudnn_cu12", "9.10.2.21"), ("numpy", "2.3.1"),
+         ("triton", "3.5.0"), ("torch", "2.12.0"), ("Pillow", "11.0.0")]
+    )  # fmt: skip
+    assert constraints(found) == (
+        "nvidia-cudnn-cu12==9.10.2.21\ntorch==2.13.0+cu128\ntriton==3.5.0\n"
+    )  # the first torch on the path wins, as import does
+    assert pins([("nvidia-nccl-cu12", "2.27.3"), ("numpy", "2.3.1")]) == {}  # no torch, no pins
+
+
+def test_requirements_never_replace_the_containers_torch(tmp_path: Path) -> None:
+    """A torchvision built for another torch fails in one line naming the conflict (and the
+    container's torch), instead of pip downloading that torch over the container's."""
+    import importlib.metadata
+
+    from tests.support.wheelhouse import build_wheel
+
+    have = importlib.metadata.version("torch")
+    # a torchvision-like wheel (not named so: this machine's pip configuration pins torchvision)
+    build_wheel(
+        "gputrain-vision", tmp_path / "wheels", version="0.99.0", dependencies=("torch==2.99.0",)
+    )
+    (tmp_path / "requirements.txt").write_text(
+        f"--no-index\n--find-links {tmp_path / 'wheels' / 'dist'}\ngputrain-vision\n"
+    )
+    lines: list[str] = []
+    with pytest.raises(vertex_setup.SetupFailed) as e:
+        vertex_setup.install_requirements(
+            {"requirements_txt": True}, tmp_path, dict(os.environ), "workerpool0[0]",
+            lambda phase, text: lines.append(f"[{phase}] {text}"),
+        )  # fmt: skip
+    assert f"[requirements] torch {have} stays" in lines[0]
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "requirements on workerpool0[0]: installing requirements.txt failed (pip exit code 1): "
+    )
+    assert "gputrain-vision 0.99.0 depends on torch==2.99.0" in message
+    assert "the node has torch" in message and f"=={have}" in message

@@ -172,6 +172,7 @@ def test_a_good_plan_holds_what_the_run_needs_and_makes_nothing(
     assert plan(target(project, stack="dev"), project, autodown="5m").autodown_s == 300
     resumed = plan(target(project), project, resume="20261124-183000-ab12", create=False)
     assert resumed.run_id == "20261124-183000-ab12" and resumed.autodown_s is None
+    assert resumed.job(None).resumed and not job.resumed  # its mirrored state comes back
 
 
 def test_healthcheck_plans_no_data(project: Path) -> None:

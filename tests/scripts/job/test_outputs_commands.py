@@ -141,3 +141,67 @@ def test_the_restore_command_gets_its_variables_from_stdin_and_the_source_after(
     out = done.stdout.decode()
     assert out.startswith("host=http://h:1\n")
     assert out[len("host=http://h:1\n") :] == outputs.MIRROR_SOURCE.read_text()[:200]
+
+
+def test_nodes_but_rank_0s_get_its_files_on_relaunches_and_resumes() -> None:
+    env = {"GPUTRAIN_OUT_URI": "gs://b/runs/r1/out/"}
+    for job in (Job("r1", env=env, attempt=2), Job("r1", env=env, resumed=True)):
+        worker = build_restore_command(job, "node-1", "python3", "node-0")
+        assert worker is not None
+        assert (
+            "--fill-uri gs://b/runs/r1/out/node-0/ --fill-changed-uri gs://b/runs/r1/workdir/"
+            "node-0/ --filled .gputrain/runs/r1/filled" in worker[0]
+        )
+        head = build_restore_command(job, "node-0", "python3", "node-0")
+        assert head is not None and "--fill-uri" not in head[0]
+    assert build_restore_command(Job("r1", env=env), "node-1", "python3", "node-0") is None
+    script = build_node_command(
+        Job("r1", env=env, rdzv_port=29500),
+        nnodes=2,
+        nproc_per_node=1,
+        head_address="h",
+        python="p",
+    )
+    assert '--filled "$RUN/filled"' in script  # the mirror leaves the fills alone
+
+
+def test_the_files_a_fill_gave_a_node_do_not_come_home_as_its_own(tmp_path: Path) -> None:
+    """Once the job is over, a fill still as the fill left it is removed before the download
+    (rank 0's node brings it home); one the node's job rewrote since is its own and kept."""
+    import subprocess
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "workdir").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_text("rank 0's")
+    (tmp_path / "workdir" / "snapshot.pt").write_text("3")
+    (tmp_path / "workdir" / "own.txt").write_text("its own")
+    record = ""
+    for rel in ("out/ckpt.pt", "workdir/snapshot.pt"):
+        st = (tmp_path / rel).stat()
+        record += f"{rel}\t{st.st_size}\t{st.st_mtime_ns}\t7\n"
+    (tmp_path / "filled").write_text(record)
+    (tmp_path / "workdir" / "snapshot.pt").write_text("12")  # the node's job saved it again
+    running = subprocess.run(["sh", "-c", outputs.FORGET_FILLED_SH], cwd=tmp_path)
+    assert running.returncode == 0 and (tmp_path / "out" / "ckpt.pt").exists()  # still running
+    (tmp_path / "exitcode").write_text("0 1.0")
+    subprocess.run(["sh", "-c", outputs.FORGET_FILLED_SH], cwd=tmp_path, check=True)
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+    assert (tmp_path / "workdir" / "snapshot.pt").read_text() == "12"
+    assert (tmp_path / "workdir" / "own.txt").exists()
+
+
+def test_a_relaunch_without_a_bucket_says_what_rank_0_alone_has(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from infra.base.records import Fleet, Node
+    from scripts.job.outputs import prepare_outputs
+
+    fleet = Fleet("t", (Node("n0", "head", "10.0.0.1"), Node("n1", "worker", "10.0.0.2")))
+    prepare_outputs(fleet, {}, Job("r1", entry=("multinode.py",), attempt=2))
+    assert capsys.readouterr().err == (
+        "warning: no bucket mirrors this run's files: every node resumes from what it kept "
+        "itself; what rank 0 alone wrote is only on n0\n"
+    )
+    prepare_outputs(fleet, {}, Job("r1", entry=("multinode.py",)))  # a first attempt: nothing
+    prepare_outputs(Fleet("t", fleet.nodes[:1]), {}, Job("r1", resumed=True))  # one node
+    assert capsys.readouterr().err == ""

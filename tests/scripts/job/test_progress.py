@@ -83,3 +83,57 @@ def test_a_relaunch_of_multinode_py_resumes_from_the_epoch_it_says() -> None:
     watch.line("n0", "[rank0]:[GPU0] Epoch 47 | Batchsize: 32 | Steps: 64")
     assert (watch.start_step, watch.unit, fired) == (47, "epoch", [True])
     assert watch.first_step_at == 101.0
+
+
+def test_any_trainers_first_progress_is_its_first_training_line() -> None:
+    """ "training again N s later" ends at the first progress of a trainer whose lines we do not
+    know: its own line with a step, epoch, iteration or batch number, a loss value or a progress
+    bar; never gputrain's or torch's lines, nor what it says while loading or saving."""
+    from scripts.job.progress import StepWatch, is_any_progress
+
+    progress = [
+        *MNIST[:1], *MULTINODE[:1], *NANOGPT[:1], *LIGHTNING[:1],
+        "[rank1]:train | ep 5 | loss 0.59",
+        "[rank0]:Iteration 120/5000, lr 3e-4",
+        "[rank0]:  12%|#2        | 120/1000 [00:10<01:15, 11.7it/s]",
+        "[rank0]:{'loss': 2.31, 'grad_norm': 1.2, 'epoch': 0.1}",
+        "step 10 | 1234 tok/s",  # --tee 0: a job's lines without torchrun's prefix
+    ]  # fmt: skip
+    not_yet = [
+        "gputrain: e2e-node-1 starts run r1; interface toward head 10.0.0.1: eth0",
+        "W1127 11:15:24.172000 27361 torch/distributed/run.py:803] Setting OMP_NUM_THREADS",
+        "[rank0]:[W1127 11:15:25.1 ProcessGroupGloo.cpp:727] Warning: step 1 of something",
+        "[rank0]:Resuming training from snapshot at Epoch 4",
+        "[rank0]:Loading checkpoint from step 300",
+        "[rank0]:resume: step 20 downloaded from gs://b/ckpt",
+        "[rank0]:start step 20/300",
+        "[rank0]:batch-size auto: micro-batch 4 x grad-accum 2 = 8 sequences per step per rank",
+        "[rank0]:Epoch 3 | Training snapshot saved at snapshot.pt",
+        "[rank0]:number of parameters: 10.65M",
+        "[rank0]:",
+    ]
+    assert [ln for ln in progress if not is_any_progress(ln)] == []
+    assert [ln for ln in not_yet if is_any_progress(ln)] == []
+    now = [100.0]
+    w = StepWatch(clock=lambda: now[0])
+    fired: list[float] = []
+    w.new_attempt(lambda: fired.append(now[0]))
+    for ln in not_yet:
+        w.line("n1", ln)
+        now[0] += 1
+    assert w.first_step_at is None and fired == []
+    w.line("n1", "[rank1]:train | ep 5 | loss 0.59")
+    now[0] += 1
+    w.line("n1", "[rank1]:train | ep 6 | loss 0.52")
+    assert w.first_step_at == 111.0 and fired == [111.0]
+    assert w.reached is None  # its numbers stay unknown; the time does not
+
+
+def test_a_known_trainers_first_step_still_names_where_it_resumed() -> None:
+    from scripts.job.progress import StepWatch
+
+    w = StepWatch(clock=lambda: 5.0)
+    w.new_attempt()
+    w.line("n1", "[rank0]:tokens per iteration will be: 8,192")
+    w.line("n1", "[rank0]:iter 100: loss 1.5, time 1321.44ms, mfu -100.00%")
+    assert (w.start_step, w.reached, w.first_step_at) == (100, 100, 5.0)
