@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gputrain_node import contract
+from gputrain_node.watchdog import Budget, budget_stop
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.node_scripts import (
@@ -26,6 +27,7 @@ from scripts.job.node_scripts import (
     build_install_command,
     run_dir,
 )
+from scripts.job.records import BudgetReached, TrainingError
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -53,6 +55,7 @@ class Autodown:
     heartbeat_s: float = 10.0
     poll_s: float = 2.0
     notify: tuple[str, ...] = ()  # webhook URLs: in the watchdog's stdin, never in a file
+    budget: Budget | None = None  # the head's watchdog stops the job before it passes this
 
     def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
         head = self.instances[-1][0]
@@ -70,6 +73,7 @@ class Autodown:
                 "heartbeat_s": self.heartbeat_s,
                 "notify": list(self.notify),
                 "env": dict(env),
+                "budget": dataclasses.asdict(self.budget) if self.budget else None,
             }
         ).encode()
 
@@ -147,6 +151,13 @@ def arm(
     _, errors = parallel(list(transports), one)
     if errors:
         raise TransportError("\n".join(str(e) for e in errors.values()))
+    if plan.budget is not None:
+        b = plan.budget
+        ui.say(
+            f"run {run_id}: budget ${b.usd:.2f} at up to ${b.hourly_usd:.2f}/h: the head stops the "
+            f"job with a checkpoint once ${b.hourly_usd * b.interval_s / 3600:.2f} more would pass "
+            "it, also with this controller gone"
+        )
     if plan.autodown_s is None:
         ui.say(f"run {run_id}: watchdog armed (results to {plan.bucket}; autodown off)")
     else:
@@ -277,4 +288,23 @@ def autodown_line(record: Mapping[str, object]) -> str:
         f"VMs deleted by autodown at {at('deleted_at')} after the job ended at "
         f"{at('job_ended_at')} (run {record.get('run_id')}); `gputrain down --stack "
         f"{record.get('stack')}` brings the results home and removes the rest"
+    )
+
+
+def budget_reached(
+    error: TrainingError, head: str, checkpoints: str | None
+) -> BudgetReached | None:
+    """The job's end as the budget's stop, when the head's watchdog left its mark (BUDGET_MARK:
+    it comes home in the head's watch/ with the results); None: it ended for another reason."""
+    stop = budget_stop(error.result.results_dir / head)
+    if stop is None:
+        return None
+    spent, budget = float(stop.get("spent_usd") or 0.0), float(stop.get("budget_usd") or 0.0)
+    kept = f"its newest checkpoint is in {checkpoints}; " if checkpoints else ""
+    return BudgetReached(
+        f"run {error.result.run_id} stopped at the budget: ${spent:.2f} of ${budget:.2f} "
+        f"(the next interval would pass it); {kept}results in {error.result.results_dir}",
+        error=error,
+        spent_usd=spent,
+        budget_usd=budget,
     )

@@ -3,8 +3,11 @@ options and the stack outputs), and the line `status` prints once autodown has e
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
+from gputrain_node.watchdog import Budget
+from infra.base.errors import UserError
 from scripts import ui
 from scripts.job.autodown import (
     Autodown,
@@ -21,6 +24,34 @@ if TYPE_CHECKING:
     from scripts.targets.gce.clients import GceClients
 
 HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
+BUDGET_INTERVAL_ENV = "GPUTRAIN_BUDGET_INTERVAL_S"
+BUDGET_INTERVAL_S = 120.0  # the budget rule looks this far ahead: a checkpoint, results, teardown
+
+
+def budget_interval_s() -> float:
+    """How far ahead the budget rule looks: GPUTRAIN_BUDGET_INTERVAL_S, else BUDGET_INTERVAL_S."""
+    raw = os.environ.get(BUDGET_INTERVAL_ENV, "").strip()
+    if not raw:
+        return BUDGET_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e7:
+        raise UserError(f"{BUDGET_INTERVAL_ENV} {raw!r}: allowed: seconds, 0 or more")
+    return value
+
+
+def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> Budget | None:
+    """What the head's watchdog holds the run to: --budget, else the stack's `budget`, at the
+    cluster's worst-case rate (the plan's: check_caps passed) from `started_at`."""
+    from infra.cost_caps import worst_hourly
+
+    usd = opts.budget if opts.budget is not None else spec.budget
+    rate = worst_hourly(spec)
+    if usd is None or rate is None:
+        return None
+    return Budget(usd=usd, hourly_usd=rate, started_at=started_at, interval_s=budget_interval_s())
 
 
 def stack_autodown(
@@ -29,9 +60,10 @@ def stack_autodown(
     bucket: str | None,
     opts: RunOptions,
     clients: GceClients,
+    started_at: float,
 ) -> Autodown | None:
     """The watchdogs' settings; None for a stack from before it had a bucket (nowhere to keep
-    the results, so nothing may be deleted)."""
+    the results, so nothing may be deleted). `started_at`: where the run's spend counts from."""
     if bucket is None:
         return None
     seconds: float | None = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
@@ -46,6 +78,7 @@ def stack_autodown(
         autodown_s=seconds,
         heartbeat_s=beat,
         notify=tuple(dict.fromkeys((*opts.notify, *spec.notify))),
+        budget=run_budget(spec, opts, started_at),
     )
 
 

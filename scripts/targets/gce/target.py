@@ -341,7 +341,7 @@ def stack_session(
         connect_deadline_s=connect_deadline_s,
         fabric=FabricCheck.of(spec.fabric),
         stall_timeout_s=spec.stall_timeout_s,
-        autodown=stack_autodown(spec, out, bucket, opts, clients),
+        autodown=stack_autodown(spec, out, bucket, opts, clients, nodes.created_at),
     )
 
 
