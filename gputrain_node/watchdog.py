@@ -38,6 +38,7 @@ RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputra
 COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
 NOTIFY_DEADLINE_S = 20.0  # all of one event's webhooks: a slow one never holds a delete longer
 BUDGET_MARK = "watch/budget.json"  # in the run dir (comes home with watch/): the budget stopped it
+LEDGER_RECORD = "ledger.json"  # scripts/cost/ledger.py's RUN_RECORD, under runs/<run-id>/
 BUDGET_GRACE_S = 300.0  # after the SIGTERM: then what is left of the job is killed
 
 
@@ -90,6 +91,7 @@ class Config:
     notify: tuple[str, ...] = ()  # webhook URLs (secrets: only ever in this process's memory)
     heartbeat_s: float = 10.0  # the controller's beat: silent for 3 of them at the end = gone
     budget: Budget | None = None  # the head holds the run to it
+    ledger: dict[str, Any] | None = None  # the run's cost record as its launch knew it
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> Config:
@@ -107,6 +109,7 @@ class Config:
             notify=tuple(str(u) for u in data.get("notify") or ()),
             heartbeat_s=float(data.get("heartbeat_s", 10.0)),
             budget=Budget.parse(data.get("budget")),
+            ledger=dict(data["ledger"]) if data.get("ledger") else None,
         )
 
     @property
@@ -346,6 +349,44 @@ def tell_end(cfg: Config, run_dir: Path) -> bool:
     return True
 
 
+def ledger_record(cfg: Config, run_dir: Path, now: float) -> dict[str, Any] | None:
+    """The run's cost record, completed at its end (the figures as scripts/cost/ledger.py
+    derives them). Pure but for the exit code's file."""
+    if not cfg.ledger:
+        return None
+    try:
+        code = (run_dir / EXITCODE).read_text().split()[:1]
+    except OSError:
+        code = []
+    record = cfg.ledger | {"run_id": cfg.run_id, "end": round(now, 3), "ok": code == ["0"]}
+    elapsed = max(0.0, now - float(record["start"]))
+    hourly = record.get("hourly_usd")
+    return record | {
+        "elapsed_s": round(elapsed, 1),
+        "gpu_hours": round(int(record["nodes"]) * int(record["gpus_per_node"]) * elapsed / 3600, 4),
+        "estimated_usd": None if hourly is None else round(float(hourly) * elapsed / 3600, 4),
+    }
+
+
+def record_cost(cfg: Config, run_dir: Path, bucket: Any, now: float) -> None:
+    """The run's cost record into the bucket, unless one is there (a controller's): once."""
+    record = ledger_record(cfg, run_dir, now)
+    if record is None:
+        return
+    blob = bucket.blob(f"{cfg.prefix}runs/{cfg.run_id}/{LEDGER_RECORD}")
+    try:
+        if not blob.exists():
+            blob.upload_from_string(json.dumps(record, sort_keys=True) + "\n")
+    except Exception as e:  # the ledger never holds up the end of a run
+        log(f"could not put the run's cost record in the bucket: {type(e).__name__}: {e}")
+
+
+def say_end(cfg: Config, run_dir: Path, bucket: Any, now: float) -> bool:
+    """What the controller would do at the end, with it gone: the webhooks, the cost record."""
+    record_cost(cfg, run_dir, bucket, now)
+    return tell_end(cfg, run_dir)
+
+
 def budget_stop(run_dir: Path) -> dict[str, Any] | None:
     """What BUDGET_MARK says (the budget stopped this run), or None."""
     try:
@@ -438,7 +479,9 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                 uploaded = True
                 log(f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/")
                 if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
-                    said_end = tell_end(cfg, run_dir)  # the controller is gone: say it ourselves
+                    said_end = say_end(
+                        cfg, run_dir, bucket, clock()
+                    )  # the controller is gone: say it ourselves
             except Exception as e:  # the network: try again next round
                 log(f"could not upload the results yet: {type(e).__name__}: {e}")
         if uploaded and (not cfg.head or cfg.autodown_s is None):
@@ -448,7 +491,7 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
             quiet = silence_s(run_dir, clock())
             if quiet >= autodown_after(cfg, budget_stopped is not None):
                 if not said_end:  # the controller went away after the job's end: say it now
-                    said_end = tell_end(cfg, run_dir)
+                    said_end = say_end(cfg, run_dir, bucket, clock())
                 try:
                     compute = compute or Compute(cfg.project)
                     ends = node_ends(cfg, bucket)

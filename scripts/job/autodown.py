@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gputrain_node import contract
-from gputrain_node.watchdog import Budget, budget_stop
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.node_scripts import (
@@ -44,6 +43,17 @@ RECORD = contract.AUTODOWN_RECORD
 
 
 @dataclass(frozen=True)
+class RunBudget:
+    """What the head's watchdog holds a run to (its `budget` setting, contract.BUDGET_FIELDS):
+    the budget, the cluster's worst-case rate from `started_at`, how far ahead the rule looks."""
+
+    usd: float
+    hourly_usd: float
+    started_at: float  # unix time
+    interval_s: float
+
+
+@dataclass(frozen=True)
 class Autodown:
     """What the watchdog of a stack's run needs to know (the webhook URLs are its only secret)."""
 
@@ -55,7 +65,8 @@ class Autodown:
     heartbeat_s: float = 10.0
     poll_s: float = 2.0
     notify: tuple[str, ...] = ()  # webhook URLs: in the watchdog's stdin, never in a file
-    budget: Budget | None = None  # the head's watchdog stops the job before it passes this
+    budget: RunBudget | None = None  # the head's watchdog stops the job before it passes this
+    ledger: dict[str, object] | None = None  # the run's cost record so far (scripts/cost/ledger)
 
     def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
         head = self.instances[-1][0]
@@ -74,6 +85,7 @@ class Autodown:
                 "notify": list(self.notify),
                 "env": dict(env),
                 "budget": dataclasses.asdict(self.budget) if self.budget else None,
+                "ledger": self.ledger,
             }
         ).encode()
 
@@ -296,10 +308,11 @@ def budget_reached(
 ) -> BudgetReached | None:
     """The job's end as the budget's stop, when the head's watchdog left its mark (BUDGET_MARK:
     it comes home in the head's watch/ with the results); None: it ended for another reason."""
-    stop = budget_stop(error.result.results_dir / head)
-    if stop is None:
+    try:
+        stop = json.loads((error.result.results_dir / head / contract.BUDGET_MARK).read_text())
+        spent, budget = float(stop["spent_usd"]), float(stop["budget_usd"])
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    spent, budget = float(stop.get("spent_usd") or 0.0), float(stop.get("budget_usd") or 0.0)
     kept = f"its newest checkpoint is in {checkpoints}; " if checkpoints else ""
     return BudgetReached(
         f"run {error.result.run_id} stopped at the budget: ${spent:.2f} of ${budget:.2f} "

@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from gputrain_node.watchdog import Budget
-from infra.base.errors import UserError
 from scripts import ui
 from scripts.job.autodown import (
     Autodown,
+    RunBudget,
     autodown_line,
     instances_of,
     last_autodown,
@@ -24,34 +23,19 @@ if TYPE_CHECKING:
     from scripts.targets.gce.clients import GceClients
 
 HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
-BUDGET_INTERVAL_ENV = "GPUTRAIN_BUDGET_INTERVAL_S"
-BUDGET_INTERVAL_S = 120.0  # the budget rule looks this far ahead: a checkpoint, results, teardown
 
 
-def budget_interval_s() -> float:
-    """How far ahead the budget rule looks: GPUTRAIN_BUDGET_INTERVAL_S, else BUDGET_INTERVAL_S."""
-    raw = os.environ.get(BUDGET_INTERVAL_ENV, "").strip()
-    if not raw:
-        return BUDGET_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1e7:
-        raise UserError(f"{BUDGET_INTERVAL_ENV} {raw!r}: allowed: seconds, 0 or more")
-    return value
-
-
-def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> Budget | None:
+def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> RunBudget | None:
     """What the head's watchdog holds the run to: --budget, else the stack's `budget`, at the
     cluster's worst-case rate (the plan's: check_caps passed) from `started_at`."""
-    from infra.cost_caps import worst_hourly
+    from infra.cost_caps import BUDGET_INTERVAL_ENV, budget_interval_s, worst_hourly
 
     usd = opts.budget if opts.budget is not None else spec.budget
     rate = worst_hourly(spec)
     if usd is None or rate is None:
         return None
-    return Budget(usd=usd, hourly_usd=rate, started_at=started_at, interval_s=budget_interval_s())
+    ahead = budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))
+    return RunBudget(usd=usd, hourly_usd=rate, started_at=started_at, interval_s=ahead)
 
 
 def stack_autodown(
@@ -66,6 +50,9 @@ def stack_autodown(
     the results, so nothing may be deleted). `started_at`: where the run's spend counts from."""
     if bucket is None:
         return None
+    from scripts.cost.ledger import launch_record
+    from scripts.targets.stack.target import target_name
+
     seconds: float | None = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
     if seconds is not None and clients.autodown_s is not None:
         seconds = clients.autodown_s  # tests: shorter than the floor
@@ -79,6 +66,7 @@ def stack_autodown(
         heartbeat_s=beat,
         notify=tuple(dict.fromkeys((*opts.notify, *spec.notify))),
         budget=run_budget(spec, opts, started_at),
+        ledger=launch_record(target_name(spec.stack), spec, started_at),
     )
 
 

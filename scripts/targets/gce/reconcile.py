@@ -283,7 +283,13 @@ class Pass:
             )
             with (
                 signal_guard() as guard,
-                self.target.session_for(self.spec, outputs, self.m.max_recoveries) as session,
+                self.target.session_for(
+                    self.spec,
+                    outputs,
+                    self.m.max_recoveries,
+                    started_at=self.m.started_at or self.m.created_at or None,
+                    budget=self.m.budget_usd,
+                ) as session,
             ):
                 session.holds_lease = False  # this pass holds it (a reconciler's lease)
                 session.verify(fabric=True)

@@ -35,7 +35,7 @@ from infra.gcp.compute import (
 )
 from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
-from scripts.job.autodown import Autodown, Watchdogs, budget_reached
+from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
 from scripts.job.outputs import output_env
@@ -379,6 +379,8 @@ class RecoveringSession(FleetSession):
             self.nodes.stack,
             max_recoveries=self.max_recoveries,
             deadline=self.nodes.created_at + self.nodes.ttl_s,
+            budget_usd=budget.usd if (budget := self._budget()) is not None else None,
+            started_at=self.nodes.created_at,
         )
         hold.start(job, collect_code(job) if job.workdir is not None else {})
         return hold
@@ -470,9 +472,12 @@ class RecoveringSession(FleetSession):
             if hold is not None:
                 hold.release()
 
+    def _budget(self) -> RunBudget | None:
+        return self.watchdogs.plan.budget if self.watchdogs is not None else None
+
     def _budget_reached(self, error: TrainingError, job: Job) -> BudgetReached | None:
         """The head's watchdog stopped the job at the run's budget (never with a budget unset)."""
-        if self.watchdogs is None or self.watchdogs.plan.budget is None:
+        if self._budget() is None:
             return None
         head = self.fleet.head.name
         return budget_reached(error, head, job.env.get(CHECKPOINT_URI_ENV))
