@@ -479,9 +479,8 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                 uploaded = True
                 log(f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/")
                 if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
-                    said_end = say_end(
-                        cfg, run_dir, bucket, clock()
-                    )  # the controller is gone: say it ourselves
+                    # the controller is gone: say it ourselves
+                    said_end = say_end(cfg, run_dir, bucket, clock())
             except Exception as e:  # the network: try again next round
                 log(f"could not upload the results yet: {type(e).__name__}: {e}")
         if uploaded and (not cfg.head or cfg.autodown_s is None):
