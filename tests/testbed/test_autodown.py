@@ -12,6 +12,7 @@ is a 20 s drop with autodown 30 s — the same ratio of drop to autodown, shorte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -35,7 +36,9 @@ pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to 
 AUTODOWN_S = 30.0
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "20"]
 TRAIN += ["--log-every", "1", "--eval-batches", "0"]
-BUDGET_AHEAD_S = 20.0  # the budget test: when into the run (from `up`) the budget is reached
+#: the budget test: how far into the run (from `up`) the budget is reached; its first step comes
+#: 8-20 s after `up` on a loaded machine, and a stop before it would find no trainer to checkpoint
+BUDGET_AHEAD_S = 30.0
 CHILD = Path(__file__).resolve().parents[1] / "support" / "controller_child.py"
 
 
@@ -307,6 +310,12 @@ def test_a_stack_run_whose_download_is_cut_keeps_the_bucket_and_fails(
     assert_torn_down(w)
 
 
+def logs_of(home: Path) -> str:
+    """Every node's torchrun.log of a run at home (rank 0, which says why it stopped, may be on
+    either node: c10d assigns the ranks)."""
+    return "".join(p.read_text(errors="replace") for p in sorted(home.glob("*/torchrun.log")))
+
+
 def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
     cloud_world: tuple[World, FakeMetadata, list[str]],
     capsys: pytest.CaptureFixture[str],
@@ -336,7 +345,8 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
 
     def look() -> None:
         while not done.wait(0.2):
-            steps.update(w.checkpoints_in_bucket())
+            with contextlib.suppress(Exception):  # the bucket deleted while it is listed
+                steps.update(w.checkpoints_in_bucket())
 
     threading.Thread(target=look, daemon=True).start()
     sink = HttpSink(host=w.bed.bridge_address).start()
@@ -354,7 +364,7 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
         assert f"run {rid} stopped at the budget: $" in line and f"of ${budget:.2f}" in line
         home = w.dir / "runs" / "stack-e2e" / rid
         assert json.loads((home / "e2e-node-0" / "watch" / "budget.json").read_text())
-        log = (home / "e2e-node-0" / "torchrun.log").read_text()
+        log = logs_of(home)
         stopped = re.search(
             r"SIGTERM: stopped at step (\d+) with a checkpoint \(saved and uploaded", log
         )
@@ -379,7 +389,7 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
         assert stop["spent_usd"] <= budget, stop
         assert steps, "no checkpoint in the bucket"
         assert w.run("down", "--stack", "e2e") == 0
-        log = (w.dir / "runs" / "stack-e2e" / rid2 / "e2e-node-0" / "torchrun.log").read_text()
+        log = logs_of(w.dir / "runs" / "stack-e2e" / rid2)
         stopped = re.search(
             r"SIGTERM: stopped at step (\d+) with a checkpoint \(saved and uploaded", log
         )
