@@ -302,11 +302,12 @@ def autodown(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     gone_deadline_s: float = 300.0,
+    stopped: dict[str, Any] | None = None,
 ) -> None:
     """The record first (the head's delete ends this process), then the workers, waiting until
     they are gone, then the head. The notification goes out meanwhile, in the background, and
     delays no delete: after the head's, this process waits for it until its deadline at most
-    (while GCE shuts the VM down)."""
+    (while GCE shuts the VM down). `stopped`: the budget's mark, when the budget ended the run."""
     now = clock()
     record = {
         "stack": cfg.stack,
@@ -316,6 +317,8 @@ def autodown(
         "autodown_s": cfg.autodown_s,
         "instances": [n for n, _ in cfg.instances],
     }
+    if stopped is not None:  # `status` says the budget ended the run
+        record["budget"] = stopped
     bucket.blob(cfg.prefix + RECORD).upload_from_string(json.dumps(record))
     ended = time.strftime("%H:%M:%S", time.localtime(job_end))
     notify_later(
@@ -511,7 +514,8 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                             f"job ended at {job_end:.0f}, controller silent for {quiet:.0f} s: "
                             "autodown"
                         )
-                        autodown(cfg, bucket, compute, job_end, clock=clock)
+                        stopped = budget_stop(run_dir)
+                        autodown(cfg, bucket, compute, job_end, clock=clock, stopped=stopped)
                         return 0
                 except Exception as e:
                     log(f"autodown failed this round: {type(e).__name__}: {e}")

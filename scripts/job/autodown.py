@@ -296,9 +296,15 @@ def autodown_line(record: Mapping[str, object]) -> str:
             return "?"
         return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value))
 
+    stop = record.get("budget")
+    why = ""
+    if isinstance(stop, Mapping):
+        spent, budget = stop.get("spent_usd"), stop.get("budget_usd")
+        if isinstance(spent, int | float) and isinstance(budget, int | float):
+            why = f", stopped at its budget: ${spent:.2f} of ${budget:.2f}"
     return (
         f"VMs deleted by autodown at {at('deleted_at')} after the job ended at "
-        f"{at('job_ended_at')} (run {record.get('run_id')}); `gputrain down --stack "
+        f"{at('job_ended_at')} (run {record.get('run_id')}{why}); `gputrain down --stack "
         f"{record.get('stack')}` brings the results home and removes the rest"
     )
 

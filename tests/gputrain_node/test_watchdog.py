@@ -318,5 +318,6 @@ def test_the_head_stops_the_job_at_the_budget_and_ends_the_cluster(
         assert sink.events() == ["budget", "autodown"]  # never "failed" as well
         record = json.loads(gcs.read("team/.gputrain/autodown.json"))
         assert record["deleted_at"] - stop["at"] < 20  # not the 30 s autodown
+        assert record["budget"] == stop  # `status` says why
     finally:
         sink.stop()

@@ -388,6 +388,9 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
         stop = json.loads(bucket_object(w, f"runs/{rid2}/e2e-node-0/watch/budget.json") or b"{}")
         assert stop["spent_usd"] <= budget, stop
         assert steps, "no checkpoint in the bucket"
+        capsys.readouterr()
+        assert w.run("status", "--stack", "e2e") == 0
+        assert f"(run {rid2}, stopped at its budget: $" in capsys.readouterr().out
         assert w.run("down", "--stack", "e2e") == 0
         log = logs_of(w.dir / "runs" / "stack-e2e" / rid2)
         stopped = re.search(
