@@ -9,6 +9,12 @@ when every node has ended (its marker is there, or its VM is gone) and the contr
 (the mtime of `heartbeat`, touched over its SSH connection) is older than `autodown_s`, it writes
 `<bucket>/.gputrain/autodown.json` and deletes the stack's VMs through the Compute API with the
 VM's own service account (workers first, the head — itself — last).
+
+With a budget (the run's start, the cluster's worst-case hourly rate and its budget in the
+settings), the head also holds the run to it: once the spend so far plus the next interval would
+pass the budget, it writes BUDGET_MARK and sends the job SIGTERM — the signal of a preemption
+notice, so the trainer checkpoints and stops — and the run ends as any run does (the `budget`
+event instead of `failed`; autodown as soon as the controller is gone: the money is spent).
 """
 
 from __future__ import annotations
@@ -31,6 +37,43 @@ ENDED = ".gputrain-ended.json"  # a node's marker beside its results in the buck
 RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputrain status`
 COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
 NOTIFY_DEADLINE_S = 20.0  # all of one event's webhooks: a slow one never holds a delete longer
+BUDGET_MARK = "watch/budget.json"  # in the run dir (comes home with watch/): the budget stopped it
+LEDGER_RECORD = "ledger.json"  # scripts/cost/ledger.py's RUN_RECORD, under runs/<run-id>/
+BUDGET_GRACE_S = 300.0  # after the SIGTERM: then what is left of the job is killed
+
+
+def over_budget(spent_usd: float, next_interval_usd: float, budget_usd: float) -> bool:
+    """The budget rule: stop now when the spend so far plus the next interval would pass the
+    budget (stopping takes that long: a checkpoint, the results, the teardown). Pure."""
+    return spent_usd + next_interval_usd > budget_usd
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one run may cost, and what its cluster costs: the cluster's worst-case rate from the
+    run's start (the ledger's basis: a recovery's downtime bills like training)."""
+
+    usd: float
+    hourly_usd: float
+    started_at: float  # unix time
+    interval_s: float  # how far ahead the rule looks
+
+    def spent(self, now: float) -> float:
+        return self.hourly_usd * max(0.0, now - self.started_at) / 3600
+
+    def reached(self, now: float) -> bool:
+        return over_budget(self.spent(now), self.hourly_usd * self.interval_s / 3600, self.usd)
+
+    @classmethod
+    def parse(cls, data: Any) -> Budget | None:
+        if not data:
+            return None
+        return cls(
+            usd=float(data["usd"]),
+            hourly_usd=float(data["hourly_usd"]),
+            started_at=float(data["started_at"]),
+            interval_s=float(data["interval_s"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -47,6 +90,8 @@ class Config:
     env: tuple[tuple[str, str], ...] = ()
     notify: tuple[str, ...] = ()  # webhook URLs (secrets: only ever in this process's memory)
     heartbeat_s: float = 10.0  # the controller's beat: silent for 3 of them at the end = gone
+    budget: Budget | None = None  # the head holds the run to it
+    ledger: dict[str, Any] | None = None  # the run's cost record as its launch knew it
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> Config:
@@ -63,6 +108,8 @@ class Config:
             env=tuple((str(k), str(v)) for k, v in dict(data.get("env") or {}).items()),
             notify=tuple(str(u) for u in data.get("notify") or ()),
             heartbeat_s=float(data.get("heartbeat_s", 10.0)),
+            budget=Budget.parse(data.get("budget")),
+            ledger=dict(data["ledger"]) if data.get("ledger") else None,
         )
 
     @property
@@ -188,7 +235,9 @@ def result_files(run_dir: Path) -> list[tuple[Path, str]]:
         base = run_dir / src
         if base.is_dir():
             out += [(p, dest + p.relative_to(base).as_posix()) for p in sorted(base.rglob("*"))]
-    out += [(run_dir / n, n) for n in ("torchrun.log", EXITCODE) if (run_dir / n).is_file()]
+    out += [
+        (run_dir / n, n) for n in ("torchrun.log", EXITCODE, BUDGET_MARK) if (run_dir / n).is_file()
+    ]
     return [(p, name) for p, name in out if p.is_file()]
 
 
@@ -199,6 +248,8 @@ def upload_results(cfg: Config, run_dir: Path, end: float, bucket: Any) -> int:
         bucket.blob(cfg.node_prefix(cfg.node) + name).upload_from_filename(str(path))
     code = (run_dir / EXITCODE).read_text().split()[:1]
     marker = {"node": cfg.node, "ended_at": end, "exit_code": code[0] if code else None}
+    if (run_dir / BUDGET_MARK).is_file():
+        marker["stopped_by"] = "budget"
     bucket.blob(cfg.node_prefix(cfg.node) + ENDED).upload_from_string(json.dumps(marker))
     return len(files)
 
@@ -251,11 +302,12 @@ def autodown(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     gone_deadline_s: float = 300.0,
+    stopped: dict[str, Any] | None = None,
 ) -> None:
     """The record first (the head's delete ends this process), then the workers, waiting until
     they are gone, then the head. The notification goes out meanwhile, in the background, and
     delays no delete: after the head's, this process waits for it until its deadline at most
-    (while GCE shuts the VM down)."""
+    (while GCE shuts the VM down). `stopped`: the budget's mark, when the budget ended the run."""
     now = clock()
     record = {
         "stack": cfg.stack,
@@ -265,6 +317,8 @@ def autodown(
         "autodown_s": cfg.autodown_s,
         "instances": [n for n, _ in cfg.instances],
     }
+    if stopped is not None:  # `status` says the budget ended the run
+        record["budget"] = stopped
     bucket.blob(cfg.prefix + RECORD).upload_from_string(json.dumps(record))
     ended = time.strftime("%H:%M:%S", time.localtime(job_end))
     notify_later(
@@ -289,9 +343,112 @@ def tell_end(cfg: Config, run_dir: Path) -> bool:
         code = (run_dir / EXITCODE).read_text().split()[:1]
     except OSError:  # never this watchdog's failure: say what it knows
         code = []
+    stop = budget_stop(run_dir)
+    if stop is not None:
+        notify_later(cfg, "budget", budget_line(stop), **figures, **stop)
+        return True
     event = "finished" if code == ["0"] else "failed"
     notify_later(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
     return True
+
+
+def ledger_record(cfg: Config, run_dir: Path, now: float) -> dict[str, Any] | None:
+    """The run's cost record, completed at its end (the figures as scripts/cost/ledger.py
+    derives them). Pure but for the exit code's file."""
+    if not cfg.ledger:
+        return None
+    try:
+        code = (run_dir / EXITCODE).read_text().split()[:1]
+    except OSError:
+        code = []
+    record = cfg.ledger | {"run_id": cfg.run_id, "end": round(now, 3), "ok": code == ["0"]}
+    elapsed = max(0.0, now - float(record["start"]))
+    hourly = record.get("hourly_usd")
+    return record | {
+        "elapsed_s": round(elapsed, 1),
+        "gpu_hours": round(int(record["nodes"]) * int(record["gpus_per_node"]) * elapsed / 3600, 4),
+        "estimated_usd": None if hourly is None else round(float(hourly) * elapsed / 3600, 4),
+    }
+
+
+def record_cost(cfg: Config, run_dir: Path, bucket: Any, now: float) -> None:
+    """The run's cost record into the bucket, unless one is there (a controller's): once."""
+    record = ledger_record(cfg, run_dir, now)
+    if record is None:
+        return
+    blob = bucket.blob(f"{cfg.prefix}runs/{cfg.run_id}/{LEDGER_RECORD}")
+    try:
+        if not blob.exists():
+            blob.upload_from_string(json.dumps(record, sort_keys=True) + "\n")
+    except Exception as e:  # the ledger never holds up the end of a run
+        log(f"could not put the run's cost record in the bucket: {type(e).__name__}: {e}")
+
+
+def say_end(cfg: Config, run_dir: Path, bucket: Any, now: float) -> bool:
+    """What the controller would do at the end, with it gone: the webhooks, the cost record."""
+    record_cost(cfg, run_dir, bucket, now)
+    return tell_end(cfg, run_dir)
+
+
+def budget_stop(run_dir: Path) -> dict[str, Any] | None:
+    """What BUDGET_MARK says (the budget stopped this run), or None."""
+    try:
+        data = json.loads((run_dir / BUDGET_MARK).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def budget_line(stop: dict[str, Any]) -> str:
+    return (
+        f"stopped at the budget: ${stop.get('spent_usd', 0):.2f} of ${stop.get('budget_usd', 0):.2f}"
+        " (a checkpoint was asked for)"
+    )
+
+
+def stop_for_budget(budget: Budget, run_dir: Path, now: float, since: float) -> bool:
+    """The mark first (the controller and the end's notification read it), then SIGTERM to the
+    job's process group: run.sh stays to record the exit code, torchrun passes the signal on to
+    its ranks, and the reference trainer checkpoints and stops, as at a preemption notice. False
+    while this attempt's job has not started (no process group since `since`): the next round
+    tries again."""
+    import signal
+
+    try:
+        if (run_dir / "pgid").stat().st_mtime < since - 1:
+            return False  # an earlier attempt's
+        pgid = int((run_dir / "pgid").read_text().strip())
+    except (OSError, ValueError):
+        return False
+    stop = {
+        "budget_usd": budget.usd,
+        "spent_usd": round(budget.spent(now), 4),
+        "hourly_usd": budget.hourly_usd,
+        "started_at": budget.started_at,
+        "at": now,
+    }
+    mark = run_dir / BUDGET_MARK
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(json.dumps(stop))
+    log(f"{budget_line(stop)}: SIGTERM to the job")
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, signal.SIGTERM)
+    return True
+
+
+def kill_job(run_dir: Path) -> None:
+    """The job outlived BUDGET_GRACE_S after its SIGTERM: its process group is killed."""
+    import signal
+
+    with contextlib.suppress(OSError, ValueError):
+        os.killpg(int((run_dir / "pgid").read_text().strip()), signal.SIGKILL)
+
+
+def autodown_after(cfg: Config, budget_stopped: bool) -> float:
+    """The controller's silence after the job's end that ends the cluster: `autodown`; after a
+    budget stop only until the controller is known gone (3 beats): the money is spent. Pure."""
+    assert cfg.autodown_s is not None
+    return min(cfg.autodown_s, 3 * cfg.heartbeat_s) if budget_stopped else cfg.autodown_s
 
 
 def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time) -> int:
@@ -304,18 +461,29 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
     compute: Compute | None = None
     said_busy: str | None = None
     said_end = False  # finished/failed sent (only when the controller is not there to say it)
+    budget_stopped: float | None = None  # when this watchdog stopped the job at the budget
     while True:
         if (run_dir / DISARM).exists():
             log("disarmed by the controller")
             return 0
         end = ended_at(run_dir, armed)
+        if end is None and cfg.head and cfg.budget is not None:
+            now = clock()
+            if budget_stopped is None:
+                if cfg.budget.reached(now) and stop_for_budget(cfg.budget, run_dir, now, armed):
+                    budget_stopped = now
+            elif now - budget_stopped > BUDGET_GRACE_S:
+                log(f"the job still runs {BUDGET_GRACE_S:.0f} s after its SIGTERM: killed")
+                kill_job(run_dir)
+                budget_stopped = now
         if end is not None and not uploaded:
             try:
                 n = upload_results(cfg, run_dir, end, bucket)
                 uploaded = True
                 log(f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/")
                 if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
-                    said_end = tell_end(cfg, run_dir)  # the controller is gone: say it ourselves
+                    # the controller is gone: say it ourselves
+                    said_end = say_end(cfg, run_dir, bucket, clock())
             except Exception as e:  # the network: try again next round
                 log(f"could not upload the results yet: {type(e).__name__}: {e}")
         if uploaded and (not cfg.head or cfg.autodown_s is None):
@@ -323,9 +491,9 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
             return 0
         if uploaded and cfg.autodown_s is not None:
             quiet = silence_s(run_dir, clock())
-            if quiet >= cfg.autodown_s:
+            if quiet >= autodown_after(cfg, budget_stopped is not None):
                 if not said_end:  # the controller went away after the job's end: say it now
-                    said_end = tell_end(cfg, run_dir)
+                    said_end = say_end(cfg, run_dir, bucket, clock())
                 try:
                     compute = compute or Compute(cfg.project)
                     ends = node_ends(cfg, bucket)
@@ -346,7 +514,8 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
                             f"job ended at {job_end:.0f}, controller silent for {quiet:.0f} s: "
                             "autodown"
                         )
-                        autodown(cfg, bucket, compute, job_end, clock=clock)
+                        stopped = budget_stop(run_dir)
+                        autodown(cfg, bucket, compute, job_end, clock=clock, stopped=stopped)
                         return 0
                 except Exception as e:
                     log(f"autodown failed this round: {type(e).__name__}: {e}")
@@ -362,6 +531,11 @@ def main() -> int:
         + (
             f"; autodown after {cfg.autodown_s:.0f} s of silence"
             if cfg.head and cfg.autodown_s
+            else ""
+        )
+        + (
+            f"; budget ${cfg.budget.usd:.2f} at ${cfg.budget.hourly_usd:.2f}/h"
+            if cfg.head and cfg.budget
             else ""
         )
     )

@@ -10,6 +10,23 @@ from infra.billing import parse_usd as parse_usd
 from infra.fields import format_duration
 from infra.spec import ClusterSpec
 
+BUDGET_INTERVAL_ENV = "GPUTRAIN_BUDGET_INTERVAL_S"
+BUDGET_INTERVAL_S = 120.0  # the budget rule looks this far ahead: a checkpoint, results, teardown
+
+
+def budget_interval_s(raw: str | None) -> float:
+    """How far ahead the head's budget rule looks: GPUTRAIN_BUDGET_INTERVAL_S's value (`raw`),
+    else BUDGET_INTERVAL_S; one line for a value that is not seconds. Pure."""
+    if raw is None or not raw.strip():
+        return BUDGET_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise UserError(f"{BUDGET_INTERVAL_ENV} {raw!r}: allowed: seconds from 0 to 86400")
+    return value
+
 
 def worst_hourly(spec: ClusterSpec) -> float | None:
     """USD per hour of the whole cluster at the dearest capacity it may get (every rung of a
@@ -88,7 +105,8 @@ def caps_line(spec: ClusterSpec) -> str:
     if spec.budget is not None:
         parts.append(
             f"budget ${spec.budget:,.2f} per run >= worst case ${worst:,.2f} ({spec.max_run_duration} "
-            "at the dearest rate; maxRunDuration is the server-side bound that holds it)"
+            "at the dearest rate; maxRunDuration is the server-side bound that holds it); the "
+            "head's watchdog stops a run with a checkpoint before it passes the budget"
         )
     return "Caps: " + "; ".join(parts) + "."
 

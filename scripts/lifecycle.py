@@ -18,7 +18,7 @@ from scripts import ui
 from scripts.cost.ledger import record_run
 from scripts.guard import SignalGuard, signal_guard
 from scripts.job.progress import log_progress
-from scripts.job.records import Job, JobResult, Recovery, TrainingError
+from scripts.job.records import BudgetReached, Job, JobResult, Recovery, TrainingError
 from scripts.notify import Notifier
 from scripts.run_plan import RunPlan, declared_image, plan_run
 from scripts.settings import Settings
@@ -43,6 +43,11 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
             result = run_job(plan, session, job, guard, started)
         summary(plan, result, session.hourly_usd, started, notifier)
         return result
+    except BudgetReached as e:
+        fields = {"spent_usd": e.spent_usd, "budget_usd": e.budget_usd}
+        line = f"stopped at the budget: ${e.spent_usd:.2f} of ${e.budget_usd:.2f}"
+        notifier.send("budget", detail=line, **fields)
+        raise
     except GputrainError as e:
         notifier.send("failed", root_cause=root_cause_line(e))
         raise

@@ -1,5 +1,5 @@
 """Notifications: a JSON POST per run event (started, preempted, recovered, failed, finished,
-autodown) to each `notify` URL (stack key, hosts-file key, `--notify`). The body carries `text`,
+budget, autodown) to each `notify` URL (stack key, hosts-file key, `--notify`). The body carries `text`,
 so a Slack or Discord incoming webhook shows it as it is. Delivery runs on a background thread
 with retries and backoff; a webhook that fails or hangs costs one warning line and never fails or
 blocks the run. The URLs are secrets (a webhook URL is its own credential): never printed or
@@ -20,7 +20,7 @@ from infra.notify_urls import check_urls, redact
 from scripts import ui
 
 NOTIFY_ENV = "GPUTRAIN_NOTIFY"  # space-separated webhook URLs
-EVENTS = ("started", "preempted", "recovered", "failed", "finished", "autodown")
+EVENTS = ("started", "preempted", "recovered", "failed", "finished", "budget", "autodown")
 ATTEMPTS = 3
 TIMEOUT_S = 5.0  # one POST; a hanging webhook costs at most ATTEMPTS of these, off the run's path
 BACKOFF_S = (1.0, 3.0)

@@ -6,6 +6,7 @@ runs and sums up; nothing after the plan checks the user's input again.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -93,9 +94,11 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     image_conflict_check(env, opts)
     refuse_missing_features(target.capabilities, opts, build)
     if declared.spec is not None:  # maxHourlyCost and the budget: pure, before Google is asked
-        from infra.cost_caps import check_spending_caps
+        from infra.cost_caps import BUDGET_INTERVAL_ENV, budget_interval_s, check_spending_caps
 
         check_spending_caps(declared.spec, opts.budget)
+        if opts.budget is not None or declared.spec.budget is not None:
+            budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))  # the knob: one line now
     max_recoveries = recoveries_allowed(opts.max_recoveries)
     datasets = planned_datasets(declared, opts)
     environment, secrets = job_environment(env, opts)

@@ -204,6 +204,8 @@ def test_the_standalone_helpers_import_nothing_of_ours_and_spell_the_contracts_n
     assert fetch_data.RESULT_PREFIX == contract.FETCH_RESULT_PREFIX
     assert watchdog.RECORD == contract.AUTODOWN_RECORD
     assert watchdog.COMPUTE_ENDPOINT_ENV == contract.COMPUTE_ENDPOINT_ENV
+    assert watchdog.BUDGET_MARK == contract.BUDGET_MARK
+    assert tuple(watchdog.Budget.__dataclass_fields__) == contract.BUDGET_FIELDS
 
 
 def test_the_vertex_entry_imports_no_trainer_but_for_the_reference_trainers_flags(

@@ -166,20 +166,7 @@ def record_of(
         downtime_s=round(downtime, 1),
     )
     if spec is not None:
-        from infra.plan import price_basis
-        from infra.prices import price_table
-
-        source = price_table().source.split(",")[0]
-        return LedgerRecord(
-            **common,  # type: ignore[arg-type]
-            nodes=spec.nodes,
-            machine=spec.machine_type,
-            gpus_per_node=spec.gpus_per_node,  # built into G2/A2/A3 or attached (N1)
-            stack=spec.stack,
-            backend=spec.backend,
-            capacity=spec.capacity,
-            price_source=f"{source}; {price_basis(spec)}" if hourly is not None else None,
-        )
+        return LedgerRecord(**common, **_stack_fields(spec, hourly))  # type: ignore[arg-type]
     used = session.footprint()
     return LedgerRecord(
         **common,  # type: ignore[arg-type]
@@ -187,6 +174,40 @@ def record_of(
         machine=used.machine,
         gpus_per_node=used.gpus_per_node,
     )
+
+
+def _stack_fields(spec: Any, hourly: float | None) -> dict[str, Any]:
+    """What a stack's record says of its cluster and its price (a ClusterSpec)."""
+    from infra.plan import price_basis
+    from infra.prices import price_table
+
+    source = price_table().source.split(",")[0]
+    return dict(
+        nodes=spec.nodes,
+        machine=spec.machine_type,
+        gpus_per_node=spec.gpus_per_node,  # built into G2/A2/A3 or attached (N1)
+        stack=spec.stack,
+        backend=spec.backend,
+        capacity=spec.capacity,
+        price_source=f"{source}; {price_basis(spec)}" if hourly is not None else None,
+    )
+
+
+def launch_record(target: str, spec: Any, start: float) -> dict[str, Any]:
+    """A stack run's record as its launch knows it (no run id, end or outcome yet): the head's
+    watchdog completes it and puts it in the bucket (RUN_RECORD) when it sees the end of a run
+    no controller is there to record (a detached one); `down` brings it home."""
+    record = LedgerRecord(
+        target=target,
+        run_id="",
+        user=_user(),
+        start=round(start, 3),
+        end=round(start, 3),
+        ok=None,
+        hourly_usd=spec.hourly_price,
+        **_stack_fields(spec, spec.hourly_price),
+    )
+    return record.to_json()
 
 
 def _user() -> str:

@@ -26,6 +26,7 @@ from scripts.job.node_scripts import (
     build_install_command,
     run_dir,
 )
+from scripts.job.records import BudgetReached, TrainingError
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -42,6 +43,17 @@ RECORD = contract.AUTODOWN_RECORD
 
 
 @dataclass(frozen=True)
+class RunBudget:
+    """What the head's watchdog holds a run to (its `budget` setting, contract.BUDGET_FIELDS):
+    the budget, the cluster's worst-case rate from `started_at`, how far ahead the rule looks."""
+
+    usd: float
+    hourly_usd: float
+    started_at: float  # unix time
+    interval_s: float
+
+
+@dataclass(frozen=True)
 class Autodown:
     """What the watchdog of a stack's run needs to know (the webhook URLs are its only secret)."""
 
@@ -53,6 +65,8 @@ class Autodown:
     heartbeat_s: float = 10.0
     poll_s: float = 2.0
     notify: tuple[str, ...] = ()  # webhook URLs: in the watchdog's stdin, never in a file
+    budget: RunBudget | None = None  # the head's watchdog stops the job before it passes this
+    ledger: dict[str, object] | None = None  # the run's cost record so far (scripts/cost/ledger)
 
     def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
         head = self.instances[-1][0]
@@ -70,6 +84,8 @@ class Autodown:
                 "heartbeat_s": self.heartbeat_s,
                 "notify": list(self.notify),
                 "env": dict(env),
+                "budget": dataclasses.asdict(self.budget) if self.budget else None,
+                "ledger": self.ledger,
             }
         ).encode()
 
@@ -147,6 +163,13 @@ def arm(
     _, errors = parallel(list(transports), one)
     if errors:
         raise TransportError("\n".join(str(e) for e in errors.values()))
+    if plan.budget is not None:
+        b = plan.budget
+        ui.say(
+            f"run {run_id}: budget ${b.usd:.2f} at up to ${b.hourly_usd:.2f}/h: the head stops the "
+            f"job with a checkpoint once ${b.hourly_usd * b.interval_s / 3600:.2f} more would pass "
+            "it, also with this controller gone"
+        )
     if plan.autodown_s is None:
         ui.say(f"run {run_id}: watchdog armed (results to {plan.bucket}; autodown off)")
     else:
@@ -273,8 +296,34 @@ def autodown_line(record: Mapping[str, object]) -> str:
             return "?"
         return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value))
 
+    stop = record.get("budget")
+    why = ""
+    if isinstance(stop, Mapping):
+        spent, budget = stop.get("spent_usd"), stop.get("budget_usd")
+        if isinstance(spent, int | float) and isinstance(budget, int | float):
+            why = f", stopped at its budget: ${spent:.2f} of ${budget:.2f}"
     return (
         f"VMs deleted by autodown at {at('deleted_at')} after the job ended at "
-        f"{at('job_ended_at')} (run {record.get('run_id')}); `gputrain down --stack "
+        f"{at('job_ended_at')} (run {record.get('run_id')}{why}); `gputrain down --stack "
         f"{record.get('stack')}` brings the results home and removes the rest"
+    )
+
+
+def budget_reached(
+    error: TrainingError, head: str, checkpoints: str | None
+) -> BudgetReached | None:
+    """The job's end as the budget's stop, when the head's watchdog left its mark (BUDGET_MARK:
+    it comes home in the head's watch/ with the results); None: it ended for another reason."""
+    try:
+        stop = json.loads((error.result.results_dir / head / contract.BUDGET_MARK).read_text())
+        spent, budget = float(stop["spent_usd"]), float(stop["budget_usd"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    kept = f"its newest checkpoint is in {checkpoints}; " if checkpoints else ""
+    return BudgetReached(
+        f"run {error.result.run_id} stopped at the budget: ${spent:.2f} of ${budget:.2f} "
+        f"(the next interval would pass it); {kept}results in {error.result.results_dir}",
+        error=error,
+        spent_usd=spent,
+        budget_usd=budget,
     )

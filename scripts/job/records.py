@@ -141,6 +141,18 @@ class TrainingError(GputrainError):
         return self.failure.exit_code
 
 
+class BudgetReached(TrainingError):
+    """The head's watchdog stopped the job at the run's budget: a stop asked for, with a
+    checkpoint (scripts/job/autodown.py: budget_reached), reported as such and not as a crash."""
+
+    def __init__(
+        self, message: str, *, error: TrainingError, spent_usd: float, budget_usd: float
+    ) -> None:
+        super().__init__(message, failure=error.failure, result=error.result)
+        self.results_missing = error.results_missing
+        self.spent_usd, self.budget_usd = spent_usd, budget_usd
+
+
 def validate_job(job: Job) -> None:
     """One clear line for each kind of bad job setting (UserError)."""
     check_run_id(job.run_id, "run id")

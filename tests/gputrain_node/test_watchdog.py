@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gputrain_node import contract
+from gputrain_node.watchdog import Budget, Config, autodown_after, over_budget
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_metadata import FakeMetadata
 from tests.support.gcs_emulator import GcsEmulator
@@ -50,6 +51,7 @@ def start(
     autodown_s: float | None,
     cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator],
     notify: list[str] | None = None,
+    budget: dict[str, float] | None = None,
 ) -> subprocess.Popen[str]:
     compute, md, gcs = cloud
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -66,6 +68,7 @@ def start(
         "poll_s": 0.2,
         "heartbeat_s": 0.3,
         "notify": notify or [],
+        "budget": budget,
         "env": {
             "STORAGE_EMULATOR_HOST": gcs.url,
             "GCE_METADATA_HOST": md.address,
@@ -255,5 +258,66 @@ def test_a_webhook_that_trickles_its_answer_delays_no_delete(
         assert time.monotonic() - ended < 60
         assert "not sent within its deadline" in out, out
         assert sink.events()[:2] == ["failed", "autodown"]  # both were sent, in that order
+    finally:
+        sink.stop()
+
+
+def test_the_budget_rule_stops_when_the_next_interval_would_pass_it() -> None:
+    assert not over_budget(9.0, 1.0, 10.0)  # exactly at the budget after the interval: not yet
+    assert over_budget(9.0, 1.01, 10.0) and over_budget(10.5, 0.0, 10.0)
+    b = Budget(usd=10.0, hourly_usd=36.0, started_at=1000.0, interval_s=100.0)  # $1 per 100 s
+    assert b.spent(900.0) == 0.0 and b.spent(1100.0) == pytest.approx(1.0)
+    assert not b.reached(1000.0 + 900)  # $9 spent, $1 ahead: $10, not past it
+    assert b.reached(1000.0 + 901)
+    assert Budget.parse(None) is None
+    assert Budget.parse({"usd": 10, "hourly_usd": 36, "started_at": 1000, "interval_s": 100}) == b
+    cfg = Config.parse(
+        {"stack": "s", "run_id": "r", "node": "n", "head": True, "project": "p",
+         "instances": [], "bucket": "gs://b/", "autodown_s": 600, "heartbeat_s": 10}
+    )  # fmt: skip
+    # after a budget stop the cluster goes once the controller is gone, not after autodown
+    assert autodown_after(cfg, budget_stopped=False) == 600
+    assert autodown_after(cfg, budget_stopped=True) == 30
+
+
+def test_the_head_stops_the_job_at_the_budget_and_ends_the_cluster(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    """Budget $1 at $3600/h looking 0.5 s ahead: half a second after the run's start the head
+    marks the run, SIGTERMs the job's process group (a stand-in that records 143, as run.sh
+    does), uploads the mark with the results, says `budget` (the controller is silent) and
+    deletes the VMs long before its 30 s autodown."""
+    compute, _, gcs = cloud
+    head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
+    sink = HttpSink().start()
+    budget = {"usd": 1.0, "hourly_usd": 3600.0, "started_at": time.time(), "interval_s": 0.5}
+    try:
+        head = start(head_dir, "wd-node-0", 30.0, cloud, [sink.url], budget=budget)
+        worker = start(worker_dir, "wd-node-1", 30.0, cloud)
+        assert head.stdout is not None and "budget $1.00 at $3600.00/h" in head.stdout.readline()
+        job = subprocess.Popen(
+            ["sh", "-c", 'trap \'echo "143 $(date +%s.%N)" > exitcode; exit 143\' TERM; '
+             "while :; do sleep 0.1; done"],
+            cwd=head_dir, start_new_session=True,
+        )  # fmt: skip
+        (head_dir / "pgid").write_text(f"{job.pid}\n")
+        assert job.wait(timeout=30) == 143  # the SIGTERM reached it
+        stop = json.loads((head_dir / "watch" / "budget.json").read_text())
+        assert stop["budget_usd"] == 1.0 and 0.5 <= stop["spent_usd"] <= 1.0, stop
+        end_job(worker_dir, rc=143)  # its ranks stopped with the head's (the all-reduced flag)
+        out = wait(head, 60)
+        wait(worker, 30)
+        assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"], out
+        assert "stopped at the budget: $" in out and "SIGTERM to the job" in out
+        assert "team/runs/r1/wd-node-0/watch/budget.json" in gcs.names("team/runs/")
+        marker = json.loads(gcs.read("team/runs/r1/wd-node-0/.gputrain-ended.json"))
+        assert marker["stopped_by"] == "budget" and marker["exit_code"] == "143"
+        event = sink.wait_for("budget", 10)
+        assert event["text"].startswith("gputrain budget: run r1 on wd; stopped at the budget: $")
+        assert event["budget_usd"] == 1.0
+        assert sink.events() == ["budget", "autodown"]  # never "failed" as well
+        record = json.loads(gcs.read("team/.gputrain/autodown.json"))
+        assert record["deleted_at"] - stop["at"] < 20  # not the 30 s autodown
+        assert record["budget"] == stop  # `status` says why
     finally:
         sink.stop()

@@ -114,6 +114,9 @@ def test_the_command_chooses_its_autodown() -> None:
     line = autodown_line({"stack": "dev", "run_id": "r1", "job_ended_at": 0.0, "deleted_at": 60.0})
     assert line.startswith("VMs deleted by autodown at ") and " after the job ended at " in line
     assert "(run r1)" in line and "gputrain down --stack dev" in line
+    stop = {"budget_usd": 2.04, "spent_usd": 2.011, "at": 50.0}
+    line = autodown_line({"stack": "dev", "run_id": "r1", "deleted_at": 60.0, "budget": stop})
+    assert "(run r1, stopped at its budget: $2.01 of $2.04)" in line
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,14 @@ from typing import NoReturn
 import pytest
 
 from infra.base.errors import UserError
-from infra.cost_caps import caps_line, check_caps, parse_usd, worst_hourly
+from infra.cost_caps import (
+    BUDGET_INTERVAL_ENV,
+    budget_interval_s,
+    caps_line,
+    check_caps,
+    parse_usd,
+    worst_hourly,
+)
 from infra.spec import ClusterSpec, parse_spec
 from scripts.cli import main
 from scripts.settings import Settings
@@ -95,6 +102,23 @@ def test_plan_refuses_and_run_takes_budget_only_on_a_stack(
     assert "--budget 5: only --stack targets" in capsys.readouterr().err
     assert main(["run", "--stack", "dev", "--budget", "zero"], settings) == 2
     assert "--budget 'zero': not an amount" in capsys.readouterr().err
+    # how far ahead the head's budget rule looks: a bad knob is one line, nothing made
+    argv[-1] = "1000"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(BUDGET_INTERVAL_ENV, "soon")
+        assert main(argv, settings, gce_nothing()) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "gputrain: error: GPUTRAIN_BUDGET_INTERVAL_S 'soon': allowed: seconds from 0 to 86400"
+    )
+
+
+@pytest.mark.parametrize("raw", ["-1", "abc", "nan", "1e9"])
+def test_a_bad_budget_interval_is_one_line(raw: str) -> None:
+    with pytest.raises(UserError, match=rf"^GPUTRAIN_BUDGET_INTERVAL_S '{raw}': allowed"):
+        budget_interval_s(raw)
+    assert budget_interval_s(None) == budget_interval_s(" ") == 120.0
+    assert budget_interval_s("30") == 30.0
 
 
 def gce_nothing() -> GceClients:

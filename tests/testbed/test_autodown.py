@@ -12,8 +12,11 @@ is a 20 s drop with autodown 30 s — the same ratio of drop to autodown, shorte
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,13 +29,16 @@ import pytest
 
 from tests.support.fake_metadata import FakeMetadata
 from tests.support.http_sink import HttpSink
-from tests.support.stack_world import BUCKET, FirstStep, World, assert_torn_down
+from tests.support.stack_world import BUCKET, FirstStep, World, assert_torn_down, bucket_object
 from tests.support.testbed_faults import cut_during_download
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 AUTODOWN_S = 30.0
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "20"]
 TRAIN += ["--log-every", "1", "--eval-batches", "0"]
+#: the budget test: how far into the run (from `up`) the budget is reached; its first step comes
+#: 8-20 s after `up` on a loaded machine, and a stop before it would find no trainer to checkpoint
+BUDGET_AHEAD_S = 30.0
 CHILD = Path(__file__).resolve().parents[1] / "support" / "controller_child.py"
 
 
@@ -302,3 +308,102 @@ def test_a_stack_run_whose_download_is_cut_keeps_the_bucket_and_fails(
     home = w.dir / "runs" / "stack-e2e" / rid / "e2e-node-1"
     assert (home / "big.bin").stat().st_size == 48 << 20 and (home / "torchrun.log").is_file()
     assert_torn_down(w)
+
+
+def logs_of(home: Path) -> str:
+    """Every node's torchrun.log of a run at home (rank 0, which says why it stopped, may be on
+    either node: c10d assigns the ranks)."""
+    return "".join(p.read_text(errors="replace") for p in sorted(home.glob("*/torchrun.log")))
+
+
+def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
+    cloud_world: tuple[World, FakeMetadata, list[str]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two runs on one world, each with the smallest budget `plan` allows (the cluster's rate x
+    maxRunDuration 1h) and a rule that looks BUDGET_AHEAD_S short of an hour ahead (the
+    GPUTRAIN_BUDGET_INTERVAL_S knob), so the budget is reached BUDGET_AHEAD_S into the run:
+    - `run`, the controller following: the head's watchdog SIGTERMs the job, the trainer
+      checkpoints into the bucket, the controller says "stopped at the budget", brings the
+      results home, sends `budget` and tears everything down;
+    - `run --detach` (the controller lets go, as one killed would): the same stop, the head
+      says `budget` itself, puts the run's cost record in the bucket and deletes the VMs once
+      the controller is known gone; `down` brings the results home, `cost --json` counts it."""
+    from infra.cost_caps import worst_hourly
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    w, _, env = cloud_world
+    assert w.gcs is not None
+    rate = worst_hourly(parse_spec(load_stack_config(w.dir, "e2e"), "e2e"))
+    assert rate is not None
+    budget = math.ceil(rate * 100) / 100  # >= rate x 1h: what plan allows
+    monkeypatch.setenv("GPUTRAIN_BUDGET_INTERVAL_S", f"{budget / rate * 3600 - BUDGET_AHEAD_S}")
+    steps: set[int] = set()  # every checkpoint seen complete in the bucket
+    done = threading.Event()
+
+    def look() -> None:
+        while not done.wait(0.2):
+            with contextlib.suppress(Exception):  # the bucket deleted while it is listed
+                steps.update(w.checkpoints_in_bucket())
+
+    threading.Thread(target=look, daemon=True).start()
+    sink = HttpSink(host=w.bed.bridge_address).start()
+    long = [*TRAIN[:4], "--steps", "100000", "--checkpoint-every", "5", *TRAIN[8:]]
+    argv = ["run", "--stack", "e2e", "--yes", "--skip-preflight", "--budget", f"{budget}"]
+    argv += ["--notify", sink.url, *env]
+    try:
+        started = time.monotonic()
+        rc = w.run(*argv, "--", *long)
+        out = capsys.readouterr()
+        print(f"budget, attached: rc {rc} after {time.monotonic() - started:.1f} s")
+        assert rc == 1, out.err[-3000:]
+        rid = run_id(w)
+        line = out.err.strip().splitlines()[-1]
+        assert f"run {rid} stopped at the budget: $" in line and f"of ${budget:.2f}" in line
+        home = w.dir / "runs" / "stack-e2e" / rid
+        assert json.loads((home / "e2e-node-0" / "watch" / "budget.json").read_text())
+        log = logs_of(home)
+        stopped = re.search(
+            r"SIGTERM: stopped at step (\d+) with a checkpoint \(saved and uploaded", log
+        )
+        assert stopped, log[-3000:]
+        assert int(stopped[1]) in steps, (stopped[1], steps)
+        assert sink.wait_for("budget", 10)["run_id"] == rid
+        assert "failed" not in sink.events()
+        assert_torn_down(w)
+
+        # detached: the head alone holds the budget
+        steps.clear()
+        rc = w.run(*argv, "--detach", "--", *long)
+        assert rc == 0, capsys.readouterr().err[-3000:]
+        rid2 = run_id(w)
+        assert rid2 != rid
+        deleted_by(w, 120)
+        event = next(
+            b for _, _, b in sink.received if b["event"] == "budget" and b["run_id"] == rid2
+        )
+        assert event["budget_usd"] == budget
+        stop = json.loads(bucket_object(w, f"runs/{rid2}/e2e-node-0/watch/budget.json") or b"{}")
+        assert stop["spent_usd"] <= budget, stop
+        assert steps, "no checkpoint in the bucket"
+        capsys.readouterr()
+        assert w.run("status", "--stack", "e2e") == 0
+        assert f"(run {rid2}, stopped at its budget: $" in capsys.readouterr().out
+        assert w.run("down", "--stack", "e2e") == 0
+        log = logs_of(w.dir / "runs" / "stack-e2e" / rid2)
+        stopped = re.search(
+            r"SIGTERM: stopped at step (\d+) with a checkpoint \(saved and uploaded", log
+        )
+        assert stopped and int(stopped[1]) in steps, (log[-3000:], steps)
+        assert_torn_down(w)
+        capsys.readouterr()
+        assert w.run("cost", "--stack", "e2e", "--json") == 0  # both runs, the detached one too
+        runs = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+        assert runs.keys() == {rid, rid2} and runs[rid2]["ok"] is False
+        assert 0 < runs[rid2]["estimated_usd"] <= budget and runs[rid2]["nodes"] == 2
+        print(f"budget, both runs: {time.monotonic() - started:.1f} s")
+    finally:
+        done.set()
+        sink.stop()

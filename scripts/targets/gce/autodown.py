@@ -3,11 +3,13 @@ options and the stack outputs), and the line `status` prints once autodown has e
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from scripts import ui
 from scripts.job.autodown import (
     Autodown,
+    RunBudget,
     autodown_line,
     instances_of,
     last_autodown,
@@ -23,17 +25,34 @@ if TYPE_CHECKING:
 HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
 
 
+def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> RunBudget | None:
+    """What the head's watchdog holds the run to: --budget, else the stack's `budget`, at the
+    cluster's worst-case rate (the plan's: check_caps passed) from `started_at`."""
+    from infra.cost_caps import BUDGET_INTERVAL_ENV, budget_interval_s, worst_hourly
+
+    usd = opts.budget if opts.budget is not None else spec.budget
+    rate = worst_hourly(spec)
+    if usd is None or rate is None:
+        return None
+    ahead = budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))
+    return RunBudget(usd=usd, hourly_usd=rate, started_at=started_at, interval_s=ahead)
+
+
 def stack_autodown(
     spec: ClusterSpec,
     out: StackOutputs,
     bucket: str | None,
     opts: RunOptions,
     clients: GceClients,
+    started_at: float,
 ) -> Autodown | None:
     """The watchdogs' settings; None for a stack from before it had a bucket (nowhere to keep
-    the results, so nothing may be deleted)."""
+    the results, so nothing may be deleted). `started_at`: where the run's spend counts from."""
     if bucket is None:
         return None
+    from scripts.cost.ledger import launch_record
+    from scripts.targets.stack.target import target_name
+
     seconds: float | None = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
     if seconds is not None and clients.autodown_s is not None:
         seconds = clients.autodown_s  # tests: shorter than the floor
@@ -46,6 +65,8 @@ def stack_autodown(
         autodown_s=seconds,
         heartbeat_s=beat,
         notify=tuple(dict.fromkeys((*opts.notify, *spec.notify))),
+        budget=run_budget(spec, opts, started_at),
+        ledger=launch_record(target_name(spec.stack), spec, started_at),
     )
 
 

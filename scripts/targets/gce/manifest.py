@@ -55,6 +55,8 @@ class RunManifest:
     attempt_started_at: float = 0.0
     max_recoveries: int = 3
     recoveries_done: int = 0
+    budget_usd: float | None = None  # the run's budget (--budget or the stack's): a relaunch's too
+    started_at: float = 0.0  # where the run's spend counts from (its budget, its cost record)
     state: str = RUNNING
     history: list[dict[str, Any]] = field(default_factory=list)
     last_pass: dict[str, Any] = field(default_factory=dict)
@@ -229,9 +231,12 @@ class ControllerHold:
         *,
         max_recoveries: int,
         deadline: float,
+        budget_usd: float | None = None,
+        started_at: float = 0.0,
     ) -> None:
         from scripts.targets.gce.lease import CONTROLLER_TTL_S, Lease
 
+        self.budget_usd, self.started_at = budget_usd, started_at
         bucket, _, prefix = bucket_uri.removeprefix("gs://").partition("/")
         self.manifests = Manifests(storage, bucket, prefix)
         self.stack, self.max_recoveries, self.deadline = stack, max_recoveries, deadline
@@ -257,6 +262,7 @@ class ControllerHold:
         fresh = manifest_for(
             job, self.stack, max_recoveries=self.max_recoveries, deadline=self.deadline, code=code
         )
+        fresh.budget_usd, fresh.started_at = self.budget_usd, self.started_at
         old = self.manifests.load(job.run_id)  # `--resume RUN`: its history goes on
         if old is not None:
             fresh.history, fresh.generation = old.history, old.generation

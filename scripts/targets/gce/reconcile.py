@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 ENDED_MARKER = ".gputrain-ended.json"  # trainer/watchdog.py's ENDED, beside each node's results
 #: what one pass did (its `last_pass.outcome` and the command's last line)
 LEASED, ADVANCING, DONE, RECOVERED = "leased elsewhere", "running", "ended", "recovered"
+BUDGET = "budget"  # head_ended: the head's watchdog stopped the job at the run's budget
 
 
 def stack_file_from_environment(root: Path, stack: str, environ: Mapping[str, str]) -> bool:
@@ -158,7 +159,8 @@ class Pass:
             return self.give_up(out, "the stack's TTL is spent")
         ended = self.head_ended(out)
         lost = self.lost(out)
-        if ended == "0" or (ended is not None and not lost):  # autodown may have run already
+        # autodown may have run already; a run stopped at its budget is never recovered
+        if ended in ("0", BUDGET) or (ended is not None and not lost):
             return self.finish(out, ended)
         if not lost:
             self.m.state = RUNNING
@@ -168,7 +170,8 @@ class Pass:
     # ---- what the cloud and the bucket say
 
     def head_ended(self, out: StackOutputs) -> str | None:
-        """The head's exit code when its end marker for this attempt is in the bucket."""
+        """The head's exit code when its end marker for this attempt is in the bucket; BUDGET
+        when its watchdog stopped the job at the run's budget."""
         head = out.head.name
         name = f"{self.manifests.prefix}runs/{self.m.run_id}/{head}/{ENDED_MARKER}"
         found = self.manifests.storage.read_versioned(self.manifests.bucket, name)
@@ -180,6 +183,8 @@ class Pass:
             return None
         if float(marker.get("ended_at") or 0) < self.m.attempt_started_at - 1:
             return None  # an earlier attempt's
+        if marker.get("stopped_by") == "budget":
+            return BUDGET
         return str(marker.get("exit_code"))
 
     def nodes(self, out: StackOutputs) -> StackNodes:
@@ -211,13 +216,14 @@ class Pass:
         VMs that are still there are deleted (autodown's job, done again if it was missed)."""
         left = self.delete_vms(out)
         self.m.state = FINISHED if code == "0" else FAILED
-        self.m.note(f"job ended with exit code {code}", vms_deleted=left)
+        how = "stopped at its budget" if code == BUDGET else f"exit code {code}"
+        self.m.note(f"job ended: {how}", vms_deleted=left)
         self.save()
         if left:  # autodown did not get to it: tell what the watchdog would have
-            event = "finished" if code == "0" else "failed"
-            self.notifier.send(event, detail=f"exit code {code}; {len(left)} VM(s) deleted")
+            event = {"0": "finished", BUDGET: "budget"}.get(code, "failed")
+            self.notifier.send(event, detail=f"{how}; {len(left)} VM(s) deleted")
         ui.say(
-            f"reconcile: run {self.m.run_id} ended (exit code {code}); results in "
+            f"reconcile: run {self.m.run_id} ended ({how}); results in "
             f"{self.manifests.uri}runs/{self.m.run_id}/; "
             + (f"deleted {', '.join(left)}" if left else "no VM left")
         )
@@ -301,7 +307,13 @@ class Pass:
             )
             with (
                 signal_guard() as guard,
-                self.target.session_for(self.spec, outputs, self.m.max_recoveries) as session,
+                self.target.session_for(
+                    self.spec,
+                    outputs,
+                    self.m.max_recoveries,
+                    started_at=self.m.started_at or self.m.created_at or None,
+                    budget=self.m.budget_usd,
+                ) as session,
             ):
                 session.holds_lease = False  # this pass holds it (a reconciler's lease)
                 session.verify(fabric=True)

@@ -35,7 +35,7 @@ from infra.gcp.compute import (
 )
 from scripts import ui
 from scripts.guard import Interrupted, SignalGuard
-from scripts.job.autodown import Autodown, Watchdogs
+from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
 from scripts.job.outputs import output_env
@@ -45,6 +45,7 @@ from scripts.job.records import (
     TENSORBOARD_DIR_ENV,
     WATCH_MAINTENANCE_ENV,
     WATCH_PREEMPTION_ENV,
+    BudgetReached,
     Job,
     JobResult,
     Recovery,
@@ -378,6 +379,8 @@ class RecoveringSession(FleetSession):
             self.nodes.stack,
             max_recoveries=self.max_recoveries,
             deadline=self.nodes.created_at + self.nodes.ttl_s,
+            budget_usd=budget.usd if (budget := self._budget()) is not None else None,
+            started_at=self.nodes.created_at,
         )
         hold.start(job, collect_code(job) if job.workdir is not None else {})
         return hold
@@ -433,6 +436,8 @@ class RecoveringSession(FleetSession):
                         done.append(pending.finish(watch))
                         pending = None
                         write_job_record(replace(e.result, recoveries=tuple(done)))
+                    if (spent := self._budget_reached(e, job)) is not None:
+                        raise spent from e  # no recovery: the money is spent
                     preempted = self._lost(e, started)
                     if not preempted:
                         raise
@@ -466,6 +471,16 @@ class RecoveringSession(FleetSession):
         finally:
             if hold is not None:
                 hold.release()
+
+    def _budget(self) -> RunBudget | None:
+        return self.watchdogs.plan.budget if self.watchdogs is not None else None
+
+    def _budget_reached(self, error: TrainingError, job: Job) -> BudgetReached | None:
+        """The head's watchdog stopped the job at the run's budget (never with a budget unset)."""
+        if self._budget() is None:
+            return None
+        head = self.fleet.head.name
+        return budget_reached(error, head, job.env.get(CHECKPOINT_URI_ENV))
 
     def _lost(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
         """The nodes to replace: the node of a GPU fault during training, else the preempted."""

@@ -231,16 +231,28 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
     @contextmanager
     def session_for(
-        self, spec: ClusterSpec, outputs: dict[str, Any], max_recoveries: int
+        self,
+        spec: ClusterSpec,
+        outputs: dict[str, Any],
+        max_recoveries: int,
+        started_at: float | None = None,
+        budget: float | None = None,
     ) -> Iterator[RecoveringSession]:
         """The session of a cluster `gputrain reconcile` re-created: pinned, kept (the run goes
-        on without this process), its autodown as the stack declares it."""
+        on without this process), its autodown as the stack declares it; `started_at`: the
+        run's start (its budget, its cost record and its TTL count from there), `budget` its
+        budget (None: the stack's)."""
         from scripts.targets.gce.keys import private_key_file
 
-        ctx = self.context(spec, RunOptions(max_recoveries=max_recoveries))
+        ctx = self.context(spec, RunOptions(max_recoveries=max_recoveries, budget=budget))
         with private_key_file(self.runner, self.stack) as key:
             session = stack_session(
-                ctx, outputs, key, keep=True, connect_deadline_s=self.settings.connect_deadline_s
+                ctx,
+                outputs,
+                key,
+                keep=True,
+                connect_deadline_s=self.settings.connect_deadline_s,
+                started_at=started_at,
             )
             with session:
                 yield session
@@ -309,8 +321,10 @@ def stack_session(
     *,
     keep: bool,
     connect_deadline_s: float | None,
+    started_at: float | None = None,
 ) -> RecoveringSession:
-    """The stack's fleet, pinned; it re-creates preempted VMs (`recreate`)."""
+    """The stack's fleet, pinned; it re-creates preempted VMs (`recreate`). `started_at`: the
+    run's start when it was earlier than this session (a reconciler's relaunch)."""
     from infra.outputs import parse_stack_outputs
     from scripts.targets.gce.autodown import stack_autodown
     from scripts.targets.gce.recovery import RecoveringSession, StackNodes
@@ -333,6 +347,8 @@ def stack_session(
         bucket=bucket,
         stack=spec.stack,
     )
+    if started_at is not None:
+        nodes.created_at = started_at
     return RecoveringSession(
         stack_fleet(ctx, out, key),
         ctx.settings,
@@ -344,7 +360,7 @@ def stack_session(
         connect_deadline_s=connect_deadline_s,
         fabric=FabricCheck.of(spec.fabric),
         stall_timeout_s=spec.stall_timeout_s,
-        autodown=stack_autodown(spec, out, bucket, opts, clients),
+        autodown=stack_autodown(spec, out, bucket, opts, clients, nodes.created_at),
     )
 
 

@@ -113,3 +113,38 @@ def test_cost_bad_since_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["cost", "--since", "last week"], settings) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--since 'last week'" in err
+
+
+def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Path) -> None:
+    """The record the launch knows (cluster, price, start), completed by the watchdog at the
+    end with no controller there (its end, its outcome, the figures): the ledger reads it as it
+    reads a controller's, the same figures."""
+    from gputrain_node import watchdog
+    from infra.spec import parse_spec
+    from scripts.cost.ledger import RUN_RECORD, launch_record
+    from tests.support.pulumi_mocks import deployable_config
+
+    assert watchdog.LEDGER_RECORD == RUN_RECORD  # the watchdog spells it itself (standalone)
+    spec = parse_spec(deployable_config("dev", machineType="g2-standard-8", nodes="2"), "dev")
+    template = launch_record("stack-dev", spec, 1_000_000.0)
+    assert template["run_id"] == "" and template["ok"] is None
+    cfg = watchdog.Config.parse(
+        {"stack": "dev", "run_id": "r7", "node": "dev-node-0", "head": True, "project": "p",
+         "instances": [], "bucket": "gs://b/", "autodown_s": None, "ledger": template}
+    )  # fmt: skip
+    (tmp_path / "exitcode").write_text("0 1000001.0\n")
+    done = watchdog.ledger_record(cfg, tmp_path, 1_003_600.0)
+    assert done is not None
+    record = LedgerRecord.from_json(json.loads(json.dumps(done)))
+    assert record is not None and record.to_json() == done  # the same figures, derived alike
+    assert (record.run_id, record.ok, record.elapsed_s) == ("r7", True, 3600.0)
+    assert record.nodes == 2 and record.machine == "g2-standard-8" and record.stack == "dev"
+    assert record.hourly_usd == spec.hourly_price and record.estimated_usd == pytest.approx(
+        spec.hourly_price
+    )
+    (tmp_path / "exitcode").write_text("143 1000001.0\n")
+    assert watchdog.ledger_record(cfg, tmp_path, 1_000_100.0)["ok"] is False  # type: ignore[index]
+    runs = tmp_path / "runs"  # `down` brought it home: the ledger counts it
+    (runs / "stack-dev" / "r7").mkdir(parents=True)
+    (runs / "stack-dev" / "r7" / RUN_RECORD).write_text(json.dumps(done))
+    assert [r.run_id for r in read(runs)] == ["r7"]

@@ -4,10 +4,12 @@ race, a writer that lost the lease is fenced out of the manifest, the code bundl
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,7 +72,7 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(storage: St
     assert new.acquire() is None  # expired: taken over
     with pytest.raises(LeaseLost):
         old.renew()
-    manifests = Manifests(storage, BUCKET, "b/")
+    manifests = Manifests(storage, BUCKET, "budget/")
     m = manifest_for(Job("r1", entry=("x.py",)), "s", max_recoveries=3, deadline=1e12, code=None)
     assert new.token is not None
     manifests.write(m, new.token)
@@ -110,7 +112,10 @@ def test_the_controller_writes_the_manifest_and_the_code(
 ) -> None:
     (tmp_path / "job.py").write_text("print('hi')\n")
     job = Job("r2", entry=("job.py", "--x"), env={"A": "1"}, resume_args=("--resume",))
-    hold = ControllerHold(storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9)
+    hold = ControllerHold(
+        storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9,
+        budget_usd=5.0, started_at=123.0,
+    )  # fmt: skip
     hold.start(job, {"job.py": tmp_path / "job.py", "trainer/train.py": tmp_path / "job.py"})
     again = ControllerHold(storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9)
     with pytest.raises(Exception, match=r"the controller .* holds the lease"):
@@ -126,6 +131,7 @@ def test_the_controller_writes_the_manifest_and_the_code(
         ("--resume",),
     )
     assert (m.attempt, m.recoveries_done, m.recoveries_left) == (2, 1, 1)
+    assert (m.budget_usd, m.started_at) == (5.0, 123.0)  # a reconciler's relaunch keeps them
     assert m.code is not None
     code = manifests.get_code(m.code, tmp_path / "out")
     assert sorted(p.name for p in code.iterdir()) == ["job.py"]  # not the trainer package
@@ -155,3 +161,39 @@ def test_resume_finds_a_run_in_the_stacks_bucket(gcs: GcsEmulator, storage: Stor
     assert bucket_has_run(f"gs://{BUCKET}/p/", "test", "20261127-101500-ab12")
     assert not bucket_has_run(f"gs://{BUCKET}/p/", "test", "20261127-101500-cd34")
     assert not bucket_has_run(None, "test", "20261127-101500-ab12")
+
+
+def test_a_reconcile_pass_ends_a_run_stopped_at_its_budget(
+    gcs: GcsEmulator, storage: StorageApi
+) -> None:
+    """The head's end marker says the budget stopped the job: the pass records the end, deletes
+    what autodown left and says `budget` (never a recovery, never `failed`)."""
+    from scripts.targets.gce.reconcile import BUDGET, DONE, Pass
+
+    manifests = Manifests(storage, BUCKET, "budget/")
+    m = manifest_for(Job("r3"), "s", max_recoveries=3, deadline=9e9, code=None)
+    held = Lease(storage, BUCKET, "budget/", kind="reconciler", run_id="r3", ttl_s=60)
+    assert held.acquire() is None
+    manifests.write(m, held.renew())
+    marker = {"node": "s-node-0", "ended_at": time.time(), "exit_code": "1", "stopped_by": "budget"}
+    blob = gcs.client().bucket(BUCKET).blob("budget/runs/r3/s-node-0/.gputrain-ended.json")
+    blob.upload_from_string(json.dumps(marker))
+    deleted: list[str] = []
+    sent: list[tuple[str, dict[str, object]]] = []
+    compute = SimpleNamespace(
+        list_stack_instances=lambda project, stack: [{"name": "s-node-1", "zone": "z"}],
+        delete_instance=lambda project, zone, name: deleted.append(name),
+    )
+    target = SimpleNamespace(stack="s", clients=SimpleNamespace(compute=lambda: compute))
+    notifier = SimpleNamespace(send=lambda event, **kw: sent.append((event, kw)))
+    step = Pass(target, None, manifests, manifests.find("s", "r3"), held, notifier)  # type: ignore[arg-type]
+    out = SimpleNamespace(head=SimpleNamespace(name="s-node-0"), project="p")
+    assert step.head_ended(out) == BUDGET  # type: ignore[arg-type]
+    assert step.finish(out, BUDGET) == DONE  # type: ignore[arg-type]
+    held.release()
+    assert deleted == ["s-node-1"]
+    assert sent == [("budget", {"detail": "stopped at its budget; 1 VM(s) deleted"})]
+    again = manifests.find("s", "r3")
+    assert (
+        again.state == "failed" and again.history[-1]["what"] == "job ended: stopped at its budget"
+    )
