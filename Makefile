@@ -41,8 +41,7 @@ BED_A := $(addprefix tests/testbed/,test_autodown.py test_lifecycle.py test_fabr
 	test_data.py test_verify_gpus.py test_connect.py test_environment.py test_laptop_closed.py \
 	test_no_hangs.py)
 BED_B := $(addprefix tests/testbed/,test_spot_recovery.py test_capacity.py test_watch_stack.py \
-	test_outputs.py test_fleet_scale.py test_cli_hosts.py test_user_packages.py \
-	test_hostile_bucket.py test_results_dir.py)
+	test_outputs.py test_fleet_scale.py test_user_packages.py test_results_dir.py)
 
 test: apt venv lint typecheck
 	@# Four pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):
