@@ -67,6 +67,17 @@ def node_argv(port: int, rdzv_id: str, args: list[str], nnodes: int = 2) -> list
     ]
 
 
+def uninterrupted_summary(out: Path, args: list[str]) -> dict[str, Any]:
+    """The trainer's summary of `args` on two torchrun agents on this machine, one worker each,
+    never interrupted: what a recovered run must end with."""
+    port = free_port()
+    procs = [start(node_argv(port, "ref", args), child_env(out)) for _ in range(2)]
+    for p in procs:
+        output, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, output[-3000:]
+    return dict(json.loads((out / "summary.json").read_text()))
+
+
 def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     """A background run whose stdout and stderr come back together from communicate()."""
     return subprocess.Popen(

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.stack_world import TRAIN, ZONES, World, assert_torn_down
-from tests.support.trainer_helpers import child_env, free_port, node_argv, start
+from tests.support.stack_world import ZONES, World, assert_torn_down
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 
@@ -61,16 +59,6 @@ def test_a_capacity_list_steps_from_spot_to_on_demand_with_its_line(
 # ---- a recovery that meets stock-outs waits, then resumes -------------------------------------
 
 
-def uninterrupted_loss(tmp_path: Path) -> float:
-    """The same training on two torchrun agents on this machine, never interrupted."""
-    port, out = free_port(), tmp_path / "reference"
-    procs = [start(node_argv(port, "ref", TRAIN), child_env(out)) for _ in range(2)]
-    for p in procs:
-        output, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, output[-3000:]
-    return float(json.loads((out / "summary.json").read_text())["final_loss"])
-
-
 def final_loss(w: World) -> tuple[float, dict[str, Any]]:
     target = w.dir / "runs" / "stack-e2e"
     run_dir = target / (target / "LAST_RUN").read_text().strip()
@@ -109,7 +97,9 @@ def test_a_spot_recovery_that_meets_two_stockouts_waits_and_resumes(
 
 
 def test_an_on_demand_node_lost_to_a_host_error_is_recovered_with_the_same_loss(
-    world: Callable[..., World], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World],
+    uninterrupted: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """GCE records compute.instances.hostError, the VM is gone and every process on it died
     without a word: the run is recovered as a preemption is (the default --max-recoveries
@@ -137,5 +127,7 @@ def test_an_on_demand_node_lost_to_a_host_error_is_recovered_with_the_same_loss(
     assert ups(w) == [ZONES[0], ZONES[0]]
     loss, recovery = final_loss(w)
     assert recovery["nodes"] == ["e2e-node-1"] and recovery["resumed_from"] >= 20
-    assert loss == uninterrupted_loss(tmp_path)
+    assert (
+        loss == uninterrupted["final_loss"]
+    )  # TRAIN never interrupted (tests/testbed/conftest.py)
     assert_torn_down(w)

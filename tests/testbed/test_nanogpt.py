@@ -1,9 +1,10 @@
 """karpathy/nanoGPT's own train.py as the user's code on 2 sshd test hosts (issue 27, done-when):
 its checkpoint, written to out/ckpt.pt beside its code, comes home without --out_dir=../out, and
 its CUDA-only DDP code on a CPU host is reported with its exception as the root cause; with a
-requirements.txt naming a package the hosts lack (issue 20), installed once per node. The real
-train.py when GPUTRAIN_NANOGPT_DIR (default /work/notes/nanogpt) holds it, else our stand-in
-(tests/support/nanogpt_standin/train_cuda_ddp.py)."""
+requirements.txt naming a package the hosts lack (issue 20), installed once per node (one pair
+of hosts and one test for all of it). The real train.py when GPUTRAIN_NANOGPT_DIR (default
+/work/notes/nanogpt) holds it, else our stand-in (tests/support/nanogpt_standin/train_cuda_ddp.py).
+"""
 
 from __future__ import annotations
 
@@ -58,12 +59,14 @@ def _hosts(tb: TestBed, tmp_path: Path, n: int) -> Path:
     return tb.hosts_file(tmp_path, [tb.add_host() for _ in range(n)], "cpu: true\n")
 
 
-def test_nanogpt_on_two_hosts_root_cause_then_checkpoints_home(
+def test_nanogpt_on_two_hosts_root_cause_then_its_requirements_once_and_checkpoints_home(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One pair of hosts for both (the test bed's time is shared): first its CUDA-only DDP code
-    fails on the CPU hosts and the root cause is that exception, then through the recipe's
-    wrapper both nodes train and their ckpt.pt comes home."""
+    """One pair of hosts for all three runs (the test bed's time is shared): first its CUDA-only
+    DDP code fails on the CPU hosts and the root cause is that exception; then through the
+    recipe's wrapper both nodes train with its requirements.txt naming a package the hosts lack
+    (from a package index on the bridge), which its config file (nanoGPT executes it) imports:
+    installed once per node, and the next run finds it cached; their ckpt.pt comes home."""
     hosts = _hosts(tb, tmp_path, 2)
     work = _project(tmp_path)
     monkeypatch.chdir(work)
@@ -78,28 +81,11 @@ def test_nanogpt_on_two_hosts_root_cause_then_checkpoints_home(
     assert cause[0].endswith("Traceback (most recent call last):")
     assert not any("Overriding" in ln or "iter " in ln for ln in cause)
 
-    code = main(["train", "--hosts", str(hosts), "--", "nanogpt_cpu.py", *_flags()], settings)
-    out = capsys.readouterr().out
-    assert code == 0, out[-3000:]
-    assert "iter 20: loss" in out
-    _checkpoints_home(work)
-
-
-def test_nanogpt_with_its_requirements_trains_and_the_next_run_skips_the_install(
-    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Its requirements.txt names a package the hosts lack (from a package index on the bridge),
-    its config file (nanoGPT executes it) imports that package: installed once per node, then
-    the next run finds it cached."""
-    hosts = _hosts(tb, tmp_path, 2)
-    work = _project(tmp_path)
     (work / "requirements.txt").write_text("gputrain-probe==1.0\n")
     (work / "needs_probe.py").write_text(
         "import gputrain_probe  # the package requirements.txt names\n"
         "print('config: imported', gputrain_probe.__name__)\n"
     )
-    monkeypatch.chdir(work)
-    settings = Settings(root=work, runs_dir=work / "runs", connect_deadline_s=30)
     with PackageIndex(tmp_path / "index", host=tb.bridge_address) as index:
         index.add(build_wheel("gputrain-probe", tmp_path / "wheel"))
         pip = [
@@ -113,6 +99,7 @@ def test_nanogpt_with_its_requirements_trains_and_the_next_run_skips_the_install
         out = capsys.readouterr().out
         assert out.count("[requirements] Successfully installed gputrain-probe-1.0") == 2
         assert out.count("config: imported gputrain_probe") == 2 and "iter 20: loss" in out
+        _checkpoints_home(work)
         assert main([*argv, *_flags()], settings) == 0
         out = capsys.readouterr().out
         assert out.count("skipped (cached)") == 2 and "Successfully installed" not in out

@@ -19,21 +19,9 @@ from typing import Any
 import pytest
 
 from tests.support.http_sink import HttpSink
-from tests.support.stack_world import TRAIN, ZONES, World, assert_torn_down
-from tests.support.trainer_helpers import child_env, free_port, node_argv, start
+from tests.support.stack_world import ZONES, World, assert_torn_down
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
-
-
-def uninterrupted(tmp_path: Path) -> dict[str, Any]:
-    """The same training on two torchrun agents on this machine, never interrupted."""
-    port, out = free_port(), tmp_path / "reference"
-    env = child_env(out)
-    procs = [start(node_argv(port, "ref", TRAIN), env) for _ in range(2)]
-    for p in procs:
-        output, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, output[-3000:]
-    return dict(json.loads((out / "summary.json").read_text()))
 
 
 def last_run(w: World) -> Path:
@@ -42,7 +30,9 @@ def last_run(w: World) -> Path:
 
 
 def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
-    world: Callable[..., World], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World],
+    uninterrupted: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     w = world(bucket=True)
     killed: list[float] = []
@@ -83,7 +73,7 @@ def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
     # Same end as an uninterrupted run: loss and every parameter, bit for bit.
     summary = json.loads((run_dir / "e2e-node-0" / "summary.json").read_text())
     assert summary["resumed_from"] == recovery["resumed_from"]
-    reference = uninterrupted(tmp_path)
+    reference = uninterrupted  # the same TRAIN, never interrupted (tests/testbed/conftest.py)
     assert summary["final_loss"] == reference["final_loss"]
     assert set(summary["param_checksums"]) == set(reference["param_checksums"])
     assert summary["params_in_sync"]

@@ -1,8 +1,9 @@
-"""A user project whose own package is named like gputrain's (`trainer/`, one of the most common
-names in ML projects, or `gputrain_node/`) under `run --stack` on 2 test hosts: its trainer runs
-its own package, while gputrain's node helpers (the out-dir mirror, the GPU sampler) run from
-gputrain's own copy on the node. Node 2 is preempted once the bucket holds its state; the
-re-created node gets its out dir back and the relaunch resumes from it, not from zero."""
+"""A user project whose own packages are named like gputrain's (`trainer/`, one of the most common
+names in ML projects, and `gputrain_node/`) under `run --stack` on 2 test hosts: its trainer runs
+its own packages (`-m trainer.train`, a module gputrain's copy has too), while gputrain's node
+helpers (the out-dir mirror, the GPU sampler) run from gputrain's own copy on the node. Node 2 is
+preempted once the bucket holds its state; the re-created node gets its out dir back and the
+relaunch resumes from it, not from zero. (Both packages in one project: one preemption run.)"""
 
 from __future__ import annotations
 
@@ -22,34 +23,36 @@ TRAIN = '''"""The user's own training loop."""
 import json, os, sys, time
 from pathlib import Path
 
-import {package}
+import gputrain_node
+import trainer
 
-assert {package}.OWNER == "user", {package}.__file__
+for package in (trainer, gputrain_node):
+    assert package.OWNER == "user", package.__file__
 out = Path(os.environ["GPUTRAIN_OUT"])
 state = out / "state.json"
 start = 0
 if "--from-state" in sys.argv and state.is_file():
     start = json.loads(state.read_text())["step"]
-    print(f"resumed from step {{start}}", flush=True)
+    print(f"resumed from step {start}", flush=True)
 for step in range(start, 120):
     time.sleep(0.05)
     if step % 10 == 0:
         tmp = state.with_suffix(".tmp")
-        tmp.write_text(json.dumps({{"step": step}}))
+        tmp.write_text(json.dumps({"step": step}))
         os.replace(tmp, state)
-        print(f"step {{step}}", flush=True)
+        print(f"step {step}", flush=True)
 '''
 
 
-@pytest.mark.parametrize("package", ["trainer", "gputrain_node"])
-def test_a_users_package_named_like_ours_keeps_its_out_dir_through_a_preemption(
-    world: Callable[..., World], capsys: pytest.CaptureFixture[str], package: str
+def test_a_users_packages_named_like_ours_keep_their_out_dir_through_a_preemption(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world(bucket=True)
     assert w.gcs is not None
-    (w.dir / package).mkdir()
-    (w.dir / package / "__init__.py").write_text(INIT)
-    (w.dir / package / "train.py").write_text(TRAIN.format(package=package))
+    for package in ("trainer", "gputrain_node"):
+        (w.dir / package).mkdir()
+        (w.dir / package / "__init__.py").write_text(INIT)
+    (w.dir / "trainer" / "train.py").write_text(TRAIN)
 
     def state() -> int | None:  # the step of node 2's state.json as the bucket holds it now
         found = bucket_object(w, "/out/e2e-node-1/state.json")
@@ -59,7 +62,7 @@ def test_a_users_package_named_like_ours_keeps_its_out_dir_through_a_preemption(
     rc = w.run(
         "run", "--stack", "e2e", "--yes", "--skip-preflight",
         "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--env", "GPUTRAIN_MIRROR_INTERVAL_S=0.3",
-        "--resume-args", "--from-state", "--", "-m", f"{package}.train",
+        "--resume-args", "--from-state", "--", "-m", "trainer.train",
     )  # fmt: skip
     t.join(timeout=5)
     out = capsys.readouterr().out

@@ -24,7 +24,7 @@ from scripts.watch.settings import WatchSettings
 from scripts.watch.stall import StallError
 from scripts.watch.top import TopView
 from tests.support.testbed import BUSY, IDLE, GpuConfig, GpuPhase, TestBed, TestHost
-from tests.support.trainer_helpers import child_env, free_port, node_argv, start
+from tests.support.trainer_helpers import uninterrupted_summary
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 REPO = Path(__file__).resolve().parents[2]
@@ -70,16 +70,6 @@ def _stop_a_rank(host: TestHost, run_id: str, at_step: int, stopped: list[Any]) 
         stopped.append((time.monotonic(), rank["rank"]))
 
     threading.Thread(target=go, daemon=True).start()
-
-
-def _uninterrupted(tmp_path: Path, steps: int) -> dict[str, Any]:
-    port, out = free_port(), tmp_path / "reference"
-    args = [*TRAIN, "--steps", str(steps)]
-    procs = [start(node_argv(port, "ref", args), child_env(out)) for _ in range(2)]
-    for p in procs:
-        output, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, output[-3000:]
-    return dict(json.loads((out / "summary.json").read_text()))
 
 
 def test_top_shows_both_nodes_the_idle_one_is_warned_and_an_xid_fails_the_run(
@@ -154,7 +144,8 @@ def test_a_sigstopped_rank_is_caught_and_the_relaunch_ends_with_the_same_loss(
     assert len(summaries) == 2  # both nodes' results came home after the relaunch
     summary = summaries[0]
     assert summary["resumed_from"] >= 20
-    assert summary["final_loss"] == _uninterrupted(tmp_path, 40)["final_loss"]
+    reference = uninterrupted_summary(tmp_path / "reference", [*TRAIN, "--steps", "40"])
+    assert summary["final_loss"] == reference["final_loss"]
     assert (tmp_path / "r" / hosts[0].name / "torchrun.stall1.log").exists()
 
 
