@@ -12,6 +12,7 @@ Nothing of it runs between passes: a job execution bills only while the pass run
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,9 +306,7 @@ class StackReconciler(pulumi.ComponentResource):
             role = gcp.projects.IAMCustomRole(
                 f"{s}-reconcile-refresh-{kind}",
                 project=project,
-                role_id=self.account.unique_id.apply(
-                    lambda u, kind=kind: refresh_role_id(s, kind, u)
-                ),
+                role_id=self.account.unique_id.apply(functools.partial(refresh_role_id, s, kind)),
                 title=f"gputrain reconcile {s}: refresh ({kind})",
                 description=f"what `pulumi refresh` of stack {s} reads ({kind})",
                 permissions=list(REFRESH_PERMISSIONS[kind]),
