@@ -176,7 +176,7 @@ def plan(
     if not env.backend_without_ssh:  # a Vertex job reads its secrets itself
         resolve_secrets([r for r in refs if r.sm_secret is None], project=env.project)
         refs += parse_secrets(opts.secrets, "--secret")
-        in_sm = {r.name: "" for r in refs if r.sm_secret is not None}
+        in_sm = [r.name for r in refs if r.sm_secret is not None]
         warn_unrelaunchable(target.capabilities, [r.name for r in refs], in_sm)
     target.plan()
     if export is None:

@@ -7,7 +7,7 @@ runs and sums up; nothing after the plan checks the user's input again.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -209,12 +209,14 @@ def job_environment(
     return environment, JobSecrets(values, secret_references(in_sm, project))
 
 
-def warn_unrelaunchable(can: Capabilities, names: Iterable[str], refs: Mapping[str, str]) -> None:
+def warn_unrelaunchable(
+    can: Capabilities, names: Iterable[str], in_secret_manager: Iterable[str]
+) -> None:
     """Up front, on a stack whose detached runs a `gputrain reconcile` pass recovers: a secret
     of this machine's environment keeps a pass from relaunching the run."""
     from scripts.job.secrets import machine_secrets_line
 
-    line = machine_secrets_line(names, refs) if Feature.AUTODOWN in can else None
+    line = machine_secrets_line(names, in_secret_manager) if Feature.AUTODOWN in can else None
     if line is not None:
         ui.warn(line)
 

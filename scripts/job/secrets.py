@@ -135,11 +135,11 @@ def secret_references(refs: Sequence[SecretRef], project: str | None) -> dict[st
     return out
 
 
-def machine_secrets_line(names: Iterable[str], refs: Mapping[str, str]) -> str | None:
+def machine_secrets_line(names: Iterable[str], in_secret_manager: Iterable[str]) -> str | None:
     """Why a `gputrain reconcile` pass on another machine cannot relaunch a run whose secrets
-    `names` are not all in Secret Manager (`refs`): a value of this machine's environment never
-    leaves it. None when every secret is a reference. Pure."""
-    here = sorted(set(names) - set(refs))
+    `names` are not all in Secret Manager: a value of this machine's environment never leaves
+    it. None when every secret is a reference. Pure."""
+    here = sorted(set(names) - set(in_secret_manager))
     if not here:
         return None
     return (

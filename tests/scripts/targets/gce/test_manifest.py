@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from infra.datasets import Dataset
 from scripts.job.container import ImageRef
 from scripts.job.environment import plan_environment
@@ -84,3 +86,16 @@ def test_a_pass_reads_its_secrets_by_reference() -> None:
     refs = {"HF_TOKEN": "projects/p1/secrets/hf/versions/3"}
     assert read_secret_references(refs, fetch) == {"HF_TOKEN": "value-of-hf"}
     assert asked == [("p1", "hf", "3")]
+
+
+def test_plan_says_it_up_front_on_a_stack_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts.run_plan import warn_unrelaunchable
+    from scripts.targets.base import Capabilities, Feature
+
+    warn_unrelaunchable(Capabilities(), ["WANDB_API_KEY", "HF_TOKEN"], ["HF_TOKEN"])
+    err = capsys.readouterr().err
+    assert "with secrets from this machine's environment (WANDB_API_KEY) a pass cannot" in err
+    warn_unrelaunchable(Capabilities(), ["HF_TOKEN"], ["HF_TOKEN"])  # all in Secret Manager
+    hosts = Capabilities({Feature.AUTODOWN: "machines gputrain did not create"})
+    warn_unrelaunchable(hosts, ["WANDB_API_KEY"], [])  # no pass recovers a hosts file's runs
+    assert capsys.readouterr().err == ""
