@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,6 +35,36 @@ def job_name(stack: str) -> str:
 def account_id(stack: str) -> str:
     """The job's service account: `gputrain-rc-<stack>`, cut to IAM's 30 characters."""
     return f"gputrain-rc-{stack}"[:30].rstrip("-")
+
+
+#: What the pass's `pulumi refresh` reads of the stack beyond Compute (compute.viewer), and what
+#: an `up` that changes the job writes: per kind of resource, a custom role of the project granted
+#: on the stack's own resources of that kind; `project` holds what has no resource-level policy
+#: (the project's IAM policy, Scheduler jobs, the custom roles themselves)
+REFRESH_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "bucket": ("storage.buckets.get", "storage.buckets.getIamPolicy"),
+    "repository": (
+        "artifactregistry.repositories.get",
+        "artifactregistry.repositories.getIamPolicy",
+    ),
+    "job": ("run.jobs.get", "run.jobs.getIamPolicy", "run.jobs.update"),
+    "account": ("iam.serviceAccounts.get", "iam.serviceAccounts.getIamPolicy"),
+    "key": ("cloudkms.cryptoKeys.get", "cloudkms.cryptoKeys.getIamPolicy"),
+    "secret": ("secretmanager.secrets.get", "secretmanager.secrets.getIamPolicy"),
+    "project": (
+        "resourcemanager.projects.getIamPolicy",
+        "cloudscheduler.jobs.get",
+        "iam.roles.get",
+    ),
+}
+
+
+def refresh_role_id(stack: str, kind: str, account_unique_id: str | None) -> str:
+    """A custom role's id (`[a-zA-Z0-9_.]`, at most 64): per stack and kind, and per creation of
+    the job's account (its unique id), since a deleted custom role's id stays taken for up to 37
+    days and a stack may come back sooner. Pure."""
+    stem = re.sub(r"[^A-Za-z0-9_.]", "_", stack)[:24]
+    return f"gputrainRc.{kind}.{stem}.{account_unique_id or 0}"[:64]
 
 
 def run_uri(project: str, region: str, job: str) -> str:

@@ -129,8 +129,8 @@ class ClusterSpec:
     budget: float | None = None  # USD one run may cost (infra/cost_caps.py)
     max_hourly_cost: float | None = None  # USD per hour the cluster may cost at most
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
-    # vertex: (project, secret id) of each `secrets` entry from Secret Manager: the jobs' service
-    # account gets secretAccessor on these secrets only (the job reads them itself)
+    # (project, secret id) of each `secrets` entry from Secret Manager: the account that reads
+    # them itself (a Vertex job's, a GCE stack's reconcile job's) gets secretAccessor on these only
     secret_access: tuple[tuple[str, str], ...] = ()
     # vertex: pool 0's own machine, worker pool 2's reducers, a user's CustomJobSpec file
     chief: Chief | None = None
@@ -393,7 +393,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         budget=parse_usd(cfg.text("budget"), f"{NS}budget"),
         max_hourly_cost=parse_usd(cfg.text("maxHourlyCost"), f"{NS}maxHourlyCost"),
         build=build_setting(cfg.text("build"), cfg.text("image")),
-        secret_access=_secret_access(cfg, project) if backend == "vertex" else (),
+        secret_access=_secret_access(cfg, project),
         backend=backend,
         executor_image=fields.executor_image(cfg),
         chief=pools[0],
@@ -427,8 +427,9 @@ def _vertex_pools(
 
 
 def _secret_access(cfg: fields.ConfigReader, project: str | None) -> tuple[tuple[str, str], ...]:
-    """The Secret Manager secrets a Vertex stack's jobs read themselves (the program grants its
-    account access to each); a bad entry is a SpecError like any other setting's."""
+    """The Secret Manager secrets a Vertex stack's jobs, or a GCE stack's reconcile job, read
+    themselves (the program grants its account access to each); a bad entry is a SpecError like
+    any other setting's."""
     try:
         return secret_grants(parse_secrets(cfg.strings("secrets"), NS + "secrets"), project)
     except UserError as e:

@@ -20,7 +20,7 @@ from scripts.guard import SignalGuard, signal_guard
 from scripts.job.progress import log_progress
 from scripts.job.records import BudgetReached, Job, JobResult, Recovery, TrainingError
 from scripts.notify import Notifier
-from scripts.run_plan import RunPlan, declared_image, plan_run
+from scripts.run_plan import RunPlan, declared_image, plan_run, warn_unrelaunchable
 from scripts.settings import Settings
 from scripts.targets.base import Feature, RunOptions, Session, Target
 from scripts.watch.report import report_after_run
@@ -180,6 +180,9 @@ def plan(
     refs = parse_secrets(env.secrets, f"{env.source}secrets")
     if not env.backend_without_ssh:  # a Vertex job reads its secrets itself
         resolve_secrets([r for r in refs if r.sm_secret is None], project=env.project)
+        refs += parse_secrets(opts.secrets, "--secret")
+        in_sm = [r.name for r in refs if r.sm_secret is not None]
+        warn_unrelaunchable(target.capabilities, [r.name for r in refs], in_sm)
     target.plan()
     if export is None:
         return

@@ -7,6 +7,7 @@ runs and sums up; nothing after the plan checks the user's input again.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,7 +34,8 @@ DEFAULT_RECOVERIES = 3  # --max-recoveries' default, on any capacity (see recove
 @dataclass(frozen=True)
 class JobSecrets:
     values: dict[str, str] = field(default_factory=dict, repr=False)  # sent to SSH nodes
-    refs: dict[str, str] = field(default_factory=dict)  # resolved by a Vertex job itself
+    # projects/P/secrets/S/versions/V: a Vertex job resolves them itself, so may a reconcile pass
+    refs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     max_recoveries = recoveries_allowed(opts.max_recoveries)
     datasets = planned_datasets(declared, opts)
     environment, secrets = job_environment(env, opts)
+    if opts.detach:
+        warn_unrelaunchable(target.capabilities, secrets.values, secrets.refs)
     image = declared_image(env, opts)
     planned_build = target.planned_build(opts) if build else None  # a missing Dockerfile
     entry = tuple(opts.entry or DEFAULT_ENTRY)
@@ -200,7 +204,23 @@ def job_environment(
     )
     if env.backend_without_ssh:  # the job resolves them itself: references only
         return environment, JobSecrets({}, secret_references(refs, env.project))
-    return environment, JobSecrets(resolve_secrets(refs, project=env.project), {})
+    values = resolve_secrets(refs, project=env.project)
+    # the Secret Manager ones also as references: a reconcile pass reads them itself
+    project = env.project or os.environ.get("GOOGLE_CLOUD_PROJECT")
+    in_sm = [r for r in refs if r.sm_secret is not None]
+    return environment, JobSecrets(values, secret_references(in_sm, project))
+
+
+def warn_unrelaunchable(
+    can: Capabilities, names: Iterable[str], in_secret_manager: Iterable[str]
+) -> None:
+    """Up front, on a stack whose detached runs a `gputrain reconcile` pass recovers: a secret
+    of this machine's environment keeps a pass from relaunching the run."""
+    from scripts.job.secrets import machine_secrets_line
+
+    line = machine_secrets_line(names, in_secret_manager) if Feature.AUTODOWN in can else None
+    if line is not None:
+        ui.warn(line)
 
 
 def declared_image(env: EnvironmentSettings, opts: RunOptions) -> ImageRef | None:

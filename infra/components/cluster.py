@@ -188,13 +188,18 @@ class GpuCluster(pulumi.ComponentResource):
         )
         self.instances = self.nodes.instances
         self.reconciler = self._reconciler(
-            spec, tag, fabric.primary_cidr if fabric else SUBNET_CIDR, reconcile
+            spec, tag, fabric.primary_cidr if fabric else SUBNET_CIDR, reconcile, registry
         )
         self._exports = self._build_exports()
         self.register_outputs(self._exports)
 
     def _reconciler(
-        self, spec: ClusterSpec, tag: str, cidr: str, source: ReconcileSource | None
+        self,
+        spec: ClusterSpec,
+        tag: str,
+        cidr: str,
+        source: ReconcileSource | None,
+        registry: ImageRegistry | None,
     ) -> StackReconciler | None:
         """Laptop-closed recovery (infra/reconciler.py): only where the stack asks for it."""
         if not wanted(spec.recover, spec.capacity, spec.job_reach):
@@ -231,6 +236,8 @@ class GpuCluster(pulumi.ComponentResource):
                 environment=source.environment(reach),
                 state_bucket=reach.state_bucket if reach else None,
                 kms_key=reach.kms_key if reach else None,
+                repository=registry.repository.repository_id if registry else None,
+                secret_access=spec.secret_access,
             ),
             pulumi.ResourceOptions(parent=self, depends_on=self.instances),
         )

@@ -12,6 +12,7 @@ Nothing of it runs between passes: a job execution bills only while the pass run
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +21,16 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.components import child_options
+from infra.components.secret_access import grant_secret_access
 from infra.reconciler import (
     BACKEND_ENV,
+    REFRESH_PERMISSIONS,
     STACK_FILE_ENV,
     JobReach,
     account_id,
     job_name,
     job_reach,
+    refresh_role_id,
     run_uri,
     schedule,
     wanted,
@@ -111,6 +115,9 @@ class StackReconcilerArgs:
     environment: dict[str, str]  # the container's: the state backend, the stack file
     state_bucket: str | None = None  # the gs:// backend's bucket: the job reads and writes it
     kms_key: str | None = None  # the stack's gcpkms:// key: the job decrypts with it
+    repository: pulumi.Input[str] | None = None  # the stack's Artifact Registry repository id
+    # (project, secret id) of the stack's `secrets` from Secret Manager: the pass reads them
+    secret_access: tuple[tuple[str, str], ...] = ()
 
 
 class StackReconciler(pulumi.ComponentResource):
@@ -183,6 +190,10 @@ class StackReconciler(pulumi.ComponentResource):
                     opts=child,
                 )
             )
+        self.grants += grant_secret_access(
+            f"{s}-reconcile", args.project, args.secret_access, member, child
+        )
+        self.grants += self._refresh_grants(args, member, child)
         self.firewall = gcp.compute.Firewall(
             f"{s}-reconcile-ssh",
             name=f"{s}-reconcile-ssh",
@@ -247,6 +258,15 @@ class StackReconciler(pulumi.ComponentResource):
             member=member,
             opts=child,
         )
+        self.job_refresh = gcp.cloudrunv2.JobIamMember(
+            f"{s}-reconcile-job-refresh",
+            project=args.project,
+            location=args.region,
+            name=self.job.name,
+            role=self.roles["job"],
+            member=member,
+            opts=child,
+        )
         uri = self.job.name.apply(lambda n: run_uri(args.project, args.region, n))
         self.scheduler = gcp.cloudscheduler.Job(
             f"{s}-reconcile-every",
@@ -268,3 +288,81 @@ class StackReconciler(pulumi.ComponentResource):
             ),
         )
         self.register_outputs({"job": self.job.name, "scheduler": self.scheduler.name})
+
+    def _refresh_grants(
+        self, args: StackReconcilerArgs, member: pulumi.Output[str], child: pulumi.ResourceOptions
+    ) -> list[pulumi.Resource]:
+        """What the pass's `pulumi refresh` reads beyond Compute, and `run.jobs.update` for an
+        `up` that changes the job: a custom role per kind of resource (REFRESH_PERMISSIONS),
+        each granted on the stack's own resources of that kind (the job's own grant follows the
+        job); the project-level one holds only what has no resource-level policy."""
+        s, project = args.stack, args.project
+        kinds = [k for k in REFRESH_PERMISSIONS if k != "repository" or args.repository]
+        kinds = [k for k in kinds if k != "key" or args.kms_key]
+        kinds = [k for k in kinds if k != "secret" or args.secret_access]
+        self.roles: dict[str, pulumi.Output[str]] = {}
+        grants: list[pulumi.Resource] = []
+        for kind in kinds:
+            role = gcp.projects.IAMCustomRole(
+                f"{s}-reconcile-refresh-{kind}",
+                project=project,
+                role_id=self.account.unique_id.apply(functools.partial(refresh_role_id, s, kind)),
+                title=f"gputrain reconcile {s}: refresh ({kind})",
+                description=f"what `pulumi refresh` of stack {s} reads ({kind})",
+                permissions=list(REFRESH_PERMISSIONS[kind]),
+                opts=child,
+            )
+            grants.append(role)
+            self.roles[kind] = pulumi.Output.concat("projects/", project, "/roles/", role.role_id)
+        roles, name = self.roles, f"{s}-reconcile-refresh"
+        grants.append(
+            gcp.projects.IAMMember(
+                f"{name}-project", project=project, role=roles["project"], member=member, opts=child
+            )
+        )
+        for bucket, which in [(args.bucket, "bucket"), (args.state_bucket, "state")]:
+            if bucket:
+                grants.append(
+                    gcp.storage.BucketIAMMember(
+                        f"{name}-{which}", bucket=bucket, role=roles["bucket"], member=member,
+                        opts=child,
+                    )
+                )  # fmt: skip
+        accounts = [(args.node_account_id, "nodes"), (self.account.name, "own")]
+        for account, which in accounts:
+            grants.append(
+                gcp.serviceaccount.IAMMember(
+                    f"{name}-{which}-account", service_account_id=account, role=roles["account"],
+                    member=member, opts=child,
+                )
+            )  # fmt: skip
+        # an `up` that changes the job deploys it as this account: actAs on it (Cloud Run)
+        grants.append(
+            gcp.serviceaccount.IAMMember(
+                f"{s}-reconcile-act-as-own", service_account_id=self.account.name,
+                role=ACT_AS_ROLE, member=member, opts=child,
+            )
+        )  # fmt: skip
+        if args.repository:
+            grants.append(
+                gcp.artifactregistry.RepositoryIamMember(
+                    f"{name}-repository", project=project, location=args.region,
+                    repository=args.repository, role=roles["repository"], member=member,
+                    opts=child,
+                )
+            )  # fmt: skip
+        if args.kms_key:
+            grants.append(
+                gcp.kms.CryptoKeyIAMMember(
+                    f"{name}-key", crypto_key_id=args.kms_key, role=roles["key"], member=member,
+                    opts=child,
+                )
+            )  # fmt: skip
+        for where, secret in args.secret_access:
+            grants.append(
+                gcp.secretmanager.SecretIamMember(
+                    f"{name}-secret-{where}-{secret}", project=where, secret_id=secret,
+                    role=roles["secret"], member=member, opts=child,
+                )
+            )  # fmt: skip
+        return grants

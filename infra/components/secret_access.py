@@ -1,7 +1,8 @@
 """Read access for the identity that reads the job's secrets itself (a Vertex job's service
-account): `roles/secretmanager.secretAccessor` on each Secret Manager secret the stack's `secrets`
-names, that secret only — never a project-wide grant. GCE stacks need none: there the controller
-reads the secrets with the user's credentials and sends the values to the nodes over SSH.
+account, a GCE stack's reconcile job's): `roles/secretmanager.secretAccessor` on each Secret
+Manager secret the stack's `secrets` names, that secret only — never a project-wide grant. A GCE
+stack's nodes need none: there the controller (or the reconcile pass) reads the secrets and sends
+the values to the nodes over SSH.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from scripts.job.launch import (
     collect_code,
     prepare_image_and_environment,
     prepare_nodes,
+    stage_job_data,
     upload_and_start,
 )
 from scripts.job.node_scripts import run_dir
@@ -102,6 +103,7 @@ def launch_detached(
     wait_s = detach_wait_s() if first_step_deadline_s is None else first_step_deadline_s
     files = collect_code(job)
     prepared = prepare_nodes(fleet, transports, job)  # the storage client too, for gs://
+    stage_job_data(fleet, transports, job)
     if job.rdzv_port is None:
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
     job, prepared = prepare_image_and_environment(

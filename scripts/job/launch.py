@@ -90,13 +90,7 @@ def launch_torchrun(
     start = time.monotonic()
     files = collect_code(job)
     prepared = prepare_nodes(fleet, transports, job)
-    stage_data(
-        fleet,
-        transports,
-        job.datasets,
-        env=job.env,
-        install_gcsfuse=fleet.install_trainer,  # our own VMs; yours are yours
-    )
+    stage_job_data(fleet, transports, job)
     prepare_outputs(fleet, transports, job)
     if job.rdzv_port is None:  # every run its own c10d store, also beside another run
         job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
@@ -181,6 +175,17 @@ def launch_torchrun(
         f"results in {results_dir}"
     )
     return result
+
+
+def stage_job_data(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:
+    """The job's datasets on every node before its start (attached or detached)."""
+    stage_data(
+        fleet,
+        transports,
+        job.datasets,
+        env=job.env,
+        install_gcsfuse=fleet.install_trainer,  # our own VMs; yours are yours
+    )
 
 
 def prepare_image_and_environment(

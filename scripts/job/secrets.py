@@ -135,6 +135,31 @@ def secret_references(refs: Sequence[SecretRef], project: str | None) -> dict[st
     return out
 
 
+def machine_secrets_line(names: Iterable[str], in_secret_manager: Iterable[str]) -> str | None:
+    """Why a `gputrain reconcile` pass on another machine cannot relaunch a run whose secrets
+    `names` are not all in Secret Manager: a value of this machine's environment never leaves
+    it. None when every secret is a reference. Pure."""
+    here = sorted(set(names) - set(in_secret_manager))
+    if not here:
+        return None
+    return (
+        f"with secrets from this machine's environment ({', '.join(here)}) a pass cannot "
+        f"relaunch this run; use NAME=sm://SECRET[/VERSION] for {', '.join(here)}"
+    )
+
+
+def read_secret_references(
+    refs: Mapping[str, str], fetch: SecretFetcher | None = None
+) -> dict[str, str]:
+    """name -> value of each `projects/P/secrets/S/versions/V` reference (what a reconcile pass
+    reads itself, as the launch's controller did); UserError as fetch_secret_manager's."""
+    values = {}
+    for name, ref in refs.items():
+        _, project, _, secret, _, version = ref.split("/")
+        values[name] = (fetch or fetch_secret_manager)(project, secret, version)
+    return values
+
+
 def secret_refs_env(refs: Mapping[str, str]) -> dict[str, str]:
     import json
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from tests.support.fake_cloud_run import TOKEN, FakeCloudRun
 from tests.support.runner_proxy import serving
 from tests.support.stack_world import BUCKET, ZONES, World
 from tests.support.trainer_helpers import child_env, free_port, node_argv, start
+from tests.support.wheelhouse import build_wheel
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "10"]
@@ -178,10 +180,18 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     (the Scheduler fired twice): one acts, (g) the job finishes with no controller: results in
     the bucket, VMs gone. The losses after recovery are an uninterrupted run's."""
     w = world(bucket=True)
+    # its requirements.txt: a wheel in the project, installed on every node; the re-created
+    # node gets it from the pass before the relaunch
+    (w.dir / "wheels").mkdir()
+    shutil.copy(build_wheel("gputrain-probe", w.marker.parent / "wheel"), w.dir / "wheels")
+    (w.dir / "requirements.txt").write_text("--no-index\n--find-links wheels\ngputrain-probe\n")
+    assert w.gcs is not None  # and a dataset, fetched onto the re-created node too
+    w.gcs.write("datasets/tiny/shard-00.bin", b"tokens")
+    data = f"shards=gs://{w.gcs.bucket_name}/datasets/tiny"
     # as a trainer that resumes only when told: the first attempt starts over, the relaunch
     # gets --resume-args (the reference trainer takes the last --resume)
     entry = (*TRAIN, "--resume", "never")
-    rid = detach(w, "--resume-args", "--resume auto", entry=entry)
+    rid = detach(w, "--resume-args", "--resume auto", "--data", data, entry=entry)
     reference: list[dict[str, object]] = []  # the same training, never interrupted, meanwhile
     uninterrupted = threading.Thread(
         target=lambda: reference.append(run_uninterrupted(w.marker.parent / "ref", entry[2:]))
@@ -191,6 +201,7 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     assert (m.state, m.attempt, m.recoveries_left, m.entry) == ("running", 1, 3, entry)
     assert m.resume_args == ("--resume", "auto")
     assert m.code == f"gs://{BUCKET}/runs/{rid}/code.tar.gz" and "STORAGE_EMULATOR_HOST" in m.env
+    assert m.not_relaunchable is None and m.environment is not None and m.datasets
     capsys.readouterr()
     assert "running" in reconcile(w, capsys)  # every VM up, nothing taken: exits at once
     ups = w.runner.call_names().count("up")
@@ -205,6 +216,12 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
         took = time.time() - start
         out = "\n".join(run.output[e] for e in executions)
         assert [d["succeededCount"] for d in done] == [1, 1], out[-3000:]
+        installed = out.find("[e2e-node-1] [requirements] Successfully installed gputrain-probe")
+        assert -1 < installed < out.find("trains again (attempt 2)"), out[-3000:]
+        assert "[e2e-node-0] [setup] environment" in out and "skipped (cached)" in out
+        assert -1 < out.find("data on 2 node(s)") < out.find("trains again"), out[-3000:]
+        node_1 = w.node_hosts["e2e-node-1"].dir  # the new VM's
+        assert b"tokens" in [p.read_bytes() for p in node_1.rglob("shard-00.bin")]
         assert out.count("holds the lease") + out.count("was taken over") == 1, out[-3000:]
         assert w.runner.call_names().count("up") == ups + 1  # one re-creation, not two
         assert w.node_hosts["e2e-node-1"].host_key != old_key  # a new VM, its new key pinned

@@ -1,7 +1,9 @@
 """A stack run's manifest in the stack's bucket (`<prefix>runs/<run-id>/manifest.json`): what a
 `gputrain reconcile` pass on another machine needs to relaunch the same run (entry, resume args,
-`--env` pairs, the names of its secrets, where its code bundle is), and the recovery state every
-pass reads and writes (attempt, recoveries left, state, history, the last pass).
+`--env` pairs, its Secret Manager references, where its code bundle is, its environment plan,
+image and datasets, which the relaunch prepares on the nodes as the first launch did), and the
+recovery state every pass reads and writes (attempt, recoveries left, state, history, the last
+pass).
 
 Writes are fenced: each carries the lease token it was made under and is conditioned on the
 manifest's generation as read, so a writer that lost the lease (scripts/targets/gce/lease.py)
@@ -44,11 +46,16 @@ class RunManifest:
     env: dict[str, str]
     resume_args: tuple[str, ...] = ()
     max_restarts: int = 0
-    secret_names: tuple[
-        str, ...
-    ] = ()  # values never leave the laptop: such a run is not relaunched
+    secret_names: tuple[str, ...] = ()  # values never in the manifest
+    # name -> projects/P/secrets/S/versions/V: the secrets a pass reads from Secret Manager itself
+    secret_refs: dict[str, str] = field(default_factory=dict)
     not_relaunchable: str | None = None  # why a reconciler may not relaunch it (None: it may)
     code: str | None = None  # gs:// URI of the code bundle (the user's files, without trainer/)
+    # what the relaunch prepares on the nodes, as the launch did (scripts/job/launch.py): the
+    # environment plan (requirements + setup), the image at its digest, the datasets
+    environment: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
+    datasets: list[dict[str, Any]] = field(default_factory=list)
     created_at: float = 0.0
     deadline: float = 0.0  # the stack's TTL from the first VM's start: never extended
     attempt: int = 1
@@ -87,20 +94,37 @@ class RunManifest:
             d[key] = tuple(d.get(key) or ())
         return cls(**d, generation=generation)
 
+    def job_parts(self) -> dict[str, Any]:
+        """The Job fields the relaunch prepares on the nodes (environment, image, datasets), as
+        the launch recorded them. Pure."""
+        from infra.datasets import Dataset
+        from scripts.job.container import ImageRef
+        from scripts.job.environment import Environment
+
+        env = self.environment
+        return {
+            "environment": None
+            if env is None
+            else Environment(**{**env, **{k: tuple(env[k]) for k in TUPLES if k in env}}),
+            "image": None if self.image is None else ImageRef(**self.image),
+            "datasets": tuple(Dataset(**d) for d in self.datasets),
+        }
+
+
+#: Environment's tuple fields (JSON gives lists back)
+TUPLES = ("sources", "pyproject_deps")
+
 
 def manifest_name(prefix: str, run_id: str) -> str:
     return f"{prefix}runs/{run_id}/{MANIFEST}"
 
 
 def not_relaunchable(job: Job) -> str | None:
-    """What a reconciler on another machine could not give a relaunch. Pure."""
-    if job.secrets:
-        return f"its secrets ({', '.join(sorted(job.secrets))}) stay on the machine that started it"
-    if job.environment is not None or job.image is not None:
-        return "its environment or image is prepared by the machine that started it"
-    if job.datasets:
-        return "its datasets are staged by the machine that started it"
-    return None
+    """What a reconciler on another machine could not give a relaunch: a secret whose value
+    came from this machine's environment (it never leaves it). Pure."""
+    from scripts.job.secrets import machine_secrets_line
+
+    return machine_secrets_line(job.secrets, job.secret_refs)
 
 
 def manifest_for(
@@ -116,8 +140,14 @@ def manifest_for(
         resume_args=tuple(job.resume_args),
         max_restarts=job.max_restarts,
         secret_names=tuple(sorted(job.secrets)),
+        secret_refs={k: v for k, v in job.secret_refs.items() if k in job.secrets},
         not_relaunchable=not_relaunchable(job),
         code=code,
+        environment=None
+        if job.environment is None
+        else dataclasses.asdict(dataclasses.replace(job.environment, force=False)),
+        image=None if job.image is None else dataclasses.asdict(job.image),
+        datasets=[dataclasses.asdict(d) for d in job.datasets],
         created_at=now,
         deadline=deadline,
         attempt=job.attempt,

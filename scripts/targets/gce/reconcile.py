@@ -9,7 +9,9 @@ The pass reads the run's manifest (scripts/targets/gce/manifest.py), takes the s
 - every VM runs and nothing was taken away: exit (seconds);
 - GCE took VMs away (the detection of recovery.py): re-create them through the same `refresh` +
   `up` as the controller's recovery, pin the new host keys, verify, relaunch the same run with
-  `--resume` (its resume args), wait for its first resumed step, notify `recovered`;
+  `--resume` (its resume args) through the launch's own node steps (environment, image, data,
+  with its Secret Manager secrets read here), wait for its first resumed step, notify
+  `recovered`;
 - no capacity anywhere: delete what is left (nothing bills), record "waiting for capacity"; the
   next pass tries again, until --max-recoveries or the stack's TTL (counted from the first
   launch, never renewed) is spent.
@@ -289,6 +291,7 @@ class Pass:
         from scripts.guard import signal_guard
         from scripts.job.launch import stop_job
         from scripts.job.records import Job
+        from scripts.job.secrets import read_secret_references
 
         with tempfile.TemporaryDirectory(prefix="gputrain-reconcile-") as tmp:
             workdir = Path(tmp) / "code"
@@ -304,6 +307,11 @@ class Pass:
                 workdir=workdir,
                 resume_args=self.m.resume_args,
                 attempt=self.m.attempt + 1,
+                # prepared on the re-created nodes as the first launch did: the environment
+                # (requirements, its torch pin, setup), the image's pull, the datasets' fetch
+                **self.m.job_parts(),
+                secrets=read_secret_references(self.m.secret_refs),
+                secret_refs=self.m.secret_refs,
             )
             with (
                 signal_guard() as guard,

@@ -107,7 +107,11 @@ def test_a_spot_stack_with_recover_auto_declares_the_job_and_its_schedule(mocks:
             for m in mocks.of_type(PROJECT_MEMBER)
             if "gputrain-rc-dev" in str(m.inputs["member"])
         }
-        assert set(grants) == {"roles/compute.viewer", "roles/compute.instanceAdmin.v1"}
+        assert set(grants) == {
+            "roles/compute.viewer",
+            "roles/compute.instanceAdmin.v1",
+            f"projects/{TEST_PROJECT}/roles/gputrainRc.project.dev.0",  # no policy below it
+        }
         cel = grants["roles/compute.instanceAdmin.v1"]["condition"]["expression"]
         assert "dev-node-" in cel
         [bucket_grant] = [
@@ -120,12 +124,12 @@ def test_a_spot_stack_with_recover_auto_declares_the_job_and_its_schedule(mocks:
             "my-pulumi-state",
             "roles/storage.objectAdmin",
         )
-        [decrypt] = mocks.of_type(KMS_MEMBER)
+        [decrypt] = [m for m in mocks.of_type(KMS_MEMBER) if m.name == "dev-reconcile-decrypt"]
         assert decrypt.inputs["cryptoKeyId"] == KEY
         assert decrypt.inputs["role"] == "roles/cloudkms.cryptoKeyDecrypter"
-        [act_as] = mocks.of_type(SA_MEMBER)
-        assert act_as.inputs["role"] == "roles/iam.serviceAccountUser"
-        [invoker] = mocks.of_type(INVOKER)
+        act_as = [m for m in mocks.of_type(SA_MEMBER) if "act-as" in m.name]
+        assert {m.inputs["role"] for m in act_as} == {"roles/iam.serviceAccountUser"}
+        [invoker] = [m for m in mocks.of_type(INVOKER) if m.name == "dev-reconcile-invoker"]
         assert invoker.inputs["role"] == "roles/run.invoker"
         # SSH from the job's egress range (the stack's subnet), never a public range
         [fw] = [f for f in mocks.of_type(FIREWALL) if f.name == "dev-reconcile-ssh"]
@@ -265,8 +269,12 @@ def test_the_program_points_the_job_at_the_image_the_controller_builds(project: 
     assert env["PULUMI_BACKEND_URL"] == "gs://my-pulumi-state"
     [repo] = mocks.of_type(REPOSITORY)
     assert repo.inputs["repositoryId"] == "gputrain-dev" and repo.inputs["format"] == "DOCKER"
-    roles = [m.inputs["role"] for m in mocks.of_type(REPO_MEMBER)]
-    assert roles == ["roles/artifactregistry.writer"]  # Cloud Build runs as the stack's account
+    roles = sorted(m.inputs["role"] for m in mocks.of_type(REPO_MEMBER))
+    # Cloud Build runs as the stack's account; the job's refresh reads the repository
+    assert roles == [
+        f"projects/{TEST_PROJECT}/roles/gputrainRc.repository.dev.0",
+        "roles/artifactregistry.writer",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -286,3 +294,65 @@ def test_the_program_without_a_state_a_job_could_reach_declares_nothing(
     assert os.environ.get("PULUMI_BACKEND_URL") is None
     mocks = _program(project)
     assert mocks.of_type(JOB) == mocks.of_type(REPOSITORY) == []
+
+
+CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+SECRET_MEMBER = "gcp:secretmanager/secretIamMember:SecretIamMember"
+
+
+@pulumi.runtime.test
+def test_the_jobs_refresh_reads_are_custom_roles_on_the_stacks_own_resources(
+    mocks: GcpMocks,
+) -> Any:
+    """What the pass's `pulumi refresh` reads beyond Compute, and `run.jobs.update` for an `up`
+    that changes the job: custom roles of reads only, each bound on the stack's own bucket,
+    repository, job, accounts, KMS key and Secret Manager secrets; on the project only what has
+    no resource-level policy; the secrets the stack names readable by the pass."""
+    from infra.components.cluster import GpuCluster
+    from infra.components.registry import stack_registry
+    from infra.reconciler import REFRESH_PERMISSIONS
+
+    spec = _spec(secrets='["HF_TOKEN=sm://hf-token", "WANDB_API_KEY"]')
+    cluster = GpuCluster(spec.stack, spec, registry=stack_registry(spec), reconcile=SOURCE)
+    rc = cluster.reconciler
+
+    def check(_: Any) -> None:
+        roles = {r.inputs["roleId"]: r.inputs["permissions"] for r in mocks.of_type(CUSTOM_ROLE)}
+        kinds = {"bucket", "repository", "job", "account", "key", "secret", "project"}
+        assert roles == {
+            f"gputrainRc.{k}.dev.0": list(REFRESH_PERMISSIONS[k]) for k in sorted(kinds)
+        }
+        every = [p for ps in roles.values() for p in ps]
+        assert all(p.endswith((".get", ".getIamPolicy")) for p in every if p != "run.jobs.update")
+
+        def bound(typ: str, kind: str) -> list[dict[str, Any]]:
+            role = f"projects/{TEST_PROJECT}/roles/gputrainRc.{kind}.dev.0"
+            return [m.inputs for m in mocks.of_type(typ) if m.inputs["role"] == role]
+
+        assert {b["bucket"] for b in bound(BUCKET_MEMBER, "bucket")} == {
+            spec.bucket_name,
+            "my-pulumi-state",
+        }
+        [repo] = bound(REPO_MEMBER, "repository")
+        assert repo["repository"] == "gputrain-dev"
+        [job] = bound(INVOKER, "job")
+        assert job["name"] == "dev-reconcile"
+        assert len(bound(SA_MEMBER, "account")) == 2  # the nodes' account and its own
+        [key] = bound(KMS_MEMBER, "key")
+        assert key["cryptoKeyId"] == KEY
+        [secret] = bound(SECRET_MEMBER, "secret")
+        assert (secret["project"], secret["secretId"]) == (TEST_PROJECT, "hf-token")
+        [project] = bound(PROJECT_MEMBER, "project")
+        assert project["project"] == TEST_PROJECT and "condition" not in project
+        # the pass reads the stack's Secret Manager secrets itself: that one secret only
+        access = [
+            m.inputs
+            for m in mocks.of_type(SECRET_MEMBER)
+            if m.inputs["role"] == "roles/secretmanager.secretAccessor"
+        ]
+        assert [(a["secretId"], a["member"]) for a in access] == [
+            ("hf-token", f"serviceAccount:gputrain-rc-dev@{TEST_PROJECT}.iam.gserviceaccount.com")
+        ]
+
+    assert rc is not None
+    return pulumi.Output.all(declared(cluster), rc.job_refresh.urn).apply(check)

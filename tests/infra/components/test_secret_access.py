@@ -79,7 +79,11 @@ def test_plain_variables_and_gce_stacks_grant_nothing() -> None:
     assert not [r for r in plain if "secretmanager" in r.typ]
     gce = deployable_config("dev", secrets=json.dumps(SECRETS))  # the controller reads them
     assert not [r for r in _declared(gce, "dev") if "secretmanager" in r.typ]
-    assert parse_spec(gce, "dev").secret_access == ()
+    # what a reconcile job would be granted, where the stack declares one
+    assert parse_spec(gce, "dev").secret_access == (
+        ("data-team", "db-pass"),
+        (parse_spec(gce, "dev").project, "hf-token"),
+    )
 
 
 def test_doctor_asks_for_the_grant_only_when_there_is_one() -> None:
