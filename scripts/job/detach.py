@@ -11,7 +11,6 @@ waited for GPUTRAIN_DETACH_WAIT_S (default 600 s), then let go with a line sayin
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import time
@@ -21,13 +20,7 @@ from infra.base.errors import GputrainError, UserError
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.follow import LineSink, say_line
-from scripts.job.launch import (
-    collect_code,
-    prepare_image_and_environment,
-    prepare_nodes,
-    stage_job_data,
-    upload_and_start,
-)
+from scripts.job.launch import start_job
 from scripts.job.node_scripts import run_dir
 from scripts.job.progress import is_training_step
 from scripts.job.records import Job, validate_job
@@ -101,15 +94,7 @@ def launch_detached(
     that ends before that is an error naming its exit codes (its log stays on the nodes)."""
     validate_job(job)
     wait_s = detach_wait_s() if first_step_deadline_s is None else first_step_deadline_s
-    files = collect_code(job)
-    prepared = prepare_nodes(fleet, transports, job)  # the storage client too, for gs://
-    stage_job_data(fleet, transports, job)
-    if job.rdzv_port is None:
-        job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
-    job, prepared = prepare_image_and_environment(
-        fleet, transports, job, files, prepared, on_line=on_line
-    )
-    upload_and_start(fleet, transports, job, files, prepared)
+    job = start_job(fleet, transports, job, on_line=on_line)
     return wait_first_step(transports, job.run_id, on_line=on_line, poll_s=poll_s, wait_s=wait_s)
 
 

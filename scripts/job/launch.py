@@ -88,16 +88,7 @@ def launch_torchrun(
     validate_job(job)
     on_line = redacting(on_line, job.secrets.values())
     start = time.monotonic()
-    files = collect_code(job)
-    prepared = prepare_nodes(fleet, transports, job)
-    stage_job_data(fleet, transports, job)
-    prepare_outputs(fleet, transports, job)
-    if job.rdzv_port is None:  # every run its own c10d store, also beside another run
-        job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
-    job, prepared = prepare_image_and_environment(
-        fleet, transports, job, files, prepared, on_line=on_line
-    )
-    upload_and_start(fleet, transports, job, files, prepared, stop_grace_s=stop_grace_s)
+    job = start_job(fleet, transports, job, on_line=on_line, stop_grace_s=stop_grace_s)
 
     stopped: dict[str, str] = {}  # node -> how its stop went ("error: ..." when it failed)
     stoppers: list[threading.Thread] = []
@@ -175,6 +166,31 @@ def launch_torchrun(
         f"results in {results_dir}"
     )
     return result
+
+
+def start_job(
+    fleet: Fleet,
+    transports: Mapping[str, Transport],
+    job: Job,
+    *,
+    on_line: LineSink = say_line,
+    stop_grace_s: float = 10.0,
+) -> Job:
+    """Everything before the job runs, the same for an attached and a detached start (a
+    reconcile pass's relaunch too): the nodes prepared, the datasets staged, the out dirs and
+    rank 0's files back from the bucket on a relaunch, the image and environment, the code
+    uploaded and the job started. The job as started (its c10d port)."""
+    files = collect_code(job)
+    prepared = prepare_nodes(fleet, transports, job)
+    stage_job_data(fleet, transports, job)
+    prepare_outputs(fleet, transports, job)
+    if job.rdzv_port is None:  # every run its own c10d store, also beside another run
+        job = dataclasses.replace(job, rdzv_port=prepared.rdzv_port)
+    job, prepared = prepare_image_and_environment(
+        fleet, transports, job, files, prepared, on_line=on_line
+    )
+    upload_and_start(fleet, transports, job, files, prepared, stop_grace_s=stop_grace_s)
+    return job
 
 
 def stage_job_data(fleet: Fleet, transports: Mapping[str, Transport], job: Job) -> None:

@@ -356,13 +356,19 @@ class RecoveringSession(FleetSession):
         it trains; its manifest in the bucket and the lease let go, so `gputrain reconcile`
         (the stack's Cloud Run job, or any machine) recovers it from then on."""
         hold = self._hold(job)
-        job = replace(job, env={**self.nodes.job_env(job.run_id), **job.env})
+        job = self._with_bucket_env(job)
         try:
             self._arm(job)  # before the job starts: nothing to stop if it fails
             return super().run_detached(job, guard)
         finally:
             if hold is not None:
                 hold.release()
+
+    def _with_bucket_env(self, job: Job) -> Job:
+        """The job's env with the run's checkpoint and out-dir places in the bucket: the same for
+        an attached run, a detached one and a reconcile pass's relaunch."""
+        env = {**self.nodes.job_env(job.run_id), **output_env(self.nodes.bucket, job), **job.env}
+        return replace(job, env=env)
 
     def _hold(self, job: Job) -> ControllerHold | None:
         """The stack's lease for this controller and the run's manifest (a stack with a
@@ -400,12 +406,8 @@ class RecoveringSession(FleetSession):
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.watch.launch import watched_launch, with_stall_default
 
-        given = job
-        job = replace(
-            job,
-            env={**self.nodes.job_env(job.run_id), **output_env(self.nodes.bucket, job), **job.env},
-        )
-        hold = self._hold(given)
+        hold = self._hold(job)
+        job = self._with_bucket_env(job)
         job = with_stall_default(job, self.stall_timeout_s)
         watch = StepWatch()
         done: list[Recovery] = []
