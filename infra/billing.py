@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from infra.base.errors import UserError
-from infra.stackfile import SpecError
+from infra.stackfile import STACK_LABEL, SpecError
 
 # a project id (6-30: a-z, 0-9, '-', a letter first; optionally domain-scoped "example.com:p"),
 # a dataset (letters, digits, '_'), a table (letters, digits, '_', '-', '$')
@@ -98,3 +98,16 @@ def parse_billing_budget(raw: str, setting: str) -> BillingBudget | None:
     if usd is None:
         raise SpecError(f"{setting}.usd is not set; allowed: US dollars above 0, e.g. 300")
     return BillingBudget(account, usd)
+
+
+def guard_line(budget: BillingBudget, stack: str) -> str:
+    """`plan`'s line about the guard: what it does and what `up` needs for it. Pure."""
+    return (
+        f"Billing budget guard: ${budget.usd:,.2f} on billing account {budget.account} for the "
+        f"label {STACK_LABEL}={stack}, notifying Pub/Sub topic {guard_name(stack)}; the head's "
+        "watchdog ends a run with a checkpoint once Cloud Billing says the cost reached it "
+        "(notifications come a few times a day and lag the usage: a coarse bound). `up` needs "
+        "Billing Account Costs Manager or Administrator on that account "
+        f"({', '.join(BUDGET_PERMISSIONS)}: `doctor` cannot check them) and roles/pubsub.admin "
+        "on the project (`doctor` checks)."
+    )

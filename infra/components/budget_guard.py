@@ -63,7 +63,9 @@ class BudgetGuard(pulumi.ComponentResource):
             f"{stack}-budget",
             billing_account=budget.account,
             display_name=name,
-            budget_filter=gcp.billing.BudgetBudgetFilterArgs(labels={STACK_LABEL: stack}),
+            budget_filter=gcp.billing.BudgetBudgetFilterArgs(
+                labels={STACK_LABEL: stack}, calendar_period="MONTH"
+            ),
             amount=gcp.billing.BudgetAmountArgs(
                 specified_amount=gcp.billing.BudgetAmountSpecifiedAmountArgs(
                     currency_code="USD", units=str(int(budget.usd)), nanos=_nanos(budget.usd)

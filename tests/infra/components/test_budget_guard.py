@@ -57,6 +57,7 @@ def test_the_guard_is_a_labelled_budget_notifying_the_stacks_topic() -> None:
     assert "ackDeadlineSeconds" in sub.inputs and "pushConfig" not in sub.inputs  # a pull one
     assert budget.inputs["billingAccount"] == ACCOUNT
     assert budget.inputs["budgetFilter"]["labels"] == {"gputrain-stack": "dev"}
+    assert budget.inputs["budgetFilter"]["calendarPeriod"] == "MONTH"
     amount = budget.inputs["amount"]["specifiedAmount"]
     assert (amount["currencyCode"], amount["units"], amount["nanos"]) == ("USD", "250", 500000000)
     assert [t["thresholdPercent"] for t in budget.inputs["thresholdRules"]] == [0.5, 0.9, 1.0]
