@@ -100,6 +100,11 @@ def parse_billing_budget(raw: str, setting: str) -> BillingBudget | None:
     return BillingBudget(account, usd)
 
 
+def guard_setting(raw: str) -> BillingBudget | None:
+    """The stack's `billingBudget` (gputrain:billingBudget)."""
+    return parse_billing_budget(raw, "gputrain:billingBudget")
+
+
 def guard_line(budget: BillingBudget, stack: str) -> str:
     """`plan`'s line about the guard: what it does and what `up` needs for it. Pure."""
     return (

@@ -18,7 +18,7 @@ from infra import catalog, fields, offers, vertex
 from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
-from infra.billing import BillingBudget, parse_billing_budget, parse_table, parse_usd
+from infra.billing import BillingBudget, guard_setting, parse_table, parse_usd
 from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
@@ -393,7 +393,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         billing_export=billing_export(cfg.text("billingExport")),
         budget=parse_usd(cfg.text("budget"), f"{NS}budget"),
         max_hourly_cost=parse_usd(cfg.text("maxHourlyCost"), f"{NS}maxHourlyCost"),
-        billing_budget=parse_billing_budget(cfg.text("billingBudget"), f"{NS}billingBudget"),
+        billing_budget=guard_setting(cfg.text("billingBudget")) if backend == "gce" else None,
         build=build_setting(cfg.text("build"), cfg.text("image")),
         secret_access=_secret_access(cfg, project) if backend == "vertex" else (),
         backend=backend,

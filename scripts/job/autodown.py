@@ -337,10 +337,12 @@ def budget_reached(
         if stop.get("by") == contract.GUARD_STOP
         else "the next interval would pass it"
     )
+    what = budget_name(stop, "the budget")
     return BudgetReached(
-        f"run {error.result.run_id} stopped at {budget_name(stop, 'the budget')}: ${spent:.2f} of "
-        f"${budget:.2f} ({why}); {kept}results in {error.result.results_dir}",
+        f"run {error.result.run_id} stopped at {what}: ${spent:.2f} of ${budget:.2f} ({why}); "
+        f"{kept}results in {error.result.results_dir}",
         error=error,
         spent_usd=spent,
         budget_usd=budget,
+        what=what,
     )

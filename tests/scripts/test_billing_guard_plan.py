@@ -63,3 +63,38 @@ def test_the_heads_watchdog_is_told_the_guards_subscription() -> None:
     assert guard_subscription(parse_spec(deployable_config("dev"), "dev"), "my-proj") is None
     plan = Autodown("dev", "my-proj", "gs://b/", (("n1", "z"), ("n0", "z")), 600.0, guard=sub)
     assert json.loads(plan.config("r1", "n0", {}))["guard"] == sub
+
+
+def test_a_vertex_stack_has_no_guard() -> None:
+    """backend gce only: a Vertex job has no head watchdog to read the notifications."""
+    from infra.spec import parse_spec
+    from infra.stackfile import load_stack_config
+
+    cfg = load_stack_config(ROOT, "vertex")
+    cfg["gputrain:billingBudget"] = '{"account": "012345-6789AB-CDEF01", "usd": 9}'
+    assert parse_spec(cfg, "vertex").billing_budget is None
+
+
+def test_the_controller_and_status_name_the_guard(tmp_path: Path) -> None:
+    """The guard's mark (watch/budget.json with `by`) is a budget stop named as the guard's."""
+    import json
+
+    from gputrain_node import contract
+    from scripts.job.autodown import autodown_line, budget_reached
+    from scripts.job.records import JobResult, NodeFailure, TrainingError
+
+    stop = {"spent_usd": 5.25, "budget_usd": 5.0, "by": contract.GUARD_STOP, "at": 1.0}
+    line = autodown_line({"stack": "dev", "run_id": "r1", "deleted_at": 60.0, "budget": stop})
+    assert "(run r1, stopped at the stack's Cloud Billing budget: $5.25 of $5.00)" in line
+    mark = tmp_path / "n0" / contract.BUDGET_MARK
+    mark.parent.mkdir(parents=True)
+    mark.write_text(json.dumps(stop))
+    result = JobResult("r1", False, {"n0": 143}, 9.0, tmp_path)
+    error = TrainingError("x", failure=NodeFailure("n0", "exited", 143, ()), result=result)
+    reached = budget_reached(error, "n0", None)
+    assert reached is not None and reached.what == "the stack's Cloud Billing budget"
+    assert str(reached).startswith("run r1 stopped at the stack's Cloud Billing budget: $5.25")
+    mark.write_text(json.dumps({"spent_usd": 2.0, "budget_usd": 2.04}))
+    own = budget_reached(error, "n0", None)
+    assert own is not None and own.what == "the budget"
+    assert str(own).startswith("run r1 stopped at the budget: $2.00 of $2.04")
