@@ -44,7 +44,7 @@ def parse_usd(text: str, setting: str) -> float | None:
 
 
 #: `billingBudget`'s keys: the Cloud Billing account (its ID, 0X0X0X-0X0X0X-0X0X0X) and the amount.
-BILLING_ACCOUNT = re.compile(r"^[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}$")
+BILLING_ACCOUNT = re.compile(r"^[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}$", re.IGNORECASE)
 #: What creating the budget needs on the billing account (not testable on the project): Billing
 #: Account Costs Manager or Administrator (docs/guides/cost.md cites Google's page).
 BUDGET_PERMISSIONS = (
@@ -72,7 +72,6 @@ def guard_name(stack: str) -> str:
 def parse_billing_budget(raw: str, setting: str) -> BillingBudget | None:
     """`{account: 0X0X0X-0X0X0X-0X0X0X, usd: N}` (JSON, as the CLI hands maps over); None when
     unset; else one line (a SpecError) naming the setting, the bad value and what is allowed."""
-
     if not raw.strip():
         return None
     try:
@@ -97,7 +96,7 @@ def parse_billing_budget(raw: str, setting: str) -> BillingBudget | None:
         raise SpecError(str(e)) from None
     if usd is None:
         raise SpecError(f"{setting}.usd is not set; allowed: US dollars above 0, e.g. 300")
-    return BillingBudget(account, usd)
+    return BillingBudget(account.upper(), usd)
 
 
 def guard_setting(raw: str) -> BillingBudget | None:
