@@ -366,9 +366,11 @@ def test_the_billing_budget_notification_stops_the_job_and_ends_the_cluster(
     with FakePubSub(SUBSCRIPTION) as pubsub:
         pubsub.required_token = md.token
         pubsub.publish(notification(2.5), schemaVersion="1.0")
+        started: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
         try:
             head = start(head_dir, "wd-node-0", 30.0, cloud, [sink.url], guard=pubsub)
             worker = start(worker_dir, "wd-node-1", 30.0, cloud)
+            started += [head, worker]
             deadline = time.time() + 30
             while not pubsub.acked and time.time() < deadline:
                 time.sleep(0.1)
@@ -380,6 +382,7 @@ def test_the_billing_budget_notification_stops_the_job_and_ends_the_cluster(
                  "while :; do sleep 0.1; done"],
                 cwd=head_dir, start_new_session=True,
             )  # fmt: skip
+            started.append(job)
             (head_dir / "pgid").write_text(f"{job.pid}\n")
             time.sleep(1.0)  # two pulls: nothing new, the job runs on
             assert job.poll() is None and not (head_dir / "watch" / "budget.json").exists()
@@ -398,3 +401,7 @@ def test_the_billing_budget_notification_stops_the_job_and_ends_the_cluster(
             assert sink.events() == ["budget", "autodown"]
         finally:
             sink.stop()
+            for proc in started:  # a failed assertion leaves nothing running
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)
