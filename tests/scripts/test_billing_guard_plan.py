@@ -98,3 +98,33 @@ def test_the_controller_and_status_name_the_guard(tmp_path: Path) -> None:
     own = budget_reached(error, "n0", None)
     assert own is not None and own.what == "the budget"
     assert str(own).startswith("run r1 stopped at the budget: $2.00 of $2.04")
+
+
+def test_arming_puts_the_guard_beside_the_heads_watchdog_only() -> None:
+    """arm(): the guard's reader goes to the head with the watchdog (it imports it from its own
+    directory); the workers get the watchdog alone; without a guard no node gets it."""
+    from types import SimpleNamespace
+
+    from scripts.job.autodown import GUARD_SOURCE, WATCHDOG_FILE, Autodown, arm
+    from scripts.transport.base import CommandResult
+
+    class Recording:
+        def __init__(self) -> None:
+            self.files: list[str] = []
+
+        def run(self, cmd: str, timeout: float, stdin: bytes | None = None) -> CommandResult:
+            if "cat > " in cmd:
+                self.files.append(cmd.rsplit("/", 1)[-1])
+            return CommandResult(0, "4242\n" if "watchdog.pid" in cmd else "", "")
+
+    fleet = SimpleNamespace(python="python3", head=SimpleNamespace(name="n0"))
+    nodes = (("n1", "z"), ("n0", "z"))
+    for guard, head_files in (
+        ("projects/p/subscriptions/gputrain-s-budget", [WATCHDOG_FILE, GUARD_SOURCE.name]),
+        (None, [WATCHDOG_FILE]),
+    ):
+        transports = {"n0": Recording(), "n1": Recording()}
+        plan = Autodown("s", "p", "gs://b/", nodes, None, guard=guard)
+        arm(fleet, transports, plan, "r1", {})  # type: ignore[arg-type]
+        assert transports["n0"].files == head_files
+        assert transports["n1"].files == [WATCHDOG_FILE]
