@@ -19,11 +19,18 @@ PACKAGE = "gputrain_node"
 FETCH_DATA = f"{PACKAGE}.fetch_data"  # the `copy` datasets onto the node (standalone)
 MIRROR_OUT = f"{PACKAGE}.mirror_out"  # the out dir to the bucket and back (standalone --restore)
 WATCHDOG = f"{PACKAGE}.watchdog"  # stack runs: results to the bucket, autodown (standalone)
+BUDGET_GUARD = f"{PACKAGE}.budget_guard"  # billingBudget: beside the head's watchdog (standalone)
 TELEMETRY = f"{PACKAGE}.telemetry"  # GPU samples and rank stacks beside torchrun
 HEALTHCHECK = f"{PACKAGE}.healthcheck"  # a torchrun ENTRY: are these GPUs and links healthy?
 VERTEX_ENTRY = f"{PACKAGE}.vertex_entry"  # Vertex AI's pythonModule on every replica
 TORCH_PINS = f"{PACKAGE}.torch_pins"  # the node's torch as pip constraints (standalone, -c)
-STANDALONE = (FETCH_DATA, MIRROR_OUT, WATCHDOG, TORCH_PINS)  # run by their source, not the code
+STANDALONE = (
+    FETCH_DATA,
+    MIRROR_OUT,
+    WATCHDOG,
+    BUDGET_GUARD,
+    TORCH_PINS,
+)  # run by their source, not the code
 HEALTHCHECK_ENTRY = ("-m", HEALTHCHECK)
 WATCH_HOOK_DIR = "watch_hook"  # in the package: a sitecustomize put first on the ranks' path
 
@@ -85,5 +92,8 @@ AUTODOWN_RECORD = ".gputrain/autodown.json"  # in the bucket: the stack's last a
 #: in the run dir (it comes home with watch/, and the head's results in the bucket hold it): the
 #: head's watchdog stopped the job at the run's budget; JSON: budget_usd, spent_usd, hourly_usd, at
 BUDGET_MARK = "watch/budget.json"
+#: the mark's `by` when the stack's Cloud Billing budget (`billingBudget`) stopped the job
+GUARD_STOP = "billingBudget"
+PUBSUB_ENDPOINT_ENV = "GPUTRAIN_PUBSUB_ENDPOINT"  # the budget guard's Pub/Sub API (tests: a fake)
 #: the watchdog's `budget` setting: what it holds the run to (usd, hourly_usd, started_at, interval_s)
 BUDGET_FIELDS = ("usd", "hourly_usd", "started_at", "interval_s")

@@ -15,6 +15,8 @@ settings), the head also holds the run to it: once the spend so far plus the nex
 pass the budget, it writes BUDGET_MARK and sends the job SIGTERM — the signal of a preemption
 notice, so the trainer checkpoints and stops — and the run ends as any run does (the `budget`
 event instead of `failed`; autodown as soon as the controller is gone: the money is spent).
+With the stack's `billingBudget` (a Cloud Billing budget on its label), the head also stops the
+run the same way once the budget's Pub/Sub notification says it is reached (GUARD_FILE).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ NOTIFY_DEADLINE_S = 20.0  # all of one event's webhooks: a slow one never holds 
 BUDGET_MARK = "watch/budget.json"  # in the run dir (comes home with watch/): the budget stopped it
 LEDGER_RECORD = "ledger.json"  # scripts/cost/ledger.py's RUN_RECORD, under runs/<run-id>/
 BUDGET_GRACE_S = 300.0  # after the SIGTERM: then what is left of the job is killed
+GUARD = "billingBudget"  # the mark's `by`: the stack's Cloud Billing budget stopped the run
+GUARD_FILE = "budget_guard.py"  # beside this file on the head: billingBudget's Pub/Sub reader
 
 
 def over_budget(spent_usd: float, next_interval_usd: float, budget_usd: float) -> bool:
@@ -92,6 +96,8 @@ class Config:
     heartbeat_s: float = 10.0  # the controller's beat: silent for 3 of them at the end = gone
     budget: Budget | None = None  # the head holds the run to it
     ledger: dict[str, Any] | None = None  # the run's cost record as its launch knew it
+    guard: str | None = None  # billingBudget: projects/P/subscriptions/S the head pulls
+    guard_poll_s: float = 60.0  # its notifications come a few times a day: a slow pull
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> Config:
@@ -110,6 +116,8 @@ class Config:
             heartbeat_s=float(data.get("heartbeat_s", 10.0)),
             budget=Budget.parse(data.get("budget")),
             ledger=dict(data["ledger"]) if data.get("ledger") else None,
+            guard=str(data["guard"]) if data.get("guard") else None,
+            guard_poll_s=float(data.get("guard_poll_s", 60.0)),
         )
 
     @property
@@ -400,13 +408,26 @@ def budget_stop(run_dir: Path) -> dict[str, Any] | None:
 
 
 def budget_line(stop: dict[str, Any]) -> str:
+    what = "the stack's Cloud Billing budget" if stop.get("by") == GUARD else "the budget"
     return (
-        f"stopped at the budget: ${stop.get('spent_usd', 0):.2f} of ${stop.get('budget_usd', 0):.2f}"
+        f"stopped at {what}: ${stop.get('spent_usd', 0):.2f} of ${stop.get('budget_usd', 0):.2f}"
         " (a checkpoint was asked for)"
     )
 
 
 def stop_for_budget(budget: Budget, run_dir: Path, now: float, since: float) -> bool:
+    """The run's own budget reached: stop_job with its figures."""
+    stop = {
+        "budget_usd": budget.usd,
+        "spent_usd": round(budget.spent(now), 4),
+        "hourly_usd": budget.hourly_usd,
+        "started_at": budget.started_at,
+        "at": now,
+    }
+    return stop_job(stop, run_dir, since)
+
+
+def stop_job(stop: dict[str, Any], run_dir: Path, since: float) -> bool:
     """The mark first (the controller and the end's notification read it), then SIGTERM to the
     job's process group: run.sh stays to record the exit code, torchrun passes the signal on to
     its ranks, and the reference trainer checkpoints and stops, as at a preemption notice. False
@@ -420,13 +441,6 @@ def stop_for_budget(budget: Budget, run_dir: Path, now: float, since: float) -> 
         pgid = int((run_dir / "pgid").read_text().strip())
     except (OSError, ValueError):
         return False
-    stop = {
-        "budget_usd": budget.usd,
-        "spent_usd": round(budget.spent(now), 4),
-        "hourly_usd": budget.hourly_usd,
-        "started_at": budget.started_at,
-        "at": now,
-    }
     mark = run_dir / BUDGET_MARK
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.write_text(json.dumps(stop))
@@ -434,6 +448,16 @@ def stop_for_budget(budget: Budget, run_dir: Path, now: float, since: float) -> 
     with contextlib.suppress(OSError):
         os.killpg(pgid, signal.SIGTERM)
     return True
+
+
+def billing_guard(cfg: Config) -> Any:
+    """The head's reader of billingBudget's notifications (GUARD_FILE, beside this file), or None."""
+    if not (cfg.head and cfg.guard):
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import budget_guard
+
+    return budget_guard.Guard(cfg.guard, cfg.guard_poll_s, log)
 
 
 def kill_job(run_dir: Path) -> None:
@@ -462,14 +486,20 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
     said_busy: str | None = None
     said_end = False  # finished/failed sent (only when the controller is not there to say it)
     budget_stopped: float | None = None  # when this watchdog stopped the job at the budget
+    guard = billing_guard(cfg)
     while True:
         if (run_dir / DISARM).exists():
             log("disarmed by the controller")
             return 0
         end = ended_at(run_dir, armed)
-        if end is None and cfg.head and cfg.budget is not None:
+        if end is None and guard is not None and budget_stopped is None:
+            hit = guard.reached(clock())
+            if hit is not None and stop_job(hit | {"at": clock()}, run_dir, armed):
+                budget_stopped = clock()
+        if end is None and cfg.head and (cfg.budget is not None or budget_stopped is not None):
             now = clock()
             if budget_stopped is None:
+                assert cfg.budget is not None
                 if cfg.budget.reached(now) and stop_for_budget(cfg.budget, run_dir, now, armed):
                     budget_stopped = now
             elif now - budget_stopped > BUDGET_GRACE_S:

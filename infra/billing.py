@@ -4,10 +4,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from dataclasses import dataclass
 
 from infra.base.errors import UserError
+from infra.stackfile import STACK_LABEL, SpecError
 
 # a project id (6-30: a-z, 0-9, '-', a letter first; optionally domain-scoped "example.com:p"),
 # a dataset (letters, digits, '_'), a table (letters, digits, '_', '-', '$')
@@ -38,3 +41,77 @@ def parse_usd(text: str, setting: str) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise UserError(f"{setting} {text!r}: not an amount; allowed: US dollars above 0, e.g. 300")
     return value
+
+
+#: `billingBudget`'s keys: the Cloud Billing account (its ID, 0X0X0X-0X0X0X-0X0X0X) and the amount.
+BILLING_ACCOUNT = re.compile(r"^[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}$", re.IGNORECASE)
+#: What creating the budget needs on the billing account (not testable on the project): Billing
+#: Account Costs Manager or Administrator (docs/guides/cost.md cites Google's page).
+BUDGET_PERMISSIONS = (
+    "billing.budgets.create",
+    "billing.budgets.get",
+    "billing.budgets.update",
+    "billing.budgets.delete",
+)
+
+
+@dataclass(frozen=True)
+class BillingBudget:
+    """`billingBudget`: a Cloud Billing budget on the stack's label whose Pub/Sub notifications
+    the head's watchdog reads, ending the stack's run once the cost reaches the amount."""
+
+    account: str  # billing account ID
+    usd: float
+
+
+def guard_name(stack: str) -> str:
+    """The guard's Pub/Sub topic and subscription id (both the same): `gputrain-<stack>-budget`."""
+    return f"gputrain-{stack}-budget"
+
+
+def parse_billing_budget(raw: str, setting: str) -> BillingBudget | None:
+    """`{account: 0X0X0X-0X0X0X-0X0X0X, usd: N}` (JSON, as the CLI hands maps over); None when
+    unset; else one line (a SpecError) naming the setting, the bad value and what is allowed."""
+    if not raw.strip():
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    allowed = "allowed: a map {account: BILLING_ACCOUNT_ID, usd: AMOUNT}"
+    if not isinstance(value, dict):
+        raise SpecError(f"{setting} = {raw!r}: {allowed}")
+    unknown = sorted(set(value) - {"account", "usd"})
+    if unknown:
+        raise SpecError(f"{setting}.{unknown[0]}: not a setting; allowed: account, usd")
+    account = str(value.get("account") or "").strip()
+    if not BILLING_ACCOUNT.match(account):
+        raise SpecError(
+            f"{setting}.account {account!r}: not a billing account ID; allowed: "
+            "0X0X0X-0X0X0X-0X0X0X (`gcloud billing accounts list`)"
+        )
+    try:
+        usd = parse_usd(str(value.get("usd", "")), f"{setting}.usd")
+    except UserError as e:  # the Pulumi program's kind of error: one line, nothing declared
+        raise SpecError(str(e)) from None
+    if usd is None:
+        raise SpecError(f"{setting}.usd is not set; allowed: US dollars above 0, e.g. 300")
+    return BillingBudget(account.upper(), usd)
+
+
+def guard_setting(raw: str) -> BillingBudget | None:
+    """The stack's `billingBudget` (gputrain:billingBudget)."""
+    return parse_billing_budget(raw, "gputrain:billingBudget")
+
+
+def guard_line(budget: BillingBudget, stack: str) -> str:
+    """`plan`'s line about the guard: what it does and what `up` needs for it. Pure."""
+    return (
+        f"Billing budget guard: ${budget.usd:,.2f} on billing account {budget.account} for the "
+        f"label {STACK_LABEL}={stack}, notifying Pub/Sub topic {guard_name(stack)}; the head's "
+        "watchdog ends a run with a checkpoint once Cloud Billing says the cost reached it "
+        "(notifications come a few times a day and lag the usage: a coarse bound). `up` needs "
+        "Billing Account Costs Manager or Administrator on that account "
+        f"({', '.join(BUDGET_PERMISSIONS)}: `doctor` cannot check them) and roles/pubsub.admin "
+        "on the project (`doctor` checks)."
+    )

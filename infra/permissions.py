@@ -97,7 +97,27 @@ RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "secretmanager.secrets.getIamPolicy",  # a read-modify-write of that secret's policy
         "secretmanager.secrets.setIamPolicy",
     ),
+    # billingBudget: the guard's topic and subscription, the nodes' subscriber grant on it
+    "gcp:pubsub/topic:Topic": ("pubsub.topics.create", "pubsub.topics.get", "pubsub.topics.delete"),
+    "gcp:pubsub/subscription:Subscription": (
+        "pubsub.subscriptions.create",
+        "pubsub.subscriptions.get",
+        "pubsub.subscriptions.delete",
+        "pubsub.topics.attachSubscription",
+    ),
+    "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember": (
+        "pubsub.subscriptions.getIamPolicy",
+        "pubsub.subscriptions.setIamPolicy",
+    ),
+    # on the billing account, not the project (infra/billing.py BUDGET_PERMISSIONS): `plan` says
+    # so; projects.testIamPermissions cannot ask for them
+    "gcp:billing/budget:Budget": (),
 }
+
+#: Only with `billingBudget`: the Cloud Billing budget guard.
+GUARD_TYPES = frozenset(
+    t for t in RESOURCE_PERMISSIONS if t.startswith(("gcp:pubsub/", "gcp:billing/"))
+)
 
 #: Only with `build`: the image repository and its reader grant.
 BUILD_TYPES = frozenset(t for t in RESOURCE_PERMISSIONS if t.startswith("gcp:artifactregistry/"))
@@ -183,6 +203,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("artifactregistry.", "roles/artifactregistry.admin"),  # the repository and its policy
     ("cloudbuild.builds.", "roles/cloudbuild.builds.editor"),
     ("secretmanager.", "roles/secretmanager.admin"),  # on those secrets (or the project)
+    ("pubsub.", "roles/pubsub.admin"),  # the guard's topic, subscription and its policy
 )
 
 
@@ -194,6 +215,7 @@ def resource_types(
     vertex: bool = False,
     build: bool = False,
     secret_access: bool = False,
+    guard: bool = False,
 ) -> list[str]:
     """The types the program declares for a stack: its own VPC unless `network` names one, a
     placement policy when compact, its own bucket unless `bucket` names one, the image
@@ -202,6 +224,7 @@ def resource_types(
     to the program under mocks)."""
     optional = {
         **dict.fromkeys(BUILD_TYPES, build),
+        **dict.fromkeys(GUARD_TYPES, guard),
         "gcp:compute/network:Network": own_network,
         "gcp:compute/subnetwork:Subnetwork": own_network,
         "gcp:compute/resourcePolicy:ResourcePolicy": placement,
@@ -225,6 +248,7 @@ def spec_resource_types(spec: ClusterSpec) -> list[str]:
         vertex=spec.on_vertex,
         build=bool(spec.build),
         secret_access=bool(spec.secret_access),
+        guard=spec.billing_budget is not None,
     )
 
 

@@ -125,6 +125,7 @@ class StackSettings(BaseModel):
     billingExport: StrictStr = Field("", json_schema_extra=_kind("text"))
     budget: StrictStr = Field("", json_schema_extra=_kind("text"))
     maxHourlyCost: StrictStr = Field("", json_schema_extra=_kind("text"))
+    billingBudget: dict[StrictStr, Any] | None = Field(None, json_schema_extra=_kind("mapping"))
 
 
 def kind(key: str) -> str:

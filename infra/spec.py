@@ -18,7 +18,7 @@ from infra import catalog, fields, offers, vertex
 from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
-from infra.billing import parse_table, parse_usd
+from infra.billing import BillingBudget, guard_setting, parse_table, parse_usd
 from infra.datasets import Dataset, datasets_from_config
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
@@ -128,6 +128,7 @@ class ClusterSpec:
     billing_export: str | None = None  # the Cloud Billing export table `cost` reads billed from
     budget: float | None = None  # USD one run may cost (infra/cost_caps.py)
     max_hourly_cost: float | None = None  # USD per hour the cluster may cost at most
+    billing_budget: BillingBudget | None = None  # Cloud Billing budget guard (infra/billing.py)
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
     # (project, secret id) of each `secrets` entry from Secret Manager: the account that reads
     # them itself (a Vertex job's, a GCE stack's reconcile job's) gets secretAccessor on these only
@@ -392,6 +393,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         billing_export=billing_export(cfg.text("billingExport")),
         budget=parse_usd(cfg.text("budget"), f"{NS}budget"),
         max_hourly_cost=parse_usd(cfg.text("maxHourlyCost"), f"{NS}maxHourlyCost"),
+        billing_budget=guard_setting(cfg.text("billingBudget")) if backend == "gce" else None,
         build=build_setting(cfg.text("build"), cfg.text("image")),
         secret_access=_secret_access(cfg, project),
         backend=backend,

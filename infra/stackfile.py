@@ -32,7 +32,7 @@ BACKENDS = ("gce", "vertex")
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
 #: cannot declare one, so Pulumi.yaml names them in a comment only.
-MAP_KEYS: tuple[str, ...] = ("data", "chief", "reductionServer")
+MAP_KEYS: tuple[str, ...] = ("data", "chief", "reductionServer", "billingBudget")
 
 #: Keys only the controller reads (the job's environment): the Pulumi program never sees them.
 #: (`secrets` it reads: a Vertex stack grants its jobs' account access to the Secret Manager
@@ -60,6 +60,7 @@ BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
         "bootDiskType",
         "gpuDirect",
         "subnetRange",
+        "billingBudget",
         "localSsdCount",
         "stallTimeout",
         "autodown",

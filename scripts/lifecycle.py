@@ -45,7 +45,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
         return result
     except BudgetReached as e:
         fields = {"spent_usd": e.spent_usd, "budget_usd": e.budget_usd}
-        line = f"stopped at the budget: ${e.spent_usd:.2f} of ${e.budget_usd:.2f}"
+        line = f"stopped at {e.what}: ${e.spent_usd:.2f} of ${e.budget_usd:.2f}"
         notifier.send("budget", detail=line, **fields)
         raise
     except GputrainError as e:

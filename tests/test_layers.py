@@ -186,7 +186,7 @@ def test_the_standalone_helpers_import_nothing_of_ours_and_spell_the_contracts_n
     """fetch_data, mirror_out and watchdog are sent on stdin before the code is uploaded: alone,
     so their top-level imports are the standard library's (and Google's) only, and the names
     they spell are the contract's."""
-    from gputrain_node import fetch_data, watchdog
+    from gputrain_node import budget_guard, fetch_data, watchdog
 
     for module in contract.STANDALONE:
         tree = ast.parse(contract.source_of(module).read_text())
@@ -205,6 +205,9 @@ def test_the_standalone_helpers_import_nothing_of_ours_and_spell_the_contracts_n
     assert watchdog.RECORD == contract.AUTODOWN_RECORD
     assert watchdog.COMPUTE_ENDPOINT_ENV == contract.COMPUTE_ENDPOINT_ENV
     assert watchdog.BUDGET_MARK == contract.BUDGET_MARK
+    assert watchdog.GUARD == budget_guard.GUARD == contract.GUARD_STOP
+    assert budget_guard.PUBSUB_ENDPOINT_ENV == contract.PUBSUB_ENDPOINT_ENV
+    assert contract.source_of(contract.BUDGET_GUARD).name == watchdog.GUARD_FILE
     assert tuple(watchdog.Budget.__dataclass_fields__) == contract.BUDGET_FIELDS
 
 

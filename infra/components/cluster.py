@@ -16,6 +16,7 @@ import pulumi
 from infra.autodown import instance_condition
 from infra.components import cluster_labels
 from infra.components.bucket import StackBucket, StackBucketArgs
+from infra.components.budget_guard import BudgetGuard
 from infra.components.fabric import GpuFabric, GpuFabricArgs
 from infra.components.identity import NODE_ROLES, NodeIdentity, NodeIdentityArgs
 from infra.components.network import SUBNET_CIDR, ClusterNetwork, ClusterNetworkArgs
@@ -187,6 +188,13 @@ class GpuCluster(pulumi.ComponentResource):
             child,
         )
         self.instances = self.nodes.instances
+        self.budget_guard = (
+            BudgetGuard(
+                spec.stack, str(spec.project), spec.billing_budget, self.identity.member, child
+            )
+            if spec.billing_budget is not None
+            else None
+        )
         self.reconciler = self._reconciler(
             spec, tag, fabric.primary_cidr if fabric else SUBNET_CIDR, reconcile, registry
         )

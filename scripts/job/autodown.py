@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 WATCHDOG_SOURCE = contract.source_of(contract.WATCHDOG)
 WATCHDOG_FILE = WATCHDOG_SOURCE.name  # its copy in the run dir, run from there
+GUARD_SOURCE = contract.source_of(contract.BUDGET_GUARD)  # billingBudget: beside the head's
 #: what the head's watchdog imports to delete VMs (every node's needs the storage client)
 COMPUTE_PACKAGES: tuple[Requirement, ...] = (
     ("google.cloud.compute_v1", "google-cloud-compute>=1.14,<2"),
@@ -67,6 +68,7 @@ class Autodown:
     notify: tuple[str, ...] = ()  # webhook URLs: in the watchdog's stdin, never in a file
     budget: RunBudget | None = None  # the head's watchdog stops the job before it passes this
     ledger: dict[str, object] | None = None  # the run's cost record so far (scripts/cost/ledger)
+    guard: str | None = None  # billingBudget: the subscription the head pulls (projects/P/...)
 
     def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
         head = self.instances[-1][0]
@@ -86,6 +88,7 @@ class Autodown:
                 "env": dict(env),
                 "budget": dataclasses.asdict(self.budget) if self.budget else None,
                 "ledger": self.ledger,
+                "guard": self.guard,
             }
         ).encode()
 
@@ -152,6 +155,9 @@ def arm(
     def one(name: str) -> str:
         t = transports[name]
         r = t.run(f"mkdir -p {d} && cat > {d}/{WATCHDOG_FILE}", 60, stdin=source)
+        if r.ok and plan.guard and name == fleet.head.name:
+            guard = GUARD_SOURCE.read_bytes()
+            r = t.run(f"cat > {d}/{GUARD_SOURCE.name}", 60, stdin=guard)
         if r.ok:
             r = t.run(
                 build_watchdog_start(run_id, fleet.python), 60, stdin=plan.config(run_id, name, env)
@@ -301,12 +307,18 @@ def autodown_line(record: Mapping[str, object]) -> str:
     if isinstance(stop, Mapping):
         spent, budget = stop.get("spent_usd"), stop.get("budget_usd")
         if isinstance(spent, int | float) and isinstance(budget, int | float):
-            why = f", stopped at its budget: ${spent:.2f} of ${budget:.2f}"
+            why = f", stopped at {budget_name(stop)}: ${spent:.2f} of ${budget:.2f}"
     return (
         f"VMs deleted by autodown at {at('deleted_at')} after the job ended at "
         f"{at('job_ended_at')} (run {record.get('run_id')}{why}); `gputrain down --stack "
         f"{record.get('stack')}` brings the results home and removes the rest"
     )
+
+
+def budget_name(stop: Mapping[str, object], own: str = "its budget") -> str:
+    """Which budget a BUDGET_MARK names: the run's (`own`), or the stack's Cloud Billing budget
+    (`billingBudget`). Pure."""
+    return "the stack's Cloud Billing budget" if stop.get("by") == contract.GUARD_STOP else own
 
 
 def budget_reached(
@@ -320,10 +332,17 @@ def budget_reached(
     except (OSError, ValueError, TypeError, KeyError):
         return None
     kept = f"its newest checkpoint is in {checkpoints}; " if checkpoints else ""
+    why = (
+        "billed, as Cloud Billing notified"
+        if stop.get("by") == contract.GUARD_STOP
+        else "the next interval would pass it"
+    )
+    what = budget_name(stop, "the budget")
     return BudgetReached(
-        f"run {error.result.run_id} stopped at the budget: ${spent:.2f} of ${budget:.2f} "
-        f"(the next interval would pass it); {kept}results in {error.result.results_dir}",
+        f"run {error.result.run_id} stopped at {what}: ${spent:.2f} of ${budget:.2f} ({why}); "
+        f"{kept}results in {error.result.results_dir}",
         error=error,
         spent_usd=spent,
         budget_usd=budget,
+        what=what,
     )

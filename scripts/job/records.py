@@ -146,11 +146,17 @@ class BudgetReached(TrainingError):
     checkpoint (scripts/job/autodown.py: budget_reached), reported as such and not as a crash."""
 
     def __init__(
-        self, message: str, *, error: TrainingError, spent_usd: float, budget_usd: float
+        self,
+        message: str,
+        *,
+        error: TrainingError,
+        spent_usd: float,
+        budget_usd: float,
+        what: str = "the budget",  # or the stack's Cloud Billing budget (billingBudget)
     ) -> None:
         super().__init__(message, failure=error.failure, result=error.result)
         self.results_missing = error.results_missing
-        self.spent_usd, self.budget_usd = spent_usd, budget_usd
+        self.spent_usd, self.budget_usd, self.what = spent_usd, budget_usd, what
 
 
 def validate_job(job: Job) -> None:

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from gputrain_node import contract
+from gputrain_node.budget_guard import guard_reached
 from gputrain_node.watchdog import Budget, Config, autodown_after, over_budget
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_metadata import FakeMetadata
+from tests.support.fake_pubsub import FakePubSub
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.http_sink import HttpSink
 
@@ -52,6 +54,7 @@ def start(
     cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator],
     notify: list[str] | None = None,
     budget: dict[str, float] | None = None,
+    guard: FakePubSub | None = None,
 ) -> subprocess.Popen[str]:
     compute, md, gcs = cloud
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,11 +72,14 @@ def start(
         "heartbeat_s": 0.3,
         "notify": notify or [],
         "budget": budget,
+        "guard": guard.subscription if guard else None,
+        "guard_poll_s": 0.5,
         "env": {
             "STORAGE_EMULATOR_HOST": gcs.url,
             "GCE_METADATA_HOST": md.address,
             "GCE_METADATA_IP": md.address,
             "GPUTRAIN_COMPUTE_ENDPOINT": compute.url,
+            "GPUTRAIN_PUBSUB_ENDPOINT": guard.url if guard else "",
         },
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GCE_", "GOOGLE_"))}
@@ -322,3 +328,80 @@ def test_the_head_stops_the_job_at_the_budget_and_ends_the_cluster(
         assert record["budget"] == stop  # `status` says why
     finally:
         sink.stop()
+
+
+SUBSCRIPTION = "projects/gputrain-test/subscriptions/gputrain-wd-budget"
+
+
+def notification(cost: float, amount: float = 5.0) -> dict[str, object]:
+    """A Cloud Billing budget notification's JSON (its documented fields)."""
+    return {"budgetDisplayName": "gputrain-wd-budget", "costAmount": cost,
+            "costIntervalStart": "2026-11-01T07:00:00Z", "budgetAmount": amount,
+            "budgetAmountType": "SPECIFIED_AMOUNT", "currencyCode": "USD"}  # fmt: skip
+
+
+def test_a_notification_at_or_past_its_amount_is_the_guards_stop() -> None:
+    import base64
+
+    def received(data: object) -> dict[str, object]:
+        raw = data if isinstance(data, bytes) else json.dumps(data).encode()
+        return {"ackId": "a", "message": {"data": base64.b64encode(raw).decode()}}
+
+    assert guard_reached([received(notification(4.99))]) is None
+    assert guard_reached([received(b"not json"), received({"costAmount": 9})]) is None
+    hit = guard_reached([received(notification(4.0)), received(notification(5.0))])
+    assert hit is not None and hit["spent_usd"] == 5.0 and hit["budget_usd"] == 5.0
+    assert hit["by"] == "billingBudget"
+
+
+def test_the_billing_budget_notification_stops_the_job_and_ends_the_cluster(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    """The head pulls the guard's subscription with the VM's token: a notification under the
+    amount is acknowledged and changes nothing; one at the amount marks the run, SIGTERMs the
+    job, says `budget` with the billing budget's text and deletes the VMs."""
+    compute, md, _gcs = cloud
+    head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
+    sink = HttpSink().start()
+    with FakePubSub(SUBSCRIPTION) as pubsub:
+        pubsub.required_token = md.token
+        pubsub.publish(notification(2.5), schemaVersion="1.0")
+        started: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
+        try:
+            head = start(head_dir, "wd-node-0", 30.0, cloud, [sink.url], guard=pubsub)
+            worker = start(worker_dir, "wd-node-1", 30.0, cloud)
+            started += [head, worker]
+            deadline = time.time() + 30
+            while not pubsub.acked and time.time() < deadline:
+                time.sleep(0.1)
+            assert pubsub.acked == ["ack-1"]  # read and acknowledged; under the amount: no stop
+            # the job after the watchdog's arming (a process group older than it is an earlier
+            # attempt's, never signalled)
+            job = subprocess.Popen(
+                ["sh", "-c", 'trap \'echo "143 $(date +%s.%N)" > exitcode; exit 143\' TERM; '
+                 "while :; do sleep 0.1; done"],
+                cwd=head_dir, start_new_session=True,
+            )  # fmt: skip
+            started.append(job)
+            (head_dir / "pgid").write_text(f"{job.pid}\n")
+            time.sleep(1.0)  # two pulls: nothing new, the job runs on
+            assert job.poll() is None and not (head_dir / "watch" / "budget.json").exists()
+            pubsub.publish(notification(5.25))
+            assert job.wait(timeout=30) == 143
+            stop = json.loads((head_dir / "watch" / "budget.json").read_text())
+            assert stop["by"] == "billingBudget" and stop["spent_usd"] == 5.25, stop
+            assert pubsub.acked == ["ack-1", "ack-2"]
+            end_job(worker_dir, rc=143)
+            out = wait(head, 60)
+            wait(worker, 30)
+            assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"], out
+            assert "stopped at the stack's Cloud Billing budget: $5.25 of $5.00" in out
+            event = sink.wait_for("budget", 10)
+            assert "Cloud Billing budget" in event["text"]
+            assert sink.events() == ["budget", "autodown"]
+        finally:
+            sink.stop()
+            for proc in started:  # a failed assertion leaves nothing running
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)

@@ -67,7 +67,17 @@ def stack_autodown(
         notify=tuple(dict.fromkeys((*opts.notify, *spec.notify))),
         budget=run_budget(spec, opts, started_at),
         ledger=launch_record(target_name(spec.stack), spec, started_at),
+        guard=guard_subscription(spec, out.project),
     )
+
+
+def guard_subscription(spec: ClusterSpec, project: str) -> str | None:
+    """billingBudget: the budget's subscription the head's watchdog pulls. Pure."""
+    if spec.billing_budget is None:
+        return None
+    from infra.billing import guard_name
+
+    return f"projects/{project}/subscriptions/{guard_name(spec.stack)}"
 
 
 def say_last_autodown(spec: ClusterSpec, clients: GceClients) -> None:

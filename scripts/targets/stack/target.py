@@ -478,6 +478,10 @@ class StackTarget(Generic[C, P]):
             from infra.cost_caps import caps_line
 
             ui.say(caps_line(spec))
+        if spec.billing_budget is not None:
+            from infra.billing import guard_line
+
+            ui.say(guard_line(spec.billing_budget, spec.stack))
         self._plan_build(spec)
 
     def _plan_build(self, spec: ClusterSpec) -> None:

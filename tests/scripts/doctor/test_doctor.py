@@ -312,6 +312,7 @@ def test_roles_grant_what_is_missing() -> None:
         "roles/compute.securityAdmin",
         "roles/iam.serviceAccountAdmin",
         "roles/iam.serviceAccountUser",
+        "roles/pubsub.admin",  # billingBudget: the guard's topic, subscription and its reader
         "roles/resourcemanager.projectIamAdmin",
         "roles/secretmanager.admin",  # vertex: the jobs' account gets access to its secrets
         "roles/serviceusage.serviceUsageAdmin",  # backend vertex enables the Vertex AI API
