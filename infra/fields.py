@@ -9,7 +9,6 @@ import binascii
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
 from typing import Any, Literal, cast
 
 from infra import catalog
@@ -19,7 +18,6 @@ from infra.stackfile import (
     BACKEND_ONLY_KEYS,
     BACKENDS,
     DEFAULTS,
-    NS,
     PROJECT_LABEL,
     STACK_LABEL,
     SpecError,
@@ -77,16 +75,16 @@ def choice(key: str, value: str, options: tuple[str, ...]) -> str:
 Backend = Literal["gce", "vertex"]
 
 
-def backend(config: Mapping[str, str]) -> tuple[Backend, tuple[str, ...], dict[str, str]]:
-    """(the backend, the other backend's keys the stack sets, the config without them).
+def backend(s: StackSettings) -> tuple[Backend, tuple[str, ...], StackSettings]:
+    """(the backend, the other backend's keys the stack sets, the settings without them).
     The other backend's keys are not read: their defaults stand in, and `plan` names them."""
-    raw = config.get(NS + "backend", DEFAULTS["backend"]).strip()
-    chosen = cast(Backend, choice("backend", raw, BACKENDS))
-    other = {NS + k for b, keys in BACKEND_ONLY_KEYS.items() if b != chosen for k in keys}
-    ignored = tuple(
-        k[len(NS) :] for k in config if k in other and config[k].strip() != DEFAULTS[k[len(NS) :]]
-    )
-    return chosen, ignored, {k: v for k, v in config.items() if k not in other}
+    chosen = cast(Backend, choice("backend", s.backend, BACKENDS))
+    fields = StackSettings.model_fields
+    other = [
+        k for k in fields for b, keys in BACKEND_ONLY_KEYS.items() if b != chosen and k in keys
+    ]
+    ignored = tuple(k for k in other if getattr(s, k) != fields[k].default)
+    return chosen, ignored, s.model_copy(update={k: fields[k].default for k in other})
 
 
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

@@ -39,6 +39,7 @@ from infra.stackfile import (
     GCP_PROJECT_KEY,
     NS,
     SpecError,
+    StackFile,
     check_stack_name,
 )
 from infra.stall import read_stall_timeout
@@ -216,6 +217,22 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     works on the shipped stack files; `require_deployable` refuses them before `pulumi up`.
     """
     check_stack_name(stack)
+    _only_known_keys(config)
+    settings = settings_from_config(config)
+    return spec_from_settings(settings, stack, config.get(GCP_PROJECT_KEY, "").strip() or None)
+
+
+def stack_file_spec(stack_file: StackFile) -> ClusterSpec:
+    """The ClusterSpec of a stack file read once (infra/stackfile.read_stack_file): its typed
+    settings, not its strings parsed again."""
+    check_stack_name(stack_file.stack)
+    _only_known_keys(stack_file.config)
+    project = stack_file.config.get(GCP_PROJECT_KEY, "").strip() or None
+    return spec_from_settings(stack_file.settings, stack_file.stack, project)
+
+
+def _only_known_keys(config: Mapping[str, str]) -> None:
+    """A `gputrain:` key the schema does not know is one line with the nearest known one."""
     unknown = sorted(k for k in config if k.startswith(NS) and k[len(NS) :] not in DEFAULTS)
     if unknown:
         nearest = [
@@ -226,9 +243,12 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             f"{unknown[0]}: not a gputrain setting; allowed: {', '.join(DEFAULTS)}{hint}"
         )
 
-    backend, ignored, ours = fields.backend(config)
-    settings = settings_from_config(ours)
-    project = config.get(GCP_PROJECT_KEY, "").strip() or None
+
+def spec_from_settings(typed: StackSettings, stack: str, project: str | None) -> ClusterSpec:
+    """The ClusterSpec of a stack's typed settings (read and checked once: infra/schema.py)
+    and its gcp:project; one-line SpecError for the first rule a setting breaks."""
+    check_stack_name(stack)
+    backend, ignored, settings = fields.backend(typed)
     if project is not None:
         CHECK.matches(
             GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"

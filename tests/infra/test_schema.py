@@ -204,3 +204,11 @@ def test_a_cli_string_of_the_wrong_shape_is_one_line(key: str, text: str, allowe
     with pytest.raises(SpecError) as e:
         parse_spec(deployable_config("dev", **{key: text}), "dev")
     assert str(e.value) == f"gputrain:{key} = {text!r}: allowed: {allowed}"
+
+
+@pytest.mark.parametrize("stack", sorted(p.name.split(".")[1] for p in ROOT.glob("Pulumi.*.yaml")))
+def test_the_typed_entry_and_the_string_entry_give_one_spec(stack: str) -> None:
+    from infra.spec import stack_file_spec
+
+    stack_file = stackfile.read_stack_file(ROOT, stack)
+    assert stack_file_spec(stack_file) == parse_spec(stack_file.config, stack)
