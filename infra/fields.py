@@ -13,7 +13,7 @@ from typing import Any, Literal, cast
 
 from infra import catalog
 from infra.base.validate import Checker
-from infra.schema import StackSettings
+from infra.schema import StackSettings, whole_range
 from infra.stackfile import (
     BACKEND_ONLY_KEYS,
     BACKENDS,
@@ -67,6 +67,15 @@ def choice(key: str, value: str, options: tuple[str, ...]) -> str:
     """A text setting that must be one of `options`."""
     if value not in options:
         raise CHECK.fail(key, value, f"allowed: {', '.join(options)}")
+    return value
+
+
+def in_range(s: StackSettings, key: str) -> int:
+    """A whole-number setting within the range its field declares (infra/schema.py)."""
+    value: int = getattr(s, key)
+    lo, hi, unit = whole_range(key)
+    if not lo <= value <= hi:
+        raise CHECK.fail(key, str(value), f"allowed: {lo}..{hi}{unit}")
     return value
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from infra import catalog, fields, offers, vertex
 from infra.fields import CHECK
 from infra.offers import Candidate, GpuRequestError
-from infra.schema import StackSettings, config_string, whole_range
+from infra.schema import StackSettings, config_string
 from infra.stackfile import DEFAULTS, SpecError
 
 #: `zones` left empty on a `machineType` stack: what its default was before `gpus` existed.
@@ -81,10 +81,7 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
             "machineType", name, "A3 Edge is a serving product, not orderable for training"
         )
     accelerator, gpus, attach = fields.gpus(cfg, mt)
-    nodes = cfg.nodes or 1
-    lo, hi, _ = whole_range("nodes")
-    if not lo <= nodes <= hi:
-        raise CHECK.fail("nodes", str(nodes), f"allowed: {lo}..{hi}")
+    nodes = fields.in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
     return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
 
 

@@ -29,7 +29,7 @@ from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
 from infra.reconciler import JobReach, parse_every, parse_recover
-from infra.schema import SettingTypeError, StackSettings, load_config_strings, whole_range
+from infra.schema import SettingTypeError, StackSettings, load_config_strings
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
@@ -299,7 +299,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
     )
 
-    disk_gb = _in_range(settings, "bootDiskGb")
+    disk_gb = fields.in_range(settings, "bootDiskGb")
     disk_type = settings.bootDiskType or catalog.default_boot_disk_type(mt)
     if disk_type not in catalog.boot_disk_types(mt):
         raise CHECK.fail(
@@ -408,7 +408,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         attach_gpus=attach,
         existing_bucket=existing_bucket,
         bucket_prefix=bucket_prefix,
-        bucket_retention_days=_in_range(settings, "bucketRetentionDays"),
+        bucket_retention_days=fields.in_range(settings, "bucketRetentionDays"),
         stall_timeout_s=read_stall_timeout(settings.stallTimeout) if backend == "gce" else None,
         autodown_s=None if backend == "vertex" else read_autodown(settings.autodown, ttl),
         recover=parse_recover(settings.recover) if backend == "gce" else "never",
@@ -435,7 +435,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         wait_for_capacity_s=cap.wait_for_capacity_s,
         fabric=fabric,
         datasets=tuple(parse_datasets(settings.data)),
-        scratch=scratch_for(mt, _in_range(settings, "localSsdCount")),
+        scratch=scratch_for(mt, fields.in_range(settings, "localSsdCount")),
     )
 
 
@@ -501,15 +501,6 @@ def missing_settings(spec: ClusterSpec) -> list[MissingSetting]:
             )
         )
     return out
-
-
-def _in_range(settings: StackSettings, key: str) -> int:
-    """A whole-number setting within the range its field declares (infra/schema.py)."""
-    value: int = getattr(settings, key)
-    lo, hi, unit = whole_range(key)
-    if not lo <= value <= hi:
-        raise CHECK.fail(key, str(value), f"allowed: {lo}..{hi}{unit}")
-    return value
 
 
 def settings_from_config(config: Mapping[str, str]) -> StackSettings:
