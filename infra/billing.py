@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -69,15 +70,16 @@ def guard_name(stack: str) -> str:
     return f"gputrain-{stack}-budget"
 
 
-def parse_billing_budget(raw: str, setting: str) -> BillingBudget | None:
-    """`{account: 0X0X0X-0X0X0X-0X0X0X, usd: N}` (JSON, as the CLI hands maps over); None when
-    unset; else one line (a SpecError) naming the setting, the bad value and what is allowed."""
-    if not raw.strip():
+def parse_billing_budget(raw: object, setting: str) -> BillingBudget | None:
+    """`{account: 0X0X0X-0X0X0X-0X0X0X, usd: N}` (the typed settings' map, or JSON as the CLI
+    hands maps over); None when unset; else one line (a SpecError) naming the setting, the bad
+    value and what is allowed."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
         return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
+    value = raw
+    if isinstance(raw, str):
+        with contextlib.suppress(ValueError):
+            value = json.loads(raw)
     allowed = "allowed: a map {account: BILLING_ACCOUNT_ID, usd: AMOUNT}"
     if not isinstance(value, dict):
         raise SpecError(f"{setting} = {raw!r}: {allowed}")
@@ -99,7 +101,7 @@ def parse_billing_budget(raw: str, setting: str) -> BillingBudget | None:
     return BillingBudget(account.upper(), usd)
 
 
-def guard_setting(raw: str) -> BillingBudget | None:
+def guard_setting(raw: object) -> BillingBudget | None:
     """The stack's `billingBudget` (gputrain:billingBudget)."""
     return parse_billing_budget(raw, "gputrain:billingBudget")
 

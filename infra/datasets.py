@@ -5,7 +5,6 @@ and the paths and variables the job sees; the copying and mounting live on the n
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -109,19 +108,6 @@ def parse_datasets(entries: Mapping[str, object] | None, where: str = "data") ->
     found = [parse_dataset(str(k), v, where) for k, v in entries.items()]
     _no_clashes(found, where)
     return found
-
-
-def datasets_from_config(raw: str) -> tuple[Dataset, ...]:
-    """The stack's `data` key as the Pulumi CLI hands it over (a JSON object; "" = none)."""
-    if not raw:
-        return ()
-    try:
-        entries = json.loads(raw)
-    except ValueError:
-        raise UserError(
-            f"data: {raw!r} is not allowed; expected a map NAME: gs://BUCKET/PREFIX[:copy|:mount]"
-        ) from None
-    return tuple(parse_datasets(entries))
 
 
 def parse_data_flags(items: Iterable[str]) -> dict[str, str]:

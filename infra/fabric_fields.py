@@ -11,7 +11,8 @@ from typing import cast
 from infra import capacity, catalog
 from infra.capacity import Capacity
 from infra.fabric import GPU_DIRECT_CHOICES, FabricError, FabricPlan, plan_fabric
-from infra.fields import ConfigReader, parse_duration
+from infra.fields import choice, parse_duration
+from infra.schema import StackSettings, config_string
 from infra.stackfile import NS, SpecError
 
 
@@ -31,12 +32,13 @@ class CapacityChoice:
 MAX_WAIT_FOR_CAPACITY_S = capacity.FLEX_START_MAX_RUN_S
 
 
-def capacity_ladder(cfg: ConfigReader) -> list[str]:
+def capacity_ladder(cfg: StackSettings) -> list[str]:
     """`capacity` as written: one mode, or a list ([spot, on-demand]) tried in order."""
-    raw = cfg.text("capacity")
-    if not (raw.startswith("[") or "," in raw):
-        return [raw]
-    ladder = cfg.strings("capacity")
+    value, raw = cfg.capacity, config_string(cfg.capacity)
+    if isinstance(value, str) and "," not in value:
+        return [value]
+    ladder = value if isinstance(value, list) else [v.strip() for v in value.split(",")]
+    ladder = [v for v in ladder if v]
     if not ladder:  # else the first rung's absence is blamed on capacityInUse or spot
         raise SpecError(
             f"gputrain:capacity = {raw!r}: an empty list; allowed: a capacity mode or a list of "
@@ -45,10 +47,15 @@ def capacity_ladder(cfg: ConfigReader) -> list[str]:
     return ladder
 
 
-def capacity_in_use(cfg: ConfigReader) -> str:
+def capacity_in_use(cfg: StackSettings) -> str:
     """The mode `pulumi up` uses: `capacityInUse` (written by `up`) or the list's first."""
     ladder = capacity_ladder(cfg)
-    return cfg.text("capacityInUse") or (ladder[0] if ladder else "")
+    return cfg.capacityInUse or (ladder[0] if ladder else "")
+
+
+def spot_text(cfg: StackSettings) -> str:
+    """`spot` as the capacity rules read it: "" (unset), "true" or "false"."""
+    return "" if cfg.spot is None else config_string(cfg.spot)
 
 
 def read_wait(key: str, raw: str) -> int:
@@ -67,17 +74,17 @@ def read_wait(key: str, raw: str) -> int:
 
 
 def read_capacity(
-    cfg: ConfigReader, mt: catalog.MachineType, ttl_s: int, ttl_text: str, backend: str
+    cfg: StackSettings, mt: catalog.MachineType, ttl_s: int, ttl_text: str, backend: str
 ) -> CapacityChoice:
     """`capacity` (one mode or a list), `spot`, `reservation`, `reservationBound`,
     `capacityInUse` and `waitForCapacity` together; the first problem as one line."""
-    ladder, raw_spot = capacity_ladder(cfg), cfg.text("spot")
-    listed = len(ladder) > 1 or cfg.text("capacity").startswith("[")
+    ladder, raw_spot = capacity_ladder(cfg), spot_text(cfg)
+    listed = len(ladder) > 1 or isinstance(cfg.capacity, list)
     if listed:
         twice = next((m for i, m in enumerate(ladder) if m in ladder[:i]), None)
         if twice is not None:
             raise SpecError(
-                f"{NS}capacity = {cfg.text('capacity')!r}: {twice} is listed twice; "
+                f"{NS}capacity = {config_string(cfg.capacity)!r}: {twice} is listed twice; "
                 "list each mode once, in the order to try them"
             )
         if raw_spot:
@@ -87,15 +94,15 @@ def read_capacity(
             mt.name,
             capacity=mode,
             spot="" if listed else raw_spot,
-            reservation=cfg.text("reservation") if mode == "reservation" or not listed else "",
+            reservation=cfg.reservation if mode == "reservation" or not listed else "",
             max_run_duration_s=ttl_s,
             max_run_duration_text=ttl_text,
         )
         if errors:
             raise SpecError(errors[0])
-    if listed and cfg.text("reservation") and "reservation" not in ladder:
+    if listed and cfg.reservation and "reservation" not in ladder:
         raise SpecError(
-            f"{NS}reservation = {cfg.text('reservation')!r}: only used with capacity reservation"
+            f"{NS}reservation = {cfg.reservation!r}: only used with capacity reservation"
         )
     chosen = capacity.resolved_capacity(capacity_in_use(cfg), raw_spot)
     if listed and chosen not in ladder:
@@ -107,20 +114,20 @@ def read_capacity(
             f"{NS}capacity = {chosen!r}: not supported with backend vertex; "
             "allowed: on-demand, spot, flex-start"
         )
-    bound = cfg.text("reservationBound").lower()
+    bound = cfg.reservationBound.lower()
     if bound not in ("", "true", "false"):
         raise SpecError(f"{NS}reservationBound = {bound!r}: allowed: true, false or empty")
     return CapacityChoice(
         chosen,
-        cfg.text("reservation") or None if chosen == "reservation" else None,
+        cfg.reservation or None if chosen == "reservation" else None,
         tuple(cast(Capacity, m) for m in ladder) if listed else (),
         reservation_bound=None if not bound else bound == "true",
-        wait_for_capacity_s=read_wait(NS + "waitForCapacity", cfg.text("waitForCapacity")),
+        wait_for_capacity_s=read_wait(NS + "waitForCapacity", cfg.waitForCapacity),
     )
 
 
 def read_fabric(
-    cfg: ConfigReader,
+    cfg: StackSettings,
     mt: catalog.MachineType,
     nodes: int,
     *,
@@ -129,7 +136,7 @@ def read_fabric(
     existing_network: str | None,
 ) -> FabricPlan:
     """`gpuDirect` and `subnetRange` -> the stack's fabric plan (its ranges checked here)."""
-    gpu_direct = cfg.choice("gpuDirect", GPU_DIRECT_CHOICES)
+    gpu_direct = choice("gpuDirect", cfg.gpuDirect, GPU_DIRECT_CHOICES)
     try:
         return plan_fabric(
             mt.name,
@@ -137,7 +144,7 @@ def read_fabric(
             zone=zone,
             project=project,
             gpu_direct=gpu_direct,
-            subnet_range=cfg.text("subnetRange"),
+            subnet_range=cfg.subnetRange,
             own_primary=existing_network is None,
         )
     except FabricError as exc:

@@ -1,5 +1,5 @@
-"""One reader per kind of stack setting: each turns the string the CLI passes into a checked value
-or a one-line SpecError naming the key, the bad value and what is allowed.
+"""The rules of single stack settings: each takes the typed settings (infra/schema.py) and returns
+a checked value or a one-line SpecError naming the key, the bad value and what is allowed.
 """
 
 from __future__ import annotations
@@ -9,16 +9,15 @@ import binascii
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
 from typing import Any, Literal, cast
 
 from infra import catalog
 from infra.base.validate import Checker
+from infra.schema import StackSettings, whole_range
 from infra.stackfile import (
     BACKEND_ONLY_KEYS,
     BACKENDS,
     DEFAULTS,
-    NS,
     PROJECT_LABEL,
     STACK_LABEL,
     SpecError,
@@ -64,50 +63,20 @@ def format_duration(seconds: int) -> str:
 # ---- generic readers --------------------------------------------------------------------------
 
 
-class ConfigReader:
-    """The gputrain settings of one stack config (fully qualified keys, string values)."""
+def choice(key: str, value: str, options: tuple[str, ...]) -> str:
+    """A text setting that must be one of `options`."""
+    if value not in options:
+        raise CHECK.fail(key, value, f"allowed: {', '.join(options)}")
+    return value
 
-    def __init__(self, config: Mapping[str, str]) -> None:
-        self.config = config
 
-    def text(self, key: str) -> str:
-        return self.config.get(NS + key, DEFAULTS[key]).strip()
-
-    def boolean(self, key: str) -> bool:
-        raw = self.text(key)
-        if raw.lower() in ("true", "false"):
-            return raw.lower() == "true"
-        raise CHECK.fail(key, raw, "allowed: true or false")
-
-    def integer(self, key: str, lo: int, hi: int, what: str = "") -> int:
-        raw = self.text(key)
-        if not re.fullmatch(r"-?[0-9]+", raw):  # int() takes "1_0" and other scripts' digits
-            raise CHECK.fail(key, raw, f"allowed: a whole number {lo}..{hi}{what}")
-        value = int(raw)
-        if not lo <= value <= hi:
-            raise CHECK.fail(key, raw, f"allowed: {lo}..{hi}{what}")
-        return value
-
-    def choice(self, key: str, options: tuple[str, ...]) -> str:
-        raw = self.text(key)
-        if raw not in options:
-            raise CHECK.fail(key, raw, f"allowed: {', '.join(options)}")
-        return raw
-
-    def strings(self, key: str) -> list[str]:
-        """A JSON array of strings (how the CLI passes arrays) or a comma-separated string."""
-        raw = self.text(key)
-        if not raw:
-            return []
-        if raw.startswith("["):
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError:
-                raise CHECK.fail(key, raw, "allowed: a list of strings") from None
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise CHECK.fail(key, raw, "allowed: a list of strings")
-            return [v.strip() for v in value]
-        return [v.strip() for v in raw.split(",") if v.strip()]
+def in_range(s: StackSettings, key: str) -> int:
+    """A whole-number setting within the range its field declares (infra/schema.py)."""
+    value: int = getattr(s, key)
+    lo, hi, unit = whole_range(key)
+    if not lo <= value <= hi:
+        raise CHECK.fail(key, str(value), f"allowed: {lo}..{hi}{unit}")
+    return value
 
 
 # ---- the settings with rules of their own ---------------------------------------------------
@@ -115,15 +84,16 @@ class ConfigReader:
 Backend = Literal["gce", "vertex"]
 
 
-def backend(config: Mapping[str, str]) -> tuple[Backend, tuple[str, ...], ConfigReader]:
-    """(the backend, the other backend's keys the stack sets, a reader of this backend's keys).
+def backend(s: StackSettings) -> tuple[Backend, tuple[str, ...], StackSettings]:
+    """(the backend, the other backend's keys the stack sets, the settings without them).
     The other backend's keys are not read: their defaults stand in, and `plan` names them."""
-    chosen = cast(Backend, ConfigReader(config).choice("backend", BACKENDS))
-    other = {NS + k for b, keys in BACKEND_ONLY_KEYS.items() if b != chosen for k in keys}
-    ignored = tuple(
-        k[len(NS) :] for k in config if k in other and config[k].strip() != DEFAULTS[k[len(NS) :]]
-    )
-    return chosen, ignored, ConfigReader({k: v for k, v in config.items() if k not in other})
+    chosen = cast(Backend, choice("backend", s.backend, BACKENDS))
+    fields = StackSettings.model_fields
+    other = [
+        k for k in fields for b, keys in BACKEND_ONLY_KEYS.items() if b != chosen and k in keys
+    ]
+    ignored = tuple(k for k in other if getattr(s, k) != fields[k].default)
+    return chosen, ignored, s.model_copy(update={k: fields[k].default for k in other})
 
 
 _LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -138,9 +108,9 @@ _KEY_TYPES = (
 )
 
 
-def zones(s: ConfigReader, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+def zones(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     """(the zones in preference order, the zone to use now); `default` when none are listed."""
-    listed = s.strings("zones") or list(default)
+    listed = list(s.zones) or list(default)
     if not listed:
         raise CHECK.fail(
             "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
@@ -155,7 +125,7 @@ def zones(s: ConfigReader, default: tuple[str, ...]) -> tuple[tuple[str, ...], s
         )
     if len(set(listed)) != len(listed):
         raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
-    zone = s.text("zone") or listed[0]
+    zone = s.zone or listed[0]
     if zone not in listed:
         raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
     return tuple(listed), zone
@@ -167,9 +137,9 @@ _IMAGE_URI_RE = re.compile(
 )
 
 
-def executor_image(s: ConfigReader) -> str:
+def executor_image(s: StackSettings) -> str:
     """Vertex's training container: an image reference, never a shell word or a gs:// path."""
-    image = s.text("executorImage")
+    image = s.executorImage
     CHECK.matches(
         "executorImage",
         image,
@@ -179,8 +149,8 @@ def executor_image(s: ConfigReader) -> str:
     return image
 
 
-def ssh_public_key(s: ConfigReader) -> str | None:
-    raw = s.text("sshPublicKey")
+def ssh_public_key(s: StackSettings) -> str | None:
+    raw = s.sshPublicKey
     if not raw:
         return None
     shown = raw if len(raw) <= 40 else raw[:37] + "..."
@@ -205,9 +175,9 @@ def ssh_public_key(s: ConfigReader) -> str | None:
     return raw
 
 
-def source_ranges(s: ConfigReader, anywhere: bool) -> tuple[str, ...]:
+def source_ranges(s: StackSettings, anywhere: bool) -> tuple[str, ...]:
     out = []
-    for r in s.strings("sshSourceRanges"):
+    for r in s.sshSourceRanges:
         try:
             net = ipaddress.ip_network(r, strict=True)
         except ValueError:
@@ -255,17 +225,12 @@ def whole_internet(ranges: list[str] | tuple[str, ...]) -> bool:
     return bool(ranges) and covered_addresses(ranges) == IPV4_ADDRESSES
 
 
-def labels(s: ConfigReader) -> dict[str, str]:
-    raw = s.text("labels")
+def labels(s: StackSettings) -> dict[str, str]:
     pairs: list[tuple[str, str]] = []
-    if raw.startswith("{"):
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            raise CHECK.fail("labels", raw, "allowed: a list of key=value strings") from None
-        pairs = [(str(k), "" if v is None else str(v)) for k, v in obj.items()]
+    if isinstance(s.labels, dict):
+        pairs = [(str(k), "" if v is None else str(v)) for k, v in s.labels.items()]
     else:
-        for item in s.strings("labels"):
+        for item in s.labels:
             if "=" not in item:
                 raise CHECK.fail("labels", item, "allowed: key=value strings")
             k, v = item.split("=", 1)
@@ -286,16 +251,10 @@ def labels(s: ConfigReader) -> dict[str, str]:
     return out
 
 
-def gpus(s: ConfigReader, mt: catalog.MachineType) -> tuple[str, int, bool]:
+def gpus(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]:
     """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
-    gpu_type_raw = s.text("gpuType")
-    count_raw = s.text("gpuCount") or "0"
-    try:
-        count = int(count_raw)
-    except ValueError:
-        raise CHECK.fail(
-            "gpuCount", count_raw, "allowed: a whole number (0 = implied by machineType)"
-        ) from None
+    gpu_type_raw, count = s.gpuType, s.gpuCount
+    count_raw = str(count)
     gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
     if gpu_type_raw and gpu_type is None:
         raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
@@ -361,9 +320,9 @@ def bucket_name_problem(name: str) -> str | None:
     return None
 
 
-def bucket(s: ConfigReader) -> tuple[str | None, str]:
+def bucket(s: StackSettings) -> tuple[str | None, str]:
     """(an existing bucket's name or None for the stack's own, the prefix: "" or "a/b/")."""
-    raw = s.text("bucket")
+    raw = s.bucket
     if not raw:
         return None, ""
     name, _, prefix = raw.removeprefix("gs://").partition("/")

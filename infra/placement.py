@@ -11,13 +11,13 @@ import re
 from dataclasses import dataclass
 
 from infra import catalog, fields, offers, vertex
-from infra.fields import CHECK, ConfigReader
+from infra.fields import CHECK
 from infra.offers import Candidate, GpuRequestError
+from infra.schema import StackSettings, config_string
 from infra.stackfile import DEFAULTS, SpecError
 
 #: `zones` left empty on a `machineType` stack: what its default was before `gpus` existed.
 MACHINE_TYPE_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
-UNSET = ("", "0")  # nodes / gpuCount left at their defaults
 _CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x (\d+)$")
 _REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 
@@ -47,10 +47,10 @@ def candidate_label(c: Candidate) -> str:
     return f"{c.machine_type} x {c.nodes}"
 
 
-def place(cfg: ConfigReader, *, spot: bool, backend: str) -> Placement:
+def place(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
     """The placement the stack asks for; one-line SpecError naming the key when it cannot be."""
-    machine = cfg.text("machineType")
-    request = cfg.text("gpus")
+    machine = cfg.machineType
+    request = config_string(cfg.gpus)
     if machine:
         if request and request != DEFAULTS["gpus"]:
             raise CHECK.fail(
@@ -62,11 +62,13 @@ def place(cfg: ConfigReader, *, spot: bool, backend: str) -> Placement:
     return _by_request(cfg, spot=spot, backend=backend)
 
 
-def _by_machine_type(cfg: ConfigReader, name: str, spot: bool) -> Placement:
+def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
     for key in ("regions", "candidate"):
-        if cfg.text(key) not in ("", "[]"):
+        if getattr(cfg, key):
             raise CHECK.fail(
-                key, cfg.text(key), "allowed only with gpus; with machineType use zones"
+                key,
+                config_string(getattr(cfg, key)),
+                "allowed only with gpus; with machineType use zones",
             )
     zones, zone = fields.zones(cfg, MACHINE_TYPE_ZONES)
     mt = catalog.machine_type(name)
@@ -79,35 +81,35 @@ def _by_machine_type(cfg: ConfigReader, name: str, spot: bool) -> Placement:
             "machineType", name, "A3 Edge is a serving product, not orderable for training"
         )
     accelerator, gpus, attach = fields.gpus(cfg, mt)
-    nodes = cfg.integer("nodes", 1, offers.MAX_NODES) if cfg.text("nodes") not in UNSET else 1
+    nodes = fields.in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
     return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
 
 
-def _by_request(cfg: ConfigReader, *, spot: bool, backend: str) -> Placement:
-    raw = cfg.text("gpus")
+def _by_request(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
+    raw = config_string(cfg.gpus)
     if not raw:
         raise CHECK.fail(
             "gpus", "", "set gpus (e.g. L4:1, H100:16, 40GB+:8) or machineType (+ nodes)"
         )
     for key in ("nodes", "gpuType", "gpuCount"):
-        if cfg.text(key) not in UNSET:
+        if getattr(cfg, key):
             raise CHECK.fail(
                 "gpus",
                 raw,
                 f"gpus decides the machine type and node count: remove gputrain:{key} "
-                f"(= {cfg.text(key)!r}), or use machineType instead of gpus",
+                f"(= {str(getattr(cfg, key))!r}), or use machineType instead of gpus",
             )
-    zones = cfg.strings("zones")
+    zones = list(cfg.zones)
     for z in zones:
         if not catalog.ZONE_NAME.match(z):
             raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
-    regions = cfg.strings("regions")
+    regions = list(cfg.regions)
     for r in regions:
         if not _REGION_RE.match(r):
             raise CHECK.fail("regions", r, "allowed: region names like us-central1")
     try:
         ranked = offers.resolve(
-            offers.parse_request(cfg.strings("gpus") or raw),
+            offers.parse_request(cfg.gpus),
             spot=spot,
             zones=zones,
             regions=regions,
@@ -132,16 +134,16 @@ def _by_request(cfg: ConfigReader, *, spot: bool, backend: str) -> Placement:
     )
 
 
-def _pinned(cfg: ConfigReader, ranked: list[Candidate]) -> list[Candidate]:
+def _pinned(cfg: StackSettings, ranked: list[Candidate]) -> list[Candidate]:
     """The candidates left once `candidate` and `zone` (written by `up`'s failover) apply."""
     out = ranked
-    label = cfg.text("candidate")
+    label = cfg.candidate
     if label:
         out = [c for c in out if candidate_label(c) == label]
         if not _CANDIDATE_RE.match(label) or not out:
             allowed = ", ".join(dict.fromkeys(candidate_label(c) for c in ranked))
             raise CHECK.fail("candidate", label, f"allowed: empty or one of {allowed}")
-    zone = cfg.text("zone")
+    zone = cfg.zone
     if zone:
         in_zone = [c for c in out if c.zone == zone]
         if not in_zone:

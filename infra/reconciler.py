@@ -67,6 +67,14 @@ def refresh_role_id(stack: str, kind: str, account_unique_id: str | None) -> str
     return f"gputrainRc.{kind}.{stem}.{account_unique_id or 0}"[:64]
 
 
+def is_refresh_role(role_id: str, stack: str) -> bool:
+    """Whether a custom role id is one of `stack`'s reconcile job's (refresh_role_id's shape,
+    any kind, any creation of the account). Pure."""
+    stem = re.sub(r"[^A-Za-z0-9_.]", "_", stack)[:24]
+    kind, dot, rest = role_id.removeprefix("gputrainRc.").partition(".")
+    return role_id.startswith("gputrainRc.") and bool(kind and dot) and rest.startswith(f"{stem}.")
+
+
 def run_uri(project: str, region: str, job: str) -> str:
     """Cloud Run Admin API v2 `jobs.run`: what the Scheduler job POSTs to."""
     return f"https://run.googleapis.com/v2/projects/{project}/locations/{region}/jobs/{job}:run"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
@@ -58,9 +58,10 @@ ALLOWED: dict[str, str] = {
 }
 
 
-def _kind(name: str) -> Any:
-    """A field's kind, read back by allowed() and the reference page."""
-    return {"kind": name}
+def _kind(name: str, lo: int | None = None, hi: int | None = None, unit: str = "") -> Any:
+    """A field's kind, read back by allowed() and the reference page; a whole number's range
+    (lo..hi, unit) is what the string loader names when the text is not a number."""
+    return {"kind": name} if lo is None else {"kind": name, "range": [lo, hi, unit]}
 
 
 class StackSettings(BaseModel):
@@ -76,7 +77,7 @@ class StackSettings(BaseModel):
     machineType: StrictStr = Field("", json_schema_extra=_kind("text"))
     gpuType: StrictStr = Field("", json_schema_extra=_kind("text"))
     gpuCount: Whole = Field(0, json_schema_extra=_kind("whole"))
-    nodes: Whole = Field(0, json_schema_extra=_kind("whole"))
+    nodes: Whole = Field(0, json_schema_extra=_kind("whole", 1, 64))
     spot: Flag | None = Field(None, json_schema_extra=_kind("flag"))
     capacity: StrictStr | Texts = Field("", json_schema_extra=_kind("text-or-texts"))
     reservation: StrictStr = Field("", json_schema_extra=_kind("text"))
@@ -86,7 +87,7 @@ class StackSettings(BaseModel):
     maxRunDuration: StrictStr = Field("6h", json_schema_extra=_kind("text"))
     imageFamily: StrictStr = Field(DEFAULT_IMAGE_FAMILY, json_schema_extra=_kind("text"))
     imageProject: StrictStr = Field(DEFAULT_IMAGE_PROJECT, json_schema_extra=_kind("text"))
-    bootDiskGb: Whole = Field(200, json_schema_extra=_kind("whole"))
+    bootDiskGb: Whole = Field(200, json_schema_extra=_kind("whole", 50, 65536, " GB"))
     bootDiskType: StrictStr = Field("", json_schema_extra=_kind("text"))
     sshUser: StrictStr = Field("gputrain", json_schema_extra=_kind("text"))
     sshPublicKey: StrictStr = Field("", json_schema_extra=_kind("text"))
@@ -100,7 +101,7 @@ class StackSettings(BaseModel):
         [], json_schema_extra=_kind("labels")
     )
     bucket: StrictStr = Field("", json_schema_extra=_kind("text"))
-    bucketRetentionDays: Whole = Field(30, json_schema_extra=_kind("whole"))
+    bucketRetentionDays: Whole = Field(30, json_schema_extra=_kind("whole", 1, 3650, " days"))
     backend: StrictStr = Field("gce", json_schema_extra=_kind("text"))
     executorImage: StrictStr = Field(DEFAULT_EXECUTOR_IMAGE, json_schema_extra=_kind("text"))
     chief: dict[StrictStr, Any] | None = Field(None, json_schema_extra=_kind("mapping"))
@@ -109,7 +110,7 @@ class StackSettings(BaseModel):
     restartJobOnWorkerRestart: Flag = Field(False, json_schema_extra=_kind("flag"))
     gpuDirect: StrictStr = Field("auto", json_schema_extra=_kind("text"))
     subnetRange: StrictStr = Field("10.42.0.0/16", json_schema_extra=_kind("text"))
-    localSsdCount: Whole = Field(0, json_schema_extra=_kind("whole"))
+    localSsdCount: Whole = Field(0, json_schema_extra=_kind("whole", 0, 24))
     data: dict[StrictStr, StrictStr | dict[StrictStr, Any]] | None = Field(
         None, json_schema_extra=_kind("datasets")
     )
@@ -158,9 +159,10 @@ DEFAULTS: dict[str, str] = {
 class SettingTypeError(ValueError):
     """A value whose YAML shape the key does not take: (key, value, what is allowed)."""
 
-    def __init__(self, key: str, value: Any, allowed_text: str) -> None:
+    def __init__(self, key: str, value: Any, allowed_text: str, line: str = "") -> None:
         super().__init__(key, value, allowed_text)
         self.key, self.value, self.allowed = key, value, allowed_text
+        self.line = line  # the whole one-line message, where the kind words it its own way
 
 
 def _known(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,6 +188,82 @@ def load_settings(settings: Mapping[str, Any]) -> StackSettings:
         first = exc.errors()[0]
         key = str(first["loc"][0])
         raise SettingTypeError(key, known[key], allowed(key)) from None
+
+
+def whole_range(key: str) -> tuple[int, int, str]:
+    """(lo, hi, unit) of a whole-number key that declares its range."""
+    extra = StackSettings.model_fields[key].json_schema_extra
+    assert isinstance(extra, dict)
+    lo, hi, unit = cast(list[Any], extra["range"])
+    return int(lo), int(hi), str(unit)
+
+
+def _json(key: str, text: str, shape: type, allowed_text: str) -> Any:
+    """JSON text of the given shape, or SettingTypeError naming what the key allows."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise SettingTypeError(key, text, allowed_text) from None
+    if not isinstance(value, shape):
+        raise SettingTypeError(key, text, allowed_text)
+    return value
+
+
+def _texts(key: str, text: str) -> list[str]:
+    """A JSON array of strings (how the CLI passes lists) or comma-separated text."""
+    if text.startswith("["):
+        items = _json(key, text, list, ALLOWED["texts"])
+        if not all(isinstance(v, str) for v in items):
+            raise SettingTypeError(key, text, ALLOWED["texts"])
+        return [v.strip() for v in items]
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _from_string(key: str, raw: str) -> Any:
+    """One Pulumi config string as the YAML value its key's kind takes (None: unset)."""
+    text, what = raw.strip(), kind(key)
+    if what == "text":
+        return text
+    if not text:
+        return None
+    if what == "texts":
+        return _texts(key, text)
+    if what == "labels":
+        return _json(key, text, dict, ALLOWED[what]) if text.startswith("{") else _texts(key, text)
+    if what == "text-or-texts":
+        return _texts(key, text) if text.startswith("[") else text
+    if what in ("mapping", "datasets"):
+        try:
+            return _json(key, text, dict, ALLOWED[what])
+        except SettingTypeError as e:
+            if what == "datasets":  # worded as the `data` key's own check words it
+                e.line = f"{key}: {text!r} is not allowed; expected a map " + (
+                    "NAME: gs://BUCKET/PREFIX[:copy|:mount]"
+                )
+            raise
+    if what == "whole" and not re.fullmatch(r"[0-9]+", text):
+        extra = StackSettings.model_fields[key].json_schema_extra
+        if isinstance(extra, dict) and "range" in extra:
+            lo, hi, unit = whole_range(key)
+            raise SettingTypeError(key, text, f"a whole number {lo}..{hi}{unit}")
+    return text  # a whole number or a flag: the model's own validators read the text
+
+
+def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
+    """The typed settings of a Pulumi config (qualified keys, strings all the way, as the CLI
+    hands them to the program), validated once: the string side of load_settings. Keys
+    outside the namespace, or that the model does not know, are left to the caller."""
+    values = {
+        key[len(ns) :]: _from_string(key[len(ns) :], raw)
+        for key, raw in config.items()
+        if key.startswith(ns) and key[len(ns) :] in StackSettings.model_fields
+    }
+    known = {k: v for k, v in values.items() if v is not None}
+    try:
+        return StackSettings.model_validate(known)
+    except ValidationError as exc:
+        key = str(exc.errors()[0]["loc"][0])
+        raise SettingTypeError(key, config[ns + key].strip(), allowed(key)) from None
 
 
 def config_strings(values: Mapping[str, Any]) -> dict[str, str]:

@@ -19,16 +19,17 @@ from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
 from infra.billing import BillingBudget, guard_setting, parse_table, parse_usd
-from infra.datasets import Dataset, datasets_from_config
+from infra.datasets import Dataset, parse_datasets
 from infra.fabric import FabricPlan
-from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric
+from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric, spot_text
 from infra.fields import CHECK, format_duration, parse_duration
 from infra.image_build import build_setting
-from infra.notify_urls import parse_notify
+from infra.notify_urls import check_urls
 from infra.offers import Candidate
 from infra.placement import place
 from infra.prices import ZonePrice
 from infra.reconciler import JobReach, parse_every, parse_recover
+from infra.schema import SettingTypeError, StackSettings, load_config_strings
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
@@ -38,6 +39,7 @@ from infra.stackfile import (
     GCP_PROJECT_KEY,
     NS,
     SpecError,
+    StackFile,
     check_stack_name,
 )
 from infra.stall import read_stall_timeout
@@ -56,8 +58,6 @@ RDMA_IMAGE_WHY = (
 )
 MIN_RUN_S = 10 * 60
 MAX_RUN_S = 120 * 24 * 3600
-MIN_BOOT_DISK_GB = 50
-MAX_BOOT_DISK_GB = 65536
 
 _PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _IMAGE_FAMILY_RE = re.compile(r"^[a-z][-a-z0-9]{0,62}$")
@@ -218,6 +218,22 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
     works on the shipped stack files; `require_deployable` refuses them before `pulumi up`.
     """
     check_stack_name(stack)
+    _only_known_keys(config)
+    settings = settings_from_config(config)
+    return spec_from_settings(settings, stack, config.get(GCP_PROJECT_KEY, "").strip() or None)
+
+
+def stack_file_spec(stack_file: StackFile) -> ClusterSpec:
+    """The ClusterSpec of a stack file read once (infra/stackfile.read_stack_file): its typed
+    settings, not its strings parsed again."""
+    check_stack_name(stack_file.stack)
+    _only_known_keys(stack_file.config)
+    project = stack_file.config.get(GCP_PROJECT_KEY, "").strip() or None
+    return spec_from_settings(stack_file.settings, stack_file.stack, project)
+
+
+def _only_known_keys(config: Mapping[str, str]) -> None:
+    """A `gputrain:` key the schema does not know is one line with the nearest known one."""
     unknown = sorted(k for k in config if k.startswith(NS) and k[len(NS) :] not in DEFAULTS)
     if unknown:
         nearest = [
@@ -228,19 +244,23 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             f"{unknown[0]}: not a gputrain setting; allowed: {', '.join(DEFAULTS)}{hint}"
         )
 
-    backend, ignored, cfg = fields.backend(config)
-    project = config.get(GCP_PROJECT_KEY, "").strip() or None
+
+def spec_from_settings(typed: StackSettings, stack: str, project: str | None) -> ClusterSpec:
+    """The ClusterSpec of a stack's typed settings (read and checked once: infra/schema.py)
+    and its gcp:project; one-line SpecError for the first rule a setting breaks."""
+    check_stack_name(stack)
+    backend, ignored, settings = fields.backend(typed)
     if project is not None:
         CHECK.matches(
             GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
         )
     # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
     # validates it against the machine below
-    mode = modes.resolved_capacity(capacity_in_use(cfg), cfg.text("spot"))
-    where = place(cfg, spot=mode == "spot", backend=backend)
+    mode = modes.resolved_capacity(capacity_in_use(settings), spot_text(settings))
+    where = place(settings, spot=mode == "spot", backend=backend)
     mt, accelerator, gpus, attach, nodes = where.shape
 
-    ttl_raw = cfg.text("maxRunDuration")
+    ttl_raw = settings.maxRunDuration
     try:
         ttl = parse_duration(ttl_raw)
     except ValueError:
@@ -249,14 +269,14 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         ) from None
     if not MIN_RUN_S <= ttl <= MAX_RUN_S:
         raise CHECK.fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
-    cap = read_capacity(cfg, mt, ttl, ttl_raw, backend)
+    cap = read_capacity(settings, mt, ttl, ttl_raw, backend)
     spot = cap.capacity == "spot"
     if backend == "vertex":
         gpu = accelerator if attach else None
         problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
         if problem:
             raise SpecError(f"{NS}{problem} (backend vertex)")
-        if mt.accelerator == "nvidia-b200" and fields.executor_image(cfg) == (
+        if mt.accelerator == "nvidia-b200" and fields.executor_image(settings) == (
             vertex.DEFAULT_EXECUTOR_IMAGE
         ):  # no newer prebuilt tag is confirmed, so no default to switch to: ask for one
             raise SpecError(
@@ -265,8 +285,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
                 ">= 2.7 / CUDA 12.8); set executorImage to such a container (backend vertex)"
             )
 
-    image_family = cfg.text("imageFamily")
-    image_project = cfg.text("imageProject")
+    image_family = settings.imageFamily
+    image_project = settings.imageProject
     CHECK.matches(
         "imageFamily",
         image_family,
@@ -280,8 +300,8 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
     )
 
-    disk_gb = cfg.integer("bootDiskGb", MIN_BOOT_DISK_GB, MAX_BOOT_DISK_GB, " GB")
-    disk_type = cfg.text("bootDiskType") or catalog.default_boot_disk_type(mt)
+    disk_gb = fields.in_range(settings, "bootDiskGb")
+    disk_type = settings.bootDiskType or catalog.default_boot_disk_type(mt)
     if disk_type not in catalog.boot_disk_types(mt):
         raise CHECK.fail(
             "bootDiskType",
@@ -289,16 +309,17 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             f"allowed for {mt.name}: {', '.join(catalog.boot_disk_types(mt))}",
         )
 
-    ssh_user = cfg.text("sshUser")
+    ssh_user = settings.sshUser
     CHECK.check(
         bool(_USER_RE.match(ssh_user)) and ssh_user != "root",
         "sshUser",
         ssh_user,
         "allowed: a Linux user name (a-z 0-9 _ -, not root)",
     )
-    anywhere = cfg.boolean("allowSshFromAnywhere")
+    anywhere = settings.allowSshFromAnywhere
     public_ip = cast(
-        Literal["head", "all", "none"], cfg.choice("publicIp", ("head", "all", "none"))
+        Literal["head", "all", "none"],
+        fields.choice("publicIp", settings.publicIp, ("head", "all", "none")),
     )
     if public_ip == "none":
         # No node would be reachable from outside the VPC: refuse before anything is billed.
@@ -308,7 +329,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             "no node would be reachable (the controller runs outside the VPC and no jump host "
             "is supported); allowed: head (workers via the head) or all",
         )
-    placement_raw = cfg.choice("placement", ("auto", "compact", "none"))
+    placement_raw = fields.choice("placement", settings.placement, ("auto", "compact", "none"))
     own_policy = modes.instance_capacity(
         cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
     ).placement_policy
@@ -335,7 +356,7 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         or (placement_raw == "auto" and nodes > 1 and mt.compact_placement and own_policy)
         else "none"
     )
-    network = cfg.text("network") or None
+    network = settings.network or None
     if network is not None:
         CHECK.matches(
             "network",
@@ -344,13 +365,17 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
             "allowed: an existing VPC name (a-z 0-9 -) or empty",
         )
 
-    existing_bucket, bucket_prefix = fields.bucket(cfg)
+    existing_bucket, bucket_prefix = fields.bucket(settings)
     acc = catalog.ACCELERATORS[accelerator]
-    fabric = read_fabric(cfg, mt, nodes, zone=where.zone, project=project, existing_network=network)
+    fabric = read_fabric(
+        settings, mt, nodes, zone=where.zone, project=project, existing_network=network
+    )
     rdma = fabric.enabled and fabric.kind == "rdma"
     if rdma and (image_project, image_family) == (DEFAULT_IMAGE_PROJECT, DEFAULT_IMAGE_FAMILY):
         image_project, image_family = RDMA_IMAGE  # left at the defaults: see RDMA_IMAGE_WHY
-    pools = _vertex_pools(cfg, nodes, mt.name, spot) if backend == "vertex" else (None, None, "")
+    pools = (
+        _vertex_pools(settings, nodes, mt.name, spot) if backend == "vertex" else (None, None, "")
+    )
     return ClusterSpec(
         stack=stack,
         project=project,
@@ -373,36 +398,35 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         boot_disk_gb=disk_gb,
         boot_disk_type=disk_type,
         ssh_user=ssh_user,
-        ssh_public_key=fields.ssh_public_key(cfg),
-        ssh_source_ranges=fields.source_ranges(cfg, anywhere),
+        ssh_public_key=fields.ssh_public_key(settings),
+        ssh_source_ranges=fields.source_ranges(settings, anywhere),
         allow_ssh_from_anywhere=anywhere,
         public_ip=public_ip,
         placement=placement,
         network=network,
-        labels=MappingProxyType(fields.labels(cfg)),
+        labels=MappingProxyType(fields.labels(settings)),
         gvnic=mt.gvnic,
         attach_gpus=attach,
         existing_bucket=existing_bucket,
         bucket_prefix=bucket_prefix,
-        bucket_retention_days=cfg.integer("bucketRetentionDays", 1, 3650, " days"),
-        stall_timeout_s=read_stall_timeout(cfg.text("stallTimeout")) if backend == "gce" else None,
-        autodown_s=None if backend == "vertex" else read_autodown(cfg.text("autodown"), ttl),
-        recover=parse_recover(cfg.text("recover")) if backend == "gce" else "never",
-        reconcile_every_s=parse_every(cfg.text("reconcileEvery")) if backend == "gce" else 120,
-        notify=parse_notify(cfg.text("notify"), f"{NS}notify"),
-        billing_export=billing_export(cfg.text("billingExport")),
-        budget=parse_usd(cfg.text("budget"), f"{NS}budget"),
-        max_hourly_cost=parse_usd(cfg.text("maxHourlyCost"), f"{NS}maxHourlyCost"),
-        billing_budget=guard_setting(cfg.text("billingBudget")) if backend == "gce" else None,
-        build=build_setting(cfg.text("build"), cfg.text("image")),
-        secret_access=_secret_access(cfg, project),
+        bucket_retention_days=fields.in_range(settings, "bucketRetentionDays"),
+        stall_timeout_s=read_stall_timeout(settings.stallTimeout) if backend == "gce" else None,
+        autodown_s=None if backend == "vertex" else read_autodown(settings.autodown, ttl),
+        recover=parse_recover(settings.recover) if backend == "gce" else "never",
+        reconcile_every_s=parse_every(settings.reconcileEvery) if backend == "gce" else 120,
+        notify=check_urls(settings.notify, f"{NS}notify"),
+        billing_export=billing_export(settings.billingExport),
+        budget=parse_usd(settings.budget, f"{NS}budget"),
+        max_hourly_cost=parse_usd(settings.maxHourlyCost, f"{NS}maxHourlyCost"),
+        billing_budget=guard_setting(settings.billingBudget) if backend == "gce" else None,
+        build=build_setting(settings.build, settings.image),
+        secret_access=_secret_access(settings, project),
         backend=backend,
-        executor_image=fields.executor_image(cfg),
+        executor_image=fields.executor_image(settings),
         chief=pools[0],
         reduction_server=pools[1],
         vertex_job_spec=pools[2],
-        restart_job_on_worker_restart=backend == "vertex"
-        and cfg.boolean("restartJobOnWorkerRestart"),
+        restart_job_on_worker_restart=backend == "vertex" and settings.restartJobOnWorkerRestart,
         ignored=ignored,
         gpus_request=where.request,
         candidates=where.candidates,
@@ -412,28 +436,28 @@ def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
         reservation_bound=cap.reservation_bound,
         wait_for_capacity_s=cap.wait_for_capacity_s,
         fabric=fabric,
-        datasets=datasets_from_config(cfg.text("data")),
-        scratch=scratch_for(mt, cfg.integer("localSsdCount", 0, 24)),
+        datasets=tuple(parse_datasets(settings.data)),
+        scratch=scratch_for(mt, fields.in_range(settings, "localSsdCount")),
     )
 
 
 def _vertex_pools(
-    cfg: fields.ConfigReader, nodes: int, machine_type: str, spot: bool
+    settings: StackSettings, nodes: int, machine_type: str, spot: bool
 ) -> tuple[Chief | None, ReductionServer | None, str]:
     """backend vertex: `chief`, `reductionServer` and `vertexJobSpec` (infra/vertex_pools.py)."""
     return (
-        parse_chief(cfg.text("chief"), spot=spot),
-        parse_reduction_server(cfg.text("reductionServer"), nodes=nodes, machine_type=machine_type),
-        cfg.text("vertexJobSpec"),
+        parse_chief(settings.chief, spot=spot),
+        parse_reduction_server(settings.reductionServer, nodes=nodes, machine_type=machine_type),
+        settings.vertexJobSpec,
     )
 
 
-def _secret_access(cfg: fields.ConfigReader, project: str | None) -> tuple[tuple[str, str], ...]:
+def _secret_access(settings: StackSettings, project: str | None) -> tuple[tuple[str, str], ...]:
     """The Secret Manager secrets a Vertex stack's jobs, or a GCE stack's reconcile job, read
     themselves (the program grants its account access to each); a bad entry is a SpecError like
     any other setting's."""
     try:
-        return secret_grants(parse_secrets(cfg.strings("secrets"), NS + "secrets"), project)
+        return secret_grants(parse_secrets(settings.secrets, NS + "secrets"), project)
     except UserError as e:
         raise SpecError(str(e)) from None
 
@@ -480,6 +504,15 @@ def missing_settings(spec: ClusterSpec) -> list[MissingSetting]:
             )
         )
     return out
+
+
+def settings_from_config(config: Mapping[str, str]) -> StackSettings:
+    """The typed settings of a Pulumi config (strings all the way), or the one-line SpecError
+    naming the first key whose value its kind does not take."""
+    try:
+        return load_config_strings(config, NS)
+    except SettingTypeError as e:
+        raise SpecError(e.line or f"{NS}{e.key} = {e.value!r}: allowed: {e.allowed}") from None
 
 
 def require_deployable(spec: ClusterSpec) -> None:

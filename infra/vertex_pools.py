@@ -18,7 +18,6 @@ Pure: no I/O (the controller reads and writes the files). Sources, read while bu
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -111,16 +110,12 @@ class Chief:
     gpu_count: int
 
 
-def _map(raw: str, key: str, allowed: tuple[str, ...]) -> dict[str, Any] | None:
-    """A map-valued stack key (JSON, as the Pulumi CLI hands maps over); None when unset."""
-    if not raw.strip():
+def _map(
+    value: Mapping[str, Any] | None, key: str, allowed: tuple[str, ...]
+) -> Mapping[str, Any] | None:
+    """A map-valued stack key (its shape checked by infra/schema.py); None when unset."""
+    if value is None:
         return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    if not isinstance(value, dict):
-        raise UserError(f"gputrain:{key} = {raw!r}: allowed: a map of {', '.join(allowed)}")
     unknown = sorted(set(value) - set(allowed))
     if unknown:
         raise UserError(
@@ -150,7 +145,9 @@ def default_reducers(workers: int, worker_gbps: int | None) -> int:
     return math.ceil(workers * worker_gbps / REDUCER_GBPS)
 
 
-def parse_reduction_server(raw: str, *, nodes: int, machine_type: str) -> ReductionServer | None:
+def parse_reduction_server(
+    raw: Mapping[str, Any] | None, *, nodes: int, machine_type: str
+) -> ReductionServer | None:
     """`reductionServer: {replicas: N, machineType: M}` (both optional: `{}` takes the
     defaults); refuses, in one line, a job it cannot speed up: fewer than 2 GPU nodes."""
     value = _map(raw, "reductionServer", ("replicas", "machineType"))
@@ -178,7 +175,7 @@ def parse_reduction_server(raw: str, *, nodes: int, machine_type: str) -> Reduct
     return ReductionServer(replicas, machine)
 
 
-def parse_chief(raw: str, *, spot: bool) -> Chief | None:
+def parse_chief(raw: Mapping[str, Any] | None, *, spot: bool) -> Chief | None:
     """`chief: {machineType: M, gpuType: T, gpuCount: N}`: pool 0's own shape."""
     value = _map(raw, "chief", ("machineType", "gpuType", "gpuCount"))
     if value is None:

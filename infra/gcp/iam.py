@@ -1,6 +1,6 @@
-"""Thin adapter for the two IAM reads the sweep needs: the project's service accounts (IAM API,
-`projects.serviceAccounts.list`) and the project's role bindings (Cloud Resource Manager,
-`projects.getIamPolicy`). Like infra/gcp/compute.py: plain results, lazy Google imports, and an
+"""Thin adapter for the IAM reads the sweep needs: the project's service accounts (IAM API,
+`projects.serviceAccounts.list`), its custom roles (`projects.roles.list`) and its role bindings
+(Cloud Resource Manager, `projects.getIamPolicy`). Like infra/gcp/compute.py: plain results, lazy Google imports, and an
 `api_endpoint` ("http://127.0.0.1:PORT") that points both at a fake with anonymous credentials.
 """
 
@@ -83,6 +83,32 @@ class IamApi:
             found += [
                 ServiceAccountInfo(a["email"], a.get("displayName", ""))
                 for a in body.get("accounts", [])
+            ]
+            token = body.get("nextPageToken", "")
+            if not token:
+                return found
+
+    def custom_roles(self, project: str) -> list[str]:
+        """The ids of the project's custom roles that are not deleted (IAM `projects.roles.list`,
+        all pages; a deleted role lingers up to 37 days, grants nothing and costs nothing)."""
+        from google.auth.transport.requests import AuthorizedSession
+
+        if self._session is None:
+            self._session = AuthorizedSession(self._credentials())
+        url = f"{self.api_endpoint or IAM_ENDPOINT}/v1/projects/{project}/roles"
+        found: list[str] = []
+        token = ""
+        while True:
+            params = {"pageSize": "100", **({"pageToken": token} if token else {})}
+            r = self._call("IAM roles.list", partial(self._session.get, url, params=params))
+            body = r.json() if r.content else {}
+            if r.status_code != 200:
+                message = (body.get("error") or {}).get("message", r.text[:200])
+                raise ComputeApiError(f"IAM roles.list: {r.status_code} {message}")
+            found += [
+                role["name"].rpartition("/")[2]
+                for role in body.get("roles", [])
+                if not role.get("deleted")
             ]
             token = body.get("nextPageToken", "")
             if not token:

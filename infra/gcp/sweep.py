@@ -13,7 +13,7 @@ from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
 from infra.gcp.iam import IamApi
 from infra.reconciler import account_id as reconcile_account_id
-from infra.reconciler import job_name
+from infra.reconciler import is_refresh_role, job_name
 from infra.stackfile import STACK_LABEL, service_account_id
 
 #: The kinds the sweep lists: Compute kinds from ComputeApi.stack_resource_candidates, and the
@@ -65,6 +65,8 @@ SWEPT_TYPES: dict[str, str] = {
     "gcp:cloudrunv2/jobIamMember:JobIamMember": "cloud-run-job",
     "gcp:cloudscheduler/job:Job": "scheduler-job",
     "gcp:serviceaccount/iAMMember:IAMMember": "service-account",
+    # the reconcile job's read-only roles for `pulumi refresh` (by their id's stack part)
+    "gcp:projects/iAMCustomRole:IAMCustomRole": "custom-role",
 }
 
 #: Declared but never a leftover: the Vertex AI API stays enabled on destroy (disable_on_destroy
@@ -118,14 +120,19 @@ def sweep(
 
 
 def identity_leftovers(iam: IamApi, project: str, stack: str) -> list[Leftover]:
-    """The stack's service accounts (the nodes' and the reconcile job's, by exact account id)
-    and every project role binding of them, also the `deleted:serviceAccount:` members IAM
-    keeps when the account went first."""
+    """The stack's service accounts (the nodes' and the reconcile job's, by exact account id),
+    the reconcile job's custom roles (by their id), and every project role binding of the
+    accounts, also the `deleted:serviceAccount:` members IAM keeps when the account went first."""
     ids = (service_account_id(stack), reconcile_account_id(stack))
     out = [
         Leftover("service-account", sa.email, "project", f"account id {sa.account_id}")
         for sa in iam.service_accounts(project)
         if sa.account_id in ids
+    ]
+    out += [
+        Leftover("custom-role", f"projects/{project}/roles/{role}", "project", "role id")
+        for role in iam.custom_roles(project)
+        if is_refresh_role(role, stack)
     ]
     members = {f"serviceAccount:{i}@{project}.iam.gserviceaccount.com": i for i in ids}
     for role, who in iam.role_bindings(project):

@@ -31,7 +31,7 @@ def run_doctor(
     from infra.fields import whole_internet
     from infra.permissions import all_permissions, required_permissions, spec_resource_types
     from infra.reconciler import wanted
-    from infra.spec import parse_spec
+    from infra.spec import stack_file_spec
     from scripts.doctor import machine, project, settings
 
     stack = stack_file.stack if stack_file else None
@@ -40,7 +40,7 @@ def run_doctor(
         from infra.reconciler import job_reach
 
         reach = job_reach(os.environ, stack_file.secrets.provider)
-        spec = dataclasses.replace(parse_spec(stack_file.config, stack_file.stack), job_reach=reach)
+        spec = dataclasses.replace(stack_file_spec(stack_file), job_reach=reach)
     vertex = spec is not None and spec.on_vertex
     builder = None  # `build`: "local" (docker/podman here) or "cloud" (Cloud Build)
     if spec is not None and spec.build:

@@ -152,3 +152,63 @@ def test_every_default_passes_the_schema() -> None:
             if f.default is not None
         }
     )
+
+
+def test_the_cli_strings_load_into_the_same_settings_as_the_yaml() -> None:
+    yaml_values = {
+        "gpus": ["H100:8", "A100:8"],
+        "zones": ["us-central1-a"],
+        "nodes": 2,
+        "spot": True,
+        "labels": {"team": "ml", "cost": None},
+        "chief": {"machineType": "a2-highgpu-1g"},
+        "data": {"train": "gs://b-1/w"},
+        "maxRunDuration": "2h",
+    }
+    strings = schema.config_strings({f"gputrain:{k}": v for k, v in yaml_values.items()})
+    typed = schema.load_config_strings(strings, "gputrain:")
+    assert typed == schema.load_settings(yaml_values)
+    assert typed.nodes == 2 and typed.spot is True and typed.bootDiskGb == 200
+
+
+def test_the_cli_strings_take_comma_lists_and_empty_as_unset() -> None:
+    typed = schema.load_config_strings(
+        {
+            "gputrain:zones": " us-central1-a, us-central1-b ",
+            "gputrain:labels": "team=ml,env=dev",
+            "gputrain:capacity": "spot,on-demand",
+            "gputrain:bootDiskGb": "",
+            "gputrain:data": "",
+            "other:key": "ignored",
+        },
+        "gputrain:",
+    )
+    assert typed.zones == ["us-central1-a", "us-central1-b"]
+    assert typed.labels == ["team=ml", "env=dev"]
+    assert typed.capacity == "spot,on-demand"  # capacity's own rules read the ladder
+    assert typed.bootDiskGb == 200 and typed.data is None
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "allowed"),
+    [
+        ("nodes", "many", "a whole number 1..64"),
+        ("bootDiskGb", "1e3", "a whole number 50..65536 GB"),
+        ("gpuCount", "two", "a whole number (ASCII digits)"),
+        ("spot", "yes", "true or false"),
+        ("zones", '["a", 1]', "a list of strings"),
+        ("labels", '{"team":', "a list of key=value strings or a mapping"),
+    ],
+)
+def test_a_cli_string_of_the_wrong_shape_is_one_line(key: str, text: str, allowed: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(deployable_config("dev", **{key: text}), "dev")
+    assert str(e.value) == f"gputrain:{key} = {text!r}: allowed: {allowed}"
+
+
+@pytest.mark.parametrize("stack", sorted(p.name.split(".")[1] for p in ROOT.glob("Pulumi.*.yaml")))
+def test_the_typed_entry_and_the_string_entry_give_one_spec(stack: str) -> None:
+    from infra.spec import stack_file_spec
+
+    stack_file = stackfile.read_stack_file(ROOT, stack)
+    assert stack_file_spec(stack_file) == parse_spec(stack_file.config, stack)

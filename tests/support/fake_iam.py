@@ -1,5 +1,6 @@
 """The IAM side of the fake Google APIs, mixed into tests/fake_compute.FakeCompute (one server, one
-world): IAM's `projects.serviceAccounts.list` (GET /v1/projects/P/serviceAccounts) and Cloud
+world): IAM's `projects.serviceAccounts.list` (GET /v1/projects/P/serviceAccounts),
+`projects.roles.list` (GET /v1/projects/P/roles) and Cloud
 Resource Manager's `projects.getIamPolicy` (POST /v3/projects/P:getIamPolicy), in their real JSON
 shapes (camelCase, `nextPageToken` paging, a Policy with version, etag and bindings)."""
 
@@ -22,6 +23,7 @@ class FakeIamMixin:
     def _init_iam(self) -> None:
         self.service_accounts: dict[str, dict[str, Any]] = {}  # email -> body
         self.iam_bindings: dict[str, list[str]] = {"roles/owner": ["user:owner@example.com"]}
+        self.custom_roles: dict[str, bool] = {}  # role id -> deleted
         self._iam_ids = itertools.count(104_000_000_000_000_000_001)
         self._policy_version = itertools.count(1)
 
@@ -54,6 +56,10 @@ class FakeIamMixin:
                     for m in members
                 ]
 
+    def add_custom_role(self, role_id: str, deleted: bool = False) -> None:
+        with self._lock:
+            self.custom_roles[role_id] = deleted
+
     def add_role_binding(self, role: str, member: str) -> None:
         with self._lock:
             members = self.iam_bindings.setdefault(role, [])
@@ -84,6 +90,26 @@ class FakeIamMixin:
             if start + size < len(items):
                 body["nextPageToken"] = str(start + size)
             return body
+        m = re.fullmatch(r"/v1/projects/([^/]+)/roles", path)
+        if m and method == "GET":  # projects.roles.list: the deleted ones only with showDeleted
+            self._iam_project(m.group(1), "iam.roles.list")
+            shown = query.get("showDeleted") == "true"
+            roles = [
+                {
+                    "name": f"projects/{self.project}/roles/{rid}",
+                    "title": rid,
+                    "etag": "BwW=",
+                    **({"deleted": True} if deleted else {}),
+                }
+                for rid, deleted in sorted(self.custom_roles.items())
+                if shown or not deleted
+            ]
+            start = int(query.get("pageToken") or 0)
+            size = min(int(query.get("pageSize") or PAGE_SIZE), PAGE_SIZE)
+            page: dict[str, Any] = {"roles": roles[start : start + size]}
+            if start + size < len(roles):
+                page["nextPageToken"] = str(start + size)
+            return page
         m = re.fullmatch(r"/v3/projects/([^/:]+):getIamPolicy", path)
         if m:
             if method != "POST":

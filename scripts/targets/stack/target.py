@@ -137,9 +137,9 @@ class StackTarget(Generic[C, P]):
         """The validated spec, parsed once per command."""
         if self._spec is None:
             from infra.reconciler import job_reach
-            from infra.spec import parse_spec
+            from infra.spec import stack_file_spec
 
-            spec = parse_spec(self.stack_file.config, self.stack)
+            spec = stack_file_spec(self.stack_file)
             reach = job_reach(os.environ, self.stack_file.secrets.provider)
             self._spec = dataclasses.replace(spec, job_reach=reach)
         return self._spec

@@ -19,6 +19,7 @@ from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
 from infra.gcp.iam import IamApi
 from infra.gcp.sweep import NOT_SWEPT, SWEPT_TYPES, repository_leftovers, sweep
+from infra.reconciler import refresh_role_id
 from infra.stackfile import STACK_LABEL, load_stack_config, service_account_id
 from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_cloud_run import FakeCloudRun
@@ -104,6 +105,7 @@ def test_every_resource_type_the_program_declares_is_swept(
         fake.add_resource(kind, name, **where)
     email = fake.add_service_account(service_account_id(dev))
     fake.add_role_binding("roles/logging.logWriter", f"serviceAccount:{email}")
+    fake.add_custom_role(refresh_role_id(dev, "bucket", "104"))
     bucket = gcs.client().create_bucket(f"gputrain-{dev}-{fake.project}")
     bucket.labels = {STACK_LABEL: dev}  # the emulator drops labels on insert
     bucket.patch()
@@ -254,4 +256,22 @@ def test_the_reconcile_jobs_account_and_its_bindings_are_found(fake: FakeCompute
     assert [(x.kind, x.name, x.matched_by) for x in found] == [
         ("iam-binding", f"roles/compute.viewer serviceAccount:{rc}", "account id gputrain-rc-dev"),
         ("service-account", rc, "account id gputrain-rc-dev"),
+    ]
+
+
+def test_the_reconcile_jobs_custom_roles_are_found_by_their_id(fake: FakeCompute) -> None:
+    """The read-only roles the program declares for the job's `pulumi refresh`, named as the
+    program names them, on every page of `projects.roles.list`; another stack's whose name
+    begins the same, a user's own and a deleted one (it grants and costs nothing) are not."""
+    ours = [refresh_role_id("dev", kind, uid) for kind, uid in [("bucket", "111"), ("job", None)]]
+    for role in [*ours, refresh_role_id("dev-2", "bucket", "222"), "myOwnRole"]:
+        fake.add_custom_role(role)
+    fake.add_custom_role(refresh_role_id("dev", "repo", "333"), deleted=True)
+    assert len(IamApi(fake.url).custom_roles(fake.project)) == 4  # two pages of two
+    found = sweep(fake.project, "dev", api=ComputeApi(fake.url))
+    assert sorted((x.kind, x.name) for x in found) == sorted(
+        ("custom-role", f"projects/{fake.project}/roles/{r}") for r in ours
+    )
+    assert ("custom-role", f"projects/{fake.project}/roles/{ours[0]}") not in [
+        (x.kind, x.name) for x in sweep(fake.project, "dev-2", api=ComputeApi(fake.url))
     ]
