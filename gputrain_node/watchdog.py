@@ -475,11 +475,19 @@ def autodown_after(cfg: Config, budget_stopped: bool) -> float:
     return min(cfg.autodown_s, 3 * cfg.heartbeat_s) if budget_stopped else cfg.autodown_s
 
 
-def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time) -> int:
-    """The watchdog's life: results in the bucket at the end, then (head) autodown."""
+def watch(
+    cfg: Config,
+    run_dir: Path,
+    *,
+    clock: Callable[[], float] = time.time,
+    armed: float | None = None,
+) -> int:
+    """The watchdog's life: results in the bucket at the end, then (head) autodown. `armed`: when
+    it was armed (before its "armed" line, which may come before the job starts: a job file older
+    than that, less a second, is an earlier attempt's), not after the slow storage import."""
+    armed = clock() if armed is None else armed
     from google.cloud import storage
 
-    armed = clock()
     bucket = storage.Client(project=cfg.project).bucket(cfg.bucket_name)
     uploaded = False
     compute: Compute | None = None
@@ -553,6 +561,7 @@ def watch(cfg: Config, run_dir: Path, *, clock: Callable[[], float] = time.time)
 
 
 def main() -> int:
+    armed = time.time()
     cfg = Config.parse(json.loads(sys.stdin.read()))
     os.environ.update(dict(cfg.env))  # the job's environment (emulator and metadata hosts)
     (Path.cwd() / "watchdog.pid").write_text(str(os.getpid()))
@@ -569,7 +578,7 @@ def main() -> int:
             else ""
         )
     )
-    return watch(cfg, Path.cwd())
+    return watch(cfg, Path.cwd(), armed=armed)
 
 
 if __name__ == "__main__":
