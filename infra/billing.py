@@ -44,7 +44,7 @@ def parse_usd(text: str, setting: str) -> float | None:
     return value
 
 
-#: `billingBudget`'s keys: the Cloud Billing account (its ID, 0X0X0X-0X0X0X-0X0X0X) and the amount.
+#: `billingBudget`'s keys: the Cloud Billing account (its ID, 012345-6789AB-CDEF01) and the amount.
 BILLING_ACCOUNT = re.compile(r"^[0-9A-F]{6}-[0-9A-F]{6}-[0-9A-F]{6}$", re.IGNORECASE)
 #: What creating the budget needs on the billing account (not testable on the project): Billing
 #: Account Costs Manager or Administrator (docs/guides/cost.md cites Google's page).
@@ -71,7 +71,7 @@ def guard_name(stack: str) -> str:
 
 
 def parse_billing_budget(raw: object, setting: str) -> BillingBudget | None:
-    """`{account: 0X0X0X-0X0X0X-0X0X0X, usd: N}` (the typed settings' map, or JSON as the CLI
+    """`{account: 012345-6789AB-CDEF01, usd: N}` (the typed settings' map, or JSON as the CLI
     hands maps over); None when unset; else one line (a SpecError) naming the setting, the bad
     value and what is allowed."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -90,7 +90,8 @@ def parse_billing_budget(raw: object, setting: str) -> BillingBudget | None:
     if not BILLING_ACCOUNT.match(account):
         raise SpecError(
             f"{setting}.account {account!r}: not a billing account ID; allowed: "
-            "0X0X0X-0X0X0X-0X0X0X (`gcloud billing accounts list`)"
+            "three groups of six hex digits, e.g. 012345-6789AB-CDEF01 "
+            "(`gcloud billing accounts list`)"
         )
     try:
         usd = parse_usd(str(value.get("usd", "")), f"{setting}.usd")

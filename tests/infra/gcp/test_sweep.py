@@ -45,6 +45,8 @@ STACKS: list[tuple[str, str, dict[str, str]]] = [
     ("shipped-vertex", "vertex", {}),
     ("vertex-secrets", "vertex", {"secrets": '["HF=sm://hf-token"]'}),  # a per-secret grant
     ("build", "dev", {"build": "Dockerfile"}),  # the image repository and its reader grant
+    # the project-wide guard: a Cloud Billing budget, its Pub/Sub topic and subscription
+    ("billing-budget", "dev", {"billingBudget": '{"account": "012345-6789AB-CDEF01", "usd": 300}'}),
 ]
 
 
