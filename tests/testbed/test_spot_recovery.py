@@ -69,6 +69,10 @@ def test_preempted_node_comes_back_and_the_run_ends_as_if_uninterrupted(
     assert "recoveries" in out and "1 (e2e-node-1)" in out and "steps repeated" in out
     ledger = json.loads((run_dir / "ledger.json").read_text())  # its cost-ledger record
     assert ledger["recoveries"] == 1 and ledger["downtime_s"] == round(recovery["downtime_s"], 1)
+    assert w.run("cost", "--stack", "e2e", "--json") == 0  # as `cost` shows it
+    (record,) = json.loads(capsys.readouterr().out)["runs"]
+    assert record["run_id"] == run_dir.name and record["recoveries"] == 1
+    assert record["downtime_s"] == ledger["downtime_s"] > 0
     assert (run_dir / "e2e-node-0" / "torchrun.attempt1.log").is_file()  # the first attempt's log
     # Same end as an uninterrupted run: loss and every parameter, bit for bit.
     summary = json.loads((run_dir / "e2e-node-0" / "summary.json").read_text())
