@@ -83,15 +83,22 @@ def worker_traceback(lines: Sequence[str]) -> list[str]:
     if not starts:
         return []
     first, prefix = starts[-1]
-    block = []
+    block: list[str] = []
     for ln in lines[first:]:
         if not ln.startswith(prefix):
             continue
-        block.append(ln)
         body = ln[len(prefix) :]
-        if len(block) > 1 and not body.startswith(" ") and body.strip() != _TRACEBACK:
+        if block and not body.startswith(" ") and body.strip() != _TRACEBACK:
+            if not _EXCEPTION_BODY.match(body.strip()):
+                continue  # the rank's stdout, interleaved with its stderr by the log's tee
+            block.append(ln)
             break  # the exception line: `AttributeError: ...`
+        block.append(ln)
     return block
+
+
+# how Python prints an exception after its traceback: `Name` or `pkg.Name: message`
+_EXCEPTION_BODY = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
 
 
 # an exception's own line, `ValueError: bad` or `torch.OutOfMemoryError: ...`, behind any

@@ -88,3 +88,21 @@ def test_error_json_is_parsed_once_for_cause_and_timing() -> None:
     assert error_summary([text]) == (100.0, True)  # a lost peer: a consequence
     assert error_summary([_err("ValueError: mine", 7), text]) == (7.0, False)
     assert error_summary([]) == (float("inf"), False)
+
+
+def test_a_stdout_line_inside_the_traceback_is_not_taken_for_the_exception() -> None:
+    """The log's tee may put a rank's flushed stdout line between its stderr's traceback lines
+    (seen on the test bed): the root cause still ends with the exception, not that line."""
+    log = [
+        "[rank0]:Traceback (most recent call last):",
+        "[rank0]:attempt 2 rank 0 started",
+        '[rank0]:  File "/code/flaky.py", line 8, in <module>',
+        '[rank0]:    open("data/missing-shard.bin")',
+        "[rank1]:attempt 2 rank 1 started",
+        "[rank0]:FileNotFoundError: [Errno 2] No such file or directory: 'data/missing-shard.bin'",
+        "E1127 13:21:05 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: 1)",
+    ]
+    lines = root_cause_lines([], log)
+    assert lines[0] == "[rank0]:Traceback (most recent call last):"
+    assert lines[-1].startswith("[rank0]:FileNotFoundError: [Errno 2]")
+    assert not [ln for ln in lines if "started" in ln]
