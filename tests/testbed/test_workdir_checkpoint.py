@@ -41,15 +41,17 @@ for epoch in range(epochs_run, {EPOCHS}):
 '''
 
 
-def test_a_trainer_checkpointing_beside_its_code_resumes_after_a_preemption(
-    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
-) -> None:
-    w = world(bucket=True)
+def run_through_a_preemption(
+    w: World, capsys: pytest.CaptureFixture[str], trainer: str, snapshot_node: str
+) -> tuple[str, str, list[int]]:
+    """`trainer` as multinode.py under `run --stack`, node 2 preempted once `snapshot_node`'s
+    snapshot.pt in the bucket counts 3 epochs: (output before the preemption, after it, the
+    epoch count it was preempted at); the run succeeded."""
     assert w.gcs is not None
-    (w.dir / "multinode.py").write_text(MULTINODE)
+    (w.dir / "multinode.py").write_text(trainer)
 
-    def epochs() -> int | None:  # the epoch count of node 2's snapshot.pt in the bucket now
-        found = bucket_object(w, "/workdir/e2e-node-1/snapshot.pt")
+    def epochs() -> int | None:  # the epoch count of that node's snapshot.pt in the bucket now
+        found = bucket_object(w, f"/workdir/{snapshot_node}/snapshot.pt")
         return None if found is None else int(found)
 
     t, preempted_at = preempt_when(w, "e2e-node-1", epochs, at_least=3)
@@ -61,9 +63,16 @@ def test_a_trainer_checkpointing_beside_its_code_resumes_after_a_preemption(
     t.join(timeout=5)
     out = capsys.readouterr().out
     assert rc == 0, out[-4000:]
-    assert preempted_at, "node 2's snapshot.pt never reached the bucket: " + out[-3000:]
+    assert preempted_at, f"{snapshot_node}'s snapshot.pt never reached the bucket: " + out[-3000:]
     split = out.index("e2e-node-1 preempted (compute.instances.preempted at")
-    before, after = out[:split], out[split:]
+    return out[:split], out[split:], preempted_at
+
+
+def test_a_trainer_checkpointing_beside_its_code_resumes_after_a_preemption(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = world(bucket=True)
+    before, after, preempted_at = run_through_a_preemption(w, capsys, MULTINODE, "e2e-node-1")
     assert re.search(r"\[e2e-node-1\] \[rank\d\]:\[GPU1\] Epoch 0 \|", before)
     # the re-created node got its snapshot back from the bucket, beside the new code
     assert re.search(r"e2e-node-1: restored 1 file\(s\) from gs://\S+/workdir/e2e-node-1/", after)
@@ -119,25 +128,7 @@ def test_a_trainer_checkpointing_on_rank_0_only_resumes_on_every_rank(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world(bucket=True)
-    assert w.gcs is not None
-    (w.dir / "multinode.py").write_text(RANK0_ONLY)
-
-    def epochs() -> int | None:  # the epoch count of rank 0's snapshot.pt in the bucket now
-        found = bucket_object(w, "/workdir/e2e-node-0/snapshot.pt")
-        return None if found is None else int(found)
-
-    t, preempted_at = preempt_when(w, "e2e-node-1", epochs, at_least=3)
-    rc = w.run(
-        "run", "--stack", "e2e", "--yes", "--skip-preflight",
-        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}", "--env", "GPUTRAIN_MIRROR_INTERVAL_S=0.3",
-        "--", "multinode.py",
-    )  # fmt: skip
-    t.join(timeout=5)
-    out = capsys.readouterr().out
-    assert rc == 0, out[-4000:]
-    assert preempted_at, "rank 0's snapshot.pt never reached the bucket: " + out[-3000:]
-    split = out.index("e2e-node-1 preempted (compute.instances.preempted at")
-    before, after = out[:split], out[split:]
+    before, after, preempted_at = run_through_a_preemption(w, capsys, RANK0_ONLY, "e2e-node-0")
     assert re.search(r"\[e2e-node-0\] \[rank0\]:train \| ep 0 \|", before)  # rank 0: the head
     assert re.search(
         r"e2e-node-1: filled 1 file\(s\) it lacked from gs://\S+/workdir/e2e-node-0/ "
