@@ -98,3 +98,29 @@ def _reason(e: Any) -> str | None:
     first = (getattr(e, "errors", None) or [None])[0]
     legacy = first.get("reason") if isinstance(first, dict) else None
     return str(getattr(e, "reason", None) or legacy or "") or None
+
+
+def list_all(session: Any, label: str, url: str, key: str) -> list[dict[str, Any]]:
+    """Every item under `key` of a REST `list` (all pages, `pageToken`/`nextPageToken`) through an
+    AuthorizedSession; a failure is one GoogleApiError with the API's code and reason."""
+    found: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        params = {"pageSize": "100", **({"pageToken": token} if token else {})}
+        try:
+            r = session.get(url, params=params, timeout=60)
+        except OSError as e:  # requests' connection errors
+            raise GoogleApiError(f"{label}: cannot reach it ({e})") from e
+        body = r.json() if r.content else {}
+        if r.status_code != 200:
+            error = body.get("error") or {}
+            infos = [d for d in error.get("details") or [] if d.get("reason")]
+            raise GoogleApiError(
+                f"{label}: {r.status_code} {error.get('message', r.text[:200])}",
+                code=r.status_code,
+                reason=(infos[0]["reason"] if infos else None) or error.get("status"),
+            )
+        found += body.get(key, [])
+        token = body.get("nextPageToken", "")
+        if not token:
+            return found

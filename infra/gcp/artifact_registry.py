@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.gcp.api import ADC_FIX, GoogleApiError
+from infra.gcp.api import ADC_FIX, GoogleApiError, list_all
 
 ENDPOINT = "https://artifactregistry.googleapis.com"
 ENDPOINT_ENV = "GPUTRAIN_ARTIFACTREGISTRY_ENDPOINT"
@@ -54,32 +54,12 @@ class ArtifactRegistryApi:
         """Every repository of the project in `location` (all pages)."""
         label = "Artifact Registry repositories.list"
         url = f"{self.api_endpoint or ENDPOINT}/v1/projects/{project}/locations/{location}/repositories"
-        found: list[RepositoryInfo] = []
-        token = ""
-        while True:
-            params = {"pageSize": "100", **({"pageToken": token} if token else {})}
-            try:
-                r = self._authorized().get(url, params=params, timeout=60)
-            except OSError as e:  # requests' connection errors
-                raise GoogleApiError(f"{label}: cannot reach it ({e})") from e
-            body = r.json() if r.content else {}
-            if r.status_code != 200:
-                error = body.get("error") or {}
-                infos = [d for d in error.get("details") or [] if d.get("reason")]
-                raise GoogleApiError(
-                    f"{label}: {r.status_code} {error.get('message', r.text[:200])}",
-                    code=r.status_code,
-                    reason=(infos[0]["reason"] if infos else None) or error.get("status"),
-                )
-            found += [
-                RepositoryInfo(
-                    repo["name"].rsplit("/", 1)[-1],
-                    location,
-                    repo.get("format", ""),
-                    dict(repo.get("labels") or {}),
-                )
-                for repo in body.get("repositories", [])
-            ]
-            token = body.get("nextPageToken", "")
-            if not token:
-                return found
+        return [
+            RepositoryInfo(
+                repo["name"].rsplit("/", 1)[-1],
+                location,
+                repo.get("format", ""),
+                dict(repo.get("labels") or {}),
+            )
+            for repo in list_all(self._authorized(), label, url, "repositories")
+        ]

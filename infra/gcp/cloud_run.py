@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.gcp.api import ADC_FIX, GoogleApiError
+from infra.gcp.api import ADC_FIX, GoogleApiError, list_all
 
 RUN_ENDPOINT = "https://run.googleapis.com"
 SCHEDULER_ENDPOINT = "https://cloudscheduler.googleapis.com"
@@ -67,27 +67,7 @@ class ReconcileJobsApi:
         return self._list("Cloud Scheduler jobs.list", url, location)
 
     def _list(self, label: str, url: str, location: str) -> list[JobInfo]:
-        found: list[JobInfo] = []
-        token = ""
-        while True:
-            params = {"pageSize": "100", **({"pageToken": token} if token else {})}
-            try:
-                r = self._authorized().get(url, params=params, timeout=60)
-            except OSError as e:  # requests' connection errors
-                raise GoogleApiError(f"{label}: cannot reach it ({e})") from e
-            body = r.json() if r.content else {}
-            if r.status_code != 200:
-                error = body.get("error") or {}
-                infos = [d for d in error.get("details") or [] if d.get("reason")]
-                raise GoogleApiError(
-                    f"{label}: {r.status_code} {error.get('message', r.text[:200])}",
-                    code=r.status_code,
-                    reason=(infos[0]["reason"] if infos else None) or error.get("status"),
-                )
-            found += [
-                JobInfo(job["name"].rsplit("/", 1)[-1], location, dict(job.get("labels") or {}))
-                for job in body.get("jobs", [])
-            ]
-            token = body.get("nextPageToken", "")
-            if not token:
-                return found
+        return [
+            JobInfo(job["name"].rsplit("/", 1)[-1], location, dict(job.get("labels") or {}))
+            for job in list_all(self._authorized(), label, url, "jobs")
+        ]
