@@ -112,11 +112,49 @@ RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     # on the billing account, not the project (infra/billing.py BUDGET_PERMISSIONS): `plan` says
     # so; projects.testIamPermissions cannot ask for them
     "gcp:billing/budget:Budget": (),
+    # recover: the reconcile job (infra/components/reconciler.py), its schedule and grants
+    "gcp:cloudrunv2/job:Job": (
+        "run.jobs.create",
+        "run.jobs.get",
+        "run.jobs.update",
+        "run.jobs.delete",
+        "iam.serviceAccounts.actAs",  # the job runs as its own account
+    ),
+    "gcp:cloudrunv2/jobIamMember:JobIamMember": ("run.jobs.getIamPolicy", "run.jobs.setIamPolicy"),
+    "gcp:cloudscheduler/job:Job": (
+        "cloudscheduler.jobs.create",
+        "cloudscheduler.jobs.get",
+        "cloudscheduler.jobs.update",
+        "cloudscheduler.jobs.delete",
+        "iam.serviceAccounts.actAs",  # its OAuth token is the job's account's
+    ),
+    "gcp:serviceaccount/iAMMember:IAMMember": (
+        "iam.serviceAccounts.getIamPolicy",
+        "iam.serviceAccounts.setIamPolicy",
+    ),
+    "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": (  # decrypting the state's secrets
+        "cloudkms.cryptoKeys.getIamPolicy",
+        "cloudkms.cryptoKeys.setIamPolicy",
+    ),
+    "gcp:projects/iAMCustomRole:IAMCustomRole": (  # the refresh's reads, per kind of resource
+        "iam.roles.create",
+        "iam.roles.get",
+        "iam.roles.update",
+        "iam.roles.delete",
+    ),
 }
 
 #: Only with `billingBudget`: the Cloud Billing budget guard.
 GUARD_TYPES = frozenset(
     t for t in RESOURCE_PERMISSIONS if t.startswith(("gcp:pubsub/", "gcp:billing/"))
+)
+
+#: Only where the stack declares the reconcile job (`recover`); its image repository too.
+RECONCILER_TYPES = frozenset(
+    t
+    for t in RESOURCE_PERMISSIONS
+    if t.startswith(("gcp:cloudrunv2/", "gcp:cloudscheduler/", "gcp:kms/", "gcp:serviceaccount/i"))
+    or t == "gcp:projects/iAMCustomRole:IAMCustomRole"
 )
 
 #: Only with `build`: the image repository and its reader grant.
@@ -204,6 +242,10 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("cloudbuild.builds.", "roles/cloudbuild.builds.editor"),
     ("secretmanager.", "roles/secretmanager.admin"),  # on those secrets (or the project)
     ("pubsub.", "roles/pubsub.admin"),  # the guard's topic, subscription and its policy
+    ("run.", "roles/run.admin"),  # the reconcile job and its invoker grant
+    ("cloudscheduler.", "roles/cloudscheduler.admin"),
+    ("iam.roles.", "roles/iam.roleAdmin"),  # the reconcile job's refresh roles
+    ("cloudkms.", "roles/cloudkms.admin"),  # the decrypt grant on the state's key
 )
 
 
@@ -216,21 +258,27 @@ def resource_types(
     build: bool = False,
     secret_access: bool = False,
     guard: bool = False,
+    reconciler: bool = False,
+    state_key: bool = False,
 ) -> list[str]:
     """The types the program declares for a stack: its own VPC unless `network` names one, a
     placement policy when compact, its own bucket unless `bucket` names one, the image
     repository with `build`, per-secret access grants with a Vertex stack's Secret Manager
-    `secrets`; on Vertex AI the API and no Compute resources (a test holds this
+    `secrets`, the reconcile job with `recover` (its decrypt grant with a KMS-encrypted
+    state: `state_key`); on Vertex AI the API and no Compute resources (a test holds this
     to the program under mocks)."""
     optional = {
-        **dict.fromkeys(BUILD_TYPES, build),
+        **dict.fromkeys(BUILD_TYPES, build or reconciler),
         **dict.fromkeys(GUARD_TYPES, guard),
+        **dict.fromkeys(RECONCILER_TYPES, reconciler),
+        "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": reconciler and state_key,
         "gcp:compute/network:Network": own_network,
         "gcp:compute/subnetwork:Subnetwork": own_network,
         "gcp:compute/resourcePolicy:ResourcePolicy": placement,
         "gcp:storage/bucket:Bucket": own_bucket,
         "gcp:projects/service:Service": vertex,
-        "gcp:secretmanager/secretIamMember:SecretIamMember": secret_access,
+        "gcp:secretmanager/secretIamMember:SecretIamMember": secret_access
+        and (vertex or reconciler),
     }
     return [
         t
@@ -241,6 +289,9 @@ def resource_types(
 
 def spec_resource_types(spec: ClusterSpec) -> list[str]:
     """`resource_types` of a validated spec."""
+    from infra.reconciler import wanted
+
+    reconciler = not spec.on_vertex and wanted(spec.recover, spec.capacity, spec.job_reach)
     return resource_types(
         own_network=spec.network is None or (spec.fabric is not None and spec.fabric.enabled),
         placement=spec.placement == "compact",
@@ -249,6 +300,8 @@ def spec_resource_types(spec: ClusterSpec) -> list[str]:
         build=bool(spec.build),
         secret_access=bool(spec.secret_access),
         guard=spec.billing_budget is not None,
+        reconciler=reconciler,
+        state_key=reconciler and spec.job_reach is not None and bool(spec.job_reach.kms_key),
     )
 
 

@@ -24,6 +24,11 @@ VERTEX_APIS = (("aiplatform.googleapis.com", "Vertex AI API"),)
 #: `build`: the image repository; Cloud Build where no local docker/podman builds.
 BUILD_APIS = (("artifactregistry.googleapis.com", "Artifact Registry API"),)
 CLOUD_BUILD_APIS = (("cloudbuild.googleapis.com", "Cloud Build API"),)
+#: `recover`: the reconcile job and its schedule (the state's KMS key is the user's already)
+RECONCILER_APIS = (
+    ("run.googleapis.com", "Cloud Run Admin API"),
+    ("cloudscheduler.googleapis.com", "Cloud Scheduler API"),
+)
 #: APIs the stack's own program enables on `up` (backend vertex declares the Vertex AI API).
 ENABLED_BY_THE_STACK = frozenset({"aiplatform.googleapis.com"})
 

@@ -42,8 +42,12 @@ def run_doctor(
         reach = job_reach(os.environ, stack_file.secrets.provider)
         spec = dataclasses.replace(stack_file_spec(stack_file), job_reach=reach)
     vertex = spec is not None and spec.on_vertex
+    # laptop-closed recovery: `up` declares the reconcile job and builds its image
+    reconciler = (
+        spec is not None and not vertex and wanted(spec.recover, spec.capacity, spec.job_reach)
+    )
     builder = None  # `build`: "local" (docker/podman here) or "cloud" (Cloud Build)
-    if spec is not None and spec.build:
+    if spec is not None and (spec.build or reconciler):
         from scripts.job.image_build import local_builder
 
         builder = "local" if local_builder() else "cloud"
@@ -56,6 +60,8 @@ def run_doctor(
     apis = project.CORE_APIS + (project.VERTEX_APIS if vertex else ())
     if builder is not None:
         apis += project.BUILD_APIS + (project.CLOUD_BUILD_APIS if builder == "cloud" else ())
+    if reconciler:
+        apis += project.RECONCILER_APIS
     check = project.ProjectCheck(
         spec.project if spec else None, stack, apis, tuple(permissions), source
     )
@@ -110,7 +116,7 @@ def run_doctor(
     if spec is not None and secrets is not None and not vertex:
         rows.append(settings.ssh_key_row(spec, secrets))
         rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
-        if wanted(spec.recover, spec.capacity, spec.job_reach):  # laptop-closed recovery is on
+        if reconciler:
             rows.append(settings.reconcile_state_row(spec, url, secrets))
     if vertex:
         from scripts.targets.vertex.preflight import AIPLATFORM, aiplatform_problem

@@ -185,6 +185,29 @@ def test_recover_always_declares_it_on_demand_too(mocks: GcpMocks) -> Any:
     )
 
 
+@pytest.mark.parametrize("overrides", [{}, {"secrets": '["HF_TOKEN=sm://hf-token"]'}])
+@pulumi.runtime.test
+def test_the_permission_table_covers_what_recovery_declares(
+    mocks: GcpMocks, overrides: dict[str, str]
+) -> Any:
+    """`gputrain doctor` asks for the permissions of the types `spec_resource_types` names: with
+    the reconciler they must be exactly what the program declares, its repository included."""
+    from infra.components.cluster import GpuCluster
+    from infra.components.registry import stack_registry
+    from infra.permissions import RESOURCE_PERMISSIONS, spec_resource_types
+
+    spec = _spec(**overrides)
+    registry = stack_registry(spec)  # as __main__.py declares it for the job's image
+    cluster = GpuCluster(spec.stack, spec, registry=registry, reconcile=SOURCE)
+
+    def check(_: Any) -> None:
+        types = {r.typ for r in mocks.resources if r.custom}
+        assert types <= set(RESOURCE_PERMISSIONS), types - set(RESOURCE_PERMISSIONS)
+        assert types == set(spec_resource_types(spec))
+
+    return pulumi.Output.all(declared(cluster), registry.repository.urn).apply(check)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [

@@ -307,13 +307,17 @@ def test_roles_grant_what_is_missing() -> None:
         "roles/artifactregistry.admin",  # `build`: the image repository and its reader grant
         "roles/artifactregistry.reader",  # the built image's digest
         "roles/artifactregistry.writer",  # a local build's push
+        "roles/cloudkms.admin",  # recover: the reconcile job decrypts the state's secrets
+        "roles/cloudscheduler.admin",  # recover: the job's schedule
         "roles/compute.instanceAdmin.v1",
         "roles/compute.networkAdmin",
         "roles/compute.securityAdmin",
+        "roles/iam.roleAdmin",  # recover: the job's refresh reads as custom roles
         "roles/iam.serviceAccountAdmin",
         "roles/iam.serviceAccountUser",
         "roles/pubsub.admin",  # billingBudget: the guard's topic, subscription and its reader
         "roles/resourcemanager.projectIamAdmin",
+        "roles/run.admin",  # recover: the reconcile job and its invoker grant
         "roles/secretmanager.admin",  # vertex: the jobs' account gets access to its secrets
         "roles/serviceusage.serviceUsageAdmin",  # backend vertex enables the Vertex AI API
         "roles/storage.admin",  # the stack's bucket
@@ -356,3 +360,40 @@ def test_skip_preflight_skips_the_doctor_too(
     assert world.cli("up", "--stack", "lab", "--yes", "--skip-preflight") == 1
     assert "doctor" not in capsys.readouterr().out
     assert "up" in runner.call_names()  # it went on to `pulumi up`
+
+
+def test_recovery_asks_for_what_up_declares_for_the_reconcile_job(world: World) -> None:
+    """A spot stack whose state a Cloud Run job can reach declares the reconcile job, its
+    schedule, custom roles and image repository: `up` needs their APIs and permissions."""
+    key = "projects/gputrain-test/locations/global/keyRings/gputrain/cryptoKeys/state"
+    world.stack["gputrain:capacity"] = "spot"
+    world.stack["secretsprovider"] = f"gcpkms://{key}"
+    world.monkeypatch.setenv("PULUMI_BACKEND_URL", "gs://team-pulumi-state")
+    world.monkeypatch.setenv("GPUTRAIN_BUILDER", "podman")
+    for_the_job = {
+        "run.jobs.create",
+        "run.jobs.setIamPolicy",
+        "cloudscheduler.jobs.create",
+        "iam.roles.create",
+        "cloudkms.cryptoKeys.setIamPolicy",
+        "artifactregistry.repositories.create",  # the job's image
+        "artifactregistry.repositories.uploadArtifacts",
+    }
+    report = world.report()
+    assert for_the_job <= world.admin.world.asked_permissions
+    for api in ("Cloud Run Admin API", "Cloud Scheduler API"):
+        row = report.row(api)
+        assert row.status == "fail" and "gcloud services enable" in row.fix  # off in a new project
+    world.admin.world.enabled |= {"run.googleapis.com", "cloudscheduler.googleapis.com"}
+    world.admin.world.granted = set(world.admin.world.asked_permissions) - {"iam.roles.create"}
+    report = world.report()
+    assert report.row("Cloud Run Admin API").status == "ok"
+    row = report.row("IAM permissions")
+    assert row.status == "fail" and "iam.roles.create" in row.detail
+    assert "roles/iam.roleAdmin" in row.fix
+
+    world.stack["gputrain:recover"] = "never"  # no job: none of it is asked
+    world.admin.world.asked_permissions.clear()
+    report = world.report()
+    assert not for_the_job & world.admin.world.asked_permissions
+    assert "Cloud Scheduler API" not in [r.check for r in report.rows]
