@@ -11,8 +11,7 @@ from infra.autodown import plan_line
 from infra.fabric import FABRICS
 from infra.fields import IPV4_ADDRESSES, covered_addresses, format_duration
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
-from infra.offers import Candidate
-from infra.prices import price_table
+from infra.offers import Candidate, price_table
 from infra.spec import (
     RDMA_IMAGE,
     RDMA_IMAGE_WHY,

@@ -25,9 +25,8 @@ from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric, spo
 from infra.fields import CHECK, format_duration, parse_duration
 from infra.image_build import build_setting
 from infra.notify_urls import check_urls
-from infra.offers import Candidate
+from infra.offers import Candidate, ZonePrice
 from infra.placement import place
-from infra.prices import ZonePrice
 from infra.reconciler import JobReach, parse_every, parse_recover
 from infra.schema import SettingTypeError, StackSettings, load_config_strings
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
