@@ -6,7 +6,7 @@ and the IAM condition that lets the nodes' account delete its own stack's VMs an
 
 from __future__ import annotations
 
-from infra.fields import format_duration, parse_duration
+from infra.schema import format_duration, parse_duration
 from infra.stackfile import SpecError
 
 DEFAULT = "10m"

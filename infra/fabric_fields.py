@@ -11,8 +11,7 @@ from typing import cast
 from infra import capacity, catalog
 from infra.capacity import Capacity
 from infra.fabric import GPU_DIRECT_CHOICES, FabricError, FabricPlan, plan_fabric
-from infra.fields import choice, parse_duration
-from infra.schema import StackSettings, config_string
+from infra.schema import StackSettings, choice, config_string, parse_duration
 from infra.stackfile import NS, SpecError
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from infra import catalog, fields, offers, vertex
-from infra.fields import CHECK
+from infra import catalog, offers, schema, vertex
 from infra.offers import Candidate, GpuRequestError
-from infra.schema import StackSettings, config_string
+from infra.schema import CHECK, StackSettings, config_string
 from infra.stackfile import DEFAULTS, SpecError
 
 #: `zones` left empty on a `machineType` stack: what its default was before `gpus` existed.
@@ -70,7 +69,7 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
                 config_string(getattr(cfg, key)),
                 "allowed only with gpus; with machineType use zones",
             )
-    zones, zone = fields.zones(cfg, MACHINE_TYPE_ZONES)
+    zones, zone = schema.zones(cfg, MACHINE_TYPE_ZONES)
     mt = catalog.machine_type(name)
     if mt is None:
         near = catalog.nearest_machine_types(name)
@@ -80,8 +79,8 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
         raise CHECK.fail(
             "machineType", name, "A3 Edge is a serving product, not orderable for training"
         )
-    accelerator, gpus, attach = fields.gpus(cfg, mt)
-    nodes = fields.in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
+    accelerator, gpus, attach = schema.gpus(cfg, mt)
+    nodes = schema.in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
     return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
 
 

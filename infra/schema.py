@@ -1,17 +1,27 @@
 """The stack file's `gputrain:` settings declared once, as a typed model (pydantic v2): the YAML
-shapes each key takes and its default. stackfile.DEFAULTS, the load-time type check and the
-reference page's types come from here; Pulumi.yaml declares the same keys for the Pulumi CLI (a
-test holds the two together) and infra/spec.py keeps the rules between keys.
+shapes each key takes and its default, and the rules of single keys: each takes the typed settings
+and returns a checked value or a one-line SpecError naming the key, the bad value and what is
+allowed. stackfile.DEFAULTS, the load-time type check and the reference page's types come from
+here; Pulumi.yaml declares the same keys for the Pulumi CLI (a test holds the two together) and
+infra/spec.py keeps the rules between keys.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 import json
 import re
-from collections.abc import Mapping
-from typing import Annotated, Any, cast
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, cast
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+
+from infra import catalog
+from infra.base.errors import GputrainError, UserError
 
 DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
 FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"
@@ -269,3 +279,534 @@ def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
 def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
     """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
     return {key: config_string(value) for key, value in values.items()}
+
+
+# ---- the keys' names and the one-line error form ------------------------------------------------
+
+PROJECT = "gputrain"
+NS = f"{PROJECT}:"
+GCP_PROJECT_KEY = "gcp:project"
+STACK_LABEL = "gputrain-stack"  # on every labelled resource of a stack: how sweeps find them
+PROJECT_LABEL = "gputrain-project"
+
+BACKENDS = ("gce", "vertex")
+
+#: Keys only one backend reads. On the other they are ignored: not validated, not required, and
+#: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
+BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
+    "gce": (
+        "sshUser",
+        "sshPublicKey",
+        "sshPrivateKey",
+        "sshSourceRanges",
+        "allowSshFromAnywhere",
+        "publicIp",
+        "placement",
+        "network",
+        "imageFamily",
+        "imageProject",
+        "bootDiskGb",
+        "bootDiskType",
+        "gpuDirect",
+        "subnetRange",
+        "billingBudget",
+        "localSsdCount",
+        "stallTimeout",
+        "autodown",
+        "recover",
+        "reconcileEvery",
+    ),
+    "vertex": (
+        "executorImage",
+        "chief",
+        "reductionServer",
+        "vertexJobSpec",
+        "restartJobOnWorkerRestart",
+    ),
+}
+
+
+class SpecError(UserError):
+    """A stack setting is invalid or missing; nothing has been declared or created."""
+
+
+def qualify(key: str) -> str:
+    """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
+    return key if ":" in key else NS + key
+
+
+# Describe: (field, bad value, what is allowed) -> the one line the user reads. The stack config,
+# a hosts file (scripts/targets/hosts_file.py) each word it their own way.
+#: (field, bad value, what is allowed) -> the one line the user reads.
+Describe = Callable[[str, Any, str], str]
+
+
+@dataclass(frozen=True)
+class Checker:
+    """Raises `error(describe(field, value, allowed))` for the first value that does not fit."""
+
+    describe: Describe
+    error: Callable[[str], GputrainError]
+
+    def fail(self, field: str, value: Any, allowed: str) -> GputrainError:
+        """The error to raise for one bad value (returned, so callers write `raise c.fail(...)`)."""
+        return self.error(self.describe(field, value, allowed))
+
+    def check(self, ok: bool, field: str, value: Any, allowed: str) -> None:
+        if not ok:
+            raise self.fail(field, value, allowed)
+
+    def typed(self, field: str, value: Any, kind: type | tuple[type, ...], allowed: str) -> Any:
+        """`value` is a `kind` (a bool is never a number) and not empty."""
+        is_bool = isinstance(value, bool) and bool not in (
+            kind if isinstance(kind, tuple) else (kind,)
+        )
+        empty = value == "" or (isinstance(value, list | Mapping) and not value)
+        self.check(isinstance(value, kind) and not is_bool and not empty, field, value, allowed)
+        return value
+
+    def integer(self, field: str, value: Any, lo: int, hi: int, allowed: str) -> int:
+        """A whole number (not a bool, not a string) in lo..hi."""
+        ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+        self.check(ok, field, value, allowed)
+        return int(value)
+
+    def matches(self, field: str, value: Any, pattern: re.Pattern[str], allowed: str) -> str:
+        self.check(isinstance(value, str) and bool(pattern.match(value)), field, value, allowed)
+        return str(value)
+
+    def one_of(self, field: str, value: Any, options: Collection[Any], allowed: str = "") -> Any:
+        self.check(value in options, field, value, allowed or f"allowed: {', '.join(options)}")
+        return value
+
+    def known_keys(
+        self, mapping: Mapping[str, Any], keys: Collection[str], field: Callable[[str], str]
+    ) -> None:
+        """Every key of `mapping` is one of `keys`; the first stranger is named with its value."""
+        unknown = [k for k in mapping if k not in keys]
+        if unknown:
+            k = unknown[0]
+            raise self.fail(field(k), mapping[k], f"allowed keys: {', '.join(keys)}")
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+#: "gputrain:nodes = '0': allowed: 1..64" — the stack config's way of saying what is wrong.
+CHECK = Checker(
+    lambda key, value, allowed: f"{qualify(key)} = {_shown(value)!r}: {allowed}", SpecError
+)
+
+
+# ---- durations ------------------------------------------------------------------------------
+
+#: ASCII digits only: `\d` (and int()) would also take other scripts' digits, e.g. "٣h".
+_DURATION_RE = re.compile(r"^(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in "90m", "6h", "2d", "1h30m" (units d/h/m/s, largest first); ValueError if not."""
+    m = _DURATION_RE.match(text.strip())
+    if not text.strip() or m is None or not any(m.groups()):
+        raise ValueError(text)
+    return sum(int(g) * mult for g, (_, mult) in zip(m.groups(), _UNITS, strict=True) if g)
+
+
+def format_duration(seconds: int) -> str:
+    """The shortest d/h/m/s form of a duration, e.g. 5400 -> "1h30m"."""
+    parts = []
+    for unit, mult in _UNITS:
+        q, seconds = divmod(seconds, mult)
+        if q:
+            parts.append(f"{q}{unit}")
+    return "".join(parts) or "0s"
+
+
+# ---- generic readers --------------------------------------------------------------------------
+
+
+def choice(key: str, value: str, options: tuple[str, ...]) -> str:
+    """A text setting that must be one of `options`."""
+    if value not in options:
+        raise CHECK.fail(key, value, f"allowed: {', '.join(options)}")
+    return value
+
+
+def in_range(s: StackSettings, key: str) -> int:
+    """A whole-number setting within the range its field declares (infra/schema.py)."""
+    value: int = getattr(s, key)
+    lo, hi, unit = whole_range(key)
+    if not lo <= value <= hi:
+        raise CHECK.fail(key, str(value), f"allowed: {lo}..{hi}{unit}")
+    return value
+
+
+# ---- the settings with rules of their own ---------------------------------------------------
+
+Backend = Literal["gce", "vertex"]
+
+
+def backend(s: StackSettings) -> tuple[Backend, tuple[str, ...], StackSettings]:
+    """(the backend, the other backend's keys the stack sets, the settings without them).
+    The other backend's keys are not read: their defaults stand in, and `plan` names them."""
+    chosen = cast(Backend, choice("backend", s.backend, BACKENDS))
+    fields = StackSettings.model_fields
+    other = [
+        k for k in fields for b, keys in BACKEND_ONLY_KEYS.items() if b != chosen and k in keys
+    ]
+    ignored = tuple(k for k in other if getattr(s, k) != fields[k].default)
+    return chosen, ignored, s.model_copy(update={k: fields[k].default for k in other})
+
+
+_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+RESERVED_LABELS = (STACK_LABEL, PROJECT_LABEL)
+_KEY_TYPES = (
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "ssh-rsa",
+)
+
+
+def zones(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(the zones in preference order, the zone to use now); `default` when none are listed."""
+    listed = list(s.zones) or list(default)
+    if not listed:
+        raise CHECK.fail(
+            "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
+        )
+    for z in listed:
+        if not catalog.ZONE_NAME.match(z):
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
+    regions = sorted({catalog.region_of(z) for z in listed})
+    if len(regions) > 1:
+        raise CHECK.fail(
+            "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
+        )
+    if len(set(listed)) != len(listed):
+        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
+    zone = s.zone or listed[0]
+    if zone not in listed:
+        raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
+    return tuple(listed), zone
+
+
+# registry host[:port]/path[:tag | @sha256:digest], as Artifact Registry and gcr.io name images
+_IMAGE_URI_RE = re.compile(
+    r"^[a-z0-9.-]+(?::\d+)?/[a-z0-9._-]+(?:/[a-z0-9._-]+)*(?::\w[\w.-]{0,127}|@sha256:[0-9a-f]{64})?$"
+)
+
+
+def executor_image(s: StackSettings) -> str:
+    """Vertex's training container: an image reference, never a shell word or a gs:// path."""
+    image = s.executorImage
+    CHECK.matches(
+        "executorImage",
+        image,
+        _IMAGE_URI_RE,
+        "allowed: a container image like " + DEFAULTS["executorImage"],
+    )
+    return image
+
+
+def ssh_public_key(s: StackSettings) -> str | None:
+    raw = s.sshPublicKey
+    if not raw:
+        return None
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
+    parts = raw.split()
+    if "PRIVATE KEY" in raw:
+        raise SpecError(
+            "gputrain:sshPublicKey holds a PRIVATE key; allowed: an OpenSSH public key line "
+            "(run `gputrain keygen --stack NAME`)"
+        )
+    if "\n" in raw or len(parts) < 2 or parts[0] not in _KEY_TYPES:
+        raise CHECK.fail(
+            "sshPublicKey",
+            shown,
+            f"allowed: an OpenSSH public key line ({', '.join(_KEY_TYPES)} AAAA...)",
+        )
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except binascii.Error:
+        raise CHECK.fail("sshPublicKey", shown, "the key data is not base64") from None
+    if blob[4 : 4 + len(parts[0])] != parts[0].encode():
+        raise CHECK.fail("sshPublicKey", shown, f"the key data does not encode a {parts[0]} key")
+    return raw
+
+
+def source_ranges(s: StackSettings, anywhere: bool) -> tuple[str, ...]:
+    out = []
+    for r in s.sshSourceRanges:
+        try:
+            net = ipaddress.ip_network(r, strict=True)
+        except ValueError:
+            raise CHECK.fail(
+                "sshSourceRanges", r, "allowed: IPv4 CIDRs like 203.0.113.7/32"
+            ) from None
+        if net.version != 4:
+            raise CHECK.fail(
+                "sshSourceRanges", r, "allowed: IPv4 CIDRs only (the nodes have IPv4 addresses)"
+            )
+        if net.prefixlen == 0 and not anywhere:
+            raise CHECK.fail(
+                "sshSourceRanges",
+                r,
+                "SSH open to the whole internet is refused; use your address/32, "
+                "or set gputrain:allowSshFromAnywhere true",
+            )
+        out.append(str(net))
+    covered = covered_addresses(out)
+    if covered > MAX_SSH_ADDRESSES and not anywhere:
+        raise CHECK.fail(
+            "sshSourceRanges",
+            ", ".join(out),
+            f"together these cover {covered:,} addresses, more than a /8 "
+            f"({MAX_SSH_ADDRESSES:,}); narrow them to your address/32, or set "
+            "gputrain:allowSshFromAnywhere true",
+        )
+    return tuple(out)
+
+
+MAX_SSH_ADDRESSES = 2**24  # a /8: a wider union of SSH sources needs allowSshFromAnywhere
+
+
+IPV4_ADDRESSES = 2**32
+
+
+def covered_addresses(ranges: list[str] | tuple[str, ...]) -> int:
+    """How many IPv4 addresses the union of these CIDRs covers (overlaps counted once)."""
+    nets = [ipaddress.IPv4Network(r) for r in ranges]
+    return sum(n.num_addresses for n in ipaddress.collapse_addresses(nets))
+
+
+def whole_internet(ranges: list[str] | tuple[str, ...]) -> bool:
+    """The ranges together cover every IPv4 address (one /0, or halves such as two /1s)."""
+    return bool(ranges) and covered_addresses(ranges) == IPV4_ADDRESSES
+
+
+def labels(s: StackSettings) -> dict[str, str]:
+    pairs: list[tuple[str, str]] = []
+    if isinstance(s.labels, dict):
+        pairs = [(str(k), "" if v is None else str(v)) for k, v in s.labels.items()]
+    else:
+        for item in s.labels:
+            if "=" not in item:
+                raise CHECK.fail("labels", item, "allowed: key=value strings")
+            k, v = item.split("=", 1)
+            pairs.append((k.strip(), v.strip()))
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        if not _LABEL_KEY_RE.match(k):
+            raise CHECK.fail(
+                "labels", k, "label keys: lowercase letter first, then a-z 0-9 _ - (max 63)"
+            )
+        if not _LABEL_VALUE_RE.match(v):
+            raise CHECK.fail("labels", f"{k}={v}", "label values: a-z 0-9 _ - only (max 63)")
+        if k in RESERVED_LABELS:
+            raise CHECK.fail("labels", k, f"{', '.join(RESERVED_LABELS)} are set by gputrain")
+        out[k] = v
+    if len(out) > 60:
+        raise CHECK.fail("labels", f"{len(out)} labels", "allowed: at most 60")
+    return out
+
+
+def gpus(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]:
+    """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
+    gpu_type_raw, count = s.gpuType, s.gpuCount
+    count_raw = str(count)
+    gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
+    if gpu_type_raw and gpu_type is None:
+        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
+    if mt.accelerator is not None:
+        if gpu_type is not None and gpu_type != mt.accelerator:
+            raise CHECK.fail(
+                "gpuType",
+                gpu_type_raw,
+                f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
+            )
+        if count not in (0, mt.gpus):
+            raise CHECK.fail(
+                "gpuCount",
+                count_raw,
+                f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
+            )
+        return mt.accelerator, mt.gpus, False
+    # N1: the GPU is attached.
+    if gpu_type is None:
+        raise SpecError(
+            f"gputrain:gpuType is empty: {mt.name} needs an attached GPU: {', '.join(catalog.N1_GPUS)}"
+        )
+    gpu = catalog.N1_GPUS.get(gpu_type)
+    if gpu is None:
+        raise CHECK.fail(
+            "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
+        )
+    if count not in gpu.caps:
+        raise CHECK.fail(
+            "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
+        )
+    max_vcpu, max_mem = gpu.caps[count]
+    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
+        raise CHECK.fail(
+            "machineType",
+            mt.name,
+            f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "
+            f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
+        )
+    return gpu_type, count, True
+
+
+# ---- Cloud Storage ------------------------------------------------------------------------------
+
+# GCS bucket names: 3-63 of a-z 0-9 - _ ., a letter or digit at both ends (the dotted form longer
+# than 63 needs domain verification and is not accepted). The trainer checks its --checkpoint-uri
+# with the same rule (trainer/storage.py): it runs on the nodes without infra/.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
+_BUCKET_RULE = (
+    "allowed: gs://NAME[/PREFIX] with NAME 3-63 of a-z 0-9 - _ . starting and ending with a "
+    "letter or digit, not starting with 'goog', without 'google'; or empty for the stack's own"
+)
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why `name` is not a valid GCS bucket name, or None. Pure."""
+    if not _BUCKET_RE.match(name):
+        return "not 3-63 of a-z 0-9 - _ . starting and ending with a letter or digit"
+    if name.startswith("goog") or "google" in name:
+        return "'goog' as prefix and 'google' anywhere are reserved by Google"
+    if ".." in name or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
+        return "no '..' and not an IP address"
+    return None
+
+
+def bucket(s: StackSettings) -> tuple[str | None, str]:
+    """(an existing bucket's name or None for the stack's own, the prefix: "" or "a/b/")."""
+    raw = s.bucket
+    if not raw:
+        return None, ""
+    name, _, prefix = raw.removeprefix("gs://").partition("/")
+    parts = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+    if (
+        not raw.startswith("gs://")
+        or bucket_name_problem(name)
+        or any(p in ("", ".", "..") or not p.isprintable() for p in parts)
+    ):
+        raise CHECK.fail("bucket", raw, _BUCKET_RULE)
+    return name, "".join(p + "/" for p in parts)
+
+
+def stack_bucket_name(stack: str, project: str) -> str:
+    """The name of a stack's own bucket: `gputrain-<stack>-<project>` (unique: project IDs are),
+    or with a hash of the project where that breaks a naming rule (length, 'google'). Pure."""
+    import hashlib
+
+    name = f"gputrain-{stack}-{project}"
+    if bucket_name_problem(name):
+        name = f"gputrain-{stack}-{hashlib.sha256(project.encode()).hexdigest()[:12]}"
+    return name
+
+
+# ---- stallTimeout (and --stall-timeout): how long no rank may make a training step before
+# gputrain dumps the stacks and stops the job ---------------------------------------------------
+
+MIN_STALL_S = 30
+MAX_STALL_S = 7 * 86400
+AUTO_FLOOR_S = 600.0  # the default: the larger of 10 min and 10 x the slowest step seen
+AUTO_STEPS = 10
+STALL_ALLOWED = (
+    "allowed: empty (auto: max(10m, 10 x the slowest step)), or 30s to 7d like 90s, 15m, 1h"
+)
+
+
+def parse_stall_timeout(text: str) -> int | None:
+    """Seconds, or None for the automatic timeout ("" or "auto"); ValueError(what is allowed)
+    for a malformed value or one outside 30 s..7 d. A bare number is seconds."""
+    raw = text.strip()
+    if raw in ("", "auto"):
+        return None
+    try:
+        seconds = int(raw) if raw.isascii() and raw.isdigit() else parse_duration(raw)
+    except ValueError:
+        raise ValueError(STALL_ALLOWED) from None
+    if not MIN_STALL_S <= seconds <= MAX_STALL_S:
+        raise ValueError(STALL_ALLOWED)
+    return seconds
+
+
+def effective_timeout(explicit_s: float | None, slowest_step_s: float | None) -> float:
+    """The timeout in force: the explicit one, else max(10 min, 10 x the slowest step)."""
+    if explicit_s is not None:
+        return explicit_s
+    return max(AUTO_FLOOR_S, AUTO_STEPS * (slowest_step_s or 0.0))
+
+
+def read_stall_timeout(raw: str) -> int | None:
+    """The stack's `stallTimeout`; SpecError (one line naming the key) when it is not allowed."""
+    try:
+        return parse_stall_timeout(raw)
+    except ValueError as e:
+        raise CHECK.fail("stallTimeout", raw, str(e)) from None
+
+
+# ---- notify (stack key, hosts-file key, --notify): webhook URLs, http(s) only, and secret — a
+# webhook URL is its own credential, so messages show only `scheme://host/…` ---------------------
+
+NOTIFY_ALLOWED = (
+    "allowed: http://HOST/... or https://HOST/... (a Slack/Discord-style incoming webhook)"
+)
+
+
+def redact(url: str) -> str:
+    """`scheme://host/…`: enough to tell webhooks apart, never a user, password, path or query."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # a malformed IPv6 address: nothing of it is shown
+        return "…"
+    if parts.scheme and host:
+        return f"{parts.scheme}://{host}/…"
+    return f"{parts.scheme}:…" if parts.scheme.isalpha() else "…"
+
+
+def check_urls(urls: Sequence[object], setting: str) -> tuple[str, ...]:
+    """Every URL http(s) with a host; one line naming the setting (the URL redacted) if not."""
+    for i, url in enumerate(urls):
+        where = setting if len(urls) == 1 else f"{setting}[{i}]"
+        if not isinstance(url, str):
+            raise UserError(f"{where}: not a URL; {NOTIFY_ALLOWED}")
+        try:
+            parts = urlsplit(url.strip())
+            host, _ = parts.hostname, parts.port
+        except ValueError:  # "http://[::1/x", a port that is no number
+            raise UserError(
+                f"{where} {redact(url)}: not a valid URL (its host or port); {NOTIFY_ALLOWED}"
+            ) from None
+        if parts.scheme not in ("http", "https") or not host:
+            raise UserError(f"{where} {redact(url)}: not an http(s) URL; {NOTIFY_ALLOWED}")
+        if "@" in parts.netloc:  # user:password@ would be sent to every hop; say neither
+            raise UserError(
+                f"{where} {redact(url)}: a user or password in the URL is not allowed; {NOTIFY_ALLOWED} "
+                "(the webhook's own secret goes in its path or query)"
+            )
+    return tuple(str(u).strip() for u in urls)
+
+
+def parse_notify(raw: str, setting: str) -> tuple[str, ...]:
+    """The stack key as the CLI passes it: a JSON list of strings (or one URL)."""
+    raw = raw.strip()
+    if not raw:
+        return ()
+    if not raw.startswith("["):
+        return check_urls([raw], setting)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise UserError(f"{setting}: not a list of URLs; {NOTIFY_ALLOWED}") from None
+    if not isinstance(value, list):
+        raise UserError(f"{setting}: not a list of URLs; {NOTIFY_ALLOWED}")
+    return check_urls(value, setting)

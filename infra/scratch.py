@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.catalog import MachineType
-from infra.fields import CHECK
+from infra.schema import CHECK
 
 #: where every node's local NVMe SSDs are mounted (RAID 0 over all of them), when it has any
 SCRATCH_MOUNT = "/mnt/gputrain-scratch"

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Literal, cast
 
 from infra import capacity as modes
-from infra import catalog, fields, offers, vertex
+from infra import catalog, offers, schema, vertex
 from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
@@ -22,13 +22,20 @@ from infra.billing import BillingBudget, guard_setting, parse_table, parse_usd
 from infra.datasets import Dataset, parse_datasets
 from infra.fabric import FabricPlan
 from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric, spot_text
-from infra.fields import CHECK, format_duration, parse_duration
 from infra.image_build import build_setting
-from infra.notify_urls import check_urls
 from infra.offers import Candidate, ZonePrice
 from infra.placement import place
 from infra.reconciler import JobReach, parse_every, parse_recover
-from infra.schema import SettingTypeError, StackSettings, load_config_strings
+from infra.schema import (
+    CHECK,
+    SettingTypeError,
+    StackSettings,
+    check_urls,
+    format_duration,
+    load_config_strings,
+    parse_duration,
+    read_stall_timeout,
+)
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
@@ -41,7 +48,6 @@ from infra.stackfile import (
     StackFile,
     check_stack_name,
 )
-from infra.stall import read_stall_timeout
 from infra.vertex_pools import Chief, ReductionServer, parse_chief, parse_reduction_server
 
 #: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
@@ -110,7 +116,7 @@ class ClusterSpec:
     capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
-    stall_timeout_s: int | None = None  # stallTimeout; None: automatic (infra/stall.py)
+    stall_timeout_s: int | None = None  # stallTimeout; None: automatic (infra/schema.py)
     capacity_ladder: tuple[modes.Capacity, ...] = ()  # `capacity` as a list: tried in order
     reservation_bound: bool | None = None  # reservationBound; None: `up` reads the reservation
     wait_for_capacity_s: int = 0  # waitForCapacity: how long `up` retries stock-outs
@@ -159,7 +165,7 @@ class ClusterSpec:
         """The bucket checkpoints and results go to; None while gcp:project is unset."""
         if self.existing_bucket:
             return self.existing_bucket
-        return fields.stack_bucket_name(self.stack, self.project) if self.project else None
+        return schema.stack_bucket_name(self.stack, self.project) if self.project else None
 
     @property
     def on_vertex(self) -> bool:
@@ -248,7 +254,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
     """The ClusterSpec of a stack's typed settings (read and checked once: infra/schema.py)
     and its gcp:project; one-line SpecError for the first rule a setting breaks."""
     check_stack_name(stack)
-    backend, ignored, settings = fields.backend(typed)
+    backend, ignored, settings = schema.backend(typed)
     if project is not None:
         CHECK.matches(
             GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
@@ -275,7 +281,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
         if problem:
             raise SpecError(f"{NS}{problem} (backend vertex)")
-        if mt.accelerator == "nvidia-b200" and fields.executor_image(settings) == (
+        if mt.accelerator == "nvidia-b200" and schema.executor_image(settings) == (
             vertex.DEFAULT_EXECUTOR_IMAGE
         ):  # no newer prebuilt tag is confirmed, so no default to switch to: ask for one
             raise SpecError(
@@ -299,7 +305,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
     )
 
-    disk_gb = fields.in_range(settings, "bootDiskGb")
+    disk_gb = schema.in_range(settings, "bootDiskGb")
     disk_type = settings.bootDiskType or catalog.default_boot_disk_type(mt)
     if disk_type not in catalog.boot_disk_types(mt):
         raise CHECK.fail(
@@ -318,7 +324,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
     anywhere = settings.allowSshFromAnywhere
     public_ip = cast(
         Literal["head", "all", "none"],
-        fields.choice("publicIp", settings.publicIp, ("head", "all", "none")),
+        schema.choice("publicIp", settings.publicIp, ("head", "all", "none")),
     )
     if public_ip == "none":
         # No node would be reachable from outside the VPC: refuse before anything is billed.
@@ -328,7 +334,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
             "no node would be reachable (the controller runs outside the VPC and no jump host "
             "is supported); allowed: head (workers via the head) or all",
         )
-    placement_raw = fields.choice("placement", settings.placement, ("auto", "compact", "none"))
+    placement_raw = schema.choice("placement", settings.placement, ("auto", "compact", "none"))
     own_policy = modes.instance_capacity(
         cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
     ).placement_policy
@@ -364,7 +370,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
             "allowed: an existing VPC name (a-z 0-9 -) or empty",
         )
 
-    existing_bucket, bucket_prefix = fields.bucket(settings)
+    existing_bucket, bucket_prefix = schema.bucket(settings)
     acc = catalog.ACCELERATORS[accelerator]
     fabric = read_fabric(
         settings, mt, nodes, zone=where.zone, project=project, existing_network=network
@@ -397,18 +403,18 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         boot_disk_gb=disk_gb,
         boot_disk_type=disk_type,
         ssh_user=ssh_user,
-        ssh_public_key=fields.ssh_public_key(settings),
-        ssh_source_ranges=fields.source_ranges(settings, anywhere),
+        ssh_public_key=schema.ssh_public_key(settings),
+        ssh_source_ranges=schema.source_ranges(settings, anywhere),
         allow_ssh_from_anywhere=anywhere,
         public_ip=public_ip,
         placement=placement,
         network=network,
-        labels=MappingProxyType(fields.labels(settings)),
+        labels=MappingProxyType(schema.labels(settings)),
         gvnic=mt.gvnic,
         attach_gpus=attach,
         existing_bucket=existing_bucket,
         bucket_prefix=bucket_prefix,
-        bucket_retention_days=fields.in_range(settings, "bucketRetentionDays"),
+        bucket_retention_days=schema.in_range(settings, "bucketRetentionDays"),
         stall_timeout_s=read_stall_timeout(settings.stallTimeout) if backend == "gce" else None,
         autodown_s=None if backend == "vertex" else read_autodown(settings.autodown, ttl),
         recover=parse_recover(settings.recover) if backend == "gce" else "never",
@@ -421,7 +427,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         build=build_setting(settings.build, settings.image),
         secret_access=_secret_access(settings, project),
         backend=backend,
-        executor_image=fields.executor_image(settings),
+        executor_image=schema.executor_image(settings),
         chief=pools[0],
         reduction_server=pools[1],
         vertex_job_spec=pools[2],
@@ -436,7 +442,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         wait_for_capacity_s=cap.wait_for_capacity_s,
         fabric=fabric,
         datasets=tuple(parse_datasets(settings.data)),
-        scratch=scratch_for(mt, fields.in_range(settings, "localSsdCount")),
+        scratch=scratch_for(mt, schema.in_range(settings, "localSsdCount")),
     )
 
 

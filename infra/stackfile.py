@@ -14,21 +14,21 @@ from typing import Any
 
 import yaml
 
-from infra.base.errors import UserError
+from infra.schema import BACKEND_ONLY_KEYS as BACKEND_ONLY_KEYS
+from infra.schema import BACKENDS as BACKENDS
 from infra.schema import DEFAULT_EXECUTOR_IMAGE as DEFAULT_EXECUTOR_IMAGE
 from infra.schema import DEFAULT_IMAGE_FAMILY as DEFAULT_IMAGE_FAMILY
 from infra.schema import DEFAULT_IMAGE_PROJECT as DEFAULT_IMAGE_PROJECT
 from infra.schema import DEFAULTS as DEFAULTS
 from infra.schema import FALLBACK_IMAGE_FAMILY as FALLBACK_IMAGE_FAMILY
+from infra.schema import GCP_PROJECT_KEY as GCP_PROJECT_KEY
+from infra.schema import NS as NS
+from infra.schema import PROJECT as PROJECT
+from infra.schema import PROJECT_LABEL as PROJECT_LABEL
+from infra.schema import STACK_LABEL as STACK_LABEL
 from infra.schema import SettingTypeError, StackSettings, config_strings, load_settings
-
-PROJECT = "gputrain"
-NS = f"{PROJECT}:"
-GCP_PROJECT_KEY = "gcp:project"
-STACK_LABEL = "gputrain-stack"  # on every labelled resource of a stack: how sweeps find them
-PROJECT_LABEL = "gputrain-project"
-
-BACKENDS = ("gce", "vertex")
+from infra.schema import SpecError as SpecError
+from infra.schema import qualify as qualify
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
 #: cannot declare one, so Pulumi.yaml names them in a comment only.
@@ -42,48 +42,10 @@ CONTROLLER_KEYS: tuple[str, ...] = (
     "maxHourlyCost", "restartJobOnWorkerRestart",
 )  # fmt: skip
 
-#: Keys only one backend reads. On the other they are ignored: not validated, not required, and
-#: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
-BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
-    "gce": (
-        "sshUser",
-        "sshPublicKey",
-        "sshPrivateKey",
-        "sshSourceRanges",
-        "allowSshFromAnywhere",
-        "publicIp",
-        "placement",
-        "network",
-        "imageFamily",
-        "imageProject",
-        "bootDiskGb",
-        "bootDiskType",
-        "gpuDirect",
-        "subnetRange",
-        "billingBudget",
-        "localSsdCount",
-        "stallTimeout",
-        "autodown",
-        "recover",
-        "reconcileEvery",
-    ),
-    "vertex": (
-        "executorImage",
-        "chief",
-        "reductionServer",
-        "vertexJobSpec",
-        "restartJobOnWorkerRestart",
-    ),
-}
-
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
 PROGRAM_KEYS: tuple[str, ...] = tuple(
     k for k in DEFAULTS if k not in ("sshPrivateKey", "notify") and k not in CONTROLLER_KEYS
 )
-
-
-class SpecError(UserError):
-    """A stack setting is invalid or missing; nothing has been declared or created."""
 
 
 #: Settings whose value is a secret: the only ones a stack file may hold as `secure:` values, and
@@ -148,11 +110,6 @@ def service_account_id(stack: str) -> str:
 
 def service_account_email(stack: str, project: str) -> str:
     return f"{service_account_id(stack)}@{project}.iam.gserviceaccount.com"
-
-
-def qualify(key: str) -> str:
-    """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
-    return key if ":" in key else NS + key
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.base.errors import UserError
-from infra.notify_urls import check_urls
+from infra.schema import check_urls
 from scripts import ui
 from scripts.job.records import check_run_id
 
