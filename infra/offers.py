@@ -465,3 +465,8 @@ def resolve(
     if not found:
         raise GpuRequestError(f"{key} = {request.text!r}: {'; '.join(reasons)}")
     return sorted(found, key=rank_key)
+
+
+def candidate_label(c: Candidate) -> str:
+    """How `candidate` names a candidate: "a3-highgpu-8g x 2" (the zone goes in `zone`)."""
+    return f"{c.machine_type} x {c.nodes}"

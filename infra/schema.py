@@ -330,11 +330,6 @@ class SpecError(UserError):
     """A stack setting is invalid or missing; nothing has been declared or created."""
 
 
-def qualify(key: str) -> str:
-    """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
-    return key if ":" in key else NS + key
-
-
 # Describe: (field, bad value, what is allowed) -> the one line the user reads. The stack config,
 # a hosts file (scripts/targets/hosts_file.py) each word it their own way.
 #: (field, bad value, what is allowed) -> the one line the user reads.
@@ -395,7 +390,8 @@ def _shown(value: Any) -> str:
 
 #: "gputrain:nodes = '0': allowed: 1..64" — the stack config's way of saying what is wrong.
 CHECK = Checker(
-    lambda key, value, allowed: f"{qualify(key)} = {_shown(value)!r}: {allowed}", SpecError
+    lambda key, value, allowed: f"{key if ':' in key else NS + key} = {_shown(value)!r}: {allowed}",
+    SpecError,
 )
 
 

@@ -28,7 +28,6 @@ from infra.schema import PROJECT_LABEL as PROJECT_LABEL
 from infra.schema import STACK_LABEL as STACK_LABEL
 from infra.schema import SettingTypeError, StackSettings, config_strings, load_settings
 from infra.schema import SpecError as SpecError
-from infra.schema import qualify as qualify
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
 #: cannot declare one, so Pulumi.yaml names them in a comment only.
@@ -110,6 +109,11 @@ def service_account_id(stack: str) -> str:
 
 def service_account_email(stack: str, project: str) -> str:
     return f"{service_account_id(stack)}@{project}.iam.gserviceaccount.com"
+
+
+def qualify(key: str) -> str:
+    """`nodes` -> `gputrain:nodes`; keys with a namespace stay as they are."""
+    return key if ":" in key else NS + key
 
 
 @dataclass(frozen=True)
