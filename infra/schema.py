@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
-from infra import catalog
 from infra.base.errors import GputrainError, UserError
 
 DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
@@ -468,29 +467,6 @@ _KEY_TYPES = (
 )
 
 
-def zones(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """(the zones in preference order, the zone to use now); `default` when none are listed."""
-    listed = list(s.zones) or list(default)
-    if not listed:
-        raise CHECK.fail(
-            "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
-        )
-    for z in listed:
-        if not catalog.ZONE_NAME.match(z):
-            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
-    regions = sorted({catalog.region_of(z) for z in listed})
-    if len(regions) > 1:
-        raise CHECK.fail(
-            "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
-        )
-    if len(set(listed)) != len(listed):
-        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
-    zone = s.zone or listed[0]
-    if zone not in listed:
-        raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
-    return tuple(listed), zone
-
-
 # registry host[:port]/path[:tag | @sha256:digest], as Artifact Registry and gcr.io name images
 _IMAGE_URI_RE = re.compile(
     r"^[a-z0-9.-]+(?::\d+)?/[a-z0-9._-]+(?:/[a-z0-9._-]+)*(?::\w[\w.-]{0,127}|@sha256:[0-9a-f]{64})?$"
@@ -609,52 +585,6 @@ def labels(s: StackSettings) -> dict[str, str]:
     if len(out) > 60:
         raise CHECK.fail("labels", f"{len(out)} labels", "allowed: at most 60")
     return out
-
-
-def gpus(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]:
-    """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
-    gpu_type_raw, count = s.gpuType, s.gpuCount
-    count_raw = str(count)
-    gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
-    if gpu_type_raw and gpu_type is None:
-        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
-    if mt.accelerator is not None:
-        if gpu_type is not None and gpu_type != mt.accelerator:
-            raise CHECK.fail(
-                "gpuType",
-                gpu_type_raw,
-                f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
-            )
-        if count not in (0, mt.gpus):
-            raise CHECK.fail(
-                "gpuCount",
-                count_raw,
-                f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
-            )
-        return mt.accelerator, mt.gpus, False
-    # N1: the GPU is attached.
-    if gpu_type is None:
-        raise SpecError(
-            f"gputrain:gpuType is empty: {mt.name} needs an attached GPU: {', '.join(catalog.N1_GPUS)}"
-        )
-    gpu = catalog.N1_GPUS.get(gpu_type)
-    if gpu is None:
-        raise CHECK.fail(
-            "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
-        )
-    if count not in gpu.caps:
-        raise CHECK.fail(
-            "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
-        )
-    max_vcpu, max_mem = gpu.caps[count]
-    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
-        raise CHECK.fail(
-            "machineType",
-            mt.name,
-            f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "
-            f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
-        )
-    return gpu_type, count, True
 
 
 # ---- Cloud Storage ------------------------------------------------------------------------------
@@ -806,3 +736,64 @@ def parse_notify(raw: str, setting: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise UserError(f"{setting}: not a list of URLs; {NOTIFY_ALLOWED}")
     return check_urls(value, setting)
+
+
+# ---- autodown: how long after the job's end, with the controller silent, the head's watchdog
+# deletes the VMs (infra/autodown.py: the bound `plan` states, the nodes' IAM condition) ----------
+
+AUTODOWN_DEFAULT = "10m"
+AUTODOWN_MIN_S = 60  # a shorter silence is a blip of the network, not a controller that went away
+AUTODOWN_ALLOWED = "allowed: off or a duration of at least 1m, like 10m, 30m, 1h (units d/h/m/s)"
+
+
+def parse_autodown(
+    text: str, setting: str = "gputrain:autodown", ttl_s: int | None = None
+) -> int | None:
+    """Seconds of silence after the job's end before the VMs are deleted; None for `off`. With
+    the VMs' TTL (maxRunDuration): an autodown the TTL always comes first is refused, not
+    promised."""
+    value = text.strip()
+    if value.lower() in ("off", "false", "none"):
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise SpecError(f"{setting} {text!r}: {AUTODOWN_ALLOWED}") from None
+    if seconds < AUTODOWN_MIN_S:
+        raise SpecError(f"{setting} {text!r}: below 1m; {AUTODOWN_ALLOWED}")
+    if ttl_s is not None and seconds >= ttl_s:
+        ttl = format_duration(ttl_s)
+        raise SpecError(
+            f"{setting} {text!r}: not below gputrain:maxRunDuration ({ttl}), which deletes the "
+            f"VMs first; allowed: off or a duration from 1m to below {ttl}"
+        )
+    return seconds
+
+
+def read_autodown(text: str, ttl_s: int) -> int | None:
+    """The stack's `autodown`: one the user set must come before the TTL (the default may not,
+    on a stack whose TTL is at most 10m: the TTL then deletes the VMs sooner still)."""
+    return parse_autodown(text, ttl_s=None if text.strip() == AUTODOWN_DEFAULT else ttl_s)
+
+
+# ---- build: a Dockerfile gputrain builds into the stack's registry (infra/image_build.py) ----------
+
+
+def build_setting(build: str, image: str) -> str:
+    """The `build` key, checked: a Dockerfile path, never beside `image` (one line, no build)."""
+    build = build.strip()
+    if not build:
+        return ""
+    if image.strip():
+        raise SpecError(
+            f"{NS}build = {build!r} and {NS}image = {image.strip()!r} are both set; set either "
+            "build (a Dockerfile gputrain builds and pushes) or image (one that exists), not both"
+        )
+    if any(c in build for c in "\n\r\0") or build.endswith("/"):
+        raise SpecError(f"{NS}build = {build!r}: allowed: the path of a Dockerfile")
+    if build.startswith(("/", "~")) or ".." in build.replace("\\", "/").split("/"):
+        raise SpecError(
+            f"{NS}build = {build!r}: allowed: the path of a Dockerfile inside the project, "
+            "relative to it, without '..' (its directory is the build context, sent as a whole)"
+        )
+    return build

@@ -15,25 +15,25 @@ from typing import Literal, cast
 
 from infra import capacity as modes
 from infra import catalog, offers, schema, vertex
-from infra.autodown import read_autodown
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
 from infra.billing import BillingBudget, guard_setting, parse_table, parse_usd
 from infra.capacity import capacity_in_use, read_capacity, spot_text
 from infra.datasets import Dataset, parse_datasets
 from infra.fabric import FabricPlan, read_fabric
-from infra.image_build import build_setting
 from infra.offers import Candidate, GpuRequestError, ZonePrice, candidate_label
 from infra.reconciler import JobReach, parse_every, parse_recover
 from infra.schema import (
     CHECK,
     SettingTypeError,
     StackSettings,
+    build_setting,
     check_urls,
     config_string,
     format_duration,
     load_config_strings,
     parse_duration,
+    read_autodown,
     read_stall_timeout,
 )
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
@@ -131,7 +131,7 @@ class ClusterSpec:
     job_reach: JobReach | None = field(default=None, compare=False)
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
     billing_export: str | None = None  # the Cloud Billing export table `cost` reads billed from
-    budget: float | None = None  # USD one run may cost (infra/cost_caps.py)
+    budget: float | None = None  # USD one run may cost (infra/billing.py)
     max_hourly_cost: float | None = None  # USD per hour the cluster may cost at most
     billing_budget: BillingBudget | None = None  # Cloud Billing budget guard (infra/billing.py)
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
@@ -585,7 +585,7 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
                 config_string(getattr(cfg, key)),
                 "allowed only with gpus; with machineType use zones",
             )
-    zones, zone = schema.zones(cfg, MACHINE_TYPE_ZONES)
+    zones, zone = _zones_of(cfg, MACHINE_TYPE_ZONES)
     mt = catalog.machine_type(name)
     if mt is None:
         near = catalog.nearest_machine_types(name)
@@ -595,7 +595,7 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
         raise CHECK.fail(
             "machineType", name, "A3 Edge is a serving product, not orderable for training"
         )
-    accelerator, gpus, attach = schema.gpus(cfg, mt)
+    accelerator, gpus, attach = _gpus_of(cfg, mt)
     nodes = schema.in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
     return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
 
@@ -683,3 +683,72 @@ def _no_vertex(raw: str, ranked: list[Candidate]) -> list[Candidate]:
     types = ", ".join(dict.fromkeys(c.machine_type for c in ranked))
     why = f"Vertex AI runs none of its machine types ({types})" if types else "nothing serves it"
     raise CHECK.fail("gpus", raw, f"{why}; use backend gce")
+
+
+def _zones_of(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(the zones in preference order, the zone to use now); `default` when none are listed."""
+    listed = list(s.zones) or list(default)
+    if not listed:
+        raise CHECK.fail(
+            "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
+        )
+    for z in listed:
+        if not catalog.ZONE_NAME.match(z):
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
+    regions = sorted({catalog.region_of(z) for z in listed})
+    if len(regions) > 1:
+        raise CHECK.fail(
+            "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
+        )
+    if len(set(listed)) != len(listed):
+        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
+    zone = s.zone or listed[0]
+    if zone not in listed:
+        raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
+    return tuple(listed), zone
+
+
+def _gpus_of(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]:
+    """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
+    gpu_type_raw, count = s.gpuType, s.gpuCount
+    count_raw = str(count)
+    gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
+    if gpu_type_raw and gpu_type is None:
+        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
+    if mt.accelerator is not None:
+        if gpu_type is not None and gpu_type != mt.accelerator:
+            raise CHECK.fail(
+                "gpuType",
+                gpu_type_raw,
+                f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
+            )
+        if count not in (0, mt.gpus):
+            raise CHECK.fail(
+                "gpuCount",
+                count_raw,
+                f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
+            )
+        return mt.accelerator, mt.gpus, False
+    # N1: the GPU is attached.
+    if gpu_type is None:
+        raise SpecError(
+            f"gputrain:gpuType is empty: {mt.name} needs an attached GPU: {', '.join(catalog.N1_GPUS)}"
+        )
+    gpu = catalog.N1_GPUS.get(gpu_type)
+    if gpu is None:
+        raise CHECK.fail(
+            "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
+        )
+    if count not in gpu.caps:
+        raise CHECK.fail(
+            "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
+        )
+    max_vcpu, max_mem = gpu.caps[count]
+    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
+        raise CHECK.fail(
+            "machineType",
+            mt.name,
+            f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "
+            f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
+        )
+    return gpu_type, count, True

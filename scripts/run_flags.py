@@ -91,7 +91,7 @@ def check(args: argparse.Namespace) -> None:
             raise UserError(
                 f"--autodown {autodown}: only --stack targets have VMs gputrain may delete"
             )
-        from infra.autodown import parse_autodown
+        from infra.schema import parse_autodown
 
         parse_autodown(autodown, "--autodown")  # one line naming the flag and what is allowed
         if getattr(args, "keep", False):

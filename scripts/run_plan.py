@@ -96,7 +96,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     image_conflict_check(env, opts)
     refuse_missing_features(target.capabilities, opts, build)
     if declared.spec is not None:  # maxHourlyCost and the budget: pure, before Google is asked
-        from infra.cost_caps import BUDGET_INTERVAL_ENV, budget_interval_s, check_spending_caps
+        from infra.billing import BUDGET_INTERVAL_ENV, budget_interval_s, check_spending_caps
 
         check_spending_caps(declared.spec, opts.budget)
         if opts.budget is not None or declared.spec.budget is not None:
