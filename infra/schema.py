@@ -207,79 +207,6 @@ def whole_range(key: str) -> tuple[int, int, str]:
     return int(lo), int(hi), str(unit)
 
 
-def _json(key: str, text: str, shape: type, allowed_text: str) -> Any:
-    """JSON text of the given shape, or SettingTypeError naming what the key allows."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise SettingTypeError(key, text, allowed_text) from None
-    if not isinstance(value, shape):
-        raise SettingTypeError(key, text, allowed_text)
-    return value
-
-
-def _texts(key: str, text: str) -> list[str]:
-    """A JSON array of strings (how the CLI passes lists) or comma-separated text."""
-    if text.startswith("["):
-        items = _json(key, text, list, ALLOWED["texts"])
-        if not all(isinstance(v, str) for v in items):
-            raise SettingTypeError(key, text, ALLOWED["texts"])
-        return [v.strip() for v in items]
-    return [v.strip() for v in text.split(",") if v.strip()]
-
-
-def _from_string(key: str, raw: str) -> Any:
-    """One Pulumi config string as the YAML value its key's kind takes (None: unset)."""
-    text, what = raw.strip(), kind(key)
-    if what == "text":
-        return text
-    if not text:
-        return None
-    if what == "texts":
-        return _texts(key, text)
-    if what == "labels":
-        return _json(key, text, dict, ALLOWED[what]) if text.startswith("{") else _texts(key, text)
-    if what == "text-or-texts":
-        return _texts(key, text) if text.startswith("[") else text
-    if what in ("mapping", "datasets"):
-        try:
-            return _json(key, text, dict, ALLOWED[what])
-        except SettingTypeError as e:
-            if what == "datasets":  # worded as the `data` key's own check words it
-                e.line = f"{key}: {text!r} is not allowed; expected a map " + (
-                    "NAME: gs://BUCKET/PREFIX[:copy|:mount]"
-                )
-            raise
-    if what == "whole" and not re.fullmatch(r"[0-9]+", text):
-        extra = StackSettings.model_fields[key].json_schema_extra
-        if isinstance(extra, dict) and "range" in extra:
-            lo, hi, unit = whole_range(key)
-            raise SettingTypeError(key, text, f"a whole number {lo}..{hi}{unit}")
-    return text  # a whole number or a flag: the model's own validators read the text
-
-
-def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
-    """The typed settings of a Pulumi config (qualified keys, strings all the way, as the CLI
-    hands them to the program), validated once: the string side of load_settings. Keys
-    outside the namespace, or that the model does not know, are left to the caller."""
-    values = {
-        key[len(ns) :]: _from_string(key[len(ns) :], raw)
-        for key, raw in config.items()
-        if key.startswith(ns) and key[len(ns) :] in StackSettings.model_fields
-    }
-    known = {k: v for k, v in values.items() if v is not None}
-    try:
-        return StackSettings.model_validate(known)
-    except ValidationError as exc:
-        key = str(exc.errors()[0]["loc"][0])
-        raise SettingTypeError(key, config[ns + key].strip(), allowed(key)) from None
-
-
-def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
-    """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
-    return {key: config_string(value) for key, value in values.items()}
-
-
 # ---- the keys' names and the one-line error form ------------------------------------------------
 
 PROJECT = "gputrain"
@@ -626,17 +553,6 @@ def bucket(s: StackSettings) -> tuple[str | None, str]:
     return name, "".join(p + "/" for p in parts)
 
 
-def stack_bucket_name(stack: str, project: str) -> str:
-    """The name of a stack's own bucket: `gputrain-<stack>-<project>` (unique: project IDs are),
-    or with a hash of the project where that breaks a naming rule (length, 'google'). Pure."""
-    import hashlib
-
-    name = f"gputrain-{stack}-{project}"
-    if bucket_name_problem(name):
-        name = f"gputrain-{stack}-{hashlib.sha256(project.encode()).hexdigest()[:12]}"
-    return name
-
-
 # ---- stallTimeout (and --stall-timeout): how long no rank may make a training step before
 # gputrain dumps the stacks and stops the job ---------------------------------------------------
 
@@ -797,3 +713,120 @@ def build_setting(build: str, image: str) -> str:
             "relative to it, without '..' (its directory is the build context, sent as a whole)"
         )
     return build
+
+
+# ---- every single key's rule, applied once --------------------------------------------------------
+
+MIN_RUN_S = 10 * 60
+MAX_RUN_S = 120 * 24 * 3600
+_PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_IMAGE_FAMILY_RE = re.compile(r"^[a-z][-a-z0-9]{0,62}$")
+_IMAGE_PROJECT_RE = re.compile(r"^[a-z][-a-z0-9.:]{4,62}$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_NETWORK_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class CheckedKeys:
+    """The values of the keys whose rules need no other key, each checked: what
+    infra/spec.py builds the ClusterSpec on, with the rules between keys."""
+
+    backend: Backend
+    ignored: tuple[str, ...]  # the other backend's keys the stack sets (not read)
+    settings: StackSettings  # without the other backend's keys: their defaults stand in
+    max_run_duration_s: int
+    image_family: str
+    image_project: str
+    boot_disk_gb: int
+    ssh_user: str
+    public_ip: Literal["head", "all", "none"]
+    placement: str  # auto, compact or none: infra/spec.py weighs it against the machine
+    network: str | None
+    existing_bucket: str | None
+    bucket_prefix: str
+    ssh_public_key: str | None
+    ssh_source_ranges: tuple[str, ...]
+    labels: dict[str, str]
+    bucket_retention_days: int
+    stall_timeout_s: int | None
+    notify: tuple[str, ...]
+    build: str
+    executor_image: str
+    local_ssd_count: int
+
+
+def check_keys(typed: StackSettings, project: str | None) -> CheckedKeys:
+    """Every rule of one key, once, in the order `plan` reports them (the key, the bad value,
+    what is allowed: one SpecError line); the other backend's keys are not read."""
+    chosen, ignored, s = backend(typed)
+    if project is not None:
+        CHECK.matches(
+            GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
+        )
+    try:
+        ttl = parse_duration(s.maxRunDuration)
+    except ValueError:
+        raise CHECK.fail(
+            "maxRunDuration", s.maxRunDuration, "allowed: durations like 90m, 6h, 2d, 1h30m"
+        ) from None
+    if not MIN_RUN_S <= ttl <= MAX_RUN_S:
+        raise CHECK.fail("maxRunDuration", s.maxRunDuration, "allowed: 10m to 120d")
+    CHECK.matches(
+        "imageFamily",
+        s.imageFamily,
+        _IMAGE_FAMILY_RE,
+        "allowed: an image family name, e.g. " + DEFAULT_IMAGE_FAMILY,
+    )
+    CHECK.matches(
+        "imageProject",
+        s.imageProject,
+        _IMAGE_PROJECT_RE,
+        "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
+    )
+    disk_gb = in_range(s, "bootDiskGb")
+    CHECK.check(
+        bool(_USER_RE.match(s.sshUser)) and s.sshUser != "root",
+        "sshUser",
+        s.sshUser,
+        "allowed: a Linux user name (a-z 0-9 _ -, not root)",
+    )
+    public_ip = choice("publicIp", s.publicIp, ("head", "all", "none"))
+    if public_ip == "none":
+        # No node would be reachable from outside the VPC: refuse before anything is billed.
+        raise CHECK.fail(
+            "publicIp",
+            public_ip,
+            "no node would be reachable (the controller runs outside the VPC and no jump host "
+            "is supported); allowed: head (workers via the head) or all",
+        )
+    placement = choice("placement", s.placement, ("auto", "compact", "none"))
+    network = s.network or None
+    if network is not None:
+        CHECK.matches(
+            "network", network, _NETWORK_RE, "allowed: an existing VPC name (a-z 0-9 -) or empty"
+        )
+    existing_bucket, bucket_prefix = bucket(s)
+    return CheckedKeys(
+        backend=chosen,
+        ignored=ignored,
+        settings=s,
+        max_run_duration_s=ttl,
+        image_family=s.imageFamily,
+        image_project=s.imageProject,
+        boot_disk_gb=disk_gb,
+        ssh_user=s.sshUser,
+        public_ip=cast(Literal["head", "all", "none"], public_ip),
+        placement=placement,
+        network=network,
+        existing_bucket=existing_bucket,
+        bucket_prefix=bucket_prefix,
+        ssh_public_key=ssh_public_key(s),
+        ssh_source_ranges=source_ranges(s, s.allowSshFromAnywhere),
+        labels=labels(s),
+        bucket_retention_days=in_range(s, "bucketRetentionDays"),
+        stall_timeout_s=read_stall_timeout(s.stallTimeout) if chosen == "gce" else None,
+        notify=check_urls(s.notify, f"{NS}notify"),
+        build=build_setting(s.build, s.image),
+        executor_image=executor_image(s),
+        local_ssd_count=in_range(s, "localSsdCount"),
+    )

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Literal
 
 from infra import capacity as modes
 from infra import catalog, offers, schema, vertex
@@ -27,14 +27,10 @@ from infra.schema import (
     CHECK,
     SettingTypeError,
     StackSettings,
-    build_setting,
-    check_urls,
+    check_keys,
     config_string,
     format_duration,
-    load_config_strings,
-    parse_duration,
     read_autodown,
-    read_stall_timeout,
 )
 from infra.scratch import NO_SCRATCH, Scratch, scratch_for
 from infra.secret_refs import parse_secrets, secret_grants
@@ -47,6 +43,7 @@ from infra.stackfile import (
     SpecError,
     StackFile,
     check_stack_name,
+    load_config_strings,
 )
 from infra.vertex_pools import Chief, ReductionServer, parse_chief, parse_reduction_server
 
@@ -61,14 +58,6 @@ RDMA_IMAGE_WHY = (
     "gIB needs NVIDIA's DOCA-OFED driver on standard OS images such as Deep Learning VM "
     "images (Google's NCCL page); the Ubuntu accelerator image has it"
 )
-MIN_RUN_S = 10 * 60
-MAX_RUN_S = 120 * 24 * 3600
-
-_PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_IMAGE_FAMILY_RE = re.compile(r"^[a-z][-a-z0-9]{0,62}$")
-_IMAGE_PROJECT_RE = re.compile(r"^[a-z][-a-z0-9.:]{4,62}$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_NETWORK_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -165,7 +154,7 @@ class ClusterSpec:
         """The bucket checkpoints and results go to; None while gcp:project is unset."""
         if self.existing_bucket:
             return self.existing_bucket
-        return schema.stack_bucket_name(self.stack, self.project) if self.project else None
+        return stack_bucket_name(self.stack, self.project) if self.project else None
 
     @property
     def on_vertex(self) -> bool:
@@ -254,34 +243,22 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
     """The ClusterSpec of a stack's typed settings (read and checked once: infra/schema.py)
     and its gcp:project; one-line SpecError for the first rule a setting breaks."""
     check_stack_name(stack)
-    backend, ignored, settings = schema.backend(typed)
-    if project is not None:
-        CHECK.matches(
-            GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
-        )
+    keys = check_keys(typed, project)
+    backend, settings, ttl = keys.backend, keys.settings, keys.max_run_duration_s
     # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
     # validates it against the machine below
     mode = modes.resolved_capacity(capacity_in_use(settings), spot_text(settings))
     where = place(settings, spot=mode == "spot", backend=backend)
     mt, accelerator, gpus, attach, nodes = where.shape
 
-    ttl_raw = settings.maxRunDuration
-    try:
-        ttl = parse_duration(ttl_raw)
-    except ValueError:
-        raise CHECK.fail(
-            "maxRunDuration", ttl_raw, "allowed: durations like 90m, 6h, 2d, 1h30m"
-        ) from None
-    if not MIN_RUN_S <= ttl <= MAX_RUN_S:
-        raise CHECK.fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
-    cap = read_capacity(settings, mt, ttl, ttl_raw, backend)
+    cap = read_capacity(settings, mt, ttl, settings.maxRunDuration, backend)
     spot = cap.capacity == "spot"
     if backend == "vertex":
         gpu = accelerator if attach else None
         problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
         if problem:
             raise SpecError(f"{NS}{problem} (backend vertex)")
-        if mt.accelerator == "nvidia-b200" and schema.executor_image(settings) == (
+        if mt.accelerator == "nvidia-b200" and keys.executor_image == (
             vertex.DEFAULT_EXECUTOR_IMAGE
         ):  # no newer prebuilt tag is confirmed, so no default to switch to: ask for one
             raise SpecError(
@@ -290,22 +267,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
                 ">= 2.7 / CUDA 12.8); set executorImage to such a container (backend vertex)"
             )
 
-    image_family = settings.imageFamily
-    image_project = settings.imageProject
-    CHECK.matches(
-        "imageFamily",
-        image_family,
-        _IMAGE_FAMILY_RE,
-        "allowed: an image family name, e.g. " + DEFAULT_IMAGE_FAMILY,
-    )
-    CHECK.matches(
-        "imageProject",
-        image_project,
-        _IMAGE_PROJECT_RE,
-        "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
-    )
-
-    disk_gb = schema.in_range(settings, "bootDiskGb")
+    image_family, image_project = keys.image_family, keys.image_project
     disk_type = settings.bootDiskType or catalog.default_boot_disk_type(mt)
     if disk_type not in catalog.boot_disk_types(mt):
         raise CHECK.fail(
@@ -314,27 +276,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
             f"allowed for {mt.name}: {', '.join(catalog.boot_disk_types(mt))}",
         )
 
-    ssh_user = settings.sshUser
-    CHECK.check(
-        bool(_USER_RE.match(ssh_user)) and ssh_user != "root",
-        "sshUser",
-        ssh_user,
-        "allowed: a Linux user name (a-z 0-9 _ -, not root)",
-    )
-    anywhere = settings.allowSshFromAnywhere
-    public_ip = cast(
-        Literal["head", "all", "none"],
-        schema.choice("publicIp", settings.publicIp, ("head", "all", "none")),
-    )
-    if public_ip == "none":
-        # No node would be reachable from outside the VPC: refuse before anything is billed.
-        raise CHECK.fail(
-            "publicIp",
-            public_ip,
-            "no node would be reachable (the controller runs outside the VPC and no jump host "
-            "is supported); allowed: head (workers via the head) or all",
-        )
-    placement_raw = schema.choice("placement", settings.placement, ("auto", "compact", "none"))
+    placement_raw = keys.placement
     own_policy = modes.instance_capacity(
         cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
     ).placement_policy
@@ -361,19 +303,10 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         or (placement_raw == "auto" and nodes > 1 and mt.compact_placement and own_policy)
         else "none"
     )
-    network = settings.network or None
-    if network is not None:
-        CHECK.matches(
-            "network",
-            network,
-            _NETWORK_RE,
-            "allowed: an existing VPC name (a-z 0-9 -) or empty",
-        )
 
-    existing_bucket, bucket_prefix = schema.bucket(settings)
     acc = catalog.ACCELERATORS[accelerator]
     fabric = read_fabric(
-        settings, mt, nodes, zone=where.zone, project=project, existing_network=network
+        settings, mt, nodes, zone=where.zone, project=project, existing_network=keys.network
     )
     rdma = fabric.enabled and fabric.kind == "rdma"
     if rdma and (image_project, image_family) == (DEFAULT_IMAGE_PROJECT, DEFAULT_IMAGE_FAMILY):
@@ -400,39 +333,39 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         max_run_duration_s=ttl,
         image_family=image_family,
         image_project=image_project,
-        boot_disk_gb=disk_gb,
+        boot_disk_gb=keys.boot_disk_gb,
         boot_disk_type=disk_type,
-        ssh_user=ssh_user,
-        ssh_public_key=schema.ssh_public_key(settings),
-        ssh_source_ranges=schema.source_ranges(settings, anywhere),
-        allow_ssh_from_anywhere=anywhere,
-        public_ip=public_ip,
+        ssh_user=keys.ssh_user,
+        ssh_public_key=keys.ssh_public_key,
+        ssh_source_ranges=keys.ssh_source_ranges,
+        allow_ssh_from_anywhere=settings.allowSshFromAnywhere,
+        public_ip=keys.public_ip,
         placement=placement,
-        network=network,
-        labels=MappingProxyType(schema.labels(settings)),
+        network=keys.network,
+        labels=MappingProxyType(keys.labels),
         gvnic=mt.gvnic,
         attach_gpus=attach,
-        existing_bucket=existing_bucket,
-        bucket_prefix=bucket_prefix,
-        bucket_retention_days=schema.in_range(settings, "bucketRetentionDays"),
-        stall_timeout_s=read_stall_timeout(settings.stallTimeout) if backend == "gce" else None,
+        existing_bucket=keys.existing_bucket,
+        bucket_prefix=keys.bucket_prefix,
+        bucket_retention_days=keys.bucket_retention_days,
+        stall_timeout_s=keys.stall_timeout_s,
         autodown_s=None if backend == "vertex" else read_autodown(settings.autodown, ttl),
         recover=parse_recover(settings.recover) if backend == "gce" else "never",
         reconcile_every_s=parse_every(settings.reconcileEvery) if backend == "gce" else 120,
-        notify=check_urls(settings.notify, f"{NS}notify"),
+        notify=keys.notify,
         billing_export=billing_export(settings.billingExport),
         budget=parse_usd(settings.budget, f"{NS}budget"),
         max_hourly_cost=parse_usd(settings.maxHourlyCost, f"{NS}maxHourlyCost"),
         billing_budget=guard_setting(settings.billingBudget) if backend == "gce" else None,
-        build=build_setting(settings.build, settings.image),
+        build=keys.build,
         secret_access=_secret_access(settings, project),
         backend=backend,
-        executor_image=schema.executor_image(settings),
+        executor_image=keys.executor_image,
         chief=pools[0],
         reduction_server=pools[1],
         vertex_job_spec=pools[2],
         restart_job_on_worker_restart=backend == "vertex" and settings.restartJobOnWorkerRestart,
-        ignored=ignored,
+        ignored=keys.ignored,
         gpus_request=where.request,
         candidates=where.candidates,
         capacity=cap.capacity,
@@ -442,7 +375,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         wait_for_capacity_s=cap.wait_for_capacity_s,
         fabric=fabric,
         datasets=tuple(parse_datasets(settings.data)),
-        scratch=scratch_for(mt, schema.in_range(settings, "localSsdCount")),
+        scratch=scratch_for(mt, keys.local_ssd_count),
     )
 
 
@@ -752,3 +685,14 @@ def _gpus_of(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]
             f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
         )
     return gpu_type, count, True
+
+
+def stack_bucket_name(stack: str, project: str) -> str:
+    """The name of a stack's own bucket: `gputrain-<stack>-<project>` (unique: project IDs are),
+    or with a hash of the project where that breaks a naming rule (length, 'google'). Pure."""
+    import hashlib
+
+    name = f"gputrain-{stack}-{project}"
+    if schema.bucket_name_problem(name):
+        name = f"gputrain-{stack}-{hashlib.sha256(project.encode()).hexdigest()[:12]}"
+    return name

@@ -8,12 +8,24 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from infra.schema import (
+    ALLOWED,
+    SettingTypeError,
+    StackSettings,
+    allowed,
+    config_string,
+    kind,
+    load_settings,
+    whole_range,
+)
 from infra.schema import BACKEND_ONLY_KEYS as BACKEND_ONLY_KEYS
 from infra.schema import BACKENDS as BACKENDS
 from infra.schema import DEFAULT_EXECUTOR_IMAGE as DEFAULT_EXECUTOR_IMAGE
@@ -26,7 +38,6 @@ from infra.schema import NS as NS
 from infra.schema import PROJECT as PROJECT
 from infra.schema import PROJECT_LABEL as PROJECT_LABEL
 from infra.schema import STACK_LABEL as STACK_LABEL
-from infra.schema import SettingTypeError, StackSettings, config_strings, load_settings
 from infra.schema import SpecError as SpecError
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
@@ -333,3 +344,79 @@ def stack_config_from_pulumi() -> dict[str, str]:
         if key.startswith(NS) and key[len(NS) :] not in DEFAULTS:
             out[key] = ""
     return out
+
+
+# ---- a Pulumi config's strings (as the CLI hands them to the program) as the typed settings --------
+
+
+def _json(key: str, text: str, shape: type, allowed_text: str) -> Any:
+    """JSON text of the given shape, or SettingTypeError naming what the key allows."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise SettingTypeError(key, text, allowed_text) from None
+    if not isinstance(value, shape):
+        raise SettingTypeError(key, text, allowed_text)
+    return value
+
+
+def _texts(key: str, text: str) -> list[str]:
+    """A JSON array of strings (how the CLI passes lists) or comma-separated text."""
+    if text.startswith("["):
+        items = _json(key, text, list, ALLOWED["texts"])
+        if not all(isinstance(v, str) for v in items):
+            raise SettingTypeError(key, text, ALLOWED["texts"])
+        return [v.strip() for v in items]
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _from_string(key: str, raw: str) -> Any:
+    """One Pulumi config string as the YAML value its key's kind takes (None: unset)."""
+    text, what = raw.strip(), kind(key)
+    if what == "text":
+        return text
+    if not text:
+        return None
+    if what == "texts":
+        return _texts(key, text)
+    if what == "labels":
+        return _json(key, text, dict, ALLOWED[what]) if text.startswith("{") else _texts(key, text)
+    if what == "text-or-texts":
+        return _texts(key, text) if text.startswith("[") else text
+    if what in ("mapping", "datasets"):
+        try:
+            return _json(key, text, dict, ALLOWED[what])
+        except SettingTypeError as e:
+            if what == "datasets":  # worded as the `data` key's own check words it
+                e.line = f"{key}: {text!r} is not allowed; expected a map " + (
+                    "NAME: gs://BUCKET/PREFIX[:copy|:mount]"
+                )
+            raise
+    if what == "whole" and not re.fullmatch(r"[0-9]+", text):
+        extra = StackSettings.model_fields[key].json_schema_extra
+        if isinstance(extra, dict) and "range" in extra:
+            lo, hi, unit = whole_range(key)
+            raise SettingTypeError(key, text, f"a whole number {lo}..{hi}{unit}")
+    return text  # a whole number or a flag: the model's own validators read the text
+
+
+def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
+    """The typed settings of a Pulumi config (qualified keys, strings all the way, as the CLI
+    hands them to the program), validated once: the string side of load_settings. Keys
+    outside the namespace, or that the model does not know, are left to the caller."""
+    values = {
+        key[len(ns) :]: _from_string(key[len(ns) :], raw)
+        for key, raw in config.items()
+        if key.startswith(ns) and key[len(ns) :] in StackSettings.model_fields
+    }
+    known = {k: v for k, v in values.items() if v is not None}
+    try:
+        return StackSettings.model_validate(known)
+    except ValidationError as exc:
+        key = str(exc.errors()[0]["loc"][0])
+        raise SettingTypeError(key, config[ns + key].strip(), allowed(key)) from None
+
+
+def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
+    """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
+    return {key: config_string(value) for key, value in values.items()}

@@ -165,14 +165,14 @@ def test_the_cli_strings_load_into_the_same_settings_as_the_yaml() -> None:
         "data": {"train": "gs://b-1/w"},
         "maxRunDuration": "2h",
     }
-    strings = schema.config_strings({f"gputrain:{k}": v for k, v in yaml_values.items()})
-    typed = schema.load_config_strings(strings, "gputrain:")
+    strings = stackfile.config_strings({f"gputrain:{k}": v for k, v in yaml_values.items()})
+    typed = stackfile.load_config_strings(strings, "gputrain:")
     assert typed == schema.load_settings(yaml_values)
     assert typed.nodes == 2 and typed.spot is True and typed.bootDiskGb == 200
 
 
 def test_the_cli_strings_take_comma_lists_and_empty_as_unset() -> None:
-    typed = schema.load_config_strings(
+    typed = stackfile.load_config_strings(
         {
             "gputrain:zones": " us-central1-a, us-central1-b ",
             "gputrain:labels": "team=ml,env=dev",
