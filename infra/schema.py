@@ -165,6 +165,11 @@ DEFAULTS: dict[str, str] = {
 }
 
 
+def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
+    """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
+    return {key: config_string(value) for key, value in values.items()}
+
+
 class SettingTypeError(ValueError):
     """A value whose YAML shape the key does not take: (key, value, what is allowed)."""
 

@@ -21,7 +21,7 @@ from infra.schema import (
     SettingTypeError,
     StackSettings,
     allowed,
-    config_string,
+    config_strings,
     kind,
     load_settings,
     whole_range,
@@ -415,8 +415,3 @@ def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
     except ValidationError as exc:
         key = str(exc.errors()[0]["loc"][0])
         raise SettingTypeError(key, config[ns + key].strip(), allowed(key)) from None
-
-
-def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
-    """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
-    return {key: config_string(value) for key, value in values.items()}

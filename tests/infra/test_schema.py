@@ -165,7 +165,7 @@ def test_the_cli_strings_load_into_the_same_settings_as_the_yaml() -> None:
         "data": {"train": "gs://b-1/w"},
         "maxRunDuration": "2h",
     }
-    strings = stackfile.config_strings({f"gputrain:{k}": v for k, v in yaml_values.items()})
+    strings = schema.config_strings({f"gputrain:{k}": v for k, v in yaml_values.items()})
     typed = stackfile.load_config_strings(strings, "gputrain:")
     assert typed == schema.load_settings(yaml_values)
     assert typed.nodes == 2 and typed.spot is True and typed.bootDiskGb == 200
