@@ -321,14 +321,14 @@ MAX_WAIT_FOR_CAPACITY_S = FLEX_START_MAX_RUN_S
 
 def capacity_ladder(cfg: StackSettings) -> list[str]:
     """`capacity` as written: one mode, or a list ([spot, on-demand]) tried in order."""
-    value, raw = cfg.capacity, config_string(cfg.capacity)
+    value = cfg.capacity
     if isinstance(value, str) and "," not in value:
         return [value]
     ladder = value if isinstance(value, list) else [v.strip() for v in value.split(",")]
     ladder = [v for v in ladder if v]
     if not ladder:  # else the first rung's absence is blamed on capacityInUse or spot
         raise SpecError(
-            f"gputrain:capacity = {raw!r}: an empty list; allowed: a capacity mode or a list of "
+            f"gputrain:capacity = {config_string(value)!r}: an empty list; allowed: a capacity mode or a list of "
             "them tried in order (on-demand, spot, flex-start, reservation), or leave it unset"
         )
     return ladder
@@ -342,7 +342,7 @@ def capacity_in_use(cfg: StackSettings) -> str:
 
 def spot_text(cfg: StackSettings) -> str:
     """`spot` as the capacity rules read it: "" (unset), "true" or "false"."""
-    return "" if cfg.spot is None else config_string(cfg.spot)
+    return "" if cfg.spot is None else ("true" if cfg.spot else "false")
 
 
 def read_wait(key: str, raw: str) -> int:

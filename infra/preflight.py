@@ -7,6 +7,7 @@ not report is unknown, not zero: it warns, it never fails.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -54,7 +55,7 @@ class PreflightRequest:
     subnetworks: int = 0
     roce: bool = False  # the fabric needs the zone's <zone>-vpc-roce network profile
 
-    @property
+    @functools.cached_property  # asked for every regional check of the zone
     def region(self) -> str:
         return region_of(self.zone)
 

@@ -7,6 +7,7 @@ Nothing here imports pulumi, so `gputrain plan` and the tests use it without the
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -133,7 +134,7 @@ class ClusterSpec:
     vertex_job_spec: str = ""  # a path relative to the project directory; "" = the stack keys
     restart_job_on_worker_restart: bool = False  # vertex: one replica restarted restarts them all
 
-    @property
+    @functools.cached_property  # read by every quota metric: computed once per spec
     def instance_capacity(self) -> modes.InstanceCapacity:
         """What the capacity mode sets on every VM (scheduling, reservation affinity)."""
         return modes.instance_capacity(
