@@ -33,7 +33,7 @@ from infra.schema import (
     format_duration,
     read_autodown,
 )
-from infra.scratch import NO_SCRATCH, Scratch, scratch_for
+from infra.scratch import SCRATCH_MOUNT
 from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
@@ -59,6 +59,74 @@ RDMA_IMAGE_WHY = (
     "gIB needs NVIDIA's DOCA-OFED driver on standard OS images such as Deep Learning VM "
     "images (Google's NCCL page); the Ubuntu accelerator image has it"
 )
+
+
+# ---- local SSD as the nodes' scratch disk (infra/scratch.py mounts it): machine types that bundle
+# local NVMe (A2 Ultra, A3, A4) get all of it; N1 and G2 may add some (`localSsdCount`) ----------
+
+LOCAL_SSD_GIB = 375  # one local SSD partition
+#: bundle local SSD whose size our sources leave open (facts sheet: UNCONFIRMED)
+BUNDLED_SIZE_UNKNOWN = ("a3-ultragpu-8g", "a4-highgpu-8g")
+#: N1: the counts Compute Engine takes (docs: 1-8, 16 or 24 partitions of 375 GiB)
+N1_COUNTS = (*range(1, 9), 16, 24)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A node's local SSD: how many disks we declare (0: none or bundled), its size."""
+
+    declared_disks: int
+    gib: int | None  # None: bundled, size unknown
+    bundled: bool
+
+    @property
+    def present(self) -> bool:
+        return self.bundled or self.declared_disks > 0
+
+    def describe(self) -> str:
+        if not self.present:
+            return "none (boot disk only; N1/G2: localSsdCount)"
+        size = f"{self.gib:,} GiB" if self.gib is not None else "size unknown"
+        how = (
+            "bundled with the machine type" if self.bundled else f"{self.declared_disks} x 375 GiB"
+        )
+        return f"{size} local NVMe SSD ({how}), RAID 0 at {SCRATCH_MOUNT}"
+
+
+NO_SCRATCH = Scratch(0, None, False)
+
+
+def allowed_counts(mt: catalog.MachineType) -> tuple[int, ...]:
+    """The `localSsdCount` values a machine type takes besides 0 (none: bundled or not offered)."""
+    if mt.series == "n1":
+        return N1_COUNTS
+    if mt.series == "g2":
+        # the docs' maximum local SSD per G2 type, in 375 GiB partitions (facts sheet §1.3)
+        most = {4: 1, 8: 1, 12: 1, 16: 1, 24: 2, 32: 1, 48: 4, 96: 8}[mt.vcpus]
+        return tuple(range(1, most + 1))
+    return ()
+
+
+def scratch_for(mt: catalog.MachineType, count: int) -> Scratch:
+    """`localSsdCount` checked against the machine type (one line naming it otherwise)."""
+    bundled = mt.local_ssd_gib is not None or mt.name in BUNDLED_SIZE_UNKNOWN
+    if count == 0:
+        return Scratch(0, mt.local_ssd_gib, True) if bundled else Scratch(0, None, False)
+    if bundled:
+        raise CHECK.fail(
+            "localSsdCount",
+            str(count),
+            f"allowed: 0 ({mt.name} brings its own local SSD, all of it used)",
+        )
+    counts = allowed_counts(mt)
+    if count not in counts:
+        allowed = (
+            f"allowed for {mt.name}: 0 or {', '.join(map(str, counts))}"
+            if counts
+            else f"allowed: 0 ({mt.name} takes no local SSD here; N1 and G2 do)"
+        )
+        raise CHECK.fail("localSsdCount", str(count), allowed)
+    return Scratch(count, count * LOCAL_SSD_GIB, False)
 
 
 @dataclass(frozen=True)
