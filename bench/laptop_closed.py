@@ -23,8 +23,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from infra.keys import parse_duration
 from infra.reconciler import DEFAULT_EVERY, GIB_SECOND_USD, VCPU_SECOND_USD, idle_cost_per_day
-from infra.schema import parse_duration
 from scripts import ui
 from tests.support.stack_world import ZONES, world_factory
 from tests.support.testbed import TestBed

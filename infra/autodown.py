@@ -2,12 +2,12 @@
 controller has been silent this long, the head's watchdog (gputrain_node/watchdog.py) puts each node's out
 dir in the stack's bucket and deletes the stack's VMs. Pure: the bound `plan` states and the IAM
 condition that lets the nodes' account delete its own stack's VMs and nothing else (the
-`autodown` key itself is read in infra/schema.py).
+`autodown` key itself is read in infra/keys.py).
 """
 
 from __future__ import annotations
 
-from infra.schema import format_duration
+from infra.keys import format_duration
 
 #: The predefined role the nodes' account gets, conditioned on the stack's own VMs (and their boot
 #: disks, which a delete takes with it). There is no narrower predefined role that can delete.

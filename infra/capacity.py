@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from infra import catalog
-from infra.schema import NS, SpecError, StackSettings, config_string, parse_duration
+from infra.keys import parse_duration
+from infra.schema import NS, SpecError, StackSettings, config_string
 
 Capacity = Literal["on-demand", "spot", "flex-start", "reservation"]
 CAPACITIES: tuple[Capacity, ...] = ("on-demand", "spot", "flex-start", "reservation")

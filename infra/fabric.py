@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infra import catalog
-from infra.schema import SpecError, StackSettings, choice
+from infra.keys import choice
+from infra.schema import SpecError, StackSettings
 
 GpuDirect = Literal["auto", "off"]
 GPU_DIRECT_CHOICES: tuple[GpuDirect, ...] = ("auto", "off")

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from infra.keys import whole_range
 from infra.schema import (
     ALLOWED,
     SettingTypeError,
@@ -24,7 +25,6 @@ from infra.schema import (
     config_strings,
     kind,
     load_settings,
-    whole_range,
 )
 from infra.schema import BACKEND_ONLY_KEYS as BACKEND_ONLY_KEYS
 from infra.schema import BACKENDS as BACKENDS

@@ -96,7 +96,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     image_conflict_check(env, opts)
     refuse_missing_features(target.capabilities, opts, build)
     if declared.spec is not None:  # maxHourlyCost and the budget: pure, before Google is asked
-        from infra.billing import BUDGET_INTERVAL_ENV, budget_interval_s, check_spending_caps
+        from infra.cost_caps import BUDGET_INTERVAL_ENV, budget_interval_s, check_spending_caps
 
         check_spending_caps(declared.spec, opts.budget)
         if opts.budget is not None or declared.spec.budget is not None:
@@ -241,7 +241,7 @@ def planned_autodown(can: Capabilities, declared: Declared, opts: RunOptions) ->
     """`--autodown` over the stack's `autodown`; none with --keep or where nothing autodowns."""
     if Feature.AUTODOWN not in can or declared.spec is None:
         return None
-    from infra.schema import format_duration
+    from infra.keys import format_duration
     from scripts.job.autodown import resolve_autodown
 
     spec = declared.spec

@@ -47,7 +47,7 @@ from pydantic import (
 from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.datasets import Dataset, parse_datasets
-from infra.schema import Checker, check_urls
+from infra.keys import Checker, check_urls
 from scripts.job.environment import EnvironmentSettings
 from scripts.transport.hostkeys import KnownHosts
 
@@ -165,7 +165,7 @@ class HostsSettings(BaseModel):
     image: StrictStr | None = Field(
         None, json_schema_extra=_allowed("expected a container image (a string)")
     )
-    notify: Any = None  # infra/schema.py check_urls: its own one-line errors
+    notify: Any = None  # infra/keys.py check_urls: its own one-line errors
 
 
 #: The keys each mapping takes, in the order its one-line errors list them.

@@ -12,8 +12,8 @@ import pulumi
 import pytest
 
 from infra.autodown import instance_condition, plan_line
+from infra.keys import parse_autodown
 from infra.plan import build_plan
-from infra.schema import parse_autodown
 from infra.spec import parse_spec
 from infra.stackfile import SpecError, load_stack_config
 from scripts.cli import main

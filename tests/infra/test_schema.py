@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from infra import schema, stackfile
-from infra.schema import parse_duration
+from infra.keys import parse_duration
 from infra.spec import parse_spec
 from infra.stackfile import SpecError, load_stack_config
 from tests.support.pulumi_mocks import ROOT, deployable_config
@@ -126,7 +126,7 @@ def test_whole_numbers_take_ascii_digits_only_at_parse_time(key: str, value: str
 
 
 def test_a_stall_timeout_in_other_digits_is_refused() -> None:
-    from infra.schema import parse_stall_timeout
+    from infra.keys import parse_stall_timeout
 
     with pytest.raises(ValueError):
         parse_stall_timeout("٦٠")

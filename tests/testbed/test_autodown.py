@@ -332,7 +332,7 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
     - `run --detach` (the controller lets go, as one killed would): the same stop, the head
       says `budget` itself, puts the run's cost record in the bucket and deletes the VMs once
       the controller is known gone; `down` brings the results home, `cost --json` counts it."""
-    from infra.billing import worst_hourly
+    from infra.cost_caps import worst_hourly
     from infra.spec import parse_spec
     from infra.stackfile import load_stack_config
 

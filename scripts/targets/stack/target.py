@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infra.base.errors import GputrainError, UserError
-from infra.billing import check_spending_caps
+from infra.cost_caps import check_spending_caps
 from scripts import ui
 from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
@@ -475,7 +475,7 @@ class StackTarget(Generic[C, P]):
         for line in plan.footer_lines():
             ui.say(line)
         if spec.budget is not None or spec.max_hourly_cost is not None:
-            from infra.billing import caps_line
+            from infra.cost_caps import caps_line
 
             ui.say(caps_line(spec))
         if spec.billing_budget is not None:

@@ -8,7 +8,7 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra import schema
+from infra import keys
 from infra.plan import build_plan
 from infra.spec import ClusterSpec, SpecError, parse_spec, stack_bucket_name
 from tests.support.pulumi_mocks import (
@@ -150,7 +150,7 @@ def test_bad_bucket_is_one_line_naming_the_key(value: str) -> None:
 )
 def test_stack_bucket_name_is_always_a_valid_name(project: str) -> None:
     name = stack_bucket_name("a-twenty-one-char-stk", project)
-    assert schema.bucket_name_problem(name) is None, name
+    assert keys.bucket_name_problem(name) is None, name
     assert name.startswith("gputrain-a-twenty-one-char-stk-")
     assert name == stack_bucket_name("a-twenty-one-char-stk", project)  # stable
     if project == "gputrain-test-1":

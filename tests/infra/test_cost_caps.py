@@ -9,7 +9,7 @@ from typing import NoReturn
 import pytest
 
 from infra.base.errors import UserError
-from infra.billing import (
+from infra.cost_caps import (
     BUDGET_INTERVAL_ENV,
     budget_interval_s,
     caps_line,

@@ -1,0 +1,233 @@
+"""Where and on what a stack runs: `gpus` resolved to ranked candidates, or `machineType` + `nodes`
+as the user wrote them, with the rules of zones and GPUs against the machine. Pure (the catalog
+and infra/prices.csv); infra/spec.py builds on it.
+
+With `gpus`, `machineType` and `nodes` are outputs: the chosen candidate is the cheapest one
+(infra/offers.py ranks), unless `up`'s failover pinned another one with `candidate` and `zone`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from infra import catalog, offers, vertex
+from infra.keys import CHECK, in_range
+from infra.offers import Candidate, GpuRequestError, candidate_label
+from infra.schema import DEFAULTS, SpecError, StackSettings, config_string
+
+MACHINE_TYPE_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
+_CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x (\d+)$")
+_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The machine shape, node count and zones of a stack, however they were asked for."""
+
+    machine_type: catalog.MachineType
+    accelerator: str
+    gpus_per_node: int
+    attach: bool  # N1: the GPUs are attached
+    nodes: int
+    zones: tuple[str, ...]  # machineType: the user's list; gpus: the chosen shape's in its region
+    zone: str
+    request: str = ""  # the `gpus` request as written; "" on a machineType stack
+    candidates: tuple[Candidate, ...] = ()  # gpus: every candidate, best first
+
+    @property
+    def shape(self) -> tuple[catalog.MachineType, str, int, bool, int]:
+        """(machine type, accelerator, GPUs per node, attached, nodes)."""
+        return self.machine_type, self.accelerator, self.gpus_per_node, self.attach, self.nodes
+
+
+def place(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
+    """The placement the stack asks for; one-line SpecError naming the key when it cannot be."""
+    machine = cfg.machineType
+    request = config_string(cfg.gpus)
+    if machine:
+        if request and request != DEFAULTS["gpus"]:
+            raise CHECK.fail(
+                "gpus",
+                request,
+                f"set either gpus or machineType (+ nodes), not both (machineType = {machine!r})",
+            )
+        return _by_machine_type(cfg, machine, spot)
+    return _by_request(cfg, spot=spot, backend=backend)
+
+
+def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
+    for key in ("regions", "candidate"):
+        if getattr(cfg, key):
+            raise CHECK.fail(
+                key,
+                config_string(getattr(cfg, key)),
+                "allowed only with gpus; with machineType use zones",
+            )
+    zones, zone = _zones_of(cfg, MACHINE_TYPE_ZONES)
+    mt = catalog.machine_type(name)
+    if mt is None:
+        near = catalog.nearest_machine_types(name)
+        hint = f"nearest: {', '.join(near)}" if near else "see infra/catalog.py for the list"
+        raise CHECK.fail("machineType", name, f"not a known machine type; {hint}")
+    if not mt.orderable:
+        raise CHECK.fail(
+            "machineType", name, "A3 Edge is a serving product, not orderable for training"
+        )
+    accelerator, gpus, attach = _gpus_of(cfg, mt)
+    nodes = in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
+    return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
+
+
+def _by_request(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
+    raw = config_string(cfg.gpus)
+    if not raw:
+        raise CHECK.fail(
+            "gpus", "", "set gpus (e.g. L4:1, H100:16, 40GB+:8) or machineType (+ nodes)"
+        )
+    for key in ("nodes", "gpuType", "gpuCount"):
+        if getattr(cfg, key):
+            raise CHECK.fail(
+                "gpus",
+                raw,
+                f"gpus decides the machine type and node count: remove gputrain:{key} "
+                f"(= {str(getattr(cfg, key))!r}), or use machineType instead of gpus",
+            )
+    zones = list(cfg.zones)
+    for z in zones:
+        if not catalog.ZONE_NAME.match(z):
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
+    regions = list(cfg.regions)
+    for r in regions:
+        if not _REGION_RE.match(r):
+            raise CHECK.fail("regions", r, "allowed: region names like us-central1")
+    try:
+        ranked = offers.resolve(
+            offers.parse_request(cfg.gpus),
+            spot=spot,
+            zones=zones,
+            regions=regions,
+        )
+    except GpuRequestError as e:
+        raise SpecError(str(e)) from None
+    if backend == "vertex":  # Vertex AI runs what its own machine list allows, per region
+        ranked = [c for c in ranked if _vertex_ok(c, spot)] or _no_vertex(raw, ranked)
+    pinned = _pinned(cfg, ranked)
+    chosen = pinned[0]
+    mt = catalog.MACHINE_TYPES[chosen.machine_type]
+    return Placement(
+        machine_type=mt,
+        accelerator=chosen.shape.accelerator,
+        gpus_per_node=chosen.gpus_per_node,
+        attach=chosen.shape.attached,
+        nodes=chosen.nodes,
+        zones=tuple(c.zone for c in ranked if _same_shape(c, chosen) and c.region == chosen.region),
+        zone=chosen.zone,
+        request=raw,
+        candidates=tuple(ranked),
+    )
+
+
+def _pinned(cfg: StackSettings, ranked: list[Candidate]) -> list[Candidate]:
+    """The candidates left once `candidate` and `zone` (written by `up`'s failover) apply."""
+    out = ranked
+    label = cfg.candidate
+    if label:
+        out = [c for c in out if candidate_label(c) == label]
+        if not _CANDIDATE_RE.match(label) or not out:
+            allowed = ", ".join(dict.fromkeys(candidate_label(c) for c in ranked))
+            raise CHECK.fail("candidate", label, f"allowed: empty or one of {allowed}")
+    zone = cfg.zone
+    if zone:
+        in_zone = [c for c in out if c.zone == zone]
+        if not in_zone:
+            allowed = ", ".join(dict.fromkeys(c.zone for c in out))
+            raise CHECK.fail("zone", zone, f"allowed: empty or a candidate's zone ({allowed})")
+        out = in_zone
+    return out
+
+
+def _same_shape(a: Candidate, b: Candidate) -> bool:
+    return (a.machine_type, a.nodes, a.shape) == (b.machine_type, b.nodes, b.shape)
+
+
+def _vertex_ok(c: Candidate, spot: bool) -> bool:
+    gpu = c.shape.accelerator if c.shape.attached else None
+    return (
+        vertex.vertex_problem(c.machine_type, gpu, c.gpus_per_node if gpu else 0, spot=spot) is None
+    )
+
+
+def _no_vertex(raw: str, ranked: list[Candidate]) -> list[Candidate]:
+    types = ", ".join(dict.fromkeys(c.machine_type for c in ranked))
+    why = f"Vertex AI runs none of its machine types ({types})" if types else "nothing serves it"
+    raise CHECK.fail("gpus", raw, f"{why}; use backend gce")
+
+
+def _zones_of(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(the zones in preference order, the zone to use now); `default` when none are listed."""
+    listed = list(s.zones) or list(default)
+    if not listed:
+        raise CHECK.fail(
+            "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
+        )
+    for z in listed:
+        if not catalog.ZONE_NAME.match(z):
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
+    regions = sorted({catalog.region_of(z) for z in listed})
+    if len(regions) > 1:
+        raise CHECK.fail(
+            "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
+        )
+    if len(set(listed)) != len(listed):
+        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
+    zone = s.zone or listed[0]
+    if zone not in listed:
+        raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
+    return tuple(listed), zone
+
+
+def _gpus_of(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]:
+    """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
+    gpu_type_raw, count = s.gpuType, s.gpuCount
+    count_raw = str(count)
+    gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
+    if gpu_type_raw and gpu_type is None:
+        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
+    if mt.accelerator is not None:
+        if gpu_type is not None and gpu_type != mt.accelerator:
+            raise CHECK.fail(
+                "gpuType",
+                gpu_type_raw,
+                f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
+            )
+        if count not in (0, mt.gpus):
+            raise CHECK.fail(
+                "gpuCount",
+                count_raw,
+                f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
+            )
+        return mt.accelerator, mt.gpus, False
+    # N1: the GPU is attached.
+    if gpu_type is None:
+        raise SpecError(
+            f"gputrain:gpuType is empty: {mt.name} needs an attached GPU: {', '.join(catalog.N1_GPUS)}"
+        )
+    gpu = catalog.N1_GPUS.get(gpu_type)
+    if gpu is None:
+        raise CHECK.fail(
+            "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
+        )
+    if count not in gpu.caps:
+        raise CHECK.fail(
+            "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
+        )
+    max_vcpu, max_mem = gpu.caps[count]
+    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
+        raise CHECK.fail(
+            "machineType",
+            mt.name,
+            f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "
+            f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
+        )
+    return gpu_type, count, True
