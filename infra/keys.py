@@ -40,9 +40,8 @@ def whole_range(key: str) -> tuple[int, int, str]:
     return int(lo), int(hi), str(unit)
 
 
-# Describe: (field, bad value, what is allowed) -> the one line the user reads. The stack config,
-# a hosts file (scripts/targets/hosts_file.py) each word it their own way.
-#: (field, bad value, what is allowed) -> the one line the user reads.
+#: (field, bad value, what is allowed) -> the one line the user reads; the stack config and a
+#: hosts file (scripts/targets/hosts_file.py) each word it their own way.
 Describe = Callable[[str, Any, str], str]
 
 
