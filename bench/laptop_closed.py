@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.fields import parse_duration
+from infra.keys import parse_duration
 from infra.reconciler import DEFAULT_EVERY, GIB_SECOND_USD, VCPU_SECOND_USD, idle_cost_per_day
 from scripts import ui
 from tests.support.stack_world import ZONES, world_factory

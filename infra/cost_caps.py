@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from infra.base.errors import UserError
 from infra.billing import parse_usd as parse_usd
-from infra.fields import format_duration
+from infra.keys import format_duration
 from infra.spec import ClusterSpec
 
 BUDGET_INTERVAL_ENV = "GPUTRAIN_BUDGET_INTERVAL_S"

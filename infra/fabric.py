@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infra import catalog
+from infra.keys import choice
+from infra.schema import SpecError, StackSettings
 
 GpuDirect = Literal["auto", "off"]
 GPU_DIRECT_CHOICES: tuple[GpuDirect, ...] = ("auto", "off")
@@ -367,3 +369,28 @@ def fabric_note(machine_type: str, nodes: int, kind: FabricKind, gpu_direct: str
             f"Gbps) instead of {fabric.technology} ({fabric.gpu_gbps:,} Gbps)"
         )
     return ""
+
+
+def read_fabric(
+    cfg: StackSettings,
+    mt: catalog.MachineType,
+    nodes: int,
+    *,
+    zone: str,
+    project: str | None,
+    existing_network: str | None,
+) -> FabricPlan:
+    """`gpuDirect` and `subnetRange` -> the stack's fabric plan (its ranges checked here)."""
+    gpu_direct = choice("gpuDirect", cfg.gpuDirect, GPU_DIRECT_CHOICES)
+    try:
+        return plan_fabric(
+            mt.name,
+            nodes,
+            zone=zone,
+            project=project,
+            gpu_direct=gpu_direct,
+            subnet_range=cfg.subnetRange,
+            own_primary=existing_network is None,
+        )
+    except FabricError as exc:
+        raise SpecError(str(exc)) from None

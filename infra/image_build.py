@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.stackfile import NS, SpecError
+from infra.stackfile import SpecError
 
 #: Artifact Registry's Docker hosts are per region: us-central1-docker.pkg.dev
 REGISTRY_SUFFIX = "-docker.pkg.dev"
@@ -43,26 +43,6 @@ def registry_host(region: str) -> str:
 def repository_path(region: str, project: str, stack: str) -> str:
     """Where the stack's images go: REGION-docker.pkg.dev/PROJECT/REPOSITORY."""
     return f"{registry_host(region)}/{project}/{repository_id(stack)}"
-
-
-def build_setting(build: str, image: str) -> str:
-    """The `build` key, checked: a Dockerfile path, never beside `image` (one line, no build)."""
-    build = build.strip()
-    if not build:
-        return ""
-    if image.strip():
-        raise SpecError(
-            f"{NS}build = {build!r} and {NS}image = {image.strip()!r} are both set; set either "
-            "build (a Dockerfile gputrain builds and pushes) or image (one that exists), not both"
-        )
-    if any(c in build for c in "\n\r\0") or build.endswith("/"):
-        raise SpecError(f"{NS}build = {build!r}: allowed: the path of a Dockerfile")
-    if build.startswith(("/", "~")) or ".." in build.replace("\\", "/").split("/"):
-        raise SpecError(
-            f"{NS}build = {build!r}: allowed: the path of a Dockerfile inside the project, "
-            "relative to it, without '..' (its directory is the build context, sent as a whole)"
-        )
-    return build
 
 
 @dataclass(frozen=True)

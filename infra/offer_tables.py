@@ -12,14 +12,16 @@ from infra import catalog
 from infra.offers import (
     GPU_MODELS,
     MODEL_OF,
+    UNKNOWN,
     Candidate,
     GpuRequestError,
+    PriceTable,
     mode_name,
     parse_alternative,
+    price_table,
     region_of,
     shapes,
 )
-from infra.prices import UNKNOWN, PriceTable, price_table
 
 CANDIDATE_HEADERS = (
     "#",

@@ -13,7 +13,6 @@ from typing import Any
 from infra import catalog
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet, GpuExpectation, Node
-from infra.base.validate import Checker
 
 
 class Key:
@@ -68,10 +67,21 @@ class StackOutputError(GputrainError):
     """The outputs do not have the shape this gputrain writes (an older or newer program)."""
 
 
-#: "stack output nodes[1].role is 'boss'; expected head or worker".
-OUT = Checker(
-    lambda key, value, allowed: f"stack output {key} is {value!r}; {allowed}", StackOutputError
-)
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """ "stack output nodes[1].role is 'boss'; expected head or worker" unless ok."""
+    if not ok:
+        raise StackOutputError(f"stack output {key} is {value!r}; {allowed}")
+
+
+def _typed(key: str, value: Any, kind: type | tuple[type, ...], allowed: str) -> Any:
+    """`value` is a `kind` (a bool is never a number) and not empty."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    is_bool = isinstance(value, bool) and bool not in kinds
+    empty = value == "" or (isinstance(value, list | Mapping) and not value)
+    _check(isinstance(value, kind) and not is_bool and not empty, key, value, allowed)
+    return value
+
+
 _IN_SYNC = "(is the stack program in sync with this gputrain?)"
 
 
@@ -175,12 +185,12 @@ def _need(
     outputs: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str = ""
 ) -> Any:
     names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-    return OUT.typed(where + key, outputs.get(key), kind, f"expected {names} {_IN_SYNC}")
+    return _typed(where + key, outputs.get(key), kind, f"expected {names} {_IN_SYNC}")
 
 
 def _whole(outputs: Mapping[str, Any], key: str) -> int:
     value = _need(outputs, key, (int, float))
-    OUT.check(float(value) == int(value), key, value, "expected a whole number")
+    _check(float(value) == int(value), key, value, "expected a whole number")
     return int(value)
 
 
@@ -197,20 +207,16 @@ def parse_bucket(outputs: Mapping[str, Any]) -> BucketOutputs | None:
 
 def _parse_node(raw: Any, i: int) -> StackNode:
     where = f"{Key.NODES}[{i}]."
-    OUT.typed(f"{Key.NODES}[{i}]", raw, Mapping, "expected an object")
+    _typed(f"{Key.NODES}[{i}]", raw, Mapping, "expected an object")
     ext = raw.get(NodeKey.EXTERNAL_IP)
-    OUT.check(
+    _check(
         ext is None or (isinstance(ext, str) and ext != ""),
         where + NodeKey.EXTERNAL_IP,
         ext,
         "expected a string or null",
     )
-    role = OUT.one_of(
-        where + NodeKey.ROLE,
-        _need(raw, NodeKey.ROLE, str, where),
-        ("head", "worker"),
-        "expected head or worker",
-    )
+    role = _need(raw, NodeKey.ROLE, str, where)
+    _check(role in ("head", "worker"), where + NodeKey.ROLE, role, "expected head or worker")
     return StackNode(
         name=_need(raw, NodeKey.NAME, str, where),
         zone=_need(raw, NodeKey.ZONE, str, where),
@@ -223,12 +229,12 @@ def _parse_node(raw: Any, i: int) -> StackNode:
 
 def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
     """Checked StackOutputs from a GCE stack's raw outputs; StackOutputError if malformed."""
-    raw_nodes = OUT.typed(Key.NODES, outputs.get(Key.NODES), list, "expected a non-empty list")
+    raw_nodes = _typed(Key.NODES, outputs.get(Key.NODES), list, "expected a non-empty list")
     nodes = [_parse_node(raw, i) for i, raw in enumerate(raw_nodes)]
     if [n.role for n in nodes].count("head") != 1 or nodes[0].role != "head":
         raise StackOutputError("stack output nodes must list exactly one head, first")
     accelerator = _need(outputs, Key.ACCELERATOR, str)
-    OUT.check(
+    _check(
         catalog.canonical_accelerator(accelerator) is not None,
         Key.ACCELERATOR,
         accelerator,
@@ -254,9 +260,10 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
 
 def parse_vertex_outputs(outputs: Mapping[str, Any]) -> VertexOutputs:
     """Checked VertexOutputs; StackOutputError if the stack is not a Vertex one or is malformed."""
-    OUT.one_of(Key.BACKEND, outputs.get(Key.BACKEND), ("vertex",), f"expected vertex {_IN_SYNC}")
+    backend = outputs.get(Key.BACKEND)
+    _check(backend == "vertex", Key.BACKEND, backend, f"expected vertex {_IN_SYNC}")
     need = {
-        k: OUT.typed(k, outputs.get(k), str, f"expected a string {_IN_SYNC}")
+        k: _typed(k, outputs.get(k), str, f"expected a string {_IN_SYNC}")
         for k in (Key.PROJECT, Key.REGION, Key.BUCKET, Key.SERVICE_ACCOUNT)
     }
     return VertexOutputs(

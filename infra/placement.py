@@ -1,5 +1,6 @@
 """Where and on what a stack runs: `gpus` resolved to ranked candidates, or `machineType` + `nodes`
-as the user wrote them. Pure (the catalog and infra/prices.csv); infra/spec.py builds on it.
+as the user wrote them, with the rules of zones and GPUs against the machine. Pure (the catalog
+and infra/prices.csv); infra/spec.py builds on it.
 
 With `gpus`, `machineType` and `nodes` are outputs: the chosen candidate is the cheapest one
 (infra/offers.py ranks), unless `up`'s failover pinned another one with `candidate` and `zone`.
@@ -10,13 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from infra import catalog, fields, offers, vertex
-from infra.fields import CHECK
-from infra.offers import Candidate, GpuRequestError
-from infra.schema import StackSettings, config_string
-from infra.stackfile import DEFAULTS, SpecError
+from infra import catalog, offers, vertex
+from infra.keys import CHECK, in_range
+from infra.offers import Candidate, GpuRequestError, candidate_label
+from infra.schema import DEFAULTS, SpecError, StackSettings, config_string
 
-#: `zones` left empty on a `machineType` stack: what its default was before `gpus` existed.
 MACHINE_TYPE_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 _CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x (\d+)$")
 _REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
@@ -42,11 +41,6 @@ class Placement:
         return self.machine_type, self.accelerator, self.gpus_per_node, self.attach, self.nodes
 
 
-def candidate_label(c: Candidate) -> str:
-    """How `candidate` names a candidate: "a3-highgpu-8g x 2" (the zone goes in `zone`)."""
-    return f"{c.machine_type} x {c.nodes}"
-
-
 def place(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
     """The placement the stack asks for; one-line SpecError naming the key when it cannot be."""
     machine = cfg.machineType
@@ -70,7 +64,7 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
                 config_string(getattr(cfg, key)),
                 "allowed only with gpus; with machineType use zones",
             )
-    zones, zone = fields.zones(cfg, MACHINE_TYPE_ZONES)
+    zones, zone = _zones_of(cfg, MACHINE_TYPE_ZONES)
     mt = catalog.machine_type(name)
     if mt is None:
         near = catalog.nearest_machine_types(name)
@@ -80,8 +74,8 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
         raise CHECK.fail(
             "machineType", name, "A3 Edge is a serving product, not orderable for training"
         )
-    accelerator, gpus, attach = fields.gpus(cfg, mt)
-    nodes = fields.in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
+    accelerator, gpus, attach = _gpus_of(cfg, mt)
+    nodes = in_range(cfg, "nodes") if cfg.nodes else 1  # 0: unset
     return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
 
 
@@ -168,3 +162,72 @@ def _no_vertex(raw: str, ranked: list[Candidate]) -> list[Candidate]:
     types = ", ".join(dict.fromkeys(c.machine_type for c in ranked))
     why = f"Vertex AI runs none of its machine types ({types})" if types else "nothing serves it"
     raise CHECK.fail("gpus", raw, f"{why}; use backend gce")
+
+
+def _zones_of(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """(the zones in preference order, the zone to use now); `default` when none are listed."""
+    listed = list(s.zones) or list(default)
+    if not listed:
+        raise CHECK.fail(
+            "zones", "[]", "allowed: one or more zones of one region, e.g. [us-central1-a]"
+        )
+    for z in listed:
+        if not catalog.ZONE_NAME.match(z):
+            raise CHECK.fail("zones", z, "allowed: zone names like us-central1-a")
+    regions = sorted({catalog.region_of(z) for z in listed})
+    if len(regions) > 1:
+        raise CHECK.fail(
+            "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
+        )
+    if len(set(listed)) != len(listed):
+        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
+    zone = s.zone or listed[0]
+    if zone not in listed:
+        raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
+    return tuple(listed), zone
+
+
+def _gpus_of(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]:
+    """(accelerator, count, attach) for the machine type, validating gpuType/gpuCount."""
+    gpu_type_raw, count = s.gpuType, s.gpuCount
+    count_raw = str(count)
+    gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
+    if gpu_type_raw and gpu_type is None:
+        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
+    if mt.accelerator is not None:
+        if gpu_type is not None and gpu_type != mt.accelerator:
+            raise CHECK.fail(
+                "gpuType",
+                gpu_type_raw,
+                f"{mt.name} brings {mt.accelerator}; leave gpuType empty or set that",
+            )
+        if count not in (0, mt.gpus):
+            raise CHECK.fail(
+                "gpuCount",
+                count_raw,
+                f"{mt.name} has {mt.gpus} x {mt.accelerator}; use 0 (implied) or {mt.gpus}",
+            )
+        return mt.accelerator, mt.gpus, False
+    # N1: the GPU is attached.
+    if gpu_type is None:
+        raise SpecError(
+            f"gputrain:gpuType is empty: {mt.name} needs an attached GPU: {', '.join(catalog.N1_GPUS)}"
+        )
+    gpu = catalog.N1_GPUS.get(gpu_type)
+    if gpu is None:
+        raise CHECK.fail(
+            "gpuType", gpu_type_raw, f"{mt.name} (N1) can attach: {', '.join(catalog.N1_GPUS)}"
+        )
+    if count not in gpu.caps:
+        raise CHECK.fail(
+            "gpuCount", count_raw, f"allowed for {gpu_type}: {', '.join(map(str, gpu.counts))}"
+        )
+    max_vcpu, max_mem = gpu.caps[count]
+    if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
+        raise CHECK.fail(
+            "machineType",
+            mt.name,
+            f"{count} x {gpu_type} allows at most {max_vcpu} vCPUs and {max_mem} GB "
+            f"({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)",
+        )
+    return gpu_type, count, True

@@ -9,10 +9,9 @@ from pathlib import Path
 from infra import capacity, catalog, reconciler, vertex
 from infra.autodown import plan_line
 from infra.fabric import FABRICS
-from infra.fields import IPV4_ADDRESSES, covered_addresses, format_duration
+from infra.keys import IPV4_ADDRESSES, covered_addresses, format_duration
 from infra.offer_tables import CandidateTable, Check, candidate_table, money
-from infra.offers import Candidate
-from infra.prices import price_table
+from infra.offers import Candidate, price_table
 from infra.spec import (
     RDMA_IMAGE,
     RDMA_IMAGE_WHY,

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.fields import format_duration, parse_duration
+from infra.keys import format_duration, parse_duration
 from infra.stackfile import SpecError
 
 RECOVER = ("auto", "always", "never")

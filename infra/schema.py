@@ -1,7 +1,8 @@
 """The stack file's `gputrain:` settings declared once, as a typed model (pydantic v2): the YAML
-shapes each key takes and its default. stackfile.DEFAULTS, the load-time type check and the
-reference page's types come from here; Pulumi.yaml declares the same keys for the Pulumi CLI (a
-test holds the two together) and infra/spec.py keeps the rules between keys.
+shapes each key takes, its default and its name. stackfile.DEFAULTS, the load-time type check and
+the reference page's types come from here; Pulumi.yaml declares the same keys for the Pulumi CLI
+(a test holds the two together). infra/keys.py holds the rules of single keys, infra/spec.py
+the rules between keys.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+
+from infra.base.errors import UserError
 
 DEFAULT_IMAGE_FAMILY = "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
 FALLBACK_IMAGE_FAMILY = "common-cu129-ubuntu-2204-nvidia-580"
@@ -156,6 +159,11 @@ DEFAULTS: dict[str, str] = {
 }
 
 
+def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
+    """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
+    return {key: config_string(value) for key, value in values.items()}
+
+
 class SettingTypeError(ValueError):
     """A value whose YAML shape the key does not take: (key, value, what is allowed)."""
 
@@ -190,82 +198,50 @@ def load_settings(settings: Mapping[str, Any]) -> StackSettings:
         raise SettingTypeError(key, known[key], allowed(key)) from None
 
 
-def whole_range(key: str) -> tuple[int, int, str]:
-    """(lo, hi, unit) of a whole-number key that declares its range."""
-    extra = StackSettings.model_fields[key].json_schema_extra
-    assert isinstance(extra, dict)
-    lo, hi, unit = cast(list[Any], extra["range"])
-    return int(lo), int(hi), str(unit)
+# ---- the keys' names and the one-line error form ------------------------------------------------
+
+PROJECT = "gputrain"
+NS = f"{PROJECT}:"
+GCP_PROJECT_KEY = "gcp:project"
+STACK_LABEL = "gputrain-stack"  # on every labelled resource of a stack: how sweeps find them
+PROJECT_LABEL = "gputrain-project"
+
+BACKENDS = ("gce", "vertex")
+
+#: Keys only one backend reads. On the other they are ignored: not validated, not required, and
+#: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
+BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
+    "gce": (
+        "sshUser",
+        "sshPublicKey",
+        "sshPrivateKey",
+        "sshSourceRanges",
+        "allowSshFromAnywhere",
+        "publicIp",
+        "placement",
+        "network",
+        "imageFamily",
+        "imageProject",
+        "bootDiskGb",
+        "bootDiskType",
+        "gpuDirect",
+        "subnetRange",
+        "billingBudget",
+        "localSsdCount",
+        "stallTimeout",
+        "autodown",
+        "recover",
+        "reconcileEvery",
+    ),
+    "vertex": (
+        "executorImage",
+        "chief",
+        "reductionServer",
+        "vertexJobSpec",
+        "restartJobOnWorkerRestart",
+    ),
+}
 
 
-def _json(key: str, text: str, shape: type, allowed_text: str) -> Any:
-    """JSON text of the given shape, or SettingTypeError naming what the key allows."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise SettingTypeError(key, text, allowed_text) from None
-    if not isinstance(value, shape):
-        raise SettingTypeError(key, text, allowed_text)
-    return value
-
-
-def _texts(key: str, text: str) -> list[str]:
-    """A JSON array of strings (how the CLI passes lists) or comma-separated text."""
-    if text.startswith("["):
-        items = _json(key, text, list, ALLOWED["texts"])
-        if not all(isinstance(v, str) for v in items):
-            raise SettingTypeError(key, text, ALLOWED["texts"])
-        return [v.strip() for v in items]
-    return [v.strip() for v in text.split(",") if v.strip()]
-
-
-def _from_string(key: str, raw: str) -> Any:
-    """One Pulumi config string as the YAML value its key's kind takes (None: unset)."""
-    text, what = raw.strip(), kind(key)
-    if what == "text":
-        return text
-    if not text:
-        return None
-    if what == "texts":
-        return _texts(key, text)
-    if what == "labels":
-        return _json(key, text, dict, ALLOWED[what]) if text.startswith("{") else _texts(key, text)
-    if what == "text-or-texts":
-        return _texts(key, text) if text.startswith("[") else text
-    if what in ("mapping", "datasets"):
-        try:
-            return _json(key, text, dict, ALLOWED[what])
-        except SettingTypeError as e:
-            if what == "datasets":  # worded as the `data` key's own check words it
-                e.line = f"{key}: {text!r} is not allowed; expected a map " + (
-                    "NAME: gs://BUCKET/PREFIX[:copy|:mount]"
-                )
-            raise
-    if what == "whole" and not re.fullmatch(r"[0-9]+", text):
-        extra = StackSettings.model_fields[key].json_schema_extra
-        if isinstance(extra, dict) and "range" in extra:
-            lo, hi, unit = whole_range(key)
-            raise SettingTypeError(key, text, f"a whole number {lo}..{hi}{unit}")
-    return text  # a whole number or a flag: the model's own validators read the text
-
-
-def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
-    """The typed settings of a Pulumi config (qualified keys, strings all the way, as the CLI
-    hands them to the program), validated once: the string side of load_settings. Keys
-    outside the namespace, or that the model does not know, are left to the caller."""
-    values = {
-        key[len(ns) :]: _from_string(key[len(ns) :], raw)
-        for key, raw in config.items()
-        if key.startswith(ns) and key[len(ns) :] in StackSettings.model_fields
-    }
-    known = {k: v for k, v in values.items() if v is not None}
-    try:
-        return StackSettings.model_validate(known)
-    except ValidationError as exc:
-        key = str(exc.errors()[0]["loc"][0])
-        raise SettingTypeError(key, config[ns + key].strip(), allowed(key)) from None
-
-
-def config_strings(values: Mapping[str, Any]) -> dict[str, str]:
-    """YAML values (qualified keys) the way the Pulumi CLI hands them to the program."""
-    return {key: config_string(value) for key, value in values.items()}
+class SpecError(UserError):
+    """A stack setting is invalid or missing; nothing has been declared or created."""

@@ -7,30 +7,26 @@ Nothing here imports pulumi, so `gputrain plan` and the tests use it without the
 from __future__ import annotations
 
 import difflib
-import re
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Literal
 
 from infra import capacity as modes
-from infra import catalog, fields, offers, vertex
-from infra.autodown import read_autodown
+from infra import catalog, keys, offers, vertex
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
 from infra.billing import BillingBudget, guard_setting, parse_table, parse_usd
+from infra.capacity import capacity_in_use, read_capacity, spot_text
 from infra.datasets import Dataset, parse_datasets
-from infra.fabric import FabricPlan
-from infra.fabric_fields import capacity_in_use, read_capacity, read_fabric, spot_text
-from infra.fields import CHECK, format_duration, parse_duration
-from infra.image_build import build_setting
-from infra.notify_urls import check_urls
-from infra.offers import Candidate
+from infra.fabric import FabricPlan, read_fabric
+from infra.keys import CHECK, check_keys, format_duration, read_autodown
+from infra.offers import Candidate, ZonePrice
 from infra.placement import place
-from infra.prices import ZonePrice
 from infra.reconciler import JobReach, parse_every, parse_recover
-from infra.schema import SettingTypeError, StackSettings, load_config_strings
-from infra.scratch import NO_SCRATCH, Scratch, scratch_for
+from infra.schema import SettingTypeError, StackSettings
+from infra.scratch import SCRATCH_MOUNT
 from infra.secret_refs import parse_secrets, secret_grants
 from infra.stackfile import (
     DEFAULT_IMAGE_FAMILY,
@@ -41,8 +37,8 @@ from infra.stackfile import (
     SpecError,
     StackFile,
     check_stack_name,
+    load_config_strings,
 )
-from infra.stall import read_stall_timeout
 from infra.vertex_pools import Chief, ReductionServer, parse_chief, parse_reduction_server
 
 #: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
@@ -56,14 +52,74 @@ RDMA_IMAGE_WHY = (
     "gIB needs NVIDIA's DOCA-OFED driver on standard OS images such as Deep Learning VM "
     "images (Google's NCCL page); the Ubuntu accelerator image has it"
 )
-MIN_RUN_S = 10 * 60
-MAX_RUN_S = 120 * 24 * 3600
 
-_PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_IMAGE_FAMILY_RE = re.compile(r"^[a-z][-a-z0-9]{0,62}$")
-_IMAGE_PROJECT_RE = re.compile(r"^[a-z][-a-z0-9.:]{4,62}$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_NETWORK_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+
+# ---- local SSD as the nodes' scratch disk (infra/scratch.py mounts it): machine types that bundle
+# local NVMe (A2 Ultra, A3, A4) get all of it; N1 and G2 may add some (`localSsdCount`) ----------
+
+LOCAL_SSD_GIB = 375  # one local SSD partition
+#: bundle local SSD whose size our sources leave open (facts sheet: UNCONFIRMED)
+BUNDLED_SIZE_UNKNOWN = ("a3-ultragpu-8g", "a4-highgpu-8g")
+#: N1: the counts Compute Engine takes (docs: 1-8, 16 or 24 partitions of 375 GiB)
+N1_COUNTS = (*range(1, 9), 16, 24)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A node's local SSD: how many disks we declare (0: none or bundled), its size."""
+
+    declared_disks: int
+    gib: int | None  # None: bundled, size unknown
+    bundled: bool
+
+    @property
+    def present(self) -> bool:
+        return self.bundled or self.declared_disks > 0
+
+    def describe(self) -> str:
+        if not self.present:
+            return "none (boot disk only; N1/G2: localSsdCount)"
+        size = f"{self.gib:,} GiB" if self.gib is not None else "size unknown"
+        how = (
+            "bundled with the machine type" if self.bundled else f"{self.declared_disks} x 375 GiB"
+        )
+        return f"{size} local NVMe SSD ({how}), RAID 0 at {SCRATCH_MOUNT}"
+
+
+NO_SCRATCH = Scratch(0, None, False)
+
+
+def allowed_counts(mt: catalog.MachineType) -> tuple[int, ...]:
+    """The `localSsdCount` values a machine type takes besides 0 (none: bundled or not offered)."""
+    if mt.series == "n1":
+        return N1_COUNTS
+    if mt.series == "g2":
+        # the docs' maximum local SSD per G2 type, in 375 GiB partitions (facts sheet §1.3)
+        most = {4: 1, 8: 1, 12: 1, 16: 1, 24: 2, 32: 1, 48: 4, 96: 8}[mt.vcpus]
+        return tuple(range(1, most + 1))
+    return ()
+
+
+def scratch_for(mt: catalog.MachineType, count: int) -> Scratch:
+    """`localSsdCount` checked against the machine type (one line naming it otherwise)."""
+    bundled = mt.local_ssd_gib is not None or mt.name in BUNDLED_SIZE_UNKNOWN
+    if count == 0:
+        return Scratch(0, mt.local_ssd_gib, True) if bundled else Scratch(0, None, False)
+    if bundled:
+        raise CHECK.fail(
+            "localSsdCount",
+            str(count),
+            f"allowed: 0 ({mt.name} brings its own local SSD, all of it used)",
+        )
+    counts = allowed_counts(mt)
+    if count not in counts:
+        allowed = (
+            f"allowed for {mt.name}: 0 or {', '.join(map(str, counts))}"
+            if counts
+            else f"allowed: 0 ({mt.name} takes no local SSD here; N1 and G2 do)"
+        )
+        raise CHECK.fail("localSsdCount", str(count), allowed)
+    return Scratch(count, count * LOCAL_SSD_GIB, False)
 
 
 @dataclass(frozen=True)
@@ -111,7 +167,7 @@ class ClusterSpec:
     capacity: modes.Capacity = "spot"  # `spot` above is capacity == "spot"
     reservation: str | None = None  # capacity reservation: the specific reservation's name
     fabric: FabricPlan | None = None  # the GPU network; None only for specs built by hand
-    stall_timeout_s: int | None = None  # stallTimeout; None: automatic (infra/stall.py)
+    stall_timeout_s: int | None = None  # stallTimeout; None: automatic (infra/keys.py)
     capacity_ladder: tuple[modes.Capacity, ...] = ()  # `capacity` as a list: tried in order
     reservation_bound: bool | None = None  # reservationBound; None: `up` reads the reservation
     wait_for_capacity_s: int = 0  # waitForCapacity: how long `up` retries stock-outs
@@ -126,7 +182,7 @@ class ClusterSpec:
     job_reach: JobReach | None = field(default=None, compare=False)
     notify: tuple[str, ...] = ()  # webhook URLs for run events (secrets: never printed in full)
     billing_export: str | None = None  # the Cloud Billing export table `cost` reads billed from
-    budget: float | None = None  # USD one run may cost (infra/cost_caps.py)
+    budget: float | None = None  # USD one run may cost (infra/billing.py)
     max_hourly_cost: float | None = None  # USD per hour the cluster may cost at most
     billing_budget: BillingBudget | None = None  # Cloud Billing budget guard (infra/billing.py)
     build: str = ""  # a Dockerfile gputrain builds into the stack's registry (infra/image_build.py)
@@ -139,7 +195,7 @@ class ClusterSpec:
     vertex_job_spec: str = ""  # a path relative to the project directory; "" = the stack keys
     restart_job_on_worker_restart: bool = False  # vertex: one replica restarted restarts them all
 
-    @property
+    @functools.cached_property  # read by every quota metric: computed once per spec
     def instance_capacity(self) -> modes.InstanceCapacity:
         """What the capacity mode sets on every VM (scheduling, reservation affinity)."""
         return modes.instance_capacity(
@@ -160,7 +216,7 @@ class ClusterSpec:
         """The bucket checkpoints and results go to; None while gcp:project is unset."""
         if self.existing_bucket:
             return self.existing_bucket
-        return fields.stack_bucket_name(self.stack, self.project) if self.project else None
+        return stack_bucket_name(self.stack, self.project) if self.project else None
 
     @property
     def on_vertex(self) -> bool:
@@ -249,34 +305,22 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
     """The ClusterSpec of a stack's typed settings (read and checked once: infra/schema.py)
     and its gcp:project; one-line SpecError for the first rule a setting breaks."""
     check_stack_name(stack)
-    backend, ignored, settings = fields.backend(typed)
-    if project is not None:
-        CHECK.matches(
-            GCP_PROJECT_KEY, project, _PROJECT_RE, "allowed: a GCP project ID (6-30 of a-z 0-9 -)"
-        )
+    keys = check_keys(typed, project)
+    backend, settings, ttl = keys.backend, keys.settings, keys.max_run_duration_s
     # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
     # validates it against the machine below
     mode = modes.resolved_capacity(capacity_in_use(settings), spot_text(settings))
     where = place(settings, spot=mode == "spot", backend=backend)
     mt, accelerator, gpus, attach, nodes = where.shape
 
-    ttl_raw = settings.maxRunDuration
-    try:
-        ttl = parse_duration(ttl_raw)
-    except ValueError:
-        raise CHECK.fail(
-            "maxRunDuration", ttl_raw, "allowed: durations like 90m, 6h, 2d, 1h30m"
-        ) from None
-    if not MIN_RUN_S <= ttl <= MAX_RUN_S:
-        raise CHECK.fail("maxRunDuration", ttl_raw, "allowed: 10m to 120d")
-    cap = read_capacity(settings, mt, ttl, ttl_raw, backend)
+    cap = read_capacity(settings, mt, ttl, settings.maxRunDuration, backend)
     spot = cap.capacity == "spot"
     if backend == "vertex":
         gpu = accelerator if attach else None
         problem = vertex.vertex_problem(mt.name, gpu, gpus if gpu else 0, spot=spot)
         if problem:
             raise SpecError(f"{NS}{problem} (backend vertex)")
-        if mt.accelerator == "nvidia-b200" and fields.executor_image(settings) == (
+        if mt.accelerator == "nvidia-b200" and keys.executor_image == (
             vertex.DEFAULT_EXECUTOR_IMAGE
         ):  # no newer prebuilt tag is confirmed, so no default to switch to: ask for one
             raise SpecError(
@@ -285,22 +329,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
                 ">= 2.7 / CUDA 12.8); set executorImage to such a container (backend vertex)"
             )
 
-    image_family = settings.imageFamily
-    image_project = settings.imageProject
-    CHECK.matches(
-        "imageFamily",
-        image_family,
-        _IMAGE_FAMILY_RE,
-        "allowed: an image family name, e.g. " + DEFAULT_IMAGE_FAMILY,
-    )
-    CHECK.matches(
-        "imageProject",
-        image_project,
-        _IMAGE_PROJECT_RE,
-        "allowed: a project ID, e.g. " + DEFAULT_IMAGE_PROJECT,
-    )
-
-    disk_gb = fields.in_range(settings, "bootDiskGb")
+    image_family, image_project = settings.imageFamily, settings.imageProject
     disk_type = settings.bootDiskType or catalog.default_boot_disk_type(mt)
     if disk_type not in catalog.boot_disk_types(mt):
         raise CHECK.fail(
@@ -309,27 +338,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
             f"allowed for {mt.name}: {', '.join(catalog.boot_disk_types(mt))}",
         )
 
-    ssh_user = settings.sshUser
-    CHECK.check(
-        bool(_USER_RE.match(ssh_user)) and ssh_user != "root",
-        "sshUser",
-        ssh_user,
-        "allowed: a Linux user name (a-z 0-9 _ -, not root)",
-    )
-    anywhere = settings.allowSshFromAnywhere
-    public_ip = cast(
-        Literal["head", "all", "none"],
-        fields.choice("publicIp", settings.publicIp, ("head", "all", "none")),
-    )
-    if public_ip == "none":
-        # No node would be reachable from outside the VPC: refuse before anything is billed.
-        raise CHECK.fail(
-            "publicIp",
-            public_ip,
-            "no node would be reachable (the controller runs outside the VPC and no jump host "
-            "is supported); allowed: head (workers via the head) or all",
-        )
-    placement_raw = fields.choice("placement", settings.placement, ("auto", "compact", "none"))
+    placement_raw = keys.placement
     own_policy = modes.instance_capacity(
         cap.capacity, mt.name, max_run_duration_s=ttl, reservation=cap.reservation
     ).placement_policy
@@ -356,19 +365,10 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         or (placement_raw == "auto" and nodes > 1 and mt.compact_placement and own_policy)
         else "none"
     )
-    network = settings.network or None
-    if network is not None:
-        CHECK.matches(
-            "network",
-            network,
-            _NETWORK_RE,
-            "allowed: an existing VPC name (a-z 0-9 -) or empty",
-        )
 
-    existing_bucket, bucket_prefix = fields.bucket(settings)
     acc = catalog.ACCELERATORS[accelerator]
     fabric = read_fabric(
-        settings, mt, nodes, zone=where.zone, project=project, existing_network=network
+        settings, mt, nodes, zone=where.zone, project=project, existing_network=keys.network
     )
     rdma = fabric.enabled and fabric.kind == "rdma"
     if rdma and (image_project, image_family) == (DEFAULT_IMAGE_PROJECT, DEFAULT_IMAGE_FAMILY):
@@ -395,39 +395,39 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         max_run_duration_s=ttl,
         image_family=image_family,
         image_project=image_project,
-        boot_disk_gb=disk_gb,
+        boot_disk_gb=keys.boot_disk_gb,
         boot_disk_type=disk_type,
-        ssh_user=ssh_user,
-        ssh_public_key=fields.ssh_public_key(settings),
-        ssh_source_ranges=fields.source_ranges(settings, anywhere),
-        allow_ssh_from_anywhere=anywhere,
-        public_ip=public_ip,
+        ssh_user=settings.sshUser,
+        ssh_public_key=keys.ssh_public_key,
+        ssh_source_ranges=keys.ssh_source_ranges,
+        allow_ssh_from_anywhere=settings.allowSshFromAnywhere,
+        public_ip=keys.public_ip,
         placement=placement,
-        network=network,
-        labels=MappingProxyType(fields.labels(settings)),
+        network=keys.network,
+        labels=MappingProxyType(keys.labels),
         gvnic=mt.gvnic,
         attach_gpus=attach,
-        existing_bucket=existing_bucket,
-        bucket_prefix=bucket_prefix,
-        bucket_retention_days=fields.in_range(settings, "bucketRetentionDays"),
-        stall_timeout_s=read_stall_timeout(settings.stallTimeout) if backend == "gce" else None,
+        existing_bucket=keys.existing_bucket,
+        bucket_prefix=keys.bucket_prefix,
+        bucket_retention_days=keys.bucket_retention_days,
+        stall_timeout_s=keys.stall_timeout_s,
         autodown_s=None if backend == "vertex" else read_autodown(settings.autodown, ttl),
         recover=parse_recover(settings.recover) if backend == "gce" else "never",
         reconcile_every_s=parse_every(settings.reconcileEvery) if backend == "gce" else 120,
-        notify=check_urls(settings.notify, f"{NS}notify"),
+        notify=keys.notify,
         billing_export=billing_export(settings.billingExport),
         budget=parse_usd(settings.budget, f"{NS}budget"),
         max_hourly_cost=parse_usd(settings.maxHourlyCost, f"{NS}maxHourlyCost"),
         billing_budget=guard_setting(settings.billingBudget) if backend == "gce" else None,
-        build=build_setting(settings.build, settings.image),
+        build=keys.build,
         secret_access=_secret_access(settings, project),
         backend=backend,
-        executor_image=fields.executor_image(settings),
+        executor_image=keys.executor_image,
         chief=pools[0],
         reduction_server=pools[1],
         vertex_job_spec=pools[2],
         restart_job_on_worker_restart=backend == "vertex" and settings.restartJobOnWorkerRestart,
-        ignored=ignored,
+        ignored=keys.ignored,
         gpus_request=where.request,
         candidates=where.candidates,
         capacity=cap.capacity,
@@ -437,7 +437,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         wait_for_capacity_s=cap.wait_for_capacity_s,
         fabric=fabric,
         datasets=tuple(parse_datasets(settings.data)),
-        scratch=scratch_for(mt, fields.in_range(settings, "localSsdCount")),
+        scratch=scratch_for(mt, keys.local_ssd_count),
     )
 
 
@@ -526,3 +526,14 @@ def require_deployable(spec: ClusterSpec) -> None:
 def billing_export(text: str) -> str | None:
     """billingExport: PROJECT.DATASET.TABLE, or None when unset."""
     return parse_table(text, f"{NS}billingExport") if text else None
+
+
+def stack_bucket_name(stack: str, project: str) -> str:
+    """The name of a stack's own bucket: `gputrain-<stack>-<project>` (unique: project IDs are),
+    or with a hash of the project where that breaks a naming rule (length, 'google'). Pure."""
+    import hashlib
+
+    name = f"gputrain-{stack}-{project}"
+    if keys.bucket_name_problem(name):
+        name = f"gputrain-{stack}-{hashlib.sha256(project.encode()).hexdigest()[:12]}"
+    return name

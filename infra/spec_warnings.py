@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from infra import catalog, offers, vertex
-from infra.prices import price_table
+from infra.offers import price_table
 from infra.spec import RDMA_IMAGE, ClusterSpec
 from infra.stackfile import DEFAULT_IMAGE_PROJECT
 

@@ -8,27 +8,37 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from infra.base.errors import UserError
+from infra.keys import whole_range
+from infra.schema import (
+    ALLOWED,
+    SettingTypeError,
+    StackSettings,
+    allowed,
+    config_strings,
+    kind,
+    load_settings,
+)
+from infra.schema import BACKEND_ONLY_KEYS as BACKEND_ONLY_KEYS
+from infra.schema import BACKENDS as BACKENDS
 from infra.schema import DEFAULT_EXECUTOR_IMAGE as DEFAULT_EXECUTOR_IMAGE
 from infra.schema import DEFAULT_IMAGE_FAMILY as DEFAULT_IMAGE_FAMILY
 from infra.schema import DEFAULT_IMAGE_PROJECT as DEFAULT_IMAGE_PROJECT
 from infra.schema import DEFAULTS as DEFAULTS
 from infra.schema import FALLBACK_IMAGE_FAMILY as FALLBACK_IMAGE_FAMILY
-from infra.schema import SettingTypeError, StackSettings, config_strings, load_settings
-
-PROJECT = "gputrain"
-NS = f"{PROJECT}:"
-GCP_PROJECT_KEY = "gcp:project"
-STACK_LABEL = "gputrain-stack"  # on every labelled resource of a stack: how sweeps find them
-PROJECT_LABEL = "gputrain-project"
-
-BACKENDS = ("gce", "vertex")
+from infra.schema import GCP_PROJECT_KEY as GCP_PROJECT_KEY
+from infra.schema import NS as NS
+from infra.schema import PROJECT as PROJECT
+from infra.schema import PROJECT_LABEL as PROJECT_LABEL
+from infra.schema import STACK_LABEL as STACK_LABEL
+from infra.schema import SpecError as SpecError
 
 #: Keys whose value is a map. Pulumi's project config types (string, integer, boolean, array)
 #: cannot declare one, so Pulumi.yaml names them in a comment only.
@@ -42,48 +52,10 @@ CONTROLLER_KEYS: tuple[str, ...] = (
     "maxHourlyCost", "restartJobOnWorkerRestart",
 )  # fmt: skip
 
-#: Keys only one backend reads. On the other they are ignored: not validated, not required, and
-#: `plan` names them (Vertex AI runs no VMs of ours: no SSH, image, disk or network to set).
-BACKEND_ONLY_KEYS: dict[str, tuple[str, ...]] = {
-    "gce": (
-        "sshUser",
-        "sshPublicKey",
-        "sshPrivateKey",
-        "sshSourceRanges",
-        "allowSshFromAnywhere",
-        "publicIp",
-        "placement",
-        "network",
-        "imageFamily",
-        "imageProject",
-        "bootDiskGb",
-        "bootDiskType",
-        "gpuDirect",
-        "subnetRange",
-        "billingBudget",
-        "localSsdCount",
-        "stallTimeout",
-        "autodown",
-        "recover",
-        "reconcileEvery",
-    ),
-    "vertex": (
-        "executorImage",
-        "chief",
-        "reductionServer",
-        "vertexJobSpec",
-        "restartJobOnWorkerRestart",
-    ),
-}
-
 #: Keys the Pulumi program reads. sshPrivateKey is deliberately absent: it never enters it.
 PROGRAM_KEYS: tuple[str, ...] = tuple(
     k for k in DEFAULTS if k not in ("sshPrivateKey", "notify") and k not in CONTROLLER_KEYS
 )
-
-
-class SpecError(UserError):
-    """A stack setting is invalid or missing; nothing has been declared or created."""
 
 
 #: Settings whose value is a secret: the only ones a stack file may hold as `secure:` values, and
@@ -372,3 +344,74 @@ def stack_config_from_pulumi() -> dict[str, str]:
         if key.startswith(NS) and key[len(NS) :] not in DEFAULTS:
             out[key] = ""
     return out
+
+
+# ---- a Pulumi config's strings (as the CLI hands them to the program) as the typed settings --------
+
+
+def _json(key: str, text: str, shape: type, allowed_text: str) -> Any:
+    """JSON text of the given shape, or SettingTypeError naming what the key allows."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise SettingTypeError(key, text, allowed_text) from None
+    if not isinstance(value, shape):
+        raise SettingTypeError(key, text, allowed_text)
+    return value
+
+
+def _texts(key: str, text: str) -> list[str]:
+    """A JSON array of strings (how the CLI passes lists) or comma-separated text."""
+    if text.startswith("["):
+        items = _json(key, text, list, ALLOWED["texts"])
+        if not all(isinstance(v, str) for v in items):
+            raise SettingTypeError(key, text, ALLOWED["texts"])
+        return [v.strip() for v in items]
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _from_string(key: str, raw: str) -> Any:
+    """One Pulumi config string as the YAML value its key's kind takes (None: unset)."""
+    text, what = raw.strip(), kind(key)
+    if what == "text":
+        return text
+    if not text:
+        return None
+    if what == "texts":
+        return _texts(key, text)
+    if what == "labels":
+        return _json(key, text, dict, ALLOWED[what]) if text.startswith("{") else _texts(key, text)
+    if what == "text-or-texts":
+        return _texts(key, text) if text.startswith("[") else text
+    if what in ("mapping", "datasets"):
+        try:
+            return _json(key, text, dict, ALLOWED[what])
+        except SettingTypeError as e:
+            if what == "datasets":  # worded as the `data` key's own check words it
+                e.line = f"{key}: {text!r} is not allowed; expected a map " + (
+                    "NAME: gs://BUCKET/PREFIX[:copy|:mount]"
+                )
+            raise
+    if what == "whole" and not re.fullmatch(r"[0-9]+", text):
+        extra = StackSettings.model_fields[key].json_schema_extra
+        if isinstance(extra, dict) and "range" in extra:
+            lo, hi, unit = whole_range(key)
+            raise SettingTypeError(key, text, f"a whole number {lo}..{hi}{unit}")
+    return text  # a whole number or a flag: the model's own validators read the text
+
+
+def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
+    """The typed settings of a Pulumi config (qualified keys, strings all the way, as the CLI
+    hands them to the program), validated once: the string side of load_settings. Keys
+    outside the namespace, or that the model does not know, are left to the caller."""
+    values = {
+        key[len(ns) :]: _from_string(key[len(ns) :], raw)
+        for key, raw in config.items()
+        if key.startswith(ns) and key[len(ns) :] in StackSettings.model_fields
+    }
+    known = {k: v for k, v in values.items() if v is not None}
+    try:
+        return StackSettings.model_validate(known)
+    except ValidationError as exc:
+        key = str(exc.errors()[0]["loc"][0])
+        raise SettingTypeError(key, config[ns + key].strip(), allowed(key)) from None

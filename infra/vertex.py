@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from infra import catalog, offers, stackfile
-from infra.prices import ZonePrice, price_table
+from infra.offers import ZonePrice, price_table
 
 Status = Literal["documented", "listed", "unverified"]
 

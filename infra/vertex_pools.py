@@ -26,7 +26,7 @@ from typing import Any
 
 from infra import catalog, vertex
 from infra.base.errors import UserError
-from infra.prices import ZonePrice, price_table
+from infra.offers import ZonePrice, price_table
 
 #: Google's Reduction Server image, one per multi-region (the docs list these three).
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"

@@ -92,7 +92,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
 def _wait_for_capacity(raw: str | None) -> int | None:
     if raw is None:
         return None
-    from infra.fabric_fields import read_wait
+    from infra.capacity import read_wait
 
     return read_wait("--wait-for-capacity", raw.strip()) if raw.strip() else 0
 

@@ -9,7 +9,7 @@ from scripts import ui
 
 def show_gpus(what: str | None, *, spot: bool, region: str | None) -> None:
     from infra.offer_tables import LISTING_HEADERS, gpu_offerings, listing_rows
-    from infra.prices import price_table
+    from infra.offers import price_table
 
     offerings = gpu_offerings(what, spot=spot, region=region)
     if not offerings:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infra.notify_urls import check_urls, redact
+from infra.keys import check_urls, redact
 from scripts import ui
 
 NOTIFY_ENV = "GPUTRAIN_NOTIFY"  # space-separated webhook URLs

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.base.errors import UserError
-from infra.notify_urls import check_urls
+from infra.keys import check_urls
 from scripts import ui
 from scripts.job.records import check_run_id
 
@@ -91,7 +91,7 @@ def check(args: argparse.Namespace) -> None:
             raise UserError(
                 f"--autodown {autodown}: only --stack targets have VMs gputrain may delete"
             )
-        from infra.autodown import parse_autodown
+        from infra.keys import parse_autodown
 
         parse_autodown(autodown, "--autodown")  # one line naming the flag and what is allowed
         if getattr(args, "keep", False):

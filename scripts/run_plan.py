@@ -241,7 +241,7 @@ def planned_autodown(can: Capabilities, declared: Declared, opts: RunOptions) ->
     """`--autodown` over the stack's `autodown`; none with --keep or where nothing autodowns."""
     if Feature.AUTODOWN not in can or declared.spec is None:
         return None
-    from infra.fields import format_duration
+    from infra.keys import format_duration
     from scripts.job.autodown import resolve_autodown
 
     spec = declared.spec

@@ -28,8 +28,8 @@ from infra.components.reconciler import (
 )
 from infra.components.registry import ImageRegistry
 from infra.datasets import data_buckets
+from infra.offers import price_table
 from infra.outputs import Key, NodeKey
-from infra.prices import price_table
 from infra.reconciler import wanted
 from infra.scratch import startup_script
 from infra.spec import ClusterSpec

@@ -1,7 +1,7 @@
 """The Compute API reads the capacity and fabric preflight needs: a specific reservation
 (`reservations.get`) and a network profile (`networkProfiles.get`). Thin, like infra/gcp/compute.py,
 whose clients and error mapping it shares; the rules that judge them live in
-infra/preflight_fabric.py."""
+infra/preflight.py."""
 
 from __future__ import annotations
 

@@ -178,8 +178,8 @@ def record_of(
 
 def _stack_fields(spec: Any, hourly: float | None) -> dict[str, Any]:
     """What a stack's record says of its cluster and its price (a ClusterSpec)."""
+    from infra.offers import price_table
     from infra.plan import price_basis
-    from infra.prices import price_table
 
     source = price_table().source.split(",")[0]
     return dict(

@@ -28,7 +28,7 @@ def run_doctor(
     """All rows for the stack (None: the rows that need no stack; the rest say "no stack
     given"). `spec`: the stack file's spec when the caller parsed it already. A stack file that
     does not parse is a UserError, as for every command."""
-    from infra.fields import whole_internet
+    from infra.keys import whole_internet
     from infra.permissions import all_permissions, required_permissions, spec_resource_types
     from infra.reconciler import wanted
     from infra.spec import stack_file_spec

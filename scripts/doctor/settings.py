@@ -9,7 +9,7 @@ import ipaddress
 import os
 import urllib.request
 
-from infra.fields import whole_internet
+from infra.keys import whole_internet
 from infra.spec import ClusterSpec
 from infra.stackfile import StackSecrets
 from scripts.doctor.report import Row

@@ -104,7 +104,7 @@ def resolve_autodown(stack_s: int | None, *, keep: bool, flag: str | None) -> in
     if keep:
         return None
     if flag is not None:
-        from infra.autodown import parse_autodown
+        from infra.keys import parse_autodown
 
         return parse_autodown(flag, "--autodown")
     return stack_s

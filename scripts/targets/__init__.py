@@ -25,7 +25,7 @@ def open_target(
     """The target the command line chose: --stack NAME (its `backend` picks GCE or Vertex AI),
     --hosts FILE, else --local."""
     if stack:
-        from infra.fields import CHECK
+        from infra.keys import CHECK
         from infra.stackfile import BACKENDS, read_stack_file
         from scripts.targets.gce.clients import GceClients
 

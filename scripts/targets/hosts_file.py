@@ -46,9 +46,8 @@ from pydantic import (
 
 from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
-from infra.base.validate import Checker
 from infra.datasets import Dataset, parse_datasets
-from infra.notify_urls import check_urls
+from infra.keys import Checker, check_urls
 from scripts.job.environment import EnvironmentSettings
 from scripts.transport.hostkeys import KnownHosts
 
@@ -166,7 +165,7 @@ class HostsSettings(BaseModel):
     image: StrictStr | None = Field(
         None, json_schema_extra=_allowed("expected a container image (a string)")
     )
-    notify: Any = None  # infra/notify_urls.py check_urls: its own one-line errors
+    notify: Any = None  # infra/keys.py check_urls: its own one-line errors
 
 
 #: The keys each mapping takes, in the order its one-line errors list them.

@@ -46,7 +46,7 @@ def add_watch_arguments(
 
 def stall_timeout_option(raw: str | None) -> float | None:
     """--stall-timeout in seconds (None: not given); one line when it is not allowed."""
-    from infra.stall import parse_stall_timeout
+    from infra.keys import parse_stall_timeout
 
     if raw is None:
         return None

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from infra.base.errors import GputrainError
-from infra.stall import effective_timeout
+from infra.keys import effective_timeout
 
 
 class StallClock:

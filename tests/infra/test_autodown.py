@@ -11,7 +11,8 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra.autodown import instance_condition, parse_autodown, plan_line
+from infra.autodown import instance_condition, plan_line
+from infra.keys import parse_autodown
 from infra.plan import build_plan
 from infra.spec import parse_spec
 from infra.stackfile import SpecError, load_stack_config

@@ -19,16 +19,18 @@ from infra.offer_tables import (
 )
 from infra.offers import (
     GPU_MODELS,
+    UNKNOWN,
     Candidate,
     GpuRequestError,
     capacity_modes,
     parse_alternative,
+    parse_prices,
     parse_request,
+    price_table,
     resolve,
     shapes,
     vm_price,
 )
-from infra.prices import UNKNOWN, parse_prices, price_table
 
 TABLE = price_table()
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra import vertex
-from infra.offers import vm_price
+from infra.offers import price_table, vm_price
 from infra.plan import HEADERS, build_plan, plan_stack
-from infra.prices import price_table
 from infra.spec import parse_spec
 from scripts.cli import main
 from tests.support.pulumi_mocks import ROOT, deployable_config

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from infra import schema, stackfile
-from infra.fields import parse_duration
+from infra.keys import parse_duration
 from infra.spec import parse_spec
 from infra.stackfile import SpecError, load_stack_config
 from tests.support.pulumi_mocks import ROOT, deployable_config
@@ -126,7 +126,7 @@ def test_whole_numbers_take_ascii_digits_only_at_parse_time(key: str, value: str
 
 
 def test_a_stall_timeout_in_other_digits_is_refused() -> None:
-    from infra.stall import parse_stall_timeout
+    from infra.keys import parse_stall_timeout
 
     with pytest.raises(ValueError):
         parse_stall_timeout("٦٠")
@@ -166,13 +166,13 @@ def test_the_cli_strings_load_into_the_same_settings_as_the_yaml() -> None:
         "maxRunDuration": "2h",
     }
     strings = schema.config_strings({f"gputrain:{k}": v for k, v in yaml_values.items()})
-    typed = schema.load_config_strings(strings, "gputrain:")
+    typed = stackfile.load_config_strings(strings, "gputrain:")
     assert typed == schema.load_settings(yaml_values)
     assert typed.nodes == 2 and typed.spot is True and typed.bootDiskGb == 200
 
 
 def test_the_cli_strings_take_comma_lists_and_empty_as_unset() -> None:
-    typed = schema.load_config_strings(
+    typed = stackfile.load_config_strings(
         {
             "gputrain:zones": " us-central1-a, us-central1-b ",
             "gputrain:labels": "team=ml,env=dev",

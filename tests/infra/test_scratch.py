@@ -16,8 +16,8 @@ import pytest
 from infra import catalog
 from infra.base.errors import UserError
 from infra.plan import build_plan
-from infra.scratch import SCRATCH_MOUNT, scratch_for, startup_script
-from infra.spec import parse_spec
+from infra.scratch import SCRATCH_MOUNT, startup_script
+from infra.spec import parse_spec, scratch_for
 from infra.stackfile import load_stack_config
 from tests.support.pulumi_mocks import ROOT, GcpMocks, deployable_config, pulumi_mocks
 

@@ -14,7 +14,7 @@ import yaml
 
 from infra import catalog, stackfile
 from infra.base.errors import UserError
-from infra.fields import format_duration, parse_duration
+from infra.keys import format_duration, parse_duration
 from infra.spec import SpecError, missing_settings, parse_spec, require_deployable
 from infra.stackfile import load_stack_config
 from scripts.targets.gce.keys import generate_ssh_keypair

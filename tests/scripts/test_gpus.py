@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from infra.offer_tables import gpu_offerings
-from infra.prices import price_table
+from infra.offers import price_table
 from scripts.cli import main
 from tests.support.pulumi_mocks import ROOT
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from infra.notify_urls import check_urls, parse_notify, redact
+from infra.keys import check_urls, parse_notify, redact
 from scripts import notify
 from scripts.cli import main
 from scripts.notify import Notifier, message

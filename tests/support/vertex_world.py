@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.fields import stack_bucket_name
+from infra.spec import stack_bucket_name
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients

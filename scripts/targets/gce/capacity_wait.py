@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from infra.fields import format_duration
+from infra.keys import format_duration
 from scripts.targets.gce.failover import Attempt, ProvisioningError
 
 T = TypeVar("T")

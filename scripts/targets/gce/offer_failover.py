@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
-from infra.offers import Candidate
-from infra.placement import candidate_label
+from infra.offers import Candidate, candidate_label
 from infra.stackfile import qualify
 from scripts.targets.gce.failover import (
     ZONE_CONFIG_KEY,

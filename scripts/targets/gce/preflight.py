@@ -25,13 +25,11 @@ from infra.preflight import (
     check_gpu_quota,
     check_image,
     check_machine_type,
-    check_quota,
-    request_for,
-)
-from infra.preflight_fabric import (
     check_network_profile,
     check_network_quota,
+    check_quota,
     check_reservation,
+    request_for,
     reservation_quota_row,
     shared_reservation_denied,
 )

@@ -56,7 +56,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
         )
 
     def status(self) -> None:
-        from infra.fields import format_duration
+        from infra.keys import format_duration
         from scripts.targets.gce.autodown import say_last_autodown
 
         spec = self.spec_with_project()

@@ -77,7 +77,7 @@ def pin(
     """The spec `up` creates: a `gpus` candidate (`candidate` + `zone`) and a capacity list's
     mode (`capacityInUse`) pinned on the stack file's config. The spec itself when that changes
     nothing (the stack's own choice: no second parse). Pure: writing the config is the caller's."""
-    from infra.placement import candidate_label
+    from infra.offers import candidate_label
     from infra.spec import parse_spec
     from infra.stackfile import NS
 

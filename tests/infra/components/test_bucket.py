@@ -8,9 +8,9 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra import fields
+from infra import keys
 from infra.plan import build_plan
-from infra.spec import ClusterSpec, SpecError, parse_spec
+from infra.spec import ClusterSpec, SpecError, parse_spec, stack_bucket_name
 from tests.support.pulumi_mocks import (
     ACCOUNT,
     IAM_MEMBER,
@@ -149,10 +149,10 @@ def test_bad_bucket_is_one_line_naming_the_key(value: str) -> None:
     ],
 )
 def test_stack_bucket_name_is_always_a_valid_name(project: str) -> None:
-    name = fields.stack_bucket_name("a-twenty-one-char-stk", project)
-    assert fields.bucket_name_problem(name) is None, name
+    name = stack_bucket_name("a-twenty-one-char-stk", project)
+    assert keys.bucket_name_problem(name) is None, name
     assert name.startswith("gputrain-a-twenty-one-char-stk-")
-    assert name == fields.stack_bucket_name("a-twenty-one-char-stk", project)  # stable
+    assert name == stack_bucket_name("a-twenty-one-char-stk", project)  # stable
     if project == "gputrain-test-1":
         assert name.endswith(project)
 

@@ -9,9 +9,9 @@ from typing import Any
 import pulumi
 import pytest
 
+from infra.offers import price_table
 from infra.outputs import parse_vertex_outputs
 from infra.plan import build_plan
-from infra.prices import price_table
 from infra.spec import parse_spec, require_deployable
 from infra.stackfile import load_stack_config
 from tests.support.fake_stack import sample_vertex_outputs

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from infra.stall import effective_timeout, parse_stall_timeout
+from infra.keys import effective_timeout, parse_stall_timeout
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.watch.node import parse_poll

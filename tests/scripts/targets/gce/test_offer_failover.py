@@ -10,8 +10,7 @@ import pytest
 from infra import catalog
 from infra.gcp.compute import ComputeApi
 from infra.gcp.sweep import sweep
-from infra.offers import Candidate, parse_request, resolve
-from infra.placement import candidate_label
+from infra.offers import Candidate, candidate_label, parse_request, resolve
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
