@@ -67,12 +67,12 @@ def chunked_cross_entropy(
     return out
 
 
-@torch.compiler.disable  # Liger's Triton kernels run as they are; the model around them compiles
 def liger_cross_entropy(
     x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """The same loss by Liger-Kernel's fused linear cross-entropy (Triton, CUDA; `pip install
-    liger-kernel`): the logits in chunks, gradients in the forward, as above but fused."""
+    liger-kernel`): the logits in chunks, gradients in the forward, as above but fused. A model
+    calls it through torch.compiler.disable (GPT: Liger's Triton kernels run as they are)."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
     device = x.device.type

@@ -92,6 +92,10 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.loss_without_logits = LOSS_KERNELS[logits]
+        if logits == "liger":  # its Triton kernels run as they are; the model around compiles
+            # (wrapped here, not at import: torch.compiler.disable imports torch._dynamo, ~1.5 CPU
+            # seconds a process that refuses its flags or takes another kernel never needs)
+            self.loss_without_logits = torch.compiler.disable(liger_cross_entropy)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))

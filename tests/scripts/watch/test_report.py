@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,15 @@ def _telemetry(node_dir: Path, gpus: GpuConfig, t0: float, n: int, tmp: Path,
     (watch / "telemetry.csv").write_text("\n".join(lines) + "\n")
 
 
-@pytest.fixture
-def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One run's files for the module's tests (a training run and 120 fake nvidia-smi calls)."""
+    tmp_path = tmp_path_factory.mktemp("results")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield _results(tmp_path, monkeypatch)
+
+
+def _results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     run = tmp_path / "runs" / "hosts-bed" / "r-42"
     monkeypatch.delenv("GPUTRAIN_TENSORBOARD_DIR", raising=False)
     train(["--preset", "tiny", "--steps", "60", "--log-every", "5", "--out", str(run / "h0")])
@@ -63,6 +71,7 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (run / "h1" / "watch").rename(run / "h1" / "watch.prev1")  # an earlier attempt's copy
     _telemetry(run / "h1", GpuConfig(count=1, timeline=(BUSY,)), t0 + 200, 40, tmp_path / "c",
                monkeypatch)  # fmt: skip
+    monkeypatch.undo()  # the fake nvidia-smi's PATH was for the samples only
     record_event(run, "stall", node="h1", rank=1, message="stuck")
     record_event(run, "restart", reason="stall", number=1)
     recovery = Recovery(("h1",), t0 + 100, 20.0, "us-central1-a", 20, 3)
