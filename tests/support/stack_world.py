@@ -131,6 +131,22 @@ class World:
         t.start()
         return t
 
+    def at_job_start(self, action: Callable[[], None], ranks: int = 2) -> threading.Thread:
+        """Runs `action` in a thread once the test job (JOB, `run_job`) runs on `ranks` ranks
+        (their pid files in the marker dir): for tests whose subject is not the trainer."""
+
+        def watch() -> None:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                if len(list(self.marker.glob("pid-*"))) >= ranks:
+                    action()
+                    return
+                time.sleep(0.1)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        return t
+
     def preempt(self, node: str) -> None:
         """GCE takes a spot VM back: the Compute API says so (STOPPING, a preemption operation,
         then the VM is deleted) and every process on it dies without a word."""
