@@ -357,7 +357,13 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
 
     threading.Thread(target=look, daemon=True).start()
     sink = HttpSink(host=w.bed.bridge_address).start()
-    long = [*TRAIN[:4], "--steps", "100000", "--checkpoint-every", "5", *TRAIN[8:]]
+    # the trainer, its ranks niced once they train (tests/support/jobs/niced_trainer.py): the
+    # budget stops it at a fixed time, and until then its steps take only the CPU left idle
+    (w.dir / "niced_trainer.py").write_text(
+        (ROOT / "tests" / "support" / "jobs" / "niced_trainer.py").read_text()
+    )
+    long = ["niced_trainer.py", *TRAIN[2:4], "--steps", "100000", "--checkpoint-every", "5"]
+    long += TRAIN[8:]
     argv = ["run", "--stack", "e2e", "--yes", "--skip-preflight", "--budget", f"{budget}"]
     argv += ["--notify", sink.url, *env]
     try:
