@@ -38,10 +38,10 @@ typecheck: venv
 # recovery tests compare with the `uninterrupted` session fixture share one part, which runs
 # it once), the third part is every other file in tests/testbed (a new one lands there).
 BED_A := $(addprefix tests/testbed/,test_autodown.py test_lifecycle.py test_fabric.py \
-	test_data.py test_verify_gpus.py test_connect.py test_environment.py test_laptop_closed.py \
-	test_no_hangs.py)
-BED_B := $(addprefix tests/testbed/,test_spot_recovery.py test_capacity.py test_watch_stack.py \
-	test_outputs.py test_fleet_scale.py test_user_packages.py test_results_dir.py)
+	test_environment.py test_user_packages.py test_nanogpt.py test_outputs.py test_not_distributed.py)
+BED_B := $(addprefix tests/testbed/,test_spot_recovery.py test_capacity.py test_laptop_closed.py \
+	test_verify_gpus.py test_connect.py test_fleet_scale.py test_cli_hosts.py test_hostile_bucket.py \
+	test_results_dir.py test_lost_download.py test_data.py)
 
 test: apt venv lint typecheck
 	@# Four pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):

@@ -87,6 +87,18 @@ class GcsEmulator:
             client_options={"api_endpoint": self.url},
         )
 
+    def live_names(self, bucket: str, prefix: str = "") -> list[str]:
+        """The names in `bucket` under `prefix`, read from the emulator's memory: what a listing
+        answers, without a client and an HTTP round trip (~3 ms of this process's CPU and GIL,
+        which a test polling ten times a second takes from the controller it watches)."""
+        objects = self._server._storage.objects
+        for _ in range(100):  # the server's thread may add an object while this copies
+            try:
+                return [n for n in list(objects.get(bucket, {})) if n.startswith(prefix)]
+            except RuntimeError:
+                continue
+        raise RuntimeError("the emulator's objects kept changing while listed")
+
     def names(self, prefix: str = "") -> list[str]:
         return sorted(b.name for b in self.client().list_blobs(self.bucket_name, prefix=prefix))
 

@@ -102,10 +102,7 @@ class World:
     def checkpoints_in_bucket(self) -> list[int]:
         """Steps whose manifest is in the stack's bucket (their upload is complete)."""
         assert self.gcs is not None
-        client = self.gcs.client()
-        if not client.bucket(BUCKET).exists():
-            return []
-        names = [b.name for b in client.list_blobs(BUCKET, prefix="runs/")]
+        names = self.gcs.live_names(BUCKET, "runs/")  # polled: no client, no HTTP
         return sorted(
             int(n.rsplit("ckpt-", 1)[1][:8]) for n in names if n.endswith(".manifest.json")
         )
@@ -123,8 +120,23 @@ class World:
                 if ups >= after_up and any(s >= step for s in self.checkpoints_in_bucket()):
                     action()
                     return
-                # a look lists the bucket through the emulator in this process: ~5 ms of the
-                # controller's CPU and GIL; 10 a second still act within a few of tiny's steps
+                # 10 looks a second act within a few of tiny's steps
+                time.sleep(0.1)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        return t
+
+    def at_job_start(self, action: Callable[[], None], ranks: int = 2) -> threading.Thread:
+        """Runs `action` in a thread once the test job (JOB, `run_job`) runs on `ranks` ranks
+        (their pid files in the marker dir): for tests whose subject is not the trainer."""
+
+        def watch() -> None:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                if len(list(self.marker.glob("pid-*"))) >= ranks:
+                    action()
+                    return
                 time.sleep(0.1)
 
         t = threading.Thread(target=watch, daemon=True)

@@ -433,8 +433,10 @@ class TestBed:
         self._mutex = threading.Lock()
         self._iso_gateway: str | None = None
         # Addresses of removed hosts are not handed out again while others are free: a new host
-        # (a re-created VM) behind an old address would meet stale ARP entries for ~30 s.
-        self._retired: set[int] = set()
+        # (a re-created VM) behind an old address would meet stale ARP entries for ~30 s. When
+        # every free one was used, the one removed longest ago (offset -> when it was removed),
+        # its neighbour entries flushed first.
+        self._retired: dict[int, float] = {}
 
     @property
     def state(self) -> Path:
@@ -620,7 +622,8 @@ class TestBed:
             used = {self._offset(h) for h in self.hosts.values()}
             span = slot.host_offsets if isolated_behind is None else slot.isolated_offsets
             free = [i for i in span if i not in used]
-            offset = next((i for i in free if i not in self._retired), free[0])
+            fresh = [i for i in free if i not in self._retired]
+            offset = fresh[0] if fresh else min(free, key=lambda i: self._retired.get(i, 0.0))
             name = name or f"{'h' if isolated_behind is None else 'x'}{offset - span.start}"
             if name in self.hosts:
                 raise ValueError(f"test host {name} exists")
@@ -643,6 +646,9 @@ class TestBed:
                 self._ensure_iso_gateway(isolated_behind)
                 cidr = f"{address}/{slot.isolated_prefix_len}"
                 self._veth(ns, slot.veth(offset), slot.iso_bridge, cidr)
+            if offset in self._retired:  # an address used before: no stale MAC for it anywhere
+                for where in ([], *(["-n", h.namespace] for h in self.hosts.values())):
+                    _run("ip", *where, "neigh", "flush", "to", address, check=False)
             host = TestHost(name, address, ns, host_key, d, isolated_behind is not None, containers)
             if not host.isolated:
                 route = _run("ip", "route", "get", address).stdout
@@ -685,7 +691,7 @@ class TestBed:
         """Stop the host's processes and delete its namespace (its veths go with it)."""
         with self._mutex:
             host = self.hosts.pop(name)
-            self._retired.add(self._offset(host))
+            self._retired[self._offset(host)] = time.monotonic()
             self._stop_sshd(host)
             _kill_namespace(host.namespace, self.slot.veth(self._offset(host)))
             if self._iso_gateway == name:

@@ -9,7 +9,10 @@ the suite; elsewhere the tests skip with the reason. Every test here is marked `
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,9 @@ from tests.support.testbed import TestBed, TestBedUnavailable
 from tests.support.trainer_helpers import uninterrupted_summary
 
 HERE = Path(__file__).resolve().parent
+#: a file each test appends one JSON line to: its wall, the test hosts' CPU seconds (cgroup v1's
+#: cpuacct) and this pytest's own (with its reaped children); for measuring the bed's cost
+CPU_REPORT = "GPUTRAIN_BED_CPU_REPORT"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -31,7 +37,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[TestBed]:
-    bed = TestBed()
+    bed = TestBed(count_cpu=bool(os.environ.get(CPU_REPORT)))
     try:
         bed.start()
     except (TestBedUnavailable, OSError) as e:
@@ -42,6 +48,33 @@ def testbed() -> Iterator[TestBed]:
         yield bed
     finally:
         bed.close()
+
+
+def _own_cpu_s() -> float:
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+
+
+@pytest.fixture(autouse=True)
+def _cpu_report(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With GPUTRAIN_BED_CPU_REPORT set: one line per test of what it cost (see CPU_REPORT)."""
+    report = os.environ.get(CPU_REPORT)
+    if not report:
+        yield
+        return
+    bed: TestBed = request.getfixturevalue("testbed")
+    hosts0, own0, t0 = bed.hosts_cpu_s(), _own_cpu_s(), time.monotonic()
+    yield
+    line = {
+        "test": request.node.nodeid,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "hosts_cpu_s": round(bed.hosts_cpu_s() - hosts0, 1),
+        "pytest_cpu_s": round(_own_cpu_s() - own0, 1),
+    }
+    with open(report, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.fake_metadata import FakeMetadata
 from tests.support.http_sink import HttpSink
 from tests.support.stack_world import BUCKET, FirstStep, World, assert_torn_down, bucket_object
@@ -38,6 +39,9 @@ AUTODOWN_S = 15.0
 LINK_DROP_AUTODOWN_S = 30.0  # the link is down for 20 s of it
 TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "20"]
 TRAIN += ["--log-every", "1", "--eval-batches", "0"]
+#: where autodown, not the trainer, is the subject: the trainer's step lines and summary from a
+#: stand-in without torch (tests/support/jobs/steps.py), launched by torchrun all the same
+STEPS = ["steps.py", "60"]
 #: the budget test: how far into the run (from `up`) the budget is reached; its first step comes
 #: 8-20 s after `up` on a loaded machine, and a stop before it would find no trainer to checkpoint
 BUDGET_AHEAD_S = 30.0
@@ -50,6 +54,7 @@ def cloud_world(world: Callable[..., World]) -> Iterator[tuple[World, FakeMetada
     bridge, and GCE's side of a delete: every process of the deleted VM dies."""
     w = world(bucket=True)
     w.gce.autodown_s = AUTODOWN_S
+    (w.dir / "steps.py").write_text((ROOT / "tests" / "support" / "jobs" / "steps.py").read_text())
     email = f"gputrain-e2e@{w.runner.project}.iam.gserviceaccount.com"
     with FakeMetadata(email, w.runner.project, host=w.bed.bridge_address) as md:
         w.compute.required_token = md.token
@@ -131,7 +136,7 @@ def test_detached_run_returns_once_it_trains_and_autodown_ends_the_cluster(
 ) -> None:
     w, md, env = cloud_world
     step = FirstStep(w)
-    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach", *env, "--", *TRAIN)
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach", *env, "--", *STEPS)
     returned = time.time()
     step.stop()
     out = capsys.readouterr().out
@@ -165,7 +170,7 @@ def test_a_controller_killed_mid_run_ends_the_same_way(
                 "compute": w.compute.url,
                 "python": w.bed.python,
                 "autodown_s": AUTODOWN_S,
-                "argv": ["train", "--stack", "e2e", *env, "--", *TRAIN],
+                "argv": ["train", "--stack", "e2e", *env, "--", *STEPS],
             }
         )
     )
@@ -255,7 +260,7 @@ def test_a_webhook_that_trickles_its_answer_delays_no_autodown(
     try:
         rc = w.run(
             "run", "--stack", "e2e", "--yes", "--skip-preflight", "--detach",
-            "--notify", sink.url + "/hook", *env, "--", *TRAIN,
+            "--notify", sink.url + "/hook", *env, "--", *STEPS,
         )  # fmt: skip
         assert rc == 0, capsys.readouterr().err[-3000:]
         rid = run_id(w)
@@ -352,7 +357,13 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
 
     threading.Thread(target=look, daemon=True).start()
     sink = HttpSink(host=w.bed.bridge_address).start()
-    long = [*TRAIN[:4], "--steps", "100000", "--checkpoint-every", "5", *TRAIN[8:]]
+    # the trainer, its ranks niced once they train (tests/support/jobs/niced_trainer.py): the
+    # budget stops it at a fixed time, and until then its steps take only the CPU left idle
+    (w.dir / "niced_trainer.py").write_text(
+        (ROOT / "tests" / "support" / "jobs" / "niced_trainer.py").read_text()
+    )
+    long = ["niced_trainer.py", *TRAIN[2:4], "--steps", "100000", "--checkpoint-every", "5"]
+    long += TRAIN[8:]
     argv = ["run", "--stack", "e2e", "--yes", "--skip-preflight", "--budget", f"{budget}"]
     argv += ["--notify", sink.url, *env]
     try:

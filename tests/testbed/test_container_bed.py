@@ -54,6 +54,10 @@ print(f"inside={os.path.exists('/gputrain-image')} world={dist.get_world_size()}
 open(os.path.join(os.environ["GPUTRAIN_OUT"], f"rank{dist.get_rank()}.txt"), "w").write("ok")
 dist.destroy_process_group()
 """
+#: Torch-free jobs for the failure and the stop (each rank of ddp_sum.py would pay torch's
+#: import): rank 1 fails at once while rank 0 waits; a job that runs until it is stopped.
+FAILS = "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(120)\n"
+RUNS = "import time\nprint('running', flush=True)\ntime.sleep(300)\n"
 
 
 @pytest.fixture
@@ -168,14 +172,14 @@ def test_a_failing_rank_and_a_stop_inside_the_image(
     image = cbed.image("ddp")
     proj = tmp_path / "proj"
     path = _hosts_file(tb, proj, [a, b], image)
-    shutil.copy(JOBS / "ddp_sum.py", proj / "ddp_sum.py")
+    (proj / "fails.py").write_text(FAILS)
+    (proj / "runs.py").write_text(RUNS)
     monkeypatch.chdir(proj)
     settings = Settings(root=proj, runs_dir=proj / "runs", connect_deadline_s=30)
     run = ["run", "--hosts", str(path)]
 
     # rank 1 (the worker's) fails: its exit code comes home, the head is stopped
-    fail = ["--env", "DDP_FAIL_RANK=1", "--env", "DDP_FAIL_STEP=1", "--env", "DDP_STEPS=5"]
-    assert main([*run, *fail, "--", "ddp_sum.py"], settings) == 1
+    assert main([*run, "--", "fails.py"], settings) == 1
     captured = capsys.readouterr()
     assert "failed on node" in captured.err
     record = json.loads(max((proj / "runs" / "hosts-lab").glob("*/job.json")).read_text())
@@ -203,8 +207,7 @@ def test_a_failing_rank_and_a_stop_inside_the_image(
 
     stopper = threading.Thread(target=stop_when_running, daemon=True)
     stopper.start()
-    long = ["--env", "DDP_STEPS=600", "--env", "DDP_STEP_S=0.5", "--env", "DDP_TIMEOUT_S=60"]
-    assert main([*run, *long, "--", "ddp_sum.py"], settings) == 1
+    assert main([*run, "--", "runs.py"], settings) == 1
     stopper.join(timeout=60)
     assert stopped, capsys.readouterr().out
     assert all(cbed.containers_on(h) == [] for h in (a, b))

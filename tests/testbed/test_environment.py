@@ -123,8 +123,13 @@ def test_hosts_requirements_setup_cached_and_secret(
     assert "iter 2: loss" in out
     first = sorted((proj / "runs" / "hosts-lab").glob("*/*/setup.log"))
     assert len(first) == 2 and all("probe ok" in p.read_text() for p in first)
-    # nanoGPT-style: out_dir/ckpt.pt relative to the working directory (the run's code snapshot)
-    assert list((a.dir / "home" / ".gputrain" / "runs").glob("*/code/out/ckpt.pt"))
+    # nanoGPT-style: out_dir/ckpt.pt relative to the working directory (the run's code snapshot),
+    # on the node of rank 0 (c10d's rendezvous assigns the ranks: either node)
+    assert [
+        p
+        for h in (a, b)
+        for p in (h.dir / "home" / ".gputrain" / "runs").glob("*/code/out/ckpt.pt")
+    ]
 
     # the same hash: nothing installed or run again; the secret reaches every rank
     with ArgvWatch(token) as watch:
@@ -163,8 +168,9 @@ def test_stack_run_keep_then_train_skips_the_install(
     assert "iter 4: loss" in out
     # the kept cluster: the same hash is ready on both VMs; the run resumes nanoGPT-style
     argv = ["train", *stack, *pip, "--", "train.py", "--max_iters=7", "--init_from=resume"]
-    head_runs = w.node_hosts["e2e-node-0"].dir / "home" / ".gputrain" / "runs"
-    ckpt = next(head_runs.glob("*/code/out/ckpt.pt"))  # out_dir, relative to the snapshot
+    runs = [h.dir / "home" / ".gputrain" / "runs" for h in w.node_hosts.values()]
+    # out_dir, relative to the snapshot, on rank 0's node (c10d assigns the ranks: either node)
+    ckpt = next(p for r in runs for p in r.glob("*/code/out/ckpt.pt"))
     shutil.copytree(ckpt.parent, w.dir / "out")  # the user brings the checkpoint along
     assert w.run(*argv) == 0
     out = capsys.readouterr().out

@@ -20,7 +20,7 @@ from scripts.verify.fabric import FabricCheck, verify_fabric
 from scripts.verify.fabric_setup import MARK
 from scripts.verify.gpus import VerificationError
 from tests.support.fabric_samples import A4_GVNICS, A4_RDMA_NICS, MEGA_GPU_NICS, MEGA_PRIMARY
-from tests.support.stack_world import FAST_TRAIN, World, assert_torn_down
+from tests.support.stack_world import World, assert_torn_down
 from tests.support.testbed import FabricFakes, TestBed, TestHost
 
 pytestmark = pytest.mark.testbed
@@ -63,21 +63,6 @@ def _verify(tb: TestBed, hosts: list[TestHost], probe_dir: Path, check: FabricCh
     return ""
 
 
-def test_verify_fabric_passes_with_a_gloo_all_reduce_between_two_hosts(
-    tb: TestBed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    hosts = [tb.add_host(fabric=a4_fakes()) for _ in range(2)]
-    assert _verify(tb, hosts, tmp_path / "probe") == ""
-    out = capsys.readouterr().out
-    assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
-    healths = sorted((tmp_path / "probe").rglob("health.json"))  # one per node, the same checks
-    assert healths
-    doc = json.loads(healths[0].read_text())
-    [busbw] = [c for c in doc["checks"] if c["check"] == "allreduce_busbw"]
-    assert busbw["value"] > 0 and set(busbw["host"].split(",")) == {h.name for h in hosts}
-    assert doc["device_type"] == "cpu"  # gloo: the 341.5 GB/s floor is not applied
-
-
 def test_a_failing_node_is_named_with_its_checks_and_nothing_runs(
     tb: TestBed, tmp_path: Path
 ) -> None:
@@ -112,10 +97,12 @@ def test_tcpxo_nodes_need_nine_nics_at_8244_and_a_ready_daemon(tb: TestBed, tmp_
 
 
 def test_session_verify_sets_up_each_node_then_proves_the_network(
-    tb: TestBed, tmp_path: Path
+    tb: TestBed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """FleetSession.verify(fabric=True), as up/run/train call it: GPUs, the setup on every node
-    (its script on stdin, the NCCL env file written in the node root), then verify --fabric."""
+    (its script on stdin, the NCCL env file written in the node root), then verify --fabric,
+    which passes with a gloo all-reduce between the two hosts (one all-reduce for both: each
+    costs every node a torchrun and a rank with torch)."""
     hosts = [tb.add_host(fabric=a4_fakes()) for _ in range(2)]
     fleet = tb.fleet(hosts, expect=GpuExpectation(model="NVIDIA L4", count=1))
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
@@ -127,15 +114,23 @@ def test_session_verify_sets_up_each_node_then_proves_the_network(
         env = (h.dir / "home" / NCCL_ENV_FILE).read_text()  # the node root (home or override)
         assert "export NCCL_NET=gIB" in env and "export NCCL_IB_TC=52" in env
         assert "export GLOO_SOCKET_IFNAME=eth0" in env
-    assert list((tmp_path / "runs" / fleet.target).glob("verify-fabric-*/**/health.json"))
+    out = capsys.readouterr().out
+    assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
+    # one health.json per node, the same checks
+    healths = sorted((tmp_path / "runs" / fleet.target).glob("verify-fabric-*/**/health.json"))
+    assert healths
+    doc = json.loads(healths[0].read_text())
+    [busbw] = [c for c in doc["checks"] if c["check"] == "allreduce_busbw"]
+    assert busbw["value"] > 0 and set(busbw["host"].split(",")) == {h.name for h in hosts}
+    assert doc["device_type"] == "cpu"  # gloo: the 341.5 GB/s floor is not applied
 
 
 def test_run_on_an_a4_reservation_stack_proves_its_network_before_training(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`gputrain run --stack` end to end: the reservation in the preflight, `up`, the GPUs, the
-    fabric setup on both VMs, verify --fabric with the gloo all-reduce, training with the NCCL
-    env file sourced, teardown."""
+    fabric setup on both VMs, verify --fabric with the gloo all-reduce, the job on both with the
+    NCCL env file sourced, teardown."""
     w = world(
         settings={
             "machineType": "a4-highgpu-8g",
@@ -146,15 +141,13 @@ def test_run_on_an_a4_reservation_stack_proves_its_network_before_training(
         fabric=a4_fakes(),
     )
     w.compute.add_reservation("us-central1-b", "e2e-res", "a4-highgpu-8g", 2)
-    rc = w.run("run", "--stack", "e2e", "--yes", "--", *FAST_TRAIN)
+    # the test job (tests/support/stack_world.py): the trainer's own run is test_lifecycle's
+    rc = w.run("run", "--stack", "e2e", "--yes", "--", "job.py", "done", str(w.marker))
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "e2e-res: 2 of 2 × a4-highgpu-8g free, need 2" in out
     assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
     for host in w.node_hosts.values():
         assert "export NCCL_NET=gIB" in (host.dir / "home" / NCCL_ENV_FILE).read_text()
-    target_dir = w.dir / "runs" / "stack-e2e"
-    run_dir = target_dir / (target_dir / "LAST_RUN").read_text().strip()
-    summary = json.loads(next(run_dir.rglob("summary.json")).read_text())
-    assert summary["world_size"] == 2 and summary["final_loss"] < summary["initial_loss"]
+    assert sorted(p.name for p in w.marker.glob("pid-*")) == ["pid-0", "pid-1"]  # one job, 2 ranks
     assert_torn_down(w)

@@ -34,7 +34,7 @@ from tests.support import ROOT
 from tests.support.fake_cloud_run import TOKEN, FakeCloudRun
 from tests.support.runner_proxy import serving
 from tests.support.stack_world import BUCKET, ZONES, World
-from tests.support.trainer_helpers import child_env, free_port, node_argv, start
+from tests.support.stack_world import TRAIN as STACK_TRAIN
 from tests.support.wheelhouse import build_wheel
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
@@ -51,17 +51,6 @@ def detach(w: World, *options: str, entry: tuple[str, ...] = tuple(TRAIN)) -> st
     )  # fmt: skip
     assert rc == 0
     return (w.dir / "runs" / "stack-e2e" / "LAST_RUN").read_text().strip()
-
-
-def run_uninterrupted(out: Path, args: tuple[str, ...]) -> dict[str, object]:
-    """The same training on two torchrun agents on this machine, one worker each (the bed's two
-    nodes, the same split), never interrupted: its summary."""
-    port, env = free_port(), child_env(out)
-    procs = [start(node_argv(port, "ref", list(args)), env) for _ in range(2)]
-    for p in procs:
-        output, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, output[-3000:]
-    return dict(json.loads((out / "summary.json").read_text()))
 
 
 def manifest(rid: str) -> RunManifest:
@@ -173,7 +162,9 @@ def reconcile_job(w: World, state: Path) -> Iterator[FakeCloudRun]:
 
 
 def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
-    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+    world: Callable[..., World],
+    uninterrupted: dict[str, object],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """(a) a worker preempted, recovered by the stack's Cloud Run job (a Scheduler tick, the
     production `gputrain reconcile` in its own process), (d) two executions started together
@@ -189,14 +180,10 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     w.gcs.write("datasets/tiny/shard-00.bin", b"tokens")
     data = f"shards=gs://{w.gcs.bucket_name}/datasets/tiny"
     # as a trainer that resumes only when told: the first attempt starts over, the relaunch
-    # gets --resume-args (the reference trainer takes the last --resume)
-    entry = (*TRAIN, "--resume", "never")
+    # gets --resume-args (the reference trainer takes the last --resume). The stack world's
+    # TRAIN, whose uninterrupted run the session fixture makes once for the recovery tests.
+    entry = ("-m", "trainer.train", *STACK_TRAIN, "--resume", "never")
     rid = detach(w, "--resume-args", "--resume auto", "--data", data, entry=entry)
-    reference: list[dict[str, object]] = []  # the same training, never interrupted, meanwhile
-    uninterrupted = threading.Thread(
-        target=lambda: reference.append(run_uninterrupted(w.marker.parent / "ref", entry[2:]))
-    )
-    uninterrupted.start()
     m = manifest(rid)
     assert (m.state, m.attempt, m.recoveries_left, m.entry) == ("running", 1, 3, entry)
     assert m.resume_args == ("--resume", "auto")
@@ -241,8 +228,7 @@ def test_a_preempted_worker_comes_back_one_reconciler_acts_and_the_end_is_kept(
     # resumed from its checkpoint through --resume-args, and ended as if never interrupted
     blob = w.gcs.client().bucket(BUCKET).blob(f"runs/{rid}/e2e-node-0/summary.json")
     summary = json.loads(blob.download_as_bytes())
-    uninterrupted.join(timeout=240)
-    [ref] = reference
+    ref = uninterrupted  # TRAIN never interrupted (tests/testbed/conftest.py)
     assert int(summary["resumed_from"]) >= 10, summary
     assert summary["final_loss"] == ref["final_loss"]
     assert summary["param_checksums"] == ref["param_checksums"]

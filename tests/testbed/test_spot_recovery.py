@@ -114,9 +114,10 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
 def test_a_killed_node_that_was_not_preempted_is_a_crash(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    w = world(bucket=True)
-    t = w.at_checkpoint(20, lambda: w.bed.kill_processes(w.node_hosts["e2e-node-1"].name))
-    rc = w.run_trainer()
+    w = world(bucket=True)  # the test job, not the trainer: the subject is the kill's verdict
+    assert w.gcs is not None
+    t = w.at_job_start(lambda: w.bed.kill_processes(w.node_hosts["e2e-node-1"].name))
+    rc = w.run_job("sleep", "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}")
     t.join(timeout=5)
     captured = capsys.readouterr()
     assert rc == 1 and "failed on node" in captured.err
@@ -140,8 +141,9 @@ def test_ctrl_c_while_the_cluster_is_recreated_still_destroys_everything(
         return real_up(*args, **kwargs)
 
     w.runner.up = interrupted_up  # type: ignore[method-assign]
-    t = w.at_checkpoint(20, lambda: w.preempt("e2e-node-1"))
-    rc = w.run_trainer()
+    assert w.gcs is not None
+    t = w.at_job_start(lambda: w.preempt("e2e-node-1"))  # the test job: no resume is asserted
+    rc = w.run_job("sleep", "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}")
     t.join(timeout=5)
     err = capsys.readouterr().err
     assert rc == 130, err

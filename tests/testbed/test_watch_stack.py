@@ -5,11 +5,14 @@ like a lost node, and the run resumes from the bucket's checkpoint and finishes.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
 
-from tests.support.stack_world import World
+from tests.support import ROOT
+from tests.support.stack_world import FirstStep, World
 from tests.support.testbed import BUSY, GpuConfig, GpuPhase
 
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
@@ -80,11 +83,11 @@ def test_an_xid_the_job_caused_is_reported_and_buys_no_new_node(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Xid 13 (NVIDIA: a graphics engine exception, the application's own) while the trainer
+    """Xid 13 (NVIDIA: a graphics engine exception, the application's own) while the job
     runs: a warning naming it, the job goes on, no VM is deleted or re-created."""
     monkeypatch.setenv("GPUTRAIN_WATCH_POLL_S", "1")
     monkeypatch.setenv("GPUTRAIN_WATCH_SAMPLE_S", "0.5")
-    w = world(bucket=True, gpus=GpuConfig(model="NVIDIA L4", count=1, timeline=(BUSY,)))
+    w = world(gpus=GpuConfig(model="NVIDIA L4", count=1, timeline=(BUSY,)))
 
     def xid() -> None:
         host = w.node_hosts["e2e-node-1"]
@@ -92,7 +95,25 @@ def test_an_xid_the_job_caused_is_reported_and_buys_no_new_node(
             host.name, GpuConfig(count=1, timeline=(BUSY, GpuPhase(util_pct=97, xid=13)))
         )
 
-    out, err = run_with_fault_at_checkpoint(w, xid, capsys)
+    # the watch, not the trainer, is the subject: the stand-in's step lines for 6 s, torch-free
+    (w.dir / "steps.py").write_text((ROOT / "tests" / "support" / "jobs" / "steps.py").read_text())
+    step = FirstStep(w)
+
+    def at_first_step() -> None:
+        while step.at is None and not done.is_set():
+            time.sleep(0.1)
+        if step.at is not None:
+            xid()
+
+    done = threading.Event()
+    t = threading.Thread(target=at_first_step, daemon=True)
+    t.start()
+    rc = w.run("run", "--stack", "e2e", "--yes", "--skip-preflight", "--", "steps.py", "60", "0.1")
+    done.set()
+    t.join(timeout=5)
+    step.stop()
+    out, err = capsys.readouterr()
+    assert rc == 0 and step.at is not None, out[-4000:] + err[-2000:]
     assert "node e2e-node-1 GPU 0: Xid 13 (graphics engine exception" in err
     assert "caused by the job's own GPU code, not by the GPU (no node is replaced)" in err
     assert "recovering" not in out and "GPU fault during the run" not in err
