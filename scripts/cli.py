@@ -17,18 +17,10 @@ from typing import TYPE_CHECKING
 from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from infra.datasets import parse_data_flags
-from scripts import lifecycle, run_flags, ui
-from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
-from scripts.job.env_options import (
-    add_build_option,
-    add_environment_options,
-    environment_options,
-    seconds_up_to,
-)
+from scripts import cli_options, lifecycle, ui
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import Feature, RunOptions
-from scripts.watch.commands import add_watch_arguments, stall_timeout_option
 
 if TYPE_CHECKING:
     from scripts.targets.base import Target
@@ -79,12 +71,12 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
-        **environment_options(args),
-        stall_timeout_s=stall_timeout_option(getattr(args, "stall_timeout", None)),
+        **cli_options.environment_options(args),
+        stall_timeout_s=cli_options.stall_timeout_option(getattr(args, "stall_timeout", None)),
         wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
         data=parse_data_flags(getattr(args, "data", []) or []),
-        resume_args=resume_args(getattr(args, "resume_args", None)),
-        **run_flags.options(args),
+        resume_args=cli_options.resume_args(getattr(args, "resume_args", None)),
+        **cli_options.run_flag_options(args),
         force=getattr(args, "force", False) and args.command in TAKES_ENTRY,
     )
 
@@ -363,7 +355,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
                 "and quota errors (default: 5)",
             )
         if name == "up":
-            add_build_option(c)
+            cli_options.add_build_option(c)
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
         if name in {"run", "down"}:
@@ -388,9 +380,9 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
                 "recovery (default: the stack's waitForCapacity, else no waiting)",
             )
         if name in {"run", "train"}:
-            add_environment_options(c)
-            run_flags.add_flags(c, name)
-            add_data_options(c)
+            cli_options.add_environment_options(c)
+            cli_options.add_run_flags(c, name)
+            cli_options.add_data_options(c)
         if name == "verify":
             c.add_argument(
                 "--image",
@@ -442,7 +434,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if name in TAKES_ENTRY | {"verify", "logs", "top", "results", "stop"}:
             c.add_argument(
                 "--wait",
-                type=seconds_up_to(86400),
+                type=cli_options.seconds_up_to(86400),
                 metavar="SECONDS",
                 help="how long to wait for SSH on each node before it counts as unreachable "
                 "(default: 30 for machines that exist, 900 for new cloud VMs)",
@@ -467,7 +459,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
-        add_watch_arguments(name, c, TAKES_ENTRY, seconds_up_to(86400))
+        cli_options.add_watch_arguments(name, c, TAKES_ENTRY, cli_options.seconds_up_to(86400))
         if name in {"results", "stop"}:
             c.add_argument("run_id", nargs="?", metavar="RUN", help="a run id (default: the last)")
         if name in TAKES_ENTRY:
@@ -548,7 +540,7 @@ def main(
 ) -> int:
     """Parse, run one handler, and turn every known failure into one line and an exit code.
     `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
-    words = glue_resume_args(sys.argv[1:] if argv is None else argv)
+    words = cli_options.glue_resume_args(sys.argv[1:] if argv is None else argv)
     args = _parser(words[0] if words and words[0] in COMMANDS else None).parse_args(words)
     try:
         opts = _options(args)
@@ -576,7 +568,7 @@ def main(
                 "--wait-for-capacity: only --stack targets create VMs, so only they can wait "
                 "for capacity (--hosts and --local machines exist already)"
             )
-        run_flags.check(args)
+        cli_options.check_run_flags(args)
         settings = settings or Settings()
         if args.dir:
             settings.root = _project_dir(Path(args.dir))

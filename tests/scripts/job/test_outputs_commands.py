@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
+from scripts.cli_options import glue_resume_args, resume_args
 from scripts.job import outputs
-from scripts.job.data_options import glue_resume_args, resume_args
 from scripts.job.node_scripts import build_node_command
 from scripts.job.outputs import (
     attempt_entry,
