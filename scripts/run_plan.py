@@ -19,7 +19,7 @@ from scripts import ui
 from scripts.job.records import DEFAULT_ENTRY, Job
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Target
-from scripts.watch.settings import WatchSettings, watch_settings
+from scripts.watch.telemetry import WatchSettings, watch_settings
 
 if TYPE_CHECKING:
     from infra.schema import StackSettings

@@ -18,7 +18,7 @@ from scripts.node_layout import CODE_DIR
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
     from scripts.job.environment import Environment
-    from scripts.watch.settings import WatchSettings
+    from scripts.watch.telemetry import WatchSettings
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.

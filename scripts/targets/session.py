@@ -134,7 +134,7 @@ class FleetSession:
         ensure_image(self.fleet, self.transports, image, verify=True)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.watch.launch import watched_launch, with_stall_default
+        from scripts.watch.monitor import watched_launch, with_stall_default
 
         with self._launching(job, guard) as job:
             return watched_launch(

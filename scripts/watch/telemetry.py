@@ -1,15 +1,21 @@
-"""What the nodes' GPU samples say (gputrain_node/telemetry.py writes them): the latest per GPU, the
-GPU faults that appeared during the run, a node that stays idle, the one-line summary. Pure."""
+"""What the watch makes of a running job, pure: its settings (WatchSettings: how often it looks; the
+GPUTRAIN_WATCH_* variables shorten them), what the nodes' GPU samples say (gputrain_node/telemetry.py
+writes them: the latest per GPU, the GPU faults that appeared during the run, a node that stays
+idle, the one-line summary), and the stall clock (when did any rank last make a training step, how
+long may that take, which rank is the stuck one)."""
 
 from __future__ import annotations
 
 import collections
 import csv
 import io
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from infra.base.errors import GputrainError, UserError
+from infra.stall import effective_timeout
 from scripts.watch.xid import XidClass, meaning, worst, xid_class
 
 
@@ -271,3 +277,150 @@ def summary_line(nodes: Mapping[str, NodeTelemetry], progress: LogProgress) -> s
                 + (f" mem {sum(mem) / 1024:.1f} GiB" if mem else "")
             )
     return "watch: " + " | ".join([*parts, progress.text()])
+
+
+ENV_KNOBS = {
+    "GPUTRAIN_WATCH_SAMPLE_S": "sample_interval_s",
+    "GPUTRAIN_WATCH_POLL_S": "poll_s",
+    "GPUTRAIN_WATCH_SUMMARY_S": "summary_every_s",
+    "GPUTRAIN_WATCH_IDLE_WINDOW_S": "idle_window_s",
+}
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    stall_timeout_s: float | None = None  # None: max(10 min, 10 x the slowest step seen)
+    sample_interval_s: float = 5.0  # nvidia-smi on every node
+    poll_s: float = 10.0  # the controller reads the nodes' telemetry and heartbeats
+    summary_every_s: float = 300.0  # the one-line summary in the run's output
+    idle_window_s: float = 600.0  # warn when a node's mean utilization stays low this long
+    idle_below_pct: float = 50.0
+    dump_wait_s: float = 5.0  # how long a rank's faulthandler may take to write its stack
+
+
+def watch_settings(
+    stall_timeout_s: float | None, environ: Mapping[str, str] = os.environ
+) -> WatchSettings:
+    """The defaults, the stall timeout given, and any GPUTRAIN_WATCH_* override (one line
+    naming the variable when it is not a number of seconds > 0)."""
+    values: dict[str, float] = {}
+    for var, name in ENV_KNOBS.items():
+        raw = environ.get(var)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 < value <= 86400:
+            raise UserError(f"{var}={raw!r}: allowed: seconds > 0, at most 86400")
+        values[name] = value
+    return WatchSettings(stall_timeout_s=stall_timeout_s, **values)
+
+
+class StallClock:
+    """Progress signals in, "stalled for how long" out. Armed at the first signal (a job that
+    shows none is never called stalled); the automatic timeout follows the slowest gap seen."""
+
+    def __init__(self, explicit_s: float | None) -> None:
+        self.explicit_s = explicit_s
+        self.last_at: float | None = None
+        self.slowest_s: float | None = None
+
+    def progress(self, at: float) -> None:
+        if self.last_at is not None:
+            gap = at - self.last_at
+            self.slowest_s = gap if self.slowest_s is None else max(self.slowest_s, gap)
+        self.last_at = at
+
+    @property
+    def timeout_s(self) -> float:
+        return effective_timeout(self.explicit_s, self.slowest_s)
+
+    def overdue(self, now: float) -> float | None:
+        """Seconds without progress once past the timeout; None while fine or not armed."""
+        if self.last_at is None:
+            return None
+        quiet = now - self.last_at
+        return quiet if quiet > self.timeout_s else None
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank on one node at the time of the stall (gputrain_node/telemetry.py's dump)."""
+
+    node: str
+    rank: int
+    pid: int
+    state: str  # /proc state: R, S, D, T (stopped), Z
+    stack: str
+    how: str  # py-spy / faulthandler / none: why
+    heartbeat_age_s: float | None = None  # its own heartbeat file (.rank<R>), if it keeps one
+
+
+_COLLECTIVE = re.compile(
+    r"all_reduce|allreduce|barrier|broadcast|all_gather|reduce_scatter|wait\b|_wait|synchronize"
+)
+_STATE_WHY = {
+    "T": "stopped (SIGSTOP or a debugger)",
+    "D": "in uninterruptible sleep (I/O)",
+    "Z": "exited",
+}
+
+
+def stuck_rank(ranks: Sequence[RankState]) -> tuple[RankState, str] | None:
+    """The rank that holds the others up, and why we think so: a stopped or blocked process; else
+    the one whose own heartbeat is clearly oldest; else the one not waiting in a collective while
+    the rest are. None when nothing singles one out."""
+    for r in ranks:
+        if r.state in _STATE_WHY:
+            return r, f"its process is {_STATE_WHY[r.state]}"
+    aged = [r for r in ranks if r.heartbeat_age_s is not None]
+    if len(aged) >= 2:
+        ordered = sorted(aged, key=lambda r: r.heartbeat_age_s or 0.0, reverse=True)
+        first, second = ordered[0], ordered[1]
+        if (first.heartbeat_age_s or 0) - (second.heartbeat_age_s or 0) > 5:
+            return first, f"its last step was {first.heartbeat_age_s:.0f} s ago, the others' later"
+    with_stack = [r for r in ranks if r.stack]
+    waiting = [r for r in with_stack if _COLLECTIVE.search(r.stack)]
+    others = [r for r in with_stack if r not in waiting]
+    if waiting and len(others) == 1:
+        return others[0], "the other ranks wait in a collective, it does not"
+    return None
+
+
+def rank_heartbeats(beats: Mapping[str, float], node_now: float | None) -> dict[int, float]:
+    """heartbeat.rank<R> files -> rank: seconds since it was touched (node clock)."""
+    out = {}
+    for name, mtime in beats.items():
+        m = re.fullmatch(r"heartbeat\.rank(\d+)", name)
+        if m and node_now is not None:
+            out[int(m.group(1))] = max(0.0, node_now - mtime)
+    return out
+
+
+@dataclass(frozen=True)
+class Stall:
+    """What the watch found when the run stalled."""
+
+    quiet_s: float
+    timeout_s: float
+    ranks: tuple[RankState, ...]
+    stuck: RankState | None
+    why: str
+    stacks_dir: str
+
+    def describe(self) -> str:
+        who = (
+            f"node {self.stuck.node} rank {self.stuck.rank} (pid {self.stuck.pid}: {self.why})"
+            if self.stuck
+            else "no single rank stands out (see the stacks)"
+        )
+        return (
+            f"no rank made a training step for {self.quiet_s:.0f} s (stall timeout "
+            f"{self.timeout_s:.0f} s); stuck: {who}; every rank's stack: {self.stacks_dir}"
+        )
+
+
+class StallError(GputrainError):
+    """The run stalled and no restart was left."""

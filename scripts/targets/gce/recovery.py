@@ -404,7 +404,7 @@ class RecoveringSession(FleetSession):
             self.watchdogs.arm(self.fleet, self.transports, job.run_id, job.env, nodes)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.watch.launch import watched_launch, with_stall_default
+        from scripts.watch.monitor import watched_launch, with_stall_default
 
         hold = self._hold(job)
         job = self._with_bucket_env(job)
@@ -486,7 +486,7 @@ class RecoveringSession(FleetSession):
 
     def _lost(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
         """The nodes to replace: the node of a GPU fault during training, else the preempted."""
-        from scripts.watch.launch import GpuFaultError
+        from scripts.watch.monitor import GpuFaultError
 
         if isinstance(error, GpuFaultError):
             f = error.fault
