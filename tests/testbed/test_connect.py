@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.connect import ConnectError, close_all, connect
+from scripts.targets.session import ConnectError, close_all, connect
 from scripts.transport.hostkeys import HostKeyError, KnownHosts, fingerprint
 from scripts.transport.ssh import SshTransport
 from tests.support.testbed import TestBed

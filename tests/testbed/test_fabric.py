@@ -12,10 +12,9 @@ import pytest
 
 from infra.base.records import GpuExpectation
 from infra.fabric import plan_fabric
-from scripts.connect import close_all, connect
 from scripts.node_layout import NCCL_ENV_FILE
 from scripts.settings import Settings
-from scripts.targets.session import FleetSession
+from scripts.targets.session import FleetSession, close_all, connect
 from scripts.verify.fabric import FabricCheck, verify_fabric
 from scripts.verify.fabric_setup import MARK
 from scripts.verify.gpus import VerificationError

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from gputrain_node.telemetry import rank_processes
-from scripts.connect import close_all, connect
 from scripts.job.records import Job
+from scripts.targets.session import close_all, connect
 from scripts.watch.monitor import GpuFaultError, watched_launch
 from scripts.watch.telemetry import StallError, WatchSettings
 from scripts.watch.top import TopView

@@ -350,9 +350,9 @@ def test_a_local_launch_builds_the_environment_then_runs_with_it(
 ) -> None:
     """Through the launcher: the code goes first, the environment is built from it, and torchrun
     runs with the venv's interpreter (the rank imports what requirements.txt named)."""
-    from scripts.connect import close_all, connect
     from scripts.job.launch import launch_torchrun
     from scripts.job.records import Job
+    from scripts.targets.session import close_all, connect
     from tests.support.local_fleet import local_fleet
 
     proj = tmp_path / "proj"

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
 from scripts.job.secrets import (
@@ -27,6 +26,7 @@ from scripts.job.secrets import (
     redact,
     resolve_secrets,
 )
+from scripts.targets.session import close_all, connect
 from tests.support.fake_secretmanager import FakeSecretManager
 from tests.support.local_fleet import local_fleet
 
