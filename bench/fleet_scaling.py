@@ -37,7 +37,7 @@ from scripts import ui
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
 from scripts.targets.session import close_all, connect
-from scripts.verify.gpus import verify_gpus
+from scripts.verify.nodes import verify_gpus
 from tests.support.testbed import GpuConfig, TestBed
 
 REPO = Path(__file__).resolve().parent.parent

@@ -108,10 +108,10 @@ class FleetSession:
     def verify(self, fabric: bool = False) -> None:
         """The GPUs; with `fabric`, then the GPU network of a multi-node stack: node setup
         (idempotent) and `verify --fabric`, before any training."""
-        from scripts.verify.gpus import verify_gpus
+        from scripts.verify.nodes import verify_gpus
 
         verify_gpus(self.fleet, self.transports, deadline_s=self.settings.verify_deadline_s)
-        from scripts.verify.scratch import verify_scratch
+        from scripts.verify.nodes import verify_scratch
 
         verify_scratch(self.fleet, self.transports)  # local SSD, where the VM has any
         if not fabric or len(self.fleet.nodes) < 2:

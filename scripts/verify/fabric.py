@@ -32,7 +32,7 @@ from scripts.verify.fabric_setup import (
     parse_setup_report,
     setup_script,
 )
-from scripts.verify.gpus import VerificationError
+from scripts.verify.nodes import VerificationError
 
 SETUP_TIMEOUT_S = 900.0  # apt, a DKMS build and two image pulls on a fresh node
 PROBE_ENTRY = contract.HEALTHCHECK_ENTRY
