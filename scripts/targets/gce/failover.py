@@ -15,7 +15,7 @@ from typing import Any, Literal
 from infra.base.errors import GputrainError
 from infra.catalog import ZONE_NAME, quota_console_url
 from infra.stackfile import qualify
-from scripts.targets.stack.runner import OnOutput, StackError, StackRunner, summarise_pulumi_error
+from scripts.targets.stack.clients import OnOutput, StackError, StackRunner, summarise_pulumi_error
 
 ZONE_CONFIG_KEY = qualify("zone")  # written by the zone failover, read by the program
 

@@ -22,7 +22,7 @@ from scripts.targets.gce.failover import (
     classify_provisioning_error,
     destroy_attempt,
 )
-from scripts.targets.stack.runner import OnOutput, StackError, StackRunner
+from scripts.targets.stack.clients import OnOutput, StackError, StackRunner
 
 CANDIDATE_CONFIG_KEY = qualify("candidate")  # written here, read by the program
 ATTEMPT_HEADERS = ("#", "machine type x nodes", "zone", "outcome", "reason")

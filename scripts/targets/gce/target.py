@@ -19,7 +19,7 @@ from infra.outputs import Key
 from scripts import ui
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.stack.runner import pulumi_line
+from scripts.targets.stack.clients import pulumi_line
 from scripts.targets.stack.target import StackContext, StackTarget, pin
 
 if TYPE_CHECKING:

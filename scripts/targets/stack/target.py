@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from scripts.job.environment import EnvironmentSettings
     from scripts.job.image_build import PendingBuild, PlannedBuild
     from scripts.targets.stack.bucket import KeptBucket
-    from scripts.targets.stack.runner import StackRunner
+    from scripts.targets.stack.clients import StackRunner
 
 C = TypeVar("C", bound=StackClients)
 P = TypeVar("P")  # what a backend's `prepare` hands to its `create`
