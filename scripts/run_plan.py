@@ -87,7 +87,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     """Every "before anything is created" check, in the README's order: what the target cannot
     do, the image or build, the data, the environment and secrets, the entry, the webhooks and
     the watch settings. A bad input is one UserError line; nothing is created here."""
-    from scripts.job.entry_check import check_entry
+    from scripts.job.sync import check_entry
     from scripts.notify import run_notify_urls
 
     declared = target.declared()
