@@ -167,7 +167,7 @@ def plan(
     Manager nor the registry is asked), then the target's own plan; with `export`, the job the
     next run submits, as a file (Feature.EXPORT_JOB: a Vertex job spec for gcloud)."""
     from scripts.job.container import parse_image
-    from scripts.job.secrets import parse_secrets, resolve_secrets
+    from scripts.job.environment import parse_secrets, resolve_secrets
 
     if export is not None:
         target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")

@@ -187,8 +187,12 @@ def job_environment(
 ) -> tuple[Environment | None, JobSecrets]:
     """The environment the nodes prepare and the secrets (values, or references a Vertex job
     resolves itself): the target file's `setup` and `secrets` with the command line's."""
-    from scripts.job.environment import plan_environment
-    from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
+    from scripts.job.environment import (
+        parse_secrets,
+        plan_environment,
+        resolve_secrets,
+        secret_references,
+    )
 
     setup = env.setup if opts.setup is None else opts.setup
     refs = parse_secrets(env.secrets, f"{env.source}secrets") + parse_secrets(
@@ -216,7 +220,7 @@ def warn_unrelaunchable(
 ) -> None:
     """Up front, on a stack whose detached runs a `gputrain reconcile` pass recovers: a secret
     of this machine's environment keeps a pass from relaunching the run."""
-    from scripts.job.secrets import machine_secrets_line
+    from scripts.job.environment import machine_secrets_line
 
     line = machine_secrets_line(names, in_secret_manager) if Feature.AUTODOWN in can else None
     if line is not None:

@@ -38,7 +38,7 @@ from scripts.job.download import (
     not_home_message,
     write_job_record,
 )
-from scripts.job.environment import ENVS_DIR
+from scripts.job.environment import ENVS_DIR, NAMES_ENV, redacting, secret_stdin
 from scripts.job.environment_node import prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.image_node import ensure_image
@@ -57,7 +57,6 @@ from scripts.job.node_scripts import (
 )
 from scripts.job.outputs import OUT_URI_ENV, prepare_outputs
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
-from scripts.job.secrets import NAMES_ENV, redacting, secret_stdin
 from scripts.job.sync import (
     CodeBundle,
     check_size,

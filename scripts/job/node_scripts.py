@@ -13,6 +13,7 @@ from gputrain_node import contract
 from gputrain_node.contract import OUT_ENV, RUN_ID_ENV
 from scripts.job.container import container_name
 from scripts.job.data import data_env_lines
+from scripts.job.environment import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.leftovers import kill_tagged_sh
 from scripts.job.outputs import (
     MIRROR_STOP_LINES,
@@ -21,7 +22,6 @@ from scripts.job.outputs import (
     mirror_start_lines,
 )
 from scripts.job.records import Job
-from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, NODE_ROOT_SH, RUNS_DIR, run_dir
 from scripts.transport.tar import Codec

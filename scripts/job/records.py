@@ -63,7 +63,7 @@ class Job:
     attempt: int = 1  # 2, 3, ...: relaunches after spot recoveries (GPUTRAIN_ATTEMPT)
     resumed: bool = False  # `train --resume`: the run's mirrored state comes back as on a relaunch
     environment: Environment | None = None  # requirements + setup, prepared before torchrun
-    # name -> value: only in memory, to the nodes on stdin (scripts/job/secrets.py); never shown
+    # name -> value: only in memory, to the nodes on stdin (scripts/job/environment.py); never shown
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     image: ImageRef | None = None  # torchrun runs inside it (resolved to its digest)
     fabric: str = "none"  # the GPU network the image's container gets (rdma, tcpxo)

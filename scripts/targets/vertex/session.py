@@ -26,10 +26,10 @@ from infra.vertex_pools import PoolShape, check_job_spec, price_pools, total_hou
 from scripts import ui
 from scripts.guard import SignalGuard
 from scripts.job.download import write_job_record
+from scripts.job.environment import secret_refs_env
 from scripts.job.launch import TRAINER_DIR
 from scripts.job.outputs import vertex_output_env
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
-from scripts.job.secrets import secret_refs_env
 from scripts.settings import Settings
 from scripts.targets.base import Footprint
 from scripts.targets.stack.bucket import to_fetch
