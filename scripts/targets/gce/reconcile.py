@@ -241,8 +241,7 @@ class Pass:
         return DONE
 
     def recover(self, out: StackOutputs, lost: dict[str, NodeCloudState | None]) -> str:
-        from scripts.targets.gce.capacity_wait import stocked_out
-        from scripts.targets.gce.failover import ProvisioningError
+        from scripts.targets.gce.provision import ProvisioningError, stocked_out
 
         now = time.time()
         names = sorted(lost)

@@ -15,8 +15,7 @@ from infra.placement import candidate_label
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.gce.failover import ProvisioningError
-from scripts.targets.gce.offer_failover import next_candidate, provision_candidates
+from scripts.targets.gce.provision import ProvisioningError, next_candidate, provision_candidates
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import FakeStackRunner
 from tests.support.pulumi_mocks import ROOT, TEST_PUBLIC_KEY
