@@ -45,9 +45,7 @@ class Context:
 
     @functools.cached_property
     def target(self) -> Target:
-        from scripts.targets import open_target
-
-        return open_target(
+        return cli_options.open_target(
             stack=self.args.stack,
             hosts=getattr(self.args, "hosts", None),
             settings=self.settings,

@@ -2,7 +2,8 @@
 parser, their contradictions checked in one line each before anything is created, and read back
 into RunOptions' fields. By concern: how long a run may outlive or outlast things (--max-recoveries,
 --detach, --autodown, --budget, --notify, `train --resume`), data in and outputs out, the job's
-environment (requirements, setup, secrets, image, build), and the watch (--stall-timeout)."""
+environment (requirements, setup, secrets, image, build), and the watch (--stall-timeout). And
+the target the command line names (`open_target`: --stack, --hosts, else --local)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ import argparse
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import UserError
 from infra.notify_urls import check_urls
 from scripts import ui
 from scripts.job.records import check_run_id
+
+if TYPE_CHECKING:
+    from scripts.settings import Settings
+    from scripts.targets.base import Target
+    from scripts.targets.gce.clients import GceClients
+    from scripts.targets.vertex.clients import VertexClients
 
 
 def add_run_flags(c: argparse.ArgumentParser, command: str) -> None:
@@ -118,6 +125,41 @@ def selector(args: argparse.Namespace) -> str:
     """The target as the user named it, for the commands that come back to it."""
     hosts = getattr(args, "hosts", None)
     return f"--stack {args.stack}" if args.stack else f"--hosts {hosts}" if hosts else "--local"
+
+
+def open_target(
+    *,
+    stack: str | None,
+    hosts: str | None,
+    settings: Settings,
+    gce: GceClients | None = None,
+    vertex: VertexClients | None = None,
+) -> Target:
+    """The target the command line chose: --stack NAME (its `backend` picks GCE or Vertex AI),
+    --hosts FILE, else --local."""
+    if stack:
+        from infra.fields import CHECK
+        from infra.stackfile import BACKENDS, read_stack_file
+        from scripts.targets.gce.clients import GceClients
+
+        gce = gce or GceClients()
+        stack_file = read_stack_file(settings.root, stack)  # once: typed, checked, handed on
+        if CHECK.one_of("backend", stack_file.settings.backend.strip(), BACKENDS) == "vertex":
+            from scripts.targets.vertex import VertexTarget
+            from scripts.targets.vertex.clients import VertexClients
+
+            clients = vertex or VertexClients()
+            return VertexTarget(stack, settings, clients, stack_file=stack_file, doctor=gce)
+        from scripts.targets.gce.target import GceTarget
+
+        return GceTarget(stack, settings, gce, stack_file=stack_file)
+    if hosts:
+        from scripts.targets.hosts import HostsTarget
+
+        return HostsTarget(hosts, settings)
+    from scripts.targets.local import LocalTarget
+
+    return LocalTarget(settings)
 
 
 def run_flag_options(args: argparse.Namespace) -> dict[str, Any]:
