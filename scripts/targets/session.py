@@ -21,11 +21,10 @@ from infra.base.errors import GputrainError, UserError
 from infra.base.records import Fleet, Node
 from infra.base.retry import GaveUp, Waiting, poll_until
 from scripts import ui
-from scripts.guard import SignalGuard
 from scripts.job.records import Job, JobResult
 from scripts.parallel import parallel
 from scripts.settings import Settings
-from scripts.targets.base import Footprint
+from scripts.targets.base import Footprint, SignalGuard
 from scripts.transport.base import Transport
 from scripts.transport.hostkeys import HostKeyError
 from scripts.transport.local import LocalTransport

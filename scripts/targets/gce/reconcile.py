@@ -287,10 +287,10 @@ class Pass:
 
     def relaunch(self, outputs: dict[str, Any]) -> None:
         """The same run on the new cluster, from its checkpoints; returns at its first step."""
-        from scripts.guard import signal_guard
         from scripts.job.environment import read_secret_references
         from scripts.job.launch import stop_job
         from scripts.job.records import Job
+        from scripts.targets.base import signal_guard
 
         with tempfile.TemporaryDirectory(prefix="gputrain-reconcile-") as tmp:
             workdir = Path(tmp) / "code"

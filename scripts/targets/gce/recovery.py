@@ -34,7 +34,6 @@ from infra.gcp.compute import (
     ComputeApiError,
 )
 from scripts import ui
-from scripts.guard import Interrupted, SignalGuard
 from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
@@ -52,6 +51,7 @@ from scripts.job.records import (
     TrainingError,
 )
 from scripts.settings import Settings
+from scripts.targets.base import Interrupted, SignalGuard
 
 if TYPE_CHECKING:
     from scripts.targets.gce.manifest import ControllerHold

@@ -21,9 +21,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from infra.base.errors import GputrainError, UserError
 from infra.cost_caps import check_spending_caps
 from scripts import ui
-from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
-from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Session
+from scripts.targets.base import (
+    Capabilities,
+    Declared,
+    Feature,
+    RunOptions,
+    Session,
+    SignalGuard,
+    signal_guard,
+)
 from scripts.targets.stack.clients import StackClients
 
 if TYPE_CHECKING:
