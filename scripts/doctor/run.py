@@ -32,7 +32,7 @@ from infra.fields import whole_internet
 from infra.spec import ClusterSpec
 from infra.stackfile import StackSecrets
 from scripts.doctor.report import DoctorReport, Row
-from scripts.transport.hostkeys import fingerprint, parse_public_key
+from scripts.transport.ssh import fingerprint, parse_public_key
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec

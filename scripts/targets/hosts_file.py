@@ -50,7 +50,7 @@ from infra.base.validate import Checker
 from infra.datasets import Dataset, parse_datasets
 from infra.notify_urls import check_urls
 from scripts.job.environment import EnvironmentSettings
-from scripts.transport.hostkeys import KnownHosts
+from scripts.transport.ssh import KnownHosts
 
 MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
 MAX_GPUS_PER_HOST = 16

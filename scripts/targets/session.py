@@ -26,9 +26,8 @@ from scripts.parallel import parallel
 from scripts.settings import Settings
 from scripts.targets.base import Footprint, SignalGuard
 from scripts.transport.base import Transport
-from scripts.transport.hostkeys import HostKeyError
 from scripts.transport.local import LocalTransport
-from scripts.transport.ssh import SshTransport, classify_connect_error
+from scripts.transport.ssh import HostKeyError, SshTransport, classify_connect_error
 
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
@@ -240,7 +239,7 @@ class FleetSession:
 
     def ssh(self, node: str, command: Sequence[str]) -> int:
         """An interactive shell or one command on a node, with its host key pinned."""
-        from scripts.transport.hostkeys import known_hosts_lines
+        from scripts.transport.ssh import known_hosts_lines
 
         if self.fleet.local:
             raise UserError("ssh: the local target is this machine; no SSH needed")
