@@ -241,12 +241,23 @@ def declared_image(env: EnvironmentSettings, opts: RunOptions) -> ImageRef | Non
     return image
 
 
+def resolve_autodown(stack_s: int | None, *, keep: bool, flag: str | None) -> int | None:
+    """The autodown of one command: `--autodown` over the stack's; `--keep` keeps the cluster,
+    so no autodown (`--keep` with an explicit `--autodown` is refused by the CLI)."""
+    if keep:
+        return None
+    if flag is not None:
+        from infra.autodown import parse_autodown
+
+        return parse_autodown(flag, "--autodown")
+    return stack_s
+
+
 def planned_autodown(can: Capabilities, declared: Declared, opts: RunOptions) -> int | None:
     """`--autodown` over the stack's `autodown`; none with --keep or where nothing autodowns."""
     if Feature.AUTODOWN not in can or declared.spec is None:
         return None
     from infra.fields import format_duration
-    from scripts.job.autodown import resolve_autodown
 
     spec = declared.spec
     seconds = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)

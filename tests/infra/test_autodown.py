@@ -16,7 +16,8 @@ from infra.plan import build_plan
 from infra.spec import parse_spec
 from infra.stackfile import SpecError, load_stack_config
 from scripts.cli import main
-from scripts.job.autodown import autodown_line, instances_of, resolve_autodown
+from scripts.job.autodown import autodown_line, instances_of
+from scripts.run_plan import resolve_autodown
 from scripts.settings import Settings
 from tests.support.pulumi_mocks import IAM_MEMBER, GcpMocks, deployable_config, pulumi_mocks
 
