@@ -32,7 +32,7 @@ from scripts.transport.ssh import HostKeyError, SshTransport, classify_connect_e
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
     from scripts.notify import Notifier
-    from scripts.verify.fabric import FabricCheck
+    from scripts.verify.nodes import FabricCheck
 
 
 class FleetSession:
@@ -118,7 +118,7 @@ class FleetSession:
             ui.say(f"{self.name}: no GPU network to set up or verify (one NIC per node)")
             return
         from scripts.settings import new_run_id
-        from scripts.verify.fabric import setup_fabric, verify_fabric
+        from scripts.verify.nodes import setup_fabric, verify_fabric
 
         setup_fabric(self.fleet, self.transports, self.fabric.kind)
         run_id = f"verify-fabric-{new_run_id()}"

@@ -15,9 +15,8 @@ from infra.fabric import plan_fabric
 from scripts.node_layout import NCCL_ENV_FILE
 from scripts.settings import Settings
 from scripts.targets.session import FleetSession, close_all, connect
-from scripts.verify.fabric import FabricCheck, verify_fabric
 from scripts.verify.fabric_setup import MARK
-from scripts.verify.nodes import VerificationError
+from scripts.verify.nodes import FabricCheck, VerificationError, verify_fabric
 from tests.support.fabric_samples import A4_GVNICS, A4_RDMA_NICS, MEGA_GPU_NICS, MEGA_PRIMARY
 from tests.support.stack_world import FAST_TRAIN, World, assert_torn_down
 from tests.support.testbed import FabricFakes, TestBed, TestHost

@@ -55,7 +55,7 @@ from scripts.targets.base import Interrupted, SignalGuard
 
 if TYPE_CHECKING:
     from scripts.targets.gce.manifest import ControllerHold
-    from scripts.verify.fabric import FabricCheck
+    from scripts.verify.nodes import FabricCheck
 from infra.outputs import StackOutputs
 from scripts.targets.session import FleetSession
 

@@ -327,7 +327,7 @@ def stack_session(
     from infra.outputs import parse_stack_outputs
     from scripts.targets.gce.autodown import stack_autodown
     from scripts.targets.gce.recovery import RecoveringSession, StackNodes
-    from scripts.verify.fabric import FabricCheck
+    from scripts.verify.nodes import FabricCheck
 
     spec, opts, clients = ctx.spec, ctx.opts, ctx.clients
 
