@@ -38,7 +38,6 @@ from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
 from scripts.job.outputs import output_env
-from scripts.job.progress import StepWatch
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
     TENSORBOARD_DIR_ENV,
@@ -52,6 +51,7 @@ from scripts.job.records import (
 )
 from scripts.settings import Settings
 from scripts.targets.base import Interrupted, SignalGuard
+from scripts.watch.telemetry import StepWatch
 
 if TYPE_CHECKING:
     from scripts.targets.gce.manifest import ControllerHold

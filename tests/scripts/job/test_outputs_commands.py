@@ -107,7 +107,7 @@ def test_the_out_dir_is_restored_only_on_relaunches_with_a_bucket() -> None:
 
 
 def test_nanogpt_lines_tell_the_step_reached_and_resumed_from() -> None:
-    from scripts.job.progress import StepWatch
+    from scripts.watch.telemetry import StepWatch
 
     w = StepWatch(clock=lambda: 7.0)
     w.line("n1", "[rank1]:iter 0: loss 5.5433, time 533.20ms, mfu -100.00%")
