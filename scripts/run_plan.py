@@ -164,7 +164,7 @@ def recoveries_allowed(given: int | None) -> int:
 def planned_datasets(declared: Declared, opts: RunOptions) -> tuple[Dataset, ...]:
     """The target's `data` with `--data` over it, each prefix listed once (it must exist and be
     readable: a typo costs nothing); none for `healthcheck`, which reads no data."""
-    from scripts.job.data import check_prefixes
+    from scripts.job.data_io import check_prefixes
 
     if tuple(opts.entry[:2]) == HEALTHCHECK_ENTRY:
         return ()

@@ -31,7 +31,7 @@ from scripts.job.container import (
     container_name,
     image_key,
 )
-from scripts.job.data import stage_data
+from scripts.job.data_io import OUT_URI_ENV, prepare_outputs, stage_data
 from scripts.job.download import (
     ResultsNotHomeError,
     download_results,
@@ -55,7 +55,6 @@ from scripts.job.node_scripts import (
     parse_sections,
     run_dir,
 )
-from scripts.job.outputs import OUT_URI_ENV, prepare_outputs
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
 from scripts.job.sync import (
     CodeBundle,

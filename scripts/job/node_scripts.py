@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from gputrain_node import contract
 from gputrain_node.contract import OUT_ENV, RUN_ID_ENV
 from scripts.job.container import container_name
-from scripts.job.data import data_env_lines
-from scripts.job.environment import READ_SECRETS_SH, REDACT_OUTPUT_SH
-from scripts.job.leftovers import kill_tagged_sh
-from scripts.job.outputs import (
+from scripts.job.data_io import (
     MIRROR_STOP_LINES,
     attempt_entry,
     build_collect_workdir_command,
+    data_env_lines,
     mirror_start_lines,
 )
+from scripts.job.environment import READ_SECRETS_SH, REDACT_OUTPUT_SH
+from scripts.job.leftovers import kill_tagged_sh
 from scripts.job.records import Job
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, NODE_ROOT_SH, RUNS_DIR, run_dir

@@ -58,7 +58,7 @@ class Job:
     max_upload_mib: float = DEFAULT_MAX_UPLOAD_MIB
     max_duration_s: float | None = None  # stop the job after this long (None: no limit)
     code_dir: str = CODE_DIR  # where the code is synced on the nodes (per run for local runs)
-    datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data.py)
+    datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data_io.py)
     resume_args: tuple[str, ...] = ()  # appended to entry on attempts after the first
     attempt: int = 1  # 2, 3, ...: relaunches after spot recoveries (GPUTRAIN_ATTEMPT)
     resumed: bool = False  # `train --resume`: the run's mirrored state comes back as on a relaunch

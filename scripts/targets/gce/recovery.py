@@ -35,9 +35,9 @@ from infra.gcp.compute import (
 )
 from scripts import ui
 from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
+from scripts.job.data_io import output_env
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
-from scripts.job.outputs import output_env
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
     TENSORBOARD_DIR_ENV,

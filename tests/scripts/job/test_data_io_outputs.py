@@ -9,14 +9,14 @@ import pytest
 
 from infra.base.errors import UserError
 from scripts.cli_options import glue_resume_args, resume_args
-from scripts.job import outputs
-from scripts.job.node_scripts import build_node_command
-from scripts.job.outputs import (
+from scripts.job import data_io as outputs
+from scripts.job.data_io import (
     attempt_entry,
     build_restore_command,
     output_env,
     vertex_output_env,
 )
+from scripts.job.node_scripts import build_node_command
 from scripts.job.records import Job
 
 
@@ -194,7 +194,7 @@ def test_a_relaunch_without_a_bucket_says_what_rank_0_alone_has(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from infra.base.records import Fleet, Node
-    from scripts.job.outputs import prepare_outputs
+    from scripts.job.data_io import prepare_outputs
 
     fleet = Fleet("t", (Node("n0", "head", "10.0.0.1"), Node("n1", "worker", "10.0.0.2")))
     prepare_outputs(fleet, {}, Job("r1", entry=("multinode.py",), attempt=2))
