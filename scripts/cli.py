@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
-from infra.datasets import parse_data_flags
 from scripts import cli_options, lifecycle, ui
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
@@ -31,6 +30,9 @@ STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep", "reconcile"}
 NO_TARGET_NEEDED = {"doctor", "gpus", "report", "cost"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = contract.HEALTHCHECK_ENTRY
+
+
+_UP_TO_A_DAY = cli_options.seconds_up_to(86400)  # --wait, top's --interval: seconds
 
 
 @dataclass
@@ -69,22 +71,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
-        **cli_options.environment_options(args),
-        stall_timeout_s=cli_options.stall_timeout_option(getattr(args, "stall_timeout", None)),
-        wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
-        data=parse_data_flags(getattr(args, "data", []) or []),
-        resume_args=cli_options.resume_args(getattr(args, "resume_args", None)),
-        **cli_options.run_flag_options(args),
+        **cli_options.run_options_fields(args),
         force=getattr(args, "force", False) and args.command in TAKES_ENTRY,
     )
-
-
-def _wait_for_capacity(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    from infra.fabric_fields import read_wait
-
-    return read_wait("--wait-for-capacity", raw.strip()) if raw.strip() else 0
 
 
 def _max_candidates(n: int) -> int:
@@ -378,9 +367,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
                 "recovery (default: the stack's waitForCapacity, else no waiting)",
             )
         if name in {"run", "train"}:
-            cli_options.add_environment_options(c)
-            cli_options.add_run_flags(c, name)
-            cli_options.add_data_options(c)
+            cli_options.add_run_options(c, name)
         if name == "verify":
             c.add_argument(
                 "--image",
@@ -432,7 +419,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if name in TAKES_ENTRY | {"verify", "logs", "top", "results", "stop"}:
             c.add_argument(
                 "--wait",
-                type=cli_options.seconds_up_to(86400),
+                type=_UP_TO_A_DAY,
                 metavar="SECONDS",
                 help="how long to wait for SSH on each node before it counts as unreachable "
                 "(default: 30 for machines that exist, 900 for new cloud VMs)",
@@ -457,7 +444,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
-        cli_options.add_watch_arguments(name, c, TAKES_ENTRY, cli_options.seconds_up_to(86400))
+        cli_options.add_watch_arguments(name, c, TAKES_ENTRY, _UP_TO_A_DAY)
         if name in {"results", "stop"}:
             c.add_argument("run_id", nargs="?", metavar="RUN", help="a run id (default: the last)")
         if name in TAKES_ENTRY:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.base.errors import UserError
+from infra.datasets import parse_data_flags
 from infra.notify_urls import check_urls
 from scripts import ui
 from scripts.job.records import check_run_id
@@ -23,6 +24,34 @@ if TYPE_CHECKING:
     from scripts.targets.base import Target
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.vertex.clients import VertexClients
+
+
+def add_run_options(c: argparse.ArgumentParser, command: str) -> None:
+    """Every option of this module that `run` and `train` take."""
+    add_environment_options(c)
+    add_run_flags(c, command)
+    add_data_options(c)
+
+
+def run_options_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """RunOptions' fields these options set (defaults for commands that lack them)."""
+    return {
+        **environment_options(args),
+        "stall_timeout_s": stall_timeout_option(getattr(args, "stall_timeout", None)),
+        "wait_for_capacity_s": wait_for_capacity(getattr(args, "wait_for_capacity", None)),
+        "data": parse_data_flags(getattr(args, "data", []) or []),
+        "resume_args": resume_args(getattr(args, "resume_args", None)),
+        **run_flag_options(args),
+    }
+
+
+def wait_for_capacity(raw: str | None) -> int | None:
+    """--wait-for-capacity in seconds (None: not given; an empty value: no waiting)."""
+    if raw is None:
+        return None
+    from infra.fabric_fields import read_wait
+
+    return read_wait("--wait-for-capacity", raw.strip()) if raw.strip() else 0
 
 
 def add_run_flags(c: argparse.ArgumentParser, command: str) -> None:
