@@ -24,6 +24,7 @@ from scripts.job.node_scripts import (
     Requirement,
     SectionResult,
     build_install_command,
+    report_install,
     run_dir,
 )
 from scripts.job.records import BudgetReached, TrainingError
@@ -123,7 +124,6 @@ def arm(
     env: Mapping[str, str],
 ) -> None:
     """The watchdog on every node for this attempt of the run (a previous one is replaced)."""
-    from scripts.job.launch import report_install
 
     def install(name: str) -> None:
         """Every node uploads its results; only the head deletes VMs."""

@@ -29,6 +29,7 @@ from scripts.job.node_scripts import (
     Requirement,
     SectionResult,
     build_install_command,
+    report_install,
 )
 from scripts.node_layout import NCCL_ENV_FILE
 from scripts.parallel import parallel
@@ -292,8 +293,6 @@ def verify_gpus(
     with ui.status_lines() as status:
         results, errors = parallel(names, one)
     if install:
-        from scripts.job.launch import report_install
-
         failed = []
         for name, report in results.items():
             if report.installed is not None:
