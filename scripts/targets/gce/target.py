@@ -481,13 +481,14 @@ def stack_fleet(ctx: Context, out: StackOutputs, key_file: Path) -> Fleet:
     from infra.gcp.compute import fetch_host_keys
 
     clients = ctx.clients
+    api = clients.compute()
     keys = {
         n.name: fetch_host_keys(
             out.project,
             n.zone,
             n.name,
             deadline_s=clients.hostkey_deadline_s,
-            api=clients.compute(),
+            api=api,
             on_progress=ui.say,
         )
         for n in out.nodes
