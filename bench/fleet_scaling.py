@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.base.records import GpuExpectation
 from scripts import ui
-from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
-from scripts.verify.gpus import verify_gpus
+from scripts.targets.session import close_all, connect
+from scripts.verify.nodes import verify_gpus
 from tests.support.testbed import GpuConfig, TestBed
 
 REPO = Path(__file__).resolve().parent.parent

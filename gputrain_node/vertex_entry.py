@@ -267,7 +267,8 @@ def torchrun_argv(
 
 
 #: The job's secrets as references, never values: {"NAME": "projects/P/secrets/S/versions/V"}
-#: (scripts/job/secrets.py writes it); resolved here, inside the job, into this process's memory.
+#: (scripts/job/environment.py writes it); resolved here, inside the job, into this process's
+#: memory.
 
 
 def resolve_secrets(environ: Mapping[str, str]) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """What a `secrets` entry names, pure: `NAME` (the controller's environment variable) or
-`NAME=sm://SECRET[/VERSION]` (Secret Manager). The controller resolves them (scripts/job/secrets.py);
-the Pulumi program of a Vertex stack grants the jobs' service account access to exactly the Secret
-Manager secrets named (`secret_grants`), since there the job reads them itself.
+`NAME=sm://SECRET[/VERSION]` (Secret Manager). The controller resolves them
+(scripts/job/environment.py); the Pulumi program of a Vertex stack grants the jobs' service account
+access to exactly the Secret Manager secrets named (`secret_grants`), since there the job reads them
+itself.
 """
 
 from __future__ import annotations

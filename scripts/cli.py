@@ -16,19 +16,10 @@ from typing import TYPE_CHECKING
 
 from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
-from infra.datasets import parse_data_flags
-from scripts import lifecycle, run_flags, ui
-from scripts.job.data_options import add_data_options, glue_resume_args, resume_args
-from scripts.job.env_options import (
-    add_build_option,
-    add_environment_options,
-    environment_options,
-    seconds_up_to,
-)
+from scripts import cli_options, lifecycle, ui
 from scripts.job.records import DEFAULT_ENTRY
 from scripts.settings import Settings, find_project_root
 from scripts.targets.base import Feature, RunOptions
-from scripts.watch.commands import add_watch_arguments, stall_timeout_option
 
 if TYPE_CHECKING:
     from scripts.targets.base import Target
@@ -39,6 +30,9 @@ STACK_ONLY = {"doctor", "keygen", "up", "down", "status", "sweep", "reconcile"}
 NO_TARGET_NEEDED = {"doctor", "gpus", "report", "cost"}
 TAKES_ENTRY = {"train", "run", "healthcheck"}
 HEALTHCHECK_ENTRY = contract.HEALTHCHECK_ENTRY
+
+
+_UP_TO_A_DAY = cli_options.seconds_up_to(86400)  # --wait, top's --interval: seconds
 
 
 @dataclass
@@ -53,9 +47,7 @@ class Context:
 
     @functools.cached_property
     def target(self) -> Target:
-        from scripts.targets import open_target
-
-        return open_target(
+        return cli_options.open_target(
             stack=self.args.stack,
             hosts=getattr(self.args, "hosts", None),
             settings=self.settings,
@@ -79,22 +71,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
         max_recoveries=getattr(args, "max_recoveries", None),
         max_candidates=_max_candidates(getattr(args, "max_candidates", 5)),
         fabric=getattr(args, "fabric", False),
-        **environment_options(args),
-        stall_timeout_s=stall_timeout_option(getattr(args, "stall_timeout", None)),
-        wait_for_capacity_s=_wait_for_capacity(getattr(args, "wait_for_capacity", None)),
-        data=parse_data_flags(getattr(args, "data", []) or []),
-        resume_args=resume_args(getattr(args, "resume_args", None)),
-        **run_flags.options(args),
+        **cli_options.run_options_fields(args),
         force=getattr(args, "force", False) and args.command in TAKES_ENTRY,
     )
-
-
-def _wait_for_capacity(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    from infra.capacity import read_wait
-
-    return read_wait("--wait-for-capacity", raw.strip()) if raw.strip() else 0
 
 
 def _max_candidates(n: int) -> int:
@@ -363,7 +342,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
                 "and quota errors (default: 5)",
             )
         if name == "up":
-            add_build_option(c)
+            cli_options.add_build_option(c)
         if name == "run":
             c.add_argument("--keep", action="store_true", help="keep the cluster after the run")
         if name in {"run", "down"}:
@@ -388,9 +367,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
                 "recovery (default: the stack's waitForCapacity, else no waiting)",
             )
         if name in {"run", "train"}:
-            add_environment_options(c)
-            run_flags.add_flags(c, name)
-            add_data_options(c)
+            cli_options.add_run_options(c, name)
         if name == "verify":
             c.add_argument(
                 "--image",
@@ -442,7 +419,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if name in TAKES_ENTRY | {"verify", "logs", "top", "results", "stop"}:
             c.add_argument(
                 "--wait",
-                type=seconds_up_to(86400),
+                type=_UP_TO_A_DAY,
                 metavar="SECONDS",
                 help="how long to wait for SSH on each node before it counts as unreachable "
                 "(default: 30 for machines that exist, 900 for new cloud VMs)",
@@ -467,7 +444,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if name == "ssh":
             c.add_argument("node", help="node name or index (0 is the head)")
             c.add_argument("remote_command", nargs=argparse.REMAINDER, help="after `--`")
-        add_watch_arguments(name, c, TAKES_ENTRY, seconds_up_to(86400))
+        cli_options.add_watch_arguments(name, c, TAKES_ENTRY, _UP_TO_A_DAY)
         if name in {"results", "stop"}:
             c.add_argument("run_id", nargs="?", metavar="RUN", help="a run id (default: the last)")
         if name in TAKES_ENTRY:
@@ -548,7 +525,7 @@ def main(
 ) -> int:
     """Parse, run one handler, and turn every known failure into one line and an exit code.
     `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
-    words = glue_resume_args(sys.argv[1:] if argv is None else argv)
+    words = cli_options.glue_resume_args(sys.argv[1:] if argv is None else argv)
     args = _parser(words[0] if words and words[0] in COMMANDS else None).parse_args(words)
     try:
         opts = _options(args)
@@ -576,7 +553,7 @@ def main(
                 "--wait-for-capacity: only --stack targets create VMs, so only they can wait "
                 "for capacity (--hosts and --local machines exist already)"
             )
-        run_flags.check(args)
+        cli_options.check_run_flags(args)
         settings = settings or Settings()
         if args.dir:
             settings.root = _project_dir(Path(args.dir))

@@ -16,14 +16,13 @@ from typing import Any
 from infra.base.errors import GputrainError, UserError
 from scripts import ui
 from scripts.cost.ledger import record_run
-from scripts.guard import SignalGuard, signal_guard
-from scripts.job.progress import log_progress
 from scripts.job.records import BudgetReached, Job, JobResult, Recovery, TrainingError
 from scripts.notify import Notifier
 from scripts.run_plan import RunPlan, declared_image, plan_run, warn_unrelaunchable
 from scripts.settings import Settings
-from scripts.targets.base import Feature, RunOptions, Session, Target
+from scripts.targets.base import Feature, RunOptions, Session, SignalGuard, Target, signal_guard
 from scripts.watch.report import report_after_run
+from scripts.watch.telemetry import log_progress
 
 
 def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> JobResult | None:
@@ -167,7 +166,7 @@ def plan(
     Manager nor the registry is asked), then the target's own plan; with `export`, the job the
     next run submits, as a file (Feature.EXPORT_JOB: a Vertex job spec for gcloud)."""
     from scripts.job.container import parse_image
-    from scripts.job.secrets import parse_secrets, resolve_secrets
+    from scripts.job.environment import parse_secrets, resolve_secrets
 
     if export is not None:
         target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")

@@ -19,7 +19,7 @@ from scripts import ui
 from scripts.job.records import DEFAULT_ENTRY, Job
 from scripts.settings import Settings, new_run_id
 from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Target
-from scripts.watch.settings import WatchSettings, watch_settings
+from scripts.watch.telemetry import WatchSettings, watch_settings
 
 if TYPE_CHECKING:
     from infra.schema import StackSettings
@@ -87,7 +87,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     """Every "before anything is created" check, in the README's order: what the target cannot
     do, the image or build, the data, the environment and secrets, the entry, the webhooks and
     the watch settings. A bad input is one UserError line; nothing is created here."""
-    from scripts.job.entry_check import check_entry
+    from scripts.job.sync import check_entry
     from scripts.notify import run_notify_urls
 
     declared = target.declared()
@@ -164,7 +164,7 @@ def recoveries_allowed(given: int | None) -> int:
 def planned_datasets(declared: Declared, opts: RunOptions) -> tuple[Dataset, ...]:
     """The target's `data` with `--data` over it, each prefix listed once (it must exist and be
     readable: a typo costs nothing); none for `healthcheck`, which reads no data."""
-    from scripts.job.data import check_prefixes
+    from scripts.job.data_io import check_prefixes
 
     if tuple(opts.entry[:2]) == HEALTHCHECK_ENTRY:
         return ()
@@ -187,8 +187,12 @@ def job_environment(
 ) -> tuple[Environment | None, JobSecrets]:
     """The environment the nodes prepare and the secrets (values, or references a Vertex job
     resolves itself): the target file's `setup` and `secrets` with the command line's."""
-    from scripts.job.environment import plan_environment
-    from scripts.job.secrets import parse_secrets, resolve_secrets, secret_references
+    from scripts.job.environment import (
+        parse_secrets,
+        plan_environment,
+        resolve_secrets,
+        secret_references,
+    )
 
     setup = env.setup if opts.setup is None else opts.setup
     refs = parse_secrets(env.secrets, f"{env.source}secrets") + parse_secrets(
@@ -216,7 +220,7 @@ def warn_unrelaunchable(
 ) -> None:
     """Up front, on a stack whose detached runs a `gputrain reconcile` pass recovers: a secret
     of this machine's environment keeps a pass from relaunching the run."""
-    from scripts.job.secrets import machine_secrets_line
+    from scripts.job.environment import machine_secrets_line
 
     line = machine_secrets_line(names, in_secret_manager) if Feature.AUTODOWN in can else None
     if line is not None:
@@ -237,12 +241,23 @@ def declared_image(env: EnvironmentSettings, opts: RunOptions) -> ImageRef | Non
     return image
 
 
+def resolve_autodown(stack_s: int | None, *, keep: bool, flag: str | None) -> int | None:
+    """The autodown of one command: `--autodown` over the stack's; `--keep` keeps the cluster,
+    so no autodown (`--keep` with an explicit `--autodown` is refused by the CLI)."""
+    if keep:
+        return None
+    if flag is not None:
+        from infra.keys import parse_autodown
+
+        return parse_autodown(flag, "--autodown")
+    return stack_s
+
+
 def planned_autodown(can: Capabilities, declared: Declared, opts: RunOptions) -> int | None:
     """`--autodown` over the stack's `autodown`; none with --keep or where nothing autodowns."""
     if Feature.AUTODOWN not in can or declared.spec is None:
         return None
     from infra.keys import format_duration
-    from scripts.job.autodown import resolve_autodown
 
     spec = declared.spec
     seconds = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)

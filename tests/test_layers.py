@@ -159,7 +159,7 @@ def test_the_controller_starts_the_node_package_only_through_its_contract(
         if i.split(".")[0] == contract.PACKAGE and i not in (contract.PACKAGE, contract.__name__)
     }
     assert imported == set()
-    assert "scripts.job.outputs -> gputrain_node.contract" in edges(
+    assert "scripts.job.data_io -> gputrain_node.contract" in edges(
         graph, "scripts", "gputrain_node"
     )
     spelled = [

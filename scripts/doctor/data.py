@@ -16,7 +16,7 @@ def data_rows(
 ) -> list[Row]:
     """A row per dataset; then, when the node's disk size is known (`room_gib`: the local SSD,
     else the boot disk), a row failing if the `copy` datasets cannot fit on it."""
-    from scripts.job.data import list_prefix, storage_client
+    from scripts.job.data_io import list_prefix, storage_client
 
     rows = []
     copy_bytes = 0

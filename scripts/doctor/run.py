@@ -3,18 +3,36 @@ shown in one table with a fix per row, in the order of the checklist in docs/get
 `up` and `run` on a stack run it first and stop with the whole table when a row fails.
 
 The probes are independent, so they run in parallel: the Pulumi CLI, the credentials, the
-project's APIs and permissions, the GPU quota and the public-address lookup.
+project's APIs and permissions, the GPU quota and the public-address lookup. The project's rows
+are doctor/project.py's; this machine's (the Pulumi CLI and its backend, the secrets passphrase a
+local backend needs, Application Default Credentials) and the stack's own settings' (the SSH key
+pair, `sshSourceRanges` holding this machine's public address) are here: `probe_*` do the I/O, the
+`*_row(s)` functions judge what they found and are pure. The public address cannot be known
+offline, so its lookup is a function the caller passes (tests pass their own); when it fails the
+row is "unknown".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
+import json
 import os
-from collections.abc import Callable
+import re
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypeVar
 
+from infra.keys import whole_internet
+from infra.spec import ClusterSpec
+from infra.stackfile import StackSecrets
 from scripts.doctor.report import DoctorReport, Row
+from scripts.transport.ssh import fingerprint, parse_public_key
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
@@ -32,7 +50,7 @@ def run_doctor(
     from infra.permissions import all_permissions, required_permissions, spec_resource_types
     from infra.reconciler import wanted
     from infra.spec import stack_file_spec
-    from scripts.doctor import machine, project, settings
+    from scripts.doctor import project
 
     stack = stack_file.stack if stack_file else None
     secrets = stack_file.secrets if stack_file else None
@@ -69,7 +87,7 @@ def run_doctor(
     def address() -> str | None:
         if spec is None or not spec.ssh_source_ranges or whole_internet(spec.ssh_source_ranges):
             return None  # not needed
-        return (clients.public_address or settings.lookup_public_address)()
+        return (clients.public_address or lookup_public_address)()
 
     def quota() -> Row | None:
         if spec is None or vertex:
@@ -91,8 +109,8 @@ def run_doctor(
         )
 
     with ThreadPoolExecutor(max_workers=5) as pool:
-        pulumi = pool.submit(machine.probe_pulumi)
-        adc = pool.submit(machine.probe_adc)
+        pulumi = pool.submit(probe_pulumi)
+        adc = pool.submit(probe_adc)
         project_rows = pool.submit(
             project.project_rows, check, clients.projects(), clients.compute()
         )
@@ -105,19 +123,19 @@ def run_doctor(
     if isinstance(found, Row):
         rows.append(found)
     else:
-        cli, backend, url = machine.pulumi_rows(found)
-        rows += [cli, backend, machine.passphrase_row(url, secrets, os.environ)]
+        cli, backend, url = pulumi_rows(found)
+        rows += [cli, backend, passphrase_row(url, secrets, os.environ)]
     probe = _result(adc, lambda e: _unknown("credentials (ADC)", e))
-    rows.append(probe if isinstance(probe, Row) else machine.adc_row(probe))
+    rows.append(probe if isinstance(probe, Row) else adc_row(probe))
     about_project: list[Row] = _result(project_rows, lambda e: [_unknown("gcp:project", e)])
     rows += about_project
     q = _result(quota_row, lambda e: _unknown("GPU quota", e))
     rows += [q] if q is not None else []
     if spec is not None and secrets is not None and not vertex:
-        rows.append(settings.ssh_key_row(spec, secrets))
-        rows.append(settings.source_ranges_row(spec, _result(public, lambda e: None)))
+        rows.append(ssh_key_row(spec, secrets))
+        rows.append(source_ranges_row(spec, _result(public, lambda e: None)))
         if reconciler:
-            rows.append(settings.reconcile_state_row(spec, url, secrets))
+            rows.append(reconcile_state_row(spec, url, secrets))
     if vertex:
         from scripts.targets.vertex.preflight import AIPLATFORM, aiplatform_problem
 
@@ -155,3 +173,280 @@ def _result(future: Future[T], instead: Callable[[BaseException], U]) -> T | U:
 
 def _unknown(check: str, e: BaseException) -> Row:
     return Row(check, "unknown", f"could not check: {type(e).__name__}: {e}")
+
+
+#: Pulumi.yaml's typed config schema needs CLI 3.44 (see shared/reference/pulumi-offline-testing).
+MIN_PULUMI = (3, 44, 0)
+INSTALL_PULUMI = "install it: curl -fsSL https://get.pulumi.com | sh (pulumi.com/docs/install)"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+PASSPHRASE, PASSPHRASE_FILE = "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"
+
+
+@dataclass(frozen=True)
+class PulumiProbe:
+    path: str | None  # the `pulumi` found on PATH
+    version: str = ""  # `pulumi version`'s output
+    version_error: str = ""
+    whoami: str = ""  # `pulumi whoami --json`'s output
+    whoami_error: str = ""
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[str, str]:
+    """(stdout, "") or ("", why it failed)."""
+    env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
+    command = " ".join(["pulumi", *argv[1:]])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return "", f"`{command}` did not answer within {timeout_s:.0f} s"
+    except OSError as e:
+        return "", f"`{command}` could not run ({e.strerror or e})"
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        return "", said[-1] if said else f"exit {done.returncode}"
+    return done.stdout.strip(), ""
+
+
+def probe_pulumi(timeout_s: float = 30.0) -> PulumiProbe:
+    path = shutil.which("pulumi")
+    if path is None:
+        return PulumiProbe(None)
+    version, version_error = _run([path, "version"], timeout_s)
+    whoami, whoami_error = _run([path, "whoami", "--json", "--non-interactive"], timeout_s)
+    return PulumiProbe(path, version, version_error, whoami, whoami_error)
+
+
+def pulumi_rows(p: PulumiProbe) -> tuple[Row, Row, str | None]:
+    """The CLI row, the backend row, and the backend's URL (None: unknown)."""
+    cli, backend = "Pulumi CLI", "Pulumi backend"
+    need_cli = Row(backend, "unknown", "needs the Pulumi CLI", "fix the Pulumi CLI row first")
+    if p.path is None:
+        return Row(cli, "fail", "`pulumi` is not on PATH", INSTALL_PULUMI), need_cli, None
+    if p.version_error:
+        return Row(cli, "unknown", p.version_error, f"reinstall: {INSTALL_PULUMI}"), need_cli, None
+    m = re.search(r"v?(\d+)\.(\d+)\.(\d+)", p.version)
+    if not m:
+        return (
+            Row(cli, "unknown", f"unrecognised version {p.version!r}", INSTALL_PULUMI),
+            need_cli,
+            None,
+        )
+    found = tuple(int(x) for x in m.groups())
+    minimum = ".".join(map(str, MIN_PULUMI))
+    if found < MIN_PULUMI:
+        row = Row(
+            cli,
+            "fail",
+            f"{p.version} at {p.path} is older than {minimum} (Pulumi.yaml's typed config)",
+            f"upgrade: {INSTALL_PULUMI}",
+        )
+    else:
+        row = Row(cli, "ok", f"{p.version} at {p.path}")
+    if p.whoami_error:
+        return (
+            row,
+            Row(
+                backend,
+                "fail",
+                f"not logged in: {p.whoami_error}",
+                "pulumi login --local (state in ~/.pulumi on this machine), or pulumi login "
+                "(Pulumi Cloud)",
+            ),
+            None,
+        )
+    try:
+        who = json.loads(p.whoami)
+        url, user = str(who["url"]), str(who["user"])
+    except (ValueError, KeyError, TypeError):
+        return (
+            row,
+            Row(backend, "unknown", f"unrecognised `pulumi whoami` output {p.whoami[:60]!r}"),
+            None,
+        )
+    return row, Row(backend, "ok", f"{url} as {user}"), url
+
+
+def passphrase_row(
+    backend: str | None, secrets: StackSecrets | None, environ: Mapping[str, str]
+) -> Row:
+    """A local (file://, s3://, gs://...) backend encrypts secrets with a passphrase that a
+    non-interactive `up` can only read from PULUMI_CONFIG_PASSPHRASE(_FILE)."""
+    name = PASSPHRASE
+    provider = secrets.provider if secrets else None
+    if provider and not provider.startswith("passphrase"):
+        scheme = provider.split("://")[0]
+        return Row(name, "ok", f"not needed: the stack's secrets provider is {scheme}://")
+    if PASSPHRASE in environ:
+        return Row(name, "ok", f"{PASSPHRASE} is set")
+    if PASSPHRASE_FILE in environ:
+        path = environ[PASSPHRASE_FILE]
+        if os.path.isfile(path) and os.access(path, os.R_OK):
+            return Row(name, "ok", f"{PASSPHRASE_FILE} is set ({path})")
+        return Row(
+            name,
+            "fail",
+            f"{PASSPHRASE_FILE}={path} cannot be read",
+            "point it at a readable file that holds the stack's passphrase",
+        )
+    if backend is None:
+        return Row(
+            name,
+            "unknown",
+            "not set; whether it is needed depends on the backend, which is unknown",
+            f"with `pulumi login --local`, export {PASSPHRASE}",
+        )
+    if backend.startswith(("https://", "http://")) and not provider:
+        return Row(name, "ok", "not needed: Pulumi Cloud encrypts the stack's secrets")
+    export = f"export {PASSPHRASE}='...' (or {PASSPHRASE_FILE}=FILE)"
+    if secrets is not None and secrets.any:
+        held = ", ".join(secrets.secure_keys) or "encryptionsalt"
+        return Row(
+            name,
+            "fail",
+            f"not set, and the stack holds secrets ({held}) that `up` must decrypt",
+            f"{export}: the passphrase the stack was created with",
+        )
+    return Row(
+        name,
+        "warn",
+        "not set; a local backend needs it once the stack holds a secret (keygen stores one)",
+        f"{export} before `gputrain keygen`",
+    )
+
+
+@dataclass(frozen=True)
+class AdcProbe:
+    outcome: Literal["ok", "missing", "refused", "unreachable"]
+    detail: str
+
+
+def probe_adc(timeout_s: float = 15.0) -> AdcProbe:
+    """Application Default Credentials found (google.auth.default) and accepted by Google's token
+    endpoint (one refresh)."""
+    import google.auth
+    from google.auth import exceptions
+    from google.auth.transport.requests import Request
+
+    try:
+        creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
+    except exceptions.DefaultCredentialsError as e:
+        return AdcProbe("missing", str(e).split(". ")[0])
+    email = str(getattr(creds, "service_account_email", ""))
+    if type(creds).__module__ == "google.oauth2.credentials":
+        who = "user credentials (gcloud auth application-default login)"
+    elif "@" in email:
+        who = f"service account {email}"
+    else:  # the VM's own (compute_engine), workload identity federation (external_account)...
+        who = f"{type(creds).__module__.split('.')[-2]} credentials"
+    try:
+        creds.refresh(functools.partial(Request(), timeout=timeout_s))
+    except exceptions.RefreshError as e:
+        return AdcProbe("refused", f"{who} were refused: {e}")
+    except exceptions.TransportError as e:
+        return AdcProbe("unreachable", f"{who}: Google's token endpoint did not answer ({e})")
+    return AdcProbe("ok", who)
+
+
+def adc_row(p: AdcProbe) -> Row:
+    name = "credentials (ADC)"
+    login = "gcloud auth application-default login"
+    if p.outcome == "ok":
+        return Row(name, "ok", p.detail)
+    if p.outcome == "missing":
+        return Row(name, "fail", p.detail, f"{login} (or GOOGLE_APPLICATION_CREDENTIALS=KEY.json)")
+    if p.outcome == "refused":
+        return Row(
+            name,
+            "fail",
+            p.detail,
+            f"renew them: {login}, or a service-account key that is not deleted",
+        )
+    return Row(name, "unknown", p.detail, "check the network or proxy, then run the doctor again")
+
+
+PUBLIC_ADDRESS_URL = "https://api.ipify.org"  # answers this machine's public IPv4 address
+PUBLIC_ADDRESS_ENV = "GPUTRAIN_PUBLIC_IP"  # set it to skip the lookup (offline, or a proxy)
+
+
+def lookup_public_address(timeout_s: float = 3.0) -> str | None:
+    """This machine's public IPv4 address as the internet sees it, or None when it cannot tell."""
+    text = os.environ.get(PUBLIC_ADDRESS_ENV, "")
+    if not text:
+        try:
+            with urllib.request.urlopen(PUBLIC_ADDRESS_URL, timeout=timeout_s) as answer:
+                text = answer.read(64).decode("ascii", "replace")
+        except (OSError, ValueError):
+            return None
+    try:
+        return str(ipaddress.IPv4Address(text.strip()))
+    except ValueError:
+        return None
+
+
+def ssh_key_row(spec: ClusterSpec, secrets: StackSecrets) -> Row:
+    name, keygen = "SSH key", f"gputrain keygen --stack {spec.stack}"
+    if not spec.ssh_public_key:
+        return Row(name, "fail", "gputrain:sshPublicKey is not set", keygen)
+    if "gputrain:sshPrivateKey" not in secrets.secure_keys:
+        return Row(
+            name,
+            "fail",
+            f"the public key is set, but Pulumi.{spec.stack}.yaml has no gputrain:sshPrivateKey "
+            "secret to log in with",
+            f"{keygen} --force",
+        )
+    kind, blob = parse_public_key(spec.ssh_public_key)
+    return Row(name, "ok", f"{kind} {fingerprint(blob)}; the private key is a stack secret")
+
+
+def source_ranges_row(spec: ClusterSpec, address: str | None) -> Row:
+    """`address` is this machine's public address (None: unknown)."""
+    name, ranges = "sshSourceRanges", list(spec.ssh_source_ranges)
+    index = len(ranges)
+    here = f"{address}/32" if address else '"$(curl -s https://api.ipify.org)/32"'
+    add = (
+        f"pulumi config set --path 'gputrain:sshSourceRanges[{index}]' {here} --stack {spec.stack}"
+    )
+    if not ranges:
+        return Row(name, "fail", "empty: nobody could reach the head over SSH", add)
+    listed = ", ".join(ranges)
+    if whole_internet(ranges):
+        return Row(name, "warn", f"{listed}: SSH is open to anyone (allowSshFromAnywhere)")
+    if address is None:
+        return Row(
+            name,
+            "unknown",
+            f"{listed}; this machine's public address could not be looked up",
+            f"make sure it holds this machine's address (or set {PUBLIC_ADDRESS_ENV})",
+        )
+    ip = ipaddress.IPv4Address(address)
+    inside = next((r for r in ranges if ip in ipaddress.IPv4Network(r, strict=False)), None)
+    if inside:
+        return Row(name, "ok", f"this machine ({address}) is in {inside}")
+    return Row(name, "fail", f"this machine ({address}) is not in {listed}", add)
+
+
+def reconcile_state_row(spec: ClusterSpec, backend: str | None, secrets: StackSecrets) -> Row:
+    """Laptop-closed recovery runs `pulumi refresh/up` in a Cloud Run job: the stack's state must
+    be in a `gs://` backend and its secrets under a cloud KMS provider the job's account can
+    use (a local backend or a passphrase stays on this machine). Asked only where `recover` is
+    on."""
+    name = "reconcile job's state"
+    fix = (
+        f"pulumi login gs://BUCKET and `pulumi stack change-secrets-provider --stack {spec.stack} "
+        "gcpkms://projects/P/locations/L/keyRings/R/cryptoKeys/K`, or recover: never"
+    )
+    if backend is None:
+        return Row(name, "unknown", "the Pulumi backend is unknown (see the row above)", fix)
+    if not backend.startswith("gs://"):
+        return Row(
+            name, "fail", f"the state is in {backend}, which the Cloud Run job cannot read", fix
+        )
+    if not (secrets.provider or "").startswith("gcpkms://"):
+        return Row(
+            name,
+            "fail",
+            f"the stack's secrets use {secrets.provider or 'a passphrase'}, which the job lacks",
+            fix,
+        )
+    return Row(name, "ok", f"state in {backend}, secrets under gcpkms://")

@@ -24,6 +24,7 @@ from scripts.job.node_scripts import (
     Requirement,
     SectionResult,
     build_install_command,
+    report_install,
     run_dir,
 )
 from scripts.job.records import BudgetReached, TrainingError
@@ -98,18 +99,6 @@ def instances_of(nodes: Sequence[tuple[str, str, str]]) -> tuple[tuple[str, str]
     return tuple((n, z) for n, z, role in sorted(nodes, key=lambda n: n[2] == "head"))
 
 
-def resolve_autodown(stack_s: int | None, *, keep: bool, flag: str | None) -> int | None:
-    """The autodown of one command: `--autodown` over the stack's; `--keep` keeps the cluster,
-    so no autodown (`--keep` with an explicit `--autodown` is refused by the CLI)."""
-    if keep:
-        return None
-    if flag is not None:
-        from infra.keys import parse_autodown
-
-        return parse_autodown(flag, "--autodown")
-    return stack_s
-
-
 def build_watchdog_start(run_id: str, python: str) -> str:
     """Reads the watchdog's JSON settings on stdin and hands them to a detached watchdog (its own
     session: a dropped SSH connection cannot end it), after ending any earlier one on the node.
@@ -135,7 +124,6 @@ def arm(
     env: Mapping[str, str],
 ) -> None:
     """The watchdog on every node for this attempt of the run (a previous one is replaced)."""
-    from scripts.job.launch import report_install
 
     def install(name: str) -> None:
         """Every node uploads its results; only the head deletes VMs."""

@@ -22,10 +22,10 @@ from scripts import ui
 from scripts.job.follow import LineSink, say_line
 from scripts.job.launch import start_job
 from scripts.job.node_scripts import run_dir
-from scripts.job.progress import is_training_step
 from scripts.job.records import Job, validate_job
 from scripts.parallel import parallel
 from scripts.transport.base import Transport
+from scripts.watch.telemetry import is_training_step
 
 _END = "\036gputrain-exitcode "
 _BEAT = "\036gputrain-heartbeat"

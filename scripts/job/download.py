@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infra.base.errors import GputrainError
 from scripts import ui
-from scripts.job.outputs import FILLED_RECORD, FORGET_FILLED_SH, build_collect_workdir_command
+from scripts.job.data_io import FILLED_RECORD, FORGET_FILLED_SH, build_collect_workdir_command
 from scripts.job.records import JobResult
 from scripts.node_layout import run_dir
 from scripts.parallel import parallel

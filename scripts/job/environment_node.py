@@ -16,13 +16,15 @@ from infra.base.errors import GputrainError
 from scripts.job.environment import (
     ENVS_DIR,
     PYPROJECT,
+    READ_SECRETS_SH,
     REQUIREMENTS_TXT,
     UV_LOCK,
     Environment,
     EnvironmentSetupError,
+    redact,
+    secret_stdin,
 )
 from scripts.job.leftovers import kill_tagged_sh
-from scripts.job.secrets import READ_SECRETS_SH, redact, secret_stdin
 from scripts.transport.base import Transport, TransportError
 
 #: What the node script prints before its own lines; the launcher shows `[node] [PHASE] ...`.

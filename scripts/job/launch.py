@@ -31,21 +31,20 @@ from scripts.job.container import (
     container_name,
     image_key,
 )
-from scripts.job.data import stage_data
+from scripts.job.data_io import OUT_URI_ENV, prepare_outputs, stage_data
 from scripts.job.download import (
     ResultsNotHomeError,
     download_results,
     not_home_message,
     write_job_record,
 )
-from scripts.job.environment import ENVS_DIR
+from scripts.job.environment import ENVS_DIR, NAMES_ENV, redacting, secret_stdin
 from scripts.job.environment_node import prepare_environment
 from scripts.job.follow import LineSink, follow_job, say_line
 from scripts.job.image_node import ensure_image
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,
     UNPACK_FAILED,
-    Requirement,
     SectionResult,
     build_install_command,
     build_node_command,
@@ -53,11 +52,10 @@ from scripts.job.node_scripts import (
     build_stop_command,
     build_upload_and_start_command,
     parse_sections,
+    report_install,
     run_dir,
 )
-from scripts.job.outputs import OUT_URI_ENV, prepare_outputs
 from scripts.job.records import CHECKPOINT_URI_ENV, Job, JobResult, TrainingError, validate_job
-from scripts.job.secrets import NAMES_ENV, redacting, secret_stdin
 from scripts.job.sync import (
     CodeBundle,
     check_size,
@@ -428,21 +426,6 @@ def upload_code(
         raise TransportError("\n".join(str(e) for e in errors.values()))
     now = json.dumps(bundle.manifest, sort_keys=True)
     return dataclasses.replace(prepared, manifests={n: now for n in names})
-
-
-def report_install(
-    python: str, needs: Sequence[Requirement], why: str, node: str, r: SectionResult
-) -> None:
-    """What build_install_command answered on a node (also in verify's first round trip): says
-    what it installed, raises TransportError naming the node and pip's last lines if it could not."""
-    lines = r.output.strip().splitlines()
-    if not r.ok:
-        raise TransportError(
-            f"node {node}: {python} cannot import {', '.join(req for _, req in needs)} and pip "
-            f"could not install it ({why}): " + " | ".join(lines[-3:])
-        )
-    if lines and lines[-1].startswith("installed"):
-        ui.say(f"{node}: installed{lines[-1][len('installed') :]} for {python} ({why})")
 
 
 def free_port_command(python: str) -> str:

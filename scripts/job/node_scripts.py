@@ -11,19 +11,21 @@ from dataclasses import dataclass
 
 from gputrain_node import contract
 from gputrain_node.contract import OUT_ENV, RUN_ID_ENV
+from scripts import ui
 from scripts.job.container import container_name
-from scripts.job.data import data_env_lines
-from scripts.job.leftovers import kill_tagged_sh
-from scripts.job.outputs import (
+from scripts.job.data_io import (
     MIRROR_STOP_LINES,
     attempt_entry,
     build_collect_workdir_command,
+    data_env_lines,
     mirror_start_lines,
 )
+from scripts.job.environment import READ_SECRETS_SH, REDACT_OUTPUT_SH
+from scripts.job.leftovers import kill_tagged_sh
 from scripts.job.records import Job
-from scripts.job.secrets import READ_SECRETS_SH, REDACT_OUTPUT_SH
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, NODE_ROOT_SH, RUNS_DIR, run_dir
+from scripts.transport.base import TransportError
 from scripts.transport.tar import Codec
 from scripts.watch import node as watch
 
@@ -433,3 +435,18 @@ def build_error_files_command(run_id: str) -> str:
         f"cd {d} && for f in $(find logs -name error.json 2>/dev/null); "
         "do cat \"$f\"; printf '\\n\\036\\n'; done"
     )
+
+
+def report_install(
+    python: str, needs: Sequence[Requirement], why: str, node: str, r: SectionResult
+) -> None:
+    """What build_install_command answered on a node (also in verify's first round trip): says
+    what it installed, raises TransportError naming the node and pip's last lines if it could not."""
+    lines = r.output.strip().splitlines()
+    if not r.ok:
+        raise TransportError(
+            f"node {node}: {python} cannot import {', '.join(req for _, req in needs)} and pip "
+            f"could not install it ({why}): " + " | ".join(lines[-3:])
+        )
+    if lines and lines[-1].startswith("installed"):
+        ui.say(f"{node}: installed{lines[-1][len('installed') :]} for {python} ({why})")

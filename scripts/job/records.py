@@ -18,7 +18,7 @@ from scripts.node_layout import CODE_DIR
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
     from scripts.job.environment import Environment
-    from scripts.watch.settings import WatchSettings
+    from scripts.watch.telemetry import WatchSettings
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
@@ -58,12 +58,12 @@ class Job:
     max_upload_mib: float = DEFAULT_MAX_UPLOAD_MIB
     max_duration_s: float | None = None  # stop the job after this long (None: no limit)
     code_dir: str = CODE_DIR  # where the code is synced on the nodes (per run for local runs)
-    datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data.py)
+    datasets: tuple[Dataset, ...] = ()  # on every node before torchrun (scripts/job/data_io.py)
     resume_args: tuple[str, ...] = ()  # appended to entry on attempts after the first
     attempt: int = 1  # 2, 3, ...: relaunches after spot recoveries (GPUTRAIN_ATTEMPT)
     resumed: bool = False  # `train --resume`: the run's mirrored state comes back as on a relaunch
     environment: Environment | None = None  # requirements + setup, prepared before torchrun
-    # name -> value: only in memory, to the nodes on stdin (scripts/job/secrets.py); never shown
+    # name -> value: only in memory, to the nodes on stdin (scripts/job/environment.py); never shown
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     image: ImageRef | None = None  # torchrun runs inside it (resolved to its digest)
     fabric: str = "none"  # the GPU network the image's container gets (rdma, tcpxo)

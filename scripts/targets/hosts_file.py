@@ -49,7 +49,7 @@ from infra.base.records import Fleet, GpuExpectation, Node
 from infra.datasets import Dataset, parse_datasets
 from infra.keys import Checker, check_urls
 from scripts.job.environment import EnvironmentSettings
-from scripts.transport.hostkeys import KnownHosts
+from scripts.transport.ssh import KnownHosts
 
 MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
 MAX_GPUS_PER_HOST = 16

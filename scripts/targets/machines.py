@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 from infra.base.errors import UserError
 from infra.base.records import Fleet
 from scripts import ui
-from scripts.guard import SignalGuard
 from scripts.settings import Settings
-from scripts.targets.base import Capabilities, Declared, Feature, RunOptions
+from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, SignalGuard
 from scripts.targets.session import FleetSession
 
 if TYPE_CHECKING:

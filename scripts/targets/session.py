@@ -1,5 +1,7 @@
 """The session of every target made of machines (gce, hosts, local): connect with pinned host keys
-on first use, verify GPUs, run torchrun jobs, follow logs, open OpenSSH shells."""
+on first use, verify GPUs, run torchrun jobs, follow logs, open OpenSSH shells. `connect` reaches
+every node of a fleet in parallel with backoff until a deadline, with progress; workers without an
+address of their own go through the head."""
 
 from __future__ import annotations
 
@@ -8,24 +10,29 @@ import dataclasses
 import shlex
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from infra.base.errors import UserError
+from infra.base.errors import GputrainError, UserError
 from infra.base.records import Fleet, Node
+from infra.base.retry import GaveUp, Waiting, poll_until
 from scripts import ui
-from scripts.guard import SignalGuard
 from scripts.job.records import Job, JobResult
+from scripts.parallel import parallel
 from scripts.settings import Settings
-from scripts.targets.base import Footprint
+from scripts.targets.base import Footprint, SignalGuard
 from scripts.transport.base import Transport
+from scripts.transport.local import LocalTransport
+from scripts.transport.ssh import HostKeyError, SshTransport, classify_connect_error
 
 if TYPE_CHECKING:
     from scripts.job.container import ImageRef
     from scripts.notify import Notifier
-    from scripts.verify.fabric import FabricCheck
+    from scripts.verify.nodes import FabricCheck
 
 
 class FleetSession:
@@ -74,8 +81,6 @@ class FleetSession:
     @property
     def transports(self) -> dict[str, Transport]:
         if self._transports is None:
-            from scripts.connect import connect
-
             self._transports = connect(
                 self.fleet,
                 deadline_s=self.connect_deadline_s,
@@ -85,7 +90,6 @@ class FleetSession:
         return self._transports
 
     def close(self) -> None:
-        from scripts.connect import close_all
 
         if self._transports is not None:
             close_all(self._transports)
@@ -102,10 +106,10 @@ class FleetSession:
     def verify(self, fabric: bool = False) -> None:
         """The GPUs; with `fabric`, then the GPU network of a multi-node stack: node setup
         (idempotent) and `verify --fabric`, before any training."""
-        from scripts.verify.gpus import verify_gpus
+        from scripts.verify.nodes import verify_gpus
 
         verify_gpus(self.fleet, self.transports, deadline_s=self.settings.verify_deadline_s)
-        from scripts.verify.scratch import verify_scratch
+        from scripts.verify.nodes import verify_scratch
 
         verify_scratch(self.fleet, self.transports)  # local SSD, where the VM has any
         if not fabric or len(self.fleet.nodes) < 2:
@@ -114,7 +118,7 @@ class FleetSession:
             ui.say(f"{self.name}: no GPU network to set up or verify (one NIC per node)")
             return
         from scripts.settings import new_run_id
-        from scripts.verify.fabric import setup_fabric, verify_fabric
+        from scripts.verify.nodes import setup_fabric, verify_fabric
 
         setup_fabric(self.fleet, self.transports, self.fabric.kind)
         run_id = f"verify-fabric-{new_run_id()}"
@@ -134,7 +138,7 @@ class FleetSession:
         ensure_image(self.fleet, self.transports, image, verify=True)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.watch.launch import watched_launch, with_stall_default
+        from scripts.watch.monitor import watched_launch, with_stall_default
 
         with self._launching(job, guard) as job:
             return watched_launch(
@@ -235,7 +239,7 @@ class FleetSession:
 
     def ssh(self, node: str, command: Sequence[str]) -> int:
         """An interactive shell or one command on a node, with its host key pinned."""
-        from scripts.transport.hostkeys import known_hosts_lines
+        from scripts.transport.ssh import known_hosts_lines
 
         if self.fleet.local:
             raise UserError("ssh: the local target is this machine; no SSH needed")
@@ -292,3 +296,121 @@ def ssh_argv(fleet: Fleet, node: Node, known_hosts: Path, command: Sequence[str]
         # must arrive verbatim, so each is quoted for the remote shell.
         argv += ["--", command[0] if len(command) == 1 else shlex.join(command)]
     return argv
+
+
+class ConnectError(GputrainError):
+    """Some nodes could not be reached before their deadline."""
+
+
+def _connect_node(
+    transport: SshTransport, deadline_s: float, status: ui.StatusLines
+) -> SshTransport:
+    """One node, retried with backoff through refused connections, resets and a login key not
+    yet installed, until the deadline; a host key that is not the pinned one is refused at once.
+    While it waits, the node's status line says why and how long is left."""
+    start = time.monotonic()
+    waited: list[Waiting] = []
+
+    def waiting(w: Waiting) -> None:
+        waited.append(w)
+        status.update(transport.name, f"waiting for SSH ({w.reason}), {w.left_s:.0f} s left")
+
+    try:
+        poll_until(
+            transport.connect_once,
+            deadline_s=deadline_s,
+            retry_on=(Exception,),
+            fatal=(HostKeyError,),
+            reason=classify_connect_error,
+            on_wait=waiting,
+        )
+    except GaveUp as e:
+        host, port = transport.target
+        status.update(transport.name, f"not reachable ({e.reason})", final=True)
+        raise ConnectError(
+            f"node {transport.name} ({host}:{port}): not reachable within {deadline_s:.0f} s "
+            f"(last: {e.reason}); --wait SECONDS waits longer"
+        ) from e
+    if waited:
+        status.update(
+            transport.name, f"connected after {time.monotonic() - start:.1f} s", final=True
+        )
+    return transport
+
+
+def connect(
+    fleet: Fleet,
+    *,
+    deadline_s: float,
+    trust_new_hosts: Path | None = None,
+    local_root: Path | None = None,
+    connect_timeout: float = 10.0,
+    probe_after_s: float = 15.0,
+) -> dict[str, Transport]:
+    """A transport per node name. All nodes in parallel; workers without an address go through
+    the head (its connection first). Raises HostKeyError / ConnectError naming every bad node."""
+    if fleet.local:
+        if local_root is None:
+            raise ConnectError(f"{fleet.target}: a local fleet needs its node root")
+        return {n.name: LocalTransport(n.name, local_root) for n in fleet.nodes}
+    head = fleet.head
+    by_name: dict[str, SshTransport] = {}
+
+    def make(node: Node, via: SshTransport | None) -> SshTransport:
+        return SshTransport(
+            node,
+            fleet.identity_file,
+            via=via,
+            trust_new_hosts=trust_new_hosts,
+            connect_timeout=connect_timeout,
+            probe_after_s=probe_after_s,
+        )
+
+    if head.address is None:
+        raise ConnectError(f"node {head.name}: the head needs an address the controller can reach")
+    head_t = make(head, None)
+    by_name[head.name] = head_t
+    for node in fleet.nodes:
+        if node.name != head.name:
+            by_name[node.name] = make(node, head_t if node.address is None else None)
+
+    head_ready = threading.Event()
+    head_failed: list[BaseException] = []
+
+    def run(name: str) -> SshTransport:
+        t = by_name[name]
+        if t.via is not None:
+            head_ready.wait()
+            if head_failed:
+                raise ConnectError(f"node {name}: not reachable because the head is not")
+        try:
+            return _connect_node(t, deadline_s, status)
+        except BaseException as e:
+            if t is head_t:
+                head_failed.append(e)
+            raise
+        finally:
+            if t is head_t:
+                head_ready.set()
+
+    start = time.monotonic()
+    with ui.status_lines() as status:
+        results, errors = parallel(list(by_name), run)
+    if errors:
+        for t in results.values():
+            t.close()
+        lines = [str(e) for e in errors.values()]
+        cls = (
+            HostKeyError
+            if any(isinstance(e, HostKeyError) for e in errors.values())
+            else ConnectError
+        )
+        raise cls("\n".join(lines))
+    ui.say(f"connected to {len(results)} node(s) in {time.monotonic() - start:.1f} s")
+    return dict(results)
+
+
+def close_all(transports: dict[str, Transport]) -> None:
+    for t in transports.values():
+        with contextlib.suppress(Exception):
+            t.close()

@@ -10,7 +10,7 @@ import pytest
 
 from gputrain_node.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV, resolve_secrets
 from gputrain_node.vertex_mirror import InputError
-from scripts.job.secrets import parse_secrets, secret_references, secret_refs_env
+from scripts.job.environment import parse_secrets, secret_references, secret_refs_env
 from tests.support.fake_secretmanager import FakeSecretManager
 
 

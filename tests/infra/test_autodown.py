@@ -17,7 +17,8 @@ from infra.plan import build_plan
 from infra.spec import parse_spec
 from infra.stackfile import SpecError, load_stack_config
 from scripts.cli import main
-from scripts.job.autodown import autodown_line, instances_of, resolve_autodown
+from scripts.job.autodown import autodown_line, instances_of
+from scripts.run_plan import resolve_autodown
 from scripts.settings import Settings
 from tests.support.pulumi_mocks import IAM_MEMBER, GcpMocks, deployable_config, pulumi_mocks
 
@@ -142,9 +143,11 @@ def test_bad_or_contradictory_flags_are_one_line_and_exit_2(
 def test_detach_with_keep_says_keep_wins(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from scripts import run_flags
+    from scripts import cli_options
 
-    run_flags.check(argparse.Namespace(stack="dev", autodown=None, detach=True, keep=True))
+    cli_options.check_run_flags(
+        argparse.Namespace(stack="dev", autodown=None, detach=True, keep=True)
+    )
     out = capsys.readouterr()
     said = (out.out + out.err).strip().splitlines()
     assert len(said) == 1 and "--detach with --keep: --keep wins" in said[0], said

@@ -355,7 +355,7 @@ def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
 ) -> None:
     import signal
 
-    from scripts.guard import Interrupted, signal_guard
+    from scripts.targets.base import Interrupted, signal_guard
 
     with signal_guard() as guard:
         with pytest.raises(Interrupted):

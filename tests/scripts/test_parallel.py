@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from scripts.guard import Interrupted, signal_guard
 from scripts.parallel import parallel
+from scripts.targets.base import Interrupted, signal_guard
 
 
 def test_worker_errors_are_the_items_and_results_the_rest() -> None:

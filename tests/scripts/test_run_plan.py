@@ -10,9 +10,9 @@ import pytest
 
 from gputrain_node.contract import HEALTHCHECK_ENTRY
 from infra.base.errors import UserError
+from scripts.cli_options import open_target
 from scripts.run_plan import RunPlan, plan_run
 from scripts.settings import Settings
-from scripts.targets import open_target
 from scripts.targets.base import Feature, RunOptions, Target
 from tests.support import ROOT
 

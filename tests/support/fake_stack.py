@@ -15,9 +15,9 @@ from typing import Any
 
 from infra.image_build import REPOSITORY_TYPE
 from infra.stackfile import STACK_LABEL
-from scripts.targets.gce.failover import ZONE_CONFIG_KEY
+from scripts.targets.gce.provision import ZONE_CONFIG_KEY
 from scripts.targets.stack.bucket import BUCKET_TYPE
-from scripts.targets.stack.runner import OnOutput, StackError, StackLockedError
+from scripts.targets.stack.clients import OnOutput, StackError, StackLockedError
 from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_compute import FakeCompute, region_of, ssh_host_keys
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gputrain_node.telemetry import QUERY_FIELDS
 from infra.base.records import Fleet, GpuExpectation, Node
-from scripts.verify.gpus import GPU_FIELDS
+from scripts.verify.nodes import GPU_FIELDS
 
 SUBNET = "10.213.0"
 SLOTS = 3  # test beds that can run at once on one machine (make test runs three)

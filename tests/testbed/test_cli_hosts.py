@@ -77,7 +77,7 @@ def test_hosts_with_a_changed_key_are_refused(
 def test_ssh_argv_reaches_an_isolated_worker_through_the_head(tb: TestBed, tmp_path: Path) -> None:
     """The worker has no route from here: OpenSSH goes through the head, both keys pinned."""
     from scripts.targets.session import ssh_argv
-    from scripts.transport.hostkeys import known_hosts_lines
+    from scripts.transport.ssh import known_hosts_lines
 
     head = tb.add_host()
     worker = tb.add_host(isolated_behind=head.name)

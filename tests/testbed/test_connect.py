@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.connect import ConnectError, close_all, connect
-from scripts.transport.hostkeys import HostKeyError, KnownHosts, fingerprint
-from scripts.transport.ssh import SshTransport
+from scripts.targets.session import ConnectError, close_all, connect
+from scripts.transport.ssh import HostKeyError, KnownHosts, SshTransport, fingerprint
 from tests.support.testbed import TestBed
 
 pytestmark = pytest.mark.testbed

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from scripts.cli import main
-from scripts.connect import close_all, connect
 from scripts.job.container import INSECURE_REGISTRIES_ENV, ImageRef
 from scripts.job.image_build import REGISTRY_HOST_ENV
 from scripts.job.launch import stop_job
 from scripts.settings import Settings
+from scripts.targets.session import close_all, connect
 from tests.support import JOBS
 from tests.support.container_bed import IMAGE_MARK, ContainerBed
 from tests.support.containers import Podman

@@ -12,13 +12,11 @@ import pytest
 
 from infra.base.records import GpuExpectation
 from infra.fabric import plan_fabric
-from scripts.connect import close_all, connect
 from scripts.node_layout import NCCL_ENV_FILE
 from scripts.settings import Settings
-from scripts.targets.session import FleetSession
-from scripts.verify.fabric import FabricCheck, verify_fabric
+from scripts.targets.session import FleetSession, close_all, connect
 from scripts.verify.fabric_setup import MARK
-from scripts.verify.gpus import VerificationError
+from scripts.verify.nodes import FabricCheck, VerificationError, verify_fabric
 from tests.support.fabric_samples import A4_GVNICS, A4_RDMA_NICS, MEGA_GPU_NICS, MEGA_PRIMARY
 from tests.support.stack_world import World, assert_torn_down
 from tests.support.testbed import FabricFakes, TestBed, TestHost

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from infra.base.records import GpuExpectation
-from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
+from scripts.targets.session import close_all, connect
 from scripts.transport.ssh import SshTransport
-from scripts.verify.gpus import verify_gpus
+from scripts.verify.nodes import verify_gpus
 from tests.support.testbed import GpuConfig, TestBed
 
 HOSTS = 16

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from infra.base.records import Fleet, Node
-from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job, TrainingError
+from scripts.targets.session import close_all, connect
 from tests.support import ROOT
 from tests.support.testbed import TestBed
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.connect import close_all, connect
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job
+from scripts.targets.session import close_all, connect
 from tests.support import JOBS
 from tests.support.testbed import TestBed
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from infra.base.records import GpuExpectation
-from scripts.connect import close_all, connect
-from scripts.verify.gpus import VerificationError, verify_gpus
+from scripts.targets.session import close_all, connect
+from scripts.verify.nodes import VerificationError, verify_gpus
 from tests.support.testbed import GpuConfig, TestBed
 
 pytestmark = pytest.mark.testbed

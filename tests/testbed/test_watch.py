@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 
 from gputrain_node.telemetry import rank_processes
-from scripts.connect import close_all, connect
 from scripts.job.records import Job
-from scripts.watch.launch import GpuFaultError, watched_launch
-from scripts.watch.settings import WatchSettings
-from scripts.watch.stall import StallError
+from scripts.targets.session import close_all, connect
+from scripts.watch.monitor import GpuFaultError, watched_launch
+from scripts.watch.telemetry import StallError, WatchSettings
 from scripts.watch.top import TopView
 from tests.support.testbed import BUSY, IDLE, GpuConfig, GpuPhase, TestBed, TestHost
 from tests.support.trainer_helpers import uninterrupted_summary

@@ -13,8 +13,8 @@ from scripts.job.autodown import (
     autodown_line,
     instances_of,
     last_autodown,
-    resolve_autodown,
 )
+from scripts.run_plan import resolve_autodown
 
 if TYPE_CHECKING:
     from infra.outputs import StackOutputs

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from infra.base.errors import GputrainError, UserError
 from infra.stackfile import qualify
-from scripts.targets.stack.runner import StackRunner
+from scripts.targets.stack.clients import StackRunner
 
 PUBLIC_KEY = qualify("sshPublicKey")
 PRIVATE_KEY = qualify("sshPrivateKey")

@@ -122,7 +122,7 @@ def manifest_name(prefix: str, run_id: str) -> str:
 def not_relaunchable(job: Job) -> str | None:
     """What a reconciler on another machine could not give a relaunch: a secret whose value
     came from this machine's environment (it never leaves it). Pure."""
-    from scripts.job.secrets import machine_secrets_line
+    from scripts.job.environment import machine_secrets_line
 
     return machine_secrets_line(job.secrets, job.secret_refs)
 

@@ -35,7 +35,7 @@ from infra.preflight import (
 )
 from infra.spec import ClusterSpec
 from scripts import ui
-from scripts.targets.stack.runner import StackRunner
+from scripts.targets.stack.clients import StackRunner
 
 
 def candidate_request(spec: ClusterSpec, c: Candidate) -> PreflightRequest:

@@ -241,8 +241,7 @@ class Pass:
         return DONE
 
     def recover(self, out: StackOutputs, lost: dict[str, NodeCloudState | None]) -> str:
-        from scripts.targets.gce.capacity_wait import stocked_out
-        from scripts.targets.gce.failover import ProvisioningError
+        from scripts.targets.gce.provision import ProvisioningError, stocked_out
 
         now = time.time()
         names = sorted(lost)
@@ -288,10 +287,10 @@ class Pass:
 
     def relaunch(self, outputs: dict[str, Any]) -> None:
         """The same run on the new cluster, from its checkpoints; returns at its first step."""
-        from scripts.guard import signal_guard
+        from scripts.job.environment import read_secret_references
         from scripts.job.launch import stop_job
         from scripts.job.records import Job
-        from scripts.job.secrets import read_secret_references
+        from scripts.targets.base import signal_guard
 
         with tempfile.TemporaryDirectory(prefix="gputrain-reconcile-") as tmp:
             workdir = Path(tmp) / "code"

@@ -34,12 +34,10 @@ from infra.gcp.compute import (
     ComputeApiError,
 )
 from scripts import ui
-from scripts.guard import Interrupted, SignalGuard
 from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
+from scripts.job.data_io import output_env
 from scripts.job.download import write_job_record
 from scripts.job.follow import say_line
-from scripts.job.outputs import output_env
-from scripts.job.progress import StepWatch
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
     TENSORBOARD_DIR_ENV,
@@ -52,10 +50,12 @@ from scripts.job.records import (
     TrainingError,
 )
 from scripts.settings import Settings
+from scripts.targets.base import Interrupted, SignalGuard
+from scripts.watch.telemetry import StepWatch
 
 if TYPE_CHECKING:
     from scripts.targets.gce.manifest import ControllerHold
-    from scripts.verify.fabric import FabricCheck
+    from scripts.verify.nodes import FabricCheck
 from infra.outputs import StackOutputs
 from scripts.targets.session import FleetSession
 
@@ -404,7 +404,7 @@ class RecoveringSession(FleetSession):
             self.watchdogs.arm(self.fleet, self.transports, job.run_id, job.env, nodes)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
-        from scripts.watch.launch import watched_launch, with_stall_default
+        from scripts.watch.monitor import watched_launch, with_stall_default
 
         hold = self._hold(job)
         job = self._with_bucket_env(job)
@@ -486,7 +486,7 @@ class RecoveringSession(FleetSession):
 
     def _lost(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
         """The nodes to replace: the node of a GPU fault during training, else the preempted."""
-        from scripts.watch.launch import GpuFaultError
+        from scripts.watch.monitor import GpuFaultError
 
         if isinstance(error, GpuFaultError):
             f = error.fault

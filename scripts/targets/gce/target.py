@@ -19,7 +19,7 @@ from infra.outputs import Key
 from scripts import ui
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.stack.runner import pulumi_line
+from scripts.targets.stack.clients import pulumi_line
 from scripts.targets.stack.target import StackContext, StackTarget, pin
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from infra.offers import Candidate
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
-    from scripts.targets.gce.capacity_wait import CapacityWait
+    from scripts.targets.gce.provision import CapacityWait
     from scripts.targets.gce.recovery import RecoveringSession
     from scripts.targets.session import FleetSession
 
@@ -199,8 +199,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
     def after_destroy(self, ctx: Context) -> None:
         """The failover's picks are cleared: the next `up` ranks anew."""
-        from scripts.targets.gce.failover import ZONE_CONFIG_KEY
-        from scripts.targets.gce.offer_failover import CANDIDATE_CONFIG_KEY
+        from scripts.targets.gce.provision import CANDIDATE_CONFIG_KEY, ZONE_CONFIG_KEY
 
         for key in (ZONE_CONFIG_KEY, CANDIDATE_CONFIG_KEY):
             try:
@@ -263,7 +262,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
 def capacity_wait(ctx: Context, billing: str) -> CapacityWait:
     """Stock-outs waited out for --wait-for-capacity (else the stack's waitForCapacity)."""
-    from scripts.targets.gce.capacity_wait import CapacityWait
+    from scripts.targets.gce.provision import CapacityWait
 
     given = ctx.opts.wait_for_capacity_s
     wait_s = ctx.spec.wait_for_capacity_s if given is None else given
@@ -287,7 +286,7 @@ def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec,
     if not spec.capacity_ladder:
         return create_in(ctx, where)
     from infra.stackfile import NS
-    from scripts.targets.gce.capacity_wait import down_the_ladder
+    from scripts.targets.gce.provision import down_the_ladder
 
     config = ctx.stack_file.config
     places: dict[str, list[Any]] = {spec.capacity: where}
@@ -328,7 +327,7 @@ def stack_session(
     from infra.outputs import parse_stack_outputs
     from scripts.targets.gce.autodown import stack_autodown
     from scripts.targets.gce.recovery import RecoveringSession, StackNodes
-    from scripts.verify.fabric import FabricCheck
+    from scripts.verify.nodes import FabricCheck
 
     spec, opts, clients = ctx.spec, ctx.opts, ctx.clients
 
@@ -366,7 +365,7 @@ def stack_session(
 
 def provision_zones(ctx: Context, zones: list[str]) -> dict[str, Any]:
     """`pulumi up` with zone failover; the stack outputs."""
-    from scripts.targets.gce.failover import provision_with_failover
+    from scripts.targets.gce.provision import provision_with_failover
 
     spec = ctx.spec
     if spec.capacity == "flex-start":
@@ -409,9 +408,9 @@ def provision_candidates(
     ctx: Context, ranked: list[Candidate]
 ) -> tuple[ClusterSpec, dict[str, Any]]:
     """`pulumi up` down the ranked candidates; the spec of the one created, its outputs."""
-    from scripts.targets.gce.failover import ProvisioningError
-    from scripts.targets.gce.offer_failover import (
+    from scripts.targets.gce.provision import (
         ATTEMPT_HEADERS,
+        ProvisioningError,
         attempt_rows,
         provision_candidates,
     )
@@ -444,11 +443,11 @@ def recreate(ctx: Context, zone: str) -> dict[str, Any]:
 
 
 def recreate_once(ctx: Context, zone: str) -> dict[str, Any]:
-    from scripts.targets.gce.failover import provision_with_failover
+    from scripts.targets.gce.provision import provision_with_failover
 
     spec = ctx.spec
     if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
-        from scripts.targets.gce.offer_failover import provision_candidates
+        from scripts.targets.gce.provision import provision_candidates
 
         same = [
             c
@@ -482,13 +481,14 @@ def stack_fleet(ctx: Context, out: StackOutputs, key_file: Path) -> Fleet:
     from infra.gcp.compute import fetch_host_keys
 
     clients = ctx.clients
+    api = clients.compute()
     keys = {
         n.name: fetch_host_keys(
             out.project,
             n.zone,
             n.name,
             deadline_s=clients.hostkey_deadline_s,
-            api=clients.compute(),
+            api=api,
             on_progress=ui.say,
         )
         for n in out.nodes

@@ -1,15 +1,25 @@
 """The client bag every stack target carries: how it reaches Pulumi, Cloud Storage (the stack's
 bucket), the Compute API, Cloud Build (`build:`) and, for `doctor`, Resource Manager and Service Usage — and how often it
 retries a destroy. The one place their clients are built; tests point them at the fake stack
-runner and the fake Google API servers. Each backend's bag adds its own (gce/, vertex/)."""
+runner and the fake Google API servers. Each backend's bag adds its own (gce/, vertex/).
+
+Pulumi is reached through the one adapter around `pulumi.automation` here (StackRunner, its errors,
+and how Pulumi's own progress is shown). Everything else talks to a `StackRunner`; tests use
+tests/support/fake_stack.FakeStackRunner because the real runner drives the Pulumi CLI, which the
+test machines lack. `pulumi.automation` is imported only inside PulumiStackRunner, so
+`gputrain --help` never pays for it."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
+
+from infra.base.errors import GputrainError
 
 if TYPE_CHECKING:
     from infra.gcp.artifact_registry import ArtifactRegistryApi
@@ -18,7 +28,6 @@ if TYPE_CHECKING:
     from infra.gcp.compute import ComputeApi
     from infra.gcp.gcs import StorageApi
     from infra.gcp.project_api import ProjectApi
-    from scripts.targets.stack.runner import StackRunner
 
 
 def from_env(name: str) -> Callable[[], str | None]:
@@ -51,7 +60,6 @@ class StackClients:
     def runner(self, stack: str, root: Path) -> StackRunner:
         if self.runner_for is not None:
             return self.runner_for(stack, root)
-        from scripts.targets.stack.runner import PulumiStackRunner
 
         return PulumiStackRunner(stack, root)
 
@@ -100,3 +108,219 @@ class StackClients:
 
             self._storage[project] = StorageApi(project)
         return self._storage[project]
+
+
+OnOutput = Callable[[str], None]
+
+
+class StackError(GputrainError):
+    """A Pulumi operation failed; `raw` keeps the CLI's full text (failover classifies it)."""
+
+    def __init__(self, message: str, raw: str = "") -> None:
+        super().__init__(message)
+        self.raw = raw or message
+
+
+class PulumiMissingError(StackError):
+    """No Pulumi CLI on PATH: nothing to retry."""
+
+
+class StackLockedError(StackError):
+    """Another update holds the stack's lock."""
+
+
+class StackRunner(Protocol):
+    """What the lifecycle needs from Pulumi: one selected stack in the repository."""
+
+    stack_name: str
+
+    def set_config(self, key: str, value: str, *, secret: bool = False) -> None: ...
+    def remove_config(self, key: str) -> None: ...
+    def get_config(self, key: str) -> str | None: ...
+    def up(
+        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+    ) -> dict[str, Any]: ...
+    def outputs(self) -> dict[str, Any]: ...
+    def refresh(self, on_output: OnOutput | None = None) -> None: ...
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None: ...
+    def cancel(self) -> None: ...
+
+
+# Lines worth showing in a one-line summary of a failed Pulumi run, most specific first.
+_SPECIFIC_ERRORS = (
+    re.compile(r"Quota '[^']+' exceeded.*"),
+    re.compile(r"googleapi: Error \d+: .*"),
+    re.compile(r"Error code \d+, message: .*"),
+    re.compile(r"The zone '[^']+' does not have enough resources available.*"),
+    re.compile(r"error: (?!update failed).*"),
+)
+
+
+def summarise_pulumi_error(text: str) -> str:
+    """The most telling line of a Pulumi failure (the GCE message, not 'update failed')."""
+    lines = [ln.strip(" \t*") for ln in text.splitlines() if ln.strip(" \t*")]
+    for pattern in _SPECIFIC_ERRORS:
+        for ln in lines:
+            m = pattern.search(ln)
+            if m:
+                return m.group(0)[:300]
+    return (lines or ["(no output)"])[-1][:300]
+
+
+class PulumiStackRunner:
+    """StackRunner over the Pulumi CLI (Automation API, local program in `work_dir`)."""
+
+    def __init__(
+        self,
+        stack_name: str,
+        work_dir: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        pulumi_command: Any = None,  # a PulumiCommand; tests pass a fake (Seam A)
+    ) -> None:
+        self.stack_name = stack_name
+        self.work_dir = work_dir
+        self._env = dict(env or {})
+        self._pulumi_command = pulumi_command
+        self._stack_obj: Any = None
+
+    def _stack(self) -> Any:
+        if self._stack_obj is None:
+            from pulumi import automation as auto
+
+            opts = auto.LocalWorkspaceOptions(
+                work_dir=str(self.work_dir),
+                env_vars=self._env or None,
+                pulumi_command=self._pulumi_command,
+            )
+            self._stack_obj = self._run(
+                "stack select",
+                lambda: auto.create_or_select_stack(
+                    self.stack_name, work_dir=str(self.work_dir), opts=opts
+                ),
+            )
+        return self._stack_obj
+
+    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
+        from pulumi.automation import errors as auto_errors
+
+        try:
+            return fn()
+        except FileNotFoundError as e:
+            raise PulumiMissingError(
+                "the Pulumi CLI is not installed or not on PATH "
+                "(https://www.pulumi.com/docs/iac/download-install/)",
+                str(e),
+            ) from e
+        except auto_errors.ConcurrentUpdateError as e:
+            raise StackLockedError(
+                f"stack {self.stack_name} is locked by another update. If another gputrain or "
+                f"pulumi run is still working on it, wait for it. Only if our own process died "
+                f"mid-update: `gputrain down --stack {self.stack_name}` clears the stale lock "
+                "(pulumi cancel) and destroys",
+                str(e),
+            ) from e
+        except auto_errors.CommandError as e:
+            raw = str(e)
+            raise StackError(
+                f"pulumi {what} failed for stack {self.stack_name}: {summarise_pulumi_error(raw)}",
+                raw,
+            ) from e
+
+    def set_config(self, key: str, value: str, *, secret: bool = False) -> None:
+        from pulumi import automation as auto
+
+        stack = self._stack()
+        if secret:
+            self._set_secret(key, value)
+            return
+        self._run(
+            f"config set {key}", lambda: stack.set_config(key, auto.ConfigValue(value, False))
+        )
+
+    def _set_secret(self, key: str, value: str) -> None:
+        """A secret never goes on a command line (any local user sees argv in `ps`): the CLI reads
+        a value missing from its arguments from stdin when it is not interactive."""
+        command = getattr(self._pulumi_command, "command", None) or "pulumi"
+        argv = [command, "config", "set", key, "--secret", "--stack", self.stack_name]
+        try:
+            done = subprocess.run(
+                [*argv, "--non-interactive"],
+                input=value.encode(),
+                capture_output=True,
+                cwd=self.work_dir,
+                env={**os.environ, **self._env},
+                timeout=120,
+            )
+        except FileNotFoundError as e:
+            raise PulumiMissingError(
+                "the Pulumi CLI is not installed or not on PATH", str(e)
+            ) from e
+        if done.returncode != 0:
+            raw = done.stderr.decode("utf-8", "replace") + done.stdout.decode("utf-8", "replace")
+            raise StackError(
+                f"pulumi config set {key} failed for stack {self.stack_name}: "
+                f"{summarise_pulumi_error(raw)}",
+                raw,
+            )
+
+    def remove_config(self, key: str) -> None:
+        stack = self._stack()
+        self._run(f"config rm {key}", lambda: stack.remove_config(key))
+
+    def get_config(self, key: str) -> str | None:
+        from pulumi.automation import errors as auto_errors
+
+        stack = self._stack()
+        try:
+            return str(stack.get_config(key).value)
+        except auto_errors.CommandError as e:
+            if "not found" in str(e):
+                return None
+            raise StackError(
+                f"pulumi config get {key} failed: {summarise_pulumi_error(str(e))}", str(e)
+            ) from e
+
+    def up(
+        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """`targets`: only these URNs (a targeted update: the image repository before the rest)."""
+        stack = self._stack()
+        chosen = list(targets) or None
+        result = self._run(
+            "up", lambda: stack.up(on_output=on_output, color="never", target=chosen)
+        )
+        return {k: v.value for k, v in result.outputs.items()}
+
+    def outputs(self) -> dict[str, Any]:
+        stack = self._stack()
+        return {k: v.value for k, v in self._run("stack output", stack.outputs).items()}
+
+    def refresh(self, on_output: OnOutput | None = None) -> None:
+        stack = self._stack()
+        self._run("refresh", lambda: stack.refresh(on_output=on_output, color="never"))
+
+    def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None:
+        """`keep`: resource types to leave (a kept bucket): a targeted destroy of all the rest."""
+        from scripts.targets.stack.bucket import destroy_targets
+
+        stack = self._stack()
+        state = self._run("stack export", stack.export_stack) if keep else None
+        targets = destroy_targets(state.deployment.get("resources") or [], keep) if state else None
+        if targets is None or targets:
+            destroy = stack.destroy
+            self._run(
+                "destroy", lambda: destroy(on_output=on_output, color="never", target=targets)
+            )
+
+    def cancel(self) -> None:
+        stack = self._stack()
+        self._run("cancel", stack.cancel)
+
+
+def pulumi_line(line: str) -> None:
+    """Pulumi's own progress, indented under ours."""
+    if line.strip():
+        from scripts import ui
+
+        ui.say(f"  pulumi: {line.rstrip()}")

@@ -19,8 +19,7 @@ if TYPE_CHECKING:
     from infra.spec import ClusterSpec
     from scripts.job.container import ImageRef
     from scripts.job.image_build import PendingBuild, PlannedBuild
-    from scripts.targets.stack.clients import StackClients
-    from scripts.targets.stack.runner import StackRunner
+    from scripts.targets.stack.clients import StackClients, StackRunner
 
 
 def plan_stack_build(
@@ -77,7 +76,7 @@ def publish_stack_image(
     repository, now and at every later `up`, and `down` removes it)."""
     from infra.components.registry import target_urns
     from scripts.job.image_build import publish
-    from scripts.targets.stack.runner import pulumi_line
+    from scripts.targets.stack.clients import pulumi_line
 
     if pending.found is not None:
         return pending.found

@@ -21,9 +21,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from infra.base.errors import GputrainError, UserError
 from infra.cost_caps import check_spending_caps
 from scripts import ui
-from scripts.guard import SignalGuard, signal_guard
 from scripts.settings import Settings
-from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Session
+from scripts.targets.base import (
+    Capabilities,
+    Declared,
+    Feature,
+    RunOptions,
+    Session,
+    SignalGuard,
+    signal_guard,
+)
 from scripts.targets.stack.clients import StackClients
 
 if TYPE_CHECKING:
@@ -35,7 +42,7 @@ if TYPE_CHECKING:
     from scripts.job.environment import EnvironmentSettings
     from scripts.job.image_build import PendingBuild, PlannedBuild
     from scripts.targets.stack.bucket import KeptBucket
-    from scripts.targets.stack.runner import StackRunner
+    from scripts.targets.stack.clients import StackRunner
 
 C = TypeVar("C", bound=StackClients)
 P = TypeVar("P")  # what a backend's `prepare` hands to its `create`

@@ -10,7 +10,7 @@ from infra.base.errors import GputrainError
 from infra.base.retry import GaveUp, Waiting, every, poll_until
 from scripts import ui
 from scripts.targets.stack.bucket import KeptBucket
-from scripts.targets.stack.runner import (
+from scripts.targets.stack.clients import (
     PulumiMissingError,
     StackLockedError,
     StackRunner,

@@ -24,14 +24,13 @@ from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
 from infra.vertex_pools import PoolShape, check_job_spec, price_pools, total_hourly
 from scripts import ui
-from scripts.guard import SignalGuard
+from scripts.job.data_io import vertex_output_env
 from scripts.job.download import write_job_record
+from scripts.job.environment import secret_refs_env
 from scripts.job.launch import TRAINER_DIR
-from scripts.job.outputs import vertex_output_env
 from scripts.job.records import Job, JobResult, NodeFailure, TrainingError, validate_job
-from scripts.job.secrets import secret_refs_env
 from scripts.settings import Settings
-from scripts.targets.base import Footprint
+from scripts.targets.base import Footprint, SignalGuard
 from scripts.targets.stack.bucket import to_fetch
 from scripts.targets.stack.target import target_name
 from scripts.targets.vertex.clients import VertexClients

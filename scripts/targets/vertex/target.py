@@ -18,7 +18,7 @@ from infra.stackfile import STACK_LABEL
 from infra.vertex_pools import PoolShape, env_names
 from scripts import ui
 from scripts.targets.base import Capabilities, Feature, RunOptions
-from scripts.targets.stack.runner import pulumi_line
+from scripts.targets.stack.clients import pulumi_line
 from scripts.targets.stack.target import StackContext, StackTarget
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.session import RUN_LABEL, VertexSession

@@ -7,7 +7,7 @@ import pytest
 
 from infra.spec import parse_spec
 from infra.stackfile import StackSecrets
-from scripts.doctor.settings import reconcile_state_row
+from scripts.doctor.run import reconcile_state_row
 from tests.support.pulumi_mocks import deployable_config
 
 KMS = "gcpkms://projects/p/locations/global/keyRings/r/cryptoKeys/k"

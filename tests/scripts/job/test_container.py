@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from scripts.connect import close_all, connect
 from scripts.job.container import (
     NCCL_ENV_IN_CONTAINER,
     ImageRef,
@@ -27,6 +26,7 @@ from scripts.job.environment import EnvironmentSetupError, plan_environment
 from scripts.job.image_node import build_node_check_command
 from scripts.job.launch import launch_torchrun
 from scripts.job.records import Job, TrainingError
+from scripts.targets.session import close_all, connect
 from tests.support.containers import Podman, Registry, require_tools
 from tests.support.local_fleet import local_fleet
 

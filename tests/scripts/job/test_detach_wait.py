@@ -13,8 +13,8 @@ import pytest
 
 from infra.base.errors import GputrainError, UserError
 from scripts.job.detach import detach_wait_s, read_poll, wait_first_step
-from scripts.job.progress import is_training_step
 from scripts.transport.local import LocalTransport
+from scripts.watch.telemetry import is_training_step
 
 RUN = "20261127-083000-ab12"
 

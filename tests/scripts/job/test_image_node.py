@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from infra.base.records import Fleet, GpuExpectation, Node
-from scripts.connect import close_all, connect
 from scripts.job.container import ImageRef
 from scripts.job.environment import EnvironmentSetupError
 from scripts.job.image_node import (
@@ -21,6 +20,7 @@ from scripts.job.image_node import (
     ensure_image,
     parse_missing,
 )
+from scripts.targets.session import close_all, connect
 
 RECORD = '#!/bin/sh\necho "$(basename "$0") $*" >> "$CALLS"\n'
 DIGEST = "sha256:" + "d" * 64

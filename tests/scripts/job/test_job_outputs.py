@@ -12,9 +12,8 @@ import pytest
 
 from infra.base.errors import UserError
 from scripts.job.download import download_results
-from scripts.job.entry_check import check_entry
 from scripts.job.node_scripts import build_upload_and_start_command, entry_argument
-from scripts.job.sync import CodeBundle
+from scripts.job.sync import CodeBundle, check_entry
 from scripts.transport.local import LocalTransport
 
 

@@ -9,7 +9,7 @@ import paramiko
 import pytest
 from paramiko.hostkeys import HostKeys
 
-from scripts.transport.hostkeys import KnownHosts
+from scripts.transport.ssh import KnownHosts
 
 
 def _key() -> str:

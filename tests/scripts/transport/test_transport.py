@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from scripts.job.sync import sync_code
-from scripts.transport.hostkeys import fingerprint, known_hosts_name, parse_public_key
 from scripts.transport.local import LocalTransport
+from scripts.transport.ssh import fingerprint, known_hosts_name, parse_public_key
 
 
 def test_fingerprint_matches_openssh(tmp_path: Path) -> None:

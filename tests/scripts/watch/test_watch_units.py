@@ -13,15 +13,18 @@ from infra.keys import effective_timeout, parse_stall_timeout
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.watch.node import parse_poll
-from scripts.watch.settings import watch_settings
-from scripts.watch.stall import RankState, StallClock, rank_heartbeats, stuck_rank
 from scripts.watch.telemetry import (
     IdleWatch,
     LogProgress,
     NodeTelemetry,
+    RankState,
     Sample,
+    StallClock,
     parse_samples,
+    rank_heartbeats,
+    stuck_rank,
     summary_line,
+    watch_settings,
 )
 from scripts.watch.xid import XID_CLASSES, XidClass, xid_class
 
@@ -92,7 +95,7 @@ def test_only_a_hardware_xid_is_a_fault_that_replaces_the_node() -> None:
 
 def test_a_job_that_fails_after_its_own_xid_is_the_jobs_error_not_a_gpu_fault() -> None:
     from scripts.job.records import JobResult, NodeFailure, TrainingError
-    from scripts.watch.launch import ApplicationXidError, GpuFaultError
+    from scripts.watch.monitor import ApplicationXidError, GpuFaultError
 
     result = JobResult("r1", False, {"n1": 1}, 3.0, Path("/tmp/r1"), failed_node="n1")
     cause = TrainingError(

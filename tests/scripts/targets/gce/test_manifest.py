@@ -10,9 +10,8 @@ import pytest
 
 from infra.datasets import Dataset
 from scripts.job.container import ImageRef
-from scripts.job.environment import plan_environment
+from scripts.job.environment import machine_secrets_line, plan_environment, read_secret_references
 from scripts.job.records import Job
-from scripts.job.secrets import machine_secrets_line, read_secret_references
 from scripts.targets.gce.manifest import RunManifest, manifest_for
 
 DIGEST = "sha256:" + "ab" * 32

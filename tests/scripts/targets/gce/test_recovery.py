@@ -19,7 +19,6 @@ from infra.outputs import parse_bucket, parse_stack_outputs
 from infra.spec import parse_spec
 from scripts.cli import main
 from scripts.job.node_scripts import STORAGE_PACKAGES, TRAINER_PACKAGES, build_install_command
-from scripts.job.progress import StepWatch
 from scripts.job.records import JobResult, NodeFailure, Recovery, TrainingError
 from scripts.lifecycle import recovery_rows, summarize
 from scripts.settings import Settings
@@ -35,6 +34,7 @@ from scripts.targets.gce.recovery import (
 )
 from scripts.targets.gce.target import recoveries_allowed
 from scripts.transport.local import LocalTransport
+from scripts.watch.telemetry import StepWatch
 from tests.support import ROOT
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import sample_outputs

@@ -13,8 +13,8 @@ from infra.gcp.compute import ComputeApi
 from infra.outputs import parse_vertex_outputs
 from infra.spec import ClusterSpec, parse_spec
 from scripts.cli import main
+from scripts.cli_options import open_target
 from scripts.settings import Settings
-from scripts.targets import open_target
 from scripts.targets.gce.target import GceTarget
 from scripts.targets.vertex.clients import VertexClients
 from scripts.targets.vertex.job import custom_job_body

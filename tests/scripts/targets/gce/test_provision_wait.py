@@ -1,4 +1,4 @@
-"""Waiting for capacity and stepping down a capacity list (scripts/targets/gce/capacity_wait.py),
+"""Waiting for capacity and stepping down a capacity list (scripts/targets/gce/provision.py),
 driven through the real zone and candidate failover against FakeStackRunner, whose resources the
 fake Compute server reports until destroyed: nothing may be left billing while it waits."""
 
@@ -10,8 +10,13 @@ import pytest
 
 from infra.gcp.compute import ComputeApi
 from infra.gcp.sweep import sweep
-from scripts.targets.gce.capacity_wait import CapacityWait, down_the_ladder, step_line
-from scripts.targets.gce.failover import ProvisioningError, provision_with_failover
+from scripts.targets.gce.provision import (
+    CapacityWait,
+    ProvisioningError,
+    down_the_ladder,
+    provision_with_failover,
+    step_line,
+)
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import FakeStackRunner
 

@@ -14,7 +14,7 @@ import pytest
 from infra.base.errors import UserError
 from infra.datasets import parse_datasets
 from scripts.doctor.data import data_rows
-from scripts.job.data import (
+from scripts.job.data_io import (
     build_fetch_command,
     check_prefixes,
     data_env_lines,

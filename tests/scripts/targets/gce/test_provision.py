@@ -1,4 +1,4 @@
-"""scripts/targets/gce/failover.py: error classification (pure), zone order (pure), and the failover
+"""scripts/targets/gce/provision.py: error classification (pure), zone order (pure), and the failover
 driver against FakeStackRunner, whose resources the fake Compute server reports until destroyed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from infra.gcp.compute import ComputeApi
 from infra.gcp.sweep import sweep
-from scripts.targets.gce.failover import (
+from scripts.targets.gce.provision import (
     ProvisioningError,
     classify_provisioning_error,
     provision_with_failover,

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from scripts.job import outputs
-from scripts.job.data_options import glue_resume_args, resume_args
-from scripts.job.node_scripts import build_node_command
-from scripts.job.outputs import (
+from scripts.cli_options import glue_resume_args, resume_args
+from scripts.job import data_io as outputs
+from scripts.job.data_io import (
     attempt_entry,
     build_restore_command,
     output_env,
     vertex_output_env,
 )
+from scripts.job.node_scripts import build_node_command
 from scripts.job.records import Job
 
 
@@ -107,7 +107,7 @@ def test_the_out_dir_is_restored_only_on_relaunches_with_a_bucket() -> None:
 
 
 def test_nanogpt_lines_tell_the_step_reached_and_resumed_from() -> None:
-    from scripts.job.progress import StepWatch
+    from scripts.watch.telemetry import StepWatch
 
     w = StepWatch(clock=lambda: 7.0)
     w.line("n1", "[rank1]:iter 0: loss 5.5433, time 533.20ms, mfu -100.00%")
@@ -194,7 +194,7 @@ def test_a_relaunch_without_a_bucket_says_what_rank_0_alone_has(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from infra.base.records import Fleet, Node
-    from scripts.job.outputs import prepare_outputs
+    from scripts.job.data_io import prepare_outputs
 
     fleet = Fleet("t", (Node("n0", "head", "10.0.0.1"), Node("n1", "worker", "10.0.0.2")))
     prepare_outputs(fleet, {}, Job("r1", entry=("multinode.py",), attempt=2))

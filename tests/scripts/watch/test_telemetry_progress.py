@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.job.progress import last_progress
 from scripts.job.records import JobResult
 from scripts.lifecycle import summarize
+from scripts.watch.telemetry import last_progress
 
 MNIST = [
     "[rank0]:Train Epoch: 3 [59520/60000 (99%)]\tLoss: 0.031245",
@@ -68,7 +68,7 @@ def test_a_third_party_run_summary_shows_its_log_ours_shows_its_figures(
 def test_a_relaunch_of_multinode_py_resumes_from_the_epoch_it_says() -> None:
     """The recovery line's figures for a trainer that counts epochs: where it resumed (its
     `Resuming ... at Epoch N` line) and when it trained again (its first epoch line)."""
-    from scripts.job.progress import StepWatch
+    from scripts.watch.telemetry import StepWatch
 
     clock = iter([100.0, 101.0])  # the first epoch line of each attempt
     watch = StepWatch(clock=lambda: next(clock))
@@ -89,7 +89,7 @@ def test_any_trainers_first_progress_is_its_first_training_line() -> None:
     """ "training again N s later" ends at the first progress of a trainer whose lines we do not
     know: its own line with a step, epoch, iteration or batch number, a loss value or a progress
     bar; never gputrain's or torch's lines, nor what it says while loading or saving."""
-    from scripts.job.progress import StepWatch, is_any_progress
+    from scripts.watch.telemetry import StepWatch, is_any_progress
 
     progress = [
         *MNIST[:1], *MULTINODE[:1], *NANOGPT[:1], *LIGHTNING[:1],
@@ -130,7 +130,7 @@ def test_any_trainers_first_progress_is_its_first_training_line() -> None:
 
 
 def test_a_known_trainers_first_step_still_names_where_it_resumed() -> None:
-    from scripts.job.progress import StepWatch
+    from scripts.watch.telemetry import StepWatch
 
     w = StepWatch(clock=lambda: 5.0)
     w.new_attempt()

@@ -14,8 +14,7 @@ from infra.offers import Candidate, candidate_label, parse_request, resolve
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.gce.failover import ProvisioningError
-from scripts.targets.gce.offer_failover import next_candidate, provision_candidates
+from scripts.targets.gce.provision import ProvisioningError, next_candidate, provision_candidates
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import FakeStackRunner
 from tests.support.pulumi_mocks import ROOT, TEST_PUBLIC_KEY

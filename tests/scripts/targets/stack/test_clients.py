@@ -1,4 +1,4 @@
-"""scripts/targets/stack/runner.py: the Automation API adapter through Seam A (a fake PulumiCommand
+"""scripts/targets/stack/clients.py: the Automation API adapter through Seam A (a fake PulumiCommand
 that records the argv the SDK sends) and the error mapping; and FakeStackRunner against the
 production readers (the stack outputs contract itself: tests/infra/test_outputs.py)."""
 
@@ -14,7 +14,7 @@ from pulumi.automation import CommandResult, PulumiCommand
 from pulumi.automation._cmd import VersionInfo
 
 from infra.outputs import parse_stack_outputs
-from scripts.targets.stack.runner import (
+from scripts.targets.stack.clients import (
     PulumiStackRunner,
     StackError,
     StackLockedError,

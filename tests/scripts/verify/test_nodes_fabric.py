@@ -13,7 +13,7 @@ from scripts.cli import _options, _parser
 from scripts.job.node_scripts import build_node_command
 from scripts.job.records import Job
 from scripts.node_layout import NCCL_ENV_FILE
-from scripts.verify.fabric import FabricCheck
+from scripts.verify.nodes import FabricCheck
 from tests.support.fake_python import FAKE_PY
 from tests.support.pulumi_mocks import deployable_config
 
