@@ -410,22 +410,6 @@ def check_urls(urls: Sequence[object], setting: str) -> tuple[str, ...]:
     return tuple(str(u).strip() for u in urls)
 
 
-def parse_notify(raw: str, setting: str) -> tuple[str, ...]:
-    """The stack key as the CLI passes it: a JSON list of strings (or one URL)."""
-    raw = raw.strip()
-    if not raw:
-        return ()
-    if not raw.startswith("["):
-        return check_urls([raw], setting)
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        raise UserError(f"{setting}: not a list of URLs; {NOTIFY_ALLOWED}") from None
-    if not isinstance(value, list):
-        raise UserError(f"{setting}: not a list of URLs; {NOTIFY_ALLOWED}")
-    return check_urls(value, setting)
-
-
 # ---- autodown: how long after the job's end, with the controller silent, the head's watchdog
 # deletes the VMs (infra/autodown.py: the bound `plan` states, the nodes' IAM condition) ----------
 

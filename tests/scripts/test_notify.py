@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from infra.base.errors import UserError
-from infra.keys import check_urls, parse_notify, redact
+from infra.keys import check_urls, redact
 from scripts import notify
 from scripts.cli import main
 from scripts.notify import Notifier, message
@@ -73,8 +73,8 @@ def test_bad_urls_are_one_line_without_the_secret() -> None:
     assert str(e.value).startswith("--notify ftp://hooks.example.com/…: not an http(s) URL")
     assert "s3cr3t" not in str(e.value)
     with pytest.raises(UserError, match=r"^gputrain:notify\[1\] "):
-        parse_notify('["https://a.example/x", "hooks.slack.com/s3cr3t"]', "gputrain:notify")
-    assert parse_notify('["https://a.example/x"]', "k") == ("https://a.example/x",)
+        check_urls(["https://a.example/x", "hooks.slack.com/s3cr3t"], "gputrain:notify")
+    assert check_urls([" https://a.example/x"], "k") == ("https://a.example/x",)
     assert redact("https://hooks.slack.com/services/T/B/x?y=1") == "https://hooks.slack.com/…"
 
 
