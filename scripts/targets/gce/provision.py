@@ -165,24 +165,10 @@ def provision_with_failover(
             continue
         say(f"{zone}: creating the cluster (pulumi up)")
         runner.set_config(ZONE_CONFIG_KEY, zone)
-        try:
-            outputs = runner.up(on_output)
-        except StackError as e:
-            failure = classify_provisioning_error(e.raw)
-            outcome: str = failure.kind
-        else:
-            nodes = outputs.get("nodes") or []
-            if expected_nodes is None or len(nodes) >= expected_nodes:
-                say(f"{zone}: cluster created")
-                return zone, outputs
-            failure = ProvisioningFailure(
-                "stockout",
-                (),
-                None,
-                None,
-                f"partial cluster: {len(nodes)} of {expected_nodes} nodes were created",
-            )
-            outcome = "partial"
+        outputs, failure, outcome = _up_once(runner, expected_nodes, on_output)
+        if failure is None:
+            say(f"{zone}: cluster created")
+            return zone, outputs
         attempts.append(Attempt(zone, outcome, failure.summary))
         say(f"{zone}: {outcome}: {failure.summary}")
         if destroy_failed:
@@ -193,6 +179,23 @@ def provision_with_failover(
         if hint:
             say(f"{zone}: GCE suggests {', '.join(hint)}")
     raise ProvisioningError(_report(attempts, failure, zones, tried, project), attempts, failure)
+
+
+def _up_once(
+    runner: StackRunner, nodes_wanted: int | None, on_output: OnOutput | None
+) -> tuple[dict[str, Any], ProvisioningFailure | None, str]:
+    """One `pulumi up`: (outputs, None, "created"); or ({}, the failure, its kind), where a
+    cluster with fewer than `nodes_wanted` nodes is a stockout whose outcome is "partial"."""
+    try:
+        outputs = runner.up(on_output)
+    except StackError as e:
+        failure = classify_provisioning_error(e.raw)
+        return {}, failure, failure.kind
+    made = len(outputs.get("nodes") or [])
+    if nodes_wanted is None or made >= nodes_wanted:
+        return outputs, None, "created"
+    summary = f"partial cluster: {made} of {nodes_wanted} nodes were created"
+    return {}, ProvisioningFailure("stockout", (), None, None, summary), "partial"
 
 
 def destroy_attempt(
@@ -325,20 +328,10 @@ def provision_candidates(
         say(f"{candidate_label(c)} in {c.zone}: creating the cluster (pulumi up)")
         runner.set_config(CANDIDATE_CONFIG_KEY, candidate_label(c))
         runner.set_config(ZONE_CONFIG_KEY, c.zone)
-        try:
-            outputs = runner.up(on_output)
-        except StackError as e:
-            failure = classify_provisioning_error(e.raw)
-            outcome: str = failure.kind
-        else:
-            if len(outputs.get("nodes") or []) >= c.nodes:
-                attempts.append(CandidateAttempt.of(c, "created", ""))
-                return c, outputs, attempts
-            made = len(outputs.get("nodes") or [])
-            failure = ProvisioningFailure(
-                "stockout", (), None, None, f"partial cluster: {made} of {c.nodes} nodes created"
-            )
-            outcome = "partial"
+        outputs, failure, outcome = _up_once(runner, c.nodes, on_output)
+        if failure is None:
+            attempts.append(CandidateAttempt.of(c, "created", ""))
+            return c, outputs, attempts
         attempts.append(CandidateAttempt.of(c, outcome, failure.summary))
         if destroy_failed:
             destroy_attempt(runner, c.zone, attempts, failure, say, on_output)
