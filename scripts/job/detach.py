@@ -16,7 +16,7 @@ import shlex
 import time
 from collections.abc import Mapping
 
-from infra.base.errors import GputrainError, UserError
+from infra.base.errors import GputrainError
 from infra.base.records import Fleet
 from scripts import ui
 from scripts.job.follow import LineSink, say_line
@@ -25,7 +25,7 @@ from scripts.job.node_scripts import run_dir
 from scripts.job.records import Job, validate_job
 from scripts.parallel import parallel
 from scripts.transport.base import Transport
-from scripts.watch.telemetry import is_training_step
+from scripts.watch.telemetry import env_seconds, is_training_step
 
 _END = "\036gputrain-exitcode "
 _BEAT = "\036gputrain-heartbeat"
@@ -36,16 +36,8 @@ DEFAULT_WAIT_S = 600.0
 
 def detach_wait_s(environ: Mapping[str, str] = os.environ) -> float:
     """How long `--detach` waits for a first step: GPUTRAIN_DETACH_WAIT_S, else 10 minutes."""
-    raw = environ.get(WAIT_ENV)
-    if raw is None:
-        return DEFAULT_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 86400:
-        raise UserError(f"{WAIT_ENV}={raw!r}: allowed: seconds > 0, at most 86400")
-    return value
+    value = env_seconds(WAIT_ENV, environ)
+    return DEFAULT_WAIT_S if value is None else value
 
 
 def _poll_command(run_id: str, seen: int) -> str:

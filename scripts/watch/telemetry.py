@@ -316,19 +316,25 @@ def watch_settings(
 ) -> WatchSettings:
     """The defaults, the stall timeout given, and any GPUTRAIN_WATCH_* override (one line
     naming the variable when it is not a number of seconds > 0)."""
-    values: dict[str, float] = {}
-    for var, name in ENV_KNOBS.items():
-        raw = environ.get(var)
-        if raw is None:
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not 0 < value <= 86400:
-            raise UserError(f"{var}={raw!r}: allowed: seconds > 0, at most 86400")
-        values[name] = value
-    return WatchSettings(stall_timeout_s=stall_timeout_s, **values)
+    values = {name: env_seconds(var, environ) for var, name in ENV_KNOBS.items()}
+    return WatchSettings(
+        stall_timeout_s=stall_timeout_s, **{k: v for k, v in values.items() if v is not None}
+    )
+
+
+def env_seconds(var: str, environ: Mapping[str, str] = os.environ) -> float | None:
+    """A GPUTRAIN_*_S variable's seconds (None: not set); one line naming the variable when it
+    is not a number of seconds > 0, at most a day."""
+    raw = environ.get(var)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise UserError(f"{var}={raw!r}: allowed: seconds > 0, at most 86400")
+    return value
 
 
 class StallClock:
