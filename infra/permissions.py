@@ -151,10 +151,14 @@ GUARD_TYPES = frozenset(
 
 #: Only where the stack declares the reconcile job (`recover`); its image repository too.
 RECONCILER_TYPES = frozenset(
-    t
-    for t in RESOURCE_PERMISSIONS
-    if t.startswith(("gcp:cloudrunv2/", "gcp:cloudscheduler/", "gcp:kms/", "gcp:serviceaccount/i"))
-    or t == "gcp:projects/iAMCustomRole:IAMCustomRole"
+    {
+        "gcp:cloudrunv2/job:Job",
+        "gcp:cloudrunv2/jobIamMember:JobIamMember",
+        "gcp:cloudscheduler/job:Job",
+        "gcp:serviceaccount/iAMMember:IAMMember",
+        "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember",
+        "gcp:projects/iAMCustomRole:IAMCustomRole",
+    }
 )
 
 #: Only with `build`: the image repository and its reader grant.
