@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainer_throughput import NANOGPT, ROOT, bench_preset, run_logged, trainer_env, warmup_steps
+from trainer_throughput import ROOT, bench_preset, run_logged, trainer_env, warmup_steps
 
 from trainer.config import PRESETS
 
@@ -61,7 +61,7 @@ def train(
 
 def pick(rows: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
     """The named row, else the fastest configuration of ours that ran."""
-    ours = [r for r in rows if r["status"] == "ok" and r["name"] != NANOGPT.name]
+    ours = [r for r in rows if r["status"] == "ok" and not r["name"].startswith("nanoGPT")]
     if name is not None:
         ours = [r for r in ours if r["name"] == name]
     if not ours:

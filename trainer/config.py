@@ -189,6 +189,12 @@ class TrainConfig:
         "full",
         choices=("full", "chunked", "liger"),
     )
+    fp8: str = setting(
+        "the blocks' linear layers as float8 matmuls (torchao's float8 training, tensorwise "
+        "scales; CUDA compute capability 8.9+, pip install torchao); the logits stay in --dtype",
+        "off",
+        choices=("off", "on"),
+    )
     compile_mode: str = setting(
         "torch.compile mode; reduce-overhead and max-autotune capture CUDA graphs and need "
         "grad-accum 1",

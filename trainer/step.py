@@ -88,6 +88,32 @@ def check_speed_settings(cfg: TrainConfig, device: torch.device, dtype: torch.dt
             "--logits liger: Liger-Kernel is not installed here (pip install liger-kernel, or "
             "add it to requirements.txt; or use full or chunked)"
         )
+    check_fp8(cfg, device)
+
+
+def check_fp8(cfg: TrainConfig, device: torch.device) -> None:
+    """--fp8 on needs float8 tensor cores (Ada, Hopper and newer) and torchao, refused before any
+    step; float8 matmuls outside compile are slower than bf16 (torchao compiles them together)."""
+    if cfg.fp8 == "off":
+        return
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        where = device.type if device.type != "cuda" else torch.cuda.get_device_name(device)
+        raise InputError(f"--fp8 on: needs a GPU with float8 tensor cores (8.9+), not {where}")
+    if importlib.util.find_spec("torchao") is None:
+        raise InputError(
+            "--fp8 on: torchao is not installed here (pip install torchao, or add it to "
+            "requirements.txt; or use --fp8 off)"
+        )
+    if cfg.compile == "off":
+        raise InputError("--fp8 on: needs --compile on or auto (eager float8 is slower than bf16)")
+
+
+def to_float8(model: torch.nn.Module) -> None:
+    """The transformer blocks' nn.Linear layers become torchao Float8Linear in place (same
+    parameters, same checkpoint keys); the tied lm_head stays as it is."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model, module_filter_fn=lambda _, fqn: fqn.startswith("blocks."))
 
 
 def check_cuda_graphs(compile: dict[str, Any] | None, shape: StepShape) -> None:

@@ -51,6 +51,7 @@ from trainer.step import (
     lr_at,
     make_optimizer,
     prefetching,
+    to_float8,
 )
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: stopped early on purpose, with a checkpoint to resume from
@@ -86,6 +87,8 @@ class Trainer:
             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, padded_vocab(data.vocab_size)
         )
         self.raw = GPT(self.model_cfg, cfg.attention, cfg.logits).to(self.device)
+        if cfg.fp8 == "on":
+            to_float8(self.raw)
         self.optimizer = make_optimizer(self.raw, cfg, self.device)
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.dtype == torch.float16 and self.device.type == "cuda"
@@ -278,7 +281,7 @@ class Trainer:
             f"world {self.env.world_size} x {self.devices[0]}, {self.dtype}, compile {compiled}, "
             f"{self.tokens_per_step} tokens/step ({self.shape.micro_batch} x "
             f"{self.shape.grad_accum} x {cfg.block_size} per rank), attention {cfg.attention}, "
-            f"logits {cfg.logits}, prefetch {'on' if prefetching(cfg, self.device) else 'off'}, "
+            f"logits {cfg.logits}, fp8 {cfg.fp8}, prefetch {'on' if prefetching(cfg, self.device) else 'off'}, "
             f"out {cfg.out}, start step {self.start_step}/{cfg.steps}, restart {restarts}"
         )
 
@@ -347,6 +350,7 @@ class Trainer:
             "compile": self.compile is not None,
             "compile_mode": self.cfg.compile_mode if self.compile is not None else None,
             "attention": self.cfg.attention,
+            "fp8": self.cfg.fp8,
             "logits": self.cfg.logits,
             "prefetch": prefetching(self.cfg, self.device),
         }

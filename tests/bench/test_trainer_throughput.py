@@ -48,14 +48,14 @@ def configured(flags: list[str]) -> dict[str, object]:
     return values
 
 
-def test_nanogpt_gets_the_presets_shape_split_and_the_bench_steps() -> None:
+def test_nanogpt_gets_the_presets_shape_the_split_asked_and_the_bench_steps() -> None:
     bench = load_bench()
-    gpu = configured(bench.nanogpt_flags("gpt2-124m", 50, cuda=True))
+    gpu = configured(bench.nanogpt_flags("gpt2-124m", 50, cuda=True, split=(64, 1)))
     assert (gpu["n_layer"], gpu["n_embd"], gpu["block_size"]) == (12, 768, 1024)
-    assert (gpu["batch_size"], gpu["gradient_accumulation_steps"]) == (16, 4)
+    assert (gpu["batch_size"], gpu["gradient_accumulation_steps"]) == (64, 1)
     assert gpu["max_iters"] == 49 and gpu["eval_iters"] == 0  # iterations 0..49, no eval batches
     assert gpu["compile"] is True and "device" not in gpu  # nanoGPT's own cuda + bf16 defaults
-    cpu = configured(bench.nanogpt_flags("tiny", 120, cuda=False))
+    cpu = configured(bench.nanogpt_flags("tiny", 120, cuda=False, split=(16, 1)))
     assert (cpu["device"], cpu["dtype"], cpu["compile"], cpu["n_embd"]) == (
         "cpu",
         "float32",

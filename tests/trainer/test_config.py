@@ -55,6 +55,7 @@ TINY_DEFAULTS = {
     "prefetch": "auto",
     "attention": "auto",
     "logits": "full",
+    "fp8": "off",
     "compile_mode": "default",
 }
 
@@ -167,6 +168,8 @@ def test_help_is_fast_and_needs_no_torch() -> None:
             "--logits liger: needs a CUDA device (Liger-Kernel's Triton kernels; use full or "
             "chunked on cpu)",
         ),
+        (["--fp8", "yes"], "--fp8 yes: must be off or on"),
+        (["--fp8", "on"], "--fp8 on: needs a GPU with float8 tensor cores (8.9+), not cpu"),
         (
             ["--compile", "on", "--compile-mode", "max-autotune", "--grad-accum", "2"],
             "--compile-mode max-autotune: needs grad-accum 1 (CUDA graphs overwrite accumulated "
