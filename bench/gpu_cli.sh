@@ -33,9 +33,9 @@ step() { # name, command...: its output and seconds into $work/<name>.txt
 }
 step smi sh -c "nvidia-smi; nvidia-smi --version; nvidia-smi --query-gpu=$fields --format=csv; nvidia-smi -q"
 step verify gt verify --local
-step healthcheck gt healthcheck --local
+step healthcheck timeout -s INT 120 python3 -m scripts.cli healthcheck --local
 # shellcheck disable=SC2086 # RUN_ARGS: the trainer's flags, word-split on purpose
-gt run --local --yes -- -m trainer.train ${RUN_ARGS:---preset gpt2-124m --steps 300} \
+timeout -s INT "${RUN_TIMEOUT_S:-300}" python3 -m scripts.cli run --local --yes -- -m trainer.train ${RUN_ARGS:---preset gpt2-124m --steps 300} \
     --checkpoint-every 1000000 >"$work/run.txt" 2>&1 &
 run=$!
 for _ in $(seq 150); do grep -q 'step .*[0-9]/' "$work/run.txt" && break; sleep 1; done
