@@ -8,15 +8,14 @@ loss. Every configuration trains on the same data for the same steps and tokens 
 losses agree unless a setting changed the maths: a loss off by more than LOSS_TOLERANCE is flagged.
 
 `--nanogpt DIR` (karpathy/nanoGPT's train.py, model.py and configurator.py, unmodified) runs
-nanoGPT first, in the same run, on the same model shape, micro-batch, accumulation and sequence
-length (compiled on CUDA, as its README runs it), on uniform random tokens of the same vocabulary;
-its steady tokens/s comes from its own per-iteration times after the same warm-up, and every row
-gets its ratio to nanoGPT.
+nanoGPT first, in the same run, on the same model shape and sequence length at each split of
+--nanogpt-splits (compiled on CUDA, as its README runs it), on uniform random tokens of the same
+vocabulary; its steady tokens/s comes from its own per-iteration times after the same warm-up,
+and every row gets its ratio to nanoGPT's fastest split.
 
-On one H200 (torch 2.11, gpt2-124m, 64 sequences x 1024 tokens per step; 2026-11-26, README):
-nanoGPT 502-504k tokens/s at 16 x 4; ours 516-518k at 16 x 4 and 549-550k (47.5 % MFU, 1.09x)
-at 64 x 1, what --batch-size auto picks and the CUDA default since. Targets: >= 1.10x nanoGPT's
-tokens/s and >= 47 % MFU. (Issue 12, H100 80GB: ours 483k at 16 x 4, nanoGPT 466k.)
+Figures, dated: docs/developer/benchmarks.md (on an H200 the CUDA default, 64 x 1, is 1.02-1.03x
+nanoGPT at its own best split, 64 x 1 too). Targets (issue 40): >= 1.05x nanoGPT with both at
+their best split, and >= 50 % MFU.
 Without CUDA it says GPU figures were not measured, prints a CPU smoke table and exits 0.
 """
 

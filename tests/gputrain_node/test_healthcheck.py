@@ -82,6 +82,15 @@ def test_floors_match_the_most_specific_gpu_name() -> None:
     assert floor_for("NVIDIA GeForce RTX 4090") is None
 
 
+def test_a_healthy_h200_passes_and_a_slow_one_warns_then_fails() -> None:
+    """The floors against what this check measured on a lent H200 (2026-11-27)."""
+    healthy = (758.8, 4175.8)  # TFLOP/s, GB/s
+    for share, status in ((1.0, PASS), (0.8, WARN), (0.65, FAIL)):
+        rank = Measured("a", "NVIDIA H200", healthy[0] * share, healthy[1] * share)
+        matmul, mem_bw = judge_ranks([rank], on_gpu=True)
+        assert (matmul.status, mem_bw.status) == (status, status), share
+
+
 def test_gpu_ranks_are_judged_by_floor_and_by_their_node_median() -> None:
     node = [Measured("a", H100, 700, 3000) for _ in range(3)] + [Measured("a", H100, 500, 1000)]
     other = [Measured("b", H100, 450, 3000) for _ in range(4)]  # slow but uniform: WARN, not FAIL

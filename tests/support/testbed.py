@@ -247,7 +247,7 @@ class TestHost:
 # hosts share the controller's 2 cores (a real nvidia-smi runs on its own machine).
 FAKE_NVIDIA_SMI = r'''#!/usr/bin/python3 -S
 """Fake nvidia-smi for the gputrain test bed: answers --query-gpu from this host's gpu.json."""
-import json, os, sys, time
+import hashlib, json, os, sys, time
 GPU_DIR = "__GPU_DIR__"
 cfg = json.load(open(GPU_DIR + "/gpu.json"))
 elapsed = time.time() - os.stat(GPU_DIR + "/gpu.json").st_mtime
@@ -274,13 +274,29 @@ if query is None:
     for i in range(cfg["count"]):
         print(f"GPU {i}: {cfg['model']} {cfg['memory_mib']}MiB")
     sys.exit(0)
+fields = query.split(",")
+# The header as a real one prints it (tests/support/nvidia_smi/): units in brackets, clocks.sm
+# under its long name; with nounits (never recorded: gputrain always asks noheader) bare names.
+UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W",
+         "clocks.sm": "MHz"}
+KNOWN = ("index", "name", "uuid", "memory.total", "driver_version",
+         "ecc.errors.uncorrected.volatile.total", "pci.bus_id", "temperature.gpu",
+         "utilization.gpu", "memory.used", "power.draw", "clocks.sm")
+for f in fields:
+    if f not in KNOWN or f in cfg["invalid_fields"]:
+        print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
+        sys.exit(2)
+if "noheader" not in fmt:
+    print(", ".join(f if nounits or f not in UNITS else
+                    f"{'clocks.current.sm' if f == 'clocks.sm' else f} [{UNITS[f]}]" for f in fields))
 for i in range(cfg["count"]):
     ecc = cfg["ecc_errors"] if phase["ecc_errors"] is None else phase["ecc_errors"]
     u = "" if nounits else " %"
+    h = hashlib.md5(f"{cfg['model']}/{i}".encode()).hexdigest()
     values = {
         "index": str(i),
         "name": cfg["model"],
-        "uuid": f"GPU-{abs(hash((cfg['model'], i))) % 10**8:08d}-test-bed",
+        "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
         "memory.total": f"{cfg['memory_mib']}" + ("" if nounits else " MiB"),
         "driver_version": cfg["driver"],
         "ecc.errors.uncorrected.volatile.total": "[N/A]" if ecc is None else str(ecc),
@@ -291,13 +307,7 @@ for i in range(cfg["count"]):
         "power.draw": f"{phase['power_w']:.2f}" + ("" if nounits else " W"),
         "clocks.sm": ("1980" if phase["util_pct"] else "210") + ("" if nounits else " MHz"),
     }
-    row = []
-    for f in query.split(","):
-        if f not in values or f in cfg["invalid_fields"]:
-            print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
-            sys.exit(2)
-        row.append(values[f])
-    print(", ".join(row))
+    print(", ".join(values[f] for f in fields))
 '''
 
 
