@@ -1,12 +1,17 @@
-"""A trainer stand-in without torch, for bed tests whose subject is not the trainer (autodown,
-detach): each rank prints the reference trainer's step line (`step N/M | loss X`) STEPS times,
-STEP_S apart, and rank 0 writes the trainer's summary.json to $GPUTRAIN_OUT. Started by the
-production launch (torchrun on every node) like any entry; saves each rank torch's import and
-the training (~3 CPU seconds a rank of the tiny preset).
+"""A trainer stand-in without torch, for tests whose subject is not the trainer (autodown, detach,
+notifications, the ledger, a recovery's control flow): each rank prints the reference trainer's
+banner (`start step N/M`) and step line (`step N/M | loss X`) from step N+1 to STEPS, STEP_S
+apart, and rank 0 writes the trainer's summary.json to $GPUTRAIN_OUT. With EVERY and
+$GPUTRAIN_CHECKPOINT_URI (as the controller sets it for a stack with a bucket) it checkpoints as
+the trainer does: rank 0 uploads `ckpt-NNNNNNNN.pt` and its manifest every EVERY steps
+(trainer/storage.py's protocol, its `checkpoint URI` line), and every rank starts from the newest
+complete one. Started by the production launch (torchrun on every node) like any entry; saves
+each rank torch's import and the training (~3 CPU seconds a rank of the tiny preset).
 
-Usage: steps.py STEPS [STEP_S]
+Usage: steps.py STEPS [STEP_S [EVERY]]
 """
 
+import io
 import json
 import os
 import sys
@@ -15,12 +20,40 @@ from pathlib import Path
 
 steps = int(sys.argv[1])
 step_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
+every = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 rank = int(os.environ.get("RANK", "0"))
-for step in range(1, steps + 1):
-    print(f"step {step:>6}/{steps} | loss {4.0 - step / steps:.4f}", flush=True)
+uri = os.environ.get("GPUTRAIN_CHECKPOINT_URI") if every else None
+store = None
+start = 0
+if uri:
+    from trainer.storage import CheckpointStore, parse_gs_uri
+
+    store = CheckpointStore(parse_gs_uri(uri, "GPUTRAIN_CHECKPOINT_URI"))
+    complete, _ = store.complete()
+    start = max((c.step for c in complete), default=0)
+print(f"steps.py: start step {start}/{steps}", flush=True)
+
+
+def loss_at(step: int) -> float:
+    return 4.0 - step / steps
+
+
+began = time.monotonic()
+for step in range(start + 1, steps + 1):
+    print(f"step {step:>6}/{steps} | loss {loss_at(step):.4f}", flush=True)
+    if store is not None and rank == 0 and step % every == 0:
+        data = f"step {step}\n".encode()
+        store.upload(io.BytesIO(data), step, len(data))
+        print(f"checkpoint {uri}ckpt-{step:08d}.pt", flush=True)
     time.sleep(step_s)
 if rank == 0:
     out = Path(os.environ.get("GPUTRAIN_OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"steps": steps, "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    summary = {
+        "steps": steps,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "final_loss": loss_at(steps),
+        "tokens_per_s": 1024 * (steps - start) / (time.monotonic() - began),
+        "resumed_from": start or None,
+    }
     (out / "summary.json").write_text(json.dumps(summary))
