@@ -1,12 +1,15 @@
 """A trainer stand-in without torch, for tests whose subject is not the trainer (autodown, detach,
 notifications, the ledger, a recovery's control flow): each rank prints the reference trainer's
 banner (`start step N/M`) and step line (`step N/M | loss X`) from step N+1 to STEPS, STEP_S
-apart, and rank 0 writes the trainer's summary.json to $GPUTRAIN_OUT. With EVERY and
-$GPUTRAIN_CHECKPOINT_URI (as the controller sets it for a stack with a bucket) it checkpoints as
-the trainer does: rank 0 uploads `ckpt-NNNNNNNN.pt` and its manifest every EVERY steps
-(trainer/storage.py's protocol, its `checkpoint URI` line), and every rank starts from the newest
-complete one. Started by the production launch (torchrun on every node) like any entry; saves
-each rank torch's import and the training (~3 CPU seconds a rank of the tiny preset).
+apart, and each node's local rank 0 writes the trainer's summary.json to $GPUTRAIN_OUT. With
+EVERY and $GPUTRAIN_CHECKPOINT_URI (as the controller sets it for a stack with a bucket) it
+checkpoints as the trainer does: rank 0 uploads `ckpt-NNNNNNNN.pt` and its manifest every EVERY
+steps (trainer/storage.py's protocol, its `checkpoint URI` line), every rank starts from the
+newest complete one, and the ranks keep in step as DDP's collectives keep them (over plain TCP
+to rank 0 at MASTER_PORT + 1): when a node's processes die, the others fail at their next step,
+as gloo fails on a lost peer, rather than train on alone. Started by the production launch
+(torchrun on every node) like any entry; saves each rank torch's import and the training (~3
+CPU seconds a rank of the tiny preset).
 
 Usage: steps.py STEPS [STEP_S [EVERY]]
 """
@@ -14,14 +17,17 @@ Usage: steps.py STEPS [STEP_S [EVERY]]
 import io
 import json
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 steps = int(sys.argv[1])
 step_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
 every = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 rank = int(os.environ.get("RANK", "0"))
+world = int(os.environ.get("WORLD_SIZE", "1"))
 uri = os.environ.get("GPUTRAIN_CHECKPOINT_URI") if every else None
 store = None
 start = 0
@@ -34,19 +40,57 @@ if uri:
 print(f"steps.py: start step {start}/{steps}", flush=True)
 
 
+def lockstep() -> Callable[[], None]:
+    """A barrier per step between all ranks, through rank 0; a lost rank ends the others."""
+    port = int(os.environ["MASTER_PORT"]) + 1
+    if rank == 0:
+        with socket.create_server(("", port)) as server:
+            server.settimeout(60)
+            peers = [server.accept()[0] for _ in range(world - 1)]
+    else:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                peers = [socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=5)]
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    for peer in peers:
+        peer.settimeout(60)
+
+    def barrier() -> None:
+        try:
+            for peer in peers:  # rank 0 waits for each other rank, then lets it go on
+                if rank == 0 and peer.recv(1) != b".":
+                    raise ConnectionResetError("connection closed")
+                peer.sendall(b".")
+                if rank != 0 and peer.recv(1) != b".":
+                    raise ConnectionResetError("connection closed")
+        except OSError as e:
+            sys.exit(f"steps.py: rank {rank}: a peer is gone ({e})")
+
+    return barrier
+
+
+barrier = lockstep() if store is not None and world > 1 else (lambda: None)
+
+
 def loss_at(step: int) -> float:
     return 4.0 - step / steps
 
 
 began = time.monotonic()
 for step in range(start + 1, steps + 1):
+    barrier()
     print(f"step {step:>6}/{steps} | loss {loss_at(step):.4f}", flush=True)
     if store is not None and rank == 0 and step % every == 0:
         data = f"step {step}\n".encode()
         store.upload(io.BytesIO(data), step, len(data))
         print(f"checkpoint {uri}ckpt-{step:08d}.pt", flush=True)
     time.sleep(step_s)
-if rank == 0:
+if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # as the trainer: nodes share no disk
     out = Path(os.environ.get("GPUTRAIN_OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     summary = {
