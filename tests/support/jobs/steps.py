@@ -7,9 +7,10 @@ checkpoints as the trainer does: rank 0 uploads `ckpt-NNNNNNNN.pt` and its manif
 steps (trainer/storage.py's protocol, its `checkpoint URI` line), every rank starts from the
 newest complete one, and the ranks keep in step as DDP's collectives keep them (over plain TCP
 to rank 0 at MASTER_PORT + 1): when a node's processes die, the others fail at their next step,
-as gloo fails on a lost peer, rather than train on alone. Started by the production launch
-(torchrun on every node) like any entry; saves each rank torch's import and the training (~3
-CPU seconds a rank of the tiny preset).
+as gloo fails on a lost peer, rather than train on alone; a SIGTERM to any rank stops every rank
+after the same step, with a checkpoint and the trainer's line saying so (exit 143). Started by
+the production launch (torchrun on every node) like any entry; saves each rank torch's import
+and the training (~3 CPU seconds a rank of the tiny preset).
 
 Usage: steps.py STEPS [STEP_S [EVERY]]
 """
@@ -17,6 +18,7 @@ Usage: steps.py STEPS [STEP_S [EVERY]]
 import io
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -38,10 +40,12 @@ if uri:
     complete, _ = store.complete()
     start = max((c.step for c in complete), default=0)
 print(f"steps.py: start step {start}/{steps}", flush=True)
+stop_asked: list[str] = []  # the signal a rank got (the trainer's stop: SIGTERM)
 
 
-def lockstep() -> Callable[[], None]:
-    """A barrier per step between all ranks, through rank 0; a lost rank ends the others."""
+def lockstep() -> Callable[[bool], bool]:
+    """A barrier per step between all ranks, through rank 0, that tells every rank whether any
+    asked to stop (the trainer's all-reduce of its stop code); a lost rank ends the others."""
     port = int(os.environ["MASTER_PORT"]) + 1
     if rank == 0:
         with socket.create_server(("", port)) as server:
@@ -60,21 +64,37 @@ def lockstep() -> Callable[[], None]:
     for peer in peers:
         peer.settimeout(60)
 
-    def barrier() -> None:
+    def receive(peer: socket.socket) -> bool:
+        got = peer.recv(1)
+        if got not in (b".", b"S"):
+            raise ConnectionResetError("connection closed")
+        return got == b"S"
+
+    def barrier(stop: bool) -> bool:
         try:
-            for peer in peers:  # rank 0 waits for each other rank, then lets it go on
-                if rank == 0 and peer.recv(1) != b".":
-                    raise ConnectionResetError("connection closed")
-                peer.sendall(b".")
-                if rank != 0 and peer.recv(1) != b".":
-                    raise ConnectionResetError("connection closed")
+            if rank == 0:  # hears every other rank, then answers all
+                stop = any([receive(peer) for peer in peers]) or stop
+                for peer in peers:
+                    peer.sendall(b"S" if stop else b".")
+                return stop
+            peers[0].sendall(b"S" if stop else b".")
+            return receive(peers[0])
         except OSError as e:
             sys.exit(f"steps.py: rank {rank}: a peer is gone ({e})")
 
     return barrier
 
 
-barrier = lockstep() if store is not None and world > 1 else (lambda: None)
+def save(step: int) -> None:
+    if store is not None and rank == 0:
+        data = f"step {step}\n".encode()
+        store.upload(io.BytesIO(data), step, len(data))
+        print(f"checkpoint {uri}ckpt-{step:08d}.pt", flush=True)
+
+
+barrier = lockstep() if store is not None and world > 1 else (lambda stop: stop)
+if store is not None:
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_asked.append("SIGTERM"))
 
 
 def loss_at(step: int) -> float:
@@ -83,12 +103,19 @@ def loss_at(step: int) -> float:
 
 began = time.monotonic()
 for step in range(start + 1, steps + 1):
-    barrier()
+    if barrier(bool(stop_asked)):  # every rank stops after the same step, saved, as the trainer
+        saving = time.monotonic()
+        save(step - 1)
+        if rank == 0:
+            print(
+                f"{(stop_asked or ['stop'])[0]}: stopped at step {step - 1} with a checkpoint "
+                f"(saved and uploaded in {time.monotonic() - saving:.1f} s)",
+                flush=True,
+            )
+        sys.exit(143)
     print(f"step {step:>6}/{steps} | loss {loss_at(step):.4f}", flush=True)
-    if store is not None and rank == 0 and step % every == 0:
-        data = f"step {step}\n".encode()
-        store.upload(io.BytesIO(data), step, len(data))
-        print(f"checkpoint {uri}ckpt-{step:08d}.pt", flush=True)
+    if every and step % every == 0:
+        save(step)
     time.sleep(step_s)
 if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # as the trainer: nodes share no disk
     out = Path(os.environ.get("GPUTRAIN_OUT", "out"))
