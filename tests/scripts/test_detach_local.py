@@ -7,16 +7,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from scripts.settings import Settings
+from tests.support import JOBS
 
 VENV_BIN = Path(sys.executable).parent
-TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "400", "--log-every", "1"]
-TRAIN += ["--eval-batches", "0"]
+#: the trainer's stand-in without torch (tests/support/jobs/steps.py): 400 step lines in ~6 s
+TRAIN = ["steps.py", "400", "0.015"]
 
 
 def gputrain(tmp_path: Path, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -33,6 +35,7 @@ def gputrain(tmp_path: Path, *argv: str, timeout: float = 300) -> subprocess.Com
 
 
 def test_local_detach_returns_while_the_job_trains_and_logs_reattaches(tmp_path: Path) -> None:
+    shutil.copy(JOBS / "steps.py", tmp_path)
     r = gputrain(tmp_path, "train", "--local", "--detach", "--", *TRAIN)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_id = (tmp_path / "runs" / "local" / "LAST_RUN").read_text().strip()

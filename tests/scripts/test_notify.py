@@ -5,6 +5,7 @@ appears in full; bad URLs are one line."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +18,12 @@ from scripts import notify
 from scripts.cli import main
 from scripts.notify import Notifier, message
 from scripts.settings import Settings
+from tests.support import JOBS
 from tests.support.http_sink import HttpSink
 
 SECRET = "/services/T000/B000/s3cr3t-token"
-TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "30", "--log-every", "10"]
-TRAIN += ["--eval-batches", "0"]
+#: the trainer's stand-in without torch (tests/support/jobs/steps.py): its step lines and summary
+TRAIN = ["steps.py", "30", "0.01"]
 
 
 @pytest.fixture
@@ -105,6 +107,7 @@ def test_a_local_run_notifies_started_and_finished_and_bad_sinks_change_nothing(
     monkeypatch.setattr(notify, "TIMEOUT_S", 1.0)
     monkeypatch.setattr(notify, "BACKOFF_S", (0.2,))
     monkeypatch.chdir(tmp_path)
+    shutil.copy(JOBS / "steps.py", tmp_path)
     monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
     monkeypatch.setenv("GPUTRAIN_NOTIFY", ok.url + SECRET)  # the good one from the environment

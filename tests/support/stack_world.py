@@ -21,7 +21,7 @@ import pytest
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
-from tests.support import ROOT
+from tests.support import JOBS, ROOT
 from tests.support.fake_compute import FakeCompute, ssh_host_keys
 from tests.support.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
 from tests.support.fake_stack import FakeStackRunner
@@ -97,6 +97,20 @@ class World:
             "run", "--stack", "e2e", "--yes", "--skip-preflight",
             "--env", f"STORAGE_EMULATOR_HOST={self.gcs.url}", *options,
             "--", "-m", "trainer.train", *TRAIN,
+        )  # fmt: skip
+
+    def run_steps(self, *options: str) -> int:
+        """`run_trainer` with the trainer's torch-free stand-in (tests/support/jobs/steps.py):
+        TRAIN's steps and checkpoints (in the stack's bucket, a relaunch starting from the
+        newest) and its step lines, 20 a second; for recovery tests whose subject is the
+        controller's handling, not the trainer's sums (each rank skips torch: ~3 CPU s)."""
+        assert self.gcs is not None
+        shutil.copy(JOBS / "steps.py", self.dir)
+        steps, every = (TRAIN[TRAIN.index(flag) + 1] for flag in ("--steps", "--checkpoint-every"))
+        return self.run(
+            "run", "--stack", "e2e", "--yes", "--skip-preflight",
+            "--env", f"STORAGE_EMULATOR_HOST={self.gcs.url}", *options,
+            "--", "steps.py", steps, "0.05", every,
         )  # fmt: skip
 
     def checkpoints_in_bucket(self) -> list[int]:

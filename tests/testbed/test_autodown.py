@@ -37,8 +37,6 @@ from tests.support.testbed_faults import cut_during_download
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 AUTODOWN_S = 15.0
 LINK_DROP_AUTODOWN_S = 30.0  # the link is down for 20 s of it
-TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "60", "--checkpoint-every", "20"]
-TRAIN += ["--log-every", "1", "--eval-batches", "0"]
 #: where autodown, not the trainer, is the subject: the trainer's step lines and summary from a
 #: stand-in without torch (tests/support/jobs/steps.py), launched by torchrun all the same
 STEPS = ["steps.py", "60"]
@@ -331,12 +329,15 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
     """Two runs on one world, each with the smallest budget `plan` allows (the cluster's rate x
     maxRunDuration 1h) and a rule that looks BUDGET_AHEAD_S short of an hour ahead (the
     GPUTRAIN_BUDGET_INTERVAL_S knob), so the budget is reached BUDGET_AHEAD_S into the run:
-    - `run`, the controller following: the head's watchdog SIGTERMs the job, the trainer
-      checkpoints into the bucket, the controller says "stopped at the budget", brings the
-      results home, sends `budget` and tears everything down;
+    - `run`, the controller following: the head's watchdog SIGTERMs the job, which checkpoints
+      into the bucket, the controller says "stopped at the budget", brings the results home,
+      sends `budget` and tears everything down;
     - `run --detach` (the controller lets go, as one killed would): the same stop, the head
       says `budget` itself, puts the run's cost record in the bucket and deletes the VMs once
-      the controller is known gone; `down` brings the results home, `cost --json` counts it."""
+      the controller is known gone; `down` brings the results home, `cost --json` counts it.
+    The job is the trainer's torch-free stand-in (steps.py: its steps, checkpoints and SIGTERM
+    stop, in lockstep on both nodes); the trainer's own SIGTERM stop is
+    tests/trainer/test_train.py's subject."""
     from infra.cost_caps import worst_hourly
     from infra.spec import parse_spec
     from infra.stackfile import load_stack_config
@@ -357,13 +358,7 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
 
     threading.Thread(target=look, daemon=True).start()
     sink = HttpSink(host=w.bed.bridge_address).start()
-    # the trainer, its ranks niced once they train (tests/support/jobs/niced_trainer.py): the
-    # budget stops it at a fixed time, and until then its steps take only the CPU left idle
-    (w.dir / "niced_trainer.py").write_text(
-        (ROOT / "tests" / "support" / "jobs" / "niced_trainer.py").read_text()
-    )
-    long = ["niced_trainer.py", *TRAIN[2:4], "--steps", "100000", "--checkpoint-every", "5"]
-    long += TRAIN[8:]
+    long = ["steps.py", "100000", "0.1", "20"]  # a checkpoint each 2 s until the budget stops it
     argv = ["run", "--stack", "e2e", "--yes", "--skip-preflight", "--budget", f"{budget}"]
     argv += ["--notify", sink.url, *env]
     try:

@@ -70,7 +70,7 @@ def final_loss(w: World) -> tuple[float, dict[str, Any]]:
 def test_a_spot_recovery_that_meets_two_stockouts_waits_and_resumes(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    w = world(bucket=True)
+    w = world(bucket=True)  # the trainer's stand-in: the subject is the wait, not the resume
     w.gce.capacity_pause_s = (0.05, 0.2)
 
     def preempt_into_a_stockout() -> None:
@@ -79,7 +79,7 @@ def test_a_spot_recovery_that_meets_two_stockouts_waits_and_resumes(
         w.preempt("e2e-node-1")
 
     t = w.at_checkpoint(20, preempt_into_a_stockout)
-    rc = w.run_trainer("--wait-for-capacity", "10m")
+    rc = w.run_steps("--wait-for-capacity", "10m")
     t.join(timeout=5)
     out = capsys.readouterr().out
     assert rc == 0, out[-4000:]

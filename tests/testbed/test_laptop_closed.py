@@ -30,7 +30,7 @@ from infra.reconciler_image import image_reference
 from scripts.targets.gce import lease as lease_module
 from scripts.targets.gce import reconcile as reconcile_module
 from scripts.targets.gce.manifest import Manifests, RunManifest
-from tests.support import ROOT
+from tests.support import JOBS, ROOT
 from tests.support.fake_cloud_run import TOKEN, FakeCloudRun
 from tests.support.runner_proxy import serving
 from tests.support.stack_world import BUCKET, ZONES, World
@@ -246,9 +246,12 @@ def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(
 ) -> None:
     """(b) head and worker preempted, (c) every zone stocked out for two passes (nothing bills
     between them), then capacity returns, (e) that pass killed after re-creating the VMs: the
-    next pass, once the dead one's lease expires, finishes the recovery."""
+    next pass, once the dead one's lease expires, finishes the recovery. The job is the
+    trainer's torch-free stand-in (its steps, checkpoints and resume): the reconciler is the
+    subject here, (a) holds the trainer's sums to an uninterrupted run's."""
     w = world(bucket=True)
-    rid = detach(w)
+    shutil.copy(JOBS / "steps.py", w.dir)
+    rid = detach(w, entry=("steps.py", "60", "0.05", "10"))
     wait_for("a checkpoint", lambda: any(s >= 10 for s in w.checkpoints_in_bucket()))
     for zone in ZONES:
         w.runner.fail_stockout(zone, times=2)

@@ -18,14 +18,17 @@ from tests.support.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 
-#: Lightning's SingleDeviceStrategy in short: torch.distributed imported, no group joined.
+#: Lightning's SingleDeviceStrategy in short: torch.distributed imported, no group joined. (Its
+#: SGD step by hand: torch.optim's step() would import torch._dynamo, ~1 CPU s a rank.)
 ALONE = """import os, torch, torch.distributed as dist
 torch.manual_seed(int(os.environ["RANK"]))
 model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(3):
     loss = model(torch.randn(8, 4)).pow(2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
+    model.zero_grad(); loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
     print(f"step {step} loss {loss.item():.4f} world {dist.get_world_size() if dist.is_initialized() else 1}")
 """
 

@@ -88,7 +88,8 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--max-recoveries 1: the first preemption is survived, the second (after the resume got
-    past step 50) ends the run, destroyed, with the reason."""
+    past step 50) ends the run, destroyed, with the reason. (The trainer's stand-in: the
+    subject is the count, not the trainer's resume.)"""
     w = world(bucket=True)
     second: list[threading.Thread] = []
 
@@ -97,7 +98,7 @@ def test_recoveries_run_out_and_the_stack_is_destroyed(
         second.append(w.at_checkpoint(50, lambda: w.preempt("e2e-node-1"), after_up=2))
 
     t = w.at_checkpoint(20, first)
-    rc = w.run_trainer("--max-recoveries", "1")
+    rc = w.run_steps("--max-recoveries", "1")
     t.join(timeout=5)
     captured = capsys.readouterr()
     assert rc == 1, captured.err
@@ -154,14 +155,14 @@ def test_ctrl_c_while_the_cluster_is_recreated_still_destroys_everything(
 def test_a_failed_recreation_ends_destroyed_with_the_reason(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    w = world(bucket=True)
+    w = world(bucket=True)  # the trainer's stand-in: no resume happens
 
     def preempt_then_quota_runs_out() -> None:
         w.runner.fail_quota(ZONES[0], "PREEMPTIBLE_NVIDIA_L4_GPUS")
         w.preempt("e2e-node-1")
 
     t = w.at_checkpoint(20, preempt_then_quota_runs_out)
-    rc = w.run_trainer()
+    rc = w.run_steps()
     t.join(timeout=5)
     err = capsys.readouterr().err
     assert rc == 1

@@ -28,13 +28,21 @@ from tests.support.trainer_helpers import uninterrupted_summary
 pytestmark = [pytest.mark.testbed, pytest.mark.filterwarnings("ignore:Unable to enable fault")]
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = ["--preset", "tiny", "--checkpoint-every", "10", "--log-every", "1", "--eval-batches", "0"]
+#: the trainer's stand-in without torch (tests/support/jobs/steps.py): 5000 steps, 100 a second
+STEPS = ("tests/support/jobs/steps.py", "5000", "0.01")
 FAST = WatchSettings(sample_interval_s=0.5, poll_s=1.0, summary_every_s=4.0, idle_window_s=3.0)
 
 
-def _job(run_id: str, steps: int, *, watch: WatchSettings = FAST, restarts: int = 0) -> Job:
+def _trainer(steps: int) -> tuple[str, ...]:
+    return ("-m", "trainer.train", *TRAIN, "--steps", str(steps))
+
+
+def _job(
+    run_id: str, entry: tuple[str, ...], *, watch: WatchSettings = FAST, restarts: int = 0
+) -> Job:
     return Job(
         run_id=run_id,
-        entry=("-m", "trainer.train", *TRAIN, "--steps", str(steps)),
+        entry=entry,
         workdir=REPO,
         max_restarts=restarts,
         watch=watch,
@@ -74,7 +82,8 @@ def _stop_a_rank(host: TestHost, run_id: str, at_step: int, stopped: list[Any]) 
 def test_top_shows_both_nodes_the_idle_one_is_warned_and_an_xid_fails_the_run(
     tb: TestBed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One run on a busy node (2 GPUs; an Xid on GPU 1 after 9 s) and an idle one (1 GPU)."""
+    """One run on a busy node (2 GPUs; an Xid on GPU 1 after 9 s) and an idle one (1 GPU). The
+    GPUs' figures are the fake nvidia-smi's: the job is the trainer's torch-free stand-in."""
     xid = GpuPhase(at_s=9.0, util_pct=97, mem_used_mib=18000, xid=79, xid_gpu=1)
     busy = tb.add_host(gpus=GpuConfig(count=2, timeline=(BUSY, xid)))
     idle = tb.add_host(gpus=GpuConfig(count=1, timeline=(IDLE,)))
@@ -95,7 +104,7 @@ def test_top_shows_both_nodes_the_idle_one_is_warned_and_an_xid_fails_the_run(
     t = threading.Thread(target=watch_top, daemon=True)
     t.start()
     with pytest.raises(GpuFaultError) as e:
-        watched_launch(tb.fleet([busy, idle]), ts, _job("top-1", 5000), tmp_path / "r")
+        watched_launch(tb.fleet([busy, idle]), ts, _job("top-1", STEPS), tmp_path / "r")
     t.join(timeout=10)
     close_all(ts)
     assert seen, "top never showed both nodes' GPUs during the run"
@@ -124,7 +133,9 @@ def test_a_sigstopped_rank_is_caught_and_the_relaunch_ends_with_the_same_loss(
     ts = connect(tb.fleet(hosts), deadline_s=10)
     stopped: list[Any] = []
     _stop_a_rank(hosts[1], "stall-1", 20, stopped)
-    job = _job("stall-1", 40, watch=WatchSettings(stall_timeout_s=30, poll_s=1.0), restarts=1)
+    job = _job(
+        "stall-1", _trainer(40), watch=WatchSettings(stall_timeout_s=30, poll_s=1.0), restarts=1
+    )
     result = watched_launch(tb.fleet(hosts), ts, job, tmp_path / "r")
     close_all(ts)
     out, err = capsys.readouterr()
@@ -156,7 +167,7 @@ def test_a_stall_with_no_restart_left_fails_naming_the_node_and_rank(
     stopped: list[Any] = []
     _stop_a_rank(hosts[0], "stall-2", 10, stopped)
     # below the 30 s users may set: the watch's settings are ours here, the path is the same
-    job = _job("stall-2", 2000, watch=WatchSettings(stall_timeout_s=4, poll_s=0.5))
+    job = _job("stall-2", _trainer(2000), watch=WatchSettings(stall_timeout_s=4, poll_s=0.5))
     with pytest.raises(StallError) as e:
         watched_launch(tb.fleet(hosts), ts, job, tmp_path / "r")
     close_all(ts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 import time
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from scripts.cli import main
 from scripts.cost.command import group, parse_since, select
 from scripts.cost.ledger import LEDGER, LedgerRecord, append, read
 from scripts.settings import Settings
+from tests.support import JOBS
 
-TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--steps", "20", "--log-every", "10"]
-TRAIN += ["--eval-batches", "0"]
+#: the trainer's stand-in without torch (tests/support/jobs/steps.py): its step lines and summary
+TRAIN = ["steps.py", "20", "0.01"]
 
 
 def record(run_id: str, **kw: object) -> LedgerRecord:
@@ -34,6 +36,7 @@ def test_local_runs_success_and_failure_are_in_the_ledger(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    shutil.copy(JOBS / "steps.py", tmp_path)
     monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
     assert main(["train", "--local", "--", *TRAIN], settings) == 0

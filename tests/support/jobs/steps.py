@@ -1,26 +1,130 @@
-"""A trainer stand-in without torch, for bed tests whose subject is not the trainer (autodown,
-detach): each rank prints the reference trainer's step line (`step N/M | loss X`) STEPS times,
-STEP_S apart, and rank 0 writes the trainer's summary.json to $GPUTRAIN_OUT. Started by the
-production launch (torchrun on every node) like any entry; saves each rank torch's import and
-the training (~3 CPU seconds a rank of the tiny preset).
+"""A trainer stand-in without torch, for tests whose subject is not the trainer (autodown, detach,
+notifications, the ledger, a recovery's control flow): each rank prints the reference trainer's
+banner (`start step N/M`) and step line (`step N/M | loss X`) from step N+1 to STEPS, STEP_S
+apart, and each node's local rank 0 writes the trainer's summary.json to $GPUTRAIN_OUT. With
+EVERY and $GPUTRAIN_CHECKPOINT_URI (as the controller sets it for a stack with a bucket) it
+checkpoints as the trainer does: rank 0 uploads `ckpt-NNNNNNNN.pt` and its manifest every EVERY
+steps (trainer/storage.py's protocol, its `checkpoint URI` line), every rank starts from the
+newest complete one, and the ranks keep in step as DDP's collectives keep them (over plain TCP
+to rank 0 at MASTER_PORT + 1): when a node's processes die, the others fail at their next step,
+as gloo fails on a lost peer, rather than train on alone; a SIGTERM to any rank stops every rank
+after the same step, with a checkpoint and the trainer's line saying so (exit 143). Started by
+the production launch (torchrun on every node) like any entry; saves each rank torch's import
+and the training (~3 CPU seconds a rank of the tiny preset).
 
-Usage: steps.py STEPS [STEP_S]
+Usage: steps.py STEPS [STEP_S [EVERY]]
 """
 
+import io
 import json
 import os
+import signal
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 steps = int(sys.argv[1])
 step_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
+every = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 rank = int(os.environ.get("RANK", "0"))
-for step in range(1, steps + 1):
-    print(f"step {step:>6}/{steps} | loss {4.0 - step / steps:.4f}", flush=True)
+world = int(os.environ.get("WORLD_SIZE", "1"))
+uri = os.environ.get("GPUTRAIN_CHECKPOINT_URI") if every else None
+store = None
+start = 0
+if uri:
+    from trainer.storage import CheckpointStore, parse_gs_uri
+
+    store = CheckpointStore(parse_gs_uri(uri, "GPUTRAIN_CHECKPOINT_URI"))
+    complete, _ = store.complete()
+    start = max((c.step for c in complete), default=0)
+print(f"steps.py: start step {start}/{steps}", flush=True)
+stop_asked: list[str] = []  # the signal a rank got (the trainer's stop: SIGTERM)
+
+
+def lockstep() -> Callable[[bool], bool]:
+    """A barrier per step between all ranks, through rank 0, that tells every rank whether any
+    asked to stop (the trainer's all-reduce of its stop code); a lost rank ends the others."""
+    port = int(os.environ["MASTER_PORT"]) + 1
+    if rank == 0:
+        with socket.create_server(("", port)) as server:
+            server.settimeout(60)
+            peers = [server.accept()[0] for _ in range(world - 1)]
+    else:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                peers = [socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=5)]
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    for peer in peers:
+        peer.settimeout(60)
+
+    def receive(peer: socket.socket) -> bool:
+        got = peer.recv(1)
+        if got not in (b".", b"S"):
+            raise ConnectionResetError("connection closed")
+        return got == b"S"
+
+    def barrier(stop: bool) -> bool:
+        try:
+            if rank == 0:  # hears every other rank, then answers all
+                stop = any([receive(peer) for peer in peers]) or stop
+                for peer in peers:
+                    peer.sendall(b"S" if stop else b".")
+                return stop
+            peers[0].sendall(b"S" if stop else b".")
+            return receive(peers[0])
+        except OSError as e:
+            sys.exit(f"steps.py: rank {rank}: a peer is gone ({e})")
+
+    return barrier
+
+
+def save(step: int) -> None:
+    if store is not None and rank == 0:
+        data = f"step {step}\n".encode()
+        store.upload(io.BytesIO(data), step, len(data))
+        print(f"checkpoint {uri}ckpt-{step:08d}.pt", flush=True)
+
+
+barrier = lockstep() if store is not None and world > 1 else (lambda stop: stop)
+if store is not None:
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_asked.append("SIGTERM"))
+
+
+def loss_at(step: int) -> float:
+    return 4.0 - step / steps
+
+
+began = time.monotonic()
+for step in range(start + 1, steps + 1):
+    if barrier(bool(stop_asked)):  # every rank stops after the same step, saved, as the trainer
+        saving = time.monotonic()
+        save(step - 1)
+        if rank == 0:
+            print(
+                f"{(stop_asked or ['stop'])[0]}: stopped at step {step - 1} with a checkpoint "
+                f"(saved and uploaded in {time.monotonic() - saving:.1f} s)",
+                flush=True,
+            )
+        sys.exit(143)
+    print(f"step {step:>6}/{steps} | loss {loss_at(step):.4f}", flush=True)
+    if every and step % every == 0:
+        save(step)
     time.sleep(step_s)
-if rank == 0:
+if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # as the trainer: nodes share no disk
     out = Path(os.environ.get("GPUTRAIN_OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"steps": steps, "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    summary = {
+        "steps": steps,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "final_loss": loss_at(steps),
+        "tokens_per_s": 1024 * (steps - start) / (time.monotonic() - began),
+        "resumed_from": start or None,
+    }
     (out / "summary.json").write_text(json.dumps(summary))
