@@ -40,7 +40,7 @@ if uri:
     complete, _ = store.complete()
     start = max((c.step for c in complete), default=0)
 print(f"steps.py: start step {start}/{steps}", flush=True)
-stop_asked: list[str] = []  # the signal a rank got (the trainer's stop: SIGTERM)
+stop_asked: list[int] = []  # a SIGTERM came (the trainer's stop); any rank's stops them all
 
 
 def lockstep() -> Callable[[bool], bool]:
@@ -94,7 +94,7 @@ def save(step: int) -> None:
 
 barrier = lockstep() if store is not None and world > 1 else (lambda stop: stop)
 if store is not None:
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop_asked.append("SIGTERM"))
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_asked.append(signum))
 
 
 def loss_at(step: int) -> float:
@@ -106,9 +106,10 @@ for step in range(start + 1, steps + 1):
     if barrier(bool(stop_asked)):  # every rank stops after the same step, saved, as the trainer
         saving = time.monotonic()
         save(step - 1)
+        barrier(True)  # the others wait for rank 0's upload (the trainer's gather of reasons)
         if rank == 0:
-            print(
-                f"{(stop_asked or ['stop'])[0]}: stopped at step {step - 1} with a checkpoint "
+            print(  # the SIGTERM may have come to another rank: the reason is the same
+                f"SIGTERM: stopped at step {step - 1} with a checkpoint "
                 f"(saved and uploaded in {time.monotonic() - saving:.1f} s)",
                 flush=True,
             )
