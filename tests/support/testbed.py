@@ -703,9 +703,13 @@ class TestBed:
             host = self.hosts.pop(name)
             self._retired[self._offset(host)] = time.monotonic()
             self._stop_sshd(host)
-            _kill_namespace(host.namespace, self.slot.veth(self._offset(host)))
+            # the root ends of its veths deleted here: a namespace's deletion takes them away
+            # only later (the kernel's cleanup), and the next gateway would find its name taken
+            veths = [self.slot.veth(self._offset(host))]
             if self._iso_gateway == name:
+                veths.append(self.slot.gateway_veth)
                 self._iso_gateway = None
+            _kill_namespace(host.namespace, *veths)
             shutil.rmtree(host.dir, ignore_errors=True)
             self._write_hosts_file()
 
@@ -943,14 +947,14 @@ class TestBed:
         )
 
 
-def _kill_namespace(ns: str, root_veth: str | None = None) -> None:
-    """SIGKILL everything in the namespace, wait until it is gone, delete veth and namespace."""
+def _kill_namespace(ns: str, *root_veths: str) -> None:
+    """SIGKILL everything in the namespace, wait until it is gone, delete veths and namespace."""
     pids = _ns_pids(ns)
     _kill_pids(pids, signal.SIGKILL)
     end = time.monotonic() + 3
     while time.monotonic() < end and any(_alive(p) for p in pids):
         time.sleep(0.02)
-    if root_veth:
+    for root_veth in root_veths:
         _run("ip", "link", "del", root_veth, check=False)
     _run("ip", "netns", "del", ns, check=False)
 
