@@ -43,22 +43,25 @@ BED_B := $(addprefix tests/testbed/,test_spot_recovery.py test_capacity.py test_
 	test_verify_gpus.py test_connect.py test_fleet_scale.py test_cli_hosts.py test_hostile_bucket.py \
 	test_results_dir.py test_lost_download.py test_data.py)
 
-test: apt venv lint typecheck
+test: apt venv
 	@# Four pytest runs side by side (2 cores; the test bed's tests mostly wait on SSH and sleeps):
-	@# the bed's three parts and the rest (itself in two processes, pytest-xdist). All must pass
-	@# (5: PYTEST_ARGS, e.g. -k, selected none of one kind); the bed's output follows.
-	@bed1=$$(mktemp); bed2=$$(mktemp); bed3=$$(mktemp); \
+	@# the bed's three parts and the rest (itself in two processes, pytest-xdist), with lint and
+	@# typecheck beside them (one core's work, not a wait before the tests). All must pass
+	@# (5: PYTEST_ARGS, e.g. -k, selected none of one kind); lint's and the bed's output follow.
+	@checks=$$(mktemp); $(MAKE) --no-print-directory lint typecheck > "$$checks" 2>&1 & pc=$$!; \
+	bed1=$$(mktemp); bed2=$$(mktemp); bed3=$$(mktemp); \
 	$(VENV)/bin/python -m pytest -q -ra $(BED_A) $(PYTEST_ARGS) > "$$bed1" 2>&1 & p1=$$!; \
 	$(VENV)/bin/python -m pytest -q -ra $(BED_B) $(PYTEST_ARGS) > "$$bed2" 2>&1 & p2=$$!; \
 	$(VENV)/bin/python -m pytest -q -ra tests/testbed $(addprefix --ignore=,$(BED_A) $(BED_B)) \
 		$(PYTEST_ARGS) > "$$bed3" 2>&1 & p3=$$!; \
 	GPUTRAIN_SKIP_TRACE_CHECK=1 $(VENV)/bin/python -m pytest -q -ra -n 2 tests --ignore=tests/testbed $(PYTEST_ARGS); \
-	rest=$$?; wait $$p1; rc1=$$?; wait $$p2; rc2=$$?; wait $$p3; rc3=$$?; \
+	rest=$$?; wait $$p1; rc1=$$?; wait $$p2; rc2=$$?; wait $$p3; rc3=$$?; wait $$pc; rcc=$$?; \
+	echo "--- lint and typecheck (run alongside the above) ---"; cat "$$checks"; \
 	for part in 1 2 3; do eval f=\$$bed$$part; \
 		echo "--- the SSH test bed's tests, part $$part of 3 (run alongside the above) ---"; cat "$$f"; \
-	done; rm -f "$$bed1" "$$bed2" "$$bed3"; \
+	done; rm -f "$$checks" "$$bed1" "$$bed2" "$$bed3"; \
 	ok=1; for rc in $$rest $$rc1 $$rc2 $$rc3; do [ $$rc = 0 ] || [ $$rc = 5 ] || ok=0; done; \
-	[ "$$rest $$rc1 $$rc2 $$rc3" != "5 5 5 5" ] && [ $$ok = 1 ]
+	[ "$$rest $$rc1 $$rc2 $$rc3" != "5 5 5 5" ] && [ $$ok = 1 ] && [ $$rcc = 0 ]
 
 run: venv
 	$(VENV)/bin/gputrain run --local --yes
