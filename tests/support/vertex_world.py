@@ -27,6 +27,7 @@ from tests.support.vertex_replicas import LocalReplicas, alive, processes_under
 
 PROJECT = "gputrain-test"
 BUCKET = stack_bucket_name("vtest", PROJECT)
+LONG_STEPS = ("-m", "jobs.steps", "100000", "0.05")  # steps until cancelled
 TRAIN = ("-m", "trainer.train", "--preset", "tiny", "--device", "cpu", "--steps", "60",
          "--log-every", "10", "--checkpoint-every", "30", "--eval-batches", "2")  # fmt: skip
 STACK_FILE = f"""\
@@ -44,6 +45,9 @@ config:
 JOBS = {  # the user's working directory: a module and a script, beside a data file
     "data.txt": "41\n",
     "jobs/__init__.py": "",
+    # the trainer's torch-free stand-in (step lines, metrics.jsonl, summary.json), where a test's
+    # subject is the job's control (a cancel, a detach), not training
+    "jobs/steps.py": (ROOT / "tests" / "support" / "jobs" / "steps.py").read_text(),
     "jobs/answer.py": (
         "import os, sys, time\nfrom pathlib import Path\n"
         "rank = os.environ['RANK']\n"

@@ -1,7 +1,8 @@
 """A trainer stand-in without torch, for tests whose subject is not the trainer (autodown, detach,
 notifications, the ledger, a recovery's control flow): each rank prints the reference trainer's
 banner (`start step N/M`) and step line (`step N/M | loss X`) from step N+1 to STEPS, STEP_S
-apart, and each node's local rank 0 writes the trainer's summary.json to $GPUTRAIN_OUT. With
+apart; rank 0 appends each step's row to $GPUTRAIN_OUT/metrics.jsonl as it goes, and each
+node's local rank 0 writes the trainer's summary.json there at the end. With
 EVERY and $GPUTRAIN_CHECKPOINT_URI (as the controller sets it for a stack with a bucket) it
 checkpoints as the trainer does: rank 0 uploads `ckpt-NNNNNNNN.pt` and its manifest every EVERY
 steps (trainer/storage.py's protocol, its `checkpoint URI` line), every rank starts from the
@@ -102,6 +103,11 @@ def loss_at(step: int) -> float:
 
 
 began = time.monotonic()
+metrics = None
+if rank == 0:  # the trainer's metrics.jsonl: a row per step, in the out dir from the start
+    out_dir = Path(os.environ.get("GPUTRAIN_OUT", "out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = (out_dir / "metrics.jsonl").open("a")
 for step in range(start + 1, steps + 1):
     if barrier(bool(stop_asked)):  # every rank stops after the same step, saved, as the trainer
         saving = time.monotonic()
@@ -115,6 +121,9 @@ for step in range(start + 1, steps + 1):
             )
         sys.exit(143)
     print(f"step {step:>6}/{steps} | loss {loss_at(step):.4f}", flush=True)
+    if metrics:
+        metrics.write(json.dumps({"step": step, "loss": loss_at(step)}) + "\n")
+        metrics.flush()
     if every and step % every == 0:
         save(step)
     time.sleep(step_s)

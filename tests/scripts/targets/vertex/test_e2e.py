@@ -22,6 +22,7 @@ from tests.support.containers import Podman, Registry, require_tools
 from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.vertex_world import (
     BUCKET,
+    LONG_STEPS,
     PROJECT,
     TRAIN,
     World,
@@ -167,8 +168,7 @@ def test_a_signal_cancels_the_job_waits_for_it_and_tears_down(
     t = threading.Thread(target=fire, daemon=True)
     t.start()
     started = time.monotonic()
-    long = [*TRAIN[:-8], "--steps", "100000", "--log-every", "5"]
-    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", *long)
+    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", *LONG_STEPS)
     t.join(timeout=5)
     out, err = capsys.readouterr()
     assert rc == 130, out[-3000:] + err[-2000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.vertex_world import TRAIN, World, assert_torn_down
+from tests.support.vertex_world import LONG_STEPS, World, assert_torn_down
 
 #: a job of the user's working directory that trains until the test opens its gate (a file)
 GATE_JOB = (
@@ -96,8 +96,7 @@ def test_down_cancels_a_detached_job_brings_its_results_home_and_the_key_reaches
     w.vertex.advance_on_its_own()  # a detached job moves on with no client asking
     stack_file = w.settings.root / "Pulumi.vtest.yaml"
     stack_file.write_text(stack_file.read_text() + "  gputrain:restartJobOnWorkerRestart: true\n")
-    long = [*TRAIN[:-8], "--steps", "100000", "--log-every", "5"]
-    run_id, _ = detached_run(w, capsys, *long)
+    run_id, _ = detached_run(w, capsys, *LONG_STEPS)
     [body] = w.created()
     assert body["jobSpec"]["scheduling"] == {
         "timeout": "3600s",
