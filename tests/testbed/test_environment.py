@@ -162,6 +162,7 @@ def test_stack_run_keep_then_train_skips_the_install(
     ]
     stack = ["--stack", "e2e"]
     assert w.run("run", *stack, "--yes", "--skip-preflight", "--keep", *pip, "--", "train.py") == 0
+    assert "destroy" not in w.runner.call_names() and len(w.runner.existing) == 2  # kept
     out = capsys.readouterr().out
     for vm in ("e2e-node-0", "e2e-node-1"):
         assert f"[{vm}] [requirements] Successfully installed gputrain-probe-1.0" in out
