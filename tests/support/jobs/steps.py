@@ -10,9 +10,8 @@ to rank 0 at MASTER_PORT + 1): when a node's processes die, the others fail at t
 as gloo fails on a lost peer, rather than train on alone; a SIGTERM to any rank stops every rank
 after the same step, with a checkpoint and the trainer's line saying so (exit 143). With
 $STEPS_LOCKSTEP set the ranks keep in step without checkpoints too (a stopped rank stalls all).
-Started by
-the production launch (torchrun on every node) like any entry; saves each rank torch's import
-and the training (~3 CPU seconds a rank of the tiny preset).
+Started by the production launch (torchrun on every node) like any entry; saves each rank
+torch's import and the training (~3 CPU seconds a rank of the tiny preset).
 
 Usage: steps.py STEPS [STEP_S [EVERY]]
 """
