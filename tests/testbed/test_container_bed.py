@@ -4,7 +4,8 @@ requirements and `setup` run inside the image (cached on the node by the image's
 gputrain's production `docker run` (host network and IPC, the run dir mounted) starts torchrun
 inside it on both hosts and the two form one gloo DDP job; results and exit codes come home, a
 stop removes the containers, `verify` runs nvidia-smi inside the image, a stack VM without
-docker gets it installed (a fake apt-get that provides the shim), and a stack's `build:` Dockerfile
+docker gets it installed (a fake apt-get that provides the shim) and the job in the image its
+dataset, and a stack's `build:` Dockerfile
 is built here, pushed, and a 2-node launch runs in it on the bed; and a Vertex AI user's own container, built
 from their Dockerfile as it is and run from their gcloud config.yaml on the fake Vertex."""
 
@@ -251,27 +252,46 @@ def test_verify_runs_nvidia_smi_inside_the_image(
     assert f"nvidia-smi inside {one.repository}:1 sees 1 GPU(s), expected 2" in err
 
 
-def test_stack_vm_without_docker_gets_it_installed(
+def test_stack_vm_without_docker_gets_it_installed_and_the_dataset(
     world: Callable[..., World],
     cbed: ContainerBed,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """A fresh VM gets docker and the NVIDIA container toolkit installed; with `data:` too (one
+    world for both), the dataset is copied to each VM as without an image, and the job inside
+    the container finds it at $GPUTRAIN_DATA_<NAME> (the variables passed in, the data
+    directory mounted read-only at the same path)."""
     image = cbed.image("stack", gpus=1, mark="stack")
     w = world(
         nodes=2,
+        bucket=True,
         settings={"image": f"{image.repository}:1", "setup": json.dumps(IMAGE_MARK)},
         containers=lambda h: cbed.enable(h, docker=False),
     )
-    (w.dir / "inside.py").write_text(INSIDE_NO_TORCH)
-    stack = ["--stack", "e2e"]
-    assert w.run("run", *stack, "--yes", "--skip-preflight", "--", "inside.py") == 0
+    assert w.gcs is not None
+    objects = {f"shard-{i}.bin": os.urandom(1000 + i) for i in range(3)}
+    for rel, data in objects.items():
+        w.gcs.write(f"datasets/tiny/{rel}", data)
+    (w.dir / "datajob.py").write_text(DATA_JOB)
+    rc = w.run(
+        "run", "--stack", "e2e", "--yes", "--skip-preflight",
+        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}",
+        "--data", f"train=gs://{w.gcs.bucket_name}/datasets/tiny", "--", "datajob.py",
+    )  # fmt: skip
     out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
     for vm in ("e2e-node-0", "e2e-node-1"):
         assert f"{vm}: {image.repository}:1 needs docker and nvidia-container-toolkit" in out
         assert f"[{vm}] [install] installing docker.io" in out
         assert f"[{vm}] [install] done" in out
         assert f"[{vm}] [setup] stack" in out  # the stack's setup, inside the image
-    assert out.count("inside=True world=2") == 2
+    want = hashlib.sha256()
+    for rel in sorted(objects):
+        want.update(rel.encode() + b"\0" + objects[rel])
+    found = re.findall(
+        r"\[(e2e-node-\d)\] \[rank\d\]:inside=True world=2 dataset digest (\w+)", out
+    )
+    assert sorted(found) == [(f"e2e-node-{i}", want.hexdigest()) for i in (0, 1)], out[-3000:]
     for host in w.hosts:
         calls = cbed.apt_log(host).read_text()
         assert "install --no-install-recommends docker.io acl" in calls
@@ -419,41 +439,6 @@ def test_vertex_runs_the_users_own_container_unchanged_from_their_gcloud_config(
         machines.cleanup()
 
 
-def test_a_stack_with_image_and_data_gives_the_container_the_dataset(
-    world: Callable[..., World],
-    cbed: ContainerBed,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """`image:` plus `data:`: the dataset is copied to each VM as without an image, and the job
-    inside the container finds it at $GPUTRAIN_DATA_<NAME> (the variables passed in, the data
-    directory mounted read-only at the same path)."""
-    image = cbed.image("data", gpus=1, mark="data")
-    w = world(
-        nodes=2,
-        bucket=True,
-        settings={"image": f"{image.repository}:1"},
-        containers=lambda h: cbed.enable(h, docker=False),  # a fresh VM: installed
-    )
-    assert w.gcs is not None
-    objects = {f"shard-{i}.bin": os.urandom(1000 + i) for i in range(3)}
-    for rel, data in objects.items():
-        w.gcs.write(f"datasets/tiny/{rel}", data)
-    (w.dir / "datajob.py").write_text(DATA_JOB)
-    rc = w.run(
-        "run", "--stack", "e2e", "--yes", "--skip-preflight",
-        "--env", f"STORAGE_EMULATOR_HOST={w.gcs.url}",
-        "--data", f"train=gs://{w.gcs.bucket_name}/datasets/tiny", "--", "datajob.py",
-    )  # fmt: skip
-    out = capsys.readouterr().out
-    assert rc == 0, out[-3000:]
-    want = hashlib.sha256()
-    for rel in sorted(objects):
-        want.update(rel.encode() + b"\0" + objects[rel])
-    found = re.findall(r"\[(e2e-node-\d)\] \[rank\d\]:inside=True dataset digest (\w+)", out)
-    assert sorted(found) == [(f"e2e-node-{i}", want.hexdigest()) for i in (0, 1)], out[-3000:]
-    assert_torn_down(w)
-
-
 #: Rank 0 of each node: whether it runs in the image, and one digest over the dataset it sees.
 DATA_JOB = """import hashlib, os
 from pathlib import Path
@@ -463,5 +448,6 @@ h = hashlib.sha256()
 for p in sorted(q for q in root.rglob("*") if q.is_file()):
     h.update(str(p.relative_to(root)).encode() + b"\\0" + p.read_bytes())
 if os.environ.get("LOCAL_RANK", "0") == "0":
-    print(f"inside={os.path.exists('/gputrain-image')} dataset digest", h.hexdigest(), flush=True)
+    inside, world = os.path.exists("/gputrain-image"), os.environ["WORLD_SIZE"]
+    print(f"inside={inside} world={world} dataset digest", h.hexdigest(), flush=True)
 """

@@ -3,8 +3,9 @@ package the hosts lack (served by a local package index on the bridge), `setup` 
 the second run skips both; a secret reaches every rank and is found nowhere else. Through
 `--hosts` and through `run --stack` with the fake stack world (a kept cluster's `train` is cached).
 
-The trainer is our nanoGPT stand-in (tests/support/nanogpt_standin/train_with_requirements.py): karpathy/nanoGPT's
-own train.py moves its DDP ranks onto `cuda:N`, which the CPU-only test hosts do not have."""
+The job is our torch-free nanoGPT stand-in (tests/support/nanogpt_standin/train_with_requirements.py:
+its flags, step lines and out_dir/ckpt.pt): the subject is the environment; nanoGPT's DDP on the
+test hosts is test_nanogpt.py's and test_outputs.py's."""
 
 from __future__ import annotations
 
@@ -161,6 +162,7 @@ def test_stack_run_keep_then_train_skips_the_install(
     ]
     stack = ["--stack", "e2e"]
     assert w.run("run", *stack, "--yes", "--skip-preflight", "--keep", *pip, "--", "train.py") == 0
+    assert "destroy" not in w.runner.call_names() and len(w.runner.existing) == 2  # kept
     out = capsys.readouterr().out
     for vm in ("e2e-node-0", "e2e-node-1"):
         assert f"[{vm}] [requirements] Successfully installed gputrain-probe-1.0" in out

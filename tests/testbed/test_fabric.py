@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.base.records import GpuExpectation
 from infra.fabric import plan_fabric
 from scripts.node_layout import NCCL_ENV_FILE
-from scripts.settings import Settings
-from scripts.targets.session import FleetSession, close_all, connect
+from scripts.targets.session import close_all, connect
 from scripts.verify.fabric_setup import MARK
 from scripts.verify.nodes import FabricCheck, VerificationError, verify_fabric
 from tests.support.fabric_samples import A4_GVNICS, A4_RDMA_NICS, MEGA_GPU_NICS, MEGA_PRIMARY
@@ -94,41 +92,14 @@ def test_tcpxo_nodes_need_nine_nics_at_8244_and_a_ready_daemon(tb: TestBed, tmp_
     assert f"{starting.name}: rxdm: receive-datapath-manager is not ready (I1123 Creating" in msg
 
 
-def test_session_verify_sets_up_each_node_then_proves_the_network(
-    tb: TestBed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """FleetSession.verify(fabric=True), as up/run/train call it: GPUs, the setup on every node
-    (its script on stdin, the NCCL env file written in the node root), then verify --fabric,
-    which passes with a gloo all-reduce between the two hosts (one all-reduce for both: each
-    costs every node a torchrun and a rank with torch)."""
-    hosts = [tb.add_host(fabric=a4_fakes()) for _ in range(2)]
-    fleet = tb.fleet(hosts, expect=GpuExpectation(model="NVIDIA L4", count=1))
-    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
-    with FleetSession(fleet, settings, connect_deadline_s=10, fabric=A4) as session:
-        session.verify(fabric=True)
-    for h in hosts:
-        script = (h.dir / "gpu" / "setup_script").read_text()
-        assert "nccl-gib" in script  # the RDMA setup arrived on stdin
-        env = (h.dir / "home" / NCCL_ENV_FILE).read_text()  # the node root (home or override)
-        assert "export NCCL_NET=gIB" in env and "export NCCL_IB_TC=52" in env
-        assert "export GLOO_SOCKET_IFNAME=eth0" in env
-    out = capsys.readouterr().out
-    assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
-    # one health.json per node, the same checks
-    healths = sorted((tmp_path / "runs" / fleet.target).glob("verify-fabric-*/**/health.json"))
-    assert healths
-    doc = json.loads(healths[0].read_text())
-    [busbw] = [c for c in doc["checks"] if c["check"] == "allreduce_busbw"]
-    assert busbw["value"] > 0 and set(busbw["host"].split(",")) == {h.name for h in hosts}
-    assert doc["device_type"] == "cpu"  # gloo: the 341.5 GB/s floor is not applied
-
-
 def test_run_on_an_a4_reservation_stack_proves_its_network_before_training(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`gputrain run --stack` end to end: the reservation in the preflight, `up`, the GPUs, the
-    fabric setup on both VMs, verify --fabric with the gloo all-reduce, the job on both with the
-    NCCL env file sourced, teardown."""
+    fabric setup on both VMs (FleetSession.verify(fabric=True), as up/run/train call it: its
+    script on stdin, the NCCL env file written in the node root), verify --fabric with the gloo
+    all-reduce between the two hosts (each costs every node a torchrun and a rank with torch:
+    this is the bed's one), the job on both with the NCCL env file sourced, teardown."""
     w = world(
         settings={
             "machineType": "a4-highgpu-8g",
@@ -146,6 +117,17 @@ def test_run_on_an_a4_reservation_stack_proves_its_network_before_training(
     assert "e2e-res: 2 of 2 × a4-highgpu-8g free, need 2" in out
     assert "GPU network verification (rdma: 10 NICs, MTU 8896, 8 RDMA devices)" in out
     for host in w.node_hosts.values():
-        assert "export NCCL_NET=gIB" in (host.dir / "home" / NCCL_ENV_FILE).read_text()
+        assert "nccl-gib" in (host.dir / "gpu" / "setup_script").read_text()  # on stdin
+        env = (host.dir / "home" / NCCL_ENV_FILE).read_text()  # the node root (home or override)
+        assert "export NCCL_NET=gIB" in env and "export NCCL_IB_TC=52" in env
+        assert "export GLOO_SOCKET_IFNAME=eth0" in env
+    # one health.json per node, the same checks
+    healths = sorted((w.dir / "runs").glob("*/verify-fabric-*/**/health.json"))
+    assert healths
+    doc = json.loads(healths[0].read_text())
+    [busbw] = [c for c in doc["checks"] if c["check"] == "allreduce_busbw"]
+    names = {h.name for h in w.node_hosts.values()}
+    assert busbw["value"] > 0 and set(busbw["host"].split(",")) == names
+    assert doc["device_type"] == "cpu"  # gloo: the 341.5 GB/s floor is not applied
     assert sorted(p.name for p in w.marker.glob("pid-*")) == ["pid-0", "pid-1"]  # one job, 2 ranks
     assert_torn_down(w)

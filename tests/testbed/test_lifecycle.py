@@ -146,10 +146,12 @@ def _signal_when_started(w: World, sig: int) -> threading.Thread:
     return t
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_during_training_stops_job_and_tears_down(
-    world: Callable[..., World], capsys: pytest.CaptureFixture[str], sig: int
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """SIGTERM while the job runs. SIGINT takes the same guard (tests/scripts/test_parallel.py
+    sends both); on the bed it comes during a re-creation (test_spot_recovery.py's Ctrl-C)."""
+    sig = signal.SIGTERM
     w = world()
     t = _signal_when_started(w, sig)
     started = time.monotonic()
@@ -185,12 +187,4 @@ def test_up_train_down_keeps_the_cluster_between_commands(
 def test_up_that_fails_verification_destroys_again(world: Callable[..., World]) -> None:
     w = world(gpus=GpuConfig(model="NVIDIA L4", count=1, ecc_errors=3))
     assert w.run("up", "--stack", "e2e", "--yes", "--skip-preflight") == 1
-    assert_torn_down(w)
-
-
-def test_run_keep_leaves_the_cluster(world: Callable[..., World]) -> None:
-    w = world()
-    assert w.run_job("done", "--keep") == 0
-    assert "destroy" not in w.runner.call_names() and len(w.runner.existing) == 2
-    assert w.run("down", "--stack", "e2e") == 0
     assert_torn_down(w)

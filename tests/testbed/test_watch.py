@@ -38,11 +38,17 @@ def _trainer(steps: int) -> tuple[str, ...]:
 
 
 def _job(
-    run_id: str, entry: tuple[str, ...], *, watch: WatchSettings = FAST, restarts: int = 0
+    run_id: str,
+    entry: tuple[str, ...],
+    *,
+    watch: WatchSettings = FAST,
+    restarts: int = 0,
+    env: dict[str, str] | None = None,
 ) -> Job:
     return Job(
         run_id=run_id,
         entry=entry,
+        env=env or {},
         workdir=REPO,
         max_restarts=restarts,
         watch=watch,
@@ -65,12 +71,23 @@ def _metrics_step(host: TestHost, run_id: str) -> int:
     return json.loads(rows[-1])["step"] if rows else 0
 
 
-def _stop_a_rank(host: TestHost, run_id: str, at_step: int, stopped: list[Any]) -> None:
-    """SIGSTOP the rank on `host` once the run has logged `at_step` (after its checkpoint)."""
+def _logged(host: TestHost, run_id: str, line: str) -> bool:
+    log = _run_dir(host, run_id) / "torchrun.log"
+    return log.exists() and line in log.read_text(errors="replace")
+
+
+def _stop_a_rank(
+    host: TestHost, run_id: str, at_step: int, stopped: list[Any], *, metrics: bool = True
+) -> None:
+    """SIGSTOP the rank on `host` once the run has logged `at_step`: in the trainer's
+    metrics.jsonl (after its checkpoint), or without `metrics` in the node's torchrun.log."""
 
     def go() -> None:
-        metrics = _run_dir(host, run_id) / "out" / "metrics.jsonl"
-        _when(lambda: metrics.exists() and _metrics_step(host, run_id) >= at_step)
+        if metrics:
+            path = _run_dir(host, run_id) / "out" / "metrics.jsonl"
+            _when(lambda: path.exists() and _metrics_step(host, run_id) >= at_step)
+        else:
+            _when(lambda: _logged(host, run_id, f"step {at_step:>6}/"))
         jobpid = int((_run_dir(host, run_id) / "jobpid").read_text())
         rank = rank_processes(jobpid)[0]
         os.kill(int(str(rank["pid"])), signal.SIGSTOP)
@@ -165,9 +182,16 @@ def test_a_stall_with_no_restart_left_fails_naming_the_node_and_rank(
     hosts = [tb.add_host(), tb.add_host()]
     ts = connect(tb.fleet(hosts), deadline_s=10)
     stopped: list[Any] = []
-    _stop_a_rank(hosts[0], "stall-2", 10, stopped)
-    # below the 30 s users may set: the watch's settings are ours here, the path is the same
-    job = _job("stall-2", _trainer(2000), watch=WatchSettings(stall_timeout_s=4, poll_s=0.5))
+    _stop_a_rank(hosts[0], "stall-2", 10, stopped, metrics=False)
+    # below the 30 s users may set: the watch's settings are ours here, the path is the same.
+    # The job is the trainer's torch-free stand-in, its ranks in lockstep as DDP's: the stopped
+    # rank stalls the other (the trainer's stall and its relaunch: the test above)
+    job = _job(
+        "stall-2",
+        ("tests/support/jobs/steps.py", "2000", "0.05"),
+        watch=WatchSettings(stall_timeout_s=4, poll_s=0.5),
+        env={"STEPS_LOCKSTEP": "1"},
+    )
     with pytest.raises(StallError) as e:
         watched_launch(tb.fleet(hosts), ts, job, tmp_path / "r")
     close_all(ts)

@@ -9,9 +9,10 @@ steps (trainer/storage.py's protocol, its `checkpoint URI` line), every rank sta
 newest complete one, and the ranks keep in step as DDP's collectives keep them (over plain TCP
 to rank 0 at MASTER_PORT + 1): when a node's processes die, the others fail at their next step,
 as gloo fails on a lost peer, rather than train on alone; a SIGTERM to any rank stops every rank
-after the same step, with a checkpoint and the trainer's line saying so (exit 143). Started by
-the production launch (torchrun on every node) like any entry; saves each rank torch's import
-and the training (~3 CPU seconds a rank of the tiny preset).
+after the same step, with a checkpoint and the trainer's line saying so (exit 143). With
+$STEPS_LOCKSTEP set the ranks keep in step without checkpoints too (a stopped rank stalls all).
+Started by the production launch (torchrun on every node) like any entry; saves each rank
+torch's import and the training (~3 CPU seconds a rank of the tiny preset).
 
 Usage: steps.py STEPS [STEP_S [EVERY]]
 """
@@ -93,7 +94,8 @@ def save(step: int) -> None:
         print(f"checkpoint {uri}ckpt-{step:08d}.pt", flush=True)
 
 
-barrier = lockstep() if store is not None and world > 1 else (lambda stop: stop)
+in_step = store is not None or bool(os.environ.get("STEPS_LOCKSTEP"))
+barrier = lockstep() if in_step and world > 1 else (lambda stop: stop)
 if store is not None:
     signal.signal(signal.SIGTERM, lambda signum, frame: stop_asked.append(signum))
 
