@@ -228,6 +228,7 @@ def world_factory(
 
         def vm(name: str, zone: str, host: TestHost, role: str) -> dict[str, Any]:
             node_hosts[name] = host
+            tb.set_hostname(host.name, name)  # so rank 0 is on the head, as on GCE
             return {
                 "name": name,
                 "zone": zone,

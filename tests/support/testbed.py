@@ -230,6 +230,7 @@ class TestHost:
     dir: Path
     isolated: bool = False
     containers: bool = False  # entered with nsenter: podman sees the cgroups
+    hostname: str | None = None  # set_hostname's (else its name), in the hosts file too
     sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def node(self, role: str = "worker", *, user: str = TEST_USER, via_head: bool = False) -> Node:
@@ -782,7 +783,10 @@ class TestBed:
             (bin_dir / tool).chmod(0o755)
 
     def _write_hosts_file(self) -> None:
-        lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in self.hosts.values()]
+        lines = ["127.0.0.1 localhost"] + [
+            f"{h.address} {h.name}{f' {h.hostname}' if h.hostname else ''}"
+            for h in self.hosts.values()
+        ]
         with open(self.state / "hosts", "r+") as f:  # in place: the per-host bind mounts see it
             f.truncate(0)
             f.write("\n".join(lines) + "\n")
@@ -892,6 +896,19 @@ class TestBed:
         pids = [p for p in _ns_pids(host.namespace) if p != listener and _comm(p) == "sshd"]
         _kill_pids(pids, signal.SIGKILL)
         return len(pids)
+
+    def set_hostname(self, name: str, hostname: str) -> None:
+        """The host's hostname from now on (its sshd's UTS namespace: every later login's), as a
+        VM's is its instance name: torchrun's c10d numbers the nodes in their hostnames' order."""
+        host = self.hosts[name]
+        assert host.sshd is not None
+        _run("nsenter", "-t", str(host.sshd.pid), "-u", "hostname", hostname)
+        with self._mutex:  # resolvable at once (torchrun's getfqdn), not by a DNS timeout
+            for other in self.hosts.values():  # a replaced VM's host keeps its name no longer
+                if other.hostname == hostname:
+                    other.hostname = None
+            host.hostname = hostname
+            self._write_hosts_file()
 
     def kill_processes(self, name: str) -> int:
         """SIGKILL every process on the host except sshd: the training dies without a word."""
