@@ -784,7 +784,7 @@ class TestBed:
 
     def _write_hosts_file(self) -> None:
         lines = ["127.0.0.1 localhost"] + [
-            f"{h.address} {h.name}{f' {h.hostname}' if h.hostname else ''}"
+            f"{h.address} {f'{h.hostname} ' if h.hostname else ''}{h.name}"
             for h in self.hosts.values()
         ]
         with open(self.state / "hosts", "r+") as f:  # in place: the per-host bind mounts see it
@@ -903,10 +903,7 @@ class TestBed:
         host = self.hosts[name]
         assert host.sshd is not None
         _run("nsenter", "-t", str(host.sshd.pid), "-u", "hostname", hostname)
-        with self._mutex:  # resolvable at once (torchrun's getfqdn), not by a DNS timeout
-            for other in self.hosts.values():  # a replaced VM's host keeps its name no longer
-                if other.hostname == hostname:
-                    other.hostname = None
+        with self._mutex:  # resolvable at once, and first on its line: getfqdn's answer
             host.hostname = hostname
             self._write_hosts_file()
 
