@@ -250,7 +250,7 @@ def run_nanogpt(
     (data / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": vocab}))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     argv = [sys.executable, "train.py", *nanogpt_flags(preset, steps, cuda, split)]
-    log = work / f"nanogpt-{split[0]}x{split[1]}.log"
+    log = run_dir.with_suffix(".log")
     status, seconds = run_logged(argv, run_dir, env, limit_s, log)
     shutil.rmtree(run_dir / "data")
     if status != "ok":

@@ -276,25 +276,13 @@ if query is None:
         print(f"GPU {i}: {cfg['model']} {cfg['memory_mib']}MiB")
     sys.exit(0)
 fields = query.split(",")
-# The header as a real one prints it (tests/support/nvidia_smi/): units in brackets, clocks.sm
-# under its long name; with nounits (never recorded: gputrain always asks noheader) bare names.
-UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W",
-         "clocks.sm": "MHz"}
-KNOWN = ("index", "name", "uuid", "memory.total", "driver_version",
-         "ecc.errors.uncorrected.volatile.total", "pci.bus_id", "temperature.gpu",
-         "utilization.gpu", "memory.used", "power.draw", "clocks.sm")
-for f in fields:
-    if f not in KNOWN or f in cfg["invalid_fields"]:
-        print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
-        sys.exit(2)
-if "noheader" not in fmt:
-    print(", ".join(f if nounits or f not in UNITS else
-                    f"{'clocks.current.sm' if f == 'clocks.sm' else f} [{UNITS[f]}]" for f in fields))
-for i in range(cfg["count"]):
-    ecc = cfg["ecc_errors"] if phase["ecc_errors"] is None else phase["ecc_errors"]
-    u = "" if nounits else " %"
+ecc = cfg["ecc_errors"] if phase["ecc_errors"] is None else phase["ecc_errors"]
+u = "" if nounits else " %"
+
+
+def values(i):
     h = hashlib.md5(f"{cfg['model']}/{i}".encode()).hexdigest()
-    values = {
+    return {
         "index": str(i),
         "name": cfg["model"],
         "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
@@ -308,7 +296,21 @@ for i in range(cfg["count"]):
         "power.draw": f"{phase['power_w']:.2f}" + ("" if nounits else " W"),
         "clocks.sm": ("1980" if phase["util_pct"] else "210") + ("" if nounits else " MHz"),
     }
-    print(", ".join(values[f] for f in fields))
+
+
+for f in fields:  # an unknown field: the error alone, no header (as a real one)
+    if f not in values(0) or f in cfg["invalid_fields"]:
+        print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
+        sys.exit(2)
+# The header as a real one prints it (tests/support/nvidia_smi/): units in brackets, clocks.sm
+# under its long name; with nounits (never recorded: gputrain always asks noheader) bare names.
+UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%", "power.draw": "W",
+         "clocks.sm": "MHz"}
+if "noheader" not in fmt:
+    print(", ".join(f if nounits or f not in UNITS else
+                    f"{'clocks.current.sm' if f == 'clocks.sm' else f} [{UNITS[f]}]" for f in fields))
+for i in range(cfg["count"]):
+    print(", ".join(values(i)[f] for f in fields))
 '''
 
 
