@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infra.base.errors import GputrainError, UserError
-from infra.cost_caps import check_spending_caps
 from scripts import ui
+from scripts.run_plan import check_spending_caps
 from scripts.settings import Settings
 from scripts.targets.base import (
     Capabilities,
@@ -482,7 +482,7 @@ class StackTarget(Generic[C, P]):
         for line in plan.footer_lines():
             ui.say(line)
         if spec.budget is not None or spec.max_hourly_cost is not None:
-            from infra.cost_caps import caps_line
+            from scripts.run_plan import caps_line
 
             ui.say(caps_line(spec))
         if spec.billing_budget is not None:
