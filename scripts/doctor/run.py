@@ -196,6 +196,14 @@ def run_doctor(
     return DoctorReport(title, tuple(rows))
 
 
+def require_doctor(stack_file: StackFile, clients: StackClients, spec: ClusterSpec) -> None:
+    """Before `up`/`run` create anything: the doctor's table for the stack, shown; DoctorFailed
+    when a row fails."""
+    report = run_doctor(stack_file, clients, spec)
+    report.show()
+    report.require_ok("doctor")
+
+
 T = TypeVar("T")
 U = TypeVar("U")
 

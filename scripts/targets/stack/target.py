@@ -362,11 +362,9 @@ class StackTarget(Generic[C, P]):
         if not opts.yes:
             require_terminal(spec)
         if not opts.skip_preflight:
-            from scripts.doctor.run import run_doctor
+            from scripts.doctor.run import require_doctor
 
-            report = run_doctor(self.stack_file, self.doctor, self._with_build(spec))
-            report.show()
-            report.require_ok("doctor")
+            require_doctor(self.stack_file, self.doctor, self._with_build(spec))
 
     def up(self, opts: RunOptions) -> None:
         """Create and prove; it stays up. If that fails it is destroyed again."""
