@@ -1,7 +1,8 @@
 """The run plan: every check that must pass before anything is created, in one function and the
 README's order, and one frozen record of everything the run needs (dstack's RunSpec ->
 validate_run_spec_and_set_defaults -> RunPlan). `lifecycle.run` plans, then provisions, verifies,
-runs and sums up; nothing after the plan checks the user's input again.
+runs and sums up; nothing after the plan checks the user's input again. The spending caps
+(`maxHourlyCost`, `budget`) are among those checks; `up` and `plan` apply them from here too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from scripts.job.image_build import PlannedBuild
 
 DEFAULT_RECOVERIES = 3  # --max-recoveries' default, on any capacity (see recoveries_allowed)
+BUDGET_INTERVAL_ENV = "GPUTRAIN_BUDGET_INTERVAL_S"
+BUDGET_INTERVAL_S = 120.0  # the budget rule looks this far ahead: a checkpoint, results, teardown
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,6 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     image_conflict_check(env, opts)
     refuse_missing_features(target.capabilities, opts, build)
     if declared.spec is not None:  # maxHourlyCost and the budget: pure, before Google is asked
-        from infra.cost_caps import BUDGET_INTERVAL_ENV, budget_interval_s, check_spending_caps
-
         check_spending_caps(declared.spec, opts.budget)
         if opts.budget is not None or declared.spec.budget is not None:
             budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))  # the knob: one line now
@@ -268,3 +269,118 @@ def planned_autodown(can: Capabilities, declared: Declared, opts: RunOptions) ->
             f"deletes the VMs first; allowed: off or a duration from 1m to below {ttl}"
         )
     return seconds
+
+
+# ---- spending caps: maxHourlyCost against the cluster's dearest rate over every capacity rung,
+# the budget against that rate x maxRunDuration (the server-side bound on every VM and Vertex
+# job, so the cap holds with the laptop closed). Pure. ------------------------------------------
+
+
+def budget_interval_s(raw: str | None) -> float:
+    """How far ahead the head's budget rule looks: GPUTRAIN_BUDGET_INTERVAL_S's value (`raw`),
+    else BUDGET_INTERVAL_S; one line for a value that is not seconds. Pure."""
+    if raw is None or not raw.strip():
+        return BUDGET_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise UserError(f"{BUDGET_INTERVAL_ENV} {raw!r}: allowed: seconds from 0 to 86400")
+    return value
+
+
+def worst_hourly(spec: ClusterSpec) -> float | None:
+    """USD per hour of the whole cluster at the dearest capacity it may get (every rung of a
+    capacity list; flex-start and reservation at most on-demand); None: a price is unknown."""
+    if spec.price is None:
+        return None
+    rungs = spec.capacity_ladder or (spec.capacity,)
+    rates = [spec.price.hourly(mode == "spot") for mode in rungs]
+    if any(r is None for r in rates):
+        return None
+    return max(r for r in rates if r is not None) * spec.nodes
+
+
+def check_caps(spec: ClusterSpec, *, budget: float | None, budget_setting: str) -> None:
+    """Refuse, with one line, a cluster dearer per hour than maxHourlyCost, or a run whose worst
+    case (rate x maxRunDuration) exceeds its budget. Nothing is created before this."""
+    from infra.keys import format_duration
+    from infra.stackfile import NS
+
+    cap = spec.max_hourly_cost
+    if cap is None and budget is None:
+        return
+    rate = worst_hourly(spec)
+    shape = (
+        f"{spec.nodes} x {spec.machine_type} ({'/'.join(spec.capacity_ladder or (spec.capacity,))})"
+    )
+    if rate is None:
+        raise UserError(
+            f"{NS}maxHourlyCost/{budget_setting}: the price of {shape} in {spec.zone} is unknown, "
+            "so the cap cannot be checked; allowed: a machine type and zone the price table knows"
+        )
+    if cap is not None and rate > cap:
+        priced = [c for c in spec.candidates if c.hourly is not None]
+        cheapest = min(priced, key=lambda c: c.hourly or 0.0) if priced else None
+        if cheapest is not None and (cheapest.hourly or 0.0) > cap:
+            raise UserError(
+                f"{NS}maxHourlyCost {cap:g}: below the cheapest candidate, {cheapest.nodes} x "
+                f"{cheapest.machine_type} in {cheapest.zone} at ${cheapest.hourly:.2f}/h; allowed: "
+                f"at least {cheapest.hourly:.2f}"
+            )
+        fits = (
+            f"; {cheapest.nodes} x {cheapest.machine_type} in {cheapest.zone} costs "
+            f"${cheapest.hourly:.2f}/h (pin it with {NS}candidate)"
+            if cheapest is not None
+            else ""
+        )
+        raise UserError(
+            f"{NS}maxHourlyCost {cap:g}: {shape} costs up to ${rate:.2f}/h; allowed: at least "
+            f"{rate:.2f}, or a cheaper machine, capacity or node count{fits}"
+        )
+    if budget is not None:
+        worst = rate * spec.max_run_duration_s / 3600
+        if worst > budget:
+            fits_s = int(budget / rate * 3600) // 60 * 60
+            hint = (
+                f"set {NS}maxRunDuration to at most {format_duration(fits_s)}"
+                if fits_s >= 600
+                else "a cheaper cluster"
+            )
+            raise UserError(
+                f"{budget_setting} {budget:g}: {shape} at ${rate:.2f}/h for maxRunDuration "
+                f"{spec.max_run_duration} may cost ${worst:.2f}; allowed: a budget of at least "
+                f"{worst:.2f}, or {hint} (the server-side bound that holds the budget)"
+            )
+
+
+def caps_line(spec: ClusterSpec) -> str:
+    """`plan`'s line: the budget and the hourly cap next to the worst case they were checked
+    against (check_caps passed). Pure."""
+    rate = worst_hourly(spec) or 0.0
+    worst = rate * spec.max_run_duration_s / 3600
+    parts = []
+    if spec.max_hourly_cost is not None:
+        parts.append(
+            f"maxHourlyCost ${spec.max_hourly_cost:,.2f}/h >= ${rate:,.2f}/h (dearest rate)"
+        )
+    if spec.budget is not None:
+        parts.append(
+            f"budget ${spec.budget:,.2f} per run >= worst case ${worst:,.2f} ({spec.max_run_duration} "
+            "at the dearest rate; maxRunDuration is the server-side bound that holds it); the "
+            "head's watchdog stops a run with a checkpoint before it passes the budget"
+        )
+    return "Caps: " + "; ".join(parts) + "."
+
+
+def check_spending_caps(spec: ClusterSpec, given_budget: float | None) -> None:
+    """maxHourlyCost and the run's budget (--budget, else the stack's), before anything bills."""
+    from infra.stackfile import NS
+
+    given = given_budget is not None
+    check_caps(
+        spec,
+        budget=given_budget if given else spec.budget,
+        budget_setting="--budget" if given else f"{NS}budget",
+    )

@@ -179,7 +179,7 @@ class BillingExport:
 def billing_row(table: str) -> Any:
     """`doctor`'s row for billingExport: the table answers a query (and how far it goes)."""
     from infra.gcp.api import GoogleApiError
-    from scripts.doctor.report import Row
+    from scripts.doctor.row import Row
 
     try:
         up_to = BillingExport(table).readable()

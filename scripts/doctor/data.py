@@ -8,7 +8,7 @@ from typing import Any
 
 from infra.base.errors import UserError
 from infra.datasets import Dataset
-from scripts.doctor.report import Row
+from scripts.doctor.row import Row
 
 
 def data_rows(

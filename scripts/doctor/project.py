@@ -12,7 +12,7 @@ from infra.gcp.compute import ComputeApi
 from infra.gcp.project_api import ProjectApi
 from infra.permissions import roles_for
 from infra.preflight import GLOBAL, check_quota
-from scripts.doctor.report import Row
+from scripts.doctor.row import Row
 
 CORE_APIS = (
     ("compute.googleapis.com", "Compute Engine API"),

@@ -1,6 +1,7 @@
 """`gputrain doctor [--stack NAME]`: everything a first `up` on GCP needs, checked at once and
 shown in one table with a fix per row, in the order of the checklist in docs/getting-started.md.
-`up` and `run` on a stack run it first and stop with the whole table when a row fails.
+`up` and `run` on a stack run it first and stop with the whole table when a row fails (the
+table is DoctorReport, here; each probe module returns doctor/row.py's Row).
 
 The probes are independent, so they run in parallel: the Pulumi CLI, the credentials, the
 project's APIs and permissions, the GPU quota and the public-address lookup. The project's rows
@@ -28,16 +29,52 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from infra.base.errors import UserError
 from infra.keys import whole_internet
 from infra.spec import ClusterSpec
 from infra.stackfile import StackSecrets
-from scripts.doctor.report import DoctorReport, Row
+from scripts import ui
+from scripts.doctor.row import Row
 from scripts.transport.ssh import fingerprint, parse_public_key
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
     from infra.stackfile import StackFile
     from scripts.targets.stack.clients import StackClients
+
+
+HEADERS = ("check", "status", "detail", "fix")
+
+
+class DoctorFailed(UserError):
+    """Something a first `up` needs is missing; the table above says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """The doctor's one table: its rows, shown, and the failures that stop `up`/`run`."""
+
+    title: str
+    rows: tuple[Row, ...]
+
+    @property
+    def failures(self) -> tuple[Row, ...]:
+        return tuple(r for r in self.rows if r.status == "fail")
+
+    def row(self, check: str) -> Row:
+        return next(r for r in self.rows if r.check == check)
+
+    def show(self) -> None:
+        ui.table(self.title, HEADERS, [(r.check, r.status, r.detail, r.fix) for r in self.rows])
+
+    def require_ok(self, action: str) -> None:
+        """DoctorFailed naming every failing check (the table, already shown, has the fixes)."""
+        if self.failures:
+            names = ", ".join(r.check for r in self.failures)
+            raise DoctorFailed(
+                f"{action}: {len(self.failures)} problem(s) to fix first: {names} "
+                "(see the fixes in the table above); nothing was created"
+            )
 
 
 def run_doctor(
@@ -157,6 +194,14 @@ def run_doctor(
         rows.append(billing_row(spec.billing_export))
     title = f"doctor: stack {stack}" if stack else "doctor (no --stack: this machine only)"
     return DoctorReport(title, tuple(rows))
+
+
+def require_doctor(stack_file: StackFile, clients: StackClients, spec: ClusterSpec) -> None:
+    """Before `up`/`run` create anything: the doctor's table for the stack, shown; DoctorFailed
+    when a row fails."""
+    report = run_doctor(stack_file, clients, spec)
+    report.show()
+    report.require_ok("doctor")
 
 
 T = TypeVar("T")

@@ -338,9 +338,9 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_attached_or_detached(
     The job is the trainer's torch-free stand-in (steps.py: its steps, checkpoints and SIGTERM
     stop, in lockstep on both nodes); the trainer's own SIGTERM stop is
     tests/trainer/test_train.py's subject."""
-    from infra.cost_caps import worst_hourly
     from infra.spec import parse_spec
     from infra.stackfile import load_stack_config
+    from scripts.run_plan import worst_hourly
 
     w, _, env = cloud_world
     assert w.gcs is not None

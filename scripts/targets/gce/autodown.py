@@ -28,7 +28,7 @@ HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may f
 def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> RunBudget | None:
     """What the head's watchdog holds the run to: --budget, else the stack's `budget`, at the
     cluster's worst-case rate (the plan's: check_caps passed) from `started_at`."""
-    from infra.cost_caps import BUDGET_INTERVAL_ENV, budget_interval_s, worst_hourly
+    from scripts.run_plan import BUDGET_INTERVAL_ENV, budget_interval_s, worst_hourly
 
     usd = opts.budget if opts.budget is not None else spec.budget
     rate = worst_hourly(spec)

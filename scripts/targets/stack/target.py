@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infra.base.errors import GputrainError, UserError
-from infra.cost_caps import check_spending_caps
 from scripts import ui
+from scripts.run_plan import check_spending_caps
 from scripts.settings import Settings
 from scripts.targets.base import (
     Capabilities,
@@ -362,11 +362,9 @@ class StackTarget(Generic[C, P]):
         if not opts.yes:
             require_terminal(spec)
         if not opts.skip_preflight:
-            from scripts.doctor.run import run_doctor
+            from scripts.doctor.run import require_doctor
 
-            report = run_doctor(self.stack_file, self.doctor, self._with_build(spec))
-            report.show()
-            report.require_ok("doctor")
+            require_doctor(self.stack_file, self.doctor, self._with_build(spec))
 
     def up(self, opts: RunOptions) -> None:
         """Create and prove; it stays up. If that fails it is destroyed again."""
@@ -482,7 +480,7 @@ class StackTarget(Generic[C, P]):
         for line in plan.footer_lines():
             ui.say(line)
         if spec.budget is not None or spec.max_hourly_cost is not None:
-            from infra.cost_caps import caps_line
+            from scripts.run_plan import caps_line
 
             ui.say(caps_line(spec))
         if spec.billing_budget is not None:

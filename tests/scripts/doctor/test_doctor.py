@@ -21,8 +21,8 @@ from infra.permissions import (
 from infra.stackfile import read_stack_file
 from scripts.cli import main
 from scripts.doctor.project import CORE_APIS, VERTEX_APIS, ProjectCheck, project_rows
-from scripts.doctor.report import DoctorReport, Row
-from scripts.doctor.run import run_doctor
+from scripts.doctor.row import Row
+from scripts.doctor.run import DoctorReport, run_doctor
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
 from scripts.targets.gce.keys import generate_ssh_keypair

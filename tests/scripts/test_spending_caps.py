@@ -9,16 +9,16 @@ from typing import NoReturn
 import pytest
 
 from infra.base.errors import UserError
-from infra.cost_caps import (
+from infra.billing import parse_usd
+from infra.spec import ClusterSpec, parse_spec
+from scripts.cli import main
+from scripts.run_plan import (
     BUDGET_INTERVAL_ENV,
     budget_interval_s,
     caps_line,
     check_caps,
-    parse_usd,
     worst_hourly,
 )
-from infra.spec import ClusterSpec, parse_spec
-from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
 from tests.support.pulumi_mocks import ROOT, deployable_config
