@@ -1,9 +1,10 @@
 """karpathy/nanoGPT's own train.py as the user's code on 2 sshd test hosts (issue 27, done-when):
 its checkpoint, written to out/ckpt.pt beside its code, comes home without --out_dir=../out, and
 its CUDA-only DDP code on a CPU host is reported with its exception as the root cause; with a
-requirements.txt naming a package the hosts lack (issue 20), installed once per node (one pair
-of hosts and one test for all of it). The real train.py when GPUTRAIN_NANOGPT_DIR (default
-/work/notes/nanogpt) holds it, else our stand-in (tests/support/nanogpt_standin/train_cuda_ddp.py).
+requirements.txt naming a package the hosts lack (issue 20), installed once per node and cached
+for the next run (one pair of hosts and one test for all of it). The real train.py when
+GPUTRAIN_NANOGPT_DIR (default /work/notes/nanogpt) holds it, else our stand-in
+(tests/support/nanogpt_standin/train_cuda_ddp.py).
 """
 
 from __future__ import annotations
@@ -62,25 +63,16 @@ def _hosts(tb: TestBed, tmp_path: Path, n: int) -> Path:
 def test_nanogpt_on_two_hosts_root_cause_then_its_requirements_once_and_checkpoints_home(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One pair of hosts for all three runs (the test bed's time is shared): first its CUDA-only
-    DDP code fails on the CPU hosts and the root cause is that exception; then through the
-    recipe's wrapper both nodes train with its requirements.txt naming a package the hosts lack
-    (from a package index on the bridge), which its config file (nanoGPT executes it) imports:
-    installed once per node, and the next run finds it cached; their ckpt.pt comes home."""
+    """One pair of hosts for both runs (the test bed's time is shared), the project's
+    requirements.txt naming a package the hosts lack (from a package index on the bridge): the
+    first run installs it once per node, then its CUDA-only DDP code fails on the CPU hosts and
+    the root cause is that exception; the second, through the recipe's wrapper, finds the
+    environment cached, its config file (nanoGPT executes it) imports the package, both nodes
+    train and their ckpt.pt comes home."""
     hosts = _hosts(tb, tmp_path, 2)
     work = _project(tmp_path)
     monkeypatch.chdir(work)
     settings = Settings(root=work, runs_dir=work / "runs", connect_deadline_s=30)
-    flags = [*_flags(), "--backend=gloo"]
-    assert main(["train", "--hosts", str(hosts), "--", "train.py", *flags], settings) == 1
-    err = capsys.readouterr().err
-    cause = err.split("Root cause:", 1)[1].split("logs and results:", 1)[0].strip().splitlines()
-    assert cause[-1].endswith(
-        "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'"
-    )
-    assert cause[0].endswith("Traceback (most recent call last):")
-    assert not any("Overriding" in ln or "iter " in ln for ln in cause)
-
     (work / "requirements.txt").write_text("gputrain-probe==1.0\n")
     (work / "needs_probe.py").write_text(
         "import gputrain_probe  # the package requirements.txt names\n"
@@ -94,13 +86,19 @@ def test_nanogpt_on_two_hosts_root_cause_then_its_requirements_once_and_checkpoi
             "--env",
             f"PIP_TRUSTED_HOST={tb.bridge_address}",
         ]
-        argv = ["train", "--hosts", str(hosts), *pip, "--", "nanogpt_cpu.py", "needs_probe.py"]
-        assert main([*argv, *_flags()], settings) == 0
-        out = capsys.readouterr().out
-        assert out.count("[requirements] Successfully installed gputrain-probe-1.0") == 2
-        assert out.count("config: imported gputrain_probe") == 2 and "iter 20: loss" in out
-        _checkpoints_home(work)
-        assert main([*argv, *_flags()], settings) == 0
+        train = ["train", "--hosts", str(hosts), *pip, "--"]
+        assert main([*train, "train.py", *_flags(), "--backend=gloo"], settings) == 1
+        captured = capsys.readouterr()
+        assert captured.out.count("[requirements] Successfully installed gputrain-probe-1.0") == 2
+        cause = captured.err.split("Root cause:", 1)[1].split("logs and results:", 1)[0]
+        cause_lines = cause.strip().splitlines()
+        assert cause_lines[-1].endswith(
+            "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'"
+        )
+        assert cause_lines[0].endswith("Traceback (most recent call last):")
+        assert not any("Overriding" in ln or "iter " in ln for ln in cause_lines)
+
+        assert main([*train, "nanogpt_cpu.py", "needs_probe.py", *_flags()], settings) == 0
         out = capsys.readouterr().out
         assert out.count("skipped (cached)") == 2 and "Successfully installed" not in out
         assert out.count("config: imported gputrain_probe") == 2 and "iter 20: loss" in out
