@@ -82,11 +82,18 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_single_process_default_run_learns_and_writes_documented_outputs(tmp_path: Path) -> None:
+def test_single_process_default_run_learns_and_writes_documented_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m trainer.train --preset tiny`: its main() in this process (a process of its own:
+    test_bad_data_in_a_real_process_has_no_traceback; under torchrun: the tests below)."""
+    monkeypatch.setenv("GPUTRAIN_OUT", str(tmp_path))
+    for name in ("GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
+        monkeypatch.delenv(name, raising=False)  # as child_env() leaves them for a process
     started = time.monotonic()
-    done = run([sys.executable, "-m", "trainer.train", "--preset", "tiny"], out=tmp_path)
+    main(["--preset", "tiny"])  # returns: exit status 0 (any other is a SystemExit)
     wall = time.monotonic() - started
-    assert done.returncode == 0, done.stderr[-3000:]
+    stdout = capsys.readouterr().out
     s = summary(tmp_path)  # written to $GPUTRAIN_OUT: --out defaults to it
     assert s.keys() >= SUMMARY_FIELDS
     assert_learned_toward_floor(s)
@@ -100,8 +107,8 @@ def test_single_process_default_run_learns_and_writes_documented_outputs(tmp_pat
         "ckpt-00000200.pt",
         "ckpt-00000300.pt",
     ]
-    assert "step    300/300 | loss" in done.stdout  # one readable line per interval
-    assert "floor 1.3863)" in done.stdout  # the done: line rounds ln 4 like the losses
+    assert "step    300/300 | loss" in stdout  # one readable line per interval
+    assert "floor 1.3863)" in stdout  # the done: line rounds ln 4 like the losses
     assert wall < 60, f"the tiny preset took {wall:.0f} s"
 
 
