@@ -24,7 +24,7 @@ def _train(capfd: pytest.CaptureFixture[str], tmp_path: Path, *flags: str) -> tu
         main(["--out", str(tmp_path / "out"), *flags])
         code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)  # as the interpreter
     return code, capfd.readouterr().err
 
 
