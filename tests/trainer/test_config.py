@@ -194,12 +194,17 @@ def test_a_bad_value_is_one_line_naming_the_flag_and_exit_2(
     assert not out.exists() or not any(out.iterdir())  # nothing started
 
 
-def test_out_pointing_at_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_out_pointing_at_a_file_is_refused_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """All of standard error (file descriptor 2) while main() runs in this process."""
     existing = tmp_path / "results.txt"
     existing.write_text("not a directory\n")
-    done = run([sys.executable, "-m", "trainer.train", "--out", str(existing)])
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(existing)])
+    assert exc.value.code == 2
+    assert capfd.readouterr().err.strip().splitlines() == [
         f"error: --out {existing}: is a file; must be a directory (existing or new)"
     ]
     assert existing.read_text() == "not a directory\n"

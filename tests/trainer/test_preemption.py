@@ -1,8 +1,9 @@
-"""GCE's preemption notice: the metadata watcher against a local server that answers like the
-metadata server, and a notice seen by one node stopping both nodes at the same step."""
+"""GCE's preemption and maintenance notices: the metadata watchers against a local server that
+answers like the metadata server, and notices seen by one node acting on both nodes at one step."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -27,16 +28,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
 
 
 class MetadataServer(ThreadingHTTPServer):
-    """`instance/preempted` as GCE serves it: Metadata-Flavor required, ETags, and
-    `wait_for_change` (with `last_etag`, `timeout_sec`) holding the answer until the value changes."""
+    """`instance/preempted` (FALSE until a notice) and `instance/maintenance-event` (NONE until
+    one) as GCE serves them: Metadata-Flavor required, ETags, and `wait_for_change` (with
+    `last_etag`, `timeout_sec`) holding the answer until the value changes."""
 
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, path: str = PREEMPTED_PATH, value: str = "FALSE") -> None:
+    def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), MetadataHandler)
-        self.path = path
-        self.value = value
+        self.values = {PREEMPTED_PATH: "FALSE", MAINTENANCE_PATH: "NONE"}
         self.changed = threading.Condition()
         self.requests: list[str] = []
 
@@ -44,12 +45,12 @@ class MetadataServer(ThreadingHTTPServer):
     def host(self) -> str:
         return f"127.0.0.1:{self.server_address[1]}"
 
-    def etag(self) -> str:
-        return f"etag-{self.value.lower()}"
+    def etag(self, path: str) -> str:
+        return f"etag-{self.values[path].lower()}"
 
-    def set(self, value: str) -> None:
+    def set(self, path: str, value: str) -> None:
         with self.changed:
-            self.value = value
+            self.values[path] = value
             self.changed.notify_all()
 
 
@@ -60,22 +61,24 @@ class MetadataHandler(BaseHTTPRequestHandler):
         server, url = self.server, urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         server.requests.append(self.path)
-        if url.path != server.path:
+        if url.path not in server.values:
             return self.answer(404, "not found")
         if self.headers.get("Metadata-Flavor") != "Google":
-            return self.answer(403, "Missing required header: Metadata-Flavor")
+            return self.answer(403, "Missing required header: Metadata-Flavor", url.path)
         if query.get("wait_for_change") == "true":
-            seen = query.get("last_etag") or server.etag()
+            seen = query.get("last_etag") or server.etag(url.path)
             with server.changed:
                 server.changed.wait_for(
-                    lambda: server.etag() != seen, timeout=float(query.get("timeout_sec", 300))
+                    lambda: server.etag(url.path) != seen,
+                    timeout=float(query.get("timeout_sec", 300)),
                 )
-        self.answer(200, server.value)
+        self.answer(200, server.values[url.path], url.path)
 
-    def answer(self, status: int, body: str) -> None:
+    def answer(self, status: int, body: str, path: str | None = None) -> None:
         data = body.encode()
         self.send_response(status)
-        self.send_header("ETag", self.server.etag())
+        if path is not None:
+            self.send_header("ETag", self.server.etag(path))
         self.send_header("Content-Type", "application/text")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -91,7 +94,8 @@ def metadata() -> Iterator[MetadataServer]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
-    server.set("SHUTDOWN")  # releases held long polls
+    for path in server.values:
+        server.set(path, "SHUTDOWN")  # releases held long polls
     server.shutdown()
     server.server_close()
 
@@ -110,7 +114,7 @@ def test_the_watcher_long_polls_and_fires_once_the_value_turns_true(
     assert metadata.requests[0] == PREEMPTED_PATH
     assert metadata.requests[1].startswith(f"{PREEMPTED_PATH}?wait_for_change=true")
     assert "last_etag=etag-false" in metadata.requests[1]
-    metadata.set("TRUE")
+    metadata.set(PREEMPTED_PATH, "TRUE")
     assert watcher.preempted.wait(5)
     watcher.join(5)
     assert stop.reason == "preempted" and not watcher.is_alive()
@@ -134,82 +138,74 @@ def test_a_missing_metadata_server_never_crashes_and_is_reported_once(
     assert capsys.readouterr().out.count("metadata watch:") == 1
 
 
-def test_a_notice_on_one_node_makes_both_save_at_the_same_step(
-    metadata: MetadataServer, tmp_path: Path
-) -> None:
-    port, args = free_port(), ["--log-every", "1", "--checkpoint-every", "1000"]
-    envs = [child_env(tmp_path / f"node{n}") for n in (0, 1)]
-    envs[1].update(GPUTRAIN_WATCH_PREEMPTION="1", GCE_METADATA_HOST=metadata.host)  # node 1 only
-    procs = [start(node_argv(port, "preempt", args), env) for env in envs]
-    wait_for_steps(tmp_path / "node0", 20, procs)
-    metadata.set("TRUE")  # GCE's preemption notice
-    logs = [p.communicate(timeout=90)[0] for p in procs]
-    assert all(p.returncode != 0 for p in procs), logs[0][-3000:]
-    said = logs[0].split("preemption notice (metadata server): stopped at step ")
-    assert len(said) == 2, logs[0][-3000:] + logs[1][-3000:]
-    step = int(said[1].split()[0])
-    assert 20 <= step < 300
-    saved = [checkpoint.list_checkpoints(tmp_path / f"node{n}")[-1] for n in (0, 1)]
-    assert [s for s, _ in saved] == [step, step]
-    states = [checkpoint.load(path) for _, path in saved]
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(states[0]["model"].values(), states[1]["model"].values(), strict=True)
-    )
-    assert not (tmp_path / "node0" / "summary.json").exists()  # stopped, not finished
-
-
-@pytest.fixture
-def maintenance() -> Iterator[MetadataServer]:
-    """`instance/maintenance-event` (NONE until a notice)."""
-    server = MetadataServer(MAINTENANCE_PATH, "NONE")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.set("SHUTDOWN")
-    server.shutdown()
-    server.server_close()
-
-
 def test_every_maintenance_notice_asks_for_one_checkpoint_and_never_a_stop(
-    maintenance: MetadataServer,
+    metadata: MetadataServer,
 ) -> None:
     stop = StopRequest()
-    watcher = maintenance_watcher(stop, host=maintenance.host)
+    watcher = maintenance_watcher(stop, host=metadata.host)
     watcher.start()
-    maintenance.set("TERMINATE_ON_HOST_MAINTENANCE")
+    metadata.set(MAINTENANCE_PATH, "TERMINATE_ON_HOST_MAINTENANCE")
     deadline = time.monotonic() + 10
     while stop.checkpoints_asked < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert stop.checkpoints_asked == 1 and stop.code == 1 and not stop.requested
     stop.checkpoints_taken = 1
-    seen = len(maintenance.requests)
-    maintenance.set("NONE")  # the window passed; a later notice asks again
-    while len(maintenance.requests) < seen + 1 and time.monotonic() < deadline:
+    seen = len(metadata.requests)
+    metadata.set(MAINTENANCE_PATH, "NONE")  # the window passed; a later notice asks again
+    while len(metadata.requests) < seen + 1 and time.monotonic() < deadline:
         time.sleep(0.01)  # the watcher read NONE and polls again (etags are per value)
-    maintenance.set("TERMINATE_ON_HOST_MAINTENANCE")
+    metadata.set(MAINTENANCE_PATH, "TERMINATE_ON_HOST_MAINTENANCE")
     while stop.checkpoints_asked < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert stop.checkpoints_asked == 2 and watcher.is_alive()
     watcher.stop()
 
 
-def test_a_maintenance_notice_on_one_node_saves_both_at_one_step_and_training_goes_on(
-    maintenance: MetadataServer, tmp_path: Path
+def wait_for_checkpoint(out: Path, procs: list[subprocess.Popen[str]]) -> int:
+    """The step of the first checkpoint in `out` (0 if a run ended or 60 s passed first)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        if saved := checkpoint.list_checkpoints(out):
+            return saved[0][0]
+        time.sleep(0.05)
+    return 0
+
+
+def test_notices_on_one_node_save_both_at_one_step_then_stop_both_at_one_step(
+    metadata: MetadataServer, tmp_path: Path
 ) -> None:
-    steps = 120  # the notice comes at step 20 or so; the run then trains on to its end
-    port, args = free_port(), ["--log-every", "1", "--checkpoint-every", "1000", "--steps"]
-    args.append(str(steps))
-    envs = [child_env(tmp_path / f"node{n}") for n in (0, 1)]
-    envs[1].update(GPUTRAIN_WATCH_MAINTENANCE="1", GCE_METADATA_HOST=maintenance.host)
-    procs = [start(node_argv(port, "maint", args), env) for env in envs]
-    wait_for_steps(tmp_path / "node0", 20, procs)
-    maintenance.set("TERMINATE_ON_HOST_MAINTENANCE")  # GCE's maintenance notice
-    logs = [p.communicate(timeout=120)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), logs[0][-3000:] + logs[1][-3000:]
-    said = logs[0].split("maintenance notice: checkpoint at step ")
-    assert len(said) == 2, logs[0][-3000:]
-    step = int(said[1].split(",")[0])
-    saved = [[s for s, _ in checkpoint.list_checkpoints(tmp_path / f"node{n}")] for n in (0, 1)]
-    assert all(step in s for s in saved) and 20 <= step < steps  # both saved at the notice's step
-    assert (tmp_path / "node0" / "summary.json").exists()  # and trained on to the end
+    """Node 1 alone watches the metadata server. A maintenance notice: both save at one step and
+    train on; then a preemption notice: both save at one step and stop."""
+    port, args = free_port(), ["--log-every", "1", "--checkpoint-every", "1000"]
+    nodes = [tmp_path / f"node{n}" for n in (0, 1)]
+    envs = [child_env(out) for out in nodes]
+    envs[1].update(
+        GPUTRAIN_WATCH_PREEMPTION="1",
+        GPUTRAIN_WATCH_MAINTENANCE="1",
+        GCE_METADATA_HOST=metadata.host,
+    )
+    procs = [start(node_argv(port, "notices", args), env) for env in envs]
+    wait_for_steps(nodes[0], 20, procs)
+    metadata.set(MAINTENANCE_PATH, "TERMINATE_ON_HOST_MAINTENANCE")  # GCE's maintenance notice
+    kept = wait_for_checkpoint(nodes[0], procs)
+    wait_for_steps(nodes[0], kept + 10, procs)  # training goes on past it
+    metadata.set(PREEMPTED_PATH, "TRUE")  # GCE's preemption notice
+    logs = [p.communicate(timeout=90)[0] for p in procs]
+    assert all(p.returncode != 0 for p in procs), logs[0][-3000:]
+    log = "".join(logs)
+    said = log.split("maintenance notice: checkpoint at step ")
+    assert len(said) == 2, log[-6000:]
+    kept_step = int(said[1].split(",")[0])
+    said = log.split("preemption notice (metadata server): stopped at step ")
+    assert len(said) == 2, log[-6000:]
+    step = int(said[1].split()[0])
+    assert 20 <= kept_step == kept and kept + 10 <= step < 300  # saved, trained on, stopped
+    saved = [checkpoint.list_checkpoints(out) for out in nodes]
+    assert [[s for s, _ in node] for node in saved] == [[kept, step], [kept, step]]
+    for n in (0, 1):  # each save holds one state on both nodes
+        states = [checkpoint.load(node[n][1]) for node in saved]
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(states[0]["model"].values(), states[1]["model"].values(), strict=True)
+        )
+    assert not (nodes[0] / "summary.json").exists()  # stopped, not finished

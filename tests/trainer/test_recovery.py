@@ -15,8 +15,8 @@ from trainer.storage import MANIFEST_SUFFIX
 from trainer.train import main
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
-STEPS = 80
-FLAGS = ["--checkpoint-every", "20", "--keep-checkpoints", "4", "--log-every", "1"]
+STEPS = 40
+FLAGS = ["--checkpoint-every", "10", "--keep-checkpoints", "4", "--log-every", "1"]
 FLAGS += ["--eval-batches", "0", "--steps", str(STEPS)]
 
 
@@ -27,11 +27,11 @@ def train(out: Path, *extra: str) -> dict[int, float]:
 
 
 def first_run(gcs: GcsEmulator, out: Path) -> tuple[str, dict[int, float]]:
-    """An uninterrupted run with a bucket whose step-80 upload never got its manifest (the node
-    died in between): a resume starts from 60 and must reproduce this run's later losses."""
+    """An uninterrupted run with a bucket whose step-40 upload never got its manifest (the node
+    died in between): a resume starts from 30 and must reproduce this run's later losses."""
     uri = f"gs://{gcs.bucket_name}/runs/r1/"
     losses = train(out, "--checkpoint-uri", uri)
-    gcs.client().bucket(gcs.bucket_name).blob(f"runs/r1/ckpt-00000080.pt{MANIFEST_SUFFIX}").delete()
+    gcs.client().bucket(gcs.bucket_name).blob(f"runs/r1/ckpt-00000040.pt{MANIFEST_SUFFIX}").delete()
     return uri, losses
 
 
@@ -55,17 +55,17 @@ def test_a_replaced_node_resumes_from_the_bucket_exactly(
     assert (
         gcs.names("runs/")
         == [  # the last --keep-checkpoints (4), each with its manifest
-            f"runs/r1/ckpt-{s:08d}.pt{m}" for s in (20, 40, 60, 80) for m in ("", MANIFEST_SUFFIX)
+            f"runs/r1/ckpt-{s:08d}.pt{m}" for s in (10, 20, 30, 40) for m in ("", MANIFEST_SUFFIX)
         ][:-1]
     )
-    assert "checkpoint step 80 uploaded to gs://" in capsys.readouterr().out
+    assert "checkpoint step 40 uploaded to gs://" in capsys.readouterr().out
     fresh = tmp_path / "fresh"  # a new VM: its disk is empty, the bucket is all there is
     train(fresh, "--checkpoint-uri", uri)
     said = capsys.readouterr().out
-    assert f"resume: step 60 downloaded from {uri}ckpt-00000060.pt" in said
-    assert "ckpt-00000080.pt" not in said.split("trainer: preset")[0]  # incomplete: not a candidate
-    assert_continues_exactly(fresh, reference, 60)
-    assert [s for s, _ in checkpoint.list_checkpoints(fresh)] == [60, 80]
+    assert f"resume: step 30 downloaded from {uri}ckpt-00000030.pt" in said
+    assert "ckpt-00000040.pt" not in said.split("trainer: preset")[0]  # incomplete: not a candidate
+    assert_continues_exactly(fresh, reference, 30)
+    assert [s for s, _ in checkpoint.list_checkpoints(fresh)] == [30, 40]
 
 
 def test_a_truncated_newest_local_checkpoint_falls_back_to_the_older_one(
@@ -73,31 +73,31 @@ def test_a_truncated_newest_local_checkpoint_falls_back_to_the_older_one(
 ) -> None:
     out = tmp_path / "out"
     reference = train(out)
-    (out / "ckpt-00000080.pt").unlink()
-    cut_in_half(out / "ckpt-00000060.pt")  # e.g. the disk filled up under a copy
+    (out / "ckpt-00000040.pt").unlink()
+    cut_in_half(out / "ckpt-00000030.pt")  # e.g. the disk filled up under a copy
     capsys.readouterr()
     train(out)
     said = capsys.readouterr().out
     assert (
-        f"resume: skipped checkpoint {out / 'ckpt-00000060.pt'} cannot be read: truncated" in said
+        f"resume: skipped checkpoint {out / 'ckpt-00000030.pt'} cannot be read: truncated" in said
     )
     assert "weights_only" not in said
-    assert_continues_exactly(out, reference, 40)
+    assert_continues_exactly(out, reference, 20)
 
 
 def test_a_truncated_newest_remote_checkpoint_falls_back_to_the_older_one(
     gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     uri, reference = first_run(gcs, tmp_path / "first")
-    gcs.write("runs/r1/ckpt-00000060.pt", gcs.read("runs/r1/ckpt-00000060.pt")[:1000])
+    gcs.write("runs/r1/ckpt-00000030.pt", gcs.read("runs/r1/ckpt-00000030.pt")[:1000])
     capsys.readouterr()
     fresh = tmp_path / "fresh"
     train(fresh, "--checkpoint-uri", uri)
     said = capsys.readouterr().out
-    assert f"resume: skipped {uri}ckpt-00000060.pt: 1000 bytes" in said
+    assert f"resume: skipped {uri}ckpt-00000030.pt: 1000 bytes" in said
     assert "truncated or overwritten" in said
-    assert f"resume: step 40 downloaded from {uri}ckpt-00000040.pt" in said
-    assert_continues_exactly(fresh, reference, 40)
+    assert f"resume: step 20 downloaded from {uri}ckpt-00000020.pt" in said
+    assert_continues_exactly(fresh, reference, 20)
 
 
 def test_a_damaged_local_copy_gives_way_to_the_buckets_copy_of_the_same_step(
@@ -105,14 +105,14 @@ def test_a_damaged_local_copy_gives_way_to_the_buckets_copy_of_the_same_step(
 ) -> None:
     out = tmp_path / "out"
     uri, reference = first_run(gcs, out)
-    (out / "ckpt-00000080.pt").unlink()
-    cut_in_half(out / "ckpt-00000060.pt")
+    (out / "ckpt-00000040.pt").unlink()
+    cut_in_half(out / "ckpt-00000030.pt")
     capsys.readouterr()
     train(out, "--checkpoint-uri", uri)
     said = capsys.readouterr().out
-    assert f"resume: skipped checkpoint {out / 'ckpt-00000060.pt'} cannot be read" in said
-    assert f"resume: step 60 downloaded from {uri}ckpt-00000060.pt" in said
-    assert_continues_exactly(out, reference, 60)
+    assert f"resume: skipped checkpoint {out / 'ckpt-00000030.pt'} cannot be read" in said
+    assert f"resume: step 30 downloaded from {uri}ckpt-00000030.pt" in said
+    assert_continues_exactly(out, reference, 30)
 
 
 def test_no_usable_checkpoint_or_one_without_model_config_is_one_line_and_exit_2(

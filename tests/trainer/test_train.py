@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,18 +66,34 @@ def assert_learned_toward_floor(s: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny preset's default run under torchrun with 2 gloo ranks, every step logged."""
-    out = tmp_path_factory.mktemp("torchrun")
-    done = run(torchrun_argv("trainer.train", ["--log-every", "1"]), out)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    """The tiny preset's default run under torchrun with 2 gloo ranks, every step logged: run once
+    per session, also under pytest-xdist (the first worker to ask runs it, the others wait)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this session's folder, above each worker's own
+    out, ran = shared / "torchrun-2-ranks", shared / "torchrun-2-ranks.ok"
+    with (shared / "torchrun-2-ranks.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not ran.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a failed try's leftovers
+            done = run(torchrun_argv("trainer.train", ["--log-every", "1"]), out)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            ran.touch()
     return out
 
 
-def test_single_process_default_run_learns_and_writes_documented_outputs(tmp_path: Path) -> None:
+def test_single_process_default_run_learns_and_writes_documented_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m trainer.train --preset tiny`: its main() in this process (a process of its own:
+    test_bad_data_in_a_real_process_has_no_traceback; under torchrun: the tests below)."""
+    monkeypatch.setenv("GPUTRAIN_OUT", str(tmp_path))
+    for name in ("GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
+        monkeypatch.delenv(name, raising=False)  # as child_env() leaves them for a process
     started = time.monotonic()
-    done = run([sys.executable, "-m", "trainer.train", "--preset", "tiny"], out=tmp_path)
+    main(["--preset", "tiny"])  # returns: exit status 0 (any other is a SystemExit)
     wall = time.monotonic() - started
-    assert done.returncode == 0, done.stderr[-3000:]
+    stdout = capsys.readouterr().out
     s = summary(tmp_path)  # written to $GPUTRAIN_OUT: --out defaults to it
     assert s.keys() >= SUMMARY_FIELDS
     assert_learned_toward_floor(s)
@@ -89,8 +107,8 @@ def test_single_process_default_run_learns_and_writes_documented_outputs(tmp_pat
         "ckpt-00000200.pt",
         "ckpt-00000300.pt",
     ]
-    assert "step    300/300 | loss" in done.stdout  # one readable line per interval
-    assert "floor 1.3863)" in done.stdout  # the done: line rounds ln 4 like the losses
+    assert "step    300/300 | loss" in stdout  # one readable line per interval
+    assert "floor 1.3863)" in stdout  # the done: line rounds ln 4 like the losses
     assert wall < 60, f"the tiny preset took {wall:.0f} s"
 
 
@@ -139,28 +157,26 @@ def test_sigterm_checkpoints_uploads_and_resume_reproduces_every_later_loss(
         )
 
 
-def test_a_node_without_checkpoints_receives_the_newest_by_broadcast(tmp_path: Path) -> None:
-    """Two torchrun agents as two nodes with separate out dirs (no shared filesystem)."""
+def test_a_node_without_checkpoints_receives_the_newest_by_broadcast(
+    torchrun_run: Path, tmp_path: Path
+) -> None:
+    """Two torchrun agents as two nodes with separate out dirs (no shared filesystem): node 0 holds
+    the checkpoints of a world of 2 ranks (the 2-rank run's: a checkpoint holds no rank layout),
+    node 1 is a fresh replacement VM without any."""
     outs = [tmp_path / "node0", tmp_path / "node1"]
-
-    def two_nodes(steps: int) -> list[subprocess.CompletedProcess[str]]:
-        port = free_port()
-        args = ["--steps", str(steps), "--checkpoint-every", "20", "--log-every", "10"]
-        procs = [start(node_argv(port, "nodes", args), child_env(out)) for out in outs]
-        return [
-            subprocess.CompletedProcess(p.args, p.wait(120), p.communicate()[0], "") for p in procs
-        ]
-
-    for done in two_nodes(40):
-        assert done.returncode == 0, done.stdout[-3000:]
-    assert [checkpoint.list_checkpoints(o)[-1][0] for o in outs] == [40, 40]
-    for _, path in checkpoint.list_checkpoints(outs[1]):  # node 1 is a fresh replacement VM
-        path.unlink()
-    for done in two_nodes(60):
-        assert done.returncode == 0, done.stdout[-3000:]
+    outs[0].mkdir()
+    kept = checkpoint.list_checkpoints(torchrun_run)
+    assert [s for s, _ in kept] == [200, TINY_STEPS]
+    for _, path in kept:
+        shutil.copy(path, outs[0])
+    port, args = free_port(), ["--steps", str(TINY_STEPS + 1), "--eval-batches", "0"]
+    procs = [start(node_argv(port, "nodes", args), child_env(out)) for out in outs]
+    for p in procs:
+        log, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, log[-3000:]
     for out in outs:
         s = summary(out)
-        assert s["resumed_from"] == 40 and s["params_in_sync"] and s["world_size"] == 2
+        assert s["resumed_from"] == TINY_STEPS and s["params_in_sync"] and s["world_size"] == 2
 
 
 def write_text_corpus(directory: Path) -> int:

@@ -1,11 +1,10 @@
 """Trainer flags that used to crash, train to nan or die silently: each one line and an exit code
-(issue 27, class 1). The trainer runs as a real process, as under torchrun."""
+(issue 27, class 1). The trainer's own `main()` runs in this process: the code, the line on
+standard error and the exit status a `python -m trainer.train` process gives
+(test_train.py's test_bad_data_in_a_real_process_has_no_traceback runs one as a real process)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,20 +13,19 @@ import torch
 from trainer.config import parse_config
 from trainer.errors import InputError
 from trainer.memory import available_bytes, check_fits, estimate
+from trainer.train import main
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _train(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--out", str(tmp_path / "out"), *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-    )
-    return out.returncode, out.stderr
+def _train(capfd: pytest.CaptureFixture[str], tmp_path: Path, *flags: str) -> tuple[int, str]:
+    """`trainer.train --out tmp_path/out` with these flags: its exit status and all it wrote to
+    standard error (file descriptor 2: a warning or traceback printed by anything would show)."""
+    capfd.readouterr()
+    try:
+        main(["--out", str(tmp_path / "out"), *flags])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)  # as the interpreter
+    return code, capfd.readouterr().err
 
 
 @pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999999999"])
@@ -43,10 +41,12 @@ def test_non_finite_numbers_are_refused(flag: str, value: str) -> None:
         parse_config([f"{flag}={value}"])
 
 
-def test_a_diverging_loss_ends_the_run_with_exit_1_naming_the_step(tmp_path: Path) -> None:
+def test_a_diverging_loss_ends_the_run_with_exit_1_naming_the_step(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     code, err = _train(
-        tmp_path, "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0", "--steps", "40",
-        "--log-every", "5",
+        capfd, tmp_path, "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0",
+        "--steps", "40", "--log-every", "5",
     )  # fmt: skip
     assert code == 1, err
     line = next(ln for ln in err.splitlines() if ln.startswith("error:"))
@@ -54,8 +54,11 @@ def test_a_diverging_loss_ends_the_run_with_exit_1_naming_the_step(tmp_path: Pat
     assert "Traceback" not in err
 
 
-def test_a_model_too_big_for_memory_is_refused_with_the_figures(tmp_path: Path) -> None:
-    code, err = _train(tmp_path, "--block-size", "200000", "--n-embd", "4096", "--n-head", "32")
+def test_a_model_too_big_for_memory_is_refused_with_the_figures(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    flags = ("--block-size", "200000", "--n-embd", "4096", "--n-head", "32")
+    code, err = _train(capfd, tmp_path, *flags)
     assert code == 2, err
     (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert "model too big" in line and "GiB free" in line and "--block-size 200000" in line
@@ -92,39 +95,38 @@ def test_ranks_on_one_machine_share_its_available_memory(
     assert available_bytes(cpu, 1) is None
 
 
-def test_an_out_dir_that_cannot_be_created_names_it(tmp_path: Path) -> None:
+def test_an_out_dir_that_cannot_be_created_names_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "file").write_text("x")
-    r = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--out", str(tmp_path / "file" / "out")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 2
-    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    code, err = _train(capfd, tmp_path / "file")  # --out tmp_path/file/out
+    assert code == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
     assert line.startswith(f"error: --out {tmp_path / 'file' / 'out'}: cannot write there")
 
 
 @pytest.mark.parametrize("kernel", ["flash", "cudnn"])
-def test_gpu_only_attention_kernels_are_refused_alike_on_cpu(tmp_path: Path, kernel: str) -> None:
-    code, err = _train(tmp_path, "--attention", kernel, "--steps", "1")
+def test_gpu_only_attention_kernels_are_refused_alike_on_cpu(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], kernel: str
+) -> None:
+    code, err = _train(capfd, tmp_path, "--attention", kernel, "--steps", "1")
     assert code == 2
     assert f"error: --attention {kernel}: needs a CUDA device" in err
 
 
-def test_text_data_never_writes_beside_itself(tmp_path: Path) -> None:
+def test_text_data_never_writes_beside_itself(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = tmp_path / "ro" / "corpus.txt"
     data.parent.mkdir()
     data.write_text("hello world, " * 400)
-    code, err = _train(
-        tmp_path, "--data", str(data), "--steps", "2", "--eval-batches", "0",
-        env={"GPUTRAIN_DATA_CACHE": str(tmp_path / "cache")},
-    )  # fmt: skip
+    monkeypatch.setenv("GPUTRAIN_DATA_CACHE", str(tmp_path / "cache"))
+    code, err = _train(capfd, tmp_path, "--data", str(data), "--steps", "2", "--eval-batches", "0")
     assert code == 0, err
     assert sorted(p.name for p in data.parent.iterdir()) == ["corpus.txt"]
     assert len(list((tmp_path / "cache").glob("corpus.txt-*.bytes.u16"))) == 1
     bad = tmp_path / "file"
     bad.write_text("x")
-    code, err = _train(
-        tmp_path, "--data", str(data), "--steps", "2",
-        env={"GPUTRAIN_DATA_CACHE": str(bad / "cache")},
-    )  # fmt: skip
+    monkeypatch.setenv("GPUTRAIN_DATA_CACHE", str(bad / "cache"))
+    code, err = _train(capfd, tmp_path, "--data", str(data), "--steps", "2")
     assert code == 2 and "GPUTRAIN_DATA_CACHE" in err and "Traceback" not in err
