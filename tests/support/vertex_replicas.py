@@ -16,6 +16,7 @@ package: PYTHONPATH is the install target, never this checkout.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import json
@@ -226,8 +227,11 @@ class LocalReplicas:
                  "--no-build-isolation", "--target", str(site), str(archive)],
                 check=True, capture_output=True, timeout=120,
             )  # fmt: skip
-            shutil.copytree(site, first.with_suffix(".part"), symlinks=True)
-            first.with_suffix(".part").rename(first)
+            part = Path(tempfile.mkdtemp(dir=first.parent))  # jobs may run at once
+            shutil.copytree(site, part / "site", symlinks=True)
+            with contextlib.suppress(OSError):  # unless another job's copy got there first
+                (part / "site").rename(first)
+            shutil.rmtree(part)
         else:
             shutil.copytree(first, site, symlinks=True)
         return site
