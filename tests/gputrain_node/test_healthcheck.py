@@ -126,11 +126,14 @@ def test_the_all_gather_probe_measures_the_collective_published_figures_measured
     tmp_path: Path,
 ) -> None:
     """A3 Mega/Ultra's published 2-node figures are all_gather bus bandwidth: `verify --fabric`
-    asks for that collective (gloo here, NCCL on GPUs)."""
-    argv = torchrun_argv("gputrain_node.healthcheck", ["--collective", "all_gather"])
-    done = run(argv, out=tmp_path)
+    asks for that collective (gloo here, NCCL on GPUs). The sweep stops at --max-bytes (the
+    default's 2 MiB is the test above's)."""
+    args = ["--collective", "all_gather", "--max-bytes", str(256 * 2**10)]
+    done = run(torchrun_argv("gputrain_node.healthcheck", args), out=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     checks = json.loads((tmp_path / "health.json").read_text())["checks"]
     [gather] = [c for c in checks if c["check"] == "allgather_busbw"]
-    assert gather["value"] > 0 and "2 MiB" in gather["note"]
+    assert gather["value"] > 0
+    sweep = gather["note"].split("; ", 1)[1]  # every size measured: 32 KiB, then x8 up to the max
+    assert [size.split(":")[0] for size in sweep.split(", ")] == ["0.03125 MiB", "0.25 MiB"]
     assert not [c for c in checks if c["check"] == "allreduce_busbw"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gputrain_node import vertex_entry
 from gputrain_node.vertex_entry import (
     TRAINER,
     Placement,
@@ -219,20 +220,27 @@ def test_two_replicas_train_with_gloo_and_the_chief_puts_outputs_in_the_bucket(
         assert (tmp_path / kind / "out" / "ckpt-00000060.pt").is_file()
 
 
-def test_bad_trainer_flags_fail_before_torchrun_in_one_line(tmp_path: Path) -> None:
-    env = child_env()
-    env["CLUSTER_SPEC"] = spec("workerpool0", 0)
-    done = subprocess.run(
-        [sys.executable, "-m", "gputrain_node.vertex_entry", "--steps", "0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["error: --steps 0: must be a whole number >= 1"]
-    assert "torch.distributed" not in done.stdout
+def test_bad_trainer_flags_fail_before_torchrun_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The entry's main() in this process (a replica's process adds nothing asserted here):
+    exit 2, one line, and no process started."""
+    monkeypatch.setenv("CLUSTER_SPEC", spec("workerpool0", 0))
+    monkeypatch.setenv("GPUTRAIN_OUT", str(tmp_path / "out"))  # main() sets it: restored after
+    for name in ("AIP_CHECKPOINT_DIR", "AIP_MODEL_DIR", "GPUTRAIN_CHECKPOINT_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(ROOT)
+
+    def no_process(*argv: object, **kw: object) -> None:
+        raise AssertionError(f"a process started: {argv}")
+
+    monkeypatch.setattr(vertex_entry.subprocess, "Popen", no_process)
+    with pytest.raises(SystemExit) as e:
+        vertex_entry.main(["--steps", "0"])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == ["error: --steps 0: must be a whole number >= 1"]
+    assert out == ""  # not even the entry's placement line: torchrun never came near
 
 
 # ---- entries other than the reference trainer ---------------------------------------------------

@@ -15,8 +15,13 @@ package: PYTHONPATH is the install target, never this checkout.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,15 +214,26 @@ class LocalReplicas:
         Client().bucket(bucket).blob(name).download_to_filename(str(to))
 
     def _install(self, uri: str, work: Path) -> Path:
-        """pip install the package from the bucket, as the executor image does (deps: ours)."""
+        """pip install the package from the bucket, as the executor image does (deps: ours).
+        pip runs once per distinct package in this process: a later job of the same bytes gets
+        a copy of that first install, untouched by its job (each job writes into its own)."""
         archive = work / uri.rsplit("/", 1)[-1]
         self._download(uri, archive)
         site = work / "site"
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-             "--no-build-isolation", "--target", str(site), str(archive)],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+        first = _installs() / hashlib.sha256(archive.read_bytes()).hexdigest()
+        if not first.is_dir():
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                 "--no-build-isolation", "--target", str(site), str(archive)],
+                check=True, capture_output=True, timeout=120,
+            )  # fmt: skip
+            part = Path(tempfile.mkdtemp(dir=first.parent))  # jobs may run at once
+            shutil.copytree(site, part / "site", symlinks=True)
+            with contextlib.suppress(OSError):  # unless another job's copy got there first
+                (part / "site").rename(first)
+            shutil.rmtree(part)
+        else:
+            shutil.copytree(first, site, symlinks=True)
         return site
 
     def _stream(self, ctx: RunContext, task: str, proc: subprocess.Popen[str]) -> None:
@@ -237,6 +253,15 @@ class LocalReplicas:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+@functools.cache
+def _installs() -> Path:
+    """Where each distinct package's first install stays (by its sha256) for the jobs after it
+    in this process; removed when the process ends."""
+    where = Path(tempfile.mkdtemp(prefix="gputrain-vertex-installs-"))
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    return where
 
 
 #: The stand-in for Google's reductionserver container: it serves until Vertex stops it once

@@ -59,19 +59,29 @@ JOBS = {  # the user's working directory: a module and a script, beside a data f
         "    print('boom: rank 1 failed on purpose', flush=True); sys.exit(3)\n"
     ),
     "jobs/resume.py": (  # a trainer of yours: resumes from its out dir with --resume
-        "import os, sys\nfrom pathlib import Path\nimport torch.distributed as dist\n"
+        "import os, socket, sys, time\nfrom pathlib import Path\n"
         "out, rank = Path(os.environ['GPUTRAIN_OUT']), os.environ['RANK']\n"
         "attempt = os.environ['GPUTRAIN_ATTEMPT']\n"
         "if '--resume' in sys.argv:\n"
         "    print(f'rank {rank} attempt {attempt} resumed from '\n"
         "          + (out / 'state.txt').read_text(), flush=True)\n"
         "    sys.exit(0)\n"
-        "dist.init_process_group('gloo')\n"
         "out.mkdir(parents=True, exist_ok=True)\n"
         "(out / 'state.txt').write_text(f'step 3 of rank {rank}')\n"
-        "dist.barrier()  # both saved; then the chief's VM is lost\n"
+        "# both saved (rank 1 tells rank 0 over TCP, no torch); then the chief's VM is lost\n"
+        "chief = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']) + 1)\n"
         "if rank == '0':\n"
+        "    with socket.create_server(('', chief[1])) as server:\n"
+        "        server.settimeout(60)\n"
+        "        server.accept()[0].recv(1)\n"
         "    print('rank 0 lost its VM', flush=True); os._exit(3)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while True:\n"
+        "    try:\n"
+        "        socket.create_connection(chief, timeout=5).sendall(b'.'); break\n"
+        "    except OSError:\n"
+        "        if time.monotonic() > deadline: raise\n"
+        "        time.sleep(0.1)\n"
     ),
 }
 

@@ -3,10 +3,11 @@ internet), served in PEP 503's layout (`/simple/<name>/`) by a plain HTTP file s
 
 from __future__ import annotations
 
+import base64
 import functools
-import subprocess
-import sys
+import hashlib
 import threading
+import zipfile
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,27 +20,40 @@ def build_wheel(
     module_body: str = "",
     dependencies: tuple[str, ...] = (),
 ) -> Path:
-    """A wheel of a one-module project `name` (module `name` with dashes as underscores) that
-    requires `dependencies` (PEP 508 strings)."""
+    """A wheel (out/dist/) of a one-module project `name` (module `name` with dashes as
+    underscores) that requires `dependencies` (PEP 508 strings). Written as the wheel format
+    (PEP 427) lays it out — the module, METADATA, WHEEL and a RECORD of sha256 digests — with
+    no build backend to start: what pip and uv install is the same."""
     module = name.replace("-", "_")
-    src = out / f"src-{name}"
-    (src / module).mkdir(parents=True)
-    (src / module / "__init__.py").write_text(
-        f"VERSION = {version!r}\n" + (module_body or "def hello() -> str:\n    return 'hi'\n")
-    )
-    (src / "pyproject.toml").write_text(
-        "[build-system]\nrequires = ['setuptools']\nbuild-backend = 'setuptools.build_meta'\n"
-        f"[project]\nname = {name!r}\nversion = {version!r}\ndependencies = {list(dependencies)!r}\n"
-        f"[tool.setuptools]\npackages = [{module!r}]\n"
-    )
+    info = f"{module}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {d}\n" for d in dependencies)
+    files = {
+        f"{module}/__init__.py": f"VERSION = {version!r}\n"
+        + (module_body or "def hello() -> str:\n    return 'hi'\n"),
+        f"{info}/METADATA": metadata,
+        f"{info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: gputrain-tests\nRoot-Is-Purelib: true\n"
+            "Tag: py3-none-any\n"
+        ),
+    }
+    record = [
+        f"{path},sha256={_digest(text.encode())},{len(text.encode())}"
+        for path, text in files.items()
+    ]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
     dist = out / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(dist), str(src)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return next(dist.glob(f"{module}-{version}-*.whl"))
+    dist.mkdir(parents=True, exist_ok=True)
+    wheel = dist / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return wheel
+
+
+def _digest(data: bytes) -> str:
+    """RECORD's hash: urlsafe base64 of the sha256, without padding."""
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 class PackageIndex:

@@ -95,17 +95,13 @@ def test_run_trains_on_two_replicas_follows_logs_brings_results_home_and_destroy
 def test_a_module_of_the_working_directory_runs_and_a_failure_names_the_job_error(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """One job: rank 1 runs the module (it reads the working directory's data.txt), then fails.
+    The module's success, followed and brought home, is test_up_status_train_logs_down's."""
     w = world()
-    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
-    out, err = capsys.readouterr()
-    assert rc == 0, out[-3000:] + err[-2000:]
-    assert "[chief] answer 42 from rank 0" in out and "[worker-1] answer 42 from rank 1" in out
-    assert (w.run_dir / "model" / "answer.txt").read_text() == "42"
-
     rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer",
                "crash")  # fmt: skip
     out, err = capsys.readouterr()
-    assert rc == 1
+    assert rc == 1, out[-3000:] + err[-2000:]
     first = err.strip().splitlines()[0]
     assert (
         first.startswith("gputrain: error: Vertex job ")
@@ -113,7 +109,9 @@ def test_a_module_of_the_working_directory_runs_and_a_failure_names_the_job_erro
     )
     assert "workerpool1-0 exited with a non-zero status of 1" in first  # torchrun's
     assert "last log lines:" in err and "[worker-1]   exitcode  : 3" in err  # torchrun's summary
-    assert "[worker-1] boom: rank 1 failed on purpose" in (w.run_dir / "vertex.log").read_text()
+    log = (w.run_dir / "vertex.log").read_text()
+    assert "[worker-1] answer 42 from rank 1" in log  # the module ran, in the working directory
+    assert "[worker-1] boom: rank 1 failed on purpose" in log
     assert json.loads((w.run_dir / "job.json").read_text())["ok"] is False
     assert_torn_down(w)
 
@@ -193,7 +191,9 @@ def test_up_status_train_logs_down(
     assert "destroy" not in w.runner.call_names()
     assert w.run("verify", "--stack", "vtest") == 0
     assert f"bucket gs://{BUCKET}" in capsys.readouterr().out
-    assert w.run("train", "--stack", "vtest", "--", "-m", "jobs.answer") == 0
+    assert w.run("train", "--stack", "vtest", "--", "-m", "jobs.answer") == 0  # a module of yours
+    out = capsys.readouterr().out  # followed: each replica's line with its prefix
+    assert "[chief] answer 42 from rank 0" in out and "[worker-1] answer 42 from rank 1" in out
     assert w.run("status", "--stack", "vtest") == 0
     out = capsys.readouterr().out
     assert "SUCCEEDED" in out and w.run_dir.name in out
@@ -204,7 +204,7 @@ def test_up_status_train_logs_down(
     assert w.run("keygen", "--stack", "vtest") == 2
     assert w.run("down", "--stack", "vtest") == 0
     assert "sweep found nothing left" in capsys.readouterr().out
-    assert (w.run_dir / "model" / "answer.txt").is_file()  # still home after the bucket went
+    assert (w.run_dir / "model" / "answer.txt").read_text() == "42"  # home; the bucket went
     assert w.run("sweep", "--stack", "vtest") == 0
     assert_torn_down(w)
 

@@ -17,6 +17,7 @@ from infra.spec import parse_spec
 from infra.vertex_pools import REDUCTION_SERVER_IMAGE, check_job_spec, price_pools
 from scripts.targets.vertex.job import JobRequest, custom_job_body
 from scripts.targets.vertex.preflight import aiplatform_problem
+from tests.support.fake_vertex import DEFAULT_PROGRESSION
 from tests.support.vertex_world import BUCKET, STACK_FILE, World, assert_torn_down
 
 BASE = {
@@ -261,7 +262,8 @@ def test_export_round_trips_through_vertex_job_spec(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`plan --export` writes what `run` submits; read back by `vertexJobSpec`, the same job is
-    submitted (the new run's id in the old one's place) and trains."""
+    submitted (the new run's id in the old one's place) and trains. Both submissions equal the
+    export, so one job that trains proves both would."""
     w = world()
     exported = w.settings.root / "job.yaml"
     entry = ("--", "-m", "jobs.answer")
@@ -279,10 +281,15 @@ def test_export_round_trips_through_vertex_job_spec(
     assert err.endswith(f"--export {exported}: the file exists; add --force to replace it")
     assert len(err.splitlines()) == 1 and exported.read_text() == before
 
-    # the stack keys' run submits what was exported
+    # the stack keys' run submits what was exported. Vertex fails this job before it runs
+    # (no replica starts): what it submitted is the subject, and the same job trains below.
     run = ("run", "--stack", "vtest", "--yes", "--skip-preflight", *entry)
-    assert w.run(*run) == 0
-    capsys.readouterr()
+    w.vertex.progression = ("JOB_STATE_PENDING", "JOB_STATE_FAILED")
+    assert w.run(*run) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gputrain: error: Vertex job ") and " FAILED" in err, err
+    assert w.replicas.pids == []  # no replica started
+    w.vertex.progression = DEFAULT_PROGRESSION
     first = w.run_dir.name
     assert _normal(w.created()[0]["jobSpec"]) == _normal(
         json.loads(json.dumps(doc).replace(old, first))
