@@ -97,8 +97,10 @@ class LocalReplicas:
         retry: int,
         port: int,
     ) -> dict[str, subprocess.Popen[str]]:
-        """One process per replica, each on a disk of its own (a retry: new disks, new VMs).
-        Pool 2 with Google's reductionserver image runs a stand-in reducer (REDUCER)."""
+        """One process per replica, each on a disk of its own (a retry: new disks, new VMs) with
+        its own install of the package, as each Vertex VM has: nothing a replica writes beside
+        its code reaches another, or the next attempt. Pool 2 with Google's reductionserver
+        image runs a stand-in reducer (REDUCER)."""
         procs: dict[str, subprocess.Popen[str]] = {}
         trainers = sum(int(p.get("replicaCount", 1)) for p in pools[:2] if p)
         for i, pool in enumerate(pools):
@@ -108,6 +110,10 @@ class LocalReplicas:
                 task = f"workerpool{i}-{index}"
                 disk = work / (f"{task}-retry{retry}" if retry else task)
                 disk.mkdir()
+                code = site
+                if not (container or reducer):  # each VM installs the package on its own disk
+                    code = disk / "site"
+                    shutil.copytree(site, code, symlinks=True)
                 env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTRAIN_")}
                 env.update({e["name"]: e["value"] for e in package.get("env", [])})
                 if i < 2:  # what Google's PyTorch samples read (init_method="env://")
@@ -118,7 +124,7 @@ class LocalReplicas:
                         RANK=str(index if i == 0 else 1 + index),
                     )
                 env.update(
-                    PYTHONPATH=str(site),
+                    PYTHONPATH=str(code),
                     OMP_NUM_THREADS="1",
                     CLUSTER_SPEC=json.dumps(
                         {
