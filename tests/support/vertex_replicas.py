@@ -220,27 +220,23 @@ class LocalReplicas:
         Client().bucket(bucket).blob(name).download_to_filename(str(to))
 
     def _install(self, uri: str, work: Path) -> Path:
-        """pip install the package from the bucket, as the executor image does (deps: ours).
-        pip runs once per distinct package in this process: a later job of the same bytes gets
-        a copy of that first install, untouched by its job (each job writes into its own)."""
+        """pip install the package from the bucket, as the executor image does (deps: ours),
+        once per distinct package in this process: the install every replica copies onto its
+        own disk (never run from, never written to)."""
         archive = work / uri.rsplit("/", 1)[-1]
         self._download(uri, archive)
-        site = work / "site"
-        first = _installs() / hashlib.sha256(archive.read_bytes()).hexdigest()
-        if not first.is_dir():
+        installed = _installs() / hashlib.sha256(archive.read_bytes()).hexdigest()
+        if not installed.is_dir():
+            part = Path(tempfile.mkdtemp(dir=installed.parent))  # jobs may run at once
             subprocess.run(
                 [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                 "--no-build-isolation", "--target", str(site), str(archive)],
+                 "--no-build-isolation", "--target", str(part / "site"), str(archive)],
                 check=True, capture_output=True, timeout=120,
             )  # fmt: skip
-            part = Path(tempfile.mkdtemp(dir=first.parent))  # jobs may run at once
-            shutil.copytree(site, part / "site", symlinks=True)
-            with contextlib.suppress(OSError):  # unless another job's copy got there first
-                (part / "site").rename(first)
+            with contextlib.suppress(OSError):  # unless another job's install got there first
+                (part / "site").rename(installed)
             shutil.rmtree(part)
-        else:
-            shutil.copytree(first, site, symlinks=True)
-        return site
+        return installed
 
     def _stream(self, ctx: RunContext, task: str, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
