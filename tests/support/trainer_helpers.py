@@ -8,10 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.support import ROOT
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -85,13 +88,26 @@ def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+def wait_while_running(
+    found: Callable[[], T | None], procs: list[subprocess.Popen[str]], timeout_s: float = 120
+) -> T | None:
+    """`found()`'s first answer that is not None, polled while every run lives (None once a run
+    ended or `timeout_s` passed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        if (answer := found()) is not None:
+            return answer
+        time.sleep(0.05)
+    return None
+
+
 def wait_for_steps(out: Path, steps: int, procs: list[subprocess.Popen[str]]) -> None:
     """Until `out` has logged `steps` metrics lines (or a run ended, or 120 s passed)."""
-    path, deadline = out / "metrics.jsonl", time.monotonic() + 120
-    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
-        if path.exists() and len(path.read_text().splitlines()) >= steps:
-            return
-        time.sleep(0.05)
+    path = out / "metrics.jsonl"
+    wait_while_running(
+        lambda: True if path.exists() and len(path.read_text().splitlines()) >= steps else None,
+        procs,
+    )
 
 
 def run(

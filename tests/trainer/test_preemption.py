@@ -3,7 +3,6 @@ answers like the metadata server, and notices seen by one node acting on both no
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +13,14 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import torch
 
-from tests.support.trainer_helpers import child_env, free_port, node_argv, start, wait_for_steps
+from tests.support.trainer_helpers import (
+    child_env,
+    free_port,
+    node_argv,
+    start,
+    wait_for_steps,
+    wait_while_running,
+)
 from trainer import checkpoint
 from trainer.preemption import (
     MAINTENANCE_PATH,
@@ -161,16 +167,6 @@ def test_every_maintenance_notice_asks_for_one_checkpoint_and_never_a_stop(
     watcher.stop()
 
 
-def wait_for_checkpoint(out: Path, procs: list[subprocess.Popen[str]]) -> int:
-    """The step of the first checkpoint in `out` (0 if a run ended or 60 s passed first)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
-        if saved := checkpoint.list_checkpoints(out):
-            return saved[0][0]
-        time.sleep(0.05)
-    return 0
-
-
 def test_notices_on_one_node_save_both_at_one_step_then_stop_both_at_one_step(
     metadata: MetadataServer, tmp_path: Path
 ) -> None:
@@ -187,7 +183,11 @@ def test_notices_on_one_node_save_both_at_one_step_then_stop_both_at_one_step(
     procs = [start(node_argv(port, "notices", args), env) for env in envs]
     wait_for_steps(nodes[0], 20, procs)
     metadata.set(MAINTENANCE_PATH, "TERMINATE_ON_HOST_MAINTENANCE")  # GCE's maintenance notice
-    kept = wait_for_checkpoint(nodes[0], procs)
+
+    def first_saved() -> int | None:
+        return next((s for s, _ in checkpoint.list_checkpoints(nodes[0])), None)
+
+    kept = wait_while_running(first_saved, procs, timeout_s=60) or 0
     wait_for_steps(nodes[0], kept + 10, procs)  # training goes on past it
     metadata.set(PREEMPTED_PATH, "TRUE")  # GCE's preemption notice
     logs = [p.communicate(timeout=90)[0] for p in procs]
