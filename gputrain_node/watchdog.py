@@ -214,17 +214,28 @@ def ended_at(run_dir: Path, since: float) -> float | None:
     return mtime if mtime >= since - 1 else None
 
 
+def job_pid(run_dir: Path, name: str) -> int | None:
+    """The number in the run dir's pid file `name` (pgid, jobpid) while that process is still the
+    run's: its working directory is in the run dir. The file outlives its process and the kernel
+    gives the number to others (after a wrap, or a reboot that kept the disk), which are never
+    signalled (the controller's shell side: scripts/job/leftovers.py's OURS_SH)."""
+    try:
+        pid = int((run_dir / name).read_text().strip())
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except (OSError, ValueError):
+        return None
+    here = run_dir.resolve()
+    return pid if cwd == here or here in cwd.parents else None
+
+
 def other_job_running(run_dir: Path) -> str | None:
     """Another run on this node still training (its torchrun alive, no exit code): autodown
     must not end the VMs under it. Its run id, or None."""
     for other in run_dir.parent.iterdir():
-        if other == run_dir or (other / EXITCODE).exists() or not (other / "jobpid").is_file():
+        if other == run_dir or (other / EXITCODE).exists():
             continue
-        try:
-            os.kill(int((other / "jobpid").read_text().strip()), 0)
-        except (OSError, ValueError):
-            continue
-        return other.name
+        if job_pid(other, "jobpid") is not None:
+            return other.name
     return None
 
 
@@ -438,8 +449,10 @@ def stop_job(stop: dict[str, Any], run_dir: Path, since: float) -> bool:
     try:
         if (run_dir / "pgid").stat().st_mtime < since - 1:
             return False  # an earlier attempt's
-        pgid = int((run_dir / "pgid").read_text().strip())
-    except (OSError, ValueError):
+    except OSError:
+        return False
+    pgid = job_pid(run_dir, "pgid")
+    if pgid is None:
         return False
     mark = run_dir / BUDGET_MARK
     mark.parent.mkdir(parents=True, exist_ok=True)
@@ -464,8 +477,10 @@ def kill_job(run_dir: Path) -> None:
     """The job outlived BUDGET_GRACE_S after its SIGTERM: its process group is killed."""
     import signal
 
-    with contextlib.suppress(OSError, ValueError):
-        os.killpg(int((run_dir / "pgid").read_text().strip()), signal.SIGKILL)
+    pgid = job_pid(run_dir, "pgid")
+    if pgid is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def autodown_after(cfg: Config, budget_stopped: bool) -> float:

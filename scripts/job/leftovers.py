@@ -1,6 +1,7 @@
-"""What a job or a setup leaves running ends with it: the shell that finds every process carrying
-a tag in its environment (a daemon that double-forked out of its process group keeps it) and ends
-it. Shared by the node's run script and its environment step.
+"""Which processes are a run's, in shell: what a job or a setup leaves running ends with it (every
+process carrying a tag in its environment: a daemon that double-forked out of its process group
+keeps it), and a pid file's number counts only while its process is still the run's. Shared by
+the node's run script, its environment step and the commands that follow, stop and watch a run.
 """
 
 from __future__ import annotations
@@ -19,3 +20,14 @@ def kill_tagged_sh(name: str, value: str) -> str:
         f'while [ $i -lt 10 ] && L=$({find}) && [ -n "$L" ]; do sleep 0.1; i=$((i+1)); done; '
         '[ -z "$L" ] || kill -KILL $L 2>/dev/null; fi'
     )
+
+
+#: `ours PID`, in a run's directory: whether PID is still one of the run's processes (run.sh,
+#: torchrun), whose working directory is in the run dir (R: its physical path). A pid file
+#: outlives its process and the kernel gives the number to any new one (after a wrap, in minutes
+#: where pid_max is 32768; after a reboot that kept the disk): such a process is never signalled,
+#: waited for or counted as a running job.
+OURS_SH = (
+    'R=$(pwd -P); ours() { case "$(readlink "/proc/$1/cwd" 2>/dev/null)" in '
+    '"$R"|"$R"/*) return 0;; esac; return 1; }'
+)

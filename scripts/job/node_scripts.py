@@ -21,7 +21,7 @@ from scripts.job.data_io import (
     mirror_start_lines,
 )
 from scripts.job.environment import READ_SECRETS_SH, REDACT_OUTPUT_SH
-from scripts.job.leftovers import kill_tagged_sh
+from scripts.job.leftovers import OURS_SH, kill_tagged_sh
 from scripts.job.records import Job
 from scripts.job.sync import RUN_SCRIPT, unpack_command
 from scripts.node_layout import CODE_DIR, NCCL_ENV_FILE, NODE_ROOT_SH, RUNS_DIR, run_dir
@@ -258,11 +258,14 @@ def build_upload_and_start_command(
 
 def build_tail_command(run_id: str, lines_seen: int) -> str:
     """Follow torchrun.log from the line after ``lines_seen``; ends once torchrun ends (its pid,
-    reaped at once by run.sh — an orphaned shell may stay a zombie until init reaps it)."""
+    reaped at once by run.sh — an orphaned shell may stay a zombie until init reaps it), at once
+    when it is no longer the run's (OURS_SH): what the log holds, then the end."""
     d = shlex.quote(run_dir(run_id))
+    lines = f"-n +{lines_seen + 1}"
     return (
-        f"cd {d} || exit 1; read -r P 2>/dev/null < jobpid || read -r P < pgid; "
-        f'tail -n +{lines_seen + 1} -s 0.2 -F --pid="$P" torchrun.log 2>/dev/null'
+        f"cd {d} || exit 1; {OURS_SH}; read -r P 2>/dev/null < jobpid || read -r P < pgid; "
+        f'if ours "$P"; then tail {lines} -s 0.2 -F --pid="$P" torchrun.log 2>/dev/null; '
+        f"else tail {lines} torchrun.log 2>/dev/null; fi"
     )
 
 
@@ -281,7 +284,9 @@ def build_follow_command(run_id: str, lines_seen: int, wait_s: float = 5.0) -> s
     return (
         f"{build_tail_command(run_id, lines_seen)}; "
         # run.sh's state from /proc (builtins only: no process per look while 64 nodes wait)
-        f"read -r G < pgid; i=0; s=; while [ ! -s exitcode ] && [ $i -lt {max(1, int(wait_s * 20))} ]; do "
+        # (one look first: a number no longer the run's is no shell at all)
+        'read -r G < pgid; ours "$G" || G=gone; '
+        f"i=0; s=; while [ ! -s exitcode ] && [ $i -lt {max(1, int(wait_s * 20))} ]; do "
         's=; read -r s 2>/dev/null < "/proc/$G/stat"; s=${s##*) }; s=${s%% *}; '
         'case "$s" in ""|Z*) s=; break;; esac; sleep 0.05; i=$((i+1)); done; '
         'if [ -s exitcode ]; then read -r c < exitcode; elif [ -n "$s" ]; '
@@ -300,29 +305,31 @@ def split_follow_line(text: str) -> tuple[str | None, str | None]:
 
 
 def build_running_command() -> str:
-    """The ids of this node's gputrain runs whose torchrun is still alive, one per line."""
+    """The ids of this node's gputrain runs whose torchrun is still alive (OURS_SH), one per line."""
     return (
         f"cd {RUNS_DIR} 2>/dev/null || exit 0; for d in */; do d=${{d%/}}; "
-        '[ -s "$d/jobpid" ] && [ ! -s "$d/exitcode" ] && kill -0 "$(cat "$d/jobpid")" '
-        '2>/dev/null && echo "$d"; done; true'
+        '[ -s "$d/jobpid" ] && [ ! -s "$d/exitcode" ] && (cd "$d" && '
+        f'{OURS_SH}; read -r P < jobpid; ours "$P") && echo "$d"; done; true'
     )
 
 
 def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
     """TERM the job's process group (torchrun forwards it to its workers), SIGKILL what is left
     of the whole process tree after the grace period (workers live in their own sessions), then
-    anything else of the run's (a daemon it double-forked: kill_tagged_sh)."""
+    anything else of the run's (a daemon it double-forked: kill_tagged_sh). A job shell that is
+    gone is never looked for by its number, which another process may hold now (OURS_SH)."""
     d = shlex.quote(run_dir(run_id))
     ticks = max(1, int(grace_s * 5))
     return f"""cd {d} 2>/dev/null || exit 0
 [ -s pgid ] || exit 0
+{OURS_SH}
 P=$(cat pgid)
 tree() {{ ps -e -o pid= -o ppid= | awk -v r="$P" '{{par[$1] = $2}} END {{keep[r] = 1; ch = 1; while (ch) {{ch = 0; for (x in par) if (!(x in keep) && (par[x] in keep)) {{keep[x] = 1; ch = 1}}}} for (x in keep) print x}}'; }}
 alive() {{ for p in $1; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }}
 # a container outlives a killed docker CLI: removed by name once its CLI is gone (or killed)
 rmc() {{ if [ -s container ]; then docker rm -f "$(cat container)" >/dev/null 2>&1; fi; }}
+ours "$P" || {{ rmc; {STOP_LEFTOVERS_SH}; echo stopped-already; exit 0; }}
 T0=$(tree)
-alive "$T0" || {{ rmc; {STOP_LEFTOVERS_SH}; echo stopped-already; exit 0; }}
 kill -TERM -"$P" 2>/dev/null
 i=0; while alive "$T0 $(tree)" && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done
 ALL="$T0 $(tree)"

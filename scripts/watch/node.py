@@ -11,6 +11,7 @@ import shlex
 
 from gputrain_node import contract
 from gputrain_node.contract import HEARTBEAT_ENV, WATCH_DIR_ENV
+from scripts.job.leftovers import OURS_SH
 from scripts.node_layout import node_helper, run_dir
 
 WATCH_DIR = "watch"
@@ -85,10 +86,13 @@ def parse_poll(text: str) -> tuple[float | None, int, str, dict[str, float]]:
 def build_dump_command(run_id: str, python: str, wait_s: float) -> str:
     """Every rank's stack on this node, as the node package's telemetry dump prints it."""
     d = shlex.quote(run_dir(run_id))
-    return f"cd {d} 2>/dev/null || exit 3; R=$(pwd); [ -s jobpid ] || exit 4; " + node_helper(
+    return (
+        f"cd {d} 2>/dev/null || exit 3; {OURS_SH}; read -r P 2>/dev/null < jobpid; "
+        'ours "$P" || exit 4; '
+    ) + node_helper(
         python,
         contract.TELEMETRY,
-        f'dump --watch "$R/watch" --jobpid "$(cat "$R/jobpid")" --wait {wait_s:g}',
+        f'dump --watch "$R/watch" --jobpid "$P" --wait {wait_s:g}',
         code='"$R/code"',
     )
 

@@ -20,7 +20,14 @@ import pytest
 
 from gputrain_node import contract
 from gputrain_node.budget_guard import guard_reached
-from gputrain_node.watchdog import Budget, Config, autodown_after, over_budget
+from gputrain_node.watchdog import (
+    Budget,
+    Config,
+    autodown_after,
+    job_pid,
+    other_job_running,
+    over_budget,
+)
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_metadata import FakeMetadata
 from tests.support.fake_pubsub import FakePubSub
@@ -206,13 +213,38 @@ def test_no_autodown_uploads_the_results_and_deletes_nothing(
     assert marker["exit_code"] == "3"
 
 
+def test_a_pid_files_number_counts_only_while_its_process_is_the_runs(tmp_path: Path) -> None:
+    """A run killed without a word (SIGKILL, a reboot that kept the disk) leaves its pid files; the
+    kernel gives their numbers to new processes, which are not the run's: never signalled, and
+    no run "still training" that holds autodown off."""
+    runs = tmp_path / "runs"
+    gone, live, mine = runs / "gone", runs / "live", runs / "mine"
+    for d in (gone, live / "code", mine):
+        d.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
+    torchrun = subprocess.Popen(["sleep", "30"], cwd=live / "code")
+    try:
+        (gone / "jobpid").write_text(f"{other.pid}\n")
+        (gone / "pgid").write_text(f"{other.pid}\n")
+        assert job_pid(gone, "jobpid") is None and job_pid(gone, "pgid") is None
+        assert other_job_running(mine) is None
+        (live / "jobpid").write_text(f"{torchrun.pid}\n")
+        assert job_pid(live, "jobpid") == torchrun.pid
+        assert other_job_running(mine) == "live"
+        assert job_pid(runs / "nowhere", "jobpid") is None
+    finally:
+        for proc in (other, torchrun):
+            proc.kill()
+            proc.wait()
+
+
 def test_no_autodown_while_another_run_still_trains_on_the_node(
     tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
 ) -> None:
     compute, _, _ = cloud
     other = tmp_path / "runs" / "r0"  # a detached run the user started before, still training
     other.mkdir(parents=True)
-    sleeper = subprocess.Popen(["sleep", "30"])
+    sleeper = subprocess.Popen(["sleep", "30"], cwd=other)  # its torchrun, in its run dir
     (other / "jobpid").write_text(str(sleeper.pid))
     try:
         head_dir = tmp_path / "runs" / "r1"

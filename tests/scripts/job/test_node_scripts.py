@@ -17,6 +17,7 @@ from scripts.job.node_scripts import (
     UNPACK_FAILED,
     build_follow_command,
     build_node_command,
+    build_running_command,
     build_sections_command,
     build_stop_command,
     build_tail_command,
@@ -163,7 +164,7 @@ def test_the_follow_says_pending_while_the_jobs_shell_finishes_after_torchrun(
     t = LocalTransport("n", tmp_path)
     run = tmp_path / ".gputrain" / "runs" / "j1"
     run.mkdir(parents=True)
-    shell = subprocess.Popen(["sleep", "30"])
+    shell = subprocess.Popen(["sleep", "30"], cwd=run)  # run.sh runs in its run dir
     try:
         (run / "pgid").write_text(f"{shell.pid}\n")
         (run / "jobpid").write_text("999999999\n")  # torchrun: gone
@@ -186,6 +187,40 @@ def test_the_follow_says_pending_while_the_jobs_shell_finishes_after_torchrun(
     finally:
         shell.kill()
         shell.wait()
+
+
+def test_a_pid_files_number_held_by_another_process_is_not_the_run(tmp_path: Path) -> None:
+    """A run whose job shell and torchrun are gone without a word (a killed VM that kept its disk,
+    SIGKILL) leaves pid files whose numbers the kernel gives to new processes. Such a process is
+    not the run's: not a running job, never followed, never stopped; the run's own are."""
+    t = LocalTransport("n", tmp_path)
+    runs = tmp_path / ".gputrain" / "runs"
+    gone, live = runs / "gone", runs / "live"
+    for d in (gone / "code", live / "code"):
+        d.mkdir(parents=True)
+    # another process holds the gone run's numbers; the live run's torchrun works in its code dir
+    other = subprocess.Popen(["sleep", "30"], cwd=tmp_path, start_new_session=True)
+    torchrun = subprocess.Popen(["sleep", "30"], cwd=live / "code", start_new_session=True)
+    try:
+        for name in ("pgid", "jobpid"):
+            (gone / name).write_text(f"{other.pid}\n")
+        (live / "jobpid").write_text(f"{torchrun.pid}\n")
+        (gone / "torchrun.log").write_text("one\ntwo\n")
+        assert t.run(build_running_command(), 10).stdout.split() == ["live"]
+        lines: list[str] = []
+        start = time.monotonic()
+        t.stream(build_follow_command("gone", 1, wait_s=0.3), lines.append, timeout=10)
+        assert lines[0] == "two" and [x.rstrip() for x in lines[1:]] == [EXIT_CODE_LINE]
+        assert time.monotonic() - start < 5  # no tail waiting on the other process
+        assert t.run(build_stop_command("gone", grace_s=0.5), 20).stdout.strip() == (
+            "stopped-already"
+        )
+        time.sleep(0.1)
+        assert _running(other.pid) and _running(torchrun.pid)
+    finally:
+        for proc in (other, torchrun):
+            proc.kill()
+            proc.wait()
 
 
 def test_sections_answer_several_questions_in_one_round_trip(tmp_path: Path) -> None:
