@@ -101,15 +101,20 @@ def instances_of(nodes: Sequence[tuple[str, str, str]]) -> tuple[tuple[str, str]
 
 def build_watchdog_start(run_id: str, python: str) -> str:
     """Reads the watchdog's JSON settings on stdin and hands them to a detached watchdog (its own
-    session: a dropped SSH connection cannot end it), after ending any earlier one on the node.
+    session: a dropped SSH connection cannot end it), after ending any earlier one on the node
+    (the process its pid file names only while it is still that watchdog, working in that run's
+    directory). Always before the attempt starts, so an exit code in the run dir is an earlier
+    attempt's and goes: a relaunch within a second of it would otherwise look ended at once to
+    the new watchdog (ended_at's one-second tolerance), which would then autodown under it.
     `exec 3<&0` keeps stdin for the background process (sh gives `&` /dev/null otherwise)."""
     d = shlex.quote(run_dir(run_id))
     return (
         f"mkdir -p {d} && cd {d} || exit 1; "
         # one watchdog per node: an earlier run's (or attempt's) would count a silence of its own
         'for f in ../*/watchdog.pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
+        'w=$(cd "${f%/*}" && pwd -P); [ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$w" ] && '
         f'grep -q {WATCHDOG_FILE} "/proc/$p/cmdline" 2>/dev/null && kill "$p"; rm -f "$f"; done; '
-        "rm -f watchdog.disarm; touch heartbeat; exec 3<&0; "
+        "rm -f watchdog.disarm exitcode; touch heartbeat; exec 3<&0; "
         f"nohup setsid {shlex.quote(python)} {WATCHDOG_FILE} <&3 >> watchdog.log 2>&1 & "
         "i=0; while [ ! -s watchdog.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
         "cat watchdog.pid"

@@ -1,16 +1,21 @@
-"""Before a stack's bucket is emptied, every node's watchdog is disarmed and waited for: one that
-ends on the disarm lets the command return at once, one that does not is named, not waited on
-forever."""
+"""A node's watchdog: armed before each attempt, it replaces the node's earlier one and no earlier
+attempt's exit code is left for it; before a stack's bucket is emptied, every node's watchdog is
+disarmed and waited for: one that ends on the disarm lets the command return at once, one that
+does not is named, not waited on forever."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from scripts.job.autodown import build_settle_command, settle
+from scripts.job.autodown import build_settle_command, build_watchdog_start, settle
 from scripts.transport.local import LocalTransport
 
 # a watchdog's loop: it looks for the disarm between passes (the last one still uploading)
@@ -24,6 +29,60 @@ def _watchdog(root: Path, loop: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(["sh", "-c", loop], cwd=run)
     (run / "watchdog.pid").write_text(f"{proc.pid}\n")
     return proc
+
+
+# a watchdog that says whether it found an exit code when it started, then runs until ended
+# (its command line names watchdog.py, as the real one's does)
+SLEEPS = f"{sys.executable} -c 'import time; time.sleep(30)'"
+FAKE_WATCHDOG_PYTHON = (
+    "#!/bin/sh\n[ ! -e exitcode ] || echo found > found-exitcode\n"
+    f'echo $$ > watchdog.pid\nexec {SLEEPS} "$@"\n'
+)
+
+
+def test_arming_replaces_the_nodes_watchdog_and_an_earlier_attempts_exit_code(
+    tmp_path: Path,
+) -> None:
+    """The relaunch of a run's next attempt comes within a second of the last attempt's end: its
+    exit code must not look like the new attempt's to the new watchdog. The node's earlier
+    watchdog ends; a process that now holds some pid file's number but is no watchdog of that
+    run directory lives on."""
+    python = tmp_path / "python"
+    python.write_text(FAKE_WATCHDOG_PYTHON)
+    python.chmod(0o755)
+    t = LocalTransport("n", tmp_path)
+    runs = tmp_path / ".gputrain" / "runs"
+    (runs / "r0").mkdir(parents=True)
+    stranger = subprocess.Popen(  # a watchdog of no run here
+        [sys.executable, "-c", "import time; time.sleep(30)", "watchdog.py"], cwd=tmp_path
+    )
+    (runs / "r0" / "watchdog.pid").write_text(f"{stranger.pid}\n")
+    pids: list[int] = []
+    try:
+        first = t.run(build_watchdog_start("r1", str(python)), 10, stdin=b"{}")
+        assert first.ok, first.stderr
+        pids.append(int(first.stdout))
+        (runs / "r1" / "exitcode").write_text(f"1 {time.time()}\n")  # the attempt ended
+        second = t.run(build_watchdog_start("r1", str(python)), 10, stdin=b"{}")
+        assert second.ok, second.stderr
+        pids.append(int(second.stdout))
+        time.sleep(0.2)
+        assert not (runs / "r1" / "exitcode").exists()
+        assert not (runs / "r1" / "found-exitcode").exists()
+        assert not _running(pids[0]) and _running(pids[1]) and _running(stranger.pid)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stranger.kill()
+        stranger.wait()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_settle_disarms_and_returns_once_the_watchdog_has_ended(tmp_path: Path) -> None:
