@@ -21,8 +21,10 @@ import functools
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,12 +34,29 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.fake_vertex import RunContext, RunResult
-from tests.support.trainer_helpers import free_port
 
 # SIGTERM, then SIGKILL (a torchrun blocked in its exit barrier needs it). 30 s: GCE's time from
 # the soft stop to the hard one, which Vertex's VMs live under. A cancelled chief takes ~2 s to
 # stop and copy its outputs on a quiet machine, and under make test's load it overran 10 s once.
 STOP_GRACE_S = 30.0
+
+
+def chief_port(low: int = 20000, high: int = 32000) -> int:
+    """MASTER_PORT: a port free now, the one after it too (a test job's own server: the retried
+    job in vertex_world.py), both below the kernel's ephemeral ports (32768 and up, which every
+    outgoing connection of the machine draws from, the even ones first): a port found by
+    binding port 0 is one of those, and its neighbour may be some connection's local port by the
+    time the job binds it."""
+    for _ in range(1000):
+        port = random.randrange(low, high - 1)
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("", port))
+                second.bind(("", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no two free ports in {low}-{high}")
 
 
 @dataclass
@@ -69,7 +88,7 @@ class LocalReplicas:
         mounted = _files(work / "gcs")
         try:
             for retry in range(self.job_retries + 1):
-                port = free_port()  # a new chief: a new address
+                port = chief_port()  # a new chief: a new address
                 cluster = {
                     f"workerpool{i}": [
                         f"127.0.0.1:{port}" for _ in range(int(pool.get("replicaCount", 1)))

@@ -133,7 +133,7 @@ def test_a_retried_job_gets_each_replicas_out_dir_back_and_resumes(
     env = {e["name"]: e["value"] for e in package["env"]}
     uri = f"gs://{BUCKET}/runs/{run_id}/out/"
     assert env["GPUTRAIN_OUT_URI"] == uri and env["GPUTRAIN_RESUME_ARGS"] == '["--resume"]'
-    assert "[chief] rank 0 lost its VM" in out
+    assert "[chief] rank 0 lost its VM" in out, out[-3000:] + err[-2000:]
     assert f"[chief] vertex: attempt 2: restored 2 file(s) from {uri}chief/" in out
     assert "[chief] rank 0 attempt 2 resumed from step 3 of rank 0" in out
     assert "[worker-1] rank 1 attempt 2 resumed from step 3 of rank 1" in out
