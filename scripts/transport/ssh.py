@@ -108,6 +108,51 @@ def _tuned_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     return transport
 
 
+def _send_chunk(chan: paramiko.Channel, data: bytes) -> int:
+    """`chan.send(data)` that never follows paramiko's answer to the server's close of the channel.
+    paramiko builds a channel's message under the channel's lock and sends it after letting go,
+    so its transport thread can answer a close in between. sshd then drops the whole connection,
+    and every node reached through it ("idata/ieof packet referred to nonexistent channel"):
+    seen under load after an upload the node's tar stopped reading, and after a command that
+    ended at once. Sent under the lock, which that answer needs; while a key exchange holds sends
+    back (the transport thread must then run for a send to leave), paramiko's own way."""
+    from paramiko.common import cMSG_CHANNEL_DATA
+    from paramiko.message import Message
+
+    transport: Any = chan.get_transport()  # paramiko's internals: not in its type stubs
+    if transport is None or not transport.clear_to_send.is_set():
+        return int(chan.send(data))
+    channel: Any = chan
+    with channel.lock:
+        if channel.closed:
+            raise OSError("Socket is closed")
+        size = channel._wait_for_send_window(len(data))
+        if size == 0:
+            return 0
+        m = Message()
+        m.add_byte(cMSG_CHANNEL_DATA)
+        m.add_int(channel.remote_chanid)
+        m.add_string(data[:size])
+        transport._send_user_message(m)
+    return int(size)
+
+
+def _end_input(chan: paramiko.Channel) -> None:
+    """`chan.shutdown_write()` (end of input), kept ahead of paramiko's answer to a close as
+    _send_chunk keeps data."""
+    transport: Any = chan.get_transport()
+    if transport is None or not transport.clear_to_send.is_set():
+        chan.shutdown_write()
+        return
+    channel: Any = chan
+    with channel.lock:
+        if channel.closed:
+            return
+        m = channel._send_eof()
+        if m is not None:
+            transport._send_user_message(m)
+
+
 class SshTransport:
     """One node over paramiko. Host keys are pinned; the connection can be rebuilt (reconnect)."""
 
@@ -274,7 +319,7 @@ class SshTransport:
         try:
             if stdin:
                 self._send_all(chan, stdin, deadline)
-            chan.shutdown_write()
+            _end_input(chan)
             while True:
                 got = False
                 while chan.recv_ready():
@@ -319,7 +364,7 @@ class SshTransport:
             if time.monotonic() > deadline:
                 raise TransportError(f"node {self.name}: upload did not finish in time")
             try:
-                n = chan.send(bytes(view[:65536]))
+                n = _send_chunk(chan, bytes(view[:65536]))
             except TimeoutError:
                 continue
             if n <= 0:
@@ -333,10 +378,12 @@ class SshTransport:
         `stdin`: sent first, then end of input (values that must not be in cmd, i.e. argv)."""
         chan = self._open(cmd, 30)
         chan.set_combine_stderr(True)
-        if stdin is not None:
-            chan.sendall(stdin)
-            chan.shutdown_write()
         deadline = None if timeout is None else time.monotonic() + timeout
+        if stdin is not None:
+            self._send_all(
+                chan, stdin, deadline if deadline is not None else time.monotonic() + 600
+            )
+            _end_input(chan)
         splitter = LineSplitter(on_line)
         last_data = time.monotonic()
         try:
@@ -390,7 +437,7 @@ class SshTransport:
         deadline = time.monotonic() + timeout
         with tempfile.TemporaryFile() as tmp:
             try:
-                chan.shutdown_write()
+                _end_input(chan)
                 while True:
                     if chan.recv_ready():
                         tmp.write(chan.recv(1 << 20))

@@ -35,6 +35,36 @@ def test_pinned_key_connects_and_runs(tb: TestBed) -> None:
     ts[h.name].close()
 
 
+def test_a_command_that_ends_at_once_keeps_the_connection(
+    tb: TestBed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """paramiko sends a channel's message after letting go of the channel's lock, so its transport
+    thread may answer the server's close first; sshd then drops the whole connection for an end
+    of input (or data) on a channel it has freed. Under make test's load that took down a head
+    and every node behind it. Here the sending thread is held back between building the message
+    and sending it, as a loaded machine does by chance: the command, the upload and the node's
+    connection must come through."""
+    import paramiko
+    from paramiko.common import cMSG_CHANNEL_DATA, cMSG_CHANNEL_EOF
+
+    send = paramiko.Transport._send_user_message
+
+    def late(self: paramiko.Transport, data: paramiko.Message) -> None:
+        if data.asbytes()[:1] in (cMSG_CHANNEL_EOF, cMSG_CHANNEL_DATA):
+            time.sleep(0.3)  # the sending thread descheduled
+        send(self, data)
+
+    monkeypatch.setattr(paramiko.Transport, "_send_user_message", late)
+    h = tb.add_host()
+    [t] = connect(tb.fleet([h]), deadline_s=10).values()
+    try:
+        assert t.run("true", timeout=10).ok  # ends before its end of input is sent
+        assert t.run("head -c 1 >/dev/null", timeout=10, stdin=b"xy").ok  # stops reading
+        assert t.run("echo still", timeout=10).stdout == "still\n" and t.is_alive()
+    finally:
+        t.close()
+
+
 def test_a_connections_first_command_does_not_wait_for_a_delayed_ack(tb: TestBed) -> None:
     """After the login sshd sends a message of its own; unless the controller acknowledges it
     at once, the answer to the first channel open waits for its delayed ACK (40 ms at least)."""
