@@ -29,7 +29,7 @@ from infra.reconciler import job_name, run_uri
 from infra.reconciler_image import image_reference
 from scripts.targets.gce import lease as lease_module
 from scripts.targets.gce import reconcile as reconcile_module
-from scripts.targets.gce.manifest import Manifests, RunManifest
+from scripts.targets.gce.manifest import MANIFEST, Manifests, RunManifest
 from tests.support import JOBS, ROOT
 from tests.support.fake_cloud_run import TOKEN, FakeCloudRun
 from tests.support.runner_proxy import serving
@@ -61,8 +61,8 @@ def manifest(rid: str) -> RunManifest:
 
 def reconcile(w: World, capsys: pytest.CaptureFixture[str]) -> str:
     rc = w.run("reconcile", "--stack", "e2e")
-    out = capsys.readouterr().out
-    assert rc == 0, out[-3000:]
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
     return out
 
 
@@ -319,7 +319,11 @@ def test_a_live_controller_is_left_alone(
     )
     t.start()
     try:
-        wait_for("the run's manifest", lambda: bool(names(w, "runs/")), 120)
+        wait_for(  # the code bundle goes first: a pass before the manifest finds no run
+            "the run's manifest",
+            lambda: any(n.endswith(f"/{MANIFEST}") for n in names(w, "runs/")),
+            120,
+        )
         calls = len(w.runner.calls)
         out = reconcile(w, capsys)
         assert "the controller" in out and "holds the lease" in out, out[-2000:]
