@@ -26,7 +26,7 @@ def kill_tagged_sh(name: str, value: str) -> str:
 #: torchrun), whose working directory is in the run dir (R: its physical path). A pid file
 #: outlives its process and the kernel gives the number to any new one (after a wrap, in minutes
 #: where pid_max is 32768; after a reboot that kept the disk): such a process is never signalled,
-#: waited for or counted as a running job.
+#: waited for or counted as a running job. The watchdog's side: gputrain_node/watchdog.py's job_pid.
 OURS_SH = (
     'R=$(pwd -P); ours() { case "$(readlink "/proc/$1/cwd" 2>/dev/null)" in '
     '"$R"|"$R"/*) return 0;; esac; return 1; }'
