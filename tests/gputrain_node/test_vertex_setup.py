@@ -16,9 +16,9 @@ import pytest
 from gputrain_node import vertex_setup
 from gputrain_node.vertex_entry import SECRET_ENDPOINT_ENV, SECRET_REFS_ENV
 from gputrain_node.vertex_setup import SETUP_ENV, SETUP_TIMEOUT_ENV
+from tests.support import alive
 from tests.support.fake_secretmanager import FakeSecretManager
 from tests.support.trainer_helpers import ROOT, child_env
-from tests.support.vertex_replicas import alive
 
 
 def test_setup_runs_in_the_code_dir_without_the_secrets_the_training_gets(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support import alive
+
 VENV_BIN = Path(sys.executable).parent
 DAEMON = """import os, subprocess, sys, time
 out = os.environ["GPUTRAIN_OUT"]
@@ -45,16 +47,11 @@ def daemon_pid(tmp_path: Path) -> int:
 
 def gone(pid: int, within_s: float = 10) -> bool:
     deadline = time.monotonic() + within_s
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":
-            return True
+    while alive(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
+    return True
 
 
 def test_a_daemon_the_job_left_ends_with_the_run(tmp_path: Path) -> None:

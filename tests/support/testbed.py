@@ -27,6 +27,7 @@ from pathlib import Path
 from gputrain_node.telemetry import QUERY_FIELDS
 from infra.base.records import Fleet, GpuExpectation, Node
 from scripts.verify.nodes import GPU_FIELDS
+from tests.support import alive
 
 SUBNET = "10.213.0"
 SLOTS = 3  # test beds that can run at once on one machine (make test runs three)
@@ -392,14 +393,6 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie counts as gone: it holds nothing but its pid)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _kill_pids(pids: list[int], sig: int) -> None:
@@ -968,7 +961,7 @@ def _kill_namespace(ns: str, *root_veths: str) -> None:
     pids = _ns_pids(ns)
     _kill_pids(pids, signal.SIGKILL)
     end = time.monotonic() + 3
-    while time.monotonic() < end and any(_alive(p) for p in pids):
+    while time.monotonic() < end and any(alive(p) for p in pids):
         time.sleep(0.02)
     for root_veth in root_veths:
         _run("ip", "link", "del", root_veth, check=False)
@@ -995,7 +988,7 @@ def cleanup_leftovers(slot: Slot) -> None:
                 pass
     _kill_pids(pids, signal.SIGTERM)
     end = time.monotonic() + 2
-    while time.monotonic() < end and any(_alive(p) for p in pids):
+    while time.monotonic() < end and any(alive(p) for p in pids):
         time.sleep(0.05)
     _kill_pids(pids, signal.SIGKILL)
     for ns in namespaces:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support import alive
 from tests.support.fake_vertex import RunContext, RunResult
 
 # SIGTERM, then SIGKILL (a torchrun blocked in its exit barrier needs it). 30 s: GCE's time from
@@ -297,15 +298,6 @@ REDUCER = (
 
 def _files(root: Path) -> dict[Path, float]:
     return {p: p.stat().st_mtime for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def processes_under(directory: Path) -> list[int]:

@@ -16,6 +16,7 @@ from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
 from scripts.targets.vertex.clients import VertexClients
+from tests.support import alive
 from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_gcp_admin import FakeGcpAdmin, ready_for_doctor
@@ -23,7 +24,7 @@ from tests.support.fake_stack import FakeStackRunner
 from tests.support.fake_vertex import FakeVertex
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.pulumi_mocks import ROOT
-from tests.support.vertex_replicas import LocalReplicas, alive, processes_under
+from tests.support.vertex_replicas import LocalReplicas, processes_under
 
 PROJECT = "gputrain-test"
 BUCKET = stack_bucket_name("vtest", PROJECT)

@@ -17,6 +17,7 @@ import pytest
 
 from scripts.job.autodown import build_settle_command, build_watchdog_start, settle
 from scripts.transport.local import LocalTransport
+from tests.support import alive
 
 # a watchdog's loop: it looks for the disarm between passes (the last one still uploading)
 OBEYS = "while [ ! -e watchdog.disarm ]; do sleep 0.05; done; sleep 0.4"
@@ -69,20 +70,13 @@ def test_arming_replaces_the_nodes_watchdog_and_an_earlier_attempts_exit_code(
         time.sleep(0.2)
         assert not (runs / "r1" / "exitcode").exists()
         assert not (runs / "r1" / "found-exitcode").exists()
-        assert not _running(pids[0]) and _running(pids[1]) and _running(stranger.pid)
+        assert not alive(pids[0]) and alive(pids[1]) and alive(stranger.pid)
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         stranger.kill()
         stranger.wait()
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_settle_disarms_and_returns_once_the_watchdog_has_ended(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from scripts.job.node_scripts import (
 from scripts.job.records import Job, validate_job
 from scripts.job.sync import CodeBundle
 from scripts.transport.local import LocalTransport
+from tests.support import alive
 from tests.support.fake_python import FAKE_PY
 
 HOSTILE = ("a b", "$HOME", "'q'", 'd"q', "x;touch pwned", "`id`", "$(id)", "*", "", "-m", "\\n")
@@ -92,14 +93,6 @@ def test_validate_job_rejects_bad_settings() -> None:
     assert Job(run_id="x").entry == ("-m", "trainer.train", "--preset", "tiny")
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie waits for its parent; it runs nothing
-
-
 def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> None:
     t = LocalTransport("n", tmp_path)
     (tmp_path / "src.py").write_text("x = 1\n")
@@ -131,7 +124,7 @@ def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> Non
     assert time.monotonic() - start < 5
     time.sleep(0.1)
     for pid in (pgid, child):
-        assert not _running(pid)
+        assert not alive(pid)
     lines: list[str] = []
     (run / "torchrun.log").write_text("one\ntwo\nthree\n")
     assert t.stream(build_tail_command("j1", 1), lines.append, timeout=10) == 0
@@ -216,7 +209,7 @@ def test_a_pid_files_number_held_by_another_process_is_not_the_run(tmp_path: Pat
             "stopped-already"
         )
         time.sleep(0.1)
-        assert _running(other.pid) and _running(torchrun.pid)
+        assert alive(other.pid) and alive(torchrun.pid)
     finally:
         for proc in (other, torchrun):
             proc.kill()
