@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from gputrain_node import contract
 from infra.base.records import Fleet
 from scripts import ui
+from scripts.job.leftovers import OURS_SH
 from scripts.job.node_scripts import (
     STORAGE_PACKAGES,
     Requirement,
@@ -102,7 +103,7 @@ def instances_of(nodes: Sequence[tuple[str, str, str]]) -> tuple[tuple[str, str]
 def build_watchdog_start(run_id: str, python: str) -> str:
     """Reads the watchdog's JSON settings on stdin and hands them to a detached watchdog (its own
     session: a dropped SSH connection cannot end it), after ending any earlier one on the node
-    (the process its pid file names only while it is still that watchdog, working in that run's
+    (the process its pid file names only while it is still that watchdog: OURS_SH in that run's
     directory). Always before the attempt starts, so an exit code in the run dir is an earlier
     attempt's and goes: a relaunch within a second of it would otherwise look ended at once to
     the new watchdog (ended_at's one-second tolerance), which would then autodown under it.
@@ -112,7 +113,7 @@ def build_watchdog_start(run_id: str, python: str) -> str:
         f"mkdir -p {d} && cd {d} || exit 1; "
         # one watchdog per node: an earlier run's (or attempt's) would count a silence of its own
         'for f in ../*/watchdog.pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
-        'w=$(cd "${f%/*}" && pwd -P); [ "$(readlink "/proc/$p/cwd" 2>/dev/null)" = "$w" ] && '
+        f'(cd "${{f%/*}}" && {OURS_SH}; ours "$p") && '
         f'grep -q {WATCHDOG_FILE} "/proc/$p/cmdline" 2>/dev/null && kill "$p"; rm -f "$f"; done; '
         "rm -f watchdog.disarm exitcode; touch heartbeat; exec 3<&0; "
         f"nohup setsid {shlex.quote(python)} {WATCHDOG_FILE} <&3 >> watchdog.log 2>&1 & "
