@@ -23,9 +23,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: what a node's environment sets for the trainer, never taken from the test's own
+NODE_SET = ("GPUTRAIN_OUT", "GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION")
+
+
 def child_env(out: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for name in ("GPUTRAIN_OUT", "GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
+    for name in NODE_SET:
         env.pop(name, None)
     env.update(extra or {})
     if out is not None:

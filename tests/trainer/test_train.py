@@ -19,6 +19,7 @@ import torch
 
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.trainer_helpers import (
+    NODE_SET,
     child_env,
     free_port,
     metrics,
@@ -87,9 +88,9 @@ def test_single_process_default_run_learns_and_writes_documented_outputs(
 ) -> None:
     """`python -m trainer.train --preset tiny`: its main() in this process (a process of its own:
     test_bad_data_in_a_real_process_has_no_traceback; under torchrun: the tests below)."""
+    for name in NODE_SET:  # as child_env() leaves them for a process
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GPUTRAIN_OUT", str(tmp_path))
-    for name in ("GPUTRAIN_CHECKPOINT_URI", "GPUTRAIN_WATCH_PREEMPTION"):
-        monkeypatch.delenv(name, raising=False)  # as child_env() leaves them for a process
     started = time.monotonic()
     main(["--preset", "tiny"])  # returns: exit status 0 (any other is a SystemExit)
     wall = time.monotonic() - started
