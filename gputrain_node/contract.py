@@ -89,6 +89,10 @@ FETCH_UNREADABLE = 4  # fetch_data: a prefix cannot be read with the node's cred
 FETCH_USER_ERRORS = (FETCH_NO_SPACE, FETCH_UNREADABLE)  # what the user must fix
 FETCH_RESULT_PREFIX = "gputrain-data: "  # fetch_data's last line: its summary as JSON
 AUTODOWN_RECORD = ".gputrain/autodown.json"  # in the bucket: the stack's last autodown
+#: in the bucket beside each node's results (runs/<run-id>/<node>/): the watchdog saw the job end
+ENDED_MARKER = ".gputrain-ended.json"
+#: in the bucket under runs/<run-id>/ and in the results dir: the run's cost record (scripts/cost)
+LEDGER_RECORD = "ledger.json"
 #: in the run dir (it comes home with watch/, and the head's results in the bucket hold it): the
 #: head's watchdog stopped the job at the run's budget; JSON: budget_usd, spent_usd, hourly_usd, at
 BUDGET_MARK = "watch/budget.json"

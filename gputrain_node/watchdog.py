@@ -35,12 +35,12 @@ from typing import Any
 HEARTBEAT = "heartbeat"
 EXITCODE = "exitcode"
 DISARM = "watchdog.disarm"  # the controller ends this run's watchdog (a relaunch, `run --keep`)
-ENDED = ".gputrain-ended.json"  # a node's marker beside its results in the bucket
+ENDED = ".gputrain-ended.json"  # the contract's ENDED_MARKER, beside a node's results in the bucket
 RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputrain status`
 COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
 NOTIFY_DEADLINE_S = 20.0  # all of one event's webhooks: a slow one never holds a delete longer
 BUDGET_MARK = "watch/budget.json"  # in the run dir (comes home with watch/): the budget stopped it
-LEDGER_RECORD = "ledger.json"  # scripts/cost/ledger.py's RUN_RECORD, under runs/<run-id>/
+LEDGER_RECORD = "ledger.json"  # the contract's LEDGER_RECORD: the run's cost record, runs/<run-id>/
 BUDGET_GRACE_S = 300.0  # after the SIGTERM: then what is left of the job is killed
 GUARD = "billingBudget"  # the mark's `by`: the stack's Cloud Billing budget stopped the run
 GUARD_FILE = "budget_guard.py"  # beside this file on the head: billingBudget's Pub/Sub reader

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gputrain_node.contract import LEDGER_RECORD
 from scripts import ui
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from scripts.targets.base import Session
 
 LEDGER = "ledger.jsonl"  # under runs/
-RUN_RECORD = "ledger.json"  # a run's own record, in the stack's bucket under runs/<run-id>/
 VERSION = 1
 
 
@@ -113,7 +113,7 @@ def read(runs_dir: Path) -> list[LedgerRecord]:
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
     for record in _parse(lines):
         found[(record.target, record.run_id)] = record
-    for p in sorted(runs_dir.glob(f"*/*/{RUN_RECORD}")):
+    for p in sorted(runs_dir.glob(f"*/*/{LEDGER_RECORD}")):
         for record in _parse([p.read_text(errors="replace")]):
             found.setdefault((record.target, record.run_id), record)
     return sorted(found.values(), key=lambda r: r.start)
@@ -195,7 +195,7 @@ def _stack_fields(spec: Any, hourly: float | None) -> dict[str, Any]:
 
 def launch_record(target: str, spec: Any, start: float) -> dict[str, Any]:
     """A stack run's record as its launch knows it (no run id, end or outcome yet): the head's
-    watchdog completes it and puts it in the bucket (RUN_RECORD) when it sees the end of a run
+    watchdog completes it and puts it in the bucket (LEDGER_RECORD) when it sees the end of a run
     no controller is there to record (a detached one); `down` brings it home."""
     record = LedgerRecord(
         target=target,
@@ -227,10 +227,14 @@ def record_run(
         record = record_of(spec, session, run_id, results_dir, elapsed_s)
         append(results_dir.parent.parent, record)
         results_dir.mkdir(parents=True, exist_ok=True)
-        (results_dir / RUN_RECORD).write_text(json.dumps(record.to_json(), sort_keys=True) + "\n")
+        (results_dir / LEDGER_RECORD).write_text(
+            json.dumps(record.to_json(), sort_keys=True) + "\n"
+        )
         where = session.ledger_bucket()
         if where is not None:
             storage, bucket, prefix = where
-            storage.upload(bucket, f"{prefix}runs/{run_id}/{RUN_RECORD}", results_dir / RUN_RECORD)
+            storage.upload(
+                bucket, f"{prefix}runs/{run_id}/{LEDGER_RECORD}", results_dir / LEDGER_RECORD
+            )
     except Exception as e:
         ui.warn(f"could not add run {run_id} to the cost ledger: {e}")

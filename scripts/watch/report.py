@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gputrain_node.contract import LEDGER_RECORD
 from infra.base.errors import UserError
 from scripts import ui
 from scripts.settings import Settings
@@ -106,7 +107,7 @@ def load_run(results_dir: Path) -> RunData:
             data.telemetry[n.name] = sorted(seen.values(), key=lambda s: (s.time, s.gpu))
     data.job = _json(results_dir / "job.json")
     data.cost = _json(results_dir / COST)
-    data.ledger = _json(results_dir / "ledger.json")  # scripts/cost/ledger.py RUN_RECORD
+    data.ledger = _json(results_dir / LEDGER_RECORD)
     for e in _json_lines(results_dir / "watch-events.jsonl"):
         if e.get("kind") in ("stall", "restart", "gpu_fault") and _number(e.get("time")):
             where = " ".join(

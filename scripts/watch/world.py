@@ -1,5 +1,5 @@
 """Whether a multi-node job was one distributed job: each rank's process group size, as the
-stack-dump hook (trainer/watch_hook/sitecustomize.py) recorded it in <node>/watch/world/<RANK>
+stack-dump hook (gputrain_node/watch_hook/sitecustomize.py) recorded it in <node>/watch/world/<RANK>
 (0: the rank ended without joining one). Ranks that never join one train independent copies:
 Lightning's default Trainer(num_nodes=1) under torchrun does. The group size, not the per-node
 losses: a healthy DDP job's ranks print different local losses from step 1 (each its own data

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gputrain_node.contract import ENDED_MARKER
 from infra.base.errors import GputrainError
 from scripts import ui
 from scripts.targets.gce.lease import RECONCILER_TTL_S, Lease, LeaseLost
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from scripts.notify import Notifier
     from scripts.targets.gce.recovery import NodeCloudState, StackNodes
 
-ENDED_MARKER = ".gputrain-ended.json"  # trainer/watchdog.py's ENDED, beside each node's results
 #: what one pass did (its `last_pass.outcome` and the command's last line)
 LEASED, ADVANCING, DONE, RECOVERED = "leased elsewhere", "running", "ended", "recovered"
 BUDGET = "budget"  # head_ended: the head's watchdog stopped the job at the run's budget

@@ -123,11 +123,11 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     end with no controller there (its end, its outcome, the figures): the ledger reads it as it
     reads a controller's, the same figures."""
     from gputrain_node import watchdog
+    from gputrain_node.contract import LEDGER_RECORD
     from infra.spec import parse_spec
-    from scripts.cost.ledger import RUN_RECORD, launch_record
+    from scripts.cost.ledger import launch_record
     from tests.support.pulumi_mocks import deployable_config
 
-    assert watchdog.LEDGER_RECORD == RUN_RECORD  # the watchdog spells it itself (standalone)
     spec = parse_spec(deployable_config("dev", machineType="g2-standard-8", nodes="2"), "dev")
     template = launch_record("stack-dev", spec, 1_000_000.0)
     assert template["run_id"] == "" and template["ok"] is None
@@ -149,5 +149,5 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     assert watchdog.ledger_record(cfg, tmp_path, 1_000_100.0)["ok"] is False  # type: ignore[index]
     runs = tmp_path / "runs"  # `down` brought it home: the ledger counts it
     (runs / "stack-dev" / "r7").mkdir(parents=True)
-    (runs / "stack-dev" / "r7" / RUN_RECORD).write_text(json.dumps(done))
+    (runs / "stack-dev" / "r7" / LEDGER_RECORD).write_text(json.dumps(done))
     assert [r.run_id for r in read(runs)] == ["r7"]
