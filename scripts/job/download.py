@@ -25,6 +25,8 @@ NOT_DOWNLOADED = ("./code", "./pgid", "./jobpid", "./node", "./container", f"./{
 DOWNLOAD_TRIES = 3  # a transient SSH error (a dropped channel, a reset) is tried again
 RETRY_PAUSE_S = 2.0  # before the second try; doubled before the third
 RECONNECT_S = 15.0  # after a lost connection: a node that does not answer by then is given up
+#: what each attempt's download writes anew under results_dir/<node>/ (the rest it adds to)
+PER_ATTEMPT = ("torchrun.log", "exitcode", "torchrun-logs")
 
 
 class ResultsNotHomeError(GputrainError):
@@ -34,6 +36,17 @@ class ResultsNotHomeError(GputrainError):
     def __init__(self, message: str, missing: Mapping[str, str]) -> None:
         super().__init__(message)
         self.results_missing = dict(missing)
+
+
+def keep_attempt_files(results_dir: Path, tag: str) -> None:
+    """Before a relaunch (a recovery, a restart after a stall): the next download would overwrite
+    or trip over each node's PER_ATTEMPT files, so torchrun.log becomes torchrun.<tag>.log,
+    exitcode exitcode.<tag>, torchrun-logs torchrun-logs.<tag>."""
+    for node_dir in [p for p in results_dir.glob("*") if p.is_dir()]:
+        for name in PER_ATTEMPT:
+            if (node_dir / name).exists():
+                stem, dot, ext = name.partition(".")
+                shutil.move(node_dir / name, node_dir / f"{stem}.{tag}{dot}{ext}")
 
 
 def not_home_message(run_id: str, missing: Mapping[str, str], results_dir: Path) -> str:

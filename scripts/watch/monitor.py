@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +18,7 @@ from types import TracebackType
 
 from infra.base.records import Fleet
 from scripts import ui
+from scripts.job.download import keep_attempt_files
 from scripts.job.follow import LineSink, say_line
 from scripts.job.records import Job, JobResult, TrainingError
 from scripts.parallel import parallel
@@ -299,15 +299,6 @@ def watched_launch(
                 f"run {job.run_id}: relaunching from its last checkpoint after the stall "
                 f"(restart {restarts}; {job.max_restarts} left)"
             )
-
-
-def keep_attempt_files(results_dir: Path, tag: str) -> None:
-    """The relaunch's download would overwrite these: torchrun.log -> torchrun.<tag>.log, ..."""
-    for node_dir in [p for p in results_dir.glob("*") if p.is_dir() and p.name != "stalls"]:
-        for name in ("torchrun.log", "exitcode", "torchrun-logs"):
-            if (node_dir / name).exists():
-                stem, dot, ext = name.partition(".")
-                shutil.move(node_dir / name, node_dir / f"{stem}.{tag}{dot}{ext}")
 
 
 def with_stall_default(job: Job, stall_timeout_s: float | None) -> Job:

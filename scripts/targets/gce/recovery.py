@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import functools
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +35,7 @@ from infra.gcp.compute import (
 from scripts import ui
 from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
 from scripts.job.data_io import output_env
-from scripts.job.download import write_job_record
+from scripts.job.download import keep_attempt_files, write_job_record
 from scripts.job.follow import say_line
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
@@ -293,16 +292,6 @@ def recovery_line(r: Recovery, number: int, limit: int, cause: str = "preempted"
     )
 
 
-def keep_attempt_logs(results_dir: Path, attempt: int) -> None:
-    """The next attempt's download would overwrite (or trip over) these: torchrun.log ->
-    torchrun.attempt1.log, exitcode -> exitcode.attempt1, torchrun-logs -> torchrun-logs.attempt1."""
-    for node_dir in [p for p in results_dir.glob("*") if p.is_dir()]:
-        for name in ("torchrun.log", "exitcode", "torchrun-logs"):
-            if (node_dir / name).exists():
-                stem, dot, ext = name.partition(".")
-                shutil.move(node_dir / name, node_dir / f"{stem}.attempt{attempt}{dot}{ext}")
-
-
 class RecoveringSession(FleetSession):
     """The session of a `--stack` target: FleetSession plus the bucket's env for the job and
     recovery from up to `max_recoveries` nodes GCE took away (preempted, host error, maintenance)."""
@@ -530,7 +519,7 @@ class RecoveringSession(FleetSession):
         if self._transports and survivors:
             stop_job(self._transports, job.run_id, only=survivors)
         self.close()
-        keep_attempt_logs(results_dir, number)
+        keep_attempt_files(results_dir, f"attempt{number}")
         try:
             for name in [n for n, s in preempted.items() if s.fault]:
                 self.nodes.delete(name)  # a VM with a failed GPU is replaced, not reused

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.job.download import COLLECT_ERRORS, download_results, move_into
+from scripts.job.download import (
+    COLLECT_ERRORS,
+    download_results,
+    keep_attempt_files,
+    move_into,
+)
 from scripts.transport.base import CommandResult
 from scripts.transport.local import LocalTransport
 
@@ -132,3 +137,16 @@ def test_a_node_without_the_run_is_named_too(tmp_path: Path) -> None:
     t = LocalTransport("n", tmp_path / "node")
     missing = download_results({"n": t}, "r1", tmp_path / "results", retry_pause_s=0.01)
     assert missing == {"n": "the node has no run r1"}
+
+
+def test_attempt_files_are_kept_apart(tmp_path: Path) -> None:
+    """Before a relaunch each node's per-attempt files move aside under the attempt's tag."""
+    (tmp_path / "n0").mkdir()
+    (tmp_path / "n0" / "torchrun.log").write_text("attempt one\n")
+    (tmp_path / "n0" / "exitcode").write_text("1 0\n")
+    (tmp_path / "n0" / "torchrun-logs" / "attempt_0").mkdir(parents=True)
+    keep_attempt_files(tmp_path, "attempt1")
+    assert (tmp_path / "n0" / "torchrun-logs.attempt1" / "attempt_0").is_dir()
+    assert (tmp_path / "n0" / "torchrun.attempt1.log").read_text() == "attempt one\n"
+    assert (tmp_path / "n0" / "exitcode.attempt1").is_file()
+    assert not (tmp_path / "n0" / "torchrun.log").exists()

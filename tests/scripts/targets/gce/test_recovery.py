@@ -27,7 +27,6 @@ from scripts.targets.gce.recovery import (
     NodeCloudState,
     StackNodes,
     checkpoint_uri,
-    keep_attempt_logs,
     looks_stopped,
     preempted_nodes,
     recovery_line,
@@ -186,18 +185,6 @@ def test_max_recoveries_defaults_and_bounds(
         err = capsys.readouterr().err.strip()
         assert err.startswith("gputrain: error: --") and "only --stack targets" in err
         assert "\n" not in err
-
-
-def test_attempt_logs_are_kept_apart(tmp_path: Path) -> None:
-    (tmp_path / "n0").mkdir()
-    (tmp_path / "n0" / "torchrun.log").write_text("attempt one\n")
-    (tmp_path / "n0" / "exitcode").write_text("1 0\n")
-    (tmp_path / "n0" / "torchrun-logs" / "attempt_0").mkdir(parents=True)
-    keep_attempt_logs(tmp_path, 1)
-    assert (tmp_path / "n0" / "torchrun-logs.attempt1" / "attempt_0").is_dir()
-    assert (tmp_path / "n0" / "torchrun.attempt1.log").read_text() == "attempt one\n"
-    assert (tmp_path / "n0" / "exitcode.attempt1").is_file()
-    assert not (tmp_path / "n0" / "torchrun.log").exists()
 
 
 STUB_PYTHON = """#!/bin/sh
