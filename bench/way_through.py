@@ -10,7 +10,8 @@ coming back into the caller's file, as a hand trace reads it: the design review'
 world, not the controller); what an import runs (a module body and what it calls) is not counted:
 it depends on what was imported before, not on the way through. The caller of a call is the nearest project frame above it, so a call through contextlib
 or a lambda from lifecycle.py into targets/stack/target.py counts as lifecycle -> target.
-Needs root and openssh-server (the test bed). `--list` prints every crossing.
+Needs root and openssh-server (the test bed). `--list` prints every crossing; `--as-merged
+FILE=INTO` the figures as if FILE's functions stood in INTO (what a merge would change).
 """
 
 from __future__ import annotations
@@ -97,10 +98,17 @@ class WayThrough:
         if (code.co_filename, code.co_name) == STOP:
             self.stopped = True
 
-    def figures(self) -> dict[str, dict[str, int]]:
+    def figures(self, merged: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
+        """The figures; with `merged` (file -> the file it would live in), as if each file's
+        functions stood in that one: a call between the two is no crossing then."""
+        at = (merged or {}).get
+        calls = [(at(s, s), at(t, t)) for s, t, _ in self.calls]
+        visits = [at(v, v) for v in self.visits]
         return {
-            "calls": way_figures([to for _, to, _ in self.calls]),
-            "calls and returns": way_figures(self.visits),
+            "calls": way_figures([t for s, t in calls if s != t]),
+            "calls and returns": way_figures(
+                [v for i, v in enumerate(visits) if not i or v != visits[i - 1]]
+            ),
         }
 
 
@@ -148,6 +156,13 @@ def trace(tb: TestBed) -> WayThrough:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print every crossing")
+    parser.add_argument(
+        "--as-merged",
+        action="append",
+        default=[],
+        metavar="FILE=INTO",
+        help="also print the figures as if FILE's functions lived in INTO (repeatable, cumulative)",
+    )
     args = parser.parse_args()
     quiet, table = ui.say, ui.table
     ui.say = lambda m: None  # type: ignore[assignment]
@@ -167,6 +182,19 @@ def main() -> int:
         print(f"most entered ({view}): {busiest}")
     for view, figures in way.figures().items():
         print(f"{view}: " + "; ".join(f"{k}: {v}" for k, v in figures.items()))
+    merged: dict[str, str] = {}
+    for pair in args.as_merged:
+        file, _, into = pair.partition("=")
+        merged[file] = into
+        lines = sum(
+            len((ROOT / f).read_text().splitlines())
+            for f in (into, *[k for k, v in merged.items() if v == into])
+        )
+        calls = way.figures(merged)["calls"]
+        print(
+            f"as if {file} were in {into} ({lines} lines): "
+            + "; ".join(f"{k}: {v}" for k, v in calls.items())
+        )
     print("targets: files entered <= 40, returns halved, lifecycle.py entered <= 6")
     return 0
 
