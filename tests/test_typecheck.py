@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import sys
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 from tests.support import ROOT
 from tests.support.imports import PACKAGES, module_files

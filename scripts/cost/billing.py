@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from infra.stackfile import STACK_LABEL
@@ -49,7 +49,7 @@ class Billed:
 
     def note(self) -> str:
         when = (
-            datetime.fromtimestamp(self.up_to, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            datetime.fromtimestamp(self.up_to, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             if self.up_to is not None
             else "never (no rows exported yet)"
         )
@@ -151,7 +151,7 @@ class BillingExport:
         stacks = sorted({r.stack for r in records if r.stack})
         if not stacks:
             return Billed(up_to=self.readable())
-        since = datetime.fromtimestamp(min(r.start for r in records), UTC)
+        since = datetime.fromtimestamp(min(r.start for r in records), timezone.utc)
         rows = self._query(
             USAGE_SQL.format(table=self.table),
             [
@@ -193,6 +193,6 @@ def billing_row(table: str) -> Any:
         "no rows yet"
         if up_to is None
         else "billing data up to "
-        + datetime.fromtimestamp(up_to, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        + datetime.fromtimestamp(up_to, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     )
     return Row("billing export", "ok", f"{table} is readable ({when})")

@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from infra.base.errors import UserError
@@ -28,7 +28,7 @@ def parse_since(text: str, now: float) -> float:
     if m and int(m.group(1)) > 0:
         return now - int(m.group(1)) * UNIT_S[m.group(2)]
     try:
-        return datetime.strptime(text.strip(), "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+        return datetime.strptime(text.strip(), "%Y-%m-%d").replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         raise UserError(
             f"--since {text!r}: not a time; allowed: a count and a unit (30m, 12h, 7d, 2w) or a "
@@ -37,7 +37,7 @@ def parse_since(text: str, now: float) -> float:
 
 
 def day(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d")
 
 
 def group_key(record: LedgerRecord, by: str) -> str:
@@ -175,7 +175,7 @@ def cost_command(
     for g in rows:
         r = by_key[g.key]
         if by == "run":
-            when = datetime.fromtimestamp(r.start, UTC).strftime("%Y-%m-%d %H:%M")
+            when = datetime.fromtimestamp(r.start, timezone.utc).strftime("%Y-%m-%d %H:%M")
             shape = f"{r.nodes} x {r.machine}" + (f" ({r.capacity})" if r.capacity else "")
             table.append(row(g, when, shape))
         else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlparse
@@ -111,7 +111,7 @@ def _param(body: dict[str, Any], name: str) -> Any:
 
 def _timestamp(text: str) -> float:
     """A TIMESTAMP query parameter as the client sends it ('2026-11-27 09:00:00.000000+00:00')."""
-    return datetime.fromisoformat(text.replace(" ", "T")).astimezone(UTC).timestamp()
+    return datetime.fromisoformat(text.replace(" ", "T")).astimezone(timezone.utc).timestamp()
 
 
 class FakeBigQuery(FakeHttpServer):

@@ -37,7 +37,7 @@ _SCHEDULER_JOBS = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/jobs$")
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 class FakeCloudRun(FakeHttpServer):
