@@ -19,10 +19,16 @@ APT_INSTALL = ROOT / ".ci" / "apt-install"
 FAKES = {
     # dpkg -s PKG: installed when listed in $STATE/installed
     "dpkg": 'grep -qx "$2" "$STATE/installed"\n',
-    # apt-get update | install -y -qq --no-install-recommends PKG...: the postinst of
-    # openssh-server enables ssh.service and starts sshd unless policy-rc.d answers 101
+    # apt-get update | install -y -qq --no-install-recommends PKG...: none of the list when one
+    # is not in the archive ($STATE/unavailable); the postinst of openssh-server enables
+    # ssh.service and starts sshd unless policy-rc.d answers 101
     "apt-get": """echo "apt-get $*" >> "$STATE/log"
 [ "$1" = install ] || exit 0
+for p in "$@"; do
+  if grep -qx "$p" "$STATE/unavailable" 2>/dev/null; then
+    echo "E: Unable to locate package $p" >&2; exit 100
+  fi
+done
 for p in "$@"; do
   case "$p" in -*|install) continue;; esac
   echo "$p" >> "$STATE/installed"
@@ -100,6 +106,19 @@ def test_apt_step_keeps_what_the_machine_had(tmp_path: Path) -> None:
     log = (state / "log").read_text()
     done, state = _apt_install(tmp_path, "openssh-server", "git")
     assert done.returncode == 0 and (state / "log").read_text() == log and not done.stdout
+
+
+def test_an_optional_package_the_archive_lacks_is_one_line(tmp_path: Path) -> None:
+    """Ubuntu has no chromium deb: the required packages are installed all the same and the step
+    passes, saying so in one line; a required package the archive lacks still fails it."""
+    _state(tmp_path, "", "")
+    (tmp_path / "state" / "unavailable").write_text("chromium\n")
+    done, state = _apt_install(tmp_path, "git", "zstd", "--optional", "chromium")
+    assert done.returncode == 0, done.stderr
+    assert (state / "installed").read_text() == "git\nzstd\n"
+    assert "apt: chromium is not installable here (optional)" in done.stdout
+    done, _ = _apt_install(tmp_path, "chromium", "--optional")
+    assert done.returncode != 0 and "Unable to locate package chromium" in done.stderr
 
 
 def test_torchrun_temp_dirs_stay_in_the_sessions_tmpdir(tmp_path: Path) -> None:
