@@ -13,7 +13,7 @@ APT_PKGS := openssh-server iproute2 util-linux git zstd podman runc docker-regis
 # the run report opened in a browser (a test skipped where the distribution cannot install it)
 APT_OPTIONAL := chromium
 
-.PHONY: run test lint typecheck apt venv bench docs clean
+.PHONY: run test test-node-torch lint typecheck apt venv bench docs clean
 
 $(STAMP): pyproject.toml
 	@[ -x $(PY) ] || $(BASE_PY) -m venv $(VENV)
@@ -68,6 +68,17 @@ test: apt venv
 run: venv
 	$(VENV)/bin/gputrain run --local --yes
 
+# What runs on the nodes (the reference trainer, gputrain_node) on another torch than .venv's, in a
+# venv of its own: `make test-node-torch TORCH=2.9.0` (the default node image's torch; CPU, gloo).
+test-node-torch: venv
+	@[ -n "$(TORCH)" ] || { echo "usage: make test-node-torch TORCH=VERSION, e.g. 2.9.0"; exit 2; }
+	@v=.venv-torch-$(TORCH); [ -x $$v/bin/python ] || $(BASE_PY) -m venv $$v; \
+	$(PY) -c 'import sys; t = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
+	print("\n".join(d for d in t.load(open("pyproject.toml", "rb"))["project"] \
+	["optional-dependencies"]["train"] if not d.startswith("torch")))' > $$v/train-deps.txt && \
+	$$v/bin/pip install -q "torch==$(TORCH)" -r $$v/train-deps.txt -e '.[dev]' $(EDITABLE) && \
+	$$v/bin/python -m pytest -q -n 2 -p no:cacheprovider tests/trainer tests/gputrain_node
+
 # The manual (docs/, mkdocs.yml) built strictly into a temporary directory: a broken link or anchor,
 # or a page missing from the nav, fails it. `make test` builds it too (tests/test_docs.py).
 docs: venv
@@ -77,4 +88,4 @@ bench: venv
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-torch-* .mypy_cache .ruff_cache .pytest_cache
