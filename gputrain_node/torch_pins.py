@@ -29,7 +29,7 @@ def installed() -> list[tuple[str, str]]:
     """This interpreter's distributions, as (name, version)."""
     import importlib.metadata as metadata
 
-    return [(d.metadata.get("Name") or "", d.version) for d in metadata.distributions()]  # type: ignore[attr-defined]
+    return [(d.metadata.get("Name") or "", d.version) for d in metadata.distributions()]  # type: ignore[attr-defined,unused-ignore]
 
 
 def constraints(keep: dict[str, str]) -> str:
