@@ -2,10 +2,11 @@
 step the command returns (target: <= 10 s), and how long after the job's end autodown has deleted
 every VM (target: within `autodown`, 30 s here instead of the 1 min floor).
 
-Each round is a real detached run (tests/support/stack_world.py: FakeStackRunner, the fake Compute API and
-a Cloud Storage emulator on the bridge, a fake metadata server for the VMs' token) of the tiny
-preset on 2 test hosts, then `down`. The first step's time is read off the head's own disk (its
-torchrun.log, polled every 20 ms), independently of the controller. Needs root and openssh-server.
+Each round is a real detached run (tests/support/stack_world.py: FakeStackRunner, the fake
+Compute API and a Cloud Storage emulator on the bridge, a fake metadata server for the VMs'
+token) of the tiny preset on 2 test hosts, then `down`. The first step's time is read off the
+head's own disk (its torchrun.log, polled every 20 ms), independently of the controller. Needs
+root and openssh-server.
 """
 
 from __future__ import annotations

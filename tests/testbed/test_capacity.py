@@ -1,5 +1,6 @@
 """Waiting for capacity and capacity lists end to end: `gputrain up`/`run --stack` on the sshd
-test bed, with the fake stack's `up` stocked out as GCE reports it (tests/support/stack_world.py)."""
+test bed, with the fake stack's `up` stocked out as GCE reports it
+(tests/support/stack_world.py)."""
 
 from __future__ import annotations
 
