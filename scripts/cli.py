@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -497,7 +498,7 @@ _URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 def _project_dir(given: Path) -> Path:
     """--dir: the Pulumi project at or above DIR; never silently another project."""
-    if not given.is_dir():
+    if not os.path.isdir(given):  # False for a name the system refuses (too long)
         raise UserError(f"--dir {given}: no such directory; allowed: a directory with Pulumi.yaml")
     root = find_project_root(given)
     if not (root / "Pulumi.yaml").is_file() or not given.resolve().is_relative_to(root):

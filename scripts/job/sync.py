@@ -469,7 +469,7 @@ def _left_out(rel: str, workdir: Path, listed: set[str]) -> str | None:
 
 def _check_file(rel: str, workdir: Path, listed: set[str], *, what: str) -> None:
     rel = str(Path(rel))
-    if not (workdir / rel).is_file():
+    if not os.path.isfile(workdir / rel):  # False for a name the system refuses (too long)
         raise UserError(f"{what}: no such file in {workdir} (the directory that is uploaded)")
     why = _left_out(rel, workdir, listed)
     if why is not None:
@@ -484,7 +484,7 @@ def _check_module(module: str, workdir: Path, listed: set[str]) -> None:
     if top in BUNDLED:
         return
     local = workdir / top
-    if not (local.is_dir() or (workdir / f"{top}.py").is_file()):
+    if not (os.path.isdir(local) or os.path.isfile(workdir / f"{top}.py")):
         if importlib.util.find_spec(top) is None:
             ui.warn(
                 f"ENTRY -m {module}: not in {workdir} and not installed here; it must be "
@@ -493,7 +493,7 @@ def _check_module(module: str, workdir: Path, listed: set[str]) -> None:
         return
     path = "/".join(parts)
     for candidate in (f"{path}.py", f"{path}/__main__.py", f"{path}/__init__.py"):
-        if (workdir / candidate).is_file():
+        if os.path.isfile(workdir / candidate):
             _check_file(candidate, workdir, listed, what=f"ENTRY -m {module}")
             return
     raise UserError(

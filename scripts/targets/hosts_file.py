@@ -234,8 +234,10 @@ def load_hosts_file(path: Path, *, trust_new_hosts: bool = False) -> HostsFile:
         text = path.read_text()
     except FileNotFoundError:
         raise UserError(f"{path}: hosts file not found") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise UserError(f"{path}: cannot read the hosts file ({type(e).__name__})") from None
+    except OSError as e:  # a directory, no permission, a name too long
+        raise UserError(f"{path}: cannot read the hosts file ({e.strerror})") from None
     from infra.stackfile import DuplicateKeyError, UniqueKeyLoader
 
     try:
@@ -338,9 +340,18 @@ def _resolve(value: str, base_dir: Path) -> Path:
     return path if path.is_absolute() else base_dir / path
 
 
+def _exists(w: _Checker, field: str, path: Path) -> bool:
+    """Whether `path` exists; a path the system cannot look up (a name too long) is the
+    field's one-line error, not an OSError."""
+    try:
+        return path.exists()
+    except OSError as e:
+        raise w.fail(field, str(path), f"not a usable path ({e.strerror})") from None
+
+
 def _identity_file(w: _Checker, value: str, base_dir: Path) -> Path:
     path = _resolve(value, base_dir)
-    if not path.is_file():
+    if not _exists(w, "identity_file", path) or not path.is_file():
         raise w.fail("identity_file", str(path), "the private key file does not exist")
     try:
         head = path.read_bytes()[:64]
@@ -440,7 +451,7 @@ def _hosts(w: _Checker, hosts: list[Any], default_port: int) -> list[tuple[str, 
 def _known_hosts_lookup(w: _Checker, path: Path, trust_new_hosts: bool) -> Any:
     """A function (address, port) -> pinned "type base64" keys, from an OpenSSH known_hosts file
     (hashed entries too). Absent file: allowed only with trust_new_hosts (it will be created)."""
-    if not path.exists():
+    if not _exists(w, "known_hosts", path):
         if trust_new_hosts:
             return lambda _address, _port: ()
         raise w.fail(

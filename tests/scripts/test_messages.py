@@ -32,6 +32,28 @@ def test_a_dir_that_does_not_exist_is_refused_not_replaced(
     assert "no Pulumi.yaml there or in a directory above it" in line
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["plan", "--stack", "dev", "--dir", "LONG"], "--dir LONG: no such directory"),
+        (["run", "--hosts", "LONG"], "LONG: cannot read the hosts file (File name too long)"),
+        (["run", "--local", "--yes", "--", "LONG.py"], "ENTRY LONG.py: no such file in"),
+    ],
+    ids=["--dir", "--hosts", "ENTRY"],
+)
+def test_a_name_the_system_refuses_is_one_line_not_a_traceback(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    expected: str,
+) -> None:
+    """A path longer than the system allows (ENAMETOOLONG) made pathlib raise OSError."""
+    monkeypatch.chdir(tmp_path)
+    long = "z" * 300
+    assert expected.replace("LONG", long) in _error(capsys, [a.replace("LONG", long) for a in argv])
+
+
 def test_a_dir_below_the_project_finds_it(tmp_path: Path) -> None:
     from scripts.cli import _project_dir
 

@@ -103,6 +103,15 @@ def test_a_missing_entry_is_refused_before_anything_is_created(
         check_entry(tuple(entry), _project(tmp_path))
 
 
+def test_a_module_name_the_system_refuses_is_only_not_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Longer than a file name may be: not in the upload, so it must be on the nodes (a warning),
+    never an OSError."""
+    check_entry(("-m", "z" * 300), _project(tmp_path))
+    assert "not in" in capsys.readouterr().err
+
+
 def test_good_entries_pass_and_data_the_upload_leaves_out_is_warned_about(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

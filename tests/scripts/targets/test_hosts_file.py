@@ -225,6 +225,16 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
         "known_hosts:|does not exist|--trust-new-hosts",
     ),
     (
+        "identity file name too long",
+        _variant("keys/id_ed25519", "k" * 300),
+        "identity_file:|not a usable path (File name too long)",
+    ),
+    (
+        "known_hosts name too long",
+        _variant("known_hosts: known_hosts", "known_hosts: " + "k" * 300),
+        "known_hosts:|not a usable path (File name too long)",
+    ),
+    (
         "known_hosts is a dir",
         _variant("known_hosts: known_hosts", "known_hosts: keys"),
         "known_hosts:|expected a readable known_hosts file",
