@@ -88,8 +88,9 @@ class RunPlan:
 
 def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -> RunPlan:
     """Every "before anything is created" check, in the README's order: what the target cannot
-    do, the image or build, the data, the environment and secrets, the entry, the webhooks and
-    the watch settings. A bad input is one UserError line; nothing is created here."""
+    do, the image or build, the data, the environment and secrets, the entry, where the results
+    go, the webhooks and the watch settings. A bad input is one UserError line; nothing is
+    created here."""
     from scripts.job.sync import check_entry
     from scripts.notify import run_notify_urls
 
@@ -111,6 +112,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     planned_build = target.planned_build(opts) if build else None  # a missing Dockerfile
     entry = tuple(opts.entry or DEFAULT_ENTRY)
     check_entry(entry, Path.cwd())
+    settings.check_results_home()  # runs/<target>/<run-id>/ is made only when the job starts
     notify = run_notify_urls(opts.notify, declared.notify)
     watch = watch_settings(opts.stall_timeout_s)
     autodown_s = planned_autodown(target.capabilities, declared, opts)

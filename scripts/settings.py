@@ -65,6 +65,28 @@ class Settings:
         key = hashlib.sha256(str(runs).encode()).hexdigest()[:10]
         return state_home() / "gputrain" / "local" / f"{runs.parent.name or 'root'}-{key}"
 
+    def check_results_home(self) -> None:
+        """Before anything is created: runs/<target>/<run-id>/ can be made, so that no run trains
+        only to find nowhere to put its results. The results directory, or its nearest parent
+        that exists, must be a directory this user can write. One UserError line."""
+        where = self.runs_dir.absolute()
+        try:
+            probe = where
+            while not probe.exists():
+                probe = probe.parent
+            if not probe.is_dir():
+                why = f"{probe} is not a directory"
+            elif not os.access(probe, os.W_OK | os.X_OK):
+                why = f"{probe} is not writable by this user"
+            else:
+                return
+        except OSError as e:  # a name too long, a parent this user may not look into
+            why = f"not a usable path ({e.strerror})"
+        raise UserError(
+            f"results directory {where}: {why}; allowed: a directory you can write "
+            f"(--runs-dir, {RUNS_DIR_ENV})"
+        )
+
     def results_path(self, target: str, run_id: str) -> Path:
         """runs/<target>/<run-id>/, not made yet. Pure."""
         return self.runs_dir / target / run_id

@@ -175,6 +175,28 @@ def test_a_good_plan_holds_what_the_run_needs_and_makes_nothing(
     assert resumed.job(None).resumed and not job.resumed  # its mirrored state comes back
 
 
+@pytest.mark.parametrize(
+    ("runs_dir", "why"),
+    [
+        ("job.py/runs", "{project}/job.py is not a directory"),
+        ("r" * 300, "not a usable path (File name too long)"),
+    ],
+    ids=["under a file", "name too long"],
+)
+def test_results_that_could_not_be_made_are_refused_before_anything(
+    project: Path, runs_dir: str, why: str
+) -> None:
+    """Made only when the job starts, so checked here: otherwise a stack run would create its
+    VMs, verify them and only then fail."""
+    settings = Settings(root=project, runs_dir=project / runs_dir)
+    with pytest.raises(UserError) as e:
+        plan_run(target(project), RunOptions(entry=("job.py",)), settings, create=True)
+    assert str(e.value) == (
+        f"results directory {project / runs_dir}: {why.format(project=project)}; "
+        "allowed: a directory you can write (--runs-dir, GPUTRAIN_RUNS_DIR)"
+    )
+
+
 def test_healthcheck_plans_no_data(project: Path) -> None:
     """`healthcheck` reads no data: the stack's datasets are not listed (nor needed)."""
     config = GCE + "  gputrain:data: {train: 'gs://no-such-bucket-here/x'}\n"
