@@ -8,6 +8,7 @@ the target the command line names (`open_target`: --stack, --hosts, else --local
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -113,7 +114,7 @@ def check_run_flags(args: argparse.Namespace) -> None:
     run = getattr(args, "run", None)
     if getattr(args, "command", None) == "report":
         # report's RUN may be a results dir gputrain wrote (it holds job.json), else a run id
-        run = None if run is None or Path(run, "job.json").is_file() else run
+        run = None if run is None or os.path.isfile(Path(run, "job.json")) else run
         setting = "RUN"
     else:
         setting = "--run"  # logs, top

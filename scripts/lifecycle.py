@@ -7,6 +7,7 @@ exists runs under a teardown no failure or signal can skip.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -170,7 +171,7 @@ def plan(
 
     if export is not None:
         target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")
-        if export.exists() and not force:
+        if os.path.exists(export) and not force:  # a name too long: writing it says why
             raise UserError(f"--export {export}: the file exists; add --force to replace it")
     declared = target.declared()
     env = declared.environment

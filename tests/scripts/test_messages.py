@@ -38,8 +38,11 @@ def test_a_dir_that_does_not_exist_is_refused_not_replaced(
         (["plan", "--stack", "dev", "--dir", "LONG"], "--dir LONG: no such directory"),
         (["run", "--hosts", "LONG"], "LONG: cannot read the hosts file (File name too long)"),
         (["run", "--local", "--yes", "--", "LONG.py"], "ENTRY LONG.py: no such file in"),
+        (["cost", "--runs-dir", "/LONG"], "--runs-dir /LONG: not a usable path (File name too"),
+        (["logs", "--local", "--runs-dir", "/LONG"], "--runs-dir /LONG: not a usable path"),
+        (["report", "--local", "LONG"], "RUN 'LONG'"),
     ],
-    ids=["--dir", "--hosts", "ENTRY"],
+    ids=["--dir", "--hosts", "ENTRY", "cost --runs-dir", "logs --runs-dir", "report RUN"],
 )
 def test_a_name_the_system_refuses_is_one_line_not_a_traceback(
     tmp_path: Path,

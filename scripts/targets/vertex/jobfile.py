@@ -12,6 +12,7 @@ points. Reading and writing the file is the only I/O here.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +53,7 @@ class _PlainDumper(yaml.SafeDumper):
 
 def write_job_file(path: Path, job_spec: Mapping[str, Any], *, force: bool) -> None:
     """The CustomJobSpec as gcloud's --config YAML; an existing file only with --force."""
-    if path.exists() and not force:
+    if os.path.exists(path) and not force:  # a name too long: not there; writing it says why
         raise UserError(f"--export {path}: the file exists; add --force to replace it")
     text = "# CustomJobSpec written by `gputrain plan --export`: gcloud ai custom-jobs create\n"
     text += "#   --region=REGION --display-name=NAME --config=THIS_FILE\n"

@@ -280,6 +280,10 @@ def test_export_round_trips_through_vertex_job_spec(
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"--export {exported}: the file exists; add --force to replace it")
     assert len(err.splitlines()) == 1 and exported.read_text() == before
+    long = w.settings.root / ("x" * 300)  # a name the system refuses: one line, not an OSError
+    assert w.run("plan", "--stack", "vtest", "--export", str(long)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--export {long}: cannot write it (File name too long)"), err
 
     # the stack keys' run submits what was exported. Vertex fails this job before it runs
     # (no replica starts): what it submitted is the subject, and the same job trains below.
