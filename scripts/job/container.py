@@ -27,8 +27,12 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json",
 )
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+#: distribution/reference's grammar (reference.go): domain-component :=
+#: /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/, joined by dots, then an optional port
+_DOMAIN = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_REGISTRY = rf"{_DOMAIN}(?:\.{_DOMAIN})*(?::[0-9]+)?"
 _REF = re.compile(
-    rf"^(?P<registry>[A-Za-z0-9.-]+(?::[0-9]+)?)/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    rf"^(?P<registry>{_REGISTRY})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 
@@ -95,7 +99,7 @@ def resolve_digest(
                 "grant roles/artifactregistry.reader and check your credentials"
             ) from None
         raise UserError(f"image {image}: {ref.registry} answered {e.code}") from None
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError, UnicodeError) as e:  # UnicodeError: a label over 63
         raise UserError(f"image {image}: cannot reach {ref.registry} ({e})") from None
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
         raise UserError(f"image {image}: {ref.registry} gave no manifest digest")

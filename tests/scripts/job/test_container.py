@@ -43,10 +43,24 @@ def test_references() -> None:
     assert parse_image("localhost:5000/a/b", "image").tag == "latest"
     pinned = parse_image("r.io/a@sha256:" + "a" * 64, "image")
     assert pinned.digest == "sha256:" + "a" * 64 and resolve_digest(pinned) is pinned
-    for bad in ("ubuntu:22.04", "r.io/A/b", "r.io/a:b c", ""):
+    # a registry host as distribution/reference's grammar has it: no empty label, no dash at
+    # a label's end (such a host made the lookup raise UnicodeError: a traceback)
+    for bad in (
+        "ubuntu:22.04",
+        "r.io/A/b",
+        "r.io/a:b c",
+        "",
+        "../x",
+        ".r.io/x",
+        "r..io/x",
+        "r-.io/x",
+    ):
         with pytest.raises(UserError) as e:
             parse_image(bad, "gputrain:image")
         assert str(e.value).startswith(f"gputrain:image: {bad!r} is not allowed")
+    long_label = parse_image("a" * 64 + ".io/x", "image")  # the grammar allows it, DNS does not
+    with pytest.raises(UserError, match=r"cannot reach a{64}\.io"):
+        resolve_digest(long_label)
 
 
 def test_docker_run_passes_values_by_name_only() -> None:
