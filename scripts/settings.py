@@ -92,21 +92,27 @@ class Settings:
         return self.runs_dir / target / run_id
 
     def results_dir(self, target: str, run_id: str) -> Path:
-        """runs/<target>/<run-id>/ (private to the user: 0700), recorded as the target's last run;
-        runs/ carries the marker that keeps it out of every upload (job/sync.py) and a
-        .gitignore that keeps it out of git (said once, when it is made)."""
-        target_dir = self.runs_dir / target
-        for d in (self.runs_dir, target_dir, target_dir / run_id):
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            d.chmod(0o700)
-        ignore = self.runs_dir / ".gitignore"
-        if not ignore.exists():
+        """runs/<target>/<run-id>/, recorded as the target's last run. What gputrain makes here is
+        private to the user (0700); a directory that exists keeps its mode (`--runs-dir ~`, a
+        shared one). runs/ carries the marker that keeps it out of every upload (job/sync.py),
+        and, when it is gputrain's (made now, or holding the marker), a .gitignore that keeps
+        it out of git (said once, when it is written): never one in a directory of the user's."""
+        runs, target_dir = self.runs_dir, self.runs_dir / target
+        ours = not runs.exists() or (runs / RESULTS_MARKER).exists()
+        for d in (runs, target_dir, target_dir / run_id):
+            try:
+                d.mkdir(mode=0o700, parents=True)
+            except FileExistsError:
+                continue
+            d.chmod(0o700)  # mkdir's mode passes through the umask
+        ignore = runs / ".gitignore"
+        if ours and not ignore.exists():
             ignore.write_text(RUNS_GITIGNORE)
             ui.say(
-                f"results go to {self.runs_dir} (git ignores it: its .gitignore); "
+                f"results go to {runs} (git ignores it: its .gitignore); "
                 f"--runs-dir or {RUNS_DIR_ENV} puts them elsewhere"
             )
-        (self.runs_dir / RESULTS_MARKER).touch(mode=0o600)
+        (runs / RESULTS_MARKER).touch(mode=0o600)
         (target_dir / LAST_RUN).write_text(run_id + "\n")
         return target_dir / run_id
 

@@ -27,3 +27,25 @@ def test_the_results_dir_is_ignored_by_git_said_once(
     out = capsys.readouterr().out
     assert out.count("git ignores it") == 1 and "GPUTRAIN_RUNS_DIR" in out
     assert (tmp_path / "runs" / ".gitignore").read_text() == "*\n"
+
+
+def test_a_directory_that_exists_keeps_its_mode_and_gets_no_gitignore(tmp_path: Path) -> None:
+    """`--runs-dir ~` or a shared directory: gputrain made / 0700 and wrote a `*` .gitignore
+    into it (which hides a dotfiles repository's every file from git)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    (shared / "notes.txt").write_text("mine\n")
+    run = Settings(root=tmp_path, runs_dir=shared).results_dir("local", "r1")
+    assert shared.stat().st_mode & 0o777 == 0o755 and not (shared / ".gitignore").exists()
+    assert run.stat().st_mode & 0o777 == 0o700 and (run.parent).stat().st_mode & 0o777 == 0o700
+    assert (shared / ".gputrain-results").exists()  # still never uploaded as code
+
+
+def test_gputrains_own_results_dir_gets_its_gitignore_back(tmp_path: Path) -> None:
+    """A runs/ of gputrain's (its marker) that lost its .gitignore gets it at the next run."""
+    runs = tmp_path / "runs"
+    Settings(root=tmp_path, runs_dir=runs).results_dir("local", "r1")
+    (runs / ".gitignore").unlink()
+    Settings(root=tmp_path, runs_dir=runs).results_dir("local", "r2")
+    assert (runs / ".gitignore").read_text() == "*\n" and runs.stat().st_mode & 0o777 == 0o700
