@@ -35,6 +35,16 @@ def _traces() -> set[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     tempfile.tempdir = tempfile.gettempdir()  # this process keeps its own temp dir
+    above = Path(tempfile.tempdir).resolve()
+    stray = next(
+        (d / "Pulumi.yaml" for d in (above, *above.parents) if (d / "Pulumi.yaml").is_file()), None
+    )
+    if stray is not None:  # gputrain looks upwards for Pulumi.yaml, as the Pulumi CLI does
+        pytest.exit(
+            f"{stray}: a Pulumi project above the temporary directory, which every test's own "
+            "project would find instead of itself; move it away",
+            returncode=4,
+        )
     session_tmp = tempfile.mkdtemp(prefix="gputrain-tests-")
     os.chmod(session_tmp, 0o1777)  # like /tmp: the test hosts' login users write there too
     config.stash[_SESSION] = (session_tmp, os.environ.get("TMPDIR"), _traces())
@@ -44,6 +54,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION not in config.stash:  # configure stopped the run before making it
+        return
     session_tmp, before, _ = config.stash[_SESSION]
     if before is None:
         os.environ.pop("TMPDIR", None)
