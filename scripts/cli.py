@@ -19,7 +19,7 @@ from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from scripts import cli_options, lifecycle, ui
 from scripts.job.records import DEFAULT_ENTRY
-from scripts.settings import RUNS_DIR_ENV, Settings, find_project_root
+from scripts.settings import RUNS_DIR_ENV, Settings, find_project_root, path_problem
 from scripts.targets.base import Feature, RunOptions
 
 if TYPE_CHECKING:
@@ -496,15 +496,6 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
 _URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 
-def _usable(path: Path, setting: str) -> None:
-    """A path the system can look up at all (not one longer than it allows): every command
-    that reads or writes results goes through it, so it is one line here, not an OSError there."""
-    try:
-        path.exists()
-    except OSError as e:
-        raise UserError(f"{setting} {path}: not a usable path ({e.strerror})") from None
-
-
 def _project_dir(given: Path) -> Path:
     """--dir: the Pulumi project at or above DIR; never silently another project."""
     if not os.path.isdir(given):  # False for a name the system refuses (too long)
@@ -569,9 +560,9 @@ def main(
             settings.root = _project_dir(Path(args.dir))
         if getattr(args, "runs_dir", None):
             settings.runs_dir = Path(args.runs_dir).expanduser().absolute()
-        _usable(
-            settings.runs_dir, "--runs-dir" if getattr(args, "runs_dir", None) else RUNS_DIR_ENV
-        )
+        if why := path_problem(settings.runs_dir):  # every command that reads results: one line
+            setting = "--runs-dir" if getattr(args, "runs_dir", None) else RUNS_DIR_ENV
+            raise UserError(f"{setting} {settings.runs_dir}: {why}")
         return int(args.handler(Context(args, opts, settings, gce, vertex)))
     except GputrainError as exc:
         print(f"gputrain: error: {ui.terminal_safe(str(exc))}", file=sys.stderr, flush=True)

@@ -41,6 +41,16 @@ def find_project_root(start: Path | None = None) -> Path:
     return CHECKOUT
 
 
+def path_problem(path: Path) -> str | None:
+    """Why the system cannot look `path` up (a name longer than it allows, a parent this user
+    may not enter), or None. pathlib's exists() raises for these instead of saying False."""
+    try:
+        path.exists()
+    except OSError as e:
+        return f"not a usable path ({e.strerror})"
+    return None
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -70,7 +80,8 @@ class Settings:
         only to find nowhere to put its results. The results directory, or its nearest parent
         that exists, must be a directory this user can write. One UserError line."""
         where = self.runs_dir.absolute()
-        try:
+        why = path_problem(where)
+        if why is None:  # then every parent can be looked up too
             probe = where
             while not probe.exists():
                 probe = probe.parent
@@ -80,8 +91,6 @@ class Settings:
                 why = f"{probe} is not writable by this user"
             else:
                 return
-        except OSError as e:  # a name too long, a parent this user may not look into
-            why = f"not a usable path ({e.strerror})"
         raise UserError(
             f"results directory {where}: {why}; allowed: a directory you can write "
             f"(--runs-dir, {RUNS_DIR_ENV})"

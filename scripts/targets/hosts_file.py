@@ -49,6 +49,7 @@ from infra.base.records import Fleet, GpuExpectation, Node
 from infra.datasets import Dataset, parse_datasets
 from infra.keys import Checker, check_urls
 from scripts.job.environment import EnvironmentSettings
+from scripts.settings import path_problem
 from scripts.transport.ssh import KnownHosts
 
 MAX_GPU_MEMORY_GB = 1024  # above any GPU made (B200: 180 GB)
@@ -341,12 +342,11 @@ def _resolve(value: str, base_dir: Path) -> Path:
 
 
 def _exists(w: _Checker, field: str, path: Path) -> bool:
-    """Whether `path` exists; a path the system cannot look up (a name too long) is the
-    field's one-line error, not an OSError."""
-    try:
-        return path.exists()
-    except OSError as e:
-        raise w.fail(field, str(path), f"not a usable path ({e.strerror})") from None
+    """Whether `path` exists; a path the system cannot look up is the field's error."""
+    why = path_problem(path)
+    if why is not None:
+        raise w.fail(field, str(path), why)
+    return path.exists()
 
 
 def _identity_file(w: _Checker, value: str, base_dir: Path) -> Path:
