@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -247,12 +248,16 @@ def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(
     """(b) head and worker preempted, (c) every zone stocked out for two passes (nothing bills
     between them), then capacity returns, (e) that pass killed after re-creating the VMs: the
     next pass, once the dead one's lease expires, finishes the recovery. The job is the
-    trainer's torch-free stand-in (its steps, checkpoints and resume): the reconciler is the
-    subject here, (a) holds the trainer's sums to an uninterrupted run's."""
+    trainer's torch-free stand-in checkpointing into its out dir as a third-party trainer does:
+    both re-created VMs are bare, so the relaunch resumes only from what the pass brought back
+    from the bucket (the head's out dir, and the worker's filled from it). The reconciler is the
+    subject here; (a) holds the trainer's sums to an uninterrupted run's."""
     w = world(bucket=True)
     shutil.copy(JOBS / "steps.py", w.dir)
-    rid = detach(w, entry=("steps.py", "60", "0.05", "10"))
-    wait_for("a checkpoint", lambda: any(s >= 10 for s in w.checkpoints_in_bucket()))
+    rid = detach(w, "--env", "STEPS_OUT_CHECKPOINT=1", entry=("steps.py", "60", "0.05", "10"))
+    mirrored, gcs = f"runs/{rid}/out/e2e-node-0/steps-ckpt.txt", w.gcs
+    assert gcs is not None
+    wait_for("a mirrored checkpoint", lambda: mirrored in gcs.live_names(BUCKET, "runs/"))
     for zone in ZONES:
         w.runner.fail_stockout(zone, times=2)
     w.preempt("e2e-node-1")
@@ -282,6 +287,9 @@ def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(
     time.sleep(8.5)  # the dead pass's lease expires
     out = reconcile(w, capsys)
     assert "trains again (attempt 2)" in out, out[-3000:]
+    starts = re.findall(r"\[(e2e-node-\d)\].*steps\.py: start step (\d+)/60", out)
+    assert {node for node, _ in starts} == {"e2e-node-0", "e2e-node-1"}, out[-3000:]
+    assert all(int(step) >= 10 for _, step in starts), starts  # not from 0: restored
     m = manifest(rid)
     assert (m.state, m.recoveries_done) == ("running", 1)
     assert [h["what"] for h in m.history].count("waiting for capacity") == 2

@@ -10,6 +10,9 @@ newest complete one, and the ranks keep in step as DDP's collectives keep them (
 to rank 0 at MASTER_PORT + 1): when a node's processes die, the others fail at their next step,
 as gloo fails on a lost peer, rather than train on alone; a SIGTERM to any rank stops every rank
 after the same step, with a checkpoint and the trainer's line saying so (exit 143). With
+EVERY and $STEPS_OUT_CHECKPOINT set it checkpoints instead as a third-party trainer does (nanoGPT):
+rank 0 writes `steps-ckpt.txt` into $GPUTRAIN_OUT, and every rank starts from its own node's copy
+(what the out-dir mirror brings back to a re-created node, or fills from rank 0's). With
 $STEPS_LOCKSTEP set the ranks keep in step without checkpoints too (a stopped rank stalls all).
 Started by the production launch (torchrun on every node) like any entry; saves each rank
 torch's import and the training (~3 CPU seconds a rank of the tiny preset).
@@ -32,9 +35,16 @@ step_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
 every = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 rank = int(os.environ.get("RANK", "0"))
 world = int(os.environ.get("WORLD_SIZE", "1"))
-uri = os.environ.get("GPUTRAIN_CHECKPOINT_URI") if every else None
+out_checkpoint = (
+    Path(os.environ.get("GPUTRAIN_OUT", "out")) / "steps-ckpt.txt"
+    if every and os.environ.get("STEPS_OUT_CHECKPOINT")
+    else None
+)
+uri = os.environ.get("GPUTRAIN_CHECKPOINT_URI") if every and not out_checkpoint else None
 store = None
 start = 0
+if out_checkpoint is not None and out_checkpoint.is_file():
+    start = int(out_checkpoint.read_text().split()[1])
 if uri:
     from trainer.storage import CheckpointStore, parse_gs_uri
 
@@ -88,15 +98,20 @@ def lockstep() -> Callable[[bool], bool]:
 
 
 def save(step: int) -> None:
+    if out_checkpoint is not None and rank == 0:  # whole or not at all, as the mirror reads it
+        out_checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        (partial := out_checkpoint.with_suffix(".part")).write_text(f"step {step}\n")
+        partial.replace(out_checkpoint)
     if store is not None and rank == 0:
         data = f"step {step}\n".encode()
         store.upload(io.BytesIO(data), step, len(data))
         print(f"checkpoint {uri}ckpt-{step:08d}.pt", flush=True)
 
 
-in_step = store is not None or bool(os.environ.get("STEPS_LOCKSTEP"))
+saving_checkpoints = store is not None or out_checkpoint is not None
+in_step = saving_checkpoints or bool(os.environ.get("STEPS_LOCKSTEP"))
 barrier = lockstep() if in_step and world > 1 else (lambda stop: stop)
-if store is not None:
+if saving_checkpoints:
     signal.signal(signal.SIGTERM, lambda signum, frame: stop_asked.append(signum))
 
 
