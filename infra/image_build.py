@@ -27,7 +27,7 @@ DOCKERIGNORE = ".dockerignore"
 #: Cloud Build's own builder image with the docker CLI (its documented `docker build` step)
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 BUILD_TIMEOUT_S = 3600
-#: The repository's Pulumi type (infra/components/registry.py): a run's teardown keeps it.
+#: The repository's Pulumi type (infra/components/registry.py): `run --keep-images` keeps it.
 REPOSITORY_TYPE = "gcp:artifactregistry/repository:Repository"
 
 

@@ -125,7 +125,7 @@ def describe_build(planned: PlannedBuild, region: str) -> list[str]:
         f"  built from {ctx.dockerfile} ({len(ctx.files)} files in its directory; the tag is "
         "their content hash)",
         f"  repository: {repository_id(planned.stack)} in Artifact Registry ({region}); made by "
-        "`up`, kept by a run's teardown (the build cache), removed by `down`",
+        "`up`, removed by a run's teardown unless `--keep-images` (the build cache) and by `down`",
         f"  build: {will}",
     ]
 

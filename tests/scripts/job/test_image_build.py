@@ -93,6 +93,7 @@ def test_built_pushed_once_then_found(project: Project, capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert f"image: {project.registry.host}/{PROJECT}/gputrain-{STACK}/docker:ctx-" in out
     assert "repository: gputrain-bt in Artifact Registry (us-central1)" in out
+    assert "removed by a run's teardown unless `--keep-images`" in out  # as the teardown does
     assert "build: at `up` (with docker here), before any GPU" in out
     image = project.target().built_image(RunOptions())
     assert image is not None and image.digest is not None
