@@ -3,8 +3,8 @@ package's modules (what the controller starts), where gputrain's own copy lives 
 `GPUTRAIN_*` names the helpers read and the exit codes the controller reads back.
 
 Standard library only and no I/O: the controller imports it to build the nodes' commands, the
-node modules import it for the same names. Three helpers run standalone, sent on stdin before
-the code is uploaded (STANDALONE): they spell their names themselves and a test
+node modules import it for the same names. The helpers in STANDALONE run before the code is
+uploaded (sent on stdin, or copied on their own): they spell their names themselves and a test
 (tests/test_layers.py) holds them equal to these.
 """
 

@@ -106,6 +106,56 @@ def test_the_cli_check_finds_a_missing_option() -> None:
     assert "a section whose heading names `top`" in missing_cli_options(without_top)
 
 
+ARCHITECTURE = DOCS / "developer" / "architecture.md"
+#: the code the Layout section lists one line per module (packages' __init__.py left out)
+LAID_OUT = ("infra", "scripts", "trainer", "gputrain_node")
+
+
+def missing_from_layout(page: str) -> list[str]:
+    """Modules of LAID_OUT without their line in the page's Layout block, lines naming a module
+    that does not exist, and bench/ scripts its bench/ line does not name."""
+    layout = "".join(body for heading, body in _sections(page) if heading == "Layout")
+    block = layout.split("```")[1] if layout.count("```") >= 2 else ""
+    lines = block.splitlines()
+    starts = {line.split(" ", 1)[0] for line in lines}
+    bench = " ".join(line for line in lines if line.startswith("bench/"))
+    modules = sorted(
+        str(f.relative_to(ROOT))
+        for package in LAID_OUT
+        for f in (ROOT / package).rglob("*.py")
+        if f.name != "__init__.py"
+    )
+    scripts = sorted(f.name for f in (ROOT / "bench").iterdir() if f.suffix in (".py", ".sh"))
+    gone = sorted(
+        f"{line} (no such module)"
+        for line in starts
+        if line.startswith(tuple(f"{package}/" for package in LAID_OUT))
+        and line.endswith(".py")
+        and line not in modules
+    )
+    return (
+        [m for m in modules if m not in starts]
+        + gone
+        + [f"bench/{s}" for s in scripts if not re.search(rf"\b{re.escape(s)}\b", bench)]
+    )
+
+
+def test_every_module_is_in_the_layout() -> None:
+    assert missing_from_layout(ARCHITECTURE.read_text(encoding="utf-8")) == []
+
+
+def test_the_layout_check_finds_a_missing_module() -> None:
+    page = ARCHITECTURE.read_text(encoding="utf-8")
+    without = re.sub(r"^gputrain_node/torch_pins\.py .*\n", "", page, flags=re.M)
+    assert missing_from_layout(without) == ["gputrain_node/torch_pins.py"]
+    assert missing_from_layout(page.replace("way_through.py", "")) == ["bench/way_through.py"]
+    moved = page.replace("\nscripts/job/leftovers.py ", "\nscripts/job/tagged.py ")
+    assert missing_from_layout(moved) == [
+        "scripts/job/leftovers.py",
+        "scripts/job/tagged.py (no such module)",
+    ]
+
+
 def _rendered_stack_page() -> str:
     hook = _hook()
     page = SimpleNamespace(file=SimpleNamespace(src_uri=hook.PAGE))
