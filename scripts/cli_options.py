@@ -78,7 +78,7 @@ def add_run_flags(c: argparse.ArgumentParser, command: str) -> None:
         default=[],
         metavar="URL",
         help="POST a JSON message per run event (started, preempted, recovered, failed, "
-        "finished, autodown) to this webhook (Slack/Discord-style `text`); repeatable",
+        "finished, budget, autodown) to this webhook (Slack/Discord-style `text`); repeatable",
     )
     c.add_argument(
         "--detach",
