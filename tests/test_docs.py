@@ -156,6 +156,39 @@ def test_the_layout_check_finds_a_missing_module() -> None:
     ]
 
 
+ENV_PAGE = DOCS / "reference" / "environment-variables.md"
+#: gputrain's own names the page leaves out on purpose, each with why
+UNLISTED_ENV = {
+    "GPUTRAIN_SECRET_NAMES": "run.sh's own: the names it redacts, set and read on the node",
+    "GPUTRAIN_STACK_FILE": "the reconcile job's own: set by the program on its Cloud Run job",
+}
+
+
+def missing_env_names(page: str) -> list[str]:
+    """`GPUTRAIN_*` names in the code that the page does not show (a heredoc's delimiter, `..._EOF`
+    or the one line it ends, is no variable), and UNLISTED_ENV names the code no longer has."""
+    names: set[str] = set()
+    for package in LAID_OUT:
+        for f in (ROOT / package).rglob("*.py"):
+            text = f.read_text(encoding="utf-8")
+            heredocs = set(re.findall(r"<<'?(GPUTRAIN_[A-Z0-9_]+)'?", text))
+            names |= set(re.findall(r"GPUTRAIN_[A-Z0-9_]*[A-Z0-9]_?", text)) - heredocs
+    names = {n for n in names if not n.endswith("_EOF")}
+    shown = [n for n in names if f"`{n}" in page or n in UNLISTED_ENV]
+    return sorted(names - set(shown)) + sorted(set(UNLISTED_ENV) - names)
+
+
+def test_every_gputrain_variable_is_on_its_page() -> None:
+    assert missing_env_names(ENV_PAGE.read_text(encoding="utf-8")) == []
+
+
+def test_the_variable_check_finds_a_missing_one() -> None:
+    page = ENV_PAGE.read_text(encoding="utf-8")
+    assert missing_env_names(page.replace("`GPUTRAIN_REGISTRY_HOST`", "")) == [
+        "GPUTRAIN_REGISTRY_HOST"
+    ]
+
+
 def _rendered_stack_page() -> str:
     hook = _hook()
     page = SimpleNamespace(file=SimpleNamespace(src_uri=hook.PAGE))
