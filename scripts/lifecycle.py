@@ -16,7 +16,7 @@ from typing import Any
 
 from infra.base.errors import GputrainError, UserError
 from scripts import ui
-from scripts.cost.ledger import record_run
+from scripts.cost.ledger import record_run, record_unstarted
 from scripts.job.records import BudgetReached, Job, JobResult, Recovery, TrainingError
 from scripts.notify import Notifier
 from scripts.run_plan import RunPlan, declared_image, plan_run, warn_unrelaunchable
@@ -36,10 +36,15 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     notifier = Notifier(plan.notify, {"stack": plan.label})
     try:
         with signal_guard() as guard, provisioned(plan, guard) as session:
-            job = verified_job(plan, session, settings, notifier)
-            if opts.detach:
-                detach(plan, session, job, guard)
-                return None
+            try:
+                job = verified_job(plan, session, settings, notifier)
+                if opts.detach:
+                    detach(plan, session, job, guard)
+                    return None
+            except BaseException:  # the machines' time is in the ledger, as a failed run's
+                elapsed = time.monotonic() - started
+                record_unstarted(plan.spec, session, plan.run_id, settings.runs_home, elapsed)
+                raise
             result = run_job(plan, session, job, guard, started)
         summary(plan, result, session.hourly_usd, started, notifier)
         return result

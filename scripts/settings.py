@@ -21,6 +21,15 @@ RUNS_DIR_ENV = "GPUTRAIN_RUNS_DIR"  # where results go (`--runs-dir`): default r
 RUNS_GITIGNORE = "*\n"  # runs/.gitignore: git, the upload and build contexts pass it by
 
 
+def _private_dir(d: Path) -> None:
+    """`d` made 0700 (and its parents), or left as it is where it exists."""
+    try:
+        d.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        return
+    d.chmod(0o700)  # mkdir's mode passes through the umask
+
+
 def default_runs_dir() -> Path:
     """$GPUTRAIN_RUNS_DIR, else runs/ in the working directory (git ignores it: results_dir)."""
     override = os.environ.get(RUNS_DIR_ENV)
@@ -101,19 +110,23 @@ class Settings:
         return self.runs_dir / target / run_id
 
     def results_dir(self, target: str, run_id: str) -> Path:
-        """runs/<target>/<run-id>/, recorded as the target's last run. What gputrain makes here is
-        private to the user (0700); a directory that exists keeps its mode (`--runs-dir ~`, a
-        shared one). runs/ carries the marker that keeps it out of every upload (job/sync.py),
-        and, when it is gputrain's (made now, or holding the marker), a .gitignore that keeps
-        it out of git (said once, when it is written): never one in a directory of the user's."""
-        runs, target_dir = self.runs_dir, self.runs_dir / target
+        """runs/<target>/<run-id>/ (runs/ as runs_home makes it), recorded as the target's last
+        run."""
+        target_dir = self.runs_home() / target
+        for d in (target_dir, target_dir / run_id):
+            _private_dir(d)
+        (target_dir / LAST_RUN).write_text(run_id + "\n")
+        return target_dir / run_id
+
+    def runs_home(self) -> Path:
+        """runs/, made private to the user (0700) where gputrain makes it; a directory that
+        exists keeps its mode (`--runs-dir ~`, a shared one). It carries the marker that keeps it
+        out of every upload (job/sync.py), and, when it is gputrain's (made now, or holding the
+        marker), a .gitignore that keeps it out of git (said once, when it is written): never
+        one in a directory of the user's."""
+        runs = self.runs_dir
         ours = not runs.exists() or (runs / RESULTS_MARKER).exists()
-        for d in (runs, target_dir, target_dir / run_id):
-            try:
-                d.mkdir(mode=0o700, parents=True)
-            except FileExistsError:
-                continue
-            d.chmod(0o700)  # mkdir's mode passes through the umask
+        _private_dir(runs)
         ignore = runs / ".gitignore"
         if ours and not ignore.exists():
             ignore.write_text(RUNS_GITIGNORE)
@@ -122,8 +135,7 @@ class Settings:
                 f"--runs-dir or {RUNS_DIR_ENV} puts them elsewhere"
             )
         (runs / RESULTS_MARKER).touch(mode=0o600)
-        (target_dir / LAST_RUN).write_text(run_id + "\n")
-        return target_dir / run_id
+        return runs
 
     def has_last_run(self, target: str) -> bool:
         return (self.runs_dir / target / LAST_RUN).is_file()

@@ -11,7 +11,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,12 +147,17 @@ def _job_outcome(results_dir: Path) -> tuple[bool | None, int, float]:
 
 
 def record_of(
-    spec: ClusterSpec | None, session: Session, run_id: str, results_dir: Path, elapsed_s: float
+    spec: ClusterSpec | None,
+    session: Session,
+    run_id: str,
+    results_dir: Path | None,
+    elapsed_s: float,
 ) -> LedgerRecord:
     """The run's record from the run plan's spec (a stack: the machine, its capacity and price)
-    or what the session occupies (machines that exist), and the job.json it left."""
+    or what the session occupies (machines that exist), and the job.json it left (no results
+    dir: its job never started, a failure)."""
     end = time.time()
-    ok, recoveries, downtime = _job_outcome(results_dir)
+    ok, recoveries, downtime = _job_outcome(results_dir) if results_dir else (False, 0, 0.0)
     hourly = session.hourly_usd
     common = dict(
         target=session.name,
@@ -236,5 +241,18 @@ def record_run(
             storage.upload(
                 bucket, f"{prefix}runs/{run_id}/{LEDGER_RECORD}", results_dir / LEDGER_RECORD
             )
+    except Exception as e:
+        ui.warn(f"could not add run {run_id} to the cost ledger: {e}")
+
+
+def record_unstarted(
+    spec: ClusterSpec | None, session: Session, run_id: str, runs_home: Callable[[], Path],
+    elapsed_s: float,
+) -> None:  # fmt: skip
+    """A run whose machines were up but whose job never started (verification failed, the
+    machines were busy, Ctrl-C): its time on them, `ok: false`, onto runs/ledger.jsonl only (it
+    has no results dir). A failure here is a warning, never the run's."""
+    try:
+        append(runs_home(), record_of(spec, session, run_id, None, elapsed_s))
     except Exception as e:
         ui.warn(f"could not add run {run_id} to the cost ledger: {e}")

@@ -116,6 +116,12 @@ def test_gpu_verification_failure_tears_down(
     assert rc == 1 and "NVIDIA T4" in err
     assert " started on " not in out  # nothing launched (launch.py's "run X started on N node(s)")
     assert_torn_down(w)
+    # the VMs billed all the same: the run is in the ledger, failed, priced, with no results dir
+    assert w.run("cost", "--stack", "e2e", "--json") == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["ok"] is False and run["nodes"] == 2 and run["estimated_usd"] > 0, run
+    assert not (w.dir / "runs" / "stack-e2e" / run["run_id"]).exists()
+    assert (w.dir / "runs" / ".gitignore").is_file()  # runs/ made as a run's results dir makes it
 
 
 def test_training_crash_names_the_node_and_tears_down(
