@@ -100,6 +100,30 @@ def _reason(e: Any) -> str | None:
     return str(getattr(e, "reason", None) or legacy or "") or None
 
 
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+
+
+def authorized_session(label: str, api_endpoint: str | None) -> Any:
+    """An AuthorizedSession for a REST adapter: anonymous against a test server (`api_endpoint`),
+    never real credentials there; else Application Default Credentials, and GoogleApiError
+    (credentials=True) when there are none."""
+    from google.auth.transport.requests import AuthorizedSession
+
+    if api_endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        return AuthorizedSession(AnonymousCredentials())
+    import google.auth
+
+    try:
+        creds = google.auth.default(scopes=[CLOUD_PLATFORM])[0]
+    except Exception as e:  # DefaultCredentialsError
+        raise GoogleApiError(
+            f"{label}: no credentials ({type(e).__name__}: {e}); {ADC_FIX}", credentials=True
+        ) from e
+    return AuthorizedSession(creds)
+
+
 def list_all(session: Any, label: str, url: str, key: str) -> list[dict[str, Any]]:
     """Every item under `key` of a REST `list` (all pages, `pageToken`/`nextPageToken`) through an
     AuthorizedSession; a failure is one GoogleApiError with the API's code and reason."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.gcp.api import ADC_FIX, GoogleApiError, list_all
+from infra.gcp.api import authorized_session, list_all
 
 ENDPOINT = "https://artifactregistry.googleapis.com"
 ENDPOINT_ENV = "GPUTRAIN_ARTIFACTREGISTRY_ENDPOINT"
@@ -29,25 +29,7 @@ class ArtifactRegistryApi:
 
     def _authorized(self) -> Any:
         if self._session is None:
-            from google.auth.transport.requests import AuthorizedSession
-
-            if self.api_endpoint:
-                from google.auth.credentials import AnonymousCredentials
-
-                creds: Any = AnonymousCredentials()  # never real credentials to a test server
-            else:
-                import google.auth
-
-                try:
-                    creds = google.auth.default(
-                        scopes=["https://www.googleapis.com/auth/cloud-platform"]
-                    )[0]
-                except Exception as e:  # DefaultCredentialsError
-                    raise GoogleApiError(
-                        f"cannot build an Artifact Registry client ({e}); {ADC_FIX}",
-                        credentials=True,
-                    ) from e
-            self._session = AuthorizedSession(creds)
+            self._session = authorized_session("Artifact Registry", self.api_endpoint)
         return self._session
 
     def repositories(self, project: str, location: str) -> list[RepositoryInfo]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.gcp.api import ADC_FIX, GoogleApiError, list_all
+from infra.gcp.api import authorized_session, list_all
 
 RUN_ENDPOINT = "https://run.googleapis.com"
 SCHEDULER_ENDPOINT = "https://cloudscheduler.googleapis.com"
@@ -34,24 +34,8 @@ class ReconcileJobsApi:
 
     def _authorized(self) -> Any:
         if self._session is None:
-            from google.auth.transport.requests import AuthorizedSession
-
-            if self.run_endpoint or self.scheduler_endpoint:
-                from google.auth.credentials import AnonymousCredentials
-
-                creds: Any = AnonymousCredentials()  # never real credentials to a test server
-            else:
-                import google.auth
-
-                try:
-                    creds = google.auth.default(
-                        scopes=["https://www.googleapis.com/auth/cloud-platform"]
-                    )[0]
-                except Exception as e:  # DefaultCredentialsError
-                    raise GoogleApiError(
-                        f"cannot build a Cloud Run client ({e}); {ADC_FIX}", credentials=True
-                    ) from e
-            self._session = AuthorizedSession(creds)
+            endpoint = self.run_endpoint or self.scheduler_endpoint
+            self._session = authorized_session("Cloud Run", endpoint)
         return self._session
 
     def run_jobs(self, project: str, location: str) -> list[JobInfo]:

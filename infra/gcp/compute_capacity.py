@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from infra.gcp.api import authorized_session
 from infra.gcp.compute import ComputeApi
 
 COMPUTE_API = "https://compute.googleapis.com"
@@ -99,17 +100,7 @@ def _get_json(api: ComputeApi, path: str) -> dict[str, Any]:
     as the generated clients do, so `call` maps them the same way."""
     from google.api_core import exceptions
 
-    if api.api_endpoint:
-        import requests
-
-        session: Any = requests.Session()
-    else:
-        import google.auth
-        from google.auth.transport.requests import AuthorizedSession
-
-        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        session = AuthorizedSession(creds)
-    with session:
+    with authorized_session("Compute Engine", api.api_endpoint) as session:
         resp = session.get((api.api_endpoint or COMPUTE_API) + path, timeout=60)
     if resp.status_code >= 400:
         raise exceptions.from_http_response(resp)

@@ -3,11 +3,15 @@ fail is one GoogleApiError line starting with the call's label."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import requests
 from google.api_core import exceptions as gexc
+from google.auth.credentials import AnonymousCredentials
 
-from infra.gcp.api import GoogleApiError, call
+from infra.gcp.api import GoogleApiError, authorized_session, call
+from infra.gcp.iam import IamApi
 
 
 def _raise(e: BaseException) -> None:
@@ -29,3 +33,22 @@ def test_every_failure_is_one_line_naming_the_call(error: BaseException, words: 
     with pytest.raises(GoogleApiError) as e:
         call("compute zones.list", lambda: _raise(error))
     assert str(e.value).startswith(f"compute zones.list: {words}") and "\n" not in str(e.value)
+
+
+def test_a_rest_adapter_without_credentials_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Application Default Credentials: the session's one line, marked as the credentials'."""
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud login to fall back on
+    with pytest.raises(GoogleApiError) as e:
+        IamApi().service_accounts("p")
+    assert e.value.credentials and "\n" not in str(e.value)
+    assert str(e.value).startswith("IAM: no credentials (DefaultCredentialsError")
+    assert "gcloud auth application-default login" in str(e.value)
+
+
+def test_a_test_server_never_gets_credentials() -> None:
+    """An endpoint of our own gets an anonymous session: no token goes to it."""
+    session = authorized_session("IAM", "http://127.0.0.1:9")
+    assert isinstance(session.credentials, AnonymousCredentials)
