@@ -53,6 +53,7 @@ BUDGET_PERMISSIONS = (
     "billing.budgets.get",
     "billing.budgets.update",
     "billing.budgets.delete",
+    "billing.budgets.list",  # the sweep finds a leftover budget by its display name
 )
 
 

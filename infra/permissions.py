@@ -98,11 +98,17 @@ RESOURCE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "secretmanager.secrets.setIamPolicy",
     ),
     # billingBudget: the guard's topic and subscription, the nodes' subscriber grant on it
-    "gcp:pubsub/topic:Topic": ("pubsub.topics.create", "pubsub.topics.get", "pubsub.topics.delete"),
+    "gcp:pubsub/topic:Topic": (
+        "pubsub.topics.create",
+        "pubsub.topics.get",
+        "pubsub.topics.delete",
+        "pubsub.topics.list",  # the sweep finds a leftover topic by its name
+    ),
     "gcp:pubsub/subscription:Subscription": (
         "pubsub.subscriptions.create",
         "pubsub.subscriptions.get",
         "pubsub.subscriptions.delete",
+        "pubsub.subscriptions.list",  # the sweep finds a leftover subscription by its name
         "pubsub.topics.attachSubscription",
     ),
     "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember": (

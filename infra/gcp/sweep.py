@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from infra.billing import guard_name
 from infra.gcp.artifact_registry import ArtifactRegistryApi
+from infra.gcp.budget_reads import BudgetReadsApi
 from infra.gcp.cloud_run import JobInfo, ReconcileJobsApi
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
@@ -27,7 +30,8 @@ class Leftover:
     """A resource of the stack that still exists (and may bill)."""
 
     kind: str  # instance, disk, address, firewall, network, subnetwork, resource-policy, bucket,
-    # service-account, iam-binding, repository, cloud-run-job, scheduler-job
+    # service-account, iam-binding, repository, cloud-run-job, scheduler-job, custom-role,
+    # pubsub-topic, pubsub-subscription, budget
     name: str
     location: str  # zone, region, "global", or a bucket's location
     matched_by: str  # "label gputrain-stack=dev" or "name prefix dev-"
@@ -67,6 +71,12 @@ SWEPT_TYPES: dict[str, str] = {
     "gcp:serviceaccount/iAMMember:IAMMember": "service-account",
     # the reconcile job's read-only roles for `pulumi refresh` (by their id's stack part)
     "gcp:projects/iAMCustomRole:IAMCustomRole": "custom-role",
+    # `billingBudget`'s guard: its topic and subscription (by their exact name), the reader grant
+    # with the subscription, the budget (by its display name, on the billing account)
+    "gcp:pubsub/topic:Topic": "pubsub-topic",
+    "gcp:pubsub/subscription:Subscription": "pubsub-subscription",
+    "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember": "pubsub-subscription",
+    "gcp:billing/budget:Budget": "budget",
 }
 
 #: Declared but never a leftover: the Vertex AI API stays enabled on destroy (disable_on_destroy
@@ -79,12 +89,6 @@ NOT_SWEPT: dict[str, str] = {
     # the reconcile job's account on the user's own KMS key (the Pulumi secrets provider): the
     # same, a member of the key's policy, which is not the stack's
     "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": "goes with the service account",
-    # `billingBudget`'s guard, not listed yet (`down` deletes them): a budget costs nothing, and
-    # its topic and subscription bill only for the few notifications a day it publishes
-    "gcp:billing/budget:Budget": "costs nothing; not listed yet",
-    "gcp:pubsub/topic:Topic": "a few messages a day; not listed yet",
-    "gcp:pubsub/subscription:Subscription": "a few messages a day; not listed yet",
-    "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember": "goes with its subscription",
     "pulumi:providers:gcp": "the budget's provider (billing_project): no cloud resource",
 }
 
@@ -99,6 +103,8 @@ def sweep(
     registry: ArtifactRegistryApi | None = None,
     jobs: ReconcileJobsApi | None = None,
     region: str | None = None,
+    budget_reads: BudgetReadsApi | None = None,
+    billing_account: str | None = None,
 ) -> list[Leftover]:
     """Every resource of `stack` that still exists: anything labelled gputrain-stack=<stack>
     (instances, disks, addresses), anything named by the stack prefix rule (all kinds, since
@@ -106,7 +112,8 @@ def sweep(
     the project role bindings that name it, and (given a `storage` adapter, as the controller always
     does) the stack's bucket by its label, and (given `registry` and the stack's `region`) its
     image repository by its label, and (given `jobs` and the region) the reconcile job and its
-    Scheduler job. Lists, never deletes."""
+    Scheduler job, and (given `budget_reads` and the billing account of `billingBudget`) the
+    guard's topic, subscription and budget. Lists, never deletes."""
     api = api or ComputeApi()
     iam = iam or IamApi(api.api_endpoint)
     leftovers: list[Leftover] = []
@@ -123,6 +130,8 @@ def sweep(
         leftovers += repository_leftovers(registry, project, region, stack)
     if jobs is not None and region:
         leftovers += reconcile_job_leftovers(jobs, project, region, stack)
+    if budget_reads is not None and billing_account:
+        leftovers += budget_guard_leftovers(budget_reads, project, stack, billing_account)
     return sorted(leftovers, key=lambda leftover: (leftover.kind, leftover.location, leftover.name))
 
 
@@ -154,26 +163,41 @@ def reconcile_job_leftovers(
 ) -> list[Leftover]:
     """Laptop-closed recovery's Cloud Run job (by its label) and its Cloud Scheduler job (by its
     exact name: Scheduler jobs carry no labels); none where an API is off (then none exists)."""
-    from infra.gcp.api import GoogleApiError
-
-    def listed(read: Callable[[str, str], list[JobInfo]]) -> list[JobInfo]:
-        try:
-            return read(project, region)
-        except GoogleApiError as e:
-            if e.api_disabled:
-                return []
-            raise
-
     name = job_name(stack)
+    found: list[JobInfo] = _unless_api_off(jobs.run_jobs, project, region)
     out = [
         Leftover("cloud-run-job", j.name, j.location, f"label {STACK_LABEL}={stack}")
-        for j in listed(jobs.run_jobs)
+        for j in found
         if j.labels.get(STACK_LABEL) == stack
     ]
     out += [
         Leftover("scheduler-job", j.name, j.location, f"name {name}")
-        for j in listed(jobs.scheduler_jobs)
+        for j in _unless_api_off(jobs.scheduler_jobs, project, region)
         if j.name == name
+    ]
+    return out
+
+
+def budget_guard_leftovers(
+    reads: BudgetReadsApi, project: str, stack: str, account: str
+) -> list[Leftover]:
+    """`billingBudget`'s Pub/Sub topic and subscription (by their exact name: the program gives
+    them no labels) and its budget on the billing account (by its display name, the same);
+    none where an API is off (then none exists)."""
+    name = guard_name(stack)
+    out = [
+        Leftover(kind, full, "global", f"name {name}")
+        for kind, read, part in (
+            ("pubsub-topic", reads.topics, "topics"),
+            ("pubsub-subscription", reads.subscriptions, "subscriptions"),
+        )
+        for full in _unless_api_off(read, project)
+        if full == f"projects/{project}/{part}/{name}"
+    ]
+    out += [
+        Leftover("budget", b.name, f"billing account {account}", f"display name {name}")
+        for b in _unless_api_off(reads.budgets, account, project)
+        if b.display_name == name
     ]
     return out
 
@@ -192,16 +216,20 @@ def repository_leftovers(
 ) -> list[Leftover]:
     """The stack's Docker repository (`build`), by its label; none where the API is off (then
     no repository can exist)."""
+    return [
+        Leftover("repository", r.name, r.location, f"label {STACK_LABEL}={stack}")
+        for r in _unless_api_off(registry.repositories, project, region)
+        if r.labels.get(STACK_LABEL) == stack
+    ]
+
+
+def _unless_api_off(read: Callable[..., list[Any]], *args: str) -> list[Any]:
+    """What a list call reads; nothing where its API is off (then none of its kind can exist)."""
     from infra.gcp.api import GoogleApiError
 
     try:
-        found = registry.repositories(project, region)
+        return read(*args)
     except GoogleApiError as e:
         if e.api_disabled:
             return []
         raise
-    return [
-        Leftover("repository", r.name, r.location, f"label {STACK_LABEL}={stack}")
-        for r in found
-        if r.labels.get(STACK_LABEL) == stack
-    ]

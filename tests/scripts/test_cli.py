@@ -4,6 +4,7 @@ over real SSH: tests/testbed/test_cli_hosts.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import paramiko
 import pytest
 
 from infra.base.errors import GputrainError
+from infra.billing import guard_name
 from infra.spec import parse_spec
 from infra.stackfile import load_stack_config
 from scripts.cli import main
@@ -26,6 +28,7 @@ from scripts.targets.gce.clients import GceClients
 from scripts.targets.gce.target import ttl_left_s
 from tests.support import JOBS, ROOT
 from tests.support.fake_compute import FakeCompute
+from tests.support.fake_pubsub import FakePubSub
 from tests.support.fake_stack import FakeStackRunner
 
 VENV_BIN = Path(sys.executable).parent
@@ -188,6 +191,32 @@ def test_down_status_and_sweep(
     compute.remove_resource("disks", "lab-node-1")
     assert cli.main(["sweep", "--stack", "lab"]) == 0
     assert "nothing carries the labels" in capsys.readouterr().out
+
+
+def test_sweep_lists_the_budget_guard_a_failed_teardown_left(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `billingBudget` stack: its guard's topic, subscription and budget, asked of the stack's
+    own clients (Pub/Sub, the Budget API on the stack file's billing account)."""
+    _, _, cli = cloud
+    account = "012345-6789AB-CDEF01"
+    stack_file = cli.settings.root / "Pulumi.lab.yaml"
+    stack_file.write_text(
+        stack_file.read_text() + f"  gputrain:billingBudget: {{account: {account}, usd: 300}}\n"
+    )
+    with FakePubSub() as guard:
+        gce = dataclasses.replace(cli.gce, pubsub_endpoint=guard.url, budgets_endpoint=guard.url)
+        name = guard_name("lab")
+        guard.listed["projects/gputrain-test/topics"] = [
+            {"name": f"projects/gputrain-test/topics/{name}"}
+        ]
+        budget = {"name": f"billingAccounts/{account}/budgets/7", "displayName": name}
+        guard.listed[f"billingAccounts/{account}/budgets"] = [budget]
+        assert main(["sweep", "--stack", "lab"], cli.settings, gce) == 1
+        out = capsys.readouterr().out
+        assert f"projects/gputrain-test/topics/{name}" in out and budget["name"] in out
+        guard.listed.clear()
+        assert main(["sweep", "--stack", "lab"], cli.settings, gce) == 0
 
 
 def test_destroy_is_retried(

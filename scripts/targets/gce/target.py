@@ -131,6 +131,8 @@ class GceTarget(StackTarget[GceClients, Provision]):
             registry=clients.artifact_registry() if spec.build or recovery else None,
             jobs=clients.reconcile_jobs() if recovery else None,
             region=spec.region,
+            budget_reads=clients.budget_reads() if spec.billing_budget else None,
+            billing_account=spec.billing_budget.account if spec.billing_budget else None,
         )
         rows = [
             [x.kind, x.name, x.location, x.matched_by]

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gputrain_node.contract import PUBSUB_ENDPOINT_ENV
 from infra.base.errors import GputrainError
 
 if TYPE_CHECKING:
     from infra.gcp.artifact_registry import ArtifactRegistryApi
+    from infra.gcp.budget_reads import BudgetReadsApi
     from infra.gcp.cloud_run import ReconcileJobsApi
     from infra.gcp.cloudbuild import CloudBuildApi
     from infra.gcp.compute import ComputeApi
@@ -50,6 +52,10 @@ class StackClients:
     )
     run_endpoint: str | None = field(default_factory=from_env("GPUTRAIN_RUN_ENDPOINT"))
     scheduler_endpoint: str | None = field(default_factory=from_env("GPUTRAIN_SCHEDULER_ENDPOINT"))
+    pubsub_endpoint: str | None = field(default_factory=from_env(PUBSUB_ENDPOINT_ENV))
+    budgets_endpoint: str | None = field(
+        default_factory=from_env("GPUTRAIN_BILLINGBUDGETS_ENDPOINT")
+    )
     public_address: Callable[[], str | None] | None = None  # None: scripts.doctor's lookup
     destroy_attempts: int = 3
     build_poll_s: float = 5.0  # between reads of a Cloud Build build
@@ -100,6 +106,12 @@ class StackClients:
         from infra.gcp.cloud_run import ReconcileJobsApi
 
         return ReconcileJobsApi(self.run_endpoint, self.scheduler_endpoint)
+
+    def budget_reads(self) -> BudgetReadsApi:
+        """Pub/Sub topics and subscriptions, billing budgets (the sweep of `billingBudget`)."""
+        from infra.gcp.budget_reads import BudgetReadsApi
+
+        return BudgetReadsApi(self.pubsub_endpoint, self.budgets_endpoint)
 
     def storage(self, project: str | None) -> StorageApi:
         """Cloud Storage for the stack's bucket (STORAGE_EMULATOR_HOST redirects it)."""

@@ -11,23 +11,28 @@ import pulumi
 import pytest
 import yaml
 
+from infra.billing import guard_name
 from infra.components.identity import NODE_ROLES
 from infra.gcp.api import GoogleApiError
 from infra.gcp.artifact_registry import ArtifactRegistryApi
+from infra.gcp.budget_reads import BudgetReadsApi
 from infra.gcp.cloud_run import ReconcileJobsApi
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
 from infra.gcp.iam import IamApi
 from infra.gcp.sweep import NOT_SWEPT, SWEPT_TYPES, repository_leftovers, sweep
+from infra.gcp.sweep import budget_guard_leftovers as sweep_guard
 from infra.reconciler import refresh_role_id
 from infra.stackfile import STACK_LABEL, load_stack_config, service_account_id
 from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_cloud_run import FakeCloudRun
 from tests.support.fake_compute import FakeCompute
+from tests.support.fake_pubsub import FakePubSub
 from tests.support.gcs_emulator import GcsEmulator
 from tests.support.program import FAMILIES
 from tests.support.pulumi_mocks import ROOT, deployable_config, pulumi_mocks
 
+ACCOUNT = "012345-6789AB-CDEF01"  # billingBudget's billing account
 # A representative set of stacks: every shipped stack file, every machine family, and the
 # options that add or remove resources (an existing network, compact placement, many nodes).
 STACKS: list[tuple[str, str, dict[str, str]]] = [
@@ -113,10 +118,19 @@ def test_every_resource_type_the_program_declares_is_swept(
     bucket.patch()
     storage = StorageApi(fake.project)
     job = f"projects/{fake.project}/locations/us-central1/jobs/{dev}-reconcile"
-    with FakeArtifactRegistry(fake.project) as artifacts, FakeCloudRun({}, {}) as run:
+    with (
+        FakeArtifactRegistry(fake.project) as artifacts,
+        FakeCloudRun({}, {}) as run,
+        FakePubSub() as guard,
+    ):
         artifacts.add(fake.project, "us-central1", "gputrain-dev", {STACK_LABEL: dev})
         run.jobs[job] = {"name": job, "labels": {STACK_LABEL: dev}}
         run.schedules[job] = {"name": job}
+        for kind in ("topics", "subscriptions"):
+            name = f"projects/{fake.project}/{kind}/{guard_name(dev)}"
+            guard.listed[f"projects/{fake.project}/{kind}"] = [{"name": name}]
+        budget = {"name": f"billingAccounts/{ACCOUNT}/budgets/b1", "displayName": guard_name(dev)}
+        guard.listed[f"billingAccounts/{ACCOUNT}/budgets"] = [budget]
         found = {
             x.kind
             for x in sweep(
@@ -127,9 +141,37 @@ def test_every_resource_type_the_program_declares_is_swept(
                 registry=ArtifactRegistryApi(artifacts.url),
                 jobs=ReconcileJobsApi(run.url, run.url),
                 region="us-central1",
+                budget_reads=BudgetReadsApi(guard.url, guard.url),
+                billing_account=ACCOUNT,
             )
         }
     assert set(SWEPT_TYPES.values()) <= found
+
+
+def test_the_budget_guard_is_found_by_its_names_on_every_page() -> None:
+    """`billingBudget`'s topic and subscription by their exact names (the program labels
+    neither), its budget by its display name on the billing account, asked with the stack's
+    project as the quota project; another stack's (`dev-2`) and the user's own are not listed."""
+    with FakePubSub() as guard:
+        for kind in ("topics", "subscriptions"):
+            guard.listed[f"projects/p-1/{kind}"] = [
+                {"name": f"projects/p-1/{kind}/{n}"}
+                for n in ("alerts", guard_name("dev"), guard_name("dev-2"), "zz")
+            ]  # two pages of two
+        guard.listed[f"billingAccounts/{ACCOUNT}/budgets"] = [
+            {"name": f"billingAccounts/{ACCOUNT}/budgets/{i}", "displayName": n}
+            for i, n in enumerate(("team", guard_name("dev-2"), guard_name("dev")))
+        ]
+        reads = BudgetReadsApi(guard.url, guard.url)
+        found = sweep_guard(reads, "p-1", "dev", ACCOUNT)
+        assert [(x.kind, x.name, x.location) for x in found] == [
+            ("pubsub-topic", f"projects/p-1/topics/{guard_name('dev')}", "global"),
+            ("pubsub-subscription", f"projects/p-1/subscriptions/{guard_name('dev')}", "global"),
+            ("budget", f"billingAccounts/{ACCOUNT}/budgets/2", f"billing account {ACCOUNT}"),
+        ]
+        assert guard.quota_projects[-2:] == ["p-1", "p-1"]  # the budgets' two pages
+        guard.listed.clear()
+        assert sweep_guard(reads, "p-1", "dev", ACCOUNT) == []
 
 
 def test_the_image_repository_is_found_by_its_label_on_every_page() -> None:
