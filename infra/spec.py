@@ -207,6 +207,12 @@ class ClusterSpec:
         )
 
     @property
+    def automatic_restart(self) -> bool:
+        """Whether GCE restarts a VM that a host error or maintenance ended: the capacity allows
+        it (not spot or flex-start) and there is no compact placement (which turns it off)."""
+        return self.instance_capacity.automatic_restart and self.placement != "compact"
+
+    @property
     def preemptible_quota(self) -> bool:
         """Spot and Flex-start draw on the PREEMPTIBLE_ quotas."""
         return bool(self.instance_capacity.preemptible_quota)

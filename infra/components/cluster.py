@@ -167,6 +167,7 @@ class GpuCluster(pulumi.ComponentResource):
                 ssh_public_key=spec.ssh_public_key,
                 public_ip=spec.public_ip,
                 compact_placement=spec.placement == "compact",
+                automatic_restart=spec.automatic_restart,
                 placement_name=f"{spec.stack}-compact",
                 labels=labels,
                 tag=tag,

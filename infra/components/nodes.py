@@ -65,6 +65,7 @@ class GpuNodesArgs:
     ssh_public_key: str | None
     public_ip: Literal["head", "all", "none"]
     compact_placement: bool
+    automatic_restart: bool  # ClusterSpec.automatic_restart
     placement_name: str
     labels: Mapping[str, str]
     tag: str
@@ -122,7 +123,7 @@ class GpuNodes(pulumi.ComponentResource):
         )
         cap = a.capacity
         sched = cap.scheduling_args()
-        sched["automatic_restart"] = cap.automatic_restart and not a.compact_placement
+        sched["automatic_restart"] = a.automatic_restart
         sched["max_run_duration"] = gcp.compute.InstanceSchedulingMaxRunDurationArgs(
             seconds=cap.max_run_duration_s
         )

@@ -202,7 +202,7 @@ class Pass:
 
         nodes = StackNodes(
             self.compute, out, spot=self.spec.spot, ttl_s=out.max_run_duration_s,
-            recreate=recreate,
+            recreate=recreate, automatic_restart=self.spec.automatic_restart,
         )  # fmt: skip
         nodes.created_at = self.m.created_at
         return nodes

@@ -162,8 +162,10 @@ class StackNodes:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         stack: str = "",
+        automatic_restart: bool = True,  # ClusterSpec.automatic_restart
     ) -> None:
         self.api, self.outputs, self.spot, self.ttl_s = api, outputs, spot, ttl_s
+        self.automatic_restart = automatic_restart
         self.bucket, self.stack = bucket, stack
         self._recreate, self.clock, self.sleep = recreate, clock, sleep
         self.created_at = clock()  # the TTL runs from here (the survivors' start, conservatively)
@@ -226,14 +228,24 @@ class StackNodes:
     ) -> Fleet:
         """Wait until GCE has deleted the preempted VMs (an `up` would keep a STOPPING one) — or,
         after a host error or maintenance, until it deleted or restarted them (automatic restart
-        brings an on-demand VM back RUNNING) — then re-create the cluster (`up` keeps what
-        stands); `outputs` are the new cluster's."""
+        brings an on-demand VM back RUNNING). A VM GCE will not restart (spot, flex-start,
+        compact placement) that such an event left TERMINATED is deleted here: it would stay
+        so, and `up` would keep it. Then re-create the cluster (`up` keeps what stands);
+        `outputs` are the new cluster's."""
         project, end = self.outputs.project, self.clock() + gone_deadline_s
         for node in [n for n in self.outputs.nodes if n.name in lost]:
-            back = ("RUNNING",) if lost[node.name].cause != "preempted" else ()
+            host_event = lost[node.name].cause != "preempted"
+            back = ("RUNNING",) if host_event else ()
             while (status := self.api.instance_status(project, node.zone, node.name)) is not None:
                 if status in back:
                     break
+                if status == "TERMINATED" and host_event and not self.automatic_restart:
+                    ui.say(
+                        f"{node.name}: {lost[node.name].cause}, left TERMINATED (no automatic "
+                        "restart on this stack): deleting it for the re-creation"
+                    )
+                    self.api.delete_instance(project, node.zone, node.name)
+                    continue
                 if self.clock() > end:
                     raise RecoveryError(
                         f"{node.name} is still {status} {gone_deadline_s:.0f} s after GCE "

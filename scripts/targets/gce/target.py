@@ -347,6 +347,7 @@ def stack_session(
         recreate=recreated,
         bucket=bucket,
         stack=spec.stack,
+        automatic_restart=spec.automatic_restart,
     )
     if started_at is not None:
         nodes.created_at = started_at

@@ -219,6 +219,26 @@ def test_on_demand_without_compact_placement_may_restart(mocks: GcpMocks) -> Any
 
 
 @pulumi.runtime.test
+def test_compact_placement_turns_automatic_restart_off(mocks: GcpMocks) -> Any:
+    """On-demand VMs in a compact placement policy are not restarted by GCE: the spec says so
+    (the recovery reads it) and the program sets it."""
+    from infra.components.cluster import GpuCluster
+
+    spec = _spec("a100", nodes="2", placement="compact")
+    assert spec.capacity == "on-demand" and spec.placement == "compact"
+    assert spec.automatic_restart is False
+    cluster = GpuCluster(spec.stack, spec)
+
+    def check(_: object) -> None:
+        assert [vm.inputs["scheduling"]["automaticRestart"] for vm in mocks.instances()] == [
+            False,
+            False,
+        ]
+
+    return pulumi.Output.all(*[vm.id for vm in cluster.instances]).apply(check)
+
+
+@pulumi.runtime.test
 def test_retired_default_image_family_falls_back(mocks: GcpMocks) -> Any:
     from infra.components.cluster import GpuCluster
 

@@ -15,7 +15,7 @@ import pytest
 
 from infra.base.errors import UserError
 from infra.gcp.compute import ComputeApi
-from infra.outputs import parse_bucket, parse_stack_outputs
+from infra.outputs import StackOutputs, parse_bucket, parse_stack_outputs
 from infra.spec import parse_spec
 from scripts.cli import main
 from scripts.job.node_scripts import STORAGE_PACKAGES, TRAINER_PACKAGES, build_install_command
@@ -320,6 +320,45 @@ def test_an_on_demand_node_lost_to_a_host_error_is_found_and_waited_for() -> Non
         assert list(found) == ["dev-node-1"] and found["dev-node-1"].cause == "lost to a host error"
         fake.instances[(ZONE, "dev-node-1")].body["status"] = "RUNNING"  # automatic restart
         assert nodes.recreate(found) == "fleet"
+
+
+def test_a_node_gce_will_not_restart_is_deleted_after_a_host_error_and_recreated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A spot (or flex-start, or compact-placed) VM that a host error ends stays TERMINATED:
+    GCE neither restarts nor deletes it, and `up` would keep it. The recovery deletes it through
+    the Compute API, waits until it is gone, then re-creates the cluster; a stack whose VMs GCE
+    restarts waits instead (the test above)."""
+    out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=2))
+    with FakeCompute() as fake:
+        for n in out.nodes:
+            fake.add_instance(n.name, ZONE)
+        recreated: list[str] = []
+
+        def recreate(zone: str) -> tuple[str, StackOutputs]:
+            assert (ZONE, "dev-node-1") not in fake.instances  # gone before `up`
+            recreated.append(zone)
+            return "fleet", out
+
+        nodes = StackNodes(
+            ComputeApi(fake.url),
+            out,
+            spot=True,
+            ttl_s=3600,
+            recreate=recreate,  # type: ignore[arg-type]
+            sleep=lambda _s: None,
+            automatic_restart=False,
+        )
+        since = time.time() - 1
+        fake.preempt_instance(
+            "dev-node-1", ZONE, delete_after_s=3600, kind="compute.instances.hostError"
+        )
+        fake.instances[(ZONE, "dev-node-1")].body["status"] = "TERMINATED"  # and it stays so
+        found = nodes.preempted(since, wait_s=0)
+        assert found["dev-node-1"].cause == "lost to a host error"
+        assert nodes.recreate(found, gone_deadline_s=30) == "fleet" and recreated == [ZONE]
+        assert [(zone, name) for zone, name, _ in fake.deletes] == [(ZONE, "dev-node-1")]
+        assert "dev-node-1: lost to a host error, left TERMINATED" in capsys.readouterr().out
 
 
 def test_the_end_of_recoveries_names_what_gce_did_to_each_node() -> None:
