@@ -325,11 +325,25 @@ class ControllerHold:
             self.lease = None
 
 
-def status_lines(m: RunManifest, now: float) -> list[str]:
-    """`status`: the run's recovery state, its last pass and newest history. Pure."""
+#: How many of the newest history entries `status` shows; the manifest keeps HISTORY_KEPT.
+STATUS_HISTORY = 5
+
+
+def status_lines(m: RunManifest, now: float, where: str = "") -> list[str]:
+    """`status`: the run's recovery state, its last pass and newest history (with each entry's
+    details; the date where it is not today's), and where the rest of it is (`where`, the
+    manifest's gs:// path). Pure."""
+    today = time.strftime("%Y-%m-%d", time.localtime(now))
 
     def at(t: object) -> str:
-        return time.strftime("%H:%M:%S", time.localtime(float(t))) if t else "?"  # type: ignore[arg-type]
+        if not isinstance(t, int | float):
+            return "?"
+        day, clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)).split()
+        return clock if day == today else f"{day} {clock}"
+
+    def entry(h: dict[str, Any]) -> str:
+        details = ", ".join(f"{k} {v}" for k, v in h.items() if k not in ("at", "what"))
+        return f"  {at(h.get('at'))}  {h.get('what')}" + (f" ({details})" if details else "")
 
     lines = [
         f"run {m.run_id}: {m.state}, attempt {m.attempt}, recoveries {m.recoveries_done}/"
@@ -342,5 +356,8 @@ def status_lines(m: RunManifest, now: float) -> list[str]:
             f"  last reconcile pass {ago:.0f} s ago at {at(p.get('at'))}: {p.get('outcome')} "
             f"({p.get('wall_s')} s)"
         )
-    lines += [f"  {at(h.get('at'))}  {h.get('what')}" for h in m.history[-5:]]
+    earlier = len(m.history) - STATUS_HISTORY
+    if earlier > 0:
+        lines.append(f"  ({earlier} earlier entries" + (f": {where})" if where else ")"))
+    lines += [entry(h) for h in m.history[-STATUS_HISTORY:]]
     return lines

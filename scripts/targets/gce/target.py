@@ -80,7 +80,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
         """The newest run's manifest (laptop-closed recovery), when the bucket has one."""
         if not spec.bucket_name or not spec.project:
             return
-        from scripts.targets.gce.manifest import Manifests, status_lines
+        from scripts.targets.gce.manifest import Manifests, manifest_name, status_lines
 
         try:
             storage = self.clients.storage(spec.project)
@@ -90,7 +90,10 @@ class GceTarget(StackTarget[GceClients, Provision]):
         except GputrainError as e:  # status is a report: one line
             ui.warn(f"status: could not read the run's manifest: {e}")
             return
-        for line in status_lines(manifest, time.time()) if manifest else []:
+        if manifest is None:
+            return
+        where = f"gs://{spec.bucket_name}/{manifest_name(spec.bucket_prefix, manifest.run_id)}"
+        for line in status_lines(manifest, time.time(), where):
             ui.say(f"status: {line}")
 
     def reconcile(self, run_id: str | None, opts: RunOptions) -> str:

@@ -152,6 +152,27 @@ def test_status_tells_the_recovery_history() -> None:
     assert [ln.split()[-1] for ln in lines[2:]] == ["recovering", "recovered"]
 
 
+def test_status_shows_the_newest_history_with_details_and_where_the_rest_is() -> None:
+    """Each entry's details, its date when it is not today's, and where the whole history is."""
+    from scripts.targets.gce.manifest import STATUS_HISTORY, RunManifest, status_lines
+
+    m = RunManifest("r9", "s", ("x.py",), {}, max_recoveries=3)
+    day = 86400.0
+    for i in range(STATUS_HISTORY + 2):
+        m.note("waiting for capacity", now=10 * day + 60.0 * i, zones=2)
+    m.note("recovered", now=12 * day, attempt=2, relaunch_to_step_s=12.5)
+    lines = status_lines(m, 12 * day + 60.0, "gs://b/runs/r9/manifest.json")
+    history = [ln for ln in lines if ln.startswith("  ") and "last reconcile" not in ln]
+    assert history[0] == "  (3 earlier entries: gs://b/runs/r9/manifest.json)"
+    assert len(history) == 1 + STATUS_HISTORY
+    yesterday = time.strftime("%Y-%m-%d", time.localtime(10 * day))
+    assert history[1].startswith(f"  {yesterday} ") and history[1].endswith(
+        "waiting for capacity (zones 2)"
+    )
+    recovered = time.strftime("%H:%M:%S", time.localtime(12 * day))
+    assert history[-1] == f"  {recovered}  recovered (attempt 2, relaunch_to_step_s 12.5)"
+
+
 def test_resume_finds_a_run_in_the_stacks_bucket(gcs: GcsEmulator, storage: StorageApi) -> None:
     """`train --resume RUN` on a stack asks the bucket (it imported a module that did not exist:
     every --resume on a stack with a bucket ended in ModuleNotFoundError)."""
