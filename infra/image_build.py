@@ -27,6 +27,11 @@ DOCKERIGNORE = ".dockerignore"
 #: Cloud Build's own builder image with the docker CLI (its documented `docker build` step)
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 BUILD_TIMEOUT_S = 3600
+#: What every image gputrain builds runs on: the x86-64 VMs of every series it offers (A2, A3,
+#: A4, G2, N1: Intel CPU platforms, cloud.google.com/compute/docs/cpu-platforms) and Cloud Run
+#: (the reconcile job: linux/amd64 images). A laptop of another architecture (an Apple silicon
+#: Mac) would otherwise build an image for itself that no node can run. Documentation only.
+PLATFORM = "linux/amd64"
 #: The repository's Pulumi type (infra/components/registry.py): `run --keep-images` keeps it.
 REPOSITORY_TYPE = "gcp:artifactregistry/repository:Repository"
 
@@ -107,9 +112,10 @@ def read_context(
 
 
 def context_tag(entries: Iterable[tuple[str, int, bytes]]) -> str:
-    """ctx-<16 hex> over (path, executable bit, bytes) of every file: what `docker build` sees
-    and what changes the image. Timestamps and owners do not count."""
-    h = hashlib.sha256(b"gputrain-build 1\0")
+    """ctx-<16 hex> over the platform and (path, executable bit, bytes) of every file: what
+    `docker build` sees and what changes the image. Timestamps and owners do not count. (Version
+    2: built for PLATFORM; a tag of version 1 may hold an image of the builder's own platform.)"""
+    h = hashlib.sha256(f"gputrain-build 2\0{PLATFORM}\0".encode())
     for rel, mode, data in sorted(entries):
         h.update(f"{rel}\0{1 if mode & 0o111 else 0}\0{len(data)}\0".encode())
         h.update(data)
@@ -159,7 +165,16 @@ def cloud_build_request(
         "steps": [
             {
                 "name": DOCKER_BUILDER,
-                "args": ["build", "--network=cloudbuild", "-f", dockerfile, "-t", image, "."],
+                "args": [
+                    "build",
+                    "--network=cloudbuild",
+                    f"--platform={PLATFORM}",
+                    "-f",
+                    dockerfile,
+                    "-t",
+                    image,
+                    ".",
+                ],
             }
         ],
         "images": [image],

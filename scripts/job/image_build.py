@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from infra.base.errors import UserError
 from infra.image_build import (
+    PLATFORM,
     BuildContext,
     cloud_build_request,
     context_tarball,
@@ -149,7 +150,17 @@ def local_build(planned: PlannedBuild, say: Say, *, tool: str | None = None) -> 
         write_context(ctx, Path(tmp))
         dockerfile = Path(tmp, ctx.dockerfile.relative_to(ctx.directory))
         _run(
-            [tool, "build", "-f", str(dockerfile), "-t", planned.reference, tmp],
+            [
+                tool,
+                "build",
+                "--platform",
+                PLATFORM,
+                "-f",
+                str(dockerfile),
+                "-t",
+                planned.reference,
+                tmp,
+            ],
             f"{planned.setting} = {ctx.dockerfile}: `{tool} build` failed",
             say,
         )

@@ -119,7 +119,16 @@ def test_the_tarball_and_the_cloud_build_request(tmp_path: Path) -> None:
     assert body["steps"] == [
         {
             "name": "gcr.io/cloud-builders/docker",
-            "args": ["build", "--network=cloudbuild", "-f", "Dockerfile", "-t", image, "."],
+            "args": [
+                "build",
+                "--network=cloudbuild",
+                "--platform=linux/amd64",
+                "-f",
+                "Dockerfile",
+                "-t",
+                image,
+                ".",
+            ],
         }
     ]
     assert body["images"] == [image] and body["tags"] == ["gputrain", "gputrain-stack-dev"]

@@ -105,6 +105,7 @@ def test_built_pushed_once_then_found(project: Project, capsys: pytest.CaptureFi
     assert [c.split()[0] for c in calls] == ["build", "push"]
     # built from a copy of the checked context (docker itself would apply .dockerignore only)
     assert f"-t {image.repository}:{image.tag} " in calls[0] and "gputrain-context-" in calls[0]
+    assert "--platform linux/amd64 " in calls[0]  # the nodes', whatever this machine is
     # the repository came first, alone: a targeted up, no GPU
     spec = parse_spec(load_stack_config(project.dir, STACK), STACK)
     assert project.runner.calls == [("up-targets", *target_urns(spec, with_bucket=False))]
