@@ -94,7 +94,9 @@ def read_context(
             "Dockerfile, relative to the project directory"
         )
     directory = dockerfile.parent
-    rules = parse_dockerignore(_read_text(directory / DOCKERIGNORE))
+    ignore_file = directory / DOCKERIGNORE
+    where = f"{setting} = {path!r}: {os.path.relpath(ignore_file, base)}"
+    rules = parse_dockerignore(_read_text(ignore_file), where)
     own = dockerfile.relative_to(directory).as_posix()
     found, links = _walk(directory)
     files = {f for f in found if f == own or not ignored(f, rules)}
@@ -186,10 +188,13 @@ def cloud_build_request(
 # ---- .dockerignore -------------------------------------------------------------------------------
 
 
-def parse_dockerignore(text: str) -> list[tuple[bool, re.Pattern[str]]]:
+def parse_dockerignore(text: str, where: str = DOCKERIGNORE) -> list[tuple[bool, re.Pattern[str]]]:
     """(exclude?, pattern) per rule: comments and blank lines dropped, `!` re-includes, a leading
-    `/` or `./` dropped; `*` and `?` stay within one path element, `**` spans any number. The last
-    matching rule wins, and a rule matching a directory covers everything below it (as docker)."""
+    `/` or `./` dropped; patterns as docker reads them (moby/patternmatcher): `*` and `?` stay
+    within one path element, `**` spans any number, `[...]` is a character class, `\\` escapes
+    the next character. The last matching rule wins, and a rule matching a directory covers
+    everything below it (as docker). A pattern docker cannot read either (an unclosed `[`) is
+    one SpecError naming it (`where`: the file, for the message)."""
     rules = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -199,7 +204,13 @@ def parse_dockerignore(text: str) -> list[tuple[bool, re.Pattern[str]]]:
         pattern = os.path.normpath(line.lstrip("!").strip()).lstrip("/")
         if pattern in ("", "."):
             continue
-        rules.append((exclude, re.compile(_glob_regex(pattern))))
+        try:
+            rules.append((exclude, re.compile(_glob_regex(pattern))))
+        except re.error as e:
+            raise SpecError(
+                f"{where}: {line!r} is not a pattern docker can read ({e}); allowed: "
+                "Go's filepath.Match syntax with ** (docs.docker.com: .dockerignore file)"
+            ) from e
     return rules
 
 
@@ -214,18 +225,45 @@ def ignored(rel: str, rules: Sequence[tuple[bool, re.Pattern[str]]]) -> bool:
 
 
 def _glob_regex(pattern: str) -> str:
-    out, i = "", 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out, i = out + "(?:.*/)?", i + 3
-        elif pattern.startswith("**", i):
-            out, i = out + ".*", i + 2
-        elif pattern[i] == "*":
-            out, i = out + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            out, i = out + "[^/]", i + 1
+    """The regexp (fullmatch) of a cleaned pattern, as moby/patternmatcher's Pattern.compile
+    reads it for `/`: `*` and `?` within one path element, `**/` any number of them, `[...]` a
+    class (`[^...]` its complement), `\\c` the character c. A pattern with no wildcard
+    matches itself; `X**` (no wildcard in X) every path that starts with X; `**X` (none in X)
+    every path that ends with X, and `**/X` X itself too."""
+    out, kind, i, n, first = "", "exact", 0, len(pattern), True
+    while i < n:
+        ch, i = pattern[i], i + 1
+        if ch == "*" and pattern.startswith("*", i):
+            i += 1 + pattern.startswith("/", i + 1)
+            if i >= n:  # `**` at the end: anything below
+                out, kind = out + ".*", "prefix" if kind == "exact" else "regexp"
+            else:
+                out, kind = out + "(?:.*/)?", "regexp"
+            kind = "suffix" if first else kind
+        elif ch in "*?":
+            out, kind = out + ("[^/]*" if ch == "*" else "[^/]"), "regexp"
+        elif ch == "\\" and i < n:  # the next character as it is
+            out, kind, i = out + re.escape(pattern[i]), "regexp", i + 1
+        elif ch == "[":  # a class up to its `]`, its own escapes kept; unclosed: re.error
+            out, kind = out + "[", "regexp"
+            if pattern.startswith("^", i):
+                out, i = out + "^", i + 1
+            while i < n and pattern[i] != "]":
+                if pattern[i] == "\\" and i + 1 < n:
+                    out, i = out + re.escape(pattern[i + 1]), i + 2
+                else:
+                    out, i = (
+                        out + (re.escape(pattern[i]) if pattern[i] in "[&~|" else pattern[i]),
+                        i + 1,
+                    )
+            if i < n:
+                out, i = out + "]", i + 1
         else:
-            out, i = out + re.escape(pattern[i]), i + 1
+            out += re.escape(ch)
+        first = False
+    if kind == "suffix":  # HasSuffix(path, rest); `**/X` also matches X
+        rest = pattern[2:]
+        return f"(?:.*/)?{re.escape(rest[1:])}" if rest.startswith("/") else f".*{re.escape(rest)}"
     return out
 
 

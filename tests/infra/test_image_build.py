@@ -75,6 +75,12 @@ def test_dockerignore_keeps_files_out_of_the_context_and_the_hash(tmp_path: Path
     assert read.files == (".dockerignore", "Dockerfile", "src/train.py")
     (ctx / "data.bin").write_bytes(b"other")  # ignored: no rebuild
     assert read_context("docker/Dockerfile", tmp_path / "proj", "b").tag == read.tag != before
+    (ctx / ".dockerignore").write_text("[abc\n")  # docker's build would fail on it
+    with pytest.raises(SpecError) as e:
+        read_context("docker/Dockerfile", tmp_path / "proj", "build")
+    assert str(e.value).startswith(
+        "build = 'docker/Dockerfile': docker/.dockerignore: '[abc' is not a pattern docker"
+    )
 
 
 def test_dockerignore_rules() -> None:
@@ -84,6 +90,53 @@ def test_dockerignore_rules() -> None:
     assert not ignored("keep.pyc", rules)  # the last matching rule wins
     assert ignored("data/x/raw/1.txt", rules) and not ignored("data/x/y/raw", rules)
     assert ignored(".git/HEAD", rules) and not ignored("src/out.py", rules)
+
+
+#: moby/patternmatcher's own TestMatches cases (patternmatcher_test.go, Linux), but paths with a
+#: trailing `/` (a context's file names have none): docker's reading of a pattern is ours.
+DOCKER_MATCHES = [
+    ("**", "file", True), ("**/", "file", True), ("**", "dir/file", True),
+    ("**/", "dir/file", True), ("**/**", "dir/file", True), ("dir/**", "dir/file", True),
+    ("dir/**", "dir/dir2/file", True), ("**/dir", "dir", True), ("**/dir", "dir/file", True),
+    ("**/dir2/*", "dir/dir2/file", True), ("**/dir2/**", "dir/dir2/dir3/file", True),
+    ("**file", "file", True), ("**file", "dir/file", True), ("**/file", "dir/file", True),
+    ("**file", "dir/dir/file", True), ("**/file", "dir/dir/file", True),
+    ("**/file*", "dir/dir/file", True), ("**/file*", "dir/dir/file.txt", True),
+    ("**/file*txt", "dir/dir/file.txt", True), ("**/file*.txt", "dir/dir/file.txt", True),
+    ("**/file*.txt*", "dir/dir/file.txt", True), ("**/**/*.txt", "dir/dir/file.txt", True),
+    ("**/**/*.txt2", "dir/dir/file.txt", False), ("**/*.txt", "file.txt", True),
+    ("**/**/*.txt", "file.txt", True), ("a**/*.txt", "a/file.txt", True),
+    ("a**/*.txt", "a/dir/file.txt", True), ("a**/*.txt", "a/dir/dir/file.txt", True),
+    ("a/*.txt", "a/dir/file.txt", False), ("a/*.txt", "a/file.txt", True),
+    ("a/*.txt**", "a/file.txt", True), ("a[b-d]e", "ae", False), ("a[b-d]e", "ace", True),
+    ("a[b-d]e", "aae", False), ("a[^b-d]e", "aze", True), (".*", ".foo", True),
+    (".*", "foo", False), ("abc.def", "abcdef", False), ("abc.def", "abc.def", True),
+    ("abc.def", "abcZdef", False), ("abc?def", "abcZdef", True), ("abc?def", "abcdef", False),
+    ("a\\\\", "a\\", True), ("**/foo/bar", "foo/bar", True), ("**/foo/bar", "dir/foo/bar", True),
+    ("**/foo/bar", "dir/dir2/foo/bar", True), ("abc/**", "abc", False),
+    ("abc/**", "abc/def", True), ("abc/**", "abc/def/ghi", True), ("**/.foo", ".foo", True),
+    ("**/.foo", "bar.foo", False), ("a(b)c/def", "a(b)c/def", True),
+    ("a(b)c/def", "a(b)c/xyz", False), ("a.|)$(}+{bc", "a.|)$(}+{bc", True),
+    ("dist/*.whl", "dist/proxy.py-2.4.0rc3.dev36+g08acad9-py3-none-any.whl", True),
+    ("a\\*b", "a*b", True), ("a\\*b", "axb", False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("pattern", "path", "match"), DOCKER_MATCHES)
+def test_a_pattern_reads_as_docker_reads_it(pattern: str, path: str, match: bool) -> None:
+    assert ignored(path, parse_dockerignore(pattern)) is match
+
+
+def test_later_rules_and_bad_patterns_as_docker() -> None:
+    """patternmatcher's multi-pattern cases; an unclosed class is one line, as docker fails."""
+    assert not ignored("util/docker/web/foo", parse_dockerignore("**\n!util/docker/web"))
+    rules = parse_dockerignore("**\n!util/docker/web\nutil/docker/web/foo")
+    assert ignored("util/docker/web/foo", rules)
+    assert not ignored("dist/p-1.whl", parse_dockerignore("**\n!dist/*.whl"))
+    with pytest.raises(SpecError) as e:
+        parse_dockerignore("*.log\ndata[0-9\n", "ctx/.dockerignore")
+    assert str(e.value).startswith("ctx/.dockerignore: 'data[0-9' is not a pattern docker can")
+    assert "\n" not in str(e.value)
 
 
 def test_a_missing_dockerfile_is_one_line(tmp_path: Path) -> None:
