@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,8 +34,14 @@ def job_name(stack: str) -> str:
 
 
 def account_id(stack: str) -> str:
-    """The job's service account: `gputrain-rc-<stack>`, cut to IAM's 30 characters."""
-    return f"gputrain-rc-{stack}"[:30].rstrip("-")
+    """The job's service account: `gputrain-rc-<stack>` within IAM's 30 characters. A stack
+    name too long for that (over 18) keeps its first 11 characters and a hash of the whole name,
+    so two stacks that share a beginning never share an account. Pure."""
+    whole = f"gputrain-rc-{stack}"
+    if len(whole) <= 30:
+        return whole
+    digest = hashlib.sha256(stack.encode()).hexdigest()[:6]
+    return f"gputrain-rc-{stack[:11].rstrip('-')}-{digest}"
 
 
 #: What the pass's `pulumi refresh` reads of the stack beyond Compute (compute.viewer), and what

@@ -87,11 +87,18 @@ class RunManifest:
 
     @classmethod
     def parse(cls, data: bytes, generation: int) -> RunManifest:
+        """The manifest as written; ValueError for what is not one (no JSON object, a history
+        or an environment of the wrong type)."""
         d = json.loads(data)
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in names}
         for key in ("entry", "resume_args", "secret_names"):
             d[key] = tuple(d.get(key) or ())
+        for key, kind in (("history", list), ("env", dict), ("secret_refs", dict)):
+            if not isinstance(d.get(key, kind()), kind):
+                raise ValueError(f"{key} is not a {kind.__name__}")
         return cls(**d, generation=generation)
 
     def job_parts(self) -> dict[str, Any]:
@@ -176,14 +183,25 @@ class Manifests:
             raise GputrainError(f"{self.uri}runs/{run_id}/{MANIFEST} is unreadable: {e}") from e
 
     def latest(self) -> RunManifest | None:
-        """The newest run of the stack that has a manifest."""
-        names = [
-            o.name
-            for o in self.storage.list_objects(self.bucket, f"{self.prefix}runs/")
-            if o.name.endswith("/" + MANIFEST)
-        ]
-        found = [m for n in names if (m := self.load(n.split("/")[-2])) is not None]
-        return max(found, key=lambda m: m.created_at, default=None)
+        """The run of the stack launched last (its newest attempt: a `train --resume` of an old
+        run is the one to look after, not a newer run that has ended); an unreadable manifest
+        is one warning, not the end of every run's recovery."""
+        from scripts import ui
+
+        found = []
+        for o in self.storage.list_objects(self.bucket, f"{self.prefix}runs/"):
+            if not o.name.endswith("/" + MANIFEST):
+                continue
+            try:
+                manifest = self.load(o.name.split("/")[-2])
+            except GputrainError as e:
+                ui.warn(f"{e}: skipped")
+                continue
+            if manifest is not None:
+                found.append(manifest)
+        return max(
+            found, key=lambda m: (m.attempt_started_at or m.created_at, m.created_at), default=None
+        )
 
     def find(self, stack: str, run_id: str | None) -> RunManifest:
         """`--run ID` or the newest run; one line when there is none."""

@@ -45,11 +45,13 @@ from scripts.targets.gce.manifest import (
 if TYPE_CHECKING:
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
+    from scripts.job.records import Job
     from scripts.notify import Notifier
     from scripts.targets.gce.recovery import NodeCloudState, StackNodes
 
 #: what one pass did (its `last_pass.outcome` and the command's last line)
 LEASED, ADVANCING, DONE, RECOVERED = "leased elsewhere", "running", "ended", "recovered"
+RELAUNCH_FAILED = "relaunch failed"  # counted as a recovery: the next pass tries again
 BUDGET = "budget"  # head_ended: the head's watchdog stopped the job at the run's budget
 
 
@@ -157,12 +159,17 @@ class Pass:
             # capacity) or died mid-way: `up` re-creates what is missing (this attempt's
             # preemption records name VMs that may stand again), relaunch on all of it
             return self.recover(out, {n.name: None for n in out.nodes})
+        ended = self.head_ended(out)
+        # autodown may have run already; a run stopped at its budget is never recovered
+        if ended in ("0", BUDGET):
+            return self.finish(out, ended)
         if time.time() >= self.m.deadline:  # a re-created VM lives no longer than the first
             return self.give_up(out, "the stack's TTL is spent")
-        ended = self.head_ended(out)
         lost = self.lost(out)
-        # autodown may have run already; a run stopped at its budget is never recovered
-        if ended in ("0", BUDGET) or (ended is not None and not lost):
+        if ended is not None:  # the job ended by itself: a VM gone without GCE's termination
+            # operation was deleted by autodown after the end, not taken away (a crash is a crash)
+            lost = {n: s for n, s in lost.items() if s is not None and s.preempted_at}
+        if ended is not None and not lost:
             return self.finish(out, ended)
         if not lost:
             self.m.state = RUNNING
@@ -263,72 +270,102 @@ class Pass:
         self.m.state = RECOVERING
         self.m.note("recovering", nodes=names)
         self.save()
-        try:
-            outputs = self.recreate(out, lost)
-        except ProvisioningError as e:
-            if not stocked_out(e):
+        with tempfile.TemporaryDirectory(prefix="gputrain-reconcile-") as tmp:
+            # its code and secrets before any VM: a refused secret or a missing bundle bills
+            # nothing (the next pass tries again, as the grant may come)
+            job = self.relaunched_job(Path(tmp) / "code")
+            try:
+                outputs = self.recreate(out, lost)
+            except ProvisioningError as e:
+                if not stocked_out(e):
+                    raise
+                left = self.delete_vms(out)
+                self.m.state = WAITING
+                self.m.note(WAITING, vms_deleted=left)
+                self.save()
+                ui.say(
+                    f"reconcile: run {self.m.run_id}: no capacity in any zone; {len(left)} "
+                    "VM(s) deleted, nothing bills; the next pass tries again"
+                )
+                return WAITING
+            try:
+                self.relaunch(outputs, job)
+            except LeaseLost:
                 raise
-            left = self.delete_vms(out)
-            self.m.state = WAITING
-            self.m.note(WAITING, vms_deleted=left)
-            self.save()
-            ui.say(
-                f"reconcile: run {self.m.run_id}: no capacity in any zone; {len(left)} VM(s) "
-                "deleted, nothing bills; the next pass tries again"
-            )
-            return WAITING
-        self.relaunch(outputs)
+            except Exception as e:  # bounded: each failed relaunch spends a recovery
+                return self.relaunch_failed(e)
         return RECOVERED
+
+    def relaunch_failed(self, error: Exception) -> str:
+        """A relaunch that failed on the re-created VMs counts as a recovery: the next pass
+        tries again (`up` keeps the VMs), and once none is left gives up and deletes them."""
+        why = (str(error).strip().splitlines() or [type(error).__name__])[-1][:300]
+        self.m.recoveries_done += 1
+        self.m.note(RELAUNCH_FAILED, error=why)
+        self.save()
+        ui.warn(
+            f"reconcile: run {self.m.run_id}: the relaunch failed ({why}); recovery "
+            f"{self.m.recoveries_done}/{self.m.max_recoveries} spent, "
+            + (
+                "the next pass tries again"
+                if self.m.recoveries_left
+                else "the next pass deletes the VMs"
+            )
+        )
+        return RELAUNCH_FAILED
 
     def recreate(self, out: StackOutputs, lost: dict[str, NodeCloudState | None]) -> dict[str, Any]:
         """Wait until GCE has deleted the lost VMs, then re-create the cluster; its outputs."""
         self.nodes(out).recreate({n: s for n, s in lost.items() if s is not None})
         return self.recreated
 
-    def relaunch(self, outputs: dict[str, Any]) -> None:
-        """The same run on the new cluster, from its checkpoints; returns at its first step."""
+    def relaunched_job(self, workdir: Path) -> Job:
+        """The run's next attempt as its launch made it: its code bundle into `workdir`, its
+        Secret Manager secrets read by this pass."""
         from scripts.job.environment import read_secret_references
-        from scripts.job.launch import stop_job
         from scripts.job.records import Job
+
+        if self.m.code:
+            self.manifests.get_code(self.m.code, workdir)
+        else:
+            workdir.mkdir()
+        return Job(
+            run_id=self.m.run_id,
+            entry=self.m.entry,
+            env=self.m.env,
+            max_restarts=self.m.max_restarts,
+            workdir=workdir,
+            resume_args=self.m.resume_args,
+            attempt=self.m.attempt + 1,
+            # prepared on the re-created nodes as the first launch did: the environment
+            # (requirements, its torch pin, setup), the image's pull, the datasets' fetch
+            **self.m.job_parts(),
+            secrets=read_secret_references(self.m.secret_refs),
+            secret_refs=self.m.secret_refs,
+        )
+
+    def relaunch(self, outputs: dict[str, Any], job: Job) -> None:
+        """The same run on the new cluster, from its checkpoints; returns at its first step."""
+        from scripts.job.launch import stop_job
         from scripts.targets.base import signal_guard
 
-        with tempfile.TemporaryDirectory(prefix="gputrain-reconcile-") as tmp:
-            workdir = Path(tmp) / "code"
-            if self.m.code:
-                self.manifests.get_code(self.m.code, workdir)
-            else:
-                workdir.mkdir()
-            job = Job(
-                run_id=self.m.run_id,
-                entry=self.m.entry,
-                env=self.m.env,
-                max_restarts=self.m.max_restarts,
-                workdir=workdir,
-                resume_args=self.m.resume_args,
-                attempt=self.m.attempt + 1,
-                # prepared on the re-created nodes as the first launch did: the environment
-                # (requirements, its torch pin, setup), the image's pull, the datasets' fetch
-                **self.m.job_parts(),
-                secrets=read_secret_references(self.m.secret_refs),
-                secret_refs=self.m.secret_refs,
-            )
-            with (
-                signal_guard() as guard,
-                self.target.session_for(
-                    self.spec,
-                    outputs,
-                    self.m.max_recoveries,
-                    started_at=self.m.started_at or self.m.created_at or None,
-                    budget=self.m.budget_usd,
-                ) as session,
-            ):
-                session.holds_lease = False  # this pass holds it (a reconciler's lease)
-                session.verify(fabric=True)
-                stop_job(session.transports, job.run_id)  # the survivors' old attempt
-                began = time.time()
-                self.m.attempt, self.m.attempt_started_at = job.attempt, began
-                session.run_detached(job, guard)
-                session.keep = True
+        with (
+            signal_guard() as guard,
+            self.target.session_for(
+                self.spec,
+                outputs,
+                self.m.max_recoveries,
+                started_at=self.m.started_at or self.m.created_at or None,
+                budget=self.m.budget_usd,
+            ) as session,
+        ):
+            session.holds_lease = False  # this pass holds it (a reconciler's lease)
+            session.verify(fabric=True)
+            stop_job(session.transports, job.run_id)  # the survivors' old attempt
+            began = time.time()
+            self.m.attempt, self.m.attempt_started_at = job.attempt, began
+            session.run_detached(job, guard)
+            session.keep = True
         downtime = time.time() - began
         self.m.recoveries_done += 1
         self.m.state = RUNNING

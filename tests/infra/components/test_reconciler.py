@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import runpy
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import yaml
 from infra.components.reconciler import ReconcileSource
 from infra.reconciler import (
     JobReach,
+    account_id,
     idle_cost_per_day,
     parse_every,
     parse_recover,
@@ -221,6 +223,18 @@ def test_bad_settings_are_one_line(key: str, value: str, message: str) -> None:
     with pytest.raises(SpecError) as e:
         _spec(REACH, **{key: value})
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_two_long_stack_names_never_share_the_jobs_account() -> None:
+    """IAM's 30 characters: a name over 18 keeps its beginning and a hash of the whole (cut to
+    30 alone, `llama-finetune-run-1` and `-2` were one account: the second `up` failed, and one
+    stack's sweep listed the other's account)."""
+    names = ["dev", "a" * 18, "llama-finetune-run-1", "llama-finetune-run-2", "abcdefghijklmnop-x"]
+    ids = [account_id(n) for n in names]
+    assert ids[:2] == ["gputrain-rc-dev", "gputrain-rc-" + "a" * 18]  # as before: they fit
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", i) for i in ids), ids
+    assert account_id("llama-finetune-run-1") == account_id("llama-finetune-run-1")
 
 
 def test_schedule_cost_and_plan_line() -> None:
