@@ -2,21 +2,13 @@
 (`.gputrain/runs/<run-id>/`), started detached by the controller like torchrun, its settings as
 one JSON object on stdin (so a webhook URL is never in argv or a file on the node).
 
-Every node: once this attempt's torchrun has ended (`exitcode`, newer than the watchdog), its out
-dir, torchrun.log, torchrun's logs and the exit code go to `<bucket>/runs/<run-id>/<node>/` (the
-layout `down` brings home), then an end marker. The head alone is autodown's dead man's switch:
-when every node has ended (its marker is there, or its VM is gone) and the controller's heartbeat
-(the mtime of `heartbeat`, touched over its SSH connection) is older than `autodown_s`, it writes
-`<bucket>/.gputrain/autodown.json` and deletes the stack's VMs through the Compute API with the
-VM's own service account (workers first, the head — itself — last).
-
-With a budget (the run's start, the cluster's worst-case hourly rate and its budget in the
-settings), the head also holds the run to it: once the spend so far plus the next interval would
-pass the budget, it writes BUDGET_MARK and sends the job SIGTERM — the signal of a preemption
-notice, so the trainer checkpoints and stops — and the run ends as any run does (the `budget`
-event instead of `failed`; autodown as soon as the controller is gone: the money is spent).
-With the stack's `billingBudget` (a Cloud Billing budget on its label), the head also stops the
-run the same way once the budget's Pub/Sub notification says it is reached (GUARD_FILE).
+Every node: once this attempt's torchrun has ended (`exitcode`, newer than the watchdog), its
+results go to `<bucket>/runs/<run-id>/<node>/` (the layout `down` brings home), then an end
+marker. The head alone is autodown's dead man's switch: when every node has ended and the
+controller's heartbeat (`heartbeat`'s mtime) is older than `autodown_s`, it writes
+`<bucket>/.gputrain/autodown.json` and deletes the VMs with the VM's own service account (workers
+first, itself last). With a budget, or the stack's `billingBudget` (GUARD_FILE), the head stops
+the job with SIGTERM (a preemption notice's signal: the trainer checkpoints) once it is reached.
 """
 
 from __future__ import annotations
@@ -47,8 +39,7 @@ GUARD_FILE = "budget_guard.py"  # beside this file on the head: billingBudget's 
 
 
 def over_budget(spent_usd: float, next_interval_usd: float, budget_usd: float) -> bool:
-    """The budget rule: stop now when the spend so far plus the next interval would pass the
-    budget (stopping takes that long: a checkpoint, the results, the teardown). Pure."""
+    """Stop now when the spend plus the next interval (a stop's time) would pass it. Pure."""
     return spent_usd + next_interval_usd > budget_usd
 
 
@@ -70,14 +61,7 @@ class Budget:
 
     @classmethod
     def parse(cls, data: Any) -> Budget | None:
-        if not data:
-            return None
-        return cls(
-            usd=float(data["usd"]),
-            hourly_usd=float(data["hourly_usd"]),
-            started_at=float(data["started_at"]),
-            interval_s=float(data["interval_s"]),
-        )
+        return cls(**{k: float(data[k]) for k in cls.__dataclass_fields__}) if data else None
 
 
 @dataclass(frozen=True)
@@ -133,19 +117,16 @@ class Config:
 
 
 def log(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} watchdog: {text}", flush=True)
-
-
-def redact(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}/…"
+    """One line of watchdog.log; a full disk (the job's out dir shares it) costs the line only:
+    the watchdog's own work, the results and autodown, must go on."""
+    with contextlib.suppress(OSError):
+        print(f"{time.strftime('%H:%M:%S')} watchdog: {text}", flush=True)
 
 
 def notify(cfg: Config, event: str, text: str, **fields: Any) -> None:
     """A JSON POST per webhook, 3 tries with backoff; a failure is one log line, nothing more."""
     import urllib.request
+    from urllib.parse import urlsplit
 
     body = {"event": event, "stack": cfg.stack, "run_id": cfg.run_id, **fields}
     body |= {
@@ -167,7 +148,8 @@ def notify(cfg: Config, event: str, text: str, **fields: Any) -> None:
             else:
                 why = f"HTTP {answer.status}"
             if attempt == 2:
-                log(f"notify: {redact(url)} did not take {event!r} ({why})")
+                where = urlsplit(url)  # never the path: a webhook's secret
+                log(f"notify: {where.scheme}://{where.hostname}/… did not take {event!r} ({why})")
             else:
                 time.sleep(1.0 + 2 * attempt)
 
@@ -200,6 +182,8 @@ def summary_of(run_dir: Path) -> dict[str, Any]:
     try:
         data = json.loads((run_dir / "out" / "summary.json").read_text())
     except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):  # none, or the trainer's file holds any other JSON
         return {}
     picked = {k: data[k] for k in ("final_loss", "tokens_per_s") if k in data}
     return picked | ({"step": data["steps"]} if "steps" in data else {})
@@ -216,9 +200,8 @@ def ended_at(run_dir: Path, since: float) -> float | None:
 
 def job_pid(run_dir: Path, name: str) -> int | None:
     """The number in the run dir's pid file `name` (pgid, jobpid) while that process is still the
-    run's: its working directory is in the run dir. The file outlives its process and the kernel
-    gives the number to others (after a wrap, or a reboot that kept the disk), which are never
-    signalled (the controller's shell side: scripts/job/leftovers.py's OURS_SH)."""
+    run's (its working directory is in the run dir): a number the kernel gave another process
+    since is never signalled (the controller's side: scripts/job/leftovers.py's OURS_SH)."""
     try:
         pid = int((run_dir / name).read_text().strip())
         cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
@@ -265,7 +248,7 @@ def upload_results(cfg: Config, run_dir: Path, end: float, bucket: Any) -> int:
     files = result_files(run_dir)
     for path, name in files:
         bucket.blob(cfg.node_prefix(cfg.node) + name).upload_from_filename(str(path))
-    code = (run_dir / EXITCODE).read_text().split()[:1]
+    code = exit_code(run_dir)
     marker = {"node": cfg.node, "ended_at": end, "exit_code": code[0] if code else None}
     if (run_dir / BUDGET_MARK).is_file():
         marker["stopped_by"] = "budget"
@@ -273,13 +256,16 @@ def upload_results(cfg: Config, run_dir: Path, end: float, bucket: Any) -> int:
     return len(files)
 
 
-def node_ends(cfg: Config, bucket: Any) -> dict[str, float]:
-    """node -> when its job ended, for every node whose marker is in the bucket."""
+def node_ends(cfg: Config, bucket: Any, since: float) -> dict[str, float]:
+    """node -> when its job ended, for every node whose marker for this attempt is in the bucket
+    (ended after `since`, less a second: a relaunch's or `--resume`'s earlier one says nothing)."""
     ends = {}
     for name, _ in cfg.instances:
         blob = bucket.blob(cfg.node_prefix(name) + ENDED)
         if blob.exists():
-            ends[name] = float(json.loads(blob.download_as_bytes())["ended_at"])
+            ended = float(json.loads(blob.download_as_bytes())["ended_at"])
+            if ended >= since - 1:
+                ends[name] = ended
     return ends
 
 
@@ -327,15 +313,9 @@ def autodown(
     they are gone, then the head. The notification goes out meanwhile, in the background, and
     delays no delete: after the head's, this process waits for it until its deadline at most
     (while GCE shuts the VM down). `stopped`: the budget's mark, when the budget ended the run."""
-    now = clock()
-    record = {
-        "stack": cfg.stack,
-        "run_id": cfg.run_id,
-        "job_ended_at": job_end,
-        "deleted_at": now,
-        "autodown_s": cfg.autodown_s,
-        "instances": [n for n, _ in cfg.instances],
-    }
+    now, names = clock(), [n for n, _ in cfg.instances]
+    record = {"stack": cfg.stack, "run_id": cfg.run_id, "job_ended_at": job_end, "deleted_at": now}
+    record |= {"autodown_s": cfg.autodown_s, "instances": names}
     if stopped is not None:  # `status` says the budget ended the run
         record["budget"] = stopped
     bucket.blob(cfg.prefix + RECORD).upload_from_string(json.dumps(record))
@@ -348,20 +328,29 @@ def autodown(
         log(f"deleting {name}")
         compute.delete(name, zone)
     end = clock() + gone_deadline_s
-    while any(compute.exists(n, z) for n, z in workers) and clock() < end:
+    while (left := [n for n, z in workers if compute.exists(n, z)]) and clock() < end:
         sleep(1.0)
+    if left:  # a delete GCE took but did not carry out: once more, and said (to the TTL then)
+        log(f"{', '.join(left)} still there after {gone_deadline_s:.0f} s: deleting again")
+        for name, zone in [(n, z) for n, z in workers if n in left]:
+            with contextlib.suppress(Exception):
+                compute.delete(name, zone)
     log(f"deleting {head} (this VM)")
     compute.delete(head, head_zone)
     notifications_done()
 
 
+def exit_code(run_dir: Path) -> list[str]:
+    """[run.sh's exit code] once it wrote it, else [] (never this watchdog's failure)."""
+    try:
+        return (run_dir / EXITCODE).read_text().split()[:1]
+    except OSError:
+        return []
+
+
 def tell_end(cfg: Config, run_dir: Path) -> bool:
     """`finished` or `failed` with the run's figures, queued for the webhooks; True once sent."""
-    figures = summary_of(run_dir)
-    try:
-        code = (run_dir / EXITCODE).read_text().split()[:1]
-    except OSError:  # never this watchdog's failure: say what it knows
-        code = []
+    figures, code = summary_of(run_dir), exit_code(run_dir)
     stop = budget_stop(run_dir)
     if stop is not None:
         notify_later(cfg, "budget", budget_line(stop), **figures, **stop)
@@ -376,11 +365,8 @@ def ledger_record(cfg: Config, run_dir: Path, now: float) -> dict[str, Any] | No
     derives them). Pure but for the exit code's file."""
     if not cfg.ledger:
         return None
-    try:
-        code = (run_dir / EXITCODE).read_text().split()[:1]
-    except OSError:
-        code = []
-    record = cfg.ledger | {"run_id": cfg.run_id, "end": round(now, 3), "ok": code == ["0"]}
+    ok = exit_code(run_dir) == ["0"]
+    record = cfg.ledger | {"run_id": cfg.run_id, "end": round(now, 3), "ok": ok}
     elapsed = max(0.0, now - float(record["start"]))
     hourly = record.get("hourly_usd")
     return record | {
@@ -428,14 +414,9 @@ def budget_line(stop: dict[str, Any]) -> str:
 
 def stop_for_budget(budget: Budget, run_dir: Path, now: float, since: float) -> bool:
     """The run's own budget reached: stop_job with its figures."""
-    stop = {
-        "budget_usd": budget.usd,
-        "spent_usd": round(budget.spent(now), 4),
-        "hourly_usd": budget.hourly_usd,
-        "started_at": budget.started_at,
-        "at": now,
-    }
-    return stop_job(stop, run_dir, since)
+    spent = round(budget.spent(now), 4)
+    stop = {"budget_usd": budget.usd, "spent_usd": spent, "hourly_usd": budget.hourly_usd}
+    return stop_job(stop | {"started_at": budget.started_at, "at": now}, run_dir, since)
 
 
 def stop_job(stop: dict[str, Any], run_dir: Path, since: float) -> bool:
@@ -455,8 +436,9 @@ def stop_job(stop: dict[str, Any], run_dir: Path, since: float) -> bool:
     if pgid is None:
         return False
     mark = run_dir / BUDGET_MARK
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    mark.write_text(json.dumps(stop))
+    with contextlib.suppress(OSError):  # a full disk: the stop matters more than its record
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(json.dumps(stop))
     log(f"{budget_line(stop)}: SIGTERM to the job")
     with contextlib.suppress(OSError):
         os.killpg(pgid, signal.SIGTERM)
@@ -474,13 +456,33 @@ def billing_guard(cfg: Config) -> Any:
 
 
 def kill_job(run_dir: Path) -> None:
-    """The job outlived BUDGET_GRACE_S after its SIGTERM: its process group is killed."""
+    """The job outlived BUDGET_GRACE_S after its SIGTERM: torchrun and every process under it
+    (its workers run in sessions of their own) are killed, run.sh is not: it lives on to write
+    the exit code this watch waits for (then the results and autodown)."""
     import signal
 
-    pgid = job_pid(run_dir, "pgid")
-    if pgid is not None:
+    jobpid = job_pid(run_dir, "jobpid")
+    if jobpid is None:
+        return
+    for pid in [jobpid, *descendants(jobpid)]:
         with contextlib.suppress(OSError):
-            os.killpg(pgid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process under `root` by parent pid, not `root` (standalone: telemetry's own walk)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grew = bool(found)
+    return sorted(tree - {root})
 
 
 def autodown_after(cfg: Config, budget_stopped: bool) -> float:
@@ -511,67 +513,72 @@ def watch(
     budget_stopped: float | None = None  # when this watchdog stopped the job at the budget
     guard = billing_guard(cfg)
     while True:
-        if (run_dir / DISARM).exists():
-            log("disarmed by the controller")
-            return 0
-        end = ended_at(run_dir, armed)
-        if end is None and guard is not None and budget_stopped is None:
-            hit = guard.reached(clock())
-            if hit is not None and stop_job(hit | {"at": clock()}, run_dir, armed):
-                budget_stopped = clock()
-        if end is None and cfg.head and (cfg.budget is not None or budget_stopped is not None):
-            now = clock()
-            if budget_stopped is None:
-                assert cfg.budget is not None
-                if cfg.budget.reached(now) and stop_for_budget(cfg.budget, run_dir, now, armed):
+        try:  # one bad round (a full disk, a trainer's odd file) never ends the watch
+            if (run_dir / DISARM).exists():
+                log("disarmed by the controller")
+                return 0
+            end = ended_at(run_dir, armed)
+            if end is None and guard is not None and budget_stopped is None:
+                hit = guard.reached(clock())
+                if hit is not None and stop_job(hit | {"at": clock()}, run_dir, armed):
+                    budget_stopped = clock()
+            if end is None and cfg.head and (cfg.budget is not None or budget_stopped is not None):
+                now = clock()
+                if budget_stopped is None:
+                    assert cfg.budget is not None
+                    if cfg.budget.reached(now) and stop_for_budget(cfg.budget, run_dir, now, armed):
+                        budget_stopped = now
+                elif now - budget_stopped > BUDGET_GRACE_S:
+                    log(f"the job still runs {BUDGET_GRACE_S:.0f} s after its SIGTERM: killed")
+                    kill_job(run_dir)
                     budget_stopped = now
-            elif now - budget_stopped > BUDGET_GRACE_S:
-                log(f"the job still runs {BUDGET_GRACE_S:.0f} s after its SIGTERM: killed")
-                kill_job(run_dir)
-                budget_stopped = now
-        if end is not None and not uploaded:
-            try:
-                n = upload_results(cfg, run_dir, end, bucket)
-                uploaded = True
-                log(f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/")
-                if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
-                    # the controller is gone: say it ourselves
-                    said_end = say_end(cfg, run_dir, bucket, clock())
-            except Exception as e:  # the network: try again next round
-                log(f"could not upload the results yet: {type(e).__name__}: {e}")
-        if uploaded and (not cfg.head or cfg.autodown_s is None):
-            notifications_done()
-            return 0
-        if uploaded and cfg.autodown_s is not None:
-            quiet = silence_s(run_dir, clock())
-            if quiet >= autodown_after(cfg, budget_stopped is not None):
-                if not said_end:  # the controller went away after the job's end: say it now
-                    said_end = say_end(cfg, run_dir, bucket, clock())
+            if end is not None and not uploaded:
                 try:
-                    compute = compute or Compute(cfg.project)
-                    ends = node_ends(cfg, bucket)
-                    missing = [
-                        n for n, z in cfg.instances if n not in ends and compute.exists(n, z)
-                    ]
-                    waited = clock() - (end or clock())
-                    busy = other_job_running(run_dir)
-                    if busy:
-                        if busy != said_busy:
-                            log(f"run {busy} still trains on this node: no autodown yet")
-                        said_busy = busy
-                    elif not missing or waited >= cfg.autodown_s:
-                        if missing:
-                            log(f"no results from {', '.join(missing)}; deleting anyway")
-                        job_end = max([*ends.values(), end or clock()])
-                        log(
-                            f"job ended at {job_end:.0f}, controller silent for {quiet:.0f} s: "
-                            "autodown"
-                        )
-                        stopped = budget_stop(run_dir)
-                        autodown(cfg, bucket, compute, job_end, clock=clock, stopped=stopped)
-                        return 0
-                except Exception as e:
-                    log(f"autodown failed this round: {type(e).__name__}: {e}")
+                    n = upload_results(cfg, run_dir, end, bucket)
+                    uploaded = True
+                    log(
+                        f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/"
+                    )
+                    if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
+                        # the controller is gone: say it ourselves
+                        said_end = say_end(cfg, run_dir, bucket, clock())
+                except Exception as e:  # the network: try again next round
+                    log(f"could not upload the results yet: {type(e).__name__}: {e}")
+            if uploaded and (not cfg.head or cfg.autodown_s is None):
+                notifications_done()
+                return 0
+            if uploaded and cfg.autodown_s is not None:
+                quiet = silence_s(run_dir, clock())
+                if quiet >= autodown_after(cfg, budget_stopped is not None):
+                    try:
+                        if not said_end:  # the controller went away after the job's end: say it
+                            said_end = say_end(cfg, run_dir, bucket, clock())
+                        compute = compute or Compute(cfg.project)
+                        ends = node_ends(cfg, bucket, armed)
+                        missing = [
+                            n for n, z in cfg.instances if n not in ends and compute.exists(n, z)
+                        ]
+                        waited = clock() - (end or clock())
+                        busy = other_job_running(run_dir)
+                        if busy:
+                            if busy != said_busy:
+                                log(f"run {busy} still trains on this node: no autodown yet")
+                            said_busy = busy
+                        elif not missing or waited >= cfg.autodown_s:
+                            if missing:
+                                log(f"no results from {', '.join(missing)}; deleting anyway")
+                            job_end = max([*ends.values(), end or clock()])
+                            log(
+                                f"job ended at {job_end:.0f}, controller silent for {quiet:.0f} s: "
+                                "autodown"
+                            )
+                            stopped = budget_stop(run_dir)
+                            autodown(cfg, bucket, compute, job_end, clock=clock, stopped=stopped)
+                            return 0
+                    except Exception as e:
+                        log(f"autodown failed this round: {type(e).__name__}: {e}")
+        except Exception as e:
+            log(f"this round failed, trying again: {type(e).__name__}: {e}")
         time.sleep(cfg.poll_s)
 
 
@@ -580,19 +587,12 @@ def main() -> int:
     cfg = Config.parse(json.loads(sys.stdin.read()))
     os.environ.update(dict(cfg.env))  # the job's environment (emulator and metadata hosts)
     (Path.cwd() / "watchdog.pid").write_text(str(os.getpid()))
-    log(
-        f"armed for run {cfg.run_id} on {cfg.node}"
-        + (
-            f"; autodown after {cfg.autodown_s:.0f} s of silence"
-            if cfg.head and cfg.autodown_s
-            else ""
-        )
-        + (
-            f"; budget ${cfg.budget.usd:.2f} at ${cfg.budget.hourly_usd:.2f}/h"
-            if cfg.head and cfg.budget
-            else ""
-        )
-    )
+    line, b = f"armed for run {cfg.run_id} on {cfg.node}", cfg.budget
+    if cfg.head and cfg.autodown_s:
+        line += f"; autodown after {cfg.autodown_s:.0f} s of silence"
+    if cfg.head and b:
+        line += f"; budget ${b.usd:.2f} at ${b.hourly_usd:.2f}/h"
+    log(line)
     return watch(cfg, Path.cwd(), armed=armed)
 
 

@@ -7,6 +7,7 @@ controller's heartbeat has been silent for autodown."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -62,6 +63,7 @@ def start(
     notify: list[str] | None = None,
     budget: dict[str, float] | None = None,
     guard: FakePubSub | None = None,
+    log_to: str | None = None,  # a path for the watchdog's output instead of a pipe
 ) -> subprocess.Popen[str]:
     compute, md, gcs = cloud
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,15 +93,18 @@ def start(
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GCE_", "GOOGLE_"))}
     env["HOME"] = str(run_dir)  # no gcloud credentials of the machine running the tests
+    output = subprocess.PIPE if log_to is None else open(log_to, "w")  # noqa: SIM115
     p = subprocess.Popen(
         [sys.executable, str(WATCHDOG)],
         cwd=run_dir,
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        stdout=output,
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
     )
+    if log_to is not None:
+        output.close()
     assert p.stdin is not None
     p.stdin.write(json.dumps(config))
     p.stdin.close()
@@ -197,6 +202,110 @@ def test_a_stale_exit_code_from_an_earlier_attempt_is_not_the_end(
     assert compute.deletes == [] and not gcs.names("team/runs/")
     (head_dir / "watchdog.disarm").touch()
     wait(head, 10)
+
+
+def test_a_full_disk_or_an_odd_summary_never_keeps_the_cluster(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    """Every line the watchdog writes fails (its log on a full disk: /dev/full) and the trainer
+    left `null` as its summary.json, with the controller gone: the results still go up and the
+    cluster is still deleted."""
+    compute, _, gcs = cloud
+    head_dir = tmp_path / "head"
+    head = start(head_dir, "wd-node-0", 0.5, cloud, log_to="/dev/full")
+    end_job(head_dir, rc=1)
+    (head_dir / "out" / "summary.json").write_text("null")
+    worker = start(tmp_path / "worker", "wd-node-1", 0.5, cloud)
+    end_job(tmp_path / "worker", rc=1)
+    wait(worker, 30)
+    head.wait(timeout=60)
+    assert head.returncode == 0
+    assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"]
+    assert "team/runs/r1/wd-node-0/exitcode" in gcs.names("team/runs/")
+
+
+def test_an_earlier_attempts_end_marker_is_not_this_attempts(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    """A relaunch (or `--resume`) of the run: the worker's marker from the attempt before is in
+    the bucket. The head, its controller long silent, waits for this attempt's (its results and
+    log), and deletes the worker only once it is there."""
+    compute, _, gcs = cloud
+    old = {"node": "wd-node-1", "ended_at": time.time() - 3600, "exit_code": "143"}
+    gcs.write("team/runs/r1/wd-node-1/.gputrain-ended.json", json.dumps(old).encode())
+    head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
+    head = start(head_dir, "wd-node-0", 20.0, cloud)
+    worker = start(worker_dir, "wd-node-1", 20.0, cloud)
+    long_ago = time.time() - 3600
+    os.utime(head_dir / "heartbeat", (long_ago, long_ago))  # the controller is gone
+    end_job(head_dir)
+    time.sleep(3)
+    assert compute.deletes == []  # the worker's job still runs
+    end_job(worker_dir)
+    wait(worker, 30)
+    out = wait(head, 30)
+    assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"], out
+    assert "no results from" not in out
+
+
+def test_a_job_killed_after_the_budgets_grace_still_gets_its_exit_code(tmp_path: Path) -> None:
+    """The budget stop's SIGKILL, after the job ignored its SIGTERM: torchrun and its workers
+    (in sessions of their own, as torch starts them) die, run.sh lives to write the exit code
+    the watch waits for; killing run.sh's whole group left no exit code and the VMs billing."""
+    from gputrain_node.watchdog import kill_job
+
+    stubborn = (
+        f"{sys.executable} -c 'import signal, subprocess, sys, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        'subprocess.Popen(["sleep", "60"], start_new_session=True); time.sleep(60)\''
+    )
+    run_sh = (
+        f"echo $$ > pgid; {stubborn} & JOB=$!; echo $JOB > jobpid; trap : TERM; "
+        "wait $JOB; rc=$?; while kill -0 $JOB 2>/dev/null; do wait $JOB; rc=$?; done; "
+        'echo "$rc $(date +%s)" > exitcode'
+    )
+    shell = subprocess.Popen(["sh", "-c", run_sh], cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "jobpid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the grandchild started
+        os.killpg(shell.pid, 15)  # the budget's SIGTERM: ignored
+        time.sleep(0.3)
+        assert shell.poll() is None and not (tmp_path / "exitcode").exists()
+        kill_job(tmp_path)
+        assert shell.wait(timeout=10) == 0
+        assert (tmp_path / "exitcode").read_text().split()[0] == "137"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, 9)
+
+
+def test_a_worker_delete_gce_took_but_did_not_carry_out_is_asked_again(tmp_path: Path) -> None:
+    """The worker still runs when the wait for it is over: its delete is sent once more and said,
+    then the head deletes itself (nothing of ours would be left to ask again)."""
+    from gputrain_node.watchdog import Config, autodown
+
+    class Stubborn:  # the worker's delete is taken, never carried out; the head's is
+        def __init__(self) -> None:
+            self.deletes: list[str] = []
+
+        def exists(self, name: str, zone: str) -> bool:
+            return name == "wd-node-1"
+
+        def delete(self, name: str, zone: str) -> None:
+            self.deletes.append(name)
+
+    now = [1000.0]
+    compute = Stubborn()
+    with GcsEmulator(bucket="gputrain-wd-bucket") as gcs:
+        config = {"stack": "wd", "run_id": "r1", "node": "wd-node-0", "head": True}
+        config |= {"project": "p", "instances": NODES, "bucket": "gs://gputrain-wd-bucket/t/"}
+        cfg = Config.parse(config | {"autodown_s": 1.0})
+        bucket = gcs.client().bucket("gputrain-wd-bucket")
+        tick = lambda s: now.__setitem__(0, now[0] + s)  # noqa: E731
+        autodown(cfg, bucket, compute, 990.0, clock=lambda: now[0], sleep=tick, gone_deadline_s=30)  # type: ignore[arg-type]
+    assert compute.deletes == ["wd-node-1", "wd-node-1", "wd-node-0"]
 
 
 def test_no_autodown_uploads_the_results_and_deletes_nothing(
