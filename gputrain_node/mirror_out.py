@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -88,6 +89,8 @@ def scan(root: Path, newer_ns: int | None = None) -> dict[str, Stamp]:
             try:
                 st = p.stat()
             except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):  # a socket or FIFO (one blocks an open for good)
                 continue
             if newer_ns is not None and (st.st_mtime_ns <= newer_ns or f.endswith(".pyc")):
                 continue

@@ -54,6 +54,29 @@ def test_files_go_up_once_settled_and_again_when_changed(gcs: GcsEmulator, tmp_p
     assert gcs.read("runs/r1/out/node-1/ckpt/ckpt.pt") == b"v2-longer"
 
 
+def test_a_socket_or_a_fifo_in_the_out_dir_stops_nothing(gcs: GcsEmulator, tmp_path: Path) -> None:
+    """A job's socket and FIFO are not files to mirror: the upload of a socket failed the whole
+    pass, every pass, and an open of the FIFO blocked it (and run.sh's wait for the mirror)."""
+    import socket
+
+    out = tmp_path / "out"
+    out.mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(out / "agent.sock"))
+    os.mkfifo(out / "pipe")
+    (out / "z-ckpt.pt").write_bytes(b"state")
+    lines: list[str] = []
+    m = Mirror(
+        out, Target.parse(f"gs://{gcs.bucket_name}/runs/r2/out/n"), gcs.client(), lines.append
+    )
+    try:
+        m.run_once()
+        assert m.run_once() == ["z-ckpt.pt"]  # and the pass ends: no FIFO opened
+        assert gcs.read("runs/r2/out/n/z-ckpt.pt") == b"state"
+    finally:
+        listener.close()
+
+
 def test_restore_brings_back_what_the_node_lacks(gcs: GcsEmulator, tmp_path: Path) -> None:
     gcs.write("runs/r1/out/node-1/nanogpt/ckpt.pt", b"from the bucket")
     gcs.write("runs/r1/out/node-1/kept.txt", b"old")

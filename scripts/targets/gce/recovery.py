@@ -71,7 +71,11 @@ CAUSES = {
 
 
 class RecoveryError(GputrainError):
-    """A preempted run could not be recovered (none left, or the re-creation failed)."""
+    """A preempted run could not be recovered (none left, or the re-creation failed);
+    `results_missing` as the failed attempt's TrainingError had it (the teardown keeps the
+    bucket for them)."""
+
+    results_missing: dict[str, str] = {}  # noqa: RUF012 (replaced, never changed in place)
 
 
 @dataclass(frozen=True)
@@ -438,14 +442,18 @@ class RecoveringSession(FleetSession):
                     if pending is not None:
                         done.append(pending.finish(watch))
                         pending = None
-                        write_job_record(replace(e.result, recoveries=tuple(done)))
+                        write_job_record(
+                            replace(e.result, recoveries=tuple(done)), e.results_missing
+                        )
                     if (spent := self._budget_reached(e, job)) is not None:
                         raise spent from e  # no recovery: the money is spent
                     preempted = self._lost(e, started)
                     if not preempted:
                         raise
                     if len(done) >= self.max_recoveries:
-                        raise self._exhausted(job, preempted, len(done)) from e
+                        exhausted = self._exhausted(job, preempted, len(done))
+                        exhausted.results_missing = e.results_missing
+                        raise exhausted from e
                     now = time.time()
                     # GCE's clock, not ours: never later than we noticed it
                     at = min(now, *(unix_time(s.preempted_at, now) for s in preempted.values()))
@@ -462,7 +470,11 @@ class RecoveringSession(FleetSession):
                         notifier.send("preempted", step=watch.reached, detail=evidence)
                         pending.announce = lambda ln: notifier.send("recovered", detail=ln)
                     watch.new_attempt(functools.partial(pending.finish, watch))
-                    pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
+                    try:
+                        pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
+                    except RecoveryError as failed:
+                        failed.results_missing = e.results_missing
+                        raise
                     job = replace(job, attempt=job.attempt + 1)  # --resume-args from now on
                     if hold is not None:
                         hold.record(attempt=job.attempt, nodes=list(preempted))
