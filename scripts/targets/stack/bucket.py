@@ -23,6 +23,7 @@ from scripts.transport.safe_path import ALLOWED, SafeTree, unsafe_reason
 
 BUCKET_TYPE = "gcp:storage/bucket:Bucket"  # what `destroy` keeps when the bucket is kept
 CHECKPOINT = re.compile(r"(?:^|/)ckpt-(\d{8})\.pt$")
+CHECKPOINTS = "checkpoints/"  # the reference trainer's, in a run (GPUTRAIN_CHECKPOINT_URI)
 MANIFEST_SUFFIX = ".manifest.json"  # as the trainer writes them (trainer/storage.py)
 
 
@@ -72,30 +73,64 @@ def checkpoint_candidates(files: dict[str, ObjectInfo]) -> list[tuple[str, str]]
     found = []
     for relative in files:
         m = CHECKPOINT.search(relative)
-        if m and relative + MANIFEST_SUFFIX in files:
+        if m and is_checkpoint_file(relative) and relative + MANIFEST_SUFFIX in files:
             found.append((int(m.group(1)), relative))
     return [(rel, rel + MANIFEST_SUFFIX) for _, rel in sorted(found, reverse=True)]
 
 
 def is_checkpoint_file(relative: str) -> bool:
-    return bool(CHECKPOINT.search(relative.removesuffix(MANIFEST_SUFFIX)))
+    """The reference trainer's checkpoints (and manifests) under the run's checkpoints/: only the
+    newest complete one comes home. A user's `ckpt-00000100.pt` anywhere else is a file."""
+    relative = relative.removesuffix(MANIFEST_SUFFIX)
+    return relative.startswith(CHECKPOINTS) and bool(CHECKPOINT.search(relative))
 
 
-def local_copy(
-    run_dir: Path, relative: str, size: int, nodes: frozenset[str] = frozenset()
-) -> Path | None:
-    """A file already home: the same path, or (a node's out dir) the same name and size — in
-    the same node's folder when `relative` is under one of `nodes` (never another node's file
-    that happens to match, as every node's `model.bin` of one size does)."""
-    exact = run_dir / relative
-    if exact.is_file() and exact.stat().st_size == size:
-        return exact
-    node = relative.split("/", 1)[0]
+def home_path(relative: str) -> str:
+    """Where an object of a run lives at home: the mirror's `out/<node>/X` is `<node>/X` and its
+    `workdir/<node>/X` is `<node>/workdir/X` (as the SSH download lays them out); the watchdog's
+    `<node>/X` and the rest are where they are. Pure."""
+    top, _, rest = relative.partition("/")
+    node, _, tail = rest.partition("/")
+    if top == "out" and tail:
+        return f"{node}/{tail}"
+    if top == "workdir" and tail:
+        return f"{node}/workdir/{tail}"
+    return relative
+
+
+def same_content(path: Path, obj: ObjectInfo) -> bool:
+    """The file holds the object: its size, and its CRC32C where the listing gave one (an
+    older checkpoint of the same name and size is not the newer one)."""
+    if not path.is_file() or path.stat().st_size != obj.size:
+        return False
+    if obj.crc32c is None:
+        return True
+    import base64
+
+    import google_crc32c
+
+    crc = google_crc32c.Checksum()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            crc.update(chunk)
+    return base64.b64encode(crc.digest()).decode() == obj.crc32c
+
+
+def local_copy(run_dir: Path, relative: str, obj: ObjectInfo, nodes: frozenset[str]) -> Path | None:
+    """An object already home: at its home path with the same content, or (a node's out dir)
+    a file of the same name and content in that node's folder when it is one of `nodes` (never
+    another node's file that happens to match, as every node's `model.bin` may)."""
+    home = home_path(relative)
+    exact = [run_dir / home, run_dir / relative]  # as the download or an earlier `down` put it
+    for p in exact:
+        if same_content(p, obj):
+            return p
+    node = home.split("/", 1)[0]
     where = run_dir / node if node in nodes else run_dir
     if where.is_dir():
-        name = relative.rsplit("/", 1)[-1]
+        name = home.rsplit("/", 1)[-1]
         for p in where.rglob(name):
-            if p.is_file() and p.stat().st_size == size:
+            if p not in exact and same_content(p, obj):
                 return p
     return None
 
@@ -119,9 +154,7 @@ def to_fetch(
             r.split("/")[0] for r in files if r.count("/") == 1 and r.endswith("/exitcode")
         )
         for relative, obj in sorted(files.items()):
-            if not is_checkpoint_file(relative) and not local_copy(
-                run_dir, relative, obj.size, nodes
-            ):
+            if not is_checkpoint_file(relative) and not local_copy(run_dir, relative, obj, nodes):
                 fetch.append(Fetch(run_id, obj, relative))
         for ckpt, manifest in checkpoint_candidates(files):
             obj = files[ckpt]
@@ -131,7 +164,7 @@ def to_fetch(
             except (ValueError, KeyError, TypeError):
                 complete = False
             if complete:
-                if not local_copy(run_dir, ckpt, obj.size):
+                if not local_copy(run_dir, ckpt, obj, nodes):
                     fetch += [Fetch(run_id, obj, ckpt), Fetch(run_id, files[manifest], manifest)]
                 break
     return fetch
