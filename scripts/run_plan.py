@@ -7,6 +7,7 @@ runs and sums up; nothing after the plan checks the user's input again. The spen
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -329,7 +330,7 @@ def check_caps(spec: ClusterSpec, *, budget: float | None, budget_setting: str) 
             raise UserError(
                 f"{NS}maxHourlyCost {cap:g}: below the cheapest candidate, {cheapest.nodes} x "
                 f"{cheapest.machine_type} in {cheapest.zone} at ${cheapest.hourly:.2f}/h; allowed: "
-                f"at least {cheapest.hourly:.2f}"
+                f"at least {cents_up(cheapest.hourly or 0.0)}"
             )
         fits = (
             f"; {cheapest.nodes} x {cheapest.machine_type} in {cheapest.zone} costs "
@@ -339,7 +340,7 @@ def check_caps(spec: ClusterSpec, *, budget: float | None, budget_setting: str) 
         )
         raise UserError(
             f"{NS}maxHourlyCost {cap:g}: {shape} costs up to ${rate:.2f}/h; allowed: at least "
-            f"{rate:.2f}, or a cheaper machine, capacity or node count{fits}"
+            f"{cents_up(rate)}, or a cheaper machine, capacity or node count{fits}"
         )
     if budget is not None:
         worst = rate * spec.max_run_duration_s / 3600
@@ -353,7 +354,7 @@ def check_caps(spec: ClusterSpec, *, budget: float | None, budget_setting: str) 
             raise UserError(
                 f"{budget_setting} {budget:g}: {shape} at ${rate:.2f}/h for maxRunDuration "
                 f"{spec.max_run_duration} may cost ${worst:.2f}; allowed: a budget of at least "
-                f"{worst:.2f}, or {hint} (the server-side bound that holds the budget)"
+                f"{cents_up(worst)}, or {hint} (the server-side bound that holds the budget)"
             )
 
 
@@ -374,6 +375,12 @@ def caps_line(spec: ClusterSpec) -> str:
             "head's watchdog stops a run with a checkpoint before it passes the budget"
         )
     return "Caps: " + "; ".join(parts) + "."
+
+
+def cents_up(usd: float) -> str:
+    """A minimum the user may set, to the cent above: $2.0434 is 2.05, never 2.04, which the
+    same check would refuse again. Pure."""
+    return f"{math.ceil(round(usd * 100, 6)) / 100:.2f}"
 
 
 def check_spending_caps(spec: ClusterSpec, given_budget: float | None) -> None:

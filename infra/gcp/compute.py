@@ -215,11 +215,14 @@ class ComputeApi:
         return None if inst is None else str(inst.status)
 
     def delete_instance(self, project: str, zone: str, instance: str) -> None:
-        """Delete a VM (a GPU fault during training: the stack's next `up` re-creates it)."""
+        """Delete a VM (a GPU fault during training: the stack's next `up` re-creates it); one
+        that is gone already (autodown got there first) is deleted."""
         request = {"project": project, "zone": zone, "instance": instance}
         delete = self._client("InstancesClient").delete
-        op = self._call(f"instances.delete {zone}/{instance}", lambda: delete(request=request))
-        self._call(f"instances.delete {zone}/{instance}", lambda: op.result(timeout=300))
+        what = f"instances.delete {zone}/{instance}"
+        op = self._call(what, lambda: delete(request=request), not_found=None)
+        if op is not None:
+            self._call(what, lambda: op.result(timeout=300), not_found=None)
 
     def terminations(
         self, project: str, zone: str, kinds: Iterable[str] = TERMINATIONS

@@ -66,6 +66,12 @@ class StorageApi:
             raise StorageApiError(f"Cloud Storage {what}: {e.code} {e.message}") from e
         except OSError as e:  # no route, refused, reset: still one line
             raise StorageApiError(f"Cloud Storage {what}: {type(e).__name__}: {e}") from e
+        except Exception as e:  # google.auth's (a metadata server's TransportError, a refresh)
+            from google.auth import exceptions as auth_exc
+
+            if not isinstance(e, auth_exc.GoogleAuthError):
+                raise
+            raise StorageApiError(f"Cloud Storage {what}: {type(e).__name__}: {e}") from e
 
     def list_buckets(self, project: str) -> list[BucketInfo]:
         """Every bucket of the project (the JSON API lists all; labels are filtered by the caller)."""
@@ -144,11 +150,19 @@ class StorageApi:
         `ifGenerationMatch` of that generation, so the pair is consistent."""
 
         def fetch() -> tuple[bytes, int] | None:
-            blob = self.client().bucket(bucket).get_blob(name)
-            if blob is None:
-                return None
-            generation = int(blob.generation)
-            return bytes(blob.download_as_bytes(if_generation_match=generation)), generation
+            from google.api_core import exceptions as gexc
+
+            for attempt in range(3):  # a write between the two reads: read the new one
+                blob = self.client().bucket(bucket).get_blob(name)
+                if blob is None:
+                    return None
+                generation = int(blob.generation)
+                try:
+                    return bytes(blob.download_as_bytes(if_generation_match=generation)), generation
+                except gexc.PreconditionFailed:
+                    if attempt == 2:
+                        raise
+            return None
 
         result = self._call(f"objects.get gs://{bucket}/{name}", fetch, not_found=None)
         return result if result is None else (result[0], result[1])

@@ -128,3 +128,12 @@ def gce_nothing() -> GceClients:
         raise AssertionError("a Google or Pulumi client was used before the caps were checked")
 
     return GceClients(runner_for=refuse, compute_endpoint="http://127.0.0.1:9", retry_pause_s=0)
+
+
+def test_a_minimum_the_message_allows_is_rounded_up_not_down() -> None:
+    """$2.0434 worst case: "at least 2.04" would be refused again; 2.05 passes."""
+    from scripts.run_plan import cents_up
+
+    assert [cents_up(x) for x in (2.0434, 0.28184, 2.04, 0.3, 0.0)] == [
+        "2.05", "0.29", "2.04", "0.30", "0.00",
+    ]  # fmt: skip

@@ -78,6 +78,7 @@ class Lease:
         self.holder = holder_name(kind)
         self.token: int | None = None  # our generation of the lease object, while we hold it
         self._stop = threading.Event()
+        self._renewing = threading.Lock()  # the renew thread's and a caller's: one at a time
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
 
@@ -126,17 +127,19 @@ class Lease:
         return None
 
     def renew(self) -> int:
-        """Extend it; the new token. LeaseLost when another writer took it meanwhile."""
-        if self.token is None:
-            raise LeaseLost("the lease was never taken")
-        token = self.storage.write_if_generation(
-            self.bucket, self.name, self._body(self.clock() + self.ttl_s), self.token
-        )
-        if token is None:
-            self.lost.set()
-            raise LeaseLost(f"the lease of gs://{self.bucket}/{self.name} was taken over")
-        self.token = token
-        return token
+        """Extend it; the new token. LeaseLost when another writer took it meanwhile (two renews
+        at once would both write on one token, and one would take the other for a rival)."""
+        with self._renewing:
+            if self.token is None:
+                raise LeaseLost("the lease was never taken")
+            token = self.storage.write_if_generation(
+                self.bucket, self.name, self._body(self.clock() + self.ttl_s), self.token
+            )
+            if token is None:
+                self.lost.set()
+                raise LeaseLost(f"the lease of gs://{self.bucket}/{self.name} was taken over")
+            self.token = token
+            return token
 
     def keep_renewing(self) -> None:
         """A thread renews it every third of its TTL until `release`; a lost lease sets `lost`."""
@@ -147,7 +150,7 @@ class Lease:
                     self.renew()
                 except LeaseLost:
                     return
-                except GputrainError:  # the network: the next beat retries within the TTL
+                except Exception:  # the network, the credentials: the next beat retries
                     continue
 
         self._thread = threading.Thread(target=beat, daemon=True, name="lease")

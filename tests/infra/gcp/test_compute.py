@@ -178,6 +178,14 @@ def test_permission_error_becomes_one_line(fake: FakeCompute, api: ComputeApi) -
         api.region_quotas(fake.project, "us-central1")
 
 
+def test_deleting_a_vm_that_is_gone_already_is_no_error(fake: FakeCompute, api: ComputeApi) -> None:
+    """A reconcile pass deletes what it listed; autodown may have deleted one meanwhile."""
+    fake.add_instance("s-node-1", "us-central1-a")
+    api.delete_instance(fake.project, "us-central1-a", "s-node-1")
+    api.delete_instance(fake.project, "us-central1-a", "s-node-1")  # 404: gone, as wanted
+    assert [n for _, n, _ in fake.deletes].count("s-node-1") >= 1
+
+
 def test_missing_region_is_none_not_an_error(fake: FakeCompute, api: ComputeApi) -> None:
     assert api.region_quotas(fake.project, "mars-north1") is None
 

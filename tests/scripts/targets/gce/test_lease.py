@@ -107,6 +107,42 @@ def test_two_writers_started_together_exactly_one_wins(storage: StorageApi) -> N
         assert len(won) == 1, round_
 
 
+def test_renews_from_two_threads_at_once_never_fence_each_other(storage: StorageApi) -> None:
+    """The controller's renew thread and its own renew at launch: one at a time, each on the
+    token the other left (both on one token, one took the other for a rival)."""
+    held = lease(storage, "both/")
+    assert held.acquire() is None
+    errors: list[BaseException] = []
+
+    def renew_many() -> None:
+        for _ in range(15):
+            try:
+                held.renew()
+            except BaseException as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=renew_many) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and not held.lost.is_set()
+
+
+def test_a_credentials_error_is_one_storage_line(storage: StorageApi) -> None:
+    """A metadata server that does not answer (Cloud Run) is a StorageApiError, which the
+    lease's thread and the passes handle, not an escape that ends the renewing unseen."""
+    from google.auth.exceptions import TransportError
+
+    from infra.gcp.gcs import StorageApiError
+
+    def refused() -> None:
+        raise TransportError("metadata server unreachable")
+
+    with pytest.raises(StorageApiError, match=r"objects\.get x: TransportError: metadata server"):
+        storage._call("objects.get x", refused)
+
+
 def test_the_controller_writes_the_manifest_and_the_code(
     storage: StorageApi, tmp_path: Path
 ) -> None:
