@@ -394,7 +394,7 @@ def passing_candidates(ctx: Context, spec: ClusterSpec, *, skip: bool) -> list[C
     """The ranked candidates that pass preflight (all of them with --skip-preflight), after
     printing the candidate table; a one-line error when none passes."""
     if skip:
-        return list(spec.candidates)
+        return within_caps(ctx, spec, list(spec.candidates))
     from infra.offer_tables import candidate_table
     from scripts.targets.gce.preflight import check_candidates
 
@@ -407,7 +407,34 @@ def passing_candidates(ctx: Context, spec: ClusterSpec, *, skip: bool) -> list[C
             f"preflight failed for every candidate checked ({len(checks)}; see the reasons "
             "above); nothing was created"
         )
-    return passing
+    return within_caps(ctx, spec, passing)
+
+
+def within_caps(ctx: Context, spec: ClusterSpec, ranked: list[Candidate]) -> list[Candidate]:
+    """The candidates `up` may fall back to without breaking maxHourlyCost or the run's budget
+    (the plan checked the first; a stock-out must not buy a dearer one); the others said once."""
+    from infra.base.errors import UserError
+    from scripts.run_plan import check_spending_caps
+    from scripts.targets.stack.target import pin
+
+    if spec.max_hourly_cost is None and ctx.opts.budget is None and spec.budget is None:
+        return ranked
+    kept, dropped = [], []
+    for c in ranked:
+        try:
+            check_spending_caps(pin(spec, ctx.stack_file.config, candidate=c), ctx.opts.budget)
+        except UserError:
+            dropped.append(f"{c.nodes} x {c.machine_type} in {c.zone}")
+        else:
+            kept.append(c)
+    if dropped:
+        ui.say(f"up: not falling back to {', '.join(dropped)}: over maxHourlyCost or the budget")
+    if not kept:
+        raise GputrainError(
+            "every candidate that passed preflight is over maxHourlyCost or the run's budget; "
+            "nothing was created"
+        )
+    return kept
 
 
 def provision_candidates(

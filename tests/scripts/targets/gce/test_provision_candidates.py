@@ -199,6 +199,37 @@ def test_up_walks_the_candidates_and_says_so_and_all_stocked_out_leaves_nothing(
     assert runner.existing == [] and "destroy" in after_last_up
 
 
+def test_a_stockout_never_falls_back_to_a_candidate_over_the_cap(
+    tmp_path: Path, fake: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """maxHourlyCost between the cheapest candidate and the next dearer one: the plan passes on
+    the cheapest; when all its zones stock out, `up` does not buy the dearer one (it was created
+    above the cap, and its worst case above the budget)."""
+    ranked = _ranked("L4:1", regions=["us-central1"])
+    cheapest = ranked[0]
+    dearer = next(c for c in ranked if (c.hourly or 0) > (cheapest.hourly or 0) + 0.01)
+    cap = round(((cheapest.hourly or 0) + (dearer.hourly or 0)) / 2, 3)
+    root = _project(
+        tmp_path,
+        f"  gputrain:gpus: L4:1\n  gputrain:regions: [us-central1]\n"
+        f"  gputrain:maxHourlyCost: '{cap}'\n",
+    )
+    runner = FakeStackRunner("g", compute=fake, project="gputrain-test")
+    for c in ranked:
+        runner.fail_stockout(c.zone, times=99)
+    rc = main(
+        ["up", "--stack", "g", "--yes", "--skip-preflight", "--max-candidates", "8"],
+        Settings(root=root, runs_dir=tmp_path / "runs"),
+        _gce(fake, runner),
+    )
+    captured = capsys.readouterr()
+    assert rc == 1, captured.err
+    assert "over maxHourlyCost or the budget" in captured.out
+    tried = {c for c, _ in _ups(runner)}
+    assert candidate_label(dearer) not in tried and candidate_label(cheapest) in tried
+    assert runner.existing == []
+
+
 def test_spot_recovery_reups_the_same_shape_its_zone_first(
     tmp_path: Path, fake: FakeCompute
 ) -> None:
