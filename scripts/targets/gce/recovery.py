@@ -450,6 +450,8 @@ class RecoveringSession(FleetSession):
                     preempted = self._lost(e, started)
                     if not preempted:
                         raise
+                    if hold is not None and hold.lease is not None and hold.lease.lost.is_set():
+                        raise self._taken_over(job, preempted) from e
                     if len(done) >= self.max_recoveries:
                         exhausted = self._exhausted(job, preempted, len(done))
                         exhausted.results_missing = e.results_missing
@@ -515,6 +517,17 @@ class RecoveringSession(FleetSession):
         except ComputeApiError as e:
             ui.warn(f"could not ask the Compute API whether a node was preempted: {e}")
             return {}
+
+    def _taken_over(self, job: Job, preempted: Mapping[str, NodeCloudState]) -> GputrainError:
+        """This controller's lease lapsed while it was away and a reconcile pass took it: the
+        pass recovers the run, never both. The cluster is kept for it (autodown still ends it)."""
+        self.keep = True
+        return GputrainError(
+            f"run {job.run_id}: {', '.join(preempted)} taken away, and a reconcile pass holds "
+            "the run's lease (this controller's lapsed while it could not renew it): the pass "
+            f"recovers it, not this controller; follow it with `gputrain status --stack "
+            f"{self.nodes.stack}` and `gputrain logs --stack {self.nodes.stack} --run {job.run_id}`"
+        )
 
     def _exhausted(
         self, job: Job, preempted: Mapping[str, NodeCloudState], done: int
