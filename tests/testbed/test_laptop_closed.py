@@ -272,7 +272,7 @@ def test_head_and_worker_lost_a_stockout_and_a_killed_reconciler(
     class Killed(BaseException):
         """The pass's process dies: no cleanup, its lease left to expire."""
 
-    def die(self: object, outputs: object) -> None:
+    def die(self: object, outputs: object, job: object) -> None:
         raise Killed
 
     with pytest.MonkeyPatch.context() as dying:
