@@ -33,7 +33,7 @@ COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute AP
 NOTIFY_DEADLINE_S = 20.0  # all of one event's webhooks: a slow one never holds a delete longer
 BUDGET_MARK = "watch/budget.json"  # in the run dir (comes home with watch/): the budget stopped it
 LEDGER_RECORD = "ledger.json"  # the contract's LEDGER_RECORD: the run's cost record, runs/<run-id>/
-BUDGET_GRACE_S = 300.0  # after the SIGTERM: then what is left of the job is killed
+BUDGET_GRACE_S = 300.0  # billingBudget's SIGTERM, then a kill (a run's budget: half its interval)
 GUARD = "billingBudget"  # the mark's `by`: the stack's Cloud Billing budget stopped the run
 GUARD_FILE = "budget_guard.py"  # beside this file on the head: billingBudget's Pub/Sub reader
 
@@ -55,6 +55,10 @@ class Budget:
 
     def spent(self, now: float) -> float:
         return self.hourly_usd * max(0.0, now - self.started_at) / 3600
+
+    @property
+    def grace_s(self) -> float:  # after the stop's SIGTERM, the kill: within the interval
+        return max(10.0, self.interval_s / 2)
 
     def reached(self, now: float) -> bool:
         return over_budget(self.spent(now), self.hourly_usd * self.interval_s / 3600, self.usd)
@@ -117,8 +121,7 @@ class Config:
 
 
 def log(text: str) -> None:
-    """One line of watchdog.log; a full disk (the job's out dir shares it) costs the line only:
-    the watchdog's own work, the results and autodown, must go on."""
+    """One line of watchdog.log; a full disk (shared with the job's out dir) costs only the line."""
     with contextlib.suppress(OSError):
         print(f"{time.strftime('%H:%M:%S')} watchdog: {text}", flush=True)
 
@@ -158,8 +161,7 @@ _sending: list[tuple[threading.Thread, float]] = []  # (notification thread, its
 
 
 def notify_later(cfg: Config, event: str, text: str, **fields: Any) -> None:
-    """`notify` in a daemon thread: a webhook that trickles its answer (urllib's timeout is per
-    read, not in all) holds nothing up; `notifications_done` gives it NOTIFY_DEADLINE_S in all."""
+    """`notify` in a daemon thread: a webhook that trickles its answer holds nothing up."""
     thread = threading.Thread(
         target=notify, args=(cfg, event, text), kwargs=fields, name=f"notify-{event}", daemon=True
     )
@@ -168,8 +170,7 @@ def notify_later(cfg: Config, event: str, text: str, **fields: Any) -> None:
 
 
 def notifications_done() -> None:
-    """Wait for the notifications under way, each until its deadline at most (then it is left:
-    a daemon thread, gone with the process)."""
+    """Wait for each notification under way until its deadline (then it goes with the process)."""
     for thread, deadline in _sending:
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
@@ -212,8 +213,7 @@ def job_pid(run_dir: Path, name: str) -> int | None:
 
 
 def other_job_running(run_dir: Path) -> str | None:
-    """Another run on this node still training (its torchrun alive, no exit code): autodown
-    must not end the VMs under it. Its run id, or None."""
+    """The run id of another run still training here (torchrun alive, no exit code), or None."""
     for other in run_dir.parent.iterdir():
         if other == run_dir or (other / EXITCODE).exists():
             continue
@@ -342,10 +342,9 @@ def autodown(
 
 def exit_code(run_dir: Path) -> list[str]:
     """[run.sh's exit code] once it wrote it, else [] (never this watchdog's failure)."""
-    try:
+    with contextlib.suppress(OSError):
         return (run_dir / EXITCODE).read_text().split()[:1]
-    except OSError:
-        return []
+    return []
 
 
 def tell_end(cfg: Config, run_dir: Path) -> bool:
@@ -456,7 +455,7 @@ def billing_guard(cfg: Config) -> Any:
 
 
 def kill_job(run_dir: Path) -> None:
-    """The job outlived BUDGET_GRACE_S after its SIGTERM: torchrun and every process under it
+    """The job outlived its grace after its SIGTERM: torchrun and every process under it
     (its workers run in sessions of their own) are killed, run.sh is not: it lives on to write
     the exit code this watch waits for (then the results and autodown)."""
     import signal
@@ -512,6 +511,7 @@ def watch(
     said_end = False  # finished/failed sent (only when the controller is not there to say it)
     budget_stopped: float | None = None  # when this watchdog stopped the job at the budget
     guard = billing_guard(cfg)
+    grace = cfg.budget.grace_s if cfg.budget is not None else BUDGET_GRACE_S
     while True:
         try:  # one bad round (a full disk, a trainer's odd file) never ends the watch
             if (run_dir / DISARM).exists():
@@ -528,8 +528,8 @@ def watch(
                     assert cfg.budget is not None
                     if cfg.budget.reached(now) and stop_for_budget(cfg.budget, run_dir, now, armed):
                         budget_stopped = now
-                elif now - budget_stopped > BUDGET_GRACE_S:
-                    log(f"the job still runs {BUDGET_GRACE_S:.0f} s after its SIGTERM: killed")
+                elif now - budget_stopped > grace:
+                    log(f"the job still runs {grace:.0f} s after its SIGTERM: killed")
                     kill_job(run_dir)
                     budget_stopped = now
             if end is not None and not uploaded:

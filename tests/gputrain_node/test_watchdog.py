@@ -248,6 +248,15 @@ def test_an_earlier_attempts_end_marker_is_not_this_attempts(
     assert "no results from" not in out
 
 
+def test_the_kill_after_a_budget_stop_comes_within_the_interval_looked_ahead() -> None:
+    """The rule stops the run an interval before the budget (what a stop takes): the grace a
+    job gets after its SIGTERM is half of it, so the kill and the teardown fit (300 s overshot
+    the default 120 s interval by about three minutes of the cluster's rate)."""
+    budget = Budget(usd=10.0, hourly_usd=100.0, started_at=0.0, interval_s=120.0)
+    assert budget.grace_s == 60.0
+    assert Budget(usd=1.0, hourly_usd=1.0, started_at=0.0, interval_s=0.0).grace_s == 10.0
+
+
 def test_a_job_killed_after_the_budgets_grace_still_gets_its_exit_code(tmp_path: Path) -> None:
     """The budget stop's SIGKILL, after the job ignored its SIGTERM: torchrun and its workers
     (in sessions of their own, as torch starts them) die, run.sh lives to write the exit code
