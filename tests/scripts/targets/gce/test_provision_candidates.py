@@ -175,19 +175,28 @@ def test_plan_checks_candidates_and_chooses_the_cheapest_that_passes(
     assert plan_row[:2] == ["1", "a3-highgpu-8g"] and third.zone in plan_row
 
 
-def test_up_walks_the_candidates_and_says_so_and_all_stocked_out_leaves_nothing(
-    tmp_path: Path, fake: FakeCompute, capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = _project(tmp_path, "  gputrain:gpus: H100:16\n  gputrain:regions: [us-central1]\n")
+def _up_with_every_zone_stocked_out(
+    tmp_path: Path, fake: FakeCompute, stack_yaml: str, ranked: list[Candidate], most: int
+) -> tuple[int, FakeStackRunner]:
+    """`up --stack g` (up to `most` candidates) where every candidate's zone is stocked out."""
+    root = _project(tmp_path, stack_yaml)
     runner = FakeStackRunner("g", compute=fake, project="gputrain-test")
-    ranked = _ranked("H100:16", regions=["us-central1"])
     for c in ranked:
         runner.fail_stockout(c.zone, times=99)
     rc = main(
-        ["up", "--stack", "g", "--yes", "--skip-preflight", "--max-candidates", "2"],
+        ["up", "--stack", "g", "--yes", "--skip-preflight", "--max-candidates", str(most)],
         Settings(root=root, runs_dir=tmp_path / "runs"),
         _gce(fake, runner),
     )
+    return rc, runner
+
+
+def test_up_walks_the_candidates_and_says_so_and_all_stocked_out_leaves_nothing(
+    tmp_path: Path, fake: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stack_yaml = "  gputrain:gpus: H100:16\n  gputrain:regions: [us-central1]\n"
+    ranked = _ranked("H100:16", regions=["us-central1"])
+    rc, runner = _up_with_every_zone_stocked_out(tmp_path, fake, stack_yaml, ranked, 2)
     captured = capsys.readouterr()
     assert rc == 1
     assert captured.err.startswith("gputrain: error: could not create the cluster: no capacity")
@@ -209,19 +218,11 @@ def test_a_stockout_never_falls_back_to_a_candidate_over_the_cap(
     cheapest = ranked[0]
     dearer = next(c for c in ranked if (c.hourly or 0) > (cheapest.hourly or 0) + 0.01)
     cap = round(((cheapest.hourly or 0) + (dearer.hourly or 0)) / 2, 3)
-    root = _project(
-        tmp_path,
+    stack_yaml = (
         f"  gputrain:gpus: L4:1\n  gputrain:regions: [us-central1]\n"
-        f"  gputrain:maxHourlyCost: '{cap}'\n",
+        f"  gputrain:maxHourlyCost: '{cap}'\n"
     )
-    runner = FakeStackRunner("g", compute=fake, project="gputrain-test")
-    for c in ranked:
-        runner.fail_stockout(c.zone, times=99)
-    rc = main(
-        ["up", "--stack", "g", "--yes", "--skip-preflight", "--max-candidates", "8"],
-        Settings(root=root, runs_dir=tmp_path / "runs"),
-        _gce(fake, runner),
-    )
+    rc, runner = _up_with_every_zone_stocked_out(tmp_path, fake, stack_yaml, ranked, 8)
     captured = capsys.readouterr()
     assert rc == 1, captured.err
     assert "over maxHourlyCost or the budget" in captured.out
