@@ -11,6 +11,7 @@ import base64
 import json
 import os
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 from urllib.request import Request, urlopen
 
@@ -18,24 +19,60 @@ PUBSUB_ENDPOINT_ENV = "GPUTRAIN_PUBSUB_ENDPOINT"  # tests: the fake Pub/Sub API
 GUARD = "billingBudget"  # the budget mark's `by` (contract.GUARD_STOP)
 
 
-def guard_reached(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The last notification whose costAmount has reached its budgetAmount (the budget
-    notification's JSON in each message's base64 `data`), as the budget mark's figures. Pure."""
+def _notification(received: dict[str, Any]) -> dict[str, Any] | None:
+    """A message's budget notification (its base64 `data`), or None for anything else."""
+    try:
+        data = json.loads(base64.b64decode(received["message"]["data"]))
+        float(data["costAmount"]), float(data["budgetAmount"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def in_period(data: dict[str, Any], now: float | None) -> bool:
+    """Whether the notification's budget month (from its costIntervalStart) has not ended: last
+    month's, still retained, says nothing of this one. Pure."""
+    start = data.get("costIntervalStart")
+    if now is None or not isinstance(start, str):
+        return True
+    try:
+        begun = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        ends = begun.replace(year=begun.year + begun.month // 12, month=begun.month % 12 + 1)
+    except ValueError:
+        return True
+    return now < ends.timestamp()
+
+
+def reaches(received: dict[str, Any], now: float | None = None) -> bool:
+    data = _notification(received)
+    return (
+        data is not None
+        and float(data["costAmount"]) >= float(data["budgetAmount"])
+        and in_period(data, now)
+    )
+
+
+def guard_reached(
+    messages: list[dict[str, Any]], now: float | None = None
+) -> dict[str, Any] | None:
+    """The last notification of this budget month whose costAmount has reached its budgetAmount,
+    as the budget mark's figures. Pure."""
     reached = None
     for received in messages:
-        try:
-            data = json.loads(base64.b64decode(received["message"]["data"]))
-            cost, amount = float(data["costAmount"]), float(data["budgetAmount"])
-        except (KeyError, TypeError, ValueError):
-            continue  # not a budget notification: acknowledged and left
-        if cost >= amount:
-            reached = {"spent_usd": cost, "budget_usd": amount, "by": GUARD}
+        if reaches(received, now):
+            data = _notification(received) or {}
+            reached = {
+                "spent_usd": float(data["costAmount"]),
+                "budget_usd": float(data["budgetAmount"]),
+                "by": GUARD,
+            }
     return reached
 
 
-def pull(subscription: str) -> list[dict[str, Any]]:
-    """Pub/Sub v1 subscriptions.pull, then .acknowledge (each message is read once), with this
-    VM's token from the metadata server: no client library to install."""
+def pull(subscription: str, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Pub/Sub v1 subscriptions.pull, then .acknowledge of every message but those `keep` says
+    (left for the next pull, also the next run's: Pub/Sub delivers them again), with this VM's
+    token from the metadata server: no client library to install."""
     md = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
     ask = Request(f"http://{md}/computeMetadata/v1/instance/service-accounts/default/token")
     ask.add_header("Metadata-Flavor", "Google")
@@ -50,14 +87,16 @@ def pull(subscription: str) -> list[dict[str, Any]]:
             return json.loads(r.read() or b"{}")
 
     received = list(post("pull", {"maxMessages": 100}).get("receivedMessages", []))
-    if received:
-        post("acknowledge", {"ackIds": [m["ackId"] for m in received]})
+    done = [m["ackId"] for m in received if not keep(m)]
+    if done:
+        post("acknowledge", {"ackIds": done})
     return received
 
 
 class Guard:
     """Pulls every `poll_s` (the first at once: a budget already spent stops the run early)
-    until a notification has reached the budget, then keeps saying so (it was acknowledged)."""
+    until a notification of this month has reached the budget, then keeps saying so. That one is
+    never acknowledged: the next run's first pull gets it too (within the subscription's day)."""
 
     def __init__(self, subscription: str, poll_s: float, log: Callable[[str], None]) -> None:
         self.subscription, self.poll_s, self.log = subscription, poll_s, log
@@ -68,7 +107,8 @@ class Guard:
         if self.hit is None and now >= self.next_pull:
             self.next_pull = now + self.poll_s
             try:
-                self.hit = guard_reached(pull(self.subscription))
+                received = pull(self.subscription, lambda m: reaches(m, now))
+                self.hit = guard_reached(received, now)
             except Exception as e:  # the network: the next pull tries again
                 self.log(f"could not read the billing budget's notifications: {e!r}")
         return self.hit

@@ -502,6 +502,10 @@ def test_a_notification_at_or_past_its_amount_is_the_guards_stop() -> None:
     hit = guard_reached([received(notification(4.0)), received(notification(5.0))])
     assert hit is not None and hit["spent_usd"] == 5.0 and hit["budget_usd"] == 5.0
     assert hit["by"] == "billingBudget"
+    # its budget month (from costIntervalStart, 2026-11-01T07:00Z) still on, or over
+    november, december = 1_795_000_000.0, 1_797_000_000.0  # 2026-11-18, 2026-12-11 (UTC)
+    assert guard_reached([received(notification(5.0))], november) is not None
+    assert guard_reached([received(notification(5.0))], december) is None  # last month's
 
 
 def test_the_billing_budget_notification_stops_the_job_and_ends_the_cluster(
@@ -540,7 +544,7 @@ def test_the_billing_budget_notification_stops_the_job_and_ends_the_cluster(
             assert job.wait(timeout=30) == 143
             stop = json.loads((head_dir / "watch" / "budget.json").read_text())
             assert stop["by"] == "billingBudget" and stop["spent_usd"] == 5.25, stop
-            assert pubsub.acked == ["ack-1", "ack-2"]
+            assert pubsub.acked == ["ack-1"]  # the one that stopped it is left for the next run
             end_job(worker_dir, rc=143)
             out = wait(head, 60)
             wait(worker, 30)
@@ -549,6 +553,16 @@ def test_the_billing_budget_notification_stops_the_job_and_ends_the_cluster(
             event = sink.wait_for("budget", 10)
             assert "Cloud Billing budget" in event["text"]
             assert sink.events() == ["budget", "autodown"]
+            # the next run's guard, its first pull: stopped at once, as the month is spent
+            from gputrain_node.budget_guard import Guard
+
+            os.environ["GCE_METADATA_HOST"] = md.address
+            os.environ["GPUTRAIN_PUBSUB_ENDPOINT"] = pubsub.url
+            try:
+                nxt = Guard(SUBSCRIPTION, 60.0, print).reached(time.time())
+            finally:
+                del os.environ["GCE_METADATA_HOST"], os.environ["GPUTRAIN_PUBSUB_ENDPOINT"]
+            assert nxt is not None and nxt["spent_usd"] == 5.25
         finally:
             sink.stop()
             for proc in started:  # a failed assertion leaves nothing running
