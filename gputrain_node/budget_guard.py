@@ -19,16 +19,6 @@ PUBSUB_ENDPOINT_ENV = "GPUTRAIN_PUBSUB_ENDPOINT"  # tests: the fake Pub/Sub API
 GUARD = "billingBudget"  # the budget mark's `by` (contract.GUARD_STOP)
 
 
-def _notification(received: dict[str, Any]) -> dict[str, Any] | None:
-    """A message's budget notification (its base64 `data`), or None for anything else."""
-    try:
-        data = json.loads(base64.b64decode(received["message"]["data"]))
-        float(data["costAmount"]), float(data["budgetAmount"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def in_period(data: dict[str, Any], now: float | None) -> bool:
     """Whether the notification's budget month (from its costIntervalStart) has not ended: last
     month's, still retained, says nothing of this one. Pure."""
@@ -43,30 +33,25 @@ def in_period(data: dict[str, Any], now: float | None) -> bool:
     return now < ends.timestamp()
 
 
-def reaches(received: dict[str, Any], now: float | None = None) -> bool:
-    data = _notification(received)
-    return (
-        data is not None
-        and float(data["costAmount"]) >= float(data["budgetAmount"])
-        and in_period(data, now)
-    )
+def reached_by(received: dict[str, Any], now: float | None = None) -> dict[str, Any] | None:
+    """The budget mark's figures when this message is a notification of this budget month whose
+    costAmount has reached its budgetAmount (its base64 `data`); None for anything else. Pure."""
+    try:
+        data = json.loads(base64.b64decode(received["message"]["data"]))
+        cost, amount = float(data["costAmount"]), float(data["budgetAmount"])
+    except (KeyError, TypeError, ValueError):
+        return None  # not a budget notification: acknowledged and left
+    if cost < amount or not in_period(data, now):
+        return None
+    return {"spent_usd": cost, "budget_usd": amount, "by": GUARD}
 
 
 def guard_reached(
     messages: list[dict[str, Any]], now: float | None = None
 ) -> dict[str, Any] | None:
-    """The last notification of this budget month whose costAmount has reached its budgetAmount,
-    as the budget mark's figures. Pure."""
-    reached = None
-    for received in messages:
-        if reaches(received, now):
-            data = _notification(received) or {}
-            reached = {
-                "spent_usd": float(data["costAmount"]),
-                "budget_usd": float(data["budgetAmount"]),
-                "by": GUARD,
-            }
-    return reached
+    """The last message's figures that reached the budget (reached_by). Pure."""
+    found = [hit for received in messages if (hit := reached_by(received, now)) is not None]
+    return found[-1] if found else None
 
 
 def pull(subscription: str, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
@@ -107,7 +92,7 @@ class Guard:
         if self.hit is None and now >= self.next_pull:
             self.next_pull = now + self.poll_s
             try:
-                received = pull(self.subscription, lambda m: reaches(m, now))
+                received = pull(self.subscription, lambda m: reached_by(m, now) is not None)
                 self.hit = guard_reached(received, now)
             except Exception as e:  # the network: the next pull tries again
                 self.log(f"could not read the billing budget's notifications: {e!r}")

@@ -33,6 +33,20 @@ class ObjectInfo:
     crc32c: str | None = None
 
 
+def file_crc32c(path: Path) -> str:
+    """A local file's CRC32C in Cloud Storage's form (base64 of the big-endian value), to compare
+    with an object's `crc32c`. (The node helpers, standalone, keep their own few lines.)"""
+    import base64
+
+    import google_crc32c
+
+    crc = google_crc32c.Checksum()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            crc.update(block)
+    return base64.b64encode(crc.digest()).decode()
+
+
 class StorageApi:
     """One client per project, built on first use."""
 
@@ -152,7 +166,8 @@ class StorageApi:
         def fetch() -> tuple[bytes, int] | None:
             from google.api_core import exceptions as gexc
 
-            for attempt in range(3):  # a write between the two reads: read the new one
+            tries = 3  # a write between the two reads: read the new generation
+            while True:
                 blob = self.client().bucket(bucket).get_blob(name)
                 if blob is None:
                     return None
@@ -160,9 +175,9 @@ class StorageApi:
                 try:
                     return bytes(blob.download_as_bytes(if_generation_match=generation)), generation
                 except gexc.PreconditionFailed:
-                    if attempt == 2:
+                    tries -= 1
+                    if not tries:
                         raise
-            return None
 
         result = self._call(f"objects.get gs://{bucket}/{name}", fetch, not_found=None)
         return result if result is None else (result[0], result[1])

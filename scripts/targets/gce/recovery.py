@@ -417,6 +417,7 @@ class RecoveringSession(FleetSession):
         watch = StepWatch()
         done: list[Recovery] = []
         pending: _Pending | None = None
+        missing: dict[str, str] = {}  # the last failed attempt's nodes whose results are not home
 
         def line(node: str, text: str) -> None:
             say_line(node, text)
@@ -439,6 +440,7 @@ class RecoveringSession(FleetSession):
                         hold.record(state="finished")
                     return result
                 except TrainingError as e:
+                    missing = e.results_missing  # a recovery that fails keeps the bucket for them
                     if pending is not None:
                         done.append(pending.finish(watch))
                         pending = None
@@ -453,9 +455,7 @@ class RecoveringSession(FleetSession):
                     if hold is not None and hold.lease is not None and hold.lease.lost.is_set():
                         raise self._taken_over(job, preempted) from e
                     if len(done) >= self.max_recoveries:
-                        exhausted = self._exhausted(job, preempted, len(done))
-                        exhausted.results_missing = e.results_missing
-                        raise exhausted from e
+                        raise self._exhausted(job, preempted, len(done)) from e
                     now = time.time()
                     # GCE's clock, not ours: never later than we noticed it
                     at = min(now, *(unix_time(s.preempted_at, now) for s in preempted.values()))
@@ -472,15 +472,13 @@ class RecoveringSession(FleetSession):
                         notifier.send("preempted", step=watch.reached, detail=evidence)
                         pending.announce = lambda ln: notifier.send("recovered", detail=ln)
                     watch.new_attempt(functools.partial(pending.finish, watch))
-                    try:
-                        pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
-                    except RecoveryError as failed:
-                        failed.results_missing = e.results_missing
-                        raise
+                    pending.zone = self._recover(preempted, job, results_dir, len(done) + 1)
                     job = replace(job, attempt=job.attempt + 1)  # --resume-args from now on
                     if hold is not None:
                         hold.record(attempt=job.attempt, nodes=list(preempted))
         except BaseException as e:
+            if isinstance(e, RecoveryError):
+                e.results_missing = missing
             if hold is not None and isinstance(e, GputrainError):
                 hold.record(state="failed", error=str(e).splitlines()[0][:300])
             self._stop(guard, job.run_id)

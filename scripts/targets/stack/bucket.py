@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.gcp.gcs import ObjectInfo, StorageApi
+from infra.gcp.gcs import ObjectInfo, StorageApi, file_crc32c
 from infra.outputs import BucketOutputs
 from scripts import ui
 from scripts.job.records import RUN_ID
@@ -103,17 +103,7 @@ def same_content(path: Path, obj: ObjectInfo) -> bool:
     older checkpoint of the same name and size is not the newer one)."""
     if not path.is_file() or path.stat().st_size != obj.size:
         return False
-    if obj.crc32c is None:
-        return True
-    import base64
-
-    import google_crc32c
-
-    crc = google_crc32c.Checksum()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            crc.update(chunk)
-    return base64.b64encode(crc.digest()).decode() == obj.crc32c
+    return obj.crc32c is None or file_crc32c(path) == obj.crc32c
 
 
 def local_copy(run_dir: Path, relative: str, obj: ObjectInfo, nodes: frozenset[str]) -> Path | None:
