@@ -31,6 +31,7 @@ class ObjectInfo:
     name: str
     size: int
     crc32c: str | None = None
+    generation: int | None = None  # which write of the name this is (a rewrite is a new one)
 
 
 def file_crc32c(path: Path) -> str:
@@ -122,7 +123,10 @@ class StorageApi:
     def list_objects(self, bucket: str, prefix: str = "") -> list[ObjectInfo]:
         def fetch() -> list[ObjectInfo]:
             blobs = self.client().list_blobs(bucket, prefix=prefix)
-            return [ObjectInfo(b.name, int(b.size or 0), b.crc32c) for b in blobs]
+            return [
+                ObjectInfo(b.name, int(b.size or 0), b.crc32c, int(b.generation or 0) or None)
+                for b in blobs
+            ]
 
         return list(self._call(f"objects.list gs://{bucket}/{prefix}", fetch, not_found=[]))
 
@@ -147,16 +151,26 @@ class StorageApi:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def delete_objects(self, bucket: str, names: Iterable[str]) -> int:
-        """Deletes each object (one already gone is fine); how many there were."""
+    def delete_objects(self, bucket: str, objects: Iterable[ObjectInfo | str]) -> int:
+        """Deletes each object (one already gone is fine); how many are gone. A listed object
+        (with its generation) only while it is still that write (`ifGenerationMatch`): one
+        rewritten since it was listed stays for the next listing (not counted)."""
+        from google.api_core import exceptions as gexc
+
         count = 0
-        for name in names:
-            self._call(
-                f"objects.delete gs://{bucket}/{name}",
-                lambda n=name: self.client().bucket(bucket).blob(n).delete(),  # type: ignore[misc]
-                not_found=None,
+        for o in objects:
+            name, generation = (o, None) if isinstance(o, str) else (o.name, o.generation)
+
+            def delete(name: str = name, generation: int | None = generation) -> bool:
+                try:
+                    self.client().bucket(bucket).blob(name).delete(if_generation_match=generation)
+                except gexc.PreconditionFailed:
+                    return False
+                return True
+
+            count += bool(
+                self._call(f"objects.delete gs://{bucket}/{name}", delete, not_found=True)
             )
-            count += 1
         return count
 
     def read_versioned(self, bucket: str, name: str) -> tuple[bytes, int] | None:

@@ -25,6 +25,9 @@ BUCKET_TYPE = "gcp:storage/bucket:Bucket"  # what `destroy` keeps when the bucke
 CHECKPOINT = re.compile(r"(?:^|/)ckpt-(\d{8})\.pt$")
 CHECKPOINTS = "checkpoints/"  # the reference trainer's, in a run (GPUTRAIN_CHECKPOINT_URI)
 MANIFEST_SUFFIX = ".manifest.json"  # as the trainer writes them (trainer/storage.py)
+# Empty, list again: a node still writing (a last mirror pass) is brought home, not deleted unseen;
+# what is still coming after these rounds fails the destroy, whose retry settles again.
+SETTLE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -126,13 +129,20 @@ def local_copy(run_dir: Path, relative: str, obj: ObjectInfo, nodes: frozenset[s
 
 
 def to_fetch(
-    storage: StorageApi, bucket: str, prefix: str, run_dir_of: dict[str, Path]
+    storage: StorageApi,
+    bucket: str,
+    prefix: str,
+    run_dir_of: dict[str, Path],
+    objects: list[ObjectInfo] | None = None,
 ) -> list[Fetch]:
     """What of each run in `run_dir_of` is not home yet: its small files and its newest complete
-    checkpoint (the manifest's size and CRC32C must match the object, else the next older one)."""
+    checkpoint (the manifest's size and CRC32C must match the object, else the next older one).
+    `objects`: the bucket's listing to judge (None: listed here)."""
     fetch: list[Fetch] = []
     refused: list[str] = []
-    runs = run_objects(storage.list_objects(bucket, f"{prefix}runs/"), prefix, refused)
+    if objects is None:
+        objects = storage.list_objects(bucket, f"{prefix}runs/")
+    runs = run_objects(objects, prefix, refused)
     for name in refused:
         ui.warn(f"gs://{bucket}: not bringing home {name} ({ALLOWED})")
     for run_id, files in runs.items():
@@ -170,13 +180,17 @@ def run_dirs(runs_dir: Path, target: str, run_ids: list[str]) -> dict[str, Path]
 
 
 def bring_home(
-    storage: StorageApi, bucket: str, prefix: str, runs_dir: Path, target: str
+    storage: StorageApi,
+    bucket: str,
+    prefix: str,
+    runs_dir: Path,
+    target: str,
+    objects: list[ObjectInfo],
 ) -> list[Path]:
-    """Download what only the bucket has; the paths written."""
-    run_ids = sorted(run_objects(storage.list_objects(bucket, f"{prefix}runs/"), prefix))
-    dirs = run_dirs(runs_dir, target, run_ids)
+    """Download what of the listing `objects` only the bucket has; the paths written."""
+    dirs = run_dirs(runs_dir, target, sorted(run_objects(objects, prefix)))
     written = []
-    for f in to_fetch(storage, bucket, prefix, dirs):
+    for f in to_fetch(storage, bucket, prefix, dirs, objects):
         dest = SafeTree(dirs[f.run_id]).file(f.relative)
         storage.download(bucket, f.obj.name, dest)
         written.append(dest)
@@ -200,7 +214,8 @@ def settle_bucket(
     try:
         if not storage.bucket_exists(bucket):
             return None
-        written = bring_home(storage, bucket, prefix, runs_dir, target)
+        listing = storage.list_objects(bucket)
+        written = bring_home(storage, bucket, prefix, runs_dir, target, listing)
         if written:
             ui.say(f"down: brought {len(written)} file(s) home from gs://{bucket} into {runs_dir}")
         if keep:
@@ -209,7 +224,16 @@ def settle_bucket(
                 f"{stack}` deletes it later, after bringing its results home"
             )
             return KeptBucket(bucket)
-        gone = storage.delete_objects(bucket, [o.name for o in storage.list_objects(bucket)])
+        gone = 0
+        for round_ in range(SETTLE_ROUNDS):  # only what was listed and judged is deleted
+            if round_:
+                late = bring_home(storage, bucket, prefix, runs_dir, target, listing)
+                if late:
+                    ui.say(f"down: brought {len(late)} more file(s) home, written as it emptied")
+            gone += storage.delete_objects(bucket, listing)
+            listing = storage.list_objects(bucket)
+            if not listing:
+                break
         if gone:
             ui.say(f"down: emptied gs://{bucket} ({gone} object(s)); destroy deletes it")
         return None

@@ -139,6 +139,32 @@ def test_a_failed_download_keeps_the_bucket_and_fails_loudly(
     assert cloud.runner.existing == []  # everything that bills by the hour is gone
 
 
+def test_what_a_node_writes_while_the_bucket_empties_comes_home_first(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's last mirror pass lands after `down` listed the bucket: the new object is brought
+    home by the next listing, never deleted unseen."""
+    cloud.put("runs/r1/out/lab-node-0/early.txt", b"early")
+    download = StorageApi.download
+    late = ["runs/r1/out/lab-node-1/late.txt"]
+
+    def node_writes_meanwhile(self: StorageApi, bucket: str, name: str, dest: Path) -> None:
+        for late_name in late:  # while the results come home, once
+            cloud.put(late_name, b"written late")
+        late.clear()
+        download(self, bucket, name, dest)
+
+    monkeypatch.setattr(StorageApi, "download", node_writes_meanwhile)
+    assert cloud.main("down", "--stack", "lab") == 0
+    out = capsys.readouterr().out
+    r1 = cloud.runs / "stack-lab" / "r1"
+    assert (r1 / "out" / "lab-node-0" / "early.txt").read_bytes() == b"early"
+    assert (r1 / "out" / "lab-node-1" / "late.txt").read_bytes() == b"written late"
+    assert "brought 1 more file(s) home, written as it emptied" in out
+    assert f"emptied gs://{BUCKET} (2 object(s))" in out
+    assert not cloud.bucket_exists() and ("destroy",) in cloud.runner.calls
+
+
 def hostile_names(outside: Path) -> list[str]:
     """What code with the nodes' storage role can name (objects.insert takes any UTF-8 name; the
     emulator refuses `..` parts on its own disk, so those are in the pure test below)."""
