@@ -91,6 +91,9 @@ FETCH_RESULT_PREFIX = "gputrain-data: "  # fetch_data's last line: its summary a
 AUTODOWN_RECORD = ".gputrain/autodown.json"  # in the bucket: the stack's last autodown
 #: in the bucket beside each node's results (runs/<run-id>/<node>/): the watchdog saw the job end
 ENDED_MARKER = ".gputrain-ended.json"
+#: in the run dir: the watchdog put this attempt's results in the bucket (a teardown whose SSH
+#: download of the node failed disarms it only then)
+WATCHDOG_UPLOADED = "results.uploaded"
 #: in the bucket under runs/<run-id>/ and in the results dir: the run's cost record (scripts/cost)
 LEDGER_RECORD = "ledger.json"
 #: in the run dir (it comes home with watch/, and the head's results in the bucket hold it): the

@@ -27,6 +27,7 @@ from typing import Any
 HEARTBEAT = "heartbeat"
 EXITCODE = "exitcode"
 DISARM = "watchdog.disarm"  # the controller ends this run's watchdog (a relaunch, `run --keep`)
+UPLOADED = "results.uploaded"  # the contract's WATCHDOG_UPLOADED: this attempt's are up
 ENDED = ".gputrain-ended.json"  # the contract's ENDED_MARKER, beside a node's results in the bucket
 RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputrain status`
 COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
@@ -131,11 +132,9 @@ def notify(cfg: Config, event: str, text: str, **fields: Any) -> None:
     import urllib.request
     from urllib.parse import urlsplit
 
+    text = f"gputrain {event}: run {cfg.run_id} on {cfg.stack}; {text}"
     body = {"event": event, "stack": cfg.stack, "run_id": cfg.run_id, **fields}
-    body |= {
-        "nodes": len(cfg.instances),
-        "text": f"gputrain {event}: run {cfg.run_id} on {cfg.stack}; {text}",
-    }
+    body |= {"nodes": len(cfg.instances), "text": text}
     for url in cfg.notify:
         for attempt in range(3):
             request = urllib.request.Request(
@@ -350,8 +349,7 @@ def exit_code(run_dir: Path) -> list[str]:
 def tell_end(cfg: Config, run_dir: Path) -> bool:
     """`finished` or `failed` with the run's figures, queued for the webhooks; True once sent."""
     figures, code = summary_of(run_dir), exit_code(run_dir)
-    stop = budget_stop(run_dir)
-    if stop is not None:
+    if (stop := budget_stop(run_dir)) is not None:
         notify_later(cfg, "budget", budget_line(stop), **figures, **stop)
         return True
     event = "finished" if code == ["0"] else "failed"
@@ -536,6 +534,8 @@ def watch(
                 try:
                     n = upload_results(cfg, run_dir, end, bucket)
                     uploaded = True
+                    with contextlib.suppress(OSError):
+                        (run_dir / UPLOADED).touch()
                     log(
                         f"job ended; {n} result file(s) in {cfg.bucket}runs/{cfg.run_id}/{cfg.node}/"
                     )

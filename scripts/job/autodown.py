@@ -12,7 +12,7 @@ import json
 import shlex
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,7 +115,7 @@ def build_watchdog_start(run_id: str, python: str) -> str:
         'for f in ../*/watchdog.pid; do [ -s "$f" ] || continue; p=$(cat "$f"); '
         f'(cd "${{f%/*}}" && {OURS_SH}; ours "$p") && '
         f'grep -q {WATCHDOG_FILE} "/proc/$p/cmdline" 2>/dev/null && kill "$p"; rm -f "$f"; done; '
-        "rm -f watchdog.disarm exitcode; touch heartbeat; exec 3<&0; "
+        f"rm -f watchdog.disarm exitcode {contract.WATCHDOG_UPLOADED}; touch heartbeat; exec 3<&0; "
         f"nohup setsid {shlex.quote(python)} {WATCHDOG_FILE} <&3 >> watchdog.log 2>&1 & "
         "i=0; while [ ! -s watchdog.pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
         "cat watchdog.pid"
@@ -196,25 +196,38 @@ def disarm(transports: Mapping[str, Transport], run_id: str) -> None:
 SETTLE_S = 60.0  # a watchdog mid-upload finishes it first (uploads retry for a while)
 
 
-def build_settle_command(run_id: str, wait_s: float = SETTLE_S) -> str:
+def build_settle_command(
+    run_id: str, wait_s: float = SETTLE_S, *, upload_first: bool = False
+) -> str:
     """Disarm the run's watchdog on this node and wait until its process has ended (a zombie
-    counts as ended): from then on nothing of it writes to the bucket."""
+    counts as ended): from then on nothing of it writes to the bucket. `upload_first` (the
+    node's SSH download failed): the job's results go to the bucket first, waited for as long."""
     d = shlex.quote(run_dir(run_id))
+    ticks = max(1, int(wait_s * 10))
+    upload = (
+        f"i=0; while [ -e exitcode ] && [ ! -e {contract.WATCHDOG_UPLOADED} ] && "
+        f'[ $i -lt {ticks} ] && kill -0 "$p" 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
+    )
     return (
-        f"cd {d} 2>/dev/null || exit 0; touch watchdog.disarm; "
-        "read -r p 2>/dev/null < watchdog.pid || exit 0; i=0; "
-        f"while [ $i -lt {max(1, int(wait_s * 10))} ]; do "
+        f"cd {d} 2>/dev/null || exit 0; read -r p 2>/dev/null < watchdog.pid || exit 0; "
+        f"{upload if upload_first else ''}touch watchdog.disarm; i=0; "
+        f"while [ $i -lt {ticks} ]; do "
         's=; read -r s 2>/dev/null < "/proc/$p/stat"; s=${s##*) }; s=${s%% *}; '
         'case "$s" in ""|Z*) exit 0;; esac; sleep 0.1; i=$((i+1)); done; exit 1'
     )
 
 
-def settle(transports: Mapping[str, Transport], run_id: str) -> None:
+def settle(
+    transports: Mapping[str, Transport], run_id: str, upload_first: Collection[str] = ()
+) -> None:
     """Before the stack's bucket is emptied and destroyed: every node's watchdog has stopped,
-    so no late upload of its results refills the bucket (the controller brought them home)."""
+    so no late upload of its results refills the bucket (the controller brought them home, or
+    for the nodes in `upload_first`, whose download failed, the watchdog has uploaded them)."""
 
     def one(name: str) -> None:
-        r = transports[name].run(build_settle_command(run_id), SETTLE_S + 30)
+        first = name in upload_first
+        command = build_settle_command(run_id, upload_first=first)
+        r = transports[name].run(command, SETTLE_S * (2 if first else 1) + 30)
         if not r.ok:
             raise TransportError(f"its watchdog did not end within {SETTLE_S:.0f} s")
 
@@ -263,14 +276,16 @@ class Watchdogs:
             except Exception:  # the follower reconnects the transport; the next beat retries
                 continue
 
-    def stop(self, transports: Mapping[str, Transport] | None = None) -> None:
+    def stop(
+        self, transports: Mapping[str, Transport] | None = None, upload_first: Collection[str] = ()
+    ) -> None:
         """The heartbeat ends; with `transports` (the cluster is about to be torn down) the
         watchdogs too, waited for (see settle)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=20)
         if transports and self.run_id is not None:
-            settle(transports, self.run_id)
+            settle(transports, self.run_id, upload_first)
 
 
 def last_autodown(storage: StorageApi, bucket: str, prefix: str) -> dict[str, object] | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from infra.base.errors import GputrainError
 from scripts import ui
 from scripts.job.data_io import FILLED_RECORD, FORGET_FILLED_SH, build_collect_workdir_command
-from scripts.job.records import JobResult
+from scripts.job.records import JobResult, TrainingError
 from scripts.node_layout import run_dir
 from scripts.parallel import parallel
 from scripts.transport.base import ConnectionLostError, Transport
@@ -36,6 +36,13 @@ class ResultsNotHomeError(GputrainError):
     def __init__(self, message: str, missing: Mapping[str, str]) -> None:
         super().__init__(message)
         self.results_missing = dict(missing)
+
+
+def results_missing(error: BaseException | None) -> dict[str, str]:
+    """node -> why its results are not home, as a failure carries them ({}: all came home)."""
+    if isinstance(error, ResultsNotHomeError | TrainingError):
+        return dict(error.results_missing)
+    return {}
 
 
 def keep_attempt_files(results_dir: Path, tag: str) -> None:

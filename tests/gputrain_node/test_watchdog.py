@@ -329,6 +329,7 @@ def test_no_autodown_uploads_the_results_and_deletes_nothing(
     assert compute.deletes == []
     marker = json.loads(gcs.read("team/runs/r1/wd-node-0/.gputrain-ended.json"))
     assert marker["exit_code"] == "3"
+    assert (head_dir / contract.WATCHDOG_UPLOADED).is_file()  # what a teardown's settle waits for
 
 
 def test_a_pid_files_number_counts_only_while_its_process_is_the_runs(tmp_path: Path) -> None:

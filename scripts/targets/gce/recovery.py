@@ -35,7 +35,7 @@ from infra.gcp.compute import (
 from scripts import ui
 from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
 from scripts.job.data_io import output_env
-from scripts.job.download import keep_attempt_files, write_job_record
+from scripts.job.download import keep_attempt_files, results_missing, write_job_record
 from scripts.job.follow import say_line
 from scripts.job.records import (
     CHECKPOINT_URI_ENV,
@@ -344,7 +344,7 @@ class RecoveringSession(FleetSession):
     def __exit__(self, *exc: Any) -> None:
         if self.watchdogs is not None:  # the controller lets go: the head's switch starts
             # counting; unless the cluster stays, its watchdogs end first (the bucket goes next)
-            self.watchdogs.stop(None if self.keep else self._transports)
+            self.watchdogs.stop(None if self.keep else self._transports, results_missing(exc[1]))
         super().__exit__(*exc)
 
     def ledger_bucket(self) -> tuple[Any, str, str] | None:

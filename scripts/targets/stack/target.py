@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from infra.base.errors import GputrainError, UserError
 from scripts import ui
+from scripts.job.download import results_missing
 from scripts.run_plan import check_spending_caps
 from scripts.settings import Settings
 from scripts.targets.base import (
@@ -276,7 +277,7 @@ class StackTarget(Generic[C, P]):
             with self.create(ctx, prepared) as session:
                 yield session
         except GputrainError as e:
-            results_lost = dict(getattr(e, "results_missing", None) or {})
+            results_lost = results_missing(e)
             raise
         finally:
             context.cleanup()

@@ -93,6 +93,30 @@ def test_settle_disarms_and_returns_once_the_watchdog_has_ended(tmp_path: Path) 
         proc.wait()
 
 
+# a watchdog whose job has ended: its upload takes 0.6 s; it notes whether it was done at the disarm
+UPLOADS = (
+    "touch exitcode; (sleep 0.6; touch results.uploaded) & "
+    "while [ ! -e watchdog.disarm ]; do sleep 0.05; done; "
+    "if [ -e results.uploaded ]; then echo after > disarmed; else echo before > disarmed; fi"
+)
+
+
+def test_a_node_whose_download_failed_is_disarmed_only_once_its_upload_is_done(
+    tmp_path: Path,
+) -> None:
+    """Its results exist only on the node: the watchdog's upload to the bucket must finish."""
+    roots = {n: tmp_path / n for n in ("failed", "home")}
+    procs = [_watchdog(root, UPLOADS) for root in roots.values()]
+    try:
+        settle({n: LocalTransport(n, root) for n, root in roots.items()}, "r1", {"failed"})
+        said = {n: (r / ".gputrain/runs/r1/disarmed").read_text().strip() for n, r in roots.items()}
+        assert said == {"failed": "after", "home": "before"}
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_watchdog_that_does_not_end_is_named_after_the_wait(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
