@@ -200,17 +200,19 @@ def build_settle_command(
     run_id: str, wait_s: float = SETTLE_S, *, upload_first: bool = False
 ) -> str:
     """Disarm the run's watchdog on this node and wait until its process has ended (a zombie
-    counts as ended): from then on nothing of it writes to the bucket. `upload_first` (the
+    counts as ended): from then on nothing of it writes to the bucket. The disarm is written
+    whether or not a pid file is there (a watchdog still starting sees it). `upload_first` (the
     node's SSH download failed): the job's results go to the bucket first, waited for as long."""
     d = shlex.quote(run_dir(run_id))
     ticks = max(1, int(wait_s * 10))
     upload = (
-        f"i=0; while [ -e exitcode ] && [ ! -e {contract.WATCHDOG_UPLOADED} ] && "
-        f'[ $i -lt {ticks} ] && kill -0 "$p" 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
+        "if read -r p 2>/dev/null < watchdog.pid; then i=0; while [ -e exitcode ] && "
+        f'[ ! -e {contract.WATCHDOG_UPLOADED} ] && [ $i -lt {ticks} ] && kill -0 "$p" 2>/dev/null; '
+        "do sleep 0.1; i=$((i+1)); done; fi; "
     )
     return (
-        f"cd {d} 2>/dev/null || exit 0; read -r p 2>/dev/null < watchdog.pid || exit 0; "
-        f"{upload if upload_first else ''}touch watchdog.disarm; i=0; "
+        f"cd {d} 2>/dev/null || exit 0; {upload if upload_first else ''}touch watchdog.disarm; "
+        "read -r p 2>/dev/null < watchdog.pid || exit 0; i=0; "
         f"while [ $i -lt {ticks} ]; do "
         's=; read -r s 2>/dev/null < "/proc/$p/stat"; s=${s##*) }; s=${s%% *}; '
         'case "$s" in ""|Z*) exit 0;; esac; sleep 0.1; i=$((i+1)); done; exit 1'

@@ -129,4 +129,13 @@ def test_a_watchdog_that_does_not_end_is_named_after_the_wait(
         proc.wait()
     # a node without the run (or its watchdog) has nothing to wait for
     assert LocalTransport("n", tmp_path).run(build_settle_command("r2"), 10).ok
+    # one whose watchdog has not written its pid (yet) is disarmed all the same, also after a
+    # failed download (the bed's budget test lost its webhook when it was not)
+    late = tmp_path / ".gputrain" / "runs" / "r3"
+    late.mkdir()
+    for upload_first in (False, True):
+        (late / "watchdog.disarm").unlink(missing_ok=True)
+        command = build_settle_command("r3", upload_first=upload_first)
+        assert LocalTransport("n", tmp_path).run(command, 10).ok
+        assert (late / "watchdog.disarm").is_file()
     assert "could not stop" not in capsys.readouterr().err
