@@ -53,7 +53,10 @@ class Transport(Protocol):
         timeout: float = 300,
         exclude: tuple[str, ...] = (),
         before: str = "",
-    ) -> bool: ...
+    ) -> bool:
+        """`remote` (a directory's contents, or a file) into `local`; False: it does not exist.
+        `timeout`: over SSH, seconds without data (results of any size stream); here, the whole."""
+        ...
 
     def reconnect(self, deadline_s: float) -> None: ...
 

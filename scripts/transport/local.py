@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from scripts.transport.base import CommandResult, LineCallback, LineSplitter, TransportError
-from scripts.transport.tar import extract_tar, pack_command
+from scripts.transport.tar import extract_tar, pack_command, pack_outcome
 
 
 class LocalTransport:
@@ -95,10 +95,8 @@ class LocalTransport:
             cwd=self.node_root,
             env=self._env,
         )
-        if proc.returncode == 3:
+        if not pack_outcome(self.name, remote, proc.returncode, proc.stderr):
             return False
-        if proc.returncode != 0:
-            raise TransportError(f"{self.name}: download of {remote} failed: {proc.stderr!r}")
         extract_tar(proc.stdout, local)
         return True
 

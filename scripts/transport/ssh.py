@@ -30,7 +30,7 @@ from scripts.transport.base import (
     LineSplitter,
     TransportError,
 )
-from scripts.transport.tar import extract_tar, pack_command
+from scripts.transport.tar import extract_tar, pack_command, pack_outcome
 
 if TYPE_CHECKING:
     import paramiko
@@ -441,6 +441,7 @@ class SshTransport:
                 while True:
                     if chan.recv_ready():
                         tmp.write(chan.recv(1 << 20))
+                        deadline = time.monotonic() + timeout  # a stall ends it, not the size
                         continue
                     if chan.exit_status_ready() and (chan.eof_received or chan.closed):
                         while chan.recv_ready():
@@ -449,7 +450,10 @@ class SshTransport:
                     if chan.closed:
                         raise ConnectionLostError(f"node {self.name}: connection lost")
                     if time.monotonic() > deadline:
-                        raise TransportError(f"node {self.name}: download of {remote} timed out")
+                        raise TransportError(
+                            f"node {self.name}: download of {remote} stalled: no data for "
+                            f"{timeout:.0f} s"
+                        )
                     select.select([chan], [], [], 0.1)
                 code = chan.recv_exit_status()
                 err = b""
@@ -457,10 +461,8 @@ class SshTransport:
                     err += chan.recv_stderr(65536)
             finally:
                 chan.close()
-            if code == 3:
+            if not pack_outcome(self.name, remote, code, err):
                 return False
-            if code != 0:
-                raise TransportError(f"node {self.name}: download of {remote} failed: {err!r}")
             tmp.seek(0)
             extract_tar(tmp, local)
         return True

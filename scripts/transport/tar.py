@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Literal
 
+from scripts import ui
+from scripts.transport.base import TransportError
 from scripts.transport.safe_path import SafeTree
 
 Codec = Literal["gzip", "zstd"]
@@ -67,8 +69,24 @@ def pack_command(remote: str, exclude: tuple[str, ...] = (), before: str = "") -
     ex = "".join(f" --exclude={shlex.quote(e)}" for e in exclude)
     return (
         (f"{before}\n" if before else "") + f"if [ -d {q} ]; then tar -c -f -{ex} -C {q} .; "
-        f"elif [ -e {q} ]; then tar -c -f - -C {qp} {qn}; else exit 3; fi"
+        f"elif [ -e {q} ]; then tar -c -f - -C {qp} {qn}; else exit {PACK_MISSING}; fi"
     )
+
+
+PACK_MISSING = 3  # pack_command's exit code when the path is not on the node
+TAR_FILE_CHANGED = 1  # GNU tar --create: a file changed as it was read; the archive is whole
+
+
+def pack_outcome(node: str, remote: str, code: int, stderr: str | bytes) -> bool:
+    """What pack_command's exit code says: False, no such path; True, a whole tar, also where a
+    file changed as tar read it (a job still writing: its copy is as read, said in one line)."""
+    if code == PACK_MISSING:
+        return False
+    if code == TAR_FILE_CHANGED:
+        ui.warn(f"{node}: a file under {remote} changed as it was read: its copy is as read")
+    elif code != 0:
+        raise TransportError(f"node {node}: download of {remote} failed: {stderr!r}")
+    return True
 
 
 def extract_tar(data: bytes | IO[bytes], dest: Path) -> None:

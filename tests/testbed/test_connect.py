@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import socket
 import time
@@ -61,6 +62,26 @@ def test_a_command_that_ends_at_once_keeps_the_connection(
         assert t.run("true", timeout=10).ok  # ends before its end of input is sent
         assert t.run("head -c 1 >/dev/null", timeout=10, stdin=b"xy").ok  # stops reading
         assert t.run("echo still", timeout=10).stdout == "still\n" and t.is_alive()
+    finally:
+        t.close()
+
+
+def test_a_download_ends_on_a_stall_not_on_its_size(
+    tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its timeout is time without data, so results that take longer than it to stream come
+    home. A clock that runs 0.05 s ahead at each reading: the 16 MiB take far more readings than
+    the timeout's 100, and only 100 readings with no data in between would end it."""
+    h = tb.add_host()
+    [t] = connect(tb.fleet([h]), deadline_s=10).values()
+    try:
+        assert t.run("mkdir big && head -c 16M /dev/urandom > big/blob", timeout=30).ok
+        real, readings = time.monotonic, itertools.count()
+        monkeypatch.setattr(time, "monotonic", lambda: real() + 0.05 * next(readings))
+        assert t.download("big", tmp_path / "home", timeout=5)
+        monkeypatch.undo()
+        assert (tmp_path / "home" / "blob").stat().st_size == 16 << 20
+        assert next(readings) > 200  # the stream outlasted the timeout by the clock it reads
     finally:
         t.close()
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from scripts.job.sync import sync_code
 from scripts.transport.local import LocalTransport
 from scripts.transport.ssh import fingerprint, known_hosts_name, parse_public_key
@@ -45,6 +47,27 @@ def test_local_transport_roundtrip(tmp_path: Path) -> None:
     assert got == ["a", "b"]
     assert t.run("echo $GPUTRAIN_NODE_ROOT", 5).stdout.strip() == str((tmp_path / "node").resolve())
     assert sys.executable
+
+
+def test_a_file_that_grows_as_it_is_read_comes_home_as_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gputrain results` on a run still training: GNU tar says a file changed as it read it
+    (exit 1) and its archive is whole, so the file comes home, with one line, not a failure."""
+    t = LocalTransport("n", tmp_path / "node")
+    run = tmp_path / "node" / "run"
+    run.mkdir(parents=True)
+    (run / "log.txt").write_bytes(b"x" * (32 << 20))
+    writer = subprocess.Popen(["sh", "-c", "while :; do echo more >> log.txt; done"], cwd=run)
+    try:
+        assert t.download("run", tmp_path / "home")
+    finally:
+        writer.kill()
+        writer.wait()
+    assert (tmp_path / "home" / "log.txt").stat().st_size >= 32 << 20
+    assert "n: a file under run changed as it was read: its copy is as read" in (
+        capsys.readouterr().err
+    )
 
 
 def test_connect_errors_say_what_the_socket_said() -> None:
