@@ -4,8 +4,10 @@ mirrored to Cloud Storage while any trainer runs, so its checkpoints outlive a p
 Every `--interval` seconds the new and changed files go up, oldest first, whole files only: a file
 is sent once its size and modification time held still since the previous scan, and sent again
 if it changed while it was read. GCE's preemption notice (the metadata server, where
-GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once; SIGTERM (a stop, the notice reaching the
-node's processes) or the end of training (run.sh sends it) makes the last one, then it exits. `--restore` is the other way: before a relaunch, what the bucket holds of this
+GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once. SIGTERM (a stop, or the VM shutting down)
+reaches the trainer too, which may be saving on it: a pass at once, then one a second until the
+job has ended (run.sh's SIGUSR1) or `--stop-grace` has passed; then the last pass, and it exits.
+`--restore` is the other way: before a relaunch, what the bucket holds of this
 node's out dir and the node lacks comes back. `--changed-dir DIR --changed-uri URI --newer FILE`
 does the same, in the same process, for the job's working directory: only the files created or
 changed there since FILE (the attempt's start), never the uploaded code (a trainer that checkpoints
@@ -223,34 +225,48 @@ def safe_rel(rel: str) -> bool:
     )
 
 
+STOP_GRACE_S = 30.0  # after a SIGTERM, the job's end waited for (GCE's shutdown gives 30 s)
+STOPPING_PASS_S = 1.0  # meanwhile a pass a second: a save-on-SIGTERM goes up once it holds still
+
+
 class Wake:
-    """What ends a wait between passes: `stop` (SIGTERM, the end) or `notice` (GCE's preemption
-    notice: flush now, keep mirroring until the stop)."""
+    """What ends a wait between passes: `ended` (run.sh: the job has ended; the last pass),
+    `stop` (SIGTERM: passes a second until `ended` or the grace) or `notice` (GCE's
+    preemption notice: flush now, keep mirroring)."""
 
     def __init__(self) -> None:
         self.any, self.stop, self.notice = threading.Event(), threading.Event(), threading.Event()
+        self.ended = threading.Event()
 
     def set(self, which: threading.Event) -> None:
         which.set()
         self.any.set()
 
 
-def run(mirrors: Sequence[Mirror], interval_s: float, wake: Wake) -> None:
-    """Passes every interval until the stop, then the final pass; the preemption notice makes a
-    final-style pass at once (errors are said, not fatal: the training must not die because an
-    upload failed)."""
-    noticed = False
+def run(
+    mirrors: Sequence[Mirror], interval_s: float, wake: Wake, stop_grace_s: float = STOP_GRACE_S
+) -> None:
+    """Passes every interval until the job ends, then the final pass; the preemption notice and
+    the stop each make a final-style pass at once (errors are said, not fatal: the training must
+    not die because an upload failed)."""
+    noticed, stopped = False, None  # stopped: when the SIGTERM came (monotonic)
     while True:
-        wake.any.wait(interval_s)
+        wake.any.wait(interval_s if stopped is None else STOPPING_PASS_S)
         wake.any.clear()
-        if wake.stop.is_set():
+        if wake.ended.is_set() or (
+            stopped is not None and time.monotonic() - stopped > stop_grace_s
+        ):
             break
-        flush = wake.notice.is_set() and not noticed
-        noticed = noticed or flush
+        flush = (wake.notice.is_set() and not noticed) or (wake.stop.is_set() and stopped is None)
+        noticed = noticed or wake.notice.is_set()
+        if wake.stop.is_set() and stopped is None:
+            stopped = time.monotonic()
+            for mirror in mirrors:
+                mirror.say("mirror: stopping: a pass a second until the job has ended")
         for mirror in mirrors:
             try:
                 sent = mirror.run_once(final=flush)
-                if flush:
+                if flush and wake.notice.is_set() and not wake.stop.is_set():
                     mirror.say(f"mirror: preemption notice: flushed ({len(sent)} file(s))")
             except Exception as e:
                 mirror.say(
@@ -276,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fill-uri", help="--restore: rank 0's node's --uri, for what --dir lacks")
     p.add_argument("--fill-changed-uri", help="the same for --changed-dir")
     p.add_argument("--filled", type=Path, help="the record of what fills gave this node")
+    p.add_argument(
+        "--stop-grace", type=float, default=STOP_GRACE_S, help="after SIGTERM: the job's end waited"
+    )
     args = p.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     mirror = Mirror(args.dir, Target.parse(args.uri))
@@ -312,15 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     wake = Wake()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        wake.set(wake.stop)
+        wake.set(wake.ended if signum == signal.SIGUSR1 else wake.stop)
 
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(s, on_signal)
     from trainer.preemption import PreemptionWatcher, watch_requested  # not for --restore
 
     if watch_requested():  # GCE spot nodes (GPUTRAIN_WATCH_PREEMPTION=1): the metadata server
         PreemptionWatcher(lambda: wake.set(wake.notice)).start()
-    run(mirrors, args.interval, wake)
+    run(mirrors, args.interval, wake, args.stop_grace)
     return 0
 
 

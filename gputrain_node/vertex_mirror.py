@@ -101,7 +101,8 @@ class ReplicaOutputs:
         self.wake.set(self.wake.notice)
 
     def stop(self, timeout_s: float = 300.0) -> None:
-        """The last pass (files that held still for half a second), then the thread ends."""
+        """The job has ended: the last pass (files that held still for half a second), then the
+        thread ends."""
         if self.thread is not None:
-            self.wake.set(self.wake.stop)
+            self.wake.set(self.wake.ended)
             self.thread.join(timeout_s)

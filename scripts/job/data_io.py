@@ -332,9 +332,10 @@ def mirror_start_lines(job: Job, python: str) -> str:
     )
 
 
-#: run.sh, after torchrun: the mirror's last pass, before the exit code tells the controller
+#: run.sh, after torchrun: the mirror's last pass (SIGUSR1: the job has ended; a SIGTERM to the
+#: group only makes it wait for this), before the exit code tells the controller
 MIRROR_STOP_LINES = (
-    'if [ -n "${MIRROR:-}" ]; then kill -TERM "$MIRROR" 2>/dev/null; wait "$MIRROR"; fi\n'
+    'if [ -n "${MIRROR:-}" ]; then kill -USR1 "$MIRROR" 2>/dev/null; wait "$MIRROR"; fi\n'
 )
 
 

@@ -1,6 +1,6 @@
 """The out-dir mirror (gputrain_node/mirror_out.py) against the real Cloud Storage emulator: new and
 changed files go up oldest first and only once they held still, a file rewritten while it was
-sent goes again, the last pass after SIGTERM sends what is settled, and a restore brings back
+sent goes again, a SIGTERM waits for the job's end before the last pass, and a restore brings back
 what a re-created node lacks without touching what it has."""
 
 from __future__ import annotations
@@ -92,23 +92,55 @@ def test_restore_brings_back_what_the_node_lacks(gcs: GcsEmulator, tmp_path: Pat
     assert m.run_once() == [] and m.run_once() == ["kept.txt"]  # restored files are not re-sent
 
 
-def test_sigterm_flushes_and_exits(gcs: GcsEmulator, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def mirror_process(gcs: GcsEmulator, out: Path, uri: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.url, "PYTHONPATH": str(ROOT)}
-    uri = f"gs://{gcs.bucket_name}/runs/r2/out/n/"
-    p = subprocess.Popen(
-        [sys.executable, "-m", "gputrain_node.mirror_out", "--dir", str(out), "--uri", uri, "--interval", "60"],
+    return subprocess.Popen(
+        [sys.executable, "-m", "gputrain_node.mirror_out", "--dir", str(out), "--uri", uri, *args],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+def test_a_sigterm_waits_for_the_save_it_asked_for_and_the_jobs_end(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """A stop's SIGTERM reaches the trainer and the mirror at once: the trainer saves after it,
+    so the mirror goes on until run.sh says the job has ended (SIGUSR1), then makes its last
+    pass: the checkpoint written seconds after the SIGTERM is in the bucket."""
+    out = tmp_path / "out"
+    out.mkdir()
+    uri = f"gs://{gcs.bucket_name}/runs/r2/out/n/"
+    p = mirror_process(gcs, out, uri, "--interval", "60")
     time.sleep(1.5)  # started, first scan done, long before its next pass
     (out / "final.txt").write_text("written just before the end")
     time.sleep(0.2)
     p.send_signal(signal.SIGTERM)
+    time.sleep(1.5)  # the trainer finishes its step, then saves on the signal
+    (out / "ckpt.pt").write_bytes(b"saved on SIGTERM")
+    time.sleep(1.5)
+    assert p.poll() is None  # still waiting for the job's end
+    p.send_signal(signal.SIGUSR1)
     output, _ = p.communicate(timeout=30)
     assert p.returncode == 0, output
     assert gcs.read("runs/r2/out/n/final.txt") == b"written just before the end"
-    assert "mirror: flushed" in output
+    assert gcs.read("runs/r2/out/n/ckpt.pt") == b"saved on SIGTERM"
+    assert "mirror: stopping" in output and "mirror: flushed" in output
+
+
+def test_a_sigterm_whose_job_never_says_it_ended_ends_after_the_grace(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    p = mirror_process(
+        gcs, out, f"gs://{gcs.bucket_name}/o/", "--interval", "60", "--stop-grace", "1"
+    )
+    time.sleep(1.0)
+    (out / "late.txt").write_text("kept")
+    started = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    output, _ = p.communicate(timeout=30)
+    assert p.returncode == 0 and time.monotonic() - started < 10, output
+    assert gcs.read("o/late.txt") == b"kept" and "mirror: flushed" in output
 
 
 def test_the_preemption_notice_flushes_at_once_and_mirroring_goes_on(
@@ -134,8 +166,8 @@ def test_the_preemption_notice_flushes_at_once_and_mirroring_goes_on(
         assert time.monotonic() < deadline, lines
         time.sleep(0.05)
     assert gcs.read("runs/r3/out/n/ckpt.pt") == b"saved just before the notice"
-    assert t.is_alive()  # still mirroring until the stop
-    wake.set(wake.stop)
+    assert t.is_alive()  # still mirroring until the job's end
+    wake.set(wake.ended)
     t.join(timeout=20)
     assert not t.is_alive() and "mirror: flushed" in lines[-1]
 

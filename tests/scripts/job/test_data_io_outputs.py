@@ -64,7 +64,7 @@ def test_resume_args_come_after_the_first_attempt() -> None:
         '-m gputrain_node.mirror_out --dir "$RUN/out" --uri "${GPUTRAIN_OUT_URI%/}/$NODE_NAME/"'
         in script
     )
-    assert script.index('kill -TERM "$MIRROR"') < script.index("> exitcode")  # flushed first
+    assert script.index('kill -USR1 "$MIRROR"') < script.index("> exitcode")  # flushed first
 
 
 def test_the_cli_form_of_resume_args() -> None:
