@@ -70,18 +70,19 @@ def test_a_download_ends_on_a_stall_not_on_its_size(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its timeout is time without data, so results that take longer than it to stream come
-    home. A clock that runs 0.05 s ahead at each reading: the 16 MiB take far more readings than
-    the timeout's 100, and only 100 readings with no data in between would end it."""
+    home. A clock that runs 0.25 s ahead at each reading: 32 MiB, read at most 1 MiB at a time,
+    take over 32 readings (8 s by that clock, past the 5 s timeout), and only 20 readings in a
+    row without data (2 s of a stalled stream) would end it."""
     h = tb.add_host()
     [t] = connect(tb.fleet([h]), deadline_s=10).values()
     try:
-        assert t.run("mkdir big && head -c 16M /dev/urandom > big/blob", timeout=30).ok
+        assert t.run("mkdir big && head -c 32M /dev/urandom > big/blob", timeout=30).ok
         real, readings = time.monotonic, itertools.count()
-        monkeypatch.setattr(time, "monotonic", lambda: real() + 0.05 * next(readings))
+        monkeypatch.setattr(time, "monotonic", lambda: real() + 0.25 * next(readings))
         assert t.download("big", tmp_path / "home", timeout=5)
         monkeypatch.undo()
-        assert (tmp_path / "home" / "blob").stat().st_size == 16 << 20
-        assert next(readings) > 200  # the stream outlasted the timeout by the clock it reads
+        assert (tmp_path / "home" / "blob").stat().st_size == 32 << 20
+        assert next(readings) > 32
     finally:
         t.close()
 
