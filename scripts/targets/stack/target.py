@@ -401,6 +401,14 @@ class StackTarget(Generic[C, P]):
         images = keep_images and bool(spec.build)
         self.before_destroy(ctx)
         kept = self._settle_bucket(spec, keep_bucket)
+
+        def settle_again() -> tuple[str, ...]:
+            """A late writer (a node's last upload) refilled the bucket: home and empty it
+            again; kept from then on when its results cannot come home."""
+            nonlocal kept
+            kept = self._settle_bucket(spec, False)
+            return (BUCKET_TYPE,) if kept else ()
+
         failure = destroy_stack(
             self.runner,
             self.stack,
@@ -408,8 +416,7 @@ class StackTarget(Generic[C, P]):
             pause_s=self.clients.retry_pause_s,
             clear_stale_lock=clear_stale_lock,
             keep_types=((BUCKET_TYPE,) if kept else ()) + ((REPOSITORY_TYPE,) if images else ()),
-            # a late writer (a node's last upload) refilled the bucket: home and empty it again
-            before_retry=None if kept else lambda: self._settle_bucket(spec, False),
+            before_retry=None if kept else settle_again,
         )
         self.after_destroy(ctx)
         swept = dataclasses.replace(spec, build="") if images else spec  # the kept one aside

@@ -43,25 +43,27 @@ def destroy_stack(
     pause_s: float,
     clear_stale_lock: bool = False,
     keep_types: Sequence[str] = (),
-    before_retry: Callable[[], object] | None = None,
+    before_retry: Callable[[], Sequence[str]] | None = None,
 ) -> GaveUp | None:
     """refresh + destroy (all but `keep_types`), retried; the last failure, or None. Any target
     made of a Pulumi stack (GCE, Vertex AI) ends this way. `before_retry`: run before every
-    attempt after the first (e.g. the bucket emptied again: a late writer refilled it)."""
+    attempt after the first (e.g. the bucket emptied again: a late writer refilled it); the
+    resource types it returns are kept too from then on (a bucket it could not empty)."""
     attempts_made = 0
+    keep = tuple(keep_types)
 
     def destroy() -> None:
-        nonlocal attempts_made, clear_stale_lock
+        nonlocal attempts_made, clear_stale_lock, keep
         attempts_made += 1
         if attempts_made > 1 and before_retry is not None:
             try:
-                before_retry()
+                keep += tuple(t for t in before_retry() if t not in keep)
             except Exception as e:  # the destroy itself says what is left
                 ui.warn(f"down: before destroy attempt {attempts_made}: {e}")
         ui.say(f"down: destroying stack {stack} (attempt {attempts_made})")
         try:
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep=keep_types)
+            runner.destroy(on_output=pulumi_line, keep=keep)
         except StackLockedError:
             if not clear_stale_lock:
                 raise
@@ -72,7 +74,7 @@ def destroy_stack(
             )
             runner.cancel()
             runner.refresh(on_output=None)
-            runner.destroy(on_output=pulumi_line, keep=keep_types)
+            runner.destroy(on_output=pulumi_line, keep=keep)
 
     def failed(w: Waiting) -> None:
         ui.warn(f"destroy attempt {w.attempts} failed: {w.reason}")

@@ -165,6 +165,33 @@ def test_what_a_node_writes_while_the_bucket_empties_comes_home_first(
     assert not cloud.bucket_exists() and ("destroy",) in cloud.runner.calls
 
 
+def test_a_retry_whose_bucket_cannot_be_emptied_keeps_it_and_says_why(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first destroy fails after a node's late upload landed; the retry's settle cannot
+    bring it home: the bucket is kept from then on, and the end says so, not "destroy failed"."""
+    destroy = FakeStackRunner.destroy
+    cloud.runner.destroy_failures = 1
+
+    def late_upload_then_destroy(self: FakeStackRunner, *args: Any, **kwargs: Any) -> None:
+        if self.destroy_failures:  # the attempt that fails: a node's last upload lands first
+            cloud.put("runs/r1/out/lab-node-0/late.txt", b"late")
+        destroy(self, *args, **kwargs)
+
+    def refuse(self: StorageApi, bucket: str, name: str, dest: Path) -> None:
+        raise StorageApiError(f"Cloud Storage objects.get gs://{bucket}/{name}: 503 Unavailable")
+
+    monkeypatch.setattr(FakeStackRunner, "destroy", late_upload_then_destroy)
+    monkeypatch.setattr(StorageApi, "download", refuse)
+    assert cloud.main("down", "--stack", "lab") == 1
+    err = capsys.readouterr().err
+    assert f"bucket gs://{BUCKET} kept: its results could not be brought home" in err, err
+    assert "still exist" not in err
+    assert ("destroy", "gcp:storage/bucket:Bucket") in cloud.runner.calls  # the retry kept it
+    assert cloud.names() == ["runs/r1/out/lab-node-0/late.txt"]  # nothing lost
+    assert cloud.runner.existing == []
+
+
 def hostile_names(outside: Path) -> list[str]:
     """What code with the nodes' storage role can name (objects.insert takes any UTF-8 name; the
     emulator refuses `..` parts on its own disk, so those are in the pure test below)."""

@@ -13,10 +13,11 @@ def test_the_hook_runs_before_each_retry_only(capsys: pytest.CaptureFixture[str]
     runner = FakeStackRunner(destroy_failures=2)
     seen: list[int] = []
 
-    def hook() -> None:
+    def hook() -> tuple[str, ...]:
         seen.append(runner.call_names().count("destroy"))
         if len(seen) == 1:
             raise RuntimeError("the bucket could not be listed")
+        return ()
 
     assert destroy_stack(runner, "dev", attempts=3, pause_s=0, before_retry=hook) is None
     assert seen == [1, 2]  # before attempts 2 and 3, never before the first
