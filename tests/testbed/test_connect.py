@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 import socket
 import time
@@ -70,19 +69,28 @@ def test_a_download_ends_on_a_stall_not_on_its_size(
     tb: TestBed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its timeout is time without data, so results that take longer than it to stream come
-    home. A clock that runs 0.25 s ahead at each reading: 32 MiB, read at most 1 MiB at a time,
-    take over 32 readings (8 s by that clock, past the 5 s timeout), and only 20 readings in a
-    row without data (2 s of a stalled stream) would end it."""
+    home. Each read of data moves the clock the download reads half a second on: 32 MiB, read
+    at most 1 MiB at a time, take over 16 s by that clock against a 5 s timeout, while only 5 s
+    without data (real time, however loaded the machine) would end it."""
+    import paramiko
+
     h = tb.add_host()
     [t] = connect(tb.fleet([h]), deadline_s=10).values()
     try:
         assert t.run("mkdir big && head -c 32M /dev/urandom > big/blob", timeout=30).ok
-        real, readings = time.monotonic, itertools.count()
-        monkeypatch.setattr(time, "monotonic", lambda: real() + 0.25 * next(readings))
+        real, ahead = time.monotonic, [0.0]
+        recv = paramiko.Channel.recv
+
+        def slow_recv(self: paramiko.Channel, nbytes: int) -> bytes:
+            ahead[0] += 0.5
+            return recv(self, nbytes)
+
+        monkeypatch.setattr(time, "monotonic", lambda: real() + ahead[0])
+        monkeypatch.setattr(paramiko.Channel, "recv", slow_recv)
         assert t.download("big", tmp_path / "home", timeout=5)
         monkeypatch.undo()
         assert (tmp_path / "home" / "blob").stat().st_size == 32 << 20
-        assert next(readings) > 32
+        assert ahead[0] >= 16  # the stream outlasted the timeout by the clock it reads
     finally:
         t.close()
 
