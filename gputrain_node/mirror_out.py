@@ -257,16 +257,17 @@ def run(
             stopped is not None and time.monotonic() - stopped > stop_grace_s
         ):
             break
-        flush = (wake.notice.is_set() and not noticed) or (wake.stop.is_set() and stopped is None)
-        noticed = noticed or wake.notice.is_set()
-        if wake.stop.is_set() and stopped is None:
+        noticing = wake.notice.is_set() and not noticed
+        stopping = wake.stop.is_set() and stopped is None
+        noticed = noticed or noticing
+        if stopping:
             stopped = time.monotonic()
             for mirror in mirrors:
                 mirror.say("mirror: stopping: a pass a second until the job has ended")
         for mirror in mirrors:
             try:
-                sent = mirror.run_once(final=flush)
-                if flush and wake.notice.is_set() and not wake.stop.is_set():
+                sent = mirror.run_once(final=noticing or stopping)
+                if noticing and not stopping:
                     mirror.say(f"mirror: preemption notice: flushed ({len(sent)} file(s))")
             except Exception as e:
                 mirror.say(

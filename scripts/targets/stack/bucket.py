@@ -225,15 +225,14 @@ def settle_bucket(
             )
             return KeptBucket(bucket)
         gone = 0
-        for round_ in range(SETTLE_ROUNDS):  # only what was listed and judged is deleted
-            if round_:
-                late = bring_home(storage, bucket, prefix, runs_dir, target, listing)
-                if late:
-                    ui.say(f"down: brought {len(late)} more file(s) home, written as it emptied")
+        for _ in range(SETTLE_ROUNDS):  # only what was listed and judged is deleted
             gone += storage.delete_objects(bucket, listing)
             listing = storage.list_objects(bucket)
             if not listing:
                 break
+            late = bring_home(storage, bucket, prefix, runs_dir, target, listing)
+            if late:
+                ui.say(f"down: brought {len(late)} more file(s) home, written as it emptied")
         if gone:
             ui.say(f"down: emptied gs://{bucket} ({gone} object(s)); destroy deletes it")
         return None
