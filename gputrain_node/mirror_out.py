@@ -297,6 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--stop-grace", type=float, default=STOP_GRACE_S, help="after SIGTERM: the job's end waited"
     )
     args = p.parse_args(argv)
+    wake = Wake()
+    if not args.restore:  # first: a stop that comes while the storage client starts is kept
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            wake.set(wake.ended if signum == signal.SIGUSR1 else wake.stop)
+
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(s, on_signal)
     args.dir.mkdir(parents=True, exist_ok=True)
     mirror = Mirror(args.dir, Target.parse(args.uri))
     mirrors = [mirror]
@@ -329,13 +337,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for m in mirrors:
         m.seed(filled, key(m))
-    wake = Wake()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        wake.set(wake.ended if signum == signal.SIGUSR1 else wake.stop)
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
-        signal.signal(s, on_signal)
     from trainer.preemption import PreemptionWatcher, watch_requested  # not for --restore
 
     if watch_requested():  # GCE spot nodes (GPUTRAIN_WATCH_PREEMPTION=1): the metadata server

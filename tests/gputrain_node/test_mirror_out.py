@@ -93,11 +93,24 @@ def test_restore_brings_back_what_the_node_lacks(gcs: GcsEmulator, tmp_path: Pat
 
 
 def mirror_process(gcs: GcsEmulator, out: Path, uri: str, *args: str) -> subprocess.Popen[str]:
+    """The mirror as run.sh starts it, returned once it handles SIGTERM (a signal before that
+    would end the process, as a loaded machine's slow start showed)."""
     env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.url, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
+    p = subprocess.Popen(
         [sys.executable, "-m", "gputrain_node.mirror_out", "--dir", str(out), "--uri", uri, *args],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not caught_signals(p.pid) >> (signal.SIGTERM - 1) & 1:
+        assert p.poll() is None and time.monotonic() < deadline, "the mirror never handled SIGTERM"
+        time.sleep(0.02)
+    return p
+
+
+def caught_signals(pid: int) -> int:
+    """The process's mask of signals it has a handler for (Linux: SigCgt in /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln for ln in status.splitlines() if ln.startswith("SigCgt:")).split()[1], 16)
 
 
 def test_a_sigterm_waits_for_the_save_it_asked_for_and_the_jobs_end(
@@ -109,8 +122,7 @@ def test_a_sigterm_waits_for_the_save_it_asked_for_and_the_jobs_end(
     out = tmp_path / "out"
     out.mkdir()
     uri = f"gs://{gcs.bucket_name}/runs/r2/out/n/"
-    p = mirror_process(gcs, out, uri, "--interval", "60")
-    time.sleep(1.5)  # started, first scan done, long before its next pass
+    p = mirror_process(gcs, out, uri, "--interval", "60")  # long before its first pass
     (out / "final.txt").write_text("written just before the end")
     time.sleep(0.2)
     p.send_signal(signal.SIGTERM)
@@ -134,7 +146,6 @@ def test_a_sigterm_whose_job_never_says_it_ended_ends_after_the_grace(
     p = mirror_process(
         gcs, out, f"gs://{gcs.bucket_name}/o/", "--interval", "60", "--stop-grace", "1"
     )
-    time.sleep(1.0)
     (out / "late.txt").write_text("kept")
     started = time.monotonic()
     p.send_signal(signal.SIGTERM)
