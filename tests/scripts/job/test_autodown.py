@@ -26,7 +26,7 @@ IGNORES = "sleep 30"
 
 def _watchdog(root: Path, loop: str) -> subprocess.Popen[bytes]:
     run = root / ".gputrain" / "runs" / "r1"
-    run.mkdir(parents=True)
+    run.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(["sh", "-c", loop], cwd=run)
     (run / "watchdog.pid").write_text(f"{proc.pid}\n")
     return proc
@@ -94,8 +94,8 @@ def test_settle_disarms_and_returns_once_the_watchdog_has_ended(tmp_path: Path) 
 
 
 # a watchdog whose job has ended: its upload takes 0.6 s; it notes whether it was done at the disarm
-UPLOADS = (
-    "touch exitcode; (sleep 0.6; touch results.uploaded) & "
+UPLOADS = (  # started after the job's end (its exit code is written first, by the test)
+    "(sleep 0.6; touch results.uploaded) & "
     "while [ ! -e watchdog.disarm ]; do sleep 0.05; done; "
     "if [ -e results.uploaded ]; then echo after > disarmed; else echo before > disarmed; fi"
 )
@@ -106,6 +106,9 @@ def test_a_node_whose_download_failed_is_disarmed_only_once_its_upload_is_done(
 ) -> None:
     """Its results exist only on the node: the watchdog's upload to the bucket must finish."""
     roots = {n: tmp_path / n for n in ("failed", "home")}
+    for root in roots.values():
+        (root / ".gputrain" / "runs" / "r1").mkdir(parents=True)
+        (root / ".gputrain" / "runs" / "r1" / "exitcode").write_text("0\n")
     procs = [_watchdog(root, UPLOADS) for root in roots.values()]
     try:
         settle({n: LocalTransport(n, root) for n, root in roots.items()}, "r1", {"failed"})
