@@ -298,11 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     wake = Wake()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        wake.set(wake.ended if signum == signal.SIGUSR1 else wake.stop)
+
     if not args.restore:  # first: a stop that comes while the storage client starts is kept
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            wake.set(wake.ended if signum == signal.SIGUSR1 else wake.stop)
-
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(s, on_signal)
     args.dir.mkdir(parents=True, exist_ok=True)

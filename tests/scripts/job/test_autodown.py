@@ -26,7 +26,7 @@ IGNORES = "sleep 30"
 
 def _watchdog(root: Path, loop: str) -> subprocess.Popen[bytes]:
     run = root / ".gputrain" / "runs" / "r1"
-    run.mkdir(parents=True, exist_ok=True)
+    run.mkdir(parents=True)
     proc = subprocess.Popen(["sh", "-c", loop], cwd=run)
     (run / "watchdog.pid").write_text(f"{proc.pid}\n")
     return proc
@@ -94,7 +94,7 @@ def test_settle_disarms_and_returns_once_the_watchdog_has_ended(tmp_path: Path) 
 
 
 # a watchdog whose job has ended: its upload takes 0.6 s; it notes whether it was done at the disarm
-UPLOADS = (  # started after the job's end (its exit code is written first, by the test)
+UPLOADS = (  # the test writes the job's exit code before the settle
     "(sleep 0.6; touch results.uploaded) & "
     "while [ ! -e watchdog.disarm ]; do sleep 0.05; done; "
     "if [ -e results.uploaded ]; then echo after > disarmed; else echo before > disarmed; fi"
@@ -106,11 +106,10 @@ def test_a_node_whose_download_failed_is_disarmed_only_once_its_upload_is_done(
 ) -> None:
     """Its results exist only on the node: the watchdog's upload to the bucket must finish."""
     roots = {n: tmp_path / n for n in ("failed", "home")}
-    for root in roots.values():
-        (root / ".gputrain" / "runs" / "r1").mkdir(parents=True)
-        (root / ".gputrain" / "runs" / "r1" / "exitcode").write_text("0\n")
     procs = [_watchdog(root, UPLOADS) for root in roots.values()]
     try:
+        for root in roots.values():  # the job has ended before any settle looks
+            (root / ".gputrain" / "runs" / "r1" / "exitcode").write_text("0\n")
         settle({n: LocalTransport(n, root) for n, root in roots.items()}, "r1", {"failed"})
         said = {n: (r / ".gputrain/runs/r1/disarmed").read_text().strip() for n, r in roots.items()}
         assert said == {"failed": "after", "home": "before"}
