@@ -16,7 +16,7 @@ APT_OPTIONAL := chromium
 # Packages that nothing on the test hosts imports, left to compile on first import (as root, who
 # can write their caches): Pulumi's GCP provider (the program imports a fifth of it), the Vertex
 # SDK's parts beside the aiplatform_v1 client the controller uses, the type checker, a debugger.
-# Half of the venv's source; a fresh venv's compile takes ~24 s instead of ~36 (benchmarks page).
+# Half of the venv's source (the fresh install's figures: benchmarks page).
 NOT_PRECOMPILED := pulumi_gcp google/cloud/aiplatform google/cloud/aiplatform_v1beta1 google/genai \
 	vertexai vertex_ray agentplatform debugpy mypy mypyc fontTools pygments pyasn1_modules
 space := $() $()
@@ -34,9 +34,9 @@ $(STAMP): pyproject.toml
 	@[ -x $(PY) ] || $(BASE_PY) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools
 	$(PY) -m pip install -q --no-compile -e '.[train,dev]' $(EDITABLE)
-	@# pip byte-compiles one file at a time; compileall on every core takes a fresh venv's install
-	@# from ~53 to ~43 s. A file that does not compile (torch's py312-only test helpers) is
-	@# skipped, as pip skips it; the test hosts' user cannot write these caches on import.
+	@# pip byte-compiles one file at a time, compileall on every core. A file that does not
+	@# compile (torch's py312-only test helpers) is skipped, as pip skips it; the test hosts'
+	@# user cannot write these caches on import.
 	@$(PY) -m compileall -qq -j 0 -x '$(NOT_PRECOMPILED_RE)' $(VENV)/lib || true
 	@rm -f $(VENV)/.installed-* && touch $@
 
