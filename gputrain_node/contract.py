@@ -94,6 +94,10 @@ ENDED_MARKER = ".gputrain-ended.json"
 #: in the run dir: the watchdog put this attempt's results in the bucket (a teardown whose SSH
 #: download of the node failed disarms it only then)
 WATCHDOG_UPLOADED = "results.uploaded"
+#: in the node's state dir (.gputrain/, the runs' parent): a controller readying a run on a kept
+#: cluster renews it until its own watchdogs are armed; an earlier run's watchdog counts the
+#: controller's silence before autodown from the later of this and its run's heartbeat
+AUTODOWN_HOLD = "autodown.hold"
 #: in the bucket under runs/<run-id>/ and in the results dir: the run's cost record (scripts/cost)
 LEDGER_RECORD = "ledger.json"
 #: in the run dir (it comes home with watch/, and the head's results in the bucket hold it): the

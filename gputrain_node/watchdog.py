@@ -28,6 +28,7 @@ HEARTBEAT = "heartbeat"
 EXITCODE = "exitcode"
 DISARM = "watchdog.disarm"  # the controller ends this run's watchdog (a relaunch, `run --keep`)
 UPLOADED = "results.uploaded"  # the contract's WATCHDOG_UPLOADED: this attempt's are up
+HOLD = "autodown.hold"  # the contract's AUTODOWN_HOLD, in .gputrain/: the next run readies
 ENDED = ".gputrain-ended.json"  # the contract's ENDED_MARKER, beside a node's results in the bucket
 RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputrain status`
 COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
@@ -221,12 +222,12 @@ def other_job_running(run_dir: Path) -> str | None:
     return None
 
 
-def silence_s(run_dir: Path, now: float) -> float:
-    """Seconds since the controller's last heartbeat (the file's mtime, the head's own clock)."""
-    try:
-        return now - (run_dir / HEARTBEAT).stat().st_mtime
-    except OSError:
-        return float("inf")
+def silence_s(run_dir: Path, now: float, *, held: bool = False) -> float:
+    """Seconds since the controller's last heartbeat (the file's mtime, the head's own clock).
+    `held` (autodown's wait): or since another controller last held the cluster, if later."""
+    files = [run_dir / HEARTBEAT, *([run_dir.parent.parent / HOLD] if held else [])]
+    ages = [now - p.stat().st_mtime for p in files if p.exists()]
+    return min(ages, default=float("inf"))
 
 
 def result_files(run_dir: Path) -> list[tuple[Path, str]]:
@@ -346,17 +347,6 @@ def exit_code(run_dir: Path) -> list[str]:
     return []
 
 
-def tell_end(cfg: Config, run_dir: Path) -> bool:
-    """`finished` or `failed` with the run's figures, queued for the webhooks; True once sent."""
-    figures, code = summary_of(run_dir), exit_code(run_dir)
-    if (stop := budget_stop(run_dir)) is not None:
-        notify_later(cfg, "budget", budget_line(stop), **figures, **stop)
-        return True
-    event = "finished" if code == ["0"] else "failed"
-    notify_later(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
-    return True
-
-
 def ledger_record(cfg: Config, run_dir: Path, now: float) -> dict[str, Any] | None:
     """The run's cost record, completed at its end (the figures as scripts/cost/ledger.py
     derives them). Pure but for the exit code's file."""
@@ -387,9 +377,16 @@ def record_cost(cfg: Config, run_dir: Path, bucket: Any, now: float) -> None:
 
 
 def say_end(cfg: Config, run_dir: Path, bucket: Any, now: float) -> bool:
-    """What the controller would do at the end, with it gone: the webhooks, the cost record."""
+    """What the controller would do at the end, with it gone: the cost record, then `finished`
+    or `failed` with the run's figures (or the budget's stop) queued for the webhooks. True."""
     record_cost(cfg, run_dir, bucket, now)
-    return tell_end(cfg, run_dir)
+    figures, code = summary_of(run_dir), exit_code(run_dir)
+    if (stop := budget_stop(run_dir)) is not None:
+        notify_later(cfg, "budget", budget_line(stop), **figures, **stop)
+    else:
+        event = "finished" if code == ["0"] else "failed"
+        notify_later(cfg, event, f"exit code {code[0] if code else '?'}", **figures)
+    return True
 
 
 def budget_stop(run_dir: Path) -> dict[str, Any] | None:
@@ -548,7 +545,7 @@ def watch(
                 notifications_done()
                 return 0
             if uploaded and cfg.autodown_s is not None:
-                quiet = silence_s(run_dir, clock())
+                quiet = silence_s(run_dir, clock(), held=True)
                 if quiet >= autodown_after(cfg, budget_stopped is not None):
                     try:
                         if not said_end:  # the controller went away after the job's end: say it

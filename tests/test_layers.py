@@ -207,6 +207,7 @@ def test_the_standalone_helpers_import_nothing_of_ours_and_spell_the_contracts_n
     assert watchdog.BUDGET_MARK == contract.BUDGET_MARK
     assert watchdog.ENDED == contract.ENDED_MARKER
     assert watchdog.UPLOADED == contract.WATCHDOG_UPLOADED
+    assert watchdog.HOLD == contract.AUTODOWN_HOLD
     assert watchdog.LEDGER_RECORD == contract.LEDGER_RECORD
     assert watchdog.GUARD == budget_guard.GUARD == contract.GUARD_STOP
     assert budget_guard.PUBSUB_ENDPOINT_ENV == contract.PUBSUB_ENDPOINT_ENV

@@ -7,6 +7,7 @@ holds anyway, every few seconds, for as long as the controller lives. A controll
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
@@ -29,6 +30,7 @@ from scripts.job.node_scripts import (
     run_dir,
 )
 from scripts.job.records import BudgetReached, TrainingError
+from scripts.node_layout import NODE_STATE
 from scripts.parallel import parallel
 from scripts.transport.base import Transport, TransportError
 
@@ -261,6 +263,17 @@ class Watchdogs:
         self.plan = dataclasses.replace(self.plan, instances=instances_of(nodes))
         arm(fleet, transports, self.plan, run_id, env)
         self.run_id = run_id
+        self._start_beat()
+
+    def hold(self, head: Transport) -> None:
+        """From the session's first connection until this run arms its own: the head's
+        AUTODOWN_HOLD renewed each beat, which an earlier run's watchdog reads (a kept cluster's
+        last run, its controller gone, would otherwise autodown under this run's verify, image
+        build or install). Held from a controller that dies, it ages like a heartbeat."""
+        self._touch(head)
+        self._start_beat()
+
+    def _start_beat(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
             self._thread.start()
@@ -270,13 +283,17 @@ class Watchdogs:
         `autodown` of silence, far longer than a beat."""
         while not self._stop.wait(self.plan.heartbeat_s):
             head = self.head()
-            if head is None or self.run_id is None:
-                continue
-            try:
-                touch = f"touch {shlex.quote(run_dir(self.run_id))}/heartbeat"
-                head.run(touch, timeout=self.plan.heartbeat_s)
-            except Exception:  # the follower reconnects the transport; the next beat retries
-                continue
+            if head is not None:
+                self._touch(head)
+
+    def _touch(self, head: Transport) -> None:
+        """This run's heartbeat once armed, the hold before (see `hold`)."""
+        if self.run_id is not None:
+            touch = f"touch {shlex.quote(run_dir(self.run_id))}/heartbeat"
+        else:
+            touch = f"mkdir -p {NODE_STATE} && touch {NODE_STATE}/{contract.AUTODOWN_HOLD}"
+        with contextlib.suppress(Exception):  # the follower reconnects; the next beat retries
+            head.run(touch, timeout=self.plan.heartbeat_s)
 
     def stop(
         self, transports: Mapping[str, Transport] | None = None, upload_first: Collection[str] = ()

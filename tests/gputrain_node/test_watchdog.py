@@ -189,6 +189,34 @@ def test_a_live_heartbeat_keeps_the_cluster_and_a_disarm_ends_the_watchdog(
     sink.stop()
 
 
+def test_a_hold_from_the_next_runs_controller_delays_autodown_not_the_end_message(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    """This run's controller is gone; another one readying the next run renews the node's
+    AUTODOWN_HOLD: no delete while it does, autodown once the hold is as old as autodown. The
+    run's end is still said at once (its own controller is the one that is gone)."""
+    compute, _, _ = cloud
+    state = tmp_path / ".gputrain"
+    head_dir, hold = state / "runs" / "r1", state / contract.AUTODOWN_HOLD
+    sink = HttpSink().start()
+    head = start(head_dir, "wd-node-0", 1.5, cloud, [sink.url])
+    long_ago = time.time() - 3600
+    os.utime(head_dir / "heartbeat", (long_ago, long_ago))
+    end_job(head_dir)
+    start_s = time.monotonic()
+    while time.monotonic() - start_s < 4:
+        hold.touch()
+        touched = time.monotonic()
+        time.sleep(0.2)
+    time.sleep(max(0.0, touched + 1.0 - time.monotonic()))  # the hold still younger than autodown
+    assert compute.deletes == [] and head.poll() is None
+    assert sink.wait_for("finished", 10)["run_id"] == "r1"
+    out = wait(head, 30)
+    assert head.returncode == 0 and "autodown" in out, out
+    assert [n for _, n, _ in compute.deletes] == ["wd-node-1", "wd-node-0"]
+    sink.stop()
+
+
 def test_a_stale_exit_code_from_an_earlier_attempt_is_not_the_end(
     tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
 ) -> None:

@@ -341,6 +341,13 @@ class RecoveringSession(FleetSession):
         head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
         self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None
 
+    def verify(self, fabric: bool = False) -> None:
+        """As any fleet's, with an earlier run's autodown held off from the first connection
+        (Watchdogs.hold): everything from here to this run's own watchdogs may take a while."""
+        if self.watchdogs is not None:
+            self.watchdogs.hold(self.transports[self.fleet.head.name])
+        super().verify(fabric)
+
     def __exit__(self, *exc: Any) -> None:
         if self.watchdogs is not None:  # the controller lets go: the head's switch starts
             # counting; unless the cluster stays, its watchdogs end first (the bucket goes next)

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from scripts.job.autodown import build_settle_command, build_watchdog_start, settle
+from gputrain_node import contract
+from scripts.job.autodown import (
+    Autodown,
+    Watchdogs,
+    build_settle_command,
+    build_watchdog_start,
+    settle,
+)
+from scripts.node_layout import NODE_STATE
 from scripts.transport.local import LocalTransport
 from tests.support import alive
 
@@ -141,3 +149,25 @@ def test_a_watchdog_that_does_not_end_is_named_after_the_wait(
         assert LocalTransport("n", tmp_path).run(command, 10).ok
         assert (late / "watchdog.disarm").is_file()
     assert "could not stop" not in capsys.readouterr().err
+
+
+def test_a_hold_is_renewed_each_beat_from_the_first_connection_until_the_session_ends(
+    tmp_path: Path,
+) -> None:
+    """Watchdogs.hold: the head's AUTODOWN_HOLD at once, then every beat (an earlier run's
+    watchdog reads it), no longer once the controller lets go."""
+    head = LocalTransport("n0", tmp_path)
+    plan = Autodown("s", "p", "gs://b/", (("n0", "z"),), 60.0, heartbeat_s=0.2)
+    watchdogs = Watchdogs(plan, lambda: head)
+    hold = tmp_path / NODE_STATE / contract.AUTODOWN_HOLD
+    watchdogs.hold(head)
+    assert hold.is_file()  # before the call returns: the session's next step may be slow
+    first = hold.stat().st_mtime_ns
+    deadline = time.monotonic() + 10
+    while hold.stat().st_mtime_ns == first and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hold.stat().st_mtime_ns > first  # renewed by the beat
+    watchdogs.stop()
+    last = hold.stat().st_mtime_ns
+    time.sleep(0.6)  # three beats
+    assert hold.stat().st_mtime_ns == last
