@@ -310,10 +310,11 @@ def world_factory(
 
 class FirstStep:
     """Watches the head's torchrun.log on its disk (the test host's node root) for the first
-    training step, independently of the controller, every 20 ms; `at` is when it appeared."""
+    training step, independently of the controller, every 20 ms; `at` is when it appeared.
+    `skip`: run ids whose log is not looked at (earlier runs on the same cluster)."""
 
-    def __init__(self, w: World) -> None:
-        self.w = w
+    def __init__(self, w: World, skip: tuple[str, ...] = ()) -> None:
+        self.w, self.skip = w, skip
         self.at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -323,6 +324,8 @@ class FirstStep:
         head = self.w.node_hosts.get("e2e-node-0")  # once `up` made it
         runs = head.dir / "home" / ".gputrain" / "runs" if head else None
         for log in runs.glob("*/torchrun.log") if runs else []:
+            if log.parent.name in self.skip:
+                continue
             try:
                 if " | loss " in log.read_text(errors="replace"):
                     self.at = time.time()

@@ -154,10 +154,18 @@ def test_a_controller_killed_mid_run_ends_the_same_way(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`up` here; `train` (not detached) in another process, killed with SIGKILL at the first
-    step: no teardown, no goodbye — the head's watchdog ends it after the job."""
+    """`up` and a `train` here: its watchdog's autodown (15 s) counts from its exit. The next
+    `train`, in another process, comes at once, but the head's driver keeps it in verify for
+    ~20 s: it holds the earlier run's autodown off from its first connection until it arms
+    watchdogs of its own (the old code lost the cluster under it). Killed with SIGKILL at its
+    first step (no teardown, no goodbye), the head's watchdog ends it after the job."""
     w, md, env = cloud_world
     assert w.run("up", "--stack", "e2e", "--yes", "--skip-preflight") == 0
+    train = ["train", "--stack", "e2e", *env, "--", *STEPS]
+    assert w.run(*train) == 0, capsys.readouterr().err[-3000:]
+    first = run_id(w)
+    # nvidia-smi fails 19 times: verify polls ~20 s (its delays grow to 2 s), past autodown
+    w.bed.set_gpus(w.node_hosts["e2e-node-0"].name, GpuConfig("NVIDIA L4", installing_calls=19))
     state = tmp_path / "controller.json"
     state.write_text(
         json.dumps(
@@ -169,11 +177,11 @@ def test_a_controller_killed_mid_run_ends_the_same_way(
                 "compute": w.compute.url,
                 "python": w.bed.python,
                 "autodown_s": AUTODOWN_S,
-                "argv": ["train", "--stack", "e2e", *env, "--", *STEPS],
+                "argv": train,
             }
         )
     )
-    step = FirstStep(w)
+    step = FirstStep(w, skip=(first,))
     child = subprocess.Popen(
         [sys.executable, str(CHILD), str(state)],
         cwd=w.dir,
@@ -187,38 +195,18 @@ def test_a_controller_killed_mid_run_ends_the_same_way(
             time.sleep(0.1)
         assert step.at is not None, child.communicate(timeout=30)[0].decode()[-3000:]
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        said = child.communicate(timeout=30)[0].decode()
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
     step.stop()
-    assert_autodown_ending(w, md, run_id(w), capsys)
-
-
-def test_a_train_on_the_kept_cluster_holds_off_the_last_runs_autodown(
-    cloud_world: tuple[World, FakeMetadata, list[str]], capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A `train` ends and its controller with it: its watchdog's autodown (15 s) counts from
-    there. The next `train` comes at once, but the head's driver keeps it in verify for ~20 s,
-    before it arms watchdogs of its own. It holds the last run's autodown off from its first
-    connection: it trains on the cluster, and its own watchdog ends the cluster after it."""
-    w, md, env = cloud_world
-    assert w.run("up", "--stack", "e2e", "--yes", "--skip-preflight") == 0
-    train = ["train", "--stack", "e2e", *env, "--", *STEPS]
-    assert w.run(*train) == 0, capsys.readouterr().err[-3000:]
-    first = run_id(w)
-    # nvidia-smi fails 19 times: verify polls ~20 s (its delays grow to 2 s), past autodown
-    w.bed.set_gpus(w.node_hosts["e2e-node-0"].name, GpuConfig("NVIDIA L4", installing_calls=19))
-    rc = w.run(*train)
-    out = capsys.readouterr()
-    assert rc == 0, out.err[-3000:]
-    assert "waiting for the GPU driver" in out.out, out.out[-3000:]
+    assert "waiting for the GPU driver" in said, said[-3000:]
     second = run_id(w)
     assert second != first
     log = w.node_hosts["e2e-node-0"].dir / "home" / ".gputrain" / "runs" / first / "watchdog.log"
     assert "deleting" not in log.read_text(), log.read_text()  # replaced by the second's, unfired
-    assert_autodown_ending(w, md, second, capsys)  # the second run's watchdog, not the first's
+    assert_autodown_ending(w, md, second, capsys)
 
 
 def test_a_live_controller_keeps_its_cluster_through_a_link_drop(
