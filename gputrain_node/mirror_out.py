@@ -109,6 +109,27 @@ def due(now: dict[str, Stamp], before: dict[str, Stamp], sent: dict[str, Stamp])
     return sorted(ready, key=lambda rel: (now[rel][1], rel))
 
 
+def open_for_writing(root: Path) -> set[str]:
+    """Files under root that a process (this user's: /proc) holds open for writing: a writer
+    paused mid-save. Empty where /proc cannot tell."""
+    base, held = f"{root.resolve()}/", set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            fds = list(os.scandir(fd_dir))
+        except OSError:  # gone, or another user's
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd.path)
+                if target.startswith(base):
+                    info = (fd_dir.parent / "fdinfo" / fd.name).read_text()
+                    if int(info.split("flags:", 1)[1].split()[0], 8) & (os.O_WRONLY | os.O_RDWR):
+                        held.add(target.removeprefix(base))
+            except (OSError, ValueError, IndexError):  # closed meanwhile
+                continue
+    return held
+
+
 class Mirror:
     """One out dir -> one prefix; `sent` remembers what the bucket has."""
 
@@ -130,15 +151,23 @@ class Mirror:
         self.before: dict[str, Stamp] = {}
         self.uploaded_bytes = 0
 
-    def run_once(self, *, final: bool = False, settle_s: float = 0.5) -> list[str]:
+    def run_once(
+        self, *, final: bool = False, settle_s: float = 0.5, stopping: bool = False
+    ) -> list[str]:
         """One pass; the files sent whole (a file that changed while read is sent again later).
         `final`: the last pass, after a short look for files still being written (a trainer
-        stopped mid-save must not replace its last good checkpoint with half of the next)."""
+        stopped mid-save must not replace its last good checkpoint with half of the next).
+        `stopping` (after a SIGTERM, the node about to go): nor a file still open for writing,
+        whose writer may pause mid-save longer than a pass (a log held open waits for its end)."""
         if final:
             self.before = scan(self.root, self.newer_ns)
             time.sleep(settle_s)
         now = scan(self.root, self.newer_ns)
-        sent = [rel for rel in due(now, self.before, self.sent) if self.send(rel, now[rel])]
+        ready = due(now, self.before, self.sent)
+        if stopping and ready:
+            held = open_for_writing(self.root)
+            ready = [rel for rel in ready if rel not in held]
+        sent = [rel for rel in ready if self.send(rel, now[rel])]
         self.before = now
         if sent:
             self.say(
@@ -266,7 +295,7 @@ def run(
                 mirror.say("mirror: stopping: a pass a second until the job has ended")
         for mirror in mirrors:
             try:
-                sent = mirror.run_once(final=noticing or stopping)
+                sent = mirror.run_once(final=noticing or stopping, stopping=stopped is not None)
                 if noticing and not stopping:
                     mirror.say(f"mirror: preemption notice: flushed ({len(sent)} file(s))")
             except Exception as e:
@@ -275,7 +304,7 @@ def run(
                 )
     for mirror in mirrors:
         try:
-            mirror.run_once(final=True)
+            mirror.run_once(final=True, stopping=stopped is not None)
             mirror.say(f"mirror: flushed, {mirror.uploaded_bytes / (1 << 20):,.1f} MiB sent in all")
         except Exception as e:
             mirror.say(f"mirror: the last upload failed: {type(e).__name__}: {e}")

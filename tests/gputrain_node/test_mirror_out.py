@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -136,6 +136,50 @@ def test_a_sigterm_waits_for_the_save_it_asked_for_and_the_jobs_end(
     assert gcs.read("runs/r2/out/n/final.txt") == b"written just before the end"
     assert gcs.read("runs/r2/out/n/ckpt.pt") == b"saved on SIGTERM"
     assert "mirror: stopping" in output and "mirror: flushed" in output
+
+
+def test_after_a_sigterm_a_checkpoint_still_open_for_writing_is_not_sent_half_way(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """A trainer saving on the SIGTERM pauses mid-write for longer than the mirror's pass a
+    second (a slow disk, a serializer holding the GIL): the bucket keeps the last good
+    checkpoint while the file is open for writing, and gets it whole once it is closed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = out / "ckpt.pt"
+    ckpt.write_bytes(b"good")
+    p = mirror_process(gcs, out, f"gs://{gcs.bucket_name}/c/", "--interval", "60")
+    p.send_signal(signal.SIGTERM)  # its first pass (final-style) sends the good one
+    assert _eventually(lambda: _object(gcs, "c/ckpt.pt") == b"good")
+    saving = "import sys, time\nf = open(sys.argv[1], 'wb'); f.write(b'half'); f.flush()\n"
+    saving += "time.sleep(4); f.write(b' and the rest'); f.close()\n"
+    writer = subprocess.Popen([sys.executable, "-c", saving, str(ckpt)])
+    try:
+        assert _eventually(lambda: ckpt.read_bytes() == b"half", every_s=0.02)
+        time.sleep(3)  # three passes, the half file holding still
+        assert _object(gcs, "c/ckpt.pt") == b"good"
+    finally:
+        writer.wait(timeout=30)
+    assert _eventually(lambda: _object(gcs, "c/ckpt.pt") == b"half and the rest")  # closed: whole
+    p.send_signal(signal.SIGUSR1)
+    output, _ = p.communicate(timeout=30)
+    assert p.returncode == 0 and "mirror: flushed" in output, output
+
+
+def _eventually(check: Callable[[], bool], every_s: float = 0.1, within_s: float = 20) -> bool:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every_s)
+    return True
+
+
+def _object(gcs: GcsEmulator, name: str) -> bytes | None:
+    try:
+        return gcs.read(name)
+    except Exception:  # not there yet
+        return None
 
 
 def test_a_sigterm_whose_job_never_says_it_ended_ends_after_the_grace(
