@@ -3,7 +3,8 @@ mirrored to Cloud Storage while any trainer runs, so its checkpoints outlive a p
 
 Every `--interval` seconds the new and changed files go up, oldest first, whole files only: a file
 is sent once its size and modification time held still since the previous scan, and sent again
-if it changed while it was read. GCE's preemption notice (the metadata server, where
+if it changed while it was read; a checkpoint whose format says where it ends (a zip, as torch.save
+writes, or .safetensors) only when it is whole. GCE's preemption notice (the metadata server, where
 GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once. SIGTERM (a stop, or the VM shutting down)
 reaches the trainer too, which may be saving on it: a pass at once, then one a second until the
 job has ended (run.sh's SIGUSR1) or `--stop-grace` has passed; then the last pass, and it exits.
@@ -21,6 +22,7 @@ Stands alone; honours STORAGE_EMULATOR_HOST.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import stat
@@ -130,6 +132,30 @@ def open_for_writing(root: Path) -> set[str]:
     return held
 
 
+def incomplete(path: Path) -> str | None:
+    """Why a checkpoint in a format that says where it ends stops short (its writer killed
+    mid-write: closed and holding still, it would replace the last good one), else None: a zip
+    (torch.save, numpy's .npz) needs its end record, a .safetensors file the length its header
+    gives. Any other file is taken as it is."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if head.startswith(b"PK\x03\x04"):
+                import zipfile
+
+                return None if zipfile.is_zipfile(f) else "a zip without its end record"
+            if path.suffix == ".safetensors" and len(head) == 8:
+                size = int.from_bytes(head, "little")
+                header = json.loads(f.read(min(size, 100 << 20)))
+                ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+                want = 8 + size + max(ends, default=0)
+                have = os.fstat(f.fileno()).st_size
+                return None if have >= want else f"{have} of the {want} bytes its header gives"
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "a header that does not parse" if path.suffix == ".safetensors" else None
+    return None
+
+
 class Mirror:
     """One out dir -> one prefix; `sent` remembers what the bucket has."""
 
@@ -149,6 +175,7 @@ class Mirror:
         self.bucket = client.bucket(target.bucket)
         self.sent: dict[str, Stamp] = {}
         self.before: dict[str, Stamp] = {}
+        self.held_back: dict[str, Stamp] = {}  # incomplete as it stands: said once, kept local
         self.uploaded_bytes = 0
 
     def run_once(
@@ -167,7 +194,7 @@ class Mirror:
         if stopping and ready:
             held = open_for_writing(self.root)
             ready = [rel for rel in ready if rel not in held]
-        sent = [rel for rel in ready if self.send(rel, now[rel])]
+        sent = [rel for rel in ready if self.whole(rel, now[rel]) and self.send(rel, now[rel])]
         self.before = now
         if sent:
             self.say(
@@ -175,6 +202,14 @@ class Mirror:
                 f"({', '.join(sent[:3])}{', ...' if len(sent) > 3 else ''})"
             )
         return sent
+
+    def whole(self, rel: str, stamp: Stamp) -> bool:
+        """Not `incomplete`; one line the first time a version is (the bucket keeps its last)."""
+        why = incomplete(self.root / rel)
+        if why is not None and self.held_back.get(rel) != stamp:
+            self.held_back[rel] = stamp
+            self.say(f"mirror: {rel} not sent: {why} (its writer stopped mid-write?)")
+        return why is None
 
     def send(self, rel: str, stamp: Stamp) -> bool:
         """One file up now; True when it was still as `stamp` says after the upload (sent whole,

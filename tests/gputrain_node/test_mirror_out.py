@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gputrain_node.mirror_out import Mirror, Target, due
+from gputrain_node.mirror_out import Mirror, Target, due, incomplete
 from tests.support.gcs_emulator import GcsEmulator
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -52,6 +52,66 @@ def test_files_go_up_once_settled_and_again_when_changed(gcs: GcsEmulator, tmp_p
     (out / "ckpt" / "ckpt.pt").write_bytes(b"v2-longer")
     assert m.run_once() == [] and m.run_once() == ["ckpt/ckpt.pt"]
     assert gcs.read("runs/r1/out/node-1/ckpt/ckpt.pt") == b"v2-longer"
+
+
+def test_a_checkpoint_cut_short_is_not_sent_over_the_last_good_one(
+    gcs: GcsEmulator, tmp_path: Path
+) -> None:
+    """A writer killed mid-save leaves a file closed and holding still: a torch.save zip without
+    its end record stays on the node, said once, and the bucket keeps the last good one; the
+    next whole save goes up."""
+    torch = pytest.importorskip("torch")
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = out / "ckpt.pt"
+    torch.save({"step": 100, "w": torch.ones(4096)}, ckpt)
+    good = ckpt.read_bytes()
+    lines: list[str] = []
+    m = Mirror(out, Target.parse(f"gs://{gcs.bucket_name}/k/"), gcs.client(), lines.append)
+    assert m.run_once() == [] and m.run_once() == ["ckpt.pt"]
+    torch.save({"step": 200, "w": torch.zeros(4096)}, ckpt)
+    ckpt.write_bytes(ckpt.read_bytes()[: len(good) // 2])  # killed half way through
+    assert m.run_once() == [] and m.run_once() == [] and m.run_once() == []
+    assert gcs.read("k/ckpt.pt") == good
+    held = [ln for ln in lines if "not sent" in ln]
+    assert held == ["mirror: ckpt.pt not sent: a zip without its end record (its writer stopped "
+                    "mid-write?)"]  # fmt: skip
+    torch.save({"step": 300, "w": torch.zeros(4096)}, ckpt)
+    assert m.run_once() == [] and m.run_once() == ["ckpt.pt"]
+    assert torch.load(out / "ckpt.pt")["step"] == 300
+
+
+def test_incomplete_knows_zips_and_safetensors_and_takes_anything_else(tmp_path: Path) -> None:
+    import json
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "a.npz", "w") as z:
+        z.writestr("x.npy", b"\x00" * 5000)
+    whole_zip = (tmp_path / "a.npz").read_bytes()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    whole_st = struct.pack("<Q", len(header)) + header + b"\x01" * 16
+    files = {
+        "a.npz": whole_zip,
+        "cut.npz": whole_zip[:-30],
+        "m.safetensors": whole_st,
+        "cut.safetensors": whole_st[:-1],
+        "junk.safetensors": b"not a header",
+        "log.txt": b"PK but not a zip, and any text",
+        "empty.pt": b"",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    found = {name: incomplete(tmp_path / name) for name in files}
+    assert found == {
+        "a.npz": None,
+        "cut.npz": "a zip without its end record",
+        "m.safetensors": None,
+        "cut.safetensors": f"{len(whole_st) - 1} of the {len(whole_st)} bytes its header gives",
+        "junk.safetensors": "a header that does not parse",
+        "log.txt": None,
+        "empty.pt": None,
+    }
 
 
 def test_a_socket_or_a_fifo_in_the_out_dir_stops_nothing(gcs: GcsEmulator, tmp_path: Path) -> None:
