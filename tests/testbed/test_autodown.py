@@ -3,7 +3,8 @@ once the job trains, the controller lets go, training runs to its end, and the h
 puts every node's out dir in the bucket (the Cloud Storage emulator on the bridge) and deletes
 every VM through the fake Compute API (on the bridge too) with the VM's own credentials (a fake
 metadata server); `status` says so and `down` brings the results home. A controller killed with
-SIGKILL ends the same way; a live one keeps its cluster through a link drop.
+SIGKILL ends the same way, its `train` having held the last run's autodown off until it armed its
+own; a live one keeps its cluster through a link drop.
 
 Shortened for the test (the real floor is 1 min; GceClients.autodown_s): autodown 15 s where a
 test waits for it to end the cluster, the controller's heartbeat every 2.5 s (autodown / 6); in
