@@ -4,7 +4,7 @@ mirrored to Cloud Storage while any trainer runs, so its checkpoints outlive a p
 Every `--interval` seconds the new and changed files go up, oldest first, whole files only: a file
 is sent once its size and modification time held still since the previous scan, and sent again
 if it changed while it was read; a checkpoint whose format says where it ends (a zip, as torch.save
-writes, or .safetensors) only when it is whole. GCE's preemption notice (the metadata server, where
+writes, .safetensors, a .pkl) only when it is whole. GCE's preemption notice (the metadata server, where
 GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once. SIGTERM (a stop, or the VM shutting down)
 reaches the trainer too, which may be saving on it: a pass at once, then one a second until the
 job has ended (run.sh's SIGUSR1) or `--stop-grace` has passed; then the last pass, and it exits.
@@ -132,11 +132,15 @@ def open_for_writing(root: Path) -> set[str]:
     return held
 
 
+PICKLE_PROTOCOLS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")  # PROTO, then 2-5
+
+
 def incomplete(path: Path) -> str | None:
     """Why a checkpoint in a format that says where it ends stops short (its writer killed
     mid-write: closed and holding still, it would replace the last good one), else None: a zip
     (torch.save, numpy's .npz) needs its end record, a .safetensors file the length its header
-    gives. Any other file is taken as it is."""
+    gives, a .pkl/.pickle of protocol 2 or later its STOP opcode last. Any other file is taken
+    as it is."""
     try:
         with path.open("rb") as f:
             head = f.read(8)
@@ -144,6 +148,9 @@ def incomplete(path: Path) -> str | None:
                 import zipfile
 
                 return None if zipfile.is_zipfile(f) else "a zip without its end record"
+            if path.suffix in (".pkl", ".pickle") and head[:2] in PICKLE_PROTOCOLS:
+                f.seek(-1, os.SEEK_END)
+                return None if f.read(1) == b"." else "a pickle without its STOP opcode"
             if path.suffix == ".safetensors" and len(head) == 8:
                 size = int.from_bytes(head, "little")
                 header = json.loads(f.read(min(size, 100 << 20)))

@@ -81,7 +81,9 @@ def test_a_checkpoint_cut_short_is_not_sent_over_the_last_good_one(
     assert torch.load(out / "ckpt.pt")["step"] == 300
 
 
-def test_incomplete_knows_zips_and_safetensors_and_takes_anything_else(tmp_path: Path) -> None:
+def test_incomplete_knows_zips_safetensors_and_pickles_and_takes_anything_else(
+    tmp_path: Path,
+) -> None:
     import json
     import struct
     import zipfile
@@ -89,6 +91,9 @@ def test_incomplete_knows_zips_and_safetensors_and_takes_anything_else(tmp_path:
     with zipfile.ZipFile(tmp_path / "a.npz", "w") as z:
         z.writestr("x.npy", b"\x00" * 5000)
     whole_zip = (tmp_path / "a.npz").read_bytes()
+    import pickle
+
+    whole_pickle = pickle.dumps({"step": 7, "w": list(range(500))}, protocol=4)
     header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
     whole_st = struct.pack("<Q", len(header)) + header + b"\x01" * 16
     files = {
@@ -97,6 +102,9 @@ def test_incomplete_knows_zips_and_safetensors_and_takes_anything_else(tmp_path:
         "m.safetensors": whole_st,
         "cut.safetensors": whole_st[:-1],
         "junk.safetensors": b"not a header",
+        "state.pkl": whole_pickle,
+        "cut.pkl": whole_pickle[:-40],
+        "legacy.pt": whole_pickle[:-40],  # torch's old format: pickles, then raw storage bytes
         "log.txt": b"PK but not a zip, and any text",
         "empty.pt": b"",
     }
@@ -109,6 +117,9 @@ def test_incomplete_knows_zips_and_safetensors_and_takes_anything_else(tmp_path:
         "m.safetensors": None,
         "cut.safetensors": f"{len(whole_st) - 1} of the {len(whole_st)} bytes its header gives",
         "junk.safetensors": "a header that does not parse",
+        "state.pkl": None,
+        "cut.pkl": "a pickle without its STOP opcode",
+        "legacy.pt": None,
         "log.txt": None,
         "empty.pt": None,
     }
