@@ -97,17 +97,19 @@ def test_a_download_ends_on_a_stall_not_on_its_size(
 
 def test_a_connections_first_command_does_not_wait_for_a_delayed_ack(tb: TestBed) -> None:
     """After the login sshd sends a message of its own; unless the controller acknowledges it
-    at once, the answer to the first channel open waits for its delayed ACK (40 ms at least)."""
+    at once, the answer to the first channel open waits for its delayed ACK (40 ms at least:
+    Linux's TCP_DELACK_MIN), so every first command would take longer. Under `make test`'s load
+    one of them may take over 30 ms all the same: the fastest of eight is what is judged."""
     h = tb.add_host()
     fleet = tb.fleet([h])
     firsts = []
-    for _ in range(5):
+    for _ in range(8):
         ts = connect(fleet, deadline_s=10)
         start = time.monotonic()
         assert ts[h.name].run("true", timeout=10).ok
         firsts.append(time.monotonic() - start)
         close_all(ts)
-    assert min(firsts) < 0.03, firsts
+    assert min(firsts) < 0.04, firsts
 
 
 def test_wrong_key_refused_with_both_fingerprints(tb: TestBed) -> None:
