@@ -3,9 +3,9 @@ mirrored to Cloud Storage while any trainer runs, so its checkpoints outlive a p
 
 Every `--interval` seconds the new and changed files go up, oldest first, whole files only: a file
 is sent once its size and modification time held still since the previous scan, and sent again
-if it changed while it was read; a checkpoint whose format says where it ends (a zip, as torch.save
-writes, .safetensors, a .pkl) only when it is whole. GCE's preemption notice (the metadata server, where
-GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once. SIGTERM (a stop, or the VM shutting down)
+if it changed while it was read; a checkpoint whose format says where it ends (a zip, as
+torch.save writes, .safetensors, a .pkl) only when it is whole. GCE's preemption notice (the
+metadata server, where GPUTRAIN_WATCH_PREEMPTION=1) makes a pass at once. SIGTERM (a stop, or the VM shutting down)
 reaches the trainer too, which may be saving on it: a pass at once, then one a second until the
 job has ended (run.sh's SIGUSR1) or `--stop-grace` has passed; then the last pass, and it exits.
 `--restore` is the other way: before a relaunch, what the bucket holds of this
@@ -211,9 +211,12 @@ class Mirror:
         return sent
 
     def whole(self, rel: str, stamp: Stamp) -> bool:
-        """Not `incomplete`; one line the first time a version is (the bucket keeps its last)."""
+        """Not `incomplete`: each version judged once, a cut one said once (the bucket keeps
+        its last)."""
+        if self.held_back.get(rel) == stamp:
+            return False
         why = incomplete(self.root / rel)
-        if why is not None and self.held_back.get(rel) != stamp:
+        if why is not None:
             self.held_back[rel] = stamp
             self.say(f"mirror: {rel} not sent: {why} (its writer stopped mid-write?)")
         return why is None

@@ -5,17 +5,22 @@ what a re-created node lacks without touching what it has."""
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import signal
+import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gputrain_node.mirror_out import Mirror, Target, due, incomplete
+from tests.support import wait_for
 from tests.support.gcs_emulator import GcsEmulator
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -84,15 +89,9 @@ def test_a_checkpoint_cut_short_is_not_sent_over_the_last_good_one(
 def test_incomplete_knows_zips_safetensors_and_pickles_and_takes_anything_else(
     tmp_path: Path,
 ) -> None:
-    import json
-    import struct
-    import zipfile
-
     with zipfile.ZipFile(tmp_path / "a.npz", "w") as z:
         z.writestr("x.npy", b"\x00" * 5000)
     whole_zip = (tmp_path / "a.npz").read_bytes()
-    import pickle
-
     whole_pickle = pickle.dumps({"step": 7, "w": list(range(500))}, protocol=4)
     header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
     whole_st = struct.pack("<Q", len(header)) + header + b"\x01" * 16
@@ -221,29 +220,21 @@ def test_after_a_sigterm_a_checkpoint_still_open_for_writing_is_not_sent_half_wa
     ckpt.write_bytes(b"good")
     p = mirror_process(gcs, out, f"gs://{gcs.bucket_name}/c/", "--interval", "60")
     p.send_signal(signal.SIGTERM)  # its first pass (final-style) sends the good one
-    assert _eventually(lambda: _object(gcs, "c/ckpt.pt") == b"good")
+    wait_for("the good one in the bucket", lambda: _object(gcs, "c/ckpt.pt") == b"good", 20)
     saving = "import sys, time\nf = open(sys.argv[1], 'wb'); f.write(b'half'); f.flush()\n"
     saving += "time.sleep(4); f.write(b' and the rest'); f.close()\n"
     writer = subprocess.Popen([sys.executable, "-c", saving, str(ckpt)])
     try:
-        assert _eventually(lambda: ckpt.read_bytes() == b"half", every_s=0.02)
+        wait_for("the half save", lambda: ckpt.read_bytes() == b"half", 20, every_s=0.02)
         time.sleep(3)  # three passes, the half file holding still
         assert _object(gcs, "c/ckpt.pt") == b"good"
     finally:
         writer.wait(timeout=30)
-    assert _eventually(lambda: _object(gcs, "c/ckpt.pt") == b"half and the rest")  # closed: whole
+    whole = b"half and the rest"  # closed: sent whole
+    wait_for("the whole save in the bucket", lambda: _object(gcs, "c/ckpt.pt") == whole, 20)
     p.send_signal(signal.SIGUSR1)
     output, _ = p.communicate(timeout=30)
     assert p.returncode == 0 and "mirror: flushed" in output, output
-
-
-def _eventually(check: Callable[[], bool], every_s: float = 0.1, within_s: float = 20) -> bool:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every_s)
-    return True
 
 
 def _object(gcs: GcsEmulator, name: str) -> bytes | None:

@@ -31,7 +31,7 @@ from infra.reconciler_image import image_reference
 from scripts.targets.gce import lease as lease_module
 from scripts.targets.gce import reconcile as reconcile_module
 from scripts.targets.gce.manifest import MANIFEST, Manifests, RunManifest
-from tests.support import JOBS, ROOT
+from tests.support import JOBS, ROOT, wait_for
 from tests.support.fake_cloud_run import TOKEN, FakeCloudRun
 from tests.support.runner_proxy import serving
 from tests.support.stack_world import BUCKET, ZONES, World
@@ -65,13 +65,6 @@ def reconcile(w: World, capsys: pytest.CaptureFixture[str]) -> str:
     out, err = capsys.readouterr()
     assert rc == 0, out[-3000:] + err[-2000:]
     return out
-
-
-def wait_for(what: str, ready: Callable[[], bool], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.1)
 
 
 def head_log(w: World, rid: str) -> str:
