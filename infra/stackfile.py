@@ -67,14 +67,26 @@ class DuplicateKeyError(yaml.YAMLError):
     """A mapping names one key twice."""
 
 
+class KeyNotANameError(yaml.YAMLError):
+    """A mapping key that is a list, a mapping or a set (`? [a, b]`): no setting is named so."""
+
+    def __init__(self, line: int, key: Any) -> None:
+        shape = {list: "list", dict: "mapping", set: "set"}.get(type(key), type(key).__name__)
+        super().__init__(f"the key on line {line} is a {shape}; keys are names")
+        self.problem = str(self)  # how the hosts file words a YAML error
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
-    """Safe YAML refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """Safe YAML refusing a key given twice in one mapping (PyYAML keeps the last silently) and
+    a key that is no plain value (PyYAML's own check comes after ours, which cannot hash it)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if isinstance(key, list | dict | set):
+                raise KeyNotANameError(line, key)
             if isinstance(key, str | int | float | bool) and key in seen:
                 raise DuplicateKeyError(
                     f"duplicate key {key!r} on line {line} (first on line {seen[key]})"
@@ -106,6 +118,33 @@ for _tag, _pattern, _first in (
     ),
 ):
     StackYamlLoader.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
+
+
+def _go_integer(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float | str:
+    """A plain integer as the CLI's YAML (go-yaml v3, resolve.go) reads it: Go's
+    ParseInt(text, 0, 64), so a leading 0 is octal; what no 64-bit integer holds (`09`, 2**64)
+    is a float if it reads as one, else the text. PyYAML raised ValueError on `09`."""
+    text = str(loader.construct_scalar(node))
+    digits = text.lstrip("+-")
+    value: int | None
+    try:
+        if digits[:2] in ("0x", "0o"):
+            value = int(digits[2:], 16 if digits[1] == "x" else 8)
+        else:
+            value = int(digits, 8 if len(digits) > 1 and digits[0] == "0" else 10)
+    except ValueError:
+        value = None
+    if value is not None and text.startswith("-"):
+        value = -value
+    if value is not None and -(2**63) <= value < 2**64:
+        return value
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+StackYamlLoader.add_constructor("tag:yaml.org,2002:int", _go_integer)
 
 
 def read_yaml(text: str) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infra.spec import parse_spec
-from infra.stackfile import SpecError, load_stack_config, read_stack_file
+from infra.stackfile import SpecError, load_stack_config, read_stack_file, read_yaml
 from tests.support.pulumi_mocks import ROOT, deployable_config
 
 
@@ -117,3 +117,35 @@ def test_a_stack_name_that_is_not_one_is_refused_before_it_becomes_a_path(
         f"stack = {stack!r}: allowed: 1-21 of a-z 0-9 -, starting with a letter "
         "(it names the VMs and the service account)"
     )
+
+
+@pytest.mark.parametrize(
+    ("body", "shape"),
+    [
+        ("config:\n  ? [a, b]\n  : x\n", "list"),
+        ("config:\n  gputrain:labels: {? [a]: b}\n", "list"),
+        ("config:\n  gputrain:data: {? {a: 1}: b}\n", "mapping"),
+    ],
+)
+def test_a_key_that_is_no_name_is_one_line_naming_its_line(
+    tmp_path: Path, body: str, shape: str
+) -> None:
+    text = _refused(tmp_path, body)
+    assert (
+        text
+        == f"stack = 's': cannot read Pulumi.s.yaml: the key on line 2 is a {shape}; keys are names"
+    )
+
+
+@pytest.mark.parametrize(
+    ("written", "read"), [("09", 9.0), ("-09", -9.0), ("010", 8), ("0o17", 15), ("2e0", 2.0)]
+)
+def test_an_integer_reads_as_go_yaml_reads_it(written: str, read: float) -> None:
+    """The CLI's YAML takes a leading 0 as octal and `09`, no octal number, as the float 9."""
+    value = read_yaml(f"a: {written}\n")["a"]
+    assert value == read and type(value) is type(read)
+
+
+def test_a_number_that_is_no_octal_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    text = _refused(tmp_path, "config:\n  gputrain:nodes: 09\n")
+    assert text.startswith("stack = 's': Pulumi.s.yaml: gputrain:nodes = 9.0: allowed: a whole")
