@@ -221,6 +221,7 @@ def read_stack_file(root: Path, stack: str) -> StackFile:
     project = _config_section(_read_yaml(project_file, stack), project_file, stack)
     stack_doc = _read_yaml(stack_file, stack)
     stack_section = _config_section(stack_doc, stack_file, stack)
+    check_stack_document(stack_doc, stack_file.name, stack)
     check_stack_section(stack_section, stack_file.name, stack)
     values: dict[str, Any] = {}  # qualified key -> YAML value: the project's, then the stack's
     for key, decl in project.items():
@@ -286,6 +287,29 @@ def _config_section(doc: Any, path: Path, stack: str) -> dict[str, Any]:
                 "allowed: setting names like gputrain:nodes"
             )
     return section
+
+
+#: A stack file's top-level keys: Pulumi's ProjectStack (pulumi/pulumi,
+#: sdk/go/common/workspace/project.go). The CLI ignores any other key without a word.
+STACK_FILE_KEYS = (
+    "config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment",
+    "mainEnvironment",
+)  # fmt: skip
+
+
+def check_stack_document(doc: Any, file: str, stack: str) -> None:
+    """A top-level key Pulumi does not read (a setting outdented out of `config:`, or a file
+    with no `config:` at all) is one line, not a setting silently left at its default."""
+    for key in doc if isinstance(doc, dict) else ():
+        if key in STACK_FILE_KEYS:
+            continue
+        name = str(key)
+        near = difflib.get_close_matches(name, STACK_FILE_KEYS, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]}?" if near else "put it under config:, indented"
+        raise SpecError(
+            f"stack = {stack!r}: {file}: {name} is a top-level key, which Pulumi ignores; "
+            f"{hint} (allowed at the top level: {', '.join(STACK_FILE_KEYS)})"
+        )
 
 
 def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:

@@ -149,3 +149,27 @@ def test_an_integer_reads_as_go_yaml_reads_it(written: str, read: float) -> None
 def test_a_number_that_is_no_octal_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     text = _refused(tmp_path, "config:\n  gputrain:nodes: 09\n")
     assert text.startswith("stack = 's': Pulumi.s.yaml: gputrain:nodes = 9.0: allowed: a whole")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "config:\n  gputrain:gpus: L4:2\ngputrain:maxRunDuration: 3h\n",  # one indent too few
+        "gputrain:gpus: L4:2\n",  # no config: at all
+    ],
+)
+def test_a_setting_outside_config_is_refused_not_ignored(tmp_path: Path, body: str) -> None:
+    text = _refused(tmp_path, body)
+    assert "is a top-level key, which Pulumi ignores; put it under config:, indented" in text
+    assert "allowed at the top level: config, secretsprovider" in text
+
+
+def test_a_misspelt_top_level_key_gets_the_right_one(tmp_path: Path) -> None:
+    text = _refused(tmp_path, "confg:\n  gputrain:gpus: L4:2\n")
+    assert "confg is a top-level key" in text and "did you mean config?" in text
+
+
+def test_pulumis_own_top_level_keys_are_taken(tmp_path: Path) -> None:
+    body = "secretsprovider: passphrase\nencryptionsalt: v1:abc\nenvironment: [e]\nconfig: {}\n"
+    assert _load(tmp_path, body)["gputrain:gpus"] == "L4:1"
+    assert read_stack_file(tmp_path, "s").secrets.encrypted
