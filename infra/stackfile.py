@@ -312,20 +312,38 @@ def check_stack_document(doc: Any, file: str, stack: str) -> None:
         )
 
 
+#: Other providers' config keys named like one of ours: real settings of theirs, not ours
+#: misplaced (pulumi-gcp's keys, sdk/python/pulumi_gcp/config/vars.py: project, region, zone, ...).
+PROVIDER_KEYS = ("gcp:zone",)
+
+
 def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:
-    """What the Pulumi CLI would take but the stack cannot mean, one line each: a namespace that
-    looks like ours misspelt, `secure:` on a setting that is not a secret, a secret in plain text,
-    and `gpus` written out beside `machineType` (equal to its default or not)."""
+    """What the Pulumi CLI would take but the stack cannot mean, one line each: a setting given
+    twice (`gpus` and `gputrain:gpus`), a namespace that looks like ours misspelt, one of our
+    settings under another namespace (`gcp:gpus`), `secure:` on a setting that is not a secret,
+    a secret in plain text, and `gpus` written out beside `machineType` (equal to its default
+    or not)."""
     where = f"stack = {stack!r}: {file}"
+    spelt: dict[str, str] = {}  # qualified key -> how the file wrote it
     for key, value in section.items():
         full = qualify(key)
-        namespace = full.split(":", 1)[0]
+        if full in spelt:
+            raise SpecError(
+                f"{where}: {full} is given twice, as {spelt[full]} and as {key}; set it once"
+            )
+        spelt[full] = key
+        namespace, name = full.split(":", 1)
         if namespace != PROJECT and difflib.get_close_matches(
             namespace, [PROJECT], n=1, cutoff=0.75
         ):
             raise SpecError(
                 f"{where}: {key}: namespace {namespace!r} is not gputrain's; "
-                f"did you mean {NS}{full.split(':', 1)[1]}?"
+                f"did you mean {NS}{name}?"
+            )
+        if namespace != PROJECT and name in DEFAULTS and full not in PROVIDER_KEYS:
+            raise SpecError(
+                f"{where}: {key}: {name} is a gputrain setting, which namespace {namespace!r} "
+                f"does not read; did you mean {NS}{name}?"
             )
         secure = isinstance(value, dict) and "secure" in value
         if secure and full not in SECRET_KEYS and (namespace == PROJECT or full == GCP_PROJECT_KEY):

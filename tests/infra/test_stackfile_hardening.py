@@ -173,3 +173,28 @@ def test_pulumis_own_top_level_keys_are_taken(tmp_path: Path) -> None:
     body = "secretsprovider: passphrase\nencryptionsalt: v1:abc\nenvironment: [e]\nconfig: {}\n"
     assert _load(tmp_path, body)["gputrain:gpus"] == "L4:1"
     assert read_stack_file(tmp_path, "s").secrets.encrypted
+
+
+@pytest.mark.parametrize(
+    ("key", "name"), [("gcp:gpus", "gpus"), ("gcp:machineType", "machineType")]
+)
+def test_our_setting_under_another_namespace_is_refused(
+    tmp_path: Path, key: str, name: str
+) -> None:
+    text = _refused(tmp_path, f"config:\n  {key}: L4:2\n")
+    assert (
+        f"{key}: {name} is a gputrain setting" in text and f"did you mean gputrain:{name}?" in text
+    )
+
+
+def test_the_gcp_providers_own_keys_are_left_alone(tmp_path: Path) -> None:
+    body = "config:\n  gcp:zone: us-central1-a\n  gcp:region: us-central1\n  gcp:project: p-1\n"
+    assert _load(tmp_path, body)["gcp:zone"] == "us-central1-a"
+
+
+def test_one_setting_with_and_without_its_namespace_is_refused(tmp_path: Path) -> None:
+    text = _refused(tmp_path, "config:\n  gputrain:gpus: L4:2\n  gpus: L4:4\n")
+    assert text == (
+        "stack = 's': Pulumi.s.yaml: gputrain:gpus is given twice, as gputrain:gpus and as "
+        "gpus; set it once"
+    )
