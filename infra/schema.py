@@ -12,7 +12,15 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from infra.base.errors import UserError
 
@@ -55,7 +63,7 @@ ALLOWED: dict[str, str] = {
     "flag": "true or false",
     "texts": "a list of strings",
     "text-or-texts": "a string or a list of strings",
-    "labels": "a list of key=value strings or a mapping",
+    "labels": "a list of key=value strings or a mapping of key: string or whole number",
     "mapping": "a mapping of setting: value",
     "datasets": "a mapping of NAME: gs://BUCKET/PATH (or NAME: {uri: ..., mode: ...})",
 }
@@ -100,7 +108,8 @@ class StackSettings(BaseModel):
     publicIp: StrictStr = Field("head", json_schema_extra=_kind("text"))
     placement: StrictStr = Field("auto", json_schema_extra=_kind("text"))
     network: StrictStr = Field("", json_schema_extra=_kind("text"))
-    labels: Texts | dict[StrictStr, StrictStr | int | None] = Field(
+    # StrictInt: a lax int took `spot: true` as the label spot=1
+    labels: Texts | dict[StrictStr, StrictStr | StrictInt | None] = Field(
         [], json_schema_extra=_kind("labels")
     )
     bucket: StrictStr = Field("", json_schema_extra=_kind("text"))

@@ -46,6 +46,8 @@ def _load(tmp_path: Path, body: str) -> dict[str, str]:
         ("gputrain:notify: {a: b}", 'gputrain:notify = {"a": "b"}', "a list of strings"),
         ("gputrain:data: [gs://b/x]", 'gputrain:data = ["gs://b/x"]', "a mapping of NAME"),
         ("gputrain:maxRunDuration: 6", "gputrain:maxRunDuration = 6", "a string"),
+        ("gputrain:labels: {spot: true}", 'gputrain:labels = {"spot": true}', "a list of key="),
+        ("gputrain:labels: {v: 1.5}", 'gputrain:labels = {"v": 1.5}', "a list of key="),
     ],
 )
 def test_a_value_of_the_wrong_shape_is_one_line_naming_key_value_and_allowed(
@@ -197,7 +199,8 @@ def test_the_cli_strings_take_comma_lists_and_empty_as_unset() -> None:
         ("gpuCount", "two", "a whole number (ASCII digits)"),
         ("spot", "yes", "true or false"),
         ("zones", '["a", 1]', "a list of strings"),
-        ("labels", '{"team":', "a list of key=value strings or a mapping"),
+        ("labels", '{"team":', schema.ALLOWED["labels"]),
+        ("labels", '{"spot": true}', schema.ALLOWED["labels"]),  # never the label spot=1
     ],
 )
 def test_a_cli_string_of_the_wrong_shape_is_one_line(key: str, text: str, allowed: str) -> None:
