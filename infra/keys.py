@@ -280,6 +280,10 @@ def labels(s: StackSettings) -> dict[str, str]:
             raise CHECK.fail("labels", f"{k}={v}", "label values: a-z 0-9 _ - only (max 63)")
         if k in RESERVED_LABELS:
             raise CHECK.fail("labels", k, f"{', '.join(RESERVED_LABELS)} are set by gputrain")
+        if k in out:  # the list form: `[team=ml, team=dl]` would keep the last silently
+            raise CHECK.fail(
+                "labels", f"{k}={out[k]}, {k}={v}", "given twice; allowed: each label key once"
+            )
         out[k] = v
     if len(out) > 60:
         raise CHECK.fail("labels", f"{len(out)} labels", "allowed: at most 60")

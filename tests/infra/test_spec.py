@@ -323,6 +323,15 @@ def test_labels_as_list_or_object_and_immutable() -> None:
         spec.nodes = 3  # type: ignore[misc]
 
 
+def test_a_label_key_given_twice_is_refused() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(labels='["team=ml", "team=dl"]'), "dev")
+    assert (
+        str(e.value)
+        == "gputrain:labels = 'team=ml, team=dl': given twice; allowed: each label key once"
+    )
+
+
 def test_stack_name_must_fit_gce_names() -> None:
     with pytest.raises(SpecError, match=r"^stack = 'Prod_1': allowed"):
         parse_spec(_cfg(), "Prod_1")
