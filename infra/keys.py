@@ -216,8 +216,13 @@ def source_ranges(s: StackSettings, anywhere: bool) -> tuple[str, ...]:
         try:
             net = ipaddress.ip_network(r, strict=True)
         except ValueError:
+            try:  # 1.2.3.5/24: the network, or the one address, was meant
+                lax = ipaddress.ip_network(r, strict=False)
+                why = f"host bits set (the network: {lax}; the address: {r.split('/')[0]}/32); "
+            except ValueError:
+                why = ""
             raise CHECK.fail(
-                "sshSourceRanges", r, "allowed: IPv4 CIDRs like 203.0.113.7/32"
+                "sshSourceRanges", r, why + "allowed: IPv4 CIDRs like 203.0.113.7/32"
             ) from None
         if net.version != 4:
             raise CHECK.fail(

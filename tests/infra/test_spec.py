@@ -276,6 +276,15 @@ def test_source_ranges_are_normalised_and_world_needs_the_opt_in() -> None:
     assert world.ssh_source_ranges == ("0.0.0.0/0",) and world.allow_ssh_from_anywhere
 
 
+def test_a_source_range_with_host_bits_names_the_network_and_the_address() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(sshSourceRanges='["1.2.3.5/24"]'), "dev")
+    assert str(e.value) == (
+        "gputrain:sshSourceRanges = '1.2.3.5/24': host bits set (the network: 1.2.3.0/24; the "
+        "address: 1.2.3.5/32); allowed: IPv4 CIDRs like 203.0.113.7/32"
+    )
+
+
 @pytest.mark.parametrize(
     "ranges",
     [
