@@ -6,7 +6,6 @@ Nothing here imports pulumi, so `gputrain plan` and the tests use it without the
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from infra.stackfile import (
     StackFile,
     check_stack_name,
     load_config_strings,
+    meant_key,
 )
 from infra.vertex_pools import Chief, ReductionServer, parse_chief, parse_reduction_server
 
@@ -295,13 +295,11 @@ def stack_file_spec(stack_file: StackFile) -> ClusterSpec:
 
 
 def _only_known_keys(config: Mapping[str, str]) -> None:
-    """A `gputrain:` key the schema does not know is one line with the nearest known one."""
+    """A `gputrain:` key the schema does not know is one line with the one it likely meant."""
     unknown = sorted(k for k in config if k.startswith(NS) and k[len(NS) :] not in DEFAULTS)
     if unknown:
-        nearest = [
-            n for k in unknown for n in difflib.get_close_matches(k[len(NS) :], DEFAULTS, n=1)
-        ]
-        hint = f"; did you mean {', '.join(nearest)}?" if nearest else ""
+        meant = meant_key(unknown[0][len(NS) :])
+        hint = f"; did you mean {meant}?" if meant else ""
         raise SpecError(
             f"{unknown[0]}: not a gputrain setting; allowed: {', '.join(DEFAULTS)}{hint}"
         )

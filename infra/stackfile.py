@@ -166,6 +166,20 @@ def qualify(key: str) -> str:
     return key if ":" in key else NS + key
 
 
+#: What a setting is called elsewhere -> its key: `plan`'s TTL column shows maxRunDuration.
+KEY_ALIASES = {"ttl": "maxRunDuration"}
+
+
+def meant_key(name: str) -> str | None:
+    """The gputrain key a stranger most likely meant, qualified: the same name in another case
+    (GPUS), with our namespace run into it (gputrain-gpus, gputrain.gpus), a name `plan` shows
+    (ttl), else the nearest spelling; None when nothing is near."""
+    bare = re.sub(r"^gputrain[-._:/]", "", name.strip(), flags=re.IGNORECASE).lower()
+    folded = {k.lower(): k for k in DEFAULTS} | KEY_ALIASES
+    near = difflib.get_close_matches(bare, list(folded), n=1)
+    return NS + folded[near[0]] if near else None
+
+
 @dataclass(frozen=True)
 class StackSecrets:
     """What a stack file says about its secrets (nothing is decrypted)."""
@@ -305,7 +319,9 @@ def check_stack_document(doc: Any, file: str, stack: str) -> None:
             continue
         name = str(key)
         near = difflib.get_close_matches(name, STACK_FILE_KEYS, n=1, cutoff=0.75)
-        hint = f"did you mean {near[0]}?" if near else "put it under config:, indented"
+        setting = meant_key(name)
+        as_key = f", as {setting}" if setting not in (None, name) else ""
+        hint = f"did you mean {near[0]}?" if near else f"put it under config:, indented{as_key}"
         raise SpecError(
             f"stack = {stack!r}: {file}: {name} is a top-level key, which Pulumi ignores; "
             f"{hint} (allowed at the top level: {', '.join(STACK_FILE_KEYS)})"

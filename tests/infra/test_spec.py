@@ -332,6 +332,24 @@ def test_labels_as_list_or_object_and_immutable() -> None:
         spec.nodes = 3  # type: ignore[misc]
 
 
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        ("GPUS", "gpus"),  # another case
+        ("ttl", "maxRunDuration"),  # plan's TTL column
+        ("gputrain-gpus", "gpus"),  # the namespace run into the name
+        ("gputrain.gpus", "gpus"),
+        ("node", "nodes"),
+    ],
+)
+def test_an_unknown_key_names_the_one_it_likely_meant(written: str, meant: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(**{f"gputrain:{written}": "x"}), "dev")
+    text = str(e.value)
+    assert text.startswith(f"gputrain:{written}: not a gputrain setting; allowed: gpus, ")
+    assert text.endswith(f"; did you mean gputrain:{meant}?")
+
+
 def test_a_label_key_given_twice_is_refused() -> None:
     with pytest.raises(SpecError) as e:
         parse_spec(_cfg(labels='["team=ml", "team=dl"]'), "dev")

@@ -164,6 +164,11 @@ def test_a_setting_outside_config_is_refused_not_ignored(tmp_path: Path, body: s
     assert "allowed at the top level: config, secretsprovider" in text
 
 
+def test_a_setting_at_the_top_level_with_a_dot_for_a_colon_names_the_key(tmp_path: Path) -> None:
+    text = _refused(tmp_path, "gputrain.gpus: L4:2\n")
+    assert "put it under config:, indented, as gputrain:gpus (allowed" in text
+
+
 def test_a_misspelt_top_level_key_gets_the_right_one(tmp_path: Path) -> None:
     text = _refused(tmp_path, "confg:\n  gputrain:gpus: L4:2\n")
     assert "confg is a top-level key" in text and "did you mean config?" in text
