@@ -8,8 +8,10 @@ the rules between keys.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import (
@@ -153,10 +155,28 @@ def allowed(key: str) -> str:
     return ALLOWED[kind(key)]
 
 
-def config_string(value: Any) -> str:
-    """A YAML value the way the Pulumi CLI hands it to the program (strings all the way)."""
+def scalar_text(value: bool | int | float) -> str | None:
+    """A YAML boolean or number as the Pulumi CLI hands it to the program: its JSON text, a
+    plain string (pulumi/pulumi sdk/go/common/resource/config/object.go, object.MarshalString:
+    `case bool, int64, uint64, float64:` returns the value's JSON with object=false), so a
+    `type: string` key takes `budget: 100` as "100". A float as Go's encoding/json writes it:
+    1e3 is "1000", 1e-7 "1e-7"; None for NaN and infinities, which it refuses."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return None
+    if value != 0 and not 1e-6 <= abs(value) < 1e21:  # Go's exponent form; Python's too
+        return re.sub(r"e-0(\d)$", r"e-\1", repr(value))
+    text = format(Decimal(repr(value)), "f")  # the shortest digits, no exponent
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def config_string(value: Any) -> str:
+    """A YAML value the way the Pulumi CLI hands it to the program (strings all the way)."""
+    if isinstance(value, bool | int | float):
+        return scalar_text(value) or str(value)
     if isinstance(value, list | dict):
         return json.dumps(value)
     return "" if value is None else str(value)

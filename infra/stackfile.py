@@ -25,6 +25,7 @@ from infra.schema import (
     config_strings,
     kind,
     load_settings,
+    scalar_text,
 )
 from infra.schema import BACKEND_ONLY_KEYS as BACKEND_ONLY_KEYS
 from infra.schema import BACKENDS as BACKENDS
@@ -250,10 +251,25 @@ def read_stack_file(root: Path, stack: str) -> StackFile:
             values[qualify(key)] = decl
     for key, value in stack_section.items():
         if not (isinstance(value, dict) and "secure" in value):
-            values[qualify(key)] = value
+            values[qualify(key)] = _as_the_cli_reads(qualify(key), value)
     given = {qualify(k) for k in stack_section}
     settings = typed_settings(values, given, stack_file.name, stack)
     return StackFile(stack, config_strings(values), _secrets_of(stack_doc), settings)
+
+
+def _as_the_cli_reads(key: str, value: Any) -> Any:
+    """A stack file's value as the CLI hands it on: a number or boolean in a gputrain string
+    key is its JSON text (schema.scalar_text: `budget: 100` is "100"), for the key's own rule
+    to judge. Pulumi.yaml's defaults are not: the CLI checks those against `type:` as written."""
+    name = key[len(NS) :]
+    if (
+        key.startswith(NS)
+        and name in StackSettings.model_fields
+        and kind(name) in ("text", "text-or-texts")
+        and isinstance(value, bool | int | float)
+    ):
+        return scalar_text(value) or value  # NaN stays a float: the model refuses it
+    return value
 
 
 def load_stack_config(root: Path, stack: str) -> dict[str, str]:
