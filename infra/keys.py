@@ -422,7 +422,6 @@ def check_urls(urls: Sequence[object], setting: str) -> tuple[str, ...]:
 # ---- autodown: how long after the job's end, with the controller silent, the head's watchdog
 # deletes the VMs (infra/autodown.py: the bound `plan` states, the nodes' IAM condition) ----------
 
-AUTODOWN_DEFAULT = "10m"
 AUTODOWN_MIN_S = 60  # a shorter silence is a blip of the network, not a controller that went away
 AUTODOWN_ALLOWED = "allowed: off or a duration of at least 1m, like 10m, 30m, 1h (units d/h/m/s)"
 
@@ -451,10 +450,11 @@ def parse_autodown(
     return seconds
 
 
-def read_autodown(text: str, ttl_s: int) -> int | None:
-    """The stack's `autodown`: one the user set must come before the TTL (the default may not,
-    on a stack whose TTL is at most 10m: the TTL then deletes the VMs sooner still)."""
-    return parse_autodown(text, ttl_s=None if text.strip() == AUTODOWN_DEFAULT else ttl_s)
+def read_autodown(text: str, ttl_s: int, given: bool) -> int | None:
+    """The stack's `autodown`: one the stack sets must come before the TTL, however it is spelt
+    (10m, 600s); the default, unset, may not, on a stack whose TTL is at most 10m: the TTL then
+    deletes the VMs sooner still."""
+    return parse_autodown(text, ttl_s=ttl_s if given else None)
 
 
 # ---- build: a Dockerfile gputrain builds into the stack's registry (infra/image_build.py) ----------

@@ -415,7 +415,9 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
         bucket_prefix=keys.bucket_prefix,
         bucket_retention_days=keys.bucket_retention_days,
         stall_timeout_s=keys.stall_timeout_s,
-        autodown_s=None if backend == "vertex" else read_autodown(settings.autodown, ttl),
+        autodown_s=None
+        if backend == "vertex"
+        else read_autodown(settings.autodown, ttl, "autodown" in typed.model_fields_set),
         recover=parse_recover(settings.recover) if backend == "gce" else "never",
         reconcile_every_s=parse_every(settings.reconcileEvery) if backend == "gce" else 120,
         notify=keys.notify,

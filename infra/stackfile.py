@@ -404,10 +404,24 @@ def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:
 def typed_settings(values: dict[str, Any], given: set[str], file: str, stack: str) -> StackSettings:
     """The typed model of the merged settings (infra/schema.py), validated once; a value whose
     YAML shape its key does not take is one line naming the file (the stack's where it set the
-    key, else Pulumi.yaml), the key, the value and what the key takes."""
+    key, else Pulumi.yaml), the key, the value and what the key takes. The model's fields_set
+    is what the files set: a project default equal to the schema's is left to it."""
     ours = {k[len(NS) :]: v for k, v in values.items() if k.startswith(NS)}
+    fields = StackSettings.model_fields
     try:
-        return load_settings({k: v for k, v in ours.items() if ":" not in k})
+        return load_settings(
+            {
+                k: v
+                for k, v in ours.items()
+                if ":" not in k
+                and (
+                    NS + k in given
+                    or k not in fields
+                    or type(v) is not type(fields[k].default)
+                    or v != fields[k].default
+                )
+            }
+        )
     except SettingTypeError as e:
         where = file if NS + e.key in given else "Pulumi.yaml"
         raise SpecError(
@@ -517,10 +531,13 @@ def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
     """The typed settings of a Pulumi config (qualified keys, strings all the way, as the CLI
     hands them to the program), validated once: the string side of load_settings. Keys
     outside the namespace, or that the model does not know, are left to the caller."""
-    values = {
+    values = {  # a value equal to its default is left to it: the CLI hands on Pulumi.yaml's
+        # defaults too, so the model's fields_set is what the stack sets, as far as strings tell
         key[len(ns) :]: _from_string(key[len(ns) :], raw)
         for key, raw in config.items()
-        if key.startswith(ns) and key[len(ns) :] in StackSettings.model_fields
+        if key.startswith(ns)
+        and key[len(ns) :] in StackSettings.model_fields
+        and raw.strip() != DEFAULTS[key[len(ns) :]]
     }
     known = {k: v for k, v in values.items() if v is not None}
     try:

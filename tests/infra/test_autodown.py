@@ -186,3 +186,33 @@ def test_an_autodown_the_ttl_always_beats_is_refused_not_promised(autodown: str,
 def test_an_autodown_below_the_ttl_is_kept() -> None:
     config = deployable_config("dev") | {"gputrain:autodown": "2h", "gputrain:maxRunDuration": "3h"}
     assert parse_spec(config, "dev").autodown_s == 7200
+
+
+def _stack_file_spec(tmp_path: Path, body: str) -> Any:
+    from infra.spec import stack_file_spec
+    from infra.stackfile import read_stack_file
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.s.yaml").write_text("config:\n  gputrain:maxRunDuration: 10m\n" + body)
+    return stack_file_spec(read_stack_file(tmp_path, "s"))
+
+
+@pytest.mark.parametrize("autodown", ["10m", "600s", "11m"])
+def test_an_autodown_the_stack_sets_meets_the_ttl_however_it_is_spelt(
+    tmp_path: Path, autodown: str
+) -> None:
+    """10m and 600s are one length: both are refused beside a 10m TTL (the text was compared
+    with the default's, so `10m` passed and `600s` did not)."""
+    with pytest.raises(SpecError) as e:
+        _stack_file_spec(tmp_path, f"  gputrain:autodown: {autodown}\n")
+    assert str(e.value).startswith(f"gputrain:autodown {autodown!r}: not below gputrain:maxRun")
+
+
+def test_the_default_autodown_is_not_held_to_a_short_ttl(tmp_path: Path) -> None:
+    """Unset, the default 10m stands beside a 10m TTL, in the file and in the program's strings
+    (which carry Pulumi.yaml's defaults, so a value equal to the default reads as unset)."""
+    assert _stack_file_spec(tmp_path, "").autodown_s == 600
+    config = deployable_config("dev", maxRunDuration="10m")
+    assert config["gputrain:autodown"] == "10m" and parse_spec(config, "dev").autodown_s == 600
+    with pytest.raises(SpecError, match=r"^gputrain:autodown '600s': not below"):
+        parse_spec(deployable_config("dev", maxRunDuration="10m", autodown="600s"), "dev")
