@@ -72,7 +72,7 @@ class KeyNotANameError(yaml.YAMLError):
     """A mapping key that is a list, a mapping or a set (`? [a, b]`): no setting is named so."""
 
     def __init__(self, line: int, key: Any) -> None:
-        shape = {list: "list", dict: "mapping", set: "set"}.get(type(key), type(key).__name__)
+        shape = {"list": "list", "dict": "mapping"}.get(type(key).__name__, type(key).__name__)
         super().__init__(f"the key on line {line} is a {shape}; keys are names")
         self.problem = str(self)  # how the hosts file words a YAML error
 
