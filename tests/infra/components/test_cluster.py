@@ -425,7 +425,8 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
     (
         "cidr-host-bits",
         _base(sshSourceRanges='["203.0.113.7/24"]'),
-        "gputrain:sshSourceRanges = '203.0.113.7/24': allowed: IPv4 CIDRs",
+        "gputrain:sshSourceRanges = '203.0.113.7/24': host bits set (the network: "
+        "203.0.113.0/24; the address: 203.0.113.7/32); allowed: IPv4 CIDRs",
     ),
     (
         "ssh-from-world",
