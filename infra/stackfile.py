@@ -407,19 +407,12 @@ def typed_settings(values: dict[str, Any], given: set[str], file: str, stack: st
     key, else Pulumi.yaml), the key, the value and what the key takes. The model's fields_set
     is what the files set: a project default equal to the schema's is left to it."""
     ours = {k[len(NS) :]: v for k, v in values.items() if k.startswith(NS)}
-    fields = StackSettings.model_fields
     try:
         return load_settings(
             {
                 k: v
                 for k, v in ours.items()
-                if ":" not in k
-                and (
-                    NS + k in given
-                    or k not in fields
-                    or type(v) is not type(fields[k].default)
-                    or v != fields[k].default
-                )
+                if ":" not in k and (NS + k in given or not _schema_default(k, v))
             }
         )
     except SettingTypeError as e:
@@ -427,6 +420,12 @@ def typed_settings(values: dict[str, Any], given: set[str], file: str, stack: st
         raise SpecError(
             f"stack = {stack!r}: {where}: {NS}{e.key} = {_shown(e.value)}: allowed: {e.allowed}"
         ) from None
+
+
+def _schema_default(key: str, value: Any) -> bool:
+    """Pulumi.yaml's default for a key is the schema's own (same type, same value)."""
+    field = StackSettings.model_fields.get(key)
+    return field is not None and type(value) is type(field.default) and value == field.default
 
 
 def _shown(value: Any) -> str:
