@@ -19,7 +19,7 @@ from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from scripts import cli_options, lifecycle, ui
 from scripts.job.records import DEFAULT_ENTRY
-from scripts.settings import RUNS_DIR_ENV, Settings, find_project_root, path_problem
+from scripts.settings import RUNS_DIR_ENV, Settings, find_project_root, path_problem, user_path
 from scripts.targets.base import Feature, RunOptions
 
 if TYPE_CHECKING:
@@ -559,7 +559,7 @@ def main(
         if args.dir:
             settings.root = _project_dir(Path(args.dir))
         if getattr(args, "runs_dir", None):
-            settings.runs_dir = Path(args.runs_dir).expanduser().absolute()
+            settings.runs_dir = user_path(args.runs_dir, "--runs-dir")
         if why := path_problem(settings.runs_dir):  # every command that reads results: one line
             setting = "--runs-dir" if getattr(args, "runs_dir", None) else RUNS_DIR_ENV
             raise UserError(f"{setting} {settings.runs_dir}: {why}")

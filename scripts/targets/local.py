@@ -8,12 +8,18 @@ import sys
 from pathlib import Path
 
 from infra.base.records import Fleet, GpuExpectation, Node
-from scripts.targets.base import RunOptions
+from scripts.targets.base import Declared, RunOptions
 from scripts.targets.machines import MachinesTarget
 
 
 class LocalTarget(MachinesTarget):
     name = "local"
+
+    def declared(self) -> Declared:
+        """As any machines' target; first of a run's checks, the node state directory can be
+        made (a run would otherwise verify, record and fail at its first command)."""
+        self.settings.check_local_node_root()
+        return super().declared()
 
     def fleet(self, opts: RunOptions) -> tuple[Fleet, Path | None]:
         count = 0

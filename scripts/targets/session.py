@@ -81,6 +81,8 @@ class FleetSession:
     @property
     def transports(self) -> dict[str, Transport]:
         if self._transports is None:
+            if self.fleet.local:  # logs, results, stop: one line, not mkdir's traceback
+                self.settings.check_local_node_root()
             self._transports = connect(
                 self.fleet,
                 deadline_s=self.connect_deadline_s,

@@ -63,6 +63,7 @@ def _one_line_error(err: str) -> str:
         (["up", "--stack", "dev", "--wait-for-capacity", "8d"], "allowed: 1m to 7d"),
         (["run", "--local", "--wait-for-capacity", "10m"], "--wait-for-capacity: only --stack"),
         (["train", "--hosts", "h.yaml", "--wait-for-capacity", "1h"], "--hosts and --local"),
+        (["logs", "--local", "--runs-dir", "~nouser-gputrain/r"], "~nouser-gputrain is no user's"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -319,6 +320,20 @@ def test_local_node_root_is_one_per_results_dir_outside_the_project_or_gputrain_
     assert settings.local_node_root != other.local_node_root  # every checkout its own
     monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "elsewhere"))
     assert settings.local_node_root == tmp_path / "elsewhere"
+
+
+def test_a_local_node_state_dir_that_cannot_be_made_is_one_line_before_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not mkdir's traceback after the run verified and recorded itself; `results` too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "train.py"))
+    settings = Settings(tmp_path, tmp_path / "runs")
+    for argv in (["run", "--local", "--yes", "--", "train.py"], ["results", "--local", "r1"]):
+        assert main(argv, settings) == 2
+        assert "train.py is not a directory" in _one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_two_local_runs_at_once_both_succeed(tmp_path: Path) -> None:

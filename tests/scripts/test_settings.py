@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.settings import Settings
+from infra.base.errors import UserError
+from scripts.settings import Settings, user_path
 
 
 def test_the_results_dir_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,3 +50,66 @@ def test_gputrains_own_results_dir_gets_its_gitignore_back(tmp_path: Path) -> No
     (runs / ".gitignore").unlink()
     Settings(root=tmp_path, runs_dir=runs).results_dir("local", "r2")
     assert (runs / ".gitignore").read_text() == "*\n" and runs.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_directory_of_the_users_gets_no_gitignore_at_later_runs_either(tmp_path: Path) -> None:
+    """Its first run leaves the marker there; the marker a later run finds is not gputrain's
+    word that it made the directory (a `*` .gitignore in a project hid all its code from git)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for run_id in ("r1", "r2", "r3"):
+        Settings(root=tmp_path, runs_dir=mine).results_dir("local", run_id)
+    assert not (mine / ".gitignore").exists() and (mine / ".gputrain-results").exists()
+
+
+def test_results_around_the_working_directory_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--runs-dir .` or `..`: the uploaded project itself, or a directory holding it."""
+    project = tmp_path / "repo" / "project"
+    project.mkdir(parents=True)
+    monkeypatch.chdir(project)
+    for runs, which in ((project, "is"), (project / "..", "holds"), (tmp_path, "holds")):
+        with pytest.raises(UserError) as e:
+            Settings(root=project, runs_dir=runs).check_results_home()
+        assert f"it {which} the working directory" in str(e.value)
+        assert "not the working directory or one above it" in str(e.value)
+    Settings(root=project, runs_dir=project / "runs").check_results_home()
+    Settings(root=project, runs_dir=tmp_path / "repo" / "results").check_results_home()
+    assert not (project / ".gputrain-results").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_results_where_no_directory_can_be_made_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc looks writable to root, yet mkdir there fails: tried, not guessed from the mode."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"no directory can be made in /proc"):
+        Settings(root=tmp_path, runs_dir=Path("/proc/runs")).check_results_home()
+
+
+def test_a_home_directory_of_no_user_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UserError, match=r"--runs-dir ~nouser-gputrain/x: ~nouser-gputrain is no"):
+        user_path("~nouser-gputrain/x", "--runs-dir")
+    monkeypatch.setenv("GPUTRAIN_RUNS_DIR", "~nouser-gputrain")
+    with pytest.raises(UserError, match=r"GPUTRAIN_RUNS_DIR ~nouser-gputrain:"):
+        Settings()
+
+
+def test_a_local_node_state_dir_that_cannot_be_made_names_its_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(a_file))
+    with pytest.raises(UserError, match=r"a-file is not a directory; .*\(GPUTRAIN_NODE_ROOT\)"):
+        settings.check_local_node_root()
+    monkeypatch.delenv("GPUTRAIN_NODE_ROOT")
+    monkeypatch.setenv("XDG_STATE_HOME", str(a_file / "state"))
+    with pytest.raises(UserError, match=r"not a directory; .*\(XDG_STATE_HOME, or GPUTRAIN_NODE"):
+        settings.check_local_node_root()
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    settings.check_local_node_root()
+    assert not (tmp_path / "state").exists()  # checked, not made
