@@ -174,10 +174,16 @@ class Settings:
     def results_dir(self, target: str, run_id: str) -> Path:
         """runs/<target>/<run-id>/ (runs/ as runs_home makes it), recorded as the target's last
         run."""
+        made = self.made_results_dir(target, run_id)
+        (made.parent / LAST_RUN).write_text(run_id + "\n")
+        return made
+
+    def made_results_dir(self, target: str, run_id: str) -> Path:
+        """runs/<target>/<run-id>/ (runs/ as runs_home makes it) for a run's results brought
+        home again: LAST_RUN still names the newest run started."""
         target_dir = self.runs_home() / target
         for d in (target_dir, target_dir / run_id):
             _private_dir(d)
-        (target_dir / LAST_RUN).write_text(run_id + "\n")
         return target_dir / run_id
 
     def runs_home(self) -> Path:

@@ -228,7 +228,8 @@ class FleetSession:
         """Every node's results of the run (the same files a run brings home at its end)."""
         from scripts.job.download import ResultsNotHomeError, download_results, not_home_message
 
-        results_dir = self.settings.results_dir(self.name, run_id)
+        self.require_run(run_id)
+        results_dir = self.settings.made_results_dir(self.name, run_id)
         missing = download_results(self.transports, run_id, results_dir)
         if missing:  # never "results in ..." over a node's lost results
             raise ResultsNotHomeError(not_home_message(run_id, missing, results_dir), missing)
@@ -237,7 +238,16 @@ class FleetSession:
     def stop(self, run_id: str) -> None:
         from scripts.job.launch import stop_job
 
+        self.require_run(run_id)
         stop_job(self.transports, run_id)
+
+    def require_run(self, run_id: str) -> None:
+        """`results`/`stop` of a run the head never had (a typo, another target's id): one
+        line, as `top` says it, before anything is made at home."""
+        if not self.has_run(run_id):
+            raise UserError(
+                f"run {run_id} does not exist on {self.name} (its head has no directory for it)"
+            )
 
     def ssh(self, node: str, command: Sequence[str]) -> int:
         """An interactive shell or one command on a node, with its host key pinned."""

@@ -61,3 +61,27 @@ def test_report_still_takes_a_results_dir(
     settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
     main(["report", str(results)], settings)
     assert "not a run id" not in capsys.readouterr().err
+
+
+def test_results_and_stop_of_a_run_that_is_not_there_leave_last_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo is one line, as `top` says it, with nothing made at home; an older run's results
+    come home without LAST_RUN (the newest run, which `logs` and `report` follow) moving to it."""
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "node"))
+    older = tmp_path / "node" / ".gputrain" / "runs" / "r-old"
+    older.mkdir(parents=True)
+    (older / "exitcode").write_text("0 1\n")
+    local = tmp_path / "runs" / "local"
+    local.mkdir(parents=True)
+    (local / "LAST_RUN").write_text("r-new\n")
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    for command in ("results", "stop"):
+        assert main([command, "--local", "nope3"], settings) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert err == ["gputrain: error: run nope3 does not exist on local (its head has no "
+                       "directory for it)"]  # fmt: skip
+    assert not (local / "nope3").exists()
+    assert main(["results", "--local", "r-old"], settings) == 0
+    assert (local / "r-old" / "local" / "exitcode").is_file()
+    assert (local / "LAST_RUN").read_text() == "r-new\n"

@@ -367,7 +367,7 @@ class VertexSession:
         return {"vertex": ids} if ids else {}
 
     def results(self, run_id: str) -> Path:
-        results_dir = self.settings.results_dir(self.name, run_id)
+        results_dir = self.settings.made_results_dir(self.name, run_id)  # LAST_RUN: the newest
         bring_home(self.clients.storage(self.out.project), self.out, run_id, results_dir)
         return results_dir
 
