@@ -347,6 +347,21 @@ def seconds_up_to(limit: int) -> Callable[[str], float]:
     return seconds
 
 
+def count_up_to(limit: int) -> Callable[[str], int]:
+    """An argparse type: a whole number 0..limit (one line naming the bad value)."""
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not 0 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use 0..{limit}")
+        return value
+
+    return count
+
+
 def add_watch_arguments(
     name: str,
     parser: argparse.ArgumentParser,

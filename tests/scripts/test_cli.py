@@ -77,6 +77,20 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "tok3n" not in err  # a password is never echoed
 
 
+@pytest.mark.parametrize("restarts", ["101", "-1", "two"])
+def test_max_restarts_out_of_range_is_refused_while_parsing(
+    restarts: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not at launch, after verify, LAST_RUN and a ledger record (a stack's VMs made by then)."""
+    argv = ["run", "--local", "--yes", f"--max-restarts={restarts}", "--", "train.py"]
+    with pytest.raises(SystemExit) as done:
+        main(argv, Settings(root=tmp_path, runs_dir=tmp_path / "runs"))
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --max-restarts: '{restarts}' is not allowed; use 0..100" in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 
