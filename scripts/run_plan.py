@@ -194,14 +194,16 @@ def job_environment(
     from scripts.job.environment import (
         parse_secrets,
         plan_environment,
+        refuse_env_secrets,
         resolve_secrets,
         secret_references,
     )
 
     setup = env.setup if opts.setup is None else opts.setup
-    refs = parse_secrets(env.secrets, f"{env.source}secrets") + parse_secrets(
-        opts.secrets, "--secret"
-    )
+    in_file = parse_secrets(env.secrets, f"{env.source}secrets")
+    given = parse_secrets(opts.secrets, "--secret")
+    refuse_env_secrets(opts.env, {f"{env.source}secrets": in_file, "--secret": given})
+    refs = in_file + given
     # with an image: built inside it, on every node; on Vertex by the entry on every replica
     environment = plan_environment(
         Path.cwd(),

@@ -378,6 +378,19 @@ def secret_references(refs: Sequence[SecretRef], project: str | None) -> dict[st
     return out
 
 
+def refuse_env_secrets(env: Mapping[str, str], secrets: Mapping[str, Sequence[SecretRef]]) -> None:
+    """A name both `--env` and a secret (`secrets`: the setting -> its refs): the node would
+    set one over the other and the job see the plain value, silently. One UserError line (the
+    value never echoed)."""
+    for setting, refs in secrets.items():
+        for ref in refs:
+            if ref.name in env:
+                raise UserError(
+                    f"--env {ref.name}=...: {ref.name} is also a secret ({setting} {ref.name}); "
+                    "allowed: a name in only one of them"
+                )
+
+
 def machine_secrets_line(names: Iterable[str], in_secret_manager: Iterable[str]) -> str | None:
     """Why a `gputrain reconcile` pass on another machine cannot relaunch a run whose secrets
     `names` are not all in Secret Manager: a value of this machine's environment never leaves

@@ -206,3 +206,17 @@ def test_healthcheck_plans_no_data(project: Path) -> None:
     (project / "trainer" / "__init__.py").write_text("")
     (project / "trainer" / "healthcheck.py").write_text("")
     assert plan(t, project, entry=HEALTHCHECK_ENTRY).datasets == ()
+
+
+def test_a_name_both_env_and_a_secret_is_refused(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job saw --env's plain value and the secret was dropped, silently."""
+    monkeypatch.setenv("TOKEN_X_FOR_TESTS", "s3cret")
+    both = {"env": {"TOKEN_X_FOR_TESTS": "plain"}}
+    assert refused(target(project), project, secrets=("TOKEN_X_FOR_TESTS",), **both) == (
+        "--env TOKEN_X_FOR_TESTS=...: TOKEN_X_FOR_TESTS is also a secret (--secret "
+        "TOKEN_X_FOR_TESTS); allowed: a name in only one of them"
+    )
+    in_file = target(project, stack="s", config=GCE + "  gputrain:secrets: [TOKEN_X_FOR_TESTS]\n")
+    assert "(gputrain:secrets TOKEN_X_FOR_TESTS)" in refused(in_file, project, **both)
