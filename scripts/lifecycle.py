@@ -17,6 +17,7 @@ from typing import Any
 from infra.base.errors import GputrainError, UserError
 from scripts import ui
 from scripts.cost.ledger import record_run, record_unstarted
+from scripts.job.download import keep_previous_attempt
 from scripts.job.records import BudgetReached, Job, JobResult, Recovery, TrainingError
 from scripts.notify import Notifier
 from scripts.run_plan import RunPlan, declared_image, plan_run, warn_unrelaunchable
@@ -75,6 +76,7 @@ def verified_job(plan: RunPlan, session: Session, settings: Settings, notifier: 
     refuse_if_busy(session, plan.opts, plan.selector)
     if plan.opts.resume is not None:
         require_run(session, plan.opts.resume, plan.selector)
+        keep_previous_attempt(session.transports, plan.opts.resume, plan.results_dir)
     image = plan.image  # `build`: made before any GPU (on a stack that is up: now)
     if plan.build is not None:
         image = plan.target.built_image(plan.opts)

@@ -17,7 +17,7 @@ from scripts.job.data_io import FILLED_RECORD, FORGET_FILLED_SH, build_collect_w
 from scripts.job.records import JobResult, TrainingError
 from scripts.node_layout import run_dir
 from scripts.parallel import parallel
-from scripts.transport.base import ConnectionLostError, Transport
+from scripts.transport.base import ConnectionLostError, Transport, TransportError
 
 COLLECT_ERRORS = ".collect-errors"  # in the run dir on the node: why workdir/ is incomplete
 #: the run dir's entries that stay on the node: the code snapshot and run.sh's bookkeeping
@@ -46,14 +46,50 @@ def results_missing(error: BaseException | None) -> dict[str, str]:
 
 
 def keep_attempt_files(results_dir: Path, tag: str) -> None:
-    """Before a relaunch (a recovery, a restart after a stall): the next download would overwrite
-    or trip over each node's PER_ATTEMPT files, so torchrun.log becomes torchrun.<tag>.log,
-    exitcode exitcode.<tag>, torchrun-logs torchrun-logs.<tag>."""
+    """Before a relaunch (a recovery, a restart after a stall, `train --resume`): the next
+    download would overwrite or trip over each node's PER_ATTEMPT files, so torchrun.log becomes
+    torchrun.<tag>.log, exitcode exitcode.<tag>, torchrun-logs torchrun-logs.<tag> (.<tag>.2 and
+    on where a resumed run's recovery counts again from 1: never over an earlier one)."""
     for node_dir in [p for p in results_dir.glob("*") if p.is_dir()]:
         for name in PER_ATTEMPT:
             if (node_dir / name).exists():
                 stem, dot, ext = name.partition(".")
-                shutil.move(node_dir / name, node_dir / f"{stem}.{tag}{dot}{ext}")
+                kept, again = node_dir / f"{stem}.{tag}{dot}{ext}", 1
+                while kept.exists():
+                    again += 1
+                    kept = node_dir / f"{stem}.{tag}.{again}{dot}{ext}"
+                shutil.move(node_dir / name, kept)
+
+
+#: on a node, in the run dir: the earlier attempt's torchrun.log as torchrun.attempt<N>.log, N
+#: the first free (the start truncates torchrun.log); the download brings them home
+KEEP_NODE_LOG_SH = (
+    "[ -e torchrun.log ] || exit 0; n=1; "
+    "while [ -e torchrun.attempt$n.log ]; do n=$((n+1)); done; "
+    "mv torchrun.log torchrun.attempt$n.log"
+)
+
+
+def keep_previous_attempt(
+    transports: Mapping[str, Transport], run_id: str, results_dir: Path
+) -> None:
+    """`train --resume RUN`: what the run's earlier attempt left, at home (keep_attempt_files)
+    and its torchrun.log on every node, kept as a recovery keeps it: `torchrun.attempt<N>.log`,
+    N the first number no node has yet at home (the nodes count the same way)."""
+    n = 1
+    while any(results_dir.glob(f"*/torchrun.attempt{n}.log")):
+        n += 1
+    keep_attempt_files(results_dir, f"attempt{n}")
+    cmd = f"cd {shlex.quote(run_dir(run_id))} 2>/dev/null || exit 0; {KEEP_NODE_LOG_SH}"
+
+    def one(name: str) -> None:
+        r = transports[name].run(cmd, timeout=60)
+        if not r.ok:
+            raise TransportError(r.stderr.strip() or f"exit {r.exit_code}")
+
+    _, errors = parallel(list(transports), one)
+    for name, e in errors.items():
+        ui.warn(f"{name}: the earlier attempt's torchrun.log may be overwritten ({e})")
 
 
 def not_home_message(run_id: str, missing: Mapping[str, str], results_dir: Path) -> str:
@@ -128,6 +164,8 @@ def download_results(
             ):
                 if (got / src).exists():
                     move_into(got / src, dest / to)
+            for kept in got.glob("torchrun.attempt*.log"):  # the logs `--resume` kept
+                move_into(kept, dest / kept.name)
 
     results_dir.mkdir(parents=True, exist_ok=True)
     _, errors = parallel(list(transports), one)

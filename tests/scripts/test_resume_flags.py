@@ -89,3 +89,7 @@ def test_train_resume_on_local_passes_the_resume_args(tmp_path: Path) -> None:
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     assert "argv ['--steps=9', '--init_from=resume', 'a b']" in again.stdout, again.stdout
+    kept = tmp_path / "runs" / "local" / run_id / "local"
+    assert "argv ['--steps=9']\n" in (kept / "torchrun.attempt1.log").read_text()  # not lost
+    assert "--init_from=resume" in (kept / "torchrun.log").read_text()
+    assert (kept / "exitcode.attempt1").is_file()

@@ -13,6 +13,7 @@ from scripts.job.download import (
     COLLECT_ERRORS,
     download_results,
     keep_attempt_files,
+    keep_previous_attempt,
     move_into,
 )
 from scripts.transport.base import CommandResult
@@ -150,3 +151,34 @@ def test_attempt_files_are_kept_apart(tmp_path: Path) -> None:
     assert (tmp_path / "n0" / "torchrun.attempt1.log").read_text() == "attempt one\n"
     assert (tmp_path / "n0" / "exitcode.attempt1").is_file()
     assert not (tmp_path / "n0" / "torchrun.log").exists()
+
+
+def test_attempt_files_never_replace_earlier_ones(tmp_path: Path) -> None:
+    """A resumed run's recovery counts from 1 again: attempt1 of before the resume stays."""
+    (tmp_path / "n0").mkdir()
+    (tmp_path / "n0" / "torchrun.attempt1.log").write_text("before the resume\n")
+    (tmp_path / "n0" / "torchrun.log").write_text("after it\n")
+    keep_attempt_files(tmp_path, "attempt1")
+    assert (tmp_path / "n0" / "torchrun.attempt1.log").read_text() == "before the resume\n"
+    assert (tmp_path / "n0" / "torchrun.attempt1.2.log").read_text() == "after it\n"
+
+
+def test_a_resume_keeps_the_earlier_log_on_the_node_and_at_home(tmp_path: Path) -> None:
+    """`train --resume`: the start truncates the node's torchrun.log and the download replaces
+    the home copy; both become torchrun.attempt<N>.log first, and a log only the node kept (its
+    results never came home) comes home with the next download."""
+    node = tmp_path / "node"
+    run = node / ".gputrain" / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "torchrun.log").write_text("first\n")
+    home = tmp_path / "results"
+    t = LocalTransport("n", node)
+    keep_previous_attempt({"n": t}, "r1", home)  # the first attempt's results never came home
+    assert (run / "torchrun.attempt1.log").read_text() == "first\n"
+    (run / "torchrun.log").write_text("second\n")
+    assert download_results({"n": t}, "r1", home) == {}
+    assert (home / "n" / "torchrun.attempt1.log").read_text() == "first\n"
+    keep_previous_attempt({"n": t}, "r1", home)
+    assert (home / "n" / "torchrun.attempt2.log").read_text() == "second\n"
+    assert (run / "torchrun.attempt2.log").read_text() == "second\n"
+    assert not (run / "torchrun.log").exists() and not (home / "n" / "torchrun.log").exists()
