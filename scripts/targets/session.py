@@ -24,7 +24,7 @@ from scripts import ui
 from scripts.job.records import Job, JobResult
 from scripts.parallel import parallel
 from scripts.settings import Settings
-from scripts.targets.base import Footprint, SignalGuard
+from scripts.targets.base import Footprint, Interrupted, SignalGuard
 from scripts.transport.base import Transport
 from scripts.transport.local import LocalTransport
 from scripts.transport.ssh import HostKeyError, SshTransport, classify_connect_error
@@ -142,7 +142,7 @@ class FleetSession:
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
         from scripts.watch.monitor import watched_launch, with_stall_default
 
-        with self._launching(job, guard) as job:
+        with self._launching(job, guard, results_dir) as job:
             return watched_launch(
                 self.fleet,
                 self.transports,
@@ -158,10 +158,13 @@ class FleetSession:
             return launch_detached(self.fleet, self.transports, job)
 
     @contextlib.contextmanager
-    def _launching(self, job: Job, guard: SignalGuard) -> Iterator[Job]:
+    def _launching(
+        self, job: Job, guard: SignalGuard, results_dir: Path | None = None
+    ) -> Iterator[Job]:
         """The job as this session starts it (its GPU network; on this machine its own code dir:
         runs here share the node root, the run keeps a hard-linked snapshot). Failed or
-        interrupted, it is stopped: nothing may keep running on machines that stay up."""
+        interrupted, it is stopped: nothing may keep running on machines that stay up; then,
+        interrupted (Ctrl-C, SIGTERM), its results come home into `results_dir`."""
         from scripts.job.launch import stop_job
 
         transports = self.transports
@@ -170,14 +173,31 @@ class FleetSession:
             job = dataclasses.replace(job, code_dir=f"{job.code_dir}-{job.run_id}")
         try:
             yield job
-        except BaseException:
+        except BaseException as e:
             with guard.teardown():
                 stop_job(transports, job.run_id)
+            if results_dir is not None and isinstance(e, Interrupted | KeyboardInterrupt):
+                self._results_after_interrupt(job.run_id, results_dir)
             raise
         finally:
             if self.fleet.local:
                 for t in transports.values():
                     t.run(f"rm -rf {shlex.quote(job.code_dir)}", timeout=120)
+
+    def _results_after_interrupt(self, run_id: str, results_dir: Path) -> None:
+        """What the stopped run left, brought home as at its end (teardown.md: results before
+        teardown, on Ctrl-C too). Not shielded: a second Ctrl-C ends the download, and the line
+        says where the results still are."""
+        from scripts.job.download import download_results, not_home_message
+
+        try:
+            missing = download_results(self.transports, run_id, results_dir)
+        except (Interrupted, KeyboardInterrupt):
+            missing = {n: "interrupted again" for n in self.transports}
+        if missing:
+            ui.warn(not_home_message(run_id, missing, results_dir))
+        else:
+            ui.say(f"run {run_id}: stopped; results in {results_dir}")
 
     def with_fabric(self, job: Job) -> Job:
         """The job with the GPU network its image's containers get (a multi-node fabric stack's:

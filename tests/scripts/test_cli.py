@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -411,7 +412,6 @@ def test_healthcheck_local_writes_health_json(
 def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import signal
 
     from scripts.targets.base import Interrupted, signal_guard
 
@@ -425,6 +425,59 @@ def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
             finished = True
     assert finished and guard.received == [signal.SIGTERM, signal.SIGINT]
     assert "teardown is in progress" in capsys.readouterr().err
+
+
+def test_ctrl_c_on_a_local_run_brings_its_results_home(tmp_path: Path) -> None:
+    """teardown.md: results before teardown, on Ctrl-C too (only cost.json, ledger.json and
+    report.html came home)."""
+    (tmp_path / "job.py").write_text(
+        "import time\nprint('training', flush=True)\ntime.sleep(120)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRAIN_NODE_ROOT"}
+    env["HOME"] = str(tmp_path / "home")
+    controller = subprocess.Popen(
+        [str(VENV_BIN / "gputrain"), "run", "--local", "--yes", "--", "job.py"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert controller.stdout is not None
+    seen = []
+    for line in controller.stdout:
+        seen.append(line)
+        if "[rank0]:training" in line:
+            controller.send_signal(signal.SIGINT)
+            break
+    out = "".join(seen) + controller.communicate(timeout=120)[0]
+    assert controller.returncode == 130, out[-3000:]
+    run_id = (tmp_path / "runs" / "local" / "LAST_RUN").read_text().strip()
+    results = tmp_path / "runs" / "local" / run_id
+    assert "training" in (results / "local" / "torchrun.log").read_text()
+    assert f"run {run_id}: stopped; results in {results}" in out
+
+
+def test_a_second_ctrl_c_ends_the_download_and_says_where_the_results_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scripts.job import download
+    from scripts.job.records import Job
+    from scripts.targets.base import Interrupted, RunOptions, SignalGuard
+    from scripts.targets.local import LocalTarget
+
+    def interrupted(*args: object, **kwargs: object) -> dict[str, str]:
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setenv("GPUTRAIN_NODE_ROOT", str(tmp_path / "node"))
+    monkeypatch.setattr(download, "download_results", interrupted)
+    target = LocalTarget(Settings(tmp_path, tmp_path / "runs"))
+    results = tmp_path / "runs" / "r1"
+    with (
+        target.attached(RunOptions()) as session,
+        pytest.raises(Interrupted),
+        session._launching(Job(run_id="r1"), SignalGuard(), results),
+    ):
+        raise Interrupted(signal.SIGINT)
+    err = capsys.readouterr().err
+    assert "the results of local could not be brought home (local: interrupted again)" in err
+    assert "`gputrain results r1` with the run's target tries again" in err
 
 
 def test_the_parser_built_for_one_command_parses_and_helps_as_the_whole_one(
