@@ -129,19 +129,18 @@ class Settings:
 
     def check_results_home(self) -> None:
         """Before anything is created: runs/<target>/<run-id>/ can be made, so that no run trains
-        only to find nowhere to put its results, and not around the working directory, whose
-        files are uploaded as the job's code (and which would then hold the results marker that
-        keeps a directory out of every upload). One UserError line."""
+        only to find nowhere to put its results, and not the working directory itself, whose
+        files are uploaded as the job's code (the results marker there would keep them all out of
+        the upload). One UserError line."""
         where = self.runs_dir.absolute()
         why = path_problem(where) or unmakeable(where)
-        if why is None and Path.cwd().resolve().is_relative_to(where.resolve()):
-            which = "is" if where.resolve() == Path.cwd().resolve() else "holds"
-            why = f"it {which} the working directory, whose files are uploaded as the job's code"
+        if why is None and where.resolve() == Path.cwd().resolve():
+            why = "it is the working directory, whose files are uploaded as the job's code"
         if why is None:
             return
         raise UserError(
-            f"results directory {where}: {why}; allowed: a directory you can write, not the "
-            f"working directory or one above it (--runs-dir, {RUNS_DIR_ENV})"
+            f"results directory {where}: {why}; allowed: a directory you can write, other than "
+            f"the working directory (--runs-dir, {RUNS_DIR_ENV})"
         )
 
     def check_local_node_root(self) -> None:

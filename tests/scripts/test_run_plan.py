@@ -193,7 +193,7 @@ def test_results_that_could_not_be_made_are_refused_before_anything(
         plan_run(target(project), RunOptions(entry=("job.py",)), settings, create=True)
     assert str(e.value) == (
         f"results directory {project / runs_dir}: {why.format(project=project)}; "
-        "allowed: a directory you can write, not the working directory or one above it "
+        "allowed: a directory you can write, other than the working directory "
         "(--runs-dir, GPUTRAIN_RUNS_DIR)"
     )
 

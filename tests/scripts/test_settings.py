@@ -65,17 +65,18 @@ def test_a_directory_of_the_users_gets_no_gitignore_at_later_runs_either(tmp_pat
 def test_results_around_the_working_directory_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--runs-dir .` or `..`: the uploaded project itself, or a directory holding it."""
+    """`--runs-dir .`: the uploaded project itself. A directory above it holds the results
+    beside the project, not in it (`..`, `~`), and one below it is the default runs/."""
     project = tmp_path / "repo" / "project"
     project.mkdir(parents=True)
     monkeypatch.chdir(project)
-    for runs, which in ((project, "is"), (project / "..", "holds"), (tmp_path, "holds")):
+    for runs in (project, project / "sub" / ".."):
         with pytest.raises(UserError) as e:
             Settings(root=project, runs_dir=runs).check_results_home()
-        assert f"it {which} the working directory" in str(e.value)
-        assert "not the working directory or one above it" in str(e.value)
-    Settings(root=project, runs_dir=project / "runs").check_results_home()
-    Settings(root=project, runs_dir=tmp_path / "repo" / "results").check_results_home()
+        assert "it is the working directory" in str(e.value)
+        assert "other than the working directory" in str(e.value)
+    for runs in (project / "runs", project / "..", tmp_path, tmp_path / "repo" / "results"):
+        Settings(root=project, runs_dir=runs).check_results_home()
     assert not (project / ".gputrain-results").exists()
 
 
