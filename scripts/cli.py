@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from gputrain_node import contract
 from infra.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, GputrainError, UserError
 from scripts import cli_options, lifecycle, ui
-from scripts.job.records import DEFAULT_ENTRY
+from scripts.job.records import DEFAULT_ENTRY, MAX_RESTARTS
 from scripts.settings import RUNS_DIR_ENV, Settings, find_project_root, path_problem, user_path
 from scripts.targets.base import Feature, RunOptions
 
@@ -34,7 +34,6 @@ HEALTHCHECK_ENTRY = contract.HEALTHCHECK_ENTRY
 
 
 _UP_TO_A_DAY = cli_options.seconds_up_to(86400)  # --wait, top's --interval: seconds
-MAX_RESTARTS = 100  # --max-restarts: the bound job/records.py check_job holds a job to
 
 
 @dataclass

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from scripts.watch.telemetry import WatchSettings
 
 DEFAULT_ENTRY: tuple[str, ...] = ("-m", "trainer.train", "--preset", "tiny")
+MAX_RESTARTS = 100  # --max-restarts: how often torchrun may restart every worker
 # What the trainer reads (trainer/config.py, trainer/preemption.py); the trainer runs without us.
 CHECKPOINT_URI_ENV = "GPUTRAIN_CHECKPOINT_URI"
 WATCH_PREEMPTION_ENV = contract.WATCH_PREEMPTION_ENV
@@ -169,8 +170,8 @@ def validate_job(job: Job) -> None:
             raise UserError(
                 f"env: variable name {name!r} is not allowed; use letters, digits and '_'"
             )
-    if not 0 <= job.max_restarts <= 100:
-        raise UserError(f"max restarts: {job.max_restarts} is not allowed; use 0..100")
+    if not 0 <= job.max_restarts <= MAX_RESTARTS:
+        raise UserError(f"max restarts: {job.max_restarts} is not allowed; use 0..{MAX_RESTARTS}")
     if job.rdzv_port is not None and not 1024 <= job.rdzv_port <= 65535:
         raise UserError(f"rendezvous port: {job.rdzv_port} is not allowed; use 1024..65535")
     if job.nproc_per_node is not None and job.nproc_per_node < 1:
