@@ -130,9 +130,11 @@ def cost_command(
     by: str,
     as_json: bool,
     billing: str | None = None,
+    source: str = "runs/ledger.jsonl",
 ) -> None:
     """Print the table and totals (or the JSON) of the ledger's runs; with `billing` (the
-    export table) what Cloud Billing charged next to the estimate."""
+    export table) what Cloud Billing charged next to the estimate. `source`: where the records
+    came from, for the line that says there are none."""
     from infra.billing import parse_table
 
     start = parse_since(since, time.time()) if since else None
@@ -159,7 +161,7 @@ def cost_command(
         return
     if not chosen:
         ui.say("cost: no runs in the ledger" + (f" for {target}" if target else "") +
-               (f" since {since}" if since else "") + " (runs/ledger.jsonl)")  # fmt: skip
+               (f" since {since}" if since else "") + f" ({source})")  # fmt: skip
         return
     header = [by, "when (UTC)" if by == "run" else "runs", "nodes x machine", "GPU-h",
               "recoveries", "estimated"] + (["billed"] if billed is not None else [])  # fmt: skip
@@ -216,7 +218,8 @@ def cost_from_args(args: argparse.Namespace, settings: Settings, target: Callabl
     """`gputrain cost`: the runs of the target given (--stack, --hosts, --local; else all),
     billed from --billing or the stack's billingExport. `target` opens the target (only for
     --hosts, or a --stack whose file is here: a stack that is gone still has its runs)."""
-    from scripts.cost.ledger import read
+    from scripts.cost.ledger import LEDGER, read
+    from scripts.settings import RUNS_DIR_ENV
 
     hosts = getattr(args, "hosts", None)
     name = (
@@ -233,7 +236,17 @@ def cost_from_args(args: argparse.Namespace, settings: Settings, target: Callabl
     if billing is None and stack_file is not None and stack_file.is_file():
         spec = target().declared().spec  # the stack file's billingExport
         billing = spec.billing_export if spec is not None else None
+    runs = settings.runs_dir
+    if runs.exists() and not runs.is_dir():
+        raise UserError(
+            f"results directory {runs}: not a directory; allowed: the directory runs went to "
+            f"(--runs-dir, {RUNS_DIR_ENV})"
+        )
+    ledger = read(runs)
+    if problems := ledger.problems():
+        ui.warn(f"cost: {problems}: not counted")
+    source = str(runs / LEDGER) if runs.is_dir() else f"{runs} does not exist"
     cost_command(
-        read(settings.runs_dir), target=name, since=args.since, by=args.by, as_json=args.json,
-        billing=billing,
+        ledger.records, target=name, since=args.since, by=args.by, as_json=args.json,
+        billing=billing, source=source,
     )  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 import fcntl
 import getpass
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -73,7 +72,8 @@ class LedgerRecord:
 
     @classmethod
     def from_json(cls, data: Any) -> LedgerRecord | None:
-        """A record, or None for a line that is not one of ours (never a crash). Pure."""
+        """A record, or None for a line that is not one of ours (never a crash): every field of
+        its type, counts and times in a range the table's arithmetic and dates can hold. Pure."""
         if not isinstance(data, dict):
             return None
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
@@ -81,12 +81,38 @@ class LedgerRecord:
             record = cls(**fields)
         except TypeError:
             return None
-        numbers = (record.start, record.end, record.nodes, record.gpus_per_node, record.downtime_s)
-        if not all(isinstance(n, int | float) and math.isfinite(n) for n in numbers):
-            return None
-        if not isinstance(record.run_id, str) or not isinstance(record.target, str):
-            return None
-        return record
+        return record if _well_formed(record) else None
+
+
+#: the latest unix time a date can show (9999-12-31 UTC); a ledger's times lie in [0, this]
+LATEST_TIME = 253_402_214_400.0
+#: more nodes, GPUs or recoveries than any run has: a record past it is not one of ours
+MOST_COUNT = 1_000_000
+
+
+def _number(v: object, most: float) -> bool:
+    """A finite int or float (never a bool) in [0, most]."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= most
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MOST_COUNT
+
+
+def _well_formed(r: LedgerRecord) -> bool:
+    """Every field of the type the dataclass declares, in range. Pure."""
+    texts = (r.target, r.run_id, r.user, r.machine)
+    optional_texts = (r.stack, r.backend, r.capacity, r.price_source)
+    return (
+        all(isinstance(t, str) for t in texts)
+        and all(t is None or isinstance(t, str) for t in optional_texts)
+        and (r.ok is None or isinstance(r.ok, bool))
+        and _number(r.start, LATEST_TIME)
+        and _number(r.end, LATEST_TIME)
+        and _number(r.downtime_s, LATEST_TIME)
+        and (r.hourly_usd is None or _number(r.hourly_usd, 1e9))
+        and all(_count(n) for n in (r.nodes, r.gpus_per_node, r.recoveries, r.v))
+    )
 
 
 def append(runs_dir: Path, record: LedgerRecord) -> Path:
@@ -104,26 +130,57 @@ def append(runs_dir: Path, record: LedgerRecord) -> Path:
     return path
 
 
-def read(runs_dir: Path) -> list[LedgerRecord]:
+@dataclass(frozen=True)
+class Ledger:
+    """What `read` found: the records, and per file how many of its lines were no record (a
+    line cut short, garbage, a field of the wrong type) or why it could not be read at all."""
+
+    records: list[LedgerRecord]
+    skipped: dict[Path, int]
+    unreadable: dict[Path, str]
+
+    def problems(self) -> str | None:
+        """One line on what was left out, naming each file; None when nothing was. Pure."""
+        parts = [f"{n} unreadable line(s) in {p}" for p, n in self.skipped.items()]
+        parts += [f"{p} ({why})" for p, why in self.unreadable.items()]
+        return ("skipped " + "; ".join(parts)) if parts else None
+
+
+def read(runs_dir: Path) -> Ledger:
     """Every run's record: runs/ledger.jsonl, plus the records `down` (or `results`) brought home
     from a stack's bucket that this machine's ledger lacks (runs/<target>/<run-id>/ledger.json).
     One record per (target, run id): the later line wins (a resumed run ends again)."""
     found: dict[tuple[str, str], LedgerRecord] = {}
+    skipped: dict[Path, int] = {}
+    unreadable: dict[Path, str] = {}
+
+    def records_of(path: Path, one_document: bool = False) -> list[LedgerRecord]:
+        """The file's records (a run's ledger.json: one JSON document), counting the rest."""
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as e:
+            unreadable[path] = e.strerror or type(e).__name__
+            return []
+        lines = [t for t in ([text] if one_document else text.splitlines()) if t.strip()]
+        records = list(_parse(lines))
+        if len(lines) > len(records):
+            skipped[path] = len(lines) - len(records)
+        return records
+
     path = runs_dir / LEDGER
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    for record in _parse(lines):
+    for record in records_of(path) if path.is_file() else []:
         found[(record.target, record.run_id)] = record
     for p in sorted(runs_dir.glob(f"*/*/{LEDGER_RECORD}")):
-        for record in _parse([p.read_text(errors="replace")]):
+        for record in records_of(p, one_document=True):
             found.setdefault((record.target, record.run_id), record)
-    return sorted(found.values(), key=lambda r: r.start)
+    return Ledger(sorted(found.values(), key=lambda r: r.start), skipped, unreadable)
 
 
 def _parse(lines: Iterable[str]) -> Iterable[LedgerRecord]:
     for line in lines:
         try:
             record = LedgerRecord.from_json(json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if record is not None:
             yield record

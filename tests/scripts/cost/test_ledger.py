@@ -77,7 +77,7 @@ def test_two_processes_appending_at_once_lose_nothing(tmp_path: Path) -> None:
         assert p.exitcode == 0
     lines = (tmp_path / LEDGER).read_text().splitlines()
     assert len(lines) == 400 and all(json.loads(ln)["v"] == 1 for ln in lines)
-    assert len(read(tmp_path)) == 400
+    assert len(read(tmp_path).records) == 400
 
 
 def test_grouping_counts_gpu_hours_cost_and_recovery_downtime() -> None:
@@ -109,6 +109,49 @@ def test_since_and_malformed_lines() -> None:
             parse_since(bad, now)
     for line in ("{", "[]", '{"run_id": 1}', '{"target": "x", "run_id": "y", "start": "a"}'):
         assert LedgerRecord.from_json(json.loads(line) if line != "{" else None) is None
+
+
+def test_a_record_with_a_field_of_the_wrong_type_or_range_is_no_record() -> None:
+    """Every field the table uses is checked, so a hand-edited or foreign line is skipped like an
+    unreadable one rather than crashing the arithmetic or the dates."""
+    good = record("r1").to_json()
+    assert LedgerRecord.from_json(good) == record("r1")
+    bad_fields: list[dict[str, object]] = [
+        {"hourly_usd": "x"}, {"recoveries": "3"}, {"start": 1e300}, {"start": -1e12},
+        {"end": float("nan")}, {"nodes": True}, {"nodes": 10**400}, {"user": 7},
+        {"ok": "yes"}, {"stack": 1}, {"downtime_s": -5}, {"hourly_usd": float("inf")},
+    ]  # fmt: skip
+    for bad in bad_fields:
+        assert LedgerRecord.from_json(good | bad) is None, bad
+
+
+def test_cost_says_what_it_skipped_and_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lines that are no record are counted in one warning naming the ledger it read; with none
+    left, the line says which ledger (or that the results directory is not there)."""
+    runs = tmp_path / "elsewhere"
+    for run_id in ("r1", "r2", "r3"):
+        append(runs, record(run_id))
+    with (runs / LEDGER).open("a") as f:
+        f.write('garbage\n{"start": 1e300, "run_id": "x", "target": "y"}\n{"target": "stack-d')
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main(["cost", "--runs-dir", str(runs), "--json"], settings) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["total"]["runs"] == 3
+    assert (
+        err.strip()
+        == f"warning: cost: skipped 3 unreadable line(s) in {runs / LEDGER}: not counted"
+    )
+    (runs / LEDGER).write_text("garbage\n")
+    assert main(["cost", "--runs-dir", str(runs)], settings) == 0
+    out, err = capsys.readouterr()
+    assert f"1 unreadable line(s) in {runs / LEDGER}" in err
+    assert out.strip() == f"cost: no runs in the ledger ({runs / LEDGER})"
+    assert main(["cost", "--runs-dir", str(tmp_path / "nope")], settings) == 0
+    assert f"({tmp_path / 'nope'} does not exist)" in capsys.readouterr().out
+    assert main(["cost", "--runs-dir", str(runs / LEDGER)], settings) == 2
+    assert "not a directory" in capsys.readouterr().err
 
 
 def test_cost_bad_since_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -150,4 +193,4 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     runs = tmp_path / "runs"  # `down` brought it home: the ledger counts it
     (runs / "stack-dev" / "r7").mkdir(parents=True)
     (runs / "stack-dev" / "r7" / LEDGER_RECORD).write_text(json.dumps(done))
-    assert [r.run_id for r in read(runs)] == ["r7"]
+    assert [r.run_id for r in read(runs).records] == ["r7"]
