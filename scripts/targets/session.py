@@ -222,17 +222,26 @@ class FleetSession:
         return found or None
 
     def logs(self, run_id: str) -> None:
-        """Follow a run's torchrun logs on every node (reattaches to a detached job)."""
+        """Follow a run's torchrun logs on every node (reattaches to a detached job). A run no
+        node has is one line, as `top` says it (exit 2); a node without it, a warning."""
         from scripts.job.node_scripts import build_tail_command
+        from scripts.node_layout import run_dir
         from scripts.parallel import parallel
 
-        tail = build_tail_command(run_id, 0)
+        missing = 3  # the exit status of a node without the run's directory
+        tail = f"test -d {shlex.quote(run_dir(run_id))} || exit {missing}; "
+        tail += build_tail_command(run_id, 0)
         transports = self.transports
 
         def follow(name: str) -> int:
             return transports[name].stream(tail, lambda line: ui.say(f"[{name}] {line}"), None)
 
-        parallel(list(transports), follow)
+        codes, _ = parallel(list(transports), follow)
+        lacking = [name for name, code in codes.items() if code == missing]
+        if lacking and len(lacking) == len(transports):
+            raise UserError(f"logs: run {run_id} does not exist on {self.name} (no node has it)")
+        for name in lacking:
+            ui.warn(f"[{name}] run {run_id} does not exist on this node")
 
     def running(self) -> dict[str, list[str]]:
         from scripts.job.node_scripts import build_running_command

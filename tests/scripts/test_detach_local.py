@@ -1,6 +1,6 @@
 """`--local --detach`: the command returns once the job trains, the job runs on without it (its
-own session), `gputrain logs --local` reattaches and follows it to the end; `--resume` of a run
-that is not there is one line."""
+own session), `gputrain logs --local` reattaches and follows it to the end; `--resume` or `logs` of
+a run that is not there is one line."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from scripts.settings import Settings
 from tests.support import JOBS
@@ -66,3 +68,19 @@ def test_resume_of_a_run_that_does_not_exist_is_one_line(tmp_path: Path) -> None
     )
     bad = gputrain(tmp_path, "train", "--local", "--resume", "../x", timeout=60)
     assert bad.returncode == 2 and "--resume '../x': not a run id" in bad.stderr
+
+
+def test_logs_of_a_run_that_does_not_exist_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `top` says it: no shell's `cd` error on the output, and exit 2."""
+    from scripts.cli import main
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main(["logs", "--local", "--run", "nope"], settings) == 2
+    out, err = capsys.readouterr()
+    assert "cd" not in out and err == (
+        "gputrain: error: logs: run nope does not exist on local (no node has it)\n"
+    )
