@@ -112,7 +112,11 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     image = declared_image(env, opts)
     planned_build = target.planned_build(opts) if build else None  # a missing Dockerfile
     entry = tuple(opts.entry or DEFAULT_ENTRY)
-    check_entry(entry, Path.cwd())
+    check_entry(
+        entry,
+        Path.cwd(),
+        node_is_here=target.name == "local" and not (image or planned_build or environment),
+    )
     settings.check_results_home()  # runs/<target>/<run-id>/ is made only when the job starts
     notify = run_notify_urls(opts.notify, declared.notify)
     watch = watch_settings(opts.stall_timeout_s)

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -436,9 +437,11 @@ def sync_code(
 BUNDLED = ("trainer",)  # packages the upload adds itself (job.include_trainer)
 
 
-def check_entry(entry: Sequence[str], workdir: Path) -> None:
+def check_entry(entry: Sequence[str], workdir: Path, *, node_is_here: bool = False) -> None:
     """UserError for an ENTRY script or module the nodes will not have; a warning for each path
-    an argument names that exists here but stays out of the upload."""
+    an argument names that exists here but stays out of the upload. `node_is_here`: the node is
+    this machine's Python with nothing installed for the run (`--local`, no image, no
+    requirements or setup), so a module it cannot find here is refused, not warned of."""
     listed = set(list_workdir_files(workdir))
     if not entry:
         return
@@ -447,7 +450,7 @@ def check_entry(entry: Sequence[str], workdir: Path) -> None:
     elif entry[0] == "-m":
         if len(entry) < 2 or not entry[1]:
             raise UserError("ENTRY -m: give the module to run, e.g. -m trainer.train")
-        _check_module(entry[1], workdir, listed)
+        _check_module(entry[1], workdir, listed, node_is_here)
         args = entry[2:]
     else:
         if not entry[0].startswith("/"):
@@ -468,9 +471,15 @@ def _left_out(rel: str, workdir: Path, listed: set[str]) -> str | None:
 
 
 def _check_file(rel: str, workdir: Path, listed: set[str], *, what: str) -> None:
-    rel = str(Path(rel))
-    if not os.path.isfile(workdir / rel):  # False for a name the system refuses (too long)
+    """UserError unless `rel` (as given: `train.py/` is no file) is a file the upload sends."""
+    if os.path.normpath(rel).split(os.sep)[0] == os.pardir:
+        raise UserError(
+            f"{what}: outside {workdir} (the directory that is uploaded); the nodes would not "
+            "have it"
+        )
+    if not os.path.isfile(os.path.join(workdir, rel)):  # False for a name too long, too
         raise UserError(f"{what}: no such file in {workdir} (the directory that is uploaded)")
+    rel = os.path.normpath(rel)
     why = _left_out(rel, workdir, listed)
     if why is not None:
         raise UserError(
@@ -478,18 +487,25 @@ def _check_file(rel: str, workdir: Path, listed: set[str], *, what: str) -> None
         )
 
 
-def _check_module(module: str, workdir: Path, listed: set[str]) -> None:
+def _check_module(module: str, workdir: Path, listed: set[str], node_is_here: bool) -> None:
     parts = module.split(".")
     top = parts[0]
     if top in BUNDLED:
         return
     local = workdir / top
     if not (os.path.isdir(local) or os.path.isfile(workdir / f"{top}.py")):
-        if importlib.util.find_spec(top) is None:
-            ui.warn(
-                f"ENTRY -m {module}: not in {workdir} and not installed here; it must be "
-                "installed on the nodes"
+        if importlib.util.find_spec(top) is not None:
+            return
+        if node_is_here:
+            raise UserError(
+                f"ENTRY -m {module}: not in {workdir} and not installed in {sys.executable}, "
+                "the Python --local runs it with; allowed: a module in the project or one "
+                "installed there"
             )
+        ui.warn(
+            f"ENTRY -m {module}: not in {workdir} and not installed here; it must be "
+            "installed on the nodes"
+        )
         return
     path = "/".join(parts)
     for candidate in (f"{path}.py", f"{path}/__main__.py", f"{path}/__init__.py"):

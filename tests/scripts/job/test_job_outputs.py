@@ -94,6 +94,8 @@ def _project(tmp_path: Path) -> Path:
         (["secret.py"], r"ENTRY secret\.py: .*left out of the upload \(ignored by \.gitignore"),
         (["-m", "pkg.nope"], r"ENTRY -m pkg\.nope: .*no pkg/nope\.py"),
         (["-m"], r"ENTRY -m: .*module"),
+        (["../outside.py"], r"ENTRY \.\./outside\.py: outside .*proj \(the directory that is up"),
+        (["train.py/"], r"ENTRY train\.py/: no such file in .*proj"),
     ],
 )
 def test_a_missing_entry_is_refused_before_anything_is_created(
@@ -110,6 +112,27 @@ def test_a_module_name_the_system_refuses_is_only_not_here(
     never an OSError."""
     check_entry(("-m", "z" * 300), _project(tmp_path))
     assert "not in" in capsys.readouterr().err
+
+
+def test_a_module_the_local_python_lacks_is_refused_on_local_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--local`'s node is this Python: a module it cannot import fails the run for sure, so it
+    is refused (exit 2) unless an image or the project's requirements may bring it; elsewhere
+    the nodes may have it installed (a warning)."""
+    from scripts.cli import main
+    from scripts.settings import Settings
+
+    root = _project(tmp_path)
+    check_entry(("-m", "nope_not_installed"), root)
+    assert "it must be installed on the nodes" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"ENTRY -m nope_not_installed: not in .*the Python --l"):
+        check_entry(("-m", "nope_not_installed"), root, node_is_here=True)
+    monkeypatch.chdir(root)
+    settings = Settings(root=root, runs_dir=tmp_path / "runs")
+    assert main(["run", "--local", "--", "-m", "nope_not_installed"], settings) == 2
+    assert "the Python --local runs it with" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing was started
 
 
 def test_good_entries_pass_and_data_the_upload_leaves_out_is_warned_about(
