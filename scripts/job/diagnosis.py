@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,13 +62,57 @@ def root_cause_lines(
     if worker:
         return worker[-max_lines:]
     # Without error.json, torchrun's own ChildFailedError report ends the log and says nothing
-    # of the cause: keep what the workers printed before it.
+    # of the cause: keep what the workers printed before it, and the exit it reports.
+    ended = worker_exit(lines)
     agent = next((i for i, ln in enumerate(lines) if "ChildFailedError" in ln), None)
     if agent is not None:
         # torchrun's own traceback starts unprefixed; workers' lines carry a [rankN]: prefix
         starts = [i for i in range(agent) if lines[i].startswith("Traceback (most recent call")]
         lines = lines[: starts[-1]] if starts and starts[-1] else lines
-    return lines[-max_lines:]
+    lines = [ln for ln in lines if not (_AGENT_LOG.match(ln) or _START_BANNER.match(ln))]
+    if ended is None:
+        return lines[-max_lines:]
+    rank, code = ended
+    last = f"rank {rank}: {exit_text(code)}" if rank is not None else exit_text(code)
+    return [*lines[-(max_lines - 1) :], last]
+
+
+# torchrun's own log lines (glog: `E1128 14:17:39.351000 8746 torch/distributed/...] failed`)
+# and run.sh's start banner: never a worker's output
+_AGENT_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/")
+_START_BANNER = re.compile(r"^gputrain: \S+ starts run \S+; interface toward head ")
+# torchrun's report of the first observed failure (`rank      : 0 (local_rank: 0)`, `exitcode  :
+# -9 (pid: 42)  (SIGKILL)`), and its log line on a failed worker (`failed (exitcode: 3)`)
+_REPORT_ROOT = "Root Cause (first observed failure):"
+_REPORT_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)\b")
+_AGENT_EXITCODE = re.compile(r"\] failed \(exitcode: (-?\d+)\)")
+
+
+def worker_exit(lines: Sequence[str]) -> tuple[int | None, int] | None:
+    """(rank or None, exit code) of the failed worker as torchrun's last report (else its last
+    log line on a failure) gives them, a negative code being the signal that killed it; None
+    when torchrun said neither."""
+    roots = [i for i, ln in enumerate(lines) if ln.strip() == _REPORT_ROOT]
+    found: dict[str, int] = {}
+    for ln in lines[roots[-1] + 1 :] if roots else ():
+        if (m := _REPORT_FIELD.match(ln)) and m.group(1) not in found:
+            found[m.group(1)] = int(m.group(2))
+        if ln.startswith("====="):
+            break
+    if "exitcode" in found:
+        return found.get("rank"), found["exitcode"]
+    codes = [int(m.group(1)) for ln in lines if (m := _AGENT_EXITCODE.search(ln))]
+    return (None, codes[-1]) if codes else None
+
+
+def exit_text(code: int) -> str:
+    """`exit code 3`, or `killed by SIGKILL` for torchrun's -9. Pure."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 _TRACEBACK = "Traceback (most recent call last):"

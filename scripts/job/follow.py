@@ -14,7 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from scripts import ui
-from scripts.job.diagnosis import FailureFacts, first_failure, root_cause_lines, split_error_files
+from scripts.job.diagnosis import (
+    FailureFacts,
+    first_failure,
+    root_cause_lines,
+    split_error_files,
+    worker_exit,
+)
 from scripts.job.node_scripts import (
     DISK_FULL,
     EXIT_CODE_PENDING,
@@ -69,10 +75,13 @@ class NodeState:
             why = f"lost contact with node {self.name}: {self.lost}"
             return NodeFailure(self.name, "lost", self.exit_code, (why,), self.lost)
         kind: FailureKind = "killed" if self.exit_code is None else "exited"
-        root = root_cause_lines(self.error_files, list(self.tail)) or ["(no output)"]
+        tail = list(self.tail)
+        root = root_cause_lines(self.error_files, tail) or ["(no output)"]
         if self.disk_full:
             root.append(DISK_FULL_LINE.format(node=self.name))
-        return NodeFailure(self.name, kind, self.exit_code, tuple(root))
+        ended = worker_exit(tail)
+        worker_code = ended[1] if ended is not None else None
+        return NodeFailure(self.name, kind, self.exit_code, tuple(root), None, worker_code)
 
 
 DISK_FULL_LINE = (
@@ -142,7 +151,7 @@ def follow_job(
                     st.error_files = _error_files(transports[st.name], job.run_id)
             failed = _first_failure(states)
             ui.say(
-                f"node {failed} failed (exit code {states[failed].failure().code_text}); "
+                f"node {failed} failed ({states[failed].failure().code_text}); "
                 "stopping the other node(s)"
             )
             stop_started = time.monotonic()

@@ -129,7 +129,7 @@ def launch_torchrun(
     write_job_record(result, missing)
     if failure is not None:
         error = TrainingError(
-            f"run {job.run_id} failed on node {failure.node} (exit code {failure.code_text}); "
+            f"run {job.run_id} failed on node {failure.node} ({failure.code_text}); "
             f"{_stop_summary(stopped, failure.node, exit_codes)}. Root cause:\n"
             + "\n".join(f"  {ln}" for ln in failure.root_cause)
             + f"\nlogs and results: {results_dir}{lost}",

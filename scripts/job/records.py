@@ -84,15 +84,25 @@ class NodeFailure:
 
     node: str
     kind: FailureKind
-    exit_code: int | None
+    exit_code: int | None  # torchrun's (the CLI's own exit code follows it)
     root_cause: tuple[str, ...]
     error: BaseException | None = None
+    # the failed worker's exit code as torchrun reported it (negative: the signal that killed it)
+    worker_exit_code: int | None = None
 
     @property
     def code_text(self) -> str:
+        """How the node ended, in words: the worker's own exit code or signal when torchrun
+        reported it (torchrun itself exits 1 for any worker's failure)."""
+        from scripts.job.diagnosis import exit_text
+
         if self.kind == "lost":
-            return f"unknown: {self.error}"
-        return "none: its processes were killed" if self.exit_code is None else str(self.exit_code)
+            return f"exit code unknown: {self.error}"
+        if self.exit_code is None:
+            return "exit code none: its processes were killed"
+        if self.exit_code != 0 and self.worker_exit_code is not None:
+            return exit_text(self.worker_exit_code)
+        return f"exit code {self.exit_code}"
 
 
 @dataclass(frozen=True)

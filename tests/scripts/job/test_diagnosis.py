@@ -106,3 +106,55 @@ def test_a_stdout_line_inside_the_traceback_is_not_taken_for_the_exception() -> 
     assert lines[0] == "[rank0]:Traceback (most recent call last):"
     assert lines[-1].startswith("[rank0]:FileNotFoundError: [Errno 2]")
     assert not [ln for ln in lines if "started" in ln]
+
+
+def _exited_log(code: str, signal: str = "") -> list[str]:
+    """torchrun 2.x's real log for a worker that printed a line and then exited with `code`
+    without a traceback (sys.exit(3), or killed by a signal)."""
+    return [
+        "gputrain: vm starts run r1; interface toward head 127.0.0.1: lo",
+        "[rank0]:about to fail",
+        "E1128 14:18:48.850000 10056 torch/distributed/elastic/multiprocessing/api.py:1002] "
+        f"failed (exitcode: {code}) local_rank: 0 (pid: 10069) of binary: /usr/bin/python3",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3/torch/distributed/run.py", line 1032, in <module>',
+        "    main()",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "======================================================",
+        "boom.py FAILED",
+        "------------------------------------------------------",
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2026-11-28_14:18:48",
+        "  host      : localhost",
+        "  rank      : 0 (local_rank: 0)",
+        f"  exitcode  : {code} (pid: 10069){signal}",
+        "  error_file: <N/A>",
+        "======================================================",
+    ]
+
+
+def test_a_worker_that_exits_without_a_traceback_is_reported_with_its_own_code() -> None:
+    """torchrun exits 1 for any worker's failure: the node's failure says the worker's code or
+    signal from torchrun's report, and the root cause is what the worker printed, never run.sh's
+    start banner or torchrun's own log line."""
+    from scripts.job.follow import NodeState
+
+    for code, signal, said in (
+        ("3", "", "exit code 3"),
+        ("-9", "  (SIGKILL)", "killed by SIGKILL"),
+    ):
+        state = NodeState("local", exit_code=1, done=True)
+        state.tail.extend(_exited_log(code, signal))
+        failure = state.failure()
+        assert failure.code_text == said and failure.exit_code == 1
+        assert failure.root_cause == ("[rank0]:about to fail", f"rank 0: {said}")
+    # no report (torchrun killed mid-way): the agent's log line still gives the code
+    assert root_cause_lines([], _exited_log("2")[:3]) == ["[rank0]:about to fail", "exit code 2"]
+    # torchrun itself killed: no worker's code to say
+    state = NodeState("local", exit_code=137, done=True)
+    state.tail.extend(["[rank0]:step 1"])
+    assert state.failure().code_text == "exit code 137"
