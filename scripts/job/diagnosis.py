@@ -70,6 +70,10 @@ def root_cause_lines(
         starts = [i for i in range(agent) if lines[i].startswith("Traceback (most recent call")]
         lines = lines[: starts[-1]] if starts and starts[-1] else lines
     lines = [ln for ln in lines if not (_AGENT_LOG.match(ln) or _START_BANNER.match(ln))]
+    # an unprefixed worker's traceback (with --secret torchrun prefixes no line): from its start
+    starts = [i for i, ln in enumerate(lines) if ln.strip() == _TRACEBACK]
+    if starts:
+        return lines[starts[-1] :][-max_lines:]
     if ended is None:
         return lines[-max_lines:]
     rank, code = ended

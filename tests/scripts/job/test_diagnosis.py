@@ -158,3 +158,17 @@ def test_a_worker_that_exits_without_a_traceback_is_reported_with_its_own_code()
     state = NodeState("local", exit_code=137, done=True)
     state.tail.extend(["[rank0]:step 1"])
     assert state.failure().code_text == "exit code 137"
+
+
+def test_an_unprefixed_workers_traceback_is_the_root_cause_without_what_it_printed_before() -> None:
+    """With --secret torchrun prefixes no line (no per-rank files to tee): the root cause is
+    still the worker's traceback, not its output before it nor torchrun's report."""
+    worker = [
+        "Traceback (most recent call last):",
+        '  File "sec.py", line 3, in <module>',
+        "ValueError: bad thing",
+    ]
+    report = _exited_log("1")[2:]
+    lines = root_cause_lines([], ["gputrain: vm starts run r1; interface toward head h: lo",
+                                  "token ***", *worker, *report])  # fmt: skip
+    assert lines == worker
