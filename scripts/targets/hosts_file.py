@@ -48,6 +48,7 @@ from infra.base.errors import UserError
 from infra.base.records import Fleet, GpuExpectation, Node
 from infra.datasets import Dataset, parse_datasets
 from infra.keys import Checker, check_urls
+from infra.secret_refs import parse_secrets
 from scripts.job.environment import EnvironmentSettings
 from scripts.settings import path_problem
 from scripts.transport.ssh import KnownHosts
@@ -183,9 +184,12 @@ def _validated(w: _Checker, model: type[M], data: Mapping[str, Any], where: str 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        key = str(exc.errors()[0]["loc"][0])
+        first = exc.errors()[0]
+        key = str(first["loc"][0])
         extra = model.model_fields[key].json_schema_extra
         assert isinstance(extra, dict)
+        if first["type"] == "missing":
+            raise w.plain(where + key, f"missing; {extra['allowed']}") from None
         raise w.fail(where + key, data.get(key), str(extra["allowed"])) from None
 
 
@@ -269,6 +273,11 @@ def parse_hosts(
 ) -> HostsFile:
     """Checks the loaded YAML and builds the HostsFile (reads identity_file and known_hosts)."""
     w = _checker(source)
+    if data is None:
+        raise w.plain(
+            "top level",
+            "the file is empty; expected a mapping with user, identity_file, hosts and gpus or cpu",
+        )
     w.check(
         isinstance(data, Mapping),
         "top level",
@@ -315,6 +324,7 @@ def parse_hosts(
         identity_file=identity,
         python=python.strip(),
     )
+    parse_secrets(typed.secrets, f"{source}: secrets")  # their form, before any command connects
     datasets = tuple(parse_datasets(typed.data, f"{source}: data"))
     environment = EnvironmentSettings(
         setup=typed.setup or "",
@@ -331,6 +341,9 @@ def parse_hosts(
 
 
 def _short(value: Any) -> str:
+    """The value as the file wrote it: YAML's true/false/null, strings quoted, long ones cut."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
     text = repr(value)
     limit = 200 if isinstance(value, str) else 60  # paths in full, lists and maps shortened
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -351,8 +364,11 @@ def _exists(w: _Checker, field: str, path: Path) -> bool:
 
 def _identity_file(w: _Checker, value: str, base_dir: Path) -> Path:
     path = _resolve(value, base_dir)
-    if not _exists(w, "identity_file", path) or not path.is_file():
+    if not _exists(w, "identity_file", path):
         raise w.fail("identity_file", str(path), "the private key file does not exist")
+    if not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise w.fail("identity_file", str(path), f"it is {what}; give the private key file")
     try:
         head = path.read_bytes()[:64]
     except OSError as e:
@@ -439,6 +455,12 @@ def _hosts(w: _Checker, hosts: list[Any], default_port: int) -> list[tuple[str, 
         if (address, port) in seen_addr:
             raise w.fail(
                 f"{field}.address", address, f"it duplicates hosts[{seen_addr[(address, port)]}]"
+            )
+        if name in seen_name and host.name is None:  # named after its address, as another
+            raise w.plain(
+                field,
+                f"hosts[{seen_name[name]}] and this host would both be named {name!r} (their "
+                "address); give each a `name`",
             )
         if name in seen_name:
             raise w.fail(f"{field}.name", name, f"it duplicates hosts[{seen_name[name]}]")

@@ -133,7 +133,7 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
     # (case, file text; None = no file, expected fragments joined by "|")
     ("missing file", None, "hosts file not found"),
     ("not yaml", "user: [ubuntu\nhosts: x\n", "not valid YAML at line"),
-    ("empty", "", "top level: None is not allowed; expected a mapping"),
+    ("empty", "", "top level: the file is empty; expected a mapping"),
     (
         "duplicate key",
         _variant("user: ubuntu", "user: ubuntu\nuser: root"),
@@ -182,6 +182,12 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
         "hosts[1].address: '203.0.113.5' is not allowed|duplicates hosts[0]",
     ),
     (
+        "one address on two ports, no names",
+        _variant("    name: gpu-a\n", "").replace("203.0.113.6", "203.0.113.5"),
+        "hosts[1]: hosts[0] and this host would both be named '203.0.113.5' (their address); "
+        "give each a `name`",
+    ),
+    (
         "duplicate name",
         _variant("    port: 2222\n", "    port: 2222\n    name: gpu-a\n"),
         "hosts[1].name: 'gpu-a'|duplicates hosts[0]",
@@ -193,7 +199,9 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
         "hosts[1].port: 70000 is not allowed|1-65535",
     ),
     ("port as text", "port: '22'\n" + GOOD, "port: '22' is not allowed|1-65535"),
-    ("port as bool", "port: yes\n" + GOOD, "port: True is not allowed"),
+    ("port as bool", "port: yes\n" + GOOD, "port: true is not allowed"),
+    ("setup as bool", "setup: true\n" + GOOD, "setup: true is not allowed|shell commands"),
+    ("bad secret name", "secrets: [1BAD]\n" + GOOD, "secrets: '1BAD' is not allowed|allowed: NAME"),
     (
         "unknown host key",
         _variant("name: gpu-a", "name: gpu-a\n    gpu: 1"),
@@ -212,7 +220,12 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
     (
         "no identity file",
         _variant("identity_file: keys/id_ed25519\n", ""),
-        "identity_file: None is not allowed",
+        "identity_file: missing; expected the path of the SSH private key",
+    ),
+    (
+        "identity file is a directory",
+        _variant("keys/id_ed25519", "keys"),
+        "identity_file:|keys' is not allowed; it is a directory; give the private key file",
     ),
     (
         "public key as identity",
@@ -254,12 +267,12 @@ BAD_FILES: list[tuple[str, str | None, str]] = [
     (
         "cpu false",
         _variant(GPUS_LINE, "cpu: false\n"),
-        "cpu: False is not allowed|expected true",
+        "cpu: false is not allowed|expected true",
     ),
     ("count zero", _variant("count: 8", "count: 0"), "gpus.count: 0 is not allowed|1-16"),
     ("count too big", _variant("count: 8", "count: 17"), "gpus.count: 17"),
     ("count as text", _variant("count: 8", "count: '8'"), "gpus.count: '8'"),
-    ("no model", _variant("model: NVIDIA A100-SXM4-40GB, ", ""), "gpus.model: None|nvidia-smi"),
+    ("no model", _variant("model: NVIDIA A100-SXM4-40GB, ", ""), "gpus.model: missing|nvidia-smi"),
     (
         "unknown gpu key",
         _variant("min_memory_gb: 38", "memory: 38"),
