@@ -131,6 +131,7 @@ class GpuOffering:
     zone: str | None
     hourly_per_gpu: float | None
     sold: bool  # False: no shape of it is sold in this mode (e.g. H200 on demand)
+    zones: int = 0  # the zones that sell it in this mode (where no price is known, what is said)
 
 
 def compact_names(names: Sequence[str]) -> str:
@@ -186,6 +187,7 @@ def gpu_offerings(
             and (hourly := price.hourly(spot)) is not None
         ]
         best = min(per_gpu) if per_gpu else None
+        selling = {zone for shape, zone in zones if shape in sold}
         out.append(
             GpuOffering(
                 model=MODEL_OF[acc],
@@ -195,6 +197,7 @@ def gpu_offerings(
                 zone=best[1] if best else None,
                 hourly_per_gpu=best[0] if best else None,
                 sold=bool(sold),
+                zones=len(selling),
             )
         )
     return out
@@ -206,8 +209,10 @@ def listing_rows(offerings: Sequence[GpuOffering], spot: bool) -> list[tuple[str
     for o in offerings:
         if not o.sold:
             zone, price = "-", "Spot only" if not spot else "not orderable"
+        elif o.zone is None:  # sold, but the price table has no price for it anywhere
+            zone, price = f"{o.zones} zone(s)", "unknown"
         else:
-            zone, price = o.zone or "-", money(o.hourly_per_gpu)
+            zone, price = o.zone, money(o.hourly_per_gpu)
         rows.append(
             (
                 o.model,

@@ -13,7 +13,11 @@ def show_gpus(what: str | None, *, spot: bool, region: str | None) -> None:
 
     offerings = gpu_offerings(what, spot=spot, region=region)
     if not offerings:
-        raise UserError(f"gpus: nothing offers {what or 'a GPU'} in {region}")
+        where = f" in {region}" if region else ""
+        raise UserError(
+            f"gpus: nothing offers {what or 'a GPU'}{where}; `gputrain gpus"
+            f"{f' --region {region}' if region else ''}` lists what is offered"
+        )
     mode = "Spot" if spot else "on-demand"
     where = f" in {region}" if region else ""
     ui.table(f"GPUs, {mode}{where}", LISTING_HEADERS, listing_rows(offerings, spot))

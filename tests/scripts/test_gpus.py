@@ -64,11 +64,29 @@ def test_spot_prices_and_spot_only_shapes(capsys: pytest.CaptureFixture[str]) ->
     assert "Spot" in out
 
 
+def test_a_spot_only_gpu_without_a_price_still_says_where_it_is_sold(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """B200 is sold as Spot only (never on demand): its Spot row names the zones that sell it,
+    as the on-demand row's "Spot only" promises, though the price table has no price for it."""
+    assert main(["gpus", "B200"]) == 0
+    assert _rows(capsys.readouterr().out)["B200"][4:] == ["-", "Spot only"]
+    assert main(["gpus", "B200", "--spot"]) == 0
+    [b200] = gpu_offerings("B200", spot=True)
+    assert b200.sold and b200.hourly_per_gpu is None and b200.zones > 0
+    assert _rows(capsys.readouterr().out)["B200"][4:] == [f"{b200.zones} zone(s)", "unknown"]
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
         (["gpus", "H101"], "gpus = 'H101': unknown GPU model 'H101' (did you mean H100?)"),
         (["gpus", "--region", "mars-north1"], "--region = 'mars-north1': no GPU offered there"),
+        (["gpus", "1000GB+"], "gpus: nothing offers 1000GB+; `gputrain gpus` lists what is offered"),
+        (
+            ["gpus", "B200", "--region", "us-west1"],
+            "gpus: nothing offers B200 in us-west1; `gputrain gpus --region us-west1` lists",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
