@@ -82,7 +82,10 @@ def test_a_spot_only_gpu_without_a_price_still_says_where_it_is_sold(
     [
         (["gpus", "H101"], "gpus = 'H101': unknown GPU model 'H101' (did you mean H100?)"),
         (["gpus", "--region", "mars-north1"], "--region = 'mars-north1': no GPU offered there"),
-        (["gpus", "1000GB+"], "gpus: nothing offers 1000GB+; `gputrain gpus` lists what is offered"),
+        (
+            ["gpus", "1000GB+"],
+            "gpus: nothing offers 1000GB+; `gputrain gpus` lists what is offered",
+        ),
         (
             ["gpus", "B200", "--region", "us-west1"],
             "gpus: nothing offers B200 in us-west1; `gputrain gpus --region us-west1` lists",
