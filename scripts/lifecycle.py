@@ -40,7 +40,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
             try:
                 job = verified_job(plan, session, settings, notifier)
                 if opts.detach:
-                    detach(plan, session, job, guard)
+                    detach(plan, session, job, guard, settings)
                     return None
             except BaseException:  # the machines' time is in the ledger, as a failed run's
                 elapsed = time.monotonic() - started
@@ -128,16 +128,25 @@ def root_cause_line(error: GputrainError) -> str:
 
 
 def require_run(session: Session, run_id: str, selector: str) -> None:
-    """`--resume RUN`: one line when nothing of that run is where its checkpoints would be."""
+    """`--resume RUN`: one line when nothing of that run is where its checkpoints would be (a
+    stack's bucket or its nodes; machines that exist: their run directories)."""
     if not session.has_run(run_id):
+        where = (
+            "neither its checkpoints in the stack's bucket nor its directory on the nodes"
+            if selector.startswith("--stack")
+            else "no directory of it on this machine"
+            if selector == "--local"
+            else "no directory of it on the head"
+        )
         raise UserError(
-            f"--resume {run_id}: no such run on {selector} (neither its checkpoints in the "
-            f"stack's bucket nor its directory on the nodes); `gputrain logs {selector}` names "
-            "the last run"
+            f"--resume {run_id}: no such run on {selector} ({where}); `gputrain logs "
+            f"{selector}` names the last run"
         )
 
 
-def detach(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> None:
+def detach(
+    plan: RunPlan, session: Session, job: Job, guard: SignalGuard, settings: Settings
+) -> None:
     """Start the job, return once it trains; the machines stay (autodown ends a stack's)."""
     session.run_detached(job, guard)
     session.keep = True
@@ -161,6 +170,13 @@ def detach(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> Non
             f"  cancel:    gputrain stop {selector} {job.run_id}  (`gputrain down {selector}`: "
             "cancels it, results home, then teardown)",
         ]
+    elif plan.target.name == "local":  # the node is this machine: its real out dir
+        from scripts.node_layout import run_dir
+
+        out = settings.local_node_root / run_dir(job.run_id) / "out"
+        lines.append(
+            f"  results:   in {out}/; `gputrain results {selector} {job.run_id}` brings them home"
+        )
     else:
         lines.append(f"  results:   on the machines, in .gputrain/runs/{job.run_id}/out/")
     ui.say(f"run {job.run_id} detached: it trains on without this command.\n" + "\n".join(lines))

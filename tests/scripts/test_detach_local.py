@@ -45,6 +45,8 @@ def test_local_detach_returns_while_the_job_trains_and_logs_reattaches(tmp_path:
     run = node_root / ".gputrain" / "runs" / run_id
     assert " | loss " in r.stdout  # it showed the first step before letting go
     assert f"gputrain logs --local --run {run_id}" in r.stdout, r.stdout[-2000:]
+    # where the results are: this machine's node root, and the command that brings them home
+    assert f"results:   in {run / 'out'}/; `gputrain results --local {run_id}`" in r.stdout
     assert not (run / "exitcode").exists()  # still training after the command returned
     pgid = int((run / "pgid").read_text())
     os.killpg(pgid, 0)  # its process group is alive
@@ -64,7 +66,8 @@ def test_resume_of_a_run_that_does_not_exist_is_one_line(tmp_path: Path) -> None
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1, r.stderr
     assert err[0].startswith(
-        "gputrain: error: --resume 20990101-000000-dead: no such run on --local"
+        "gputrain: error: --resume 20990101-000000-dead: no such run on --local (no directory "
+        "of it on this machine)"
     )
     bad = gputrain(tmp_path, "train", "--local", "--resume", "../x", timeout=60)
     assert bad.returncode == 2 and "--resume '../x': not a run id" in bad.stderr
