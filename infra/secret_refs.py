@@ -75,9 +75,16 @@ def parse_secret(text: str, setting: str) -> SecretRef:
 
 
 def parse_secrets(items: Iterable[str], setting: str) -> tuple[SecretRef, ...]:
+    """Every entry of one `secrets` list (or the --secret flags); a name given twice is refused:
+    which source would hold is a guess, and a stack would grant only the last one."""
     refs: dict[str, SecretRef] = {}
     for item in items:
         ref = parse_secret(str(item).strip(), setting)
+        if ref.name in refs:
+            raise UserError(
+                f"{setting}: {ref.name} is given twice; allowed: each name once (one source "
+                "per variable)"
+            )
         refs[ref.name] = ref
     return tuple(refs.values())
 

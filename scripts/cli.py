@@ -483,7 +483,9 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep:
             raise UserError(f"--env {item!r}: expected NAME=VALUE with NAME a shell variable name")
-        env[check_env_name(key, f"--env {key}=...")] = value
+        if check_env_name(key, f"--env {key}=...") in env:  # which value would hold?
+            raise UserError(f"--env {key}: given twice; allowed: each name once")
+        env[key] = value
         if _URL_PASSWORD.search(value):  # e.g. PIP_INDEX_URL=https://user:token@host/simple
             raise UserError(
                 f"--env {key}=...: the value is a URL with a password, and --env values are "

@@ -57,6 +57,8 @@ def _one_line_error(err: str) -> str:
             "--env PIP_INDEX_URL=...: the value is a URL with a password",
         ),
         (["run", "--local", "--env", "BASH_ENV=/x"], "--env BASH_ENV=...: BASH_ENV is the shell"),
+        (["run", "--local", "--env", "F=a", "--env", "F=b"], "--env F: given twice; allowed: each"),
+        (["run", "--local", "--secret", "H", "--secret", "H"], "--secret: H is given twice"),
         (["plan", "--stack", "nosuch"], "nosuch"),
         (["run", "--hosts", "/nonexistent/hosts.yaml"], "/nonexistent/hosts.yaml"),
         (["ssh", "--local", "0"], "local target is this machine"),

@@ -464,7 +464,17 @@ def test_declarations() -> None:
         with pytest.raises(UserError) as e:
             parse_secret(bad, "--secret")
         assert str(e.value).startswith(f"--secret: {bad!r} is not allowed")
-    assert [r.name for r in parse_secrets(["A", "B", "A=sm://a"], "s")] == ["A", "B"]
+    assert [r.name for r in parse_secrets(["A", "B=sm://b"], "s")] == ["A", "B"]
+    for twice in (["A", "B", "A=sm://a"], ["H=sm://a", "H=sm://b"], ["A", " A"]):
+        with pytest.raises(UserError, match=r"^s: (A|H) is given twice; allowed: each name once"):
+            parse_secrets(twice, "s")
+    # a stack that names one twice: refused with the stack's settings, never only b granted
+    from infra.spec import SpecError, parse_spec
+    from tests.support.pulumi_mocks import deployable_config
+
+    both = json.dumps(["HF_TOKEN=sm://a", "HF_TOKEN=sm://b"])
+    with pytest.raises(SpecError, match=r"^gputrain:secrets: HF_TOKEN is given twice"):
+        parse_spec(deployable_config("vertex", secrets=both), "vertex")
 
 
 @pytest.mark.parametrize(
