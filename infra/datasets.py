@@ -62,6 +62,16 @@ def parse_dataset(name: str, value: object, where: str = "data") -> Dataset:
             f"{where}: dataset name {name!r} is not allowed; use a letter, then up to 39 "
             "letters, digits or '_' (it becomes GPUTRAIN_DATA_<NAME>)"
         )
+    if isinstance(value, Mapping):  # e.g. {uri: ..., mode: ...}: the mode goes in the text
+        raise UserError(
+            f"{where}.{name}: a mapping is not allowed; expected one string gs://BUCKET/PREFIX, "
+            "optionally followed by :copy (the default) or :mount (e.g. gs://b/data:mount)"
+        )
+    if isinstance(value, str) and value != value.strip():
+        raise UserError(
+            f"{where}.{name}: {value!r} is not allowed (space at its start or end); expected "
+            "gs://BUCKET/PREFIX, optionally followed by :copy (the default) or :mount"
+        )
     if not isinstance(value, str) or not value.startswith("gs://"):
         raise UserError(
             f"{where}.{name}: {value!r} is not allowed; expected gs://BUCKET/PREFIX, "
@@ -89,10 +99,11 @@ def parse_dataset(name: str, value: object, where: str = "data") -> Dataset:
             "(3-63 lowercase letters, digits, '-', '_', '.'; a letter or digit at both ends)"
         )
     prefix = prefix.strip("/")
-    if "//" in prefix or any(part in (".", "..") for part in prefix.split("/")):
+    parts = prefix.split("/")
+    if "//" in prefix or any(p in (".", "..") or p != p.strip() for p in parts if prefix):
         raise UserError(
             f"{where}.{name}: prefix {prefix!r} in {value!r} is not allowed; use a folder "
-            "path without empty, '.' or '..' parts"
+            "path without empty, '.' or '..' parts, nor a part with a space at its start or end"
         )
     return Dataset(name, bucket, f"{prefix}/" if prefix else "", mode)
 

@@ -60,6 +60,14 @@ def test_entries_and_their_defaults() -> None:
         ("train", "gs://Bad_Bucket/x", "bucket 'Bad_Bucket'"),
         ("train", "gs:///x", "bucket ''"),
         ("train", "gs://bucket/a/../b", "prefix 'a/../b'"),
+        ("train", "gs://bkt/p ", "'gs://bkt/p ' is not allowed (space at its start or end)"),
+        ("train", " gs://bkt/p", "' gs://bkt/p' is not allowed (space at its start or end)"),
+        ("train", "gs://bkt/p :mount", "prefix 'p ' in 'gs://bkt/p :mount' is not allowed"),
+        (
+            "train",
+            {"uri": "gs://bkt/p", "mode": "mount"},
+            "data.train: a mapping is not allowed; expected one string gs://BUCKET/PREFIX",
+        ),
         ("1st", "gs://bucket/x", "dataset name '1st' is not allowed"),
         ("has-dash", "gs://bucket/x", "dataset name 'has-dash'"),
     ],
@@ -124,6 +132,9 @@ def test_the_stack_key() -> None:
         parse_spec(deployable_config("dev", data='{"web": "gs://b-1/w:fast"}'), "dev")
     with pytest.raises(UserError, match="data: 'gs://b-1/w' is not allowed; expected a map"):
         parse_spec(deployable_config("dev", data="gs://b-1/w"), "dev")
+    # the mode is part of the text: a {uri, mode} mapping is refused, one line
+    with pytest.raises(UserError, match=r"data\.web: a mapping is not allowed; expected one str"):
+        parse_spec(deployable_config("dev", data='{"web": {"uri": "gs://b-1/w"}}'), "dev")
 
 
 @pytest.fixture
