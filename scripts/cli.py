@@ -475,6 +475,20 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def _stack_only_refusal(words: Sequence[str]) -> str | None:
+    """`status --local` and the like: a stack-only command given another target, said in one
+    line (its parser has no --hosts/--local to name them). Pure."""
+    if not words or words[0] not in STACK_ONLY:
+        return None
+    given = [w for w in words[1:] if w == "--local" or w.split("=", 1)[0] == "--hosts"]
+    if not given:
+        return None
+    return (
+        f"{words[0]}: {given[0].split('=', 1)[0]}: only a stack has this command; "
+        "choose --stack NAME"
+    )
+
+
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:
     from infra.env_names import check_env_name
 
@@ -529,6 +543,9 @@ def main(
     """Parse, run one handler, and turn every known failure into one line and an exit code.
     `settings`, `gce` and `vertex` are the seams tests use (a project directory, fake clouds)."""
     words = cli_options.glue_resume_args(sys.argv[1:] if argv is None else argv)
+    if refusal := _stack_only_refusal(words):  # one line, not argparse's generic usage
+        print(f"gputrain: error: {refusal}", file=sys.stderr, flush=True)
+        return UserError.exit_code
     args = _parser(words[0] if words and words[0] in COMMANDS else None).parse_args(words)
     try:
         opts = _options(args)
@@ -555,6 +572,11 @@ def main(
             raise UserError(
                 "--wait-for-capacity: only --stack targets create VMs, so only they can wait "
                 "for capacity (--hosts and --local machines exist already)"
+            )
+        if getattr(args, "fabric", False) and not args.stack:
+            raise UserError(
+                "--fabric: only a --stack has a GPU network to set up and prove (A3 Mega/Ultra, "
+                "A4); --hosts and --local machines are verified as they are"
             )
         cli_options.check_run_flags(args)
         settings = settings or Settings()

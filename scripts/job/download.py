@@ -92,13 +92,18 @@ def keep_previous_attempt(
         ui.warn(f"{name}: the earlier attempt's torchrun.log may be overwritten ({e})")
 
 
-def not_home_message(run_id: str, missing: Mapping[str, str], results_dir: Path) -> str:
-    """What could not come home and where it still is. Pure."""
+def not_home_message(
+    run_id: str, missing: Mapping[str, str], results_dir: Path, nodes: int | None = None
+) -> str:
+    """What could not come home and where it still is; the other nodes' results only when the
+    run had others (`nodes`: how many it ran on; None: not known). Pure."""
     why = "; ".join(f"{n}: {reason}" for n, reason in missing.items())
+    others = nodes is None or nodes > len(missing)
     return (
         f"the results of {', '.join(missing)} could not be brought home ({why}); they stay on "
         f"the node in .gputrain/runs/{run_id}/ while it exists: `gputrain results {run_id}` "
-        f"with the run's target tries again (the other nodes' are in {results_dir})"
+        "with the run's target tries again"
+        + (f" (the other nodes' are in {results_dir})" if others else "")
     )
 
 

@@ -150,10 +150,8 @@ def follow_job(
                 if st.failed:
                     st.error_files = _error_files(transports[st.name], job.run_id)
             failed = _first_failure(states)
-            ui.say(
-                f"node {failed} failed ({states[failed].failure().code_text}); "
-                "stopping the other node(s)"
-            )
+            others = "; stopping the other node(s)" if len(states) > 1 else ""
+            ui.say(f"node {failed} failed ({states[failed].failure().code_text}){others}")
             stop_started = time.monotonic()
             stop_running()
         if stop_started is not None and time.monotonic() - stop_started > stop_timeout_s:

@@ -115,7 +115,7 @@ def launch_torchrun(
     exit_codes = {n: outcome.states[n].exit_code for n in names}
     failure = outcome.failure
     missing = download_results(transports, job.run_id, results_dir)
-    lost = f"\n{not_home_message(job.run_id, missing, results_dir)}" if missing else ""
+    lost = f"\n{not_home_message(job.run_id, missing, results_dir, len(names))}" if missing else ""
     ok = failure is None and all(c == 0 for c in exit_codes.values())
     result = JobResult(
         job.run_id,
@@ -128,9 +128,11 @@ def launch_torchrun(
     )
     write_job_record(result, missing)
     if failure is not None:
+        stop_text = _stop_summary(stopped, failure.node, exit_codes)
+        stop_text = f"; {stop_text}" if stop_text else ""
         error = TrainingError(
-            f"run {job.run_id} failed on node {failure.node} ({failure.code_text}); "
-            f"{_stop_summary(stopped, failure.node, exit_codes)}. Root cause:\n"
+            f"run {job.run_id} failed on node {failure.node} ({failure.code_text})"
+            f"{stop_text}. Root cause:\n"
             + "\n".join(f"  {ln}" for ln in failure.root_cause)
             + f"\nlogs and results: {results_dir}{lost}",
             failure=failure,
@@ -152,7 +154,7 @@ def launch_torchrun(
     if missing:
         raise ResultsNotHomeError(
             f"run {job.run_id} completed on {len(names)} node(s) in {duration:.1f} s, but "
-            + not_home_message(job.run_id, missing, results_dir),
+            + not_home_message(job.run_id, missing, results_dir, len(names)),
             missing,
         )
     from scripts.watch.world import not_distributed_warning
@@ -487,4 +489,5 @@ def _stop_summary(
         f"could NOT stop the job on {n} ({why}): it may still be running there"
         for n, why in bad.items()
     ]
-    return "; ".join(parts) or "no other node to stop"
+    alone = exit_codes is not None and len(exit_codes) == 1  # nothing else to say
+    return "; ".join(parts) or ("" if alone else "no other node to stop")

@@ -320,8 +320,8 @@ def build_stop_command(run_id: str, grace_s: float = 10.0) -> str:
     gone is never looked for by its number, which another process may hold now (OURS_SH)."""
     d = shlex.quote(run_dir(run_id))
     ticks = max(1, int(grace_s * 5))
-    return f"""cd {d} 2>/dev/null || exit 0
-[ -s pgid ] || exit 0
+    return f"""cd {d} 2>/dev/null || {{ echo not-started; exit 0; }}
+[ -s pgid ] || {{ echo not-started; exit 0; }}
 {OURS_SH}
 P=$(cat pgid)
 tree() {{ ps -e -o pid= -o ppid= | awk -v r="$P" '{{par[$1] = $2}} END {{keep[r] = 1; ch = 1; while (ch) {{ch = 0; for (x in par) if (!(x in keep) && (par[x] in keep)) {{keep[x] = 1; ch = 1}}}} for (x in keep) print x}}'; }}

@@ -79,7 +79,56 @@ def test_a_two_node_run_whose_other_node_ended_first_says_so() -> None:
     assert text == "the other node(s) had ended already (n1 exit code 1)"
     assert "no other node to stop" not in text
     assert _stop_summary({"n1": "terminated"}, "n0", {"n0": 1, "n1": None}) == "stopped n1"
-    assert _stop_summary({}, "n0", {"n0": 1}) == "no other node to stop"
+    assert (
+        _stop_summary(
+            {},
+            "n0",
+            {"n0": 1, "n1": 1},
+        )
+        != ""
+    )
+    assert _stop_summary({}, "n0", {"n0": 1}) == ""  # one node: no other to speak of
+    assert _stop_summary({}, "n0") == "no other node to stop"
+
+
+def test_a_one_node_run_speaks_of_no_other_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed `--local` run: no "stopping the other node(s)", no "no other node to stop", and
+    the worker's own exit code; lost results name no other nodes' directory."""
+    from scripts.job.download import not_home_message
+    from scripts.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUTRAIN_NODE_ROOT", raising=False)
+    (tmp_path / "boom.py").write_text("raise SystemExit(3)\n")
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main(["run", "--local", "--", "boom.py"], settings) == 1
+    out, err = capsys.readouterr()
+    assert "node local failed (exit code 3)\n" in out and "other node" not in out + err
+    assert "failed on node local (exit code 3). Root cause:" in err
+    lost = not_home_message("r1", {"local": "gone"}, tmp_path, 1)
+    assert lost.endswith("`gputrain results r1` with the run's target tries again")
+    assert "(the other nodes' are in" in not_home_message("r1", {"n1": "gone"}, tmp_path, 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["status", "--local"], "status: --local: only a stack has this command; choose --stack"),
+        (["down", "--hosts", "h.yaml"], "down: --hosts: only a stack has this command"),
+        (["verify", "--local", "--fabric"], "--fabric: only a --stack has a GPU network"),
+        (["stop", "--local", "nope"], "stop: run nope does not exist on local (no node has it)"),
+    ],
+)
+def test_a_target_a_command_cannot_use_is_one_line(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scripts.settings import Settings
+
+    assert main(argv, Settings(root=tmp_path, runs_dir=tmp_path / "runs")) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"gputrain: error: {says}" or line.startswith(f"gputrain: error: {says}")
 
 
 def test_an_encrypted_identity_file_is_named_at_once(tmp_path: Path) -> None:

@@ -93,6 +93,15 @@ def test_validate_job_rejects_bad_settings() -> None:
     assert Job(run_id="x").entry == ("-m", "trainer.train", "--preset", "tiny")
 
 
+def test_stopping_a_run_that_never_started_says_so(tmp_path: Path) -> None:
+    """No run directory, or one whose job never wrote its pgid: `not-started`, never the bare
+    `exit 0` of a command that printed nothing."""
+    t = LocalTransport("n", tmp_path)
+    assert t.run(build_stop_command("never", grace_s=0.5), 20).stdout.strip() == "not-started"
+    (tmp_path / ".gputrain" / "runs" / "half").mkdir(parents=True)
+    assert t.run(build_stop_command("half", grace_s=0.5), 20).stdout.strip() == "not-started"
+
+
 def test_detached_start_tail_and_stop_kill_the_whole_tree(tmp_path: Path) -> None:
     t = LocalTransport("n", tmp_path)
     (tmp_path / "src.py").write_text("x = 1\n")
