@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scripts.job.node_scripts import ERROR_FILE_SEPARATOR
+from scripts.job.records import exit_text
 
 
 @dataclass(frozen=True)
@@ -107,16 +107,6 @@ def worker_exit(lines: Sequence[str]) -> tuple[int | None, int] | None:
         return found.get("rank"), found["exitcode"]
     codes = [int(m.group(1)) for ln in lines if (m := _AGENT_EXITCODE.search(ln))]
     return (None, codes[-1]) if codes else None
-
-
-def exit_text(code: int) -> str:
-    """`exit code 3`, or `killed by SIGKILL` for torchrun's -9. Pure."""
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
 
 
 _TRACEBACK = "Traceback (most recent call last):"

@@ -4,6 +4,7 @@ result, and the typed failure of the node that failed first."""
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,8 +95,6 @@ class NodeFailure:
     def code_text(self) -> str:
         """How the node ended, in words: the worker's own exit code or signal when torchrun
         reported it (torchrun itself exits 1 for any worker's failure)."""
-        from scripts.job.diagnosis import exit_text
-
         if self.kind == "lost":
             return f"exit code unknown: {self.error}"
         if self.exit_code is None:
@@ -103,6 +102,17 @@ class NodeFailure:
         if self.exit_code != 0 and self.worker_exit_code is not None:
             return exit_text(self.worker_exit_code)
         return f"exit code {self.exit_code}"
+
+
+def exit_text(code: int) -> str:
+    """`exit code 3`, or `killed by SIGKILL` for torchrun's -9 (a worker's code as its report
+    gives it). Pure."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 @dataclass(frozen=True)
