@@ -118,7 +118,6 @@ def test_a_one_node_run_speaks_of_no_other_node(
         (["status", "--local"], "status: --local: only a stack has this command; choose --stack"),
         (["down", "--hosts", "h.yaml"], "down: --hosts: only a stack has this command"),
         (["verify", "--local", "--fabric"], "--fabric: only a --stack has a GPU network"),
-        (["stop", "--local", "nope"], "stop: run nope does not exist on local (no node has it)"),
     ],
 )
 def test_a_target_a_command_cannot_use_is_one_line(
