@@ -207,7 +207,8 @@ def job_environment(
     in_file = parse_secrets(env.secrets, f"{env.source}secrets")
     given = parse_secrets(opts.secrets, "--secret")
     refuse_env_secrets(opts.env, {f"{env.source}secrets": in_file, "--secret": given})
-    refs = in_file + given
+    # `--secret NAME` replaces the file's NAME, as --image replaces its image
+    refs = (*(r for r in in_file if r.name not in {g.name for g in given}), *given)
     # with an image: built inside it, on every node; on Vertex by the entry on every replica
     environment = plan_environment(
         Path.cwd(),

@@ -220,3 +220,17 @@ def test_a_name_both_env_and_a_secret_is_refused(
     )
     in_file = target(project, stack="s", config=GCE + "  gputrain:secrets: [TOKEN_X_FOR_TESTS]\n")
     assert "(gputrain:secrets TOKEN_X_FOR_TESTS)" in refused(in_file, project, **both)
+
+
+def test_a_secret_on_the_command_line_replaces_the_files_of_that_name(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both were kept: the file's Secret Manager reference was still read (and granted) though
+    the command line named another source for the same variable."""
+    monkeypatch.setenv("TOKEN_X_FOR_TESTS", "s3cret")
+    in_sm = GCE + "  gputrain:secrets: [TOKEN_X_FOR_TESTS=sm://file-token]\n"
+    planned = plan(
+        target(project, stack="s", config=in_sm), project, secrets=("TOKEN_X_FOR_TESTS",)
+    )
+    assert planned.secrets.values == {"TOKEN_X_FOR_TESTS": "s3cret"}
+    assert planned.secrets.refs == {}
