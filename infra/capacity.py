@@ -55,8 +55,8 @@ _RESERVATION_RE = re.compile(
 )
 
 
-class CapacityError(ValueError):
-    """One line naming the setting, the bad value and what is allowed."""
+class CapacityError(SpecError, ValueError):
+    """One line naming the setting, the bad value and what is allowed (a user error: exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -194,11 +194,9 @@ def capacity_errors(
     errors: list[str] = []
     cap, spot_raw, res = capacity.strip(), spot.strip().lower(), reservation.strip()
     if cap and cap not in CAPACITIES:
-        near = difflib.get_close_matches(cap, CAPACITIES, n=1)
-        hint = f"; did you mean {near[0]}?" if near else ""
-        return [_err("capacity", cap, f"allowed: {', '.join(CAPACITIES)}{hint}")]
+        return [_unknown_mode("capacity", cap)]
     if spot_raw and spot_raw not in ("true", "false"):
-        return [_err("spot", spot, "allowed: true or false (or leave it unset and set capacity)")]
+        return [_bad_spot(spot)]
     if cap and spot_raw and (spot_raw == "true") != (cap == "spot"):
         why = f"contradicts gputrain:capacity = {cap!r}; remove spot (capacity replaces it)"
         errors.append(_err("spot", spot_raw, why))
@@ -233,12 +231,28 @@ def capacity_errors(
     return errors
 
 
+def _unknown_mode(key: str, value: str) -> str:
+    near = difflib.get_close_matches(value, CAPACITIES, n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    return _err(key, value, f"allowed: {', '.join(CAPACITIES)}{hint}")
+
+
+def _bad_spot(value: str) -> str:
+    return _err("spot", value, "allowed: true or false (or leave it unset and set capacity)")
+
+
 def resolved_capacity(capacity: str, spot: str) -> Capacity:
-    """The mode meant by `capacity` and its alias `spot` (validated by capacity_errors)."""
+    """The mode meant by `capacity` and its alias `spot`; DEFAULT_CAPACITY only when neither is
+    set: text that names no mode is one line (CapacityError), never read as the default."""
     if capacity in CAPACITIES:
         return cast(Capacity, capacity)
-    if spot.strip().lower() in ("true", "false"):
-        return "spot" if spot.strip().lower() == "true" else "on-demand"
+    if capacity.strip():
+        raise CapacityError(_unknown_mode("capacity", capacity.strip()))
+    spot_raw = spot.strip().lower()
+    if spot_raw in ("true", "false"):
+        return "spot" if spot_raw == "true" else "on-demand"
+    if spot_raw:
+        raise CapacityError(_bad_spot(spot))
     return DEFAULT_CAPACITY
 
 
@@ -335,10 +349,31 @@ def capacity_ladder(cfg: StackSettings) -> list[str]:
     return ladder
 
 
-def capacity_in_use(cfg: StackSettings) -> str:
-    """The mode `pulumi up` uses: `capacityInUse` (written by `up`) or the list's first."""
+def capacity_listed(cfg: StackSettings) -> bool:
+    """Whether `capacity` is a list of modes tried in order (`[spot]` too), not one mode."""
+    return isinstance(cfg.capacity, list) or len(capacity_ladder(cfg)) > 1
+
+
+def allowed_modes(cfg: StackSettings) -> tuple[Capacity, ...]:
+    """The modes the stack may run in: `capacity`'s list, or the one mode `capacity` (or its
+    alias `spot`) names; a name that is no mode is one line naming `capacity` or `spot`."""
     ladder = capacity_ladder(cfg)
-    return cfg.capacityInUse or (ladder[0] if ladder else "")
+    if capacity_listed(cfg):
+        return tuple(resolved_capacity(mode, "") for mode in ladder)
+    return (resolved_capacity(ladder[0] if ladder else "", spot_text(cfg)),)
+
+
+def capacity_in_use(cfg: StackSettings) -> Capacity:
+    """The mode `pulumi up` uses: `capacityInUse` (which `up` writes while it steps down a
+    capacity list) or the first allowed mode. capacityInUse must be one of the allowed modes:
+    it never overrides `capacity` or `spot` (one line otherwise)."""
+    allowed, written = allowed_modes(cfg), cfg.capacityInUse
+    if written and written not in allowed:
+        raise SpecError(
+            f"{NS}capacityInUse = {written!r}: not in capacity; allowed: "
+            f"{', '.join(allowed)} or empty (`up` writes it while it steps down a capacity list)"
+        )
+    return cast(Capacity, written) if written else allowed[0]
 
 
 def spot_text(cfg: StackSettings) -> str:
@@ -366,9 +401,8 @@ def read_capacity(
 ) -> CapacityChoice:
     """`capacity` (one mode or a list), `spot`, `reservation`, `reservationBound`,
     `capacityInUse` and `waitForCapacity` together; the first problem as one line."""
-    ladder, raw_spot = capacity_ladder(cfg), spot_text(cfg)
-    listed = len(ladder) > 1 or isinstance(cfg.capacity, list)
-    if listed:
+    ladder, raw_spot, is_list = capacity_ladder(cfg), spot_text(cfg), capacity_listed(cfg)
+    if is_list:
         twice = next((m for i, m in enumerate(ladder) if m in ladder[:i]), None)
         if twice is not None:
             raise SpecError(
@@ -381,22 +415,18 @@ def read_capacity(
         errors = capacity_errors(
             mt.name,
             capacity=mode,
-            spot="" if listed else raw_spot,
-            reservation=cfg.reservation if mode == "reservation" or not listed else "",
+            spot="" if is_list else raw_spot,
+            reservation=cfg.reservation if mode == "reservation" or not is_list else "",
             max_run_duration_s=ttl_s,
             max_run_duration_text=ttl_text,
         )
         if errors:
             raise SpecError(errors[0])
-    if listed and cfg.reservation and "reservation" not in ladder:
+    if is_list and cfg.reservation and "reservation" not in ladder:
         raise SpecError(
             f"{NS}reservation = {cfg.reservation!r}: only used with capacity reservation"
         )
-    chosen = resolved_capacity(capacity_in_use(cfg), raw_spot)
-    if listed and chosen not in ladder:
-        raise SpecError(
-            f"{NS}capacityInUse = {chosen!r}: not in capacity; allowed: {', '.join(ladder)}"
-        )
+    chosen = capacity_in_use(cfg)
     if backend == "vertex" and chosen not in ("on-demand", "spot", "flex-start"):
         raise SpecError(
             f"{NS}capacity = {chosen!r}: not supported with backend vertex; "
@@ -408,7 +438,7 @@ def read_capacity(
     return CapacityChoice(
         chosen,
         cfg.reservation or None if chosen == "reservation" else None,
-        tuple(cast(Capacity, m) for m in ladder) if listed else (),
+        tuple(cast(Capacity, m) for m in ladder) if is_list else (),
         reservation_bound=None if not bound else bound == "true",
         wait_for_capacity_s=read_wait(NS + "waitForCapacity", cfg.waitForCapacity),
     )

@@ -17,7 +17,7 @@ from infra import catalog, keys, offers, vertex
 from infra.base.errors import UserError
 from infra.base.records import GpuExpectation
 from infra.billing import BillingBudget, guard_setting, parse_table, parse_usd
-from infra.capacity import capacity_in_use, read_capacity, spot_text
+from infra.capacity import capacity_in_use, read_capacity
 from infra.datasets import Dataset, parse_datasets
 from infra.fabric import FabricPlan, read_fabric
 from infra.keys import CHECK, check_keys, format_duration, read_autodown
@@ -313,7 +313,7 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
     backend, settings, ttl = keys.backend, keys.settings, keys.max_run_duration_s
     # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
     # validates it against the machine below
-    mode = modes.resolved_capacity(capacity_in_use(settings), spot_text(settings))
+    mode = capacity_in_use(settings)
     where = place(settings, spot=mode == "spot", backend=backend)
     mt, accelerator, gpus, attach, nodes = where.shape
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra import capacity, catalog
+from infra.base.errors import UserError
 from infra.capacity import capacity_errors, instance_capacity, offered, resolved_capacity
 
 DAY = 86400
@@ -56,6 +57,23 @@ def test_capacity_resolves_from_capacity_or_its_spot_alias(
     assert resolved_capacity(cap, spot) == expected
     name = "res-1" if expected == "reservation" else ""
     assert errors("a2-highgpu-1g", capacity=cap, spot=spot, reservation=name) == []
+
+
+@pytest.mark.parametrize(
+    ("cap", "spot", "message"),
+    [
+        ("bogus", "", "gputrain:capacity = 'bogus': allowed: on-demand, spot"),
+        ("Spot", "", "gputrain:capacity = 'Spot': allowed: on-demand, spot, flex-start, reservation; did you mean spot?"),
+        ("", "maybe", "gputrain:spot = 'maybe': allowed: true or false"),
+    ],
+)  # fmt: skip
+def test_text_that_names_no_mode_is_refused_not_read_as_the_default(
+    cap: str, spot: str, message: str
+) -> None:
+    with pytest.raises(capacity.CapacityError) as e:
+        resolved_capacity(cap, spot)
+    assert str(e.value).startswith(message)
+    assert isinstance(e.value, UserError) and e.value.exit_code == 2  # one line, not a traceback
 
 
 def test_valid_settings_have_no_errors() -> None:

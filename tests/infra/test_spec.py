@@ -493,6 +493,33 @@ def test_bad_capacity_lists_and_waits_are_one_line(overrides: dict[str, str], me
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "allowed"),
+    [
+        ({"capacity": "", "capacityInUse": "reservation"}, "spot"),  # was a traceback
+        ({"capacity": "spot", "capacityInUse": "on-demand"}, "spot"),
+        ({"capacity": "on-demand", "capacityInUse": "Spot"}, "on-demand"),
+        ({"capacity": "", "capacityInUse": "bogus"}, "spot"),
+        ({"capacity": "", "spot": "true", "capacityInUse": "on-demand"}, "spot"),
+        ({"capacity": "", "spot": "false", "capacityInUse": "spot"}, "on-demand"),
+    ],
+)
+def test_capacity_in_use_never_overrides_the_stacks_capacity(
+    overrides: dict[str, str], allowed: str
+) -> None:
+    """capacityInUse is what `up` writes while stepping down a capacity list: outside the modes
+    the stack allows it is one line, never the mode the VMs get."""
+    with pytest.raises(SpecError) as err:
+        parse_spec(_cfg(**{"spot": "", **overrides}), "dev")
+    written = overrides["capacityInUse"]
+    assert str(err.value).startswith(
+        f"gputrain:capacityInUse = {written!r}: not in capacity; allowed: {allowed} or empty"
+    )
+    assert "\n" not in str(err.value)
+    same = parse_spec(_cfg(**{"spot": "", **overrides, "capacityInUse": allowed}), "dev")
+    assert same.capacity == allowed and same.capacity_ladder == ()
+
+
 def test_a_capacity_list_uses_its_first_mode_until_up_writes_another() -> None:
     listed = {"spot": "", "capacity": '["spot", "on-demand"]', "waitForCapacity": "30m"}
     spec = parse_spec(_cfg(**listed), "dev")
