@@ -35,7 +35,10 @@ REDUCER_GBPS = 32  # n1-highcpu-16's egress bandwidth (the docs' worked example)
 #: What the training pools get with a Reduction Server: Google's sample sets NCCL_DEBUG=INFO, so
 #: the replicas' logs say whether NCCL loaded the reduction-server plugin.
 REDUCTION_SERVER_ENV = {"NCCL_DEBUG": "INFO"}
-_REDUCER_RE = re.compile(r"(n1|n2)-(standard|highcpu|highmem)-(\d+)")
+_REDUCER_RE = re.compile(r"(n1|n2)-(standard|highcpu|highmem)-([0-9]+)")
+#: The least upper bound on `reductionServer.replicas`: Vertex documents no limit, so as many as
+#: `nodes` may be (offers.MAX_NODES), or more where the bandwidth rule asks for more.
+MIN_MAX_REDUCERS = 64
 POOL_ROLES = ("chief", "workers", "reduction server", "evaluators")
 
 #: CustomJobSpec's fields in google-cloud-aiplatform 1.93.0 (the floor), as gcloud's YAML spells
@@ -155,13 +158,15 @@ def parse_reduction_server(
         return None
     mt = catalog.machine_type(machine_type)
     default = default_reducers(nodes, mt.max_gbps if mt else None)
+    most = max(default, MIN_MAX_REDUCERS)
     replicas = value.get("replicas", default)
-    if isinstance(replicas, str) and re.fullmatch(r"-?\d+", replicas.strip()):
+    if isinstance(replicas, str) and re.fullmatch(r"-?[0-9]+", replicas.strip()):
         replicas = int(replicas)
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= most:
         raise UserError(
-            f"gputrain:reductionServer.replicas = {replicas!r}: allowed: 1 or more reducer "
-            f"nodes (default {default}: their bandwidth matching the GPU nodes')"
+            f"gputrain:reductionServer.replicas = {replicas!r}: allowed: 1 to {most} reducer "
+            f"nodes (default {default}: their bandwidth matching the GPU nodes'; more cannot "
+            "speed up all-reduce, only add to the bill)"
         )
     machine = str(value.get("machineType") or DEFAULT_REDUCER_MACHINE)
     problem = reducer_problem(machine)
@@ -185,7 +190,7 @@ def parse_chief(raw: Mapping[str, Any] | None, *, spot: bool) -> Chief | None:
         raise UserError("gputrain:chief.machineType is empty: allowed: a machine type Vertex runs")
     gpu_type = str(value["gpuType"]) if value.get("gpuType") else None
     count = value.get("gpuCount", 0)
-    if isinstance(count, str) and count.strip().isdigit():
+    if isinstance(count, str) and re.fullmatch(r"[0-9]+", count.strip()):
         count = int(count)
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise UserError(f"gputrain:chief.gpuCount = {count!r}: allowed: 0 (implied) or a count")
@@ -195,6 +200,35 @@ def parse_chief(raw: Mapping[str, Any] | None, *, spot: bool) -> Chief | None:
     if problem:
         raise UserError(f"gputrain:chief.{problem}")
     return Chief(machine, gpu_type, count)
+
+
+def stack_pool_shapes(
+    machine_type: str,
+    accelerator: str,
+    gpus: int,
+    nodes: int,
+    chief: Chief | None,
+    reduction_server: ReductionServer | None,
+) -> list[tuple[int, PoolShape]]:
+    """The pools the stack keys describe: the chief (its own machine with `chief`), the other
+    nodes - 1 workers, the reducers."""
+    workers = PoolShape(machine_type, accelerator, gpus, nodes - 1)
+    first = PoolShape(machine_type, accelerator, gpus, 1)
+    if chief is not None:
+        mt = catalog.machine_type(chief.machine_type)
+        assert mt is not None  # parse_chief checked it
+        gpu = mt.accelerator or catalog.canonical_accelerator(chief.gpu_type or "")
+        first = PoolShape(mt.name, gpu, mt.gpus or chief.gpu_count, 1)
+    pools = [(0, first)] + ([(1, workers)] if nodes > 1 else [])
+    if reduction_server is not None:
+        pools.append((2, reduction_server.shape()))
+    return pools
+
+
+def describe_shapes(shapes: list[tuple[int, PoolShape]]) -> str:
+    """`1 x a2-highgpu-1g (chief) + 3 x a2-highgpu-8g (workers) + 4 x n1-highcpu-16 (reduction
+    server)`: what the spending caps name."""
+    return " + ".join(f"{s.replicas} x {s.machine_type} ({POOL_ROLES[i]})" for i, s in shapes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,7 +244,7 @@ def _count(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
         return int(value)
     return None
 

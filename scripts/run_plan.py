@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +26,7 @@ from scripts.watch.telemetry import WatchSettings, watch_settings
 if TYPE_CHECKING:
     from infra.schema import StackSettings
     from infra.spec import ClusterSpec
+    from infra.vertex_pools import PoolShape
     from scripts.job.container import ImageRef
     from scripts.job.environment import Environment, EnvironmentSettings
     from scripts.job.image_build import PlannedBuild
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 DEFAULT_RECOVERIES = 3  # --max-recoveries' default, on any capacity (see recoveries_allowed)
 BUDGET_INTERVAL_ENV = "GPUTRAIN_BUDGET_INTERVAL_S"
 BUDGET_INTERVAL_S = 120.0  # the budget rule looks this far ahead: a checkpoint, results, teardown
+#: A Vertex job's worker pools as (pool index, shape): a vertexJobSpec file's, priced by the caps
+JobPools = Sequence[tuple[int, "PoolShape"]]
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
     image_conflict_check(env, opts)
     refuse_missing_features(target.capabilities, opts, build)
     if declared.spec is not None:  # maxHourlyCost and the budget: pure, before Google is asked
-        check_spending_caps(declared.spec, opts.budget)
+        check_spending_caps(declared.spec, opts.budget, declared.job_pools)
         if opts.budget is not None or declared.spec.budget is not None:
             budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))  # the knob: one line now
     max_recoveries = recoveries_allowed(opts.max_recoveries)
@@ -300,19 +303,61 @@ def budget_interval_s(raw: str | None) -> float:
     return value
 
 
-def worst_hourly(spec: ClusterSpec) -> float | None:
+def worst_hourly(spec: ClusterSpec, pools: JobPools | None = None) -> float | None:
     """USD per hour of the whole cluster at the dearest capacity it may get (every rung of a
-    capacity list; flex-start and reservation at most on-demand); None: a price is unknown."""
-    if spec.price is None:
-        return None
+    capacity list; flex-start and reservation at most on-demand): on Vertex every worker pool
+    (the chief's own machine, the reducers; `pools`: a vertexJobSpec file's, in place of the
+    stack's shape); None: a price is unknown."""
     rungs = spec.capacity_ladder or (spec.capacity,)
-    rates = [spec.price.hourly(mode == "spot") for mode in rungs]
+    rates = [_hourly(spec, mode == "spot", pools) for mode in rungs]
     if any(r is None for r in rates):
         return None
-    return max(r for r in rates if r is not None) * spec.nodes
+    return max(r for r in rates if r is not None)
 
 
-def check_caps(spec: ClusterSpec, *, budget: float | None, budget_setting: str) -> None:
+def _hourly(spec: ClusterSpec, spot: bool, pools: JobPools | None) -> float | None:
+    """USD per hour of every node (every replica of every Vertex pool) at Spot or not."""
+    if spec.on_vertex:
+        from infra.vertex_pools import price_pools, total_hourly
+
+        return total_hourly(price_pools(_pools(spec, pools), spec.region, spot=spot))
+    per_node = spec.price.hourly(spot) if spec.price is not None else None
+    return None if per_node is None else per_node * spec.nodes
+
+
+def _pools(spec: ClusterSpec, pools: JobPools | None) -> list[tuple[int, PoolShape]]:
+    """A Vertex job's pools: the file's, else those the stack keys describe."""
+    from infra.vertex_pools import stack_pool_shapes
+
+    if pools is not None:
+        return list(pools)
+    return stack_pool_shapes(
+        spec.machine_type,
+        spec.accelerator,
+        spec.gpus_per_node,
+        spec.nodes,
+        spec.chief,
+        spec.reduction_server,
+    )
+
+
+def _shape(spec: ClusterSpec, pools: JobPools | None) -> str:
+    """What the caps were checked against: the nodes, or a Vertex job's pools, and the modes."""
+    modes = "/".join(spec.capacity_ladder or (spec.capacity,))
+    if spec.on_vertex and (pools is not None or spec.chief or spec.reduction_server):
+        from infra.vertex_pools import describe_shapes
+
+        return f"{describe_shapes(_pools(spec, pools))} ({modes})"
+    return f"{spec.nodes} x {spec.machine_type} ({modes})"
+
+
+def check_caps(
+    spec: ClusterSpec,
+    *,
+    budget: float | None,
+    budget_setting: str,
+    pools: JobPools | None = None,
+) -> None:
     """Refuse, with one line, a cluster dearer per hour than maxHourlyCost, or a run whose worst
     case (rate x maxRunDuration) exceeds its budget. Nothing is created before this."""
     from infra.keys import format_duration
@@ -321,17 +366,18 @@ def check_caps(spec: ClusterSpec, *, budget: float | None, budget_setting: str) 
     cap = spec.max_hourly_cost
     if cap is None and budget is None:
         return
-    rate = worst_hourly(spec)
-    shape = (
-        f"{spec.nodes} x {spec.machine_type} ({'/'.join(spec.capacity_ladder or (spec.capacity,))})"
-    )
+    rate = worst_hourly(spec, pools)
+    shape = _shape(spec, pools)
     if rate is None:
+        where = spec.region if spec.on_vertex else spec.zone
         raise UserError(
-            f"{NS}maxHourlyCost/{budget_setting}: the price of {shape} in {spec.zone} is unknown, "
+            f"{NS}maxHourlyCost/{budget_setting}: the price of {shape} in {where} is unknown, "
             "so the cap cannot be checked; allowed: a machine type and zone the price table knows"
         )
     if cap is not None and rate > cap:
-        priced = [c for c in spec.candidates if c.hourly is not None]
+        # a candidate is the GPU nodes alone: on a Vertex job with more pools it fits no cap
+        alone = not (spec.on_vertex and (pools is not None or spec.chief or spec.reduction_server))
+        priced = [c for c in spec.candidates if c.hourly is not None] if alone else []
         cheapest = min(priced, key=lambda c: c.hourly or 0.0) if priced else None
         if cheapest is not None and (cheapest.hourly or 0.0) > cap:
             raise UserError(
@@ -365,21 +411,24 @@ def check_caps(spec: ClusterSpec, *, budget: float | None, budget_setting: str) 
             )
 
 
-def caps_line(spec: ClusterSpec) -> str:
+def caps_line(spec: ClusterSpec, pools: JobPools | None = None) -> str:
     """`plan`'s line: the budget and the hourly cap next to the worst case they were checked
-    against (check_caps passed). Pure."""
-    rate = worst_hourly(spec) or 0.0
+    against (check_caps passed): on Vertex, every pool's replicas. Pure."""
+    rate = worst_hourly(spec, pools) or 0.0
     worst = rate * spec.max_run_duration_s / 3600
+    what = "dearest rate, every worker pool" if spec.on_vertex else "dearest rate"
     parts = []
     if spec.max_hourly_cost is not None:
-        parts.append(
-            f"maxHourlyCost ${spec.max_hourly_cost:,.2f}/h >= ${rate:,.2f}/h (dearest rate)"
-        )
+        parts.append(f"maxHourlyCost ${spec.max_hourly_cost:,.2f}/h >= ${rate:,.2f}/h ({what})")
     if spec.budget is not None:
+        watchdog = (
+            ""
+            if spec.on_vertex  # no head of ours: Vertex's timeout alone holds it
+            else "; the head's watchdog stops a run with a checkpoint before it passes the budget"
+        )
         parts.append(
             f"budget ${spec.budget:,.2f} per run >= worst case ${worst:,.2f} ({spec.max_run_duration} "
-            "at the dearest rate; maxRunDuration is the server-side bound that holds it); the "
-            "head's watchdog stops a run with a checkpoint before it passes the budget"
+            "at the dearest rate; maxRunDuration is the server-side bound that holds it)" + watchdog
         )
     return "Caps: " + "; ".join(parts) + "."
 
@@ -390,8 +439,11 @@ def cents_up(usd: float) -> str:
     return f"{math.ceil(round(usd * 100, 6)) / 100:.2f}"
 
 
-def check_spending_caps(spec: ClusterSpec, given_budget: float | None) -> None:
-    """maxHourlyCost and the run's budget (--budget, else the stack's), before anything bills."""
+def check_spending_caps(
+    spec: ClusterSpec, given_budget: float | None, pools: JobPools | None = None
+) -> None:
+    """maxHourlyCost and the run's budget (--budget, else the stack's), before anything bills;
+    `pools`: a Vertex job file's pools, which replace the stack's shape."""
     from infra.stackfile import NS
 
     given = given_budget is not None
@@ -399,4 +451,5 @@ def check_spending_caps(spec: ClusterSpec, given_budget: float | None) -> None:
         spec,
         budget=given_budget if given else spec.budget,
         budget_setting="--budget" if given else f"{NS}budget",
+        pools=pools,
     )

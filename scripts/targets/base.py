@@ -32,6 +32,7 @@ from scripts.job.records import Job, JobResult
 if TYPE_CHECKING:
     from infra.schema import StackSettings
     from infra.spec import ClusterSpec
+    from infra.vertex_pools import PoolShape
     from scripts.job.container import ImageRef
     from scripts.job.image_build import PlannedBuild
     from scripts.notify import Notifier
@@ -78,6 +79,8 @@ class Declared:
     notify: tuple[str, ...] = ()  # the file's `notify` webhook URLs
     spec: ClusterSpec | None = None  # a stack's validated spec
     stack_settings: StackSettings | None = None  # a stack file's keys, typed (infra/schema.py)
+    # a Vertex job file's pools (index, shape), which the spending caps price in place of `spec`'s
+    job_pools: Sequence[tuple[int, PoolShape]] | None = None
 
 
 @dataclass(frozen=True)

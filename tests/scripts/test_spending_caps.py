@@ -79,6 +79,48 @@ def test_a_budget_is_held_by_max_run_duration() -> None:
     assert "budget $1,000.00 per run >= worst case" in caps_line(fine)
 
 
+VERTEX = {"backend": "vertex", "machineType": "g2-standard-24", "nodes": "2", "gpus": "",
+          "zones": '["us-central1-a"]', "maxRunDuration": "6h"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [{"reductionServer": '{"replicas": 64}'}, {"chief": '{"machineType": "a3-megagpu-8g"}'}],
+)
+def test_a_vertex_jobs_caps_are_checked_against_every_worker_pool(pool: dict[str, str]) -> None:
+    """The chief's own machine and the reducers bill too: the caps take the pools' total, not
+    nodes x the workers' price."""
+    from infra.vertex_pools import price_pools, total_hourly
+    from scripts.targets.vertex.jobfile import stack_pools
+
+    job = spec(**VERTEX, **pool)
+    total = total_hourly(price_pools(stack_pools(job), job.region, spot=job.spot))
+    assert total is not None and job.hourly_price is not None and total > job.hourly_price + 1
+    assert worst_hourly(job) == pytest.approx(total)
+    fits = spec(
+        **VERTEX, **pool, maxHourlyCost=f"{total + 0.01:.2f}", budget=f"{total * 6 + 0.01:.2f}"
+    )
+    check_caps(fits, budget=fits.budget, budget_setting="gputrain:budget")
+    assert f">= ${total:,.2f}/h (dearest rate, every worker pool)" in caps_line(fits)
+    assert f"worst case ${total * 6:,.2f}" in caps_line(fits) and "watchdog" not in caps_line(fits)
+    with pytest.raises(UserError) as e:
+        check_caps(spec(**VERTEX, **pool, maxHourlyCost="10"), budget=None, budget_setting="x")
+    assert str(e.value).startswith("gputrain:maxHourlyCost 10: 1 x ")
+    assert f"costs up to ${total:.2f}/h" in str(e.value) and "(chief)" in str(e.value)
+    with pytest.raises(UserError, match=r"^--budget 20: 1 x .* may cost \$"):
+        check_caps(spec(**VERTEX, **pool), budget=20, budget_setting="--budget")
+
+
+def test_a_vertex_job_files_pools_replace_the_stacks_shape_in_the_caps() -> None:
+    from infra.vertex_pools import PoolShape
+
+    job = spec(**VERTEX, maxHourlyCost="5")
+    check_caps(job, budget=None, budget_setting="x")  # 2 x g2-standard-24: a few $/h
+    pools = [(0, PoolShape("a3-highgpu-8g", "nvidia-h100-80gb", 8, 1))]
+    with pytest.raises(UserError, match=r"^gputrain:maxHourlyCost 5: 1 x a3-highgpu-8g \(chief\)"):
+        check_caps(job, budget=None, budget_setting="x", pools=pools)
+
+
 def test_plan_refuses_and_run_takes_budget_only_on_a_stack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from infra.stackfile import StackFile
+    from infra.vertex_pools import PoolShape
     from scripts.job.container import ImageRef
     from scripts.job.environment import EnvironmentSettings
     from scripts.job.image_build import PendingBuild, PlannedBuild
@@ -169,7 +170,13 @@ class StackTarget(Generic[C, P]):
             notify=spec.notify,
             spec=spec,
             stack_settings=self.stack_file.settings,
+            job_pools=self.job_pools(spec),
         )
+
+    def job_pools(self, spec: ClusterSpec) -> Sequence[tuple[int, PoolShape]] | None:
+        """A job file's pools that replace the spec's shape (Vertex's vertexJobSpec), for the
+        spending caps; None: the spec's own shape is what bills."""
+        return None
 
     def spec_at(self, chosen: Candidate) -> ClusterSpec:
         """The spec with a `gpus` candidate pinned (`candidate` + `zone`), as `up` pins it. The
@@ -258,7 +265,8 @@ class StackTarget(Generic[C, P]):
         ctx = ctx.at(self.spec_for(ctx))
         spec = ctx.spec
         planned = self.planned_build(opts)  # a missing Dockerfile: one line, first
-        check_spending_caps(spec, opts.budget)  # pure: before the doctor asks Google anything
+        # pure: before the doctor asks Google anything
+        check_spending_caps(spec, opts.budget, self.job_pools(spec))
         self.check_before_spending(spec, opts)
         require_deployable(spec)
         prepared = self.prepare(ctx)
@@ -458,7 +466,7 @@ class StackTarget(Generic[C, P]):
         from infra.plan import HEADERS, build_plan
 
         spec = self.spec()
-        check_spending_caps(spec, None)
+        check_spending_caps(spec, None, self.job_pools(spec))
         checks = self.candidate_checks(self.context(spec, RunOptions()))
         plan = build_plan(spec, checks)
         chosen = plan.candidates.chosen if plan.candidates else None
@@ -490,7 +498,7 @@ class StackTarget(Generic[C, P]):
         if spec.budget is not None or spec.max_hourly_cost is not None:
             from scripts.run_plan import caps_line
 
-            ui.say(caps_line(spec))
+            ui.say(caps_line(spec, self.job_pools(spec)))
         if spec.billing_budget is not None:
             from infra.billing import guard_line
 

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra import catalog
 from infra.base.errors import UserError
-from infra.vertex_pools import PoolShape, is_reduction_server_image
+from infra.vertex_pools import PoolShape, is_reduction_server_image, stack_pool_shapes
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
@@ -117,15 +116,11 @@ def replaced_fields(doc: Mapping[str, Any], *, service_account: str, build: str)
 
 def stack_pools(spec: ClusterSpec) -> list[tuple[int, PoolShape]]:
     """The pools the stack keys describe: chief, workers, reducers."""
-    gpus = spec.gpus_per_node
-    workers = PoolShape(spec.machine_type, spec.accelerator, gpus, spec.nodes - 1)
-    chief = PoolShape(spec.machine_type, spec.accelerator, gpus, 1)
-    if spec.chief is not None:
-        mt = catalog.machine_type(spec.chief.machine_type)
-        assert mt is not None  # parse_chief checked it
-        gpu = mt.accelerator or catalog.canonical_accelerator(spec.chief.gpu_type or "")
-        chief = PoolShape(mt.name, gpu, mt.gpus or spec.chief.gpu_count, 1)
-    pools = [(0, chief)] + ([(1, workers)] if spec.nodes > 1 else [])
-    if spec.reduction_server is not None:
-        pools.append((2, spec.reduction_server.shape()))
-    return pools
+    return stack_pool_shapes(
+        spec.machine_type,
+        spec.accelerator,
+        spec.gpus_per_node,
+        spec.nodes,
+        spec.chief,
+        spec.reduction_server,
+    )

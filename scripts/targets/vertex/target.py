@@ -131,6 +131,10 @@ class VertexTarget(StackTarget[VertexClients, None]):
         path, doc = read_job_file(self.settings.root, spec.vertex_job_spec)
         return doc, check_job_spec(doc, f"gputrain:vertexJobSpec {path.name}", spot=spec.spot)
 
+    def job_pools(self, spec: ClusterSpec) -> list[tuple[int, PoolShape]] | None:
+        """With vertexJobSpec the file's pools are the job: the spending caps price them."""
+        return self._file_pools(spec)[1] if spec.vertex_job_spec else None
+
     def _planned_outputs(self, spec: ClusterSpec) -> VertexOutputs:
         """What `up` will make: the stack's bucket and service account, by their names."""
         from infra.stackfile import service_account_id
@@ -145,12 +149,14 @@ class VertexTarget(StackTarget[VertexClients, None]):
         priced, what Reduction Server costs and when it pays, and whether this Python's Vertex
         client can send the job."""
         from infra.vertex_pools import POOL_HEADERS, pool_rows, price_pools, total_hourly
+        from scripts.run_plan import caps_line, check_spending_caps
         from scripts.targets.vertex.jobfile import replaced_fields, stack_pools
         from scripts.targets.vertex.preflight import aiplatform_problem
 
         spec = self.spec()
         if spec.vertex_job_spec:
             doc, shapes = self._file_pools(spec)
+            check_spending_caps(spec, None, shapes)  # the file's pools are what bills
             ui.say(
                 f"plan: stack {self.stack} (Vertex AI, {spec.region}) submits "
                 f"{spec.vertex_job_spec} as it is; machineType, gpus and nodes are not used"
@@ -176,6 +182,8 @@ class VertexTarget(StackTarget[VertexClients, None]):
                 reducers.hourly, total_hourly(priced), spec, custom=custom
             ):
                 ui.say(line)
+        if spec.vertex_job_spec and (spec.budget is not None or spec.max_hourly_cost is not None):
+            ui.say(caps_line(spec, shapes))
         problem = aiplatform_problem()
         if problem:
             ui.warn(problem)

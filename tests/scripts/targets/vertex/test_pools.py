@@ -91,8 +91,9 @@ def test_the_chief_has_its_own_machine_and_each_pool_its_price() -> None:
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"reductionServer": '{"replicas": 0}'}, "gputrain:reductionServer.replicas = 0: allowed: 1 or more"),
-        ({"reductionServer": '{"replicas": -2}'}, "gputrain:reductionServer.replicas = -2: allowed: 1 or more"),
+        ({"reductionServer": '{"replicas": 0}'}, "gputrain:reductionServer.replicas = 0: allowed: 1 to 64"),
+        ({"reductionServer": '{"replicas": -2}'}, "gputrain:reductionServer.replicas = -2: allowed: 1 to 64"),
+        ({"reductionServer": '{"replicas": 10000}'}, "gputrain:reductionServer.replicas = 10000: allowed: 1 to 64"),
         ({"reductionServer": '{"machineType": "n1-highcpu-8"}'}, "reductionServer.machineType 'n1-highcpu-8': allowed"),
         ({"reductionServer": '{"size": 2}'}, "gputrain:reductionServer.size: not a setting"),
         ({"reductionServer": "{}", "nodes": "1"}, "the job has 1 node; Reduction Server only speeds up"),
@@ -314,6 +315,28 @@ def test_export_round_trips_through_vertex_job_spec(
     assert "answer 42 from rank 1" in out
     assert f"gs://{BUCKET}/runs/{second}/" in json.dumps(w.created()[1])
     assert_torn_down(w)
+
+
+def test_the_spending_caps_price_a_vertex_job_files_pools_before_anything(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file's pools are the job (the stack's 2 x g2-standard-8 are not used): the caps that
+    the stack's shape would pass refuse the file's 4 x a3-highgpu-8g, in `plan` and `run`."""
+    w = world()
+    (w.settings.root / "config.yaml").write_text(yaml.safe_dump(GOOD))
+    _stack(w, "  gputrain:maxHourlyCost: '5'\n")
+    assert w.run("plan", "--stack", "vtest") == 0  # the stack's own shape fits
+    capsys.readouterr()
+    _stack(w, "  gputrain:maxHourlyCost: '5'\n  gputrain:vertexJobSpec: config.yaml\n")
+    assert w.run("plan", "--stack", "vtest") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gputrain: error: gputrain:maxHourlyCost 5: 1 x a3-highgpu-8g (chief) ")
+    assert "3 x a3-highgpu-8g (workers) + 8 x n1-highcpu-16 (reduction server)" in err
+    assert len(err.splitlines()) == 1
+    run = ("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
+    assert w.run(*run) == 2
+    assert "gputrain:maxHourlyCost 5: 1 x a3-highgpu-8g (chief)" in capsys.readouterr().err
+    assert w.runner.call_names() == [] and w.created() == []
 
 
 def test_a_vertex_job_spec_that_is_not_a_job_spec_is_one_line_before_anything(
