@@ -31,14 +31,17 @@ def parse_table(text: str, setting: str) -> str:
     return text.strip()
 
 
+#: A decimal number as people write one: ASCII digits and one point. float() also takes other
+#: scripts' digits ('١٠٠'), underscores ('1_000'), exponents and 'inf'.
+DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+
+
 def parse_usd(text: str, setting: str) -> float | None:
     """A positive amount of US dollars ("" = unset), else one line naming the setting."""
     if not text.strip():
         return None
-    try:
-        value = float(text.strip().removeprefix("$"))
-    except ValueError:
-        value = math.nan
+    amount = text.strip().removeprefix("$")
+    value = float(amount) if DECIMAL.fullmatch(amount) else math.nan
     if not math.isfinite(value) or value <= 0:
         raise UserError(f"{setting} {text!r}: not an amount; allowed: US dollars above 0, e.g. 300")
     return value

@@ -245,7 +245,7 @@ def vm_zones(
 # The request: MODEL:COUNT | MEMORY+:COUNT, or a list of them ("any of these")
 # --------------------------------------------------------------------------------------------
 
-_MEMORY_RE = re.compile(r"^(\d+)\s*GB(\+?)$", re.IGNORECASE)
+_MEMORY_RE = re.compile(r"^([0-9]+)\s*GB(\+?)$", re.IGNORECASE)
 _FORMS = "MODEL:COUNT or MEMORY+:COUNT (e.g. H100:16, 40GB+:8), or a list of them"
 _FILTER_FORMS = "MODEL or MEMORY+ (e.g. H100, 40GB+)"
 
@@ -308,7 +308,7 @@ def parse_alternative(
         raise _bad(key, text, f"unknown GPU model {what!r}{hint}", forms)
     if need_count and not sep:
         raise _bad(key, text, f"missing the GPU count, e.g. {what}:8", forms)
-    count = int(count_text) if re.fullmatch(r"\d+", count_text) else 0 if sep else 1
+    count = int(count_text) if re.fullmatch(r"[0-9]+", count_text) else 0 if sep else 1
     if count < 1:
         raise _bad(key, text, "COUNT must be a whole number >= 1 (the GPUs in total)", forms)
     if memory:

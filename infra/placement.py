@@ -17,7 +17,7 @@ from infra.offers import Candidate, GpuRequestError, candidate_label
 from infra.schema import DEFAULTS, SpecError, StackSettings, config_string
 
 MACHINE_TYPE_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
-_CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x (\d+)$")
+_CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x ([0-9]+)$")
 _REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 
 

@@ -75,11 +75,11 @@ OFFERS: tuple[VertexOffer, ...] = (
     VertexOffer(r"a2-ultragpu-(1|2|4|8)g", "a2-ultragpu-1g/2g/4g/8g", "listed", _ISSUE),
     VertexOffer(r"a3-highgpu-8g", "a3-highgpu-8g", "listed", _ISSUE),
     VertexOffer(r"a3-megagpu-8g", "a3-megagpu-8g", "listed", _ISSUE + "; " + _CLUSTERS),
-    VertexOffer(r"g2-standard-\d+", "g2-standard-*", "listed", _ISSUE),
+    VertexOffer(r"g2-standard-[0-9]+", "g2-standard-*", "listed", _ISSUE),
     # N1 with an attached T4/V100/P100/P4. Vertex's list starts at 4 vCPUs for n1-standard and
     # 16 for n1-highcpu (recalled from the configure-compute page; not re-read offline).
     VertexOffer(
-        r"n1-standard-(4|8|16|32|64|96)|n1-highmem-\d+|n1-highcpu-(16|32|64|96)",
+        r"n1-standard-(4|8|16|32|64|96)|n1-highmem-[0-9]+|n1-highcpu-(16|32|64|96)",
         "n1-standard-4..96, n1-highmem-*, n1-highcpu-16..96",
         "listed",
         _ISSUE + "; vCPU floor unverified",

@@ -336,7 +336,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
             )
             c.add_argument(
                 "--max-candidates",
-                type=int,
+                type=cli_options.whole_number,
                 default=5,
                 metavar="N",
                 help="(--stack with gpus) candidates `up` tries down the ranked list on stockouts "
@@ -407,7 +407,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
             c.add_argument("--run", metavar="RUN_ID", help="a run id (default: the newest)")
             c.add_argument(
                 "--max-recoveries",
-                type=int,
+                type=cli_options.whole_number,
                 metavar="N",
                 help="recoveries the run may have in all (default: what its launch said)",
             )

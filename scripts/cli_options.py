@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -58,7 +59,7 @@ def wait_for_capacity(raw: str | None) -> int | None:
 def add_run_flags(c: argparse.ArgumentParser, command: str) -> None:
     c.add_argument(
         "--max-recoveries",
-        type=int,
+        type=whole_number,
         metavar="N",
         help="(--stack) nodes GCE takes away to recover from: spot preemptions, host errors, "
         "host maintenance (default: 3)",
@@ -330,14 +331,20 @@ def environment_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number in ASCII digits (int() also takes '١' and '1_0')."""
+    if not re.fullmatch(r"-?[0-9]+", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use a whole number, e.g. 3")
+    return int(text)
+
+
 def seconds_up_to(limit: int) -> Callable[[str], float]:
     """An argparse type: seconds > 0, at most `limit` (one line naming the bad value)."""
 
     def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
+        from infra.billing import DECIMAL
+
+        value = float(text) if DECIMAL.fullmatch(text.strip()) else -1.0
         if not 0 < value <= limit:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not allowed; use seconds > 0, at most {limit}"
@@ -351,10 +358,7 @@ def count_up_to(limit: int) -> Callable[[str], int]:
     """An argparse type: a whole number 0..limit (one line naming the bad value)."""
 
     def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
+        value = int(text) if re.fullmatch(r"[0-9]+", text.strip()) else -1  # not '١', '1_0'
         if not 0 <= value <= limit:
             raise argparse.ArgumentTypeError(f"{text!r} is not allowed; use 0..{limit}")
         return value

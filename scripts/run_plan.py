@@ -294,10 +294,9 @@ def budget_interval_s(raw: str | None) -> float:
     else BUDGET_INTERVAL_S; one line for a value that is not seconds. Pure."""
     if raw is None or not raw.strip():
         return BUDGET_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
+    from infra.billing import DECIMAL
+
+    value = float(raw) if DECIMAL.fullmatch(raw.strip()) else -1.0
     if not 0 <= value <= 86400:
         raise UserError(f"{BUDGET_INTERVAL_ENV} {raw!r}: allowed: seconds from 0 to 86400")
     return value

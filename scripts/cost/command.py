@@ -18,7 +18,7 @@ from scripts.cost.ledger import LedgerRecord
 from scripts.settings import Settings
 
 GROUPINGS = ("run", "stack", "day")
-SINCE = re.compile(r"^(\d+)([mhdw])$")
+SINCE = re.compile(r"^([0-9]+)([mhdw])$")
 UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import shlex
 import subprocess
 import tempfile
@@ -293,7 +294,7 @@ class FleetSession:
     def node(self, selector: str) -> Node:
         """A node by name or index."""
         names = [n.name for n in self.fleet.nodes]
-        if selector.isdigit() and int(selector) < len(names):
+        if re.fullmatch(r"[0-9]+", selector) and int(selector) < len(names):
             return self.fleet.nodes[int(selector)]
         if selector in names:
             return self.fleet.nodes[names.index(selector)]

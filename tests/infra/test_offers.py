@@ -227,6 +227,8 @@ def test_a_list_or_comma_string_is_any_of_these() -> None:
         ("H100:0", "COUNT must be a whole number >= 1"),
         ("H100:-8", "COUNT must be a whole number >= 1"),
         ("H100:eight", "COUNT must be a whole number >= 1"),
+        ("H100:١٦", "COUNT must be a whole number >= 1"),  # int() reads other scripts' digits
+        ("٤٠GB+:8", "unknown GPU model '٤٠GB+'"),
         ("80GB:8", "memory requests end in '+': 80GB+"),
         ("", "empty"),
     ],

@@ -94,6 +94,25 @@ def test_max_restarts_out_of_range_is_refused_while_parsing(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--local", "--max-restarts", "١"],
+        ["up", "--stack", "dev", "--max-candidates", "٣"],
+        ["run", "--stack", "dev", "--max-recoveries", "1_0"],
+        ["run", "--local", "--wait", "٣٠"],
+    ],
+)
+def test_numbers_on_the_command_line_take_ascii_digits_only(
+    argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """int() and float() read '١' and '1_0' as numbers: the options refuse them (exit 2)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv, settings=Settings(root=tmp_path, runs_dir=tmp_path / "runs"))
+    assert e.value.code == 2
+    assert f"argument {argv[-2]}: {argv[-1]!r} is not allowed; use " in capsys.readouterr().err
+
+
 def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 

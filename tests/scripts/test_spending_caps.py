@@ -28,7 +28,7 @@ def spec(**overrides: str) -> ClusterSpec:
     return parse_spec(deployable_config("dev", **overrides), "dev")
 
 
-@pytest.mark.parametrize("bad", ["0", "-5", "abc", "nan", "inf", "1e999"])
+@pytest.mark.parametrize("bad", ["0", "-5", "abc", "nan", "inf", "1e999", "١٠٠", "1_000", "１"])
 def test_a_bad_amount_is_one_line(bad: str) -> None:
     with pytest.raises(UserError, match=rf"gputrain:budget '{bad}': not an amount; allowed"):
         spec(budget=bad)
@@ -155,7 +155,7 @@ def test_plan_refuses_and_run_takes_budget_only_on_a_stack(
     )
 
 
-@pytest.mark.parametrize("raw", ["-1", "abc", "nan", "1e9"])
+@pytest.mark.parametrize("raw", ["-1", "abc", "nan", "1e9", "١٠", "1_0"])
 def test_a_bad_budget_interval_is_one_line(raw: str) -> None:
     with pytest.raises(UserError, match=rf"^GPUTRAIN_BUDGET_INTERVAL_S '{raw}': allowed"):
         budget_interval_s(raw)

@@ -104,7 +104,7 @@ def test_since_and_malformed_lines() -> None:
     now = time.time()
     assert parse_since("7d", now) == now - 7 * 86400
     assert parse_since("2026-11-20", now) == 1_795_132_800.0
-    for bad in ("7", "7x", "-1d", "0d", "yesterday", "2026-13-01"):
+    for bad in ("7", "7x", "-1d", "0d", "yesterday", "2026-13-01", "٧d"):
         with pytest.raises(UserError, match=r"--since .*allowed: a count and a unit"):
             parse_since(bad, now)
     for line in ("{", "[]", '{"run_id": 1}', '{"target": "x", "run_id": "y", "start": "a"}'):
