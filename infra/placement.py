@@ -112,6 +112,7 @@ def _by_request(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
         raise SpecError(str(e)) from None
     if backend == "vertex":  # Vertex AI runs what its own machine list allows, per region
         ranked = [c for c in ranked if _vertex_ok(c, spot)] or _no_vertex(raw, ranked)
+        ranked.sort(key=_outside_vertex_regions)  # stable: the ranking within each part stays
     pinned = _pinned(cfg, ranked)
     chosen = pinned[0]
     mt = catalog.MACHINE_TYPES[chosen.machine_type]
@@ -156,6 +157,13 @@ def _vertex_ok(c: Candidate, spot: bool) -> bool:
     return (
         vertex.vertex_problem(c.machine_type, gpu, c.gpus_per_node if gpu else 0, spot=spot) is None
     )
+
+
+def _outside_vertex_regions(c: Candidate) -> bool:
+    """Whether the candidate's region is not among those known to offer its GPU on Vertex
+    (vertex.vertex_regions): such candidates rank after the known ones, as `plan` warns."""
+    regions = vertex.vertex_regions(c.shape.accelerator)
+    return regions is not None and c.region not in regions
 
 
 def _no_vertex(raw: str, ranked: list[Candidate]) -> list[Candidate]:

@@ -539,6 +539,23 @@ def test_an_empty_capacity_list_names_capacity_not_another_key(written: str) -> 
     assert str(e.value).startswith(f"gputrain:capacity = {shown!r}: an empty list; allowed:")
 
 
+def test_a_vertex_gpus_request_ranks_the_regions_known_to_offer_the_gpu_first() -> None:
+    """The cheapest L4 zone (asia-northeast3) is not among the regions known to offer L4 on
+    Vertex: the chosen candidate is in one that is, and plan has nothing to warn about."""
+    from infra import vertex
+
+    config = deployable_config("vertex", gpus="L4:4", machineType="", nodes="0", zones="[]")
+    spec = parse_spec(config, "vertex")
+    known = vertex.vertex_regions("nvidia-l4")
+    assert known is not None and spec.region in known
+    warnings = vertex.vertex_warnings(spec.machine_type, spec.accelerator, spec.region)
+    assert not [w for w in warnings if "not among the regions" in w]
+    inside = [c.region in known for c in spec.candidates]
+    assert inside == sorted(inside, reverse=True) and not all(inside)  # known ones, then others
+    gce = parse_spec(deployable_config("dev", gpus="L4:4", zones="[]"), "dev")
+    assert gce.region not in known  # on GCE the cheapest zone wins: the ranking is Vertex's
+
+
 def test_restart_job_on_worker_restart_is_a_vertex_flag_one_line_when_bad() -> None:
     key = "restartJobOnWorkerRestart"
     assert parse_spec(deployable_config("vertex"), "vertex").restart_job_on_worker_restart is False

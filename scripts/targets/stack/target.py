@@ -478,9 +478,10 @@ class StackTarget(Generic[C, P]):
         ui.table(plan.title, HEADERS, [plan.row])
         if plan.candidates is not None:
             shown = plan.candidates
+            known = "regions known to offer it on Vertex first, then " if spec.on_vertex else ""
             ui.table(
                 f"candidates for gpus = {spec.gpus_request} "
-                f"({'Spot' if spec.spot else 'on-demand'}; ranked: fewest nodes, then $/h)",
+                f"({'Spot' if spec.spot else 'on-demand'}; ranked: {known}fewest nodes, then $/h)",
                 list(shown.headers),
                 [list(r) for r in shown.rows],
             )
