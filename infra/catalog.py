@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,6 +63,22 @@ ACCELERATORS: dict[str, Accelerator] = {
 
 GLOBAL_GPU_QUOTA_METRIC = "GPUS_ALL_REGIONS"
 
+#: What users type (SkyPilot's names) -> GCE accelerator type. H100 is A3 High only, never A3 Mega.
+GPU_MODELS: dict[str, str] = {
+    "T4": "nvidia-tesla-t4",
+    "P4": "nvidia-tesla-p4",
+    "P100": "nvidia-tesla-p100",
+    "V100": "nvidia-tesla-v100",
+    "L4": "nvidia-l4",
+    "A100": "nvidia-tesla-a100",
+    "A100-80GB": "nvidia-a100-80gb",
+    "H100": "nvidia-h100-80gb",
+    "H100-MEGA": "nvidia-h100-mega-80gb",
+    "H200": "nvidia-h200-141gb",
+    "B200": "nvidia-b200",
+}
+MODEL_OF: dict[str, str] = {acc: model for model, acc in GPU_MODELS.items()}
+
 
 ZONE_NAME = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")  # us-central1-a
 
@@ -78,13 +95,20 @@ def quota_console_url(project: str | None) -> str:
 
 
 def canonical_accelerator(name: str) -> str | None:
-    """The catalog name for an accelerator type or one of its aliases; None if unknown."""
-    if name in ACCELERATORS:
-        return name
+    """The catalog name for an accelerator type, one of its aliases or its model name as `gpus`
+    takes it (T4, A100-80GB), in any case; None if unknown."""
+    lower = name.lower()
+    if lower in ACCELERATORS:
+        return lower
     for acc in ACCELERATORS.values():
-        if name in acc.aliases:
+        if lower in acc.aliases:
             return acc.name
-    return None
+    return GPU_MODELS.get(name.upper())
+
+
+def gpu_choices(accelerators: Iterable[str]) -> str:
+    """`nvidia-tesla-t4 (T4), ...`: the gpuType values an error allows, by both names."""
+    return ", ".join(f"{a} ({MODEL_OF[a]})" if a in MODEL_OF else a for a in accelerators)
 
 
 def quota_metric(accelerator: str, spot: bool) -> str:

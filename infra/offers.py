@@ -108,21 +108,7 @@ Mode = Literal["on-demand", "spot"]
 MAX_NODES = 64  # the bound ClusterSpec puts on `nodes`
 N1_VCPUS_PER_GPU = 8  # an N1 host gets n1-standard-(8 x GPUs), within every attach cap
 
-#: What users type (SkyPilot's names) -> GCE accelerator type. H100 is A3 High only, never A3 Mega.
-GPU_MODELS: dict[str, str] = {
-    "T4": "nvidia-tesla-t4",
-    "P4": "nvidia-tesla-p4",
-    "P100": "nvidia-tesla-p100",
-    "V100": "nvidia-tesla-v100",
-    "L4": "nvidia-l4",
-    "A100": "nvidia-tesla-a100",
-    "A100-80GB": "nvidia-a100-80gb",
-    "H100": "nvidia-h100-80gb",
-    "H100-MEGA": "nvidia-h100-mega-80gb",
-    "H200": "nvidia-h200-141gb",
-    "B200": "nvidia-b200",
-}
-MODEL_OF: dict[str, str] = {acc: model for model, acc in GPU_MODELS.items()}
+GPU_MODELS, MODEL_OF = catalog.GPU_MODELS, catalog.MODEL_OF  # what users type -> GCE type
 
 
 def capacity_modes(mt: catalog.MachineType) -> frozenset[Mode]:

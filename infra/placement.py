@@ -201,7 +201,12 @@ def _gpus_of(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]
     count_raw = str(count)
     gpu_type = catalog.canonical_accelerator(gpu_type_raw) if gpu_type_raw else None
     if gpu_type_raw and gpu_type is None:
-        raise CHECK.fail("gpuType", gpu_type_raw, f"allowed: {', '.join(catalog.ACCELERATORS)}")
+        allowed = (
+            f"empty or {catalog.gpu_choices([mt.accelerator])} ({mt.name} brings it)"
+            if mt.accelerator
+            else f"{catalog.gpu_choices(catalog.N1_GPUS)} ({mt.name} is N1)"
+        )
+        raise CHECK.fail("gpuType", gpu_type_raw, f"unknown; allowed: {allowed}")
     if mt.accelerator is not None:
         if gpu_type is not None and gpu_type != mt.accelerator:
             raise CHECK.fail(

@@ -125,7 +125,12 @@ def vertex_problem(
         return f"machineType {mt.name!r}: offered only as Spot; set gputrain:capacity spot or use a3-highgpu-8g"
     canonical = catalog.canonical_accelerator(gpu_type) if gpu_type else None
     if gpu_type and canonical is None:
-        return f"gpuType {gpu_type!r}: unknown; allowed: {', '.join(ACCELERATOR_ENUMS)}"
+        allowed = (
+            f"empty ({mt.name} brings {mt.accelerator})"
+            if mt.accelerator
+            else f"{catalog.gpu_choices(catalog.N1_GPUS)} ({mt.name} is N1)"
+        )
+        return f"gpuType {gpu_type!r}: unknown; allowed: {allowed}"
     if mt.accelerator is not None:
         if canonical not in (None, mt.accelerator):
             return f"gpuType {gpu_type!r}: {mt.name} brings {mt.accelerator}; leave it empty"

@@ -110,6 +110,16 @@ def test_quota_metric_accepts_the_a100_alias_and_rejects_unknown() -> None:
         catalog.quota_metric("nvidia-rtx-9090", spot=False)
 
 
+def test_an_accelerator_is_named_by_its_type_alias_or_model_name_in_any_case() -> None:
+    """gpuType takes what `gpus` takes: T4 is nvidia-tesla-t4, A100-80GB nvidia-a100-80gb."""
+    for name in ("T4", "t4", "nvidia-tesla-t4", "NVIDIA-Tesla-T4"):
+        assert catalog.canonical_accelerator(name) == "nvidia-tesla-t4"
+    assert catalog.canonical_accelerator("a100-80gb") == "nvidia-a100-80gb"
+    assert catalog.canonical_accelerator("NVIDIA-A100-40GB") == "nvidia-tesla-a100"
+    assert catalog.canonical_accelerator("X100") is None
+    assert catalog.canonical_accelerator(" T4") is None  # no other text read as a GPU
+
+
 def test_cpu_quota_metrics() -> None:
     assert catalog.cpu_quota_metric("n1", spot=False) == "CPUS"
     assert catalog.cpu_quota_metric("n1", spot=True) == "PREEMPTIBLE_CPUS"

@@ -226,6 +226,34 @@ def test_zone_defaults_to_first_and_failover_zone_is_used() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("machine", "gpu", "accelerator"),
+    [
+        ("n1-standard-8", "T4", "nvidia-tesla-t4"),
+        ("n1-standard-8", "v100", "nvidia-tesla-v100"),
+        ("g2-standard-8", "L4", "nvidia-l4"),
+    ],
+)
+def test_gpu_type_takes_the_model_names_gpus_takes(
+    machine: str, gpu: str, accelerator: str
+) -> None:
+    spec = parse_spec(_cfg(machineType=machine, gpuType=gpu, gpuCount="1"), "dev")
+    assert spec.accelerator == accelerator and spec.gpus_per_node == 1
+
+
+def test_an_unknown_gpu_type_lists_what_the_machine_takes() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(machineType="n1-standard-8", gpuType="X100", gpuCount="1"), "dev")
+    assert str(e.value) == (
+        "gputrain:gpuType = 'X100': unknown; allowed: nvidia-tesla-t4 (T4), nvidia-tesla-v100 "
+        "(V100), nvidia-tesla-p100 (P100), nvidia-tesla-p4 (P4) (n1-standard-8 is N1)"
+    )
+    with pytest.raises(
+        SpecError, match=r"^gputrain:gpuType = 'X100': unknown; allowed: empty or nvidia-l4 \(L4\)"
+    ):
+        parse_spec(_cfg(gpuType="X100"), "dev")
+
+
 def test_agreeing_gpu_settings_on_a_g_series_are_accepted() -> None:
     spec = parse_spec(_cfg(gpuType="nvidia-l4", gpuCount="2"), "dev")
     assert (spec.gpus_per_node, spec.attach_gpus) == (2, False)

@@ -306,7 +306,7 @@ BAD_CONFIGS: list[tuple[str, dict[str, str], str]] = [
     (
         "unknown-gpu",
         _base(machineType="n1-standard-8", gpuType="nvidia-rtx-9090", gpuCount="1"),
-        "gputrain:gpuType = 'nvidia-rtx-9090': allowed: ",
+        "gputrain:gpuType = 'nvidia-rtx-9090': unknown; allowed: nvidia-tesla-t4 (T4), ",
     ),
     (
         "t4-x8",

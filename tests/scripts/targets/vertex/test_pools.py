@@ -70,6 +70,18 @@ def test_off_there_is_no_pool_2_and_no_nccl_env() -> None:
     assert all(e["name"] != "NCCL_DEBUG" for p in pools for e in p["pythonPackageSpec"]["env"])
 
 
+@pytest.mark.parametrize("gpu_type", ["T4", "t4", "nvidia-tesla-t4", "NVIDIA-TESLA-T4"])
+def test_a_chiefs_gpu_type_takes_the_model_names_gpus_takes(gpu_type: str) -> None:
+    """Pulumi.yaml's own example, `{machineType: n1-standard-8, gpuType: T4, gpuCount: 1}`."""
+    spec = _spec(
+        chief=json.dumps({"machineType": "n1-standard-8", "gpuType": gpu_type, "gpuCount": 1})
+    )
+    chief = custom_job_body(_request(spec))["jobSpec"]["workerPoolSpecs"][0]
+    assert chief["machineSpec"] == {
+        "machineType": "n1-standard-8", "acceleratorType": "NVIDIA_TESLA_T4", "acceleratorCount": 1,
+    }  # fmt: skip
+
+
 def test_the_chief_has_its_own_machine_and_each_pool_its_price() -> None:
     spec = _spec(chief='{"machineType": "a2-highgpu-1g"}', reductionServer='{"replicas": 2}')
     chief, workers, _ = custom_job_body(_request(spec))["jobSpec"]["workerPoolSpecs"]
@@ -101,7 +113,7 @@ def test_the_chief_has_its_own_machine_and_each_pool_its_price() -> None:
         ({"reductionServer": '{"size": 2}'}, "gputrain:reductionServer.size: not a setting"),
         ({"reductionServer": "{}", "nodes": "1"}, "the job has 1 node; Reduction Server only speeds up"),
         ({"chief": '{"machineType": "a9-hugegpu-1g"}'}, "gputrain:chief.machineType 'a9-hugegpu-1g': unknown"),
-        ({"chief": '{"machineType": "n1-standard-8", "gpuType": "X100"}'}, "gputrain:chief.gpuType 'X100': unknown"),
+        ({"chief": '{"machineType": "n1-standard-8", "gpuType": "X100"}'}, "gputrain:chief.gpuType 'X100': unknown; allowed: nvidia-tesla-t4 (T4), nvidia-tesla-v100 (V100), nvidia-tesla-p100 (P100), nvidia-tesla-p4 (P4) (n1-standard-8 is N1)"),
     ],
 )  # fmt: skip
 def test_bad_pool_settings_are_one_line_each(keys: dict[str, str], message: str) -> None:
