@@ -101,6 +101,13 @@ def _by_request(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
     for r in regions:
         if not _REGION_RE.match(r):
             raise CHECK.fail("regions", r, "allowed: region names like us-central1")
+    if zones and regions and not any(catalog.region_of(z) in regions for z in zones):
+        raise CHECK.fail(  # a zone must be in both: else every GPU would be blamed
+            "regions",
+            config_string(cfg.regions),
+            f"none of gputrain:zones ({', '.join(zones)}) is in these regions; allowed: regions "
+            "that hold a listed zone, or leave zones or regions empty",
+        )
     try:
         ranked = offers.resolve(
             offers.parse_request(cfg.gpus),

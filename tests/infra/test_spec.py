@@ -567,6 +567,20 @@ def test_an_empty_capacity_list_names_capacity_not_another_key(written: str) -> 
     assert str(e.value).startswith(f"gputrain:capacity = {shown!r}: an empty list; allowed:")
 
 
+def test_zones_and_regions_that_do_not_overlap_are_blamed_not_the_gpus() -> None:
+    config = _cfg(
+        machineType="", gpus="L4:2", zones='["us-central1-a"]', regions='["europe-west4"]'
+    )
+    with pytest.raises(SpecError) as e:
+        parse_spec(config, "dev")
+    assert str(e.value).startswith(
+        "gputrain:regions = '[\"europe-west4\"]': none of gputrain:zones (us-central1-a) is in "
+        "these regions; allowed: regions that hold a listed zone"
+    )
+    both = parse_spec(config | {"gputrain:zones": '["us-central1-a", "europe-west4-a"]'}, "dev")
+    assert both.zone == "europe-west4-a"  # the zone in both
+
+
 def test_a_vertex_gpus_request_ranks_the_regions_known_to_offer_the_gpu_first() -> None:
     """The cheapest L4 zone (asia-northeast3) is not among the regions known to offer L4 on
     Vertex: the chosen candidate is in one that is, and plan has nothing to warn about."""
