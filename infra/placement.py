@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from infra import catalog, offers, vertex
+from infra import capacity, catalog, offers, vertex
 from infra.keys import CHECK, in_range
 from infra.offers import Candidate, GpuRequestError, candidate_label
 from infra.schema import DEFAULTS, SpecError, StackSettings, config_string
@@ -41,8 +41,12 @@ class Placement:
         return self.machine_type, self.accelerator, self.gpus_per_node, self.attach, self.nodes
 
 
-def place(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
-    """The placement the stack asks for; one-line SpecError naming the key when it cannot be."""
+def place(
+    cfg: StackSettings, *, spot: bool, backend: str, modes: tuple[str, ...] = ()
+) -> Placement:
+    """The placement the stack asks for; one-line SpecError naming the key when it cannot be.
+    `modes`: every capacity mode the stack may use (a capacity list's rungs), which a `gpus`
+    candidate's machine type must be offered in."""
     machine = cfg.machineType
     request = config_string(cfg.gpus)
     if machine:
@@ -53,7 +57,7 @@ def place(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
                 f"set either gpus or machineType (+ nodes), not both (machineType = {machine!r})",
             )
         return _by_machine_type(cfg, machine, spot)
-    return _by_request(cfg, spot=spot, backend=backend)
+    return _by_request(cfg, spot=spot, backend=backend, modes=modes)
 
 
 def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
@@ -79,7 +83,9 @@ def _by_machine_type(cfg: StackSettings, name: str, spot: bool) -> Placement:
     return Placement(mt, accelerator, gpus, attach, nodes, zones, zone)
 
 
-def _by_request(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
+def _by_request(
+    cfg: StackSettings, *, spot: bool, backend: str, modes: tuple[str, ...]
+) -> Placement:
     raw = config_string(cfg.gpus)
     if not raw:
         raise CHECK.fail(
@@ -117,6 +123,7 @@ def _by_request(cfg: StackSettings, *, spot: bool, backend: str) -> Placement:
         )
     except GpuRequestError as e:
         raise SpecError(str(e)) from None
+    ranked = _in_every_mode(raw, ranked, modes)
     if backend == "vertex":  # Vertex AI runs what its own machine list allows, per region
         ranked = [c for c in ranked if _vertex_ok(c, spot)] or _no_vertex(raw, ranked)
         ranked.sort(key=_outside_vertex_regions)  # stable: the ranking within each part stays
@@ -164,6 +171,37 @@ def _vertex_ok(c: Candidate, spot: bool) -> bool:
     return (
         vertex.vertex_problem(c.machine_type, gpu, c.gpus_per_node if gpu else 0, spot=spot) is None
     )
+
+
+def _in_every_mode(raw: str, ranked: list[Candidate], modes: tuple[str, ...]) -> list[Candidate]:
+    """The candidates whose machine type is offered in every one of `modes`, best first (so
+    [T4:1, L4:1] with capacity [spot, flex-start] is L4: N1 has no Flex-start); when there are
+    none, one line naming each GPU and the mode it is not sold as."""
+    fit = [c for c in ranked if set(modes) <= set(_offered(c.machine_type))]
+    if fit or not ranked:
+        return fit
+    reasons = []
+    for gpu in dict.fromkeys(c.shape.accelerator for c in ranked):
+        types = sorted({c.machine_type for c in ranked if c.shape.accelerator == gpu})
+        sold = [m for m in capacity.CAPACITIES if any(m in _offered(t) for t in types)]
+        lacking = [m for m in modes if m not in sold]
+        name = catalog.MODEL_OF.get(gpu, gpu)
+        reasons.append(
+            f"{name} is not sold as {' or '.join(lacking)} ({', '.join(types)}: "
+            f"{', '.join(sold)} only)"
+            if lacking
+            else f"no one {name} machine type is sold as {' and '.join(modes)}"
+        )
+    raise CHECK.fail(
+        "gpus",
+        raw,
+        f"{'; '.join(reasons)}; allowed: GPUs sold in every mode of gputrain:capacity "
+        f"({', '.join(modes)}), or other modes",
+    )
+
+
+def _offered(machine_type: str) -> tuple[str, ...]:
+    return capacity.offered(catalog.MACHINE_TYPES[machine_type])
 
 
 def _outside_vertex_regions(c: Candidate) -> bool:

@@ -314,7 +314,8 @@ def spec_from_settings(typed: StackSettings, stack: str, project: str | None) ->
     # the mode as written (capacity, or its alias spot) ranks the candidates; read_capacity
     # validates it against the machine below
     mode = capacity_in_use(settings)
-    where = place(settings, spot=mode == "spot", backend=backend)
+    every = modes.allowed_modes(settings)  # a gpus candidate must be sold in each of them
+    where = place(settings, spot=mode == "spot", backend=backend, modes=every)
     mt, accelerator, gpus, attach, nodes = where.shape
 
     cap = read_capacity(settings, mt, ttl, settings.maxRunDuration, backend)

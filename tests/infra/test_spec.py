@@ -581,6 +581,25 @@ def test_zones_and_regions_that_do_not_overlap_are_blamed_not_the_gpus() -> None
     assert both.zone == "europe-west4-a"  # the zone in both
 
 
+def test_a_gpus_candidate_must_be_sold_in_every_mode_of_a_capacity_list() -> None:
+    """T4 is cheaper as Spot, but N1 has no Flex-start: with [spot, flex-start] the L4 (G2)
+    serves both, and is chosen instead of a refusal of n1-standard-8."""
+    both = _cfg(
+        machineType="", gpus='["T4:1", "L4:1"]', capacity='["spot", "flex-start"]', zones="[]"
+    )
+    spec = parse_spec(both, "dev")
+    assert spec.accelerator == "nvidia-l4" and spec.capacity_ladder == ("spot", "flex-start")
+    assert {c.shape.accelerator for c in spec.candidates} == {"nvidia-l4"}
+    spot_only = parse_spec(both | {"gputrain:capacity": "spot"}, "dev")
+    assert "nvidia-tesla-t4" in {c.shape.accelerator for c in spot_only.candidates}
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(machineType="", gpus="T4:1", capacity="flex-start"), "dev")
+    assert str(e.value).startswith(
+        "gputrain:gpus = 'T4:1': T4 is not sold as flex-start (n1-standard-8: on-demand, spot, "
+        "reservation only); allowed: GPUs sold in every mode of gputrain:capacity (flex-start)"
+    )
+
+
 def test_a_vertex_gpus_request_ranks_the_regions_known_to_offer_the_gpu_first() -> None:
     """The cheapest L4 zone (asia-northeast3) is not among the regions known to offer L4 on
     Vertex: the chosen candidate is in one that is, and plan has nothing to warn about."""
