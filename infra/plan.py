@@ -233,12 +233,14 @@ def capacity_note(spec: ClusterSpec) -> str:
         else "no placement policy (the capacity places the VMs densely itself)"
     )
     mt = catalog.MACHINE_TYPES[spec.machine_type]
-    below = "<= " if capacity.flex_start_discounted(mt) else ""  # G2: no Flex-start discount
-    per_mode = ", ".join(
-        f"{m} {below if m == 'flex-start' else ''}"
-        + money(spec.price.hourly(m == "spot") if spec.price else None)
-        for m in capacity.offered(mt)
-    )
+    discounted = capacity.flex_start_discounted(mt)  # G2: no Flex-start discount
+
+    def rate(mode: str) -> str:
+        usd = spec.price.hourly(mode == "spot") if spec.price else None
+        below = mode == "flex-start" and discounted and usd is not None  # "<= unknown" says nothing
+        return f"{mode} {'<= ' if below else ''}{money(usd)}"
+
+    per_mode = ", ".join(rate(m) for m in capacity.offered(mt))
     return (
         f"Capacity: {spec.capacity}{where} (provisioningModel {ic.provisioning_model}, "
         f"{mode.quota}); {placement}; {mode.billing}. $/h per node by the capacity "

@@ -161,9 +161,7 @@ def test_fabric_stacks_plan_their_capacity_network_and_cost_per_mode() -> None:
     )
     assert "no placement policy (the capacity places the VMs densely itself)" in a4.capacity_note
     # no A4 price in the data: every mode says unknown, never $0
-    assert (
-        "offered in: spot unknown, flex-start <= unknown, reservation unknown." in a4.capacity_note
-    )
+    assert "offered in: spot unknown, flex-start unknown, reservation unknown." in a4.capacity_note
     assert "3 VPCs and 10 subnets from 10.42.0.0/16" in a4.fabric_note
     assert ">= 341.5 GB/s" in a4.fabric_note
     mega = plan_stack(ROOT, "a3mega")
