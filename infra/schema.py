@@ -67,7 +67,7 @@ ALLOWED: dict[str, str] = {
     "text-or-texts": "a string or a list of strings",
     "labels": "a list of key=value strings or a mapping of key: string or whole number",
     "mapping": "a mapping of setting: value",
-    "datasets": "a mapping of NAME: gs://BUCKET/PREFIX[:copy|:mount]",
+    "datasets": "a mapping of NAME: gs://BUCKET/PREFIX (then :copy, the default, or :mount)",
 }
 
 
@@ -125,9 +125,7 @@ class StackSettings(BaseModel):
     gpuDirect: StrictStr = Field("auto", json_schema_extra=_kind("text"))
     subnetRange: StrictStr = Field("10.42.0.0/16", json_schema_extra=_kind("text"))
     localSsdCount: Whole = Field(0, json_schema_extra=_kind("whole", 0, 24))
-    data: dict[StrictStr, StrictStr] | None = Field(
-        None, json_schema_extra=_kind("datasets")
-    )
+    data: dict[StrictStr, StrictStr] | None = Field(None, json_schema_extra=_kind("datasets"))
     setup: StrictStr = Field("", json_schema_extra=_kind("text"))
     secrets: Texts = Field([], json_schema_extra=_kind("texts"))
     image: StrictStr = Field("", json_schema_extra=_kind("text"))

@@ -133,7 +133,9 @@ def test_the_stack_key() -> None:
     with pytest.raises(UserError, match="data: 'gs://b-1/w' is not allowed; expected a map"):
         parse_spec(deployable_config("dev", data="gs://b-1/w"), "dev")
     # the mode is part of the text: a {uri, mode} mapping is refused, one line naming the form
-    with pytest.raises(UserError, match=r"gputrain:data = .*: allowed: a mapping of NAME: gs://"):
+    with pytest.raises(
+        UserError, match=r"gputrain:data = .*: allowed: a mapping of NAME: gs://BUCKET/PREFIX "
+    ):
         parse_spec(deployable_config("dev", data='{"web": {"uri": "gs://b-1/w"}}'), "dev")
     with pytest.raises(UserError, match=r"data\.web: a mapping is not allowed; expected one str"):
         parse_dataset("web", {"uri": "gs://b-1/w"})  # a hosts file's data is read so
