@@ -263,10 +263,10 @@ def _as_the_cli_reads(key: str, value: Any) -> Any:
     to judge. Pulumi.yaml's defaults are not: the CLI checks those against `type:` as written."""
     name = key[len(NS) :]
     if (
-        key.startswith(NS)
+        isinstance(value, bool | int | float)
+        and key.startswith(NS)
         and name in StackSettings.model_fields
         and kind(name) in ("text", "text-or-texts")
-        and isinstance(value, bool | int | float)
     ):
         return scalar_text(value) or value  # NaN stays a float: the model refuses it
     return value

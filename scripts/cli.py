@@ -34,6 +34,7 @@ HEALTHCHECK_ENTRY = contract.HEALTHCHECK_ENTRY
 
 
 _UP_TO_A_DAY = cli_options.seconds_up_to(86400)  # --wait, top's --interval: seconds
+_RESTARTS = cli_options.count_up_to(MAX_RESTARTS)  # --max-restarts
 
 
 @dataclass
@@ -431,7 +432,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
             )
             c.add_argument(
                 "--max-restarts",
-                type=cli_options.count_up_to(MAX_RESTARTS),
+                type=_RESTARTS,
                 default=0,
                 metavar="K",
                 help="torchrun restarts every worker up to K times after a failure (default: 0)",
