@@ -434,7 +434,9 @@ def read_capacity(
         )
     bound = cfg.reservationBound.lower()
     if bound not in ("", "true", "false"):
-        raise SpecError(f"{NS}reservationBound = {bound!r}: allowed: true, false or empty")
+        raise SpecError(
+            f"{NS}reservationBound = {cfg.reservationBound!r}: allowed: true, false or empty"
+        )
     return CapacityChoice(
         chosen,
         cfg.reservation or None if chosen == "reservation" else None,

@@ -512,7 +512,7 @@ def test_flex_start_takes_compact_placement_when_asked_auto_adds_none() -> None:
             "gputrain:capacityInUse = 'flex-start': not in capacity; allowed: spot, on-demand",
         ),
         ({"waitForCapacity": "soon"}, "gputrain:waitForCapacity = 'soon': allowed: a duration"),
-        ({"reservationBound": "maybe"}, "gputrain:reservationBound = 'maybe': allowed: true"),
+        ({"reservationBound": "MAYBE"}, "gputrain:reservationBound = 'MAYBE': allowed: true"),
     ],
 )
 def test_bad_capacity_lists_and_waits_are_one_line(overrides: dict[str, str], message: str) -> None:
