@@ -338,13 +338,17 @@ def capacity_ladder(cfg: StackSettings) -> list[str]:
     """`capacity` as written: one mode, or a list ([spot, on-demand]) tried in order."""
     value = cfg.capacity
     if isinstance(value, str) and "," not in value:
-        return [value]
-    ladder = value if isinstance(value, list) else [v.strip() for v in value.split(",")]
-    ladder = [v for v in ladder if v]
-    if not ladder:  # else the first rung's absence is blamed on capacityInUse or spot
+        return [value.strip()]
+    ladder = [v.strip() for v in (value if isinstance(value, list) else value.split(","))]
+    if not any(ladder):  # else the first rung's absence is blamed on capacityInUse or spot
         raise SpecError(
             f"gputrain:capacity = {config_string(value)!r}: an empty list; allowed: a capacity mode or a list of "
             "them tried in order (on-demand, spot, flex-start, reservation), or leave it unset"
+        )
+    if "" in ladder:  # never dropped: the list would mean less than written
+        raise SpecError(
+            f"gputrain:capacity = {config_string(value)!r}: an empty entry; allowed: a list of "
+            "capacity modes tried in order (on-demand, spot, flex-start, reservation), each named"
         )
     return ladder
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import difflib
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -305,9 +306,11 @@ def parse_alternative(
 def parse_request(value: str | Sequence[str], key: str = "gputrain:gpus") -> GpuRequest:
     """A `gpus` setting: one alternative, a comma-separated string, or a list of them."""
     items = value.split(",") if isinstance(value, str) else list(value)
-    items = [i for i in items if i.strip()]
-    if not items:
-        raise _bad(key, str(value), "empty")
+    written = value if isinstance(value, str) else json.dumps(items)
+    if not any(i.strip() for i in items):
+        raise _bad(key, written, "empty")
+    if not all(i.strip() for i in items):  # never dropped: the list would mean less than written
+        raise _bad(key, written, "an empty entry")
     return GpuRequest(tuple(parse_alternative(i, key) for i in items))
 
 

@@ -231,6 +231,8 @@ def test_a_list_or_comma_string_is_any_of_these() -> None:
         ("٤٠GB+:8", "unknown GPU model '٤٠GB+'"),
         ("80GB:8", "memory requests end in '+': 80GB+"),
         ("", "empty"),
+        ("H100:8,", "an empty entry"),
+        ("H100:8, ,A100:8", "an empty entry"),
     ],
 )
 def test_bad_requests_name_gpus_the_value_and_what_is_allowed(text: str, why: str) -> None:
@@ -241,6 +243,12 @@ def test_bad_requests_name_gpus_the_value_and_what_is_allowed(text: str, why: st
     assert message.startswith(f"gputrain:gpus = {text!r}: {why}")
     assert "MODEL:COUNT or MEMORY+:COUNT" in message and ", ".join(GPU_MODELS) in message
     assert "\n" not in message
+
+
+def test_an_empty_entry_in_a_gpus_list_is_refused_not_dropped() -> None:
+    with pytest.raises(GpuRequestError) as e:
+        parse_request(["L4:2", ""])
+    assert str(e.value).startswith("""gputrain:gpus = '["L4:2", ""]': an empty entry; allowed:""")
 
 
 # --------------------------------------------------------------------------------------------

@@ -567,6 +567,16 @@ def test_an_empty_capacity_list_names_capacity_not_another_key(written: str) -> 
     assert str(e.value).startswith(f"gputrain:capacity = {shown!r}: an empty list; allowed:")
 
 
+@pytest.mark.parametrize("written", ['["spot", ""]', '["", "spot"]', "spot,", "spot,,on-demand"])
+def test_an_empty_capacity_entry_is_refused_not_dropped(written: str) -> None:
+    config = deployable_config("dev") | {"gputrain:capacity": written}
+    with pytest.raises(SpecError) as e:
+        parse_spec(config, "dev")
+    message = str(e.value)
+    assert message.startswith(f"gputrain:capacity = {written!r}: an empty entry; allowed:")
+    assert "\n" not in message
+
+
 def test_zones_and_regions_that_do_not_overlap_are_blamed_not_the_gpus() -> None:
     config = _cfg(
         machineType="", gpus="L4:2", zones='["us-central1-a"]', regions='["europe-west4"]'
@@ -629,3 +639,14 @@ def test_restart_job_on_worker_restart_is_a_vertex_flag_one_line_when_bad() -> N
     ) and "true or false" in str(e.value)  # fmt: skip
     gce = parse_spec(deployable_config("dev", **{key: "true"}), "dev")  # ignored, named by plan
     assert gce.restart_job_on_worker_restart is False and key in gce.ignored
+
+
+@pytest.mark.parametrize("written", ['" spot"', '[" spot", "on-demand "]'])
+def test_capacity_modes_are_read_without_surrounding_spaces(tmp_path: Path, written: str) -> None:
+    """As in the comma-separated form: ' spot' was refused as 'spot', 'did you mean spot?'."""
+    from infra.spec import stack_file_spec
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    body = f"config:\n  gputrain:machineType: g2-standard-24\n  gputrain:capacity: {written}\n"
+    (tmp_path / "Pulumi.s.yaml").write_text(body)
+    assert stack_file_spec(stackfile.read_stack_file(tmp_path, "s")).capacity == "spot"
