@@ -107,6 +107,8 @@ def _by_request(
     for r in regions:
         if not _REGION_RE.match(r):
             raise CHECK.fail("regions", r, "allowed: region names like us-central1")
+    _each_once(cfg, "zones")
+    _each_once(cfg, "regions")
     if zones and regions and not any(catalog.region_of(z) in regions for z in zones):
         raise CHECK.fail(  # a zone must be in both: else every GPU would be blamed
             "regions",
@@ -232,12 +234,22 @@ def _zones_of(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ..
         raise CHECK.fail(
             "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
         )
-    if len(set(listed)) != len(listed):
-        raise CHECK.fail("zones", ",".join(listed), "each zone may appear once")
+    _each_once(s, "zones")
     zone = s.zone or listed[0]
     if zone not in listed:
         raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
     return tuple(listed), zone
+
+
+def _each_once(s: StackSettings, key: str) -> None:
+    """A zone or region listed twice is one line, with gpus as with machineType: a second
+    mention adds nothing, so it likely stands where another was meant."""
+    listed: list[str] = list(getattr(s, key))
+    twice = next((v for i, v in enumerate(listed) if v in listed[:i]), None)
+    if twice is not None:
+        raise CHECK.fail(
+            key, config_string(listed), f"{twice} is listed twice; list each {key[:-1]} once"
+        )
 
 
 def _gpus_of(s: StackSettings, mt: catalog.MachineType) -> tuple[str, int, bool]:

@@ -591,6 +591,34 @@ def test_zones_and_regions_that_do_not_overlap_are_blamed_not_the_gpus() -> None
     assert both.zone == "europe-west4-a"  # the zone in both
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"zones": '["us-central1-a", "us-central1-a"]'},
+            'gputrain:zones = \'["us-central1-a", "us-central1-a"]\': us-central1-a is listed '
+            "twice; list each zone once",
+        ),
+        (
+            {"machineType": "", "gpus": "L4:2", "zones": '["us-central1-a", "us-central1-a"]'},
+            'gputrain:zones = \'["us-central1-a", "us-central1-a"]\': us-central1-a is listed '
+            "twice; list each zone once",
+        ),
+        (
+            {"machineType": "", "gpus": "L4:2", "regions": '["us-east4", "us-east4"]'},
+            'gputrain:regions = \'["us-east4", "us-east4"]\': us-east4 is listed twice; '
+            "list each region once",
+        ),
+    ],
+)
+def test_a_zone_or_region_listed_twice_is_one_line_with_gpus_as_with_machine_type(
+    overrides: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_cfg(**overrides), "dev")
+    assert str(e.value) == message
+
+
 def test_a_gpus_candidate_must_be_sold_in_every_mode_of_a_capacity_list() -> None:
     """T4 is cheaper as Spot, but N1 has no Flex-start: with [spot, flex-start] the L4 (G2)
     serves both, and is chosen instead of a refusal of n1-standard-8."""
