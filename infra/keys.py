@@ -568,6 +568,13 @@ def check_keys(typed: StackSettings, project: str | None) -> CheckedKeys:
             "network", network, _NETWORK_RE, "allowed: an existing VPC name (a-z 0-9 -) or empty"
         )
     existing_bucket, bucket_prefix = bucket(s)
+    if existing_bucket and "bucketRetentionDays" in s.model_fields_set:
+        raise CHECK.fail(  # its lifecycle rule goes on the stack's own bucket only
+            "bucketRetentionDays",
+            str(s.bucketRetentionDays),
+            f"only used with the stack's own bucket; gputrain:bucket = {s.bucket!r} is an "
+            "existing bucket, whose lifecycle rules stay its own: remove bucketRetentionDays",
+        )
     return CheckedKeys(
         backend=chosen,
         ignored=ignored,

@@ -140,6 +140,20 @@ def test_bad_bucket_is_one_line_naming_the_key(value: str) -> None:
     assert "\n" not in msg
 
 
+def test_bucket_retention_days_with_an_existing_bucket_is_refused() -> None:
+    """Its lifecycle rule goes on the stack's own bucket only: beside an existing bucket it
+    would change nothing, so it is one line, not a setting silently without effect."""
+    with pytest.raises(SpecError) as e:
+        _spec(bucket="gs://my-bucket", bucketRetentionDays="5")
+    assert str(e.value) == (
+        "gputrain:bucketRetentionDays = '5': only used with the stack's own bucket; "
+        "gputrain:bucket = 'gs://my-bucket' is an existing bucket, whose lifecycle rules stay "
+        "its own: remove bucketRetentionDays"
+    )
+    assert _spec(bucketRetentionDays="5").bucket_retention_days == 5
+    assert _spec(bucket="gs://my-bucket").existing_bucket == "my-bucket"
+
+
 @pytest.mark.parametrize(
     "project",
     [
