@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from infra import capacity, catalog, offers, vertex
 from infra.keys import CHECK, in_range
 from infra.offers import Candidate, GpuRequestError, candidate_label
-from infra.schema import DEFAULTS, SpecError, StackSettings, config_string
+from infra.schema import DEFAULTS, SpecError, StackSettings, config_string, names_nothing
 
 MACHINE_TYPE_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 _CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x ([0-9]+)$")
@@ -50,7 +50,7 @@ def place(
     machine = cfg.machineType
     request = config_string(cfg.gpus)
     if machine:
-        if request and request != DEFAULTS["gpus"]:
+        if not names_nothing(cfg.gpus) and request != DEFAULTS["gpus"]:
             raise CHECK.fail(
                 "gpus",
                 request,

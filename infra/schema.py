@@ -180,6 +180,13 @@ def config_string(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def names_nothing(value: Any) -> bool:
+    """A text-or-texts value that is as good as unset: null, blank, or a list of blanks; so
+    `gpus: ''` beside machineType is no second shape asked for."""
+    texts = value if isinstance(value, list) else [value]
+    return all(v is None or (isinstance(v, str) and not v.strip()) for v in texts)
+
+
 #: Every key with its default as the CLI would pass it (a string).
 DEFAULTS: dict[str, str] = {
     name: config_string(field.default) for name, field in StackSettings.model_fields.items()

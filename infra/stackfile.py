@@ -25,6 +25,7 @@ from infra.schema import (
     config_strings,
     kind,
     load_settings,
+    names_nothing,
     scalar_text,
 )
 from infra.schema import BACKEND_ONLY_KEYS as BACKEND_ONLY_KEYS
@@ -389,12 +390,8 @@ def check_stack_section(section: dict[str, Any], file: str, stack: str) -> None:
                 f"--stack {stack}` stores it, or `pulumi config set --secret {key}`); "
                 "remove the plain value and rotate the key"
             )
-    given = {qualify(k) for k in section}
-    if (
-        NS + "gpus" in given
-        and NS + "machineType" in given
-        and section.get("gputrain:machineType", section.get("machineType"))
-    ):
+    gpus = section.get(NS + "gpus", section.get("gpus"))
+    if not names_nothing(gpus) and section.get(NS + "machineType", section.get("machineType")):
         raise SpecError(
             f"{where}: gputrain:gpus and gputrain:machineType are both set; set either gpus or "
             "machineType (+ nodes), not both"

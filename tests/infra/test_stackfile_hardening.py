@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.spec import parse_spec
+from infra.spec import parse_spec, stack_file_spec
 from infra.stackfile import SpecError, load_stack_config, read_stack_file, read_yaml
 from tests.support.pulumi_mocks import ROOT, deployable_config
 
@@ -72,6 +72,14 @@ def test_gpus_equal_to_its_default_beside_machine_type_is_refused(tmp_path: Path
         tmp_path, "config:\n  gputrain:gpus: L4:1\n  gputrain:machineType: g2-standard-8\n"
     )
     assert "gputrain:gpus" in text and "gputrain:machineType" in text
+
+
+@pytest.mark.parametrize("gpus", ["''", "[]", "['']", "' '", "null"])
+def test_an_empty_gpus_beside_machine_type_counts_as_unset(tmp_path: Path, gpus: str) -> None:
+    body = f"config:\n  gputrain:gpus: {gpus}\n  gputrain:machineType: g2-standard-8\n"
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.s.yaml").write_text(body)
+    assert stack_file_spec(read_stack_file(tmp_path, "s")).machine_type == "g2-standard-8"
 
 
 @pytest.mark.parametrize(
