@@ -39,7 +39,13 @@ from infra.stackfile import (
     load_config_strings,
     meant_key,
 )
-from infra.vertex_pools import Chief, ReductionServer, parse_chief, parse_reduction_server
+from infra.vertex_pools import (
+    Chief,
+    ReductionServer,
+    job_spec_path,
+    parse_chief,
+    parse_reduction_server,
+)
 
 #: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
 #: defaults. Google's "Run NCCL on Compute Engine instances": "If you are using standard OS
@@ -455,7 +461,7 @@ def _vertex_pools(
     return (
         parse_chief(settings.chief, spot=spot),
         parse_reduction_server(settings.reductionServer, nodes=nodes, machine_type=machine_type),
-        settings.vertexJobSpec,
+        job_spec_path(settings.vertexJobSpec),
     )
 
 

@@ -269,6 +269,24 @@ def _underscored(value: Any, path: str) -> str | None:
     return None
 
 
+def job_spec_path(text: str) -> str:
+    """`vertexJobSpec`: a file inside the project directory, relative to it (as `build` is), so
+    a stack file never makes gputrain read a file elsewhere on the machine."""
+    name = text.strip()
+    if not name:
+        return ""
+    if (
+        any(c in name for c in "\n\r\0")
+        or name.startswith(("/", "~"))
+        or ".." in name.replace("\\", "/").split("/")
+    ):
+        raise UserError(
+            f"gputrain:vertexJobSpec = {text!r}: allowed: a CustomJobSpec YAML file inside the "
+            "project directory, relative to it, without '..'"
+        )
+    return name
+
+
 _WHAT = (
     "a CustomJobSpec mapping with workerPoolSpecs "
     "(what `gcloud ai custom-jobs create --config` reads)"

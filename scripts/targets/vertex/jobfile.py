@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from infra.base.errors import UserError
-from infra.vertex_pools import PoolShape, is_reduction_server_image, stack_pool_shapes
+from infra.vertex_pools import (
+    PoolShape,
+    check_job_spec,
+    is_reduction_server_image,
+    stack_pool_shapes,
+)
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
@@ -28,11 +33,13 @@ if TYPE_CHECKING:
 RUN_ID_ENV = "GPUTRAIN_RUN_ID"
 
 
-def read_job_file(root: Path, name: str) -> tuple[Path, Any]:
-    """(its path, the YAML document); one line when it cannot be read."""
-    path = Path(name) if Path(name).is_absolute() else root / name
+def read_job_file(root: Path, name: str, *, spot: bool) -> tuple[Any, list[tuple[int, PoolShape]]]:
+    """(the YAML document, its pools checked: check_job_spec); one line naming the setting as
+    written when it cannot be read or is no job. `name` is relative to the project directory
+    (infra/vertex_pools.job_spec_path checked it)."""
+    path = root / name
     try:
-        return path, yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(
             f"gputrain:vertexJobSpec = {name!r}: cannot read {path} ({type(e).__name__}); "
@@ -41,6 +48,7 @@ def read_job_file(root: Path, name: str) -> tuple[Path, Any]:
     except yaml.YAMLError as e:
         detail = " ".join(str(e).split())
         raise UserError(f"gputrain:vertexJobSpec = {name!r}: not YAML: {detail}") from None
+    return doc, check_job_spec(doc, f"gputrain:vertexJobSpec = {name!r}", spot=spot)
 
 
 class _PlainDumper(yaml.SafeDumper):

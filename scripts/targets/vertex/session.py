@@ -22,7 +22,7 @@ from infra.gcp.gcs import StorageApi
 from infra.outputs import VertexOutputs
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
-from infra.vertex_pools import PoolShape, check_job_spec, price_pools, total_hourly
+from infra.vertex_pools import PoolShape, price_pools, total_hourly
 from scripts import ui
 from scripts.job.data_io import vertex_output_env
 from scripts.job.download import write_job_record
@@ -208,8 +208,10 @@ class VertexSession:
             package = self._stage(job) if stage else self.package_uri(job.run_id)
             self._price(stack_pools(self.spec))
             return custom_job_body(self._request(job, package))
-        path, doc = read_job_file(self.settings.root, self.spec.vertex_job_spec)
-        self._price(check_job_spec(doc, f"gputrain:vertexJobSpec {path.name}", spot=self.spec.spot))
+        doc, shapes = read_job_file(
+            self.settings.root, self.spec.vertex_job_spec, spot=self.spec.spot
+        )
+        self._price(shapes)
         package = self.package_uri(job.run_id)
         job_spec = job_spec_for_run(
             doc,

@@ -125,11 +125,9 @@ class VertexTarget(StackTarget[VertexClients, None]):
     # ---- plan: the pools, priced; the job as a file
 
     def _file_pools(self, spec: ClusterSpec) -> tuple[dict[str, Any], list[tuple[int, PoolShape]]]:
-        from infra.vertex_pools import check_job_spec
         from scripts.targets.vertex.jobfile import read_job_file
 
-        path, doc = read_job_file(self.settings.root, spec.vertex_job_spec)
-        return doc, check_job_spec(doc, f"gputrain:vertexJobSpec {path.name}", spot=spec.spot)
+        return read_job_file(self.settings.root, spec.vertex_job_spec, spot=spec.spot)
 
     def job_pools(self, spec: ClusterSpec) -> list[tuple[int, PoolShape]] | None:
         """With vertexJobSpec the file's pools are the job: the spending caps price them."""

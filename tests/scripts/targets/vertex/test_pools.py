@@ -358,14 +358,17 @@ def test_a_vertex_job_spec_that_is_not_a_job_spec_is_one_line_before_anything(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
     w = world()
-    (w.settings.root / "config.yaml").write_text("- just\n- a list\n")
-    _stack(w, "  gputrain:vertexJobSpec: config.yaml\n")
+    (w.settings.root / "specs").mkdir()
+    (w.settings.root / "specs" / "config.yaml").write_text("- just\n- a list\n")
+    _stack(w, "  gputrain:vertexJobSpec: specs/config.yaml\n")
     assert (
         w.run("run", "--stack", "vtest", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")
         == 2
     )
     err = capsys.readouterr().err.strip()
-    assert "gputrain:vertexJobSpec config.yaml: a YAML list; allowed: a CustomJobSpec" in err
+    assert (  # the setting as written, not the file's last name
+        "gputrain:vertexJobSpec = 'specs/config.yaml': a YAML list; allowed: a CustomJobSpec" in err
+    )
     assert len(err.splitlines()) == 1
     assert w.runner.call_names() == [] and w.created() == []
 
@@ -394,3 +397,18 @@ def test_a_users_file_is_submitted_as_it_is_but_for_what_makes_it_this_stacks_ru
         doc, service_account="sa@p.iam.gserviceaccount.com", build="app/Dockerfile"
     )
     assert [s.split(" ")[0] for s in said] == ["containerSpec.imageUri", "baseOutputDirectory"]
+
+
+@pytest.mark.parametrize(
+    "written", ["/etc/passwd", "../job.yaml", "specs/../../job.yaml", "~/job.yaml"]
+)
+def test_a_vertex_job_spec_outside_the_project_directory_is_refused_unread(written: str) -> None:
+    """The path is relative to the project directory (docs/guides/vertex.md): a stack file
+    never makes gputrain read a file elsewhere."""
+    with pytest.raises(UserError) as e:
+        _spec(vertexJobSpec=written)
+    assert str(e.value) == (
+        f"gputrain:vertexJobSpec = {written!r}: allowed: a CustomJobSpec YAML file inside the "
+        "project directory, relative to it, without '..'"
+    )
+    assert _spec(vertexJobSpec="specs/job.yaml").vertex_job_spec == "specs/job.yaml"
