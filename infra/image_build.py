@@ -75,12 +75,9 @@ class BuildContext:
 Exclude = Callable[[Mapping[str, Path]], Mapping[str, str]]
 
 
-def read_context(
-    path: str, base: Path, setting: str, exclude: Exclude | None = None
-) -> BuildContext:
-    """The Dockerfile `path` (relative to `base`, the project directory) and its context;
-    SpecError (one line naming `setting`) for a Dockerfile that is not there or not inside the
-    project (symbolic links resolved). Symbolic links in the context are never followed."""
+def dockerfile_in_project(path: str, base: Path, setting: str) -> Path:
+    """The Dockerfile `path` (relative to `base`, the project directory), resolved; SpecError
+    (one line naming `setting`) when it is not there or not inside the project."""
     project = base.resolve()
     dockerfile = (base / path).resolve()
     if not dockerfile.is_relative_to(project):
@@ -93,6 +90,16 @@ def read_context(
             f"{setting} = {path!r}: no such file ({dockerfile}); allowed: the path of a "
             "Dockerfile, relative to the project directory"
         )
+    return dockerfile
+
+
+def read_context(
+    path: str, base: Path, setting: str, exclude: Exclude | None = None
+) -> BuildContext:
+    """The Dockerfile `path` (relative to `base`, the project directory) and its context;
+    SpecError (one line naming `setting`) for a Dockerfile that is not there or not inside the
+    project (symbolic links resolved). Symbolic links in the context are never followed."""
+    dockerfile = dockerfile_in_project(path, base, setting)
     directory = dockerfile.parent
     ignore_file = directory / DOCKERIGNORE
     where = f"{setting} = {path!r}: {os.path.relpath(ignore_file, base)}"

@@ -37,7 +37,11 @@ def plan_stack_build(
         from scripts.job.image_build import image_conflict
 
         raise image_conflict(setting, "--image" if opts.image else f"{NS}image")
-    if not spec.project:
+    base = Path.cwd() if opts.build else root
+    if not spec.project:  # a bad path first: it is wrong whatever the project
+        from infra.image_build import dockerfile_in_project
+
+        dockerfile_in_project(path, base, setting)
         raise UserError(
             f"{setting}: gcp:project is not set for stack {spec.stack}; it names the registry"
         )
@@ -46,7 +50,7 @@ def plan_stack_build(
     return plan_build(
         path,
         setting,
-        base=Path.cwd() if opts.build else root,
+        base=base,
         region=spec.region,
         project=spec.project,
         stack=spec.stack,

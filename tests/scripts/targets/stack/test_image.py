@@ -239,3 +239,28 @@ def test_the_reconcile_jobs_image_goes_through_cloud_build_as_the_program_names_
     assert build["serviceAccount"].endswith(f"gputrain-{STACK}@{PROJECT}.iam.gserviceaccount.com")
     assert "gputrain:build" not in runner.config
     assert f"Cloud Build builds it ({len(files)} files" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("build", "why"),
+    [("../Dockerfile", "is outside the project"), ("img/Nothing", "no such file")],
+)
+def test_a_bad_build_path_is_named_before_a_missing_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build: str, why: str
+) -> None:
+    """--build's path is wrong whatever the project: it is the line, not 'gcp:project is not
+    set' (which a user would fix only to meet the path's problem next)."""
+    from scripts.targets.stack.image import plan_stack_build
+
+    proj = _project(tmp_path, monkeypatch)
+    config = load_stack_config(proj, STACK)
+    del config["gcp:project"]
+    spec = parse_spec(config, STACK)
+    with pytest.raises(UserError) as e:
+        plan_stack_build(spec, "", RunOptions(build=build), proj)
+    assert str(e.value).startswith(f"--build = {build!r}: ") and why in str(e.value)
+    with pytest.raises(UserError) as e:
+        plan_stack_build(spec, "", RunOptions(build="img/Dockerfile"), proj)
+    assert (
+        str(e.value) == f"--build: gcp:project is not set for stack {STACK}; it names the registry"
+    )
