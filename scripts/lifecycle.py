@@ -192,6 +192,16 @@ def plan(
     from scripts.job.container import parse_image
     from scripts.job.environment import parse_secrets, resolve_secrets
 
+    if export is None and force:  # both only shape the exported file
+        raise UserError(
+            "plan --force: only with --export FILE (it replaces an existing FILE); "
+            "add --export FILE or remove --force"
+        )
+    if export is None and opts.entry:
+        raise UserError(
+            f"plan -- {' '.join(opts.entry)}: ENTRY is only used with --export FILE (the "
+            "exported Vertex job's entry); add --export FILE or remove the ENTRY"
+        )
     if export is not None:
         target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")
         if os.path.exists(export) and not force:  # a name too long: writing it says why

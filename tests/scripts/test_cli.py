@@ -60,6 +60,8 @@ def _one_line_error(err: str) -> str:
         (["run", "--local", "--env", "F=a", "--env", "F=b"], "--env F: given twice; allowed: each"),
         (["run", "--local", "--secret", "H", "--secret", "H"], "--secret: H is given twice"),
         (["plan", "--stack", "nosuch"], "nosuch"),
+        (["plan", "--local", "--force"], "plan --force: only with --export FILE"),
+        (["plan", "--local", "--", "-m", "x"], "plan -- -m x: ENTRY is only used with --export"),
         (["run", "--hosts", "/nonexistent/hosts.yaml"], "/nonexistent/hosts.yaml"),
         (["ssh", "--local", "0"], "local target is this machine"),
         (["up", "--stack", "dev", "--wait-for-capacity", "ten"], "--wait-for-capacity = 'ten'"),
