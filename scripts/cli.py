@@ -102,8 +102,7 @@ def cmd_doctor(ctx: Context) -> int:
 
 
 def cmd_plan(ctx: Context) -> int:
-    export = Path(ctx.args.export) if getattr(ctx.args, "export", None) else None
-    lifecycle.plan(ctx.target, ctx.opts, export=export, force=ctx.args.force)
+    lifecycle.plan(ctx.target, ctx.opts, export=ctx.args.export, force=ctx.args.force)
     return EXIT_OK
 
 

@@ -183,7 +183,7 @@ def detach(
 
 
 def plan(
-    target: Target, opts: RunOptions, *, export: Path | None = None, force: bool = False
+    target: Target, opts: RunOptions, *, export: str | None = None, force: bool = False
 ) -> None:
     """`plan`: what `run` refuses about the target file's `secrets` and `image` is refused here
     too (names, references, a NAME unset here, an image reference's form; neither Secret
@@ -204,6 +204,9 @@ def plan(
         )
     if export is not None:
         target.capabilities.require(Feature.EXPORT_JOB, f"--export {export}")
+        if not export.strip() or os.path.isdir(export):  # else: 'exists', or ignored when ''
+            why = "a directory" if export.strip() else "empty"
+            raise UserError(f"--export {export!r}: {why}; allowed: the name of the file to write")
         if os.path.exists(export) and not force:  # a name too long: writing it says why
             raise UserError(f"--export {export}: the file exists; add --force to replace it")
     declared = target.declared()
@@ -233,7 +236,7 @@ def plan(
         secret_refs=secrets.refs,
         image=declared_image(env, opts),
     )
-    target.export_job(job, export, force=force)  # type: ignore[attr-defined]
+    target.export_job(job, Path(export), force=force)  # type: ignore[attr-defined]
 
 
 def verify(target: Target, opts: RunOptions) -> None:

@@ -332,6 +332,22 @@ def test_export_round_trips_through_vertex_job_spec(
     assert_torn_down(w)
 
 
+def test_an_export_to_a_directory_or_to_no_name_is_one_line(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'' was read as no --export at all (plan passed, nothing written); a directory was 'the
+    file exists; add --force', and with --force 'Is a directory'."""
+    w = world()
+    for written, why in (("", "empty"), (str(w.settings.root), "a directory")):
+        for force in ((), ("--force",)):
+            assert w.run("plan", "--stack", "vtest", "--export", written, *force) == 2
+            err = capsys.readouterr().err.strip()
+            assert err == (
+                f"gputrain: error: --export {written!r}: {why}; allowed: the name of the file "
+                "to write"
+            )
+
+
 def test_the_spending_caps_price_a_vertex_job_files_pools_before_anything(
     world: Callable[..., World], capsys: pytest.CaptureFixture[str]
 ) -> None:
