@@ -48,7 +48,31 @@ def read_job_file(root: Path, name: str, *, spot: bool) -> tuple[Any, list[tuple
     except yaml.YAMLError as e:
         detail = " ".join(str(e).split())
         raise UserError(f"gputrain:vertexJobSpec = {name!r}: not YAML: {detail}") from None
-    return doc, check_job_spec(doc, f"gputrain:vertexJobSpec = {name!r}", spot=spot)
+    where = f"gputrain:vertexJobSpec = {name!r}"
+    shapes = check_job_spec(doc, where, spot=spot)
+    _vertex_reads(doc, where)
+    return doc, shapes
+
+
+def _vertex_reads(doc: Any, where: str) -> None:
+    """The file as the submission reads it, after `up` (CustomJob.from_json): a value of the
+    wrong type (scheduling: 5, args: a string) is one line now, not a traceback then."""
+    try:
+        text = json.dumps(doc)
+    except (TypeError, ValueError) as e:  # YAML dates, times, binary: no JSON value
+        raise UserError(
+            f"{where}: {e}; allowed: strings, numbers, true/false, lists and maps (quote a date)"
+        ) from None
+    try:
+        from google.cloud import aiplatform_v1
+        from google.protobuf.json_format import ParseError
+    except ImportError:  # the preflight names the missing client
+        return
+    try:
+        aiplatform_v1.CustomJobSpec.from_json(text)
+    except ParseError as e:
+        detail = " ".join(str(e).split())
+        raise UserError(f"{where}: not what Vertex reads: {detail}") from None
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -187,6 +187,35 @@ def test_a_bad_file_is_one_line(doc: Any, message: str) -> None:
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+_POOL0 = "workerPoolSpecs:\n- machineSpec: {machineType: g2-standard-24}\n  containerSpec: {imageUri: x}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("scheduling: 5\n" + _POOL0, "not what Vertex reads: Failed to parse scheduling field"),
+        (_POOL0.replace("x}", "x, args: -m}"), "Failed to parse args field: repeated field args"),
+        (_POOL0.replace("x}", "x, env: [{name: A, value: 1}]}"), "Failed to parse value field"),
+        (_POOL0 + "- {machineSpec: {machineType: g2-standard-24}, replicaCount: 1" + "0" * 20
+         + ", containerSpec: {imageUri: x}}\n", "replicaCount field: Value out of range"),
+        ("scheduling: {timeout: 2026-01-01}\n" + _POOL0, "Object of type date is not JSON"),
+    ],
+)  # fmt: skip
+def test_a_file_vertex_cannot_read_is_one_line_before_anything(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """Submitted, the job goes through CustomJob.from_json after `up`: a value of the wrong type
+    was a traceback there, with the stack up. read_job_file (plan, and run before `up`) refuses
+    it."""
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    (tmp_path / "job.yaml").write_text(text)
+    with pytest.raises(UserError) as e:
+        read_job_file(tmp_path, "job.yaml", spot=False)
+    assert str(e.value).startswith("gputrain:vertexJobSpec = 'job.yaml': ")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 # ---- the client floor ----------------------------------------------------------------------------
 
 
