@@ -430,6 +430,12 @@ def read_capacity(
         raise SpecError(
             f"{NS}reservation = {cfg.reservation!r}: only used with capacity reservation"
         )
+    if backend == "vertex" and len(ladder) > 1:  # only GCE's `up` steps down a list
+        raise SpecError(
+            f"{NS}capacity = {config_string(cfg.capacity)!r}: a list is not tried in order with "
+            "backend vertex (the job is submitted in one mode); allowed: one of on-demand, "
+            "spot, flex-start"
+        )
     chosen = capacity_in_use(cfg)
     if backend == "vertex" and chosen not in ("on-demand", "spot", "flex-start"):
         raise SpecError(

@@ -263,6 +263,12 @@ BAD_VERTEX: list[tuple[str, dict[str, str], str]] = [
         "gputrain:capacity = 'reservation': not supported with backend vertex; allowed: on-demand",
     ),
     (
+        "capacity-list-on-vertex",  # was: the first mode, the rest never tried
+        _vertex(capacity='["spot", "flex-start"]'),
+        'gputrain:capacity = \'["spot", "flex-start"]\': a list is not tried in order with '
+        "backend vertex",
+    ),
+    (
         "gpu-on-g2",
         _vertex(gpuType="nvidia-tesla-t4"),
         "gputrain:gpuType = 'nvidia-tesla-t4': g2-standard-24 brings nvidia-l4",
