@@ -191,6 +191,7 @@ def plan(
     next run submits, as a file (Feature.EXPORT_JOB: a Vertex job spec for gcloud)."""
     from scripts.job.container import parse_image
     from scripts.job.environment import parse_secrets, resolve_secrets
+    from scripts.run_plan import refuse_unused_with_job_file
 
     if export is None and force:  # both only shape the exported file
         raise UserError(
@@ -211,6 +212,7 @@ def plan(
             raise UserError(f"--export {export}: the file exists; add --force to replace it")
     declared = target.declared()
     env = declared.environment
+    refuse_unused_with_job_file(declared, opts)
     if env.image:
         parse_image(env.image, f"{env.source}image")
     refs = parse_secrets(env.secrets, f"{env.source}secrets")

@@ -107,6 +107,7 @@ def plan_run(target: Target, opts: RunOptions, settings: Settings, *, create: bo
         check_spending_caps(declared.spec, opts.budget, declared.job_pools)
         if opts.budget is not None or declared.spec.budget is not None:
             budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))  # the knob: one line now
+    refuse_unused_with_job_file(declared, opts)
     max_recoveries = recoveries_allowed(opts.max_recoveries)
     datasets = planned_datasets(declared, opts)
     environment, secrets = job_environment(env, opts)
@@ -160,6 +161,32 @@ def refuse_missing_features(can: Capabilities, opts: RunOptions, build: str) -> 
     for asked, feature, option in wanted:
         if asked:
             can.require(feature, option)
+
+
+def refuse_unused_with_job_file(declared: Declared, opts: RunOptions) -> None:
+    """With `vertexJobSpec` the file's pools run their own commands, env and data as written:
+    what the command line or the stack file would add to the job is one line, never dropped."""
+    if declared.job_pools is None:
+        return
+    from infra.stackfile import NS
+
+    env = declared.environment
+    unused = [
+        (bool(opts.entry), f"ENTRY {' '.join(opts.entry)}"),
+        (bool(opts.env), "--env"),
+        (bool(opts.secrets), "--secret"),
+        (bool(opts.data), "--data"),
+        (opts.setup is not None, "--setup"),
+        (bool(env.secrets), f"{env.source}secrets"),
+        (bool(declared.datasets), f"{env.source}data"),
+        (bool(env.setup), f"{env.source}setup"),
+    ]
+    for given, what in unused:
+        if given:
+            raise UserError(
+                f"{what}: not used with {NS}vertexJobSpec (its pools run the commands, env and "
+                "data the file names); put it in the file, or remove it"
+            )
 
 
 def recoveries_allowed(given: int | None) -> int:

@@ -344,11 +344,11 @@ def test_export_round_trips_through_vertex_job_spec(
         json.loads(json.dumps(doc).replace(old, first))
     )
 
-    # read back by vertexJobSpec: the same job again, and it trains
+    # read back by vertexJobSpec: the same job again (the file names its entry), and it trains
     _stack(w, "  gputrain:vertexJobSpec: job.yaml\n")
     assert w.run("plan", "--stack", "vtest") == 0
     assert "submits job.yaml as it is" in capsys.readouterr().out
-    rc = w.run(*run)
+    rc = w.run(*run[:-3])
     out, err = capsys.readouterr()
     assert rc == 0, out[-3000:] + err[-2000:]
     second = w.run_dir.name
@@ -397,6 +397,43 @@ def test_the_spending_caps_price_a_vertex_job_files_pools_before_anything(
     assert w.run(*run) == 2
     assert "gputrain:maxHourlyCost 5: 1 x a3-highgpu-8g (chief)" in capsys.readouterr().err
     assert w.runner.call_names() == [] and w.created() == []
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "said"),
+    [
+        (("run", "--yes", "--", "-m", "jobs.answer"), "", "ENTRY -m jobs.answer"),
+        (("run", "--yes", "--env", "A=1"), "", "--env"),
+        (("train", "--secret", "HOME_X"), "", "--secret"),
+        (("run", "--yes", "--data", "d=gs://b-1/d"), "", "--data"),
+        (("run", "--yes", "--setup", "true"), "", "--setup"),
+        (("plan", "--export", "out.yaml", "--", "x.py"), "", "ENTRY x.py"),
+        (("plan",), "  gputrain:secrets: [TOKEN_X=sm://tok]\n", "gputrain:secrets"),
+        (("plan",), "  gputrain:data: {d: 'gs://b-1/d'}\n", "gputrain:data"),
+        (("run", "--yes"), "  gputrain:setup: pip install x\n", "gputrain:setup"),
+    ],
+)
+def test_what_a_vertex_job_file_would_not_use_is_one_line_before_anything(
+    world: Callable[..., World],
+    capsys: pytest.CaptureFixture[str],
+    command: tuple[str, ...],
+    extra: str,
+    said: str,
+) -> None:
+    """The file's pools run their own commands, env and data: an ENTRY, --env, a secret, data or
+    setup was dropped without a word, and the job ran without them."""
+    w = world()
+    (w.settings.root / "config.yaml").write_text(yaml.safe_dump(GOOD))
+    _stack(w, "  gputrain:vertexJobSpec: config.yaml\n" + extra)
+    name, *rest = command
+    assert w.run(name, "--stack", "vtest", *rest) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"gputrain: error: {said}: not used with gputrain:vertexJobSpec (its pools run the "
+        "commands, env and data the file names); put it in the file, or remove it"
+    )
+    assert w.runner.call_names() == [] and w.created() == []
+    assert not (w.settings.root / "out.yaml").exists()
 
 
 def test_a_vertex_job_spec_that_is_not_a_job_spec_is_one_line_before_anything(
