@@ -131,16 +131,9 @@ def require_run(session: Session, run_id: str, selector: str) -> None:
     """`--resume RUN`: one line when nothing of that run is where its checkpoints would be (a
     stack's bucket or its nodes; machines that exist: their run directories)."""
     if not session.has_run(run_id):
-        where = (
-            "neither its checkpoints in the stack's bucket nor its directory on the nodes"
-            if selector.startswith("--stack")
-            else "no directory of it on this machine"
-            if selector == "--local"
-            else "no directory of it on the head"
-        )
         raise UserError(
-            f"--resume {run_id}: no such run on {selector} ({where}); `gputrain logs "
-            f"{selector}` names the last run"
+            f"--resume {run_id}: no such run on {selector} (nothing of it where the target keeps "
+            f"a run's checkpoints); `gputrain logs {selector}` names the last run"
         )
 
 

@@ -66,8 +66,8 @@ def test_resume_of_a_run_that_does_not_exist_is_one_line(tmp_path: Path) -> None
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(err) == 1, r.stderr
     assert err[0].startswith(
-        "gputrain: error: --resume 20990101-000000-dead: no such run on --local (no directory "
-        "of it on this machine)"
+        "gputrain: error: --resume 20990101-000000-dead: no such run on --local (nothing of it "
+        "where the target keeps a run's checkpoints)"
     )
     bad = gputrain(tmp_path, "train", "--local", "--resume", "../x", timeout=60)
     assert bad.returncode == 2 and "--resume '../x': not a run id" in bad.stderr
