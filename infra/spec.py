@@ -41,10 +41,12 @@ from infra.stackfile import (
 )
 from infra.vertex_pools import (
     Chief,
+    PoolShape,
     ReductionServer,
     job_spec_path,
     parse_chief,
     parse_reduction_server,
+    stack_pool_shapes,
 )
 
 #: The image A3 Ultra / A4 RDMA stacks get when imageFamily/imageProject are left at their
@@ -233,6 +235,13 @@ class ClusterSpec:
     @property
     def on_vertex(self) -> bool:
         return self.backend == "vertex"
+
+    def vertex_pools(self) -> list[tuple[int, PoolShape]]:
+        """A Vertex job's pools as the stack keys describe them: chief, workers, reducers."""
+        return stack_pool_shapes(
+            self.machine_type, self.accelerator, self.gpus_per_node, self.nodes, self.chief,
+            self.reduction_server,
+        )  # fmt: skip
 
     @property
     def node_names(self) -> tuple[str, ...]:

@@ -353,18 +353,7 @@ def _hourly(spec: ClusterSpec, spot: bool, pools: JobPools | None) -> float | No
 
 def _pools(spec: ClusterSpec, pools: JobPools | None) -> list[tuple[int, PoolShape]]:
     """A Vertex job's pools: the file's, else those the stack keys describe."""
-    from infra.vertex_pools import stack_pool_shapes
-
-    if pools is not None:
-        return list(pools)
-    return stack_pool_shapes(
-        spec.machine_type,
-        spec.accelerator,
-        spec.gpus_per_node,
-        spec.nodes,
-        spec.chief,
-        spec.reduction_server,
-    )
+    return list(pools) if pools is not None else spec.vertex_pools()
 
 
 def _shape(spec: ClusterSpec, pools: JobPools | None) -> str:

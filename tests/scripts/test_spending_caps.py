@@ -91,10 +91,9 @@ def test_a_vertex_jobs_caps_are_checked_against_every_worker_pool(pool: dict[str
     """The chief's own machine and the reducers bill too: the caps take the pools' total, not
     nodes x the workers' price."""
     from infra.vertex_pools import price_pools, total_hourly
-    from scripts.targets.vertex.jobfile import stack_pools
 
     job = spec(**VERTEX, **pool)
-    total = total_hourly(price_pools(stack_pools(job), job.region, spot=job.spot))
+    total = total_hourly(price_pools(job.vertex_pools(), job.region, spot=job.spot))
     assert total is not None and job.hourly_price is not None and total > job.hourly_price + 1
     assert worst_hourly(job) == pytest.approx(total)
     fits = spec(

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -24,11 +24,7 @@ from infra.vertex_pools import (
     PoolShape,
     check_job_spec,
     is_reduction_server_image,
-    stack_pool_shapes,
 )
-
-if TYPE_CHECKING:
-    from infra.spec import ClusterSpec
 
 RUN_ID_ENV = "GPUTRAIN_RUN_ID"
 
@@ -144,15 +140,3 @@ def replaced_fields(doc: Mapping[str, Any], *, service_account: str, build: str)
     if doc.get("serviceAccount") not in (None, "", service_account):
         out.append(f"serviceAccount (the stack's {service_account}: it holds the bucket's grants)")
     return out
-
-
-def stack_pools(spec: ClusterSpec) -> list[tuple[int, PoolShape]]:
-    """The pools the stack keys describe: chief, workers, reducers."""
-    return stack_pool_shapes(
-        spec.machine_type,
-        spec.accelerator,
-        spec.gpus_per_node,
-        spec.nodes,
-        spec.chief,
-        spec.reduction_server,
-    )

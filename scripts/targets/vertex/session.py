@@ -51,7 +51,7 @@ from scripts.targets.vertex.job import (
     staging_dir,
     state_line,
 )
-from scripts.targets.vertex.jobfile import job_spec_for_run, read_job_file, stack_pools
+from scripts.targets.vertex.jobfile import job_spec_for_run, read_job_file
 from scripts.transport.safe_path import SafeTree
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class VertexSession:
         `stage`: upload the working directory where the job reads it (else only name it)."""
         if not self.spec.vertex_job_spec:
             package = self._stage(job) if stage else self.package_uri(job.run_id)
-            self._price(stack_pools(self.spec))
+            self._price(self.spec.vertex_pools())
             return custom_job_body(self._request(job, package))
         doc, shapes = read_job_file(
             self.settings.root, self.spec.vertex_job_spec, spot=self.spec.spot

@@ -148,7 +148,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
         client can send the job."""
         from infra.vertex_pools import POOL_HEADERS, pool_rows, price_pools, total_hourly
         from scripts.run_plan import caps_line, check_spending_caps
-        from scripts.targets.vertex.jobfile import replaced_fields, stack_pools
+        from scripts.targets.vertex.jobfile import replaced_fields
         from scripts.targets.vertex.preflight import aiplatform_problem
 
         spec = self.spec()
@@ -164,7 +164,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
                 ui.say(f"  the stack sets {field}")
         else:
             super().plan()
-            shapes = stack_pools(spec)
+            shapes = spec.vertex_pools()
         priced = price_pools(shapes, spec.region, spot=spec.spot)
         mode = "Spot" if spec.spot else "on-demand"
         ui.table(f"Vertex AI worker pools ({mode}, with the training premium)", POOL_HEADERS,

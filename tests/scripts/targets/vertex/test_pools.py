@@ -89,9 +89,8 @@ def test_the_chief_has_its_own_machine_and_each_pool_its_price() -> None:
         "machineType": "a2-highgpu-1g", "acceleratorType": "NVIDIA_TESLA_A100", "acceleratorCount": 1,
     }  # fmt: skip
     assert workers["machineSpec"]["machineType"] == "a2-highgpu-8g"
-    from scripts.targets.vertex.jobfile import stack_pools
 
-    priced = price_pools(stack_pools(spec), "us-central1", spot=False)
+    priced = price_pools(spec.vertex_pools(), "us-central1", spot=False)
     assert [(p.index, p.shape.machine_type, p.shape.replicas) for p in priced] == [
         (0, "a2-highgpu-1g", 1), (1, "a2-highgpu-8g", 3), (2, "n1-highcpu-16", 2),
     ]  # fmt: skip
