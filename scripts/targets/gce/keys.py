@@ -16,7 +16,7 @@ from pathlib import Path
 
 from infra.base.errors import GputrainError, UserError
 from infra.stackfile import qualify
-from scripts.targets.stack.clients import StackRunner
+from scripts.targets.stack.clients import StackError, StackRunner
 
 PUBLIC_KEY = qualify("sshPublicKey")
 PRIVATE_KEY = qualify("sshPrivateKey")
@@ -51,10 +51,20 @@ def generate_ssh_keypair(comment: str) -> tuple[str, str]:
 
 def store_new_keypair(runner: StackRunner, stack: str) -> None:
     """Generate a pair and store it in the stack config: the public line plain, the private PEM
-    as a secret."""
+    as a secret. The secret first: when it cannot be stored (no passphrase set), no public key
+    is left behind whose private half is lost."""
     private, public = generate_ssh_keypair(f"gputrain-{stack}")
+    try:
+        runner.set_config(PRIVATE_KEY, private, secret=True)
+    except StackError as e:
+        if "PULUMI_CONFIG_PASSPHRASE" in e.raw:
+            raise UserError(
+                f"{PRIVATE_KEY} for stack {stack}: the passphrase secrets provider needs "
+                "PULUMI_CONFIG_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE) set; set it and "
+                "run keygen again (nothing was stored)"
+            ) from e
+        raise
     runner.set_config(PUBLIC_KEY, public)
-    runner.set_config(PRIVATE_KEY, private, secret=True)
 
 
 def key_root() -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gputrain_node.contract import PUBSUB_ENDPOINT_ENV
-from infra.base.errors import GputrainError
+from infra.base.errors import EXIT_BAD_INPUT, GputrainError
 
 if TYPE_CHECKING:
     from infra.gcp.artifact_registry import ArtifactRegistryApi
@@ -134,7 +135,15 @@ class StackError(GputrainError):
 
 
 class PulumiMissingError(StackError):
-    """No Pulumi CLI on PATH: nothing to retry."""
+    """No working Pulumi CLI on PATH: nothing to retry; the user's setup to fix (exit 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class StackMissingError(StackError):
+    """The stack does not exist: a read never creates it (exit 2, `up` makes it)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class StackLockedError(StackError):
@@ -179,6 +188,17 @@ def summarise_pulumi_error(text: str) -> str:
     return (lines or ["(no output)"])[-1][:300]
 
 
+PULUMI_VERSION_TIMEOUT_S = 30.0  # as `gputrain doctor`'s probe
+
+
+def broken_cli(said: str) -> str:
+    """The one line for a Pulumi CLI on PATH that does not answer `pulumi version` sanely."""
+    return (
+        f"the Pulumi CLI at {shutil.which('pulumi')} does not work (`pulumi version`: {said}); "
+        "reinstall it (https://www.pulumi.com/docs/iac/download-install/)"
+    )
+
+
 class PulumiStackRunner:
     """StackRunner over the Pulumi CLI (Automation API, local program in `work_dir`)."""
 
@@ -196,22 +216,52 @@ class PulumiStackRunner:
         self._pulumi_command = pulumi_command
         self._stack_obj: Any = None
 
-    def _stack(self) -> Any:
+    def _stack(self, *, create: bool = False) -> Any:
+        """The selected stack; only a write (`create`: config set, up) makes a missing one, so
+        a read never leaves stack state (or an encryption salt) in the user's backend."""
         if self._stack_obj is None:
             from pulumi import automation as auto
 
+            command = self._pulumi_command or self._run("version", self._checked_command)
             opts = auto.LocalWorkspaceOptions(
                 work_dir=str(self.work_dir),
                 env_vars=self._env or None,
-                pulumi_command=self._pulumi_command,
+                pulumi_command=command,
             )
+            open_stack = auto.create_or_select_stack if create else auto.select_stack
             self._stack_obj = self._run(
                 "stack select",
-                lambda: auto.create_or_select_stack(
-                    self.stack_name, work_dir=str(self.work_dir), opts=opts
-                ),
+                lambda: open_stack(self.stack_name, work_dir=str(self.work_dir), opts=opts),
             )
         return self._stack_obj
+
+    def _checked_command(self) -> Any:
+        """`pulumi version` with a time limit (the SDK's own check has none), then the SDK's
+        PulumiCommand: a hanging or broken CLI is one line, not a hang or a traceback."""
+        from pulumi import automation as auto
+        from pulumi.automation import errors as auto_errors
+
+        try:
+            done = subprocess.run(
+                ["pulumi", "version"],
+                capture_output=True,
+                env={**os.environ, **self._env},
+                timeout=PULUMI_VERSION_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise PulumiMissingError(
+                broken_cli(f"no answer in {PULUMI_VERSION_TIMEOUT_S:.0f}s"), str(e)
+            ) from e
+        text = (done.stdout + done.stderr).decode("utf-8", "replace")
+        said = ([ln.strip() for ln in text.splitlines() if ln.strip()] or ["(no output)"])[-1]
+        if done.returncode != 0:
+            raise PulumiMissingError(broken_cli(f"exit {done.returncode}: {said[:200]}"), text)
+        try:
+            return auto.PulumiCommand()
+        except (subprocess.CalledProcessError, auto_errors.InvalidVersionError, ValueError) as e:
+            first = str(e).split(". ")[0].rstrip(".")  # not its hint to skip the check
+            raise PulumiMissingError(broken_cli(f"{said[:200]}: {first}"), text) from e
 
     def _run(self, what: str, fn: Callable[[], Any]) -> Any:
         from pulumi.automation import errors as auto_errors
@@ -222,6 +272,14 @@ class PulumiStackRunner:
             raise PulumiMissingError(
                 "the Pulumi CLI is not installed or not on PATH "
                 "(https://www.pulumi.com/docs/iac/download-install/)",
+                str(e),
+            ) from e
+        except (subprocess.CalledProcessError, auto_errors.InvalidVersionError, OSError) as e:
+            raise PulumiMissingError(broken_cli(str(e)[:200]), str(e)) from e
+        except auto_errors.StackNotFoundError as e:
+            raise StackMissingError(
+                f"stack {self.stack_name} has no cluster; run `gputrain up --stack "
+                f"{self.stack_name}`",
                 str(e),
             ) from e
         except auto_errors.ConcurrentUpdateError as e:
@@ -242,7 +300,7 @@ class PulumiStackRunner:
     def set_config(self, key: str, value: str, *, secret: bool = False) -> None:
         from pulumi import automation as auto
 
-        stack = self._stack()
+        stack = self._stack(create=True)
         if secret:
             self._set_secret(key, value)
             return
@@ -283,7 +341,10 @@ class PulumiStackRunner:
     def get_config(self, key: str) -> str | None:
         from pulumi.automation import errors as auto_errors
 
-        stack = self._stack()
+        try:
+            stack = self._stack()
+        except StackMissingError:
+            return None  # as a stack without the key: the caller says what to run
         try:
             return str(stack.get_config(key).value)
         except auto_errors.CommandError as e:
@@ -297,7 +358,7 @@ class PulumiStackRunner:
         self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
     ) -> dict[str, Any]:
         """`targets`: only these URNs (a targeted update: the image repository before the rest)."""
-        stack = self._stack()
+        stack = self._stack(create=True)
         chosen = list(targets) or None
         result = self._run(
             "up", lambda: stack.up(on_output=on_output, color="never", target=chosen)
@@ -305,7 +366,11 @@ class PulumiStackRunner:
         return {k: v.value for k, v in result.outputs.items()}
 
     def outputs(self) -> dict[str, Any]:
-        stack = self._stack()
+        """A stack that does not exist has none (each caller says "no cluster")."""
+        try:
+            stack = self._stack()
+        except StackMissingError:
+            return {}
         return {k: v.value for k, v in self._run("stack output", stack.outputs).items()}
 
     def refresh(self, on_output: OnOutput | None = None) -> None:

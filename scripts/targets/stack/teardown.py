@@ -13,6 +13,7 @@ from scripts.targets.stack.bucket import KeptBucket
 from scripts.targets.stack.clients import (
     PulumiMissingError,
     StackLockedError,
+    StackMissingError,
     StackRunner,
     pulumi_line,
 )
@@ -85,7 +86,7 @@ def destroy_stack(
             max_attempts=attempts,
             delay=every(pause_s),
             retry_on=(Exception,),
-            fatal=(PulumiMissingError,),
+            fatal=(PulumiMissingError, StackMissingError),
             on_wait=failed,
         )
     except GaveUp as e:

@@ -345,3 +345,122 @@ def test_destroy_keeping_a_type_names_every_other_resource(work_dir: Path) -> No
     [destroy] = [c for c in cli.calls if c[0] == "destroy"]
     assert [destroy[i + 1] for i, a in enumerate(destroy) if a == "--target"] == [vm]
     assert not [a for a in destroy if a.startswith("--parallel")]  # on_output is no parallelism
+
+
+# ---- a Pulumi CLI that does not work, a stack that does not exist: the real adapter + a fake CLI
+
+
+def _fake_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    """A `pulumi` shell script first on PATH running `body`; returns the log of its argv."""
+    bin_dir, log = tmp_path / "broken-bin", tmp_path / "broken-calls.log"
+    bin_dir.mkdir()
+    script = bin_dir / "pulumi"
+    script.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\n{body}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    log.touch()
+    return log
+
+
+def _project(work_dir: Path) -> Any:
+    from scripts.settings import Settings
+    from tests.support.pulumi_mocks import ROOT
+
+    (work_dir / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (work_dir / "Pulumi.dev.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
+    return Settings(root=work_dir, runs_dir=work_dir / "runs")
+
+
+NO_STACK = """case "$1" in version) echo v3.272.0; exit 0;; esac
+case "$*" in *"stack select"*) echo "error: no stack named 'dev' found" >&2; exit 255;; esac
+echo '{}'"""
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ('echo "pulumi: cannot load libc" >&2; exit 1', "exit 1: pulumi: cannot load libc"),
+        ("echo 'not a version'", "not a version: Could not parse the Pulumi CLI version"),
+    ],
+)
+@pytest.mark.parametrize("command", ["keygen", "logs", "stop X"])
+def test_a_broken_cli_is_one_line_with_exit_2(
+    work_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    body: str,
+    said: str,
+    command: str,
+) -> None:
+    from scripts.cli import main
+
+    settings = _project(work_dir)
+    _fake_cli(tmp_path, monkeypatch, body)
+    assert main([*command.split(), "--stack", "dev"], settings) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"does not work (`pulumi version`: {said})" in line, line
+
+
+def test_a_hanging_cli_is_one_line_not_a_hang(
+    work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scripts.targets.stack import clients
+
+    monkeypatch.setattr(clients, "PULUMI_VERSION_TIMEOUT_S", 0.5)
+    _fake_cli(tmp_path, monkeypatch, "exec sleep 30")
+    with pytest.raises(clients.PulumiMissingError, match=r"`pulumi version`: no answer in 0s"):
+        PulumiStackRunner("dev", work_dir).outputs()
+
+
+def test_down_stops_at_a_broken_cli_without_retrying(
+    work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scripts.targets.stack.clients import PulumiMissingError
+    from scripts.targets.stack.teardown import destroy_stack
+
+    log = _fake_cli(tmp_path, monkeypatch, "exit 1")
+    with pytest.raises(PulumiMissingError):  # a pause of an hour would fail the run
+        destroy_stack(PulumiStackRunner("dev", work_dir), "dev", attempts=3, pause_s=3600)
+    assert log.read_text().splitlines() == ["version"]
+
+
+def test_a_read_never_creates_the_stack(
+    work_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from scripts.cli import main
+
+    settings = _project(work_dir)
+    log = _fake_cli(tmp_path, monkeypatch, NO_STACK)
+    for command in (["logs"], ["ssh", "0"], ["down"]):
+        assert main([command[0], "--stack", "dev", *command[1:]], settings) == 2, command
+        err = capsys.readouterr().err.splitlines()
+        assert err[-1] == "gputrain: error: stack dev has no cluster; run `gputrain up --stack dev`"
+    assert not [c for c in log.read_text().splitlines() if "init" in c]
+    assert main(["keygen", "--stack", "dev"], settings) == 0  # a write makes the stack
+    assert "--non-interactive stack init dev" in log.read_text().splitlines()
+
+
+def test_keygen_without_a_passphrase_stores_nothing(
+    work_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from scripts.cli import main
+
+    settings = _project(work_dir)
+    log = _fake_cli(
+        tmp_path,
+        monkeypatch,
+        """case "$1" in version) echo v3.272.0; exit 0;; esac
+case "$*" in *--secret*) echo "error: constructing secrets manager of type \\"passphrase\\": \
+unable to find either PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE" >&2; exit 255;; esac""",
+    )
+    assert main(["keygen", "--stack", "dev"], settings) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "needs PULUMI_CONFIG_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE) set" in line
+    assert not [c for c in log.read_text().splitlines() if "sshPublicKey" in c]
