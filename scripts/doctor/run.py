@@ -222,7 +222,9 @@ def _unknown(check: str, e: BaseException) -> Row:
 
 #: Pulumi.yaml's typed config schema needs CLI 3.44 (see shared/reference/pulumi-offline-testing).
 MIN_PULUMI = (3, 44, 0)
-INSTALL_PULUMI = "install it: curl -fsSL https://get.pulumi.com | sh (pulumi.com/docs/install)"
+PULUMI_INSTALLER = "curl -fsSL https://get.pulumi.com | sh (pulumi.com/docs/install)"
+INSTALL_PULUMI = f"install it: {PULUMI_INSTALLER}"
+REINSTALL_PULUMI = f"reinstall it: {PULUMI_INSTALLER}"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 PASSPHRASE, PASSPHRASE_FILE = "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"
 
@@ -257,6 +259,8 @@ def probe_pulumi(timeout_s: float = 30.0) -> PulumiProbe:
     if path is None:
         return PulumiProbe(None)
     version, version_error = _run([path, "version"], timeout_s)
+    if version_error:  # a CLI that cannot say its version will not say who is logged in
+        return PulumiProbe(path, version, version_error)
     whoami, whoami_error = _run([path, "whoami", "--json", "--non-interactive"], timeout_s)
     return PulumiProbe(path, version, version_error, whoami, whoami_error)
 
@@ -267,12 +271,12 @@ def pulumi_rows(p: PulumiProbe) -> tuple[Row, Row, str | None]:
     need_cli = Row(backend, "unknown", "needs the Pulumi CLI", "fix the Pulumi CLI row first")
     if p.path is None:
         return Row(cli, "fail", "`pulumi` is not on PATH", INSTALL_PULUMI), need_cli, None
-    if p.version_error:
-        return Row(cli, "unknown", p.version_error, f"reinstall: {INSTALL_PULUMI}"), need_cli, None
+    if p.version_error:  # present but not working: every stack command would fail
+        return Row(cli, "fail", f"{p.path}: {p.version_error}", REINSTALL_PULUMI), need_cli, None
     m = re.search(r"v?(\d+)\.(\d+)\.(\d+)", p.version)
     if not m:
         return (
-            Row(cli, "unknown", f"unrecognised version {p.version!r}", INSTALL_PULUMI),
+            Row(cli, "fail", f"{p.path}: unrecognised version {p.version!r}", REINSTALL_PULUMI),
             need_cli,
             None,
         )
@@ -283,7 +287,7 @@ def pulumi_rows(p: PulumiProbe) -> tuple[Row, Row, str | None]:
             cli,
             "fail",
             f"{p.version} at {p.path} is older than {minimum} (Pulumi.yaml's typed config)",
-            f"upgrade: {INSTALL_PULUMI}",
+            f"upgrade it: {PULUMI_INSTALLER}",
         )
     else:
         row = Row(cli, "ok", f"{p.version} at {p.path}")

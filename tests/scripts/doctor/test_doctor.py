@@ -4,6 +4,7 @@ running the same checks first and stopping with the whole table."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -179,7 +180,8 @@ NO_SECRETS = _stack(encryptionsalt=None, gputrain__sshPrivateKey=None, gputrain_
 CASES: list[tuple[str, Callable[[World], object], str, str, str, str]] = [
     ("cli missing", _no_pulumi, "Pulumi CLI", "fail", "not on PATH", "get.pulumi.com"),
     ("cli old", _pulumi(version="echo v3.30.1"), "Pulumi CLI", "fail", "older than 3.44.0", "upgrade"),
-    ("cli broken", _pulumi(version="echo boom >&2; exit 2"), "Pulumi CLI", "unknown", "boom", "reinstall"),
+    ("cli broken", _pulumi(version="echo boom >&2; exit 2"), "Pulumi CLI", "fail", "boom", "reinstall it: curl"),
+    ("cli garbage", _pulumi(version="echo hello"), "Pulumi CLI", "fail", "unrecognised version 'hello'", "reinstall it: curl"),
     ("not logged in", _pulumi(whoami=NOT_LOGGED_IN), "Pulumi backend", "fail", "PULUMI_ACCESS_TOKEN must be set", "pulumi login --local"),
     ("backend needs cli", _no_pulumi, "Pulumi backend", "unknown", "needs the Pulumi CLI", "Pulumi CLI row"),
     ("whoami garbage", _pulumi(whoami="echo hello"), "Pulumi backend", "unknown", "unrecognised", ""),
@@ -399,3 +401,18 @@ def test_recovery_asks_for_what_up_declares_for_the_reconcile_job(world: World) 
     report = world.report()
     assert not for_the_job & world.admin.world.asked_permissions
     assert "Cloud Scheduler API" not in [r.check for r in report.rows]
+
+
+def test_a_cli_without_a_version_is_not_asked_who_is_logged_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`whoami` of a CLI whose `version` failed would only wait out another timeout."""
+    from scripts.doctor.run import probe_pulumi
+
+    asked = tmp_path / "whoami-ran"
+    bin_dir = install_fake_pulumi(
+        tmp_path / "bin", version="exit 1", whoami=f"touch {asked}"
+    ).parent
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    probe = probe_pulumi(timeout_s=10)
+    assert probe.version_error == "exit 1" and not asked.exists()
