@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.base.errors import GputrainError
+from infra.gcp.api import unreachable
 
 
 class StorageApiError(GputrainError):
@@ -79,6 +80,10 @@ class StorageApi:
             raise StorageApiError(f"Cloud Storage {what}: not found: {e.message}") from e
         except gexc.GoogleAPICallError as e:
             raise StorageApiError(f"Cloud Storage {what}: {e.code} {e.message}") from e
+        except gexc.RetryError as e:  # retried until the client's deadline: never an answer
+            raise StorageApiError(
+                f"Cloud Storage {what}: cannot reach it ({unreachable(e)})"
+            ) from e
         except OSError as e:  # no route, refused, reset: still one line
             raise StorageApiError(f"Cloud Storage {what}: {type(e).__name__}: {e}") from e
         except Exception as e:  # google.auth's (a metadata server's TransportError, a refresh)

@@ -11,6 +11,7 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 
 from infra.gcp.api import GoogleApiError, authorized_session, call
+from infra.gcp.gcs import StorageApi, StorageApiError
 from infra.gcp.iam import IamApi
 
 
@@ -52,3 +53,14 @@ def test_a_test_server_never_gets_credentials() -> None:
     """An endpoint of our own gets an anonymous session: no token goes to it."""
     session = authorized_session("IAM", "http://127.0.0.1:9")
     assert isinstance(session.credentials, AnonymousCredentials)
+
+
+def test_cloud_storage_that_never_answers_is_one_line() -> None:
+    """A RetryError (Google unreachable until the deadline) is the same one line for Cloud Storage."""
+    error = gexc.RetryError("Timeout of 120.0s exceeded", requests.ConnectionError("refused"))
+    with pytest.raises(StorageApiError) as e:
+        StorageApi()._call("objects.list gs://b/", lambda: _raise(error))
+    assert (
+        str(e.value)
+        == "Cloud Storage objects.list gs://b/: cannot reach it (ConnectionError: refused)"
+    )
