@@ -520,3 +520,54 @@ def test_the_parser_built_for_one_command_parses_and_helps_as_the_whole_one(
     assert helped(_parser("run"), ["--help"]) == helped(_parser(), ["--help"])
     argv = ["run", "--stack", "dev", "--yes", "--env", "A=1", "--", "-m", "trainer.train"]
     assert vars(_parser("run").parse_args(argv)) == vars(_parser().parse_args(argv))
+
+
+def test_a_sweep_that_cannot_look_does_not_hide_a_failed_destroy(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Destroy failed and the sweep cannot ask Google: the one line names both."""
+    from scripts.targets.gce.target import GceTarget
+
+    _, runner, cli = cloud
+    runner.up()
+    runner.destroy_failures = 3
+
+    def no_client(*args: object, **kwargs: object) -> list[list[str]]:
+        raise GputrainError("cannot build a Compute Engine client (DefaultCredentialsError: x)")
+
+    monkeypatch.setattr(GceTarget, "leftovers", no_client)
+    assert cli.main(["down", "--stack", "lab"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]  # after the destroy attempts' warnings
+    assert "teardown of stack lab is incomplete: destroy failed" in err
+    assert "the sweep could not look for what is left (cannot build a Compute Engine" in err
+
+
+def test_a_failed_up_is_said_before_what_its_teardown_could_not_do(
+    cloud: tuple[FakeCompute, FakeStackRunner, Cli],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`up` fails, then its teardown cannot sweep: Pulumi's error first, then the teardown's."""
+    from scripts.targets.gce.target import GceTarget
+    from tests.support.pulumi_mocks import TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
+
+    _, runner, cli = cloud
+    stack_file = cli.settings.root / "Pulumi.lab.yaml"
+    stack_file.write_text(
+        stack_file.read_text() + f"  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
+        f"  gputrain:sshSourceRanges: [{TEST_SOURCE_RANGE}]\n"
+    )
+    runner.fail_other("us-central1-a")
+
+    def no_client(*args: object, **kwargs: object) -> list[list[str]]:
+        raise GputrainError("cannot build a Compute Engine client (DefaultCredentialsError: x)")
+
+    monkeypatch.setattr(GceTarget, "leftovers", no_client)
+    assert cli.main(["up", "--stack", "lab", "--yes", "--skip-preflight"]) == 1
+    err = capsys.readouterr().err
+    original, teardown = err.split("; then ", 1)
+    assert "could not create the cluster: pulumi up failed" in original
+    assert "g2-standard-99" in original and "the sweep could not look" not in original
+    assert teardown.startswith("teardown of stack lab is incomplete: the sweep could not look")

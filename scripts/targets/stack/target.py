@@ -276,6 +276,7 @@ class StackTarget(Generic[C, P]):
         reconcile = self._reconciler_build(spec, Path(context.name))
         session: Session | None = None
         results_lost: dict[str, str] = {}  # nodes whose results SSH could not bring home
+        failed: GputrainError | None = None  # said first, whatever the teardown then says
         try:
             if pending is not None:  # the repository and the image, before any GPU
                 self._built = self._publish(spec, pending)
@@ -286,6 +287,7 @@ class StackTarget(Generic[C, P]):
                 yield session
         except GputrainError as e:
             results_lost = results_missing(e)
+            failed = e
             raise
         finally:
             context.cleanup()
@@ -300,11 +302,18 @@ class StackTarget(Generic[C, P]):
                             f"the stack's bucket is kept with what its watchdogs uploaded; "
                             f"`gputrain down --stack {self.stack}` brings it home, then deletes it"
                         )
-                    self.teardown(
-                        spec,
-                        keep_bucket=opts.keep_bucket or bool(results_lost),
-                        keep_images=opts.keep_images,
-                    )
+                    try:
+                        self.teardown(
+                            spec,
+                            keep_bucket=opts.keep_bucket or bool(results_lost),
+                            keep_images=opts.keep_images,
+                        )
+                    except GputrainError as down:
+                        if failed is None:
+                            raise
+                        both = GputrainError(f"{failed}; then {down}")
+                        both.exit_code = failed.exit_code
+                        raise both from down
 
     # ---- `build`: the image, before any GPU (scripts/targets/stack/image.py)
 
@@ -428,8 +437,12 @@ class StackTarget(Generic[C, P]):
         )
         self.after_destroy(ctx)
         swept = dataclasses.replace(spec, build="") if images else spec  # the kept one aside
-        leftovers = self.leftovers(ctx.at(swept), kept=kept.name if kept else None)
-        end_teardown(self.stack, failure, len(leftovers), kept)
+        try:
+            leftovers = self.leftovers(ctx.at(swept), kept=kept.name if kept else None)
+            unswept = None
+        except GputrainError as e:  # no credentials, Google unreachable: say it with the rest
+            leftovers, unswept = [], str(e)
+        end_teardown(self.stack, failure, len(leftovers), kept, unswept=unswept)
         if images:
             ui.say(
                 f"kept: the image repository {repository_id(self.stack)} (the build cache: an "

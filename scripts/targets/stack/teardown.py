@@ -20,15 +20,22 @@ from scripts.targets.stack.clients import (
 
 
 def end_teardown(
-    stack: str, failure: GaveUp | None, leftovers: int, kept: KeptBucket | None
+    stack: str,
+    failure: GaveUp | None,
+    leftovers: int,
+    kept: KeptBucket | None,
+    *,
+    unswept: str | None = None,
 ) -> None:
-    """Say the stack is gone (all but a kept bucket), or raise naming everything that is not."""
+    """Say the stack is gone (all but a kept bucket), or raise naming everything that is not;
+    `unswept`: why the sweep could not look (then nothing says the stack is gone)."""
     problem = kept.problem if kept else None
-    if failure is not None or leftovers or problem:
+    if failure is not None or leftovers or problem or unswept:
         raise GputrainError(
             f"teardown of stack {stack} is incomplete: "
             + (f"destroy failed ({failure.reason}); " if failure else "")
             + (f"{leftovers} resource(s) still exist (listed above); " if leftovers else "")
+            + (f"the sweep could not look for what is left ({unswept}); " if unswept else "")
             + (f"bucket gs://{kept.name} kept: {problem}; " if kept and problem else "")
             + f"run `gputrain down --stack {stack}` again or delete them in the console."
         )
