@@ -6,13 +6,48 @@ credentials". The google libraries are imported inside the functions: they are s
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Callable
 from typing import Any
 
-from infra.base.errors import GputrainError
+from infra.base.errors import EXIT_BAD_INPUT, GputrainError
 
-ADC_FIX = "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+KEY_FILE = "GOOGLE_APPLICATION_CREDENTIALS"
+ADC_FIX = f"run `gcloud auth application-default login` or set {KEY_FILE}"
+
+
+def key_file_problem() -> str | None:
+    """What is wrong with the key file GOOGLE_APPLICATION_CREDENTIALS names, with its fix: it wins
+    over every other credential, so a login would not help. None when it is unset or loads."""
+    path = os.environ.get(KEY_FILE)
+    if not path:
+        return None
+    if not os.path.exists(path):
+        return f"{KEY_FILE}={path} is missing: fix or unset it"
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = json.load(f)
+    except (OSError, ValueError):  # a directory, unreadable, not JSON
+        key = None
+    if not isinstance(key, dict) or "type" not in key:  # every credential file names its type
+        return f"{KEY_FILE}={path} is not a key file: fix or unset it"
+    return None
+
+
+def credentials_error(
+    what: str, e: BaseException, make: Callable[[str], GputrainError]
+) -> GputrainError:
+    """The one line for "no credentials" (`what` first): the bad key file GOOGLE_APPLICATION_CREDENTIALS
+    names (the user's to fix: exit 2), else the library's reason and ADC_FIX."""
+    problem = key_file_problem()
+    if problem is None:
+        said = str(e.args[0] if e.args else e).strip().splitlines() or [""]
+        return make(f"{what} ({type(e).__name__}: {said[0]}); {ADC_FIX}")
+    error = make(f"{what}: {problem}")
+    error.exit_code = EXIT_BAD_INPUT
+    return error
 
 
 class GoogleApiError(GputrainError):
@@ -45,9 +80,8 @@ def build_client(
     try:
         return factory(**options)
     except Exception as e:  # DefaultCredentialsError and friends
-        raise GoogleApiError(
-            f"cannot build a {label} client ({type(e).__name__}: {e}); {ADC_FIX}",
-            credentials=True,
+        raise credentials_error(
+            f"cannot build a {label} client", e, lambda m: GoogleApiError(m, credentials=True)
         ) from e
 
 
@@ -117,9 +151,9 @@ def authorized_session(label: str, api_endpoint: str | None) -> Any:
 
     try:
         creds = google.auth.default(scopes=[CLOUD_PLATFORM])[0]
-    except Exception as e:  # DefaultCredentialsError
-        raise GoogleApiError(
-            f"{label}: no credentials ({type(e).__name__}: {e}); {ADC_FIX}", credentials=True
+    except Exception as e:  # DefaultCredentialsError, a directory's IsADirectoryError
+        raise credentials_error(
+            f"{label}: no credentials", e, lambda m: GoogleApiError(m, credentials=True)
         ) from e
     return AuthorizedSession(creds)
 

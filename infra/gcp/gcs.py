@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.base.errors import GputrainError
-from infra.gcp.api import unreachable
+from infra.gcp.api import credentials_error, unreachable
 
 
 class StorageApiError(GputrainError):
@@ -63,9 +63,8 @@ class StorageApi:
 
                 self._client = storage.Client(project=self.project)
             except Exception as e:  # DefaultCredentialsError and friends
-                raise StorageApiError(
-                    f"cannot build a Cloud Storage client ({type(e).__name__}: {e}); run "
-                    "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+                raise credentials_error(
+                    "cannot build a Cloud Storage client", e, StorageApiError
                 ) from e
         return self._client
 

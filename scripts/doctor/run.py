@@ -365,7 +365,7 @@ def passphrase_row(
 
 @dataclass(frozen=True)
 class AdcProbe:
-    outcome: Literal["ok", "missing", "refused", "unreachable"]
+    outcome: Literal["ok", "missing", "bad_key_file", "refused", "unreachable"]
     detail: str
 
 
@@ -376,10 +376,15 @@ def probe_adc(timeout_s: float = 15.0) -> AdcProbe:
     from google.auth import exceptions
     from google.auth.transport.requests import Request
 
+    from infra.gcp.api import key_file_problem
+
     try:
         creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
-    except exceptions.DefaultCredentialsError as e:
-        return AdcProbe("missing", str(e).split(". ")[0])
+    except (exceptions.DefaultCredentialsError, OSError) as e:  # OSError: a directory named
+        problem = key_file_problem()
+        if problem is not None:
+            return AdcProbe("bad_key_file", problem)
+        return AdcProbe("missing", str(e.args[0] if e.args else e).split(". ")[0])
     email = str(getattr(creds, "service_account_email", ""))
     if type(creds).__module__ == "google.oauth2.credentials":
         who = "user credentials (gcloud auth application-default login)"
@@ -403,6 +408,9 @@ def adc_row(p: AdcProbe) -> Row:
         return Row(name, "ok", p.detail)
     if p.outcome == "missing":
         return Row(name, "fail", p.detail, f"{login} (or GOOGLE_APPLICATION_CREDENTIALS=KEY.json)")
+    if p.outcome == "bad_key_file":  # it wins over a login: the fix is the variable
+        problem = p.detail.rpartition(": ")[0]
+        return Row(name, "fail", problem, "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS")
     if p.outcome == "refused":
         return Row(
             name,

@@ -387,8 +387,8 @@ def test_missing_credentials_are_one_row_and_asked_for_once(
     )
     report = preflight(request_for("g2-standard-8"), ZONES3, api=ComputeApi())
     (row,) = report.rows
-    assert row.scope == PROJECT and "DefaultCredentialsError" in row.detail
-    assert row.fix.startswith("set up Application Default Credentials")
+    assert row.scope == PROJECT and "no-such-key.json is missing" in row.detail
+    assert row.fix == "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS"
     assert len(asked) == 1
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.base.errors import GputrainError
+from infra.gcp.api import credentials_error
 from scripts.targets.vertex.job import (
     JobStatus,
     LogCursor,
@@ -111,9 +112,8 @@ class VertexApi:
                         **self._credentials(self.logging_endpoint),
                     )
             except Exception as e:  # DefaultCredentialsError and friends
-                raise VertexApiError(
-                    f"cannot build a Google API client ({type(e).__name__}: {_one_line(e)}); run "
-                    "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+                raise credentials_error(
+                    "cannot build a Google API client", e, VertexApiError
                 ) from e
         return self._clients[kind]
 

@@ -9,8 +9,10 @@ import pytest
 import requests
 from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
 
-from infra.gcp.api import GoogleApiError, authorized_session, call
+from infra.base.errors import EXIT_BAD_INPUT
+from infra.gcp.api import GoogleApiError, authorized_session, build_client, call
 from infra.gcp.gcs import StorageApi, StorageApiError
 from infra.gcp.iam import IamApi
 
@@ -36,17 +38,32 @@ def test_every_failure_is_one_line_naming_the_call(error: BaseException, words: 
     assert str(e.value).startswith(f"compute zones.list: {words}") and "\n" not in str(e.value)
 
 
-def test_a_rest_adapter_without_credentials_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("key", [None, "not json", "{}", "directory"])
+def test_a_bad_key_file_is_named_not_a_login(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str | None
 ) -> None:
-    """No Application Default Credentials: the session's one line, marked as the credentials'."""
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    """GOOGLE_APPLICATION_CREDENTIALS set wins over a login: a missing or useless key file is the
+    user's to fix (exit 2), named in one line by every adapter, never a login to run."""
+    path = tmp_path / "key.json"
+    if key == "directory":
+        path.mkdir()
+    elif key is not None:
+        path.write_text(key)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud login to fall back on
-    with pytest.raises(GoogleApiError) as e:
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)  # else anonymous credentials
+    what = "is missing" if key is None else "is not a key file"
+    line = f"GOOGLE_APPLICATION_CREDENTIALS={path} {what}: fix or unset it"
+    with pytest.raises(GoogleApiError) as rest:
         IamApi().service_accounts("p")
-    assert e.value.credentials and "\n" not in str(e.value)
-    assert str(e.value).startswith("IAM: no credentials (DefaultCredentialsError")
-    assert "gcloud auth application-default login" in str(e.value)
+    with pytest.raises(GoogleApiError) as built:
+        build_client(compute_v1.ZonesClient, "Compute Engine", None)
+    with pytest.raises(StorageApiError) as storage:
+        StorageApi("p").client()
+    assert str(rest.value) == f"IAM: no credentials: {line}" and rest.value.credentials
+    assert str(built.value) == f"cannot build a Compute Engine client: {line}"
+    assert str(storage.value) == f"cannot build a Cloud Storage client: {line}"
+    assert {e.value.exit_code for e in (rest, built, storage)} == {EXIT_BAD_INPUT}
 
 
 def test_a_test_server_never_gets_credentials() -> None:

@@ -173,6 +173,17 @@ def _both(*fs: Callable[[World], object]) -> Callable[[World], None]:
     return apply
 
 
+def _key_file(text: str | None) -> Callable[[World], None]:
+    """GOOGLE_APPLICATION_CREDENTIALS naming a file holding `text` (None: a directory)."""
+
+    def apply(w: World) -> None:
+        path = w.dir / "key.json"
+        path.mkdir() if text is None else path.write_text(text)
+        w.monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+
+    return apply
+
+
 NO_PASSPHRASE = _env("PULUMI_CONFIG_PASSPHRASE", None)
 NO_SECRETS = _stack(encryptionsalt=None, gputrain__sshPrivateKey=None, gputrain__sshPublicKey=None)
 
@@ -191,7 +202,9 @@ CASES: list[tuple[str, Callable[[World], object], str, str, str, str]] = [
     ("pulumi cloud", _both(NO_PASSPHRASE, _pulumi(whoami="""echo '{"user": "ana", "url": "https://api.pulumi.com"}'""")), "PULUMI_CONFIG_PASSPHRASE", "ok", "Pulumi Cloud encrypts", ""),
     ("kms provider", _both(NO_PASSPHRASE, _stack(secretsprovider="gcpkms://projects/p/locations/l/keyRings/r/cryptoKeys/k")), "PULUMI_CONFIG_PASSPHRASE", "ok", "provider is gcpkms://", ""),
     ("passphrase backend unknown", _both(NO_PASSPHRASE, _no_pulumi), "PULUMI_CONFIG_PASSPHRASE", "unknown", "backend, which is unknown", "pulumi login --local"),
-    ("adc missing", _env("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json"), "credentials (ADC)", "fail", "/nonexistent/adc.json was not found", "gcloud auth application-default login"),
+    ("adc missing", _env("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json"), "credentials (ADC)", "fail", "GOOGLE_APPLICATION_CREDENTIALS=/nonexistent/adc.json is missing", "unset GOOGLE_APPLICATION_CREDENTIALS"),
+    ("adc garbage", _key_file("not json"), "credentials (ADC)", "fail", "key.json is not a key file", "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS"),
+    ("adc directory", _key_file(None), "credentials (ADC)", "fail", "key.json is not a key file", "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS"),
     ("adc refused", lambda w: w.admin.adc_file(w.dir, revoked=True), "credentials (ADC)", "fail", "invalid_grant: Invalid JWT Signature", "renew them"),
     ("adc unreachable", _closed_token_endpoint, "credentials (ADC)", "unknown", "token endpoint did not answer", "network"),
     ("project unset", _stack(gcp__project=None), "gcp:project", "fail", "not set", "pulumi config set gcp:project PROJECT_ID --stack lab"),
