@@ -24,6 +24,9 @@ from scripts.cost.ledger import LedgerRecord
 
 RUN_LABEL = "gputrain-run"  # as scripts/targets/vertex/session.py labels every job
 ENDPOINT_ENV = "GPUTRAIN_BIGQUERY_ENDPOINT"  # a private endpoint; the tests' fake
+#: How long BigQuery's calls are retried (the library's defaults: 10 min per call, 40 min per job):
+#: an unreachable Google, or credentials it never accepts, end in one line, not a silent hang.
+QUERY_RETRY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ class BillingExport:
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         from google.cloud import bigquery
+        from google.cloud.bigquery.retry import DEFAULT_JOB_RETRY, DEFAULT_RETRY
 
         from infra.gcp.api import call
 
@@ -135,7 +139,16 @@ class BillingExport:
         config = bigquery.QueryJobConfig(query_parameters=list(params))
         return call(
             f"BigQuery {self.table}",
-            lambda: list(client.query_and_wait(sql, job_config=config, wait_timeout=120)),
+            lambda: list(
+                client.query_and_wait(
+                    sql,
+                    job_config=config,
+                    api_timeout=QUERY_RETRY_S / 2,  # one HTTP request
+                    wait_timeout=120,
+                    retry=DEFAULT_RETRY.with_timeout(QUERY_RETRY_S),
+                    job_retry=DEFAULT_JOB_RETRY.with_timeout(2 * QUERY_RETRY_S),
+                )
+            ),
         )
 
     def readable(self) -> float | None:
@@ -184,6 +197,8 @@ def billing_row(table: str) -> Any:
     try:
         up_to = BillingExport(table).readable()
     except GoogleApiError as e:
+        if e.code is None and not e.credentials:  # never answered: nothing said about access
+            return Row("billing export", "unknown", str(e), "check the network, then run again")
         fix = (
             "grant yourself roles/bigquery.dataViewer on the dataset and roles/bigquery.jobUser "
             f"on project {table.split('.')[0]}, or fix gputrain:billingExport"

@@ -164,3 +164,31 @@ def test_doctor_row_says_whether_the_export_is_readable(bigquery: FakeBigQuery) 
     denied = billing_row(TABLE)
     assert denied.status == "fail" and "403" in denied.detail
     assert "roles/bigquery.dataViewer" in denied.fix and "billing-proj" in denied.fix
+
+
+def test_a_bigquery_that_never_answers_is_one_line_soon(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens: the retries stop at QUERY_RETRY_S (not the library's 10 minutes per
+    call), `cost` says so in one line and the doctor's row is unknown, not a permission fix."""
+    import socket
+    import threading
+
+    from scripts.cost import billing
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before use: nothing listens there
+    monkeypatch.setenv(ENDPOINT_ENV, f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(billing, "QUERY_RETRY_S", 1.0)
+    done: list[int] = []
+    worker = threading.Thread(
+        target=lambda: done.append(main(["cost", "--billing", TABLE], settings)), daemon=True
+    )
+    worker.start()
+    worker.join(timeout=30)
+    assert done == [1], "still retrying after 30 s"
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"BigQuery {TABLE}: cannot reach it" in err
+    row = billing.billing_row(TABLE)
+    assert row.status == "unknown" and "cannot reach it" in row.detail and "network" in row.fix
