@@ -163,7 +163,8 @@ def run_doctor(
         cli, backend, url = pulumi_rows(found)
         rows += [cli, backend, passphrase_row(url, secrets, os.environ)]
     probe = _result(adc, lambda e: _unknown("credentials (ADC)", e))
-    rows.append(probe if isinstance(probe, Row) else adc_row(probe))
+    credentials = probe if isinstance(probe, Row) else adc_row(probe)
+    rows.append(credentials)
     about_project: list[Row] = _result(project_rows, lambda e: [_unknown("gcp:project", e)])
     rows += about_project
     q = _result(quota_row, lambda e: _unknown("GPU quota", e))
@@ -191,7 +192,16 @@ def run_doctor(
     if spec is not None and spec.billing_export:
         from scripts.cost.billing import billing_row
 
-        rows.append(billing_row(spec.billing_export))
+        rows.append(
+            billing_row(spec.billing_export)
+            if credentials.status == "ok"
+            else Row(  # BigQuery would retry for minutes what cannot work
+                "billing export",
+                "unknown",
+                "not checked: the credentials are not usable",
+                "fix the credentials (ADC) row first",
+            )
+        )
     title = f"doctor: stack {stack}" if stack else "doctor (no --stack: this machine only)"
     return DoctorReport(title, tuple(rows))
 

@@ -205,6 +205,7 @@ CASES: list[tuple[str, Callable[[World], object], str, str, str, str]] = [
     ("adc missing", _env("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json"), "credentials (ADC)", "fail", "GOOGLE_APPLICATION_CREDENTIALS=/nonexistent/adc.json is missing", "unset GOOGLE_APPLICATION_CREDENTIALS"),
     ("adc garbage", _key_file("not json"), "credentials (ADC)", "fail", "key.json is not a key file", "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS"),
     ("adc directory", _key_file(None), "credentials (ADC)", "fail", "key.json is not a key file", "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS"),
+    ("billing without credentials", _both(_env("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json"), _stack(gputrain__billingExport="billing-proj.billing_export.t")), "billing export", "unknown", "not checked: the credentials are not usable", "credentials (ADC) row"),
     ("adc refused", lambda w: w.admin.adc_file(w.dir, revoked=True), "credentials (ADC)", "fail", "invalid_grant: Invalid JWT Signature", "renew them"),
     ("adc unreachable", _closed_token_endpoint, "credentials (ADC)", "unknown", "token endpoint did not answer", "network"),
     ("project unset", _stack(gcp__project=None), "gcp:project", "fail", "not set", "pulumi config set gcp:project PROJECT_ID --stack lab"),
