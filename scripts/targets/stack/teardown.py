@@ -99,4 +99,9 @@ def destroy_stack(
     except GaveUp as e:
         ui.warn(f"destroy attempt {e.attempts} failed: {e.reason}")
         return e
+    except StackMissingError:  # no state: nothing for Pulumi to destroy; the sweep still looks
+        ui.say(f"down: stack {stack} has no Pulumi state: nothing to destroy")
+    except PulumiMissingError as e:  # not retried; the sweep still looks for what is left
+        ui.warn(f"destroy attempt {attempts_made} failed: {e}")
+        return GaveUp(str(e), 0.0, attempts_made)
     return None

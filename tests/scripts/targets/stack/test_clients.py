@@ -416,13 +416,12 @@ def test_a_hanging_cli_is_one_line_not_a_hang(
 def test_down_stops_at_a_broken_cli_without_retrying(
     work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scripts.targets.stack.clients import PulumiMissingError
     from scripts.targets.stack.teardown import destroy_stack
 
-    log = _fake_cli(tmp_path, monkeypatch, "exit 1")
-    with pytest.raises(PulumiMissingError):  # a pause of an hour would fail the run
-        destroy_stack(PulumiStackRunner("dev", work_dir), "dev", attempts=3, pause_s=3600)
-    assert log.read_text().splitlines() == ["version"]
+    log = _fake_cli(tmp_path, monkeypatch, "exit 1")  # a pause of an hour would fail the run
+    failure = destroy_stack(PulumiStackRunner("dev", work_dir), "dev", attempts=3, pause_s=3600)
+    assert failure is not None and "does not work (`pulumi version`: exit 1" in failure.reason
+    assert log.read_text().splitlines() == ["version"]  # the sweep after it still looks
 
 
 def test_a_read_never_creates_the_stack(
@@ -435,10 +434,14 @@ def test_a_read_never_creates_the_stack(
 
     settings = _project(work_dir)
     log = _fake_cli(tmp_path, monkeypatch, NO_STACK)
-    for command in (["logs"], ["ssh", "0"], ["down"]):
+    for command in (["logs"], ["ssh", "0"]):
         assert main([command[0], "--stack", "dev", *command[1:]], settings) == 2, command
         err = capsys.readouterr().err.splitlines()
         assert err[-1] == "gputrain: error: stack dev has no cluster; run `gputrain up --stack dev`"
+    main(["down", "--stack", "dev"], settings)  # nothing to destroy; the sweep still looks
+    out, err = capsys.readouterr()
+    assert "down: stack dev has no Pulumi state: nothing to destroy" in out
+    assert "the sweep could not look for what is left" in err  # no credentials here
     assert not [c for c in log.read_text().splitlines() if "init" in c]
     assert main(["keygen", "--stack", "dev"], settings) == 0  # a write makes the stack
     assert "--non-interactive stack init dev" in log.read_text().splitlines()
