@@ -22,7 +22,7 @@ from typing import Literal, cast
 
 from infra import catalog
 from infra.keys import parse_duration
-from infra.schema import NS, SpecError, StackSettings, config_string
+from infra.schema import NS, SpecError, StackSettings, config_string, first_repeat
 
 Capacity = Literal["on-demand", "spot", "flex-start", "reservation"]
 CAPACITIES: tuple[Capacity, ...] = ("on-demand", "spot", "flex-start", "reservation")
@@ -407,7 +407,7 @@ def read_capacity(
     `capacityInUse` and `waitForCapacity` together; the first problem as one line."""
     ladder, raw_spot, is_list = capacity_ladder(cfg), spot_text(cfg), capacity_listed(cfg)
     if is_list:
-        twice = next((m for i, m in enumerate(ladder) if m in ladder[:i]), None)
+        twice = first_repeat(ladder)
         if twice is not None:
             raise SpecError(
                 f"{NS}capacity = {config_string(cfg.capacity)!r}: {twice} is listed twice; "

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from infra import capacity, catalog, offers, vertex
 from infra.keys import CHECK, in_range
 from infra.offers import Candidate, GpuRequestError, candidate_label
-from infra.schema import DEFAULTS, SpecError, StackSettings, config_string, names_nothing
+from infra.schema import (
+    DEFAULTS,
+    SpecError,
+    StackSettings,
+    config_string,
+    first_repeat,
+    names_nothing,
+)
 
 MACHINE_TYPE_ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
 _CANDIDATE_RE = re.compile(r"^([a-z0-9-]+) x ([0-9]+)$")
@@ -107,8 +114,8 @@ def _by_request(
     for r in regions:
         if not _REGION_RE.match(r):
             raise CHECK.fail("regions", r, "allowed: region names like us-central1")
-    _each_once(cfg, "zones")
-    _each_once(cfg, "regions")
+    _each_once("zones", cfg.zones)
+    _each_once("regions", cfg.regions)
     if zones and regions and not any(catalog.region_of(z) in regions for z in zones):
         raise CHECK.fail(  # a zone must be in both: else every GPU would be blamed
             "regions",
@@ -234,18 +241,17 @@ def _zones_of(s: StackSettings, default: tuple[str, ...]) -> tuple[tuple[str, ..
         raise CHECK.fail(
             "zones", ",".join(listed), f"all zones must be in one region, got {', '.join(regions)}"
         )
-    _each_once(s, "zones")
+    _each_once("zones", s.zones)
     zone = s.zone or listed[0]
     if zone not in listed:
         raise CHECK.fail("zone", zone, f"allowed: one of zones ({', '.join(listed)}) or empty")
     return tuple(listed), zone
 
 
-def _each_once(s: StackSettings, key: str) -> None:
+def _each_once(key: str, listed: list[str]) -> None:
     """A zone or region listed twice is one line, with gpus as with machineType: a second
     mention adds nothing, so it likely stands where another was meant."""
-    listed: list[str] = list(getattr(s, key))
-    twice = next((v for i, v in enumerate(listed) if v in listed[:i]), None)
+    twice = first_repeat(listed)
     if twice is not None:
         raise CHECK.fail(
             key, config_string(listed), f"{twice} is listed twice; list each {key[:-1]} once"

@@ -187,6 +187,11 @@ def names_nothing(value: Any) -> bool:
     return all(v is None or (isinstance(v, str) and not v.strip()) for v in texts)
 
 
+def first_repeat(items: list[str]) -> str | None:
+    """The first item a list names a second time (a zone, a capacity mode), or None."""
+    return next((v for i, v in enumerate(items) if v in items[:i]), None)
+
+
 #: Every key with its default as the CLI would pass it (a string).
 DEFAULTS: dict[str, str] = {
     name: config_string(field.default) for name, field in StackSettings.model_fields.items()
