@@ -17,7 +17,7 @@ from infra.catalog import quota_console_url, region_of
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
 
-from infra.gcp.api import key_file_problem
+from infra.gcp.api import KEY_FILE_FIX, key_file_problem
 from infra.gcp.compute import (
     AcceleratorTypeInfo,
     ComputeApiError,
@@ -113,7 +113,7 @@ def api_error_row(check: str, scope: str, error: ComputeApiError, project: str) 
     — the same in every zone — so it is a "Compute API" row for the project, fixed by its cause."""
     detail = f"could not check: {error}"
     if error.credentials and key_file_problem():  # the variable wins over a login
-        fix = "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS"
+        fix = KEY_FILE_FIX
     elif error.credentials or error.code == 401:
         fix = (
             "set up Application Default Credentials: gcloud auth application-default login "

@@ -16,23 +16,24 @@ from infra.base.errors import EXIT_BAD_INPUT, GputrainError
 
 KEY_FILE = "GOOGLE_APPLICATION_CREDENTIALS"
 ADC_FIX = f"run `gcloud auth application-default login` or set {KEY_FILE}"
+KEY_FILE_FIX = f"fix the file, or unset {KEY_FILE}"  # a doctor or preflight row's fix
 
 
 def key_file_problem() -> str | None:
-    """What is wrong with the key file GOOGLE_APPLICATION_CREDENTIALS names, with its fix: it wins
-    over every other credential, so a login would not help. None when it is unset or loads."""
+    """What is wrong with the key file GOOGLE_APPLICATION_CREDENTIALS names: it wins over every
+    other credential, so a login would not help (KEY_FILE_FIX). None when it is unset or loads."""
     path = os.environ.get(KEY_FILE)
     if not path:
         return None
     if not os.path.exists(path):
-        return f"{KEY_FILE}={path} is missing: fix or unset it"
+        return f"{KEY_FILE}={path} is missing"
     try:
         with open(path, encoding="utf-8") as f:
             key = json.load(f)
     except (OSError, ValueError):  # a directory, unreadable, not JSON
         key = None
     if not isinstance(key, dict) or "type" not in key:  # every credential file names its type
-        return f"{KEY_FILE}={path} is not a key file: fix or unset it"
+        return f"{KEY_FILE}={path} is not a key file"
     return None
 
 
@@ -45,7 +46,7 @@ def credentials_error(
     if problem is None:
         said = str(e.args[0] if e.args else e).strip().splitlines() or [""]
         return make(f"{what} ({type(e).__name__}: {said[0]}); {ADC_FIX}")
-    error = make(f"{what}: {problem}")
+    error = make(f"{what}: {problem}: fix or unset it")
     error.exit_code = EXIT_BAD_INPUT
     return error
 

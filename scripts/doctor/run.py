@@ -412,6 +412,8 @@ def probe_adc(timeout_s: float = 15.0) -> AdcProbe:
 
 
 def adc_row(p: AdcProbe) -> Row:
+    from infra.gcp.api import KEY_FILE_FIX
+
     name = "credentials (ADC)"
     login = "gcloud auth application-default login"
     if p.outcome == "ok":
@@ -419,8 +421,7 @@ def adc_row(p: AdcProbe) -> Row:
     if p.outcome == "missing":
         return Row(name, "fail", p.detail, f"{login} (or GOOGLE_APPLICATION_CREDENTIALS=KEY.json)")
     if p.outcome == "bad_key_file":  # it wins over a login: the fix is the variable
-        problem = p.detail.rpartition(": ")[0]
-        return Row(name, "fail", problem, "fix the file, or unset GOOGLE_APPLICATION_CREDENTIALS")
+        return Row(name, "fail", p.detail, KEY_FILE_FIX)
     if p.outcome == "refused":
         return Row(
             name,
