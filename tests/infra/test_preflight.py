@@ -242,6 +242,10 @@ def test_zones_are_judged_one_by_one_and_regions_fetched_once(
     bad = [r for r in report.failures]
     assert [(r.check, r.scope) for r in bad] == [("machine type", "asia-southeast1-a")]
     assert "nvidia-tesla-a100" in bad[0].detail  # what the zone offers instead
+    # the GPUs a zone offers are read only for that message (or an N1 type's attached GPU)
+    assert [r[1].split("/")[-2] for r in fake.requests_matching("/acceleratorTypes$")] == [
+        "asia-southeast1-a"
+    ]
     assert len(fake.requests_matching("/regions/us-central1$")) == 1
     assert len(fake.requests_matching("/compute/v1/projects/gputrain-test$")) == 1
 
@@ -367,9 +371,8 @@ def test_an_error_not_about_a_zone_is_one_row_with_its_own_fix(
     report = preflight(request_for("g2-standard-8"), ZONES3, api=api)
     (row,) = report.rows
     assert (row.check, row.scope, row.status) == ("Compute API", PROJECT, "fail")
-    assert f"could not check: Compute API acceleratorTypes.list us-central1-a: {detail}" in (
-        row.detail
-    )
+    call = "Compute API machineTypes.get us-central1-a/g2-standard-8"
+    assert f"could not check: {call}: {detail}" in row.detail
     assert fix in row.fix
     assert report.ok_zones(ZONES3) == []
 

@@ -144,10 +144,13 @@ def preflight_zones(spec: ClusterSpec, api: ComputeApi) -> list[str]:
 
 
 def _zone_checks(api: ComputeApi, req: PreflightRequest) -> tuple[list[CheckResult], int]:
-    """Machine type (+ accelerator type on N1) rows, and the vCPUs per node for the CPU quota."""
+    """Machine type (+ accelerator type on N1) rows, and the vCPUs per node for the CPU quota.
+    The zone's accelerator list is read only where a row needs it: an N1 type's attached GPU, or
+    the GPUs a zone offers instead of a machine type it lacks."""
     try:
-        offered = api.accelerator_types(req.project, req.zone)
         machine = api.machine_type(req.project, req.zone, req.machine_type)
+        need_offered = req.is_n1 or machine is None
+        offered = api.accelerator_types(req.project, req.zone) if need_offered else []
     except ComputeApiError as e:
         return [api_error_row("machine type", req.zone, e, req.project)], req.vcpus_per_node
     rows = [check_machine_type(req, machine, offered)]
