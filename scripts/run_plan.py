@@ -397,8 +397,9 @@ def check_caps(
         if cheapest is not None and (cheapest.hourly or 0.0) > cap:
             raise UserError(
                 f"{NS}maxHourlyCost {cap:g}: below the cheapest candidate, {cheapest.nodes} x "
-                f"{cheapest.machine_type} in {cheapest.zone} at ${cheapest.hourly:.2f}/h; allowed: "
-                f"at least {cents_up(cheapest.hourly or 0.0)}"
+                f"{cheapest.machine_type} in {cheapest.zone} at "
+                f"${exact_usd(cheapest.hourly or 0.0)}/h; allowed: at least "
+                f"{cents_up(cheapest.hourly or 0.0)}"
             )
         fits = (
             f"; {cheapest.nodes} x {cheapest.machine_type} in {cheapest.zone} costs "
@@ -407,8 +408,8 @@ def check_caps(
             else ""
         )
         raise UserError(
-            f"{NS}maxHourlyCost {cap:g}: {shape} costs up to ${rate:.2f}/h; allowed: at least "
-            f"{cents_up(rate)}, or a cheaper machine, capacity or node count{fits}"
+            f"{NS}maxHourlyCost {cap:g}: {shape} costs up to ${exact_usd(rate)}/h; allowed: at "
+            f"least {cents_up(rate)}, or a cheaper machine, capacity or node count{fits}"
         )
     if budget is not None:
         worst = rate * spec.max_run_duration_s / 3600
@@ -420,9 +421,10 @@ def check_caps(
                 else "a cheaper cluster"
             )
             raise UserError(
-                f"{budget_setting} {budget:g}: {shape} at ${rate:.2f}/h for maxRunDuration "
-                f"{spec.max_run_duration} may cost ${worst:.2f}; allowed: a budget of at least "
-                f"{cents_up(worst)}, or {hint} (the server-side bound that holds the budget)"
+                f"{budget_setting} {budget:g}: {shape} at ${exact_usd(rate)}/h for "
+                f"maxRunDuration {spec.max_run_duration} may cost ${exact_usd(worst)}; allowed: a "
+                f"budget of at least {cents_up(worst)}, or {hint} (the server-side bound that "
+                "holds the budget)"
             )
 
 
@@ -452,6 +454,13 @@ def cents_up(usd: float) -> str:
     """A minimum the user may set, to the cent above: $2.0434 is 2.05, never 2.04, which the
     same check would refuse again. Pure."""
     return f"{math.ceil(round(usd * 100, 6)) / 100:.2f}"
+
+
+def exact_usd(amount: float) -> str:
+    """An amount beside a cents_up minimum, to the digit that minimum was rounded up from:
+    $31.7712, not $31.77 next to "at least 31.78"; whole cents keep two digits. Pure."""
+    digits = f"{round(amount * 100, 6) / 100:.8f}".rstrip("0")
+    return digits + "0" * (2 - len(digits.partition(".")[2]))
 
 
 def check_spending_caps(

@@ -3,6 +3,7 @@ capacity rung and GPU candidate, a budget against rate x maxRunDuration; bad amo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,6 +18,7 @@ from scripts.run_plan import (
     budget_interval_s,
     caps_line,
     check_caps,
+    exact_usd,
     worst_hourly,
 )
 from scripts.settings import Settings
@@ -50,7 +52,8 @@ def test_the_hourly_cap_takes_the_dearest_capacity_rung() -> None:
     with pytest.raises(UserError) as e:
         check_caps(capped, budget=None, budget_setting="x")
     assert str(e.value).startswith(f"gputrain:maxHourlyCost {cap:g}: 2 x ")
-    assert f"costs up to ${dearest:.2f}/h" in str(e.value) and "(spot/on-demand)" in str(e.value)
+    assert f"costs up to ${exact_usd(dearest)}/h" in str(e.value)
+    assert "(spot/on-demand)" in str(e.value)
 
 
 def test_below_the_cheapest_gpu_candidate_names_it() -> None:
@@ -61,7 +64,7 @@ def test_below_the_cheapest_gpu_candidate_names_it() -> None:
         check_caps(many, budget=None, budget_setting="x")
     text = str(e.value)
     assert text.startswith("gputrain:maxHourlyCost 0.01: below the cheapest candidate, ")
-    assert f"{cheapest.machine_type} in {cheapest.zone} at ${cheapest.hourly:.2f}/h" in text
+    assert f"{cheapest.machine_type} in {cheapest.zone} at ${exact_usd(cheapest.hourly)}/h" in text
 
 
 def test_a_budget_is_held_by_max_run_duration() -> None:
@@ -73,7 +76,10 @@ def test_a_budget_is_held_by_max_run_duration() -> None:
         check_caps(s, budget=rate * 3, budget_setting="--budget")
     text = str(e.value)
     assert text.startswith(f"--budget {rate * 3:g}: 1 x g2-standard-8")
-    assert f"may cost ${rate * 6:.2f}" in text and "gputrain:maxRunDuration to at most 3h" in text
+    assert (
+        f"may cost ${exact_usd(rate * 6)}" in text
+        and "gputrain:maxRunDuration to at most 3h" in text
+    )
     fine = spec(machineType="g2-standard-8", maxRunDuration="2h", budget="1000",
                 maxHourlyCost="1000")  # fmt: skip
     assert "budget $1,000.00 per run >= worst case" in caps_line(fine)
@@ -105,7 +111,7 @@ def test_a_vertex_jobs_caps_are_checked_against_every_worker_pool(pool: dict[str
     with pytest.raises(UserError) as e:
         check_caps(spec(**VERTEX, **pool, maxHourlyCost="10"), budget=None, budget_setting="x")
     assert str(e.value).startswith("gputrain:maxHourlyCost 10: 1 x ")
-    assert f"costs up to ${total:.2f}/h" in str(e.value) and "(chief)" in str(e.value)
+    assert f"costs up to ${exact_usd(total)}/h" in str(e.value) and "(chief)" in str(e.value)
     with pytest.raises(UserError, match=r"^--budget 20: 1 x .* may cost \$"):
         check_caps(spec(**VERTEX, **pool), budget=20, budget_setting="--budget")
 
@@ -178,3 +184,32 @@ def test_a_minimum_the_message_allows_is_rounded_up_not_down() -> None:
     assert [cents_up(x) for x in (2.0434, 0.28184, 2.04, 0.3, 0.0)] == [
         "2.05", "0.29", "2.04", "0.30", "0.00",
     ]  # fmt: skip
+    assert [exact_usd(x) for x in (2.0434, 0.28184, 2.04, 0.3, 0.0, 6.2232000000001)] == [
+        "2.0434", "0.28184", "2.04", "0.30", "0.00", "6.2232",
+    ]  # fmt: skip
+
+
+def test_a_refused_rate_is_shown_to_the_digit_its_minimum_is_rounded_up_from() -> None:
+    """1 + 2 x a2-highgpu-1g on Spot is $6.2232/h: "costs up to $6.22/h; allowed: at least 6.23"
+    read as if 6.22 were enough. The rate and the worst case are shown as the check saw them,
+    the minimum still rounded up (6.22 refused, 6.23 passes)."""
+    from infra.vertex_pools import PoolShape
+
+    a100 = ("a2-highgpu-1g", "nvidia-tesla-a100", 1)
+    pools = [(0, PoolShape(*a100, 1)), (1, PoolShape(*a100, 2))]
+    hourly = {**VERTEX, "maxRunDuration": "1h", "spot": "true"}
+    job = spec(**hourly, maxHourlyCost="6.22")
+    rate = worst_hourly(job, pools)
+    assert rate is not None and round(rate, 2) < rate < 6.23
+    with pytest.raises(UserError) as e:
+        check_caps(job, budget=None, budget_setting="x", pools=pools)
+    shown = re.search(r"costs up to \$([0-9.]+)/h; allowed: at least ([0-9.]+),", str(e.value))
+    assert shown is not None and float(shown[1]) == pytest.approx(rate, abs=1e-9)
+    assert shown[2] == "6.23"
+    with pytest.raises(UserError) as e:
+        check_caps(spec(**hourly), budget=6.22, budget_setting="--budget", pools=pools)
+    worst = re.search(r"at \$([0-9.]+)/h .* may cost \$([0-9.]+); allowed: a budget of at least "
+                      r"([0-9.]+),", str(e.value))  # fmt: skip
+    assert worst is not None and float(worst[1]) == float(worst[2]) == pytest.approx(rate)
+    assert worst[3] == "6.23"
+    check_caps(spec(**hourly, maxHourlyCost="6.23"), budget=6.23, budget_setting="x", pools=pools)
