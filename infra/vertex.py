@@ -104,56 +104,102 @@ def _offered_families() -> str:
     return ", ".join(o.family for o in OFFERS)
 
 
+@dataclass(frozen=True)
+class ShapeWords:
+    """How the user wrote a shape's three settings, for vertex_problem's line: the stack's keys
+    (`gpuCount 3`, `gpuType 'nvidia-l4'`), or a CustomJobSpec pool's machineSpec fields
+    (`acceleratorCount = 3`, `acceleratorType = 'NVIDIA_L4'`)."""
+
+    machine_type: str = "machineType"
+    gpu_type: str = "gpuType"
+    gpu_count: str = "gpuCount"
+    equals: str = " "
+    enums: bool = False  # GPU types as MachineSpec.acceleratorType names them
+
+    def said(self, setting: str, value: object) -> str:
+        """`gpuCount 3` / `machineSpec.acceleratorCount = 3`: the setting and its value."""
+        return f"{setting}{self.equals}{value!r}"
+
+    def gpu(self, name: str) -> str:
+        return ACCELERATOR_ENUMS.get(name, name) if self.enums else name
+
+
+STACK_WORDS = ShapeWords()
+
+
 def vertex_problem(
-    machine_type: str, gpu_type: str | None, gpu_count: int, *, spot: bool = False
+    machine_type: str,
+    gpu_type: str | None,
+    gpu_count: int,
+    *,
+    spot: bool = False,
+    words: ShapeWords = STACK_WORDS,
 ) -> str | None:
-    """Why Vertex custom training cannot run this shape, in one line naming the setting, the value
-    and what is allowed; None when it can. gpu_type None / gpu_count 0 mean "implied"."""
+    """Why Vertex custom training cannot run this shape, in one line naming the setting as
+    `words` writes it, the value and what is allowed; None when it can. gpu_type None /
+    gpu_count 0 mean "implied"."""
+    w = words
     mt = catalog.machine_type(machine_type)
     if mt is None:
         near = catalog.nearest_machine_types(machine_type)
         hint = f" (did you mean {' or '.join(near)}?)" if near else ""
-        return f"machineType {machine_type!r}: unknown{hint}; Vertex offers {_offered_families()}"
+        return (
+            f"{w.said(w.machine_type, machine_type)}: unknown{hint}; "
+            f"Vertex offers {_offered_families()}"
+        )
     offer = vertex_offer(mt.name)
     if offer is None:
         why = "A3 Edge is a serving product" if not mt.orderable else "not in Vertex's list"
         return (
-            f"machineType {mt.name!r}: Vertex AI custom training does not run it ({why}); "
-            f"allowed: {_offered_families()}"
+            f"{w.said(w.machine_type, mt.name)}: Vertex AI custom training does not run it "
+            f"({why}); allowed: {_offered_families()}"
         )
     if mt.spot_only and not spot:
-        return f"machineType {mt.name!r}: offered only as Spot; set gputrain:capacity spot or use a3-highgpu-8g"
-    canonical = catalog.canonical_accelerator(gpu_type) if gpu_type else None
-    if gpu_type and canonical is None:
-        allowed = (
-            f"empty ({mt.name} brings {mt.accelerator})"
-            if mt.accelerator
-            else f"{catalog.gpu_choices(catalog.N1_GPUS)} ({mt.name} is N1)"
+        return (
+            f"{w.said(w.machine_type, mt.name)}: offered only as Spot; "
+            "set gputrain:capacity spot or use a3-highgpu-8g"
         )
-        return f"gpuType {gpu_type!r}: unknown; allowed: {allowed}"
+    canonical = catalog.canonical_accelerator(gpu_type) if gpu_type else None
+    shown_type = w.gpu(gpu_type) if gpu_type else gpu_type
+    if gpu_type and canonical is None:
+        n1_choices = (
+            ", ".join(map(w.gpu, catalog.N1_GPUS))
+            if w.enums
+            else catalog.gpu_choices(catalog.N1_GPUS)
+        )
+        allowed = (
+            f"empty ({mt.name} brings {w.gpu(mt.accelerator)})"
+            if mt.accelerator
+            else f"{n1_choices} ({mt.name} is N1)"
+        )
+        return f"{w.said(w.gpu_type, shown_type)}: unknown; allowed: {allowed}"
     if mt.accelerator is not None:
         if canonical not in (None, mt.accelerator):
-            return f"gpuType {gpu_type!r}: {mt.name} brings {mt.accelerator}; leave it empty"
+            return (
+                f"{w.said(w.gpu_type, shown_type)}: {mt.name} brings "
+                f"{w.gpu(mt.accelerator)}; leave it empty"
+            )
         if gpu_count not in (0, mt.gpus):
             return (
-                f"gpuCount {gpu_count}: {mt.name} has {mt.gpus} x {mt.accelerator}; "
-                f"use 0 (implied) or {mt.gpus}"
+                f"{w.said(w.gpu_count, gpu_count)}: {mt.name} has {mt.gpus} x "
+                f"{w.gpu(mt.accelerator)}; use 0 (implied) or {mt.gpus}"
             )
         return None
-    n1_gpus = ", ".join(catalog.N1_GPUS)
+    n1_gpus = ", ".join(map(w.gpu, catalog.N1_GPUS))
     if canonical is None:
-        return f"gpuType is empty: {mt.name} on Vertex needs an attached GPU: {n1_gpus}"
+        return f"{w.gpu_type} is empty: {mt.name} on Vertex needs an attached GPU: {n1_gpus}"
     gpu = catalog.N1_GPUS.get(canonical)
     if gpu is None:
-        return f"gpuType {gpu_type!r}: {mt.name} (N1) can attach {n1_gpus}"
+        return f"{w.said(w.gpu_type, shown_type)}: {mt.name} (N1) can attach {n1_gpus}"
     if gpu_count not in gpu.caps:
         allowed = ", ".join(map(str, gpu.counts))
-        return f"gpuCount {gpu_count}: allowed for {canonical} on N1: {allowed}"
+        return f"{w.said(w.gpu_count, gpu_count)}: allowed for {w.gpu(canonical)} on N1: {allowed}"
     max_vcpu, max_mem = gpu.caps[gpu_count]
     if mt.vcpus > max_vcpu or mt.memory_gb > max_mem:
         return (
-            f"machineType {mt.name!r}: {gpu_count} x {canonical} allows at most {max_vcpu} vCPUs "
-            f"and {max_mem} GB ({mt.name} has {mt.vcpus} vCPUs, {mt.memory_gb:g} GB)"
+            f"{w.said(w.machine_type, mt.name)}: {gpu_count} x {w.gpu(canonical)} allows at most "
+            f"{max_vcpu} vCPUs and {max_mem} GB ({mt.name} has {mt.vcpus} vCPUs, "
+            f"{mt.memory_gb:g} GB)"
         )
     return None
 

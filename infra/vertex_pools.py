@@ -26,7 +26,7 @@ from typing import Any
 
 from infra import catalog, vertex
 from infra.base.errors import UserError
-from infra.offers import ZonePrice, price_table
+from infra.offers import MAX_NODES, ZonePrice, price_table
 
 #: Google's Reduction Server image, one per multi-region (the docs list these three).
 REDUCTION_SERVER_IMAGE = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
@@ -67,6 +67,8 @@ POOL_FIELDS = [
     "nfsMounts",
     "diskSpec",
 ]
+#: PythonPackageSpec's fields Vertex requires (REST and client reference: "Required.").
+PYTHON_PACKAGE_REQUIRED = ("executorImageUri", "packageUris", "pythonModule")
 
 
 def reduction_server_image(region: str) -> str:
@@ -127,15 +129,21 @@ def _map(
     return value
 
 
-def reducer_problem(machine_type: str, gpus: int = 0) -> str | None:
-    """Why this cannot be a Reduction Server node (one line), or None."""
+def reducer_problem(
+    machine_type: str, gpus: int = 0, words: vertex.ShapeWords = vertex.STACK_WORDS
+) -> str | None:
+    """Why this cannot be a Reduction Server node (one line, the settings as `words` writes
+    them), or None."""
     m = _REDUCER_RE.fullmatch(machine_type)
     if gpus:
-        return f"{gpus} GPU(s): Reduction Server nodes use no GPUs"
+        return (
+            f"{words.said(words.gpu_count, gpus)}: Reduction Server nodes use no GPUs; allowed: 0"
+        )
     if m is None or int(m[3]) < 16:
         return (
-            f"machineType {machine_type!r}: allowed for Reduction Server: a general-purpose N1/N2 "
-            f"type with 16+ vCPUs, e.g. {DEFAULT_REDUCER_MACHINE} (Google's recommendation)"
+            f"{words.said(words.machine_type, machine_type)}: allowed for Reduction Server: a "
+            f"general-purpose N1/N2 type with 16+ vCPUs, e.g. {DEFAULT_REDUCER_MACHINE} "
+            "(Google's recommendation)"
         )
     return None
 
@@ -148,6 +156,18 @@ def default_reducers(workers: int, worker_gbps: int | None) -> int:
     return math.ceil(workers * worker_gbps / REDUCER_GBPS)
 
 
+def reducer_bound(nodes: int, machine_type: str) -> tuple[int, str]:
+    """(the most reducers, what is allowed in words) beside `nodes` GPU nodes of this machine
+    type: `reductionServer.replicas` and a job file's Reduction Server pool alike."""
+    mt = catalog.machine_type(machine_type)
+    default = default_reducers(nodes, mt.max_gbps if mt else None)
+    most = max(default, MIN_MAX_REDUCERS)
+    return most, (
+        f"1 to {most} reducer nodes (default {default}: their bandwidth matching the GPU "
+        "nodes'; more cannot speed up all-reduce, only add to the bill)"
+    )
+
+
 def parse_reduction_server(
     raw: Mapping[str, Any] | None, *, nodes: int, machine_type: str
 ) -> ReductionServer | None:
@@ -157,17 +177,12 @@ def parse_reduction_server(
     if value is None:
         return None
     mt = catalog.machine_type(machine_type)
-    default = default_reducers(nodes, mt.max_gbps if mt else None)
-    most = max(default, MIN_MAX_REDUCERS)
-    replicas = value.get("replicas", default)
+    most, allowed = reducer_bound(nodes, machine_type)
+    replicas = value.get("replicas", default_reducers(nodes, mt.max_gbps if mt else None))
     if isinstance(replicas, str) and re.fullmatch(r"-?[0-9]+", replicas.strip()):
         replicas = int(replicas)
     if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= most:
-        raise UserError(
-            f"gputrain:reductionServer.replicas = {replicas!r}: allowed: 1 to {most} reducer "
-            f"nodes (default {default}: their bandwidth matching the GPU nodes'; more cannot "
-            "speed up all-reduce, only add to the bill)"
-        )
+        raise UserError(f"gputrain:reductionServer.replicas = {replicas!r}: allowed: {allowed}")
     machine = str(value.get("machineType") or DEFAULT_REDUCER_MACHINE)
     problem = reducer_problem(machine)
     if problem:
@@ -316,11 +331,10 @@ def check_job_spec(doc: Any, where: str, *, spot: bool = False) -> list[tuple[in
         )
     if len(pools) > 4:
         raise UserError(f"{where}: workerPoolSpecs has {len(pools)} pools; allowed: at most 4")
-    shapes = [
-        (i, _check_pool(pool, i, f"{where}: workerPoolSpecs[{i}]", spot))
-        for i, pool in enumerate(pools)
-        if pool not in (None, {})  # an empty pool is skipped (the docs' way to skip pool 1)
-    ]
+    shapes: list[tuple[int, PoolShape]] = []
+    for i, pool in enumerate(pools):
+        if pool not in (None, {}):  # an empty pool is skipped (the docs' way to skip pool 1)
+            shapes.append((i, _check_pool(pool, i, f"{where}: workerPoolSpecs[{i}]", spot, shapes)))
     trainers = sum(s.replicas for i, s in shapes if i in (0, 1))
     if any(i == 2 and not s.accelerator for i, s in shapes) and trainers < 2:
         raise UserError(
@@ -330,8 +344,84 @@ def check_job_spec(doc: Any, where: str, *, spot: bool = False) -> list[tuple[in
     return shapes
 
 
-def _check_pool(pool: Any, i: int, at: str, spot: bool) -> PoolShape:
-    """One WorkerPoolSpec: its fields, container, replicas and machine (see check_job_spec)."""
+def _file_words(at: str) -> vertex.ShapeWords:
+    """A pool's machineSpec fields as the file spells them, for vertex_problem's line."""
+    return vertex.ShapeWords(
+        machine_type=f"{at}.machineSpec.machineType",
+        gpu_type=f"{at}.machineSpec.acceleratorType",
+        gpu_count=f"{at}.machineSpec.acceleratorCount",
+        equals=" = ",
+        enums=True,
+    )
+
+
+def _spec_map(pool: Mapping[str, Any], key: str, at: str) -> Mapping[str, Any]:
+    """containerSpec, pythonPackageSpec or machineSpec: a map ({} where it is not set)."""
+    value = pool.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{at}.{key}: a YAML {type(value).__name__}; allowed: a map")
+    return value
+
+
+def _as_written(value: Any) -> str:
+    return " is missing" if value is None else f" = {value!r}"
+
+
+def _check_code(pool: Mapping[str, Any], at: str) -> str:
+    """The pool's code: containerSpec (imageUri) or pythonPackageSpec (the fields Vertex
+    requires); returns the image it runs in."""
+    if ("containerSpec" in pool) == ("pythonPackageSpec" in pool):
+        raise UserError(f"{at}: set exactly one of containerSpec (imageUri) or pythonPackageSpec")
+    if "containerSpec" in pool:
+        image = _spec_map(pool, "containerSpec", at).get("imageUri")
+        if not isinstance(image, str) or not image.strip():
+            raise UserError(
+                f"{at}.containerSpec.imageUri{_as_written(image)}: allowed: the URI of the image "
+                "to run"
+            )
+        return image
+    package = _spec_map(pool, "pythonPackageSpec", at)
+    needs = "Vertex requires executorImageUri, packageUris and pythonModule"
+    for field in PYTHON_PACKAGE_REQUIRED:
+        value = package.get(field)
+        if field == "packageUris":
+            good = isinstance(value, list) and bool(value) and all(
+                isinstance(u, str) and u.startswith("gs://") and len(u) > 5 for u in value
+            )  # fmt: skip
+            allowed = "a list of the package files' gs:// URIs"
+        else:
+            good = isinstance(value, str) and bool(value.strip())
+            allowed = (
+                "a prebuilt training container's URI"
+                if field == "executorImageUri"
+                else "the Python module to run, e.g. trainer.task"
+            )
+        if not good:
+            raise UserError(
+                f"{at}.pythonPackageSpec.{field}{_as_written(value)}: allowed: {allowed} ({needs})"
+            )
+    return str(package["executorImageUri"])
+
+
+def _replica_bound(i: int, reducers: bool, before: list[tuple[int, PoolShape]]) -> tuple[int, str]:
+    """(the most replicas, what is allowed in words) for pool i: the stack's bounds, as
+    `nodes` (the primary replica and the workers together) and `reductionServer.replicas`
+    (beside the GPU nodes of pools 0 and 1) have them."""
+    if reducers:
+        trainers = [s for j, s in before if j in (0, 1)]
+        return reducer_bound(sum(s.replicas for s in trainers), trainers[-1].machine_type)
+    most = MAX_NODES - 1 if i == 1 else MAX_NODES
+    whose = "with the primary replica, " if i == 1 else ""
+    return most, f"1 to {most} ({whose}at most {MAX_NODES} nodes, as gputrain:nodes has)"
+
+
+def _check_pool(
+    pool: Any, i: int, at: str, spot: bool, before: list[tuple[int, PoolShape]]
+) -> PoolShape:
+    """One WorkerPoolSpec: its fields, code, replicas and machine (see check_job_spec);
+    `before`: the pools checked so far."""
     if not isinstance(pool, dict):
         raise UserError(f"{at}: a YAML {type(pool).__name__}; allowed: a WorkerPoolSpec map")
     extra = sorted(set(pool) - set(POOL_FIELDS))
@@ -339,28 +429,24 @@ def _check_pool(pool: Any, i: int, at: str, spot: bool) -> PoolShape:
         raise UserError(
             f"{at}.{extra[0]}: not a WorkerPoolSpec field; allowed: {', '.join(POOL_FIELDS)}"
         )
-    if ("containerSpec" in pool) == ("pythonPackageSpec" in pool):
-        raise UserError(f"{at}: set exactly one of containerSpec (imageUri) or pythonPackageSpec")
-    container = pool.get("containerSpec") or {}
-    image = str(container.get("imageUri") or (pool.get("pythonPackageSpec") or {}).get(
-        "executorImageUri") or "")  # fmt: skip
-    if not image:
-        raise UserError(f"{at}: the container's image URI is empty")
+    image = _check_code(pool, at)
+    reducers = i == 2 and is_reduction_server_image(image)
     replicas = _count(pool.get("replicaCount", 1))
-    if replicas is None or replicas < 1:
-        raise UserError(f"{at}.replicaCount = {pool.get('replicaCount')!r}: allowed: 1 or more")
     if i == 0 and replicas != 1:
         raise UserError(
-            f"{at}.replicaCount = {replicas}: the primary replica's pool takes 1; put the "
-            "others in workerPoolSpecs[1]"
+            f"{at}.replicaCount = {pool.get('replicaCount')!r}: the primary replica's pool takes "
+            "1; put the others in workerPoolSpecs[1]"
         )
-    machine = pool.get("machineSpec") or {}
+    most, allowed = _replica_bound(i, reducers, before)
+    if replicas is None or not 1 <= replicas <= most:
+        raise UserError(f"{at}.replicaCount = {pool.get('replicaCount')!r}: allowed: {allowed}")
+    machine = _spec_map(pool, "machineSpec", at)
+    words = _file_words(at)
     machine_type = str(machine.get("machineType") or "")
     gpus = _count(machine.get("acceleratorCount", 0))
     if gpus is None or gpus < 0:
         raise UserError(
-            f"{at}.machineSpec.acceleratorCount = {machine.get('acceleratorCount')!r}: "
-            "allowed: 0 or more"
+            f"{words.said(words.gpu_count, machine.get('acceleratorCount'))}: allowed: 0 or more"
         )
     enum = machine.get("acceleratorType")
     accelerator = None
@@ -368,23 +454,25 @@ def _check_pool(pool: Any, i: int, at: str, spot: bool) -> PoolShape:
         accelerator = _ENUM_TO_ACCELERATOR.get(str(enum))
         if accelerator is None:
             raise UserError(
-                f"{at}.machineSpec.acceleratorType = {enum!r}: unknown; allowed: "
+                f"{words.said(words.gpu_type, enum)}: unknown; allowed: "
                 f"{', '.join(vertex.ACCELERATOR_ENUMS.values())}"
             )
-    if i == 2 and is_reduction_server_image(image):
-        problem = reducer_problem(machine_type, gpus)
+    if reducers:
+        problem = reducer_problem(machine_type, gpus, words)
         if problem:
-            raise UserError(f"{at}.machineSpec: {problem}")
+            raise UserError(problem)
         return PoolShape(machine_type, None, 0, replicas)
     mt = catalog.machine_type(machine_type)
     if mt is not None and mt.accelerator is None and accelerator is None:
         problem = (
-            f"machineType {machine_type!r} has no GPU: set acceleratorType and acceleratorCount"
+            f"{words.said(words.machine_type, machine_type)}: no GPU; allowed: a GPU machine "
+            "type, or acceleratorType and acceleratorCount set (a pool without GPUs: only "
+            "the Reduction Server's, in workerPoolSpecs[2])"
         )
     else:
-        problem = vertex.vertex_problem(machine_type, accelerator, gpus, spot=spot)
+        problem = vertex.vertex_problem(machine_type, accelerator, gpus, spot=spot, words=words)
     if problem or mt is None:
-        raise UserError(f"{at}.machineSpec: {problem}")
+        raise UserError(str(problem))
     if mt.accelerator:
         accelerator, gpus = mt.accelerator, mt.gpus
     return PoolShape(mt.name, accelerator, gpus, replicas)

@@ -5,13 +5,16 @@ tests in tests/scripts/targets/vertex/ (their `world` fixture is in that folder'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from infra.spec import stack_bucket_name
+from infra.vertex_pools import REDUCTION_SERVER_IMAGE
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
@@ -43,6 +46,39 @@ config:
   gputrain:labels: [team=ml]
   gputrain:sshSourceRanges: [0.0.0.0/0]
 """
+#: A CustomJobSpec file Vertex runs: 1 + 3 x a3-highgpu-8g and 8 Reduction Server nodes.
+JOB_SPEC = {
+    "workerPoolSpecs": [
+        {
+            "machineSpec": {"machineType": "a3-highgpu-8g"},
+            "replicaCount": 1,
+            "containerSpec": {"imageUri": "us-docker.pkg.dev/p/r/train:1"},
+        },
+        {
+            "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
+            "replicaCount": 3,
+            "containerSpec": {"imageUri": "us-docker.pkg.dev/p/r/train:1"},
+        },
+        {
+            "machineSpec": {"machineType": "n1-highcpu-16"},
+            "replicaCount": 8,
+            "containerSpec": {"imageUri": REDUCTION_SERVER_IMAGE},
+        },
+    ]
+}  # fmt: skip
+
+
+def job_spec_with(path: str, value: Any) -> Any:
+    """JOB_SPEC with the value at a dotted path (list indexes as numbers) set."""
+    doc = json.loads(json.dumps(JOB_SPEC))
+    *keys, last = path.split(".")
+    node = doc
+    for k in keys:
+        node = node[int(k)] if k.isdigit() else node[k]
+    node[int(last) if last.isdigit() else last] = value
+    return doc
+
+
 JOBS = {  # the user's working directory: a module and a script, beside a data file
     "data.txt": "41\n",
     "jobs/__init__.py": "",

@@ -1,6 +1,7 @@
 """Vertex worker pools: the Reduction Server (pool 2) and the chief's own shape in the CustomJob
-body, the user's CustomJobSpec file (vertexJobSpec) checked in one line per problem, `plan
---export` round-tripping through vertexJobSpec on the fake Vertex, and the aiplatform floor."""
+body, `plan --export` round-tripping through vertexJobSpec on the fake Vertex, the user's
+CustomJobSpec file end to end (its checks one by one: test_jobfile.py), and the aiplatform
+floor."""
 
 from __future__ import annotations
 
@@ -14,11 +15,18 @@ import yaml
 
 from infra.base.errors import UserError
 from infra.spec import parse_spec
-from infra.vertex_pools import REDUCTION_SERVER_IMAGE, check_job_spec, price_pools
+from infra.vertex_pools import REDUCTION_SERVER_IMAGE, price_pools
 from scripts.targets.vertex.job import JobRequest, custom_job_body
 from scripts.targets.vertex.preflight import aiplatform_problem
 from tests.support.fake_vertex import DEFAULT_PROGRESSION
-from tests.support.vertex_world import BUCKET, STACK_FILE, World, assert_torn_down
+from tests.support.vertex_world import (
+    BUCKET,
+    JOB_SPEC,
+    STACK_FILE,
+    World,
+    assert_torn_down,
+    job_spec_with,
+)
 
 BASE = {
     "gcp:project": "gputrain-test",
@@ -118,100 +126,6 @@ def test_the_chief_has_its_own_machine_and_each_pool_its_price() -> None:
 def test_bad_pool_settings_are_one_line_each(keys: dict[str, str], message: str) -> None:
     with pytest.raises(UserError) as e:
         _spec(**keys)
-    assert message in str(e.value) and "\n" not in str(e.value)
-
-
-# ---- a user's CustomJobSpec file -----------------------------------------------------------------
-
-GOOD = {
-    "workerPoolSpecs": [
-        {
-            "machineSpec": {"machineType": "a3-highgpu-8g"},
-            "replicaCount": 1,
-            "containerSpec": {"imageUri": "us-docker.pkg.dev/p/r/train:1"},
-        },
-        {
-            "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
-            "replicaCount": 3,
-            "containerSpec": {"imageUri": "us-docker.pkg.dev/p/r/train:1"},
-        },
-        {
-            "machineSpec": {"machineType": "n1-highcpu-16"},
-            "replicaCount": 8,
-            "containerSpec": {"imageUri": REDUCTION_SERVER_IMAGE},
-        },
-    ]
-}  # fmt: skip
-
-
-def _with(path: str, value: Any) -> Any:
-    doc = json.loads(json.dumps(GOOD))
-    *keys, last = path.split(".")
-    node = doc
-    for k in keys:
-        node = node[int(k)] if k.isdigit() else node[k]
-    node[int(last) if last.isdigit() else last] = value
-    return doc
-
-
-def test_a_good_file_gives_each_pool_its_shape() -> None:
-    shapes = check_job_spec(GOOD, "config.yaml")
-    assert [(i, s.machine_type, s.accelerator, s.gpus, s.replicas) for i, s in shapes] == [
-        (0, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 1),
-        (1, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 3),
-        (2, "n1-highcpu-16", None, 0, 8),
-    ]
-
-
-@pytest.mark.parametrize(
-    ("doc", "message"),
-    [
-        (["a", "list"], "config.yaml: a YAML list; allowed: a CustomJobSpec mapping"),
-        ({"displayName": "x", "jobSpec": GOOD}, "config.yaml: a whole CustomJob"),
-        ({"worker_pool_specs": []}, "config.yaml: worker_pool_specs: keys with underscores are invalid"),
-        ({"pools": []}, "config.yaml: pools: not a CustomJobSpec field"),
-        ({"scheduling": {}}, "workerPoolSpecs[0] (the primary replica) is missing"),
-        (_with("workerPoolSpecs.1.machineSpec.machineType", "a3-hugegpu-8g"), "workerPoolSpecs[1].machineSpec: machineType 'a3-hugegpu-8g': unknown"),
-        (_with("workerPoolSpecs.1.machineSpec.acceleratorType", "NVIDIA_X100"), "workerPoolSpecs[1].machineSpec.acceleratorType = 'NVIDIA_X100': unknown"),
-        (_with("workerPoolSpecs.1.replicaCount", 0), "workerPoolSpecs[1].replicaCount = 0: allowed: 1 or more"),
-        (_with("workerPoolSpecs.2.replicaCount", -1), "workerPoolSpecs[2].replicaCount = -1: allowed: 1 or more"),
-        (_with("workerPoolSpecs.0.replicaCount", 2), "workerPoolSpecs[0].replicaCount = 2: the primary replica's pool takes 1"),
-        (_with("workerPoolSpecs.2.machineSpec.machineType", "n1-standard-4"), "workerPoolSpecs[2].machineSpec: machineType 'n1-standard-4': allowed for Reduction Server"),
-        (_with("workerPoolSpecs.1", {"machineSpec": {"machineType": "a3-highgpu-8g"}}), "set exactly one of containerSpec"),
-    ],
-)  # fmt: skip
-def test_a_bad_file_is_one_line(doc: Any, message: str) -> None:
-    with pytest.raises(UserError) as e:
-        check_job_spec(doc, "config.yaml")
-    assert message in str(e.value) and "\n" not in str(e.value)
-
-
-_POOL0 = "workerPoolSpecs:\n- machineSpec: {machineType: g2-standard-24}\n  containerSpec: {imageUri: x}\n"
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("scheduling: 5\n" + _POOL0, "not what Vertex reads: Failed to parse scheduling field"),
-        (_POOL0.replace("x}", "x, args: -m}"), "Failed to parse args field: repeated field args"),
-        (_POOL0.replace("x}", "x, env: [{name: A, value: 1}]}"), "Failed to parse value field"),
-        (_POOL0 + "- {machineSpec: {machineType: g2-standard-24}, replicaCount: 1" + "0" * 20
-         + ", containerSpec: {imageUri: x}}\n", "replicaCount field: Value out of range"),
-        ("scheduling: {timeout: 2026-01-01}\n" + _POOL0, "Object of type date is not JSON"),
-    ],
-)  # fmt: skip
-def test_a_file_vertex_cannot_read_is_one_line_before_anything(
-    tmp_path: Path, text: str, message: str
-) -> None:
-    """Submitted, the job goes through CustomJob.from_json after `up`: a value of the wrong type
-    was a traceback there, with the stack up. read_job_file (plan, and run before `up`) refuses
-    it."""
-    from scripts.targets.vertex.jobfile import read_job_file
-
-    (tmp_path / "job.yaml").write_text(text)
-    with pytest.raises(UserError) as e:
-        read_job_file(tmp_path, "job.yaml", spot=False)
-    assert str(e.value).startswith("gputrain:vertexJobSpec = 'job.yaml': ")
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -382,7 +296,7 @@ def test_the_spending_caps_price_a_vertex_job_files_pools_before_anything(
     """The file's pools are the job (the stack's 2 x g2-standard-8 are not used): the caps that
     the stack's shape would pass refuse the file's 4 x a3-highgpu-8g, in `plan` and `run`."""
     w = world()
-    (w.settings.root / "config.yaml").write_text(yaml.safe_dump(GOOD))
+    (w.settings.root / "config.yaml").write_text(yaml.safe_dump(JOB_SPEC))
     _stack(w, "  gputrain:maxHourlyCost: '5'\n")
     assert w.run("plan", "--stack", "vtest") == 0  # the stack's own shape fits
     capsys.readouterr()
@@ -422,7 +336,7 @@ def test_what_a_vertex_job_file_would_not_use_is_one_line_before_anything(
     """The file's pools run their own commands, env and data: an ENTRY, --env, a secret, data or
     setup was dropped without a word, and the job ran without them."""
     w = world()
-    (w.settings.root / "config.yaml").write_text(yaml.safe_dump(GOOD))
+    (w.settings.root / "config.yaml").write_text(yaml.safe_dump(JOB_SPEC))
     _stack(w, "  gputrain:vertexJobSpec: config.yaml\n" + extra)
     name, *rest = command
     assert w.run(name, "--stack", "vtest", *rest) == 2
@@ -457,7 +371,7 @@ def test_a_vertex_job_spec_that_is_not_a_job_spec_is_one_line_before_anything(
 def test_a_users_file_is_submitted_as_it_is_but_for_what_makes_it_this_stacks_run() -> None:
     from scripts.targets.vertex.jobfile import job_spec_for_run, replaced_fields
 
-    doc = _with("scheduling", {"strategy": "STANDARD"})
+    doc = job_spec_with("scheduling", {"strategy": "STANDARD"})
     doc["baseOutputDirectory"] = {"outputUriPrefix": "gs://theirs/out/"}
     spec = job_spec_for_run(
         doc,
@@ -472,7 +386,9 @@ def test_a_users_file_is_submitted_as_it_is_but_for_what_makes_it_this_stacks_ru
     assert spec["scheduling"] == {"timeout": "3600s", "strategy": "STANDARD"}  # theirs kept
     images = [p["containerSpec"]["imageUri"] for p in spec["workerPoolSpecs"]]
     assert images == ["reg/p/app@sha256:" + "0" * 64] * 2 + [REDUCTION_SERVER_IMAGE]
-    assert spec["workerPoolSpecs"][1]["machineSpec"] == GOOD["workerPoolSpecs"][1]["machineSpec"]
+    assert (
+        spec["workerPoolSpecs"][1]["machineSpec"] == JOB_SPEC["workerPoolSpecs"][1]["machineSpec"]
+    )
     assert doc["baseOutputDirectory"] == {"outputUriPrefix": "gs://theirs/out/"}  # not mutated
     said = replaced_fields(
         doc, service_account="sa@p.iam.gserviceaccount.com", build="app/Dockerfile"

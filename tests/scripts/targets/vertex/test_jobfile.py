@@ -1,0 +1,176 @@
+"""A user's CustomJobSpec file (vertexJobSpec), as `plan` and `run` read it before anything is
+created: each problem one line naming the file's own field, its value and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.base.errors import UserError
+from infra.vertex_pools import check_job_spec
+from tests.support.vertex_world import JOB_SPEC, job_spec_with
+
+
+def test_a_good_file_gives_each_pool_its_shape() -> None:
+    shapes = check_job_spec(JOB_SPEC, "config.yaml")
+    assert [(i, s.machine_type, s.accelerator, s.gpus, s.replicas) for i, s in shapes] == [
+        (0, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 1),
+        (1, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 3),
+        (2, "n1-highcpu-16", None, 0, 8),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (["a", "list"], "config.yaml: a YAML list; allowed: a CustomJobSpec mapping"),
+        ({"displayName": "x", "jobSpec": JOB_SPEC}, "config.yaml: a whole CustomJob"),
+        ({"worker_pool_specs": []}, "config.yaml: worker_pool_specs: keys with underscores are invalid"),
+        ({"pools": []}, "config.yaml: pools: not a CustomJobSpec field"),
+        ({"scheduling": {}}, "workerPoolSpecs[0] (the primary replica) is missing"),
+        (job_spec_with("workerPoolSpecs.1.machineSpec.machineType", "a3-hugegpu-8g"), "workerPoolSpecs[1].machineSpec.machineType = 'a3-hugegpu-8g': unknown"),
+        (job_spec_with("workerPoolSpecs.1.machineSpec.acceleratorType", "NVIDIA_X100"), "workerPoolSpecs[1].machineSpec.acceleratorType = 'NVIDIA_X100': unknown"),
+        (job_spec_with("workerPoolSpecs.1.replicaCount", 0), "workerPoolSpecs[1].replicaCount = 0: allowed: 1 to 63 (with the primary replica, at most 64 nodes, as gputrain:nodes has)"),
+        (job_spec_with("workerPoolSpecs.2.replicaCount", -1), "workerPoolSpecs[2].replicaCount = -1: allowed: 1 to 125 reducer nodes (default 125: "),
+        (job_spec_with("workerPoolSpecs.0.replicaCount", 2), "workerPoolSpecs[0].replicaCount = 2: the primary replica's pool takes 1"),
+        (job_spec_with("workerPoolSpecs.2.machineSpec.machineType", "n1-standard-4"), "workerPoolSpecs[2].machineSpec.machineType = 'n1-standard-4': allowed for Reduction Server"),
+        (job_spec_with("workerPoolSpecs.1", {"machineSpec": {"machineType": "a3-highgpu-8g"}}), "set exactly one of containerSpec"),
+        (job_spec_with("workerPoolSpecs.0.containerSpec", "x"), "workerPoolSpecs[0].containerSpec: a YAML str; allowed: a map"),
+        (job_spec_with("workerPoolSpecs.0.containerSpec", {}), "workerPoolSpecs[0].containerSpec.imageUri is missing: allowed: the URI"),
+        (job_spec_with("workerPoolSpecs.1.machineSpec", "a3-highgpu-8g"), "workerPoolSpecs[1].machineSpec: a YAML str; allowed: a map"),
+    ],
+)  # fmt: skip
+def test_a_bad_file_is_one_line(doc: Any, message: str) -> None:
+    with pytest.raises(UserError) as e:
+        check_job_spec(doc, "config.yaml")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+_N1 = {"machineType": "n1-standard-8", "acceleratorType": "NVIDIA_TESLA_T4", "acceleratorCount": 1}
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("1.machineSpec.acceleratorCount", 4, "workerPoolSpecs[1].machineSpec.acceleratorCount = 4: a3-highgpu-8g has 8 x NVIDIA_H100_80GB; use 0 (implied) or 8"),
+        ("1.machineSpec.acceleratorType", "NVIDIA_L4", "workerPoolSpecs[1].machineSpec.acceleratorType = 'NVIDIA_L4': a3-highgpu-8g brings NVIDIA_H100_80GB; leave it empty"),
+        ("1.machineSpec", {**_N1, "acceleratorType": "NVIDIA_L4"}, "workerPoolSpecs[1].machineSpec.acceleratorType = 'NVIDIA_L4': n1-standard-8 (N1) can attach NVIDIA_TESLA_T4, NVIDIA_TESLA_V100, NVIDIA_TESLA_P100, NVIDIA_TESLA_P4"),
+        ("1.machineSpec", {**_N1, "acceleratorCount": 3}, "workerPoolSpecs[1].machineSpec.acceleratorCount = 3: allowed for NVIDIA_TESLA_T4 on N1: 1, 2, 4"),
+        ("1.machineSpec", {**_N1, "machineType": "n1-standard-96"}, "workerPoolSpecs[1].machineSpec.machineType = 'n1-standard-96': 1 x NVIDIA_TESLA_T4 allows at most 48 vCPUs and 312 GB (n1-standard-96 has 96 vCPUs, 360 GB)"),
+        ("1.machineSpec", {"machineType": "n1-highcpu-16"}, "workerPoolSpecs[1].machineSpec.machineType = 'n1-highcpu-16': no GPU; allowed: a GPU machine type, or acceleratorType and acceleratorCount set (a pool without GPUs: only the Reduction Server's, in workerPoolSpecs[2])"),
+        ("2.machineSpec.acceleratorCount", 2, "workerPoolSpecs[2].machineSpec.acceleratorCount = 2: Reduction Server nodes use no GPUs; allowed: 0"),
+    ],
+)  # fmt: skip
+def test_a_pools_machine_problem_names_the_files_own_field(
+    path: str, value: Any, message: str
+) -> None:
+    """The line named the stack's keys (`machineSpec: gpuCount 4: ...`), which the file does not
+    have: it names the field as the file writes it, its value, what is allowed, and GPU types
+    as acceleratorType spells them."""
+    with pytest.raises(UserError) as e:
+        check_job_spec(job_spec_with(f"workerPoolSpecs.{path}", value), "config.yaml")
+    assert str(e.value) == f"config.yaml: {message}"
+
+
+_EVALUATORS = {**JOB_SPEC["workerPoolSpecs"][1], "replicaCount": 1}
+
+
+@pytest.mark.parametrize(
+    ("pool", "fits", "allowed"),
+    [
+        (1, 63, "1 to 63 (with the primary replica, at most 64 nodes, as gputrain:nodes has)"),
+        (2, 125, "1 to 125 reducer nodes (default 125: their bandwidth matching the GPU nodes'; "
+                 "more cannot speed up all-reduce, only add to the bill)"),
+        (3, 64, "1 to 64 (at most 64 nodes, as gputrain:nodes has)"),
+    ],
+)  # fmt: skip
+def test_a_pools_replica_count_is_bounded_as_the_stacks_keys_are(
+    pool: int, fits: int, allowed: str
+) -> None:
+    """`nodes` is 1 to 64, `reductionServer.replicas` 1 to the bandwidth rule's count (4 x
+    a3-highgpu-8g at 1000 Gbps: 125) or 64: a file's replicaCount had no upper bound (100000000
+    workers passed `plan`, priced at $/h to the billions)."""
+    doc = copy.deepcopy(
+        job_spec_with("workerPoolSpecs", [*JOB_SPEC["workerPoolSpecs"], _EVALUATORS])
+    )
+
+    def with_replicas(count: Any) -> Any:
+        doc["workerPoolSpecs"][pool]["replicaCount"] = count
+        return doc
+
+    assert dict(check_job_spec(with_replicas(fits), "c.yaml"))[pool].replicas == fits
+    for bad in (fits + 1, 10**8, str(10**8), 0):
+        with pytest.raises(UserError) as e:
+            check_job_spec(with_replicas(bad), "c.yaml")
+        assert (
+            str(e.value)
+            == f"c.yaml: workerPoolSpecs[{pool}].replicaCount = {bad!r}: allowed: {allowed}"
+        )
+
+
+_PACKAGE = {"executorImageUri": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+            "packageUris": ["gs://b/p.tar.gz"], "pythonModule": "trainer.task"}  # fmt: skip
+_NEEDS = "(Vertex requires executorImageUri, packageUris and pythonModule)"
+
+
+@pytest.mark.parametrize(
+    ("package", "message"),
+    [
+        ({**_PACKAGE, "pythonModule": None}, f"pythonPackageSpec.pythonModule is missing: allowed: the Python module to run, e.g. trainer.task {_NEEDS}"),
+        ({**_PACKAGE, "pythonModule": " "}, "pythonPackageSpec.pythonModule = ' ': allowed: the Python module"),
+        ({**_PACKAGE, "packageUris": None}, f"pythonPackageSpec.packageUris is missing: allowed: a list of the package files' gs:// URIs {_NEEDS}"),
+        ({**_PACKAGE, "packageUris": []}, "pythonPackageSpec.packageUris = []: allowed: a list of the package files' gs:// URIs"),
+        ({**_PACKAGE, "packageUris": ["p.tar.gz"]}, "pythonPackageSpec.packageUris = ['p.tar.gz']: allowed"),
+        ({**_PACKAGE, "executorImageUri": None}, f"pythonPackageSpec.executorImageUri is missing: allowed: a prebuilt training container's URI {_NEEDS}"),
+        (["trainer.task"], "pythonPackageSpec: a YAML list; allowed: a map"),
+    ],
+)  # fmt: skip
+def test_a_python_package_without_what_vertex_requires_is_one_line(
+    package: Any, message: str
+) -> None:
+    """Vertex's PythonPackageSpec reference marks executorImageUri, packageUris and
+    pythonModule "Required": a pool without one passed `plan` and failed only once submitted."""
+    pool = {k: v for k, v in JOB_SPEC["workerPoolSpecs"][1].items() if k != "containerSpec"}
+    assert check_job_spec(
+        job_spec_with("workerPoolSpecs.1", {**pool, "pythonPackageSpec": _PACKAGE}), ""
+    )
+    if isinstance(package, dict):
+        package = {k: v for k, v in package.items() if v is not None}
+    with pytest.raises(UserError) as e:
+        check_job_spec(
+            job_spec_with("workerPoolSpecs.1", {**pool, "pythonPackageSpec": package}), "c"
+        )
+    assert str(e.value).startswith(f"c: workerPoolSpecs[1].{message}")
+    assert "\n" not in str(e.value)
+
+
+_POOL0 = "workerPoolSpecs:\n- machineSpec: {machineType: g2-standard-24}\n  containerSpec: {imageUri: x}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("scheduling: 5\n" + _POOL0, "not what Vertex reads: Failed to parse scheduling field"),
+        (_POOL0.replace("x}", "x, args: -m}"), "Failed to parse args field: repeated field args"),
+        (_POOL0.replace("x}", "x, env: [{name: A, value: 1}]}"), "Failed to parse value field"),
+        (_POOL0 + "- {machineSpec: {machineType: g2-standard-24}, replicaCount: 1" + "0" * 20
+         + ", containerSpec: {imageUri: x}}\n", "replicaCount = 1" + "0" * 20 + ": allowed: 1 to 63"),
+        ("scheduling: {timeout: 2026-01-01}\n" + _POOL0, "Object of type date is not JSON"),
+    ],
+)  # fmt: skip
+def test_a_file_vertex_cannot_read_is_one_line_before_anything(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """Submitted, the job goes through CustomJob.from_json after `up`: a value of the wrong type
+    was a traceback there, with the stack up. read_job_file (plan, and run before `up`) refuses
+    it."""
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    (tmp_path / "job.yaml").write_text(text)
+    with pytest.raises(UserError) as e:
+        read_job_file(tmp_path, "job.yaml", spot=False)
+    assert str(e.value).startswith("gputrain:vertexJobSpec = 'job.yaml': ")
+    assert message in str(e.value) and "\n" not in str(e.value)
