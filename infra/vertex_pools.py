@@ -42,7 +42,7 @@ MIN_MAX_REDUCERS = 64
 POOL_ROLES = ("chief", "workers", "reduction server", "evaluators")
 
 #: CustomJobSpec's fields in google-cloud-aiplatform 1.93.0 (the floor), as gcloud's YAML spells
-#: them; WorkerPoolSpec's likewise.
+#: them, and those a newer client brings (CLIENT_FIELDS_SINCE); WorkerPoolSpec's likewise.
 JOB_SPEC_FIELDS = [
     "persistentResourceId",
     "workerPoolSpecs",
@@ -50,6 +50,7 @@ JOB_SPEC_FIELDS = [
     "serviceAccount",
     "network",
     "reservedIpRanges",
+    "pscInterfaceConfig",
     "baseOutputDirectory",
     "protectedArtifactLocationId",
     "tensorboard",
@@ -67,6 +68,10 @@ POOL_FIELDS = [
     "nfsMounts",
     "diskSpec",
 ]
+#: Fields the floor's aiplatform_v1 lacks, with the first release that has them (read in the
+#: released aiplatform_v1/types/custom_job.py: 1.95.1 lacks psc_interface_config, 1.96.0 has it):
+#: the submission sends the file through the installed client, which must know them.
+CLIENT_FIELDS_SINCE = {"pscInterfaceConfig": "1.96.0"}
 #: PythonPackageSpec's fields Vertex requires (REST and client reference: "Required.").
 PYTHON_PACKAGE_REQUIRED = ("executorImageUri", "packageUris", "pythonModule")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import yaml
 
 from infra.base.errors import UserError
 from infra.vertex_pools import (
+    CLIENT_FIELDS_SINCE,
     PoolShape,
     check_job_spec,
     is_reduction_server_image,
@@ -64,11 +66,28 @@ def _vertex_reads(doc: Any, where: str) -> None:
         from google.protobuf.json_format import ParseError
     except ImportError:  # the preflight names the missing client
         return
+    _client_knows(doc, aiplatform_v1.CustomJobSpec.meta.fields, where)
     try:
         aiplatform_v1.CustomJobSpec.from_json(text)
     except ParseError as e:
         detail = " ".join(str(e).split())
         raise UserError(f"{where}: not what Vertex reads: {detail}") from None
+
+
+def _client_knows(doc: Mapping[str, Any], fields: Mapping[str, Any], where: str) -> None:
+    """A field Vertex has that the installed client (the floor is older) does not: one line
+    naming the release that brings it, not the parser's list of every field it knows."""
+    from importlib import metadata
+
+    from scripts.targets.vertex.preflight import AIPLATFORM
+
+    for field, since in CLIENT_FIELDS_SINCE.items():
+        if field in doc and re.sub(r"(?<!^)(?=[A-Z])", "_", field).lower() not in fields:
+            raise UserError(
+                f"{where}: {field}: the installed {AIPLATFORM} {metadata.version(AIPLATFORM)} "
+                f"cannot send it; allowed: {since} or newer (pip install '{AIPLATFORM}>={since}'), "
+                "or a file without it"
+            )
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -4,10 +4,12 @@ created: each problem one line naming the file's own field, its value and what i
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from infra.base.errors import UserError
 from infra.vertex_pools import check_job_spec
@@ -145,6 +147,31 @@ def test_a_python_package_without_what_vertex_requires_is_one_line(
         )
     assert str(e.value).startswith(f"c: workerPoolSpecs[1].{message}")
     assert "\n" not in str(e.value)
+
+
+def test_a_psc_interface_config_is_sent_by_a_client_that_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pscInterfaceConfig is a CustomJobSpec field (aiplatform_v1 from google-cloud-aiplatform
+    1.96.0; the floor, 1.93, lacks it): it was refused as "not a CustomJobSpec field". The
+    installed client sends it; an older one is named in one line, not by the parser's list."""
+    from google.cloud import aiplatform_v1
+
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    psc = {"networkAttachment": "projects/p/regions/us-central1/networkAttachments/a"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job_spec_with("pscInterfaceConfig", psc)))
+    doc, shapes = read_job_file(tmp_path, "job.yaml", spot=False)
+    assert doc["pscInterfaceConfig"] == psc and len(shapes) == 3
+    monkeypatch.delitem(aiplatform_v1.CustomJobSpec.meta.fields, "psc_interface_config")
+    with pytest.raises(UserError) as e:
+        read_job_file(tmp_path, "job.yaml", spot=False)
+    assert re.fullmatch(
+        r"gputrain:vertexJobSpec = 'job.yaml': pscInterfaceConfig: the installed "
+        r"google-cloud-aiplatform [0-9.]+ cannot send it; allowed: 1\.96\.0 or newer "
+        r"\(pip install 'google-cloud-aiplatform>=1\.96\.0'\), or a file without it",
+        str(e.value),
+    )
 
 
 _POOL0 = "workerPoolSpecs:\n- machineSpec: {machineType: g2-standard-24}\n  containerSpec: {imageUri: x}\n"
