@@ -517,6 +517,7 @@ class PricedPool:
     index: int
     shape: PoolShape
     hourly: float | None  # all replicas of the pool, USD/h; None: unknown
+    unpriced: str = ""  # with hourly None: why, for plan's row
 
 
 def price_pools(
@@ -526,8 +527,18 @@ def price_pools(
     for index, shape in shapes:
         price = pool_price(shape, region)
         each = price.hourly(spot) if price else None
-        out.append(PricedPool(index, shape, None if each is None else each * shape.replicas))
+        hourly = None if each is None else each * shape.replicas
+        why = "" if hourly is not None else _unpriced(shape, region, spot)
+        out.append(PricedPool(index, shape, hourly, why))
     return out
+
+
+def _unpriced(shape: PoolShape, region: str, spot: bool) -> str:
+    """What the price data lacks for this pool: the machine type (infra/prices.csv lists GPU
+    machines and the N1 hosts; no N2), or its price in the region or capacity."""
+    if not price_table().zones(shape.machine_type):
+        return "not in the price data (infra/prices.csv)"
+    return f"no {'Spot' if spot else 'on-demand'} price in {region}"
 
 
 def pool_rows(priced: list[PricedPool]) -> list[list[str]]:
@@ -536,7 +547,7 @@ def pool_rows(priced: list[PricedPool]) -> list[list[str]]:
     for p in priced:
         s = p.shape
         gpus = f"{s.gpus} x {s.accelerator}" if s.accelerator and s.gpus else "-"
-        cost = "unknown" if p.hourly is None else f"${p.hourly:,.2f}/h"
+        cost = f"unknown: {p.unpriced}" if p.hourly is None else f"${p.hourly:,.2f}/h"
         rows.append(
             [str(p.index), POOL_ROLES[p.index], s.machine_type, gpus, str(s.replicas), cost]
         )

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from infra.base.errors import UserError
-from infra.vertex_pools import check_job_spec
+from infra.vertex_pools import check_job_spec, pool_rows, price_pools
 from tests.support.vertex_world import JOB_SPEC, job_spec_with
 
 
@@ -172,6 +172,22 @@ def test_a_psc_interface_config_is_sent_by_a_client_that_has_it(
         r"\(pip install 'google-cloud-aiplatform>=1\.96\.0'\), or a file without it",
         str(e.value),
     )
+
+
+def test_a_pool_the_price_data_lacks_says_why_in_its_row() -> None:
+    """Vertex takes N2 reducers, which infra/prices.csv does not list (GPU machines and the N1
+    hosts only): the row said "unknown" and no more. N1 CPU-only reducers are priced."""
+    n2 = job_spec_with("workerPoolSpecs.2.machineSpec.machineType", "n2-highcpu-16")
+    rows = pool_rows(price_pools(check_job_spec(n2, ""), "us-central1", spot=True))
+    assert [r[-1] for r in rows[2:]] == [
+        "unknown: not in the price data (infra/prices.csv)",
+        "unknown",
+    ]
+    assert rows[0][-1].startswith("$") and rows[1][-1].startswith("$")
+    n1 = pool_rows(price_pools(check_job_spec(JOB_SPEC, ""), "us-central1", spot=True))
+    assert n1[2][2] == "n1-highcpu-16" and n1[2][-1].startswith("$")
+    nowhere = pool_rows(price_pools(check_job_spec(JOB_SPEC, ""), "xx-nowhere1", spot=False))
+    assert nowhere[0][-1] == "unknown: no on-demand price in xx-nowhere1"
 
 
 _POOL0 = "workerPoolSpecs:\n- machineSpec: {machineType: g2-standard-24}\n  containerSpec: {imageUri: x}\n"
