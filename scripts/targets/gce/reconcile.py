@@ -204,7 +204,7 @@ class Pass:
         from scripts.targets.gce.recovery import StackNodes
 
         def recreate(zone: str) -> tuple[Any, StackOutputs]:
-            self.recreated = self.target.recreated(self.spec, zone)
+            self.recreated = self.target.recreated(self.spec, zone, self.m.budget_usd)
             return None, parse_stack_outputs(self.recreated)
 
         nodes = StackNodes(

@@ -228,10 +228,12 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ):
             yield session
 
-    def recreated(self, spec: ClusterSpec, zone: str) -> dict[str, Any]:
+    def recreated(self, spec: ClusterSpec, zone: str, budget: float | None) -> dict[str, Any]:
         """`gputrain reconcile`'s re-creation: the controller's own refresh + up, with no
-        waiting for capacity (a stock-out is the next pass's to retry); the stack outputs."""
-        return recreate(self.context(spec, RunOptions(wait_for_capacity_s=0)), zone)
+        waiting for capacity (a stock-out is the next pass's to retry), within the run's
+        `budget` (None: the stack's); the stack outputs."""
+        opts = RunOptions(wait_for_capacity_s=0, budget=budget)
+        return recreate(self.context(spec, opts), zone)
 
     @contextmanager
     def session_for(
@@ -482,12 +484,7 @@ def recreate_once(ctx: Context, zone: str) -> dict[str, Any]:
     if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
         from scripts.targets.gce.provision import provision_candidates
 
-        same = [
-            c
-            for c in spec.candidates
-            if (c.machine_type, c.nodes) == (spec.machine_type, spec.nodes)
-        ]
-        order = sorted(same, key=lambda c: c.zone != zone)  # stable: then the ranked order
+        order = sorted(recovery_candidates(ctx), key=lambda c: c.zone != zone)  # stable: ranked
         _, outputs, _ = provision_candidates(
             ctx.runner,
             order,
@@ -507,6 +504,31 @@ def recreate_once(ctx: Context, zone: str) -> dict[str, Any]:
         destroy_failed=False,
     )
     return outputs
+
+
+def recovery_candidates(ctx: Context) -> list[Candidate]:
+    """Where a recovery may re-create the run's cluster: its shape (GPUs per node, nodes) at
+    its own rate, the one its budget's watchdog and its cost record count the whole run at (a
+    dearer one would pass them, a cheaper one count the time before it short), within the caps
+    as `up`'s fallback is; the others said once."""
+    from infra.offer_tables import money
+    from scripts.run_plan import worst_hourly
+
+    spec, config = ctx.spec, ctx.stack_file.config
+    same, other = [], []
+    for c in spec.candidates:
+        if (c.machine_type, c.nodes) == (spec.machine_type, spec.nodes):
+            at = pin(spec, config, candidate=c)
+            if (worst_hourly(at), at.hourly_price) == (worst_hourly(spec), spec.hourly_price):
+                same.append(c)
+            else:
+                other.append(f"{c.zone} at {money(at.hourly_price)}/h")
+    if other:
+        ui.say(
+            f"recovery: not re-creating in {', '.join(other)}: the run's budget and cost record "
+            f"count at its {money(spec.hourly_price)}/h"
+        )
+    return within_caps(ctx, spec, same)
 
 
 def stack_fleet(ctx: Context, out: StackOutputs, key_file: Path) -> Fleet:

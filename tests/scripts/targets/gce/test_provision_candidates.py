@@ -253,6 +253,42 @@ def test_spot_recovery_reups_the_same_shape_its_zone_first(
     assert "destroy" not in runner.call_names()
 
 
+def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
+    tmp_path: Path, fake: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """H100:16 over three regions, capped at $40/h (only us-east4's $38.18/h passes): with
+    every us-east4 zone stocked out, the recovery (the controller's and reconcile's) tries
+    only those and fails, never europe-west4 at $46.48/h, over the cap and past the rate the
+    watchdog's budget and the cost record count at. Without caps it keeps to that rate too."""
+    from scripts.run_plan import worst_hourly
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.target import GceTarget, recreate, within_caps
+
+    regions = "  gputrain:regions: [us-east4, europe-west4, us-central1]\n"
+    capped = "  gputrain:maxHourlyCost: '40'\n  gputrain:budget: '320'\n"
+    for caps in (capped, ""):
+        root = _project(tmp_path, f"  gputrain:gpus: H100:16\n{regions}{caps}")
+        runner = FakeStackRunner("g", compute=fake, project="gputrain-test")
+        target = GceTarget("g", Settings(root=root), _gce(fake, runner))
+        ctx = target.context(target.spec(), RunOptions())
+        running = within_caps(ctx, ctx.spec, list(ctx.spec.candidates))[0]
+        spec = target.spec_at(running)
+        assert running.zone.startswith("us-east4-") and worst_hourly(spec) == pytest.approx(
+            38.18, abs=0.01
+        )
+        east4 = {c.zone for c in spec.candidates if c.zone.startswith("us-east4-")}
+        for zone in east4:
+            runner.fail_stockout(zone, times=99)
+        with pytest.raises(ProvisioningError, match="no capacity in the 3 candidate"):
+            recreate(target.context(spec, RunOptions(wait_for_capacity_s=0)), running.zone)
+        with pytest.raises(ProvisioningError):  # a reconcile pass's re-creation
+            target.recreated(spec, running.zone, None)
+        assert {zone for _, zone in _ups(runner)} == east4
+        out = capsys.readouterr().out
+        assert "recovery: not re-creating in europe-west4-b at $46.48/h" in out
+        assert "count at its $38.18/h" in out
+
+
 def test_pinning_the_stacks_own_choice_reuses_the_spec_parsed_once() -> None:
     """`up` pins the candidate it created; the stack's own choice needs no second parse, and
     the shortcut gives exactly what parsing the pinned config gives."""

@@ -73,7 +73,7 @@ class Cloud:
     def target(self, spec: Any) -> Any:
         outputs = sample_outputs(STACK, ZONE, nodes=2, project=self.compute.project)
 
-        def recreated(_spec: Any, zone: str) -> dict[str, Any]:
+        def recreated(_spec: Any, zone: str, _budget: float | None) -> dict[str, Any]:
             self.recreated.append(zone)
             for name in (HEAD, WORKER):
                 if (ZONE, name) not in self.compute.instances:
