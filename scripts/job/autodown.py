@@ -57,6 +57,13 @@ class RunBudget:
     started_at: float  # unix time
     interval_s: float
 
+    def reached(self, now: float) -> bool:
+        """The head's rule (gputrain_node/watchdog.py): the spend so far plus the next interval
+        would pass the budget."""
+        return (
+            self.hourly_usd * (max(0.0, now - self.started_at) + self.interval_s) / 3600 > self.usd
+        )
+
 
 @dataclass(frozen=True)
 class Autodown:

@@ -31,7 +31,7 @@ def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> RunBud
     from scripts.run_plan import BUDGET_INTERVAL_ENV, budget_interval_s, worst_hourly
 
     usd = opts.budget if opts.budget is not None else spec.budget
-    rate = worst_hourly(spec)
+    rate = None if usd is None else worst_hourly(spec)
     if usd is None or rate is None:
         return None
     ahead = budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))

@@ -27,6 +27,7 @@ from scripts.targets.gce.lease import LeaseLost
 
 if TYPE_CHECKING:
     from infra.gcp.gcs import StorageApi
+    from scripts.job.autodown import RunBudget
     from scripts.job.records import Job
 
 MANIFEST = "manifest.json"
@@ -132,6 +133,16 @@ def not_relaunchable(job: Job) -> str | None:
     from scripts.job.environment import machine_secrets_line
 
     return machine_secrets_line(job.secrets, job.secret_refs)
+
+
+def not_recreating(deadline: float, budget: RunBudget | None, now: float) -> str | None:
+    """Why a run's lost VMs are not re-created: its TTL is spent (a re-created VM lives no
+    longer than the first), or its budget (the head would stop the relaunch at once). Pure."""
+    if now >= deadline:
+        return "the stack's TTL is spent: not re-creating VMs"
+    if budget is not None and budget.reached(now):
+        return f"its budget of ${budget.usd:.2f} is spent: not re-creating VMs"
+    return None
 
 
 def manifest_for(

@@ -45,6 +45,7 @@ from scripts.targets.gce.manifest import (
 if TYPE_CHECKING:
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
+    from scripts.job.autodown import RunBudget
     from scripts.job.records import Job
     from scripts.notify import Notifier
     from scripts.targets.gce.recovery import NodeCloudState, StackNodes
@@ -214,6 +215,14 @@ class Pass:
         nodes.created_at = self.m.created_at
         return nodes
 
+    def budget(self) -> RunBudget | None:
+        """The run's budget as its relaunch gives it to the head (session_for)."""
+        from scripts.targets.base import RunOptions
+        from scripts.targets.gce.autodown import run_budget
+
+        started = self.m.started_at or self.m.created_at or time.time()  # as relaunch's
+        return run_budget(self.spec, RunOptions(budget=self.m.budget_usd), started)
+
     def lost(self, out: StackOutputs) -> dict[str, NodeCloudState | None]:
         """The nodes GCE took away during this attempt."""
         return dict(self.nodes(out).preempted(self.m.attempt_started_at, wait_s=0))
@@ -248,6 +257,7 @@ class Pass:
         return DONE
 
     def recover(self, out: StackOutputs, lost: dict[str, NodeCloudState | None]) -> str:
+        from scripts.targets.gce.manifest import not_recreating
         from scripts.targets.gce.provision import ProvisioningError, stocked_out
 
         now = time.time()
@@ -259,8 +269,8 @@ class Pass:
                 "allows no more recoveries",
                 EXHAUSTED,
             )
-        if now >= self.m.deadline:
-            return self.give_up(out, "the stack's TTL is spent: not re-creating VMs")
+        if why := not_recreating(self.m.deadline, self.budget(), now):
+            return self.give_up(out, why)
         if self.m.not_relaunchable:
             return self.give_up(out, f"cannot relaunch it here: {self.m.not_relaunchable}")
         if self.m.state == RUNNING:

@@ -177,6 +177,11 @@ class StackNodes:
         # counted once, whatever GCE's clock says against ours
         self.counted: set[tuple[str, str, str]] = set()
 
+    @property
+    def deadline(self) -> float:
+        """The run's TTL from its first launch: a recovery never renews it (not_recreating)."""
+        return self.created_at + self.ttl_s
+
     def job_env(self, run_id: str) -> dict[str, str]:
         env = {WATCH_MAINTENANCE_ENV: "1"}  # any GCE VM: checkpoint on a maintenance notice
         uri = checkpoint_uri(self.bucket, run_id)
@@ -396,7 +401,7 @@ class RecoveringSession(FleetSession):
             self.nodes.bucket,
             self.nodes.stack,
             max_recoveries=self.max_recoveries,
-            deadline=self.nodes.created_at + self.nodes.ttl_s,
+            deadline=self.nodes.deadline,
             budget_usd=budget.usd if (budget := self._budget()) is not None else None,
             started_at=self.nodes.created_at,
         )
@@ -416,6 +421,7 @@ class RecoveringSession(FleetSession):
             self.watchdogs.arm(self.fleet, self.transports, job.run_id, job.env, nodes)
 
     def run_job(self, job: Job, results_dir: Path, guard: SignalGuard) -> JobResult:
+        from scripts.targets.gce.manifest import not_recreating
         from scripts.watch.monitor import watched_launch, with_stall_default
 
         hold = self._hold(job)
@@ -461,8 +467,14 @@ class RecoveringSession(FleetSession):
                         raise
                     if hold is not None and hold.lease is not None and hold.lease.lost.is_set():
                         raise self._taken_over(job, preempted) from e
+                    why = not_recreating(self.nodes.deadline, self._budget(), time.time())
                     if len(done) >= self.max_recoveries:
-                        raise self._exhausted(job, preempted, len(done)) from e
+                        why = (
+                            f"--max-recoveries {self.max_recoveries} allows no more "
+                            f"recoveries ({len(done)} done)"
+                        )
+                    if why is not None:
+                        raise self._not_recovered(job, preempted, why) from e
                     now = time.time()
                     # GCE's clock, not ours: never later than we noticed it
                     at = min(now, *(unix_time(s.preempted_at, now) for s in preempted.values()))
@@ -534,13 +546,12 @@ class RecoveringSession(FleetSession):
             f"{self.nodes.stack}` and `gputrain logs --stack {self.nodes.stack} --run {job.run_id}`"
         )
 
-    def _exhausted(
-        self, job: Job, preempted: Mapping[str, NodeCloudState], done: int
+    def _not_recovered(
+        self, job: Job, preempted: Mapping[str, NodeCloudState], why: str
     ) -> RecoveryError:
         what = ", ".join(f"{s.ended(n)} ({s.evidence})" for n, s in preempted.items())
         return RecoveryError(
-            f"run {job.run_id}: {what} and --max-recoveries "
-            f"{self.max_recoveries} allows no more recoveries ({done} done). Its newest checkpoint is in "
+            f"run {job.run_id}: {what} and {why}. Its newest checkpoint is in "
             f"{job.env.get(CHECKPOINT_URI_ENV) or 'the nodes out dirs'} and comes home "
             "with the results"
         )

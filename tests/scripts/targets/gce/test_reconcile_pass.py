@@ -92,7 +92,9 @@ class Cloud:
     def run_pass(self, **spec: Any) -> str:
         base = dict(project=self.compute.project, bucket_name=BUCKET, bucket_prefix=self.prefix)
         notifier = SimpleNamespace(send=lambda event, **kw: self.sent.append(event), base={})
-        stack_spec = SimpleNamespace(**base, spot=True, automatic_restart=False, **spec)
+        stack_spec = SimpleNamespace(
+            **base, **{"spot": True, "automatic_restart": False, "budget": None} | spec
+        )
         return reconcile(self.target(stack_spec), None, notifier=notifier)  # type: ignore[arg-type]
 
 
@@ -150,6 +152,52 @@ def test_a_run_that_finished_stays_finished_after_the_ttl(cloud: Cloud) -> None:
     assert cloud.run_pass() == "ended"
     after = cloud.manifests.load("r1")
     assert after is not None and after.state == "finished" and "failed" not in cloud.sent
+
+
+def test_a_run_whose_budget_is_spent_is_not_recreated(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its --budget would be passed by the next interval (the head's rule, at the stack's rate
+    from the run's start, as the relaunch gives it): the pass re-creates nothing, deletes what
+    is left and says why, as past the TTL."""
+    from infra.spec import parse_spec
+    from scripts.run_plan import worst_hourly
+    from tests.support.pulumi_mocks import deployable_config
+
+    shape = parse_spec(deployable_config("dev"), "dev")
+    rate = worst_hourly(shape)
+    assert rate is not None
+    cloud.launch("r1", ago=3600)
+    m = cloud.manifests.load("r1")
+    assert m is not None
+    m.budget_usd, m.started_at = rate * 1.5, m.created_at  # an hour of 1.5 spent: 2 min ahead fit
+    held = Lease(cloud.storage, BUCKET, cloud.prefix, kind="controller", run_id="r1", ttl_s=60)
+    assert held.acquire() is None
+    cloud.manifests.write(m, held.token)
+    held.release()
+    cloud.compute.preempt_instance(WORKER, ZONE, delete_after_s=0.2)
+    time.sleep(0.5)
+    monkeypatch.setattr(reconcile_module.Pass, "relaunch", lambda self, outputs, job: None)
+    keys = ("capacity_ladder", "capacity", "on_vertex", "price", "nodes")
+    fields = {k: getattr(shape, k) for k in keys}
+    assert cloud.run_pass(**fields) == "recovered"  # within it: recovered
+    m = cloud.manifests.load("r1")
+    assert m is not None
+    m.budget_usd, m.state = rate * 1.02, "running"  # 2 min ahead would pass it
+    held = Lease(cloud.storage, BUCKET, cloud.prefix, kind="controller", run_id="r1", ttl_s=60)
+    assert held.acquire() is None
+    cloud.manifests.write(m, held.token)
+    held.release()
+    cloud.compute.preempt_instance(WORKER, ZONE, delete_after_s=0.2)
+    time.sleep(0.5)
+    assert cloud.run_pass(**fields) == "ended"
+    assert cloud.recreated == [ZONE] and cloud.sent[-1] == "failed"
+    m = cloud.manifests.load("r1")
+    assert m is not None and m.state == "failed"
+    assert (
+        m.history[-1]["what"] == f"its budget of ${rate * 1.02:.2f} is spent: not re-creating VMs"
+    )
+    assert cloud.compute.instances == {}
 
 
 def test_a_relaunch_that_keeps_failing_spends_the_recoveries_then_deletes_the_vms(

@@ -397,3 +397,72 @@ def test_a_preemption_is_counted_once_whatever_gces_clock_says() -> None:
         fake.preempt_instance("dev-node-1", ZONE, delete_after_s=60)
         again = nodes.preempted(relaunch, wait_s=0)
         assert again["dev-node-1"].preempted_at != first["dev-node-1"].preempted_at
+
+
+@pytest.mark.parametrize(
+    ("ttl_s", "budget", "why"),
+    [
+        (600, None, "the stack's TTL is spent: not re-creating VMs"),
+        (36000, (10.0, 3600.0), "its budget of $10.00 is spent: not re-creating VMs"),
+    ],
+)
+def test_the_controller_recovers_no_run_past_its_ttl_or_its_budget(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ttl_s: int,
+    budget: tuple[float, float] | None,
+    why: str,
+) -> None:
+    """A node preempted after the run's TTL (counted from its first launch, as a reconcile
+    pass counts it: a re-created VM would get a fresh one), or once its budget is spent
+    (--budget $10 at $10/h, an hour in: the head would stop the relaunch at once): the
+    controller re-creates nothing and says why in one line."""
+    import scripts.watch.monitor as monitor
+    from scripts.job.autodown import Autodown, RunBudget
+    from scripts.job.records import Job
+    from scripts.targets.base import SignalGuard
+    from scripts.targets.gce.recovery import RecoveringSession, RecoveryError
+
+    out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=2))
+    keys = {n.name: ("ssh-ed25519 KEY",) for n in out.nodes}
+    recreated: list[str] = []
+
+    def recreate(zone: str) -> tuple[Any, StackOutputs]:
+        recreated.append(zone)
+        return None, out
+
+    with FakeCompute() as fake:
+        for n in out.nodes:
+            fake.add_instance(n.name, ZONE)
+        nodes = StackNodes(
+            ComputeApi(fake.url), out, spot=True, ttl_s=ttl_s, recreate=recreate,
+            sleep=lambda _s: None,
+        )  # fmt: skip
+        nodes.created_at = time.time() - 3600  # the run's first launch, an hour ago
+        autodown = None
+        if budget is not None:
+            usd, rate = budget
+            plan = RunBudget(usd=usd, hourly_usd=rate, started_at=nodes.created_at, interval_s=120)
+            autodown = Autodown("dev", out.project, "gs://b/", (), None, budget=plan)
+        session = RecoveringSession(
+            out.to_fleet("stack-dev", keys, identity_file=None),
+            Settings(root=tmp_path, runs_dir=tmp_path / "runs"),
+            nodes,
+            max_recoveries=3,
+            confirm_s=0,
+            autodown=autodown,
+        )
+        session._transports = {}  # nothing to connect to: the launch below fails at once
+        monkeypatch.setattr(session, "_arm", lambda job: None)
+
+        def launch(*args: Any, **kwargs: Any) -> None:
+            fake.preempt_instance("dev-node-1", ZONE, delete_after_s=60)
+            raise _error("killed", None)
+
+        monkeypatch.setattr(monitor, "watched_launch", launch)
+        with pytest.raises(RecoveryError) as caught:
+            session.run_job(Job("r1", entry=("train.py",)), tmp_path / "results", SignalGuard())
+    assert recreated == []
+    message = str(caught.value)
+    assert message.startswith("run r1: GCE preempted dev-node-1 (compute.instances.preempted at")
+    assert f" and {why}. Its newest checkpoint is in " in message and "\n" not in message
