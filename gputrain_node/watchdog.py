@@ -47,23 +47,24 @@ def over_budget(spent_usd: float, next_interval_usd: float, budget_usd: float) -
 
 @dataclass(frozen=True)
 class Budget:
-    """What one run may cost, and what its cluster costs: the cluster's worst-case rate from the
-    run's start (the ledger's basis: a recovery's downtime bills like training)."""
+    """What one run may cost: the cluster's worst-case rate over the run's time (a recovery's
+    downtime bills like training), `elapsed_s` before `armed`, then this VM's own clock."""
 
     usd: float
     hourly_usd: float
-    started_at: float  # unix time
+    elapsed_s: float  # the run's time when the controller armed this watchdog
     interval_s: float  # how far ahead the rule looks
 
-    def spent(self, now: float) -> float:
-        return self.hourly_usd * max(0.0, now - self.started_at) / 3600
+    def spent(self, now: float, armed: float) -> float:
+        return self.hourly_usd * max(0.0, self.elapsed_s + now - armed) / 3600
 
     @property
     def grace_s(self) -> float:  # after the stop's SIGTERM, the kill: within the interval
         return max(10.0, self.interval_s / 2)
 
-    def reached(self, now: float) -> bool:
-        return over_budget(self.spent(now), self.hourly_usd * self.interval_s / 3600, self.usd)
+    def reached(self, now: float, armed: float) -> bool:
+        ahead = self.hourly_usd * self.interval_s / 3600
+        return over_budget(self.spent(now, armed), ahead, self.usd)
 
     @classmethod
     def parse(cls, data: Any) -> Budget | None:
@@ -407,10 +408,11 @@ def budget_line(stop: dict[str, Any]) -> str:
 
 
 def stop_for_budget(budget: Budget, run_dir: Path, now: float, since: float) -> bool:
-    """The run's own budget reached: stop_job with its figures."""
-    spent = round(budget.spent(now), 4)
+    """The run's own budget reached (`since`: when this watchdog was armed): stop_job."""
+    spent = round(budget.spent(now, since), 4)
     stop = {"budget_usd": budget.usd, "spent_usd": spent, "hourly_usd": budget.hourly_usd}
-    return stop_job(stop | {"started_at": budget.started_at, "at": now}, run_dir, since)
+    stop |= {"started_at": since - budget.elapsed_s, "at": now}  # this VM's clock
+    return budget.reached(now, since) and stop_job(stop, run_dir, since)
 
 
 def stop_job(stop: dict[str, Any], run_dir: Path, since: float) -> bool:
@@ -521,7 +523,7 @@ def watch(
                 now = clock()
                 if budget_stopped is None:
                     assert cfg.budget is not None
-                    if cfg.budget.reached(now) and stop_for_budget(cfg.budget, run_dir, now, armed):
+                    if stop_for_budget(cfg.budget, run_dir, now, armed):
                         budget_stopped = now
                 elif now - budget_stopped > grace:
                     log(f"the job still runs {grace:.0f} s after its SIGTERM: killed")

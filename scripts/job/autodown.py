@@ -49,8 +49,8 @@ RECORD = contract.AUTODOWN_RECORD
 
 @dataclass(frozen=True)
 class RunBudget:
-    """What the head's watchdog holds a run to (its `budget` setting, contract.BUDGET_FIELDS):
-    the budget, the cluster's worst-case rate from `started_at`, how far ahead the rule looks."""
+    """What the head's watchdog holds a run to: the budget, the cluster's worst-case rate from
+    `started_at` (this machine's clock), how far ahead the rule looks."""
 
     usd: float
     hourly_usd: float
@@ -63,6 +63,17 @@ class RunBudget:
         return (
             self.hourly_usd * (max(0.0, now - self.started_at) + self.interval_s) / 3600 > self.usd
         )
+
+    def setting(self, now: float) -> dict[str, float]:
+        """The watchdog's `budget` setting (contract.BUDGET_FIELDS): the run's time so far as a
+        span of this clock, never its time of day, which the head's clock may not share."""
+        elapsed = max(0.0, now - self.started_at)
+        return {
+            "usd": self.usd,
+            "hourly_usd": self.hourly_usd,
+            "elapsed_s": elapsed,
+            "interval_s": self.interval_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ class Autodown:
                 "heartbeat_s": self.heartbeat_s,
                 "notify": list(self.notify),
                 "env": dict(env),
-                "budget": dataclasses.asdict(self.budget) if self.budget else None,
+                "budget": self.budget.setting(time.time()) if self.budget else None,
                 "ledger": self.ledger,
                 "guard": self.guard,
             }

@@ -280,9 +280,9 @@ def test_the_kill_after_a_budget_stop_comes_within_the_interval_looked_ahead() -
     """The rule stops the run an interval before the budget (what a stop takes): the grace a
     job gets after its SIGTERM is half of it, so the kill and the teardown fit (300 s overshot
     the default 120 s interval by about three minutes of the cluster's rate)."""
-    budget = Budget(usd=10.0, hourly_usd=100.0, started_at=0.0, interval_s=120.0)
+    budget = Budget(usd=10.0, hourly_usd=100.0, elapsed_s=0.0, interval_s=120.0)
     assert budget.grace_s == 60.0
-    assert Budget(usd=1.0, hourly_usd=1.0, started_at=0.0, interval_s=0.0).grace_s == 10.0
+    assert Budget(usd=1.0, hourly_usd=1.0, elapsed_s=0.0, interval_s=0.0).grace_s == 10.0
 
 
 def test_a_job_killed_after_the_budgets_grace_still_gets_its_exit_code(tmp_path: Path) -> None:
@@ -450,12 +450,12 @@ def test_a_webhook_that_trickles_its_answer_delays_no_delete(
 def test_the_budget_rule_stops_when_the_next_interval_would_pass_it() -> None:
     assert not over_budget(9.0, 1.0, 10.0)  # exactly at the budget after the interval: not yet
     assert over_budget(9.0, 1.01, 10.0) and over_budget(10.5, 0.0, 10.0)
-    b = Budget(usd=10.0, hourly_usd=36.0, started_at=1000.0, interval_s=100.0)  # $1 per 100 s
-    assert b.spent(900.0) == 0.0 and b.spent(1100.0) == pytest.approx(1.0)
-    assert not b.reached(1000.0 + 900)  # $9 spent, $1 ahead: $10, not past it
-    assert b.reached(1000.0 + 901)
+    b = Budget(usd=10.0, hourly_usd=36.0, elapsed_s=0.0, interval_s=100.0)  # $1 per 100 s
+    assert b.spent(900.0, 1000.0) == 0.0 and b.spent(1100.0, 1000.0) == pytest.approx(1.0)
+    assert not b.reached(1000.0 + 900, 1000.0)  # $9 spent, $1 ahead: $10, not past it
+    assert b.reached(1000.0 + 901, 1000.0)
     assert Budget.parse(None) is None
-    assert Budget.parse({"usd": 10, "hourly_usd": 36, "started_at": 1000, "interval_s": 100}) == b
+    assert Budget.parse({"usd": 10, "hourly_usd": 36, "elapsed_s": 0, "interval_s": 100}) == b
     cfg = Config.parse(
         {"stack": "s", "run_id": "r", "node": "n", "head": True, "project": "p",
          "instances": [], "bucket": "gs://b/", "autodown_s": 600, "heartbeat_s": 10}
@@ -463,6 +463,30 @@ def test_the_budget_rule_stops_when_the_next_interval_would_pass_it() -> None:
     # after a budget stop the cluster goes once the controller is gone, not after autodown
     assert autodown_after(cfg, budget_stopped=False) == 600
     assert autodown_after(cfg, budget_stopped=True) == 30
+
+
+def test_the_head_counts_the_budget_on_its_own_clock_whatever_the_controllers_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A laptop whose clock is an hour ahead arms the head 10 minutes into the run: the head
+    counts those 10 minutes, then its own time since it was armed; a start time of day from the
+    laptop's clock would have counted nothing for an hour."""
+    from scripts.job.autodown import Autodown, RunBudget
+
+    laptop_now = time.time() + 3600
+    run = RunBudget(usd=10.0, hourly_usd=36.0, started_at=laptop_now - 600, interval_s=100.0)
+    plan = Autodown("wd", "p", "gs://b/", (("wd-node-0", "z"),), 600, budget=run)
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: laptop_now)
+        setting = json.loads(plan.config("r1", "wd-node-0", {}))
+    assert set(setting["budget"]) == set(contract.BUDGET_FIELDS)
+    budget = Config.parse(setting).budget
+    assert budget is not None
+    armed = time.time()  # the head's clock
+    assert budget.spent(armed, armed) == pytest.approx(6.0)  # $36/h for 10 minutes
+    assert budget.spent(armed + 300, armed) == pytest.approx(9.0)
+    assert not budget.reached(armed + 300, armed) and budget.reached(armed + 301, armed)
+    assert run.reached(laptop_now + 301) and not run.reached(laptop_now + 300)  # the same rule
 
 
 def test_the_head_stops_the_job_at_the_budget_and_ends_the_cluster(
@@ -476,7 +500,7 @@ def test_the_head_stops_the_job_at_the_budget_and_ends_the_cluster(
     compute, _, gcs = cloud
     head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
     sink = HttpSink().start()
-    budget = {"usd": 1.0, "hourly_usd": 720.0, "started_at": time.time(), "interval_s": 1.0}
+    budget = {"usd": 1.0, "hourly_usd": 720.0, "elapsed_s": 0.0, "interval_s": 1.0}
     try:
         head = start(head_dir, "wd-node-0", 30.0, cloud, [sink.url], budget=budget)
         worker = start(worker_dir, "wd-node-1", 30.0, cloud)
