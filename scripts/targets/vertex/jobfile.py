@@ -3,6 +3,8 @@ submit, in the YAML `gcloud ai custom-jobs create --config` reads; `vertexJobSpe
 a user's such file as it is, with what makes it this stack's run: the run's baseOutputDirectory
 in the stack's bucket (results come home from there), the stack's service account (it holds the
 bucket's grants) and, where the file has none, the stack's scheduling (the server-side timeout).
+A file's own scheduling may not contradict the stack's (check_scheduling): the spending caps,
+`plan`'s prices and the run's cost are reckoned at the stack's capacity for maxRunDuration.
 
 A file gputrain exported carries its run id (GPUTRAIN_RUN_ID): read back, the same job is
 submitted with the new run's id in its place, and the working directory is staged where it
@@ -21,6 +23,7 @@ from typing import Any
 import yaml
 
 from infra.base.errors import UserError
+from infra.keys import format_duration
 from infra.vertex_pools import (
     CLIENT_FIELDS_SINCE,
     PoolShape,
@@ -29,11 +32,25 @@ from infra.vertex_pools import (
 )
 
 RUN_ID_ENV = "GPUTRAIN_RUN_ID"
+#: Scheduling.strategy as gputrain submits each capacity a Vertex stack may have (job.scheduling).
+CAPACITY_STRATEGY = {"on-demand": "STANDARD", "spot": "SPOT", "flex-start": "FLEX_START"}
+#: Scheduling.Strategy (aiplatform_v1 custom_job.py) by the capacity it buys: STRATEGY_UNSPECIFIED
+#: "will default to STANDARD", ON_DEMAND is STANDARD's deprecated name; LOW_COST (deprecated,
+#: "potential use of spot resources") is none of them. Proto JSON also takes the numbers.
+STRATEGY_CAPACITY = {"STRATEGY_UNSPECIFIED": "on-demand", "ON_DEMAND": "on-demand",
+                     "STANDARD": "on-demand", "SPOT": "spot", "FLEX_START": "flex-start"}  # fmt: skip
+STRATEGY_NUMBERS = {0: "STRATEGY_UNSPECIFIED", 1: "ON_DEMAND", 2: "LOW_COST", 3: "STANDARD",
+                    4: "SPOT", 6: "FLEX_START"}  # fmt: skip
+#: A google.protobuf.Duration as proto JSON writes it: seconds, up to 9 fractional digits, "s".
+_DURATION = re.compile(r"-?[0-9]+(\.[0-9]{1,9})?s")
 
 
-def read_job_file(root: Path, name: str, *, spot: bool) -> tuple[Any, list[tuple[int, PoolShape]]]:
-    """(the YAML document, its pools checked: check_job_spec); one line naming the setting as
-    written when it cannot be read or is no job. `name` is relative to the project directory
+def read_job_file(
+    root: Path, name: str, *, capacity: str, max_run_duration_s: int
+) -> tuple[Any, list[tuple[int, PoolShape]]]:
+    """(the YAML document, its pools checked: check_job_spec, its scheduling: check_scheduling
+    against the stack's `capacity` and maxRunDuration); one line naming the setting as written
+    when it cannot be read or is no job. `name` is relative to the project directory
     (infra/vertex_pools.job_spec_path checked it)."""
     path = root / name
     try:
@@ -47,9 +64,52 @@ def read_job_file(root: Path, name: str, *, spot: bool) -> tuple[Any, list[tuple
         detail = " ".join(str(e).split())
         raise UserError(f"gputrain:vertexJobSpec = {name!r}: not YAML: {detail}") from None
     where = f"gputrain:vertexJobSpec = {name!r}"
-    shapes = check_job_spec(doc, where, spot=spot)
+    shapes = check_job_spec(doc, where, spot=capacity == "spot")
     _vertex_reads(doc, where)
+    check_scheduling(doc, where, capacity=capacity, max_run_duration_s=max_run_duration_s)
     return doc, shapes
+
+
+def check_scheduling(
+    doc: Mapping[str, Any], where: str, *, capacity: str, max_run_duration_s: int
+) -> None:
+    """The file's own scheduling, which wins over the stack's, may not buy dearer or longer: a
+    strategy other than the stack's capacity's, or a timeout past maxRunDuration (the bound the
+    budget is checked against; unset, Vertex's is 7 days) is one line. Null is unset: the
+    stack's value is sent."""
+    scheduling = doc.get("scheduling")
+    if scheduling is None:
+        return
+    if not isinstance(scheduling, dict):
+        raise UserError(f"{where}: scheduling: a YAML {type(scheduling).__name__}; allowed: a map")
+    strategy = scheduling.get("strategy")
+    name = str(strategy)
+    if isinstance(strategy, int) and not isinstance(strategy, bool):
+        name = STRATEGY_NUMBERS.get(strategy, name)
+    bought = STRATEGY_CAPACITY.get(name)
+    if strategy is not None and bought != capacity:
+        raise UserError(
+            f"{where}: scheduling.strategy = {strategy!r}: the stack's capacity is {capacity}, "
+            "the mode the spending caps and prices are reckoned at; allowed: "
+            f"{CAPACITY_STRATEGY[capacity]}, no strategy (the stack's is sent)"
+            + (f", or gputrain:capacity {bought}" if bought else "")
+        )
+    timeout = scheduling.get("timeout")
+    if timeout is None:
+        return
+    most = f"'{max_run_duration_s}s'"
+    ttl = f"gputrain:maxRunDuration {format_duration(max_run_duration_s)}"
+    if not (isinstance(timeout, str) and _DURATION.fullmatch(timeout) and float(timeout[:-1]) > 0):
+        raise UserError(
+            f"{where}: scheduling.timeout = {timeout!r}: allowed: seconds as Vertex writes a "
+            f"duration, more than 0 and at most {most} ({ttl}), or no timeout (the stack's is sent)"
+        )
+    if float(timeout[:-1]) > max_run_duration_s:
+        raise UserError(
+            f"{where}: scheduling.timeout = {timeout!r}: longer than {ttl}, the server-side bound "
+            f"the budget is checked against; allowed: {most} or less, no timeout (the stack's is "
+            "sent), or a longer maxRunDuration"
+        )
 
 
 def _vertex_reads(doc: Any, where: str) -> None:
@@ -140,7 +200,8 @@ def job_spec_for_run(
     spec: dict[str, Any] = json.loads(text)
     spec["baseOutputDirectory"] = {"outputUriPrefix": output_dir}
     spec["serviceAccount"] = service_account
-    spec["scheduling"] = {**scheduling, **(spec.get("scheduling") or {})}
+    theirs = {k: v for k, v in (spec.get("scheduling") or {}).items() if v is not None}
+    spec["scheduling"] = {**scheduling, **theirs}  # null is unset (proto JSON): the stack's
     if image:
         for pool in spec["workerPoolSpecs"]:
             container = (pool or {}).get("containerSpec")

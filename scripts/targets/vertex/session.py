@@ -209,7 +209,10 @@ class VertexSession:
             self._price(self.spec.vertex_pools())
             return custom_job_body(self._request(job, package))
         doc, shapes = read_job_file(
-            self.settings.root, self.spec.vertex_job_spec, spot=self.spec.spot
+            self.settings.root,
+            self.spec.vertex_job_spec,
+            capacity=self.spec.capacity,
+            max_run_duration_s=self.spec.max_run_duration_s,
         )
         self._price(shapes)
         package = self.package_uri(job.run_id)

@@ -127,7 +127,12 @@ class VertexTarget(StackTarget[VertexClients, None]):
     def _file_pools(self, spec: ClusterSpec) -> tuple[dict[str, Any], list[tuple[int, PoolShape]]]:
         from scripts.targets.vertex.jobfile import read_job_file
 
-        return read_job_file(self.settings.root, spec.vertex_job_spec, spot=spec.spot)
+        return read_job_file(
+            self.settings.root,
+            spec.vertex_job_spec,
+            capacity=spec.capacity,
+            max_run_duration_s=spec.max_run_duration_s,
+        )
 
     def job_pools(self, spec: ClusterSpec) -> list[tuple[int, PoolShape]] | None:
         """With vertexJobSpec the file's pools are the job: the spending caps price them."""

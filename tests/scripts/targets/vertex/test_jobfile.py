@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ import yaml
 
 from infra.base.errors import UserError
 from infra.vertex_pools import check_job_spec, pool_rows, price_pools
-from tests.support.vertex_world import JOB_SPEC, job_spec_with
+from tests.support.vertex_world import JOB_SPEC, World, job_spec_with
+
+_ON_DEMAND_1H: dict[str, Any] = {"capacity": "on-demand", "max_run_duration_s": 3600}
 
 
 def test_a_good_file_gives_each_pool_its_shape() -> None:
@@ -161,11 +164,11 @@ def test_a_psc_interface_config_is_sent_by_a_client_that_has_it(
 
     psc = {"networkAttachment": "projects/p/regions/us-central1/networkAttachments/a"}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job_spec_with("pscInterfaceConfig", psc)))
-    doc, shapes = read_job_file(tmp_path, "job.yaml", spot=False)
+    doc, shapes = read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
     assert doc["pscInterfaceConfig"] == psc and len(shapes) == 3
     monkeypatch.delitem(aiplatform_v1.CustomJobSpec.meta.fields, "psc_interface_config")
     with pytest.raises(UserError) as e:
-        read_job_file(tmp_path, "job.yaml", spot=False)
+        read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
     assert re.fullmatch(
         r"gputrain:vertexJobSpec = 'job.yaml': pscInterfaceConfig: the installed "
         r"google-cloud-aiplatform [0-9.]+ cannot send it; allowed: 1\.96\.0 or newer "
@@ -214,6 +217,120 @@ def test_a_file_vertex_cannot_read_is_one_line_before_anything(
 
     (tmp_path / "job.yaml").write_text(text)
     with pytest.raises(UserError) as e:
-        read_job_file(tmp_path, "job.yaml", spot=False)
+        read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
     assert str(e.value).startswith("gputrain:vertexJobSpec = 'job.yaml': ")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+_G2 = {"machineSpec": {"machineType": "g2-standard-8"}, "containerSpec": {"imageUri": "r/p/i:1"}}
+
+
+def test_a_files_scheduling_dearer_than_the_caps_are_checked_at_is_refused_before_anything(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file's scheduling wins over the stack's, but the caps priced the stack's: on a spot
+    stack (maxRunDuration 1h, budget $5) `strategy: STANDARD, timeout: 604800s` passed `plan` at
+    the Spot rate for 1h and was submitted on demand for up to 7 days. Refused in one line, by
+    `plan` and by `run` before `up`; a file within the stack's terms is accepted."""
+    w = world()
+    stack = w.settings.root / "Pulumi.vtest.yaml"
+    stack.write_text(
+        stack.read_text()
+        + "  gputrain:vertexJobSpec: job.yaml\n  gputrain:budget: '5'\n"
+        + "  gputrain:maxHourlyCost: '3'\n"
+    )
+    job = w.settings.root / "job.yaml"
+    where = "gputrain:vertexJobSpec = 'job.yaml': scheduling"
+    for scheduling, refused in [
+        ({"timeout": "604800s", "strategy": "STANDARD"}, (
+            f"{where}.strategy = 'STANDARD': the stack's capacity is spot, the mode the spending "
+            "caps and prices are reckoned at; allowed: SPOT, no strategy (the stack's is sent), "
+            "or gputrain:capacity on-demand")),
+        ({"timeout": "604800s"}, (
+            f"{where}.timeout = '604800s': longer than gputrain:maxRunDuration 1h, the "
+            "server-side bound the budget is checked against; allowed: '3600s' or less, no "
+            "timeout (the stack's is sent), or a longer maxRunDuration")),
+    ]:  # fmt: skip
+        job.write_text(yaml.safe_dump({"workerPoolSpecs": [_G2, _G2], "scheduling": scheduling}))
+        for argv in (("plan",), ("run", "--yes", "--skip-preflight", "--", "-m", "jobs.answer")):
+            assert w.run(argv[0], "--stack", "vtest", *argv[1:]) == 2
+            assert capsys.readouterr().err.strip() == f"gputrain: error: {refused}"
+    assert w.runner.call_names() == [] and w.created() == []
+    job.write_text(
+        yaml.safe_dump(
+            {"workerPoolSpecs": [_G2, _G2], "scheduling": {"timeout": "1800s", "strategy": "SPOT"}}
+        )
+    )
+    assert w.run("plan", "--stack", "vtest") == 0
+    assert "Caps: maxHourlyCost $3.00/h >= $" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("capacity", "scheduling", "refused"),
+    [
+        ("spot", {"strategy": "STANDARD"}, "strategy = 'STANDARD': the stack's capacity is spot"),
+        ("spot", {"strategy": "ON_DEMAND"}, "allowed: SPOT, no strategy (the stack's is sent), or gputrain:capacity on-demand"),
+        ("spot", {"strategy": "STRATEGY_UNSPECIFIED"}, "or gputrain:capacity on-demand"),  # STANDARD
+        ("spot", {"strategy": 0}, "strategy = 0: the stack's capacity is spot"),
+        ("spot", {"strategy": "FLEX_START"}, "allowed: SPOT, no strategy (the stack's is sent), or gputrain:capacity flex-start"),
+        ("on-demand", {"strategy": "LOW_COST"}, "strategy = 'LOW_COST': the stack's capacity is on-demand, the mode the spending caps and prices are reckoned at; allowed: STANDARD, no strategy (the stack's is sent)"),
+        ("on-demand", {"strategy": "SPOT"}, "allowed: STANDARD, no strategy (the stack's is sent), or gputrain:capacity spot"),
+        ("flex-start", {"strategy": "STANDARD"}, "allowed: FLEX_START, no strategy"),
+        ("spot", {"timeout": "3600.000000001s"}, "timeout = '3600.000000001s': longer than gputrain:maxRunDuration 1h"),
+        ("spot", {"timeout": "0s"}, "timeout = '0s': allowed: seconds as Vertex writes a duration, more than 0 and at most '3600s' (gputrain:maxRunDuration 1h), or no timeout (the stack's is sent)"),
+        ("spot", {"timeout": "-5s"}, "timeout = '-5s': allowed: seconds as Vertex writes a duration"),
+    ],
+)  # fmt: skip
+def test_a_files_scheduling_must_keep_the_stacks_capacity_and_bound(
+    tmp_path: Path, capacity: str, scheduling: dict[str, Any], refused: str
+) -> None:
+    """Scheduling.Strategy as aiplatform_v1 has it: STRATEGY_UNSPECIFIED defaults to STANDARD,
+    ON_DEMAND is STANDARD's deprecated name, LOW_COST (deprecated) matches no capacity, proto JSON
+    takes numbers; a timeout past maxRunDuration, or none at all (0s), is not the stack's bound."""
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job_spec_with("scheduling", scheduling)))
+    with pytest.raises(UserError) as e:
+        read_job_file(tmp_path, "job.yaml", capacity=capacity, max_run_duration_s=3600)
+    assert str(e.value).startswith("gputrain:vertexJobSpec = 'job.yaml': scheduling.")
+    assert refused in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "scheduling"),
+    [
+        ("spot", {"strategy": "SPOT", "timeout": "3600s", "disableRetries": True}),
+        ("spot", {"strategy": 4, "timeout": "60.5s"}),
+        ("on-demand", {"strategy": "ON_DEMAND"}),
+        ("on-demand", {"strategy": "STRATEGY_UNSPECIFIED", "timeout": "1800s"}),
+        ("flex-start", {"strategy": "FLEX_START", "maxWaitDuration": "7200s"}),
+        ("spot", {"strategy": None, "timeout": None}),
+        ("spot", {}),
+    ],
+)
+def test_a_files_scheduling_within_the_stacks_terms_is_kept(
+    tmp_path: Path, capacity: str, scheduling: dict[str, Any]
+) -> None:
+    """A matching strategy, a shorter timeout, or none (the stack's is sent) is what the caps
+    priced: the file is read as it is."""
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job_spec_with("scheduling", scheduling)))
+    doc, _ = read_job_file(tmp_path, "job.yaml", capacity=capacity, max_run_duration_s=3600)
+    assert doc["scheduling"] == scheduling
+
+
+def test_a_files_null_scheduling_values_leave_the_stacks_in_place() -> None:
+    """Proto JSON reads null as unset: `strategy: null` over the stack's SPOT went out as no
+    strategy (STANDARD, on demand), `timeout: null` as no timeout (Vertex's 7 days)."""
+    from scripts.targets.vertex.jobfile import job_spec_for_run
+
+    doc = job_spec_with("scheduling", {"strategy": None, "timeout": None, "disableRetries": True})
+    spec = job_spec_for_run(
+        doc,
+        run_id="r1",
+        output_dir="gs://b/runs/r1/",
+        service_account="sa@p.iam.gserviceaccount.com",
+        scheduling={"timeout": "3600s", "strategy": "SPOT"},
+    )
+    assert spec["scheduling"] == {"timeout": "3600s", "strategy": "SPOT", "disableRetries": True}
