@@ -66,12 +66,15 @@ POOL_FIELDS = [
     "machineSpec",
     "replicaCount",
     "nfsMounts",
+    "lustreMounts",
     "diskSpec",
 ]
 #: Fields the floor's aiplatform_v1 lacks, with the first release that has them (read in the
-#: released aiplatform_v1/types/custom_job.py: 1.95.1 lacks psc_interface_config, 1.96.0 has it):
-#: the submission sends the file through the installed client, which must know them.
+#: released aiplatform_v1/types/custom_job.py: 1.95.1 lacks psc_interface_config, 1.96.0 has it;
+#: 1.135.0 lacks WorkerPoolSpec's lustre_mounts, 1.136.0 has it): the submission sends the file
+#: through the installed client, which must know them.
 CLIENT_FIELDS_SINCE = {"pscInterfaceConfig": "1.96.0"}
+POOL_CLIENT_FIELDS_SINCE = {"lustreMounts": "1.136.0"}
 #: PythonPackageSpec's fields Vertex requires (REST and client reference: "Required.").
 PYTHON_PACKAGE_REQUIRED = ("executorImageUri", "packageUris", "pythonModule")
 

@@ -26,6 +26,7 @@ from infra.base.errors import UserError
 from infra.keys import format_duration
 from infra.vertex_pools import (
     CLIENT_FIELDS_SINCE,
+    POOL_CLIENT_FIELDS_SINCE,
     PoolShape,
     check_job_spec,
     is_reduction_server_image,
@@ -126,7 +127,11 @@ def _vertex_reads(doc: Any, where: str) -> None:
         from google.protobuf.json_format import ParseError
     except ImportError:  # the preflight names the missing client
         return
-    _client_knows(doc, aiplatform_v1.CustomJobSpec.meta.fields, where)
+    _client_knows(doc, aiplatform_v1.CustomJobSpec.meta.fields, CLIENT_FIELDS_SINCE, where)
+    pool_fields = aiplatform_v1.WorkerPoolSpec.meta.fields
+    for i, pool in enumerate(doc["workerPoolSpecs"]):  # check_job_spec: maps, or empty
+        at = f"{where}: workerPoolSpecs[{i}]"
+        _client_knows(pool or {}, pool_fields, POOL_CLIENT_FIELDS_SINCE, at)
     try:
         aiplatform_v1.CustomJobSpec.from_json(text)
     except ParseError as e:
@@ -134,14 +139,17 @@ def _vertex_reads(doc: Any, where: str) -> None:
         raise UserError(f"{where}: not what Vertex reads: {detail}") from None
 
 
-def _client_knows(doc: Mapping[str, Any], fields: Mapping[str, Any], where: str) -> None:
-    """A field Vertex has that the installed client (the floor is older) does not: one line
-    naming the release that brings it, not the parser's list of every field it knows."""
+def _client_knows(
+    doc: Mapping[str, Any], fields: Mapping[str, Any], newer: Mapping[str, str], where: str
+) -> None:
+    """A field Vertex has that the installed client (the floor is older) does not (`newer`: the
+    fields with the release that brings them): one line naming that release, not the parser's
+    list of every field it knows."""
     from importlib import metadata
 
     from scripts.targets.vertex.preflight import AIPLATFORM
 
-    for field, since in CLIENT_FIELDS_SINCE.items():
+    for field, since in newer.items():
         if field in doc and re.sub(r"(?<!^)(?=[A-Z])", "_", field).lower() not in fields:
             raise UserError(
                 f"{where}: {field}: the installed {AIPLATFORM} {metadata.version(AIPLATFORM)} "

@@ -334,3 +334,31 @@ def test_a_files_null_scheduling_values_leave_the_stacks_in_place() -> None:
         scheduling={"timeout": "3600s", "strategy": "SPOT"},
     )
     assert spec["scheduling"] == {"timeout": "3600s", "strategy": "SPOT", "disableRetries": True}
+
+
+def test_lustre_mounts_are_sent_by_a_client_that_has_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lustreMounts is a WorkerPoolSpec field (aiplatform_v1 from google-cloud-aiplatform
+    1.136.0; 1.135.0 lacks it): it was refused as "not a WorkerPoolSpec field". The installed
+    client sends it; an older one is named in one line, not by the parser's list."""
+    from google.cloud import aiplatform_v1
+
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    lustre = [{"instanceIp": "10.0.0.2", "volumeHandle": "p/us-central1-a/l", "filesystem": "fs",
+               "mountPoint": "data"}]  # fmt: skip
+    doc = job_spec_with("workerPoolSpecs.1.lustreMounts", lustre)
+    assert len(check_job_spec(doc, "c.yaml")) == 3
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    got, shapes = read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
+    assert got["workerPoolSpecs"][1]["lustreMounts"] == lustre and len(shapes) == 3
+    monkeypatch.delitem(aiplatform_v1.WorkerPoolSpec.meta.fields, "lustre_mounts")
+    with pytest.raises(UserError) as e:
+        read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
+    assert re.fullmatch(
+        r"gputrain:vertexJobSpec = 'job.yaml': workerPoolSpecs\[1\]: lustreMounts: the installed "
+        r"google-cloud-aiplatform [0-9.]+ cannot send it; allowed: 1\.136\.0 or newer "
+        r"\(pip install 'google-cloud-aiplatform>=1\.136\.0'\), or a file without it",
+        str(e.value),
+    )
