@@ -98,8 +98,11 @@ WATCHDOG_UPLOADED = "results.uploaded"
 #: cluster renews it until its own watchdogs are armed; an earlier run's watchdog counts the
 #: controller's silence before autodown from the later of this and its run's heartbeat
 AUTODOWN_HOLD = "autodown.hold"
-#: in the bucket under runs/<run-id>/ and in the results dir: the run's cost record (scripts/cost)
-LEDGER_RECORD = "ledger.json"
+#: in the bucket under runs/<run-id>/ and in the results dir: the cost record of one segment of
+#: the run (each `train --resume` is one more), by its start in unix milliseconds (scripts/cost)
+LEDGER_RECORD = "ledger-{start_ms}.json"
+#: a run's single cost record as earlier versions of gputrain kept it there: still read
+LEDGER_RECORD_SINGLE = "ledger.json"
 #: in the run dir (it comes home with watch/, and the head's results in the bucket hold it): the
 #: head's watchdog stopped the job at the run's budget; JSON: budget_usd, spent_usd, hourly_usd, at
 BUDGET_MARK = "watch/budget.json"

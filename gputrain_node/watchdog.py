@@ -34,7 +34,7 @@ RECORD = ".gputrain/autodown.json"  # the stack's last autodown, read by `gputra
 COMPUTE_ENDPOINT_ENV = "GPUTRAIN_COMPUTE_ENDPOINT"  # tests: the fake Compute API
 NOTIFY_DEADLINE_S = 20.0  # all of one event's webhooks: a slow one never holds a delete longer
 BUDGET_MARK = "watch/budget.json"  # in the run dir (comes home with watch/): the budget stopped it
-LEDGER_RECORD = "ledger.json"  # the contract's LEDGER_RECORD: the run's cost record, runs/<run-id>/
+LEDGER_RECORD = "ledger-{start_ms}.json"  # the contract's: a segment's cost record, runs/<run-id>/
 BUDGET_GRACE_S = 300.0  # billingBudget's SIGTERM, then a kill (a run's budget: half its interval)
 GUARD = "billingBudget"  # the mark's `by`: the stack's Cloud Billing budget stopped the run
 GUARD_FILE = "budget_guard.py"  # beside this file on the head: billingBudget's Pub/Sub reader
@@ -365,11 +365,12 @@ def ledger_record(cfg: Config, run_dir: Path, now: float) -> dict[str, Any] | No
 
 
 def record_cost(cfg: Config, run_dir: Path, bucket: Any, now: float) -> None:
-    """The run's cost record into the bucket, unless one is there (a controller's): once."""
+    """This segment's cost record (each `--resume` is one) into the bucket unless it is: once."""
     record = ledger_record(cfg, run_dir, now)
     if record is None:
         return
-    blob = bucket.blob(f"{cfg.prefix}runs/{cfg.run_id}/{LEDGER_RECORD}")
+    name = LEDGER_RECORD.format(start_ms=round(float(record["start"]) * 1000))
+    blob = bucket.blob(f"{cfg.prefix}runs/{cfg.run_id}/{name}")
     try:
         if not blob.exists():
             blob.upload_from_string(json.dumps(record, sort_keys=True) + "\n")

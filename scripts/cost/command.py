@@ -8,7 +8,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -51,7 +51,8 @@ def group_key(record: LedgerRecord, by: str) -> str:
 
 @dataclass
 class Group:
-    """The sum of some runs; `estimated_usd` None only when none of them was priced."""
+    """The sum of some runs' records (a resumed run has one per segment, each counted; it is one
+    run); `estimated_usd` None only when none of them was priced."""
 
     key: str
     runs: int = 0
@@ -62,9 +63,13 @@ class Group:
     estimated_usd: float | None = None
     unpriced: int = 0  # runs on machines gputrain does not bill (local, hosts) or unknown prices
     billed_usd: float | None = None
+    seen: set[tuple[str, str]] = field(default_factory=set)  # (target, run id) counted
 
-    def add(self, r: LedgerRecord, billed: float | None = None) -> None:
-        self.runs += 1
+    def add(self, r: LedgerRecord, billed: dict[str, float] | None = None) -> None:
+        """`billed`: run id -> USD, the whole run's (added with its first record)."""
+        first = (r.target, r.run_id) not in self.seen
+        self.seen.add((r.target, r.run_id))
+        self.runs = len(self.seen)
         self.gpu_hours += r.gpu_hours
         self.elapsed_s += r.elapsed_s
         self.recoveries += r.recoveries
@@ -74,8 +79,8 @@ class Group:
             self.unpriced += 1
         else:
             self.estimated_usd = (self.estimated_usd or 0.0) + cost
-        if billed is not None:
-            self.billed_usd = (self.billed_usd or 0.0) + billed
+        if first and billed is not None and r.run_id in billed:
+            self.billed_usd = (self.billed_usd or 0.0) + billed[r.run_id]
 
     def to_json(self) -> dict[str, Any]:
         def money(v: float | None) -> float | None:
@@ -112,9 +117,8 @@ def group(
     rows: dict[str, Group] = {}
     total = Group("total")
     for r in records:
-        cost = (billed or {}).get(r.run_id)
-        rows.setdefault(group_key(r, by), Group(group_key(r, by))).add(r, cost)
-        total.add(r, cost)
+        rows.setdefault(group_key(r, by), Group(group_key(r, by))).add(r, billed)
+        total.add(r, billed)
     return list(rows.values()), total
 
 
@@ -165,7 +169,9 @@ def cost_command(
         return
     header = [by, "when (UTC)" if by == "run" else "runs", "nodes x machine", "GPU-h",
               "recoveries", "estimated"] + (["billed"] if billed is not None else [])  # fmt: skip
-    by_key = {group_key(r, by): r for r in chosen}
+    by_key: dict[str, LedgerRecord] = {}  # a run's first record: when it started
+    for r in chosen:
+        by_key.setdefault(group_key(r, by), r)
 
     def row(g: Group, first: str, shape: str) -> list[object]:
         recovered = f"{g.recoveries} ({g.downtime_s:.0f} s)" if g.recoveries else "0"

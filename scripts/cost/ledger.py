@@ -1,7 +1,8 @@
 """runs/ledger.jsonl: one JSON record per run, appended when the run ends (success or failure), on
-every target. A stack's run also writes its record into the stack's bucket
-(`runs/<run-id>/ledger.json`), so `down` brings it home with the run's other small files and
-`gputrain cost` counts it even when another machine ran it."""
+every target; a run resumed (`train --resume`) adds one per segment. A stack's run also writes
+its record into the stack's bucket (`runs/<run-id>/ledger-<start ms>.json`, one per segment), so
+`down` brings it home with the run's other small files and `gputrain cost` counts it even when
+another machine ran it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gputrain_node.contract import LEDGER_RECORD
+from gputrain_node.contract import LEDGER_RECORD, LEDGER_RECORD_SINGLE
 from scripts import ui
 
 if TYPE_CHECKING:
@@ -48,6 +49,12 @@ class LedgerRecord:
     recoveries: int = 0
     downtime_s: float = 0.0
     v: int = VERSION
+
+    @property
+    def segment(self) -> tuple[str, str, float]:
+        """What tells one record from another: a resumed run is a record per segment, and the
+        copies of a segment (this machine's line, the file `down` brought home) are one."""
+        return self.target, self.run_id, self.start
 
     @property
     def elapsed_s(self) -> float:
@@ -146,16 +153,29 @@ class Ledger:
         return ("skipped " + "; ".join(parts)) if parts else None
 
 
+def record_name(start: float) -> str:
+    """The file of a segment's record in the bucket and the results dir (LEDGER_RECORD), named as
+    the head's watchdog names it. Pure."""
+    return LEDGER_RECORD.format(start_ms=round(start * 1000))
+
+
+def record_files(where: Path, under: str = "") -> list[Path]:
+    """The record files of a results dir (`under` "*/*/": of every results dir under runs/):
+    one per segment, and the single one of an earlier gputrain."""
+    names = (LEDGER_RECORD.format(start_ms="*"), LEDGER_RECORD_SINGLE)
+    return sorted(p for name in names for p in where.glob(under + name))
+
+
 def read(runs_dir: Path) -> Ledger:
-    """Every run's record: runs/ledger.jsonl, plus the records `down` (or `results`) brought home
-    from a stack's bucket that this machine's ledger lacks (runs/<target>/<run-id>/ledger.json).
-    One record per (target, run id): the later line wins (a resumed run ends again)."""
-    found: dict[tuple[str, str], LedgerRecord] = {}
+    """Every run's records: runs/ledger.jsonl, plus the records `down` (or `results`) brought
+    home from a stack's bucket that this machine's ledger lacks (runs/<target>/<run-id>/). One
+    record per segment (LedgerRecord.segment): each segment of a resumed run counts."""
+    found: dict[tuple[str, str, float], LedgerRecord] = {}
     skipped: dict[Path, int] = {}
     unreadable: dict[Path, str] = {}
 
     def records_of(path: Path, one_document: bool = False) -> list[LedgerRecord]:
-        """The file's records (a run's ledger.json: one JSON document), counting the rest."""
+        """The file's records (a run's record file: one JSON document), counting the rest."""
         try:
             text = path.read_text(errors="replace")
         except OSError as e:
@@ -169,10 +189,10 @@ def read(runs_dir: Path) -> Ledger:
 
     path = runs_dir / LEDGER
     for record in records_of(path) if path.is_file() else []:
-        found[(record.target, record.run_id)] = record
-    for p in sorted(runs_dir.glob(f"*/*/{LEDGER_RECORD}")):
+        found[record.segment] = record
+    for p in record_files(runs_dir, "*/*/"):
         for record in records_of(p, one_document=True):
-            found.setdefault((record.target, record.run_id), record)
+            found.setdefault(record.segment, record)
     return Ledger(sorted(found.values(), key=lambda r: r.start), skipped, unreadable)
 
 
@@ -257,7 +277,7 @@ def _stack_fields(spec: Any, hourly: float | None) -> dict[str, Any]:
 
 def launch_record(target: str, spec: Any, start: float) -> dict[str, Any]:
     """A stack run's record as its launch knows it (no run id, end or outcome yet): the head's
-    watchdog completes it and puts it in the bucket (LEDGER_RECORD) when it sees the end of a run
+    watchdog completes it and puts it in the bucket (record_name) when it sees the end of a run
     no controller is there to record (a detached one); `down` brings it home."""
     record = LedgerRecord(
         target=target,
@@ -283,21 +303,18 @@ def record_run(
     spec: ClusterSpec | None, session: Session, run_id: str, results_dir: Path, elapsed_s: float
 ) -> None:
     """The lifecycle's one call when a run ends, success or failure: the record onto
-    runs/ledger.jsonl and, for a stack, into its bucket. A failure here is a warning, never the
-    run's."""
+    runs/ledger.jsonl, beside the results and, for a stack, into its bucket, as a file of its
+    own (an earlier segment's stays). A failure here is a warning, never the run's."""
     try:
         record = record_of(spec, session, run_id, results_dir, elapsed_s)
         append(results_dir.parent.parent, record)
         results_dir.mkdir(parents=True, exist_ok=True)
-        (results_dir / LEDGER_RECORD).write_text(
-            json.dumps(record.to_json(), sort_keys=True) + "\n"
-        )
+        path = results_dir / record_name(record.start)
+        path.write_text(json.dumps(record.to_json(), sort_keys=True) + "\n")
         where = session.ledger_bucket()
         if where is not None:
             storage, bucket, prefix = where
-            storage.upload(
-                bucket, f"{prefix}runs/{run_id}/{LEDGER_RECORD}", results_dir / LEDGER_RECORD
-            )
+            storage.upload(bucket, f"{prefix}runs/{run_id}/{path.name}", path)
     except Exception as e:
         ui.warn(f"could not add run {run_id} to the cost ledger: {e}")
 

@@ -2,7 +2,7 @@
 written at the end of every run and by `gputrain report RUN`. It reads only what the run left in
 its results dir: metrics.jsonl and summary.json (the trainer), <node>/watch*/telemetry.csv (the
 GPU sampler), watch-events.jsonl (stalls, restarts, GPU faults, idle nodes), job.json
-(recoveries) and cost.json (the price the run was billed at)."""
+(recoveries), cost.json (the price the run was billed at) and the run's cost-ledger records."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputrain_node.contract import LEDGER_RECORD
 from infra.base.errors import UserError
 from scripts import ui
+from scripts.cost.ledger import LedgerRecord, record_files
 from scripts.settings import Settings
 from scripts.watch.telemetry import Sample, parse_samples
 
@@ -38,7 +38,7 @@ class RunData:
     events: list[dict[str, Any]] = field(default_factory=list)  # time, kind, label
     job: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)
-    ledger: dict[str, Any] = field(default_factory=dict)  # the run's cost-ledger record
+    ledger: dict[str, Any] = field(default_factory=dict)  # its cost-ledger records' figures
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
@@ -59,6 +59,22 @@ def _json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _ledger(results_dir: Path) -> dict[str, Any]:
+    """The run's cost-ledger figures as `gputrain cost` shows the run: its records' (one per
+    segment: each `train --resume` adds one) GPU-hours, downtime and estimate, summed."""
+    found = [LedgerRecord.from_json(_json(p)) for p in record_files(results_dir)]
+    records = list({r.segment: r for r in found if r is not None}.values())
+    if not records:
+        return {}
+    costs = [r.estimated_usd for r in records if r.estimated_usd is not None]
+    return {
+        "segments": len(records),
+        "gpu_hours": sum(r.gpu_hours for r in records),
+        "downtime_s": sum(r.downtime_s for r in records),
+        "estimated_usd": sum(costs) if costs else None,
+    }
 
 
 def _number(value: Any) -> float | None:
@@ -107,7 +123,7 @@ def load_run(results_dir: Path) -> RunData:
             data.telemetry[n.name] = sorted(seen.values(), key=lambda s: (s.time, s.gpu))
     data.job = _json(results_dir / "job.json")
     data.cost = _json(results_dir / COST)
-    data.ledger = _json(results_dir / LEDGER_RECORD)
+    data.ledger = _ledger(results_dir)
     for e in _json_lines(results_dir / "watch-events.jsonl"):
         if e.get("kind") in ("stall", "restart", "gpu_fault") and _number(e.get("time")):
             where = " ".join(
@@ -273,7 +289,9 @@ def summary_rows(data: RunData) -> list[tuple[str, str]]:
         if _number(data.ledger.get("downtime_s")):
             rows.append(("recovery downtime", f"{data.ledger['downtime_s']:.0f} s"))
         if _number(estimated) is not None:
-            rows.append(("estimated cost (ledger)", f"${estimated:.2f}"))
+            segments = data.ledger.get("segments", 1)
+            over = f", {segments} segments" if segments > 1 else ""
+            rows.append((f"estimated cost (ledger{over})", f"${estimated:.2f}"))
     hourly, elapsed = _number(data.cost.get("hourly_usd")), _number(data.cost.get("elapsed_s"))
     if hourly is not None and elapsed is not None:
         rows.append(("cost so far", f"${hourly * elapsed / 3600:.2f} at ${hourly:.2f}/h"))

@@ -451,7 +451,7 @@ def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
 
 
 def test_ctrl_c_on_a_local_run_brings_its_results_home(tmp_path: Path) -> None:
-    """teardown.md: results before teardown, on Ctrl-C too (only cost.json, ledger.json and
+    """teardown.md: results before teardown, on Ctrl-C too (only cost.json, its ledger record and
     report.html came home)."""
     (tmp_path / "job.py").write_text(
         "import time\nprint('training', flush=True)\ntime.sleep(120)\n"

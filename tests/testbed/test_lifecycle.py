@@ -50,7 +50,8 @@ def test_run_stack_end_to_end(
     assert record["nodes"] == 2 and record["machine"] == "g2-standard-8"
     assert record["hourly_usd"] > 0 and record["estimated_usd"] > 0 and record["price_source"]
     assert record["gpus_per_node"] == 1 and record["gpu_hours"] > 0  # the L4 built into G2
-    assert json.loads((run_dir / "ledger.json").read_text())["run_id"] == run_dir.name
+    (segment,) = run_dir.glob("ledger-*.json")  # the run's one segment
+    assert json.loads(segment.read_text())["run_id"] == run_dir.name
 
 
 def test_preflight_failure_creates_nothing(

@@ -15,7 +15,7 @@ import pytest
 from infra.base.errors import UserError
 from scripts.cli import main
 from scripts.cost.command import group, parse_since, select
-from scripts.cost.ledger import LEDGER, LedgerRecord, append, read
+from scripts.cost.ledger import LEDGER, LedgerRecord, append, read, record_name, record_run
 from scripts.settings import Settings
 from tests.support import JOBS
 
@@ -166,7 +166,6 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     end with no controller there (its end, its outcome, the figures): the ledger reads it as it
     reads a controller's, the same figures."""
     from gputrain_node import watchdog
-    from gputrain_node.contract import LEDGER_RECORD
     from infra.spec import parse_spec
     from scripts.cost.ledger import launch_record
     from tests.support.pulumi_mocks import deployable_config
@@ -192,5 +191,87 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     assert watchdog.ledger_record(cfg, tmp_path, 1_000_100.0)["ok"] is False  # type: ignore[index]
     runs = tmp_path / "runs"  # `down` brought it home: the ledger counts it
     (runs / "stack-dev" / "r7").mkdir(parents=True)
-    (runs / "stack-dev" / "r7" / LEDGER_RECORD).write_text(json.dumps(done))
+    (runs / "stack-dev" / "r7" / record_name(done["start"])).write_text(json.dumps(done))
     assert [r.run_id for r in read(runs).records] == ["r7"]
+
+
+def test_every_segment_of_a_resumed_run_counts_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`train --resume` keeps the run id: each segment is a record of its own, all summed into
+    the run's one row; the copies of a segment (this machine's line, the file beside the results,
+    an earlier gputrain's single ledger.json) count once, and the bill of the run once."""
+    runs = tmp_path / "runs"
+    first = record("r1")  # 1 h at $2/h each
+    second = record("r1", start=1_010_000.0, end=1_013_600.0, ok=False)
+    for r in (first, second):
+        append(runs, r)
+    home = runs / "stack-dev" / "r1"
+    home.mkdir(parents=True)
+    for r in (first, second):
+        (home / record_name(r.start)).write_text(json.dumps(r.to_json()))
+    (home / "ledger.json").write_text(json.dumps(second.to_json()) + "\n")
+    assert read(runs).records == [first, second]
+    settings = Settings(root=tmp_path, runs_dir=runs)
+    assert main(["cost", "--json", "--since", "1970-01-01"], settings) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["runs"]) == 2 and doc["total"]["estimated_usd"] == pytest.approx(4.0)
+    (row,) = doc["groups"]
+    assert row["key"] == "stack-dev/r1" and row["runs"] == 1 and row["gpu_hours"] == 4.0
+    rows, total = group([first, second], "run", {"r1": 3.5})
+    assert rows[0].billed_usd == total.billed_usd == 3.5 and total.runs == 1
+    # a segment only the bucket knew (its copy `down` brought home) adds to the run's
+    third = record("r1", start=1_020_000.0, end=1_021_800.0)
+    (home / record_name(third.start)).write_text(json.dumps(third.to_json()) + "\n")
+    assert [r.start for r in read(runs).records] == [first.start, second.start, third.start]
+
+
+def test_a_resumed_segments_record_never_replaces_the_earlier_ones(tmp_path: Path) -> None:
+    """record_run writes each segment's file beside the results and into the bucket under a
+    name of its own; the head's watchdog, for a detached segment, writes its own segment's
+    file (an earlier segment's record in the bucket does not stop it) and names it alike."""
+    from types import SimpleNamespace
+
+    from gputrain_node import watchdog
+    from scripts.targets.base import Footprint
+
+    uploaded: dict[str, bytes] = {}
+
+    class Storage:
+        def upload(self, bucket: str, name: str, source: Path) -> None:
+            uploaded[name] = source.read_bytes()
+
+    results = tmp_path / "runs" / "stack-dev" / "r1"
+    session = SimpleNamespace(
+        name="stack-dev", hourly_usd=2.0, ledger_bucket=lambda: (Storage(), "b", "team/"),
+        footprint=lambda: Footprint(2, "g2-standard-8", 1),
+    )  # fmt: skip
+    for elapsed in (3600.0, 1800.0):
+        record_run(None, session, "r1", results, elapsed)  # type: ignore[arg-type]
+        time.sleep(0.01)
+    assert len(uploaded) == 2 and all(n.startswith("team/runs/r1/ledger-") for n in uploaded)
+    assert sorted(p.name for p in results.iterdir()) == sorted(n.rsplit("/")[-1] for n in uploaded)
+    records = read(tmp_path / "runs").records
+    assert len(records) == 2 and sum(r.elapsed_s for r in records) == pytest.approx(5400, abs=5)
+
+    class Blob:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def exists(self) -> bool:
+            return self.name in uploaded
+
+        def upload_from_string(self, text: str) -> None:
+            uploaded[self.name] = text.encode()
+
+    bucket = SimpleNamespace(blob=Blob)
+    launch = records[1].to_json() | {"start": 1_900_000.123, "run_id": ""}  # a detached resume
+    cfg = watchdog.Config.parse(
+        {"stack": "dev", "run_id": "r1", "node": "dev-node-0", "head": True, "project": "p",
+         "instances": [], "bucket": "gs://b/team/", "autodown_s": None, "ledger": launch}
+    )  # fmt: skip
+    (tmp_path / "exitcode").write_text("0 1903600.0\n")
+    watchdog.record_cost(cfg, tmp_path, bucket, 1_903_600.123)
+    assert len(uploaded) == 3
+    mine = json.loads(uploaded[f"team/runs/r1/{record_name(1_900_000.123)}"])
+    assert mine["start"] == 1_900_000.123 and mine["elapsed_s"] == 3600.0

@@ -180,3 +180,22 @@ def test_a_third_party_trainers_files_make_a_report_not_a_traceback(tmp_path: Pa
     assert table["cost so far"] == "nothing billed by gputrain (machines you own)"  # not $nan
     # the two rows with a numeric step and loss make the loss plot
     assert page.count("data:image/png;base64,") >= 1
+
+
+def test_the_report_sums_the_ledger_records_of_a_resumed_runs_segments(tmp_path: Path) -> None:
+    """One record file per segment (each `train --resume` adds one): the report shows the run's
+    GPU-hours and estimate as `gputrain cost` does, every segment once."""
+    from scripts.cost.ledger import LedgerRecord, record_name
+
+    run = tmp_path / "r-8"
+    run.mkdir()
+    for start in (1_000_000.0, 1_010_000.0):  # 2 nodes x 1 GPU, 1 h at $2/h each
+        record = LedgerRecord(
+            target="stack-dev", run_id="r-8", user="me", start=start, end=start + 3600, ok=True,
+            nodes=2, machine="g2-standard-8", gpus_per_node=1, hourly_usd=2.0,
+        )  # fmt: skip
+        (run / record_name(start)).write_text(json.dumps(record.to_json()) + "\n")
+    page = write_report(run).read_text()
+    table = dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", page))
+    assert table["GPU-hours"] == "4.00"
+    assert table["estimated cost (ledger, 2 segments)"] == "$4.00"
