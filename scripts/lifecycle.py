@@ -32,7 +32,7 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
     `healthcheck` (on what exists): plan -> provision -> verify -> run -> summary. With
     `opts.detach` it returns once the job trains (None), leaving it and its machines running.
     Each event goes to the `notify` webhooks (scripts/notify.py), never holding the run up."""
-    started = time.monotonic()
+    started = time.monotonic()  # the command's own wall clock; cost counts from billed_since
     plan = plan_run(target, opts, settings, create=create)  # every check before anything exists
     notifier = Notifier(plan.notify, {"stack": plan.label})
     try:
@@ -43,11 +43,10 @@ def run(target: Target, opts: RunOptions, settings: Settings, *, create: bool) -
                     detach(plan, session, job, guard, settings)
                     return None
             except BaseException:  # the machines' time is in the ledger, as a failed run's
-                elapsed = time.monotonic() - started
-                record_unstarted(plan.spec, session, plan.run_id, settings.runs_home, elapsed)
+                record_unstarted(plan.spec, session, plan.run_id, settings.runs_home)
                 raise
-            result = run_job(plan, session, job, guard, started)
-        summary(plan, result, session.hourly_usd, started, notifier)
+            result = run_job(plan, session, job, guard)
+        summary(plan, result, session, started, notifier)
         return result
     except BudgetReached as e:
         fields = {"spent_usd": e.spent_usd, "budget_usd": e.budget_usd}
@@ -87,29 +86,31 @@ def verified_job(plan: RunPlan, session: Session, settings: Settings, notifier: 
     return plan.job(image)
 
 
-def run_job(
-    plan: RunPlan, session: Session, job: Job, guard: SignalGuard, started: float
-) -> JobResult:
+def run_job(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> JobResult:
     """Launch, follow, collect into runs/<target>/<run-id>/; its report, also for a failed run."""
     try:
         return session.run_job(job, plan.results_dir, guard)
     finally:
-        elapsed = time.monotonic() - started
-        record_run(plan.spec, session, plan.run_id, plan.results_dir, elapsed)  # the ledger
-        report_after_run(plan.results_dir, session.hourly_usd, elapsed)
+        record_run(plan.spec, session, plan.run_id, plan.results_dir)  # the ledger
+        report_after_run(plan.results_dir, session.hourly_usd, billed_s(session))
+
+
+def billed_s(session: Session) -> float:
+    """How long the session's machines have billed for this run (Session.billed_since): not
+    the plan, the prompt, an image build or a wait for capacity before they were up."""
+    since = session.billed_since
+    return 0.0 if since is None else max(0.0, time.time() - since)
 
 
 def summary(
-    plan: RunPlan,
-    result: JobResult,
-    hourly_usd: float | None,
-    started: float,
-    notifier: Notifier,
+    plan: RunPlan, result: JobResult, session: Session, started: float, notifier: Notifier
 ) -> None:
     """The closing table, and `finished` with its figures."""
     from scripts.notify import summary_fields
 
-    cost = summarize(result, hourly_usd=hourly_usd, started=started)
+    cost = summarize(
+        result, hourly_usd=session.hourly_usd, started=started, billed_s=billed_s(session)
+    )
     found = _find_summary(result.results_dir) or {}
     notifier.send("finished", **summary_fields(found, cost))
 
@@ -296,10 +297,14 @@ def ssh(target: Target, node: str, command: Sequence[str], opts: RunOptions) -> 
         return session.ssh(node, command)
 
 
-def summarize(result: JobResult, *, hourly_usd: float | None, started: float) -> float | None:
-    """The closing lines of a run: loss vs floor, throughput, recoveries, where results are, and
-    the cost of the whole run (recoveries' lost time included), which it returns."""
+def summarize(
+    result: JobResult, *, hourly_usd: float | None, started: float, billed_s: float | None = None
+) -> float | None:
+    """The closing lines of a run: loss vs floor, throughput, recoveries, where results are, the
+    command's wall clock (`started`, monotonic) and the cost of the machines' time for the run
+    (`billed_s`; None: the wall clock), recoveries' lost time included, which it returns."""
     elapsed = time.monotonic() - started
+    billed = elapsed if billed_s is None else billed_s
     summary: dict[str, Any] = _find_summary(result.results_dir) or {}
     rows: list[list[object]] = []
     for key, label, fmt in (
@@ -315,12 +320,13 @@ def summarize(result: JobResult, *, hourly_usd: float | None, started: float) ->
     if not rows:  # not our trainer's summary: what its log shows
         rows += [list(r) for r in log_progress(result.results_dir, result.exit_codes)]
     rows += recovery_rows(result.recoveries)
-    rows += [["results", str(result.results_dir)], ["elapsed", f"{elapsed:.0f} s"]]
+    rows += [["results", str(result.results_dir)], ["elapsed (the command)", f"{elapsed:.0f} s"]]
     cost = None
     if hourly_usd is not None:
-        cost = hourly_usd * elapsed / 3600
+        cost = hourly_usd * billed / 3600
         lost = sum(r.downtime_s for r in result.recoveries)
         note = f", {lost:.0f} s of it recovering" if result.recoveries else ""
+        rows.append(["billed time (the machines)", f"{billed:.0f} s"])
         rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h{note}"])
     ui.table("run summary", ["", ""], rows)
     return cost

@@ -190,7 +190,7 @@ def cost_command(
             table.append(row(g, str(g.runs), ""))
     table.append(row(total, str(total.runs), ""))
     ui.table("cost" + (f" since {since}" if since else ""), header, table)
-    notes = ["estimated: the price table's rate x wall clock (recoveries included)"]
+    notes = ["estimated: the price table's rate x the machines' time (recoveries included)"]
     if total.unpriced:
         notes.append(f"{total.unpriced} run(s) on machines gputrain does not bill: no estimate")
     if billing_note:

@@ -29,8 +29,9 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class LedgerRecord:
-    """One run: where, who, when, on what, at which price, and what it cost (an estimate: the
-    price table's rate times the wall clock, recoveries' downtime included)."""
+    """One run (or segment of a resumed one): where, who, when, on what, at which price, and
+    what it cost (an estimate: the price table's rate times the time from when its machines were
+    up for it to its end, recoveries' downtime included)."""
 
     target: str  # runs/<target>/: "local", "hosts-<name>", "stack-<name>"
     run_id: str
@@ -228,19 +229,19 @@ def record_of(
     session: Session,
     run_id: str,
     results_dir: Path | None,
-    elapsed_s: float,
 ) -> LedgerRecord:
     """The run's record from the run plan's spec (a stack: the machine, its capacity and price)
     or what the session occupies (machines that exist), and the job.json it left (no results
-    dir: its job never started, a failure)."""
+    dir: its job never started, a failure). It starts when the session's machines began to
+    bill for the run (Session.billed_since), not when the command did."""
     end = time.time()
     ok, recoveries, downtime = _job_outcome(results_dir) if results_dir else (False, 0, 0.0)
-    hourly = session.hourly_usd
+    hourly, since = session.hourly_usd, session.billed_since
     common = dict(
         target=session.name,
         run_id=run_id,
         user=_user(),
-        start=round(end - elapsed_s, 3),
+        start=round(end if since is None else min(since, end), 3),
         end=round(end, 3),
         ok=ok,
         hourly_usd=hourly,
@@ -299,14 +300,12 @@ def _user() -> str:
         return "unknown"
 
 
-def record_run(
-    spec: ClusterSpec | None, session: Session, run_id: str, results_dir: Path, elapsed_s: float
-) -> None:
+def record_run(spec: ClusterSpec | None, session: Session, run_id: str, results_dir: Path) -> None:
     """The lifecycle's one call when a run ends, success or failure: the record onto
     runs/ledger.jsonl, beside the results and, for a stack, into its bucket, as a file of its
     own (an earlier segment's stays). A failure here is a warning, never the run's."""
     try:
-        record = record_of(spec, session, run_id, results_dir, elapsed_s)
+        record = record_of(spec, session, run_id, results_dir)
         append(results_dir.parent.parent, record)
         results_dir.mkdir(parents=True, exist_ok=True)
         path = results_dir / record_name(record.start)
@@ -320,13 +319,12 @@ def record_run(
 
 
 def record_unstarted(
-    spec: ClusterSpec | None, session: Session, run_id: str, runs_home: Callable[[], Path],
-    elapsed_s: float,
-) -> None:  # fmt: skip
+    spec: ClusterSpec | None, session: Session, run_id: str, runs_home: Callable[[], Path]
+) -> None:
     """A run whose machines were up but whose job never started (verification failed, the
     machines were busy, Ctrl-C): its time on them, `ok: false`, onto runs/ledger.jsonl only (it
     has no results dir). A failure here is a warning, never the run's."""
     try:
-        append(runs_home(), record_of(spec, session, run_id, None, elapsed_s))
+        append(runs_home(), record_of(spec, session, run_id, None))
     except Exception as e:
         ui.warn(f"could not add run {run_id} to the cost ledger: {e}")

@@ -57,6 +57,7 @@ class FleetSession:
         self.settings = settings
         self.record_new_keys = record_new_keys
         self.hourly_usd = hourly_usd
+        self.billed_since: float | None = time.time()  # the machines are up (or ours anyway)
         self.keep = keep
         self.connect_deadline_s = (
             settings.existing_wait_s if connect_deadline_s is None else connect_deadline_s

@@ -342,6 +342,7 @@ class RecoveringSession(FleetSession):
             stall_timeout_s=stall_timeout_s,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
+        self.billed_since = nodes.created_at  # as the budget's and the watchdog's record count
         self.holds_lease = True  # the laptop's controller; a reconciler's pass holds its own
         head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
         self.watchdogs = Watchdogs(autodown, head) if autodown is not None else None

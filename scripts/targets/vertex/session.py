@@ -7,6 +7,7 @@ ended, so nothing keeps billing.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import tempfile
@@ -101,6 +102,7 @@ class VertexSession:
         self.spec, self.out, self.clients, self.settings = spec, outputs, clients, settings
         self.name = target_name(spec.stack)
         self.hourly_usd: float | None = spec.hourly_price
+        self.billed_since: float | None = None  # the job's start, once Vertex says it ran
         self.keep = keep
         self.notifier: Notifier | None = None  # nothing is preempted under us
         self.api = clients.api(outputs.project, outputs.region)
@@ -310,11 +312,18 @@ class VertexSession:
 
         return self.api.follow(
             name,
-            on_state=lambda status, seen: ui.say(state_line(status, seen)),
+            on_state=self._state,
             on_lines=lines,
             poll_s=self.clients.poll_s,
             settle_s=self.clients.settle_s,
         )
+
+    def _state(self, status: JobStatus, seen: dt.datetime) -> None:
+        """A state the job reached, said; its start (Vertex's startTime, when it first ran: not
+        the queue before) is where the run's cost counts from."""
+        if status.start_time is not None and self.billed_since is None:
+            self.billed_since = status.start_time.timestamp()
+        ui.say(state_line(status, seen))
 
     def cancel(self, name: str | None, run_id: str | None = None) -> None:
         """Cancel a job (or, when its create may have gone through unseen, the run's jobs found by
@@ -333,7 +342,7 @@ class VertexSession:
                     n,
                     poll_s=min(5.0, self.clients.poll_s),
                     timeout_s=self.clients.cancel_timeout_s,
-                    on_state=lambda status, seen: ui.say(state_line(status, seen)),
+                    on_state=self._state,
                 )
         except Exception as e:
             ui.warn(

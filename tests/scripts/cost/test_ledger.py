@@ -247,8 +247,8 @@ def test_a_resumed_segments_record_never_replaces_the_earlier_ones(tmp_path: Pat
         footprint=lambda: Footprint(2, "g2-standard-8", 1),
     )  # fmt: skip
     for elapsed in (3600.0, 1800.0):
-        record_run(None, session, "r1", results, elapsed)  # type: ignore[arg-type]
-        time.sleep(0.01)
+        session.billed_since = time.time() - elapsed
+        record_run(None, session, "r1", results)  # type: ignore[arg-type]
     assert len(uploaded) == 2 and all(n.startswith("team/runs/r1/ledger-") for n in uploaded)
     assert sorted(p.name for p in results.iterdir()) == sorted(n.rsplit("/")[-1] for n in uploaded)
     records = read(tmp_path / "runs").records

@@ -101,6 +101,32 @@ def test_stack_nodes_read_the_compute_api() -> None:
         }
 
 
+def test_a_stack_runs_cost_record_starts_where_its_budget_and_watchdog_record_do(
+    tmp_path: Path,
+) -> None:
+    """The session bills from its nodes' start (after `up`), the start the head's budget and
+    its cost record of a detached segment count from: the controller's record and the
+    watchdog's of one segment are the same segment (scripts/cost/ledger.py)."""
+    from infra.base.records import Fleet, Node
+    from scripts.cost.ledger import launch_record, record_of
+    from scripts.targets.gce.recovery import RecoveringSession
+
+    out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=1))
+    nodes = StackNodes(
+        ComputeApi("http://127.0.0.1:9"), out, spot=True, ttl_s=3600,
+        recreate=lambda zone: (None, out),  # type: ignore[arg-type,return-value]
+        clock=lambda: 1_000_000.2504,
+    )  # fmt: skip
+    fleet = Fleet("stack-dev", (Node("dev-node-0", "head", "10.0.0.1"),))
+    session = RecoveringSession(
+        fleet, Settings(tmp_path, tmp_path / "runs"), nodes, max_recoveries=0, hourly_usd=2.0
+    )
+    spec = parse_spec(deployable_config("dev"), "dev")
+    record = record_of(spec, session, "r1", None)
+    assert record.start == launch_record("stack-dev", spec, nodes.created_at)["start"]
+    assert record.start == 1_000_000.25
+
+
 def test_checkpoints_go_under_the_runs_prefix_of_the_bucket() -> None:
     theirs = sample_outputs("dev", ZONE) | {"bucket": "b", "bucketPrefix": "t/", "bucketOwned": 0}
 

@@ -5,6 +5,7 @@ the sweep lists it); a failed download keeps it too; the user's own bucket is ne
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,10 +344,11 @@ def test_a_run_another_machine_recorded_in_the_bucket_comes_home_into_the_ledger
     session = SimpleNamespace(
         name="stack-lab",
         hourly_usd=3.0,
+        billed_since=time.time() - 1800,  # its machines were up half an hour
         ledger_bucket=lambda: (StorageApi("gputrain-test"), BUCKET, ""),
         footprint=lambda: Footprint(2, "g2-standard-8", 1),
     )
-    record_run(None, session, "r9", elsewhere, 1800.0)  # type: ignore[arg-type]
+    record_run(None, session, "r9", elsewhere)  # type: ignore[arg-type]
     assert [n for n in cloud.names() if n.startswith("runs/r9/ledger-")]  # the segment's file
     assert cloud.main("down", "--stack", "lab") == 0
     capsys.readouterr()

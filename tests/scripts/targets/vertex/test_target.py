@@ -4,6 +4,7 @@ label, the stack outputs it accepts, and the CLI's one-line refusals."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,6 +159,23 @@ def test_logs_of_a_run_without_a_local_record_find_its_job_by_label(
     assert not (settings.runs_dir / "stack-vx" / "20260101-000000-bbbb" / JOB_RECORD).exists()
     with pytest.raises(Exception, match="no Vertex job of stack vx has run id nope"):
         session.logs("nope")
+
+
+def test_a_jobs_cost_counts_from_when_it_ran_not_from_its_queue(
+    tmp_path: Path, fv: FakeVertex, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The session bills from the job's startTime as Vertex reports it (its first RUNNING): the
+    time it sat PENDING is nothing the ledger or the summary may charge."""
+    session = _session(_project(tmp_path), fv)
+    submitted = time.time()
+    job_id = _submit(session, "20260101-000000-cccc").rsplit("/", 1)[1]
+    time.sleep(0.5)  # queued
+    fv.set_state(job_id, "JOB_STATE_RUNNING")
+    fv.set_state(job_id, "JOB_STATE_SUCCEEDED")
+    assert session.billed_since is None  # nothing seen running yet
+    session.logs("20260101-000000-cccc")
+    assert session.billed_since is not None and session.billed_since >= submitted + 0.5
+    assert session.billed_since <= time.time()
 
 
 def test_run_ids_become_label_values() -> None:
