@@ -244,14 +244,14 @@ def result_files(run_dir: Path) -> list[tuple[Path, str]]:
     return [(p, name) for p, name in out if p.is_file()]
 
 
-def upload_results(cfg: Config, run_dir: Path, end: float, bucket: Any) -> int:
+def upload_results(cfg: Config, run_dir: Path, end: float, bucket: Any, since: float) -> int:
     """This node's results, then its end marker (last: the head trusts what it names)."""
     files = result_files(run_dir)
     for path, name in files:
         bucket.blob(cfg.node_prefix(cfg.node) + name).upload_from_filename(str(path))
     code = exit_code(run_dir)
     marker = {"node": cfg.node, "ended_at": end, "exit_code": code[0] if code else None}
-    if (run_dir / BUDGET_MARK).is_file():
+    if budget_stop(run_dir, since) is not None:
         marker["stopped_by"] = "budget"
     bucket.blob(cfg.node_prefix(cfg.node) + ENDED).upload_from_string(json.dumps(marker))
     return len(files)
@@ -378,12 +378,12 @@ def record_cost(cfg: Config, run_dir: Path, bucket: Any, now: float) -> None:
         log(f"could not put the run's cost record in the bucket: {type(e).__name__}: {e}")
 
 
-def say_end(cfg: Config, run_dir: Path, bucket: Any, now: float) -> bool:
+def say_end(cfg: Config, run_dir: Path, bucket: Any, now: float, since: float) -> bool:
     """What the controller would do at the end, with it gone: the cost record, then `finished`
     or `failed` with the run's figures (or the budget's stop) queued for the webhooks. True."""
     record_cost(cfg, run_dir, bucket, now)
     figures, code = summary_of(run_dir), exit_code(run_dir)
-    if (stop := budget_stop(run_dir)) is not None:
+    if (stop := budget_stop(run_dir, since)) is not None:
         notify_later(cfg, "budget", budget_line(stop), **figures, **stop)
     else:
         event = "finished" if code == ["0"] else "failed"
@@ -391,13 +391,13 @@ def say_end(cfg: Config, run_dir: Path, bucket: Any, now: float) -> bool:
     return True
 
 
-def budget_stop(run_dir: Path) -> dict[str, Any] | None:
-    """What BUDGET_MARK says (the budget stopped this run), or None."""
+def budget_stop(run_dir: Path, since: float) -> dict[str, Any] | None:
+    """BUDGET_MARK's stop of the attempt armed at `since` (never an earlier one's), or None."""
     try:
         data = json.loads((run_dir / BUDGET_MARK).read_text())
-    except (OSError, ValueError):
+        return data if float(data["at"]) >= since - 1 else None
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def budget_line(stop: dict[str, Any]) -> str:
@@ -532,7 +532,7 @@ def watch(
                     budget_stopped = now
             if end is not None and not uploaded:
                 try:
-                    n = upload_results(cfg, run_dir, end, bucket)
+                    n = upload_results(cfg, run_dir, end, bucket, armed)
                     uploaded = True
                     with contextlib.suppress(OSError):
                         (run_dir / UPLOADED).touch()
@@ -541,7 +541,7 @@ def watch(
                     )
                     if cfg.head and silence_s(run_dir, clock()) > 3 * cfg.heartbeat_s:
                         # the controller is gone: say it ourselves
-                        said_end = say_end(cfg, run_dir, bucket, clock())
+                        said_end = say_end(cfg, run_dir, bucket, clock(), armed)
                 except Exception as e:  # the network: try again next round
                     log(f"could not upload the results yet: {type(e).__name__}: {e}")
             if uploaded and (not cfg.head or cfg.autodown_s is None):
@@ -552,7 +552,7 @@ def watch(
                 if quiet >= autodown_after(cfg, budget_stopped is not None):
                     try:
                         if not said_end:  # the controller went away after the job's end: say it
-                            said_end = say_end(cfg, run_dir, bucket, clock())
+                            said_end = say_end(cfg, run_dir, bucket, clock(), armed)
                         compute = compute or Compute(cfg.project)
                         ends = node_ends(cfg, bucket, armed)
                         missing = [
@@ -572,7 +572,7 @@ def watch(
                                 f"job ended at {job_end:.0f}, controller silent for {quiet:.0f} s: "
                                 "autodown"
                             )
-                            stopped = budget_stop(run_dir)
+                            stopped = budget_stop(run_dir, armed)
                             autodown(cfg, bucket, compute, job_end, clock=clock, stopped=stopped)
                             return 0
                     except Exception as e:

@@ -367,15 +367,24 @@ def budget_name(stop: Mapping[str, object], own: str = "its budget") -> str:
     return "the stack's Cloud Billing budget" if stop.get("by") == contract.GUARD_STOP else own
 
 
+#: how far the head's clock may lag this machine's for its budget mark to count as this attempt's
+MARK_CLOCK_SLACK_S = 60.0
+
+
 def budget_reached(
-    error: TrainingError, head: str, checkpoints: str | None
+    error: TrainingError, head: str, checkpoints: str | None, since: float
 ) -> BudgetReached | None:
-    """The job's end as the budget's stop, when the head's watchdog left its mark (BUDGET_MARK:
-    it comes home in the head's watch/ with the results); None: it ended for another reason."""
+    """The job's end as the budget's stop, when the head's watchdog left its mark for this
+    attempt (BUDGET_MARK: it comes home in the head's watch/ with the results; its `at`, on the
+    head's clock, not before `since`, when this attempt began here, less MARK_CLOCK_SLACK_S).
+    None: it ended for another reason, also beside an earlier attempt's mark (a run resumed
+    after a budget stop, whose mark stayed on a kept head): that end is recovered or failed."""
     try:
         stop = json.loads((error.result.results_dir / head / contract.BUDGET_MARK).read_text())
-        spent, budget = float(stop["spent_usd"]), float(stop["budget_usd"])
+        spent, budget, at = float(stop["spent_usd"]), float(stop["budget_usd"]), float(stop["at"])
     except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if at < since - MARK_CLOCK_SLACK_S:
         return None
     kept = f"its newest checkpoint is in {checkpoints}; " if checkpoints else ""
     why = (

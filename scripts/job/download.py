@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
+from gputrain_node.contract import BUDGET_MARK
 from infra.base.errors import GputrainError
 from scripts import ui
 from scripts.job.data_io import FILLED_RECORD, FORGET_FILLED_SH, build_collect_workdir_command
@@ -25,8 +26,9 @@ NOT_DOWNLOADED = ("./code", "./pgid", "./jobpid", "./node", "./container", f"./{
 DOWNLOAD_TRIES = 3  # a transient SSH error (a dropped channel, a reset) is tried again
 RETRY_PAUSE_S = 2.0  # before the second try; doubled before the third
 RECONNECT_S = 15.0  # after a lost connection: a node that does not answer by then is given up
-#: what each attempt's download writes anew under results_dir/<node>/ (the rest it adds to)
-PER_ATTEMPT = ("torchrun.log", "exitcode", "torchrun-logs")
+#: what each attempt's download writes anew under results_dir/<node>/ (the rest it adds to); the
+#: budget's mark only comes when the budget stopped that attempt, and must not stay for the next
+PER_ATTEMPT = ("torchrun.log", "exitcode", "torchrun-logs", BUDGET_MARK)
 
 
 class ResultsNotHomeError(GputrainError):
@@ -48,8 +50,9 @@ def results_missing(error: BaseException | None) -> dict[str, str]:
 def keep_attempt_files(results_dir: Path, tag: str) -> None:
     """Before a relaunch (a recovery, a restart after a stall, `train --resume`): the next
     download would overwrite or trip over each node's PER_ATTEMPT files, so torchrun.log becomes
-    torchrun.<tag>.log, exitcode exitcode.<tag>, torchrun-logs torchrun-logs.<tag> (.<tag>.2 and
-    on where a resumed run's recovery counts again from 1: never over an earlier one)."""
+    torchrun.<tag>.log, exitcode exitcode.<tag>, torchrun-logs torchrun-logs.<tag>, the budget's
+    mark watch/budget.<tag>.json (.<tag>.2 and on where a resumed run's recovery counts again
+    from 1: never over an earlier one)."""
     for node_dir in [p for p in results_dir.glob("*") if p.is_dir()]:
         for name in PER_ATTEMPT:
             if (node_dir / name).exists():
@@ -62,11 +65,14 @@ def keep_attempt_files(results_dir: Path, tag: str) -> None:
 
 
 #: on a node, in the run dir: the earlier attempt's torchrun.log as torchrun.attempt<N>.log, N
-#: the first free (the start truncates torchrun.log); the download brings them home
+#: the first free (the start truncates torchrun.log), and its budget's mark as
+#: watch/budget.attempt<N>.json (left, it would say the budget stopped this attempt too: its
+#: watchdog's end marker, its notification); the download brings them home
 KEEP_NODE_LOG_SH = (
-    "[ -e torchrun.log ] || exit 0; n=1; "
-    "while [ -e torchrun.attempt$n.log ]; do n=$((n+1)); done; "
-    "mv torchrun.log torchrun.attempt$n.log"
+    "n=1; while [ -e torchrun.attempt$n.log ]; do n=$((n+1)); done; "
+    f"if [ -e {BUDGET_MARK} ]; then "
+    f"mv {BUDGET_MARK} {BUDGET_MARK.removesuffix('.json')}.attempt$n.json; fi; "
+    "if [ -e torchrun.log ]; then mv torchrun.log torchrun.attempt$n.log; fi"
 )
 
 
@@ -74,8 +80,9 @@ def keep_previous_attempt(
     transports: Mapping[str, Transport], run_id: str, results_dir: Path
 ) -> None:
     """`train --resume RUN`: what the run's earlier attempt left, at home (keep_attempt_files)
-    and its torchrun.log on every node, kept as a recovery keeps it: `torchrun.attempt<N>.log`,
-    N the first number no node has yet at home (the nodes count the same way)."""
+    and its torchrun.log and budget mark on every node (KEEP_NODE_LOG_SH), kept as a recovery
+    keeps them: `torchrun.attempt<N>.log`, N the first number no node has yet at home (the nodes
+    count the same way)."""
     n = 1
     while any(results_dir.glob(f"*/torchrun.attempt{n}.log")):
         n += 1

@@ -276,6 +276,32 @@ def test_an_earlier_attempts_end_marker_is_not_this_attempts(
     assert "no results from" not in out
 
 
+def test_an_earlier_attempts_budget_mark_is_not_this_attempts_stop(
+    tmp_path: Path, cloud: tuple[FakeCompute, FakeMetadata, GcsEmulator]
+) -> None:
+    """`train --resume` after a budget stop, on a kept head whose run dir still holds that stop's
+    mark: this attempt's end (here killed) goes up and is said as what it is, `failed`, never
+    `stopped_by: budget` (reconcile would not recover it) or the `budget` event."""
+    _, _, gcs = cloud
+    head_dir = tmp_path / "head"
+    (head_dir / "watch").mkdir(parents=True)
+    stop = {"budget_usd": 400.0, "spent_usd": 398.7, "hourly_usd": 38.18, "at": time.time() - 3600}
+    (head_dir / "watch" / "budget.json").write_text(json.dumps(stop))
+    sink = HttpSink().start()
+    try:
+        head = start(head_dir, "wd-node-0", None, cloud, [sink.url])
+        long_ago = time.time() - 3600
+        os.utime(head_dir / "heartbeat", (long_ago, long_ago))  # the controller is gone
+        end_job(head_dir, rc=137)
+        out = wait(head, 30)
+        marker = json.loads(gcs.read("team/runs/r1/wd-node-0/.gputrain-ended.json"))
+        assert "stopped_by" not in marker and marker["exit_code"] == "137", out
+        assert sink.wait_for("failed", 10)["text"].endswith("exit code 137")
+        assert sink.events() == ["failed"]
+    finally:
+        sink.stop()
+
+
 def test_the_kill_after_a_budget_stop_comes_within_the_interval_looked_ahead() -> None:
     """The rule stops the run an interval before the budget (what a stop takes): the grace a
     job gets after its SIGTERM is half of it, so the kill and the teardown fit (300 s overshot

@@ -91,11 +91,11 @@ def test_the_controller_and_status_name_the_guard(tmp_path: Path) -> None:
     mark.write_text(json.dumps(stop))
     result = JobResult("r1", False, {"n0": 143}, 9.0, tmp_path)
     error = TrainingError("x", failure=NodeFailure("n0", "exited", 143, ()), result=result)
-    reached = budget_reached(error, "n0", None)
+    reached = budget_reached(error, "n0", None, since=0.5)
     assert reached is not None and reached.what == "the stack's Cloud Billing budget"
     assert str(reached).startswith("run r1 stopped at the stack's Cloud Billing budget: $5.25")
-    mark.write_text(json.dumps({"spent_usd": 2.0, "budget_usd": 2.04}))
-    own = budget_reached(error, "n0", None)
+    mark.write_text(json.dumps({"spent_usd": 2.0, "budget_usd": 2.04, "at": 1.0}))
+    own = budget_reached(error, "n0", None, since=0.5)
     assert own is not None and own.what == "the budget"
     assert str(own).startswith("run r1 stopped at the budget: $2.00 of $2.04")
 

@@ -461,7 +461,7 @@ class RecoveringSession(FleetSession):
                         write_job_record(
                             replace(e.result, recoveries=tuple(done)), e.results_missing
                         )
-                    if (spent := self._budget_reached(e, job)) is not None:
+                    if (spent := self._budget_reached(e, job, started)) is not None:
                         raise spent from e  # no recovery: the money is spent
                     preempted = self._lost(e, started)
                     if not preempted:
@@ -510,12 +510,12 @@ class RecoveringSession(FleetSession):
     def _budget(self) -> RunBudget | None:
         return self.watchdogs.plan.budget if self.watchdogs is not None else None
 
-    def _budget_reached(self, error: TrainingError, job: Job) -> BudgetReached | None:
-        """The head's watchdog stopped the job at the run's budget (never with a budget unset)."""
+    def _budget_reached(self, error: TrainingError, job: Job, since: float) -> BudgetReached | None:
+        """The head stopped this attempt (begun at `since`) at the run's budget (never unset)."""
         if self._budget() is None:
             return None
         head = self.fleet.head.name
-        return budget_reached(error, head, job.env.get(CHECKPOINT_URI_ENV))
+        return budget_reached(error, head, job.env.get(CHECKPOINT_URI_ENV), since)
 
     def _lost(self, error: TrainingError, since: float) -> dict[str, NodeCloudState]:
         """The nodes to replace: the node of a GPU fault during training, else the preempted."""

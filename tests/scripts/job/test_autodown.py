@@ -87,6 +87,33 @@ def test_arming_replaces_the_nodes_watchdog_and_an_earlier_attempts_exit_code(
         stranger.wait()
 
 
+def test_only_a_budget_mark_of_this_attempt_is_its_budget_stop(tmp_path: Path) -> None:
+    """The head's mark comes home with the attempt's results; one from before the attempt began
+    (a stop of the run's earlier segment, left on a kept head) says nothing of this end, while
+    this attempt's does, also from a head whose clock lags this machine's a little."""
+    import json
+
+    from scripts.job.autodown import MARK_CLOCK_SLACK_S, budget_reached
+    from scripts.job.records import JobResult, NodeFailure, TrainingError
+
+    mark = tmp_path / "n0" / contract.BUDGET_MARK
+    mark.parent.mkdir(parents=True)
+    result = JobResult("r1", False, {"n0": 143}, 9.0, tmp_path)
+    error = TrainingError("x", failure=NodeFailure("n0", "exited", 143, ()), result=result)
+    began = 10_000.0
+    for at, this_attempts in (
+        (began - 3600, False),  # the earlier segment's stop
+        (began - MARK_CLOCK_SLACK_S - 1, False),
+        (began - 5, True),  # the head's clock a little behind
+        (began + 600, True),
+    ):
+        mark.write_text(json.dumps({"spent_usd": 398.7, "budget_usd": 400.0, "at": at}))
+        reached = budget_reached(error, "n0", "gs://b/runs/r1/checkpoints/", began)
+        assert (reached is not None) == this_attempts, at
+    mark.write_text(json.dumps({"spent_usd": 398.7, "budget_usd": 400.0}))  # no time: not ours
+    assert budget_reached(error, "n0", None, began) is None
+
+
 def test_settle_disarms_and_returns_once_the_watchdog_has_ended(tmp_path: Path) -> None:
     proc = _watchdog(tmp_path, OBEYS)
     try:

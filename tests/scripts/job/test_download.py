@@ -182,3 +182,39 @@ def test_a_resume_keeps_the_earlier_log_on_the_node_and_at_home(tmp_path: Path) 
     assert (home / "n" / "torchrun.attempt2.log").read_text() == "second\n"
     assert (run / "torchrun.attempt2.log").read_text() == "second\n"
     assert not (run / "torchrun.log").exists() and not (home / "n" / "torchrun.log").exists()
+
+
+def test_a_resume_moves_the_budget_stops_mark_aside_at_home_and_on_the_node(tmp_path: Path) -> None:
+    """After a budget stop, `train --resume RUN --budget N`: the stop's mark (watch/budget.json,
+    home with the results and on a kept head) becomes the earlier attempt's,
+    watch/budget.attempt<N>.json, so the resumed attempt's end (a preemption) is no budget stop:
+    it is recovered or fails as what it is."""
+    import json
+    import time
+
+    from scripts.job.autodown import budget_reached
+    from scripts.job.records import JobResult, NodeFailure, TrainingError
+
+    stop = json.dumps({"budget_usd": 400.0, "spent_usd": 398.7, "at": time.time() - 3600})
+    node = tmp_path / "node"
+    run = node / ".gputrain" / "runs" / "r1"
+    home = tmp_path / "results"
+    for where in (run, home / "n"):
+        (where / "watch").mkdir(parents=True)
+        (where / "watch" / "budget.json").write_text(stop)
+        (where / "torchrun.log").write_text("first\n")
+    t = LocalTransport("n", node)
+    began = time.time()
+    keep_previous_attempt({"n": t}, "r1", home)
+    for where in (run, home / "n"):
+        assert (where / "watch" / "budget.attempt1.json").read_text() == stop
+        assert not (where / "watch" / "budget.json").exists()
+    (run / "torchrun.log").write_text("second, killed\n")  # the resumed attempt
+    assert download_results({"n": t}, "r1", home) == {}
+    assert not (home / "n" / "watch" / "budget.json").exists()
+    killed = TrainingError(
+        "node n lost",
+        failure=NodeFailure("n", "killed", None, ("killed",)),
+        result=JobResult("r1", False, {"n": None}, 60.0, home),
+    )
+    assert budget_reached(killed, "n", None, began) is None
