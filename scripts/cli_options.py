@@ -126,6 +126,10 @@ def check_run_flags(args: argparse.Namespace) -> None:
     ):
         if run_id is not None:
             check_run_id(run_id, name)
+    if getattr(args, "stack", None):
+        from scripts.targets.stack.pulumi_process import pulumi_silence_s
+
+        pulumi_silence_s()  # GPUTRAIN_PULUMI_SILENCE_S: a bad value is one line, before anything
     if autodown is None and not getattr(args, "detach", False):
         return
     if autodown is not None:

@@ -237,9 +237,12 @@ class PulumiStackRunner:
 
     def _checked_command(self) -> Any:
         """`pulumi version` with a time limit (the SDK's own check has none), then the SDK's
-        PulumiCommand: a hanging or broken CLI is one line, not a hang or a traceback."""
+        check: a hanging or broken CLI is one line, not a hang or a traceback. Every pulumi after
+        it runs in a session of its own, watched for silence (pulumi_process.py)."""
         from pulumi import automation as auto
         from pulumi.automation import errors as auto_errors
+
+        from scripts.targets.stack.pulumi_process import WatchedPulumiCommand, pulumi_silence_s
 
         try:
             done = subprocess.run(
@@ -258,10 +261,11 @@ class PulumiStackRunner:
         if done.returncode != 0:
             raise PulumiMissingError(broken_cli(f"exit {done.returncode}: {said[:200]}"), text)
         try:
-            return auto.PulumiCommand()
+            checked = auto.PulumiCommand()
         except (subprocess.CalledProcessError, auto_errors.InvalidVersionError, ValueError) as e:
             first = str(e).split(". ")[0].rstrip(".")  # not its hint to skip the check
             raise PulumiMissingError(broken_cli(f"{said[:200]}: {first}"), text) from e
+        return WatchedPulumiCommand(checked.command, checked.version, pulumi_silence_s())
 
     def _run(self, what: str, fn: Callable[[], Any]) -> Any:
         from pulumi.automation import errors as auto_errors

@@ -17,6 +17,7 @@ from scripts.targets.stack.clients import (
     StackRunner,
     pulumi_line,
 )
+from scripts.targets.stack.pulumi_process import PulumiStuckError
 
 
 def end_teardown(
@@ -93,7 +94,7 @@ def destroy_stack(
             max_attempts=attempts,
             delay=every(pause_s),
             retry_on=(Exception,),
-            fatal=(PulumiMissingError, StackMissingError),
+            fatal=(PulumiMissingError, PulumiStuckError, StackMissingError),
             on_wait=failed,
         )
     except GaveUp as e:
@@ -101,7 +102,7 @@ def destroy_stack(
         return e
     except StackMissingError:  # no state: nothing for Pulumi to destroy; the sweep still looks
         ui.say(f"down: stack {stack} has no Pulumi state: nothing to destroy")
-    except PulumiMissingError as e:  # not retried; the sweep still looks for what is left
+    except (PulumiMissingError, PulumiStuckError) as e:  # not retried; the sweep still looks
         ui.warn(f"destroy attempt {attempts_made} failed: {e}")
         return GaveUp(str(e), 0.0, attempts_made)
     return None

@@ -1,0 +1,154 @@
+"""scripts/targets/stack/pulumi_process.py through the real adapter and Automation API, with a fake
+`pulumi` script as real processes: each pulumi in a session of its own (the terminal's Ctrl-C is
+not sent to it; gputrain hands an interruption on as pulumi's own cancel), and a pulumi silent for
+GPUTRAIN_PULUMI_SILENCE_S ended with its process group, with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.targets.base import Interrupted, signal_guard
+from scripts.targets.stack import pulumi_process
+from scripts.targets.stack.clients import PulumiStackRunner
+from scripts.targets.stack.pulumi_process import PulumiStuckError, pulumi_silence_s
+from tests.support import wait_for
+from tests.support.fake_pulumi_cli import fake_pulumi, hanging, kill_all, wait_until_gone
+
+
+@pytest.fixture
+def work_dir(tmp_path: Path) -> Path:
+    (tmp_path / "Pulumi.yaml").write_text("name: gputrain\nruntime: python\n")
+    return tmp_path
+
+
+@pytest.fixture
+def pids(tmp_path: Path) -> Iterator[Path]:
+    """Where the fake pulumi writes its pids; whatever of them still runs is killed after."""
+    path = tmp_path / "pids"
+    yield path
+    kill_all(path)
+
+
+def _cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **verbs: str) -> Path:
+    """The fake `pulumi` first on PATH; the log of its argv."""
+    log = tmp_path / "pulumi.log"
+    fake_pulumi(tmp_path / "bin", log, **verbs)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    return log
+
+
+def _within(seconds: float, call: Callable[[], Any], pids: Path) -> BaseException | None:
+    """What `call` raised (None: it returned), in a thread: a test fails, not hangs, where the
+    old code waited for pulumi forever (its processes are killed first)."""
+    raised: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            raised.append(None)
+        except BaseException as e:
+            raised.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        kill_all(pids)
+        thread.join(10)
+        pytest.fail(f"still waiting for pulumi after {seconds} s")
+    return raised[0]
+
+
+def test_a_silent_pulumi_is_ended_with_its_group_and_one_line(
+    work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pids: Path
+) -> None:
+    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
+    log = _cli(tmp_path, monkeypatch, destroy=hanging(pids))
+    started = time.monotonic()
+    raised = _within(20, PulumiStackRunner("dev", work_dir).destroy, pids)
+    assert isinstance(raised, PulumiStuckError)
+    assert str(raised) == (
+        "pulumi destroy of stack dev printed nothing for 1s (GPUTRAIN_PULUMI_SILENCE_S), so "
+        "gputrain stopped it"
+    )  # it answered its cancel (SIGINT): no lock is left, nothing more to say
+    assert time.monotonic() - started < 10
+    assert wait_until_gone(pids) == []  # pulumi and its child: the whole group
+    verbs = [ln.split()[0] for ln in log.read_text().splitlines()]
+    assert [v for v in verbs if v != "version"] == ["stack", "destroy"]  # select, then destroy once
+
+
+def test_a_pulumi_deaf_to_its_cancel_is_killed_and_none_is_started_again(
+    work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pids: Path
+) -> None:
+    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
+    monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
+    log = _cli(tmp_path, monkeypatch, refresh=f"trap '' INT; {hanging(pids)}")
+    runner = PulumiStackRunner("dev", work_dir)
+    raised = _within(20, runner.refresh, pids)
+    assert isinstance(raised, PulumiStuckError)
+    assert str(raised).endswith(
+        "; it did not answer its own cancel and was killed, so the stack may stay locked until "
+        "`gputrain down --stack dev` clears it (pulumi cancel)"
+    )
+    assert wait_until_gone(pids) == []
+    with pytest.raises(PulumiStuckError, match=r"^pulumi destroy of stack dev not started: "):
+        runner.destroy()  # the sweep after it is what the teardown still has
+    assert "destroy" not in log.read_text()
+
+
+def test_an_interrupted_up_hands_pulumi_its_own_cancel_and_waits_for_it(
+    work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pids: Path
+) -> None:
+    """Ctrl-C during `up`: pulumi, in a session of its own, does not get the terminal's SIGINT;
+    gputrain hands it on and waits while pulumi finishes what is in flight (so the teardown after
+    it destroys that too)."""
+    marks = tmp_path / "marks"
+    up = (
+        f'ps -o sid= -p $$ >> "{marks}"; echo $$ >> "{pids}"; '
+        f"trap 'sleep 0.5; echo cancelled >> \"{marks}\"; exit 255' INT; "
+        "i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done"
+    )
+    _cli(tmp_path, monkeypatch, up=up)
+    runner = PulumiStackRunner("dev", work_dir)
+
+    def ctrl_c_once_up_runs() -> None:  # the terminal's Ctrl-C, were gputrain its only process
+        wait_for("pulumi up", marks.exists, timeout=30)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with signal_guard(), pytest.raises(Interrupted):
+        threading.Thread(target=ctrl_c_once_up_runs, daemon=True).start()
+        runner.up()
+    sid, cancelled = marks.read_text().split()
+    assert int(sid) != os.getsid(0)  # a session of its own
+    assert cancelled == "cancelled"  # it got SIGINT from gputrain, and finished before the raise
+    assert wait_until_gone(pids, within_s=0) == []
+
+
+@pytest.mark.parametrize("raw", ["0", "soon", "90000"])
+def test_a_bad_silence_bound_is_one_line_before_any_pulumi(
+    raw: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from scripts.cli import main
+    from scripts.settings import Settings
+
+    log = _cli(tmp_path, monkeypatch)
+    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", raw)
+    assert main(["down", "--stack", "dev"], Settings(tmp_path, tmp_path / "runs")) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gputrain: error: GPUTRAIN_PULUMI_SILENCE_S={raw!r}: allowed: seconds > 0, at most 86400"
+    ]
+    assert log.read_text() == ""
+    assert (
+        pulumi_silence_s({}) == 1800 and pulumi_silence_s({"GPUTRAIN_PULUMI_SILENCE_S": "60"}) == 60
+    )
