@@ -591,8 +591,8 @@ def main(
     except GputrainError as exc:
         print(f"gputrain: error: {ui.terminal_safe(str(exc))}", file=sys.stderr, flush=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("gputrain: interrupted", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as exc:  # StoppedWaiting says what it left
+        print("gputrain:", ui.terminal_safe(str(exc)) or "interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
 
 

@@ -7,8 +7,9 @@ runs a job (the caller picks the run id, so a recovery can relaunch it), follows
 shell — raising UserError for whatever does not apply to it.
 
 Every target and session is handed the run's SignalGuard: Ctrl-C and SIGTERM become one exception
-in the main thread, so every `finally` tears down; a second Ctrl-C while teardown runs is answered,
-not obeyed: teardown is sacred.
+in the main thread, so every `finally` tears down; a Ctrl-C while teardown runs is answered, not
+obeyed: teardown is sacred. A teardown that says what it leaves and what still ends it server-side
+(a stack's: its machines' maxRunDuration) lets a second Ctrl-C within STOP_WINDOW_S stop waiting.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import enum
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -269,29 +271,64 @@ class Interrupted(GputrainError):
         self.signum = signum
 
 
+class StoppedWaiting(KeyboardInterrupt):
+    """The user stopped waiting for a teardown (a second Ctrl-C): not an Exception, so no step's
+    `except Exception` takes it for its own failure; the CLI says its line (exit 130)."""
+
+
+STOP_WINDOW_S = 5.0  # a second Ctrl-C this soon after the first stops waiting for a teardown
+
+
 class SignalGuard:
-    """Turns SIGINT/SIGTERM into `Interrupted` until teardown starts; afterwards only reports."""
+    """Turns SIGINT/SIGTERM into `Interrupted` until teardown starts; afterwards only reports,
+    or, where the teardown offers a way out, lets a second Ctrl-C stop waiting."""
 
     def __init__(self) -> None:
         self.tearing_down = False
         self.received: list[int] = []
+        self._way_out: str | None = None
+        self._offered_at: float | None = None  # the Ctrl-C that offered the way out
+        self._stopping = False  # the user took it
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
-        if self.tearing_down:
+        if not self.tearing_down:
+            raise Interrupted(signum)
+        if self._way_out is None:
             ui.warn("teardown is in progress and will finish; nothing is left running")
             return
-        raise Interrupted(signum)
+        now = time.monotonic()
+        if signum == signal.SIGINT and (
+            self._stopping
+            or (self._offered_at is not None and now - self._offered_at <= STOP_WINDOW_S)
+        ):
+            self._stopping = True  # a Ctrl-C while that wait ends: at once
+            raise StoppedWaiting(f"stopped waiting: {self._way_out}")
+        offer = ""
+        if signum == signal.SIGINT:
+            self._offered_at = now
+            offer = (
+                f"; press Ctrl-C again within {STOP_WINDOW_S:.0f} s to stop waiting: "
+                f"{self._way_out}"
+            )
+        ui.warn("teardown is in progress and goes on" + offer)
 
     @contextmanager
-    def teardown(self) -> Iterator[None]:
-        """Run the enclosed block with signals reported instead of raised."""
-        previous = self.tearing_down
-        self.tearing_down = True
+    def teardown(self, way_out: str | None = None) -> Iterator[None]:
+        """Run the enclosed block with signals reported instead of raised. `way_out`: what is
+        left, and what still ends it server-side, if the user stops waiting (a second Ctrl-C
+        within STOP_WINDOW_S raises StoppedWaiting); None: the block always finishes."""
+        previous = (self.tearing_down, self._way_out, self._offered_at, self._stopping)
+        self.tearing_down, self._way_out, self._offered_at, self._stopping = (
+            True,
+            way_out,
+            None,
+            False,
+        )
         try:
             yield
         finally:
-            self.tearing_down = previous
+            self.tearing_down, self._way_out, self._offered_at, self._stopping = previous
 
 
 @contextmanager

@@ -450,6 +450,36 @@ def test_second_ctrl_c_during_teardown_is_reported_not_obeyed(
     assert "teardown is in progress" in capsys.readouterr().err
 
 
+def test_a_teardown_with_a_way_out_stops_waiting_only_at_a_second_ctrl_c_soon(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """teardown.md: a stack's teardown goes on at a Ctrl-C or SIGTERM; a second Ctrl-C within the
+    window stops waiting, with what is left said."""
+    from scripts.targets import base
+
+    monkeypatch.setattr(base, "STOP_WINDOW_S", 0.3)
+    with base.signal_guard() as guard, guard.teardown("what is left, and what ends it"):
+        os.kill(os.getpid(), signal.SIGTERM)  # answered, never obeyed
+        time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.6)  # past the window: the next one only offers again
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        with pytest.raises(base.StoppedWaiting) as stopped:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert str(stopped.value) == "stopped waiting: what is left, and what ends it"
+    offer = (
+        "warning: teardown is in progress and goes on; press Ctrl-C again within 0 s to stop "
+        "waiting: what is left, and what ends it"
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: teardown is in progress and goes on",
+        offer,
+        offer,
+    ]
+
+
 def test_ctrl_c_on_a_local_run_brings_its_results_home(tmp_path: Path) -> None:
     """teardown.md: results before teardown, on Ctrl-C too (only cost.json, its ledger record and
     report.html came home)."""

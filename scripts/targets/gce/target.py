@@ -202,6 +202,12 @@ class GceTarget(StackTarget[GceClients, Provision]):
             f"{ctx.spec.max_run_duration}; `gputrain down --stack {ctx.stack}` ends it sooner"
         )
 
+    def ends_server_side(self, ctx: Context) -> str:
+        return (
+            f"its VMs delete themselves {ctx.spec.max_run_duration} after they started "
+            "(maxRunDuration)"
+        )
+
     def after_destroy(self, ctx: Context) -> None:
         """The failover's picks are cleared: the next `up` ranks anew."""
         from scripts.targets.gce.provision import CANDIDATE_CONFIG_KEY, ZONE_CONFIG_KEY

@@ -241,6 +241,11 @@ class StackTarget(Generic[C, P]):
         when."""
         raise NotImplementedError
 
+    def ends_server_side(self, ctx: StackContext[C]) -> str:
+        """What ends the stack's billed machines server-side, whatever becomes of gputrain: said
+        where a teardown stops short."""
+        raise NotImplementedError
+
     def before_destroy(self, ctx: StackContext[C]) -> None:
         """Teardown's first step (Vertex: cancel the stack's jobs and wait for them)."""
 
@@ -292,7 +297,7 @@ class StackTarget(Generic[C, P]):
         finally:
             context.cleanup()
             keep = session.keep if session is not None else opts.keep
-            with guard.teardown():
+            with guard.teardown(self.way_out(ctx)):
                 if keep:
                     ui.say(self.kept_message(ctx))
                 else:
@@ -392,8 +397,16 @@ class StackTarget(Generic[C, P]):
 
     def down(self, opts: RunOptions) -> None:
         spec = self.spec_with_project()
-        with signal_guard() as guard, guard.teardown():
+        with signal_guard() as guard, guard.teardown(self.way_out(self.context(spec, opts))):
             self.teardown(spec, keep_bucket=opts.keep_bucket, clear_stale_lock=True)
+
+    def way_out(self, ctx: StackContext[C]) -> str:
+        """What a user who stops waiting for the teardown (a second Ctrl-C) leaves behind."""
+        return (
+            f"what the teardown of stack {self.stack} had not destroyed yet stays: "
+            f"{self.ends_server_side(ctx)}; `gputrain down --stack {self.stack}` destroys the "
+            "rest (and clears the lock a stopped pulumi may leave)"
+        )
 
     def teardown(
         self,
@@ -442,7 +455,8 @@ class StackTarget(Generic[C, P]):
             unswept = None
         except GputrainError as e:  # no credentials, Google unreachable: say it with the rest
             leftovers, unswept = [], str(e)
-        end_teardown(self.stack, failure, len(leftovers), kept, unswept=unswept)
+        bound = self.ends_server_side(ctx)
+        end_teardown(self.stack, failure, len(leftovers), kept, unswept=unswept, bound=bound)
         if images:
             ui.say(
                 f"kept: the image repository {repository_id(self.stack)} (the build cache: an "

@@ -1,6 +1,6 @@
 """How every stack ends (StackTarget.teardown runs the sequence): refresh + destroy, retried, a
 stale lock cleared when the user said so; then one line that the stack is gone, or an error naming
-everything that is not."""
+everything that is not and what still ends it."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ def end_teardown(
     kept: KeptBucket | None,
     *,
     unswept: str | None = None,
+    bound: str = "",
 ) -> None:
     """Say the stack is gone (all but a kept bucket), or raise naming everything that is not;
-    `unswept`: why the sweep could not look (then nothing says the stack is gone)."""
+    `unswept`: why the sweep could not look (then nothing says the stack is gone); `bound`: what
+    ends its machines server-side all the same."""
     problem = kept.problem if kept else None
     if failure is not None or leftovers or problem or unswept:
         raise GputrainError(
@@ -38,6 +40,7 @@ def end_teardown(
             + (f"{leftovers} resource(s) still exist (listed above); " if leftovers else "")
             + (f"the sweep could not look for what is left ({unswept}); " if unswept else "")
             + (f"bucket gs://{kept.name} kept: {problem}; " if kept and problem else "")
+            + (f"{bound}; " if bound else "")
             + f"run `gputrain down --stack {stack}` again or delete them in the console."
         )
     left = f", all but its bucket gs://{kept.name}" if kept else "; sweep found nothing left"

@@ -244,6 +244,12 @@ class VertexTarget(StackTarget[VertexClients, None]):
             f"nothing while no job runs); `gputrain down --stack {ctx.stack}` ends it"
         )
 
+    def ends_server_side(self, ctx: Context) -> str:
+        return (
+            f"Vertex AI ends its jobs at their timeout ({ctx.spec.max_run_duration}: "
+            "maxRunDuration, unless the job file sets another)"
+        )
+
     @contextmanager
     def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
         spec = self.spec()

@@ -1,11 +1,24 @@
 """destroy_stack: refresh + destroy retried; before every retry its hook runs (the bucket emptied
-again when a late writer refilled it), and a failing hook is said, not fatal."""
+again when a late writer refilled it), and a failing hook is said, not fatal. `down` with a fake
+`pulumi` as real processes: a silent one is ended and the sweep still looks; a Ctrl-C during the
+teardown reaches no pulumi, and a second one stops waiting with what is left said."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from scripts.targets.stack.teardown import destroy_stack
+from tests.support import ROOT, wait_for
+from tests.support.fake_pulumi_cli import fake_pulumi, hanging, kill_all, running, wait_until_gone
 from tests.support.fake_stack import FakeStackRunner
 
 
@@ -24,3 +37,136 @@ def test_the_hook_runs_before_each_retry_only(capsys: pytest.CaptureFixture[str]
     assert runner.call_names().count("destroy") == 3
     err = capsys.readouterr().err
     assert "down: before destroy attempt 2: the bucket could not be listed" in err
+
+
+# ---- a pulumi that hangs, a Ctrl-C during teardown: `down` with a fake `pulumi` as real processes
+
+DOWN = (
+    "import sys\nfrom pathlib import Path\nfrom scripts.cli import main\n"
+    "from scripts.settings import Settings\nroot = Path(sys.argv[1])\n"
+    "sys.exit(main(['down', '--stack', 'dev'], Settings(root=root, runs_dir=root / 'runs')))\n"
+)
+OFFER = (
+    "warning: teardown is in progress and goes on; press Ctrl-C again within 5 s to stop "
+    "waiting: what the teardown of stack dev had not destroyed yet stays: its VMs delete "
+    "themselves 6h after they started (maxRunDuration); `gputrain down --stack dev` destroys the "
+    "rest (and clears the lock a stopped pulumi may leave)"
+)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project with stack `dev` (gcp:project set); a test's fake `pulumi` goes beside it."""
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
+    return tmp_path
+
+
+@pytest.fixture
+def pids(tmp_path: Path) -> Iterator[Path]:
+    """Where the fake pulumi writes its pids; whatever of them still runs is killed after."""
+    path = tmp_path / "pids"
+    yield path
+    kill_all(path)
+
+
+@contextmanager
+def down_in_a_terminal(project: Path, **verbs: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """`gputrain down --stack dev` as a terminal's foreground job: a process group of its own,
+    which the terminal's Ctrl-C signals as a whole (os.killpg); (it, its stderr's file)."""
+    fake_pulumi(project / "bin", project / "pulumi.log", **verbs)
+    env = {k: v for k, v in os.environ.items() if k != "GOOGLE_APPLICATION_CREDENTIALS"}
+    env |= {
+        "PATH": f"{project / 'bin'}:{env['PATH']}",
+        "HOME": str(project),
+        "PYTHONPATH": str(ROOT),
+    }
+    err = project / "stderr"
+    with err.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-c", DOWN, str(project)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield child, err
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def test_down_after_a_silent_destroy_still_sweeps_and_says_what_ends_it(
+    project: Path,
+    pids: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from scripts.cli import main
+    from scripts.settings import Settings
+
+    log = project / "pulumi.log"
+    fake_pulumi(project / "bin", log, destroy=hanging(pids))
+    monkeypatch.setenv("PATH", f"{project / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
+    rc: list[int] = []
+    down = threading.Thread(
+        target=lambda: rc.append(
+            main(["down", "--stack", "dev"], Settings(project, project / "runs"))
+        ),
+        daemon=True,
+    )
+    down.start()
+    down.join(30)
+    if down.is_alive():
+        kill_all(pids)
+        down.join(10)
+        pytest.fail("`down` still waited for a silent pulumi after 30 s")
+    assert rc == [1]
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(
+        "gputrain: error: teardown of stack dev is incomplete: destroy failed (pulumi destroy of "
+        "stack dev printed nothing for 1s (GPUTRAIN_PULUMI_SILENCE_S), so gputrain stopped it); "
+        "the sweep could not look for what is left ("  # it looked: no credentials here
+    )
+    assert line.endswith(
+        "; its VMs delete themselves 6h after they started (maxRunDuration); run `gputrain down "
+        "--stack dev` again or delete them in the console."
+    )
+    assert len([c for c in log.read_text().splitlines() if c.startswith("destroy")]) == 1  # once
+    assert wait_until_gone(pids) == []
+
+
+def test_ctrl_c_during_teardown_does_not_reach_pulumi_and_says_so(
+    project: Path, pids: Path
+) -> None:
+    marks = project / "marks"
+    destroy = (
+        f'echo $$ >> "{pids}"; trap \'echo INT >> "{marks}"\' INT; echo started >> "{marks}"; '
+        f'i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo destroyed >> "{marks}"'
+    )
+    with down_in_a_terminal(project, destroy=destroy) as (down, err):
+        wait_for("pulumi destroy", lambda: marks.exists(), timeout=60)
+        os.killpg(down.pid, signal.SIGINT)  # the terminal's Ctrl-C
+        down.wait(timeout=60)
+    said = err.read_text()
+    assert marks.read_text().split() == ["started", "destroyed"], said  # never interrupted
+    assert OFFER in said.splitlines(), said
+    assert "destroy attempt 1 failed" not in said
+
+
+def test_a_second_ctrl_c_stops_waiting_ends_pulumi_and_says_what_is_left(
+    project: Path, pids: Path
+) -> None:
+    with down_in_a_terminal(project, destroy=hanging(pids)) as (down, err):
+        wait_for("pulumi destroy", lambda: len(running(pids)) == 2, timeout=60)
+        os.killpg(down.pid, signal.SIGINT)
+        wait_for("the offer", lambda: OFFER in err.read_text().splitlines(), timeout=30)
+        os.killpg(down.pid, signal.SIGINT)
+        assert down.wait(timeout=60) == 130, err.read_text()
+    assert err.read_text().splitlines()[-1] == (
+        "gputrain: stopped waiting: what the teardown of stack dev had not destroyed yet stays: "
+        "its VMs delete themselves 6h after they started (maxRunDuration); `gputrain down "
+        "--stack dev` destroys the rest (and clears the lock a stopped pulumi may leave)"
+    )
+    assert wait_until_gone(pids) == []  # pulumi and its child, ended by gputrain
