@@ -9,6 +9,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 from infra.base.errors import UserError
 from infra.stackfile import STACK_LABEL, SpecError
@@ -34,17 +35,31 @@ def parse_table(text: str, setting: str) -> str:
 #: A decimal number as people write one: ASCII digits and one point. float() also takes other
 #: scripts' digits ('١٠٠'), underscores ('1_000'), exponents and 'inf'.
 DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+#: An amount of money: a decimal, or one with an exponent (1e3), as YAML writes a number. A stack
+#: file's `budget: 1e3` reaches the program as "1000" (schema.scalar_text), so `--budget 1e3` and
+#: `budget: '1e3'` mean the same: one rule wherever an amount is written.
+AMOUNT = re.compile(rf"(?:{DECIMAL.pattern})(?:[eE][+-]?[0-9]+)?")
 
 
-def parse_usd(text: str, setting: str) -> float | None:
-    """A positive amount of US dollars ("" = unset), else one line naming the setting."""
-    if not text.strip():
+def parse_usd(text: str, setting: str, *, unset: bool = True) -> float | None:
+    """A positive amount of US dollars; "" is unset (a key's default) where `unset` allows it.
+    Blank text, or anything else, is one line naming the setting: never "no budget" by accident."""
+    if text == "" and unset:
         return None
     amount = text.strip().removeprefix("$")
-    value = float(amount) if DECIMAL.fullmatch(amount) else math.nan
+    value = float(amount) if AMOUNT.fullmatch(amount) else math.nan
     if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{setting} {text!r}: not an amount; allowed: US dollars above 0, e.g. 300")
+        raise UserError(
+            f"{setting} {text!r}: not an amount; allowed: US dollars above 0, e.g. 300 or 2.5"
+        )
     return value
+
+
+def usd_text(amount: float) -> str:
+    """An amount as the user may type it back, in plain decimals: 0.0000001 (never 1e-07),
+    1000, 2.1. Pure."""
+    text = format(Decimal(repr(amount)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 #: `billingBudget`'s keys: the Cloud Billing account (its ID, 012345-6789AB-CDEF01) and the amount.

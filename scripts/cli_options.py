@@ -218,7 +218,7 @@ def budget_option(args: argparse.Namespace) -> float | None:
 
     if not args.stack:
         raise UserError(f"--budget {raw}: only --stack targets are billed by gputrain")
-    return parse_usd(raw, "--budget") if raw.strip() else None
+    return parse_usd(raw, "--budget", unset=False)
 
 
 def resume_args(text: str | None) -> tuple[str, ...]:

@@ -375,6 +375,7 @@ def check_caps(
 ) -> None:
     """Refuse, with one line, a cluster dearer per hour than maxHourlyCost, or a run whose worst
     case (rate x maxRunDuration) exceeds its budget. Nothing is created before this."""
+    from infra.billing import usd_text
     from infra.keys import format_duration
     from infra.stackfile import NS
 
@@ -396,8 +397,8 @@ def check_caps(
         cheapest = min(priced, key=lambda c: c.hourly or 0.0) if priced else None
         if cheapest is not None and (cheapest.hourly or 0.0) > cap:
             raise UserError(
-                f"{NS}maxHourlyCost {cap:g}: below the cheapest candidate, {cheapest.nodes} x "
-                f"{cheapest.machine_type} in {cheapest.zone} at "
+                f"{NS}maxHourlyCost {usd_text(cap)}: below the cheapest candidate, "
+                f"{cheapest.nodes} x {cheapest.machine_type} in {cheapest.zone} at "
                 f"${exact_usd(cheapest.hourly or 0.0)}/h; allowed: at least "
                 f"{cents_up(cheapest.hourly or 0.0)}"
             )
@@ -408,8 +409,9 @@ def check_caps(
             else ""
         )
         raise UserError(
-            f"{NS}maxHourlyCost {cap:g}: {shape} costs up to ${exact_usd(rate)}/h; allowed: at "
-            f"least {cents_up(rate)}, or a cheaper machine, capacity or node count{fits}"
+            f"{NS}maxHourlyCost {usd_text(cap)}: {shape} costs up to ${exact_usd(rate)}/h; "
+            f"allowed: at least {cents_up(rate)}, or a cheaper machine, capacity or node "
+            f"count{fits}"
         )
     if budget is not None:
         worst = rate * spec.max_run_duration_s / 3600
@@ -421,7 +423,7 @@ def check_caps(
                 else "a cheaper cluster"
             )
             raise UserError(
-                f"{budget_setting} {budget:g}: {shape} at ${exact_usd(rate)}/h for "
+                f"{budget_setting} {usd_text(budget)}: {shape} at ${exact_usd(rate)}/h for "
                 f"maxRunDuration {spec.max_run_duration} may cost ${exact_usd(worst)}; allowed: a "
                 f"budget of at least {cents_up(worst)}, or {hint} (the server-side bound that "
                 "holds the budget)"

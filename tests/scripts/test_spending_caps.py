@@ -36,7 +36,53 @@ def test_a_bad_amount_is_one_line(bad: str) -> None:
         spec(budget=bad)
     with pytest.raises(UserError, match=r"gputrain:maxHourlyCost .*US dollars above 0"):
         spec(maxHourlyCost=bad)
-    assert parse_usd("$12.5", "--budget") == 12.5 and parse_usd(" ", "--budget") is None
+    assert parse_usd("$12.5", "--budget") == 12.5 and parse_usd("", "gputrain:budget") is None
+
+
+@pytest.mark.parametrize("key", ["budget", "maxHourlyCost"])
+def test_a_blank_amount_is_refused_never_taken_as_no_budget(
+    key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the key's default ("") is unset; an amount written blank is a mistake, said in one
+    line, as is `--budget ""`."""
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.b.yaml").write_text(
+        f"config:\n  gputrain:machineType: g2-standard-8\n  gputrain:{key}: '  '\n"
+    )
+    assert main(["plan", "--stack", "b"], Settings(root=tmp_path)) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gputrain: error: gputrain:{key} '  ': not an amount; allowed: US dollars above 0, "
+        "e.g. 300 or 2.5"
+    )
+    with pytest.raises(UserError, match=r"^--budget '': not an amount; allowed: US dollars"):
+        parse_usd("", "--budget", unset=False)
+
+
+def test_an_amount_with_an_exponent_means_the_same_on_the_command_line_and_in_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One rule: YAML's `budget: 1e3` reaches the program as "1000", so '1e3' (quoted, or
+    --budget 1e3) is 1000 too; amounts in messages are plain decimals, never 1e-07."""
+    assert parse_usd("1e3", "--budget") == parse_usd("1000", "--budget") == 1000.0
+    assert parse_usd("2.5E-1", "--budget") == 0.25
+    assert spec(budget="1e3").budget == spec(budget="1000").budget == 1000.0
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    for written in ("1e3", "'1e3'"):
+        (tmp_path / "Pulumi.e.yaml").write_text(
+            f"config:\n  gputrain:machineType: g2-standard-8\n  gputrain:budget: {written}\n"
+        )
+        assert main(["plan", "--stack", "e"], Settings(root=tmp_path)) == 0
+        assert "budget $1,000.00 per run" in capsys.readouterr().out
+    argv = ["run", "--stack", "e", "--yes", "--skip-preflight", "--budget", "1e-7"]
+    assert main(argv, Settings(root=tmp_path, runs_dir=tmp_path / "runs"), gce_nothing()) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith("gputrain: error: --budget 0.0000001: 1 x g2-standard-8") and "e-" not in err
+    )
+    assert main(["run", "--stack", "e", "--budget", ""], Settings(root=tmp_path)) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gputrain: error: --budget '': not an amount; allowed: US dollars above 0, e.g. 300 or 2.5"
+    )
 
 
 def test_the_hourly_cap_takes_the_dearest_capacity_rung() -> None:

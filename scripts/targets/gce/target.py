@@ -422,25 +422,32 @@ def within_caps(ctx: Context, spec: ClusterSpec, ranked: list[Candidate]) -> lis
     """The candidates `up` may fall back to without breaking maxHourlyCost or the run's budget
     (the plan checked the first; a stock-out must not buy a dearer one); the others said once."""
     from infra.base.errors import UserError
-    from scripts.run_plan import check_spending_caps
+    from scripts.run_plan import check_spending_caps, worst_hourly
     from scripts.targets.stack.target import pin
 
     if spec.max_hourly_cost is None and ctx.opts.budget is None and spec.budget is None:
         return ranked
-    kept, dropped = [], []
+    kept, over, unknown = [], [], []
     for c in ranked:
+        pinned = pin(spec, ctx.stack_file.config, candidate=c)
         try:
-            check_spending_caps(pin(spec, ctx.stack_file.config, candidate=c), ctx.opts.budget)
+            check_spending_caps(pinned, ctx.opts.budget)
         except UserError:
-            dropped.append(f"{c.nodes} x {c.machine_type} in {c.zone}")
+            shape = f"{c.nodes} x {c.machine_type} in {c.zone}"
+            (unknown if worst_hourly(pinned) is None else over).append(shape)
         else:
             kept.append(c)
-    if dropped:
-        ui.say(f"up: not falling back to {', '.join(dropped)}: over maxHourlyCost or the budget")
+    if over:
+        ui.say(f"up: not falling back to {', '.join(over)}: over maxHourlyCost or the budget")
+    if unknown:
+        ui.say(
+            f"up: not falling back to {', '.join(unknown)}: its price is unknown, so "
+            "maxHourlyCost and the budget cannot be checked"
+        )
     if not kept:
         raise GputrainError(
-            "every candidate that passed preflight is over maxHourlyCost or the run's budget; "
-            "nothing was created"
+            "every candidate that passed preflight is over maxHourlyCost or the run's budget, or "
+            "of an unknown price; nothing was created"
         )
     return kept
 

@@ -231,6 +231,30 @@ def test_a_stockout_never_falls_back_to_a_candidate_over_the_cap(
     assert runner.existing == []
 
 
+def test_a_fallback_of_unknown_price_is_said_as_such_not_as_over_the_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A candidate the price table has no figure for is not over the cap: the caps cannot be
+    checked for it, and that is what `up` says when it leaves it out."""
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.target import GceTarget, within_caps
+
+    stack_yaml = (
+        "  gputrain:gpus: H100:8\n  gputrain:regions: [us-central1, europe-west8]\n"
+        "  gputrain:maxHourlyCost: '1000'\n"
+    )
+    target = GceTarget("g", Settings(root=_project(tmp_path, stack_yaml)), GceClients())
+    spec = target.spec()
+    unpriced = next(c for c in spec.candidates if c.hourly is None)
+    priced = spec.candidates[0]
+    kept = within_caps(target.context(spec, RunOptions()), spec, [priced, unpriced])
+    out = capsys.readouterr().out
+    assert kept == [priced]
+    shape = f"{unpriced.nodes} x {unpriced.machine_type} in {unpriced.zone}"
+    assert f"not falling back to {shape}: its price is unknown, so maxHourlyCost" in out
+    assert "over maxHourlyCost" not in out
+
+
 def test_spot_recovery_reups_the_same_shape_its_zone_first(
     tmp_path: Path, fake: FakeCompute
 ) -> None:
