@@ -427,7 +427,9 @@ def within_caps(ctx: Context, spec: ClusterSpec, ranked: list[Candidate]) -> lis
 
     if spec.max_hourly_cost is None and ctx.opts.budget is None and spec.budget is None:
         return ranked
-    kept, over, unknown = [], [], []
+    kept: list[Candidate] = []
+    over: list[str] = []
+    unknown: list[str] = []
     for c in ranked:
         pinned = pin(spec, ctx.stack_file.config, candidate=c)
         try:
