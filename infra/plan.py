@@ -113,6 +113,27 @@ def ssh_exposure(spec: ClusterSpec) -> str:
     )
 
 
+def disks_extra(spec: ClusterSpec) -> str:
+    """What the table's $/h leaves out: on Compute Engine the disks' list price (which the
+    spending caps count: infra/disk_prices.py) and network traffic. Pure."""
+    if spec.on_vertex:
+        return "disks and network extra"
+    from infra.disk_prices import spec_disk_rate
+
+    disks = spec_disk_rate(spec, spec.spot)
+    priced = (
+        f"boot disk and Local SSD {money(disks.hourly)}/h per node more (in the spending caps)"
+        if disks.hourly
+        else ""
+    )
+    unpriced = (
+        f"no price known for the {', '.join(disks.unpriced)} (not in the caps)"
+        if disks.unpriced
+        else ""
+    )
+    return "; ".join(part for part in (priced, unpriced, "network extra") if part)
+
+
 def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = None) -> Plan:
     """Pure: the plan of a validated spec; `checks` are the candidates' preflight verdicts."""
     per_node = spec.hourly_price_per_node
@@ -150,7 +171,7 @@ def build_plan(spec: ClusterSpec, checks: Mapping[Candidate, Check] | None = Non
         f"Prices: USD, {price_basis(spec)} in {where}, from {table.source}, "
         f"as of {table.as_of}"
         + (f" ({spec.price.note})" if spec.price and spec.price.note else "")
-        + f"; disks and network extra. {quota}."
+        + f"; {disks_extra(spec)}. {quota}."
     )
     return Plan(
         spec=spec,

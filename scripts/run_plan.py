@@ -24,6 +24,7 @@ from scripts.targets.base import Capabilities, Declared, Feature, RunOptions, Ta
 from scripts.watch.telemetry import WatchSettings, watch_settings
 
 if TYPE_CHECKING:
+    from infra.offers import Candidate
     from infra.schema import StackSettings
     from infra.spec import ClusterSpec
     from infra.vertex_pools import PoolShape
@@ -342,13 +343,34 @@ def worst_hourly(spec: ClusterSpec, pools: JobPools | None = None) -> float | No
 
 
 def _hourly(spec: ClusterSpec, spot: bool, pools: JobPools | None) -> float | None:
-    """USD per hour of every node (every replica of every Vertex pool) at Spot or not."""
+    """USD per hour of every node (every replica of every Vertex pool) at Spot or not: on
+    Compute Engine each VM with its boot disk and Local SSD (infra/disk_prices.py)."""
     if spec.on_vertex:
         from infra.vertex_pools import price_pools, total_hourly
 
         return total_hourly(price_pools(_pools(spec, pools), spec.region, spot=spot))
+    from infra.disk_prices import spec_disk_rate
+
     per_node = spec.price.hourly(spot) if spec.price is not None else None
-    return None if per_node is None else per_node * spec.nodes
+    if per_node is None:
+        return None
+    return (per_node + spec_disk_rate(spec, spot).hourly) * spec.nodes
+
+
+def candidate_hourly(spec: ClusterSpec, candidate: Candidate) -> float | None:
+    """A `gpus` candidate's rate as the caps count it: its VMs and their disks. Pure."""
+    from infra.disk_prices import spec_disk_rate
+
+    if candidate.hourly is None:
+        return None
+    return candidate.hourly + candidate.nodes * spec_disk_rate(spec, spec.spot, candidate).hourly
+
+
+def unpriced_disks(spec: ClusterSpec) -> tuple[str, ...]:
+    """What of a Compute Engine cluster's disks the caps leave out: no price for it. Pure."""
+    from infra.disk_prices import spec_disk_rate
+
+    return () if spec.on_vertex else spec_disk_rate(spec, spec.spot).unpriced
 
 
 def _pools(spec: ClusterSpec, pools: JobPools | None) -> list[tuple[int, PoolShape]]:
@@ -384,6 +406,7 @@ def check_caps(
         return
     rate = worst_hourly(spec, pools)
     shape = _shape(spec, pools)
+    disks = "" if spec.on_vertex else " (disks included)"
     if rate is None:
         where = spec.region if spec.on_vertex else spec.zone
         raise UserError(
@@ -393,23 +416,24 @@ def check_caps(
     if cap is not None and rate > cap:
         # a candidate is the GPU nodes alone: on a Vertex job with more pools it fits no cap
         alone = not (spec.on_vertex and (pools is not None or spec.chief or spec.reduction_server))
-        priced = [c for c in spec.candidates if c.hourly is not None] if alone else []
-        cheapest = min(priced, key=lambda c: c.hourly or 0.0) if priced else None
-        if cheapest is not None and (cheapest.hourly or 0.0) > cap:
+        rates = {c: candidate_hourly(spec, c) for c in spec.candidates} if alone else {}
+        priced = {c: r for c, r in rates.items() if r is not None}
+        cheapest = min(priced, key=priced.__getitem__) if priced else None
+        least = priced[cheapest] if cheapest is not None else 0.0
+        if cheapest is not None and least > cap:
             raise UserError(
                 f"{NS}maxHourlyCost {usd_text(cap)}: below the cheapest candidate, "
                 f"{cheapest.nodes} x {cheapest.machine_type} in {cheapest.zone} at "
-                f"${exact_usd(cheapest.hourly or 0.0)}/h; allowed: at least "
-                f"{cents_up(cheapest.hourly or 0.0)}"
+                f"${exact_usd(least)}/h; allowed: at least {cents_up(least)}"
             )
         fits = (
             f"; {cheapest.nodes} x {cheapest.machine_type} in {cheapest.zone} costs "
-            f"${cheapest.hourly:.2f}/h (pin it with {NS}candidate)"
+            f"${least:.2f}/h (pin it with {NS}candidate)"
             if cheapest is not None
             else ""
         )
         raise UserError(
-            f"{NS}maxHourlyCost {usd_text(cap)}: {shape} costs up to ${exact_usd(rate)}/h; "
+            f"{NS}maxHourlyCost {usd_text(cap)}: {shape} costs up to ${exact_usd(rate)}/h{disks}; "
             f"allowed: at least {cents_up(rate)}, or a cheaper machine, capacity or node "
             f"count{fits}"
         )
@@ -423,7 +447,7 @@ def check_caps(
                 else "a cheaper cluster"
             )
             raise UserError(
-                f"{budget_setting} {usd_text(budget)}: {shape} at ${exact_usd(rate)}/h for "
+                f"{budget_setting} {usd_text(budget)}: {shape} at ${exact_usd(rate)}/h{disks} for "
                 f"maxRunDuration {spec.max_run_duration} may cost ${exact_usd(worst)}; allowed: a "
                 f"budget of at least {cents_up(worst)}, or {hint} (the server-side bound that "
                 "holds the budget)"
@@ -435,7 +459,12 @@ def caps_line(spec: ClusterSpec, pools: JobPools | None = None) -> str:
     against (check_caps passed): on Vertex, every pool's replicas. Pure."""
     rate = worst_hourly(spec, pools) or 0.0
     worst = rate * spec.max_run_duration_s / 3600
-    what = "dearest rate, every worker pool" if spec.on_vertex else "dearest rate"
+    unpriced = unpriced_disks(spec)
+    what = (
+        "dearest rate, every worker pool"
+        if spec.on_vertex
+        else "dearest rate" + ("" if unpriced else ", disks included")
+    )
     parts = []
     if spec.max_hourly_cost is not None:
         parts.append(f"maxHourlyCost ${spec.max_hourly_cost:,.2f}/h >= ${rate:,.2f}/h ({what})")
@@ -449,7 +478,9 @@ def caps_line(spec: ClusterSpec, pools: JobPools | None = None) -> str:
             f"budget ${spec.budget:,.2f} per run >= worst case ${worst:,.2f} ({spec.max_run_duration} "
             "at the dearest rate; maxRunDuration is the server-side bound that holds it)" + watchdog
         )
-    return "Caps: " + "; ".join(parts) + "."
+    priceless = f"{', '.join(unpriced)} (no price known) and " if unpriced else ""
+    left_out = "" if spec.on_vertex else f" Not in them: {priceless}network traffic."
+    return "Caps: " + "; ".join(parts) + "." + left_out
 
 
 def cents_up(usd: float) -> str:

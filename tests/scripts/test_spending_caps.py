@@ -10,13 +10,16 @@ from typing import NoReturn
 import pytest
 
 from infra.base.errors import UserError
-from infra.billing import parse_usd
+from infra.billing import parse_usd, usd_text
+from infra.disk_prices import spec_disk_rate
 from infra.spec import ClusterSpec, parse_spec
 from scripts.cli import main
 from scripts.run_plan import (
     BUDGET_INTERVAL_ENV,
     budget_interval_s,
+    candidate_hourly,
     caps_line,
+    cents_up,
     check_caps,
     exact_usd,
     worst_hourly,
@@ -88,7 +91,7 @@ def test_an_amount_with_an_exponent_means_the_same_on_the_command_line_and_in_th
 def test_the_hourly_cap_takes_the_dearest_capacity_rung() -> None:
     ladder = spec(machineType="g2-standard-8", nodes="2", capacity='["spot", "on-demand"]')
     assert ladder.price is not None and ladder.price.on_demand and ladder.price.spot
-    dearest = ladder.price.on_demand * 2
+    dearest = (ladder.price.on_demand + spec_disk_rate(ladder, False).hourly) * 2
     assert worst_hourly(ladder) == pytest.approx(dearest)
     check_caps(spec(machineType="g2-standard-8", nodes="2", capacity='["spot", "on-demand"]',
                     maxHourlyCost=f"{dearest + 0.01}"), budget=None, budget_setting="x")  # fmt: skip
@@ -97,20 +100,24 @@ def test_the_hourly_cap_takes_the_dearest_capacity_rung() -> None:
                   maxHourlyCost=f"{cap}")  # fmt: skip
     with pytest.raises(UserError) as e:
         check_caps(capped, budget=None, budget_setting="x")
-    assert str(e.value).startswith(f"gputrain:maxHourlyCost {cap:g}: 2 x ")
-    assert f"costs up to ${exact_usd(dearest)}/h" in str(e.value)
+    assert str(e.value).startswith(f"gputrain:maxHourlyCost {usd_text(cap)}: 2 x ")
+    assert f"costs up to ${exact_usd(dearest)}/h (disks included)" in str(e.value)
     assert "(spot/on-demand)" in str(e.value)
 
 
 def test_below_the_cheapest_gpu_candidate_names_it() -> None:
     many = spec(gpus="L4:1", maxHourlyCost="0.01")
-    priced = sorted((c for c in many.candidates if c.hourly), key=lambda c: c.hourly or 0)
-    cheapest = priced[0]
+    rates = {c: candidate_hourly(many, c) for c in many.candidates}
+    cheapest = min((c for c in rates if rates[c]), key=lambda c: rates[c] or 0)
+    least = rates[cheapest] or 0
+    assert least > (cheapest.hourly or 0)  # its VM's price and its boot disk's
     with pytest.raises(UserError) as e:
         check_caps(many, budget=None, budget_setting="x")
     text = str(e.value)
     assert text.startswith("gputrain:maxHourlyCost 0.01: below the cheapest candidate, ")
-    assert f"{cheapest.machine_type} in {cheapest.zone} at ${exact_usd(cheapest.hourly)}/h" in text
+    assert f"{cheapest.machine_type} in {cheapest.zone} at ${exact_usd(least)}/h" in text
+    assert text.endswith(f"allowed: at least {cents_up(least)}")
+    check_caps(spec(gpus="L4:1", maxHourlyCost=cents_up(least)), budget=None, budget_setting="x")
 
 
 def test_a_budget_is_held_by_max_run_duration() -> None:
@@ -121,7 +128,7 @@ def test_a_budget_is_held_by_max_run_duration() -> None:
     with pytest.raises(UserError) as e:
         check_caps(s, budget=rate * 3, budget_setting="--budget")
     text = str(e.value)
-    assert text.startswith(f"--budget {rate * 3:g}: 1 x g2-standard-8")
+    assert text.startswith(f"--budget {usd_text(rate * 3)}: 1 x g2-standard-8")
     assert (
         f"may cost ${exact_usd(rate * 6)}" in text
         and "gputrain:maxRunDuration to at most 3h" in text
@@ -129,6 +136,53 @@ def test_a_budget_is_held_by_max_run_duration() -> None:
     fine = spec(machineType="g2-standard-8", maxRunDuration="2h", budget="1000",
                 maxHourlyCost="1000")  # fmt: skip
     assert "budget $1,000.00 per run >= worst case" in caps_line(fine)
+
+
+def test_the_caps_count_boot_disks_and_local_ssd_at_list_price(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A T4 node with 24 Local SSDs and a 2,000 GB pd-ssd boot disk: the VM is $0.23/h, its
+    disks about $0.86/h more (Local SSD at its Spot price on a Spot VM); both caps count them,
+    and `plan` says what the caps leave out where the table has no price."""
+    from infra.disk_prices import HOURS_PER_MONTH, PER_GIB_MONTH
+
+    ssd = spec(machineType="n1-standard-4", gpuType="T4", gpuCount="1", zones='["us-central1-a"]',
+               localSsdCount="24", bootDiskGb="2000", bootDiskType="pd-ssd",
+               maxRunDuration="10h")  # fmt: skip
+    balanced, pd_ssd, local, local_spot = PER_GIB_MONTH["us-central1"]
+    assert (pd_ssd, local_spot) == (0.17, 0.032)  # Google's US list: $34 for 200 GB a month
+    disks = (2000 * pd_ssd + 24 * 375 * local_spot) / HOURS_PER_MONTH
+    assert ssd.price is not None and ssd.price.spot is not None
+    assert worst_hourly(ssd) == pytest.approx(ssd.price.spot + disks)
+    assert disks > 0.85 and (worst_hourly(ssd) or 0) > 1.0 > 4 * (ssd.hourly_price or 0)
+    on_demand = spec_disk_rate(ssd, False).hourly
+    assert on_demand == pytest.approx((2000 * pd_ssd + 24 * 375 * local) / HOURS_PER_MONTH)
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.ssd.yaml").write_text(
+        "config:\n  gputrain:machineType: n1-standard-4\n  gputrain:gpuType: T4\n"
+        "  gputrain:gpuCount: 1\n  gputrain:zones: [us-central1-a]\n  gputrain:capacity: spot\n"
+        "  gputrain:localSsdCount: 24\n  gputrain:bootDiskGb: 2000\n"
+        "  gputrain:bootDiskType: pd-ssd\n  gputrain:maxRunDuration: 10h\n"
+        "  gputrain:maxHourlyCost: 0.3\n  gputrain:budget: 3\n"
+    )
+    assert main(["plan", "--stack", "ssd"], Settings(root=tmp_path)) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gputrain: error: gputrain:maxHourlyCost 0.3: 1 x n1-standard-4 (spot) costs up to "
+        f"${worst_hourly(ssd):.2f}/h (disks included); allowed: at least "
+        f"{cents_up(worst_hourly(ssd) or 0)}, or a cheaper machine, capacity or node count"
+    )
+    a3 = spec(machineType="a3-highgpu-8g", zones='["us-central1-a"]', capacity="on-demand")
+    bundled = 6000 * local / HOURS_PER_MONTH + 200 * pd_ssd / HOURS_PER_MONTH
+    assert a3.price is not None and a3.price.on_demand is not None
+    assert worst_hourly(a3) == pytest.approx(a3.price.on_demand + bundled)
+    ultra = spec(machineType="a3-ultragpu-8g", zones='["us-central1-b"]', budget="5000",
+                 bootDiskType="", maxRunDuration="6h")  # fmt: skip
+    assert caps_line(ultra).endswith(
+        "Not in them: hyperdisk-balanced boot disk, bundled Local SSD (size unknown) "
+        "(no price known) and network traffic."
+    )
+    assert caps_line(spec(budget="100")).endswith(". Not in them: network traffic.")
+    assert balanced == 0.1  # pd-balanced, every stack's default boot disk below A3
 
 
 VERTEX = {"backend": "vertex", "machineType": "g2-standard-24", "nodes": "2", "gpus": "",
@@ -225,8 +279,6 @@ def gce_nothing() -> GceClients:
 
 def test_a_minimum_the_message_allows_is_rounded_up_not_down() -> None:
     """$2.0434 worst case: "at least 2.04" would be refused again; 2.05 passes."""
-    from scripts.run_plan import cents_up
-
     assert [cents_up(x) for x in (2.0434, 0.28184, 2.04, 0.3, 0.0)] == [
         "2.05", "0.29", "2.04", "0.30", "0.00",
     ]  # fmt: skip
