@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra import catalog
 from infra.base.errors import GputrainError
 from infra.base.records import Fleet, GpuExpectation, Node
+
+if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
 
 
 class Key:
@@ -273,3 +276,32 @@ def parse_vertex_outputs(outputs: Mapping[str, Any]) -> VertexOutputs:
         bucket_prefix=str(outputs.get(Key.BUCKET_PREFIX) or ""),
         service_account=need[Key.SERVICE_ACCOUNT],
     )
+
+
+def drift(spec: ClusterSpec, outputs: Mapping[str, Any]) -> list[str]:
+    """Where the stack file (`spec`) no longer describes the cluster `up` made (its outputs): the
+    nodes, machine type, GPUs per node, Spot or not, maxRunDuration, as "WHAT: X up, Y in the
+    file"; [] when they agree. An output an older program did not write is not compared. Pure."""
+    from infra.keys import format_duration
+
+    def mode(spot: bool) -> str:
+        return "spot" if spot else "not spot"
+
+    ttl = outputs.get(Key.MAX_RUN_DURATION_S)
+    spot = outputs.get(Key.SPOT)
+    pairs = [
+        ("nodes", outputs.get(Key.NODE_COUNT, len(outputs.get(Key.NODES) or [])), spec.nodes),
+        ("machineType", outputs.get(Key.MACHINE_TYPE), spec.machine_type),
+        ("GPUs per node", outputs.get(Key.GPUS_PER_NODE), spec.gpus_per_node),
+        ("capacity", None if spot is None else mode(bool(spot)), mode(spec.spot)),
+        (
+            "maxRunDuration",
+            format_duration(int(ttl)) if isinstance(ttl, int | float) else None,
+            spec.max_run_duration,
+        ),
+    ]
+    return [
+        f"{what}: {up} up, {declared} in the file"
+        for what, up, declared in pairs
+        if up is not None and up != declared
+    ]

@@ -64,7 +64,7 @@ def provisioned(plan: RunPlan, guard: SignalGuard) -> AbstractContextManager[Ses
     """The target's session: made for this run (torn down after it unless kept) or attached."""
     if plan.create:
         return plan.target.provisioned(plan.opts, guard)
-    return plan.target.attached(plan.opts)
+    return plan.target.attached(plan.opts, for_run=True)
 
 
 def verified_job(plan: RunPlan, session: Session, settings: Settings, notifier: Notifier) -> Job:

@@ -255,8 +255,12 @@ class Target(Protocol):
         after any failure, Ctrl-C or SIGTERM too — unless opts.keep or session.keep."""
         ...
 
-    def attached(self, opts: RunOptions) -> AbstractContextManager[Session]:
-        """A session on what exists already (nothing is created or destroyed)."""
+    def attached(
+        self, opts: RunOptions, *, for_run: bool = False
+    ) -> AbstractContextManager[Session]:
+        """A session on what exists already (nothing is created or destroyed). `for_run`: a job
+        is to be launched on it (`train`): a stack whose file no longer describes what is up is
+        refused, since the run's caps, budget and recoveries go by the file."""
         ...
 
 

@@ -69,7 +69,7 @@ class MachinesTarget:
         ui.say("cost: nothing is created; these machines are yours")
 
     @contextmanager
-    def attached(self, opts: RunOptions) -> Iterator[FleetSession]:
+    def attached(self, opts: RunOptions, *, for_run: bool = False) -> Iterator[FleetSession]:
         fleet, record = self.fleet(opts)
         with FleetSession(
             fleet, self.settings, record_new_keys=record, connect_deadline_s=opts.wait_s

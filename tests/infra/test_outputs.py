@@ -55,3 +55,35 @@ def test_outputs_to_fleet_pins_keys_and_expects_the_gpus() -> None:
     assert 0 < fleet.expect.min_memory_mib < parsed.gpu_memory_gb * 1024
     with pytest.raises(GputrainError, match="no pinned SSH host keys for dev-node-1"):
         parsed.to_fleet("stack-dev", {"dev-node-0": ("k",)}, identity_file=None)
+
+
+def test_drift_names_what_the_stack_file_says_now_that_the_cluster_up_is_not() -> None:
+    """A stack file edited since `up` (4 on-demand nodes -> 1 spot node): every difference that
+    sets what the cluster costs, in one list; an output an older program lacks is not compared."""
+    from infra.outputs import Key, drift
+    from infra.spec import parse_spec
+    from tests.support.pulumi_mocks import deployable_config
+
+    def spec(**overrides: str) -> Any:
+        shape = {"machineType": "g2-standard-8", "maxRunDuration": "6h", **overrides}
+        return parse_spec(deployable_config("dev", **shape), "dev")
+
+    up = spec(nodes="4", capacity="on-demand")
+    outputs = {
+        Key.NODES: sample_outputs("dev", up.zone, nodes=4)[Key.NODES],
+        Key.NODE_COUNT: up.nodes,
+        Key.MACHINE_TYPE: up.machine_type,
+        Key.GPUS_PER_NODE: up.gpus_per_node,
+        Key.SPOT: up.spot,
+        Key.MAX_RUN_DURATION_S: up.max_run_duration_s,
+    }
+    assert drift(up, outputs) == []
+    assert drift(spec(nodes="1", capacity="spot"), outputs) == [
+        "nodes: 4 up, 1 in the file",
+        "capacity: not spot up, spot in the file",
+    ]
+    assert drift(spec(nodes="4", capacity="on-demand", maxRunDuration="8h"), outputs) == [
+        "maxRunDuration: 6h up, 8h in the file"
+    ]
+    older = {Key.NODES: outputs[Key.NODES], Key.MAX_RUN_DURATION_S: 21600}
+    assert drift(spec(nodes="1", capacity="spot"), older) == ["nodes: 4 up, 1 in the file"]

@@ -26,6 +26,7 @@ from scripts.run_plan import (
 )
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
+from tests.support.fake_compute import FakeCompute
 from tests.support.pulumi_mocks import ROOT, deployable_config
 
 
@@ -311,3 +312,44 @@ def test_a_refused_rate_is_shown_to_the_digit_its_minimum_is_rounded_up_from() -
     assert worst is not None and float(worst[1]) == float(worst[2]) == pytest.approx(rate)
     assert worst[3] == "6.23"
     check_caps(spec(**hourly, maxHourlyCost="6.23"), budget=6.23, budget_setting="x", pools=pools)
+
+
+def test_train_refuses_a_cluster_its_stack_file_no_longer_describes(
+    tmp_path: Path,
+    fake: FakeCompute,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`up` made 4 on-demand nodes; the file now says 1 spot node, so a $2.10 budget passes
+    the plan against the file though the cluster costs about ten times as much. The run is
+    refused in one line before anything starts: its caps, its watchdog's rate and a
+    recovery's `up` read the file."""
+    from tests.support.fake_stack import FakeStackRunner, default_node_factory
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    base = (
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+        "  gputrain:zones: [us-central1-a]\n  gputrain:maxRunDuration: 1h\n"
+    )
+    stack_file = tmp_path / "Pulumi.g.yaml"
+    stack_file.write_text(base + "  gputrain:nodes: 4\n  gputrain:capacity: on-demand\n")
+    runner = FakeStackRunner(
+        "g", compute=fake, project=fake.project, node_factory=default_node_factory("g", 4)
+    )
+    runner.up()
+    runner._outputs |= {"nodeCount": 4, "spot": False, "machineType": "g2-standard-8"}
+    stack_file.write_text(base + "  gputrain:nodes: 1\n  gputrain:capacity: spot\n")
+    monkeypatch.chdir(tmp_path)
+    clients = GceClients(runner_for=lambda s, r: runner, compute_endpoint=fake.url, retry_pause_s=0)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    argv = ["train", "--stack", "g", "--budget", "2.1", "--", "job.py"]
+    assert main(argv, settings, clients) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "gputrain: error: stack g: the cluster that is up is not what its stack file says now "
+        "(nodes: 4 up, 1 in the file; capacity: not spot up, spot in the file), and the run's "
+        "spending caps, budget and recoveries go by the file; `gputrain up --stack g` makes the "
+        "cluster what the file says, or put the file back; nothing was started"
+    )
+    assert not (tmp_path / "runs" / "stack-g").exists()  # no run was started

@@ -219,7 +219,8 @@ class GceTarget(StackTarget[GceClients, Provision]):
                 ui.warn(f"could not clear {key}: {exc}")
 
     @contextmanager
-    def attached(self, opts: RunOptions) -> Iterator[FleetSession]:
+    def attached(self, opts: RunOptions, *, for_run: bool = False) -> Iterator[FleetSession]:
+        from infra.outputs import drift
         from scripts.targets.gce.keys import private_key_file
 
         ctx = self.context(self.spec(), opts)  # a broken stack file is still a one-line error
@@ -227,6 +228,14 @@ class GceTarget(StackTarget[GceClients, Provision]):
         if not outputs.get(Key.NODES):
             raise UserError(
                 f"stack {self.stack} has no cluster; run `gputrain up --stack {self.stack}`"
+            )
+        changed = drift(ctx.spec, outputs) if for_run else []
+        if changed:  # the caps, the watchdog's rate and a recovery's `up` all read the file
+            raise UserError(
+                f"stack {self.stack}: the cluster that is up is not what its stack file says now "
+                f"({'; '.join(changed)}), and the run's spending caps, budget and recoveries go "
+                f"by the file; `gputrain up --stack {self.stack}` makes the cluster what the "
+                "file says, or put the file back; nothing was started"
             )
         with (
             private_key_file(ctx.runner, ctx.stack) as key,

@@ -251,8 +251,8 @@ class VertexTarget(StackTarget[VertexClients, None]):
         )
 
     @contextmanager
-    def attached(self, opts: RunOptions) -> Iterator[VertexSession]:
-        spec = self.spec()
+    def attached(self, opts: RunOptions, *, for_run: bool = False) -> Iterator[VertexSession]:
+        spec = self.spec()  # each run's job is made from the file: nothing up to differ from it
         outputs = self._outputs()
         if outputs is None:
             raise UserError(f"stack {self.stack} is not up; run `gputrain up --stack {self.stack}`")
