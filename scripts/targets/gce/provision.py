@@ -10,7 +10,8 @@ cluster is all-or-nothing.
 
 When every zone or candidate is stocked out, `--wait-for-capacity DURATION` keeps trying with
 backoff instead of giving up (nothing of a failed attempt bills while it waits; one line per wait
-says what was tried and when the next try is), and `capacity: [spot, on-demand]` steps to the next
+says what was tried, what a partial create made and billed before its destroy, and when the next
+try is; with a budget the wait stops before partial creates could spend what the run may not), and `capacity: [spot, on-demand]` steps to the next
 mode after one mode's stock-outs, with one line saying why and what it costs. Ctrl-C during a wait
 is the guard's Interrupted, as anywhere else: the caller's teardown runs.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from infra.base.errors import GputrainError
@@ -28,6 +29,7 @@ from infra.catalog import GLOBAL_GPU_QUOTA_METRIC, ZONE_NAME, quota_console_url
 from infra.keys import format_duration
 from infra.offers import Candidate, candidate_label
 from infra.stackfile import qualify
+from scripts.targets.gce.partial import MadeVMs, PartialSpend, SpendRoom
 from scripts.targets.stack.clients import OnOutput, StackError, StackRunner, summarise_pulumi_error
 
 ZONE_CONFIG_KEY = qualify("zone")  # written by the zone failover, read by the program
@@ -103,6 +105,20 @@ class Attempt:
     zone: str
     outcome: str  # "stockout", "quota", "other", "skipped (preflight)", "partial"
     detail: str
+    # a failed `up` may have made VMs before it failed (a partial create): they bill until the
+    # destroy, or go on billing when `left_up` (a recovery keeps them for the next try)
+    vms: int = field(default=0, kw_only=True)
+    vm_s: float = field(default=0.0, kw_only=True)  # their seconds together, to the destroy
+    left_up: bool = field(default=False, kw_only=True)
+
+    @property
+    def billed(self) -> str:
+        """ "" or "; 1 VM made, billed 3m0s until destroyed" (the attempt's report line)."""
+        if not self.vms:
+            return ""
+        made = f"{self.vms} VM{'s' if self.vms > 1 else ''} made"
+        until = "so far, left up for the next try" if self.left_up else "until destroyed"
+        return f"; {made}, billed {format_duration(int(self.vm_s))} {until}"
 
 
 class ProvisioningError(GputrainError):
@@ -144,6 +160,7 @@ def provision_with_failover(
     expected_nodes: int | None = None,
     project: str | None = None,
     destroy_failed: bool = True,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[str, dict[str, Any]]:
     """Sets `gputrain:zone` and runs `up`, zone after zone, until a cluster exists.
 
@@ -165,7 +182,8 @@ def provision_with_failover(
             continue
         say(f"{zone}: creating the cluster (pulumi up)")
         runner.set_config(ZONE_CONFIG_KEY, zone)
-        outputs, failure, outcome = _up_once(runner, expected_nodes, on_output)
+        made = MadeVMs(on_output, clock)
+        outputs, failure, outcome = _up_once(runner, expected_nodes, made)
         if failure is None:
             say(f"{zone}: cluster created")
             return zone, outputs
@@ -173,6 +191,7 @@ def provision_with_failover(
         say(f"{zone}: {outcome}: {failure.summary}")
         if destroy_failed:
             destroy_attempt(runner, zone, attempts, failure, say, on_output)
+        attempts[-1] = made.billed(attempts[-1], left_up=not destroy_failed)
         if failure.kind != "stockout":
             break
         hint = failure.zones_available
@@ -182,7 +201,7 @@ def provision_with_failover(
 
 
 def _up_once(
-    runner: StackRunner, nodes_wanted: int | None, on_output: OnOutput | None
+    runner: StackRunner, nodes_wanted: int | None, on_output: MadeVMs
 ) -> tuple[dict[str, Any], ProvisioningFailure | None, str]:
     """One `pulumi up`: (outputs, None, "created"); or ({}, the failure, its kind), where a
     cluster with fewer than `nodes_wanted` nodes is a stockout whose outcome is "partial"."""
@@ -240,7 +259,7 @@ def _report(
         head = "no capacity in any of your zones"
         fix = "add zones to gputrain:zones, try later, or switch between spot and on-demand"
     lines = [f"could not create the cluster: {head}"]
-    lines += [f"  {a.zone}: {a.outcome}: {a.detail}" for a in attempts]
+    lines += [f"  {a.zone}: {a.outcome}: {a.detail}{a.billed}" for a in attempts]
     if zones:
         lines.append(f"fix: {fix}")
     return "\n".join(lines)
@@ -264,7 +283,7 @@ class CandidateAttempt(Attempt):
 
     def row(self, n: int) -> tuple[str, ...]:
         c = self.candidate
-        return (str(n), candidate_label(c), c.zone, self.outcome, self.detail)
+        return (str(n), candidate_label(c), c.zone, self.outcome, self.detail + self.billed)
 
 
 def _ends_search(failure: ProvisioningFailure) -> bool:
@@ -308,6 +327,7 @@ def provision_candidates(
     on_event: Callable[[str], None] | None = None,
     on_output: OnOutput | None = None,
     destroy_failed: bool = True,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Candidate, dict[str, Any], list[Attempt]]:
     """Sets `gputrain:candidate` + `gputrain:zone` and runs `up`, down the ranked list, at most
     `max_candidates` attempts. Returns (the candidate created, outputs, every attempt). Raises
@@ -328,13 +348,15 @@ def provision_candidates(
         say(f"{candidate_label(c)} in {c.zone}: creating the cluster (pulumi up)")
         runner.set_config(CANDIDATE_CONFIG_KEY, candidate_label(c))
         runner.set_config(ZONE_CONFIG_KEY, c.zone)
-        outputs, failure, outcome = _up_once(runner, c.nodes, on_output)
+        made = MadeVMs(on_output, clock)
+        outputs, failure, outcome = _up_once(runner, c.nodes, made)
         if failure is None:
             attempts.append(CandidateAttempt.of(c, "created", ""))
             return c, outputs, attempts
         attempts.append(CandidateAttempt.of(c, outcome, failure.summary))
         if destroy_failed:
             destroy_attempt(runner, c.zone, attempts, failure, say, on_output)
+        attempts[-1] = made.billed(attempts[-1], left_up=not destroy_failed)
         if _ends_search(failure):
             say(f"{candidate_label(c)} in {c.zone}: {outcome}: {failure.summary}; stopping")
             break
@@ -359,7 +381,9 @@ def provision_candidates(
 def attempt_rows(attempts: Sequence[Attempt]) -> list[tuple[str, ...]]:
     """Rows under ATTEMPT_HEADERS (an attempt of the zone failover has no candidate)."""
     return [
-        a.row(n) if isinstance(a, CandidateAttempt) else (str(n), "", a.zone, a.outcome, a.detail)
+        a.row(n)
+        if isinstance(a, CandidateAttempt)
+        else (str(n), "", a.zone, a.outcome, a.detail + a.billed)
         for n, a in enumerate(attempts, 1)
     ]
 
@@ -427,9 +451,15 @@ def tried_text(attempts: Sequence[Attempt]) -> str:
     return ", ".join(seen) or "nothing"
 
 
+def _no_rate(_attempt: Attempt) -> float | None:
+    return None
+
+
 @dataclass
 class CapacityWait:
-    """How long to keep trying (0: not at all), and the backoff between rounds."""
+    """How long to keep trying (0: not at all), and the backoff between rounds. A round whose
+    `up` made some VMs before it failed (a partial create) billed them: its line says so, and
+    with `room` (a budget) the wait stops before another such round could pass it."""
 
     limit_s: float
     first_pause_s: float = FIRST_PAUSE_S
@@ -437,36 +467,64 @@ class CapacityWait:
     billing_note: str = "nothing is billing"
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
+    vm_hourly: Callable[[Attempt], float | None] = _no_rate  # USD/h of one VM an attempt made
+    room: SpendRoom | None = None
 
     def run(self, attempt: Callable[[], T], say: Callable[[str], None]) -> T:
         """`attempt()` until it succeeds; after a round of stock-outs wait and try again until
         `limit_s` is spent. Any other failure, or the last stock-out, is raised as it came
-        (its message says how long it waited)."""
+        (its message says how long it waited and what partial creates billed)."""
         start, pause, round_ = self.clock(), self.first_pause_s, 1
+        spent = PartialSpend()
         while True:
             try:
                 return attempt()
             except ProvisioningError as e:
                 if self.limit_s <= 0 or not stocked_out(e):
                     raise
+                made = spent.add(e.attempts, self.vm_hourly)
+                self._hold_the_budget(e, spent, round_)
                 left = start + self.limit_s - self.clock()
                 if left <= 0:
+                    billed = f" ({spent.total})" if spent.vms else ""
                     raise ProvisioningError(
                         f"{e}\nwaited {format_duration(int(self.limit_s))} for capacity "
-                        f"(--wait-for-capacity) over {round_} round(s); still none",
+                        f"(--wait-for-capacity) over {round_} round(s); still none{billed}",
                         e.attempts,
                         e.failure,
                     ) from e
                 delay = min(pause, left)
                 next_at = time.strftime("%H:%M:%S", time.localtime(self.clock() + delay))
                 say(
-                    f"no capacity (round {round_}: {tried_text(e.attempts)} stocked out); "
+                    f"no capacity (round {round_}: {tried_text(e.attempts)} stocked out{made}); "
                     f"next try at {next_at} (in {delay:.0f} s), waiting up to "
                     f"{format_duration(max(1, int(left)))} more; {self.billing_note}; "
                     "Ctrl-C stops"
                 )
                 self.sleep(delay)
                 pause, round_ = min(pause * 2, self.max_pause_s), round_ + 1
+
+    def _hold_the_budget(self, e: ProvisioningError, spent: PartialSpend, round_: int) -> None:
+        """With a budget, stop once another round like the dearest so far could take what
+        the partial creates billed past the budget's room beside the run's worst case."""
+        room = self.room
+        if room is None or not spent.vms:
+            return
+        if spent.usd is not None and spent.usd + spent.dearest_round_usd <= room.usd:
+            return
+        why = (
+            "their price is unknown"
+            if spent.usd is None
+            else f"another round like the dearest so far (${spent.dearest_round_usd:.2f}) could "
+            f"pass {room.budget}, which leaves ${room.usd:.2f} beside the run's worst case "
+            f"${room.worst_usd:.2f}"
+        )
+        raise ProvisioningError(
+            f"{e}\nstopped waiting for capacity after {round_} round(s): its partial creates "
+            f"billed ({spent.total}), and {why}",
+            e.attempts,
+            e.failure,
+        ) from e
 
 
 def step_line(mode: str, next_mode: str, costs: Callable[[str], float | None]) -> str:

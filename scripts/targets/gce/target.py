@@ -174,7 +174,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
             zone = spec.zones[0] if spec.candidates else where[0]
             spec = pin_reservation_bound(spec, ctx.runner, ctx.clients.compute(), zone)
-        return lambda: capacity_wait(ctx, "nothing is billing").run(
+        return lambda: capacity_wait(ctx.at(spec), "nothing is billing", where).run(
             lambda: create_down_the_ladder(ctx.at(spec), where), ui.say
         )
 
@@ -282,14 +282,20 @@ class GceTarget(StackTarget[GceClients, Provision]):
 # ---- the verbs: stateless, over one context (SkyPilot's sky/provision/gcp/instance.py)
 
 
-def capacity_wait(ctx: Context, billing: str) -> CapacityWait:
-    """Stock-outs waited out for --wait-for-capacity (else the stack's waitForCapacity)."""
+def capacity_wait(ctx: Context, billing: str, where: list[Any] | None = None) -> CapacityWait:
+    """Stock-outs waited out for --wait-for-capacity (else the stack's waitForCapacity), what
+    partial creates bill said; `up`'s wait (`where`: the places it walks) also holds them to the
+    budget, while a recovery's is held by the watchdog, which counts the whole cluster's rate."""
+    from scripts.targets.gce.partial import spend_room, vm_rate
     from scripts.targets.gce.provision import CapacityWait
 
     given = ctx.opts.wait_for_capacity_s
     wait_s = ctx.spec.wait_for_capacity_s if given is None else given
     first, longest = ctx.clients.capacity_pause_s
-    return CapacityWait(wait_s, first, longest, billing_note=billing)
+    config = ctx.stack_file.config
+    room = spend_room(ctx.spec, config, ctx.opts.budget, where) if where and wait_s > 0 else None
+    rate = vm_rate(ctx.spec)
+    return CapacityWait(wait_s, first, longest, billing_note=billing, vm_hourly=rate, room=room)
 
 
 def passing_places(ctx: Context, spec: ClusterSpec, *, skip: bool) -> list[Any]:

@@ -171,3 +171,126 @@ def test_a_flex_start_up_says_it_cannot_queue_and_a_stockout_fails_at_once(
     )
     assert "no capacity in any of your zones" in err
     assert [c[1] for c in runner.calls if c[0] == "up"] == [A, B]  # one round, at once
+
+
+def _partial_rounds(runner: FakeStackRunner, clock: Clock, zones: list[str]) -> object:
+    """Each round's `up` makes one VM of two, then stocks out; its destroy takes 2 minutes."""
+    for zone in zones:
+        runner.fail_partial(zone, created=1)
+        runner.failures[zone].times = 100
+    destroy = runner.destroy
+
+    def slow_destroy(*args: object, **kwargs: object) -> None:
+        clock.now += 120
+        destroy(*args, **kwargs)  # type: ignore[arg-type]
+
+    runner.destroy = slow_destroy  # type: ignore[method-assign]
+    return lambda: provision_with_failover(runner, zones, expected_nodes=2, clock=clock.time)
+
+
+def test_a_partial_create_while_waiting_says_what_it_made_and_that_it_billed(
+    runner: FakeStackRunner,
+) -> None:
+    """A partial create is a stock-out worth waiting out, but its VM billed until the destroy:
+    the round's line says so, with what the wait's partial creates billed so far."""
+    clock, lines = Clock(), []
+    attempt = _partial_rounds(runner, clock, [A])
+    waiter = CapacityWait(
+        400, 30, 600, clock=clock.time, sleep=clock.sleep, vm_hourly=lambda a: 0.9
+    )
+    with pytest.raises(ProvisioningError) as err:
+        waiter.run(attempt, lines.append)  # type: ignore[arg-type]
+    assert lines[0].startswith(
+        f"no capacity (round 1: {A} stocked out; its partial creates made and billed 1 VM in "
+        f"{A} for 2m, then destroyed (this wait so far: 1 VM(s), 2m, about $0.03)); next try"
+    )
+    assert "(this wait so far: 2 VM(s), 4m, about $0.06))" in lines[1]
+    assert lines[0].endswith("; nothing is billing; Ctrl-C stops")  # destroyed before the wait
+    text = str(err.value)
+    assert f"  {A}: stockout: " in text and "; 1 VM made, billed 2m until destroyed" in text
+    assert text.endswith("still none (this wait so far: 3 VM(s), 6m, about $0.09)")
+    assert runner.existing == []
+
+
+def test_with_a_budget_the_wait_stops_before_partial_creates_could_pass_it(
+    runner: FakeStackRunner,
+) -> None:
+    """$1 of room beside the run's worst case, $0.30 a round (one $9/h VM for 2 minutes): two
+    rounds bill $0.60 and a third could reach $0.90; a fourth could pass $1, so the wait stops
+    after the third round instead of spending what the run may not."""
+    from scripts.targets.gce.partial import SpendRoom
+
+    clock, lines = Clock(), []
+    attempt = _partial_rounds(runner, clock, [A])
+    room = SpendRoom(1.0, "--budget 21", 20.0)
+    waiter = CapacityWait(
+        86400, 30, 600, clock=clock.time, sleep=clock.sleep, vm_hourly=lambda a: 9.0, room=room
+    )
+    with pytest.raises(ProvisioningError) as err:
+        waiter.run(attempt, lines.append)  # type: ignore[arg-type]
+    assert len(lines) == 2 and [c[1] for c in runner.calls if c[0] == "up"] == [A, A, A]
+    assert str(err.value).endswith(
+        "stopped waiting for capacity after 3 round(s): its partial creates billed (this wait so "
+        "far: 3 VM(s), 6m, about $0.90), and another round like the dearest so far ($0.30) "
+        "could pass --budget 21, which leaves $1.00 beside the run's worst case $20.00"
+    )
+    assert runner.existing == []
+
+
+def test_up_holds_its_partial_creates_to_the_budget_a_recovery_to_the_watchdog(
+    runner: FakeStackRunner, tmp_path: Path
+) -> None:
+    """`up`'s wait gets the budget's room beside the dearest worst case it may create; each VM
+    is priced as the caps price it (disks included); a recovery's wait gets no room (the
+    watchdog counts the whole cluster's rate while it recovers)."""
+    from scripts.run_plan import worst_hourly
+    from scripts.settings import Settings
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.clients import GceClients
+    from scripts.targets.gce.provision import Attempt
+    from scripts.targets.gce.target import GceTarget, capacity_wait
+    from tests.support.pulumi_mocks import ROOT
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.w.yaml").write_text(
+        "config:\n  gputrain:machineType: g2-standard-8\n  gputrain:nodes: 2\n"
+        f"  gputrain:zones: [{A}, {B}]\n  gputrain:maxRunDuration: 2h\n"
+        "  gputrain:waitForCapacity: 1h\n  gputrain:budget: 10\n"
+    )
+    target = GceTarget("w", Settings(root=tmp_path), GceClients(runner_for=lambda s, r: runner))
+    spec = target.spec()
+    rate = worst_hourly(spec)
+    assert rate is not None
+    waiter = capacity_wait(target.context(spec, RunOptions()), "nothing is billing", [A, B])
+    assert waiter.room is not None and waiter.room.budget == "gputrain:budget 10"
+    assert (waiter.room.usd, waiter.room.worst_usd) == pytest.approx((10 - rate * 2, rate * 2))
+    assert waiter.vm_hourly(Attempt(A, "stockout", "", vms=1)) == pytest.approx(rate / 2)
+    given = capacity_wait(target.context(spec, RunOptions(budget=12)), "x", [A])
+    assert given.room is not None and given.room.budget == "--budget 12"
+    assert (
+        capacity_wait(target.context(spec, RunOptions()), "the surviving VM(s) bill").room is None
+    )
+    unwaited = target.context(spec, RunOptions(wait_for_capacity_s=0))
+    assert capacity_wait(unwaited, "nothing is billing", [A]).room is None
+
+
+def test_a_vm_pulumi_reports_made_is_counted_from_its_progress_line() -> None:
+    from scripts.targets.gce.partial import MadeVMs
+
+    now = [100.0]
+    passed: list[str] = []
+    made = MadeVMs(passed.append, lambda: now[0])
+    for line in (
+        " +  gcp:compute:Instance dev-node-0 creating (0s) ",
+        " +  gcp:compute:Instance dev-node-0 created (38s) ",
+        " +  gcp:compute:Instance dev-node-1 creating failed error: ZONE_RESOURCE_POOL_EXHAUSTED",
+        "Resources:\n    + 5 created",
+    ):
+        made(line)
+    now[0] = 160.0
+    from scripts.targets.gce.provision import Attempt
+
+    billed = made.billed(Attempt(A, "stockout", "x"), left_up=True)
+    assert (billed.vms, billed.vm_s, billed.left_up) == (1, 60.0, True)
+    assert billed.billed == "; 1 VM made, billed 1m so far, left up for the next try"
+    assert len(passed) == 4  # every line still reaches the caller's output

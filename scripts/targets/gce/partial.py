@@ -1,0 +1,150 @@
+"""Partial creates: an `up` that fails after making some of the cluster's VMs (the next one
+stocked out) billed those VMs until its destroy. Here: which VMs an `up` made and for how long
+(Pulumi's progress lines), what a wait for capacity's partial creates billed over its rounds, each
+VM's rate, and, with a budget, how much of it a wait may spend beside the run's worst case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from infra.keys import format_duration
+
+if TYPE_CHECKING:
+    from infra.offers import Candidate
+    from infra.spec import ClusterSpec
+    from scripts.targets.stack.clients import OnOutput
+
+#: Pulumi's progress line for a VM it made: ` +  gcp:compute:Instance dev-node-0 created (38s)`
+VM_CREATED = re.compile(r"\bgcp:compute:Instance\s+(\S+)\s+created\b")
+
+
+class Made(Protocol):
+    """An attempt of `up` (provision.Attempt) as far as its partial create goes: the VMs it
+    made before it failed, their seconds together until the destroy (or until now, when they
+    were left up for the next try)."""
+
+    @property
+    def zone(self) -> str: ...
+    @property
+    def vms(self) -> int: ...
+    @property
+    def vm_s(self) -> float: ...
+    @property
+    def left_up(self) -> bool: ...
+
+
+A = TypeVar("A", bound=Made)
+
+
+class MadeVMs:
+    """The VMs one `up` reports made (Pulumi's progress lines, passed on to `on_output`), each
+    with when: what a failed attempt billed before its destroy."""
+
+    def __init__(self, on_output: OnOutput | None, clock: Callable[[], float]) -> None:
+        self.on_output, self.clock = on_output, clock
+        self.at: dict[str, float] = {}
+
+    def __call__(self, line: str) -> None:
+        found = VM_CREATED.search(line)
+        if found:
+            self.at.setdefault(found.group(1), self.clock())
+        if self.on_output is not None:
+            self.on_output(line)
+
+    def billed(self, attempt: A, *, left_up: bool) -> A:
+        """`attempt` with the VMs made and their seconds until now (their destroy, if any)."""
+        now = self.clock()
+        seconds = sum(max(0.0, now - t) for t in self.at.values())
+        changes: dict[str, Any] = {"vms": len(self.at), "vm_s": seconds, "left_up": left_up}
+        return dataclasses.replace(attempt, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class SpendRoom:
+    """With a budget: what a wait's partial creates may spend, the budget less the run's worst
+    case (its rate x maxRunDuration, which the plan checked fits), so the run and the VMs made
+    while waiting for it stay within the budget together."""
+
+    usd: float
+    budget: str  # the setting and its amount, e.g. "--budget 20"
+    worst_usd: float
+
+
+@dataclass
+class PartialSpend:
+    """What one wait's partial creates made and billed, round after round."""
+
+    vms: int = 0
+    vm_s: float = 0.0
+    usd: float | None = 0.0  # None: a VM's rate is unknown (or none was given)
+    dearest_round_usd: float = 0.0
+
+    def add(self, attempts: Sequence[Made], rate: Callable[[Any], float | None]) -> str:
+        """Count a round's partial creates; what they billed, as part of the round's line."""
+        made = [a for a in attempts if a.vms]
+        if not made:
+            return ""
+        rates = [rate(a) for a in made]
+        round_usd = sum(a.vm_s / 3600 * r for a, r in zip(made, rates, strict=True) if r)
+        self.usd = None if self.usd is None or None in rates else self.usd + round_usd
+        self.dearest_round_usd = max(self.dearest_round_usd, round_usd)
+        self.vms += sum(a.vms for a in made)
+        self.vm_s += sum(a.vm_s for a in made)
+        each = ", ".join(
+            f"{a.vms} VM{'s' if a.vms > 1 else ''} in {a.zone} for {format_duration(int(a.vm_s))}"
+            for a in made
+        )
+        after = "left up for the next try" if any(a.left_up for a in made) else "then destroyed"
+        return f"; its partial creates made and billed {each}, {after} ({self.total})"
+
+    @property
+    def total(self) -> str:
+        usd = f", about ${self.usd:.2f}" if self.usd is not None else ""
+        return f"this wait so far: {self.vms} VM(s), {format_duration(int(self.vm_s))}{usd}"
+
+
+def vm_rate(spec: ClusterSpec) -> Callable[[Any], float | None]:
+    """USD per hour of one VM an attempt made, as the caps count it (with its disks): a `gpus`
+    candidate's own, else the stack's dearest capacity rung per node. Pure."""
+    from scripts.run_plan import candidate_hourly, worst_hourly
+
+    cluster = worst_hourly(spec)
+
+    def rate(attempt: Any) -> float | None:
+        candidate: Candidate | None = getattr(attempt, "candidate", None)
+        if candidate is not None:
+            total = candidate_hourly(spec, candidate)
+            return None if total is None else total / candidate.nodes
+        return None if cluster is None else cluster / spec.nodes
+
+    return rate
+
+
+def spend_room(
+    spec: ClusterSpec,
+    config: dict[str, str],
+    given_budget: float | None,
+    where: Sequence[Any],
+) -> SpendRoom | None:
+    """With a budget (--budget, else the stack's): the budget less the dearest worst case `up`
+    may create (of the candidates in `where`, else the stack's); None without a budget."""
+    from infra.billing import usd_text
+    from infra.stackfile import NS
+    from scripts.run_plan import worst_hourly
+    from scripts.targets.stack.target import pin
+
+    budget = given_budget if given_budget is not None else spec.budget
+    if budget is None:
+        return None
+    setting = "--budget" if given_budget is not None else f"{NS}budget"
+    shapes = [pin(spec, config, candidate=c) for c in where] if spec.candidates else [spec]
+    rates = [worst_hourly(s) for s in shapes] or [worst_hourly(spec)]
+    known = [r for r in rates if r is not None]
+    # a price unknown: no room (the caps refused such a cluster before any wait)
+    worst = max(known) * spec.max_run_duration_s / 3600 if len(known) == len(rates) else budget
+    return SpendRoom(max(0.0, budget - worst), f"{setting} {usd_text(budget)}", worst)
