@@ -11,9 +11,10 @@ cluster is all-or-nothing.
 When every zone or candidate is stocked out, `--wait-for-capacity DURATION` keeps trying with
 backoff instead of giving up (nothing of a failed attempt bills while it waits; one line per wait
 says what was tried, what a partial create made and billed before its destroy, and when the next
-try is; with a budget the wait stops before partial creates could spend what the run may not), and `capacity: [spot, on-demand]` steps to the next
-mode after one mode's stock-outs, with one line saying why and what it costs. Ctrl-C during a wait
-is the guard's Interrupted, as anywhere else: the caller's teardown runs.
+try is; with a budget the wait stops before partial creates could spend what the run may not),
+and `capacity: [spot, on-demand]` steps to the next mode after one mode's stock-outs, with one
+line saying why and what it costs. Ctrl-C during a wait is the guard's Interrupted, as anywhere
+else: the caller's teardown runs.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class Attempt:
 
     @property
     def billed(self) -> str:
-        """ "" or "; 1 VM made, billed 3m0s until destroyed" (the attempt's report line)."""
+        """The tail of the attempt's report line: "; 1 VM made, billed 3m until destroyed"."""
         if not self.vms:
             return ""
         made = f"{self.vms} VM{'s' if self.vms > 1 else ''} made"
@@ -201,12 +202,13 @@ def provision_with_failover(
 
 
 def _up_once(
-    runner: StackRunner, nodes_wanted: int | None, on_output: MadeVMs
+    runner: StackRunner, nodes_wanted: int | None, seen: MadeVMs
 ) -> tuple[dict[str, Any], ProvisioningFailure | None, str]:
     """One `pulumi up`: (outputs, None, "created"); or ({}, the failure, its kind), where a
-    cluster with fewer than `nodes_wanted` nodes is a stockout whose outcome is "partial"."""
+    cluster with fewer than `nodes_wanted` nodes is a stockout whose outcome is "partial".
+    `seen` passes Pulumi's lines on and counts the VMs made."""
     try:
-        outputs = runner.up(on_output)
+        outputs = runner.up(seen)
     except StackError as e:
         failure = classify_provisioning_error(e.raw)
         return {}, failure, failure.kind
