@@ -490,9 +490,9 @@ def cents_up(usd: float) -> str:
 
 
 def exact_usd(amount: float) -> str:
-    """An amount beside a cents_up minimum, to the digit that minimum was rounded up from:
-    $31.7712, not $31.77 next to "at least 31.78"; whole cents keep two digits. Pure."""
-    digits = f"{round(amount * 100, 6) / 100:.8f}".rstrip("0")
+    """An amount beside a cents_up minimum, to a hundredth of a cent and rounded up as that
+    minimum is: $31.7712, not $31.77 next to "at least 31.78"; whole cents keep two digits. Pure."""
+    digits = f"{math.ceil(round(amount * 10_000, 6)) / 10_000:.4f}".rstrip("0")
     return digits + "0" * (2 - len(digits.partition(".")[2]))
 
 

@@ -169,7 +169,7 @@ def test_the_caps_count_boot_disks_and_local_ssd_at_list_price(
     assert main(["plan", "--stack", "ssd"], Settings(root=tmp_path)) == 2
     assert capsys.readouterr().err.strip() == (
         "gputrain: error: gputrain:maxHourlyCost 0.3: 1 x n1-standard-4 (spot) costs up to "
-        f"${worst_hourly(ssd):.2f}/h (disks included); allowed: at least "
+        f"${exact_usd(worst_hourly(ssd) or 0)}/h (disks included); allowed: at least "
         f"{cents_up(worst_hourly(ssd) or 0)}, or a cheaper machine, capacity or node count"
     )
     a3 = spec(machineType="a3-highgpu-8g", zones='["us-central1-a"]', capacity="on-demand")
@@ -284,7 +284,7 @@ def test_a_minimum_the_message_allows_is_rounded_up_not_down() -> None:
         "2.05", "0.29", "2.04", "0.30", "0.00",
     ]  # fmt: skip
     assert [exact_usd(x) for x in (2.0434, 0.28184, 2.04, 0.3, 0.0, 6.2232000000001)] == [
-        "2.0434", "0.28184", "2.04", "0.30", "0.00", "6.2232",
+        "2.0434", "0.2819", "2.04", "0.30", "0.00", "6.2232",
     ]  # fmt: skip
 
 

@@ -297,9 +297,10 @@ def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
         ctx = target.context(target.spec(), RunOptions())
         running = within_caps(ctx, ctx.spec, list(ctx.spec.candidates))[0]
         spec = target.spec_at(running)
-        assert running.zone.startswith("us-east4-") and worst_hourly(spec) == pytest.approx(
+        assert running.zone.startswith("us-east4-") and running.hourly == pytest.approx(
             38.18, abs=0.01
-        )
+        )  # the VMs'; the caps and the watchdog count its disks too (worst_hourly)
+        assert (worst_hourly(spec) or 0) > 38.18
         east4 = {c.zone for c in spec.candidates if c.zone.startswith("us-east4-")}
         for zone in east4:
             runner.fail_stockout(zone, times=99)

@@ -178,7 +178,8 @@ def test_a_run_whose_budget_is_spent_is_not_recreated(
     cloud.compute.preempt_instance(WORKER, ZONE, delete_after_s=0.2)
     time.sleep(0.5)
     monkeypatch.setattr(reconcile_module.Pass, "relaunch", lambda self, outputs, job: None)
-    keys = ("capacity_ladder", "capacity", "on_vertex", "price", "nodes")
+    keys = ("capacity_ladder", "capacity", "on_vertex", "price", "nodes", "region", "machine_type")
+    keys += ("boot_disk_type", "boot_disk_gb", "scratch")  # the disks the rate counts
     fields = {k: getattr(shape, k) for k in keys}
     assert cloud.run_pass(**fields) == "recovered"  # within it: recovered
     m = cloud.manifests.load("r1")
