@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 LEDGER = "ledger.jsonl"  # under runs/
 VERSION = 1
+#: Compute Engine charges a VM's vCPUs, GPUs and memory for at least a minute, then by the second
+#: (https://cloud.google.com/compute/vm-instance-pricing, "Billing model")
+GCE_MINIMUM_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,13 @@ class LedgerRecord:
         return self.nodes * self.gpus_per_node * self.elapsed_s / 3600
 
     @property
+    def billed_s(self) -> float:
+        """The time its machines are charged for: on Compute Engine never under a minute."""
+        return max(self.elapsed_s, GCE_MINIMUM_S) if self.backend == "gce" else self.elapsed_s
+
+    @property
     def estimated_usd(self) -> float | None:
-        return None if self.hourly_usd is None else self.hourly_usd * self.elapsed_s / 3600
+        return None if self.hourly_usd is None else self.hourly_usd * self.billed_s / 3600
 
     def to_json(self) -> dict[str, Any]:
         """The record as written: its fields plus the derived figures scripts read."""

@@ -100,6 +100,15 @@ def test_grouping_counts_gpu_hours_cost_and_recovery_downtime() -> None:
     assert billed_rows[0].billed_usd == 1.75 and billed_total.billed_usd == 1.75
 
 
+def test_a_compute_engine_record_costs_at_least_the_minute_its_vms_are_billed() -> None:
+    """A run that failed its GPU check seconds after `up` still paid Compute Engine's minimum
+    minute per VM; off Compute Engine the time is the time."""
+    brief = dict(start=1_000_000.0, end=1_000_005.0, hourly_usd=3.6)
+    assert record("r1", backend="gce", **brief).estimated_usd == pytest.approx(0.06)
+    assert record("r2", backend="vertex", **brief).estimated_usd == pytest.approx(0.005)
+    assert record("r3", backend="gce").estimated_usd == pytest.approx(2.0)  # an hour: as it was
+
+
 def test_since_and_malformed_lines() -> None:
     now = time.time()
     assert parse_since("7d", now) == now - 7 * 86400
