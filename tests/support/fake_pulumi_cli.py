@@ -58,9 +58,16 @@ def fake_pulumi(
     return script
 
 
-def hanging(pids: Path) -> str:
-    """A body that prints nothing and never ends on its own: it and its child write their pids."""
-    return f'echo $$ >> "{pids}"; sleep 300 & echo $! >> "{pids}"; wait'
+def hanging(pids: Path, *, deaf: bool = False) -> str:
+    """A body that prints nothing and never ends on its own: it and its child write their pids.
+    It ends at SIGINT, as pulumi's cancel does, at once (`deaf`: never): a trap between short
+    sleeps, not a `wait`, which a SIGINT just before it would leave blocked (the shell acts on a
+    signal between commands), as a heavily loaded machine showed."""
+    on_sigint = "''" if deaf else '"exit 130"'
+    return (
+        f'echo $$ >> "{pids}"; sleep 300 & echo $! >> "{pids}"; trap {on_sigint} INT; '
+        "while :; do sleep 0.2; done"
+    )
 
 
 def running(pids: Path) -> list[int]:

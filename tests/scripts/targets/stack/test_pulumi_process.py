@@ -90,7 +90,7 @@ def test_a_pulumi_deaf_to_its_cancel_is_killed_and_none_is_started_again(
 ) -> None:
     monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
     monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
-    log = _cli(tmp_path, monkeypatch, refresh=f"trap '' INT; {hanging(pids)}")
+    log = _cli(tmp_path, monkeypatch, refresh=hanging(pids, deaf=True))
     runner = PulumiStackRunner("dev", work_dir)
     raised = _within(20, runner.refresh, pids)
     assert isinstance(raised, PulumiStuckError)
