@@ -41,12 +41,18 @@ def credentials_error(
     what: str, e: BaseException, make: Callable[[str], GputrainError]
 ) -> GputrainError:
     """The one line for "no credentials" (`what` first): the bad key file GOOGLE_APPLICATION_CREDENTIALS
-    names (the user's to fix: exit 2), else the library's reason and ADC_FIX."""
+    names, else the library's reason and ADC_FIX. Both are the user's setup to fix (exit 2, as the
+    doctor's failed credentials row stops `up`); any other failure to build a client exits 1."""
+    from google.auth.exceptions import DefaultCredentialsError
+
     problem = key_file_problem()
     if problem is None:
         said = str(e.args[0] if e.args else e).strip().splitlines() or [""]
-        return make(f"{what} ({type(e).__name__}: {said[0]}); {ADC_FIX}")
-    error = make(f"{what}: {problem}: fix or unset it")
+        error = make(f"{what} ({type(e).__name__}: {said[0]}); {ADC_FIX}")
+        if not isinstance(e, DefaultCredentialsError):
+            return error
+    else:
+        error = make(f"{what}: {problem}: fix or unset it")
     error.exit_code = EXIT_BAD_INPUT
     return error
 

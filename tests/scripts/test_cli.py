@@ -232,6 +232,34 @@ def test_down_status_and_sweep(
     assert "nothing carries the labels" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["status"], ["sweep"], ["cost", "--billing", "my-proj.billing.gcp_billing_export_v1_01"]],
+)
+def test_no_credentials_is_the_users_setup_one_line_and_exit_2(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No Application Default Credentials anywhere: exit 2 as `up`'s failed doctor row and a bad
+    key file do, one line with the login to run."""
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.delenv("GPUTRAIN_BIGQUERY_ENDPOINT", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no gcloud login
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a metadata server
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
+    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name="lab"))
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    assert main([*argv, "--stack", "lab"], settings, gce) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "client (DefaultCredentialsError: " in line
+    assert line.endswith(
+        "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+    )
+
+
 def test_sweep_lists_the_budget_guard_a_failed_teardown_left(
     cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
 ) -> None:
