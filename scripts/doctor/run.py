@@ -27,14 +27,17 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from infra.base.errors import UserError
-from infra.keys import whole_internet
+from infra.keys import redact, whole_internet
+from infra.reconciler import BACKEND_ENV
 from infra.spec import ClusterSpec
 from infra.stackfile import StackSecrets
 from scripts import ui
 from scripts.doctor.row import Row
+from scripts.settings import path_problem, unmakeable
 from scripts.transport.ssh import fingerprint, parse_public_key
 
 if TYPE_CHECKING:
@@ -239,6 +242,16 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 PASSPHRASE, PASSPHRASE_FILE = "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"
 
 
+#: The backends Pulumi documents for `pulumi login` and PULUMI_BACKEND_URL: a directory or an object
+#: store (pulumi.com/docs/iac/operations/stack-management/using-a-diy-backend/), else a Pulumi
+#: Cloud, whose URL Pulumi speaks REST to (pulumi.com/docs/iac/cli/commands/pulumi_login/).
+BACKEND_SCHEMES = ("file", "gs", "s3", "azblob", "https", "http")
+BACKENDS = (
+    "file://DIR, gs://BUCKET, s3://BUCKET, azblob://CONTAINER, https://api.pulumi.com or "
+    "another Pulumi Cloud's URL"
+)
+
+
 @dataclass(frozen=True)
 class PulumiProbe:
     path: str | None  # the `pulumi` found on PATH
@@ -246,6 +259,32 @@ class PulumiProbe:
     version_error: str = ""
     whoami: str = ""  # `pulumi whoami --json`'s output
     whoami_error: str = ""
+    backend_env: str = ""  # PULUMI_BACKEND_URL: it wins over `pulumi login`
+    backend_env_problem: str = ""  # why it cannot hold the state (backend_url_problem)
+
+
+def backend_url_problem(url: str) -> str | None:
+    """Why PULUMI_BACKEND_URL cannot hold the stack's state, or None. A file:// path is read as
+    Pulumi reads it (~ the home directory, relative to here, the query its options): Pulumi writes
+    DIR/.pulumi there, and makes DIR only with `?create_dir=...`."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in BACKEND_SCHEMES:
+        return f"not a Pulumi backend; allowed: {BACKENDS}"
+    where, _, query = rest.partition("?")
+    if scheme != "file":
+        named = where.split("/", 1)[0]
+        return None if named else f"names no bucket or host; allowed: {BACKENDS}"
+    if where.startswith("~"):
+        where = str(Path.home() / where[2:])
+    directory = Path(os.path.abspath(where))
+    if why := path_problem(directory):
+        return f"{directory}: {why}"
+    if not directory.exists() and "create_dir=" not in query:
+        return f"{directory} does not exist (Pulumi does not make it)"
+    if directory.exists() and not directory.is_dir():
+        return f"{directory} is not a directory"
+    return unmakeable(directory / ".pulumi")
 
 
 def _run(argv: list[str], timeout_s: float) -> tuple[str, str]:
@@ -265,18 +304,39 @@ def _run(argv: list[str], timeout_s: float) -> tuple[str, str]:
 
 
 def probe_pulumi(timeout_s: float = 30.0) -> PulumiProbe:
+    chosen = os.environ.get(BACKEND_ENV, "")
+    problem = (backend_url_problem(chosen) or "") if chosen else ""  # "": Pulumi ignores it
+    env = {"backend_env": chosen, "backend_env_problem": problem}
     path = shutil.which("pulumi")
     if path is None:
-        return PulumiProbe(None)
+        return PulumiProbe(None, **env)
     version, version_error = _run([path, "version"], timeout_s)
     if version_error:  # a CLI that cannot say its version will not say who is logged in
-        return PulumiProbe(path, version, version_error)
+        return PulumiProbe(path, version, version_error, **env)
     whoami, whoami_error = _run([path, "whoami", "--json", "--non-interactive"], timeout_s)
-    return PulumiProbe(path, version, version_error, whoami, whoami_error)
+    return PulumiProbe(path, version, version_error, whoami, whoami_error, **env)
 
 
 def pulumi_rows(p: PulumiProbe) -> tuple[Row, Row, str | None]:
-    """The CLI row, the backend row, and the backend's URL (None: unknown)."""
+    """The CLI row, the backend row, and the backend's URL (None: unknown). A PULUMI_BACKEND_URL
+    that cannot work is the backend row's failure, whatever the CLI says."""
+    cli, backend, url = _cli_and_login_rows(p)
+    if not p.backend_env_problem:
+        return cli, backend, url
+    shown = redact(p.backend_env) if "@" in p.backend_env else p.backend_env  # a password
+    return (
+        cli,
+        Row(
+            backend.check,
+            "fail",
+            f"{BACKEND_ENV}={shown}: {p.backend_env_problem}",
+            f"set {BACKEND_ENV} to a backend this user can write ({BACKENDS}), or unset it",
+        ),
+        None,
+    )
+
+
+def _cli_and_login_rows(p: PulumiProbe) -> tuple[Row, Row, str | None]:
     cli, backend = "Pulumi CLI", "Pulumi backend"
     need_cli = Row(backend, "unknown", "needs the Pulumi CLI", "fix the Pulumi CLI row first")
     if p.path is None:
@@ -302,17 +362,15 @@ def pulumi_rows(p: PulumiProbe) -> tuple[Row, Row, str | None]:
     else:
         row = Row(cli, "ok", f"{p.version} at {p.path}")
     if p.whoami_error:
-        return (
-            row,
-            Row(
-                backend,
-                "fail",
-                f"not logged in: {p.whoami_error}",
-                "pulumi login --local (state in ~/.pulumi on this machine), or pulumi login "
-                "(Pulumi Cloud)",
-            ),
-            None,
+        login = (
+            "pulumi login --local (state in ~/.pulumi on this machine), or pulumi login "
+            "(Pulumi Cloud)"
         )
+        if p.backend_env:  # a login does not change the backend the variable names
+            login = (
+                f"{BACKEND_ENV} chooses the backend, not `pulumi login`: fix its access or unset it"
+            )
+        return row, Row(backend, "fail", f"not logged in: {p.whoami_error}", login), None
     try:
         who = json.loads(p.whoami)
         url, user = str(who["url"]), str(who["user"])
