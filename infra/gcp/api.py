@@ -6,6 +6,7 @@ credentials". The google libraries are imported inside the functions: they are s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -74,9 +75,9 @@ class GoogleApiError(GputrainError):
 def build_client(
     factory: Callable[..., Any], label: str, api_endpoint: str | None, **options: Any
 ) -> Any:
-    """A client from `factory`; with `api_endpoint` ("http://127.0.0.1:PORT") it talks to that test
-    server with anonymous credentials, never real ones. Raises GoogleApiError(credentials=True)
-    when Application Default Credentials cannot be found."""
+    """A client from `factory`, its HTTP bounded; with `api_endpoint` ("http://127.0.0.1:PORT")
+    it talks to that test server with anonymous credentials, never real ones. Raises
+    GoogleApiError(credentials=True) when Application Default Credentials cannot be found."""
     if api_endpoint:
         from google.auth.credentials import AnonymousCredentials
 
@@ -85,11 +86,22 @@ def build_client(
             "client_options": {"api_endpoint": api_endpoint},
         }
     try:
-        return factory(**options)
+        client = factory(**options)
     except Exception as e:  # DefaultCredentialsError and friends
         raise credentials_error(
             f"cannot build a {label} client", e, lambda m: GoogleApiError(m, credentials=True)
         ) from e
+    return bounded(client)
+
+
+def bounded(client: Any) -> Any:
+    """`client` with its HTTP bounded (bounded_http.py): a generated client over REST (its
+    transport's session) or a google-cloud-core one (Cloud Storage, BigQuery, Cloud Logging)."""
+    from infra.gcp.bounded_http import bound
+
+    transport = getattr(client, "transport", None)  # neither kind offers its session publicly
+    bound(client._http if transport is None else transport._session)
+    return client
 
 
 def call(label: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
@@ -145,15 +157,17 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def authorized_session(label: str, api_endpoint: str | None) -> Any:
-    """An AuthorizedSession for a REST adapter: anonymous against a test server (`api_endpoint`),
-    never real credentials there; else Application Default Credentials, and GoogleApiError
-    (credentials=True) when there are none."""
+    """An AuthorizedSession for a REST adapter, bounded: anonymous against a test server
+    (`api_endpoint`), never real credentials there; else Application Default Credentials, and
+    GoogleApiError (credentials=True) when there are none."""
     from google.auth.transport.requests import AuthorizedSession
+
+    from infra.gcp.bounded_http import bound
 
     if api_endpoint:
         from google.auth.credentials import AnonymousCredentials
 
-        return AuthorizedSession(AnonymousCredentials())
+        return bound(AuthorizedSession(AnonymousCredentials()))
     import google.auth
 
     try:
@@ -162,7 +176,7 @@ def authorized_session(label: str, api_endpoint: str | None) -> Any:
         raise credentials_error(
             f"{label}: no credentials", e, lambda m: GoogleApiError(m, credentials=True)
         ) from e
-    return AuthorizedSession(creds)
+    return bound(AuthorizedSession(creds))
 
 
 def list_all(session: Any, label: str, url: str, key: str) -> list[dict[str, Any]]:
@@ -172,10 +186,8 @@ def list_all(session: Any, label: str, url: str, key: str) -> list[dict[str, Any
     token = ""
     while True:
         params = {"pageSize": "100", **({"pageToken": token} if token else {})}
-        try:
-            r = session.get(url, params=params, timeout=60)
-        except OSError as e:  # requests' connection errors
-            raise GoogleApiError(f"{label}: cannot reach it ({e})") from e
+        get = functools.partial(session.get, url, params=params, timeout=60)
+        r = call(label, get)  # the network's and the credentials' failures: call's one line
         body = r.json() if r.content else {}
         if r.status_code != 200:
             error = body.get("error") or {}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.base.errors import GputrainError
-from infra.gcp.api import credentials_error, unreachable
+from infra.gcp.api import bounded, credentials_error, unreachable
 
 
 class StorageApiError(GputrainError):
@@ -61,11 +61,12 @@ class StorageApi:
             try:
                 import google.cloud.storage as storage
 
-                self._client = storage.Client(project=self.project)
+                client = storage.Client(project=self.project)
             except Exception as e:  # DefaultCredentialsError and friends
                 raise credentials_error(
                     "cannot build a Cloud Storage client", e, StorageApiError
                 ) from e
+            self._client = bounded(client)  # else it retries a refused connection for 2 min
         return self._client
 
     def _call(self, what: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
@@ -79,12 +80,10 @@ class StorageApi:
             raise StorageApiError(f"Cloud Storage {what}: not found: {e.message}") from e
         except gexc.GoogleAPICallError as e:
             raise StorageApiError(f"Cloud Storage {what}: {e.code} {e.message}") from e
-        except gexc.RetryError as e:  # retried until the client's deadline: never an answer
+        except (gexc.RetryError, OSError) as e:  # no answer in the retries; refused, Unreachable
             raise StorageApiError(
                 f"Cloud Storage {what}: cannot reach it ({unreachable(e)})"
             ) from e
-        except OSError as e:  # no route, refused, reset: still one line
-            raise StorageApiError(f"Cloud Storage {what}: {type(e).__name__}: {e}") from e
         except Exception as e:  # google.auth's (a metadata server's TransportError, a refresh)
             from google.auth import exceptions as auth_exc
 

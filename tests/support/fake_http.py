@@ -1,11 +1,16 @@
 """What every fake Google REST API of the tests shares: a threaded HTTP server on a free loopback
 port, started and stopped with the fake, and JSON answers with the headers the real clients read.
-Each fake keeps its own routing (`_handler_class`) and state."""
+Each fake keeps its own routing (`_handler_class`) and state; unreachable_endpoint is where no
+answer comes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
@@ -56,3 +61,41 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
+
+
+@contextmanager
+def unreachable_endpoint(kind: str) -> Iterator[str]:
+    """An http://127.0.0.1:PORT that gives no answer, as Google does not without a network:
+    "refuses" (nothing listens: refused at once), "never accepts" (a full listen queue drops the
+    connection's packets, as a firewall does: it times out) or "never answers" (a connection is
+    accepted, no answer comes)."""
+    with contextlib.ExitStack() as held:
+        listener = held.enter_context(socket.socket())
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if kind == "refuses":
+            listener.close()
+        elif kind == "never accepts":
+            listener.listen(0)
+            for _ in range(3):  # queued, never accepted: the queue stays full
+                filler = held.enter_context(socket.socket())
+                filler.setblocking(False)
+                filler.connect_ex(("127.0.0.1", port))
+        else:
+            listener.listen(16)
+            listener.settimeout(0.05)
+            done = threading.Event()
+            accepted: list[socket.socket] = []
+
+            def accept() -> None:
+                while not done.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        accepted.append(listener.accept()[0])
+                for conn in accepted:
+                    conn.close()
+
+            thread = threading.Thread(target=accept, daemon=True)
+            thread.start()
+            held.callback(thread.join, 5)
+            held.callback(done.set)
+        yield f"http://127.0.0.1:{port}"

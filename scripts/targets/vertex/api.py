@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.base.errors import GputrainError
-from infra.gcp.api import credentials_error
+from infra.gcp.api import bounded, credentials_error
 from scripts.targets.vertex.job import (
     JobStatus,
     LogCursor,
@@ -115,6 +115,7 @@ class VertexApi:
                 raise credentials_error(
                     "cannot build a Google API client", e, VertexApiError
                 ) from e
+            bounded(self._clients[kind])
         return self._clients[kind]
 
     def _call(self, what: str, fn: Callable[[], Any], api: str = "aiplatform") -> Any:

@@ -3,6 +3,10 @@ fail is one GoogleApiError line starting with the call's label."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,9 +16,13 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from infra.base.errors import EXIT_BAD_INPUT
+from infra.gcp import bounded_http
 from infra.gcp.api import GoogleApiError, authorized_session, build_client, call
+from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi, StorageApiError
 from infra.gcp.iam import IamApi
+from tests.support.fake_gcp_admin import FakeGcpAdmin
+from tests.support.fake_http import unreachable_endpoint
 
 
 def _raise(e: BaseException) -> None:
@@ -81,3 +89,91 @@ def test_cloud_storage_that_never_answers_is_one_line() -> None:
         str(e.value)
         == "Cloud Storage objects.list gs://b/: cannot reach it (ConnectionError: refused)"
     )
+
+
+@pytest.fixture
+def short_bounds(monkeypatch: pytest.MonkeyPatch) -> float:
+    """bounded_http's bounds cut to fractions of a second; what the slowest line may then take
+    (the retrying libraries pause up to twice as long as they have waited)."""
+    monkeypatch.setattr(bounded_http, "CONNECT_S", 0.5)
+    monkeypatch.setattr(bounded_http, "READ_S", 0.5)
+    monkeypatch.setattr(bounded_http, "UNREACHABLE_S", 1.0)
+    return 6.0
+
+
+def _failure_within(seconds: float, fn: Callable[[], object]) -> tuple[BaseException, float]:
+    """The exception `fn` ends with and when, run aside: a library still waiting after `seconds`
+    fails the test then, not minutes later."""
+    ended: list[tuple[BaseException, float]] = []
+    started = time.monotonic()
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # what it ended with is the answer
+            ended.append((e, time.monotonic() - started))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=seconds + 10)
+    assert ended, f"still waiting after {seconds + 10:.0f} s"
+    return ended[0]
+
+
+def _storage(endpoint: str) -> object:
+    with pytest.MonkeyPatch.context() as m:  # the client reads it when it is built
+        m.setenv("STORAGE_EMULATOR_HOST", endpoint)
+        storage = StorageApi("p")
+        storage.client()
+    return storage.bucket_exists("b")
+
+
+@pytest.mark.parametrize("kind", ["refuses", "never accepts", "never answers"])
+@pytest.mark.parametrize(
+    ("api", "ask"),
+    [
+        (
+            "Compute API machineTypes.get z/m",
+            lambda url: ComputeApi(url).machine_type("p", "z", "m"),
+        ),
+        ("Cloud Storage buckets.get b", _storage),  # retries a refused connection for 2 min
+        ("IAM serviceAccounts.list", lambda url: IamApi(url).service_accounts("p")),
+    ],
+    ids=["Compute", "Cloud Storage", "IAM"],
+)
+def test_a_google_api_that_gives_no_answer_is_one_line_within_the_bound(
+    short_bounds: float, kind: str, api: str, ask: Callable[[str], object]
+) -> None:
+    """No network, a firewall, a wrong endpoint: the one line comes within the bounds, not after
+    the libraries' own waits (Compute: the OS's 2 min to give up a connection, 600 s for an
+    answer; Cloud Storage: 2 min of retries)."""
+    with unreachable_endpoint(kind) as url:
+        error, took = _failure_within(short_bounds, lambda: ask(url))
+    assert isinstance(error, (GoogleApiError, StorageApiError)), repr(error)
+    assert str(error).startswith(f"{api}: cannot reach it (") and "\n" not in str(error)
+    assert took < short_bounds
+
+
+@pytest.mark.parametrize("kind", ["refuses", "never accepts"])
+def test_a_token_endpoint_that_gives_no_answer_is_the_same_one_line(
+    short_bounds: float,
+    kind: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real credentials get a token first: out of reach (no network), that is the call's one
+    line in the same bounds, never google-auth's TransportError nor its 120 s a try."""
+    with FakeGcpAdmin() as admin:
+        key = admin.adc_file(tmp_path)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)  # else anonymous credentials
+    asks = [
+        ("IAM serviceAccounts.list", lambda: IamApi().service_accounts("p")),
+        ("Cloud Storage buckets.get b", lambda: StorageApi("p").bucket_exists("b")),
+    ]
+    with unreachable_endpoint(kind) as url:
+        key.write_text(json.dumps({**json.loads(key.read_text()), "token_uri": f"{url}/token"}))
+        for api, ask in asks:
+            error, took = _failure_within(short_bounds, ask)
+            assert isinstance(error, (GoogleApiError, StorageApiError)), repr(error)
+            assert str(error).startswith(f"{api}: cannot reach it (") and took < short_bounds

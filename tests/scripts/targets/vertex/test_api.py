@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from infra.gcp import bounded_http
 from scripts.targets.vertex import job as vj
 from scripts.targets.vertex.api import (
     VertexApi,
@@ -22,6 +23,7 @@ from scripts.targets.vertex.api import (
     VertexQuotaError,
 )
 from tests.support import ROOT
+from tests.support.fake_http import unreachable_endpoint
 from tests.support.fake_vertex import PROJECT, PROJECT_NUMBER, FakeVertex, RunContext
 
 REGION = "us-central1"
@@ -312,16 +314,23 @@ def test_log_permission_denied_names_the_logging_role(fv: FakeVertex, api: Verte
     assert "roles/logging.viewer" in _one_line(e)
 
 
-def test_unreachable_endpoint_is_one_line() -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again before use: nothing listens there
-    dead = VertexApi(PROJECT, REGION, api_endpoint=f"http://127.0.0.1:{port}")
-    with pytest.raises(VertexApiError, match=r"cannot reach http://127\.0\.0\.1:\d+") as e:
-        dead.get_job(f"projects/{PROJECT_NUMBER}/locations/{REGION}/customJobs/1")
-    assert "\n" not in str(e.value)
+@pytest.mark.parametrize("kind", ["refuses", "never accepts", "never answers"])
+def test_unreachable_endpoint_is_one_line_within_the_bound(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both clients (Vertex AI's jobs, Cloud Logging) wait no longer than infra/gcp/bounded_http.py
+    allows (cut to fractions of a second here; their own: 60 s for a connection or an answer)."""
+    monkeypatch.setattr(bounded_http, "CONNECT_S", 0.5)
+    monkeypatch.setattr(bounded_http, "READ_S", 0.5)
+    monkeypatch.setattr(bounded_http, "UNREACHABLE_S", 1.0)
+    with unreachable_endpoint(kind) as url:
+        dead = VertexApi(PROJECT, REGION, api_endpoint=url)
+        job = f"projects/{PROJECT_NUMBER}/locations/{REGION}/customJobs/1"
+        for ask in (lambda: dead.get_job(job), lambda: dead.log_lines("42", vj.LogCursor())):
+            started = time.monotonic()
+            with pytest.raises(VertexApiError, match=r"cannot reach http://127\.0\.0\.1:\d+") as e:
+                ask()
+            assert time.monotonic() - started < 5 and "\n" not in str(e.value)
 
 
 def test_missing_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
