@@ -242,20 +242,18 @@ def test_no_credentials_is_the_users_setup_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """No Application Default Credentials anywhere: exit 2 as `up`'s failed doctor row and a bad
-    key file do, one line with the login to run."""
+    """No credentials at all: one line with the login, exit 2 as for a bad key file or `up`."""
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.delenv("GPUTRAIN_BIGQUERY_ENDPOINT", raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no gcloud login
     monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a metadata server
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
-    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name="lab"))
-    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
-    assert main([*argv, "--stack", "lab"], settings, gce) == 2
+    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name=s))
+    cli = Cli(Settings(tmp_path, tmp_path / "runs"), gce)
+    assert cli.main([*argv, "--stack", "lab"]) == 2
     line = _one_line_error(capsys.readouterr().err)
-    assert "client (DefaultCredentialsError: " in line
-    assert line.endswith(
+    assert "client (DefaultCredentialsError: " in line and line.endswith(
         "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
     )
 
