@@ -97,10 +97,15 @@ def build_client(
 def bounded(client: Any) -> Any:
     """`client` with its HTTP bounded (bounded_http.py): a generated client over REST (its
     transport's session) or a google-cloud-core one (Cloud Storage, BigQuery, Cloud Logging)."""
+    import requests
+
     from infra.gcp.bounded_http import bound
 
     transport = getattr(client, "transport", None)  # neither kind offers its session publicly
-    bound(client._http if transport is None else transport._session)
+    held = (client, "_http") if transport is None else (transport, "_session")
+    session = getattr(*held, None)
+    if isinstance(session, requests.Session):  # else a library that moved it, or gRPC: as it is
+        bound(session)
     return client
 
 
