@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,6 @@ from tests.support.fake_pulumi_cli import fake_pulumi, hanging, kill_all, wait_u
 def work_dir(tmp_path: Path) -> Path:
     (tmp_path / "Pulumi.yaml").write_text("name: gputrain\nruntime: python\n")
     return tmp_path
-
-
-@pytest.fixture
-def pids(tmp_path: Path) -> Iterator[Path]:
-    """Where the fake pulumi writes its pids; whatever of them still runs is killed after."""
-    path = tmp_path / "pids"
-    yield path
-    kill_all(path)
 
 
 def _cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **verbs: str) -> Path:

@@ -62,14 +62,6 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def pids(tmp_path: Path) -> Iterator[Path]:
-    """Where the fake pulumi writes its pids; whatever of them still runs is killed after."""
-    path = tmp_path / "pids"
-    yield path
-    kill_all(path)
-
-
 @contextmanager
 def down_in_a_terminal(project: Path, **verbs: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     """`gputrain down --stack dev` as a terminal's foreground job: a process group of its own,
