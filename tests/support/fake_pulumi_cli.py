@@ -9,10 +9,13 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
-from tests.support import alive
+from tests.support import JOBS, alive
+
+HANGING = JOBS / "hanging_pulumi.py"
 
 #: one finished update: what the Automation API reads after up, refresh and destroy
 HISTORY = [
@@ -59,15 +62,9 @@ def fake_pulumi(
 
 
 def hanging(pids: Path, *, deaf: bool = False) -> str:
-    """A body that prints nothing and never ends on its own: it and its child write their pids.
-    It ends at SIGINT, as pulumi's cancel does, at once (`deaf`: never): a trap between short
-    sleeps, not a `wait`, which a SIGINT just before it would leave blocked (the shell acts on a
-    signal between commands), as a heavily loaded machine showed."""
-    on_sigint = "''" if deaf else '"exit 130"'
-    return (
-        f'echo $$ >> "{pids}"; sleep 300 & echo $! >> "{pids}"; trap {on_sigint} INT; '
-        "while :; do sleep 0.2; done"
-    )
+    """A body that prints nothing and never ends on its own (jobs/hanging_pulumi.py): it and its
+    child write their pids; SIGINT ends it at once, as pulumi's cancel (`deaf`: never)."""
+    return f'exec "{sys.executable}" -S "{HANGING}" "{pids}"' + (" --deaf" if deaf else "")
 
 
 def running(pids: Path) -> list[int]:
