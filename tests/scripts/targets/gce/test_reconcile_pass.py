@@ -60,7 +60,13 @@ class Cloud:
         )  # fmt: skip
         m.created_at -= ago
         m.attempt_started_at -= ago
-        held = Lease(self.storage, BUCKET, self.prefix, kind="controller", run_id=run_id, ttl_s=60)
+        self.write(m)
+
+    def write(self, m: Any) -> None:
+        """The run's manifest written as a controller writes it: under the run's lease."""
+        held = Lease(
+            self.storage, BUCKET, self.prefix, kind="controller", run_id=m.run_id, ttl_s=60
+        )
         assert held.acquire() is None
         self.manifests.write(m, held.token)
         held.release()
@@ -144,10 +150,7 @@ def test_a_run_that_finished_stays_finished_after_the_ttl(cloud: Cloud) -> None:
     m = cloud.manifests.load("r1")
     assert m is not None
     m.deadline = time.time() - 1
-    held = Lease(cloud.storage, BUCKET, cloud.prefix, kind="controller", run_id="r1", ttl_s=60)
-    assert held.acquire() is None
-    cloud.manifests.write(m, held.token)
-    held.release()
+    cloud.write(m)
     cloud.head_ended("r1", "0")
     assert cloud.run_pass() == "ended"
     after = cloud.manifests.load("r1")
@@ -171,10 +174,7 @@ def test_a_run_whose_budget_is_spent_is_not_recreated(
     m = cloud.manifests.load("r1")
     assert m is not None
     m.budget_usd, m.started_at = rate * 1.5, m.created_at  # an hour of 1.5 spent: 2 min ahead fit
-    held = Lease(cloud.storage, BUCKET, cloud.prefix, kind="controller", run_id="r1", ttl_s=60)
-    assert held.acquire() is None
-    cloud.manifests.write(m, held.token)
-    held.release()
+    cloud.write(m)
     cloud.compute.preempt_instance(WORKER, ZONE, delete_after_s=0.2)
     time.sleep(0.5)
     monkeypatch.setattr(reconcile_module.Pass, "relaunch", lambda self, outputs, job: None)
@@ -185,10 +185,7 @@ def test_a_run_whose_budget_is_spent_is_not_recreated(
     m = cloud.manifests.load("r1")
     assert m is not None
     m.budget_usd, m.state = rate * 1.02, "running"  # 2 min ahead would pass it
-    held = Lease(cloud.storage, BUCKET, cloud.prefix, kind="controller", run_id="r1", ttl_s=60)
-    assert held.acquire() is None
-    cloud.manifests.write(m, held.token)
-    held.release()
+    cloud.write(m)
     cloud.compute.preempt_instance(WORKER, ZONE, delete_after_s=0.2)
     time.sleep(0.5)
     assert cloud.run_pass(**fields) == "ended"
@@ -251,10 +248,7 @@ def test_the_run_looked_after_is_the_one_launched_last(cloud: Cloud) -> None:
     resumed = cloud.manifests.load("a")
     assert resumed is not None
     resumed.attempt_started_at = time.time()
-    held = Lease(cloud.storage, BUCKET, cloud.prefix, kind="controller", run_id="a", ttl_s=60)
-    assert held.acquire() is None
-    cloud.manifests.write(resumed, held.token)
-    held.release()
+    cloud.write(resumed)
     name = f"{cloud.prefix}runs/c/manifest.json"
     cloud.storage.write_if_generation(BUCKET, name, b"[]", None)
     latest = cloud.manifests.latest()
