@@ -109,7 +109,7 @@ def spec_disk_rate(spec: ClusterSpec, spot: bool, candidate: Candidate | None = 
     mt = catalog.machine_type(candidate.machine_type) if candidate is not None else None
     if candidate is None or mt is None or candidate.machine_type == spec.machine_type:
         region = catalog.region_of(candidate.zone) if candidate is not None else spec.region
-        local = spec.scratch.gib if spec.scratch.present else 0
+        local = spec.scratch.node_gib
         return node_disk_rate(region, spec.boot_disk_type, spec.boot_disk_gb, local, spot=spot)
     bundled = mt.local_ssd_gib is not None or mt.name in BUNDLED_SIZE_UNKNOWN
     local = mt.local_ssd_gib if bundled else (0 if spec.scratch.bundled else spec.scratch.gib or 0)

@@ -48,6 +48,10 @@ class Key:
     IMAGE = "image"  # the pinned boot image self-link
     HEAD_ADDRESS = "headAddress"
     NODES = "nodes"  # a list of NodeKey objects, the head first
+    BOOT_DISK_TYPE = "bootDiskType"  # each node's, e.g. "pd-balanced"
+    BOOT_DISK_GB = "bootDiskGb"
+    LOCAL_SSD_COUNT = "localSsdCount"  # the Local SSDs gputrain adds; 0: none, or bundled
+    LOCAL_SSD_GIB = "localSsdGib"  # a node's Local SSD, bundled too; null: bundled, size unknown
     # Vertex AI (VertexStack)
     BACKEND = "backend"  # "vertex"
     SERVICE_ACCOUNT = "serviceAccount"
@@ -102,6 +106,17 @@ class BucketOutputs:
 
 
 @dataclass(frozen=True)
+class StackDisks:
+    """Each node's disks as `up` made them: what the spending caps price beside the VM
+    (infra/disk_prices.py)."""
+
+    boot_disk_type: str
+    boot_disk_gb: int
+    local_ssd_count: int  # the Local SSDs gputrain adds (localSsdCount); 0: none, or bundled
+    local_ssd_gib: int | None  # a node's Local SSD, bundled too; None: bundled, size unknown
+
+
+@dataclass(frozen=True)
 class StackNode:
     name: str
     zone: str
@@ -128,6 +143,8 @@ class StackOutputs:
     hourly_price: float | None
     image_self_link: str | None = None
     bucket: BucketOutputs | None = None
+    # None: an `up` by an older gputrain, which did not record them; the stack file's are assumed
+    disks: StackDisks | None = None
 
     @property
     def head(self) -> StackNode:
@@ -208,6 +225,26 @@ def parse_bucket(outputs: Mapping[str, Any]) -> BucketOutputs | None:
     )
 
 
+def parse_disks(outputs: Mapping[str, Any]) -> StackDisks | None:
+    """Each node's disks; None for a stack whose `up` did not record them (an older gputrain).
+    Pure."""
+    if Key.BOOT_DISK_TYPE not in outputs:
+        return None
+    local_gib = outputs.get(Key.LOCAL_SSD_GIB)
+    _check(
+        local_gib is None or _whole(outputs, Key.LOCAL_SSD_GIB) >= 0,
+        Key.LOCAL_SSD_GIB,
+        local_gib,
+        "expected a whole number of GiB or null",
+    )
+    return StackDisks(
+        boot_disk_type=_need(outputs, Key.BOOT_DISK_TYPE, str),
+        boot_disk_gb=_whole(outputs, Key.BOOT_DISK_GB),
+        local_ssd_count=_whole(outputs, Key.LOCAL_SSD_COUNT),
+        local_ssd_gib=None if local_gib is None else int(local_gib),
+    )
+
+
 def _parse_node(raw: Any, i: int) -> StackNode:
     where = f"{Key.NODES}[{i}]."
     _typed(f"{Key.NODES}[{i}]", raw, Mapping, "expected an object")
@@ -258,6 +295,7 @@ def parse_stack_outputs(outputs: Mapping[str, Any]) -> StackOutputs:
         hourly_price=_need(outputs, Key.HOURLY_PRICE, (int, float, type(None))),
         image_self_link=outputs.get(Key.IMAGE) or None,
         bucket=parse_bucket(outputs),
+        disks=parse_disks(outputs),
     )
 
 
@@ -280,8 +318,9 @@ def parse_vertex_outputs(outputs: Mapping[str, Any]) -> VertexOutputs:
 
 def drift(spec: ClusterSpec, outputs: Mapping[str, Any]) -> list[str]:
     """Where the stack file (`spec`) no longer describes the cluster `up` made (its outputs): the
-    nodes, machine type, GPUs per node, Spot or not, maxRunDuration, as "WHAT: X up, Y in the
-    file"; [] when they agree. An output an older program did not write is not compared. Pure."""
+    nodes, machine type, GPUs per node, Spot or not, maxRunDuration, each node's disks, as "WHAT:
+    X up, Y in the file"; [] when they agree. An output an older program did not write is not
+    compared (the file's value is assumed). Pure."""
     from infra.keys import format_duration
 
     def mode(spot: bool) -> str:
@@ -300,6 +339,13 @@ def drift(spec: ClusterSpec, outputs: Mapping[str, Any]) -> list[str]:
             spec.max_run_duration,
         ),
     ]
+    disks = parse_disks(outputs)
+    if disks is not None:
+        pairs += [
+            ("bootDiskType", disks.boot_disk_type, spec.boot_disk_type),
+            ("bootDiskGb", disks.boot_disk_gb, spec.boot_disk_gb),
+            ("localSsdCount", disks.local_ssd_count, spec.scratch.declared_disks),
+        ]
     return [
         f"{what}: {up} up, {declared} in the file"
         for what, up, declared in pairs

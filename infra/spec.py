@@ -84,6 +84,11 @@ class Scratch:
     def present(self) -> bool:
         return self.bundled or self.declared_disks > 0
 
+    @property
+    def node_gib(self) -> int | None:
+        """A node's Local SSD as its price counts it: 0 none; None bundled, size unknown."""
+        return self.gib if self.present else 0
+
     def describe(self) -> str:
         if not self.present:
             return "none (boot disk only; N1/G2: localSsdCount)"

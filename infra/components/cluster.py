@@ -271,6 +271,11 @@ class GpuCluster(pulumi.ComponentResource):
             Key.GPU_MEMORY_GB: spec.gpu_memory_gb,
             Key.SSH_USER: spec.ssh_user,
             Key.IMAGE: self.image_self_link,
+            # what the spending caps price beside the VMs: `train` refuses a file edited since
+            Key.BOOT_DISK_TYPE: spec.boot_disk_type,
+            Key.BOOT_DISK_GB: spec.boot_disk_gb,
+            Key.LOCAL_SSD_COUNT: spec.scratch.declared_disks,
+            Key.LOCAL_SSD_GIB: spec.scratch.node_gib,
             Key.HEAD_ADDRESS: head,
             Key.NODES: pulumi.Output.all(*nodes),
         }

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,49 @@ def test_drift_names_what_the_stack_file_says_now_that_the_cluster_up_is_not() -
     ]
     older = {Key.NODES: outputs[Key.NODES], Key.MAX_RUN_DURATION_S: 21600}
     assert drift(spec(nodes="1", capacity="spot"), older) == ["nodes: 4 up, 1 in the file"]
+
+
+def _disk_outputs(**disks: Any) -> dict[str, Any]:
+    """A g2-standard-8 stack's outputs with its nodes' disks recorded."""
+    base = {"bootDiskType": "pd-ssd", "bootDiskGb": 500, "localSsdCount": 1, "localSsdGib": 375}
+    return sample_outputs("dev", "us-central1-a", nodes=2) | base | disks
+
+
+def test_disks_are_read_back_and_an_older_stack_has_none() -> None:
+    """The disks the caps price, as `up` made them; a stack `up` by an older gputrain did not
+    record them (None: the stack file's are assumed); malformed ones are one line."""
+    from infra.outputs import StackDisks
+
+    assert parse_stack_outputs(_disk_outputs()).disks == StackDisks("pd-ssd", 500, 1, 375)
+    bundled_unknown = _disk_outputs(localSsdCount=0, localSsdGib=None)
+    assert parse_stack_outputs(bundled_unknown).disks == StackDisks("pd-ssd", 500, 0, None)
+    assert parse_stack_outputs(sample_outputs("dev", "us-central1-a")).disks is None
+    for bad, message in [
+        ({"bootDiskGb": "500"}, "stack output bootDiskGb is '500'; expected int or float"),
+        ({"bootDiskType": ""}, "stack output bootDiskType is ''; expected str"),
+        ({"localSsdCount": 1.5}, "stack output localSsdCount is 1.5; expected a whole number"),
+        ({"localSsdGib": -375}, "stack output localSsdGib is -375; expected a whole number"),
+    ]:
+        with pytest.raises(StackOutputError, match=re.escape(message)):
+            parse_stack_outputs(_disk_outputs(**bad))
+
+
+def test_drift_names_each_disk_edited_since_up() -> None:
+    """The boot disk's type and size and the Local SSDs the caps price: one "KEY: X up, Y in the
+    file" each; a stack whose outputs lack them is not compared (the file's are assumed)."""
+    from infra.outputs import drift
+    from infra.spec import parse_spec
+    from tests.support.pulumi_mocks import deployable_config
+
+    def spec(**disks: str) -> Any:
+        shape = {"machineType": "g2-standard-8", "nodes": "2", "maxRunDuration": "1h"}
+        return parse_spec(deployable_config("dev", **shape, **disks), "dev")
+
+    up = spec(bootDiskType="pd-ssd", bootDiskGb="500", localSsdCount="1")
+    assert drift(up, _disk_outputs()) == []
+    assert drift(spec(), _disk_outputs()) == [
+        "bootDiskType: pd-ssd up, pd-balanced in the file",
+        "bootDiskGb: 500 up, 200 in the file",
+        "localSsdCount: 1 up, 0 in the file",
+    ]
+    assert drift(spec(), sample_outputs("dev", "us-central1-a")) == []

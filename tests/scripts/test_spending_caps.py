@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -314,6 +314,42 @@ def test_a_refused_rate_is_shown_to_the_digit_its_minimum_is_rounded_up_from() -
     check_caps(spec(**hourly, maxHourlyCost="6.23"), budget=6.23, budget_setting="x", pools=pools)
 
 
+def _train_on_an_edited_stack(
+    tmp_path: Path,
+    fake: FakeCompute,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    up: str,
+    now: str,
+    recorded: dict[str, Any],
+    budget: str,
+    nodes: int = 1,
+) -> int:
+    """`train --budget` on stack g after `up` made `nodes` g2-standard-8 VMs from the stack file
+    keys `up` (YAML lines under `config:`) and recorded `recorded` among its outputs, and the
+    file was then edited to say `now`; the exit status."""
+    from tests.support.fake_stack import FakeStackRunner, default_node_factory
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "job.py").write_text("print('hi')\n")
+    base = (
+        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
+        "  gputrain:zones: [us-central1-a]\n  gputrain:maxRunDuration: 1h\n"
+    )
+    stack_file = tmp_path / "Pulumi.g.yaml"
+    stack_file.write_text(base + up)
+    runner = FakeStackRunner(
+        "g", compute=fake, project=fake.project, node_factory=default_node_factory("g", nodes)
+    )
+    runner.up()
+    runner._outputs |= recorded
+    stack_file.write_text(base + now)
+    monkeypatch.chdir(tmp_path)
+    clients = GceClients(runner_for=lambda s, r: runner, compute_endpoint=fake.url, retry_pause_s=0)
+    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
+    return main(["train", "--stack", "g", "--budget", budget, "--", "job.py"], settings, clients)
+
+
 def test_train_refuses_a_cluster_its_stack_file_no_longer_describes(
     tmp_path: Path,
     fake: FakeCompute,
@@ -324,27 +360,17 @@ def test_train_refuses_a_cluster_its_stack_file_no_longer_describes(
     the plan against the file though the cluster costs about ten times as much. The run is
     refused in one line before anything starts: its caps, its watchdog's rate and a
     recovery's `up` read the file."""
-    from tests.support.fake_stack import FakeStackRunner, default_node_factory
-
-    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-    (tmp_path / "job.py").write_text("print('hi')\n")
-    base = (
-        "config:\n  gcp:project: gputrain-test\n  gputrain:machineType: g2-standard-8\n"
-        "  gputrain:zones: [us-central1-a]\n  gputrain:maxRunDuration: 1h\n"
+    status = _train_on_an_edited_stack(
+        tmp_path,
+        fake,
+        monkeypatch,
+        up="  gputrain:nodes: 4\n  gputrain:capacity: on-demand\n",
+        now="  gputrain:nodes: 1\n  gputrain:capacity: spot\n",
+        recorded={"nodeCount": 4, "spot": False, "machineType": "g2-standard-8"},
+        budget="2.1",
+        nodes=4,
     )
-    stack_file = tmp_path / "Pulumi.g.yaml"
-    stack_file.write_text(base + "  gputrain:nodes: 4\n  gputrain:capacity: on-demand\n")
-    runner = FakeStackRunner(
-        "g", compute=fake, project=fake.project, node_factory=default_node_factory("g", 4)
-    )
-    runner.up()
-    runner._outputs |= {"nodeCount": 4, "spot": False, "machineType": "g2-standard-8"}
-    stack_file.write_text(base + "  gputrain:nodes: 1\n  gputrain:capacity: spot\n")
-    monkeypatch.chdir(tmp_path)
-    clients = GceClients(runner_for=lambda s, r: runner, compute_endpoint=fake.url, retry_pause_s=0)
-    settings = Settings(root=tmp_path, runs_dir=tmp_path / "runs")
-    argv = ["train", "--stack", "g", "--budget", "2.1", "--", "job.py"]
-    assert main(argv, settings, clients) == 2
+    assert status == 2
     err = capsys.readouterr().err.strip()
     assert err == (
         "gputrain: error: stack g: the cluster that is up is not what its stack file says now "
@@ -353,3 +379,41 @@ def test_train_refuses_a_cluster_its_stack_file_no_longer_describes(
         "cluster what the file says, or put the file back; nothing was started"
     )
     assert not (tmp_path / "runs" / "stack-g").exists()  # no run was started
+
+
+def test_train_refuses_a_cluster_whose_disks_the_stack_file_no_longer_describes(
+    tmp_path: Path,
+    fake: FakeCompute,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`up` gave the node a 2,000 GB pd-ssd boot disk and a Local SSD; the file now says the
+    default disks, so a budget that covers the file's node but not the cluster's passes the
+    plan. The outputs record the disks: the run is refused in one line naming each."""
+    disks = {"bootDiskType": "pd-ssd", "bootDiskGb": "2000", "localSsdCount": "1"}
+    shape = {"nodes": "1", "capacity": "spot"}  # g2-standard-8 for 1h, as the file says
+    on = {"machineType": "g2-standard-8", "maxRunDuration": "1h", **shape}
+    up, now = spec(**on, **disks), spec(**on)
+    cluster_rate, file_rate = worst_hourly(up), worst_hourly(now)
+    assert cluster_rate is not None and file_rate is not None
+    budget = f"{(cluster_rate + file_rate) / 2:.2f}"  # for 1h: the file's node, not the cluster's
+    check_caps(now, budget=float(budget), budget_setting="--budget")
+    with pytest.raises(UserError, match="may cost"):
+        check_caps(up, budget=float(budget), budget_setting="--budget")
+    status = _train_on_an_edited_stack(
+        tmp_path,
+        fake,
+        monkeypatch,
+        up="".join(f"  gputrain:{k}: {v}\n" for k, v in (shape | disks).items()),
+        now="".join(f"  gputrain:{k}: {v}\n" for k, v in shape.items()),
+        recorded={"bootDiskType": "pd-ssd", "bootDiskGb": 2000, "localSsdCount": 1},
+        budget=budget,
+    )
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        "gputrain: error: stack g: the cluster that is up is not what its stack file says now "
+        "(bootDiskType: pd-ssd up, pd-balanced in the file; bootDiskGb: 2000 up, 200 in the "
+        "file; localSsdCount: 1 up, 0 in the file), and the run's spending caps"
+    )
+    assert "\n" not in err and not (tmp_path / "runs" / "stack-g").exists()

@@ -174,6 +174,13 @@ def check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> Non
     assert [n.name for n in parsed.nodes] == list(spec.node_names)
     assert parsed.max_run_duration_s == spec.max_run_duration_s
     assert parsed.gpus_per_node == spec.gpus_per_node and parsed.ssh_user == spec.ssh_user
+    # The disks the spending caps price, as every VM got them (`train` compares them with the file).
+    disks = parsed.disks
+    assert disks is not None and disks.local_ssd_gib == spec.scratch.node_gib
+    for vm in vms:
+        boot = vm.inputs["bootDisk"]["initializeParams"]
+        assert (boot["type"], boot["size"]) == (disks.boot_disk_type, disks.boot_disk_gb)
+        assert len(vm.inputs.get("scratchDisks") or []) == disks.local_ssd_count
 
 
 def run_main(config: dict[str, str], stack: str) -> dict[str, Any]:

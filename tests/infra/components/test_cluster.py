@@ -203,6 +203,42 @@ def test_g2_keeps_dlvm_with_a_warning_and_the_accelerator_image_fallback_deploys
         build()
 
 
+@pytest.mark.parametrize(
+    ("overrides", "disks"),
+    [
+        (
+            {
+                "machineType": "g2-standard-24",
+                "bootDiskType": "pd-ssd",
+                "bootDiskGb": "300",
+                "localSsdCount": "2",
+            },
+            ("pd-ssd", 300, 2, 750),
+        ),
+        ({"machineType": "a3-highgpu-8g"}, ("pd-ssd", 200, 0, 6000)),  # bundled
+        ({"machineType": "a4-highgpu-8g"}, ("hyperdisk-balanced", 200, 0, None)),  # size unknown
+    ],
+    ids=["g2-local-ssd", "a3-bundled", "a4-bundled-unknown"],
+)
+@pulumi.runtime.test
+def test_outputs_record_the_disks_the_caps_price(
+    mocks: GcpMocks, overrides: dict[str, str], disks: tuple[Any, ...]
+) -> Any:
+    """Each node's boot disk and Local SSD, as the VMs get them: `train --budget` on a stack that
+    is up compares them with the stack file (infra/outputs.py drift)."""
+    from infra.components.cluster import GpuCluster
+
+    spec = _spec("dev", **overrides)
+    cluster = GpuCluster(spec.stack, spec)
+
+    def check(out: dict[str, Any]) -> None:
+        check_family(mocks, spec, out)
+        keys = ("bootDiskType", "bootDiskGb", "localSsdCount", "localSsdGib")
+        assert tuple(out[k] for k in keys) == disks
+
+    return pulumi.Output.all(**cluster.exports()).apply(check)
+
+
 @pulumi.runtime.test
 def test_on_demand_without_compact_placement_may_restart(mocks: GcpMocks) -> Any:
     from infra.components.cluster import GpuCluster
