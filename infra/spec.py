@@ -39,11 +39,11 @@ from infra.stackfile import (
     load_config_strings,
     meant_key,
 )
+from infra.vertex_jobspec import job_spec_path
 from infra.vertex_pools import (
     Chief,
     PoolShape,
     ReductionServer,
-    job_spec_path,
     parse_chief,
     parse_reduction_server,
     stack_pool_shapes,

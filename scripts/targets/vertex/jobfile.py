@@ -24,13 +24,8 @@ import yaml
 
 from infra.base.errors import UserError
 from infra.keys import format_duration
-from infra.vertex_pools import (
-    CLIENT_FIELDS_SINCE,
-    POOL_CLIENT_FIELDS_SINCE,
-    PoolShape,
-    check_job_spec,
-    is_reduction_server_image,
-)
+from infra.vertex_jobspec import CLIENT_FIELDS_SINCE, POOL_CLIENT_FIELDS_SINCE, check_job_spec
+from infra.vertex_pools import PoolShape, is_reduction_server_image
 
 RUN_ID_ENV = "GPUTRAIN_RUN_ID"
 #: Scheduling.strategy as gputrain submits each capacity a Vertex stack may have (job.scheduling).
@@ -52,7 +47,7 @@ def read_job_file(
     """(the YAML document, its pools checked: check_job_spec, its scheduling: check_scheduling
     against the stack's `capacity` and maxRunDuration); one line naming the setting as written
     when it cannot be read or is no job. `name` is relative to the project directory
-    (infra/vertex_pools.job_spec_path checked it)."""
+    (infra/vertex_jobspec.job_spec_path checked it)."""
     path = root / name
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from infra.base.errors import UserError
-from infra.vertex_pools import check_job_spec, pool_rows, price_pools
+from infra.vertex_jobspec import check_job_spec
+from infra.vertex_pools import pool_rows, price_pools
 from tests.support.vertex_world import JOB_SPEC, World, job_spec_with
 
 _ON_DEMAND_1H: dict[str, Any] = {"capacity": "on-demand", "max_run_duration_s": 3600}
