@@ -10,6 +10,7 @@ Pure: no I/O (scripts/targets/vertex/jobfile.py reads the file). Sources, read w
 - `gcloud ai custom-jobs create` reference: --config is "a YAML document containing a
   `CustomJobSpec`"; "keys with underscore are invalid".
 - google-cloud-aiplatform 1.93.0 `aiplatform_v1/types/custom_job.py`: the CustomJobSpec fields.
+- the pools' mounts: infra/vertex_mounts.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from infra import catalog, vertex
 from infra.base.errors import UserError
 from infra.offers import MAX_NODES
+from infra.vertex_mounts import check_mounts, check_nfs_network
 from infra.vertex_pools import (
     PoolShape,
     is_reduction_server_image,
@@ -156,6 +158,7 @@ def check_job_spec(doc: Any, where: str, *, spot: bool = False) -> list[tuple[in
             f"{where}: workerPoolSpecs[2] is a Reduction Server, but pools 0 and 1 hold 1 node; "
             "it only speeds up NCCL all-reduce between 2 or more GPU nodes"
         )
+    check_nfs_network(doc, where)
     return shapes
 
 
@@ -245,6 +248,7 @@ def _check_pool(
             f"{at}.{extra[0]}: not a WorkerPoolSpec field; allowed: {', '.join(POOL_FIELDS)}"
         )
     image = _check_code(pool, at)
+    check_mounts(pool, at)
     reducers = i == 2 and is_reduction_server_image(image)
     replicas = _count(pool.get("replicaCount", 1))
     if i == 0 and replicas != 1:

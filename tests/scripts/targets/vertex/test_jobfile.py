@@ -363,3 +363,90 @@ def test_lustre_mounts_are_sent_by_a_client_that_has_them(
         r"\(pip install 'google-cloud-aiplatform>=1\.136\.0'\), or a file without it",
         str(e.value),
     )
+
+
+_NFS = {"server": "10.0.0.2", "path": "/vol1", "mountPoint": "data"}
+_LUSTRE = {"instanceIp": "10.0.0.3", "volumeHandle": "p/us-central1-a/l", "filesystem": "fs",
+           "mountPoint": "scratch"}  # fmt: skip
+_PEERED = {"network": "projects/123/global/networks/vpc"}
+
+
+@pytest.mark.parametrize(
+    ("key", "mounts", "message"),
+    [
+        ("nfsMounts", [{**_NFS, "mountPoint": None}], "nfsMounts[0].mountPoint is missing: allowed: a directory name, e.g. data: Vertex mounts the share at /mnt/nfs/data (a string: Vertex requires it)"),
+        ("nfsMounts", [_NFS, {"server": "10.0.0.2", "path": "/vol2"}], "nfsMounts[1].mountPoint is missing: allowed"),
+        ("nfsMounts", [{**_NFS, "server": ""}], "nfsMounts[0].server = '': allowed: the NFS server's IP address (a string: Vertex requires it)"),
+        ("nfsMounts", [{**_NFS, "server": "filer.internal"}], "nfsMounts[0].server = 'filer.internal': not an IP address; allowed: the NFS server's IP address"),
+        ("nfsMounts", [{**_NFS, "path": "vol1"}], "nfsMounts[0].path = 'vol1': not absolute; allowed: the exported path, starting with '/'"),
+        ("nfsMounts", [{**_NFS, "mountPoint": "/mnt/nfs/data"}], "nfsMounts[0].mountPoint = '/mnt/nfs/data': not a single directory name; allowed: a directory name, e.g. data: Vertex mounts the share at /mnt/nfs/data"),
+        ("nfsMounts", [{**_NFS, "mountPoint": ".."}], "nfsMounts[0].mountPoint = '..': not a single directory name"),
+        ("nfsMounts", [{**_NFS, "mountPoint": 7}], "nfsMounts[0].mountPoint = 7: allowed: a directory name"),
+        ("nfsMounts", [{**_NFS, "readOnly": True}], "nfsMounts[0].readOnly: not a NfsMount field; allowed: server, path, mountPoint"),
+        ("nfsMounts", ["10.0.0.2:/vol1"], "nfsMounts[0]: a YAML str; allowed: a NfsMount map (server, path, mountPoint)"),
+        ("nfsMounts", _NFS, "nfsMounts: a YAML dict; allowed: a list of NfsMount maps (server, path, mountPoint)"),
+        ("lustreMounts", [{**_LUSTRE, "filesystem": None}], "lustreMounts[0].filesystem is missing: allowed: the Lustre file system's name (a string: Vertex requires it)"),
+        ("lustreMounts", [{**_LUSTRE, "volumeHandle": 3}], "lustreMounts[0].volumeHandle = 3: allowed: the Lustre volume's unique identifier"),
+        ("lustreMounts", [{**_LUSTRE, "instanceIp": "10.0.0"}], "lustreMounts[0].instanceIp = '10.0.0': not an IP address; allowed: the Lustre instance's IP address"),
+        ("lustreMounts", [{**_LUSTRE, "mountPoint": "a/b"}], "lustreMounts[0].mountPoint = 'a/b': not a single directory name; allowed: a directory name, e.g. data: Vertex mounts it at /mnt/lustre/data"),
+        ("lustreMounts", [{**_LUSTRE, "server": "10.0.0.3"}], "lustreMounts[0].server: not a LustreMount field; allowed: instanceIp, volumeHandle, filesystem, mountPoint"),
+    ],
+)  # fmt: skip
+def test_a_mount_vertex_would_reject_is_one_line_before_anything(
+    tmp_path: Path, key: str, mounts: Any, message: str
+) -> None:
+    """NfsMount's server, path and mountPoint and LustreMount's four fields are "Required"; the
+    path is absolute, mountPoint one directory name under /mnt/nfs/ (/mnt/lustre/): nothing
+    looked inside the mounts, and Vertex refused them once the job was submitted (or the parser,
+    after `up`, for a wrong type)."""
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    doc = {**job_spec_with(f"workerPoolSpecs.1.{key}", mounts), **_PEERED}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(UserError) as e:
+        read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
+    assert str(e.value).startswith(
+        f"gputrain:vertexJobSpec = 'job.yaml': workerPoolSpecs[1].{message}"
+    )
+    assert "\n" not in str(e.value)
+
+
+def test_mounts_as_vertex_documents_them_are_sent_and_nfs_names_its_network(
+    tmp_path: Path,
+) -> None:
+    """Good mounts reach the job as written; a job that mounts an NFS share names the network
+    Vertex reaches it through (Google's NFS guide: "you must specify the name of the network"),
+    by VPC peering or a Private Service Connect interface."""
+    from scripts.targets.vertex.jobfile import read_job_file
+
+    doc = job_spec_with("workerPoolSpecs.1.nfsMounts", [_NFS, {**_NFS, "server": "fd00::2"}])
+    doc["workerPoolSpecs"][0]["lustreMounts"] = [_LUSTRE]
+    for network in (_PEERED, {"pscInterfaceConfig": {"networkAttachment": "projects/p/regions/"
+                                                     "us-central1/networkAttachments/a"}}):  # fmt: skip
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump({**doc, **network}))
+        got, _ = read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
+        assert got["workerPoolSpecs"][1]["nfsMounts"][1]["server"] == "fd00::2"
+    with pytest.raises(UserError) as e:
+        check_job_spec(doc, "c.yaml")
+    assert str(e.value) == (
+        "c.yaml: workerPoolSpecs[1].nfsMounts needs the network Vertex reaches the share "
+        "through, and the file has none; allowed: network (projects/PROJECT_NUMBER/global/"
+        "networks/NETWORK, with VPC Network Peering) or pscInterfaceConfig (a Private Service "
+        "Connect interface)"
+    )
+    lustre_only = job_spec_with("workerPoolSpecs.1.lustreMounts", [_LUSTRE])
+    assert len(check_job_spec(lustre_only, "c.yaml")) == 3  # the guide's rule is NFS's
+
+
+def test_the_mount_fields_checked_are_the_installed_clients() -> None:
+    """What the checks allow is what aiplatform_v1 sends: NfsMount's and LustreMount's fields."""
+    from google.cloud import aiplatform_v1
+
+    from infra.vertex_mounts import LUSTRE_FIELDS, NFS_FIELDS
+
+    def camel(name: str) -> str:
+        head, *rest = name.split("_")
+        return head + "".join(w.title() for w in rest)
+
+    assert [camel(f) for f in aiplatform_v1.NfsMount.meta.fields] == list(NFS_FIELDS)
+    assert [camel(f) for f in aiplatform_v1.LustreMount.meta.fields] == list(LUSTRE_FIELDS)
