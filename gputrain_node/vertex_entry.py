@@ -9,8 +9,10 @@ Vertex starts one container per replica and describes the job in CLUSTER_SPEC: p
 (the chief, one replica) and `workerpool1` (the other workers), each a list of `host:port`, and this
 replica's `task {type, index}`. That gives the node count and this node's rank; the chief's address
 (or MASTER_ADDR/MASTER_PORT where Vertex sets them) is the rendezvous. Static rendezvous keeps the
-chief at global rank 0, the one rank that writes to the bucket. AIP_CHECKPOINT_DIR becomes the
-checkpoint URI; the chief copies summary.json and metrics.jsonl to AIP_MODEL_DIR at the end.
+chief at global rank 0, the one rank that writes to the bucket. A replica of `workerpool3` (an
+evaluator, a job file's pool 3) runs its ENTRY on its own, outside the trainers' world.
+AIP_CHECKPOINT_DIR becomes the checkpoint URI; the chief copies summary.json and metrics.jsonl
+to AIP_MODEL_DIR at the end.
 Before torchrun every replica installs the job's requirements and runs its `setup`
 (gputrain_node/vertex_setup.py); its secrets (read first: a refused one fails at once) join the
 environment torchrun inherits only after setup. An entry other than the reference trainer gets
@@ -47,11 +49,13 @@ from gputrain_node.vertex_mirror import (
     ATTEMPT_FILE,
     InputError,
     ReplicaOutputs,
+    replica_name,
     resume_args,
 )
 from gputrain_node.vertex_setup import SETUP_LOG, SetupFailed, prepare
 
 TRAINER_POOLS = ("workerpool0", "workerpool1")  # pool 2 is for reduction servers, 3 for evaluators
+EVALUATOR_POOL = "workerpool3"  # its replicas run ENTRY each on its own, outside torchrun's world
 OUTPUTS = ("summary.json", "metrics.jsonl")  # first; then every other file of the out dir
 TRAINER = ("-m", "trainer.train")
 BARRIER_GRACE_S = 3.0  # after a stop signal: how long torchrun may outlive all its workers
@@ -124,6 +128,14 @@ class Placement:
     master_addr: str
     master_port: int
     task: str = "workerpool0[0]"
+    evaluator: int | None = None  # an evaluator's index (pool 3): a world of its own
+
+    @property
+    def replica(self) -> str:
+        """Its name in the bucket, as in its log lines: chief, worker-1, ..., evaluator-0."""
+        if self.evaluator is not None:
+            return f"evaluator-{self.evaluator}"
+        return replica_name(self.node_rank)
 
 
 def _host_port(entry: object, where: str) -> tuple[str, int]:
@@ -152,15 +164,17 @@ def parse_cluster_spec(text: str) -> Placement:
             "expected exactly 1 (the chief)"
         )
     kind, index = task.get("type"), task.get("index")
-    if kind not in pools:
+    if kind not in (*pools, EVALUATOR_POOL):
         raise InputError(
             f"CLUSTER_SPEC: task type {kind!r} does not run the trainer "
-            f"(allowed: {', '.join(TRAINER_POOLS)})"
+            f"(allowed: {', '.join(TRAINER_POOLS)}, or {EVALUATOR_POOL} on its own)"
         )
-    if not isinstance(index, int) or not 0 <= index < len(pools[kind]):
-        raise InputError(
-            f"CLUSTER_SPEC: task index {index!r} is outside {kind}'s {len(pools[kind])} replicas"
-        )
+    replicas = cluster.get(kind)
+    count = len(replicas) if isinstance(replicas, list) else 0
+    if not isinstance(index, int) or not 0 <= index < count:
+        raise InputError(f"CLUSTER_SPEC: task index {index!r} is outside {kind}'s {count} replicas")
+    if kind == EVALUATOR_POOL:
+        return Placement(1, 0, "127.0.0.1", 0, f"{kind}[{index}]", evaluator=index)
     for name, hosts in pools.items():
         for i, entry in enumerate(hosts):
             _host_port(entry, f"{name}[{i}]")
@@ -187,6 +201,8 @@ def placement_from_env(env: Mapping[str, str]) -> Placement:
         raise InputError(
             "MASTER_ADDR/MASTER_PORT: needed when RANK/WORLD_SIZE replace CLUSTER_SPEC"
         )
+    if placement.evaluator is not None:
+        return placement  # standalone: the trainers' rendezvous is not its
     return Placement(placement.nnodes, placement.node_rank, addr, port, placement.task)
 
 
@@ -305,7 +321,7 @@ def resolve_secrets(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def replica_outputs(
-    env: Mapping[str, str], out: Path, node_rank: int, program: tuple[str, ...]
+    env: Mapping[str, str], out: Path, replica: str, program: tuple[str, ...]
 ) -> ReplicaOutputs | None:
     """The out dir's mirror where the session asked for one (GPUTRAIN_OUT_URI) and the entry is
     not the reference trainer (bare flags are its flags: it checkpoints to the bucket itself)."""
@@ -320,7 +336,7 @@ def replica_outputs(
         interval_s = 0.0
     if not interval_s > 0:
         raise InputError(f"{MIRROR_INTERVAL_ENV} {interval!r}: expected seconds > 0")
-    return ReplicaOutputs(out, uri, node_rank, interval_s=interval_s)
+    return ReplicaOutputs(out, uri, replica, interval_s=interval_s)
 
 
 def nproc_here(cpu: bool, devices: str = "/dev/nvidia[0-9]*") -> int | str:
@@ -400,18 +416,28 @@ def main(argv: list[str] | None = None) -> None:
         args = [expand_out(a, os.environ[OUT_ENV]) for a in args]
         out, cpu = Path(os.environ[OUT_ENV]), False
         if reference_trainer(program):
+            if placement.evaluator is not None:  # it would train, into the chief's checkpoints
+                raise InputError(
+                    f"ENTRY on {placement.task}: the reference trainer trains; an evaluator runs "
+                    "your own -m MODULE or script.py"
+                )
             out_dir, cpu = reference_config(args)
             out = workdir / out_dir
-        mirrored = replica_outputs(os.environ, out, placement.node_rank, program)
+        mirrored = replica_outputs(os.environ, out, placement.replica, program)
         extra = [expand_out(a, os.environ[OUT_ENV]) for a in resume_args(os.environ)]
     except InputError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
     nproc = nproc_here(cpu)
     processes = "one process per GPU" if nproc == "gpu" else f"{nproc} process(es)"
+    where = (
+        f"node {placement.node_rank} of {placement.nnodes}, {processes}, rendezvous "
+        f"{placement.master_addr}:{placement.master_port}"
+        if placement.evaluator is None
+        else f"{placement.replica} on its own (not in the trainers' world), {processes}"
+    )
     print(
-        f"vertex: {placement.task} is node {placement.node_rank} of {placement.nnodes}, "
-        f"{processes}, rendezvous {placement.master_addr}:{placement.master_port}, "
+        f"vertex: {placement.task} is {where}, "
         f"runs {' '.join(program)} in {workdir}, "
         f"checkpoints {os.environ.get(CHECKPOINT_URI_ENV) or 'local only'}, "
         f"outputs {model_dir.uri if model_dir else 'local only'}",
@@ -444,7 +470,8 @@ def main(argv: list[str] | None = None) -> None:
         mirrored.start()
         status = run_forwarding_signals(argv, cwd=workdir, on_signal=mirrored.flush)
         mirrored.stop()
-    if placement.node_rank == 0 and model_dir is not None:  # on failure too: the results so far
+    chief = placement.node_rank == 0 and placement.evaluator is None
+    if chief and model_dir is not None:  # on failure too: the results so far
         try:
             sent = upload_files(output_files(out), model_dir)
             print(f"vertex: copied {', '.join(sent) or 'nothing'} to {model_dir.uri}", flush=True)

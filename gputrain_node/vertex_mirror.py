@@ -4,10 +4,10 @@ restarts the replica elsewhere or retries the job.
 
 The session sets GPUTRAIN_OUT_URI (gs://<bucket>/runs/<run-id>/out/) only for such entries: the
 reference trainer uploads its own checkpoints to AIP_CHECKPOINT_DIR. Each replica mirrors to
-<uri>/<replica>/ (chief, worker-1, ...: the names its log lines carry). The replica's start count
-lives beside its files (`.gputrain-attempt`, sent at once), so every start after the first knows
-it is one: GPUTRAIN_ATTEMPT is its number and GPUTRAIN_RESUME_ARGS (a JSON list, `--resume-args`)
-is appended to ENTRY, as on GCE.
+<uri>/<replica>/ (chief, worker-1, ..., evaluator-0: the names its log lines carry). The
+replica's start count lives beside its files (`.gputrain-attempt`, sent at once), so every start
+after the first knows it is one: GPUTRAIN_ATTEMPT is its number and GPUTRAIN_RESUME_ARGS (a JSON
+list, `--resume-args`) is appended to ENTRY, as on GCE.
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ class ReplicaOutputs:
         self,
         out: Path,
         uri: str,
-        node_rank: int,
+        replica: str,
         *,
         interval_s: float = 10.0,
         client: Any = None,
         say: Callable[[str], None] = lambda s: print(f"vertex: {s}", flush=True),
     ) -> None:
-        target = Target.parse(uri.rstrip("/") + f"/{replica_name(node_rank)}/")
+        target = Target.parse(uri.rstrip("/") + f"/{replica}/")
         out.mkdir(parents=True, exist_ok=True)
         self.mirror = Mirror(out, target, client, say)
         self.interval_s = interval_s

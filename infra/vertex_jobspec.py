@@ -19,9 +19,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gputrain_node.contract import VERTEX_ENTRY
 from infra import catalog, vertex
 from infra.base.errors import UserError
-from infra.offers import MAX_NODES
+from infra.offers import MAX_NODES, price_table
 from infra.vertex_mounts import check_mounts, check_nfs_network
 from infra.vertex_pools import (
     PoolShape,
@@ -153,7 +154,7 @@ def check_job_spec(doc: Any, where: str, *, spot: bool = False) -> list[tuple[in
         if pool not in (None, {}):  # an empty pool is skipped (the docs' way to skip pool 1)
             shapes.append((i, _check_pool(pool, i, f"{where}: workerPoolSpecs[{i}]", spot, shapes)))
     trainers = sum(s.replicas for i, s in shapes if i in (0, 1))
-    if any(i == 2 and not s.accelerator for i, s in shapes) and trainers < 2:
+    if any(s.reducers for _, s in shapes) and trainers < 2:
         raise UserError(
             f"{where}: workerPoolSpecs[2] is a Reduction Server, but pools 0 and 1 hold 1 node; "
             "it only speeds up NCCL all-reduce between 2 or more GPU nodes"
@@ -280,13 +281,21 @@ def _check_pool(
         problem = reducer_problem(machine_type, gpus, words)
         if problem:
             raise UserError(problem)
-        return PoolShape(machine_type, None, 0, replicas)
+        return PoolShape(machine_type, None, 0, replicas, reducers=True)
+    if i == 2 and runs_entry(pool):
+        raise UserError(
+            f"{at}: runs gputrain's entry ({VERTEX_ENTRY}), which has no parameter-server role "
+            "(its torchrun world is pools 0 and 1); allowed: your own container or "
+            "pythonModule there, or these replicas in workerPoolSpecs[3] (ENTRY on its own)"
+        )
     mt = catalog.machine_type(machine_type)
-    if mt is not None and mt.accelerator is None and accelerator is None:
+    if i > 0 and accelerator is None and not gpus and (mt is None or mt.accelerator is None):
+        return _cpu_pool(pool, i, machine_type, replicas, words)
+    if i == 0 and mt is not None and mt.accelerator is None and accelerator is None:
         problem = (
-            f"{words.said(words.machine_type, machine_type)}: no GPU; allowed: a GPU machine "
-            "type, or acceleratorType and acceleratorCount set (a pool without GPUs: only "
-            "the Reduction Server's, in workerPoolSpecs[2])"
+            f"{words.said(words.machine_type, machine_type)}: no GPU; allowed for the primary "
+            "replica: a GPU machine type, or acceleratorType and acceleratorCount set (pools "
+            "without GPUs: workerPoolSpecs[1] to [3])"
         )
     else:
         problem = vertex.vertex_problem(machine_type, accelerator, gpus, spot=spot, words=words)
@@ -295,3 +304,43 @@ def _check_pool(
     if mt.accelerator:
         accelerator, gpus = mt.accelerator, mt.gpus
     return PoolShape(mt.name, accelerator, gpus, replicas)
+
+
+#: The machine types a pool without GPUs may have: the N1 types Vertex runs, which the price
+#: data prices (infra/prices.csv: GPU machine types and the N1 hosts, no E2/N2/C2).
+CPU_MACHINE_TYPES = next(o for o in vertex.OFFERS if o.pattern.startswith("n1-"))
+
+
+def _cpu_pool(
+    pool: Mapping[str, Any], i: int, machine_type: str, replicas: int, words: vertex.ShapeWords
+) -> PoolShape:
+    """Pool 1, 2 or 3 without GPUs (Vertex runs them: CPU workers, parameter servers,
+    evaluators): a machine type the spending caps can price, and code that runs there."""
+    said = words.said(words.machine_type, machine_type)
+    allowed = f"allowed without GPUs: {CPU_MACHINE_TYPES.family}, or a GPU machine type"
+    mt = catalog.machine_type(machine_type)
+    if mt is None or not price_table().zones(mt.name):
+        near = catalog.nearest_machine_types(machine_type)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise UserError(
+            f"{said}: not in gputrain's price data (infra/prices.csv), so plan and the spending "
+            f"caps cannot price this pool{hint}; {allowed}"
+        )
+    if not re.fullmatch(CPU_MACHINE_TYPES.pattern, mt.name):
+        raise UserError(f"{said}: Vertex AI custom training does not run it; {allowed}")
+    if i == 1 and runs_entry(pool):
+        raise UserError(
+            f"{said}: no GPU, and the pool runs gputrain's entry ({VERTEX_ENTRY}), which joins "
+            "pool 1 to the chief's torchrun world of GPU processes; allowed: a GPU machine "
+            "type, or these replicas in workerPoolSpecs[3] (ENTRY on its own)"
+        )
+    return PoolShape(mt.name, None, 0, replicas)
+
+
+def runs_entry(pool: Mapping[str, Any]) -> bool:
+    """Whether the pool's replicas start gputrain's entry: a `plan --export` pool's
+    pythonModule, or the command its container starts the entry with."""
+    package = pool.get("pythonPackageSpec") or {}
+    command = (pool.get("containerSpec") or {}).get("command")
+    words = " ".join(map(str, command)) if isinstance(command, list) else ""
+    return package.get("pythonModule") == VERTEX_ENTRY or f"-m {VERTEX_ENTRY} " in words + " "

@@ -36,7 +36,7 @@ _REDUCER_RE = re.compile(r"(n1|n2)-(standard|highcpu|highmem)-([0-9]+)")
 #: The least upper bound on `reductionServer.replicas`: Vertex documents no limit, so as many as
 #: `nodes` may be (offers.MAX_NODES), or more where the bandwidth rule asks for more.
 MIN_MAX_REDUCERS = 64
-POOL_ROLES = ("chief", "workers", "reduction server", "evaluators")
+POOL_ROLES = ("chief", "workers", "parameter servers", "evaluators")  # pool 2: or reducers
 
 
 def reduction_server_image(region: str) -> str:
@@ -63,6 +63,11 @@ class PoolShape:
     accelerator: str | None  # catalog name (N1: attached); None for CPU-only
     gpus: int  # per replica
     replicas: int
+    reducers: bool = False  # pool 2 running Google's Reduction Server image
+
+    def role(self, index: int) -> str:
+        """What pool `index` of this shape is: chief, workers, reduction server, ..."""
+        return "reduction server" if self.reducers else POOL_ROLES[index]
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class ReductionServer:
     machine_type: str = DEFAULT_REDUCER_MACHINE
 
     def shape(self) -> PoolShape:
-        return PoolShape(self.machine_type, None, 0, self.replicas)
+        return PoolShape(self.machine_type, None, 0, self.replicas, reducers=True)
 
 
 @dataclass(frozen=True)
@@ -211,7 +216,7 @@ def stack_pool_shapes(
 def describe_shapes(shapes: list[tuple[int, PoolShape]]) -> str:
     """`1 x a2-highgpu-1g (chief) + 3 x a2-highgpu-8g (workers) + 4 x n1-highcpu-16 (reduction
     server)`: what the spending caps name."""
-    return " + ".join(f"{s.replicas} x {s.machine_type} ({POOL_ROLES[i]})" for i, s in shapes)
+    return " + ".join(f"{s.replicas} x {s.machine_type} ({s.role(i)})" for i, s in shapes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,9 +284,7 @@ def pool_rows(priced: list[PricedPool]) -> list[list[str]]:
         s = p.shape
         gpus = f"{s.gpus} x {s.accelerator}" if s.accelerator and s.gpus else "-"
         cost = f"unknown: {p.unpriced}" if p.hourly is None else f"${p.hourly:,.2f}/h"
-        rows.append(
-            [str(p.index), POOL_ROLES[p.index], s.machine_type, gpus, str(s.replicas), cost]
-        )
+        rows.append([str(p.index), s.role(p.index), s.machine_type, gpus, str(s.replicas), cost])
     known = [p.hourly for p in priced]
     total = "unknown" if None in known else f"${sum(h for h in known if h is not None):,.2f}/h"
     rows.append(["", "total", "", "", str(sum(p.shape.replicas for p in priced)), total])

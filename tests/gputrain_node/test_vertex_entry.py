@@ -93,6 +93,46 @@ def test_chief_and_three_workers_get_ranks_in_pool_order(task: str, index: int, 
     ]
 
 
+def test_an_evaluator_runs_its_entry_on_its_own_outside_the_trainers_world() -> None:
+    """A job file's pool 3 (evaluators, CPU or GPU): the entry refused it ("does not run the
+    trainer") once Vertex started it. It runs standalone, named evaluator-N (its mirror, its
+    log lines), and Vertex's rendezvous variables, which are the trainers', do not move it."""
+    cluster = json.loads(spec("workerpool0", 0, workers=2))["cluster"]
+    cluster["workerpool3"] = ["cmle-training-workerpool3-ab12-0:2222"] * 2
+    text = json.dumps({"cluster": cluster, "task": {"type": "workerpool3", "index": 1}})
+    placement = placement_from_env(
+        {"CLUSTER_SPEC": text, "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "23456"}
+    )
+    assert placement == Placement(1, 0, "127.0.0.1", 0, "workerpool3[1]", evaluator=1)
+    assert placement.replica == "evaluator-1"
+    assert [Placement(3, r, "c", 1).replica for r in (0, 2)] == ["chief", "worker-2"]
+    assert torchrun_argv(placement, 1, [], ("-m", "jobs.evaluate"))[3:] == [
+        "--nproc-per-node=1", "--standalone", "--nnodes=1", "-m", "jobs.evaluate",
+    ]  # fmt: skip
+    outside = text.replace('"index": 1', '"index": 2')
+    with pytest.raises(InputError, match="task index 2 is outside workerpool3's 2 replicas"):
+        parse_cluster_spec(outside)
+
+
+def test_the_reference_trainer_as_an_evaluator_is_one_line_before_torchrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It would train a model of its own, into the chief's AIP_CHECKPOINT_DIR."""
+    cluster = {"workerpool0": ["c:1"], "workerpool3": ["e:1"]}
+    text = json.dumps({"cluster": cluster, "task": {"type": "workerpool3", "index": 0}})
+    monkeypatch.setenv("CLUSTER_SPEC", text)
+    monkeypatch.setenv("GPUTRAIN_OUT", str(tmp_path / "out"))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(vertex_entry.subprocess, "Popen", None)
+    with pytest.raises(SystemExit) as e:
+        vertex_entry.main(["--preset", "tiny"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: ENTRY on workerpool3[0]: the reference trainer trains; an evaluator runs your "
+        "own -m MODULE or script.py"
+    ]
+
+
 def test_master_addr_and_port_override_the_spec_and_rank_world_size_stand_in_for_it() -> None:
     env = {
         "CLUSTER_SPEC": spec("workerpool1", 1, workers=2),

@@ -52,7 +52,7 @@ def test_each_start_of_a_replica_is_counted_and_its_files_come_back(
 ) -> None:
     uri = f"gs://{gcs.bucket_name}/runs/r1/out/"
     said: list[str] = []
-    first = ReplicaOutputs(tmp_path / "vm1", uri, 1, client=gcs.client(), say=said.append)
+    first = ReplicaOutputs(tmp_path / "vm1", uri, "worker-1", client=gcs.client(), say=said.append)
     assert first.restore() == 1
     assert said == [f"attempt 1: the out dir is mirrored to {uri}worker-1/"]
     assert gcs.names("runs/r1/out/") == [f"runs/r1/out/worker-1/{ATTEMPT_FILE}"]  # sent at once
@@ -60,12 +60,12 @@ def test_each_start_of_a_replica_is_counted_and_its_files_come_back(
     first.mirror.run_once(final=True, settle_s=0.01)
 
     said.clear()
-    again = ReplicaOutputs(tmp_path / "vm2", uri, 1, client=gcs.client(), say=said.append)
+    again = ReplicaOutputs(tmp_path / "vm2", uri, "worker-1", client=gcs.client(), say=said.append)
     assert again.restore() == 2  # a new disk: everything from the bucket, the count too
     assert (tmp_path / "vm2" / "model.bin").read_bytes() == b"weights"
     assert said == [f"attempt 2: restored 2 file(s) from {uri}worker-1/"]
     assert again.restore() == 3  # the same disk once more: nothing to fetch, still counted
-    chief = ReplicaOutputs(tmp_path / "vm3", uri, 0, client=gcs.client(), say=lambda s: None)
+    chief = ReplicaOutputs(tmp_path / "vm3", uri, "chief", client=gcs.client(), say=lambda s: None)
     assert chief.restore() == 1  # another replica: its own prefix
 
 
@@ -79,12 +79,15 @@ def test_resume_args_and_interval_are_checked_in_one_line(tmp_path: Path) -> Non
         resume_args({"GPUTRAIN_RESUME_ARGS": "--resume"})
     env = {"GPUTRAIN_OUT_URI": "gs://my-bucket/runs/r/out/", "GPUTRAIN_MIRROR_INTERVAL_S": "soon"}
     with pytest.raises(InputError, match="GPUTRAIN_MIRROR_INTERVAL_S 'soon': expected seconds"):
-        replica_outputs(env, tmp_path, 0, ("job.py",))
+        replica_outputs(env, tmp_path, "chief", ("job.py",))
     with pytest.raises(InputError, match="GPUTRAIN_OUT_URI"):
-        replica_outputs({"GPUTRAIN_OUT_URI": "/not/a/bucket"}, tmp_path, 0, ("job.py",))
+        replica_outputs({"GPUTRAIN_OUT_URI": "/not/a/bucket"}, tmp_path, "chief", ("job.py",))
     # the reference trainer uploads its own checkpoints; no URI, no mirror
-    assert replica_outputs({"GPUTRAIN_OUT_URI": "gs://my-bucket/o/"}, tmp_path, 0, TRAINER) is None
-    assert replica_outputs({}, tmp_path, 0, ("job.py",)) is None
+    assert (
+        replica_outputs({"GPUTRAIN_OUT_URI": "gs://my-bucket/o/"}, tmp_path, "chief", TRAINER)
+        is None
+    )
+    assert replica_outputs({}, tmp_path, "chief", ("job.py",)) is None
 
 
 def _replica(tmp_path: Path, vm: str, gcs: GcsEmulator, *args: str) -> subprocess.Popen[str]:

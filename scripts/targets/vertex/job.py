@@ -21,7 +21,13 @@ from typing import Any
 from gputrain_node import contract
 from infra import catalog, vertex
 from infra.base.errors import UserError
-from infra.vertex_pools import REDUCTION_SERVER_ENV, Chief, ReductionServer, reduction_server_image
+from infra.vertex_pools import (
+    REDUCTION_SERVER_ENV,
+    Chief,
+    ReductionServer,
+    is_reduction_server_image,
+    reduction_server_image,
+)
 from scripts.job.sync import check_size, collect_sources
 
 DEFAULT_PYTHON_MODULE = contract.VERTEX_ENTRY
@@ -204,13 +210,17 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
 
 
 def describe_pools(job_spec: Mapping[str, Any]) -> str:
-    """`1 x a2-highgpu-1g (chief) + 3 x a2-highgpu-1g (workers) + 4 x n1-highcpu-16 (reducers)`."""
-    roles = ("chief", "workers", "reducers", "evaluators")
-    parts = [
-        f"{pool.get('replicaCount', 1)} x {pool['machineSpec']['machineType']} ({roles[i]})"
-        for i, pool in enumerate(job_spec.get("workerPoolSpecs") or [])
-        if pool and i < len(roles)
-    ]
+    """`1 x a2-highgpu-1g (chief) + 3 x a2-highgpu-1g (workers) + 4 x n1-highcpu-16 (reducers)`;
+    pool 2 without Google's Reduction Server image is parameter servers."""
+    roles = ("chief", "workers", "parameter servers", "evaluators")
+    parts = []
+    for i, pool in enumerate(job_spec.get("workerPoolSpecs") or []):
+        if pool and i < len(roles):
+            image = str((pool.get("containerSpec") or {}).get("imageUri"))
+            role = "reducers" if i == 2 and is_reduction_server_image(image) else roles[i]
+            parts.append(
+                f"{pool.get('replicaCount', 1)} x {pool['machineSpec']['machineType']} ({role})"
+            )
     return " + ".join(parts)
 
 

@@ -195,7 +195,8 @@ def job_spec_for_run(
     image: str | None = None,
 ) -> dict[str, Any]:
     """The file's CustomJobSpec as this run submits it (see the module's docstring). `image`
-    (the stack's `build`, at its digest) replaces the training pools' containerSpec.imageUri."""
+    (the stack's `build`, at its digest) replaces containerSpec.imageUri of every pool but the
+    Reduction Server's."""
     text = json.dumps(doc)
     old = exported_run_id(doc)
     if old and old != run_id:
@@ -215,9 +216,12 @@ def job_spec_for_run(
 
 def replaced_fields(doc: Mapping[str, Any], *, service_account: str, build: str) -> list[str]:
     """What the stack sets over the file, for `plan` to say."""
-    out = (
-        [f"containerSpec.imageUri of pools 0, 1, 3 (the image built from {build})"] if build else []
-    )
+    out = []
+    if build:
+        out.append(
+            "containerSpec.imageUri of every pool but the Reduction Server's (the image built "
+            f"from {build})"
+        )
     if doc.get("baseOutputDirectory"):
         out.append("baseOutputDirectory (the run's directory in the stack's bucket)")
     if doc.get("serviceAccount") not in (None, "", service_account):

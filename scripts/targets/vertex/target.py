@@ -178,7 +178,7 @@ class VertexTarget(StackTarget[VertexClients, None]):
             ui.say(
                 "the job's price is these pools' total (the first table prices every node alike)"
             )
-        reducers = next((p for p in priced if p.index == 2 and not p.shape.gpus), None)
+        reducers = next((p for p in priced if p.shape.reducers), None)
         if reducers is not None:
             custom = bool(spec.build or spec.vertex_job_spec or self.environment_settings().image)
             for line in reduction_server_lines(

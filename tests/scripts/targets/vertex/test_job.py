@@ -260,6 +260,24 @@ def test_replica_prefixes() -> None:
     ]
 
 
+def test_the_submit_line_names_pool_2_by_what_it_runs() -> None:
+    """Pool 2 is Vertex's parameter servers or Reduction Server: a CPU pool of the user's own
+    image beside one GPU node was announced as "reducers"."""
+    from infra.vertex_pools import REDUCTION_SERVER_IMAGE
+
+    def pool(machine: str, image: str, replicas: int = 1) -> dict[str, object]:
+        return {"machineSpec": {"machineType": machine}, "replicaCount": replicas,
+                "containerSpec": {"imageUri": image}}  # fmt: skip
+
+    chief = pool("g2-standard-8", "r/p/train:1")
+    servers = {"workerPoolSpecs": [chief, {}, pool("n1-standard-8", "r/p/ps:1", 2)]}
+    assert vj.describe_pools(servers) == (
+        "1 x g2-standard-8 (chief) + 2 x n1-standard-8 (parameter servers)"
+    )
+    reducers = {"workerPoolSpecs": [chief, {}, pool("n1-highcpu-16", REDUCTION_SERVER_IMAGE)]}
+    assert vj.describe_pools(reducers).endswith("+ 1 x n1-highcpu-16 (reducers)")
+
+
 def test_log_cursor_asks_again_with_lookback_and_never_repeats_a_line() -> None:
     cursor = vj.LogCursor(since=_line(0, "").timestamp, lookback=dt.timedelta(seconds=10))
     assert cursor.filter("42") == (

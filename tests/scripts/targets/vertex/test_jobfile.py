@@ -66,7 +66,8 @@ _N1 = {"machineType": "n1-standard-8", "acceleratorType": "NVIDIA_TESLA_T4", "ac
         ("1.machineSpec", {**_N1, "acceleratorType": "NVIDIA_L4"}, "workerPoolSpecs[1].machineSpec.acceleratorType = 'NVIDIA_L4': n1-standard-8 (N1) can attach NVIDIA_TESLA_T4, NVIDIA_TESLA_V100, NVIDIA_TESLA_P100, NVIDIA_TESLA_P4"),
         ("1.machineSpec", {**_N1, "acceleratorCount": 3}, "workerPoolSpecs[1].machineSpec.acceleratorCount = 3: allowed for NVIDIA_TESLA_T4 on N1: 1, 2, 4"),
         ("1.machineSpec", {**_N1, "machineType": "n1-standard-96"}, "workerPoolSpecs[1].machineSpec.machineType = 'n1-standard-96': 1 x NVIDIA_TESLA_T4 allows at most 48 vCPUs and 312 GB (n1-standard-96 has 96 vCPUs, 360 GB)"),
-        ("1.machineSpec", {"machineType": "n1-highcpu-16"}, "workerPoolSpecs[1].machineSpec.machineType = 'n1-highcpu-16': no GPU; allowed: a GPU machine type, or acceleratorType and acceleratorCount set (a pool without GPUs: only the Reduction Server's, in workerPoolSpecs[2])"),
+        ("0.machineSpec", {"machineType": "n1-highcpu-16"}, "workerPoolSpecs[0].machineSpec.machineType = 'n1-highcpu-16': no GPU; allowed for the primary replica: a GPU machine type, or acceleratorType and acceleratorCount set (pools without GPUs: workerPoolSpecs[1] to [3])"),
+        ("1.machineSpec", {"machineType": "n1-highcpu-16", "acceleratorCount": 2}, "workerPoolSpecs[1].machineSpec.acceleratorType is empty: n1-highcpu-16 on Vertex needs an attached GPU: NVIDIA_TESLA_T4, NVIDIA_TESLA_V100, NVIDIA_TESLA_P100, NVIDIA_TESLA_P4"),
         ("2.machineSpec.acceleratorCount", 2, "workerPoolSpecs[2].machineSpec.acceleratorCount = 2: Reduction Server nodes use no GPUs; allowed: 0"),
     ],
 )  # fmt: skip
@@ -79,6 +80,75 @@ def test_a_pools_machine_problem_names_the_files_own_field(
     with pytest.raises(UserError) as e:
         check_job_spec(job_spec_with(f"workerPoolSpecs.{path}", value), "config.yaml")
     assert str(e.value) == f"config.yaml: {message}"
+
+
+_CPU = {
+    "machineSpec": {"machineType": "n1-standard-8"},
+    "containerSpec": {"imageUri": "r/p/eval:1"},
+}
+_CHIEF = JOB_SPEC["workerPoolSpecs"][0]
+_ENTRY = {"executorImageUri": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
+          "packageUris": ["gs://b/p.tar.gz"], "pythonModule": "gputrain_node.vertex_entry",
+          "args": ["-m", "jobs.evaluate"]}  # fmt: skip
+
+
+def test_pools_without_gpus_beside_the_chief_are_vertexs_roles_and_are_priced() -> None:
+    """Vertex runs CPU pools (parameter servers in pool 2, evaluators in pool 3, CPU workers):
+    all but the Reduction Server's were refused ("no GPU"). They are accepted where the price
+    data prices their machine type (N1), each named by its role, and priced in its row."""
+    doc = {"workerPoolSpecs": [_CHIEF, {**_CPU, "replicaCount": 2}, _CPU,
+                               {**_CPU, "machineSpec": {"machineType": "n1-highmem-16"}}]}  # fmt: skip
+    shapes = check_job_spec(doc, "c.yaml")
+    assert [(i, s.machine_type, s.accelerator, s.gpus, s.replicas) for i, s in shapes] == [
+        (0, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 1), (1, "n1-standard-8", None, 0, 2),
+        (2, "n1-standard-8", None, 0, 1), (3, "n1-highmem-16", None, 0, 1),
+    ]  # fmt: skip
+    rows = pool_rows(price_pools(shapes, "us-central1", spot=True))
+    assert [r[1] for r in rows] == ["chief", "workers", "parameter servers", "evaluators", "total"]
+    assert all(r[-1].startswith("$") for r in rows), rows
+    assert rows[3][3] == "-"  # GPUs per replica
+    # a parameter-server pool is no Reduction Server: one training node is fine beside it
+    assert len(check_job_spec({"workerPoolSpecs": [_CHIEF, {}, _CPU]}, "c.yaml")) == 2
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "message"),
+    [
+        ("e2-standard-8", "workerPoolSpecs[3].machineSpec.machineType = 'e2-standard-8': not in gputrain's price data (infra/prices.csv), so plan and the spending caps cannot price this pool (did you mean g2-standard-8 or g2-standard-48 or n1-standard-8?); allowed without GPUs: n1-standard-4..96, n1-highmem-*, n1-highcpu-16..96, or a GPU machine type"),
+        ("n2-standard-8", "= 'n2-standard-8': not in gputrain's price data (infra/prices.csv), so plan and the spending caps cannot price this pool"),
+        ("n1-standard-2", "workerPoolSpecs[3].machineSpec.machineType = 'n1-standard-2': Vertex AI custom training does not run it; allowed without GPUs: n1-standard-4..96"),
+        ("", "workerPoolSpecs[3].machineSpec.machineType = '': not in gputrain's price data"),
+    ],
+)  # fmt: skip
+def test_a_pool_without_gpus_the_caps_cannot_price_says_so(machine_type: str, message: str) -> None:
+    """The spending caps count every pool: a CPU machine type the price data lacks (it lists GPU
+    machine types and the N1 hosts) is refused for that reason, not as "unknown"."""
+    cpu = {**_CPU, "machineSpec": {"machineType": machine_type}}
+    with pytest.raises(UserError) as e:
+        check_job_spec({"workerPoolSpecs": [_CHIEF, {}, {}, cpu]}, "c.yaml")
+    assert str(e.value).startswith("c.yaml: workerPoolSpecs[3].machineSpec.machineType = ")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("pools", "message"),
+    [
+        ([_CHIEF, {**_CPU, "pythonPackageSpec": _ENTRY, "containerSpec": None}], "workerPoolSpecs[1].machineSpec.machineType = 'n1-standard-8': no GPU, and the pool runs gputrain's entry (gputrain_node.vertex_entry), which joins pool 1 to the chief's torchrun world of GPU processes; allowed: a GPU machine type, or these replicas in workerPoolSpecs[3] (ENTRY on its own)"),
+        ([_CHIEF, {}, {**_CPU, "pythonPackageSpec": _ENTRY, "containerSpec": None}], "workerPoolSpecs[2]: runs gputrain's entry (gputrain_node.vertex_entry), which has no parameter-server role (its torchrun world is pools 0 and 1); allowed: your own container or pythonModule there, or these replicas in workerPoolSpecs[3] (ENTRY on its own)"),
+        ([_CHIEF, {}, {**_CHIEF, "containerSpec": {"imageUri": "i", "command": ["sh", "-c", "exec python3 -m gputrain_node.vertex_entry \"$@\"", "gputrain"]}}], "workerPoolSpecs[2]: runs gputrain's entry"),
+    ],
+)  # fmt: skip
+def test_gputrains_entry_on_a_pool_it_cannot_run_is_one_line(pools: Any, message: str) -> None:
+    """gputrain's entry starts torchrun's world on pools 0 and 1, and an evaluator (pool 3) on
+    its own; on pool 2 it stopped on Vertex ("does not run the trainer"), and a CPU pool 1 joins
+    GPU ranks: both were submitted."""
+    doc = {"workerPoolSpecs": [{k: v for k, v in p.items() if v is not None} for p in pools]}
+    with pytest.raises(UserError) as e:
+        check_job_spec(doc, "c.yaml")
+    assert str(e.value).startswith(f"c.yaml: {message}")
+    evaluator = {**_CPU, "pythonPackageSpec": _ENTRY}
+    del evaluator["containerSpec"]
+    assert len(check_job_spec({"workerPoolSpecs": [_CHIEF, {}, {}, evaluator]}, "c.yaml")) == 2
 
 
 _EVALUATORS = {**JOB_SPEC["workerPoolSpecs"][1], "replicaCount": 1}

@@ -15,6 +15,7 @@ import yaml
 
 from infra.base.errors import UserError
 from infra.spec import parse_spec
+from infra.vertex_jobspec import check_job_spec
 from infra.vertex_pools import REDUCTION_SERVER_IMAGE, price_pools
 from scripts.targets.vertex.job import JobRequest, custom_job_body
 from scripts.targets.vertex.preflight import aiplatform_problem
@@ -272,6 +273,92 @@ def test_export_round_trips_through_vertex_job_spec(
     assert "answer 42 from rank 1" in out
     assert f"gs://{BUCKET}/runs/{second}/" in json.dumps(w.created()[1])
     assert_torn_down(w)
+
+
+_EVALUATE = (  # the user's evaluator: its own world (rank 0 of 1), its own out dir
+    "import os\nfrom pathlib import Path\n"
+    "print(f\"evaluated: rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\", flush=True)\n"
+    "out = Path(os.environ['GPUTRAIN_OUT']); out.mkdir(parents=True, exist_ok=True)\n"
+    "(out / 'eval.txt').write_text('ok')\n"
+)
+
+
+def test_a_cpu_evaluator_pool_is_priced_counted_by_the_caps_and_runs_on_its_own(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job file's pool without GPUs beside the GPU trainers (pool 3, evaluators on
+    n1-standard-4) was refused ("no GPU ... only the Reduction Server's"), and gputrain's entry
+    stopped on pool 3 ("does not run the trainer"). An export with an evaluator added runs end
+    to end: `plan` prices the pool and the caps count it; its replica runs ENTRY on its own, not
+    in the trainers' torchrun world, its out dir mirrored as evaluator-0; the chief alone copies
+    to AIP_MODEL_DIR."""
+    w = world()
+    (Path.cwd() / "jobs" / "evaluate.py").write_text(_EVALUATE)
+    exported = w.settings.root / "job.yaml"
+    assert (
+        w.run("plan", "--stack", "vtest", "--export", str(exported), "--", "-m", "jobs.answer") == 0
+    )
+    doc = yaml.safe_load(exported.read_text())
+    evaluator = json.loads(json.dumps(doc["workerPoolSpecs"][1]))
+    evaluator["machineSpec"] = {"machineType": "n1-standard-4"}
+    evaluator["pythonPackageSpec"]["args"] = ["-m", "jobs.evaluate"]
+    doc["workerPoolSpecs"] += [{}, evaluator]
+    exported.write_text(yaml.safe_dump(doc))
+    shapes = [(0, "g2-standard-8", 1), (1, "g2-standard-8", 1), (3, "n1-standard-4", 1)]
+    priced = price_pools(check_job_spec(doc, "job.yaml", spot=True), "us-central1", spot=True)
+    assert [(p.index, p.shape.machine_type, p.shape.replicas) for p in priced] == shapes
+    total = sum(p.hourly or 0 for p in priced)
+    assert priced[2].hourly and total > priced[2].hourly > 0
+    capsys.readouterr()
+
+    _stack(
+        w, f"  gputrain:vertexJobSpec: job.yaml\n  gputrain:maxHourlyCost: '{total - 0.001:.4f}'\n"
+    )
+    assert w.run("plan", "--stack", "vtest") == 2  # the GPU pools alone would fit under it
+    assert "+ 1 x n1-standard-4 (evaluators) (spot) costs up to" in capsys.readouterr().err
+    _stack(w, f"  gputrain:vertexJobSpec: job.yaml\n  gputrain:maxHourlyCost: '{total + 1:.2f}'\n")
+    assert w.run("plan", "--stack", "vtest") == 0
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if "evaluators" in line]
+    assert "n1-standard-4" in row and "$" in row
+    assert f"Caps: maxHourlyCost ${total + 1:,.2f}/h >= ${total:,.2f}/h" in out
+
+    rc = w.run("run", "--stack", "vtest", "--yes", "--skip-preflight")
+    out, err = capsys.readouterr()
+    assert rc == 0, out[-3000:] + err[-2000:]
+    assert "1 x n1-standard-4 (evaluators)" in out
+    assert "[evaluator-0] evaluated: rank 0 of 1" in out
+    assert "answer 42 from rank 0" in out and "answer 42 from rank 1" in out
+    started = w.replicas.outputs["workerpool3-0"]
+    assert any("workerpool3[0] is evaluator-0 on its own" in line for line in started), started
+    assert (w.run_dir / "out" / "evaluator-0" / "eval.txt").read_text() == "ok"
+    assert not any(p.name == "eval.txt" for p in (w.run_dir / "model").rglob("*"))
+    assert (w.run_dir / "model" / "answer.txt").is_file()  # the chief's
+    assert_torn_down(w)
+
+
+def test_a_parameter_server_pool_is_priced_as_such_and_is_no_reduction_server(
+    world: Callable[..., World], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pool 2 without Google's Reduction Server image, on CPUs: refused ("no GPU"), and
+    beside one training node it would have been "a Reduction Server, but pools 0 and 1 hold 1
+    node". `plan` prices it as parameter servers and says nothing of Reduction Server."""
+    w = world()
+    chief = {
+        "machineSpec": {"machineType": "g2-standard-8"},
+        "containerSpec": {"imageUri": "r/t:1"},
+    }
+    servers = {"machineSpec": {"machineType": "n1-highmem-8"}, "replicaCount": 2,
+               "containerSpec": {"imageUri": "r/ps:1"}}  # fmt: skip
+    (w.settings.root / "job.yaml").write_text(
+        yaml.safe_dump({"workerPoolSpecs": [chief, {}, servers]})
+    )
+    _stack(w, "  gputrain:vertexJobSpec: job.yaml\n")
+    assert w.run("plan", "--stack", "vtest") == 0
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if "parameter servers" in line]
+    assert "n1-highmem-8" in row and "$" in row
+    assert "Reduction Server" not in out and "reduction server" not in out
 
 
 def test_an_export_to_a_directory_or_to_no_name_is_one_line(
