@@ -38,19 +38,33 @@ def key_file_problem() -> str | None:
     return None
 
 
+def refused(e: BaseException) -> bool:
+    """Google's token endpoint refused the credentials for good (a RefreshError such as
+    "invalid_grant: Token has been expired or revoked"), not a token endpoint that did not answer
+    or answered "try again" (retryable): the user's setup to fix, as missing credentials are."""
+    from google.auth.exceptions import RefreshError, TransportError
+
+    return (
+        isinstance(e, RefreshError)
+        and not e.retryable
+        and not isinstance(e.__cause__, TransportError)
+    )
+
+
 def credentials_error(
     what: str, e: BaseException, make: Callable[[str], GputrainError]
 ) -> GputrainError:
-    """The one line for "no credentials" (`what` first): the bad key file GOOGLE_APPLICATION_CREDENTIALS
-    names, else the library's reason and ADC_FIX. Both are the user's setup to fix (exit 2, as the
-    doctor's failed credentials row stops `up`); any other failure to build a client exits 1."""
+    """The one line for "no credentials" or refused ones (`what` first): the bad key file
+    GOOGLE_APPLICATION_CREDENTIALS names, else the library's reason and ADC_FIX. Both are the
+    user's setup to fix (exit 2, as the doctor's failed credentials row stops `up`); any other
+    failure to build a client exits 1."""
     from google.auth.exceptions import DefaultCredentialsError
 
     problem = key_file_problem()
     if problem is None:
         said = str(e.args[0] if e.args else e).strip().splitlines() or [""]
         error = make(f"{what} ({type(e).__name__}: {said[0]}); {ADC_FIX}")
-        if not isinstance(e, DefaultCredentialsError):
+        if not isinstance(e, DefaultCredentialsError) and not refused(e):
             return error
     else:
         error = make(f"{what}: {problem}: fix or unset it")
@@ -130,8 +144,12 @@ def call(label: str, fn: Callable[[], Any], *, not_found: Any = ...) -> Any:
             reason=_reason(e),
         ) from e
     except (auth_exc.RefreshError, auth_exc.DefaultCredentialsError) as e:  # refused, expired
-        raise GoogleApiError(
-            f"{label}: the credentials were refused ({e})", credentials=True
+        if isinstance(e, auth_exc.RefreshError) and not refused(e):  # the token endpoint's 5xx
+            raise GoogleApiError(f"{label}: cannot reach it ({unreachable(e)})") from e
+        raise credentials_error(
+            f"{label}: the credentials were refused",
+            e,
+            lambda m: GoogleApiError(m, credentials=True),
         ) from e
     except (auth_exc.GoogleAuthError, OSError) as e:  # the network (requests' errors too)
         raise GoogleApiError(f"{label}: cannot reach it ({e})") from e

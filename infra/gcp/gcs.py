@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.base.errors import GputrainError
-from infra.gcp.api import bounded, credentials_error, unreachable
+from infra.gcp.api import bounded, credentials_error, refused, unreachable
 
 
 class StorageApiError(GputrainError):
@@ -89,6 +89,10 @@ class StorageApi:
 
             if not isinstance(e, auth_exc.GoogleAuthError):
                 raise
+            if refused(e):  # an expired login: the user's setup, as no credentials are
+                raise credentials_error(
+                    f"Cloud Storage {what}: the credentials were refused", e, StorageApiError
+                ) from e
             raise StorageApiError(f"Cloud Storage {what}: {type(e).__name__}: {e}") from e
 
     def list_buckets(self, project: str) -> list[BucketInfo]:

@@ -92,9 +92,10 @@ def list_prefix(d: Dataset, client: Any, *, deadline_s: float = LIST_DEADLINE_S)
     """The prefix's objects and bytes; one line (UserError) when it does not exist, is empty or
     cannot be listed with these credentials."""
     from google.api_core import exceptions as gexc
+    from google.auth.exceptions import GoogleAuthError
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    from infra.gcp.api import unreachable
+    from infra.gcp.api import credentials_error, refused, unreachable
 
     where = f"data {d.name} ({d.uri})"
     retry = DEFAULT_RETRY.with_deadline(deadline_s)  # the client's own: 120 s, then a traceback
@@ -113,7 +114,11 @@ def list_prefix(d: Dataset, client: Any, *, deadline_s: float = LIST_DEADLINE_S)
         ) from None
     except gexc.GoogleAPICallError as e:
         raise UserError(f"{where}: cannot be listed: {e.code} {e.message}") from None
-    except (gexc.GoogleAPIError, OSError) as e:  # RetryError, a refused connection
+    except (gexc.GoogleAPIError, OSError, GoogleAuthError) as e:  # RetryError, refused, a token
+        if refused(e):  # an expired login
+            raise credentials_error(
+                f"{where}: the credentials were refused", e, UserError
+            ) from None
         raise UserError(
             f"{where}: Cloud Storage did not answer ({unreachable(e)}); check this machine's "
             "network or proxy and run again"

@@ -29,6 +29,7 @@ from scripts.targets.gce.clients import GceClients
 from scripts.targets.gce.target import ttl_left_s
 from tests.support import JOBS, ROOT
 from tests.support.fake_compute import FakeCompute
+from tests.support.fake_gcp_admin import FakeGcpAdmin
 from tests.support.fake_pubsub import FakePubSub
 from tests.support.fake_stack import FakeStackRunner
 
@@ -255,6 +256,41 @@ def test_no_credentials_is_the_users_setup_one_line_and_exit_2(
     line = _one_line_error(capsys.readouterr().err)
     assert "client (DefaultCredentialsError: " in line and line.endswith(
         "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["sweep"],
+        ["cost", "--billing", "my-proj.billing.gcp_billing_export_v1_01"],
+        ["reconcile"],
+    ],
+)
+@pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
+def test_an_expired_login_is_the_users_setup_one_line_and_exit_2(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A login whose refresh token Google refuses (expired or revoked): as no credentials, one
+    line naming the refusal and the login to run, exit 2, no traceback."""
+    monkeypatch.delenv("GPUTRAIN_BIGQUERY_ENDPOINT", raising=False)
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a metadata server
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
+    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name=s), retry_pause_s=0)
+    cli = Cli(Settings(tmp_path, tmp_path / "runs"), gce)
+    with FakeGcpAdmin() as admin:
+        admin.expired_login(monkeypatch, tmp_path)
+        assert cli.main([*argv, "--stack", "lab"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert line.endswith(
+        ": the credentials were refused (RefreshError: invalid_grant: Token has been expired or "
+        "revoked.); run `gcloud auth application-default login` or set "
+        "GOOGLE_APPLICATION_CREDENTIALS"
     )
 
 

@@ -1,7 +1,8 @@
 """A local fake of the Google APIs `gputrain doctor` calls besides Compute: Cloud Resource Manager v3
 (projects.get, projects.testIamPermissions), Service Usage v1 (services:batchGet) and the OAuth 2.0
 token endpoint that Application Default Credentials refresh against (the `token_uri` of a
-service-account key file; the JWT's RS256 signature is checked).
+service-account key file; the JWT's RS256 signature is checked; a login's refresh token is refused
+as expired or revoked).
 
 It speaks the real REST paths and JSON shapes, including Google's error bodies (`status`, and an
 ErrorInfo in `details` with the reason, e.g. SERVICE_DISABLED), so the production clients
@@ -118,6 +119,30 @@ class FakeGcpAdmin(FakeHttpServer):
         )
         return path
 
+    def expired_login(self, monkeypatch: Any, directory: Path) -> Path:
+        """This process logged in with `gcloud auth application-default login` (an authorized_user
+        file, GOOGLE_APPLICATION_CREDENTIALS names it) long ago: its refresh token is expired or
+        revoked, and this server refuses it as Google does. google-auth sends a login's refresh
+        to Google's token endpoint whatever the file says, so that is pointed here."""
+        monkeypatch.setattr(
+            "google.oauth2.credentials._GOOGLE_OAUTH2_TOKEN_ENDPOINT", f"{self.url}/token"
+        )
+        monkeypatch.setenv("CLOUDSDK_CONFIG", str(directory / "gcloud"))  # no real gcloud login
+        monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)  # else anonymous credentials
+        path = directory / "adc-login.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "type": "authorized_user",
+                    "client_id": "32555940559.apps.googleusercontent.com",
+                    "client_secret": "test-secret",
+                    "refresh_token": "1//0gexpired",
+                }
+            )
+        )
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+        return path
+
     # -- HTTP
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
@@ -201,7 +226,12 @@ class FakeGcpAdmin(FakeHttpServer):
 
     def _token(self, form: dict[str, list[str]]) -> tuple[int, Any]:
         """The JWT-bearer grant of a service-account key: the assertion must be signed by a key
-        the server knows (RS256), as Google checks it."""
+        the server knows (RS256), as Google checks it. A login's refresh token: expired."""
+        if form.get("grant_type") == ["refresh_token"]:
+            return 400, {
+                "error": "invalid_grant",
+                "error_description": "Token has been expired or revoked.",
+            }
         if form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"]:
             return 400, {
                 "error": "unsupported_grant_type",

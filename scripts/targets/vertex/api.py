@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.base.errors import GputrainError
-from infra.gcp.api import bounded, credentials_error
+from infra.gcp.api import bounded, credentials_error, refused
 from scripts.targets.vertex.job import (
     JobStatus,
     LogCursor,
@@ -149,6 +149,12 @@ class VertexApi:
         except OSError as e:  # requests' ConnectionError and timeouts derive from it
             where = self.logging_endpoint if api == "logging" else self.api_endpoint
             raise VertexApiError(f"{what}: cannot reach {where}: {_one_line(e)}") from e
+        except Exception as e:  # google.auth's: an expired login is the user's setup to fix
+            if not refused(e):
+                raise
+            raise credentials_error(
+                f"{what}: the credentials were refused", e, VertexApiError
+            ) from e
 
     # -- jobs
 

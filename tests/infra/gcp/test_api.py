@@ -15,9 +15,9 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from infra.base.errors import EXIT_BAD_INPUT
+from infra.base.errors import EXIT_BAD_INPUT, EXIT_FAILED
 from infra.gcp import bounded_http
-from infra.gcp.api import GoogleApiError, authorized_session, build_client, call
+from infra.gcp.api import ADC_FIX, GoogleApiError, authorized_session, build_client, call
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi, StorageApiError
 from infra.gcp.iam import IamApi
@@ -72,6 +72,43 @@ def test_a_bad_key_file_is_named_not_a_login(
     assert str(built.value) == f"cannot build a Compute Engine client: {line}"
     assert str(storage.value) == f"cannot build a Cloud Storage client: {line}"
     assert {e.value.exit_code for e in (rest, built, storage)} == {EXIT_BAD_INPUT}
+
+
+@pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
+def test_an_expired_login_is_the_users_setup_in_every_adapter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A login whose refresh token Google refuses (expired or revoked) is fixed as no credentials
+    are: one line naming the refusal and ADC_FIX, exit 2, in every adapter."""
+    refusal = "the credentials were refused (RefreshError: invalid_grant: Token has been expired"
+    with FakeGcpAdmin() as admin:
+        admin.expired_login(monkeypatch, tmp_path)
+        with pytest.raises(GoogleApiError) as rest:
+            IamApi().service_accounts("p")
+        with pytest.raises(GoogleApiError) as built:
+            ComputeApi().machine_type("p", "z", "m")
+        with pytest.raises(StorageApiError) as storage:
+            StorageApi("p").bucket_exists("b")
+    for e, label in (
+        (rest, "IAM serviceAccounts.list"),
+        (built, "Compute API machineTypes.get z/m"),
+        (storage, "Cloud Storage buckets.get b"),
+    ):
+        assert str(e.value).startswith(f"{label}: {refusal} or revoked.); ")
+        assert str(e.value).endswith(f"; {ADC_FIX}") and e.value.exit_code == EXIT_BAD_INPUT
+    assert rest.value.credentials and built.value.credentials
+
+
+def test_a_token_endpoint_that_says_try_again_is_not_the_users_setup() -> None:
+    """A refresh Google may answer next time (a 5xx of the token endpoint: retryable) is the
+    network's one line, exit 1, never a login to run."""
+    from google.auth.exceptions import RefreshError
+
+    error = RefreshError("internal_failure: try again", retryable=True)
+    with pytest.raises(GoogleApiError) as e:
+        call("compute zones.list", lambda: _raise(error))
+    assert str(e.value).startswith("compute zones.list: cannot reach it (RefreshError: internal")
+    assert e.value.exit_code == EXIT_FAILED and ADC_FIX not in str(e.value)
 
 
 def test_a_test_server_never_gets_credentials() -> None:

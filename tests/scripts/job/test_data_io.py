@@ -21,11 +21,13 @@ from scripts.job.data_io import (
     list_prefix,
     parse_fetch_result,
     stage_data,
+    storage_client,
 )
 from scripts.job.gcsfuse import build_mount_command, gcsfuse_install_script
 from scripts.job.node_scripts import build_node_command
 from scripts.job.records import Job
 from scripts.transport.base import TransportError
+from tests.support.fake_gcp_admin import FakeGcpAdmin
 from tests.support.gcs_emulator import GcsEmulator
 
 DATASETS = parse_datasets({"train": "gs://b-1/owt", "web": "gs://b-2/fw/10B:mount"})
@@ -311,4 +313,23 @@ def test_a_cloud_storage_that_does_not_answer_is_one_line_within_the_deadline() 
     text = str(e.value)
     assert (
         text.startswith("data d (gs://bkt/x/): Cloud Storage did not answer (") and "\n" not in text
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
+def test_an_expired_login_is_one_line_naming_the_login_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A login Google refuses (expired or revoked refresh token) while a dataset is listed: the
+    user's setup, one line with the login to run, never google-auth's RefreshError."""
+    (dataset,) = parse_datasets({"d": "gs://bkt/x"}, "data")
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")  # gcloud's project, as a login has one
+    with FakeGcpAdmin() as admin:
+        admin.expired_login(monkeypatch, tmp_path)
+        with pytest.raises(UserError) as e:
+            list_prefix(dataset, storage_client(), deadline_s=2)
+    assert str(e.value) == (
+        "data d (gs://bkt/x/): the credentials were refused (RefreshError: invalid_grant: Token "
+        "has been expired or revoked.); run `gcloud auth application-default login` or set "
+        "GOOGLE_APPLICATION_CREDENTIALS"
     )

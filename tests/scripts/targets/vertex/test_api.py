@@ -10,9 +10,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from infra.base.errors import EXIT_BAD_INPUT
 from infra.gcp import bounded_http
 from scripts.targets.vertex import job as vj
 from scripts.targets.vertex.api import (
@@ -23,6 +25,7 @@ from scripts.targets.vertex.api import (
     VertexQuotaError,
 )
 from tests.support import ROOT
+from tests.support.fake_gcp_admin import FakeGcpAdmin
 from tests.support.fake_http import unreachable_endpoint
 from tests.support.fake_vertex import PROJECT, PROJECT_NUMBER, FakeVertex, RunContext
 
@@ -347,6 +350,33 @@ def test_missing_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch) -> No
             "cannot build a Google API client: GOOGLE_APPLICATION_CREDENTIALS="
             "/nonexistent/gputrain-creds.json is missing: fix or unset it"
         )
+
+
+@pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
+def test_an_expired_login_is_the_users_setup_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A login Google refuses (expired or revoked refresh token), for either client: one line
+    with the login to run, exit 2, never google-auth's RefreshError."""
+    real = VertexApi(PROJECT, REGION)
+    job = f"projects/{PROJECT_NUMBER}/locations/{REGION}/customJobs/1"
+    with FakeGcpAdmin() as admin:
+        admin.expired_login(monkeypatch, tmp_path)
+        for what, call in (
+            (f"Vertex AI get job {job}", lambda: real.get_job(job)),
+            (
+                "Cloud Logging read logs of Vertex job 42",
+                lambda: real.log_lines("42", vj.LogCursor()),
+            ),
+        ):
+            with pytest.raises(VertexApiError) as e:
+                call()
+            assert str(e.value) == (
+                f"{what}: the credentials were refused (RefreshError: invalid_grant: Token has "
+                "been expired or revoked.); run `gcloud auth application-default login` or set "
+                "GOOGLE_APPLICATION_CREDENTIALS"
+            )
+            assert e.value.exit_code == EXIT_BAD_INPUT
 
 
 # ---- import cost --------------------------------------------------------------------------------
