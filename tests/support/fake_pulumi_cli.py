@@ -1,7 +1,8 @@
 """A `pulumi` shell script standing in for the CLI under the real adapter and Automation API, for
 what only real processes show: a pulumi that hangs, what a Ctrl-C reaches, what is left running.
 It logs every argv, answers `version`, `stack select`, `stack output` and `stack history` like the
-CLI, and runs a test's shell body for `up`, `refresh` or `destroy` (exit 0 where none is given)."""
+CLI, and runs a test's shell body for `up`, `refresh`, `destroy` or `cancel` (exit 0 where none is
+given)."""
 
 from __future__ import annotations
 
@@ -41,19 +42,27 @@ case "$1 $2" in
   "up "*) __UP__;;
   "refresh "*) __REFRESH__;;
   "destroy "*) __DESTROY__;;
+  "cancel "*) __CANCEL__;;
 esac
 """
 
 
 def fake_pulumi(
-    bin_dir: Path, log: Path, *, up: str = ":", refresh: str = ":", destroy: str = ":"
+    bin_dir: Path,
+    log: Path,
+    *,
+    up: str = ":",
+    refresh: str = ":",
+    destroy: str = ":",
+    cancel: str = ":",
 ) -> Path:
     """`bin_dir/pulumi` (put bin_dir first on PATH); each verb's body is shell, e.g.
     `echo $$ >> PIDS; sleep 60 & echo $! >> PIDS; wait` for one that hangs."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "pulumi"
     text = SCRIPT.replace("__LOG__", str(log)).replace("__HISTORY__", json.dumps(HISTORY))
-    for verb, body in (("__UP__", up), ("__REFRESH__", refresh), ("__DESTROY__", destroy)):
+    verbs = (("__UP__", up), ("__REFRESH__", refresh), ("__DESTROY__", destroy))
+    for verb, body in (*verbs, ("__CANCEL__", cancel)):
         text = text.replace(verb, body)
     script.write_text(text)
     script.chmod(0o755)
@@ -80,6 +89,18 @@ def wait_until_gone(pids: Path, within_s: float = 5.0) -> list[int]:
     while (left := running(pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+def locking(lock: Path) -> dict[str, str]:
+    """Verb bodies for a stack lock as Pulumi's file backend keeps it in `lock`: `up` takes it (a
+    body after it, e.g. hanging(...), runs while it is held), `refresh` and `destroy` refuse
+    while it is there, as the CLI does, and `cancel` removes it."""
+    refused = (
+        "error: the stack is currently locked by 1 lock(s). Either wait for the other "
+        "process(es) to end or delete the lock file with pulumi cancel."
+    )
+    held = f'if [ -e "{lock}" ]; then echo "{refused}" >&2; exit 255; fi'
+    return {"up": f'touch "{lock}"', "refresh": held, "destroy": held, "cancel": f'rm "{lock}"'}
 
 
 def kill_all(pids: Path) -> None:

@@ -185,6 +185,7 @@ class FakeStackRunner:
     destroy_failures: int = 0  # the next N destroys raise
     leak_on_destroy: set[str] = field(default_factory=set)  # instance names destroy leaves behind
     locked: bool = False  # an update whose process died holds the lock until `cancel`
+    own_lock: bool = False  # that update was ours, killed by gputrain (left_own_lock)
     # With a storage emulator (STORAGE_EMULATOR_HOST): `up` creates this bucket, labelled, and
     # `destroy` deletes it — refusing while it holds objects, as the provider does without
     # force_destroy. None: the stack has no bucket (as stacks made before there was one).
@@ -367,6 +368,10 @@ class FakeStackRunner:
     def cancel(self) -> None:
         self.calls.append(("cancel",))
         self.locked = False
+
+    def left_own_lock(self) -> bool:
+        own, self.own_lock = self.own_lock, False
+        return own
 
     def _check_lock(self) -> None:
         """As PulumiStackRunner maps the CLI's ConcurrentUpdateError."""

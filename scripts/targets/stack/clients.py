@@ -165,6 +165,7 @@ class StackRunner(Protocol):
     def refresh(self, on_output: OnOutput | None = None) -> None: ...
     def destroy(self, on_output: OnOutput | None = None, *, keep: Sequence[str] = ()) -> None: ...
     def cancel(self) -> None: ...
+    def left_own_lock(self) -> bool: ...
 
 
 # Lines worth showing in a one-line summary of a failed Pulumi run, most specific first.
@@ -223,6 +224,7 @@ class PulumiStackRunner:
             from pulumi import automation as auto
 
             command = self._pulumi_command or self._run("version", self._checked_command)
+            self._pulumi_command = command  # its `release` after a kill (left_own_lock)
             opts = auto.LocalWorkspaceOptions(
                 work_dir=str(self.work_dir),
                 env_vars=self._env or None,
@@ -397,6 +399,12 @@ class PulumiStackRunner:
     def cancel(self) -> None:
         stack = self._stack()
         self._run("cancel", stack.cancel)
+
+    def left_own_lock(self) -> bool:
+        """gputrain killed a pulumi of ours in an update (pulumi_process.py): a lock on the stack
+        now is the one it left, ours to clear; pulumi may start again to clear it and destroy."""
+        release = getattr(self._pulumi_command, "release", None)  # a test's command may lack it
+        return bool(release and release())
 
 
 def pulumi_line(line: str) -> None:

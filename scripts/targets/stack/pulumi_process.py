@@ -7,8 +7,9 @@ Interrupted (Ctrl-C, SIGTERM: `Interrupted` from the run's SignalGuard), pulumi 
 own graceful cancel: it finishes the operations in flight, records them and lets go of the stack's
 lock, so the teardown that follows destroys them. A further interruption, or the user's "stop
 waiting" (StoppedWaiting, a KeyboardInterrupt), ends it sooner: SIGINT, then SIGKILL to its
-process group. Pulumi's plugins are in that group; nothing else is. Light to import: the SDK only
-inside `run`."""
+process group. Pulumi's plugins are in that group; nothing else is. A pulumi killed in an update
+(up, refresh, destroy) leaves the stack's lock behind: that lock is gputrain's own, and the
+teardown that follows clears it (`release`). Light to import: the SDK only inside `run`."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ DEFAULT_SILENCE_S = 1800.0
 STOP_GRACE_S = 10.0  # SIGINT to SIGKILL, when pulumi is stuck or the user stops waiting
 NOTE_EVERY_S = 300.0  # a line while pulumi is silent, so a long wait is never a blank screen
 READERS_JOIN_S = 5.0  # pulumi has ended: the rest of its output, unless something holds the pipe
+UPDATES = ("up", "refresh", "destroy")  # the verbs gputrain runs that hold the stack's lock
 
 
 def pulumi_silence_s(environ: Mapping[str, str] = os.environ) -> float:
@@ -53,12 +55,12 @@ def _duration(seconds: float) -> str:
     return format_duration(max(1, round(seconds)))
 
 
-def _what(args: list[str]) -> tuple[str, str]:
-    """('pulumi destroy of stack S', 'S') from the argv the SDK built."""
+def _what(args: list[str]) -> tuple[str, str, str]:
+    """('pulumi destroy of stack S', 'destroy', 'S') from the argv the SDK built."""
     words = [a for a in args if a != "--non-interactive"]
     verb = " ".join(words[:2] if words and words[0] in ("stack", "config") else words[:1])
     stack = words[words.index("--stack") + 1] if "--stack" in words[:-1] else "?"
-    return f"pulumi {verb} of stack {stack}", stack
+    return f"pulumi {verb} of stack {stack}", verb, stack
 
 
 class _Silent(Exception):
@@ -122,7 +124,8 @@ class WatchedPulumiCommand:
         self.command = command
         self.version = version
         self.silence_s = silence_s
-        self.stuck: str | None = None  # a pulumi that would not end: none is started again
+        self.stuck: str | None = None  # a pulumi that would not end: none is started again...
+        self.own_lock = False  # ...until `release`: it was killed in an update, holding the lock
 
     def run(
         self,
@@ -135,7 +138,7 @@ class WatchedPulumiCommand:
         from pulumi.automation import CommandResult
         from pulumi.automation.errors import create_command_error
 
-        what, stack = _what(args)
+        what, verb, stack = _what(args)
         if self.stuck is not None:
             raise PulumiStuckError(f"{what} not started: {self.stuck}")
         end = args.index("--") if "--" in args else len(args)
@@ -173,10 +176,14 @@ class WatchedPulumiCommand:
             )
             if killed:
                 self.stuck = "an earlier pulumi of this command was stuck (said above)"
-                line += (
-                    "; it did not answer its own cancel and was killed, so the stack may stay "
-                    f"locked until `gputrain down --stack {stack}` clears it (pulumi cancel)"
-                )
+                line += "; it did not answer its own cancel and was killed"
+                if verb in UPDATES:  # pulumi lets go of the stack's lock as it ends, not killed
+                    self.own_lock = True
+                    line += (
+                        ", so the stack may stay locked until a teardown clears it (pulumi "
+                        f"cancel): the one that follows in this command, or `gputrain down "
+                        f"--stack {stack}`"
+                    )
             raise PulumiStuckError(line) from None
         except Exception:  # Interrupted: pulumi's own cancel, then the caller's teardown
             ui.warn(f"{what}: stopping after the operations in flight (Ctrl-C again: at once)")
@@ -195,6 +202,15 @@ class WatchedPulumiCommand:
         if process.returncode != 0:
             raise create_command_error(result)
         return result
+
+    def release(self) -> bool:
+        """After an update of ours was killed: pulumi may start again, for the teardown to clear
+        the lock it left, ours (pulumi cancel), and destroy; a further kill stops it for good.
+        False when no update of ours was killed: a lock then is not ours to clear."""
+        if not self.own_lock:
+            return False
+        self.stuck, self.own_lock = None, False
+        return True
 
     def _watch(self, process: subprocess.Popen[str], heard: _Heard, what: str) -> None:
         """Until pulumi exits; _Silent once it printed no line for the bound, a note every

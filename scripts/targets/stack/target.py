@@ -418,14 +418,17 @@ class StackTarget(Generic[C, P]):
     ) -> None:
         """The backend's first step, the bucket's results home and the own bucket emptied (or
         kept), refresh + destroy (retried), the backend's last step, then a sweep that must find
-        nothing. `clear_stale_lock` (the user's `down`): a lock left by an update whose process
-        died is cleared with `pulumi cancel`, said out loud, and destroy goes on. `keep_images`
+        nothing. `clear_stale_lock` (the user's `down`), or an update of ours that gputrain killed
+        (its lock is ours): a lock left by an update whose process died is cleared with `pulumi
+        cancel`, said out loud, and destroy goes on. `keep_images`
         (`run --keep-images`, never `down`): the image repository of `build` stays, the build
         cache of the next run."""
         from infra.image_build import REPOSITORY_TYPE, repository_id
         from scripts.targets.stack.bucket import BUCKET_TYPE
         from scripts.targets.stack.teardown import destroy_stack, end_teardown
 
+        # asked first, always: after a kill of ours it lets pulumi start again (outputs, destroy)
+        clear_stale_lock = self.runner.left_own_lock() or clear_stale_lock
         spec = self._with_build(spec)
         ctx = self.context(spec, RunOptions(keep_bucket=keep_bucket, keep_images=keep_images))
         images = keep_images and bool(spec.build)

@@ -80,6 +80,8 @@ def test_a_silent_pulumi_is_ended_with_its_group_and_one_line(
 def test_a_pulumi_deaf_to_its_cancel_is_killed_and_none_is_started_again(
     work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pids: Path
 ) -> None:
+    """None but the teardown's: the lock the killed update left is ours (left_own_lock, once),
+    and pulumi may start again to clear it and destroy."""
     monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
     monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
     log = _cli(tmp_path, monkeypatch, refresh=hanging(pids, deaf=True))
@@ -87,13 +89,19 @@ def test_a_pulumi_deaf_to_its_cancel_is_killed_and_none_is_started_again(
     raised = _within(20, runner.refresh, pids)
     assert isinstance(raised, PulumiStuckError)
     assert str(raised).endswith(
-        "; it did not answer its own cancel and was killed, so the stack may stay locked until "
-        "`gputrain down --stack dev` clears it (pulumi cancel)"
+        "; it did not answer its own cancel and was killed, so the stack may stay locked until a "
+        "teardown clears it (pulumi cancel): the one that follows in this command, or `gputrain "
+        "down --stack dev`"
     )
     assert wait_until_gone(pids) == []
     with pytest.raises(PulumiStuckError, match=r"^pulumi destroy of stack dev not started: "):
         runner.destroy()  # the sweep after it is what the teardown still has
     assert "destroy" not in log.read_text()
+    assert runner.left_own_lock() and not runner.left_own_lock()  # ours once, then no longer
+    runner.cancel()
+    runner.destroy()
+    verbs = [ln.split()[0] for ln in log.read_text().splitlines()]
+    assert [v for v in verbs if v in ("cancel", "destroy")] == ["cancel", "destroy"]
 
 
 def test_an_interrupted_up_hands_pulumi_its_own_cancel_and_waits_for_it(

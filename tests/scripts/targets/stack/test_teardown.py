@@ -18,7 +18,14 @@ import pytest
 
 from scripts.targets.stack.teardown import destroy_stack
 from tests.support import ROOT, wait_for
-from tests.support.fake_pulumi_cli import fake_pulumi, hanging, kill_all, running, wait_until_gone
+from tests.support.fake_pulumi_cli import (
+    fake_pulumi,
+    hanging,
+    kill_all,
+    locking,
+    running,
+    wait_until_gone,
+)
 from tests.support.fake_stack import FakeStackRunner
 
 
@@ -126,6 +133,52 @@ def test_down_after_a_silent_destroy_still_sweeps_and_says_what_ends_it(
         "--stack dev` again or delete them in the console."
     )
     assert len([c for c in log.read_text().splitlines() if c.startswith("destroy")]) == 1  # once
+    assert wait_until_gone(pids) == []
+
+
+def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys(
+    project: Path,
+    pids: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`up` hangs and does not answer its cancel: gputrain kills it, and the lock it held stays.
+    That lock is gputrain's own: the teardown that follows clears it (pulumi cancel), says so,
+    and destroys, rather than leaving the VMs billing until `down`."""
+    from scripts.cli import main
+    from scripts.settings import Settings
+    from scripts.targets.stack import pulumi_process
+    from tests.support.pulumi_mocks import TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
+
+    stack_file = project / "Pulumi.dev.yaml"
+    stack_file.write_text(
+        stack_file.read_text() + f"  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
+        f"  gputrain:sshSourceRanges: [{TEST_SOURCE_RANGE}]\n"
+    )
+    log, lock = project / "pulumi.log", project / "stack.lock"
+    verbs = locking(lock)
+    verbs["up"] += "; " + hanging(pids, deaf=True)
+    fake_pulumi(project / "bin", log, **verbs)
+    monkeypatch.setenv("PATH", f"{project / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
+    monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
+    argv = ["up", "--stack", "dev", "--yes", "--skip-preflight"]
+    rc: list[int] = []
+    up = threading.Thread(
+        target=lambda: rc.append(main(argv, Settings(project, project / "runs"))), daemon=True
+    )
+    up.start()
+    up.join(60)
+    if up.is_alive():
+        kill_all(pids)
+        up.join(10)
+        pytest.fail("`up` still waited for a silent pulumi after 60 s")
+    said = capsys.readouterr()
+    verbs_run = [c.split()[0] for c in log.read_text().splitlines()]
+    assert verbs_run[verbs_run.index("up") :].count("cancel") == 1, said
+    assert "destroy" in verbs_run[verbs_run.index("cancel") :] and not lock.exists()
+    assert "clearing the lock (pulumi cancel) and destroying again" in said.out
+    assert "destroy failed" not in said.err and "not started" not in said.err, said.err
     assert wait_until_gone(pids) == []
 
 
