@@ -251,6 +251,12 @@ def parse_time(text: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(iso).astimezone(dt.timezone.utc)
 
 
+def parse_duration_s(text: str | None) -> float | None:
+    """A Duration as Google writes it in JSON ("3600s", "0.5s"), in seconds; None if absent."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)s", text or "")
+    return float(m.group(1)) if m else None
+
+
 def format_time(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -268,6 +274,7 @@ class JobStatus:
     error_message: str = ""
     display_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None  # its scheduling.timeout: Vertex ends it that long after start
 
     @property
     def job_id(self) -> str:
@@ -299,6 +306,9 @@ def parse_job(body: Mapping[str, Any]) -> JobStatus:
         error_message=error.get("message", ""),
         display_name=body.get("displayName", ""),
         labels=dict(body.get("labels") or {}),
+        timeout_s=parse_duration_s(
+            ((body.get("jobSpec") or {}).get("scheduling") or {}).get("timeout")
+        ),
     )
 
 

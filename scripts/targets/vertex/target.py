@@ -104,10 +104,11 @@ class VertexTarget(StackTarget[VertexClients, None]):
         rows = []
         for j in jobs:
             began = j.start_time or j.create_time
+            bound = j.timeout_s or spec.max_run_duration_s  # a job file's may be shorter
             left = (
                 "-"
                 if j.done or began is None
-                else f"{max(0.0, (began - now).total_seconds() + spec.max_run_duration_s):.0f} s"
+                else f"{max(0.0, (began - now).total_seconds() + bound):.0f} s"
             )
             rows.append([j.job_id, j.labels.get(RUN_LABEL, "?"), j.short_state, left])
         ui.table(

@@ -178,6 +178,33 @@ def test_a_jobs_cost_counts_from_when_it_ran_not_from_its_queue(
     assert session.billed_since <= time.time()
 
 
+def test_status_counts_down_to_the_timeout_each_job_was_submitted_with(
+    tmp_path: Path, fv: FakeVertex, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A vertexJobSpec file's scheduling.timeout (shorter than maxRunDuration) is the job's
+    bound as Vertex reports it; a job without one has the stack's."""
+    from scripts.job.records import Job
+
+    settings = _project(tmp_path)
+    session = _session(settings, fv)
+    request = session._request(Job(run_id="short"), "gs://b/staging/x/gputrain-job-0.tar.gz")
+    body = custom_job_body(request)
+    body["jobSpec"]["scheduling"]["timeout"] = "600s"  # as the user's file set it
+    short = session.api.create_job(body).job_id
+    stack = _submit(session, "stack").rsplit("/", 1)[1]
+    for job_id in (short, stack):
+        fv.set_state(job_id, "JOB_STATE_RUNNING")
+    clients = VertexClients(
+        vertex_endpoint=fv.url, runner_for=lambda s, r: FakeStackRunner(stack_name="vx")
+    )
+    assert main(["status", "--stack", "vx"], settings, vertex=clients) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == ["job", "run", "state", "cut", "off", "by", "Vertex", "in"]
+    rows = {ln.split()[1]: ln.split() for ln in lines[3:]}
+    assert 590 <= int(rows["short"][3]) <= 600, rows
+    assert 6 * 3600 - 10 <= int(rows["stack"][3]) <= 6 * 3600, rows
+
+
 def test_run_ids_become_label_values() -> None:
     assert run_label("20260420-100000-ab12") == "20260420-100000-ab12"
     assert run_label("My.Run_2") == "my_run_2" and len(run_label("x" * 80)) == 63
