@@ -7,9 +7,10 @@ from pathlib import Path
 import pulumi
 
 from infra.spec import parse_spec, require_deployable
-from infra.stackfile import stack_config_from_pulumi
+from infra.stackfile import stack_config_from_pulumi, stack_file_keys
 
-spec = parse_spec(stack_config_from_pulumi(), pulumi.get_stack())
+stack = pulumi.get_stack()  # what the stack file sets, as `plan` reads it (autodown: 10m)
+spec = parse_spec(stack_config_from_pulumi(), stack, given=stack_file_keys(Path.cwd(), stack))
 require_deployable(spec)
 reconcile = None
 if not spec.on_vertex:  # laptop-closed recovery: its job's image and stack file

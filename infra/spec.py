@@ -7,7 +7,7 @@ Nothing here imports pulumi, so `gputrain plan` and the tests use it without the
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -293,15 +293,18 @@ class ClusterSpec:
         )
 
 
-def parse_spec(config: Mapping[str, str], stack: str) -> ClusterSpec:
-    """Validate a fully qualified string config (see load_stack_config) into a ClusterSpec.
+def parse_spec(
+    config: Mapping[str, str], stack: str, *, given: Collection[str] = ()
+) -> ClusterSpec:
+    """Validate a fully qualified string config (see load_stack_config) into a ClusterSpec;
+    `given`: the keys the stack file sets (the program's stack_file_keys), as `plan` reads them.
 
     Missing gcp:project, sshPublicKey and sshSourceRanges are accepted here so that `plan`
     works on the shipped stack files; `require_deployable` refuses them before `pulumi up`.
     """
     check_stack_name(stack)
     _only_known_keys(config)
-    settings = settings_from_config(config)
+    settings = settings_from_config(config, given)
     return spec_from_settings(settings, stack, config.get(GCP_PROJECT_KEY, "").strip() or None)
 
 
@@ -533,11 +536,11 @@ def missing_settings(spec: ClusterSpec) -> list[MissingSetting]:
     return out
 
 
-def settings_from_config(config: Mapping[str, str]) -> StackSettings:
+def settings_from_config(config: Mapping[str, str], given: Collection[str] = ()) -> StackSettings:
     """The typed settings of a Pulumi config (strings all the way), or the one-line SpecError
     naming the first key whose value its kind does not take."""
     try:
-        return load_config_strings(config, NS)
+        return load_config_strings(config, NS, given)
     except SettingTypeError as e:
         raise SpecError(e.line or f"{NS}{e.key} = {e.value!r}: allowed: {e.allowed}") from None
 

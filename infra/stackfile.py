@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,6 +273,17 @@ def _as_the_cli_reads(key: str, value: Any) -> Any:
     return value
 
 
+def stack_file_keys(root: Path, stack: str) -> frozenset[str]:
+    """The keys Pulumi.<stack>.yaml sets (qualified); none without the file. Inside the program
+    they tell a value the stack sets equal to Pulumi.yaml's default (`autodown: 10m`) from that
+    default, which the engine hands on alike: `plan` tells them so (read_stack_file)."""
+    check_stack_name(stack)
+    path = root / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        return frozenset()
+    return frozenset(qualify(k) for k in _config_section(_read_yaml(path, stack), path, stack))
+
+
 def load_stack_config(root: Path, stack: str) -> dict[str, str]:
     """The merged settings alone (see read_stack_file)."""
     return read_stack_file(root, stack).config
@@ -523,17 +534,20 @@ def _from_string(key: str, raw: str) -> Any:
     return text  # a whole number or a flag: the model's own validators read the text
 
 
-def load_config_strings(config: Mapping[str, str], ns: str) -> StackSettings:
+def load_config_strings(
+    config: Mapping[str, str], ns: str, given: Collection[str] = ()
+) -> StackSettings:
     """The typed settings of a Pulumi config (qualified keys, strings all the way, as the CLI
     hands them to the program), validated once: the string side of load_settings. Keys
-    outside the namespace, or that the model does not know, are left to the caller."""
-    values = {  # a value equal to its default is left to it: the CLI hands on Pulumi.yaml's
-        # defaults too, so the model's fields_set is what the stack sets, as far as strings tell
+    outside the namespace, or that the model does not know, are left to the caller. `given`:
+    the keys the stack file sets (stack_file_keys)."""
+    values = {  # a value equal to its default is left to it unless the stack file sets it: the
+        # CLI hands on Pulumi.yaml's defaults too, so the model's fields_set is what the stack sets
         key[len(ns) :]: _from_string(key[len(ns) :], raw)
         for key, raw in config.items()
         if key.startswith(ns)
         and key[len(ns) :] in StackSettings.model_fields
-        and raw.strip() != DEFAULTS[key[len(ns) :]]
+        and (key in given or raw.strip() != DEFAULTS[key[len(ns) :]])
     }
     known = {k: v for k, v in values.items() if v is not None}
     try:

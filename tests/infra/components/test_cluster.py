@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
+import yaml
 
-from infra.spec import ClusterSpec, parse_spec
+from infra.spec import ClusterSpec, SpecError, parse_spec
 from infra.stackfile import load_stack_config
 from tests.support.program import (
     FAMILIES,
@@ -309,6 +311,28 @@ def test_boot_disk_smaller_than_image_fails_before_any_resource() -> None:
         msg
         == "gputrain:bootDiskGb = '100': image pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416 needs at least 120 GB"
     )
+
+
+@pytest.mark.parametrize("autodown", ["10m", "600s"])
+def test_a_bare_pulumi_up_refuses_the_autodown_plan_refuses_in_the_same_line(
+    autodown: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An autodown the stack file sets, not below maxRunDuration: refused by the program (a bare
+    `pulumi up`) in plan's own line, before any resource, however it is spelt, even as the
+    default's own text (which the engine hands on alike when the stack sets nothing)."""
+    from infra.spec import stack_file_spec
+    from infra.stackfile import read_stack_file
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    doc["config"] |= {"gputrain:maxRunDuration": "10m", "gputrain:autodown": autodown}
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError) as planned:
+        stack_file_spec(read_stack_file(tmp_path, "dev"))
+    monkeypatch.chdir(tmp_path)  # where a bare `pulumi up` runs the program
+    config = deployable_config("dev", maxRunDuration="10m", autodown=autodown)
+    assert expect_declares_nothing(config, "dev") == str(planned.value)
+    assert str(planned.value).startswith(f"gputrain:autodown '{autodown}': not below")
 
 
 def _missing(key: str) -> dict[str, str]:
