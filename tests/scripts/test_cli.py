@@ -26,7 +26,6 @@ from infra.stackfile import load_stack_config
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
-from scripts.targets.gce.target import ttl_left_s
 from tests.support import JOBS, ROOT
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_gcp_admin import FakeGcpAdmin
@@ -360,14 +359,6 @@ def test_teardown_after_a_run_never_cancels_someone_elses_update(
         GceTarget("lab", cli.settings, cli.gce).teardown(spec)
     assert "cancel" not in runner.call_names() and runner.call_names().count("refresh") == 3
     assert "destroy attempt 3 failed" in capsys.readouterr().err
-
-
-def test_ttl_left_counts_from_the_latest_start() -> None:
-    now = time.time()
-    started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now - 600))
-    assert ttl_left_s(started, 3600, now) == pytest.approx(3000, abs=1)
-    assert ttl_left_s(started, 60, now) == 0
-    assert ttl_left_s(None, 3600, now) is None
 
 
 # ---------------------------------------------------------------- the local target

@@ -57,6 +57,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
     def status(self) -> None:
         from infra.keys import format_duration
+        from infra.ttl import ttl_left_s
         from scripts.targets.gce.autodown import say_last_autodown
 
         spec = self.spec_with_project()
@@ -587,13 +588,3 @@ def recoveries_allowed(opts: RunOptions, spec: ClusterSpec) -> int:
     from scripts.run_plan import recoveries_allowed as allowed
 
     return allowed(opts.max_recoveries)
-
-
-def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: float) -> float | None:
-    """Seconds until GCE deletes the VM: the TTL counts from the latest start. Pure."""
-    if not last_start or not max_run_duration_s:
-        return None
-    import datetime
-
-    started = datetime.datetime.fromisoformat(last_start.replace("Z", "+00:00")).timestamp()
-    return max(0.0, started + max_run_duration_s - now)
