@@ -8,10 +8,12 @@ import pulumi
 
 from infra.spec import parse_spec, require_deployable
 from infra.stackfile import stack_config_from_pulumi, stack_file_keys
+from infra.ttl import Recreation
 
 stack = pulumi.get_stack()  # what the stack file sets, as `plan` reads it (autodown: 10m)
 spec = parse_spec(stack_config_from_pulumi(), stack, given=stack_file_keys(Path.cwd(), stack))
 require_deployable(spec)
+recreation = Recreation.from_env(os.environ)  # a recovery's `up`: the run's deadline, its zone
 reconcile = None
 if not spec.on_vertex:  # laptop-closed recovery: its job's image and stack file
     from infra.components.reconciler import program_source
@@ -29,6 +31,8 @@ if spec.on_vertex:
 else:
     from infra.components.cluster import GpuCluster
 
-    cluster = GpuCluster(spec.stack, spec, registry=registry, reconcile=reconcile)
+    cluster = GpuCluster(
+        spec.stack, spec, registry=registry, reconcile=reconcile, recreation=recreation
+    )
 for key, value in cluster.exports().items():
     pulumi.export(key, value)

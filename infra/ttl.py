@@ -1,13 +1,54 @@
 """A VM's server-side lifetime (`scheduling.maxRunDuration`, instanceTerminationAction DELETE):
-how much of it is left. Pure.
+how much of it is left, and the shorter one a VM a recovery re-creates gets. Pure.
 
-Compute's "Limit the run time of a VM" (2026): the VM's terminationTimestamp is set when it
-enters RUNNING (the duration counts from its latest start).
+Compute's "Limit the run time of a VM" (2026): a time limit is 30 s to 120 days; the VM's
+terminationTimestamp is set when it enters RUNNING (the duration counts from its latest start).
 """
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from infra.schema import SpecError
+
+#: A recovery's `up` (scripts/targets/gce/target.py `recreate`) tells the program, in the
+#: pulumi process's environment, the run's deadline (Unix seconds: its TTL counted from its
+#: launch) and the zone its surviving VMs stand in.
+RECREATE_DEADLINE_ENV = "GPUTRAIN_RECREATE_DEADLINE"
+RECREATE_ZONE_ENV = "GPUTRAIN_RECREATE_ZONE"
+GCE_MIN_RUN_S = 30  # the shortest time limit GCE takes
+
+
+@dataclass(frozen=True)
+class Recreation:
+    """A recovery's `up`: a VM it creates lives only to the run's `deadline`, never a fresh
+    maxRunDuration, and the VMs standing in `zone` keep theirs (infra/components/nodes.py)."""
+
+    deadline: float
+    zone: str
+
+    def env(self) -> dict[str, str]:
+        return {RECREATE_DEADLINE_ENV: repr(self.deadline), RECREATE_ZONE_ENV: self.zone}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Recreation | None:
+        """What `env` wrote, in the program; None for any other `up`."""
+        raw = environ.get(RECREATE_DEADLINE_ENV)
+        if raw is None:
+            return None
+        try:
+            deadline = float(raw)
+        except ValueError:
+            raise SpecError(
+                f"{RECREATE_DEADLINE_ENV} = {raw!r}: allowed: Unix seconds (a recovery sets it)"
+            ) from None
+        return cls(deadline, environ.get(RECREATE_ZONE_ENV, ""))
+
+    def max_run_duration_s(self, now: float) -> int:
+        """What is left to the deadline, in whole seconds, at least GCE's minimum."""
+        return max(GCE_MIN_RUN_S, int(self.deadline - now))
 
 
 def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: float) -> float | None:

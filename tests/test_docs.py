@@ -161,6 +161,8 @@ ENV_PAGE = DOCS / "reference" / "environment-variables.md"
 UNLISTED_ENV = {
     "GPUTRAIN_SECRET_NAMES": "run.sh's own: the names it redacts, set and read on the node",
     "GPUTRAIN_STACK_FILE": "the reconcile job's own: set by the program on its Cloud Run job",
+    "GPUTRAIN_RECREATE_DEADLINE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
+    "GPUTRAIN_RECREATE_ZONE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
 }
 
 

@@ -34,6 +34,7 @@ from infra.reconciler import wanted
 from infra.scratch import startup_script
 from infra.spec import ClusterSpec
 from infra.stackfile import SpecError, service_account_id
+from infra.ttl import Recreation
 
 COMPONENT_TYPE = "gputrain:infra:GpuCluster"
 
@@ -92,6 +93,7 @@ class GpuCluster(pulumi.ComponentResource):
         *,
         registry: ImageRegistry | None = None,  # `build`: the nodes pull the stack's image
         reconcile: ReconcileSource | None = None,  # the reconcile job's image and stack file
+        recreation: Recreation | None = None,  # a recovery's `up`: what is left of the run's TTL
     ) -> None:
         # The image is an invoke that can fail on the user's input: before any resource exists.
         image_self_link = resolve_image(spec)
@@ -185,6 +187,7 @@ class GpuCluster(pulumi.ComponentResource):
                     self.bucket.node_access,
                     *([self.registry_reader] if self.registry_reader is not None else []),
                 ),
+                recreation=recreation,
             ),
             child,
         )

@@ -1,8 +1,10 @@
-"""GpuNodes: one VM per node on a pinned Deep Learning VM image, each with a server-side lifetime,
-and the compact placement policy when the spec asks for one."""
+"""GpuNodes: one VM per node on a pinned Deep Learning VM image, each with a server-side lifetime
+(in a recovery's `up`, a VM it creates gets what is left of the run's), and the compact placement
+policy when the spec asks for one."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -15,9 +17,13 @@ from infra.components import child_options
 from infra.components.fabric import FabricNic
 from infra.spec import ClusterSpec
 from infra.stackfile import DEFAULT_IMAGE_FAMILY, FALLBACK_IMAGE_FAMILY, SpecError
+from infra.ttl import Recreation
 
 NODE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)  # access is limited by roles
 CREATE_TIMEOUT = "20m"
+#: The engine's (wire) name of `scheduling.max_run_duration`: the provider replaces a VM whose
+#: maxRunDuration changes (ForceNew), so in a recovery the VMs standing keep theirs
+MAX_RUN_DURATION_PATH = "scheduling.maxRunDuration"
 
 
 def resolve_image(spec: ClusterSpec) -> str:
@@ -76,6 +82,7 @@ class GpuNodesArgs:
     local_ssd_disks: int = 0  # N1/G2 localSsdCount (bundled local SSD comes with the type)
     startup_script: str | None = None  # local SSD -> RAID 0 at /mnt/gputrain-scratch, every boot
     after: Sequence[pulumi.Resource] = field(default=())  # firewalls and role bindings first
+    recreation: Recreation | None = None  # a recovery's `up` (None: the full maxRunDuration)
 
 
 class GpuNodes(pulumi.ComponentResource):
@@ -122,11 +129,16 @@ class GpuNodes(pulumi.ComponentResource):
             else [],
         )
         cap = a.capacity
+        ttl_s = cap.max_run_duration_s
+        if a.recreation is not None:
+            ttl_s = a.recreation.max_run_duration_s(time.time())
+            if a.recreation.zone == a.zone:  # in another zone every VM is replaced anyway
+                # ignore_changes holds for updates only: a VM created now takes ttl_s
+                keep = pulumi.ResourceOptions(ignore_changes=[MAX_RUN_DURATION_PATH])
+                opts = pulumi.ResourceOptions.merge(opts, keep)
         sched = cap.scheduling_args()
         sched["automatic_restart"] = a.automatic_restart
-        sched["max_run_duration"] = gcp.compute.InstanceSchedulingMaxRunDurationArgs(
-            seconds=cap.max_run_duration_s
-        )
+        sched["max_run_duration"] = gcp.compute.InstanceSchedulingMaxRunDurationArgs(seconds=ttl_s)
         scheduling = gcp.compute.InstanceSchedulingArgs(**sched)  # type: ignore[arg-type]
         affinity = cap.reservation_affinity
         reservation = (

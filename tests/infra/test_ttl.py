@@ -1,4 +1,4 @@
-"""infra/ttl.py: what is left of a VM's TTL."""
+"""infra/ttl.py: what is left of a VM's TTL, and the shorter one a recovery's re-created VM gets."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import time
 
 import pytest
 
-from infra.ttl import ttl_left_s
+from infra.stackfile import SpecError
+from infra.ttl import (
+    GCE_MIN_RUN_S,
+    RECREATE_DEADLINE_ENV,
+    RECREATE_ZONE_ENV,
+    Recreation,
+    ttl_left_s,
+)
 
 
 def test_ttl_left_counts_from_the_latest_start() -> None:
@@ -15,3 +22,27 @@ def test_ttl_left_counts_from_the_latest_start() -> None:
     assert ttl_left_s(started, 3600, now) == pytest.approx(3000, abs=1)
     assert ttl_left_s(started, 60, now) == 0
     assert ttl_left_s(None, 3600, now) is None
+
+
+def test_a_recreation_reaches_the_program_as_written_and_a_plain_up_has_none() -> None:
+    """The controller's env is what the program reads back: the deadline to the last digit."""
+    made = Recreation(1_767_225_600.123456, "us-central1-a")
+    env = made.env()
+    assert set(env) == {RECREATE_DEADLINE_ENV, RECREATE_ZONE_ENV}
+    assert Recreation.from_env({"PATH": "/bin", **env}) == made
+    assert Recreation.from_env({"PATH": "/bin"}) is None
+
+
+def test_a_recreated_vm_gets_what_is_left_to_the_deadline_never_less_than_gces_minimum() -> None:
+    now = 1_000_000.0
+    assert Recreation(now + 1800.9, "z").max_run_duration_s(now) == 1800  # never past it
+    assert Recreation(now + 5, "z").max_run_duration_s(now) == GCE_MIN_RUN_S == 30
+    assert Recreation(now - 60, "z").max_run_duration_s(now) == GCE_MIN_RUN_S
+
+
+def test_a_deadline_that_is_no_number_is_one_line() -> None:
+    with pytest.raises(SpecError) as caught:
+        Recreation.from_env({RECREATE_DEADLINE_ENV: "soon"})
+    assert str(caught.value) == (
+        "GPUTRAIN_RECREATE_DEADLINE = 'soon': allowed: Unix seconds (a recovery sets it)"
+    )

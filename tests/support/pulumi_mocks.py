@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+from pulumi.runtime.mocks import MockMonitor
 
 from infra.spec import parse_spec
 from infra.stackfile import DEFAULTS, PROJECT, load_stack_config
@@ -65,6 +66,7 @@ class GcpMocks(pulumi.runtime.Mocks):
         )
         self.resources: list[Registered] = []
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.ignore_changes: dict[str, tuple[str, ...]] = {}  # name -> as the engine gets it
         self._lock = threading.Lock()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
@@ -128,6 +130,17 @@ class GcpMocks(pulumi.runtime.Mocks):
         return self.of_type(INSTANCE)
 
 
+class RecordingMonitor(MockMonitor):
+    """The SDK's mock monitor, which also keeps each resource's `ignoreChanges` (an option
+    `Mocks.new_resource` is not shown) in `mocks.ignore_changes`."""
+
+    mocks: GcpMocks
+
+    def RegisterResource(self, request: Any) -> Any:
+        self.mocks.ignore_changes[request.name] = tuple(request.ignoreChanges)
+        return super().RegisterResource(request)
+
+
 @contextmanager
 def pulumi_mocks(
     config: Mapping[str, str],
@@ -140,7 +153,9 @@ def pulumi_mocks(
     asyncio.set_event_loop(loop)
     pulumi.runtime.settings.reset_options()
     m = mocks or GcpMocks()
-    pulumi.runtime.set_mocks(m, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_mocks(
+        m, project=PROJECT, stack=stack, preview=False, monitor=RecordingMonitor(m)
+    )
     pulumi.runtime.set_all_config(dict(config), secret_keys=secret_keys)
     try:
         yield m

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ import pulumi
 import pytest
 import yaml
 
+from infra.components.nodes import MAX_RUN_DURATION_PATH
 from infra.spec import ClusterSpec, SpecError, parse_spec
 from infra.stackfile import load_stack_config
+from infra.ttl import RECREATE_DEADLINE_ENV, Recreation
 from tests.support.program import (
     FAMILIES,
     check_family,
@@ -274,6 +277,68 @@ def test_compact_placement_turns_automatic_restart_off(mocks: GcpMocks) -> Any:
         ]
 
     return pulumi.Output.all(*[vm.id for vm in cluster.instances]).apply(check)
+
+
+def _declared(
+    cfg: dict[str, str], stack: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, ...]], dict[str, Any]]:
+    """__main__.py under mocks, in this process's environment: each VM's inputs, what each
+    resource asks the engine to ignore, the stack outputs."""
+    outputs: dict[str, Any] = {}
+    with pulumi_mocks({}, stack=stack) as m:
+
+        @pulumi.runtime.test
+        def run() -> Any:
+            cluster = run_main(cfg, stack)["cluster"]
+            return pulumi.Output.all(**cluster.exports()).apply(outputs.update)
+
+        run()
+    return {vm.name: vm.inputs for vm in m.instances()}, m.ignore_changes, outputs
+
+
+def test_a_recovery_up_gives_new_vms_what_is_left_and_leaves_the_standing_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recovery's `up` (the run's deadline in its environment) differs from a plain `up` only
+    in scheduling.maxRunDuration, what is left of the run's TTL, which it marks ignore_changes:
+    Pulumi diffs a standing VM with the value in its state, so the provider's replace on a
+    changed maxRunDuration never fires, and a VM it creates takes the input (Pulumi's
+    ignoreChanges doc: the program's value is used "when there is no previous value in the
+    state, most importantly when creating the resource"). A plain `up` gives every VM the full
+    TTL and ignores nothing, so an edited maxRunDuration still replaces the VMs."""
+    cfg = deployable_config("dev", nodes="2")
+    spec = parse_spec(cfg, "dev")
+    monkeypatch.delenv(RECREATE_DEADLINE_ENV, raising=False)
+    plain, plain_ignored, plain_out = _declared(cfg, "dev")
+    for key, value in Recreation(time.time() + 1800, spec.zone).env().items():
+        monkeypatch.setenv(key, value)
+    again, again_ignored, again_out = _declared(cfg, "dev")
+    assert list(plain) == list(again) == list(spec.node_names)
+    for name in spec.node_names:
+        full = plain[name]["scheduling"].pop("maxRunDuration")
+        left = again[name]["scheduling"].pop("maxRunDuration")  # the path names a real input
+        assert float(full["seconds"]) == spec.max_run_duration_s == 3 * 3600
+        assert 1790 <= float(left["seconds"]) <= 1800
+        assert (plain_ignored[name], again_ignored[name]) == ((), (MAX_RUN_DURATION_PATH,))
+        assert again[name] == plain[name]  # nothing else of a standing VM changes
+    assert MAX_RUN_DURATION_PATH == "scheduling.maxRunDuration"
+    others = set(again_ignored) - set(spec.node_names)
+    assert others and all(plain_ignored[n] == again_ignored[n] == () for n in others)
+    assert again_out == plain_out  # the stack's TTL is still the one its outputs say
+
+
+def test_a_recovery_up_in_another_zone_ignores_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failover moved the cluster: every VM is replaced (its zone changed), and a replacement
+    would take an ignored input from the old VM's state, a fresh TTL; so nothing is ignored and
+    every new VM gets what is left."""
+    cfg = deployable_config("dev", nodes="2")
+    for key, value in Recreation(time.time() + 600, "us-central1-f").env().items():
+        monkeypatch.setenv(key, value)
+    vms, ignored, _ = _declared(cfg, "dev")
+    assert parse_spec(cfg, "dev").zone != "us-central1-f"
+    for name, inputs in vms.items():
+        assert 590 <= float(inputs["scheduling"]["maxRunDuration"]["seconds"]) <= 600
+        assert ignored[name] == ()
 
 
 @pulumi.runtime.test
