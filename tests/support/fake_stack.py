@@ -9,12 +9,14 @@ in gcp-gpu-facts.md §5 as the Pulumi CLI prints them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infra.image_build import REPOSITORY_TYPE
 from infra.stackfile import STACK_LABEL
+from infra.ttl import Recreation
 from scripts.targets.gce.provision import ZONE_CONFIG_KEY
 from scripts.targets.stack.bucket import BUCKET_TYPE
 from scripts.targets.stack.clients import OnOutput, StackError, StackLockedError
@@ -22,6 +24,7 @@ from tests.support.fake_artifact_registry import FakeArtifactRegistry
 from tests.support.fake_compute import FakeCompute, region_of, ssh_host_keys
 
 NodeFactory = Callable[[str], list[dict[str, Any]]]  # zone -> nodes in the NodeOutput shape
+TTL_S = 3600  # the stacks' maxRunDuration here: every VM a plain `up` creates gets it
 
 
 # ---- error texts, as `pulumi up` prints a failed GCE create -------------------------------------
@@ -97,7 +100,7 @@ def sample_outputs(
         "gpusPerNode": 1,
         "gpuModel": "NVIDIA L4",
         "gpuMemoryGb": 24,
-        "maxRunDurationSeconds": 3600,
+        "maxRunDurationSeconds": TTL_S,
         "hourlyPriceUsd": round(0.854 * nodes, 3),
         "image": "https://www.googleapis.com/compute/v1/projects/deeplearning-platform-"
         "release/global/images/pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416",
@@ -124,7 +127,7 @@ def sample_vertex_outputs(
         "spot": True,
         "executorImage": "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
         "maxRunDuration": "1h",
-        "maxRunDurationSeconds": 3600,
+        "maxRunDurationSeconds": TTL_S,
         "nodeCount": 2,
         "gpusTotal": 2,
         "gpusRequest": "",
@@ -181,6 +184,7 @@ class FakeStackRunner:
     config: dict[str, str] = field(default_factory=dict)
     secrets: set[str] = field(default_factory=set)
     calls: list[tuple[Any, ...]] = field(default_factory=list)
+    up_env: list[dict[str, str]] = field(default_factory=list)  # each `up`'s `env` (a recovery's)
     failures: dict[str, Failure] = field(default_factory=dict)  # zone -> scripted failure
     destroy_failures: int = 0  # the next N destroys raise
     leak_on_destroy: set[str] = field(default_factory=set)  # instance names destroy leaves behind
@@ -250,7 +254,11 @@ class FakeStackRunner:
         return self.config.get(key)
 
     def up(
-        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+        self,
+        on_output: OnOutput | None = None,
+        *,
+        targets: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         zone = self.config.get(ZONE_CONFIG_KEY, self.zones[0])
         say = on_output or (lambda _line: None)
@@ -261,6 +269,9 @@ class FakeStackRunner:
                 self._create_bucket(say)
             return dict(self._outputs)
         self.calls.append(("up", zone))
+        self.up_env.append(dict(env or {}))
+        recreation = Recreation.from_env(env or {})  # as the program: what is left of the TTL
+        ttl_s = TTL_S if recreation is None else recreation.max_run_duration_s(time.time())
         say(f"Updating ({self.stack_name}):")
         if self.backend == "vertex":
             self._create_bucket(say)
@@ -286,14 +297,14 @@ class FakeStackRunner:
         if failure and failure.times > 0:
             failure.times -= 1
             for node in to_create[: failure.created]:
-                self._create_node(node, say)
+                self._create_node(node, say, ttl_s)
             for line in failure.text.splitlines():
                 say(line)
             raise StackError(
                 f"pulumi up failed for stack {self.stack_name}",
                 f"code: 255\n stderr: {failure.text}",
             )
-        created = {n["name"]: self._create_node(n, say) for n in to_create}
+        created = {n["name"]: self._create_node(n, say, ttl_s) for n in to_create}
         public_nodes = [created.get(n["name"], n) for n in nodes]
         self._drop_instances_outside(zone)  # a zone change replaced them
         self._outputs = sample_outputs(
@@ -475,7 +486,7 @@ class FakeStackRunner:
         b.delete()
         return True
 
-    def _create_node(self, node: dict[str, Any], say: OnOutput) -> dict[str, Any]:
+    def _create_node(self, node: dict[str, Any], say: OnOutput, ttl_s: int) -> dict[str, Any]:
         public = {k: v for k, v in node.items() if k != "hostKeys"}
         keys = _host_key_map(node.get("hostKeys")) or ssh_host_keys()
         if self.compute:
@@ -487,6 +498,7 @@ class FakeStackRunner:
                 external_ip=node.get("externalIp"),
                 host_keys=keys,
                 publish_after=self.host_keys_publish_after,
+                max_run_duration_s=ttl_s,
             )
             public.setdefault("id", body["id"])
         self._created.append(("instance", node["name"], node["zone"]))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -161,6 +161,7 @@ def provision_with_failover(
     expected_nodes: int | None = None,
     project: str | None = None,
     destroy_failed: bool = True,
+    env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[str, dict[str, Any]]:
     """Sets `gputrain:zone` and runs `up`, zone after zone, until a cluster exists.
@@ -169,7 +170,8 @@ def provision_with_failover(
     destroy, next zone. On quota or any other error: destroy, raise ProvisioningError with every
     attempt and the fix. Zones for which `preflight_ok` is False are skipped. A recovery passes
     `destroy_failed=False`: the stack holds the run's bucket and the surviving VMs, and the next
-    zone's `up` replaces the VMs anyway (a failed recovery is destroyed by the run's teardown)."""
+    zone's `up` replaces the VMs anyway (a failed recovery is destroyed by the run's teardown);
+    and `env`, which every `up` gives the program (Recreation's)."""
     say = on_event or (lambda _m: None)
     attempts: list[Attempt] = []
     tried: list[str] = []
@@ -184,7 +186,7 @@ def provision_with_failover(
         say(f"{zone}: creating the cluster (pulumi up)")
         runner.set_config(ZONE_CONFIG_KEY, zone)
         made = MadeVMs(on_output, clock)
-        outputs, failure, outcome = _up_once(runner, expected_nodes, made)
+        outputs, failure, outcome = _up_once(runner, expected_nodes, made, env)
         if failure is None:
             say(f"{zone}: cluster created")
             return zone, outputs
@@ -202,13 +204,16 @@ def provision_with_failover(
 
 
 def _up_once(
-    runner: StackRunner, nodes_wanted: int | None, seen: MadeVMs
+    runner: StackRunner,
+    nodes_wanted: int | None,
+    seen: MadeVMs,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], ProvisioningFailure | None, str]:
-    """One `pulumi up`: (outputs, None, "created"); or ({}, the failure, its kind), where a
-    cluster with fewer than `nodes_wanted` nodes is a stockout whose outcome is "partial".
-    `seen` passes Pulumi's lines on and counts the VMs made."""
+    """One `pulumi up` (`env` in its environment): (outputs, None, "created"); or ({}, the
+    failure, its kind), where a cluster with fewer than `nodes_wanted` nodes is a stockout whose
+    outcome is "partial". `seen` passes Pulumi's lines on and counts the VMs made."""
     try:
-        outputs = runner.up(seen)
+        outputs = runner.up(seen, env=env)
     except StackError as e:
         failure = classify_provisioning_error(e.raw)
         return {}, failure, failure.kind
@@ -329,12 +334,14 @@ def provision_candidates(
     on_event: Callable[[str], None] | None = None,
     on_output: OnOutput | None = None,
     destroy_failed: bool = True,
+    env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Candidate, dict[str, Any], list[Attempt]]:
     """Sets `gputrain:candidate` + `gputrain:zone` and runs `up`, down the ranked list, at most
     `max_candidates` attempts. Returns (the candidate created, outputs, every attempt). Raises
     ProvisioningError (its `attempts` are CandidateAttempts) when none could be created. A
-    recovery passes `destroy_failed=False` (what survived stays; its teardown destroys the rest)."""
+    recovery passes `destroy_failed=False` (what survived stays; its teardown destroys the rest)
+    and `env`, which every `up` gives the program (Recreation's)."""
     say = on_event or (lambda _m: None)
     attempts: list[Attempt] = []
     done: set[Candidate] = set()
@@ -351,7 +358,7 @@ def provision_candidates(
         runner.set_config(CANDIDATE_CONFIG_KEY, candidate_label(c))
         runner.set_config(ZONE_CONFIG_KEY, c.zone)
         made = MadeVMs(on_output, clock)
-        outputs, failure, outcome = _up_once(runner, c.nodes, made)
+        outputs, failure, outcome = _up_once(runner, c.nodes, made, env)
         if failure is None:
             attempts.append(CandidateAttempt.of(c, "created", ""))
             return c, outputs, attempts

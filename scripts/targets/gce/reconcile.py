@@ -205,7 +205,8 @@ class Pass:
         from scripts.targets.gce.recovery import StackNodes
 
         def recreate(zone: str) -> tuple[Any, StackOutputs]:
-            self.recreated = self.target.recreated(self.spec, zone, self.m.budget_usd)
+            m = self.m  # its new VMs live to the deadline not_recreating checks, no longer
+            self.recreated = self.target.recreated(self.spec, zone, m.budget_usd, m.deadline)
             return None, parse_stack_outputs(self.recreated)
 
         nodes = StackNodes(

@@ -179,7 +179,7 @@ class StackNodes:
 
     @property
     def deadline(self) -> float:
-        """The run's TTL from its first launch: a recovery never renews it (not_recreating)."""
+        """The run's TTL from its first launch: never renewed (not_recreating), nor outlived."""
         return self.created_at + self.ttl_s
 
     def job_env(self, run_id: str) -> dict[str, str]:

@@ -244,12 +244,14 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ):
             yield session
 
-    def recreated(self, spec: ClusterSpec, zone: str, budget: float | None) -> dict[str, Any]:
+    def recreated(
+        self, spec: ClusterSpec, zone: str, budget: float | None, deadline: float
+    ) -> dict[str, Any]:
         """`gputrain reconcile`'s re-creation: the controller's own refresh + up, with no
         waiting for capacity (a stock-out is the next pass's to retry), within the run's
-        `budget` (None: the stack's); the stack outputs."""
+        `budget` (None: the stack's) and its `deadline`; the stack outputs."""
         opts = RunOptions(wait_for_capacity_s=0, budget=budget)
-        return recreate(self.context(spec, opts), zone)
+        return recreate(self.context(spec, opts), zone, deadline)
 
     @contextmanager
     def session_for(
@@ -361,7 +363,7 @@ def stack_session(
     spec, opts, clients = ctx.spec, ctx.opts, ctx.clients
 
     def recreated(zone: str) -> tuple[Fleet, StackOutputs]:
-        out = parse_stack_outputs(recreate(ctx, zone))
+        out = parse_stack_outputs(recreate(ctx, zone, nodes.deadline))  # `nodes`: below
         return stack_fleet(ctx, out, key), out
 
     out = parse_stack_outputs(outputs)
@@ -498,20 +500,24 @@ def provision_candidates(
     return pin(ctx.spec, ctx.stack_file.config, candidate=chosen), outputs
 
 
-def recreate(ctx: Context, zone: str) -> dict[str, Any]:
+def recreate(ctx: Context, zone: str, deadline: float) -> dict[str, Any]:
     """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
     zone first, then the rest of the failover order, never destroying what survived; all
-    stocked out: wait for capacity as `up` does."""
+    stocked out: wait for capacity as `up` does. New VMs live to the run's `deadline` only."""
     ctx.runner.refresh(on_output=None)
     return capacity_wait(ctx, "the surviving VM(s) stay up and bill").run(
-        lambda: recreate_once(ctx, zone), ui.say
+        lambda: recreate_once(ctx, zone, deadline), ui.say
     )
 
 
-def recreate_once(ctx: Context, zone: str) -> dict[str, Any]:
+def recreate_once(ctx: Context, zone: str, deadline: float) -> dict[str, Any]:
+    from infra.ttl import Recreation
+    from scripts.targets.gce.manifest import not_recreating
     from scripts.targets.gce.provision import provision_with_failover
 
-    spec = ctx.spec
+    if why := not_recreating(deadline, None, time.time()):  # a wait for capacity outlived it
+        raise GputrainError(why)
+    spec, env = ctx.spec, Recreation(deadline, zone).env()
     if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
         from scripts.targets.gce.provision import provision_candidates
 
@@ -523,6 +529,7 @@ def recreate_once(ctx: Context, zone: str) -> dict[str, Any]:
             on_event=ui.say,
             on_output=pulumi_line,
             destroy_failed=False,
+            env=env,
         )
         return outputs
     _, outputs = provision_with_failover(
@@ -533,6 +540,7 @@ def recreate_once(ctx: Context, zone: str) -> dict[str, Any]:
         expected_nodes=spec.nodes,
         project=spec.project,
         destroy_failed=False,
+        env=env,
     )
     return outputs
 

@@ -159,7 +159,11 @@ class StackRunner(Protocol):
     def remove_config(self, key: str) -> None: ...
     def get_config(self, key: str) -> str | None: ...
     def up(
-        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+        self,
+        on_output: OnOutput | None = None,
+        *,
+        targets: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> dict[str, Any]: ...
     def outputs(self) -> dict[str, Any]: ...
     def refresh(self, on_output: OnOutput | None = None) -> None: ...
@@ -361,14 +365,25 @@ class PulumiStackRunner:
             ) from e
 
     def up(
-        self, on_output: OnOutput | None = None, *, targets: Sequence[str] = ()
+        self,
+        on_output: OnOutput | None = None,
+        *,
+        targets: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """`targets`: only these URNs (a targeted update: the image repository before the rest)."""
+        """`targets`: only these URNs (a targeted update: the image repository before the rest).
+        `env`: added to this `up`'s environment alone, which the program reads (a recovery's)."""
         stack = self._stack(create=True)
         chosen = list(targets) or None
-        result = self._run(
-            "up", lambda: stack.up(on_output=on_output, color="never", target=chosen)
-        )
+        workspace = stack.workspace
+        before = workspace.env_vars
+        workspace.env_vars = {**before, **(env or {})}
+        try:
+            result = self._run(
+                "up", lambda: stack.up(on_output=on_output, color="never", target=chosen)
+            )
+        finally:
+            workspace.env_vars = before
         return {k: v.value for k, v in result.outputs.items()}
 
     def outputs(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@ fails over down them with the fake stack runner (another zone, region or machine
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from infra import catalog
 from infra.gcp.compute import ComputeApi
 from infra.gcp.sweep import sweep
 from infra.offers import Candidate, candidate_label, parse_request, resolve
+from infra.ttl import Recreation
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
@@ -271,10 +273,13 @@ def test_spot_recovery_reups_the_same_shape_its_zone_first(
     spec = target.spec_at(running)
     assert (spec.machine_type, spec.zone) == (running.machine_type, running.zone)
     runner.fail_stockout(running.zone)
-    recreate(target.context(spec, RunOptions()), running.zone)
+    deadline = time.time() + 1800
+    recreate(target.context(spec, RunOptions()), running.zone, deadline)
     label = candidate_label(running)
     assert _ups(runner) == [(label, running.zone), (label, ranked[0].zone)]
     assert "destroy" not in runner.call_names()
+    # each `up` gives the program the run's deadline and the zone its survivors stand in
+    assert runner.up_env == [Recreation(deadline, running.zone).env()] * 2
 
 
 def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
@@ -305,9 +310,10 @@ def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
         for zone in east4:
             runner.fail_stockout(zone, times=99)
         with pytest.raises(ProvisioningError, match="no capacity in the 3 candidate"):
-            recreate(target.context(spec, RunOptions(wait_for_capacity_s=0)), running.zone)
+            ctx = target.context(spec, RunOptions(wait_for_capacity_s=0))
+            recreate(ctx, running.zone, time.time() + 3600)
         with pytest.raises(ProvisioningError):  # a reconcile pass's re-creation
-            target.recreated(spec, running.zone, None)
+            target.recreated(spec, running.zone, None, time.time() + 3600)
         assert {zone for _, zone in _ups(runner)} == east4
         out = capsys.readouterr().out
         assert "recovery: not re-creating in europe-west4-b at $46.48/h" in out

@@ -47,6 +47,7 @@ class Cloud:
     prefix: str
     sent: list[str] = field(default_factory=list)
     recreated: list[str] = field(default_factory=list)
+    deadlines: list[float] = field(default_factory=list)  # each re-creation's
 
     @property
     def manifests(self) -> Manifests:
@@ -79,8 +80,11 @@ class Cloud:
     def target(self, spec: Any) -> Any:
         outputs = sample_outputs(STACK, ZONE, nodes=2, project=self.compute.project)
 
-        def recreated(_spec: Any, zone: str, _budget: float | None) -> dict[str, Any]:
+        def recreated(
+            _spec: Any, zone: str, _budget: float | None, deadline: float
+        ) -> dict[str, Any]:
             self.recreated.append(zone)
+            self.deadlines.append(deadline)
             for name in (HEAD, WORKER):
                 if (ZONE, name) not in self.compute.instances:
                     self.compute.add_instance(name, ZONE, labels={"gputrain-stack": STACK})
@@ -143,6 +147,8 @@ def test_a_worker_preempted_before_the_crash_is_still_recovered(
     )
     assert cloud.run_pass() == "recovered"
     assert cloud.recreated == [ZONE] and relaunched == [2] and cloud.sent[0] == "preempted"
+    m = cloud.manifests.load("r1")  # its new VM lives to the deadline the TTL check reads
+    assert m is not None and cloud.deadlines == [m.deadline]
 
 
 def test_a_run_that_finished_stays_finished_after_the_ttl(cloud: Cloud) -> None:

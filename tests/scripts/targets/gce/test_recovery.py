@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from infra.base.errors import UserError
+from infra.base.errors import GputrainError, UserError
 from infra.gcp.compute import ComputeApi
 from infra.outputs import StackOutputs, parse_bucket, parse_stack_outputs
 from infra.spec import parse_spec
@@ -36,7 +36,7 @@ from scripts.transport.local import LocalTransport
 from scripts.watch.telemetry import StepWatch
 from tests.support import ROOT
 from tests.support.fake_compute import FakeCompute
-from tests.support.fake_stack import sample_outputs
+from tests.support.fake_stack import FakeStackRunner, sample_outputs
 from tests.support.pulumi_mocks import deployable_config
 
 ZONE = "us-central1-a"
@@ -440,7 +440,7 @@ def test_the_controller_recovers_no_run_past_its_ttl_or_its_budget(
     why: str,
 ) -> None:
     """A node preempted after the run's TTL (counted from its first launch, as a reconcile
-    pass counts it: a re-created VM would get a fresh one), or once its budget is spent
+    pass counts it: none of it is left for a re-created VM), or once its budget is spent
     (--budget $10 at $10/h, an hour in: the head would stop the relaunch at once): the
     controller re-creates nothing and says why in one line."""
     import scripts.watch.monitor as monitor
@@ -492,3 +492,59 @@ def test_the_controller_recovers_no_run_past_its_ttl_or_its_budget(
     message = str(caught.value)
     assert message.startswith("run r1: GCE preempted dev-node-1 (compute.instances.preempted at")
     assert f" and {why}. Its newest checkpoint is in " in message and "\n" not in message
+
+
+def _stack_target(tmp_path: Path, fake: FakeCompute) -> tuple[Any, FakeStackRunner]:
+    """A 2-node g2 stack of a 1 h maxRunDuration (the fake runner's) over the fake runner."""
+    from scripts.targets.gce.clients import GceClients
+    from scripts.targets.gce.target import GceTarget
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.dev.yaml").write_text(
+        f"config:\n  gcp:project: {fake.project}\n  gputrain:machineType: g2-standard-8\n"
+        f"  gputrain:nodes: 2\n  gputrain:zones: [{ZONE}, us-central1-b]\n"
+        "  gputrain:maxRunDuration: 1h\n"
+    )
+    runner = FakeStackRunner("dev", compute=fake, project=fake.project)
+    clients = GceClients(runner_for=lambda s, r: runner, compute_endpoint=fake.url)
+    return GceTarget("dev", Settings(root=tmp_path), clients), runner
+
+
+def test_a_recovery_gives_the_vm_it_recreates_what_is_left_of_the_runs_ttl(
+    tmp_path: Path, fake: FakeCompute
+) -> None:
+    """The controller's recovery passes its run's deadline (the one not_recreating checks) to the
+    `up` that re-creates the preempted VM, which GCE then deletes by that deadline, not a full
+    maxRunDuration later; the survivor is not touched. A plain `up` passes nothing."""
+    from infra.ttl import Recreation, ttl_left_s
+    from scripts.targets.gce.target import stack_session
+
+    target, runner = _stack_target(tmp_path, fake)
+    spec = target.spec()
+    outputs = runner.up()  # the launch: every VM the full TTL
+    survivor = fake.instances[(ZONE, "dev-node-0")].body["id"]
+    ctx = target.context(spec, RunOptions(wait_for_capacity_s=0))
+    session = stack_session(ctx, outputs, tmp_path / "key", keep=True, connect_deadline_s=1)
+    session.nodes.created_at = time.time() - 2400  # launched 40 min ago: 20 min of its hour left
+    fake.remove_instance("dev-node-1", ZONE)  # GCE deleted the preempted VM
+    session.nodes.recreate({"dev-node-1": NodeCloudState("dev-node-1", None, "2026-04-20")})
+    assert runner.up_env == [{}, Recreation(session.nodes.deadline, ZONE).env()]
+    listed = ComputeApi(fake.url).list_stack_instances(fake.project, "dev")
+    now = time.time()
+    left = {i["name"]: ttl_left_s(i["last_start"], i["max_run_duration_s"], now) for i in listed}
+    assert left["dev-node-1"] == pytest.approx(1200, abs=10)
+    assert left["dev-node-0"] == pytest.approx(3600, abs=10)
+    assert fake.instances[(ZONE, "dev-node-0")].body["id"] == survivor
+
+
+def test_no_recovery_recreates_a_vm_past_the_runs_deadline(
+    tmp_path: Path, fake: FakeCompute
+) -> None:
+    """A wait for capacity that outlives the run's TTL ends there: nothing is created."""
+    from scripts.targets.gce.target import recreate
+
+    target, runner = _stack_target(tmp_path, fake)
+    ctx = target.context(target.spec(), RunOptions(wait_for_capacity_s=0))
+    with pytest.raises(GputrainError, match=r"^the stack's TTL is spent: not re-creating VMs$"):
+        recreate(ctx, ZONE, time.time() - 1)
+    assert "up" not in runner.call_names()

@@ -43,6 +43,7 @@ class FakePulumi(PulumiCommand):
         self.command = "pulumi"
         self.version = VersionInfo.parse("3.272.0")
         self.calls: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []  # each call's environment beyond gputrain's own
         self.outputs = outputs
         self.fail = fail or {}
 
@@ -58,6 +59,7 @@ class FakePulumi(PulumiCommand):
 
         argv = [a for a in args if a != "--non-interactive"]
         self.calls.append(argv)
+        self.envs.append(dict(additional_env))
         self.cwd = cwd
         verb = argv[0] if argv[0] not in ("stack", "config") else " ".join(argv[:2])
         if verb in self.fail:
@@ -187,6 +189,26 @@ def test_keygen_never_puts_the_private_key_on_a_command_line(
     [public] = [c for c in calls if "gputrain:sshPublicKey" in c["argv"]]
     assert public["argv"][-1].startswith("ssh-ed25519 ") and "--plaintext" in public["argv"]
     assert "PRIVATE KEY" not in capsys.readouterr().out
+
+
+def test_an_ups_env_reaches_that_up_alone(work_dir: Path) -> None:
+    """A recovery's run deadline goes to its `up` (whose program reads it) and the reads the
+    SDK makes inside it, never to the commands after it, a failed `up` included."""
+    key = "GPUTRAIN_RECREATE_DEADLINE"
+    cli = FakePulumi(sample_outputs("dev", "us-central1-b", nodes=2))
+    runner = PulumiStackRunner("dev", work_dir, pulumi_command=cli)
+    runner.up(env={key: "1767225600.0"})
+    first = len(cli.calls)
+    runner.outputs()
+    runner.up()
+    cli.fail = {"up": CommandResult("", "error: update failed", 255)}
+    with pytest.raises(StackError):
+        runner.up(env={key: "1767225601.0"})
+    runner.refresh()
+    seen = [(c[0], e.get(key)) for c, e in zip(cli.calls, cli.envs, strict=True)]
+    assert ("up", "1767225600.0") in seen[:first]
+    assert [s for s in seen[first:] if s[1] is not None] == [("up", "1767225601.0")]
+    assert {("refresh", None), ("up", None)} <= set(seen[first:])
 
 
 def test_failed_up_keeps_the_raw_text_and_summarises_the_gce_message(work_dir: Path) -> None:
