@@ -4,6 +4,10 @@ complete remote checkpoint, and every resumed loss equals an uninterrupted run's
 
 from __future__ import annotations
 
+import contextlib
+import io
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,13 +30,48 @@ def train(out: Path, *extra: str) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in metrics(out)}
 
 
-def first_run(gcs: GcsEmulator, out: Path) -> tuple[str, dict[int, float]]:
+@dataclass(frozen=True)
+class FirstRun:
     """An uninterrupted run with a bucket whose step-40 upload never got its manifest (the node
     died in between): a resume starts from 30 and must reproduce this run's later losses."""
-    uri = f"gs://{gcs.bucket_name}/runs/r1/"
-    losses = train(out, "--checkpoint-uri", uri)
-    gcs.client().bucket(gcs.bucket_name).blob(f"runs/r1/ckpt-00000040.pt{MANIFEST_SUFFIX}").delete()
-    return uri, losses
+
+    uri: str
+    losses: dict[int, float]
+    out: Path  # its out dir, as the run left it
+    objects: dict[str, bytes]  # its bucket, as the run (and the lost manifest) left it
+    said: str
+
+    def bucket_into(self, gcs: GcsEmulator) -> tuple[str, dict[int, float]]:
+        """This run's bucket, byte for byte, in a test's own emulator: (its URI, the losses)."""
+        for name, data in self.objects.items():
+            gcs.write(name, data)
+        return self.uri, self.losses
+
+    def out_into(self, out: Path) -> dict[int, float]:
+        """This run's out dir, copied to a test's own `out`: the losses."""
+        shutil.copytree(self.out, out)
+        return self.losses
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
+    """The one first run of the module's tests (of each pytest-xdist worker that runs them): the
+    same flags and seed in each gave the same files, so each test starts from copies of it. Its
+    checkpoints are the same bytes as a run without --checkpoint-uri writes."""
+    out = tmp_path_factory.mktemp("first") / "out"
+    said = io.StringIO()
+    with (
+        GcsEmulator() as gcs,
+        pytest.MonkeyPatch.context() as m,
+        contextlib.redirect_stdout(said),
+    ):
+        m.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+        uri = f"gs://{gcs.bucket_name}/runs/r1/"
+        losses = train(out, "--checkpoint-uri", uri)
+        bucket = gcs.client().bucket(gcs.bucket_name)
+        bucket.blob(f"runs/r1/ckpt-00000040.pt{MANIFEST_SUFFIX}").delete()
+        objects = {name: gcs.read(name) for name in gcs.names()}
+    return FirstRun(uri, losses, out, objects, said.getvalue())
 
 
 def assert_continues_exactly(out: Path, reference: dict[int, float], start: int) -> None:
@@ -49,16 +88,16 @@ def cut_in_half(path: Path) -> None:
 
 
 def test_a_replaced_node_resumes_from_the_bucket_exactly(
-    gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    first: FirstRun, gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    uri, reference = first_run(gcs, tmp_path / "first")
+    uri, reference = first.bucket_into(gcs)
     assert (
         gcs.names("runs/")
         == [  # the last --keep-checkpoints (4), each with its manifest
             f"runs/r1/ckpt-{s:08d}.pt{m}" for s in (10, 20, 30, 40) for m in ("", MANIFEST_SUFFIX)
         ][:-1]
     )
-    assert "checkpoint step 40 uploaded to gs://" in capsys.readouterr().out
+    assert "checkpoint step 40 uploaded to gs://" in first.said
     fresh = tmp_path / "fresh"  # a new VM: its disk is empty, the bucket is all there is
     train(fresh, "--checkpoint-uri", uri)
     said = capsys.readouterr().out
@@ -69,10 +108,10 @@ def test_a_replaced_node_resumes_from_the_bucket_exactly(
 
 
 def test_a_truncated_newest_local_checkpoint_falls_back_to_the_older_one(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    first: FirstRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    reference = train(out)
+    reference = first.out_into(out)
     (out / "ckpt-00000040.pt").unlink()
     cut_in_half(out / "ckpt-00000030.pt")  # e.g. the disk filled up under a copy
     capsys.readouterr()
@@ -86,9 +125,9 @@ def test_a_truncated_newest_local_checkpoint_falls_back_to_the_older_one(
 
 
 def test_a_truncated_newest_remote_checkpoint_falls_back_to_the_older_one(
-    gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    first: FirstRun, gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    uri, reference = first_run(gcs, tmp_path / "first")
+    uri, reference = first.bucket_into(gcs)
     gcs.write("runs/r1/ckpt-00000030.pt", gcs.read("runs/r1/ckpt-00000030.pt")[:1000])
     capsys.readouterr()
     fresh = tmp_path / "fresh"
@@ -101,10 +140,11 @@ def test_a_truncated_newest_remote_checkpoint_falls_back_to_the_older_one(
 
 
 def test_a_damaged_local_copy_gives_way_to_the_buckets_copy_of_the_same_step(
-    gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    first: FirstRun, gcs: GcsEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    uri, reference = first_run(gcs, out)
+    uri, reference = first.bucket_into(gcs)
+    first.out_into(out)
     (out / "ckpt-00000040.pt").unlink()
     cut_in_half(out / "ckpt-00000030.pt")
     capsys.readouterr()
