@@ -7,6 +7,7 @@ tag and nothing is built; a Dockerfile that fails to build is one line, exit 2, 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,22 +36,52 @@ PROJECT = "gputrain-test"
 
 
 @dataclass
-class Project:
+class UnbuiltProject:
     dir: Path
     podman: Podman
-    registry: Registry
     runner: FakeStackRunner
 
     @property
     def settings(self) -> Settings:
         return Settings(root=self.dir, runs_dir=self.dir / "runs")
 
-    def target(self) -> GceTarget:
-        return GceTarget(STACK, self.settings, GceClients(runner_for=lambda s, r: self.runner))
-
     def docker_calls(self) -> list[str]:
         calls = self.podman.calls
         return calls.read_text().splitlines() if calls.exists() else []
+
+
+@dataclass
+class Project(UnbuiltProject):
+    registry: Registry  # holding the base image the Dockerfile is FROM
+
+    def target(self) -> GceTarget:
+        return GceTarget(STACK, self.settings, GceClients(runner_for=lambda s, r: self.runner))
+
+
+def _project_dir(
+    proj: Path, registry_host: str, podman: Podman, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's project at `proj`, its stack's `build:` a Dockerfile FROM the registry's base
+    image; this process in it, with `podman`'s docker and that registry."""
+    (proj / "docker").mkdir(parents=True)
+    (proj / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (proj / f"Pulumi.{STACK}.yaml").write_text(
+        "config:\n"
+        f"  gcp:project: {PROJECT}\n"
+        "  gputrain:machineType: g2-standard-8\n"
+        "  gputrain:zones: [us-central1-a]\n"
+        f"  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
+        "  gputrain:sshSourceRanges: [203.0.113.7/32]\n"
+        "  gputrain:build: docker/Dockerfile\n"
+    )
+    (proj / "docker" / "Dockerfile").write_text(
+        f"FROM {registry_host}/base:1\nCOPY app.txt /app/app.txt\n"
+    )
+    (proj / "docker" / "app.txt").write_text("the user's code\n")
+    monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv(REGISTRY_HOST_ENV, registry_host)
+    monkeypatch.setenv("GPUTRAIN_INSECURE_REGISTRIES", registry_host)
+    monkeypatch.chdir(proj)
 
 
 @pytest.fixture
@@ -62,30 +93,28 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project
         podman.import_image("localhost/base:1", {"/usr/bin/hello": "#!/bin/sh\necho hi\n"})
         podman.trust(registry.host)
         podman("push", "-q", "localhost/base:1", f"docker://{registry.host}/base:1")
-        proj = tmp_path / "proj"
-        (proj / "docker").mkdir(parents=True)
-        (proj / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-        (proj / f"Pulumi.{STACK}.yaml").write_text(
-            "config:\n"
-            f"  gcp:project: {PROJECT}\n"
-            "  gputrain:machineType: g2-standard-8\n"
-            "  gputrain:zones: [us-central1-a]\n"
-            f"  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
-            "  gputrain:sshSourceRanges: [203.0.113.7/32]\n"
-            "  gputrain:build: docker/Dockerfile\n"
-        )
-        (proj / "docker" / "Dockerfile").write_text(
-            f"FROM {registry.host}/base:1\nCOPY app.txt /app/app.txt\n"
-        )
-        (proj / "docker" / "app.txt").write_text("the user's code\n")
-        monkeypatch.setenv("PATH", f"{podman.shim_dir}:{os.environ['PATH']}")
-        monkeypatch.setenv(REGISTRY_HOST_ENV, registry.host)
-        monkeypatch.setenv("GPUTRAIN_INSECURE_REGISTRIES", registry.host)
-        monkeypatch.chdir(proj)
-        yield Project(proj, podman, registry, FakeStackRunner(stack_name=STACK, project=PROJECT))
+        _project_dir(tmp_path / "proj", registry.host, podman, monkeypatch)
+        runner = FakeStackRunner(stack_name=STACK, project=PROJECT)
+        yield Project(tmp_path / "proj", podman, runner, registry)
     finally:
         registry.stop()
         podman.cleanup()
+
+
+@pytest.fixture
+def refused_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[UnbuiltProject]:
+    """The same project for a `--build` refused before anything: podman's docker (the shim logs
+    every call it gets) with nothing in its storage, and a registry address nothing listens at
+    (the discard port): a docker or registry call before the refusal fails loudly, and no
+    registry process or base image is made for a test where none is used."""
+    podman = Podman(tmp_path / "podman")
+    try:
+        _project_dir(tmp_path / "proj", "127.0.0.1:9", podman, monkeypatch)
+        runner = FakeStackRunner(stack_name=STACK, project=PROJECT)
+        yield UnbuiltProject(tmp_path / "proj", podman, runner)
+    finally:
+        shutil.rmtree(podman.root, ignore_errors=True)
+        shutil.rmtree(podman.runroot, ignore_errors=True)
 
 
 def test_built_pushed_once_then_found(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,8 +244,12 @@ def test_the_build_sees_the_upload_filters_context_and_no_link_out(
     "build", ["../Dockerfile", "/etc/passwd", "docker/../../x/Dockerfile", "linked/Dockerfile"]
 )
 def test_a_build_outside_the_project_is_one_line(
-    project: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path, build: str
+    refused_project: UnbuiltProject,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    build: str,
 ) -> None:
+    project = refused_project
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "Dockerfile").write_text("FROM scratch\n")
