@@ -13,7 +13,7 @@ from infra.ttl import Recreation
 stack = pulumi.get_stack()  # what the stack file sets, as `plan` reads it (autodown: 10m)
 spec = parse_spec(stack_config_from_pulumi(), stack, given=stack_file_keys(Path.cwd(), stack))
 require_deployable(spec)
-recreation = Recreation.from_env(os.environ)  # a recovery's `up`: the run's deadline, its zone
+recreation = Recreation.from_env(os.environ)  # a recovery's `up`: deadline, zone, image
 reconcile = None
 if not spec.on_vertex:  # laptop-closed recovery: its job's image and stack file
     from infra.components.reconciler import program_source

@@ -163,6 +163,7 @@ UNLISTED_ENV = {
     "GPUTRAIN_STACK_FILE": "the reconcile job's own: set by the program on its Cloud Run job",
     "GPUTRAIN_RECREATE_DEADLINE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
     "GPUTRAIN_RECREATE_ZONE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
+    "GPUTRAIN_RECREATE_IMAGE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
 }
 
 

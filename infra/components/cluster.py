@@ -93,10 +93,13 @@ class GpuCluster(pulumi.ComponentResource):
         *,
         registry: ImageRegistry | None = None,  # `build`: the nodes pull the stack's image
         reconcile: ReconcileSource | None = None,  # the reconcile job's image and stack file
-        recreation: Recreation | None = None,  # a recovery's `up`: what is left of the run's TTL
+        recreation: Recreation | None = None,  # a recovery's `up`: the run's TTL left, its image
     ) -> None:
         # The image is an invoke that can fail on the user's input: before any resource exists.
-        image_self_link = resolve_image(spec)
+        # A recovery keeps the image the cluster runs: the provider replaces a VM whose image
+        # changes, so the family's newer one would replace every survivor.
+        recorded = recreation.image if recreation is not None else None
+        image_self_link = recorded or resolve_image(spec)
         if spec.bucket_name is None:
             raise SpecError("gcp:project is not set: it names the stack's bucket")
         super().__init__(COMPONENT_TYPE, name, None, opts)

@@ -10,6 +10,7 @@ from infra.stackfile import SpecError
 from infra.ttl import (
     GCE_MIN_RUN_S,
     RECREATE_DEADLINE_ENV,
+    RECREATE_IMAGE_ENV,
     RECREATE_ZONE_ENV,
     Recreation,
     ttl_left_s,
@@ -31,6 +32,18 @@ def test_a_recreation_reaches_the_program_as_written_and_a_plain_up_has_none() -
     assert set(env) == {RECREATE_DEADLINE_ENV, RECREATE_ZONE_ENV}
     assert Recreation.from_env({"PATH": "/bin", **env}) == made
     assert Recreation.from_env({"PATH": "/bin"}) is None
+
+
+def test_a_recreation_carries_the_image_the_cluster_runs_when_its_outputs_record_one() -> None:
+    """The program boots every VM of a recovery's `up` on that image; a stack whose outputs
+    have none (an older `up`) sends none, and the program resolves the family as before."""
+    image = "https://www.googleapis.com/compute/v1/projects/p/global/images/pytorch-v20260301"
+    made = Recreation(1_767_225_600.0, "us-central1-a", image)
+    assert made.env()[RECREATE_IMAGE_ENV] == image
+    assert Recreation.from_env(made.env()) == made
+    older = Recreation(1_767_225_600.0, "us-central1-a")
+    assert RECREATE_IMAGE_ENV not in older.env()
+    assert Recreation.from_env({**older.env(), RECREATE_IMAGE_ENV: ""}) == older
 
 
 def test_a_recreated_vm_gets_what_is_left_to_the_deadline_never_less_than_gces_minimum() -> None:

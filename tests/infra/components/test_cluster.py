@@ -280,12 +280,12 @@ def test_compact_placement_turns_automatic_restart_off(mocks: GcpMocks) -> Any:
 
 
 def _declared(
-    cfg: dict[str, str], stack: str
+    cfg: dict[str, str], stack: str, mocks: GcpMocks | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, ...]], dict[str, Any]]:
     """__main__.py under mocks, in this process's environment: each VM's inputs, what each
     resource asks the engine to ignore, the stack outputs."""
     outputs: dict[str, Any] = {}
-    with pulumi_mocks({}, stack=stack) as m:
+    with pulumi_mocks({}, stack=stack, mocks=mocks) as m:
 
         @pulumi.runtime.test
         def run() -> Any:
@@ -339,6 +339,33 @@ def test_a_recovery_up_in_another_zone_ignores_nothing(monkeypatch: pytest.Monke
     for name, inputs in vms.items():
         assert 590 <= float(inputs["scheduling"]["maxRunDuration"]["seconds"]) <= 600
         assert ignored[name] == ()
+
+
+def test_a_recovery_up_keeps_the_image_the_cluster_runs_when_the_family_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The family now points at a newer image than the one the stack's outputs record: a
+    recovery's `up` gives every VM the recorded image (the provider replaces a VM whose
+    boot_disk.initialize_params.image changes: every survivor would go, and the new VM would
+    boot another driver and CUDA than its peers) and records it again; it does not resolve the
+    family. A plain `up` takes the family's current image."""
+    cfg = deployable_config("dev", nodes="2")
+    spec = parse_spec(cfg, "dev")
+    monkeypatch.delenv(RECREATE_DEADLINE_ENV, raising=False)
+    plain, _, plain_out = _declared(cfg, "dev")
+    current = plain_out["image"]
+    assert current.endswith(f"/images/{spec.image_family}-v20260416")
+    running = current.replace("-v20260416", "-v20260301")  # what the cluster was created on
+    for key, value in Recreation(time.time() + 1800, spec.zone, running).env().items():
+        monkeypatch.setenv(key, value)
+    mocks = GcpMocks()
+    again, _, again_out = _declared(cfg, "dev", mocks)
+    assert list(again) == list(spec.node_names)
+    for name in spec.node_names:
+        assert plain[name]["bootDisk"]["initializeParams"]["image"] == current
+        assert again[name]["bootDisk"]["initializeParams"]["image"] == running
+    assert again_out["image"] == running  # and the next recovery keeps it too
+    assert not [call for call in mocks.calls if call[0] == GET_IMAGE]
 
 
 @pulumi.runtime.test
