@@ -11,8 +11,12 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from infra.schema import SpecError
+
+if TYPE_CHECKING:
+    from infra.outputs import StackOutputs
 
 #: A recovery's `up` (scripts/targets/gce/target.py `recreate`) tells the program, in the
 #: pulumi process's environment, the run's deadline (Unix seconds: its TTL counted from its
@@ -33,6 +37,11 @@ class Recreation:
     deadline: float
     zone: str
     image: str | None = None
+
+    @classmethod
+    def of(cls, cluster: StackOutputs, deadline: float) -> Recreation:
+        """The re-creation of `cluster`'s lost VMs: its zone first, its image."""
+        return cls(deadline, cluster.zone, cluster.image_self_link)
 
     def env(self) -> dict[str, str]:
         env = {RECREATE_DEADLINE_ENV: repr(self.deadline), RECREATE_ZONE_ENV: self.zone}

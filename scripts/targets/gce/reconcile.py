@@ -202,11 +202,13 @@ class Pass:
         (the controller's own `refresh` + `up`, with no waiting for capacity: a stock-out is
         the next pass's to retry). The TTL counts from the first launch."""
         from infra.outputs import parse_stack_outputs
+        from infra.ttl import Recreation
         from scripts.targets.gce.recovery import StackNodes
 
-        def recreate(zone: str) -> tuple[Any, StackOutputs]:
-            m = self.m  # its new VMs live to the deadline not_recreating checks, no longer
-            self.recreated = self.target.recreated(self.spec, zone, m.budget_usd, m.deadline)
+        def recreate(cluster: StackOutputs) -> tuple[Any, StackOutputs]:
+            # its new VMs live to the deadline not_recreating checks, on the cluster's image
+            again = Recreation.of(cluster, self.m.deadline)
+            self.recreated = self.target.recreated(self.spec, again, self.m.budget_usd)
             return None, parse_stack_outputs(self.recreated)
 
         nodes = StackNodes(

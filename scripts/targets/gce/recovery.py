@@ -61,7 +61,7 @@ from scripts.targets.session import FleetSession
 GONE_STATES = ("STOPPING", "TERMINATED")
 STOPPED_WITH_CHECKPOINT = re.compile(r"stopped at step \d+ with a checkpoint")
 TTL_MARGIN_S = 120.0  # a VM this close to maxRunDuration that vanishes was deleted by its TTL
-Recreate = Callable[[str], tuple[Fleet, StackOutputs]]  # (zone to try first) -> the new cluster
+Recreate = Callable[[StackOutputs], tuple[Fleet, StackOutputs]]  # (the cluster) -> the new one
 #: What each of GCE's terminations is called in the lines a recovery prints.
 CAUSES = {
     PREEMPTED: "preempted",
@@ -262,7 +262,7 @@ class StackNodes:
                         "re-creating it (run `gputrain down` to end the stack)"
                     )
                 self.sleep(1.0)
-        fleet, self.outputs = self._recreate(self.outputs.zone)
+        fleet, self.outputs = self._recreate(self.outputs)  # its zone first, its image
         return fleet
 
 

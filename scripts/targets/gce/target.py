@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from infra.offers import Candidate
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
+    from infra.ttl import Recreation
     from scripts.targets.gce.provision import CapacityWait
     from scripts.targets.gce.recovery import RecoveringSession
     from scripts.targets.session import FleetSession
@@ -245,13 +246,13 @@ class GceTarget(StackTarget[GceClients, Provision]):
             yield session
 
     def recreated(
-        self, spec: ClusterSpec, zone: str, budget: float | None, deadline: float
+        self, spec: ClusterSpec, again: Recreation, budget: float | None
     ) -> dict[str, Any]:
         """`gputrain reconcile`'s re-creation: the controller's own refresh + up, with no
         waiting for capacity (a stock-out is the next pass's to retry), within the run's
-        `budget` (None: the stack's) and its `deadline`; the stack outputs."""
+        `budget` (None: the stack's), its deadline and image; the stack outputs."""
         opts = RunOptions(wait_for_capacity_s=0, budget=budget)
-        return recreate(self.context(spec, opts), zone, deadline)
+        return recreate(self.context(spec, opts), again)
 
     @contextmanager
     def session_for(
@@ -356,14 +357,16 @@ def stack_session(
     """The stack's fleet, pinned; it re-creates preempted VMs (`recreate`). `started_at`: the
     run's start when it was earlier than this session (a reconciler's relaunch)."""
     from infra.outputs import parse_stack_outputs
+    from infra.ttl import Recreation
     from scripts.targets.gce.autodown import stack_autodown
     from scripts.targets.gce.recovery import RecoveringSession, StackNodes
     from scripts.verify.nodes import FabricCheck
 
     spec, opts, clients = ctx.spec, ctx.opts, ctx.clients
 
-    def recreated(zone: str) -> tuple[Fleet, StackOutputs]:
-        out = parse_stack_outputs(recreate(ctx, zone, nodes.deadline))  # `nodes`: below
+    def recreated(cluster: StackOutputs) -> tuple[Fleet, StackOutputs]:
+        again = Recreation.of(cluster, nodes.deadline)  # `nodes`: below
+        out = parse_stack_outputs(recreate(ctx, again))
         return stack_fleet(ctx, out, key), out
 
     out = parse_stack_outputs(outputs)
@@ -500,24 +503,23 @@ def provision_candidates(
     return pin(ctx.spec, ctx.stack_file.config, candidate=chosen), outputs
 
 
-def recreate(ctx: Context, zone: str, deadline: float) -> dict[str, Any]:
+def recreate(ctx: Context, again: Recreation) -> dict[str, Any]:
     """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
     zone first, then the rest of the failover order, never destroying what survived; all
-    stocked out: wait for capacity as `up` does. New VMs live to the run's `deadline` only."""
+    stocked out: wait for capacity as `up` does. Each `up` re-creates VMs as `again` says."""
     ctx.runner.refresh(on_output=None)
     return capacity_wait(ctx, "the surviving VM(s) stay up and bill").run(
-        lambda: recreate_once(ctx, zone, deadline), ui.say
+        lambda: recreate_once(ctx, again), ui.say
     )
 
 
-def recreate_once(ctx: Context, zone: str, deadline: float) -> dict[str, Any]:
-    from infra.ttl import Recreation
+def recreate_once(ctx: Context, again: Recreation) -> dict[str, Any]:
     from scripts.targets.gce.manifest import not_recreating
     from scripts.targets.gce.provision import provision_with_failover
 
-    if why := not_recreating(deadline, None, time.time()):  # a wait for capacity outlived it
+    if why := not_recreating(again.deadline, None, time.time()):  # a wait outlived it
         raise GputrainError(why)
-    spec, env = ctx.spec, Recreation(deadline, zone).env()
+    spec, zone, env = ctx.spec, again.zone, again.env()
     if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
         from scripts.targets.gce.provision import provision_candidates
 

@@ -12,7 +12,7 @@ from infra import catalog
 from infra.gcp.compute import ComputeApi
 from infra.gcp.sweep import sweep
 from infra.offers import Candidate, candidate_label, parse_request, resolve
-from infra.ttl import Recreation
+from infra.ttl import RECREATE_IMAGE_ENV, Recreation
 from scripts.cli import main
 from scripts.settings import Settings
 from scripts.targets.gce.clients import GceClients
@@ -273,13 +273,16 @@ def test_spot_recovery_reups_the_same_shape_its_zone_first(
     spec = target.spec_at(running)
     assert (spec.machine_type, spec.zone) == (running.machine_type, running.zone)
     runner.fail_stockout(running.zone)
-    deadline = time.time() + 1800
-    recreate(target.context(spec, RunOptions()), running.zone, deadline)
+    image = "https://www.googleapis.com/compute/v1/projects/p/global/images/pytorch-v20260301"
+    again = Recreation(time.time() + 1800, running.zone, image)
+    recreate(target.context(spec, RunOptions()), again)
     label = candidate_label(running)
     assert _ups(runner) == [(label, running.zone), (label, ranked[0].zone)]
     assert "destroy" not in runner.call_names()
-    # each `up` gives the program the run's deadline and the zone its survivors stand in
-    assert runner.up_env == [Recreation(deadline, running.zone).env()] * 2
+    # each `up` gives the program the run's deadline, the zone its survivors stand in and the
+    # image they run, which the new zone's VMs boot too
+    assert runner.up_env == [again.env()] * 2
+    assert runner.up_env[1][RECREATE_IMAGE_ENV] == image
 
 
 def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
@@ -311,9 +314,9 @@ def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
             runner.fail_stockout(zone, times=99)
         with pytest.raises(ProvisioningError, match="no capacity in the 3 candidate"):
             ctx = target.context(spec, RunOptions(wait_for_capacity_s=0))
-            recreate(ctx, running.zone, time.time() + 3600)
+            recreate(ctx, Recreation(time.time() + 3600, running.zone))
         with pytest.raises(ProvisioningError):  # a reconcile pass's re-creation
-            target.recreated(spec, running.zone, None, time.time() + 3600)
+            target.recreated(spec, Recreation(time.time() + 3600, running.zone), None)
         assert {zone for _, zone in _ups(runner)} == east4
         out = capsys.readouterr().out
         assert "recovery: not re-creating in europe-west4-b at $46.48/h" in out

@@ -18,6 +18,7 @@ import pytest
 from infra.base.errors import GputrainError, UserError
 from infra.gcp.compute import ComputeApi
 from infra.gcp.gcs import StorageApi
+from infra.ttl import Recreation
 from scripts.job.records import Job
 from scripts.targets.gce import reconcile as reconcile_module
 from scripts.targets.gce.lease import Lease
@@ -46,8 +47,8 @@ class Cloud:
     compute: FakeCompute
     prefix: str
     sent: list[str] = field(default_factory=list)
-    recreated: list[str] = field(default_factory=list)
-    deadlines: list[float] = field(default_factory=list)  # each re-creation's
+    recreated: list[str] = field(default_factory=list)  # the zone each re-creation tried first
+    recreations: list[Recreation] = field(default_factory=list)  # what each gave its `up`
 
     @property
     def manifests(self) -> Manifests:
@@ -80,11 +81,9 @@ class Cloud:
     def target(self, spec: Any) -> Any:
         outputs = sample_outputs(STACK, ZONE, nodes=2, project=self.compute.project)
 
-        def recreated(
-            _spec: Any, zone: str, _budget: float | None, deadline: float
-        ) -> dict[str, Any]:
-            self.recreated.append(zone)
-            self.deadlines.append(deadline)
+        def recreated(_spec: Any, again: Recreation, _budget: float | None) -> dict[str, Any]:
+            self.recreated.append(again.zone)
+            self.recreations.append(again)
             for name in (HEAD, WORKER):
                 if (ZONE, name) not in self.compute.instances:
                     self.compute.add_instance(name, ZONE, labels={"gputrain-stack": STACK})
@@ -147,8 +146,10 @@ def test_a_worker_preempted_before_the_crash_is_still_recovered(
     )
     assert cloud.run_pass() == "recovered"
     assert cloud.recreated == [ZONE] and relaunched == [2] and cloud.sent[0] == "preempted"
-    m = cloud.manifests.load("r1")  # its new VM lives to the deadline the TTL check reads
-    assert m is not None and cloud.deadlines == [m.deadline]
+    m = cloud.manifests.load("r1")  # its new VM lives to the deadline the TTL check reads,
+    assert m is not None  # on the image the stack outputs record (not the family's newer one)
+    image = sample_outputs(STACK, ZONE)["image"]
+    assert cloud.recreations == [Recreation(m.deadline, ZONE, image)]
 
 
 def test_a_run_that_finished_stays_finished_after_the_ttl(cloud: Cloud) -> None:

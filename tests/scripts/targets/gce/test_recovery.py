@@ -85,7 +85,7 @@ def test_stack_nodes_read_the_compute_api() -> None:
             out,
             spot=True,
             ttl_s=3600,
-            recreate=lambda zone: (None, out),  # type: ignore[arg-type,return-value]
+            recreate=lambda _cluster: (None, out),  # type: ignore[arg-type,return-value]
             sleep=slept.append,
         )
         assert nodes.states(since - 60)[0].preempted_at  # seen when asked about that time
@@ -114,7 +114,7 @@ def test_a_stack_runs_cost_record_starts_where_its_budget_and_watchdog_record_do
     out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=1))
     nodes = StackNodes(
         ComputeApi("http://127.0.0.1:9"), out, spot=True, ttl_s=3600,
-        recreate=lambda zone: (None, out),  # type: ignore[arg-type,return-value]
+        recreate=lambda _cluster: (None, out),  # type: ignore[arg-type,return-value]
         clock=lambda: 1_000_000.2504,
     )  # fmt: skip
     fleet = Fleet("stack-dev", (Node("dev-node-0", "head", "10.0.0.1"),))
@@ -335,7 +335,7 @@ def test_an_on_demand_node_lost_to_a_host_error_is_found_and_waited_for() -> Non
             out,
             spot=False,
             ttl_s=3600,
-            recreate=lambda zone: ("fleet", out),  # type: ignore[arg-type,return-value]
+            recreate=lambda _cluster: ("fleet", out),  # type: ignore[arg-type,return-value]
             sleep=lambda _s: None,
         )
         assert nodes.preempted(since, wait_s=0) == {}
@@ -359,11 +359,11 @@ def test_a_node_gce_will_not_restart_is_deleted_after_a_host_error_and_recreated
     with FakeCompute() as fake:
         for n in out.nodes:
             fake.add_instance(n.name, ZONE)
-        recreated: list[str] = []
+        recreated: list[StackOutputs] = []
 
-        def recreate(zone: str) -> tuple[str, StackOutputs]:
+        def recreate(cluster: StackOutputs) -> tuple[str, StackOutputs]:
             assert (ZONE, "dev-node-1") not in fake.instances  # gone before `up`
-            recreated.append(zone)
+            recreated.append(cluster)
             return "fleet", out
 
         nodes = StackNodes(
@@ -382,7 +382,7 @@ def test_a_node_gce_will_not_restart_is_deleted_after_a_host_error_and_recreated
         fake.instances[(ZONE, "dev-node-1")].body["status"] = "TERMINATED"  # and it stays so
         found = nodes.preempted(since, wait_s=0)
         assert found["dev-node-1"].cause == "lost to a host error"
-        assert nodes.recreate(found, gone_deadline_s=30) == "fleet" and recreated == [ZONE]
+        assert nodes.recreate(found, gone_deadline_s=30) == "fleet" and recreated == [out]
         assert [(zone, name) for zone, name, _ in fake.deletes] == [(ZONE, "dev-node-1")]
         assert "dev-node-1: lost to a host error, left TERMINATED" in capsys.readouterr().out
 
@@ -410,7 +410,7 @@ def test_a_preemption_is_counted_once_whatever_gces_clock_says() -> None:
             out,
             spot=True,
             ttl_s=3600,
-            recreate=lambda zone: ("fleet", out),  # type: ignore[arg-type,return-value]
+            recreate=lambda _cluster: ("fleet", out),  # type: ignore[arg-type,return-value]
             sleep=lambda _s: None,
         )
         fake.preempt_instance("dev-node-1", ZONE, delete_after_s=60)
@@ -451,10 +451,10 @@ def test_the_controller_recovers_no_run_past_its_ttl_or_its_budget(
 
     out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=2))
     keys = {n.name: ("ssh-ed25519 KEY",) for n in out.nodes}
-    recreated: list[str] = []
+    recreated: list[StackOutputs] = []
 
-    def recreate(zone: str) -> tuple[Any, StackOutputs]:
-        recreated.append(zone)
+    def recreate(cluster: StackOutputs) -> tuple[Any, StackOutputs]:
+        recreated.append(cluster)
         return None, out
 
     with FakeCompute() as fake:
@@ -528,7 +528,8 @@ def test_a_recovery_gives_the_vm_it_recreates_what_is_left_of_the_runs_ttl(
     session.nodes.created_at = time.time() - 2400  # launched 40 min ago: 20 min of its hour left
     fake.remove_instance("dev-node-1", ZONE)  # GCE deleted the preempted VM
     session.nodes.recreate({"dev-node-1": NodeCloudState("dev-node-1", None, "2026-04-20")})
-    assert runner.up_env == [{}, Recreation(session.nodes.deadline, ZONE).env()]
+    image = outputs["image"]  # the one the cluster runs (the next test)
+    assert runner.up_env == [{}, Recreation(session.nodes.deadline, ZONE, image).env()]
     listed = ComputeApi(fake.url).list_stack_instances(fake.project, "dev")
     now = time.time()
     left = {i["name"]: ttl_left_s(i["last_start"], i["max_run_duration_s"], now) for i in listed}
@@ -537,14 +538,42 @@ def test_a_recovery_gives_the_vm_it_recreates_what_is_left_of_the_runs_ttl(
     assert fake.instances[(ZONE, "dev-node-0")].body["id"] == survivor
 
 
+def test_both_recoveries_recreate_vms_on_the_image_the_cluster_runs(
+    tmp_path: Path, fake: FakeCompute
+) -> None:
+    """The stack outputs record the image the cluster was created on; the image family may
+    point at a newer one by the time GCE takes a VM. The controller's recovery and a reconcile
+    pass's re-creation (GceTarget.recreated) both hand the recorded image to their `up`
+    (GPUTRAIN_RECREATE_IMAGE), so the program keeps it for every VM: the family's newer one
+    would replace the survivors and give the new VM another driver and CUDA than its peers."""
+    from infra.ttl import RECREATE_IMAGE_ENV, Recreation
+    from scripts.targets.gce.target import stack_session
+
+    target, runner = _stack_target(tmp_path, fake)
+    spec = target.spec()
+    outputs = runner.up()
+    running = outputs["image"]
+    assert running.endswith("-v20260416")
+    ctx = target.context(spec, RunOptions(wait_for_capacity_s=0))
+    session = stack_session(ctx, outputs, tmp_path / "key", keep=True, connect_deadline_s=1)
+    fake.remove_instance("dev-node-1", ZONE)
+    session.nodes.recreate({"dev-node-1": NodeCloudState("dev-node-1", None, "2026-04-20")})
+    assert [env.get(RECREATE_IMAGE_ENV) for env in runner.up_env] == [None, running]
+    fake.remove_instance("dev-node-1", ZONE)  # again, and a reconcile pass re-creates it
+    again = Recreation.of(parse_stack_outputs(runner.outputs()), time.time() + 600)
+    target.recreated(spec, again, None)
+    assert runner.up_env[-1][RECREATE_IMAGE_ENV] == running
+
+
 def test_no_recovery_recreates_a_vm_past_the_runs_deadline(
     tmp_path: Path, fake: FakeCompute
 ) -> None:
     """A wait for capacity that outlives the run's TTL ends there: nothing is created."""
+    from infra.ttl import Recreation
     from scripts.targets.gce.target import recreate
 
     target, runner = _stack_target(tmp_path, fake)
     ctx = target.context(target.spec(), RunOptions(wait_for_capacity_s=0))
     with pytest.raises(GputrainError, match=r"^the stack's TTL is spent: not re-creating VMs$"):
-        recreate(ctx, ZONE, time.time() - 1)
+        recreate(ctx, Recreation(time.time() - 1, ZONE))
     assert "up" not in runner.call_names()
