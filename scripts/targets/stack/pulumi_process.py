@@ -8,8 +8,8 @@ own graceful cancel: it finishes the operations in flight, records them and lets
 lock, so the teardown that follows destroys them. A further interruption, or the user's "stop
 waiting" (StoppedWaiting, a KeyboardInterrupt), ends it sooner: SIGINT, then SIGKILL to its
 process group. Pulumi's plugins are in that group; nothing else is. A pulumi killed in an update
-(up, refresh, destroy) leaves the stack's lock behind: that lock is gputrain's own, and the
-teardown that follows clears it (`release`). Light to import: the SDK only inside `run`."""
+(up, refresh, destroy), silent or interrupted again, leaves the stack's lock behind: that lock is
+gputrain's own, and the teardown that follows clears it (`release`). Light to import: the SDK only inside `run`."""
 
 from __future__ import annotations
 
@@ -104,16 +104,19 @@ def _end(process: subprocess.Popen[str], grace_s: float) -> bool:
     raised on); what of its group outlives it (a plugin deaf to SIGINT), SIGKILL too. True:
     pulumi itself had to be killed (its stack's lock may remain)."""
     _signal_group(process, signal.SIGINT)
-    killed = True
     try:
         process.wait(timeout=grace_s)
-        killed = False
     except subprocess.TimeoutExpired:
         pass
     finally:
         _signal_group(process, signal.SIGKILL)
         process.wait()
-    return killed
+    return _killed(process)
+
+
+def _killed(process: subprocess.Popen[str]) -> bool:
+    """pulumi ended by SIGKILL, not on its own: it did not let go of the stack's lock."""
+    return process.returncode == -signal.SIGKILL
 
 
 class WatchedPulumiCommand:
@@ -178,7 +181,6 @@ class WatchedPulumiCommand:
                 self.stuck = "an earlier pulumi of this command was stuck (said above)"
                 line += "; it did not answer its own cancel and was killed"
                 if verb in UPDATES:  # pulumi lets go of the stack's lock as it ends, not killed
-                    self.own_lock = True
                     line += (
                         ", so the stack may stay locked until a teardown clears it (pulumi "
                         f"cancel): the one that follows in this command, or `gputrain down "
@@ -192,7 +194,8 @@ class WatchedPulumiCommand:
         except BaseException:  # the user stops waiting
             _end(process, STOP_GRACE_S)
             raise
-        finally:
+        finally:  # killed however (silent, deaf to its cancel, a further Ctrl-C): the lock it left
+            self.own_lock = self.own_lock or (verb in UPDATES and _killed(process))
             until = time.monotonic() + READERS_JOIN_S
             for reader in readers:
                 reader.join(timeout=max(0.0, until - time.monotonic()))

@@ -1,7 +1,8 @@
 """destroy_stack: refresh + destroy retried; before every retry its hook runs (the bucket emptied
 again when a late writer refilled it), and a failing hook is said, not fatal. `down` with a fake
 `pulumi` as real processes: a silent one is ended and the sweep still looks; a Ctrl-C during the
-teardown reaches no pulumi, and a second one stops waiting with what is left said."""
+teardown reaches no pulumi, and a second one stops waiting with what is left said. A pulumi `up`
+that gputrain killed (silent, or at a second Ctrl-C) leaves a lock the teardown clears."""
 
 from __future__ import annotations
 
@@ -48,10 +49,10 @@ def test_the_hook_runs_before_each_retry_only(capsys: pytest.CaptureFixture[str]
 
 # ---- a pulumi that hangs, a Ctrl-C during teardown: `down` with a fake `pulumi` as real processes
 
-DOWN = (
+GPUTRAIN = (
     "import sys\nfrom pathlib import Path\nfrom scripts.cli import main\n"
     "from scripts.settings import Settings\nroot = Path(sys.argv[1])\n"
-    "sys.exit(main(['down', '--stack', 'dev'], Settings(root=root, runs_dir=root / 'runs')))\n"
+    "sys.exit(main(sys.argv[2:], Settings(root=root, runs_dir=root / 'runs')))\n"
 )
 OFFER = (
     "warning: teardown is in progress and goes on; press Ctrl-C again within 5 s to stop "
@@ -70,9 +71,12 @@ def project(tmp_path: Path) -> Path:
 
 
 @contextmanager
-def down_in_a_terminal(project: Path, **verbs: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """`gputrain down --stack dev` as a terminal's foreground job: a process group of its own,
-    which the terminal's Ctrl-C signals as a whole (os.killpg); (it, its stderr's file)."""
+def gputrain_in_a_terminal(
+    project: Path, *argv: str, **verbs: str
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """`gputrain down --stack dev` (or `gputrain ARGV`) as a terminal's foreground job: a process
+    group of its own, which the terminal's Ctrl-C signals as a whole (os.killpg); (it, its
+    stderr's file; its stdout goes to `project/stdout`)."""
     fake_pulumi(project / "bin", project / "pulumi.log", **verbs)
     env = {k: v for k, v in os.environ.items() if k != "GOOGLE_APPLICATION_CREDENTIALS"}
     env |= {
@@ -81,10 +85,10 @@ def down_in_a_terminal(project: Path, **verbs: str) -> Iterator[tuple[subprocess
         "PYTHONPATH": str(ROOT),
     }
     err = project / "stderr"
-    with err.open("w") as sink:
+    with err.open("w") as sink, (project / "stdout").open("w") as out:
         child = subprocess.Popen(
-            [sys.executable, "-c", DOWN, str(project)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True,
+            [sys.executable, "-c", GPUTRAIN, str(project), *(argv or ("down", "--stack", "dev"))],
+            cwd=ROOT, env=env, stdout=out, stderr=sink, text=True,
             start_new_session=True,
         )  # fmt: skip
     try:
@@ -136,6 +140,17 @@ def test_down_after_a_silent_destroy_still_sweeps_and_says_what_ends_it(
     assert wait_until_gone(pids) == []
 
 
+def _up_ready(project: Path) -> None:
+    """Stack `dev` as `up` takes it offline (an SSH key and source range: no lookups)."""
+    from tests.support.pulumi_mocks import TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
+
+    stack_file = project / "Pulumi.dev.yaml"
+    stack_file.write_text(
+        stack_file.read_text() + f"  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
+        f"  gputrain:sshSourceRanges: [{TEST_SOURCE_RANGE}]\n"
+    )
+
+
 def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys(
     project: Path,
     pids: Path,
@@ -148,13 +163,8 @@ def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys
     from scripts.cli import main
     from scripts.settings import Settings
     from scripts.targets.stack import pulumi_process
-    from tests.support.pulumi_mocks import TEST_PUBLIC_KEY, TEST_SOURCE_RANGE
 
-    stack_file = project / "Pulumi.dev.yaml"
-    stack_file.write_text(
-        stack_file.read_text() + f"  gputrain:sshPublicKey: {TEST_PUBLIC_KEY}\n"
-        f"  gputrain:sshSourceRanges: [{TEST_SOURCE_RANGE}]\n"
-    )
+    _up_ready(project)
     log, lock = project / "pulumi.log", project / "stack.lock"
     verbs = locking(lock)
     verbs["up"] += "; " + hanging(pids, deaf=True)
@@ -182,6 +192,37 @@ def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys
     assert wait_until_gone(pids) == []
 
 
+def test_a_second_ctrl_c_during_up_kills_pulumi_and_the_teardown_clears_its_lock(
+    project: Path, pids: Path
+) -> None:
+    """The second Ctrl-C during `up` ends pulumi at once (SIGKILL: it is slow to finish its
+    cancel), and the lock it held stays. The teardown still follows in that command: the lock is
+    gputrain's own, so it clears it (pulumi cancel), says so, and destroys."""
+    _up_ready(project)
+    marks, lock = project / "marks", project / "stack.lock"
+    verbs = locking(lock)
+    verbs["up"] += (
+        f'; echo $$ >> "{pids}"; trap \'echo INT >> "{marks}"\' INT; echo started >> "{marks}"; '
+        "i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"
+    )  # its cancel takes a minute
+    argv = ("up", "--stack", "dev", "--yes", "--skip-preflight")
+    with gputrain_in_a_terminal(project, *argv, **verbs) as (up, err):
+        wait_for("pulumi up", lambda: marks.exists(), timeout=60)
+        os.killpg(up.pid, signal.SIGINT)  # the terminal's Ctrl-C: pulumi's own cancel
+        wait_for("its cancel", lambda: "INT" in marks.read_text().split(), timeout=30)
+        os.killpg(up.pid, signal.SIGINT)  # at once
+        up.wait(timeout=60)
+    said = err.read_text()
+    verbs_run = [c.split()[0] for c in (project / "pulumi.log").read_text().splitlines()]
+    assert verbs_run[verbs_run.index("up") :].count("cancel") == 1, said
+    assert "destroy" in verbs_run[verbs_run.index("cancel") :] and not lock.exists(), said
+    assert "destroy attempt 1 failed" not in said and "destroy failed" not in said, said
+    assert (
+        "clearing the lock (pulumi cancel) and destroying again" in (project / "stdout").read_text()
+    )
+    assert wait_until_gone(pids) == []
+
+
 def test_ctrl_c_during_teardown_does_not_reach_pulumi_and_says_so(
     project: Path, pids: Path
 ) -> None:
@@ -190,7 +231,7 @@ def test_ctrl_c_during_teardown_does_not_reach_pulumi_and_says_so(
         f'echo $$ >> "{pids}"; trap \'echo INT >> "{marks}"\' INT; echo started >> "{marks}"; '
         f'i=0; while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo destroyed >> "{marks}"'
     )
-    with down_in_a_terminal(project, destroy=destroy) as (down, err):
+    with gputrain_in_a_terminal(project, destroy=destroy) as (down, err):
         wait_for("pulumi destroy", lambda: marks.exists(), timeout=60)
         os.killpg(down.pid, signal.SIGINT)  # the terminal's Ctrl-C
         down.wait(timeout=60)
@@ -203,7 +244,7 @@ def test_ctrl_c_during_teardown_does_not_reach_pulumi_and_says_so(
 def test_a_second_ctrl_c_stops_waiting_ends_pulumi_and_says_what_is_left(
     project: Path, pids: Path
 ) -> None:
-    with down_in_a_terminal(project, destroy=hanging(pids)) as (down, err):
+    with gputrain_in_a_terminal(project, destroy=hanging(pids)) as (down, err):
         wait_for("pulumi destroy", lambda: len(running(pids)) == 2, timeout=60)
         os.killpg(down.pid, signal.SIGINT)
         wait_for("the offer", lambda: OFFER in err.read_text().splitlines(), timeout=30)
