@@ -285,7 +285,9 @@ class VertexApi:
                 cursor = LogCursor(since=status.create_time)
             if status.done:
                 sleep(settle_s)
-            lines = format_log_lines(self.log_lines(status.job_id, cursor))
+            lines = format_log_lines(
+                self.log_lines(status.job_id, cursor), reducers=status.reducers
+            )
             if lines:
                 recent.extend(lines)
                 on_lines(lines)

@@ -212,16 +212,20 @@ def custom_job_body(req: JobRequest) -> dict[str, Any]:
 def describe_pools(job_spec: Mapping[str, Any]) -> str:
     """`1 x a2-highgpu-1g (chief) + 3 x a2-highgpu-1g (workers) + 4 x n1-highcpu-16 (reducers)`;
     pool 2 without Google's Reduction Server image is parameter servers."""
-    roles = ("chief", "workers", "parameter servers", "evaluators")
-    parts = []
-    for i, pool in enumerate(job_spec.get("workerPoolSpecs") or []):
-        if pool and i < len(roles):
-            image = str((pool.get("containerSpec") or {}).get("imageUri"))
-            role = "reducers" if i == 2 and is_reduction_server_image(image) else roles[i]
-            parts.append(
-                f"{pool.get('replicaCount', 1)} x {pool['machineSpec']['machineType']} ({role})"
-            )
-    return " + ".join(parts)
+    roles = ("chief", "workers", "reducers" if runs_reducers(job_spec) else "parameter servers",
+             "evaluators")  # fmt: skip
+    return " + ".join(
+        f"{pool.get('replicaCount', 1)} x {pool['machineSpec']['machineType']} ({roles[i]})"
+        for i, pool in enumerate(job_spec.get("workerPoolSpecs") or [])
+        if pool and i < len(roles)
+    )
+
+
+def runs_reducers(job_spec: Mapping[str, Any]) -> bool:
+    """Pool 2 runs Google's Reduction Server image; a pool 2 without it is parameter servers."""
+    pools = job_spec.get("workerPoolSpecs") or []
+    pool = (pools[2] if len(pools) > 2 else None) or {}
+    return is_reduction_server_image(str((pool.get("containerSpec") or {}).get("imageUri")))
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,6 +279,7 @@ class JobStatus:
     display_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float | None = None  # its scheduling.timeout: Vertex ends it that long after start
+    reducers: bool = False  # its pool 2 is a Reduction Server (else parameter servers, if any)
 
     @property
     def job_id(self) -> str:
@@ -309,6 +314,7 @@ def parse_job(body: Mapping[str, Any]) -> JobStatus:
         timeout_s=parse_duration_s(
             ((body.get("jobSpec") or {}).get("scheduling") or {}).get("timeout")
         ),
+        reducers=runs_reducers(body.get("jobSpec") or {}),
     )
 
 
@@ -347,21 +353,28 @@ class LogLine:
     severity: str = "DEFAULT"
 
 
-def replica_label(task: str) -> str:
+def replica_label(task: str, *, reducers: bool) -> str:
     """workerpool0-0 -> chief, workerpool1-i -> worker-<i+1> (its torchrun node rank),
-    workerpool2-i -> reducer-i (Reduction Server), workerpool3-i -> evaluator-i."""
+    workerpool2-i -> reducer-i (`reducers`: a Reduction Server) or parameter-server-i,
+    workerpool3-i -> evaluator-i: each replica by its pool's role, as describe_pools names it."""
     m = re.fullmatch(r"workerpool([0-3])-(\d+)", task)
     if not m:
         return task or "vertex"
     pool, index = int(m[1]), int(m[2])
     if pool == 0:
         return "chief"
-    return f"worker-{index + 1}" if pool == 1 else f"{('reducer', 'evaluator')[pool - 2]}-{index}"
+    if pool == 1:
+        return f"worker-{index + 1}"
+    role = ("reducer" if reducers else "parameter-server", "evaluator")[pool - 2]
+    return f"{role}-{index}"
 
 
-def format_log_lines(lines: Iterable[LogLine]) -> list[str]:
+def format_log_lines(lines: Iterable[LogLine], *, reducers: bool) -> list[str]:
+    """Each line with its replica's label; `reducers`: the job's pool 2 is a Reduction Server."""
     return [
-        f"[{replica_label(e.task)}] {part}" for e in lines for part in e.text.splitlines() or [""]
+        f"[{replica_label(e.task, reducers=reducers)}] {part}"
+        for e in lines
+        for part in e.text.splitlines() or [""]
     ]
 
 

@@ -205,6 +205,30 @@ def test_follow_reports_states_and_each_log_line_once(fv: FakeVertex, api: Verte
     assert all('resource.type="ml_job"' in f and "timestamp>=" in f for f in filters)
 
 
+@pytest.mark.parametrize(
+    ("image", "label", "role"),
+    [("us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest", "reducer-1",
+      "reducers"),
+     ("us-docker.pkg.dev/p/r/ps:1", "parameter-server-1", "parameter servers")],
+)  # fmt: skip
+def test_follow_labels_pool_2_by_what_the_job_runs_there(
+    fv: FakeVertex, api: VertexApi, image: str, label: str, role: str
+) -> None:
+    """Pool 2 is a Reduction Server only with Google's image; any other is parameter servers,
+    and its replicas' lines say so, as the submit line and `plan` name the pool."""
+    body = vj.custom_job_body(_request())
+    pool = {"machineSpec": {"machineType": "n1-standard-8"}, "replicaCount": 2,
+            "containerSpec": {"imageUri": image}}  # fmt: skip
+    body["jobSpec"]["workerPoolSpecs"].append(pool)
+    fv.runner = lambda ctx: ctx.log("workerpool2-1", "serving")
+    status = api.create_job(body)
+    lines: list[str] = []
+    api.follow(status.name, on_state=lambda *_: None, on_lines=lines.extend, poll_s=0.02,
+               settle_s=0.05)  # fmt: skip
+    assert lines == [f"[{label}] serving"]
+    assert vj.describe_pools(body["jobSpec"]).endswith(f" + 2 x n1-standard-8 ({role})")
+
+
 def test_follow_a_failed_job_gives_its_error_and_last_lines(fv: FakeVertex, api: VertexApi) -> None:
     def runner(ctx: RunContext) -> tuple[str, str]:
         for i in range(30):

@@ -250,7 +250,7 @@ def test_replica_prefixes() -> None:
         _line(3, "d", "", "Job is running."),
         _line(4, "e", "workerpool2-0", "reducer"),
     ]
-    assert vj.format_log_lines(lines) == [
+    assert vj.format_log_lines(lines, reducers=True) == [
         "[chief] step 1",
         "[chief] step 2",
         "[worker-1] w",
@@ -258,6 +258,10 @@ def test_replica_prefixes() -> None:
         "[vertex] Job is running.",
         "[reducer-0] reducer",
     ]
+    # a pool 2 that is no Reduction Server runs parameter servers, as the submit line says
+    ps = vj.format_log_lines([_line(5, "f", "workerpool2-1", "ps"), _line(6, "g", "workerpool3-0",
+                             "eval")], reducers=False)  # fmt: skip
+    assert ps == ["[parameter-server-1] ps", "[evaluator-0] eval"]
 
 
 def test_the_submit_line_names_pool_2_by_what_it_runs() -> None:
