@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 import tempfile
 import time
@@ -20,6 +21,7 @@ from infra import vertex
 from infra.base.errors import GputrainError, UserError
 from infra.datasets import vertex_data_env
 from infra.gcp.gcs import StorageApi
+from infra.keys import format_duration
 from infra.outputs import VertexOutputs
 from infra.spec import ClusterSpec
 from infra.stackfile import PROJECT, PROJECT_LABEL, STACK_LABEL
@@ -47,6 +49,7 @@ from scripts.targets.vertex.job import (
     describe_pools,
     failure_message,
     gcs_fuse_path,
+    parse_duration_s,
     run_output_dir,
     scheduling,
     staging_dir,
@@ -74,6 +77,42 @@ def run_label(run_id: str) -> str:
 def stack_labels(spec: ClusterSpec) -> dict[str, str]:
     """The labels every job of the stack carries (as its resources do), the user's included."""
     return {STACK_LABEL: spec.stack, PROJECT_LABEL: PROJECT, **spec.labels}
+
+
+def server_side_bound(spec: ClusterSpec, root: Path, jobs: Sequence[JobStatus | None]) -> str:
+    """When Vertex ends the last of `jobs` (None: one whose resource was not seen), with where
+    that comes from: the scheduling.timeout each was submitted with, as Vertex reports it; for
+    one not seen, the bound a job of the stack is submitted with now (_submitted_bound)."""
+    bounds = [
+        (j.timeout_s, "the scheduling.timeout each was submitted with")
+        for j in jobs
+        if j is not None and j.timeout_s
+    ]
+    if not jobs or len(bounds) < len(jobs):
+        bounds.append(_submitted_bound(spec, root))
+    seconds, source = max(bounds)
+    return f"{format_duration(math.ceil(seconds))} after they started at the latest ({source})"
+
+
+def _submitted_bound(spec: ClusterSpec, root: Path) -> tuple[float, str]:
+    """The vertexJobSpec file's scheduling.timeout (it may be shorter than maxRunDuration, never
+    longer: check_scheduling), else maxRunDuration, which gputrain sends in its place."""
+    if spec.vertex_job_spec:
+        from scripts.targets.vertex.jobfile import read_job_file
+
+        try:
+            doc, _ = read_job_file(
+                root,
+                spec.vertex_job_spec,
+                capacity=spec.capacity,
+                max_run_duration_s=spec.max_run_duration_s,
+            )
+        except GputrainError:  # not readable now: the stack's bound holds all the same
+            doc = {}
+        timeout = parse_duration_s((doc.get("scheduling") or {}).get("timeout"))
+        if timeout:
+            return timeout, f"scheduling.timeout in {spec.vertex_job_spec}"
+    return float(spec.max_run_duration_s), "maxRunDuration, sent as their scheduling.timeout"
 
 
 def bring_home(storage: StorageApi, out: VertexOutputs, run_id: str, results_dir: Path) -> None:
@@ -106,6 +145,7 @@ class VertexSession:
         self.keep = keep
         self.notifier: Notifier | None = None  # nothing is preempted under us
         self.api = clients.api(outputs.project, outputs.region)
+        self.jobs_seen: dict[str, JobStatus] = {}  # each job's latest resource: its own timeout
 
     def verify(self, fabric: bool = False) -> None:
         """What can be proven before a job: the stack's bucket answers, Vertex offers the shape
@@ -176,6 +216,7 @@ class VertexSession:
         results_dir.mkdir(parents=True, exist_ok=True)
         body = self.job_body(job, stage=True)
         created = self.api.create_job(body)
+        self.jobs_seen[created.name] = created
         (results_dir / JOB_RECORD).write_text(
             json.dumps({"name": created.name, "run_id": job.run_id}, indent=2) + "\n"
         )
@@ -321,21 +362,24 @@ class VertexSession:
     def _state(self, status: JobStatus, seen: dt.datetime) -> None:
         """A state the job reached, said; its start (Vertex's startTime, when it first ran: not
         the queue before) is where the run's cost counts from."""
+        self.jobs_seen[status.name] = status
         if status.start_time is not None and self.billed_since is None:
             self.billed_since = status.start_time.timestamp()
         ui.say(state_line(status, seen))
 
     def cancel(self, name: str | None, run_id: str | None = None) -> None:
         """Cancel a job (or, when its create may have gone through unseen, the run's jobs found by
-        label) and wait until each has ended; a failure here is loud, never silent."""
+        label) and wait until each has ended; a failure here is loud, never silent, and names
+        when Vertex ends them all the same."""
+        names = [] if name is None else [name]
         try:
             if name is None:
                 labels = {STACK_LABEL: self.spec.stack}
                 if run_id is not None:
                     labels[RUN_LABEL] = run_label(run_id)
-                names = [j.name for j in self.api.list_jobs(labels) if not j.done]
-            else:
-                names = [name]
+                listed = [j for j in self.api.list_jobs(labels) if not j.done]
+                self.jobs_seen.update((j.name, j) for j in listed)
+                names = [j.name for j in listed]
             for n in names:
                 ui.say(f"vertex: cancelling job {n.rsplit('/', 1)[-1]} and waiting until it ends")
                 self.api.cancel_and_wait(
@@ -345,9 +389,12 @@ class VertexSession:
                     on_state=self._state,
                 )
         except Exception as e:
+            bound = server_side_bound(
+                self.spec, self.settings.root, [self.jobs_seen.get(n) for n in names]
+            )
             ui.warn(
                 f"could not cancel the Vertex job(s) of stack {self.spec.stack}: {e}; Vertex ends "
-                f"them after {self.spec.max_run_duration} (scheduling.timeout) at the latest"
+                f"them {bound}"
             )
 
     # ---- what does not need a new job

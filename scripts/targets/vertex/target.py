@@ -21,11 +21,12 @@ from scripts.targets.base import Capabilities, Feature, RunOptions
 from scripts.targets.stack.clients import pulumi_line
 from scripts.targets.stack.target import StackContext, StackTarget
 from scripts.targets.vertex.clients import VertexClients
-from scripts.targets.vertex.session import RUN_LABEL, VertexSession
+from scripts.targets.vertex.session import RUN_LABEL, VertexSession, server_side_bound
 
 if TYPE_CHECKING:
     from infra.spec import ClusterSpec
     from scripts.job.records import Job
+    from scripts.targets.vertex.job import JobStatus
 
 
 def reduction_server_lines(
@@ -54,6 +55,8 @@ Context = StackContext[VertexClients]
 
 class VertexTarget(StackTarget[VertexClients, None]):
     """A stack of what Vertex AI jobs need; its sessions submit and follow the jobs."""
+
+    running: tuple[JobStatus, ...] = ()  # the stack's jobs the last sweep found not ended
 
     def _project(self) -> tuple[ClusterSpec, str]:
         spec = self.spec_with_project()
@@ -246,10 +249,9 @@ class VertexTarget(StackTarget[VertexClients, None]):
         )
 
     def ends_server_side(self, ctx: Context) -> str:
-        return (
-            f"Vertex AI ends its jobs at their timeout ({ctx.spec.max_run_duration}: "
-            "maxRunDuration, unless the job file sets another)"
-        )
+        """The bound of the jobs the sweep found running (none yet: any the stack may have)."""
+        bound = server_side_bound(ctx.spec, ctx.settings.root, self.running)
+        return f"Vertex AI ends its jobs {bound}"
 
     @contextmanager
     def attached(self, opts: RunOptions, *, for_run: bool = False) -> Iterator[VertexSession]:
@@ -273,11 +275,8 @@ class VertexTarget(StackTarget[VertexClients, None]):
         if not spec.project:
             raise UserError(f"gcp:project is not set for stack {stack}")
         api = clients.api(spec.project, spec.region)
-        rows = [
-            ["Vertex job", j.job_id, spec.region, j.short_state]
-            for j in api.list_jobs({STACK_LABEL: stack})
-            if not j.done
-        ]
+        self.running = tuple(j for j in api.list_jobs({STACK_LABEL: stack}) if not j.done)
+        rows = [["Vertex job", j.job_id, spec.region, j.short_state] for j in self.running]
         rows += [
             ["bucket", b.name, b.location, f"label {STACK_LABEL}={stack}"]
             for b in clients.storage(spec.project).list_buckets(spec.project)

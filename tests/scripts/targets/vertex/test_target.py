@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infra.gcp.compute import ComputeApi
 from infra.outputs import parse_vertex_outputs
 from infra.spec import ClusterSpec, parse_spec
 from scripts.cli import main
 from scripts.cli_options import open_target
+from scripts.job.records import Job
 from scripts.settings import Settings
 from scripts.targets.gce.target import GceTarget
 from scripts.targets.vertex.clients import VertexClients
@@ -30,6 +32,7 @@ from scripts.targets.vertex.target import VertexTarget
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import FakeStackRunner, sample_outputs, sample_vertex_outputs
 from tests.support.fake_vertex import FakeVertex
+from tests.support.gcs_emulator import GcsEmulator
 from tests.support.pulumi_mocks import ROOT, deployable_config
 
 PROJECT = "gputrain-test"
@@ -140,7 +143,74 @@ def test_a_failing_cancel_is_loud_and_names_the_server_side_bound(
     session.cancel(name)  # teardown goes on; the user is told the job's time limit
     err = capsys.readouterr().err
     assert "could not cancel the Vertex job(s) of stack vx" in err
-    assert "Vertex ends them after 6h (scheduling.timeout) at the latest" in err
+    assert err.rstrip().endswith(  # a job this session never saw: the bound it is sent with
+        "Vertex ends them 6h after they started at the latest (maxRunDuration, sent as their "
+        "scheduling.timeout)"
+    )
+
+
+def _short_job(session: VertexSession, run_id: str, timeout: str) -> str:
+    """A job submitted with its own scheduling.timeout, as a vertexJobSpec file may set it."""
+    request = session._request(Job(run_id=run_id), "gs://b/staging/x/gputrain-job-0.tar.gz")
+    body = custom_job_body(request)
+    body["jobSpec"]["scheduling"]["timeout"] = timeout
+    return session.api.create_job(body).name
+
+
+def test_a_failing_cancel_names_the_timeout_each_job_has_else_the_files(
+    tmp_path: Path, fv: FakeVertex, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bound said is the jobs' own scheduling.timeout as Vertex reports it (the longest);
+    where no job could be seen, the vertexJobSpec file's, shorter than maxRunDuration."""
+    settings = _project(tmp_path, vertexJobSpec="job.yaml")
+    session = _session(settings, fv)
+    _short_job(session, "r1", "600s")
+    _short_job(session, "r2", "900s")
+    fv.inject_error("POST", r":cancel$", 403, "PERMISSION_DENIED", "no cancel for you")
+    session.cancel(None)
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith(
+            "Vertex ends them 15m after they started at the latest (the scheduling.timeout each was "
+            "submitted with)"
+        )
+    )
+    job_spec = custom_job_body(session._request(Job(run_id="r3"), "gs://b/s/x.tar.gz"))["jobSpec"]
+    job_spec["scheduling"] = {"timeout": "1200s"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job_spec))
+    fv.inject_error("GET", r"/customJobs$", 503, "UNAVAILABLE", "try later", times=10)
+    session.cancel(None, "r3")  # which jobs there are is not known: the file's bound
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith(
+            "Vertex ends them 20m after they started at the latest (scheduling.timeout in job.yaml)"
+        )
+    )
+
+
+def test_an_incomplete_teardown_names_the_bound_of_the_jobs_left_running(
+    tmp_path: Path, fv: FakeVertex, gcs: GcsEmulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`down` could not cancel a job: its closing line says when Vertex ends the jobs the sweep
+    found running, by their own scheduling.timeout (a file's may be shorter than the stack's)."""
+    settings = _project(tmp_path)
+    _short_job(_session(settings, fv), "short", "600s")
+    fv.inject_error("POST", r":cancel$", 403, "PERMISSION_DENIED", "no cancel for you", times=10)
+    clients = VertexClients(
+        vertex_endpoint=fv.url,
+        runner_for=lambda s, r: FakeStackRunner(stack_name="vx"),
+        retry_pause_s=0,
+    )
+    assert main(["down", "--stack", "vx"], settings, vertex=clients) == 1
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert "teardown of stack vx is incomplete: 1 resource(s) still exist" in line, line
+    assert line.endswith(
+        "; Vertex AI ends its jobs 10m after they started at the latest (the scheduling.timeout "
+        "each was submitted with); run `gputrain down --stack vx` again or delete them in the "
+        "console."
+    ), line
 
 
 def test_logs_of_a_run_without_a_local_record_find_its_job_by_label(
