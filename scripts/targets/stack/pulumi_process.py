@@ -9,7 +9,8 @@ lock, so the teardown that follows destroys them. A further interruption, or the
 waiting" (StoppedWaiting, a KeyboardInterrupt), ends it sooner: SIGINT, then SIGKILL to its
 process group. Pulumi's plugins are in that group; nothing else is. A pulumi killed in an update
 (up, refresh, destroy), silent or interrupted again, leaves the stack's lock behind: that lock is
-gputrain's own, and the teardown that follows clears it (`release`). Light to import: the SDK only inside `run`."""
+gputrain's own, and the teardown that follows clears it (`release`). Light to import: the SDK
+only inside `run`."""
 
 from __future__ import annotations
 
