@@ -168,26 +168,20 @@ def test_a_failing_cancel_names_the_timeout_each_job_has_else_the_files(
     _short_job(session, "r2", "900s")
     fv.inject_error("POST", r":cancel$", 403, "PERMISSION_DENIED", "no cancel for you")
     session.cancel(None)
-    assert (
-        capsys.readouterr()
-        .err.rstrip()
-        .endswith(
-            "Vertex ends them 15m after they started at the latest (the scheduling.timeout each was "
-            "submitted with)"
-        )
-    )
+    said = capsys.readouterr().err.rstrip()
+    assert said.endswith(
+        "Vertex ends them 15m after they started at the latest (the scheduling.timeout each "
+        "was submitted with)"
+    ), said
     job_spec = custom_job_body(session._request(Job(run_id="r3"), "gs://b/s/x.tar.gz"))["jobSpec"]
     job_spec["scheduling"] = {"timeout": "1200s"}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job_spec))
     fv.inject_error("GET", r"/customJobs$", 503, "UNAVAILABLE", "try later", times=10)
     session.cancel(None, "r3")  # which jobs there are is not known: the file's bound
-    assert (
-        capsys.readouterr()
-        .err.rstrip()
-        .endswith(
-            "Vertex ends them 20m after they started at the latest (scheduling.timeout in job.yaml)"
-        )
-    )
+    said = capsys.readouterr().err.rstrip()
+    assert said.endswith(
+        "Vertex ends them 20m after they started at the latest (scheduling.timeout in job.yaml)"
+    ), said
 
 
 def test_an_incomplete_teardown_names_the_bound_of_the_jobs_left_running(
