@@ -119,3 +119,19 @@ def spec_disk_rate(spec: ClusterSpec, spot: bool, candidate: Candidate | None = 
     region = catalog.region_of(candidate.zone)
     rates = [node_disk_rate(region, t, spec.boot_disk_gb, local, spot=spot) for t in sorted(types)]
     return max(rates, key=lambda r: (not r.unpriced, r.hourly))
+
+
+def cluster_hourly(spec: ClusterSpec, spot: bool | None = None) -> float | None:
+    """USD per hour of the whole cluster, as its spending caps, its budget and its cost record
+    all count it: on Compute Engine every node's VM with its disks, on Vertex AI every worker
+    pool's replicas; at Spot's price or not (None: the stack's capacity). None: a price is
+    unknown. Pure."""
+    spot = spec.spot if spot is None else spot
+    if spec.on_vertex:
+        from infra.vertex_pools import price_pools, total_hourly
+
+        return total_hourly(price_pools(spec.vertex_pools(), spec.region, spot=spot))
+    per_node = spec.price.hourly(spot) if spec.price is not None else None
+    if per_node is None:
+        return None
+    return (per_node + spec_disk_rate(spec, spot).hourly) * spec.nodes

@@ -34,8 +34,10 @@ class Key:
     NODE_COUNT = "nodeCount"
     GPUS_TOTAL = "gpusTotal"
     GPUS_REQUEST = "gpusRequest"  # "" when the stack names its machineType
-    HOURLY_PRICE_PER_NODE = "hourlyPricePerNodeUsd"
-    HOURLY_PRICE = "hourlyPriceUsd"  # the whole cluster; null: the price data has no figure
+    HOURLY_PRICE_PER_NODE = "hourlyPricePerNodeUsd"  # one node's VM, as the price table has it
+    # the whole cluster as the caps, the budget and the cost record count it (disk_prices:
+    # cluster_hourly: the VMs with their disks, Vertex's every pool); null: a price is unknown
+    HOURLY_PRICE = "hourlyPriceUsd"
     PRICE_AS_OF = "priceAsOf"
     BUCKET = "bucket"
     BUCKET_PREFIX = "bucketPrefix"

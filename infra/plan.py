@@ -115,19 +115,21 @@ def ssh_exposure(spec: ClusterSpec) -> str:
 
 def disks_extra(spec: ClusterSpec) -> str:
     """What the table's $/h leaves out: on Compute Engine the disks' list price (which the
-    spending caps count: infra/disk_prices.py) and network traffic. Pure."""
+    spending caps and the run's cost estimate count: infra/disk_prices.py) and network
+    traffic. Pure."""
     if spec.on_vertex:
         return "disks and network extra"
     from infra.disk_prices import spec_disk_rate
 
     disks = spec_disk_rate(spec, spec.spot)
     priced = (
-        f"boot disk and Local SSD {money(disks.hourly)}/h per node more (in the spending caps)"
+        f"boot disk and Local SSD {money(disks.hourly)}/h per node more (in the spending caps "
+        "and the cost estimate)"
         if disks.hourly
         else ""
     )
     unpriced = (
-        f"no price known for the {', '.join(disks.unpriced)} (not in the caps)"
+        f"no price known for the {', '.join(disks.unpriced)} (not in the caps or the estimate)"
         if disks.unpriced
         else ""
     )

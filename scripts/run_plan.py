@@ -343,18 +343,15 @@ def worst_hourly(spec: ClusterSpec, pools: JobPools | None = None) -> float | No
 
 
 def _hourly(spec: ClusterSpec, spot: bool, pools: JobPools | None) -> float | None:
-    """USD per hour of every node (every replica of every Vertex pool) at Spot or not: on
-    Compute Engine each VM with its boot disk and Local SSD (infra/disk_prices.py)."""
-    if spec.on_vertex:
+    """USD per hour of every node (every replica of every Vertex pool: a vertexJobSpec file's,
+    else the stack's) at Spot or not: the run's rate (infra/disk_prices.py cluster_hourly)."""
+    from infra.disk_prices import cluster_hourly
+
+    if spec.on_vertex and pools is not None:
         from infra.vertex_pools import price_pools, total_hourly
 
-        return total_hourly(price_pools(_pools(spec, pools), spec.region, spot=spot))
-    from infra.disk_prices import spec_disk_rate
-
-    per_node = spec.price.hourly(spot) if spec.price is not None else None
-    if per_node is None:
-        return None
-    return (per_node + spec_disk_rate(spec, spot).hourly) * spec.nodes
+        return total_hourly(price_pools(list(pools), spec.region, spot=spot))
+    return cluster_hourly(spec, spot)
 
 
 def candidate_hourly(spec: ClusterSpec, candidate: Candidate) -> float | None:

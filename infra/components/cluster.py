@@ -28,6 +28,7 @@ from infra.components.reconciler import (
 )
 from infra.components.registry import ImageRegistry
 from infra.datasets import data_buckets
+from infra.disk_prices import cluster_hourly
 from infra.offers import price_table
 from infra.outputs import Key, NodeKey
 from infra.reconciler import wanted
@@ -303,7 +304,7 @@ def shape_exports(spec: ClusterSpec, bucket: StackBucket) -> dict[str, Any]:
         Key.GPUS_TOTAL: spec.gpus_per_node * spec.nodes,
         Key.GPUS_REQUEST: spec.gpus_request,  # "" when the stack names its machineType
         Key.HOURLY_PRICE_PER_NODE: _rounded(spec.hourly_price_per_node),
-        Key.HOURLY_PRICE: _rounded(spec.hourly_price_per_node, spec.nodes),
+        Key.HOURLY_PRICE: _rounded(cluster_hourly(spec)),  # the run's rate: VMs and disks
         Key.PRICE_AS_OF: price_table().date,
         Key.BUCKET: bucket.name,
         Key.BUCKET_PREFIX: spec.bucket_prefix,

@@ -287,7 +287,11 @@ def _stack_fields(spec: Any, hourly: float | None) -> dict[str, Any]:
 def launch_record(target: str, spec: Any, start: float) -> dict[str, Any]:
     """A stack run's record as its launch knows it (no run id, end or outcome yet): the head's
     watchdog completes it and puts it in the bucket (record_name) when it sees the end of a run
-    no controller is there to record (a detached one); `down` brings it home."""
+    no controller is there to record (a detached one); `down` brings it home. Its rate is the
+    one its budget counts."""
+    from infra.disk_prices import cluster_hourly
+
+    hourly = cluster_hourly(spec)
     record = LedgerRecord(
         target=target,
         run_id="",
@@ -295,8 +299,8 @@ def launch_record(target: str, spec: Any, start: float) -> dict[str, Any]:
         start=round(start, 3),
         end=round(start, 3),
         ok=None,
-        hourly_usd=spec.hourly_price,
-        **_stack_fields(spec, spec.hourly_price),
+        hourly_usd=hourly,
+        **_stack_fields(spec, hourly),
     )
     return record.to_json()
 

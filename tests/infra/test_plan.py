@@ -66,10 +66,12 @@ def test_dev_plan_figures() -> None:
         "$2.40",
     )
     assert "2 x PREEMPTIBLE_NVIDIA_L4_GPUS" in plan.price_note
-    # its 200 GB pd-balanced boot disk at $0.10 per GiB-month, 730 hours: the caps count it
-    assert "; boot disk and Local SSD $0.03/h per node more (in the spending caps); network " in (
-        plan.price_note
-    )
+    # its 200 GB pd-balanced boot disk at $0.10 per GiB-month, 730 hours: the caps count it,
+    # and so does the run's cost estimate
+    assert (
+        "; boot disk and Local SSD $0.03/h per node more (in the spending caps and the cost "
+        "estimate); network "
+    ) in plan.price_note
     assert "disks and network extra" not in plan.price_note
 
 

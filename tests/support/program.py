@@ -11,6 +11,7 @@ import pulumi
 import pytest
 
 from infra import catalog
+from infra.disk_prices import cluster_hourly
 from infra.spec import ClusterSpec, SpecError
 from tests.support import ROOT
 from tests.support.pulumi_mocks import (
@@ -165,7 +166,9 @@ def check_family(m: GcpMocks, spec: ClusterSpec, outputs: dict[str, Any]) -> Non
     assert outputs["nodes"][0]["externalIp"] == "203.0.113.10"
     assert all(n["externalIp"] is None for n in outputs["nodes"][1:])
     assert outputs["headAddress"] == "203.0.113.10"
-    price = spec.hourly_price  # unknown in the price data: exported as null, never 0
+    # the rate the caps, the budget and the cost record count (the VMs with their disks);
+    # unknown in the price data: exported as null, never 0
+    price = cluster_hourly(spec)
     assert outputs["hourlyPriceUsd"] == (None if price is None else pytest.approx(price, abs=1e-3))
     # The controller reads exactly these exports (contract between program and lifecycle).
     from infra.outputs import parse_stack_outputs

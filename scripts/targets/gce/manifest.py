@@ -27,8 +27,10 @@ from scripts.targets.gce.lease import LeaseLost
 
 if TYPE_CHECKING:
     from infra.gcp.gcs import StorageApi
+    from infra.spec import ClusterSpec
     from scripts.job.autodown import RunBudget
     from scripts.job.records import Job
+    from scripts.targets.gce.clients import GceClients
 
 MANIFEST = "manifest.json"
 CODE_BUNDLE = "code.tar.gz"
@@ -390,3 +392,24 @@ def status_lines(m: RunManifest, now: float, where: str = "") -> list[str]:
         lines.append(f"  ({earlier} earlier entries" + (f": {where})" if where else ")"))
     lines += [entry(h) for h in m.history[-STATUS_HISTORY:]]
     return lines
+
+
+def say_recovery(spec: ClusterSpec, clients: GceClients) -> None:
+    """`status`: the newest run's manifest (laptop-closed recovery), when the bucket has one."""
+    if not spec.bucket_name or not spec.project:
+        return
+    from scripts import ui
+
+    try:
+        storage = clients.storage(spec.project)
+        if not storage.bucket_exists(spec.bucket_name):
+            return
+        manifest = Manifests(storage, spec.bucket_name, spec.bucket_prefix).latest()
+    except GputrainError as e:  # status is a report: one line
+        ui.warn(f"status: could not read the run's manifest: {e}")
+        return
+    if manifest is None:
+        return
+    where = f"gs://{spec.bucket_name}/{manifest_name(spec.bucket_prefix, manifest.run_id)}"
+    for line in status_lines(manifest, time.time(), where):
+        ui.say(f"status: {line}")

@@ -60,11 +60,12 @@ class GceTarget(StackTarget[GceClients, Provision]):
         from infra.keys import format_duration
         from infra.ttl import ttl_left_s
         from scripts.targets.gce.autodown import say_last_autodown
+        from scripts.targets.gce.manifest import say_recovery
 
         spec = self.spec_with_project()
         instances = self.clients.compute().list_stack_instances(spec.project or "", self.stack)
         say_last_autodown(spec, self.clients)
-        self._say_recovery(spec)
+        say_recovery(spec, self.clients)
         if not instances:
             ui.say(f"status: stack {self.stack} has no instances (nothing is billing)")
             return
@@ -77,26 +78,6 @@ class GceTarget(StackTarget[GceClients, Provision]):
         ui.table(
             f"status: stack {self.stack}", ["node", "zone", "state", "deleted by GCE in"], rows
         )
-
-    def _say_recovery(self, spec: ClusterSpec) -> None:
-        """The newest run's manifest (laptop-closed recovery), when the bucket has one."""
-        if not spec.bucket_name or not spec.project:
-            return
-        from scripts.targets.gce.manifest import Manifests, manifest_name, status_lines
-
-        try:
-            storage = self.clients.storage(spec.project)
-            if not storage.bucket_exists(spec.bucket_name):
-                return
-            manifest = Manifests(storage, spec.bucket_name, spec.bucket_prefix).latest()
-        except GputrainError as e:  # status is a report: one line
-            ui.warn(f"status: could not read the run's manifest: {e}")
-            return
-        if manifest is None:
-            return
-        where = f"gs://{spec.bucket_name}/{manifest_name(spec.bucket_prefix, manifest.run_id)}"
-        for line in status_lines(manifest, time.time(), where):
-            ui.say(f"status: {line}")
 
     def reconcile(self, run_id: str | None, opts: RunOptions) -> str:
         """`gputrain reconcile`: one pass of recovery for the stack's run."""
@@ -317,6 +298,7 @@ def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec,
     spec = ctx.spec
     if not spec.capacity_ladder:
         return create_in(ctx, where)
+    from infra.disk_prices import cluster_hourly
     from infra.stackfile import NS
     from scripts.targets.gce.provision import down_the_ladder
 
@@ -334,7 +316,7 @@ def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec,
         spec.capacity_ladder,
         rung,
         ui.say,
-        lambda m: pin(spec, config, capacity=m).hourly_price,
+        lambda m: cluster_hourly(pin(spec, config, capacity=m)),
     )
 
 
@@ -356,6 +338,7 @@ def stack_session(
 ) -> RecoveringSession:
     """The stack's fleet, pinned; it re-creates preempted VMs (`recreate`). `started_at`: the
     run's start when it was earlier than this session (a reconciler's relaunch)."""
+    from infra.disk_prices import cluster_hourly
     from infra.outputs import parse_stack_outputs
     from infra.ttl import Recreation
     from scripts.targets.gce.autodown import stack_autodown
@@ -388,7 +371,7 @@ def stack_session(
         ctx.settings,
         nodes,
         max_recoveries=recoveries_allowed(opts, spec),
-        hourly_usd=spec.hourly_price,
+        hourly_usd=cluster_hourly(spec),  # the rate the budget and the watchdog count
         keep=keep,
         confirm_s=clients.preemption_confirm_s,
         connect_deadline_s=connect_deadline_s,
@@ -552,22 +535,23 @@ def recovery_candidates(ctx: Context) -> list[Candidate]:
     its own rate, the one its budget's watchdog and its cost record count the whole run at (a
     dearer one would pass them, a cheaper one count the time before it short), within the caps
     as `up`'s fallback is; the others said once."""
+    from infra.disk_prices import cluster_hourly
     from infra.offer_tables import money
     from scripts.run_plan import worst_hourly
 
     spec, config = ctx.spec, ctx.stack_file.config
-    same, other = [], []
+    same, other, worst, rate = [], [], worst_hourly(spec), cluster_hourly(spec)
     for c in spec.candidates:
         if (c.machine_type, c.nodes) == (spec.machine_type, spec.nodes):
             at = pin(spec, config, candidate=c)
-            if (worst_hourly(at), at.hourly_price) == (worst_hourly(spec), spec.hourly_price):
+            if (worst_hourly(at), cluster_hourly(at)) == (worst, rate):
                 same.append(c)
             else:
-                other.append(f"{c.zone} at {money(at.hourly_price)}/h")
+                other.append(f"{c.zone} at {money(cluster_hourly(at))}/h")
     if other:
         ui.say(
             f"recovery: not re-creating in {', '.join(other)}: the run's budget and cost record "
-            f"count at its {money(spec.hourly_price)}/h"
+            f"count at its {money(rate)}/h"
         )
     return within_caps(ctx, spec, same)
 

@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 from infra import vertex
 from infra.base.errors import GputrainError, UserError
 from infra.datasets import vertex_data_env
+from infra.disk_prices import cluster_hourly
 from infra.gcp.gcs import StorageApi
 from infra.keys import format_duration
 from infra.outputs import VertexOutputs
@@ -140,7 +141,7 @@ class VertexSession:
     ) -> None:
         self.spec, self.out, self.clients, self.settings = spec, outputs, clients, settings
         self.name = target_name(spec.stack)
-        self.hourly_usd: float | None = spec.hourly_price
+        self.hourly_usd: float | None = cluster_hourly(spec)  # the job's pools, once known
         self.billed_since: float | None = None  # the job's start, once Vertex says it ran
         self.keep = keep
         self.notifier: Notifier | None = None  # nothing is preempted under us

@@ -9,6 +9,7 @@ import pulumi
 import pytest
 
 from infra import offers
+from infra.disk_prices import cluster_hourly, spec_disk_rate
 from infra.spec import parse_spec
 from tests.support.program import check_family, expect_declares_nothing, run_main
 from tests.support.pulumi_mocks import INSTANCE, GcpMocks, deployable_config, pulumi_mocks
@@ -77,7 +78,15 @@ def test_program_declares_what_the_request_resolves_to(
     )
     assert out["gpusTotal"] == best.total_gpus and out["gpusRequest"] == cfg["gputrain:gpus"]
     assert out["region"] == best.region
-    assert out["hourlyPriceUsd"] == pytest.approx(best.hourly, abs=1e-3)
+    # the run's rate: the candidate's VMs and their disks, as the caps count it
+    rate = cluster_hourly(spec)
+    assert out["hourlyPriceUsd"] == (None if rate is None else pytest.approx(rate, abs=1e-3))
+    if (
+        rate is not None
+        and best.hourly is not None
+        and not spec_disk_rate(spec, spec.spot).unpriced
+    ):
+        assert rate > best.hourly
 
 
 def spec_list(cfg: dict[str, str], key: str) -> list[str]:

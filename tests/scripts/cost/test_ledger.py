@@ -177,11 +177,15 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     from gputrain_node import watchdog
     from infra.spec import parse_spec
     from scripts.cost.ledger import launch_record
+    from scripts.run_plan import worst_hourly
     from tests.support.pulumi_mocks import deployable_config
 
     spec = parse_spec(deployable_config("dev", machineType="g2-standard-8", nodes="2"), "dev")
     template = launch_record("stack-dev", spec, 1_000_000.0)
     assert template["run_id"] == "" and template["ok"] is None
+    # the rate its budget counts (the VMs with their boot disks), not the VMs' alone
+    rate = worst_hourly(spec)
+    assert rate is not None and spec.hourly_price is not None and rate > spec.hourly_price
     cfg = watchdog.Config.parse(
         {"stack": "dev", "run_id": "r7", "node": "dev-node-0", "head": True, "project": "p",
          "instances": [], "bucket": "gs://b/", "autodown_s": None, "ledger": template}
@@ -193,9 +197,7 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     assert record is not None and record.to_json() == done  # the same figures, derived alike
     assert (record.run_id, record.ok, record.elapsed_s) == ("r7", True, 3600.0)
     assert record.nodes == 2 and record.machine == "g2-standard-8" and record.stack == "dev"
-    assert record.hourly_usd == spec.hourly_price and record.estimated_usd == pytest.approx(
-        spec.hourly_price
-    )
+    assert record.hourly_usd == rate and record.estimated_usd == pytest.approx(rate)
     (tmp_path / "exitcode").write_text("143 1000001.0\n")
     assert watchdog.ledger_record(cfg, tmp_path, 1_000_100.0)["ok"] is False  # type: ignore[index]
     runs = tmp_path / "runs"  # `down` brought it home: the ledger counts it

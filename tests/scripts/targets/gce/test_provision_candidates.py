@@ -292,6 +292,8 @@ def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
     every us-east4 zone stocked out, the recovery (the controller's and reconcile's) tries
     only those and fails, never europe-west4 at $46.48/h, over the cap and past the rate the
     watchdog's budget and the cost record count at. Without caps it keeps to that rate too."""
+    from infra.disk_prices import cluster_hourly
+    from infra.offer_tables import money
     from scripts.run_plan import worst_hourly
     from scripts.targets.base import RunOptions
     from scripts.targets.gce.target import GceTarget, recreate, within_caps
@@ -319,8 +321,15 @@ def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
             target.recreated(spec, Recreation(time.time() + 3600, running.zone), None)
         assert {zone for _, zone in _ups(runner)} == east4
         out = capsys.readouterr().out
-        assert "recovery: not re-creating in europe-west4-b at $46.48/h" in out
-        assert "count at its $38.18/h" in out
+        # at the rates the budget and the cost record count: the VMs with their disks
+        west4 = next(
+            c for c in spec.candidates
+            if (c.zone, c.machine_type) == ("europe-west4-b", spec.machine_type)
+        )  # fmt: skip
+        there, rate = cluster_hourly(target.spec_at(west4)), cluster_hourly(spec)
+        assert there is not None and there > 46.48 and rate is not None and rate > 38.18
+        assert f"recovery: not re-creating in europe-west4-b at {money(there)}/h" in out
+        assert f"count at its {money(rate)}/h" in out
 
 
 def test_pinning_the_stacks_own_choice_reuses_the_spec_parsed_once() -> None:

@@ -355,3 +355,25 @@ def test_a_run_another_machine_recorded_in_the_bucket_comes_home_into_the_ledger
     assert cloud.main("cost", "--stack", "lab", "--json") == 0
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert run["run_id"] == "r9" and run["estimated_usd"] == pytest.approx(1.5, abs=0.01)
+
+
+def test_a_stack_runs_record_and_its_watchdogs_count_the_rate_its_budget_counts(
+    cloud: Cloud,
+) -> None:
+    """The session's rate (its run summary's estimate and its cost record) and the record the
+    head's watchdog is given are the rate the caps and the budget count: the VMs with their boot
+    disks, not the VMs alone."""
+    from scripts.run_plan import worst_hourly
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.target import GceTarget
+
+    cloud.runner.set_config("gputrain:sshPrivateKey", "a key", secret=True)  # never used here
+    target = GceTarget("lab", cloud.settings, cloud.gce)
+    spec = target.spec()
+    rate = worst_hourly(spec)
+    assert rate is not None and spec.hourly_price is not None and rate > spec.hourly_price
+    with target.attached(RunOptions()) as session:
+        assert session.hourly_usd == rate
+        assert session.watchdogs is not None
+        ledger = session.watchdogs.plan.ledger
+        assert ledger is not None and ledger["hourly_usd"] == rate
