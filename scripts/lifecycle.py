@@ -97,7 +97,7 @@ def run_job(plan: RunPlan, session: Session, job: Job, guard: SignalGuard) -> Jo
 
 def billed_s(session: Session) -> float:
     """How long the session's machines have billed for this run (Session.billed_since): not
-    the plan, the prompt, an image build or a wait for capacity before they were up."""
+    the plan, the prompt, an image build or a wait for capacity before they were made."""
     since = session.billed_since
     return 0.0 if since is None else max(0.0, time.time() - since)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import functools
 import struct
 import time
@@ -260,6 +261,7 @@ class ComputeApi:
                 "status": i.status,
                 "id": str(i.id),
                 "labels": dict(i.labels),
+                "created": i.creation_timestamp or None,
                 "last_start": i.last_start_timestamp or None,
                 "max_run_duration_s": int(i.scheduling.max_run_duration.seconds) or None,
             }
@@ -300,6 +302,17 @@ class ComputeApi:
         ):
             for item, location in self._global(client, project):
                 yield kind, item, location
+
+
+def unix_time(rfc3339: str | None, default: float) -> float:
+    """A time as the Compute API writes it (RFC 3339: `insertTime`, `creationTimestamp`) as
+    unix time; `default` for none or one that does not parse. Pure."""
+    if not rfc3339:
+        return default
+    try:
+        return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return default
 
 
 def _quota_map(quotas: Iterable[Any]) -> dict[str, Quota]:

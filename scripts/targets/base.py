@@ -137,8 +137,9 @@ class Session(Protocol):
 
     name: str  # the target's name: results go to runs/<name>/<run-id>/
     hourly_usd: float | None  # what it costs while it exists; None: nothing billed by us
-    # unix time its machines began to bill for this run: once up (`up`, the capacity wait and
-    # the prompt before are not the run's), on Vertex AI when the job began to run; None: not yet
+    # unix time its machines began to bill for this run: a stack's from its VMs' creation during
+    # `up` (the capacity wait and the prompt before are not the run's), on Vertex AI when the job
+    # began to run; None: not yet
     billed_since: float | None
     keep: bool  # a created target outlives the command (set by `up` once it is proven)
     notifier: Notifier | None  # set by the lifecycle: a recovery's events go to it

@@ -440,9 +440,11 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
         publish_after: int = 0,
         boot_disk: bool = True,
         max_run_duration_s: int = 3600,
+        created_ago_s: float = 0.0,
     ) -> dict[str, Any]:
-        """An instance (and, by default, its labelled boot disk). `host_keys` (type -> base64) are
-        answered by getGuestAttributes after `publish_after` 404s; None: never published."""
+        """An instance (and, by default, its labelled boot disk), created `created_ago_s` ago.
+        `host_keys` (type -> base64) are answered by getGuestAttributes after `publish_after`
+        404s; None: never published."""
         iface: dict[str, Any] = {
             "name": "nic0",
             "network": f"{BASE}/projects/{self.project}/global/networks/default",
@@ -462,7 +464,7 @@ class FakeCompute(FakeIamMixin, FakeHttpServer):
             "labels": dict(labels or {}),
             "networkInterfaces": [iface],
             "selfLink": f"{BASE}/projects/{self.project}/zones/{zone}/instances/{name}",
-            "creationTimestamp": "2026-04-20T10:00:00.000-07:00",
+            "creationTimestamp": _rfc3339_now(-created_ago_s),
             "lastStartTimestamp": _rfc3339_now(),
             "scheduling": {
                 "onHostMaintenance": "TERMINATE",

@@ -13,7 +13,6 @@ crash is still a crash: it fails at once with its root cause.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import re
 import threading
@@ -31,6 +30,7 @@ from infra.gcp.compute import (
     PREEMPTED,
     ComputeApi,
     ComputeApiError,
+    unix_time,
 )
 from scripts import ui
 from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
@@ -134,15 +134,6 @@ def looks_stopped(error: TrainingError) -> bool:
     return error.failure.kind in ("killed", "lost") or any(
         STOPPED_WITH_CHECKPOINT.search(line) for line in error.failure.root_cause
     )
-
-
-def unix_time(rfc3339: str | None, default: float) -> float:
-    if not rfc3339:
-        return default
-    try:
-        return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return default
 
 
 def checkpoint_uri(bucket: str | None, run_id: str) -> str | None:

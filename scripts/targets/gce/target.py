@@ -164,7 +164,9 @@ class GceTarget(StackTarget[GceClients, Provision]):
     @contextmanager
     def create(self, ctx: Context, prepared: Provision) -> Iterator[FleetSession]:
         from scripts.targets.gce.keys import private_key_file
+        from scripts.targets.gce.provision import cluster_created
 
+        began = time.time()  # the VMs `up` makes bill from their creation, after this
         spec, outputs = prepared()
         opts = ctx.opts
         with (
@@ -175,6 +177,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
                 key,
                 keep=opts.keep,
                 connect_deadline_s=opts.wait_s or ctx.settings.connect_deadline_s,
+                started_at=cluster_created(ctx.clients.compute(), outputs, ctx.stack, began),
             ) as cluster,
         ):
             yield cluster
@@ -337,7 +340,8 @@ def stack_session(
     started_at: float | None = None,
 ) -> RecoveringSession:
     """The stack's fleet, pinned; it re-creates preempted VMs (`recreate`). `started_at`: the
-    run's start when it was earlier than this session (a reconciler's relaunch)."""
+    run's start when it was earlier than this session (its VMs' creation during `up`, or a
+    reconciler's relaunch)."""
     from infra.disk_prices import cluster_hourly
     from infra.outputs import parse_stack_outputs
     from infra.ttl import Recreation

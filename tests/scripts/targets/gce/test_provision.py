@@ -242,3 +242,39 @@ def test_destroy_failing_after_a_stockout_stops_loudly(runner: FakeStackRunner) 
     ):
         provision_with_failover(runner, [A, B])
     assert ups(runner) == [A]
+
+
+def test_a_clusters_time_counts_from_its_vms_creation_during_up(
+    runner: FakeStackRunner,
+    fake: FakeCompute,
+    api: ComputeApi,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The VMs `up` made bill from their creation, before `up` is over: the run counts from the
+    first of them (its cost record, its budget), not from when the cluster was handed over; a
+    VM that stood before that `up` began counts from its start; a Compute API that cannot say
+    leaves the count to the session, said in one line."""
+    import time
+
+    from infra.gcp.compute import ComputeApiError
+    from scripts.targets.gce.provision import cluster_created
+
+    began = time.time() - 600  # the `up`, ten minutes ago
+    _, outputs = provision_with_failover(runner, [A])
+    made = time.time()
+    for node, ago in zip(outputs["nodes"], (120.0, 90.0), strict=True):
+        fake.remove_instance(node["name"], A)
+        fake.add_instance(node["name"], A, labels={"gputrain-stack": "dev"}, created_ago_s=ago)
+    # another VM of the stack's label, not one of the cluster's nodes: not counted
+    fake.add_instance("dev-stray", A, labels={"gputrain-stack": "dev"}, created_ago_s=500)
+    since = cluster_created(api, outputs, "dev", began)
+    assert since is not None and since == pytest.approx(made - 120, abs=1)
+    later = time.time() - 100  # VMs that stood before this `up` began: from its start
+    assert cluster_created(api, outputs, "dev", later) == pytest.approx(later)
+
+    class Unreachable:
+        def list_stack_instances(self, project: str, stack: str) -> list[dict[str, object]]:
+            raise ComputeApiError("instances.aggregatedList: connection refused")
+
+    assert cluster_created(Unreachable(), outputs, "dev", began) is None  # type: ignore[arg-type]
+    assert "could not read when the VMs were created" in capsys.readouterr().err
