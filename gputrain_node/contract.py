@@ -109,6 +109,7 @@ BUDGET_MARK = "watch/budget.json"
 #: the mark's `by` when the stack's Cloud Billing budget (`billingBudget`) stopped the job
 GUARD_STOP = "billingBudget"
 PUBSUB_ENDPOINT_ENV = "GPUTRAIN_PUBSUB_ENDPOINT"  # the budget guard's Pub/Sub API (tests: a fake)
-#: the watchdog's `budget` setting: what it holds the run to (usd, hourly_usd, interval_s) and the
-#: run's time so far (elapsed_s, a span: the head counts on from there on its own clock)
-BUDGET_FIELDS = ("usd", "hourly_usd", "elapsed_s", "interval_s")
+#: the watchdog's `budget` setting: what it holds the run to (usd, hourly_usd, interval_s), the
+#: run's time so far (elapsed_s, a span: the head counts on from there on its own clock) and what
+#: `up`'s partial creates billed for the run before it (before_usd)
+BUDGET_FIELDS = ("usd", "hourly_usd", "elapsed_s", "interval_s", "before_usd")

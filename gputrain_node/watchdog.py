@@ -47,16 +47,17 @@ def over_budget(spent_usd: float, next_interval_usd: float, budget_usd: float) -
 
 @dataclass(frozen=True)
 class Budget:
-    """What one run may cost: the cluster's worst-case rate over the run's time (a recovery's
-    downtime bills like training), `elapsed_s` before `armed`, then this VM's own clock."""
+    """What one run may cost: `up`'s partial creates (`before_usd`), then the worst-case rate over
+    its time (a recovery's downtime too), `elapsed_s` before `armed`, then this VM's own clock."""
 
     usd: float
     hourly_usd: float
     elapsed_s: float  # the run's time when the controller armed this watchdog
     interval_s: float  # how far ahead the rule looks
+    before_usd: float = 0.0
 
     def spent(self, now: float, armed: float) -> float:
-        return self.hourly_usd * max(0.0, self.elapsed_s + now - armed) / 3600
+        return self.before_usd + self.hourly_usd * max(0.0, self.elapsed_s + now - armed) / 3600
 
     @property
     def grace_s(self) -> float:  # after the stop's SIGTERM, the kill: within the interval
@@ -271,8 +272,7 @@ def node_ends(cfg: Config, bucket: Any, since: float) -> dict[str, float]:
 
 
 class Compute:
-    """The Compute API with this VM's credentials (its service account, from the metadata
-    server): what autodown needs and nothing more."""
+    """The Compute API with this VM's service account (the metadata server's): autodown's needs."""
 
     def __init__(self, project: str) -> None:
         from google.cloud import compute_v1
@@ -349,18 +349,18 @@ def exit_code(run_dir: Path) -> list[str]:
 
 
 def ledger_record(cfg: Config, run_dir: Path, now: float) -> dict[str, Any] | None:
-    """The run's cost record, completed at its end (the figures as scripts/cost/ledger.py
-    derives them). Pure but for the exit code's file."""
+    """The run's cost record completed at its end, its figures as scripts/cost/ledger.py's."""
     if not cfg.ledger:
         return None
     ok = exit_code(run_dir) == ["0"]
     record = cfg.ledger | {"run_id": cfg.run_id, "end": round(now, 3), "ok": ok}
     elapsed = max(0.0, now - float(record["start"]))
-    hourly = record.get("hourly_usd")
+    hourly, before = record.get("hourly_usd"), float(record.get("partial_usd") or 0.0)
+    cost = None if hourly is None else float(hourly) * elapsed / 3600 + before  # partial creates
     return record | {
         "elapsed_s": round(elapsed, 1),
         "gpu_hours": round(int(record["nodes"]) * int(record["gpus_per_node"]) * elapsed / 3600, 4),
-        "estimated_usd": None if hourly is None else round(float(hourly) * elapsed / 3600, 4),
+        "estimated_usd": None if cost is None else round(cost, 4),
     }
 
 

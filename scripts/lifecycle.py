@@ -109,7 +109,11 @@ def summary(
     from scripts.notify import summary_fields
 
     cost = summarize(
-        result, hourly_usd=session.hourly_usd, started=started, billed_s=billed_s(session)
+        result,
+        hourly_usd=session.hourly_usd,
+        started=started,
+        billed_s=billed_s(session),
+        partial_usd=session.partial_usd,
     )
     found = _find_summary(result.results_dir) or {}
     notifier.send("finished", **summary_fields(found, cost))
@@ -298,11 +302,17 @@ def ssh(target: Target, node: str, command: Sequence[str], opts: RunOptions) -> 
 
 
 def summarize(
-    result: JobResult, *, hourly_usd: float | None, started: float, billed_s: float | None = None
+    result: JobResult,
+    *,
+    hourly_usd: float | None,
+    started: float,
+    billed_s: float | None = None,
+    partial_usd: float | None = 0.0,
 ) -> float | None:
     """The closing lines of a run: loss vs floor, throughput, recoveries, where results are, the
     command's wall clock (`started`, monotonic) and the cost of the machines' time for the run
-    (`billed_s`; None: the wall clock), recoveries' lost time included, which it returns."""
+    (`billed_s`; None: the wall clock), recoveries' lost time included, with what `up`'s partial
+    creates billed for it before (`partial_usd`), which it returns."""
     elapsed = time.monotonic() - started
     billed = elapsed if billed_s is None else billed_s
     summary: dict[str, Any] = _find_summary(result.results_dir) or {}
@@ -323,9 +333,11 @@ def summarize(
     rows += [["results", str(result.results_dir)], ["elapsed (the command)", f"{elapsed:.0f} s"]]
     cost = None
     if hourly_usd is not None:
-        cost = hourly_usd * billed / 3600
+        cost = hourly_usd * billed / 3600 + (partial_usd or 0.0)
         lost = sum(r.downtime_s for r in result.recoveries)
         note = f", {lost:.0f} s of it recovering" if result.recoveries else ""
+        if partial_usd:
+            note += f"; ${partial_usd:.2f} more for partial creates while `up` waited"
         rows.append(["billed time (the machines)", f"{billed:.0f} s"])
         rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h{note}"])
     ui.table("run summary", ["", ""], rows)

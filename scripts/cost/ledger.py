@@ -34,7 +34,8 @@ GCE_MINIMUM_S = 60.0
 class LedgerRecord:
     """One run (or segment of a resumed one): where, who, when, on what, at which price, and
     what it cost (an estimate: the price table's rate times the time from when its machines were
-    up for it to its end, recoveries' downtime included)."""
+    up for it to its end, recoveries' downtime included, plus what its `up`'s partial creates
+    billed before). A field added since is optional: an older record reads as before."""
 
     target: str  # runs/<target>/: "local", "hosts-<name>", "stack-<name>"
     run_id: str
@@ -52,6 +53,8 @@ class LedgerRecord:
     price_source: str | None = None
     recoveries: int = 0
     downtime_s: float = 0.0
+    zones: tuple[str, ...] = ()  # where a stack's cluster ran, in order (a recovery may move it)
+    partial_usd: float | None = 0.0  # VMs partial creates made while `up` waited; None: unpriced
     v: int = VERSION
 
     @property
@@ -75,12 +78,16 @@ class LedgerRecord:
 
     @property
     def estimated_usd(self) -> float | None:
-        return None if self.hourly_usd is None else self.hourly_usd * self.billed_s / 3600
+        """The rate over the billed time, and what the partial creates before it billed."""
+        if self.hourly_usd is None:
+            return None
+        return self.hourly_usd * self.billed_s / 3600 + (self.partial_usd or 0.0)
 
     def to_json(self) -> dict[str, Any]:
         """The record as written: its fields plus the derived figures scripts read."""
         cost = self.estimated_usd
         return asdict(self) | {
+            "zones": list(self.zones),  # as JSON has it
             "elapsed_s": round(self.elapsed_s, 1),
             "gpu_hours": round(self.gpu_hours, 4),
             "estimated_usd": None if cost is None else round(cost, 4),
@@ -93,6 +100,8 @@ class LedgerRecord:
         if not isinstance(data, dict):
             return None
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if isinstance(fields.get("zones"), list):  # JSON's array
+            fields["zones"] = tuple(fields["zones"])
         try:
             record = cls(**fields)
         except TypeError:
@@ -127,6 +136,9 @@ def _well_formed(r: LedgerRecord) -> bool:
         and _number(r.end, LATEST_TIME)
         and _number(r.downtime_s, LATEST_TIME)
         and (r.hourly_usd is None or _number(r.hourly_usd, 1e9))
+        and (r.partial_usd is None or _number(r.partial_usd, 1e9))
+        and isinstance(r.zones, tuple)
+        and all(isinstance(z, str) for z in r.zones)
         and all(_count(n) for n in (r.nodes, r.gpus_per_node, r.recoveries, r.v))
     )
 
@@ -238,13 +250,16 @@ def record_of(
     run_id: str,
     results_dir: Path | None,
 ) -> LedgerRecord:
-    """The run's record from the run plan's spec (a stack: the machine, its capacity and price)
-    or what the session occupies (machines that exist), and the job.json it left (no results
-    dir: its job never started, a failure). It starts when the session's machines began to
-    bill for the run (Session.billed_since), not when the command did."""
+    """The run's record from the stack's spec (the machine, its capacity and price: the
+    session's, of the cluster `up` made, else the run plan's) or what the session occupies
+    (machines that exist), where it ran, and the job.json it left (no results dir: its job never
+    started, a failure). It starts when the session's machines began to bill for the run
+    (Session.billed_since), not when the command did."""
     end = time.time()
     ok, recoveries, downtime = _job_outcome(results_dir) if results_dir else (False, 0, 0.0)
     hourly, since = session.hourly_usd, session.billed_since
+    spec = session.spec if session.spec is not None else spec
+    used = session.footprint()
     common = dict(
         target=session.name,
         run_id=run_id,
@@ -255,10 +270,11 @@ def record_of(
         hourly_usd=hourly,
         recoveries=recoveries,
         downtime_s=round(downtime, 1),
+        zones=used.zones,
+        partial_usd=session.partial_usd,
     )
     if spec is not None:
         return LedgerRecord(**common, **_stack_fields(spec, hourly))  # type: ignore[arg-type]
-    used = session.footprint()
     return LedgerRecord(
         **common,  # type: ignore[arg-type]
         nodes=used.nodes,
@@ -284,11 +300,13 @@ def _stack_fields(spec: Any, hourly: float | None) -> dict[str, Any]:
     )
 
 
-def launch_record(target: str, spec: Any, start: float) -> dict[str, Any]:
+def launch_record(
+    target: str, spec: Any, start: float, zone: str, partial_usd: float | None = 0.0
+) -> dict[str, Any]:
     """A stack run's record as its launch knows it (no run id, end or outcome yet): the head's
     watchdog completes it and puts it in the bucket (record_name) when it sees the end of a run
-    no controller is there to record (a detached one); `down` brings it home. Its rate is the
-    one its budget counts."""
+    no controller is there to record (a detached one); `down` brings it home. Its cluster in
+    `zone` for now (with_zone: a recovery may move it), at the rate its budget counts."""
     from infra.disk_prices import cluster_hourly
 
     hourly = cluster_hourly(spec)
@@ -300,9 +318,18 @@ def launch_record(target: str, spec: Any, start: float) -> dict[str, Any]:
         end=round(start, 3),
         ok=None,
         hourly_usd=hourly,
+        zones=(zone,),
+        partial_usd=partial_usd,
         **_stack_fields(spec, hourly),
     )
     return record.to_json()
+
+
+def with_zone(record: dict[str, Any], zone: str) -> dict[str, Any]:
+    """A launch record (launch_record) whose cluster is in `zone` now: added to its zones
+    unless it is the last of them already. Pure."""
+    zones = list(record.get("zones") or ())
+    return record | {"zones": zones if zones[-1:] == [zone] else [*zones, zone]}
 
 
 def _user() -> str:

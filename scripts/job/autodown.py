@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gputrain_node import contract
 from infra.base.records import Fleet
@@ -50,19 +50,20 @@ RECORD = contract.AUTODOWN_RECORD
 @dataclass(frozen=True)
 class RunBudget:
     """What the head's watchdog holds a run to: the budget, the cluster's worst-case rate from
-    `started_at` (this machine's clock), how far ahead the rule looks."""
+    `started_at` (this machine's clock), how far ahead the rule looks, and what `up`'s partial
+    creates billed for the run before it (the budget counted them while `up` waited)."""
 
     usd: float
     hourly_usd: float
     started_at: float  # unix time
     interval_s: float
+    before_usd: float = 0.0
 
     def reached(self, now: float) -> bool:
         """The head's rule (gputrain_node/watchdog.py): the spend so far plus the next interval
         would pass the budget."""
-        return (
-            self.hourly_usd * (max(0.0, now - self.started_at) + self.interval_s) / 3600 > self.usd
-        )
+        ahead = self.hourly_usd * (max(0.0, now - self.started_at) + self.interval_s) / 3600
+        return self.before_usd + ahead > self.usd
 
     def setting(self, now: float) -> dict[str, float]:
         """The watchdog's `budget` setting (contract.BUDGET_FIELDS): the run's time so far as a
@@ -73,6 +74,7 @@ class RunBudget:
             "hourly_usd": self.hourly_usd,
             "elapsed_s": elapsed,
             "interval_s": self.interval_s,
+            "before_usd": self.before_usd,
         }
 
 
@@ -89,7 +91,7 @@ class Autodown:
     poll_s: float = 2.0
     notify: tuple[str, ...] = ()  # webhook URLs: in the watchdog's stdin, never in a file
     budget: RunBudget | None = None  # the head's watchdog stops the job before it passes this
-    ledger: dict[str, object] | None = None  # the run's cost record so far (scripts/cost/ledger)
+    ledger: dict[str, Any] | None = None  # the run's cost record so far (scripts/cost/ledger)
     guard: str | None = None  # billingBudget: the subscription the head pulls (projects/P/...)
 
     def config(self, run_id: str, node: str, env: Mapping[str, str]) -> bytes:
@@ -277,8 +279,14 @@ class Watchdogs:
         env: Mapping[str, str],
         nodes: Sequence[tuple[str, str, str]],
     ) -> None:
-        """`nodes`: (name, zone, role) of the stack's VMs now."""
-        self.plan = dataclasses.replace(self.plan, instances=instances_of(nodes))
+        """`nodes`: (name, zone, role) of the stack's VMs now; the cost record's zones follow
+        a recovery that moved them (the head's zone is the cluster's)."""
+        from scripts.cost.ledger import with_zone
+
+        ledger, head = self.plan.ledger, [z for _, z, role in nodes if role == "head"]
+        if ledger is not None and head:
+            ledger = with_zone(ledger, head[0])
+        self.plan = dataclasses.replace(self.plan, instances=instances_of(nodes), ledger=ledger)
         arm(fleet, transports, self.plan, run_id, env)
         self.run_id = run_id
         self._start_beat()

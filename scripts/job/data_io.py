@@ -280,6 +280,12 @@ def is_mirrored(job: Job) -> bool:
     return entry != REFERENCE_TRAINER or users_own
 
 
+def checkpoint_uri(bucket: str | None, run_id: str) -> str | None:
+    """Where a run's checkpoints go under the stack's `gs://<bucket>/<prefix>` (the layout Vertex's
+    AIP_CHECKPOINT_DIR has too). Pure."""
+    return f"{bucket}runs/{run_id}/checkpoints/" if bucket else None
+
+
 def out_uri(bucket: str | None, run_id: str) -> str | None:
     """Where a run's out dirs go under the stack's gs://<bucket>/<prefix>. Pure."""
     return f"{bucket}runs/{run_id}/out/" if bucket else None

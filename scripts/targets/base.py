@@ -130,6 +130,7 @@ class Footprint:
     nodes: int
     machine: str  # a machine type; "local" or "hosts" for machines gputrain did not make
     gpus_per_node: int
+    zones: tuple[str, ...] = ()  # a stack's, in order: a recovery may move its cluster
 
 
 class Session(Protocol):
@@ -147,6 +148,18 @@ class Session(Protocol):
     @property
     def node_count(self) -> int | None:
         """The machines it runs on (None: not ours to count, e.g. Vertex's replicas)."""
+        ...
+
+    @property
+    def spec(self) -> ClusterSpec | None:
+        """A stack's spec of the cluster as it was made (the `gpus` candidate, the capacity of
+        a list that `up` got), which its cost record describes; None: not a stack."""
+        ...
+
+    @property
+    def partial_usd(self) -> float | None:
+        """What making it billed before `billed_since` for this run: the VMs that partial
+        creates of `up`'s wait for capacity made and destroyed; None: their price is unknown."""
         ...
 
     def footprint(self) -> Footprint:

@@ -31,6 +31,7 @@ from scripts.transport.local import LocalTransport
 from scripts.transport.ssh import HostKeyError, SshTransport, classify_connect_error
 
 if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
     from scripts.job.container import ImageRef
     from scripts.notify import Notifier
     from scripts.verify.nodes import FabricCheck
@@ -58,6 +59,8 @@ class FleetSession:
         self.record_new_keys = record_new_keys
         self.hourly_usd = hourly_usd
         self.billed_since: float | None = time.time()  # the machines are up (or ours anyway)
+        self.spec: ClusterSpec | None = None  # not a stack's (RecoveringSession's is)
+        self.partial_usd: float | None = 0.0
         self.keep = keep
         self.connect_deadline_s = (
             settings.existing_wait_s if connect_deadline_s is None else connect_deadline_s

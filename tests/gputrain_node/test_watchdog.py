@@ -8,6 +8,7 @@ controller's heartbeat has been silent for autodown."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -481,7 +482,12 @@ def test_the_budget_rule_stops_when_the_next_interval_would_pass_it() -> None:
     assert not b.reached(1000.0 + 900, 1000.0)  # $9 spent, $1 ahead: $10, not past it
     assert b.reached(1000.0 + 901, 1000.0)
     assert Budget.parse(None) is None
-    assert Budget.parse({"usd": 10, "hourly_usd": 36, "elapsed_s": 0, "interval_s": 100}) == b
+    setting = {"usd": 10, "hourly_usd": 36, "elapsed_s": 0, "interval_s": 100, "before_usd": 0}
+    assert Budget.parse(setting) == b
+    # what `up`'s partial creates billed for the run before it counts: $2 before, $7 spent
+    before = Budget.parse(setting | {"before_usd": 2})
+    assert before is not None and before.spent(1700.0, 1000.0) == pytest.approx(9.0)
+    assert not before.reached(1000.0 + 700, 1000.0) and before.reached(1000.0 + 701, 1000.0)
     cfg = Config.parse(
         {"stack": "s", "run_id": "r", "node": "n", "head": True, "project": "p",
          "instances": [], "bucket": "gs://b/", "autodown_s": 600, "heartbeat_s": 10}
@@ -513,6 +519,15 @@ def test_the_head_counts_the_budget_on_its_own_clock_whatever_the_controllers_sa
     assert budget.spent(armed + 300, armed) == pytest.approx(9.0)
     assert not budget.reached(armed + 300, armed) and budget.reached(armed + 301, armed)
     assert run.reached(laptop_now + 301) and not run.reached(laptop_now + 300)  # the same rule
+    # $1.50 that `up`'s partial creates billed before the run: both sides count it
+    spent = dataclasses.replace(run, before_usd=1.5)
+    plan = dataclasses.replace(plan, budget=spent)
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: laptop_now)
+        counted = Config.parse(json.loads(plan.config("r1", "wd-node-0", {}))).budget
+    assert counted is not None and counted.spent(armed, armed) == pytest.approx(7.5)
+    assert counted.reached(armed + 151, armed) and not counted.reached(armed + 149, armed)
+    assert spent.reached(laptop_now + 151) and not spent.reached(laptop_now + 149)
 
 
 def test_the_head_stops_the_job_at_the_budget_and_ends_the_cluster(
@@ -526,7 +541,13 @@ def test_the_head_stops_the_job_at_the_budget_and_ends_the_cluster(
     compute, _, gcs = cloud
     head_dir, worker_dir = tmp_path / "head", tmp_path / "worker"
     sink = HttpSink().start()
-    budget = {"usd": 1.0, "hourly_usd": 720.0, "elapsed_s": 0.0, "interval_s": 1.0}
+    budget = {
+        "usd": 1.0,
+        "hourly_usd": 720.0,
+        "elapsed_s": 0.0,
+        "interval_s": 1.0,
+        "before_usd": 0.0,
+    }
     try:
         head = start(head_dir, "wd-node-0", 30.0, cloud, [sink.url], budget=budget)
         worker = start(worker_dir, "wd-node-1", 30.0, cloud)

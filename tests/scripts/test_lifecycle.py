@@ -28,6 +28,8 @@ class Session:
     hourly_usd = 3600.0
     node_count = 1
     notifier = None
+    spec = None
+    partial_usd = 0.0
 
     def __init__(self) -> None:
         self.billed_since: float | None = time.time()
@@ -88,3 +90,17 @@ def test_a_runs_cost_counts_from_when_its_machines_bill_not_from_the_command(
     assert elapsed and int(elapsed.group(1)) >= 2, out  # UP_S + TRAIN_S, rounded
     assert cost and TRAIN_S <= float(cost.group(1)) < UP_S, out
     assert re.search(r"billed time \(the machines\)\s+\d+ s", out), out
+
+
+def test_the_summarys_estimate_adds_what_ups_partial_creates_billed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run summary's estimate is the cost record's: the rate over the machines' time, plus
+    what the partial creates of `up`'s wait for capacity billed, said as such."""
+    result = JobResult("r1", True, {"n0": 0}, 1.0, tmp_path)
+    cost = lifecycle.summarize(
+        result, hourly_usd=3600.0, started=time.monotonic(), billed_s=2.0, partial_usd=0.5
+    )
+    assert cost == pytest.approx(2.5)
+    out = capsys.readouterr().out
+    assert "$2.50 at $3600.00/h; $0.50 more for partial creates while `up` waited" in out

@@ -4,7 +4,7 @@ options and the stack outputs), and the line `status` prints once autodown has e
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scripts import ui
 from scripts.job.autodown import (
@@ -25,9 +25,12 @@ if TYPE_CHECKING:
 HEARTBEAT_S = 10.0  # the controller's touch; autodown is >= 60 s: 6 beats may fail in a row
 
 
-def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> RunBudget | None:
+def run_budget(
+    spec: ClusterSpec, opts: RunOptions, started_at: float, before_usd: float | None = 0.0
+) -> RunBudget | None:
     """What the head's watchdog holds the run to: --budget, else the stack's `budget`, at the
-    cluster's worst-case rate (the plan's: check_caps passed) from `started_at`."""
+    cluster's worst-case rate (the plan's: check_caps passed) from `started_at`, beside what
+    `up`'s partial creates billed for it before (`before_usd`; None: unpriced, none counted)."""
     from scripts.run_plan import BUDGET_INTERVAL_ENV, budget_interval_s, worst_hourly
 
     usd = opts.budget if opts.budget is not None else spec.budget
@@ -35,7 +38,7 @@ def run_budget(spec: ClusterSpec, opts: RunOptions, started_at: float) -> RunBud
     if usd is None or rate is None:
         return None
     ahead = budget_interval_s(os.environ.get(BUDGET_INTERVAL_ENV))
-    return RunBudget(usd=usd, hourly_usd=rate, started_at=started_at, interval_s=ahead)
+    return RunBudget(usd, rate, started_at, ahead, before_usd or 0.0)
 
 
 def stack_autodown(
@@ -45,18 +48,24 @@ def stack_autodown(
     opts: RunOptions,
     clients: GceClients,
     started_at: float,
+    partial_usd: float | None = 0.0,
+    ledger: dict[str, Any] | None = None,
 ) -> Autodown | None:
     """The watchdogs' settings; None for a stack from before it had a bucket (nowhere to keep
-    the results, so nothing may be deleted). `started_at`: where the run's spend counts from."""
+    the results, so nothing may be deleted). `started_at`: where the run's spend counts from;
+    `partial_usd`: what `up`'s partial creates billed for it before (its cost record's);
+    `ledger`: that record as the run's launch made it (a relaunch goes on from it)."""
     if bucket is None:
         return None
-    from scripts.cost.ledger import launch_record
+    from scripts.cost.ledger import launch_record, with_zone
     from scripts.targets.stack.target import target_name
 
     seconds: float | None = resolve_autodown(spec.autodown_s, keep=opts.keep, flag=opts.autodown)
     if seconds is not None and clients.autodown_s is not None:
         seconds = clients.autodown_s  # tests: shorter than the floor
     beat = HEARTBEAT_S if seconds is None else min(HEARTBEAT_S, seconds / 6)
+    if ledger:  # a relaunch: what `up`'s partial creates billed is the record's
+        partial_usd = ledger.get("partial_usd")
     return Autodown(
         stack=spec.stack,
         project=out.project,
@@ -65,8 +74,10 @@ def stack_autodown(
         autodown_s=seconds,
         heartbeat_s=beat,
         notify=tuple(dict.fromkeys((*opts.notify, *spec.notify))),
-        budget=run_budget(spec, opts, started_at),
-        ledger=launch_record(target_name(spec.stack), spec, started_at),
+        budget=run_budget(spec, opts, started_at, partial_usd),
+        ledger=with_zone(ledger, out.zone)
+        if ledger
+        else launch_record(target_name(spec.stack), spec, started_at, out.zone, partial_usd),
         guard=guard_subscription(spec, out.project),
     )
 

@@ -67,6 +67,9 @@ class RunManifest:
     recoveries_done: int = 0
     budget_usd: float | None = None  # the run's budget (--budget or the stack's): a relaunch's too
     started_at: float = 0.0  # where the run's spend counts from (its budget, its cost record)
+    # its cost record as its launch knew it (scripts/cost/ledger.py launch_record: its zones, its
+    # partial creates): a reconcile pass's relaunch goes on from it
+    ledger: dict[str, Any] | None = None
     state: str = RUNNING
     history: list[dict[str, Any]] = field(default_factory=list)
     last_pass: dict[str, Any] = field(default_factory=dict)
@@ -102,6 +105,8 @@ class RunManifest:
         for key, kind in (("history", list), ("env", dict), ("secret_refs", dict)):
             if not isinstance(d.get(key, kind()), kind):
                 raise ValueError(f"{key} is not a {kind.__name__}")
+        if not isinstance(d.get("ledger") or {}, dict):
+            raise ValueError("ledger is not a dict")
         return cls(**d, generation=generation)
 
     def job_parts(self) -> dict[str, Any]:
@@ -294,10 +299,11 @@ class ControllerHold:
         deadline: float,
         budget_usd: float | None = None,
         started_at: float = 0.0,
+        ledger: dict[str, Any] | None = None,
     ) -> None:
         from scripts.targets.gce.lease import CONTROLLER_TTL_S, Lease
 
-        self.budget_usd, self.started_at = budget_usd, started_at
+        self.budget_usd, self.started_at, self.ledger = budget_usd, started_at, ledger
         bucket, _, prefix = bucket_uri.removeprefix("gs://").partition("/")
         self.manifests = Manifests(storage, bucket, prefix)
         self.stack, self.max_recoveries, self.deadline = stack, max_recoveries, deadline
@@ -324,6 +330,7 @@ class ControllerHold:
             job, self.stack, max_recoveries=self.max_recoveries, deadline=self.deadline, code=code
         )
         fresh.budget_usd, fresh.started_at = self.budget_usd, self.started_at
+        fresh.ledger = self.ledger
         old = self.manifests.load(job.run_id)  # `--resume RUN`: its history goes on
         if old is not None:
             fresh.history, fresh.generation = old.history, old.generation

@@ -481,13 +481,14 @@ class CapacityWait:
     sleep: Callable[[float], None] = time.sleep
     vm_hourly: Callable[[Attempt], float | None] = _no_rate  # USD/h of one VM an attempt made
     room: SpendRoom | None = None
+    spent: PartialSpend = field(default_factory=PartialSpend)  # what its partial creates billed
 
     def run(self, attempt: Callable[[], T], say: Callable[[str], None]) -> T:
         """`attempt()` until it succeeds; after a round of stock-outs wait and try again until
         `limit_s` is spent. Any other failure, or the last stock-out, is raised as it came
         (its message says how long it waited and what partial creates billed)."""
         start, pause, round_ = self.clock(), self.first_pause_s, 1
-        spent = PartialSpend()
+        spent = self.spent = PartialSpend()
         while True:
             try:
                 return attempt()

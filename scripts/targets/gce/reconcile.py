@@ -224,7 +224,8 @@ class Pass:
         from scripts.targets.gce.autodown import run_budget
 
         started = self.m.started_at or self.m.created_at or time.time()  # as relaunch's
-        return run_budget(self.spec, RunOptions(budget=self.m.budget_usd), started)
+        before = (self.m.ledger or {}).get("partial_usd")  # what `up`'s partial creates billed
+        return run_budget(self.spec, RunOptions(budget=self.m.budget_usd), started, before)
 
     def lost(self, out: StackOutputs) -> dict[str, NodeCloudState | None]:
         """The nodes GCE took away during this attempt."""
@@ -301,6 +302,7 @@ class Pass:
                     "VM(s) deleted, nothing bills; the next pass tries again"
                 )
                 return WAITING
+            self.carry_ledger(out, outputs)
             try:
                 self.relaunch(outputs, job)
             except LeaseLost:
@@ -331,6 +333,17 @@ class Pass:
         """Wait until GCE has deleted the lost VMs, then re-create the cluster; its outputs."""
         self.nodes(out).recreate({n: s for n, s in lost.items() if s is not None})
         return self.recreated
+
+    def carry_ledger(self, before: StackOutputs, outputs: dict[str, Any]) -> None:
+        """The run's cost record as its launch made it goes on to the relaunch's watchdog with
+        the zones its cluster ran in, in order: where it was (a controller's recovery may have
+        moved it since the launch) and where it is now."""
+        from infra.outputs import parse_stack_outputs
+        from scripts.cost.ledger import with_zone
+
+        if self.m.ledger:
+            moved = with_zone(self.m.ledger, before.zone)
+            self.m.ledger = with_zone(moved, parse_stack_outputs(outputs).zone)
 
     def relaunched_job(self, workdir: Path) -> Job:
         """The run's next attempt as its launch made it: its code bundle into `workdir`, its
@@ -370,6 +383,7 @@ class Pass:
                 self.m.max_recoveries,
                 started_at=self.m.started_at or self.m.created_at or None,
                 budget=self.m.budget_usd,
+                ledger=self.m.ledger,
             ) as session,
         ):
             session.holds_lease = False  # this pass holds it (a reconciler's lease)

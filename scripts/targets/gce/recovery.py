@@ -34,7 +34,7 @@ from infra.gcp.compute import (
 )
 from scripts import ui
 from scripts.job.autodown import Autodown, RunBudget, Watchdogs, budget_reached
-from scripts.job.data_io import output_env
+from scripts.job.data_io import checkpoint_uri, output_env
 from scripts.job.download import keep_attempt_files, results_missing, write_job_record
 from scripts.job.follow import say_line
 from scripts.job.records import (
@@ -49,10 +49,11 @@ from scripts.job.records import (
     TrainingError,
 )
 from scripts.settings import Settings
-from scripts.targets.base import Interrupted, SignalGuard
+from scripts.targets.base import Footprint, Interrupted, SignalGuard
 from scripts.watch.telemetry import StepWatch
 
 if TYPE_CHECKING:
+    from infra.spec import ClusterSpec
     from scripts.targets.gce.manifest import ControllerHold
     from scripts.verify.nodes import FabricCheck
 from infra.outputs import StackOutputs
@@ -136,12 +137,6 @@ def looks_stopped(error: TrainingError) -> bool:
     )
 
 
-def checkpoint_uri(bucket: str | None, run_id: str) -> str | None:
-    """Where a run's checkpoints go under the stack's `gs://<bucket>/<prefix>` (the layout Vertex's
-    AIP_CHECKPOINT_DIR has too). Pure."""
-    return f"{bucket}runs/{run_id}/checkpoints/" if bucket else None
-
-
 class StackNodes:
     """The Compute API's view of a stack's VMs, and the way back after a preemption."""
 
@@ -160,10 +155,10 @@ class StackNodes:
         automatic_restart: bool = True,  # ClusterSpec.automatic_restart
     ) -> None:
         self.api, self.outputs, self.spot, self.ttl_s = api, outputs, spot, ttl_s
-        self.automatic_restart = automatic_restart
-        self.bucket, self.stack = bucket, stack
+        self.bucket, self.stack, self.automatic_restart = bucket, stack, automatic_restart
         self._recreate, self.clock, self.sleep = recreate, clock, sleep
         self.created_at = clock()  # the TTL runs from here (the survivors' start, conservatively)
+        self.zones = [outputs.zone]  # where the cluster ran, in order (its cost record's)
         # (instance, insertTime, type) of the terminations a recovery was started for: each is
         # counted once, whatever GCE's clock says against ours
         self.counted: set[tuple[str, str, str]] = set()
@@ -254,6 +249,8 @@ class StackNodes:
                     )
                 self.sleep(1.0)
         fleet, self.outputs = self._recreate(self.outputs)  # its zone first, its image
+        if self.outputs.zone != self.zones[-1]:  # the cluster moved (another zone had room)
+            self.zones.append(self.outputs.zone)
         return fleet
 
 
@@ -322,6 +319,8 @@ class RecoveringSession(FleetSession):
         fabric: FabricCheck | None = None,
         stall_timeout_s: float | None = None,
         autodown: Autodown | None = None,
+        spec: ClusterSpec | None = None,  # the cluster's, as `up` made it: its cost record's
+        partial_usd: float | None = 0.0,  # what `up`'s partial creates billed for the run
     ) -> None:
         super().__init__(
             fleet,
@@ -333,6 +332,7 @@ class RecoveringSession(FleetSession):
             stall_timeout_s=stall_timeout_s,
         )
         self.nodes, self.max_recoveries, self.confirm_s = nodes, max_recoveries, confirm_s
+        self.spec, self.partial_usd = spec, partial_usd
         self.billed_since = nodes.created_at  # as the budget's and the watchdog's record count
         self.holds_lease = True  # the laptop's controller; a reconciler's pass holds its own
         head = lambda: (self._transports or {}).get(self.fleet.head.name)  # noqa: E731
@@ -350,6 +350,10 @@ class RecoveringSession(FleetSession):
             # counting; unless the cluster stays, its watchdogs end first (the bucket goes next)
             self.watchdogs.stop(None if self.keep else self._transports, results_missing(exc[1]))
         super().__exit__(*exc)
+
+    def footprint(self) -> Footprint:
+        """The fleet, and the zones its cluster ran in, in order: a recovery may move it."""
+        return replace(super().footprint(), zones=tuple(self.nodes.zones))
 
     def ledger_bucket(self) -> tuple[Any, str, str] | None:
         """(storage, bucket, prefix) where the run's cost-ledger record goes (scripts/cost)."""
@@ -396,6 +400,7 @@ class RecoveringSession(FleetSession):
             deadline=self.nodes.deadline,
             budget_usd=budget.usd if (budget := self._budget()) is not None else None,
             started_at=self.nodes.created_at,
+            ledger=self.watchdogs.plan.ledger if self.watchdogs is not None else None,
         )
         hold.start(job, collect_code(job) if job.workdir is not None else {})
         return hold

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 Context = StackContext[GceClients]
 
 #: `prepare`'s answer: `pulumi up` down the zones or candidates that passed preflight; the spec of
-#: what was created (a `gpus` stack pins its candidate) and the raw stack outputs.
-Provision = Callable[[], tuple["ClusterSpec", dict[str, Any]]]
+#: what was created (a `gpus` stack pins its candidate), the raw stack outputs, and what partial
+#: creates billed while it waited for capacity (USD; None: their price is unknown).
+Provision = Callable[[], tuple["ClusterSpec", dict[str, Any], float | None]]
 
 
 class GceTarget(StackTarget[GceClients, Provision]):
@@ -157,9 +158,9 @@ class GceTarget(StackTarget[GceClients, Provision]):
 
             zone = spec.zones[0] if spec.candidates else where[0]
             spec = pin_reservation_bound(spec, ctx.runner, ctx.clients.compute(), zone)
-        return lambda: capacity_wait(ctx.at(spec), "nothing is billing", where).run(
-            lambda: create_down_the_ladder(ctx.at(spec), where), ui.say
-        )
+        wait = capacity_wait(ctx.at(spec), "nothing is billing", where)
+        made = lambda: create_down_the_ladder(ctx.at(spec), where)  # noqa: E731
+        return lambda: (*wait.run(made, ui.say), wait.spent.usd)
 
     @contextmanager
     def create(self, ctx: Context, prepared: Provision) -> Iterator[FleetSession]:
@@ -167,7 +168,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
         from scripts.targets.gce.provision import cluster_created
 
         began = time.time()  # the VMs `up` makes bill from their creation, after this
-        spec, outputs = prepared()
+        spec, outputs, partial_usd = prepared()
         opts = ctx.opts
         with (
             private_key_file(ctx.runner, ctx.stack) as key,
@@ -178,6 +179,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
                 keep=opts.keep,
                 connect_deadline_s=opts.wait_s or ctx.settings.connect_deadline_s,
                 started_at=cluster_created(ctx.clients.compute(), outputs, ctx.stack, began),
+                partial_usd=partial_usd,
             ) as cluster,
         ):
             yield cluster
@@ -246,11 +248,12 @@ class GceTarget(StackTarget[GceClients, Provision]):
         max_recoveries: int,
         started_at: float | None = None,
         budget: float | None = None,
+        ledger: dict[str, Any] | None = None,
     ) -> Iterator[RecoveringSession]:
         """The session of a cluster `gputrain reconcile` re-created: pinned, kept (the run goes
         on without this process), its autodown as the stack declares it; `started_at`: the
         run's start (its budget, its cost record and its TTL count from there), `budget` its
-        budget (None: the stack's)."""
+        budget (None: the stack's), `ledger` its cost record as its launch knew it."""
         from scripts.targets.gce.keys import private_key_file
 
         ctx = self.context(spec, RunOptions(max_recoveries=max_recoveries, budget=budget))
@@ -262,6 +265,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
                 keep=True,
                 connect_deadline_s=self.settings.connect_deadline_s,
                 started_at=started_at,
+                ledger=ledger,
             )
             with session:
                 yield session
@@ -338,10 +342,13 @@ def stack_session(
     keep: bool,
     connect_deadline_s: float | None,
     started_at: float | None = None,
+    partial_usd: float | None = 0.0,
+    ledger: dict[str, Any] | None = None,
 ) -> RecoveringSession:
     """The stack's fleet, pinned; it re-creates preempted VMs (`recreate`). `started_at`: the
     run's start when it was earlier than this session (its VMs' creation during `up`, or a
-    reconciler's relaunch)."""
+    reconciler's relaunch, which gives the run's cost record as its launch knew it: `ledger`);
+    `partial_usd`: what `up`'s partial creates billed for the run."""
     from infra.disk_prices import cluster_hourly
     from infra.outputs import parse_stack_outputs
     from infra.ttl import Recreation
@@ -381,7 +388,11 @@ def stack_session(
         connect_deadline_s=connect_deadline_s,
         fabric=FabricCheck.of(spec.fabric),
         stall_timeout_s=spec.stall_timeout_s,
-        autodown=stack_autodown(spec, out, bucket, opts, clients, nodes.created_at),
+        autodown=stack_autodown(
+            spec, out, bucket, opts, clients, nodes.created_at, partial_usd, ledger
+        ),
+        spec=spec,
+        partial_usd=partial_usd,
     )
 
 

@@ -143,6 +143,7 @@ class VertexSession:
         self.name = target_name(spec.stack)
         self.hourly_usd: float | None = cluster_hourly(spec)  # the job's pools, once known
         self.billed_since: float | None = None  # the job's start, once Vertex says it ran
+        self.partial_usd: float | None = 0.0  # nothing bills before the job runs
         self.keep = keep
         self.notifier: Notifier | None = None  # nothing is preempted under us
         self.api = clients.api(outputs.project, outputs.region)

@@ -109,6 +109,33 @@ def test_a_compute_engine_record_costs_at_least_the_minute_its_vms_are_billed() 
     assert record("r3", backend="gce").estimated_usd == pytest.approx(2.0)  # an hour: as it was
 
 
+def test_partial_creates_and_zones_are_in_the_record_and_older_records_still_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the partial creates of a run's `up` billed while it waited for capacity is in its
+    estimate, and `gputrain cost` counts it; the zones its cluster ran in are recorded; a
+    record written before either field existed reads as it did (no zones, nothing before)."""
+    moved = record("r1", zones=("us-central1-a", "europe-west4-b"), partial_usd=0.5)
+    assert moved.estimated_usd == pytest.approx(2.0 + 0.5)
+    assert LedgerRecord.from_json(json.loads(json.dumps(moved.to_json()))) == moved
+    unpriced = record("r2", partial_usd=None)  # a VM of unknown price: the rest still counts
+    assert unpriced.estimated_usd == pytest.approx(2.0)
+    older = {k: v for k, v in record("r3").to_json().items() if k not in ("zones", "partial_usd")}
+    runs = tmp_path / "runs"
+    for r in (moved, unpriced):
+        append(runs, r)
+    with (runs / LEDGER).open("a") as f:
+        f.write(json.dumps(older) + "\n")
+    old = LedgerRecord.from_json(older)
+    assert old is not None and old.zones == () and old.estimated_usd == pytest.approx(2.0)
+    settings = Settings(root=tmp_path, runs_dir=runs)
+    assert main(["cost", "--json", "--since", "1970-01-01"], settings) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["total"]["estimated_usd"] == pytest.approx(6.5) and doc["total"]["runs"] == 3
+    assert doc["runs"][0]["zones"] == ["us-central1-a", "europe-west4-b"]
+    assert doc["runs"][0]["partial_usd"] == 0.5 and doc["runs"][0]["estimated_usd"] == 2.5
+
+
 def test_since_and_malformed_lines() -> None:
     now = time.time()
     assert parse_since("7d", now) == now - 7 * 86400
@@ -129,6 +156,7 @@ def test_a_record_with_a_field_of_the_wrong_type_or_range_is_no_record() -> None
         {"hourly_usd": "x"}, {"recoveries": "3"}, {"start": 1e300}, {"start": -1e12},
         {"end": float("nan")}, {"nodes": True}, {"nodes": 10**400}, {"user": 7},
         {"ok": "yes"}, {"stack": 1}, {"downtime_s": -5}, {"hourly_usd": float("inf")},
+        {"zones": "us-central1-a"}, {"zones": [1]}, {"partial_usd": -1.0}, {"partial_usd": "1"},
     ]  # fmt: skip
     for bad in bad_fields:
         assert LedgerRecord.from_json(good | bad) is None, bad
@@ -171,21 +199,23 @@ def test_cost_bad_since_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Path) -> None:
-    """The record the launch knows (cluster, price, start), completed by the watchdog at the
-    end with no controller there (its end, its outcome, the figures): the ledger reads it as it
-    reads a controller's, the same figures."""
+    """The record the launch knows (cluster, price, start, zone, what partial creates billed
+    before), completed by the watchdog at the end with no controller there (its end, its
+    outcome, the figures): the ledger reads it as it reads a controller's, the same figures."""
     from gputrain_node import watchdog
     from infra.spec import parse_spec
-    from scripts.cost.ledger import launch_record
+    from scripts.cost.ledger import launch_record, with_zone
     from scripts.run_plan import worst_hourly
     from tests.support.pulumi_mocks import deployable_config
 
     spec = parse_spec(deployable_config("dev", machineType="g2-standard-8", nodes="2"), "dev")
-    template = launch_record("stack-dev", spec, 1_000_000.0)
+    template = launch_record("stack-dev", spec, 1_000_000.0, "us-central1-a", 0.25)
     assert template["run_id"] == "" and template["ok"] is None
     # the rate its budget counts (the VMs with their boot disks), not the VMs' alone
     rate = worst_hourly(spec)
     assert rate is not None and spec.hourly_price is not None and rate > spec.hourly_price
+    # a recovery moved the cluster: the watchdog the relaunch arms has both zones, in order
+    template = with_zone(with_zone(template, "us-central1-b"), "us-central1-b")
     cfg = watchdog.Config.parse(
         {"stack": "dev", "run_id": "r7", "node": "dev-node-0", "head": True, "project": "p",
          "instances": [], "bucket": "gs://b/", "autodown_s": None, "ledger": template}
@@ -197,7 +227,8 @@ def test_a_detached_runs_record_is_completed_by_the_heads_watchdog(tmp_path: Pat
     assert record is not None and record.to_json() == done  # the same figures, derived alike
     assert (record.run_id, record.ok, record.elapsed_s) == ("r7", True, 3600.0)
     assert record.nodes == 2 and record.machine == "g2-standard-8" and record.stack == "dev"
-    assert record.hourly_usd == rate and record.estimated_usd == pytest.approx(rate)
+    assert record.zones == ("us-central1-a", "us-central1-b")
+    assert record.hourly_usd == rate and record.estimated_usd == pytest.approx(rate + 0.25)
     (tmp_path / "exitcode").write_text("143 1000001.0\n")
     assert watchdog.ledger_record(cfg, tmp_path, 1_000_100.0)["ok"] is False  # type: ignore[index]
     runs = tmp_path / "runs"  # `down` brought it home: the ledger counts it
@@ -255,7 +286,7 @@ def test_a_resumed_segments_record_never_replaces_the_earlier_ones(tmp_path: Pat
     results = tmp_path / "runs" / "stack-dev" / "r1"
     session = SimpleNamespace(
         name="stack-dev", hourly_usd=2.0, ledger_bucket=lambda: (Storage(), "b", "team/"),
-        footprint=lambda: Footprint(2, "g2-standard-8", 1),
+        footprint=lambda: Footprint(2, "g2-standard-8", 1), spec=None, partial_usd=0.0,
     )  # fmt: skip
     for elapsed in (3600.0, 1800.0):
         session.billed_since = time.time() - elapsed

@@ -198,3 +198,25 @@ def test_a_hold_is_renewed_each_beat_from_the_first_connection_until_the_session
     last = hold.stat().st_mtime_ns
     time.sleep(0.6)  # three beats
     assert hold.stat().st_mtime_ns == last
+
+
+def test_a_recovery_that_moved_the_cluster_adds_its_zone_to_the_watchdogs_cost_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each attempt arms the watchdogs with the VMs as they are: after a recovery re-created
+    the cluster in another zone, the cost record the head's watchdog completes (a controller
+    gone) names both zones, in order, each once."""
+    from scripts.job import autodown
+
+    armed: list[Autodown] = []
+    monkeypatch.setattr(autodown, "arm", lambda fleet, transports, plan, *a: armed.append(plan))
+    ledger = {"run_id": "", "zones": ["z1"], "hourly_usd": 2.0}
+    plan = Autodown("s", "p", "gs://b/", (("n0", "z1"),), 60.0, heartbeat_s=60, ledger=ledger)
+    watchdogs = Watchdogs(plan, lambda: None)
+    moved = [("n0", "z2", "head"), ("n1", "z2", "worker")]
+    for nodes in ([("n0", "z1", "head"), ("n1", "z1", "worker")], moved, moved):
+        watchdogs.arm(None, {}, "r1", {}, nodes)  # type: ignore[arg-type]
+    watchdogs.stop()
+    assert [p.ledger["zones"] for p in armed if p.ledger] == [["z1"], ["z1", "z2"], ["z1", "z2"]]
+    assert armed[-1].instances == (("n1", "z2"), ("n0", "z2"))  # the head last
+    assert ledger["zones"] == ["z1"]  # the launch's own record is left as it was

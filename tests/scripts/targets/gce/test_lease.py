@@ -150,7 +150,7 @@ def test_the_controller_writes_the_manifest_and_the_code(
     job = Job("r2", entry=("job.py", "--x"), env={"A": "1"}, resume_args=("--resume",))
     hold = ControllerHold(
         storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9,
-        budget_usd=5.0, started_at=123.0,
+        budget_usd=5.0, started_at=123.0, ledger={"zones": ["us-central1-a"], "start": 123.0},
     )  # fmt: skip
     hold.start(job, {"job.py": tmp_path / "job.py", "trainer/train.py": tmp_path / "job.py"})
     again = ControllerHold(storage, f"gs://{BUCKET}/c/", "s", max_recoveries=2, deadline=9e9)
@@ -168,6 +168,7 @@ def test_the_controller_writes_the_manifest_and_the_code(
     )
     assert (m.attempt, m.recoveries_done, m.recoveries_left) == (2, 1, 1)
     assert (m.budget_usd, m.started_at) == (5.0, 123.0)  # a reconciler's relaunch keeps them
+    assert m.ledger == {"zones": ["us-central1-a"], "start": 123.0}  # and the cost record
     assert m.code is not None
     code = manifests.get_code(m.code, tmp_path / "out")
     assert sorted(p.name for p in code.iterdir()) == ["job.py"]  # not the trainer package

@@ -58,6 +58,9 @@ def test_a_run_without_any_of_them_reads_back_as_none(tmp_path: Path) -> None:
     # a manifest written before these fields existed reads the same
     old = b'{"run_id": "r0", "stack": "s", "entry": ["x.py"], "env": {}}'
     assert RunManifest.parse(old, generation=1).job_parts() == parts
+    assert RunManifest.parse(old, generation=1).ledger is None  # its cost record: a new one
+    with pytest.raises(ValueError, match="ledger is not a dict"):
+        RunManifest.parse(old[:-1] + b', "ledger": ["x"]}', generation=1)
 
 
 def test_a_secret_from_the_laptops_environment_is_not_relaunchable(tmp_path: Path) -> None:

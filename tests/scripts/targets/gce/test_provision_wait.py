@@ -294,3 +294,29 @@ def test_a_vm_pulumi_reports_made_is_counted_from_its_progress_line() -> None:
     assert (billed.vms, billed.vm_s, billed.left_up) == (1, 60.0, True)
     assert billed.billed == "; 1 VM made, billed 1m so far, left up for the next try"
     assert len(passed) == 4  # every line still reaches the caller's output
+
+
+def test_what_ups_partial_creates_billed_goes_to_the_runs_cost_record(
+    runner: FakeStackRunner, tmp_path: Path
+) -> None:
+    """`up` waited out a round whose partial create made one VM of two, then destroyed it: the
+    cluster it hands over comes with what that VM billed, at its rate as the caps price it, for
+    the session and the run's cost record."""
+    from scripts.settings import Settings
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.clients import GceClients
+    from scripts.targets.gce.target import GceTarget
+    from tests.support.pulumi_mocks import ROOT
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.w.yaml").write_text(
+        "config:\n  gputrain:machineType: g2-standard-8\n  gputrain:nodes: 2\n"
+        f"  gputrain:zones: [{A}]\n  gputrain:waitForCapacity: 1h\n"
+    )
+    runner.fail_partial(A, created=1)  # once: the next round gets the cluster
+    clients = GceClients(runner_for=lambda s, r: runner, capacity_pause_s=(0.0, 0.0))
+    target = GceTarget("w", Settings(root=tmp_path), clients)
+    ctx = target.context(target.spec(), RunOptions(skip_preflight=True))
+    _, outputs, partial_usd = target.prepare(ctx)()
+    assert outputs["zone"] == A and [c[1] for c in runner.calls if c[0] == "up"] == [A, A]
+    assert partial_usd is not None and 0 < partial_usd < 0.01  # one VM, for moments

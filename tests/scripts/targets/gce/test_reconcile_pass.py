@@ -152,6 +152,34 @@ def test_a_worker_preempted_before_the_crash_is_still_recovered(
     assert cloud.recreations == [Recreation(m.deadline, ZONE, image)]
 
 
+def test_a_relaunch_carries_the_runs_cost_record_on_with_the_zones_it_ran_in(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's cost record as its launch made it (in the manifest) goes on to the relaunch's
+    watchdog with the zones its cluster ran in, in order: where the launch had it, where the
+    controller's own recovery moved it (the stack as the pass finds it), and where the pass
+    re-created it; the manifest keeps it for the next pass. Nothing else of it changes."""
+    other = "us-central1-b"
+    cloud.launch("r1")
+    m = cloud.manifests.load("r1")
+    assert m is not None
+    m.ledger = {"zones": ["europe-west4-a"], "hourly_usd": 2.0, "partial_usd": 0.5}
+    cloud.write(m)
+    cloud.compute.preempt_instance(WORKER, ZONE, delete_after_s=0.2)
+    time.sleep(0.5)
+    moved = sample_outputs(STACK, other, nodes=2, project=cloud.compute.project)
+    monkeypatch.setattr(reconcile_module.Pass, "recreate", lambda self, out, lost: moved)
+    given: list[Any] = []
+    monkeypatch.setattr(
+        reconcile_module.Pass, "relaunch", lambda self, outputs, job: given.append(self.m.ledger)
+    )
+    assert cloud.run_pass() == "recovered"
+    expected = {"zones": ["europe-west4-a", ZONE, other], "hourly_usd": 2.0, "partial_usd": 0.5}
+    assert given == [expected]
+    kept = cloud.manifests.load("r1")
+    assert kept is not None and kept.ledger == expected
+
+
 def test_a_run_that_finished_stays_finished_after_the_ttl(cloud: Cloud) -> None:
     cloud.launch("r1")
     m = cloud.manifests.load("r1")

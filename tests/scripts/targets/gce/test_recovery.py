@@ -25,6 +25,7 @@ from scripts.settings import Settings
 from scripts.targets.base import RunOptions
 from scripts.targets.gce.recovery import (
     NodeCloudState,
+    RecoveringSession,
     StackNodes,
     checkpoint_uri,
     looks_stopped,
@@ -123,8 +124,40 @@ def test_a_stack_runs_cost_record_starts_where_its_budget_and_watchdog_record_do
     )
     spec = parse_spec(deployable_config("dev"), "dev")
     record = record_of(spec, session, "r1", None)
-    assert record.start == launch_record("stack-dev", spec, nodes.created_at)["start"]
+    assert record.start == launch_record("stack-dev", spec, nodes.created_at, ZONE)["start"]
     assert record.start == 1_000_000.25
+
+
+def test_a_runs_cost_record_says_what_its_cluster_ran_on_where_after_a_move(
+    tmp_path: Path,
+) -> None:
+    """The record describes the cluster `up` made (the session's spec: a `gpus` fallback's
+    candidate, a capacity list's rung), not the spec the plan read before `up`; a recovery that
+    re-created the cluster in another zone adds that zone, in order, and what `up`'s partial
+    creates billed before is in its estimate."""
+    from infra.base.records import Fleet, Node
+    from scripts.cost.ledger import record_of
+
+    other = "us-central1-b"
+    out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=1))
+    moved = parse_stack_outputs(sample_outputs("dev", other, nodes=1))
+    nodes = StackNodes(
+        ComputeApi("http://127.0.0.1:9"), out, spot=True, ttl_s=3600,
+        recreate=lambda zone: (None, moved),  # type: ignore[arg-type,return-value]
+    )  # fmt: skip
+    planned = parse_spec(deployable_config("dev", machineType="g2-standard-8"), "dev")
+    made = parse_spec(deployable_config("dev", machineType="g2-standard-24", zone=other), "dev")
+    session = RecoveringSession(
+        Fleet("stack-dev", (Node("dev-node-0", "head", "10.0.0.1"),)),
+        Settings(tmp_path, tmp_path / "runs"), nodes, max_recoveries=1, hourly_usd=2.0,
+        spec=made, partial_usd=0.5,
+    )  # fmt: skip
+    assert record_of(planned, session, "r1", None).zones == (ZONE,)
+    nodes.recreate({})  # GCE took nothing that still stands: `up` alone, in the other zone
+    nodes.recreate({})  # again there: one zone once
+    record = record_of(planned, session, "r1", None)
+    assert record.zones == (ZONE, other) and record.machine == "g2-standard-24"
+    assert record.partial_usd == 0.5 and record.estimated_usd == pytest.approx(2.0 / 60 + 0.5)
 
 
 def test_checkpoints_go_under_the_runs_prefix_of_the_bucket() -> None:
@@ -429,20 +462,23 @@ def test_a_preemption_is_counted_once_whatever_gces_clock_says() -> None:
     ("ttl_s", "budget", "why"),
     [
         (600, None, "the stack's TTL is spent: not re-creating VMs"),
-        (36000, (10.0, 3600.0), "its budget of $10.00 is spent: not re-creating VMs"),
+        (36000, (10.0, 3600.0, 0.0), "its budget of $10.00 is spent: not re-creating VMs"),
+        # $15 of training and $6 `up`'s partial creates billed before it: past $20
+        (36000, (20.0, 15.0, 6.0), "its budget of $20.00 is spent: not re-creating VMs"),
     ],
 )
 def test_the_controller_recovers_no_run_past_its_ttl_or_its_budget(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     ttl_s: int,
-    budget: tuple[float, float] | None,
+    budget: tuple[float, float, float] | None,
     why: str,
 ) -> None:
     """A node preempted after the run's TTL (counted from its first launch, as a reconcile
     pass counts it: none of it is left for a re-created VM), or once its budget is spent
-    (--budget $10 at $10/h, an hour in: the head would stop the relaunch at once): the
-    controller re-creates nothing and says why in one line."""
+    (--budget $10 at $10/h, an hour in: the head would stop the relaunch at once; or what
+    `up`'s partial creates billed before the run takes it past): the controller re-creates
+    nothing and says why in one line."""
     import scripts.watch.monitor as monitor
     from scripts.job.autodown import Autodown, RunBudget
     from scripts.job.records import Job
@@ -467,8 +503,10 @@ def test_the_controller_recovers_no_run_past_its_ttl_or_its_budget(
         nodes.created_at = time.time() - 3600  # the run's first launch, an hour ago
         autodown = None
         if budget is not None:
-            usd, rate = budget
-            plan = RunBudget(usd=usd, hourly_usd=rate, started_at=nodes.created_at, interval_s=120)
+            usd, rate, before = budget
+            plan = RunBudget(
+                usd, rate, started_at=nodes.created_at, interval_s=120, before_usd=before
+            )
             autodown = Autodown("dev", out.project, "gs://b/", (), None, budget=plan)
         session = RecoveringSession(
             out.to_fleet("stack-dev", keys, identity_file=None),

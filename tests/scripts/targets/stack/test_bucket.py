@@ -347,6 +347,8 @@ def test_a_run_another_machine_recorded_in_the_bucket_comes_home_into_the_ledger
         billed_since=time.time() - 1800,  # its machines were up half an hour
         ledger_bucket=lambda: (StorageApi("gputrain-test"), BUCKET, ""),
         footprint=lambda: Footprint(2, "g2-standard-8", 1),
+        spec=None,
+        partial_usd=0.0,
     )
     record_run(None, session, "r9", elsewhere)  # type: ignore[arg-type]
     assert [n for n in cloud.names() if n.startswith("runs/r9/ledger-")]  # the segment's file
@@ -362,7 +364,7 @@ def test_a_stack_runs_record_and_its_watchdogs_count_the_rate_its_budget_counts(
 ) -> None:
     """The session's rate (its run summary's estimate and its cost record) and the record the
     head's watchdog is given are the rate the caps and the budget count: the VMs with their boot
-    disks, not the VMs alone."""
+    disks, not the VMs alone; the watchdog's record starts in the cluster's zone."""
     from scripts.run_plan import worst_hourly
     from scripts.targets.base import RunOptions
     from scripts.targets.gce.target import GceTarget
@@ -377,3 +379,4 @@ def test_a_stack_runs_record_and_its_watchdogs_count_the_rate_its_budget_counts(
         assert session.watchdogs is not None
         ledger = session.watchdogs.plan.ledger
         assert ledger is not None and ledger["hourly_usd"] == rate
+        assert ledger["zones"] == [cloud.runner.outputs()["zone"]]
