@@ -32,6 +32,9 @@ HISTORY = [
     }
 ]
 
+#: `up`'s first line once it holds the lock (stack `dev` on a self-managed backend)
+HEADER = "Updating (dev):"
+
 SCRIPT = """#!/bin/sh
 [ "$1" = --non-interactive ] && shift
 echo "$*" >> "__LOG__"
@@ -92,15 +95,17 @@ def wait_until_gone(pids: Path, within_s: float = 5.0) -> list[int]:
 
 
 def locking(lock: Path) -> dict[str, str]:
-    """Verb bodies for a stack lock as Pulumi's file backend keeps it in `lock`: `up` takes it (a
-    body after it, e.g. hanging(...), runs while it is held), `refresh` and `destroy` refuse
-    while it is there, as the CLI does, and `cancel` removes it."""
+    """Verb bodies for a stack lock as Pulumi's file backend keeps it in `lock`: `up` takes it and
+    then prints its header, as the CLI does (a body after it, e.g. hanging(...), runs while it is
+    held), `refresh` and `destroy` refuse while it is there, as the CLI does, and `cancel`
+    removes it."""
     refused = (
         "error: the stack is currently locked by 1 lock(s). Either wait for the other "
         "process(es) to end or delete the lock file with pulumi cancel."
     )
     held = f'if [ -e "{lock}" ]; then echo "{refused}" >&2; exit 255; fi'
-    return {"up": f'touch "{lock}"', "refresh": held, "destroy": held, "cancel": f'rm "{lock}"'}
+    up = f'touch "{lock}"; echo "{HEADER}"'
+    return {"up": up, "refresh": held, "destroy": held, "cancel": f'rm "{lock}"'}
 
 
 def kill_all(pids: Path) -> None:

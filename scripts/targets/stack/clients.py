@@ -416,8 +416,9 @@ class PulumiStackRunner:
         self._run("cancel", stack.cancel)
 
     def left_own_lock(self) -> bool:
-        """gputrain killed a pulumi of ours in an update (pulumi_process.py): a lock on the stack
-        now is the one it left, ours to clear; pulumi may start again to clear it and destroy."""
+        """gputrain killed a pulumi of ours in an update after it showed it held the lock
+        (pulumi_process.py): a lock on the stack now is the one it left, ours to clear; pulumi
+        may start again to clear it and destroy."""
         release = getattr(self._pulumi_command, "release", None)  # a test's command may lack it
         return bool(release and release())
 

@@ -8,14 +8,16 @@ own graceful cancel: it finishes the operations in flight, records them and lets
 lock, so the teardown that follows destroys them. A further interruption, or the user's "stop
 waiting" (StoppedWaiting, a KeyboardInterrupt), ends it sooner: SIGINT, then SIGKILL to its
 process group. Pulumi's plugins are in that group; nothing else is. A pulumi killed in an update
-(up, refresh, destroy), silent or interrupted again, leaves the stack's lock behind: that lock is
-gputrain's own, and the teardown that follows clears it (`release`). Light to import: the SDK
-only inside `run`."""
+(up, refresh, destroy), silent or interrupted again, after it showed that it holds the stack's
+lock (LOCK_HELD) leaves that lock behind: it is gputrain's own, and the teardown that follows
+clears it (`release`); one killed before may have found someone else's lock, which is left alone.
+Light to import: the SDK only inside `run`."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -34,7 +36,14 @@ DEFAULT_SILENCE_S = 1800.0
 STOP_GRACE_S = 10.0  # SIGINT to SIGKILL, when pulumi is stuck or the user stops waiting
 NOTE_EVERY_S = 300.0  # a line while pulumi is silent, so a long wait is never a blank screen
 READERS_JOIN_S = 5.0  # pulumi has ended: the rest of its output, unless something holds the pipe
-UPDATES = ("up", "refresh", "destroy")  # the verbs gputrain runs that hold the stack's lock
+#: the verbs gputrain runs that hold the stack's lock, each with its header (Pulumi's ActionLabel)
+UPDATES = {"up": "Updating", "refresh": "Refreshing", "destroy": "Destroying"}
+#: A line pulumi prints only once it holds the stack's lock (Pulumi's source, pkg/backend): a
+#: self-managed backend's Update, Refresh and Destroy (diy/backend.go) call Lock, then `apply`
+#: prints the header `Updating (STACK):`; Pulumi Cloud's `apply` (httpstate/backend.go) prints
+#: its header, without the colon, before StartUpdate (the service's lock), and `View Live: URL`
+#: (display.go) after it. Killed before such a line, the lock on the stack may be another's.
+LOCK_HELD = re.compile(r"(?:Updating|Refreshing|Destroying) \([^()]+\):|View Live: \S+")
 
 
 def pulumi_silence_s(environ: Mapping[str, str] = os.environ) -> float:
@@ -69,10 +78,12 @@ class _Silent(Exception):
 
 
 class _Heard:
-    """When pulumi last printed a line (its reader threads say so)."""
+    """When pulumi last printed a line, and whether one said it holds the stack's lock (its
+    reader threads say so)."""
 
     def __init__(self) -> None:
         self.at = time.monotonic()
+        self.locked = False
 
     def quiet_s(self) -> float:
         return time.monotonic() - self.at
@@ -85,6 +96,7 @@ def _reader(
         for line in iter(stream.readline, ""):
             heard.at = time.monotonic()
             stripped = line.rstrip()
+            heard.locked = heard.locked or LOCK_HELD.fullmatch(stripped.strip()) is not None
             if callback:
                 callback(stripped)
             lines.append(stripped)
@@ -92,6 +104,13 @@ def _reader(
     thread = threading.Thread(target=read, daemon=True)
     thread.start()
     return thread
+
+
+def _join(readers: list[threading.Thread]) -> None:
+    """The rest of pulumi's output read, unless something holds the pipe (READERS_JOIN_S)."""
+    until = time.monotonic() + READERS_JOIN_S
+    for reader in readers:
+        reader.join(timeout=max(0.0, until - time.monotonic()))
 
 
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
@@ -174,6 +193,7 @@ class WatchedPulumiCommand:
             self._watch(process, heard, what)
         except _Silent:
             killed = _end(process, STOP_GRACE_S)
+            _join(readers)  # what it printed before the kill: its lock line, if any
             line = (
                 f"{what} printed nothing for {_duration(self.silence_s)} ({SILENCE_ENV}), so "
                 "gputrain stopped it"
@@ -181,7 +201,7 @@ class WatchedPulumiCommand:
             if killed:
                 self.stuck = "an earlier pulumi of this command was stuck (said above)"
                 line += "; it did not answer its own cancel and was killed"
-                if verb in UPDATES:  # pulumi lets go of the stack's lock as it ends, not killed
+                if verb in UPDATES and heard.locked:  # it lets go of the lock as it ends
                     line += (
                         ", so the stack may stay locked until a teardown clears it (pulumi "
                         f"cancel): the one that follows in this command, or `gputrain down "
@@ -196,16 +216,27 @@ class WatchedPulumiCommand:
             _end(process, STOP_GRACE_S)
             raise
         finally:  # killed however (silent, deaf to its cancel, a further Ctrl-C): the lock it left
-            self.own_lock = self.own_lock or (verb in UPDATES and _killed(process))
-            until = time.monotonic() + READERS_JOIN_S
-            for reader in readers:
-                reader.join(timeout=max(0.0, until - time.monotonic()))
+            _join(readers)  # first: the lines it printed before it was killed
+            if verb in UPDATES and _killed(process):
+                self._killed_in_update(what, UPDATES[verb], stack, heard.locked)
         result = CommandResult(
             stdout="\n".join(out), stderr="\n".join(err), code=process.returncode
         )
         if process.returncode != 0:
             raise create_command_error(result)
         return result
+
+    def _killed_in_update(self, what: str, header: str, stack: str, locked: bool) -> None:
+        """A lock the killed pulumi showed it held is ours to clear (`release`); before that,
+        the lock on the stack may be another update's: said, and left to the user."""
+        if locked:
+            self.own_lock = True
+            return
+        ui.warn(
+            f"{what} was killed before it showed that it held the stack's lock (its "
+            f"`{header} ({stack}):` line): this command clears no lock on the stack; if one "
+            f"stays, `gputrain down --stack {stack}` clears it"
+        )
 
     def release(self) -> bool:
         """After an update of ours was killed: pulumi may start again, for the teardown to clear

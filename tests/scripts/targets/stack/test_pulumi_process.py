@@ -80,11 +80,12 @@ def test_a_silent_pulumi_is_ended_with_its_group_and_one_line(
 def test_a_pulumi_deaf_to_its_cancel_is_killed_and_none_is_started_again(
     work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pids: Path
 ) -> None:
-    """None but the teardown's: the lock the killed update left is ours (left_own_lock, once),
-    and pulumi may start again to clear it and destroy."""
+    """None but the teardown's: the lock the killed update left, once it said it held it (its
+    header), is ours (left_own_lock, once), and pulumi may start again to clear it and destroy."""
     monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
     monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
-    log = _cli(tmp_path, monkeypatch, refresh=hanging(pids, deaf=True))
+    refresh = 'echo "Refreshing (dev):"; ' + hanging(pids, deaf=True)
+    log = _cli(tmp_path, monkeypatch, refresh=refresh)
     runner = PulumiStackRunner("dev", work_dir)
     raised = _within(20, runner.refresh, pids)
     assert isinstance(raised, PulumiStuckError)
@@ -102,6 +103,63 @@ def test_a_pulumi_deaf_to_its_cancel_is_killed_and_none_is_started_again(
     runner.destroy()
     verbs = [ln.split()[0] for ln in log.read_text().splitlines()]
     assert [v for v in verbs if v in ("cancel", "destroy")] == ["cancel", "destroy"]
+
+
+def test_a_pulumi_killed_before_it_said_it_held_the_lock_leaves_any_lock_to_the_user(
+    work_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pids: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Silent and deaf to its cancel before its header (still reaching the backend): the lock on
+    the stack may be another update's, so it is not ours (left_own_lock) and the lines say
+    that `gputrain down` clears it, not the teardown."""
+    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
+    monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
+    _cli(tmp_path, monkeypatch, refresh=hanging(pids, deaf=True))
+    runner = PulumiStackRunner("dev", work_dir)
+    raised = _within(20, runner.refresh, pids)
+    assert isinstance(raised, PulumiStuckError)
+    assert str(raised).endswith("; it did not answer its own cancel and was killed")
+    assert (
+        "warning: pulumi refresh of stack dev was killed before it showed that it held the "
+        "stack's lock (its `Refreshing (dev):` line): this command clears no lock on the stack; "
+        "if one stays, `gputrain down --stack dev` clears it"
+    ) in capsys.readouterr().err.splitlines()
+    assert not runner.left_own_lock()
+    with pytest.raises(PulumiStuckError, match=r"^pulumi destroy of stack dev not started: "):
+        runner.destroy()
+
+
+@pytest.mark.parametrize(
+    "header", ["", "Updating (dev):", "View Live: https://app.pulumi.com/o/p/dev/updates/3"]
+)
+def test_an_up_killed_at_a_second_ctrl_c_leaves_a_lock_ours_once_it_said_it_held_it(
+    header: str, work_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pids: Path
+) -> None:
+    """A second Ctrl-C kills `up` at once: the lock is ours to clear after its header (a
+    self-managed backend takes it first) or Pulumi Cloud's `View Live:` line (its update, the
+    lock, started first); killed before either, it may have met someone else's lock."""
+    marks = tmp_path / "marks"
+    up = (
+        f'echo $$ >> "{pids}"; echo "{header}"; trap \'echo INT >> "{marks}"\' INT; '
+        f'echo started >> "{marks}"; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done'
+    )  # its cancel takes a minute
+    _cli(tmp_path, monkeypatch, up=up)
+    runner = PulumiStackRunner("dev", work_dir)
+
+    def ctrl_c_twice() -> None:
+        wait_for("pulumi up", marks.exists, timeout=30)
+        os.kill(os.getpid(), signal.SIGINT)  # pulumi's own cancel
+        wait_for("its cancel", lambda: "INT" in marks.read_text().split(), timeout=30)
+        os.kill(os.getpid(), signal.SIGINT)  # at once
+
+    with signal_guard(), pytest.raises(Interrupted):
+        threading.Thread(target=ctrl_c_twice, daemon=True).start()
+        runner.up()
+    assert wait_until_gone(pids) == []
+    assert runner.left_own_lock() is bool(header)
 
 
 def test_an_interrupted_up_hands_pulumi_its_own_cancel_and_waits_for_it(

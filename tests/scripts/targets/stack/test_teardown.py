@@ -192,6 +192,51 @@ def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys
     assert wait_until_gone(pids) == []
 
 
+def test_a_pulumi_killed_before_its_header_leaves_the_lock_on_the_stack_to_the_user(
+    project: Path,
+    pids: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`up` hangs before its header (still reaching a shared backend, where someone else's update
+    holds the lock) and does not answer its cancel: gputrain kills it. The lock is not shown to
+    be ours, so the teardown cancels nothing, says so and names `gputrain down`."""
+    from scripts.cli import main
+    from scripts.settings import Settings
+    from scripts.targets.stack import pulumi_process
+
+    _up_ready(project)
+    log, lock = project / "pulumi.log", project / "stack.lock"
+    lock.touch()  # another update's
+    verbs = locking(lock) | {"up": hanging(pids, deaf=True)}
+    fake_pulumi(project / "bin", log, **verbs)
+    monkeypatch.setenv("PATH", f"{project / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
+    monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
+    argv = ["up", "--stack", "dev", "--yes", "--skip-preflight"]
+    rc: list[int] = []
+    up = threading.Thread(
+        target=lambda: rc.append(main(argv, Settings(project, project / "runs"))), daemon=True
+    )
+    up.start()
+    up.join(60)
+    if up.is_alive():
+        kill_all(pids)
+        up.join(10)
+        pytest.fail("`up` still waited for a silent pulumi after 60 s")
+    said = capsys.readouterr()
+    verbs_run = [c.split()[0] for c in log.read_text().splitlines()]
+    assert "cancel" not in verbs_run and lock.exists(), said
+    assert "clearing the lock" not in said.out
+    assert (
+        "warning: pulumi up of stack dev was killed before it showed that it held the stack's "
+        "lock (its `Updating (dev):` line): this command clears no lock on the stack; if one "
+        "stays, `gputrain down --stack dev` clears it"
+    ) in said.err.splitlines(), said.err
+    assert rc and rc[0] != 0
+    assert wait_until_gone(pids) == []
+
+
 def test_a_second_ctrl_c_during_up_kills_pulumi_and_the_teardown_clears_its_lock(
     project: Path, pids: Path
 ) -> None:
