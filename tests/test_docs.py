@@ -164,6 +164,7 @@ UNLISTED_ENV = {
     "GPUTRAIN_RECREATE_DEADLINE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
     "GPUTRAIN_RECREATE_ZONE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
     "GPUTRAIN_RECREATE_IMAGE": "a recovery's own: set on the `pulumi up` that re-creates VMs",
+    "GPUTRAIN_RECREATE_KEEP": "a recovery's own: set on the `pulumi up` that re-creates VMs",
 }
 
 

@@ -132,8 +132,8 @@ class GpuNodes(pulumi.ComponentResource):
         ttl_s = cap.max_run_duration_s
         if a.recreation is not None:
             ttl_s = a.recreation.max_run_duration_s(time.time())
-            if a.recreation.zone == a.zone:  # in another zone every VM is replaced anyway
-                # ignore_changes holds for updates only: a VM created now takes ttl_s
+            if a.recreation.keeps(name, a.zone):  # it stands untouched: updated, not replaced
+                # (a replacement would take the ignored value from the state); the others: ttl_s
                 keep = pulumi.ResourceOptions(ignore_changes=[MAX_RUN_DURATION_PATH])
                 opts = pulumi.ResourceOptions.merge(opts, keep)
         sched = cap.scheduling_args()

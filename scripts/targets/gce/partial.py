@@ -57,10 +57,12 @@ class MadeVMs:
             self.on_output(line)
 
     def billed(self, attempt: A, *, left_up: bool) -> A:
-        """`attempt` with the VMs made and their seconds until now (their destroy, if any)."""
+        """`attempt` with the VMs made, their names and their seconds until now (their destroy,
+        if any)."""
         now = self.clock()
         seconds = sum(max(0.0, now - t) for t in self.at.values())
         changes: dict[str, Any] = {"vms": len(self.at), "vm_s": seconds, "left_up": left_up}
+        changes["made"] = tuple(self.at)
         return dataclasses.replace(attempt, **changes)  # type: ignore[type-var]
 
 

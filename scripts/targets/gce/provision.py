@@ -114,6 +114,7 @@ class Attempt:
     vms: int = field(default=0, kw_only=True)
     vm_s: float = field(default=0.0, kw_only=True)  # their seconds together, to the destroy
     left_up: bool = field(default=False, kw_only=True)
+    made: tuple[str, ...] = field(default=(), kw_only=True)  # their names (a recovery keeps them)
 
     @property
     def billed(self) -> str:

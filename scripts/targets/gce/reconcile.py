@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -205,9 +205,9 @@ class Pass:
         from infra.ttl import Recreation
         from scripts.targets.gce.recovery import StackNodes
 
-        def recreate(cluster: StackOutputs) -> tuple[Any, StackOutputs]:
+        def recreate(cluster: StackOutputs, gone: Sequence[str]) -> tuple[Any, StackOutputs]:
             # its new VMs live to the deadline not_recreating checks, on the cluster's image
-            again = Recreation.of(cluster, self.m.deadline)
+            again = Recreation.of(cluster, self.m.deadline, gone)
             self.recreated = self.target.recreated(self.spec, again, self.m.budget_usd)
             return None, parse_stack_outputs(self.recreated)
 
@@ -330,8 +330,10 @@ class Pass:
         return RELAUNCH_FAILED
 
     def recreate(self, out: StackOutputs, lost: dict[str, NodeCloudState | None]) -> dict[str, Any]:
-        """Wait until GCE has deleted the lost VMs, then re-create the cluster; its outputs."""
-        self.nodes(out).recreate({n: s for n, s in lost.items() if s is not None})
+        """Wait until GCE has deleted the lost VMs, then re-create the cluster; its outputs. A
+        node of unknown state (None: the last pass deleted it, or died mid-way) is re-created
+        as one lost: an `up` of that pass may have moved it."""
+        self.nodes(out).recreate(lost)
         return self.recreated
 
     def carry_ledger(self, before: StackOutputs, outputs: dict[str, Any]) -> None:

@@ -62,7 +62,8 @@ from scripts.targets.session import FleetSession
 GONE_STATES = ("STOPPING", "TERMINATED")
 STOPPED_WITH_CHECKPOINT = re.compile(r"stopped at step \d+ with a checkpoint")
 TTL_MARGIN_S = 120.0  # a VM this close to maxRunDuration that vanishes was deleted by its TTL
-Recreate = Callable[[StackOutputs], tuple[Fleet, StackOutputs]]  # (the cluster) -> the new one
+#: (the cluster, the nodes to re-create: every other one stands untouched) -> the new one
+Recreate = Callable[[StackOutputs, Sequence[str]], tuple[Fleet, StackOutputs]]
 #: What each of GCE's terminations is called in the lines a recovery prints.
 CAUSES = {
     PREEMPTED: "preempted",
@@ -219,24 +220,27 @@ class StackNodes:
         self.api.delete_instance(self.outputs.project, node.zone, node.name)
 
     def recreate(
-        self, lost: Mapping[str, NodeCloudState], *, gone_deadline_s: float = 300.0
+        self, lost: Mapping[str, NodeCloudState | None], *, gone_deadline_s: float = 300.0
     ) -> Fleet:
         """Wait until GCE has deleted the preempted VMs (an `up` would keep a STOPPING one) — or,
         after a host error or maintenance, until it deleted or restarted them (automatic restart
         brings an on-demand VM back RUNNING). A VM GCE will not restart (spot, flex-start,
         compact placement) that such an event left TERMINATED is deleted here: it would stay
-        so, and `up` would keep it. Then re-create the cluster (`up` keeps what stands);
-        `outputs` are the new cluster's."""
+        so, and `up` would keep it. Then re-create the cluster (`up` keeps what stands untouched:
+        the nodes not lost, those GCE restarted; a lost one of unknown state, None, is neither
+        waited for nor kept); `outputs` are the new cluster's."""
         project, end = self.outputs.project, self.clock() + gone_deadline_s
-        for node in [n for n in self.outputs.nodes if n.name in lost]:
-            host_event = lost[node.name].cause != "preempted"
+        known, restarted = {n: s for n, s in lost.items() if s is not None}, set[str]()
+        for node in [n for n in self.outputs.nodes if n.name in known]:
+            host_event = known[node.name].cause != "preempted"
             back = ("RUNNING",) if host_event else ()
             while (status := self.api.instance_status(project, node.zone, node.name)) is not None:
                 if status in back:
+                    restarted.add(node.name)
                     break
                 if status == "TERMINATED" and host_event and not self.automatic_restart:
                     ui.say(
-                        f"{node.name}: {lost[node.name].cause}, left TERMINATED (no automatic "
+                        f"{node.name}: {known[node.name].cause}, left TERMINATED (no automatic "
                         "restart on this stack): deleting it for the re-creation"
                     )
                     self.api.delete_instance(project, node.zone, node.name)
@@ -244,11 +248,12 @@ class StackNodes:
                 if self.clock() > end:
                     raise RecoveryError(
                         f"{node.name} is still {status} {gone_deadline_s:.0f} s after GCE "
-                        f"{lost[node.name].cause.replace('lost to', 'reported')}: not "
+                        f"{known[node.name].cause.replace('lost to', 'reported')}: not "
                         "re-creating it (run `gputrain down` to end the stack)"
                     )
                 self.sleep(1.0)
-        fleet, self.outputs = self._recreate(self.outputs)  # its zone first, its image
+        gone = [n for n in lost if n not in restarted]
+        fleet, self.outputs = self._recreate(self.outputs, gone)  # its zone first, its image
         if self.outputs.zone != self.zones[-1]:  # the cluster moved (another zone had room)
             self.zones.append(self.outputs.zone)
         return fleet

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -358,42 +358,31 @@ def stack_session(
 
     spec, opts, clients = ctx.spec, ctx.opts, ctx.clients
 
-    def recreated(cluster: StackOutputs) -> tuple[Fleet, StackOutputs]:
-        again = Recreation.of(cluster, nodes.deadline)  # `nodes`: below
+    def recreated(cluster: StackOutputs, gone: Sequence[str]) -> tuple[Fleet, StackOutputs]:
+        again = Recreation.of(cluster, nodes.deadline, gone)  # `nodes`: below
         out = parse_stack_outputs(recreate(ctx, again))
         return stack_fleet(ctx, out, key), out
 
     out = parse_stack_outputs(outputs)
     bucket = out.bucket.uri if out.bucket else None
     nodes = StackNodes(
-        clients.compute(),
-        out,
-        spot=spec.spot,
-        ttl_s=spec.max_run_duration_s,
-        recreate=recreated,
-        bucket=bucket,
-        stack=spec.stack,
-        automatic_restart=spec.automatic_restart,
-    )
+        clients.compute(), out, spot=spec.spot, ttl_s=spec.max_run_duration_s, recreate=recreated,
+        bucket=bucket, stack=spec.stack, automatic_restart=spec.automatic_restart,
+    )  # fmt: skip
     if started_at is not None:
         nodes.created_at = started_at
     return RecoveringSession(
-        stack_fleet(ctx, out, key),
-        ctx.settings,
-        nodes,
+        stack_fleet(ctx, out, key), ctx.settings, nodes,
         max_recoveries=recoveries_allowed(opts, spec),
         hourly_usd=cluster_hourly(spec),  # the rate the budget and the watchdog count
-        keep=keep,
-        confirm_s=clients.preemption_confirm_s,
-        connect_deadline_s=connect_deadline_s,
-        fabric=FabricCheck.of(spec.fabric),
+        keep=keep, confirm_s=clients.preemption_confirm_s,
+        connect_deadline_s=connect_deadline_s, fabric=FabricCheck.of(spec.fabric),
         stall_timeout_s=spec.stall_timeout_s,
         autodown=stack_autodown(
             spec, out, bucket, opts, clients, nodes.created_at, partial_usd, ledger
         ),
-        spec=spec,
-        partial_usd=partial_usd,
-    )
+        spec=spec, partial_usd=partial_usd,
+    )  # fmt: skip
 
 
 def provision_zones(ctx: Context, zones: list[str]) -> dict[str, Any]:
@@ -504,11 +493,21 @@ def provision_candidates(
 def recreate(ctx: Context, again: Recreation) -> dict[str, Any]:
     """After a preemption: `refresh` (the preempted VMs are gone), then `up` in the cluster's
     zone first, then the rest of the failover order, never destroying what survived; all
-    stocked out: wait for capacity as `up` does. Each `up` re-creates VMs as `again` says."""
+    stocked out: wait for capacity as `up` does. Each `up` re-creates VMs as `again` says, a
+    later round's as what the failed ones left standing says (Recreation.after)."""
+    from scripts.targets.gce.provision import ProvisioningError
+
     ctx.runner.refresh(on_output=None)
-    return capacity_wait(ctx, "the surviving VM(s) stay up and bill").run(
-        lambda: recreate_once(ctx, again), ui.say
-    )
+    rounds = [again]
+
+    def once() -> dict[str, Any]:
+        try:
+            return recreate_once(ctx, rounds[-1])
+        except ProvisioningError as e:
+            rounds.append(rounds[-1].after((a.zone, a.made) for a in e.attempts))
+            raise
+
+    return capacity_wait(ctx, "the surviving VM(s) stay up and bill").run(once, ui.say)
 
 
 def recreate_once(ctx: Context, again: Recreation) -> dict[str, Any]:
@@ -521,7 +520,8 @@ def recreate_once(ctx: Context, again: Recreation) -> dict[str, Any]:
     if spec.candidates:  # same shape (the run's GPUs per node and nodes): its zone first
         from scripts.targets.gce.provision import provision_candidates
 
-        order = sorted(recovery_candidates(ctx), key=lambda c: c.zone != zone)  # stable: ranked
+        # stable: ranked; its zone once per round (blocked after a stock-out), before any other
+        order = sorted(recovery_candidates(ctx), key=lambda c: c.zone != zone)
         _, outputs, _ = provision_candidates(
             ctx.runner,
             order,

@@ -300,17 +300,20 @@ def test_a_recovery_up_gives_new_vms_what_is_left_and_leaves_the_standing_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A recovery's `up` (the run's deadline in its environment) differs from a plain `up` only
-    in scheduling.maxRunDuration, what is left of the run's TTL, which it marks ignore_changes:
-    Pulumi diffs a standing VM with the value in its state, so the provider's replace on a
-    changed maxRunDuration never fires, and a VM it creates takes the input (Pulumi's
-    ignoreChanges doc: the program's value is used "when there is no previous value in the
-    state, most importantly when creating the resource"). A plain `up` gives every VM the full
-    TTL and ignores nothing, so an edited maxRunDuration still replaces the VMs."""
-    cfg = deployable_config("dev", nodes="2")
+    in scheduling.maxRunDuration, what is left of the run's TTL, which it marks ignore_changes
+    on the survivors it names alone: Pulumi diffs a standing VM with the value in its state, so
+    the provider's replace on a changed maxRunDuration never fires. Every other VM (the lost
+    one, created anew; any the state holds elsewhere, replaced) takes what is left, as a
+    replacement would take an ignored value from the state (pulumi/pulumi#2657). A plain `up`
+    gives every VM the full TTL and ignores nothing, so an edited maxRunDuration still
+    replaces the VMs."""
+    cfg = deployable_config("dev", nodes="3")
     spec = parse_spec(cfg, "dev")
+    head, lost, other = spec.node_names
     monkeypatch.delenv(RECREATE_DEADLINE_ENV, raising=False)
     plain, plain_ignored, plain_out = _declared(cfg, "dev")
-    for key, value in Recreation(time.time() + 1800, spec.zone).env().items():
+    survivors = (head, other)
+    for key, value in Recreation(time.time() + 1800, spec.zone, keep=survivors).env().items():
         monkeypatch.setenv(key, value)
     again, again_ignored, again_out = _declared(cfg, "dev")
     assert list(plain) == list(again) == list(spec.node_names)
@@ -319,9 +322,11 @@ def test_a_recovery_up_gives_new_vms_what_is_left_and_leaves_the_standing_ones(
         left = again[name]["scheduling"].pop("maxRunDuration")  # the path names a real input
         assert float(full["seconds"]) == spec.max_run_duration_s == 3 * 3600
         assert 1790 <= float(left["seconds"]) <= 1800
-        assert (plain_ignored[name], again_ignored[name]) == ((), (MAX_RUN_DURATION_PATH,))
+        kept = (MAX_RUN_DURATION_PATH,) if name in survivors else ()
+        assert (plain_ignored[name], again_ignored[name]) == ((), kept), name
         assert again[name] == plain[name]  # nothing else of a standing VM changes
     assert MAX_RUN_DURATION_PATH == "scheduling.maxRunDuration"
+    assert again_ignored[lost] == ()  # created (or replaced) with what is left
     others = set(again_ignored) - set(spec.node_names)
     assert others and all(plain_ignored[n] == again_ignored[n] == () for n in others)
     assert again_out == plain_out  # the stack's TTL is still the one its outputs say
@@ -329,10 +334,11 @@ def test_a_recovery_up_gives_new_vms_what_is_left_and_leaves_the_standing_ones(
 
 def test_a_recovery_up_in_another_zone_ignores_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The failover moved the cluster: every VM is replaced (its zone changed), and a replacement
-    would take an ignored input from the old VM's state, a fresh TTL; so nothing is ignored and
-    every new VM gets what is left."""
+    would take an ignored input from the old VM's state, a fresh TTL; so nothing is ignored, the
+    survivors named too, and every new VM gets what is left."""
     cfg = deployable_config("dev", nodes="2")
-    for key, value in Recreation(time.time() + 600, "us-central1-f").env().items():
+    survivors = parse_spec(cfg, "dev").node_names
+    for key, value in Recreation(time.time() + 600, "us-central1-f", keep=survivors).env().items():
         monkeypatch.setenv(key, value)
     vms, ignored, _ = _declared(cfg, "dev")
     assert parse_spec(cfg, "dev").zone != "us-central1-f"

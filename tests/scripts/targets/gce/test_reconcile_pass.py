@@ -149,7 +149,7 @@ def test_a_worker_preempted_before_the_crash_is_still_recovered(
     m = cloud.manifests.load("r1")  # its new VM lives to the deadline the TTL check reads,
     assert m is not None  # on the image the stack outputs record (not the family's newer one)
     image = sample_outputs(STACK, ZONE)["image"]
-    assert cloud.recreations == [Recreation(m.deadline, ZONE, image)]
+    assert cloud.recreations == [Recreation(m.deadline, ZONE, image, (HEAD,))]  # it stands
 
 
 def test_a_relaunch_carries_the_runs_cost_record_on_with_the_zones_it_ran_in(
@@ -236,6 +236,8 @@ def test_a_run_whose_budget_is_spent_is_not_recreated(
 def test_a_relaunch_that_keeps_failing_spends_the_recoveries_then_deletes_the_vms(
     cloud: Cloud, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The pass after a failed relaunch (or one that died mid-way) does not know which VMs
+    stand untouched (its `up` may have moved some): its re-creation keeps no VM's TTL."""
     cloud.launch("r1")
     cloud.compute.preempt_instance(WORKER, ZONE, delete_after_s=0.2)
     time.sleep(0.5)
@@ -248,6 +250,7 @@ def test_a_relaunch_that_keeps_failing_spends_the_recoveries_then_deletes_the_vm
     m = cloud.manifests.load("r1")
     assert m is not None and (m.state, m.recoveries_done) == ("recovering", 2)
     assert m.history[-1]["error"] == "the relaunch stops"
+    assert [again.keep for again in cloud.recreations] == [(HEAD,), ()]
     assert cloud.run_pass() == "ended"  # none left: the VMs go
     m = cloud.manifests.load("r1")
     assert m is not None and m.state == "out of recoveries"

@@ -86,7 +86,7 @@ def test_stack_nodes_read_the_compute_api() -> None:
             out,
             spot=True,
             ttl_s=3600,
-            recreate=lambda _cluster: (None, out),  # type: ignore[arg-type,return-value]
+            recreate=lambda _cluster, _gone: (None, out),  # type: ignore[arg-type,return-value]
             sleep=slept.append,
         )
         assert nodes.states(since - 60)[0].preempted_at  # seen when asked about that time
@@ -115,7 +115,7 @@ def test_a_stack_runs_cost_record_starts_where_its_budget_and_watchdog_record_do
     out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=1))
     nodes = StackNodes(
         ComputeApi("http://127.0.0.1:9"), out, spot=True, ttl_s=3600,
-        recreate=lambda _cluster: (None, out),  # type: ignore[arg-type,return-value]
+        recreate=lambda _cluster, _gone: (None, out),  # type: ignore[arg-type,return-value]
         clock=lambda: 1_000_000.2504,
     )  # fmt: skip
     fleet = Fleet("stack-dev", (Node("dev-node-0", "head", "10.0.0.1"),))
@@ -357,18 +357,25 @@ def test_host_errors_and_maintenance_count_on_any_capacity_a_vanished_vm_only_on
 
 def test_an_on_demand_node_lost_to_a_host_error_is_found_and_waited_for() -> None:
     """The Compute API's hostError operation marks it; a VM GCE restarted (RUNNING again) is
-    not waited for until deleted, as a preempted spot VM is."""
+    not waited for until deleted, as a preempted spot VM is, and stands: `up` re-creates no
+    node (it keeps the restarted one as it is)."""
     out = parse_stack_outputs(sample_outputs("dev", ZONE, nodes=2))
     with FakeCompute() as fake:
         for n in out.nodes:
             fake.add_instance(n.name, ZONE)
         since = time.time() - 1
+        gone: list[Any] = []
+
+        def recreate(_cluster: StackOutputs, names: list[str]) -> tuple[str, StackOutputs]:
+            gone.append(names)
+            return "fleet", out
+
         nodes = StackNodes(
             ComputeApi(fake.url),
             out,
             spot=False,
             ttl_s=3600,
-            recreate=lambda _cluster: ("fleet", out),  # type: ignore[arg-type,return-value]
+            recreate=recreate,  # type: ignore[arg-type]
             sleep=lambda _s: None,
         )
         assert nodes.preempted(since, wait_s=0) == {}
@@ -378,7 +385,7 @@ def test_an_on_demand_node_lost_to_a_host_error_is_found_and_waited_for() -> Non
         found = nodes.preempted(since, wait_s=0)
         assert list(found) == ["dev-node-1"] and found["dev-node-1"].cause == "lost to a host error"
         fake.instances[(ZONE, "dev-node-1")].body["status"] = "RUNNING"  # automatic restart
-        assert nodes.recreate(found) == "fleet"
+        assert nodes.recreate(found) == "fleet" and gone == [[]]
 
 
 def test_a_node_gce_will_not_restart_is_deleted_after_a_host_error_and_recreated(
@@ -392,11 +399,11 @@ def test_a_node_gce_will_not_restart_is_deleted_after_a_host_error_and_recreated
     with FakeCompute() as fake:
         for n in out.nodes:
             fake.add_instance(n.name, ZONE)
-        recreated: list[StackOutputs] = []
+        recreated: list[tuple[StackOutputs, list[str]]] = []
 
-        def recreate(cluster: StackOutputs) -> tuple[str, StackOutputs]:
+        def recreate(cluster: StackOutputs, gone: list[str]) -> tuple[str, StackOutputs]:
             assert (ZONE, "dev-node-1") not in fake.instances  # gone before `up`
-            recreated.append(cluster)
+            recreated.append((cluster, gone))
             return "fleet", out
 
         nodes = StackNodes(
@@ -415,7 +422,8 @@ def test_a_node_gce_will_not_restart_is_deleted_after_a_host_error_and_recreated
         fake.instances[(ZONE, "dev-node-1")].body["status"] = "TERMINATED"  # and it stays so
         found = nodes.preempted(since, wait_s=0)
         assert found["dev-node-1"].cause == "lost to a host error"
-        assert nodes.recreate(found, gone_deadline_s=30) == "fleet" and recreated == [out]
+        assert nodes.recreate(found, gone_deadline_s=30) == "fleet"
+        assert recreated == [(out, ["dev-node-1"])]
         assert [(zone, name) for zone, name, _ in fake.deletes] == [(ZONE, "dev-node-1")]
         assert "dev-node-1: lost to a host error, left TERMINATED" in capsys.readouterr().out
 
@@ -443,7 +451,7 @@ def test_a_preemption_is_counted_once_whatever_gces_clock_says() -> None:
             out,
             spot=True,
             ttl_s=3600,
-            recreate=lambda _cluster: ("fleet", out),  # type: ignore[arg-type,return-value]
+            recreate=lambda _cluster, _gone: ("fleet", out),  # type: ignore[arg-type,return-value]
             sleep=lambda _s: None,
         )
         fake.preempt_instance("dev-node-1", ZONE, delete_after_s=60)
@@ -532,7 +540,9 @@ def test_the_controller_recovers_no_run_past_its_ttl_or_its_budget(
     assert f" and {why}. Its newest checkpoint is in " in message and "\n" not in message
 
 
-def _stack_target(tmp_path: Path, fake: FakeCompute) -> tuple[Any, FakeStackRunner]:
+def _stack_target(
+    tmp_path: Path, fake: FakeCompute, zones: str = f"{ZONE}, us-central1-b"
+) -> tuple[Any, FakeStackRunner]:
     """A 2-node g2 stack of a 1 h maxRunDuration (the fake runner's) over the fake runner."""
     from scripts.targets.gce.clients import GceClients
     from scripts.targets.gce.target import GceTarget
@@ -540,40 +550,84 @@ def _stack_target(tmp_path: Path, fake: FakeCompute) -> tuple[Any, FakeStackRunn
     (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
     (tmp_path / "Pulumi.dev.yaml").write_text(
         f"config:\n  gcp:project: {fake.project}\n  gputrain:machineType: g2-standard-8\n"
-        f"  gputrain:nodes: 2\n  gputrain:zones: [{ZONE}, us-central1-b]\n"
-        "  gputrain:maxRunDuration: 1h\n"
+        f"  gputrain:nodes: 2\n  gputrain:zones: [{zones}]\n  gputrain:maxRunDuration: 1h\n"
     )
     runner = FakeStackRunner("dev", compute=fake, project=fake.project)
     clients = GceClients(runner_for=lambda s, r: runner, compute_endpoint=fake.url)
+    clients.capacity_pause_s = (0.01, 0.01)
     return GceTarget("dev", Settings(root=tmp_path), clients), runner
 
 
 def test_a_recovery_gives_the_vm_it_recreates_what_is_left_of_the_runs_ttl(
     tmp_path: Path, fake: FakeCompute
 ) -> None:
-    """The controller's recovery passes its run's deadline (the one not_recreating checks) to the
-    `up` that re-creates the preempted VM, which GCE then deletes by that deadline, not a full
-    maxRunDuration later; the survivor is not touched. A plain `up` passes nothing."""
-    from infra.ttl import Recreation, ttl_left_s
+    """The controller's recovery hands the `up` that re-creates the preempted VM its run's
+    deadline (the one not_recreating checks) and names the survivor, which alone keeps its
+    maxRunDuration (test_cluster.py: what the program declares for it): the program gives the
+    new VM what is left, and GCE deletes it by that deadline. A plain `up` passes nothing."""
+    from infra.ttl import Recreation
     from scripts.targets.gce.target import stack_session
 
     target, runner = _stack_target(tmp_path, fake)
     spec = target.spec()
     outputs = runner.up()  # the launch: every VM the full TTL
-    survivor = fake.instances[(ZONE, "dev-node-0")].body["id"]
     ctx = target.context(spec, RunOptions(wait_for_capacity_s=0))
     session = stack_session(ctx, outputs, tmp_path / "key", keep=True, connect_deadline_s=1)
     session.nodes.created_at = time.time() - 2400  # launched 40 min ago: 20 min of its hour left
     fake.remove_instance("dev-node-1", ZONE)  # GCE deleted the preempted VM
     session.nodes.recreate({"dev-node-1": NodeCloudState("dev-node-1", None, "2026-04-20")})
     image = outputs["image"]  # the one the cluster runs (the next test)
-    assert runner.up_env == [{}, Recreation(session.nodes.deadline, ZONE, image).env()]
-    listed = ComputeApi(fake.url).list_stack_instances(fake.project, "dev")
-    now = time.time()
-    left = {i["name"]: ttl_left_s(i["last_start"], i["max_run_duration_s"], now) for i in listed}
-    assert left["dev-node-1"] == pytest.approx(1200, abs=10)
-    assert left["dev-node-0"] == pytest.approx(3600, abs=10)
-    assert fake.instances[(ZONE, "dev-node-0")].body["id"] == survivor
+    deadline = session.nodes.deadline
+    assert runner.up_env == [{}, Recreation(deadline, ZONE, image, ("dev-node-0",)).env()]
+    given = Recreation.from_env(runner.up_env[1])  # what the program reads
+    assert given is not None and given.keeps("dev-node-0", ZONE)
+    assert not given.keeps("dev-node-1", ZONE)
+    assert given.max_run_duration_s(time.time()) == pytest.approx(1200, abs=10)
+
+
+def test_a_wait_for_capacity_keeps_no_vm_once_an_up_in_another_zone_moved_some(
+    tmp_path: Path, fake: FakeCompute
+) -> None:
+    """Round 1 tries the survivor's zone (stocked out), then us-central1-b, whose `up` moves the
+    cluster: it makes dev-node-0 there, then stocks out. Round 2 tries the first zone again:
+    its `up` replaces that VM back, and a replacement would take a kept (ignored) maxRunDuration
+    from the state, round 1's; so it names no VM to keep, and every VM gets what is left."""
+    from infra.ttl import Recreation
+    from scripts.targets.gce.target import recreate
+
+    target, runner = _stack_target(tmp_path, fake)
+    outputs = parse_stack_outputs(runner.up())
+    fake.remove_instance("dev-node-1", ZONE)  # preempted
+    runner.fail_stockout(ZONE, times=1)
+    runner.fail_partial("us-central1-b", created=1)
+    ctx = target.context(target.spec(), RunOptions(wait_for_capacity_s=600))
+    recreate(ctx, Recreation.of(outputs, time.time() + 1800, ["dev-node-1"]))
+    ups = [c[1] for c in runner.calls if c[0] == "up"]
+    assert ups == [ZONE, ZONE, "us-central1-b", ZONE]
+    given = [Recreation.from_env(env) for env in runner.up_env[1:]]
+    assert [g.keep for g in given if g is not None] == [("dev-node-0",), ("dev-node-0",), ()]
+
+
+def test_a_wait_for_capacity_in_one_zone_keeps_the_vms_its_rounds_made(
+    tmp_path: Path, fake: FakeCompute
+) -> None:
+    """With the survivors' zone alone, no `up` moves a VM: a later round keeps the survivor and
+    the VM an earlier round made there before it failed (round 1's `up` gave it what was
+    left), rather than replace it."""
+    from infra.ttl import Recreation
+    from scripts.targets.gce.target import recreate
+
+    target, runner = _stack_target(tmp_path, fake, zones=ZONE)
+    outputs = parse_stack_outputs(runner.up())
+    fake.remove_instance("dev-node-1", ZONE)
+    runner.fail_partial(ZONE, created=1)  # makes dev-node-1, then fails
+    ctx = target.context(target.spec(), RunOptions(wait_for_capacity_s=600))
+    recreate(ctx, Recreation.of(outputs, time.time() + 1800, ["dev-node-1"]))
+    given = [Recreation.from_env(env) for env in runner.up_env[1:]]
+    assert [g.keep for g in given if g is not None] == [
+        ("dev-node-0",),
+        ("dev-node-0", "dev-node-1"),
+    ]
 
 
 def test_both_recoveries_recreate_vms_on_the_image_the_cluster_runs(
@@ -598,7 +652,7 @@ def test_both_recoveries_recreate_vms_on_the_image_the_cluster_runs(
     session.nodes.recreate({"dev-node-1": NodeCloudState("dev-node-1", None, "2026-04-20")})
     assert [env.get(RECREATE_IMAGE_ENV) for env in runner.up_env] == [None, running]
     fake.remove_instance("dev-node-1", ZONE)  # again, and a reconcile pass re-creates it
-    again = Recreation.of(parse_stack_outputs(runner.outputs()), time.time() + 600)
+    again = Recreation.of(parse_stack_outputs(runner.outputs()), time.time() + 600, ["dev-node-1"])
     target.recreated(spec, again, None)
     assert runner.up_env[-1][RECREATE_IMAGE_ENV] == running
 
