@@ -143,7 +143,7 @@ def test_a_runs_cost_record_says_what_its_cluster_ran_on_where_after_a_move(
     moved = parse_stack_outputs(sample_outputs("dev", other, nodes=1))
     nodes = StackNodes(
         ComputeApi("http://127.0.0.1:9"), out, spot=True, ttl_s=3600,
-        recreate=lambda zone: (None, moved),  # type: ignore[arg-type,return-value]
+        recreate=lambda out, gone: (None, moved),  # type: ignore[arg-type,return-value]
     )  # fmt: skip
     planned = parse_spec(deployable_config("dev", machineType="g2-standard-8"), "dev")
     made = parse_spec(deployable_config("dev", machineType="g2-standard-24", zone=other), "dev")
