@@ -53,6 +53,13 @@ def is_node_entry(entry: Sequence[str]) -> bool:
     return len(entry) >= 2 and entry[0] == "-m" and entry[1] in NODE_ENTRIES
 
 
+def is_trainer_flags(entry: Sequence[str]) -> bool:
+    """ENTRY is no program, only flags or nothing: Vertex's entry (VERTEX_ENTRY) runs the
+    reference trainer with them, and a job file's evaluator pool must not (infra/vertex_jobspec.py
+    refuses it before anything is created)."""
+    return not entry or (entry[0].startswith("-") and entry[0] != "-m")
+
+
 # -- where gputrain's own copy lives on a node -------------------------------------------------
 #: Under the code dir, in every code bundle: gputrain's copy of this package and of the reference
 #: trainer that mirror_out's preemption watcher builds on. `.gputrain/` is a

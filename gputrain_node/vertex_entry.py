@@ -42,6 +42,7 @@ from gputrain_node.contract import (
     OUT_URI_ENV,
     SECRET_ENDPOINT_ENV,
     SECRET_REFS_ENV,
+    is_trainer_flags,
 )
 from gputrain_node.fetch_data import FetchError, copy_on_vertex
 from gputrain_node.mirror_out import Target
@@ -216,7 +217,7 @@ def _int(env: Mapping[str, str], name: str, least: int) -> int:
 def split_entry(argv: list[str], code_root: Path) -> tuple[tuple[str, ...], list[str]]:
     """(torchrun's program: `-m MODULE` or a script path, its arguments). Arguments alone are the
     reference trainer's; a script must be a file of the job's code (one line otherwise)."""
-    if not argv or (argv[0].startswith("-") and argv[0] != "-m"):
+    if is_trainer_flags(argv):
         return TRAINER, argv
     if argv[0] == "-m":
         if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gputrain_node.contract import VERTEX_ENTRY
+from gputrain_node.contract import VERTEX_ENTRY, is_trainer_flags
 from infra import catalog, vertex
 from infra.base.errors import UserError
 from infra.offers import MAX_NODES, price_table
@@ -288,6 +288,13 @@ def _check_pool(
             "(its torchrun world is pools 0 and 1); allowed: your own container or "
             "pythonModule there, or these replicas in workerPoolSpecs[3] (ENTRY on its own)"
         )
+    entry = entry_args(pool) if i == 3 else None
+    if entry is not None and is_trainer_flags(entry):
+        raise UserError(
+            f"{at}: runs gputrain's entry ({VERTEX_ENTRY}) with ENTRY {entry!r}, which starts "
+            "the reference trainer: it would train, into the chief's checkpoints; allowed for "
+            "an evaluator: your own -m MODULE or script.py first in its args"
+        )
     mt = catalog.machine_type(machine_type)
     if i > 0 and accelerator is None and not gpus and (mt is None or mt.accelerator is None):
         return _cpu_pool(pool, i, machine_type, replicas, words)
@@ -337,10 +344,44 @@ def _cpu_pool(
     return PoolShape(mt.name, None, 0, replicas)
 
 
+#: gputrain's entry started as `-m MODULE` or `-mMODULE`, in words of their own or in a script
+_STARTS_ENTRY = re.compile(rf"(?:^|\s)-m\s*{re.escape(VERTEX_ENTRY)}(?=[\s;&|'\"]|$)")
+#: what a script (`sh -c SCRIPT NAME ARGS...`) gives the entry after it: nothing, or its ARGS
+_SCRIPT_ARGS = ("", '"$@"', "$@")
+
+
+def _container_words(pool: Mapping[str, Any]) -> list[str]:
+    """The container's command line: containerSpec's command, then its args."""
+    spec = pool.get("containerSpec") or {}
+    return [str(w) for key in ("command", "args") if isinstance(spec.get(key), list)
+            for w in spec[key]]  # fmt: skip
+
+
 def runs_entry(pool: Mapping[str, Any]) -> bool:
     """Whether the pool's replicas start gputrain's entry: a `plan --export` pool's
-    pythonModule, or the command its container starts the entry with."""
+    pythonModule, or its container's command line (command and args, a script's included)."""
     package = pool.get("pythonPackageSpec") or {}
-    command = (pool.get("containerSpec") or {}).get("command")
-    words = " ".join(map(str, command)) if isinstance(command, list) else ""
-    return package.get("pythonModule") == VERTEX_ENTRY or f"-m {VERTEX_ENTRY} " in words + " "
+    words = " ".join(_container_words(pool))
+    return package.get("pythonModule") == VERTEX_ENTRY or bool(_STARTS_ENTRY.search(words))
+
+
+def entry_args(pool: Mapping[str, Any]) -> list[str] | None:
+    """The ENTRY gputrain's entry gets on the pool's replicas: pythonPackageSpec's args, the
+    words after it on the container's command line, or a script's ARGS where the script ends with
+    it and "$@" (an exported containerSpec's). None where the pool does not start the entry, or
+    its own script gives it more (known on the replica only)."""
+    package = pool.get("pythonPackageSpec") or {}
+    if package.get("pythonModule") == VERTEX_ENTRY:
+        args = package.get("args")
+        return [str(a) for a in args] if isinstance(args, list) else []
+    words = _container_words(pool)
+    for i, word in enumerate(words):
+        if word == "-m" and words[i + 1 : i + 2] == [VERTEX_ENTRY]:
+            return words[i + 2 :]
+        if word == f"-m{VERTEX_ENTRY}":
+            return words[i + 1 :]
+        started = _STARTS_ENTRY.search(word)
+        if started:  # inside a script: `sh -c SCRIPT NAME ARGS...` gives it ARGS as "$@"
+            rest = word[started.end() :].strip()
+            return (words[i + 2 :] if rest else []) if rest in _SCRIPT_ARGS else None
+    return None

@@ -136,6 +136,9 @@ def test_a_pool_without_gpus_the_caps_cannot_price_says_so(machine_type: str, me
         ([_CHIEF, {**_CPU, "pythonPackageSpec": _ENTRY, "containerSpec": None}], "workerPoolSpecs[1].machineSpec.machineType = 'n1-standard-8': no GPU, and the pool runs gputrain's entry (gputrain_node.vertex_entry), which joins pool 1 to the chief's torchrun world of GPU processes; allowed: a GPU machine type, or these replicas in workerPoolSpecs[3] (ENTRY on its own)"),
         ([_CHIEF, {}, {**_CPU, "pythonPackageSpec": _ENTRY, "containerSpec": None}], "workerPoolSpecs[2]: runs gputrain's entry (gputrain_node.vertex_entry), which has no parameter-server role (its torchrun world is pools 0 and 1); allowed: your own container or pythonModule there, or these replicas in workerPoolSpecs[3] (ENTRY on its own)"),
         ([_CHIEF, {}, {**_CHIEF, "containerSpec": {"imageUri": "i", "command": ["sh", "-c", "exec python3 -m gputrain_node.vertex_entry \"$@\"", "gputrain"]}}], "workerPoolSpecs[2]: runs gputrain's entry"),
+        ([_CHIEF, {}, {**_CPU, "containerSpec": {"imageUri": "i", "command": ["python3"], "args": ["-m", "gputrain_node.vertex_entry", "-m", "jobs.ps"]}}], "workerPoolSpecs[2]: runs gputrain's entry"),
+        ([_CHIEF, {**_CPU, "containerSpec": {"imageUri": "i", "command": ["python3", "-mgputrain_node.vertex_entry"]}}], "workerPoolSpecs[1].machineSpec.machineType = 'n1-standard-8': no GPU, and the pool runs gputrain's entry"),
+        ([_CHIEF, {**_CPU, "containerSpec": {"imageUri": "i", "args": ["python3", "-m", "gputrain_node.vertex_entry"]}}], "workerPoolSpecs[1].machineSpec.machineType = 'n1-standard-8': no GPU, and the pool runs gputrain's entry"),
     ],
 )  # fmt: skip
 def test_gputrains_entry_on_a_pool_it_cannot_run_is_one_line(pools: Any, message: str) -> None:
@@ -148,6 +151,55 @@ def test_gputrains_entry_on_a_pool_it_cannot_run_is_one_line(pools: Any, message
     assert str(e.value).startswith(f"c.yaml: {message}")
     evaluator = {**_CPU, "pythonPackageSpec": _ENTRY}
     del evaluator["containerSpec"]
+    assert len(check_job_spec({"workerPoolSpecs": [_CHIEF, {}, {}, evaluator]}, "c.yaml")) == 2
+
+
+_EXPORTED = ["sh", "-c", "set -e; export PYTHONPATH=/tmp/j; exec python3 -m gputrain_node.vertex_entry \"$@\"", "gputrain"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("code", "entry"),
+    [
+        ({"pythonPackageSpec": {**_ENTRY, "args": ["--preset", "tiny"]}}, ["--preset", "tiny"]),
+        ({"pythonPackageSpec": {k: v for k, v in _ENTRY.items() if k != "args"}}, []),
+        ({"containerSpec": {"imageUri": "i", "command": _EXPORTED, "args": []}}, []),
+        ({"containerSpec": {"imageUri": "i", "command": _EXPORTED, "args": ["--steps", "5"]}}, ["--steps", "5"]),
+        ({"containerSpec": {"imageUri": "i", "command": ["python3", "-m", "gputrain_node.vertex_entry"]}}, []),
+        ({"containerSpec": {"imageUri": "i", "command": ["sh", "-c", "exec python3 -mgputrain_node.vertex_entry"]}}, []),
+    ],
+)  # fmt: skip
+def test_an_evaluator_that_would_run_the_reference_trainer_is_one_line(
+    code: dict[str, Any], entry: list[str]
+) -> None:
+    """On pool 3 gputrain's entry given only flags, or no ENTRY, starts the reference trainer
+    (the entry's own rule, gputrain_node.contract.is_trainer_flags): the replica refused it once
+    the job was submitted and the chief's GPUs billed."""
+    evaluator = {"machineSpec": {"machineType": "n1-standard-8"}, **code}
+    with pytest.raises(UserError) as e:
+        check_job_spec({"workerPoolSpecs": [_CHIEF, {}, {}, evaluator]}, "c.yaml")
+    assert str(e.value) == (
+        f"c.yaml: workerPoolSpecs[3]: runs gputrain's entry (gputrain_node.vertex_entry) with "
+        f"ENTRY {entry!r}, which starts the reference trainer: it would train, into the chief's "
+        "checkpoints; allowed for an evaluator: your own -m MODULE or script.py first in its args"
+    )
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"command": _EXPORTED, "args": ["-m", "jobs.evaluate", "--every", "60"]},
+        {"command": ["python3"], "args": ["-m", "gputrain_node.vertex_entry", "jobs/eval.py"]},
+        {"command": ["sh", "-c", "exec python3 -m gputrain_node.vertex_entry $MODE \"$@\""]},
+        {"command": ["python3", "-m", "gputrain_node.vertex_entry_old"]},  # not the entry
+    ],
+)  # fmt: skip
+def test_an_evaluator_with_its_own_entry_or_its_own_script_is_accepted(
+    container: dict[str, Any],
+) -> None:
+    """A module or script of its own runs; a script that gives the entry more than its "$@" is
+    decided on the replica, where its words are known."""
+    evaluator = {"machineSpec": {"machineType": "n1-standard-8"},
+                 "containerSpec": {"imageUri": "i", **container}}  # fmt: skip
     assert len(check_job_spec({"workerPoolSpecs": [_CHIEF, {}, {}, evaluator]}, "c.yaml")) == 2
 
 
