@@ -262,7 +262,12 @@ def _check_pool(
         raise UserError(f"{at}.replicaCount = {pool.get('replicaCount')!r}: allowed: {allowed}")
     machine = _spec_map(pool, "machineSpec", at)
     words = _file_words(at)
-    machine_type = str(machine.get("machineType") or "")
+    machine_type = machine.get("machineType")
+    if not isinstance(machine_type, str) or not machine_type.strip():
+        raise UserError(
+            f"{at}.machineSpec.machineType{_as_written(machine_type)}: allowed: the replicas' "
+            "machine type, e.g. g2-standard-8 (n1-standard-8 in a pool 1 to 3 without GPUs)"
+        )
     gpus = _count(machine.get("acceleratorCount", 0))
     if gpus is None or gpus < 0:
         raise UserError(

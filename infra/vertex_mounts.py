@@ -108,8 +108,8 @@ def _is_dir_name(value: str) -> bool:
 def check_nfs_network(doc: Mapping[str, Any], where: str) -> None:
     """A job that mounts an NFS share names the network Vertex reaches it through (Google's NFS
     guide: "you must specify the name of the network"): `network` (VPC Network Peering) or
-    `pscInterfaceConfig` (a Private Service Connect interface)."""
-    if doc.get("network") or doc.get("pscInterfaceConfig"):
+    `pscInterfaceConfig` (a Private Service Connect interface). A blank `network` names none."""
+    if str(doc.get("network") or "").strip() or doc.get("pscInterfaceConfig"):
         return
     for i, pool in enumerate(doc.get("workerPoolSpecs") or []):
         if isinstance(pool, dict) and pool.get("nfsMounts"):

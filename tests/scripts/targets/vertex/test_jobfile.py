@@ -117,7 +117,6 @@ def test_pools_without_gpus_beside_the_chief_are_vertexs_roles_and_are_priced() 
         ("e2-standard-8", "workerPoolSpecs[3].machineSpec.machineType = 'e2-standard-8': not in gputrain's price data (infra/prices.csv), so plan and the spending caps cannot price this pool (did you mean g2-standard-8 or g2-standard-48 or n1-standard-8?); allowed without GPUs: n1-standard-4..96, n1-highmem-*, n1-highcpu-16..96, or a GPU machine type"),
         ("n2-standard-8", "= 'n2-standard-8': not in gputrain's price data (infra/prices.csv), so plan and the spending caps cannot price this pool"),
         ("n1-standard-2", "workerPoolSpecs[3].machineSpec.machineType = 'n1-standard-2': Vertex AI custom training does not run it; allowed without GPUs: n1-standard-4..96"),
-        ("", "workerPoolSpecs[3].machineSpec.machineType = '': not in gputrain's price data"),
     ],
 )  # fmt: skip
 def test_a_pool_without_gpus_the_caps_cannot_price_says_so(machine_type: str, message: str) -> None:
@@ -201,6 +200,23 @@ def test_an_evaluator_with_its_own_entry_or_its_own_script_is_accepted(
     evaluator = {"machineSpec": {"machineType": "n1-standard-8"},
                  "containerSpec": {"imageUri": "i", **container}}  # fmt: skip
     assert len(check_job_spec({"workerPoolSpecs": [_CHIEF, {}, {}, evaluator]}, "c.yaml")) == 2
+
+
+@pytest.mark.parametrize("pool", [0, 1, 3])
+@pytest.mark.parametrize(("machine", "said"), [({}, " is missing"), ({"machineType": None}, " is missing"),
+                                               ({"machineType": " "}, " = ' '"), ({"machineType": 5}, " = 5")])  # fmt: skip
+def test_a_pool_without_a_machine_type_names_the_field(
+    pool: int, machine: dict[str, Any], said: str
+) -> None:
+    """A missing machineType is that, not a type the price data lacks nor an unknown one ''."""
+    pools: list[Any] = [_CHIEF, {}, {}, {}][: max(pool, 1) + 1]
+    pools[pool] = {**_CPU, "machineSpec": machine}
+    with pytest.raises(UserError) as e:
+        check_job_spec({"workerPoolSpecs": pools}, "c.yaml")
+    assert str(e.value) == (
+        f"c.yaml: workerPoolSpecs[{pool}].machineSpec.machineType{said}: allowed: the replicas' "
+        "machine type, e.g. g2-standard-8 (n1-standard-8 in a pool 1 to 3 without GPUs)"
+    )
 
 
 _EVALUATORS = {**JOB_SPEC["workerPoolSpecs"][1], "replicaCount": 1}
@@ -548,14 +564,15 @@ def test_mounts_as_vertex_documents_them_are_sent_and_nfs_names_its_network(
         (tmp_path / "job.yaml").write_text(yaml.safe_dump({**doc, **network}))
         got, _ = read_job_file(tmp_path, "job.yaml", **_ON_DEMAND_1H)
         assert got["workerPoolSpecs"][1]["nfsMounts"][1]["server"] == "fd00::2"
-    with pytest.raises(UserError) as e:
-        check_job_spec(doc, "c.yaml")
-    assert str(e.value) == (
-        "c.yaml: workerPoolSpecs[1].nfsMounts needs the network Vertex reaches the share "
-        "through, and the file has none; allowed: network (projects/PROJECT_NUMBER/global/"
-        "networks/NETWORK, with VPC Network Peering) or pscInterfaceConfig (a Private Service "
-        "Connect interface)"
-    )
+    for blank in ({}, {"network": " "}):  # a blank network names none
+        with pytest.raises(UserError) as e:
+            check_job_spec({**doc, **blank}, "c.yaml")
+        assert str(e.value) == (
+            "c.yaml: workerPoolSpecs[1].nfsMounts needs the network Vertex reaches the share "
+            "through, and the file has none; allowed: network (projects/PROJECT_NUMBER/global/"
+            "networks/NETWORK, with VPC Network Peering) or pscInterfaceConfig (a Private "
+            "Service Connect interface)"
+        )
     lustre_only = job_spec_with("workerPoolSpecs.1.lustreMounts", [_LUSTRE])
     assert len(check_job_spec(lustre_only, "c.yaml")) == 3  # the guide's rule is NFS's
 
