@@ -38,17 +38,32 @@ def key_file_problem() -> str | None:
     return None
 
 
+#: how google-auth words the refusal of a login whose reauthentication is due (the token
+#: endpoint's invalid_grant with error_subtype rapt_required): it keeps no JSON of it
+REAUTH_NEEDED = "Reauthentication is needed"
+
+
 def refused(e: BaseException) -> bool:
-    """Google's token endpoint refused the credentials for good (a RefreshError such as
-    "invalid_grant: Token has been expired or revoked"), not a token endpoint that did not answer
-    or answered "try again" (retryable): the user's setup to fix, as missing credentials are."""
+    """Google's token endpoint refused the credentials for good (its OAuth error, such as
+    "invalid_grant: Token has been expired or revoked"; an impersonation's 4xx; a login's
+    reauthentication): the user's setup to fix, as missing credentials are. Not an endpoint that
+    did not answer, said "try again" (retryable) or gave no error JSON (a front end's 503 page)."""
     from google.auth.exceptions import RefreshError, TransportError
 
-    return (
-        isinstance(e, RefreshError)
-        and not e.retryable
-        and not isinstance(e.__cause__, TransportError)
-    )
+    if not isinstance(e, RefreshError) or e.retryable or isinstance(e.__cause__, TransportError):
+        return False
+    if len(e.args) < 2:  # google-auth's own words, or a body that is no JSON
+        return str(e).startswith(REAUTH_NEEDED)
+    answer = e.args[1]  # the token endpoint's JSON; impersonation's as text
+    if isinstance(answer, str):
+        try:
+            answer = json.loads(answer)
+        except ValueError:
+            return False
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(error, dict):  # a Google API's error: {"code": 403, "status": ...}
+        return str(error.get("code", "")).startswith("4")
+    return isinstance(error, str)  # OAuth's: invalid_grant, invalid_client, ...
 
 
 def credentials_error(

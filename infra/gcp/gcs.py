@@ -93,7 +93,9 @@ class StorageApi:
                 raise credentials_error(
                     f"Cloud Storage {what}: the credentials were refused", e, StorageApiError
                 ) from e
-            raise StorageApiError(f"Cloud Storage {what}: {type(e).__name__}: {e}") from e
+            raise StorageApiError(  # a token endpoint out of reach, its 5xx or its proxy's page
+                f"Cloud Storage {what}: cannot reach it ({unreachable(e)})"
+            ) from e
 
     def list_buckets(self, project: str) -> list[BucketInfo]:
         """Every bucket of the project (the JSON API lists all; labels are filtered by the caller)."""

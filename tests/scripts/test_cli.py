@@ -293,6 +293,32 @@ def test_an_expired_login_is_the_users_setup_one_line_and_exit_2(
     )
 
 
+@pytest.mark.parametrize("argv", [["status"], ["sweep"]])
+@pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
+def test_a_token_endpoints_error_page_is_no_expired_login(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Google's token endpoint behind a front end that answers an HTML 502 page has refused
+    nothing: one line saying Google cannot be reached, exit 1, never a login to run."""
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a metadata server
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
+    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name=s), retry_pause_s=0)
+    cli = Cli(Settings(tmp_path, tmp_path / "runs"), gce)
+    with FakeGcpAdmin() as admin:
+        admin.expired_login(monkeypatch, tmp_path)
+        admin.world.token_answer = (502, "<html><title>502 Bad Gateway</title></html>")
+        assert cli.main([*argv, "--stack", "lab"]) == 1
+    line = _one_line_error(capsys.readouterr().err)
+    assert line.endswith(
+        ": cannot reach it (RefreshError: <html><title>502 Bad Gateway</title></html>)"
+    )
+    assert "gcloud auth" not in line
+
+
 def test_sweep_lists_the_budget_guard_a_failed_teardown_left(
     cloud: tuple[FakeCompute, FakeStackRunner, Cli], capsys: pytest.CaptureFixture[str]
 ) -> None:

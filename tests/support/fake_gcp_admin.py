@@ -68,6 +68,9 @@ class AdminWorld:
     granted: set[str] | None = None  # None: every permission asked for (an Owner)
     asked_permissions: set[str] = field(default_factory=set)  # what testIamPermissions was asked
     tokens_issued: int = 0
+    #: what the token endpoint answers instead, (status, body): a dict as JSON, a str as an HTML
+    #: page (a Google front end's 503, a proxy's)
+    token_answer: tuple[int, Any] | None = None
 
 
 class FakeGcpAdmin(FakeHttpServer):
@@ -159,7 +162,15 @@ class FakeGcpAdmin(FakeHttpServer):
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length).decode() if length else ""
                 status, body = fake._dispatch(method, unquote(parts.path), parts.query, raw)
-                send_json(self, status, body)
+                if not isinstance(body, str):
+                    send_json(self, status, body)
+                    return
+                page = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html; charset=UTF-8")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
 
             def do_GET(self) -> None:
                 self._answer("GET")
@@ -227,6 +238,8 @@ class FakeGcpAdmin(FakeHttpServer):
     def _token(self, form: dict[str, list[str]]) -> tuple[int, Any]:
         """The JWT-bearer grant of a service-account key: the assertion must be signed by a key
         the server knows (RS256), as Google checks it. A login's refresh token: expired."""
+        if self.world.token_answer is not None:
+            return self.world.token_answer
         if form.get("grant_type") == ["refresh_token"]:
             return 400, {
                 "error": "invalid_grant",

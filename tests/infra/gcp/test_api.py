@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -109,6 +110,75 @@ def test_a_token_endpoint_that_says_try_again_is_not_the_users_setup() -> None:
         call("compute zones.list", lambda: _raise(error))
     assert str(e.value).startswith("compute zones.list: cannot reach it (RefreshError: internal")
     assert e.value.exit_code == EXIT_FAILED and ADC_FIX not in str(e.value)
+
+
+_IMPERSONATION = "Unable to acquire impersonated credentials"
+
+
+@pytest.mark.parametrize(
+    ("args", "is_refused"),
+    [
+        (("<html><title>503 Service Unavailable</title>try again in 30 seconds</html>",), False),
+        (("Reauthentication is needed. Please run `gcloud auth application-default login` to "
+          "reauthenticate.",), True),
+        (("invalid_client: The OAuth client was not found.", {"error": "invalid_client"}), True),
+        ((_IMPERSONATION, '{"error": {"code": 403, "status": "PERMISSION_DENIED"}}'), True),
+        ((_IMPERSONATION, '{"error": {"code": 503, "status": "UNAVAILABLE"}}'), False),
+        ((_IMPERSONATION, "<html>502 Bad Gateway</html>"), False),
+    ],
+)  # fmt: skip
+def test_only_a_refusal_the_token_endpoint_gave_is_the_users_setup(
+    args: tuple[object, ...], is_refused: bool
+) -> None:
+    """google-auth raises a RefreshError it marks final for a page that is no JSON (a Google
+    front end's 503, a proxy's): that is the network's one line, exit 1; an OAuth error, an
+    impersonation's 4xx and a login's reauthentication are the credentials' (exit 2)."""
+    from google.auth.exceptions import RefreshError
+
+    with pytest.raises(GoogleApiError) as e:
+        call("compute zones.list", lambda: _raise(RefreshError(*args, retryable=False)))
+    said = "the credentials were refused" if is_refused else "cannot reach it"
+    assert str(e.value).startswith(f"compute zones.list: {said} (RefreshError: ")
+    assert e.value.exit_code == (EXIT_BAD_INPUT if is_refused else EXIT_FAILED)
+
+
+@pytest.mark.parametrize(
+    ("answer", "refusal"),
+    [
+        ((502, "<html><title>502 Bad Gateway</title>try again in 30 seconds</html>"), None),
+        ((403, "<html><body>Blocked by the proxy</body></html>"), None),
+        ((400, {"error": "invalid_grant", "error_subtype": "rapt_required"}),
+         "the credentials were refused (RefreshError: Reauthentication is needed. "),
+    ],
+)  # fmt: skip
+@pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
+def test_a_token_endpoints_page_is_no_refusal_in_any_adapter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: tuple[int, Any], refusal: str | None
+) -> None:
+    """A token endpoint that answers an HTML page (a front end's or a proxy's) has not refused the
+    login: one line, "cannot reach it", exit 1, never a login to run; a reauthentication Google
+    asks for is the user's setup, exit 2."""
+    with FakeGcpAdmin() as admin:
+        admin.expired_login(monkeypatch, tmp_path)
+        admin.world.token_answer = answer
+        with pytest.raises(GoogleApiError) as rest:
+            IamApi().service_accounts("p")
+        with pytest.raises(GoogleApiError) as built:
+            ComputeApi().machine_type("p", "z", "m")
+        with pytest.raises(StorageApiError) as storage:
+            StorageApi("p").bucket_exists("b")
+    for e, label in (
+        (rest, "IAM serviceAccounts.list"),
+        (built, "Compute API machineTypes.get z/m"),
+        (storage, "Cloud Storage buckets.get b"),
+    ):
+        if refusal is None:
+            assert str(e.value).startswith(f"{label}: cannot reach it (RefreshError: <html>")
+            assert e.value.exit_code == EXIT_FAILED and ADC_FIX not in str(e.value)
+        else:
+            assert str(e.value).startswith(f"{label}: {refusal}")
+            assert e.value.exit_code == EXIT_BAD_INPUT and str(e.value).endswith(ADC_FIX)
+        assert "\n" not in str(e.value)
 
 
 def test_a_test_server_never_gets_credentials() -> None:

@@ -139,7 +139,9 @@ def test_a_credentials_error_is_one_storage_line(storage: StorageApi) -> None:
     def refused() -> None:
         raise TransportError("metadata server unreachable")
 
-    with pytest.raises(StorageApiError, match=r"objects\.get x: TransportError: metadata server"):
+    with pytest.raises(
+        StorageApiError, match=r"objects\.get x: cannot reach it \(TransportError: metadata server"
+    ):
         storage._call("objects.get x", refused)
 
 
