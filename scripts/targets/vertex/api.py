@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.base.errors import GputrainError
-from infra.gcp.api import bounded, credentials_error, refused
+from infra.gcp.api import bounded, credentials_error, refused, unreachable
 from scripts.targets.vertex.job import (
     JobStatus,
     LogCursor,
@@ -150,11 +150,16 @@ class VertexApi:
             where = self.logging_endpoint if api == "logging" else self.api_endpoint
             raise VertexApiError(f"{what}: cannot reach {where}: {_one_line(e)}") from e
         except Exception as e:  # google.auth's: an expired login is the user's setup to fix
-            if not refused(e):
+            from google.auth import exceptions as auth_exc
+
+            if not isinstance(e, auth_exc.GoogleAuthError):
                 raise
-            raise credentials_error(
-                f"{what}: the credentials were refused", e, VertexApiError
-            ) from e
+            if refused(e) or isinstance(e, auth_exc.DefaultCredentialsError):
+                raise credentials_error(
+                    f"{what}: the credentials were refused", e, VertexApiError
+                ) from e
+            # the token endpoint out of reach, or its "try again": as call() says it
+            raise VertexApiError(f"{what}: cannot reach it ({unreachable(e)})") from e
 
     # -- jobs
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.base.errors import EXIT_BAD_INPUT
+from infra.base.errors import EXIT_BAD_INPUT, EXIT_FAILED
 from infra.gcp import bounded_http
 from scripts.targets.vertex import job as vj
 from scripts.targets.vertex.api import (
@@ -401,6 +401,53 @@ def test_an_expired_login_is_the_users_setup_in_one_line(
                 "GOOGLE_APPLICATION_CREDENTIALS"
             )
             assert e.value.exit_code == EXIT_BAD_INPUT
+
+
+@pytest.mark.parametrize("token_endpoint", ["refuses", "error page"])
+@pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
+def test_a_token_endpoint_out_of_reach_or_failing_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, token_endpoint: str
+) -> None:
+    """A token endpoint that cannot be reached (google-auth's TransportError) or answers a page
+    that is no refusal (a front end's 502): for either client the network's one line, exit 1, as
+    every other adapter says it, never google-auth's exception (a traceback at the CLI)."""
+    real = VertexApi(PROJECT, REGION)
+    job = f"projects/{PROJECT_NUMBER}/locations/{REGION}/customJobs/1"
+    with FakeGcpAdmin() as admin, unreachable_endpoint("refuses") as dead:
+        admin.expired_login(monkeypatch, tmp_path)
+        if token_endpoint == "refuses":
+            monkeypatch.setattr("google.oauth2.credentials._GOOGLE_OAUTH2_TOKEN_ENDPOINT", dead)
+        else:
+            admin.world.token_answer = (502, "<html><title>502 Bad Gateway</title></html>")
+        why = "TransportError: " if token_endpoint == "refuses" else "RefreshError: <html>"
+        for what, call in (
+            (f"Vertex AI get job {job}", lambda: real.get_job(job)),
+            (
+                "Cloud Logging read logs of Vertex job 42",
+                lambda: real.log_lines("42", vj.LogCursor()),
+            ),
+        ):
+            with pytest.raises(VertexApiError) as e:
+                call()
+            assert str(e.value).startswith(f"{what}: cannot reach it ({why}")
+            assert e.value.exit_code == EXIT_FAILED and "\n" not in str(e.value)
+
+
+def test_a_token_endpoint_that_says_try_again_is_one_line(api: VertexApi) -> None:
+    """A retryable refusal (the token endpoint's 500 or 429, retried by google-auth until it
+    gives up) is the network's one line, exit 1, not the credentials'."""
+    from google.auth.exceptions import RefreshError
+
+    def refresh() -> None:
+        raise RefreshError("internal_failure: None", {"error": "internal_failure"}, retryable=True)
+
+    with pytest.raises(VertexApiError) as e:
+        api._call("Vertex AI get job 1", refresh)
+    assert str(e.value) == (
+        "Vertex AI get job 1: cannot reach it (RefreshError: ('internal_failure: None', "
+        "{'error': 'internal_failure'}))"
+    )
+    assert e.value.exit_code == EXIT_FAILED
 
 
 # ---- import cost --------------------------------------------------------------------------------
