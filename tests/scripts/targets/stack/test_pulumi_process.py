@@ -169,16 +169,16 @@ def test_an_interrupted_up_hands_pulumi_its_own_cancel_and_waits_for_it(
     gputrain hands it on and waits while pulumi finishes what is in flight (so the teardown after
     it destroys that too)."""
     marks = tmp_path / "marks"
-    up = (
-        f'ps -o sid= -p $$ >> "{marks}"; echo $$ >> "{pids}"; '
+    up = (  # its trap first: the Ctrl-C comes once its session is written
         f"trap 'sleep 0.5; echo cancelled >> \"{marks}\"; exit 255' INT; "
+        f'echo $$ >> "{pids}"; sid=$(ps -o sid= -p $$); echo $sid >> "{marks}"; '
         "i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done"
     )
     _cli(tmp_path, monkeypatch, up=up)
     runner = PulumiStackRunner("dev", work_dir)
 
     def ctrl_c_once_up_runs() -> None:  # the terminal's Ctrl-C, were gputrain its only process
-        wait_for("pulumi up", marks.exists, timeout=30)
+        wait_for("pulumi up", lambda: marks.exists() and marks.read_text().strip(), timeout=30)
         os.kill(os.getpid(), signal.SIGINT)
 
     with signal_guard(), pytest.raises(Interrupted):
