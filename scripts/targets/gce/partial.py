@@ -1,20 +1,24 @@
 """Partial creates: an `up` that fails after making some of the cluster's VMs (the next one
 stocked out) billed those VMs until its destroy. Here: which VMs an `up` made and for how long
 (Pulumi's progress lines), what a wait for capacity's partial creates billed over its rounds, each
-VM's rate, and, with a budget, how much of it a wait may spend beside the run's worst case.
+VM's rate, and, with a budget, how much of it a wait may spend beside the run's worst case; and
+when the cluster `up` made began to bill (the Compute API's creation times).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from infra.base.errors import GputrainError
 from infra.keys import format_duration
 
 if TYPE_CHECKING:
+    from infra.gcp.compute import ComputeApi
     from infra.offers import Candidate
     from infra.spec import ClusterSpec
     from scripts.targets.stack.clients import OnOutput
@@ -150,3 +154,25 @@ def spend_room(
     # a price unknown: no room (the caps refused such a cluster before any wait)
     worst = max(known) * spec.max_run_duration_s / 3600 if len(known) == len(rates) else budget
     return SpendRoom(max(0.0, budget - worst), f"{setting} {usd_text(budget)}", worst)
+
+
+def cluster_created(
+    api: ComputeApi, outputs: dict[str, Any], stack: str, since: float
+) -> float | None:
+    """When the cluster `up` made began to bill: its first VM's creation (the Compute API's
+    `creationTimestamp`; its disks bill from then, its vCPUs and GPUs from its start, moments
+    later), never before `since`, when that `up` began (a VM that stood before it counts from
+    there), nor after now; None, said, when the Compute API cannot tell."""
+    from infra.gcp.compute import unix_time
+    from infra.outputs import parse_stack_outputs
+    from scripts import ui
+
+    out = parse_stack_outputs(outputs)
+    try:
+        found = api.list_stack_instances(out.project, stack)
+    except GputrainError as e:  # the Compute API's error, or no client: an estimate's matter
+        ui.warn(f"could not read when the VMs were created ({e}): the run's cost counts from now")
+        return None
+    names = {n.name for n in out.nodes}
+    made = [unix_time(i.get("created"), since) for i in found if i.get("name") in names]
+    return min(time.time(), max(since, min(made))) if made else None

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from infra.base.errors import GputrainError
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC, ZONE_NAME, quota_console_url
@@ -32,9 +32,6 @@ from infra.offers import Candidate, candidate_label
 from infra.stackfile import qualify
 from scripts.targets.gce.partial import MadeVMs, PartialSpend, SpendRoom
 from scripts.targets.stack.clients import OnOutput, StackError, StackRunner, summarise_pulumi_error
-
-if TYPE_CHECKING:
-    from infra.gcp.compute import ComputeApi
 
 ZONE_CONFIG_KEY = qualify("zone")  # written by the zone failover, read by the program
 
@@ -573,25 +570,3 @@ def down_the_ladder(
                 raise ProvisioningError(str(e), attempts, e.failure) from e
             say(step_line(mode, ladder[i + 1], costs))
     raise AssertionError("an empty capacity list")  # parse_spec never makes one
-
-
-def cluster_created(
-    api: ComputeApi, outputs: dict[str, Any], stack: str, since: float
-) -> float | None:
-    """When the cluster `up` made began to bill: its first VM's creation (the Compute API's
-    `creationTimestamp`; its disks bill from then, its vCPUs and GPUs from its start, moments
-    later), never before `since`, when that `up` began (a VM that stood before it counts from
-    there), nor after now; None, said, when the Compute API cannot tell."""
-    from infra.gcp.compute import unix_time
-    from infra.outputs import parse_stack_outputs
-    from scripts import ui
-
-    out = parse_stack_outputs(outputs)
-    try:
-        found = api.list_stack_instances(out.project, stack)
-    except GputrainError as e:  # the Compute API's error, or no client: an estimate's matter
-        ui.warn(f"could not read when the VMs were created ({e}): the run's cost counts from now")
-        return None
-    names = {n.name for n in out.nodes}
-    made = [unix_time(i.get("created"), since) for i in found if i.get("name") in names]
-    return min(time.time(), max(since, min(made))) if made else None

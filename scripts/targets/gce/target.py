@@ -165,7 +165,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
     @contextmanager
     def create(self, ctx: Context, prepared: Provision) -> Iterator[FleetSession]:
         from scripts.targets.gce.keys import private_key_file
-        from scripts.targets.gce.provision import cluster_created
+        from scripts.targets.gce.partial import cluster_created
 
         began = time.time()  # the VMs `up` makes bill from their creation, after this
         spec, outputs, partial_usd = prepared()

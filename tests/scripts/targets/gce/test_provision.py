@@ -257,7 +257,7 @@ def test_a_clusters_time_counts_from_its_vms_creation_during_up(
     import time
 
     from infra.gcp.compute import ComputeApiError
-    from scripts.targets.gce.provision import cluster_created
+    from scripts.targets.gce.partial import cluster_created
 
     began = time.time() - 600  # the `up`, ten minutes ago
     _, outputs = provision_with_failover(runner, [A])
