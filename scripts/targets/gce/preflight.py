@@ -1,13 +1,15 @@
 """Preflight wiring for the GCE target: the Compute API calls zone by zone, judged by the pure
-checks of infra/preflight.py, and the one table the user reads before anything is created."""
+checks of infra/preflight.py, and the one table the user reads before anything is created; the
+places `up` walks: those that pass it, and the `gpus` candidates within the spending caps."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from infra import catalog
-from infra.base.errors import GputrainError
+from infra.base.errors import GputrainError, UserError
 from infra.catalog import GLOBAL_GPU_QUOTA_METRIC
 from infra.gcp.compute import ComputeApi, ComputeApiError
 from infra.gcp.compute_capacity import get_reservation, network_profile_exists, split_reservation
@@ -36,6 +38,12 @@ from infra.preflight import (
 from infra.spec import ClusterSpec
 from scripts import ui
 from scripts.targets.stack.clients import StackRunner
+
+if TYPE_CHECKING:
+    from scripts.targets.gce.clients import GceClients
+    from scripts.targets.stack.target import StackContext
+
+    GceContext = StackContext[GceClients]
 
 
 def candidate_request(spec: ClusterSpec, c: Candidate) -> PreflightRequest:
@@ -273,3 +281,64 @@ def _once(rows: list[CheckResult]) -> list[CheckResult]:
             seen.add(r.fix)
         out.append(r)
     return out
+
+
+def passing_places(ctx: GceContext, spec: ClusterSpec, *, skip: bool) -> list[Any]:
+    """The ranked candidates (a `gpus` stack) or zones that pass preflight, in order."""
+    if spec.candidates:
+        return list(passing_candidates(ctx, spec, skip=skip))
+    return list(spec.zones) if skip else preflight_zones(spec, ctx.clients.compute())
+
+
+def passing_candidates(ctx: GceContext, spec: ClusterSpec, *, skip: bool) -> list[Candidate]:
+    """The ranked candidates that pass preflight (all of them with --skip-preflight), after
+    printing the candidate table; a one-line error when none passes."""
+    if skip:
+        return within_caps(ctx, spec, list(spec.candidates))
+    from infra.offer_tables import candidate_table
+
+    checks = check_candidates(spec, ctx.clients.compute())
+    shown = candidate_table(spec.candidates, spec.max_run_duration_s, checks)
+    ui.table(f"candidates for gpus = {spec.gpus_request}", shown.headers, shown.rows)
+    passing = [c for c in spec.candidates if c in checks and checks[c].ok]
+    if not passing:
+        raise GputrainError(
+            f"preflight failed for every candidate checked ({len(checks)}; see the reasons "
+            "above); nothing was created"
+        )
+    return within_caps(ctx, spec, passing)
+
+
+def within_caps(ctx: GceContext, spec: ClusterSpec, ranked: list[Candidate]) -> list[Candidate]:
+    """The candidates `up` may fall back to without breaking maxHourlyCost or the run's budget
+    (the plan checked the first; a stock-out must not buy a dearer one); the others said once."""
+    from scripts.run_plan import check_spending_caps, worst_hourly
+    from scripts.targets.stack.target import pin
+
+    if spec.max_hourly_cost is None and ctx.opts.budget is None and spec.budget is None:
+        return ranked
+    kept: list[Candidate] = []
+    over: list[str] = []
+    unknown: list[str] = []
+    for c in ranked:
+        pinned = pin(spec, ctx.stack_file.config, candidate=c)
+        try:
+            check_spending_caps(pinned, ctx.opts.budget)
+        except UserError:
+            shape = f"{c.nodes} x {c.machine_type} in {c.zone}"
+            (unknown if worst_hourly(pinned) is None else over).append(shape)
+        else:
+            kept.append(c)
+    if over:
+        ui.say(f"up: not falling back to {', '.join(over)}: over maxHourlyCost or the budget")
+    if unknown:
+        ui.say(
+            f"up: not falling back to {', '.join(unknown)}: its price is unknown, so "
+            "maxHourlyCost and the budget cannot be checked"
+        )
+    if not kept:
+        raise GputrainError(
+            "every candidate that passed preflight is over maxHourlyCost or the run's budget, or "
+            "of an unknown price; nothing was created"
+        )
+    return kept

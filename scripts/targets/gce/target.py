@@ -151,11 +151,11 @@ class GceTarget(StackTarget[GceClients, Provision]):
     def prepare(self, ctx: Context) -> Provision:
         """Preflight the zones (or rank the `gpus` candidates that pass), read a reservation's
         mode; `create` walks them, waiting out stock-outs and stepping down a capacity list."""
+        from scripts.targets.gce.preflight import passing_places, pin_reservation_bound
+
         spec, skip = ctx.spec, ctx.opts.skip_preflight
         where = passing_places(ctx, spec, skip=skip)
         if spec.capacity == "reservation":  # read anew on every `up`: the reservation may differ
-            from scripts.targets.gce.preflight import pin_reservation_bound
-
             zone = spec.zones[0] if spec.candidates else where[0]
             spec = pin_reservation_bound(spec, ctx.runner, ctx.clients.compute(), zone)
         wait = capacity_wait(ctx.at(spec), "nothing is billing", where)
@@ -290,15 +290,6 @@ def capacity_wait(ctx: Context, billing: str, where: list[Any] | None = None) ->
     return CapacityWait(wait_s, first, longest, billing_note=billing, vm_hourly=rate, room=room)
 
 
-def passing_places(ctx: Context, spec: ClusterSpec, *, skip: bool) -> list[Any]:
-    """The ranked candidates (a `gpus` stack) or zones that pass preflight, in order."""
-    if spec.candidates:
-        return list(passing_candidates(ctx, spec, skip=skip))
-    from scripts.targets.gce.preflight import preflight_zones
-
-    return list(spec.zones) if skip else preflight_zones(spec, ctx.clients.compute())
-
-
 def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec, dict[str, Any]]:
     """One round of `pulumi up` with failover; with a capacity list, mode after mode, each
     written to the stack's config (`capacityInUse`) before its `up`."""
@@ -307,6 +298,7 @@ def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec,
         return create_in(ctx, where)
     from infra.disk_prices import cluster_hourly
     from infra.stackfile import NS
+    from scripts.targets.gce.preflight import passing_places
     from scripts.targets.gce.provision import down_the_ladder
 
     config = ctx.stack_file.config
@@ -406,62 +398,6 @@ def provision_zones(ctx: Context, zones: list[str]) -> dict[str, Any]:
     return outputs
 
 
-def passing_candidates(ctx: Context, spec: ClusterSpec, *, skip: bool) -> list[Candidate]:
-    """The ranked candidates that pass preflight (all of them with --skip-preflight), after
-    printing the candidate table; a one-line error when none passes."""
-    if skip:
-        return within_caps(ctx, spec, list(spec.candidates))
-    from infra.offer_tables import candidate_table
-    from scripts.targets.gce.preflight import check_candidates
-
-    checks = check_candidates(spec, ctx.clients.compute())
-    shown = candidate_table(spec.candidates, spec.max_run_duration_s, checks)
-    ui.table(f"candidates for gpus = {spec.gpus_request}", shown.headers, shown.rows)
-    passing = [c for c in spec.candidates if c in checks and checks[c].ok]
-    if not passing:
-        raise GputrainError(
-            f"preflight failed for every candidate checked ({len(checks)}; see the reasons "
-            "above); nothing was created"
-        )
-    return within_caps(ctx, spec, passing)
-
-
-def within_caps(ctx: Context, spec: ClusterSpec, ranked: list[Candidate]) -> list[Candidate]:
-    """The candidates `up` may fall back to without breaking maxHourlyCost or the run's budget
-    (the plan checked the first; a stock-out must not buy a dearer one); the others said once."""
-    from infra.base.errors import UserError
-    from scripts.run_plan import check_spending_caps, worst_hourly
-    from scripts.targets.stack.target import pin
-
-    if spec.max_hourly_cost is None and ctx.opts.budget is None and spec.budget is None:
-        return ranked
-    kept: list[Candidate] = []
-    over: list[str] = []
-    unknown: list[str] = []
-    for c in ranked:
-        pinned = pin(spec, ctx.stack_file.config, candidate=c)
-        try:
-            check_spending_caps(pinned, ctx.opts.budget)
-        except UserError:
-            shape = f"{c.nodes} x {c.machine_type} in {c.zone}"
-            (unknown if worst_hourly(pinned) is None else over).append(shape)
-        else:
-            kept.append(c)
-    if over:
-        ui.say(f"up: not falling back to {', '.join(over)}: over maxHourlyCost or the budget")
-    if unknown:
-        ui.say(
-            f"up: not falling back to {', '.join(unknown)}: its price is unknown, so "
-            "maxHourlyCost and the budget cannot be checked"
-        )
-    if not kept:
-        raise GputrainError(
-            "every candidate that passed preflight is over maxHourlyCost or the run's budget, or "
-            "of an unknown price; nothing was created"
-        )
-    return kept
-
-
 def provision_candidates(
     ctx: Context, ranked: list[Candidate]
 ) -> tuple[ClusterSpec, dict[str, Any]]:
@@ -553,6 +489,7 @@ def recovery_candidates(ctx: Context) -> list[Candidate]:
     from infra.disk_prices import cluster_hourly
     from infra.offer_tables import money
     from scripts.run_plan import worst_hourly
+    from scripts.targets.gce.preflight import within_caps
 
     spec, config = ctx.spec, ctx.stack_file.config
     same, other, worst, rate = [], [], worst_hourly(spec), cluster_hourly(spec)

@@ -239,7 +239,8 @@ def test_a_fallback_of_unknown_price_is_said_as_such_not_as_over_the_cap(
     """A candidate the price table has no figure for is not over the cap: the caps cannot be
     checked for it, and that is what `up` says when it leaves it out."""
     from scripts.targets.base import RunOptions
-    from scripts.targets.gce.target import GceTarget, within_caps
+    from scripts.targets.gce.preflight import within_caps
+    from scripts.targets.gce.target import GceTarget
 
     stack_yaml = (
         "  gputrain:gpus: H100:8\n  gputrain:regions: [us-central1, europe-west8]\n"
@@ -296,7 +297,8 @@ def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
     from infra.offer_tables import money
     from scripts.run_plan import worst_hourly
     from scripts.targets.base import RunOptions
-    from scripts.targets.gce.target import GceTarget, recreate, within_caps
+    from scripts.targets.gce.preflight import within_caps
+    from scripts.targets.gce.target import GceTarget, recreate
 
     regions = "  gputrain:regions: [us-east4, europe-west4, us-central1]\n"
     capped = "  gputrain:maxHourlyCost: '40'\n  gputrain:budget: '320'\n"
