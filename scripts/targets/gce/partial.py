@@ -62,9 +62,12 @@ class MadeVMs:
 
     def billed(self, attempt: A, *, left_up: bool) -> A:
         """`attempt` with the VMs made, their names and their seconds until now (their destroy,
-        if any)."""
+        if any), a minute at least each, as Compute Engine charges a VM (the ledger's
+        GCE_MINIMUM_S)."""
+        from scripts.cost.ledger import GCE_MINIMUM_S
+
         now = self.clock()
-        seconds = sum(max(0.0, now - t) for t in self.at.values())
+        seconds = sum(max(GCE_MINIMUM_S, now - t) for t in self.at.values())
         changes: dict[str, Any] = {"vms": len(self.at), "vm_s": seconds, "left_up": left_up}
         changes["made"] = tuple(self.at)
         return dataclasses.replace(attempt, **changes)  # type: ignore[type-var]

@@ -275,6 +275,8 @@ def test_up_holds_its_partial_creates_to_the_budget_a_recovery_to_the_watchdog(
 
 
 def test_a_vm_pulumi_reports_made_is_counted_from_its_progress_line() -> None:
+    """From the line that says it was created to the destroy (here: now), and a minute at
+    least, as Compute Engine charges a VM that ran (one made and destroyed 20 s later)."""
     from scripts.targets.gce.partial import MadeVMs
 
     now = [100.0]
@@ -294,14 +296,19 @@ def test_a_vm_pulumi_reports_made_is_counted_from_its_progress_line() -> None:
     assert (billed.vms, billed.vm_s, billed.left_up) == (1, 60.0, True)
     assert billed.billed == "; 1 VM made, billed 1m so far, left up for the next try"
     assert len(passed) == 4  # every line still reaches the caller's output
+    brief = MadeVMs(None, lambda: now[0])
+    brief(" +  gcp:compute:Instance dev-node-0 created (41s) ")
+    now[0] += 20
+    assert brief.billed(Attempt(A, "stockout", "x"), left_up=False).vm_s == 60.0
 
 
 def test_what_ups_partial_creates_billed_goes_to_the_runs_cost_record(
     runner: FakeStackRunner, tmp_path: Path
 ) -> None:
     """`up` waited out a round whose partial create made one VM of two, then destroyed it: the
-    cluster it hands over comes with what that VM billed, at its rate as the caps price it, for
-    the session and the run's cost record."""
+    cluster it hands over comes with what that VM billed (the minute Compute Engine charges at
+    least), at its rate as the caps price it, for the session and the run's cost record."""
+    from scripts.run_plan import worst_hourly
     from scripts.settings import Settings
     from scripts.targets.base import RunOptions
     from scripts.targets.gce.clients import GceClients
@@ -317,6 +324,7 @@ def test_what_ups_partial_creates_billed_goes_to_the_runs_cost_record(
     clients = GceClients(runner_for=lambda s, r: runner, capacity_pause_s=(0.0, 0.0))
     target = GceTarget("w", Settings(root=tmp_path), clients)
     ctx = target.context(target.spec(), RunOptions(skip_preflight=True))
-    _, outputs, partial_usd = target.prepare(ctx)()
+    spec, outputs, partial_usd = target.prepare(ctx)()
     assert outputs["zone"] == A and [c[1] for c in runner.calls if c[0] == "up"] == [A, A]
-    assert partial_usd is not None and 0 < partial_usd < 0.01  # one VM, for moments
+    rate = worst_hourly(spec)
+    assert rate is not None and partial_usd == pytest.approx(rate / 2 / 60)  # a VM's minute
