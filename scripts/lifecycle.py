@@ -337,7 +337,7 @@ def summarize(
         lost = sum(r.downtime_s for r in result.recoveries)
         note = f", {lost:.0f} s of it recovering" if result.recoveries else ""
         if partial_usd:
-            note += f"; ${partial_usd:.2f} more for partial creates while `up` waited"
+            note += f"; ${partial_usd:.2f} more for what `up`'s partial creates billed"
         rows.append(["billed time (the machines)", f"{billed:.0f} s"])
         rows.append(["estimated cost", f"${cost:.2f} at ${hourly_usd:.2f}/h{note}"])
     ui.table("run summary", ["", ""], rows)

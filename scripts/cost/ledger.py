@@ -54,7 +54,7 @@ class LedgerRecord:
     recoveries: int = 0
     downtime_s: float = 0.0
     zones: tuple[str, ...] = ()  # where a stack's cluster ran, in order (a recovery may move it)
-    partial_usd: float | None = 0.0  # VMs partial creates made while `up` waited; None: unpriced
+    partial_usd: float | None = 0.0  # VMs `up`'s partial creates made, destroyed; None: unpriced
     v: int = VERSION
 
     @property

@@ -51,7 +51,7 @@ RECORD = contract.AUTODOWN_RECORD
 class RunBudget:
     """What the head's watchdog holds a run to: the budget, the cluster's worst-case rate from
     `started_at` (this machine's clock), how far ahead the rule looks, and what `up`'s partial
-    creates billed for the run before it (the budget counted them while `up` waited)."""
+    creates billed for the run before it (every failed attempt's, before the one that made it)."""
 
     usd: float
     hourly_usd: float

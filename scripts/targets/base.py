@@ -158,8 +158,9 @@ class Session(Protocol):
 
     @property
     def partial_usd(self) -> float | None:
-        """What making it billed before `billed_since` for this run: the VMs that partial
-        creates of `up`'s wait for capacity made and destroyed; None: their price is unknown."""
+        """What making it billed before `billed_since` for this run: the VMs that `up`'s partial
+        creates made and destroyed (every round's, before the attempt that made the cluster
+        too); None: their price is unknown."""
         ...
 
     def footprint(self) -> Footprint:

@@ -96,11 +96,12 @@ def test_the_summarys_estimate_adds_what_ups_partial_creates_billed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The run summary's estimate is the cost record's: the rate over the machines' time, plus
-    what the partial creates of `up`'s wait for capacity billed, said as such."""
+    what the partial creates of `up` billed (a wait's rounds, the attempts before the one that
+    made the cluster), said as such."""
     result = JobResult("r1", True, {"n0": 0}, 1.0, tmp_path)
     cost = lifecycle.summarize(
         result, hourly_usd=3600.0, started=time.monotonic(), billed_s=2.0, partial_usd=0.5
     )
     assert cost == pytest.approx(2.5)
     out = capsys.readouterr().out
-    assert "$2.50 at $3600.00/h; $0.50 more for partial creates while `up` waited" in out
+    assert "$2.50 at $3600.00/h; $0.50 more for what `up`'s partial creates billed" in out

@@ -1,8 +1,9 @@
 """Partial creates: an `up` that fails after making some of the cluster's VMs (the next one
 stocked out) billed those VMs until its destroy. Here: which VMs an `up` made and for how long
-(Pulumi's progress lines), what a wait for capacity's partial creates billed over its rounds, each
-VM's rate, and, with a budget, how much of it a wait may spend beside the run's worst case; and
-when the cluster `up` made began to bill (the Compute API's creation times).
+(Pulumi's progress lines), what partial creates billed over a wait for capacity's rounds (the one
+that made the cluster too: its attempts before the one that did), each VM's rate, and, with a
+budget, how much of it a wait may spend beside the run's worst case; and when the cluster `up`
+made began to bill (the Compute API's creation times).
 """
 
 from __future__ import annotations
@@ -47,10 +48,16 @@ A = TypeVar("A", bound=Made)
 
 class MadeVMs:
     """The VMs one `up` reports made (Pulumi's progress lines, passed on to `on_output`), each
-    with when: what a failed attempt billed before its destroy."""
+    with when: what a failed attempt billed before its destroy. `failed`: where the attempt as
+    billed also goes (a capacity wait's count of its round, which a later attempt may win)."""
 
-    def __init__(self, on_output: OnOutput | None, clock: Callable[[], float]) -> None:
-        self.on_output, self.clock = on_output, clock
+    def __init__(
+        self,
+        on_output: OnOutput | None,
+        clock: Callable[[], float],
+        failed: list[Any] | None = None,
+    ) -> None:
+        self.on_output, self.clock, self.failed = on_output, clock, failed
         self.at: dict[str, float] = {}
 
     def __call__(self, line: str) -> None:
@@ -70,7 +77,10 @@ class MadeVMs:
         seconds = sum(max(GCE_MINIMUM_S, now - t) for t in self.at.values())
         changes: dict[str, Any] = {"vms": len(self.at), "vm_s": seconds, "left_up": left_up}
         changes["made"] = tuple(self.at)
-        return dataclasses.replace(attempt, **changes)  # type: ignore[type-var]
+        billed = dataclasses.replace(attempt, **changes)  # type: ignore[type-var]
+        if self.failed is not None:
+            self.failed.append(billed)
+        return billed
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,8 @@ class SpendRoom:
 
 @dataclass
 class PartialSpend:
-    """What one wait's partial creates made and billed, round after round."""
+    """What one wait's partial creates made and billed, round after round (the one that created
+    the cluster too: its attempts before the one that did)."""
 
     vms: int = 0
     vm_s: float = 0.0
@@ -112,9 +123,13 @@ class PartialSpend:
         return f"; its partial creates made and billed {each}, {after} ({self.total})"
 
     @property
-    def total(self) -> str:
+    def amount(self) -> str:
         usd = f", about ${self.usd:.2f}" if self.usd is not None else ""
-        return f"this wait so far: {self.vms} VM(s), {format_duration(int(self.vm_s))}{usd}"
+        return f"{self.vms} VM(s), {format_duration(int(self.vm_s))}{usd}"
+
+    @property
+    def total(self) -> str:
+        return f"this wait so far: {self.amount}"
 
 
 def vm_rate(spec: ClusterSpec) -> Callable[[Any], float | None]:

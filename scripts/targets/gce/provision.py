@@ -164,6 +164,7 @@ def provision_with_failover(
     destroy_failed: bool = True,
     env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    failed: list[Attempt] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Sets `gputrain:zone` and runs `up`, zone after zone, until a cluster exists.
 
@@ -172,7 +173,8 @@ def provision_with_failover(
     attempt and the fix. Zones for which `preflight_ok` is False are skipped. A recovery passes
     `destroy_failed=False`: the stack holds the run's bucket and the surviving VMs, and the next
     zone's `up` replaces the VMs anyway (a failed recovery is destroyed by the run's teardown);
-    and `env`, which every `up` gives the program (Recreation's)."""
+    and `env`, which every `up` gives the program (Recreation's). Each failed attempt, with
+    what its partial create billed, is also appended to `failed` (CapacityWait's)."""
     say = on_event or (lambda _m: None)
     attempts: list[Attempt] = []
     tried: list[str] = []
@@ -186,7 +188,7 @@ def provision_with_failover(
             continue
         say(f"{zone}: creating the cluster (pulumi up)")
         runner.set_config(ZONE_CONFIG_KEY, zone)
-        made = MadeVMs(on_output, clock)
+        made = MadeVMs(on_output, clock, failed)
         outputs, failure, outcome = _up_once(runner, expected_nodes, made, env)
         if failure is None:
             say(f"{zone}: cluster created")
@@ -337,12 +339,13 @@ def provision_candidates(
     destroy_failed: bool = True,
     env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    failed: list[Attempt] | None = None,
 ) -> tuple[Candidate, dict[str, Any], list[Attempt]]:
     """Sets `gputrain:candidate` + `gputrain:zone` and runs `up`, down the ranked list, at most
     `max_candidates` attempts. Returns (the candidate created, outputs, every attempt). Raises
     ProvisioningError (its `attempts` are CandidateAttempts) when none could be created. A
     recovery passes `destroy_failed=False` (what survived stays; its teardown destroys the rest)
-    and `env`, which every `up` gives the program (Recreation's)."""
+    and `env`, which every `up` gives the program (Recreation's). `failed`: as the zones'."""
     say = on_event or (lambda _m: None)
     attempts: list[Attempt] = []
     done: set[Candidate] = set()
@@ -358,7 +361,7 @@ def provision_candidates(
         say(f"{candidate_label(c)} in {c.zone}: creating the cluster (pulumi up)")
         runner.set_config(CANDIDATE_CONFIG_KEY, candidate_label(c))
         runner.set_config(ZONE_CONFIG_KEY, c.zone)
-        made = MadeVMs(on_output, clock)
+        made = MadeVMs(on_output, clock, failed)
         outputs, failure, outcome = _up_once(runner, c.nodes, made, env)
         if failure is None:
             attempts.append(CandidateAttempt.of(c, "created", ""))
@@ -469,7 +472,9 @@ def _no_rate(_attempt: Attempt) -> float | None:
 class CapacityWait:
     """How long to keep trying (0: not at all), and the backoff between rounds. A round whose
     `up` made some VMs before it failed (a partial create) billed them: its line says so, and
-    with `room` (a budget) the wait stops before another such round could pass it."""
+    with `room` (a budget) the wait stops before another such round could pass it. `spent`
+    counts them all, also those of the round that created the cluster (its provisioning's
+    `failed` attempts: give it this wait's `failed`)."""
 
     limit_s: float
     first_pause_s: float = FIRST_PAUSE_S
@@ -480,6 +485,7 @@ class CapacityWait:
     vm_hourly: Callable[[Attempt], float | None] = _no_rate  # USD/h of one VM an attempt made
     room: SpendRoom | None = None
     spent: PartialSpend = field(default_factory=PartialSpend)  # what its partial creates billed
+    failed: list[Attempt] = field(default_factory=list)  # the round's failed attempts so far
 
     def run(self, attempt: Callable[[], T], say: Callable[[str], None]) -> T:
         """`attempt()` until it succeeds; after a round of stock-outs wait and try again until
@@ -488,8 +494,9 @@ class CapacityWait:
         start, pause, round_ = self.clock(), self.first_pause_s, 1
         spent = self.spent = PartialSpend()
         while True:
+            self.failed.clear()
             try:
-                return attempt()
+                created = attempt()
             except ProvisioningError as e:
                 if self.limit_s <= 0 or not stocked_out(e):
                     raise
@@ -514,6 +521,10 @@ class CapacityWait:
                 )
                 self.sleep(delay)
                 pause, round_ = min(pause * 2, self.max_pause_s), round_ + 1
+            else:
+                if spent.add(self.failed, self.vm_hourly):
+                    say(f"partial creates before the cluster was created billed {spent.amount}")
+                return created
 
     def _hold_the_budget(self, e: ProvisioningError, spent: PartialSpend, round_: int) -> None:
         """With a budget, stop once another round like the dearest so far could take what

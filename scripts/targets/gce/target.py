@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from infra.outputs import StackOutputs
     from infra.spec import ClusterSpec
     from infra.ttl import Recreation
-    from scripts.targets.gce.provision import CapacityWait
+    from scripts.targets.gce.provision import Attempt, CapacityWait
     from scripts.targets.gce.recovery import RecoveringSession
     from scripts.targets.session import FleetSession
 
@@ -37,7 +37,7 @@ Context = StackContext[GceClients]
 
 #: `prepare`'s answer: `pulumi up` down the zones or candidates that passed preflight; the spec of
 #: what was created (a `gpus` stack pins its candidate), the raw stack outputs, and what partial
-#: creates billed while it waited for capacity (USD; None: their price is unknown).
+#: creates billed, the round's that made it too (USD; None: their price is unknown).
 Provision = Callable[[], tuple["ClusterSpec", dict[str, Any], float | None]]
 
 
@@ -159,7 +159,7 @@ class GceTarget(StackTarget[GceClients, Provision]):
             zone = spec.zones[0] if spec.candidates else where[0]
             spec = pin_reservation_bound(spec, ctx.runner, ctx.clients.compute(), zone)
         wait = capacity_wait(ctx.at(spec), "nothing is billing", where)
-        made = lambda: create_down_the_ladder(ctx.at(spec), where)  # noqa: E731
+        made = lambda: create_down_the_ladder(ctx.at(spec), where, wait.failed)  # noqa: E731
         return lambda: (*wait.run(made, ui.say), wait.spent.usd)
 
     @contextmanager
@@ -290,12 +290,15 @@ def capacity_wait(ctx: Context, billing: str, where: list[Any] | None = None) ->
     return CapacityWait(wait_s, first, longest, billing_note=billing, vm_hourly=rate, room=room)
 
 
-def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec, dict[str, Any]]:
+def create_down_the_ladder(
+    ctx: Context, where: list[Any], failed: list[Attempt]
+) -> tuple[ClusterSpec, dict[str, Any]]:
     """One round of `pulumi up` with failover; with a capacity list, mode after mode, each
-    written to the stack's config (`capacityInUse`) before its `up`."""
+    written to the stack's config (`capacityInUse`) before its `up`. Each failed attempt, with
+    what its partial create billed, goes to `failed` (the capacity wait's, which counts them)."""
     spec = ctx.spec
     if not spec.capacity_ladder:
-        return create_in(ctx, where)
+        return create_in(ctx, where, failed)
     from infra.disk_prices import cluster_hourly
     from infra.stackfile import NS
     from scripts.targets.gce.preflight import passing_places
@@ -309,7 +312,7 @@ def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec,
         at = ctx.at(pin(spec, config, capacity=mode))
         if mode not in places:
             places[mode] = passing_places(ctx, at.spec, skip=ctx.opts.skip_preflight)
-        return create_in(at, places[mode])
+        return create_in(at, places[mode], failed)
 
     return down_the_ladder(
         spec.capacity_ladder,
@@ -319,11 +322,13 @@ def create_down_the_ladder(ctx: Context, where: list[Any]) -> tuple[ClusterSpec,
     )
 
 
-def create_in(ctx: Context, where: list[Any]) -> tuple[ClusterSpec, dict[str, Any]]:
+def create_in(
+    ctx: Context, where: list[Any], failed: list[Attempt]
+) -> tuple[ClusterSpec, dict[str, Any]]:
     """`pulumi up` down the candidates or zones of one capacity mode."""
     if ctx.spec.candidates:
-        return provision_candidates(ctx, where)
-    return ctx.spec, provision_zones(ctx, where)
+        return provision_candidates(ctx, where, failed)
+    return ctx.spec, provision_zones(ctx, where, failed)
 
 
 def stack_session(
@@ -377,7 +382,7 @@ def stack_session(
     )  # fmt: skip
 
 
-def provision_zones(ctx: Context, zones: list[str]) -> dict[str, Any]:
+def provision_zones(ctx: Context, zones: list[str], failed: list[Attempt]) -> dict[str, Any]:
     """`pulumi up` with zone failover; the stack outputs."""
     from scripts.targets.gce.provision import provision_with_failover
 
@@ -393,13 +398,14 @@ def provision_zones(ctx: Context, zones: list[str]) -> dict[str, Any]:
         on_output=pulumi_line,
         expected_nodes=spec.nodes,
         project=spec.project,
+        failed=failed,
     )
     ui.say(f"up: cluster ready in {zone}")
     return outputs
 
 
 def provision_candidates(
-    ctx: Context, ranked: list[Candidate]
+    ctx: Context, ranked: list[Candidate], failed: list[Attempt]
 ) -> tuple[ClusterSpec, dict[str, Any]]:
     """`pulumi up` down the ranked candidates; the spec of the one created, its outputs."""
     from scripts.targets.gce.provision import (
@@ -416,6 +422,7 @@ def provision_candidates(
             max_candidates=ctx.opts.max_candidates,
             on_event=ui.say,
             on_output=pulumi_line,
+            failed=failed,
         )
     except ProvisioningError as e:
         ui.table("up: attempts", ATTEMPT_HEADERS, attempt_rows(e.attempts))

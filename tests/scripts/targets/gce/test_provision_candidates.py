@@ -334,6 +334,31 @@ def test_a_recovery_never_moves_to_a_rate_its_budget_does_not_count_at(
         assert f"count at its {money(rate)}/h" in out
 
 
+def test_what_a_candidate_made_before_the_next_one_was_created_counts_for_the_run(
+    tmp_path: Path, fake: FakeCompute, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first candidate made one VM of its two, then stocked out and was destroyed; the
+    second was created in the same round. What that VM billed (a minute, at the first
+    candidate's rate per VM) comes with the cluster for the run's cost record and budget."""
+    from scripts.run_plan import candidate_hourly
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.target import GceTarget
+
+    root = _project(tmp_path, f"  gputrain:gpus: H100:16\n  gputrain:regions: {H100_16}\n")
+    runner = FakeStackRunner("g", compute=fake, project="gputrain-test")
+    target = GceTarget("g", Settings(root=root), _gce(fake, runner))
+    first, second = target.spec().candidates[:2]
+    runner.fail_partial(first.zone, created=1)
+    ctx = target.context(target.spec(), RunOptions(skip_preflight=True))
+    spec, outputs, partial_usd = target.prepare(ctx)()
+    assert (spec.zone, outputs["zone"]) == (second.zone, second.zone)
+    rate = candidate_hourly(target.spec(), first)
+    assert rate is not None and partial_usd == pytest.approx(rate / first.nodes / 60)
+    out = capsys.readouterr().out
+    assert "; 1 VM made, billed 1m until destroyed" in out  # the attempts table
+    assert "partial creates before the cluster was created billed 1 VM(s), 1m, about $" in out
+
+
 def test_pinning_the_stacks_own_choice_reuses_the_spec_parsed_once() -> None:
     """`up` pins the candidate it created; the stack's own choice needs no second parse, and
     the shortcut gives exactly what parsing the pinned config gives."""

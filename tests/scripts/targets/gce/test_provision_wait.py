@@ -4,7 +4,9 @@ fake Compute server reports until destroyed: nothing may be left billing while i
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +21,9 @@ from scripts.targets.gce.provision import (
 )
 from tests.support.fake_compute import FakeCompute
 from tests.support.fake_stack import FakeStackRunner
+
+if TYPE_CHECKING:
+    from scripts.targets.gce.target import GceTarget
 
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
 
@@ -237,6 +242,55 @@ def test_with_a_budget_the_wait_stops_before_partial_creates_could_pass_it(
     assert runner.existing == []
 
 
+def test_the_round_that_creates_the_cluster_counts_the_partial_creates_before_it(
+    runner: FakeStackRunner,
+) -> None:
+    """Round 1: A made a VM, stocked out, B stocked out; round 2: A made a VM again, then B
+    made the cluster. Both of A's VMs billed: the wait's count has both, and one line says so
+    (the second round's is in no line of a failed round)."""
+    clock, lines = Clock(), []
+    runner.fail_partial(A, created=1)
+    runner.failures[A].times = 2
+    runner.fail_stockout(B)
+    waiter = CapacityWait(
+        600, 30, 600, clock=clock.time, sleep=clock.sleep, vm_hourly=lambda a: 0.9
+    )
+    zone, _ = waiter.run(
+        lambda: provision_with_failover(
+            runner, [A, B], expected_nodes=2, clock=clock.time, failed=waiter.failed
+        ),
+        lines.append,
+    )
+    assert zone == B and [c[1] for c in runner.calls if c[0] == "up"] == [A, B, A, B]
+    assert (waiter.spent.vms, waiter.spent.usd) == (2, pytest.approx(2 * 0.9 / 60))
+    assert (
+        lines[-1]
+        == "partial creates before the cluster was created billed 2 VM(s), 2m, about $0.03"
+    )
+
+
+def test_a_mode_that_made_vms_counts_when_the_next_mode_of_the_list_gets_the_cluster(
+    runner: FakeStackRunner,
+) -> None:
+    """`capacity: [spot, on-demand]`, no wait: spot's `up` in A made a VM and stocked out,
+    on-demand's made the cluster. The spot VM billed all the same."""
+    runner.fail_partial(A, created=1)
+    runner.failures[A].capacity = "spot"
+    waiter, lines = CapacityWait(0, vm_hourly=lambda a: 0.9), []
+
+    def attempt(mode: str) -> tuple[str, dict[str, object]]:
+        runner.set_config("gputrain:capacityInUse", mode)
+        return provision_with_failover(runner, [A], expected_nodes=2, failed=waiter.failed)
+
+    def ladder() -> tuple[str, dict[str, object]]:
+        return down_the_ladder(["spot", "on-demand"], attempt, lines.append, {}.get)
+
+    zone, _ = waiter.run(ladder, lines.append)
+    assert zone == A and runner.config["gputrain:capacityInUse"] == "on-demand"
+    assert (waiter.spent.vms, waiter.spent.usd) == (1, pytest.approx(0.9 / 60))
+    assert lines[-1].endswith("billed 1 VM(s), 1m, about $0.01")
+
+
 def test_up_holds_its_partial_creates_to_the_budget_a_recovery_to_the_watchdog(
     runner: FakeStackRunner, tmp_path: Path
 ) -> None:
@@ -328,3 +382,78 @@ def test_what_ups_partial_creates_billed_goes_to_the_runs_cost_record(
     assert outputs["zone"] == A and [c[1] for c in runner.calls if c[0] == "up"] == [A, A]
     rate = worst_hourly(spec)
     assert rate is not None and partial_usd == pytest.approx(rate / 2 / 60)  # a VM's minute
+
+
+def _three_nodes(tmp_path: Path, runner: FakeStackRunner, fake: FakeCompute) -> GceTarget:
+    """A 3-node g2 stack of a 1 h maxRunDuration over `runner`, zones A then B, no wait."""
+    from scripts.settings import Settings
+    from scripts.targets.gce.clients import GceClients
+    from scripts.targets.gce.target import GceTarget
+    from tests.support.fake_stack import default_node_factory
+    from tests.support.pulumi_mocks import ROOT
+
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.dev.yaml").write_text(
+        f"config:\n  gcp:project: {fake.project}\n  gputrain:machineType: g2-standard-8\n"
+        f"  gputrain:nodes: 3\n  gputrain:zones: [{A}, {B}]\n  gputrain:maxRunDuration: 1h\n"
+    )
+    runner.node_factory = default_node_factory("dev", 3)
+    clients = GceClients(runner_for=lambda s, r: runner, compute_endpoint=fake.url)
+    return GceTarget("dev", Settings(root=tmp_path, runs_dir=tmp_path / "runs"), clients)
+
+
+def test_vms_a_zone_made_before_the_next_made_the_cluster_count_for_the_run(
+    runner: FakeStackRunner,
+    fake: FakeCompute,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Zone A made 2 of the 3 VMs, stocked out and was destroyed; zone B made the cluster in
+    the same round, no wait. What A's VMs billed (a minute each, at a third of the cluster's
+    rate) is the run's all the same: in its cost record, its summary's estimate and the budget
+    its head's watchdog holds, which a run whose worst case A's spend takes past the budget
+    reaches that much sooner."""
+    from infra.outputs import parse_stack_outputs
+    from scripts import lifecycle
+    from scripts.cost.ledger import record_of
+    from scripts.job.records import JobResult
+    from scripts.run_plan import worst_hourly
+    from scripts.targets.base import RunOptions
+    from scripts.targets.gce.autodown import stack_autodown
+    from scripts.targets.gce.keys import store_new_keypair
+
+    target = _three_nodes(tmp_path, runner, fake)
+    store_new_keypair(runner, "dev")
+    runner.fail_partial(A, created=2)
+    rate = worst_hourly(target.spec())
+    assert rate is not None
+    a_usd = 2 * (rate / 3) / 60  # A's two VMs, a minute each
+    budget = rate + a_usd / 2  # the run's worst case (1 h) fits, not beside A's spend
+    ctx = target.context(target.spec(), RunOptions(skip_preflight=True, budget=budget))
+    with target.create(ctx, target.prepare(ctx)) as session:
+        assert [c[1] for c in runner.calls if c[0] == "up"] == [A, B]
+        assert session.partial_usd == pytest.approx(a_usd)
+        record = record_of(target.spec(), session, "r1", None)
+        out = parse_stack_outputs(runner.outputs())
+        watch = stack_autodown(
+            ctx.spec, out, "gs://b/", ctx.opts, ctx.clients, 0.0, session.partial_usd
+        )
+    said = capsys.readouterr().out
+    assert "partial creates before the cluster was created billed 2 VM(s), 2m, about $" in said
+    assert record.partial_usd == pytest.approx(a_usd) and record.zones == (B,)
+    hourly = record.hourly_usd
+    assert hourly is not None
+    assert record.estimated_usd == pytest.approx(hourly * record.billed_s / 3600 + a_usd)
+    result = JobResult("r1", True, {"n0": 0}, 1.0, tmp_path)
+    cost = lifecycle.summarize(
+        result, hourly_usd=rate, started=0.0, billed_s=60.0, partial_usd=session.partial_usd
+    )
+    assert cost == pytest.approx(rate / 60 + a_usd)
+    assert f"${a_usd:.2f} more for what `up`'s partial creates billed" in capsys.readouterr().out
+    assert watch is not None and watch.budget is not None and watch.ledger is not None
+    assert watch.ledger["partial_usd"] == pytest.approx(a_usd)
+    assert watch.budget.before_usd == pytest.approx(a_usd)
+    # the watchdog stops it before maxRunDuration: A's spend and the run's hour pass the budget
+    late = 3600 - watch.budget.interval_s - 1
+    assert watch.budget.reached(late)
+    assert not dataclasses.replace(watch.budget, before_usd=0.0).reached(late)
