@@ -151,23 +151,15 @@ def _up_ready(project: Path) -> None:
     )
 
 
-def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys(
-    project: Path,
-    pids: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """`up` hangs and does not answer its cancel: gputrain kills it, and the lock it held stays.
-    That lock is gputrain's own: the teardown that follows clears it (pulumi cancel), says so,
-    and destroys, rather than leaving the VMs billing until `down`."""
+def _up_with_a_silent_pulumi(
+    project: Path, log: Path, verbs: dict[str, str], pids: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, list[str]]:
+    """`gputrain up` with the fake `pulumi` answering `verbs` and a 1 s silence bound, in a
+    thread bounded at 60 s: its exit code, and the verbs pulumi was run with, in order."""
     from scripts.cli import main
     from scripts.settings import Settings
     from scripts.targets.stack import pulumi_process
 
-    _up_ready(project)
-    log, lock = project / "pulumi.log", project / "stack.lock"
-    verbs = locking(lock)
-    verbs["up"] += "; " + hanging(pids, deaf=True)
     fake_pulumi(project / "bin", log, **verbs)
     monkeypatch.setenv("PATH", f"{project / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
@@ -183,8 +175,24 @@ def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys
         kill_all(pids)
         up.join(10)
         pytest.fail("`up` still waited for a silent pulumi after 60 s")
+    return rc[0], [c.split()[0] for c in log.read_text().splitlines()]
+
+
+def test_the_teardown_clears_the_lock_of_the_pulumi_gputrain_killed_and_destroys(
+    project: Path,
+    pids: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`up` hangs and does not answer its cancel: gputrain kills it, and the lock it held stays.
+    That lock is gputrain's own: the teardown that follows clears it (pulumi cancel), says so,
+    and destroys, rather than leaving the VMs billing until `down`."""
+    _up_ready(project)
+    log, lock = project / "pulumi.log", project / "stack.lock"
+    verbs = locking(lock)
+    verbs["up"] += "; " + hanging(pids, deaf=True)
+    _, verbs_run = _up_with_a_silent_pulumi(project, log, verbs, pids, monkeypatch)
     said = capsys.readouterr()
-    verbs_run = [c.split()[0] for c in log.read_text().splitlines()]
     assert verbs_run[verbs_run.index("up") :].count("cancel") == 1, said
     assert "destroy" in verbs_run[verbs_run.index("cancel") :] and not lock.exists()
     assert "clearing the lock (pulumi cancel) and destroying again" in said.out
@@ -201,31 +209,12 @@ def test_a_pulumi_killed_before_its_header_leaves_the_lock_on_the_stack_to_the_u
     """`up` hangs before its header (still reaching a shared backend, where someone else's update
     holds the lock) and does not answer its cancel: gputrain kills it. The lock is not shown to
     be ours, so the teardown cancels nothing, says so and names `gputrain down`."""
-    from scripts.cli import main
-    from scripts.settings import Settings
-    from scripts.targets.stack import pulumi_process
-
     _up_ready(project)
     log, lock = project / "pulumi.log", project / "stack.lock"
     lock.touch()  # another update's
     verbs = locking(lock) | {"up": hanging(pids, deaf=True)}
-    fake_pulumi(project / "bin", log, **verbs)
-    monkeypatch.setenv("PATH", f"{project / 'bin'}:{os.environ['PATH']}")
-    monkeypatch.setenv("GPUTRAIN_PULUMI_SILENCE_S", "1")
-    monkeypatch.setattr(pulumi_process, "STOP_GRACE_S", 0.5)
-    argv = ["up", "--stack", "dev", "--yes", "--skip-preflight"]
-    rc: list[int] = []
-    up = threading.Thread(
-        target=lambda: rc.append(main(argv, Settings(project, project / "runs"))), daemon=True
-    )
-    up.start()
-    up.join(60)
-    if up.is_alive():
-        kill_all(pids)
-        up.join(10)
-        pytest.fail("`up` still waited for a silent pulumi after 60 s")
+    rc, verbs_run = _up_with_a_silent_pulumi(project, log, verbs, pids, monkeypatch)
     said = capsys.readouterr()
-    verbs_run = [c.split()[0] for c in log.read_text().splitlines()]
     assert "cancel" not in verbs_run and lock.exists(), said
     assert "clearing the lock" not in said.out
     assert (
@@ -233,7 +222,7 @@ def test_a_pulumi_killed_before_its_header_leaves_the_lock_on_the_stack_to_the_u
         "lock (its `Updating (dev):` line): this command clears no lock on the stack; if one "
         "stays, `gputrain down --stack dev` clears it"
     ) in said.err.splitlines(), said.err
-    assert rc and rc[0] != 0
+    assert rc != 0
     assert wait_until_gone(pids) == []
 
 
