@@ -232,6 +232,16 @@ def test_down_status_and_sweep(
     assert "nothing carries the labels" in capsys.readouterr().out
 
 
+def _lab_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """The CLI on stack `lab` of project gputrain-test, its Pulumi state a fake, no metadata
+    server to find credentials on: what the credentials tests below ask Google with."""
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
+    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name=s), retry_pause_s=0)
+    return Cli(Settings(tmp_path, tmp_path / "runs"), gce)
+
+
 @pytest.mark.parametrize(
     "argv",
     [["status"], ["sweep"], ["cost", "--billing", "my-proj.billing.gcp_billing_export_v1_01"]],
@@ -246,11 +256,7 @@ def test_no_credentials_is_the_users_setup_one_line_and_exit_2(
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.delenv("GPUTRAIN_BIGQUERY_ENDPOINT", raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no gcloud login
-    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a metadata server
-    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-    (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
-    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name=s))
-    cli = Cli(Settings(tmp_path, tmp_path / "runs"), gce)
+    cli = _lab_cli(tmp_path, monkeypatch)
     assert cli.main([*argv, "--stack", "lab"]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert "client (DefaultCredentialsError: " in line and line.endswith(
@@ -277,11 +283,7 @@ def test_an_expired_login_is_the_users_setup_one_line_and_exit_2(
     """A login whose refresh token Google refuses (expired or revoked): as no credentials, one
     line naming the refusal and the login to run, exit 2, no traceback."""
     monkeypatch.delenv("GPUTRAIN_BIGQUERY_ENDPOINT", raising=False)
-    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a metadata server
-    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-    (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
-    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name=s), retry_pause_s=0)
-    cli = Cli(Settings(tmp_path, tmp_path / "runs"), gce)
+    cli = _lab_cli(tmp_path, monkeypatch)
     with FakeGcpAdmin() as admin:
         admin.expired_login(monkeypatch, tmp_path)
         assert cli.main([*argv, "--stack", "lab"]) == 2
@@ -303,11 +305,7 @@ def test_a_token_endpoints_error_page_is_no_expired_login(
 ) -> None:
     """Google's token endpoint behind a front end that answers an HTML 502 page has refused
     nothing: one line saying Google cannot be reached, exit 1, never a login to run."""
-    monkeypatch.setenv("NO_GCE_CHECK", "True")  # nor a metadata server
-    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
-    (tmp_path / "Pulumi.lab.yaml").write_text("config:\n  gcp:project: gputrain-test\n")
-    gce = GceClients(runner_for=lambda s, r: FakeStackRunner(stack_name=s), retry_pause_s=0)
-    cli = Cli(Settings(tmp_path, tmp_path / "runs"), gce)
+    cli = _lab_cli(tmp_path, monkeypatch)
     with FakeGcpAdmin() as admin:
         admin.expired_login(monkeypatch, tmp_path)
         admin.world.token_answer = (502, "<html><title>502 Bad Gateway</title></html>")
