@@ -16,7 +16,7 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from infra.base.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from infra.base.errors import EXIT_BAD_INPUT, EXIT_FAILED, GputrainError
 from infra.gcp import bounded_http
 from infra.gcp.api import ADC_FIX, GoogleApiError, authorized_session, build_client, call
 from infra.gcp.compute import ComputeApi
@@ -75,6 +75,22 @@ def test_a_bad_key_file_is_named_not_a_login(
     assert {e.value.exit_code for e in (rest, built, storage)} == {EXIT_BAD_INPUT}
 
 
+def _each_adapter_failing() -> list[tuple[GputrainError, str]]:
+    """A call through each kind of adapter (an authorized session, a generated client, Cloud
+    Storage's), each failing: its error and its label."""
+    with pytest.raises(GoogleApiError) as rest:
+        IamApi().service_accounts("p")
+    with pytest.raises(GoogleApiError) as built:
+        ComputeApi().machine_type("p", "z", "m")
+    with pytest.raises(StorageApiError) as storage:
+        StorageApi("p").bucket_exists("b")
+    return [
+        (rest.value, "IAM serviceAccounts.list"),
+        (built.value, "Compute API machineTypes.get z/m"),
+        (storage.value, "Cloud Storage buckets.get b"),
+    ]
+
+
 @pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
 def test_an_expired_login_is_the_users_setup_in_every_adapter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -84,20 +100,13 @@ def test_an_expired_login_is_the_users_setup_in_every_adapter(
     refusal = "the credentials were refused (RefreshError: invalid_grant: Token has been expired"
     with FakeGcpAdmin() as admin:
         admin.expired_login(monkeypatch, tmp_path)
-        with pytest.raises(GoogleApiError) as rest:
-            IamApi().service_accounts("p")
-        with pytest.raises(GoogleApiError) as built:
-            ComputeApi().machine_type("p", "z", "m")
-        with pytest.raises(StorageApiError) as storage:
-            StorageApi("p").bucket_exists("b")
-    for e, label in (
-        (rest, "IAM serviceAccounts.list"),
-        (built, "Compute API machineTypes.get z/m"),
-        (storage, "Cloud Storage buckets.get b"),
-    ):
-        assert str(e.value).startswith(f"{label}: {refusal} or revoked.); ")
-        assert str(e.value).endswith(f"; {ADC_FIX}") and e.value.exit_code == EXIT_BAD_INPUT
-    assert rest.value.credentials and built.value.credentials
+        failed = _each_adapter_failing()
+    for e, label in failed:
+        assert str(e).startswith(f"{label}: {refusal} or revoked.); ")
+        assert str(e).endswith(f"; {ADC_FIX}") and e.exit_code == EXIT_BAD_INPUT
+    rest, built, _ = (e for e, _ in failed)
+    assert isinstance(rest, GoogleApiError) and isinstance(built, GoogleApiError)
+    assert rest.credentials and built.credentials
 
 
 def test_a_token_endpoint_that_says_try_again_is_not_the_users_setup() -> None:
@@ -161,24 +170,15 @@ def test_a_token_endpoints_page_is_no_refusal_in_any_adapter(
     with FakeGcpAdmin() as admin:
         admin.expired_login(monkeypatch, tmp_path)
         admin.world.token_answer = answer
-        with pytest.raises(GoogleApiError) as rest:
-            IamApi().service_accounts("p")
-        with pytest.raises(GoogleApiError) as built:
-            ComputeApi().machine_type("p", "z", "m")
-        with pytest.raises(StorageApiError) as storage:
-            StorageApi("p").bucket_exists("b")
-    for e, label in (
-        (rest, "IAM serviceAccounts.list"),
-        (built, "Compute API machineTypes.get z/m"),
-        (storage, "Cloud Storage buckets.get b"),
-    ):
+        failed = _each_adapter_failing()
+    for e, label in failed:
         if refusal is None:
-            assert str(e.value).startswith(f"{label}: cannot reach it (RefreshError: <html>")
-            assert e.value.exit_code == EXIT_FAILED and ADC_FIX not in str(e.value)
+            assert str(e).startswith(f"{label}: cannot reach it (RefreshError: <html>")
+            assert e.exit_code == EXIT_FAILED and ADC_FIX not in str(e)
         else:
-            assert str(e.value).startswith(f"{label}: {refusal}")
-            assert e.value.exit_code == EXIT_BAD_INPUT and str(e.value).endswith(ADC_FIX)
-        assert "\n" not in str(e.value)
+            assert str(e).startswith(f"{label}: {refusal}")
+            assert e.exit_code == EXIT_BAD_INPUT and str(e).endswith(ADC_FIX)
+        assert "\n" not in str(e)
 
 
 def test_a_test_server_never_gets_credentials() -> None:
