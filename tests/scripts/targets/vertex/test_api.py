@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -376,6 +376,16 @@ def test_missing_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch) -> No
         )
 
 
+def _a_call_per_client(real: VertexApi) -> list[tuple[str, Callable[[], object]]]:
+    """One call through each of VertexApi's clients (Vertex AI, Cloud Logging), with the label
+    its error starts with."""
+    job = f"projects/{PROJECT_NUMBER}/locations/{REGION}/customJobs/1"
+    return [
+        (f"Vertex AI get job {job}", lambda: real.get_job(job)),
+        ("Cloud Logging read logs of Vertex job 42", lambda: real.log_lines("42", vj.LogCursor())),
+    ]
+
+
 @pytest.mark.filterwarnings("ignore:Your application has authenticated using end user")
 def test_an_expired_login_is_the_users_setup_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -383,16 +393,9 @@ def test_an_expired_login_is_the_users_setup_in_one_line(
     """A login Google refuses (expired or revoked refresh token), for either client: one line
     with the login to run, exit 2, never google-auth's RefreshError."""
     real = VertexApi(PROJECT, REGION)
-    job = f"projects/{PROJECT_NUMBER}/locations/{REGION}/customJobs/1"
     with FakeGcpAdmin() as admin:
         admin.expired_login(monkeypatch, tmp_path)
-        for what, call in (
-            (f"Vertex AI get job {job}", lambda: real.get_job(job)),
-            (
-                "Cloud Logging read logs of Vertex job 42",
-                lambda: real.log_lines("42", vj.LogCursor()),
-            ),
-        ):
+        for what, call in _a_call_per_client(real):
             with pytest.raises(VertexApiError) as e:
                 call()
             assert str(e.value) == (
@@ -412,7 +415,6 @@ def test_a_token_endpoint_out_of_reach_or_failing_is_one_line(
     that is no refusal (a front end's 502): for either client the network's one line, exit 1, as
     every other adapter says it, never google-auth's exception (a traceback at the CLI)."""
     real = VertexApi(PROJECT, REGION)
-    job = f"projects/{PROJECT_NUMBER}/locations/{REGION}/customJobs/1"
     with FakeGcpAdmin() as admin, unreachable_endpoint("refuses") as dead:
         admin.expired_login(monkeypatch, tmp_path)
         if token_endpoint == "refuses":
@@ -420,13 +422,7 @@ def test_a_token_endpoint_out_of_reach_or_failing_is_one_line(
         else:
             admin.world.token_answer = (502, "<html><title>502 Bad Gateway</title></html>")
         why = "TransportError: " if token_endpoint == "refuses" else "RefreshError: <html>"
-        for what, call in (
-            (f"Vertex AI get job {job}", lambda: real.get_job(job)),
-            (
-                "Cloud Logging read logs of Vertex job 42",
-                lambda: real.log_lines("42", vj.LogCursor()),
-            ),
-        ):
+        for what, call in _a_call_per_client(real):
             with pytest.raises(VertexApiError) as e:
                 call()
             assert str(e.value).startswith(f"{what}: cannot reach it ({why}")
