@@ -256,8 +256,9 @@ def parse_time(text: str | None) -> dt.datetime | None:
 
 
 def parse_duration_s(text: str | None) -> float | None:
-    """A Duration as Google writes it in JSON ("3600s", "0.5s"), in seconds; None if absent."""
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)s", text or "")
+    """A Duration as Google writes it in JSON ("3600s", "0.5s": nanoseconds at most), in
+    seconds; None if absent or not one."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]{1,9})?)s", text or "")
     return float(m.group(1)) if m else None
 
 

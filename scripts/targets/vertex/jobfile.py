@@ -26,6 +26,7 @@ from infra.base.errors import UserError
 from infra.keys import format_duration
 from infra.vertex_jobspec import CLIENT_FIELDS_SINCE, POOL_CLIENT_FIELDS_SINCE, check_job_spec
 from infra.vertex_pools import PoolShape, is_reduction_server_image
+from scripts.targets.vertex.job import parse_duration_s
 
 RUN_ID_ENV = "GPUTRAIN_RUN_ID"
 #: Scheduling.strategy as gputrain submits each capacity a Vertex stack may have (job.scheduling).
@@ -37,8 +38,6 @@ STRATEGY_CAPACITY = {"STRATEGY_UNSPECIFIED": "on-demand", "ON_DEMAND": "on-deman
                      "STANDARD": "on-demand", "SPOT": "spot", "FLEX_START": "flex-start"}  # fmt: skip
 STRATEGY_NUMBERS = {0: "STRATEGY_UNSPECIFIED", 1: "ON_DEMAND", 2: "LOW_COST", 3: "STANDARD",
                     4: "SPOT", 6: "FLEX_START"}  # fmt: skip
-#: A google.protobuf.Duration as proto JSON writes it: seconds, up to 9 fractional digits, "s".
-_DURATION = re.compile(r"-?[0-9]+(\.[0-9]{1,9})?s")
 
 
 def read_job_file(
@@ -95,12 +94,13 @@ def check_scheduling(
         return
     most = f"'{max_run_duration_s}s'"
     ttl = f"gputrain:maxRunDuration {format_duration(max_run_duration_s)}"
-    if not (isinstance(timeout, str) and _DURATION.fullmatch(timeout) and float(timeout[:-1]) > 0):
+    seconds = parse_duration_s(timeout) if isinstance(timeout, str) else None
+    if not seconds:  # none that Vertex reads as a duration, or 0
         raise UserError(
             f"{where}: scheduling.timeout = {timeout!r}: allowed: seconds as Vertex writes a "
             f"duration, more than 0 and at most {most} ({ttl}), or no timeout (the stack's is sent)"
         )
-    if float(timeout[:-1]) > max_run_duration_s:
+    if seconds > max_run_duration_s:
         raise UserError(
             f"{where}: scheduling.timeout = {timeout!r}: longer than {ttl}, the server-side bound "
             f"the budget is checked against; allowed: {most} or less, no timeout (the stack's is "
