@@ -9,7 +9,6 @@ terminationTimestamp is set when it enters RUNNING (the duration counts from its
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -94,8 +93,10 @@ class Recreation:
 
 
 def ttl_left_s(last_start: str | None, max_run_duration_s: int | None, now: float) -> float | None:
-    """Seconds until GCE deletes the VM: the TTL counts from the latest start."""
+    """Seconds until GCE deletes the VM: the TTL counts from the latest start (as the Compute
+    API writes it; one that does not parse counts from `now`)."""
+    from infra.gcp.compute import unix_time  # the API's times; lazy: the program imports this
+
     if not last_start or not max_run_duration_s:
         return None
-    started = datetime.datetime.fromisoformat(last_start.replace("Z", "+00:00")).timestamp()
-    return max(0.0, started + max_run_duration_s - now)
+    return max(0.0, unix_time(last_start, now) + max_run_duration_s - now)
